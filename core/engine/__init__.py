@@ -1,0 +1,28 @@
+"""engine: a plugin-microkernel LLM inference engine.
+
+``from engine import LLM, SamplingParams`` for offline use; ``engine.hookimpl`` to write a
+plugin. Heavy modules load on first use, so plugin discovery stays cheap.
+"""
+
+from engine.hookspecs import hookimpl
+
+_LAZY = {
+    "LLM": "engine.llm",
+    "SamplingParams": "engine.sampling_params",
+    "RequestOutput": "engine.outputs",
+    "CompletionOutput": "engine.outputs",
+    "Logprob": "engine.outputs",
+    "EngineConfig": "engine.config",
+    "GrammarSpec": "engine.interfaces.grammar",
+    "INTERFACE_VERSIONS": "engine.interfaces",
+}
+
+__all__ = ["hookimpl", *_LAZY]
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'engine' has no attribute {name!r}")

@@ -1,0 +1,35 @@
+"""The core's own defaults, registered through the same hooks as any plugin."""
+
+from engine.hookspecs import hookimpl
+
+
+@hookimpl
+def register_platforms(register):
+    register("cpu", "engine.builtin.platforms:CpuPlatform", api=1)
+    register("cuda", "engine.builtin.platforms:CudaPlatform", api=1)
+
+
+@hookimpl
+def register_schedulers(register):
+    register("default", "engine.builtin.scheduler:DefaultScheduler", api=1)
+
+
+@hookimpl
+def register_kv_cache_managers(register):
+    register("default", "engine.builtin.kv_cache_manager:PrefixCachingKVCacheManager", api=1)
+
+
+@hookimpl
+def register_model_loaders(register):
+    register("safetensors", "engine.builtin.safetensors_loader:SafetensorsLoader", api=1)
+
+
+@hookimpl
+def register_quant_methods(register):
+    register("unquantized", "engine.builtin.unquantized:UnquantizedLinearMethod", api=1)
+
+
+@hookimpl
+def register_commands(register):
+    register("plugins", "engine.cli:PluginsCommand", api=1)
+    register("generate", "engine.cli:GenerateCommand", api=1)

@@ -1,0 +1,210 @@
+"""Default scheduler: continuous batching under one token budget shared by prefill and
+decode, chunked prefill, preemption by recompute, FCFS or priority order.
+
+Each step serves running requests first (decodes and unfinished prefill chunks), then
+admits waiting ones while budget, sequence slots and blocks last. When a running
+request cannot get blocks, the lowest-priority, latest-arrived running request not yet
+scheduled this step is preempted (its blocks freed; it resumes from whatever prefix is
+still cached). No new request is admitted in a step that preempted.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduling import EngineOutput, ScheduledRequest, StepPlan, StepResult
+from engine.interfaces import Scheduler
+
+
+class DefaultScheduler(Scheduler):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.cfg = ctx.config.scheduler
+        self.kv = ctx.kv_cache_manager
+        self.connector = ctx.kv_connector
+        self.max_model_len = ctx.max_model_len
+        self.waiting: list[Request] = []  # sorted by _order
+        self.running: list[Request] = []
+        self.requests: dict[str, Request] = {}
+        self._delayed_free: dict[str, Request] = {}
+        self._preemptions = 0
+
+    def _order(self, request: Request) -> tuple[int, int]:
+        priority = request.priority if self.cfg.policy == "priority" else 0
+        return (priority, request.arrival)
+
+    def add_request(self, request: Request) -> None:
+        self.requests[request.request_id] = request
+        bisect.insort(self.waiting, request, key=self._order)
+
+    def abort(self, request_ids) -> None:
+        for rid in request_ids:
+            request = self.requests.get(rid)
+            if request is not None:
+                self._finish(request, "abort")
+
+    def schedule(self) -> StepPlan:
+        budget = self.cfg.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[str] = []
+        for request in list(self.running):
+            if budget <= 0:
+                break
+            if request.status is not RequestStatus.RUNNING:  # preempted earlier this step
+                continue
+            item = self._schedule_running(request, budget, scheduled, preempted)
+            if item is not None:
+                scheduled.append(item)
+                budget -= item.num_new_tokens + len(item.spec_token_ids)
+        if not preempted:
+            scheduled.extend(self._admit_waiting(budget))
+        return StepPlan(tuple(scheduled), tuple(preempted))
+
+    def _chunk(self, remaining: int, budget: int) -> int:
+        """Tokens to compute this step out of ``remaining`` (chunked prefill)."""
+        num_new = min(remaining, budget)
+        if self.cfg.long_prefill_token_threshold:
+            num_new = min(num_new, self.cfg.long_prefill_token_threshold)
+        return num_new
+
+    def _schedule_running(self, request, budget, scheduled, preempted) -> ScheduledRequest | None:
+        num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+        drafts: list[int] = []
+        if request.num_computed_tokens + num_new == request.num_tokens:
+            room = min(budget - num_new, self.max_model_len - request.num_tokens)
+            drafts = request.spec_token_ids[:max(0, room)]
+        taken = {s.request.request_id for s in scheduled}
+        while not self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts)):
+            victim = max((r for r in self.running if r.request_id not in taken), key=self._order)
+            self._preempt(victim)
+            preempted.append(victim.request_id)
+            if victim is request:
+                return None
+        return ScheduledRequest(request, num_new, tuple(drafts))
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.spec_token_ids = []
+        request.num_preemptions += 1
+        self._preemptions += 1
+        bisect.insort(self.waiting, request, key=self._order)
+
+    def _admit_waiting(self, budget: int) -> list[ScheduledRequest]:
+        admitted, parked = [], []
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            request = self.waiting.pop(0)
+            if request.status is RequestStatus.WAITING_FOR_GRAMMAR:
+                parked.append(request)
+                continue
+            item = self._admit(request, budget)
+            if item is None:
+                self.waiting.insert(0, request)
+                break
+            admitted.append(item)
+            budget -= item.num_new_tokens
+        for request in parked:
+            bisect.insort(self.waiting, request, key=self._order)
+        return admitted
+
+    def _admit(self, request: Request, budget: int) -> ScheduledRequest | None:
+        computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+        num_external = 0
+        if self.connector is not None:
+            num_external = self.connector.get_num_new_matched_tokens(request, num_cached)
+            num_external = min(num_external, request.num_tokens - num_cached - 1)
+        remaining = request.num_tokens - num_cached - num_external
+        if not self.cfg.enable_chunked_prefill and remaining > budget:
+            return None
+        num_new = self._chunk(remaining, budget)
+        if not self.kv.allocate_slots(request, num_new + num_external, computed_blocks, watermark=True):
+            return None
+        if num_external:
+            self.connector.update_state_after_alloc(request, self.kv.block_ids(request), num_external)
+        request.num_computed_tokens = num_cached + num_external
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_cached
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
+        return ScheduledRequest(request, num_new)
+
+    def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
+        outputs = []
+        for item in plan.scheduled:
+            request = item.request
+            if request.is_finished:  # aborted while the step ran
+                continue
+            rid = request.request_id
+            request.num_computed_tokens += item.num_new_tokens
+            prompt_logprobs = result.prompt_logprobs.get(rid)
+            tokens = result.sampled.get(rid)
+            if tokens is None:
+                if prompt_logprobs:
+                    outputs.append(EngineOutput(rid, [], new_prompt_logprobs=prompt_logprobs))
+                continue
+            request.num_computed_tokens += len(tokens) - 1  # accepted drafts were computed
+            request.spec_token_ids = []
+            accepted, reason = [], None
+            for token in tokens:
+                request.append_output(token)
+                accepted.append(token)
+                reason = self._stop_reason(request, token)
+                if reason:
+                    break
+            logprobs = result.logprobs.get(rid)
+            outputs.append(EngineOutput(
+                rid, accepted, logprobs[:len(accepted)] if logprobs else None, prompt_logprobs,
+                finish_reason=reason, stop_reason=request.stop_reason,
+                num_cached_tokens=max(request.num_cached_tokens, 0)))
+            if reason:
+                self._finish(request, reason)
+        return outputs
+
+    def _stop_reason(self, request: Request, token: int) -> str | None:
+        params = request.sampling_params
+        num_output = len(request.output_token_ids)
+        if request.grammar is not None:
+            request.grammar.accept_tokens([token])
+        if num_output >= params.min_tokens:
+            if token == request.eos_token_id and not params.ignore_eos:
+                return "stop"
+            if token in params.stop_token_ids:
+                request.stop_reason = token
+                return "stop"
+            if request.grammar is not None and request.grammar.is_terminated():
+                return "stop"
+        if (params.max_tokens is not None and num_output >= params.max_tokens) \
+                or request.num_tokens >= self.max_model_len:
+            return "length"
+        return None
+
+    def _finish(self, request: Request, reason: str) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        self.requests.pop(request.request_id, None)
+        if self.connector is not None and self.connector.request_finished(request, self.kv.block_ids(request)):
+            self._delayed_free[request.request_id] = request
+        else:
+            self.kv.free(request)
+
+    def free_finished_transfers(self, request_ids) -> None:
+        """Free blocks whose delayed free the connector has released."""
+        for rid in request_ids:
+            request = self._delayed_free.pop(rid, None)
+            if request is not None:
+                self.kv.free(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.requests)
+
+    @property
+    def stats(self) -> dict[str, int | float]:
+        return {"running": len(self.running), "waiting": len(self.waiting),
+                "preemptions": self._preemptions, "kv_cache_usage": self.kv.usage, **self.kv.stats}

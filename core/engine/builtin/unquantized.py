@@ -1,0 +1,20 @@
+"""The default linear method: a plain weight in the activation dtype."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.interfaces import QuantMethod
+
+
+class UnquantizedLinearMethod(QuantMethod):
+    name = "unquantized"
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype),
+                              requires_grad=False)
+        weight.output_dim = 0
+        layer.register_parameter("weight", weight)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)

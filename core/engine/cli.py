@@ -1,0 +1,180 @@
+"""The ``engine`` command. Subcommands are registered through the ``register_commands``
+hook — the built-ins (``plugins``, ``generate``) the same way as a plugin's (``serve``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from abc import ABC, abstractmethod
+
+
+from engine.config import EngineConfig
+from engine.plugins import load_plugins
+
+
+class Command(ABC):
+    help: str = ""
+
+    @abstractmethod
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        ...
+
+    @abstractmethod
+    def run(self, args: argparse.Namespace) -> int:
+        ...
+
+
+_SKIP = {"plugins"}  # handled before plugins load
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One ``--flag`` per engine option (``--max-num-seqs``, ``--num-blocks`` ...)."""
+    for name, field in EngineConfig.option_names().items():
+        if name in _SKIP:
+            continue
+        flag = "--" + name.replace("_", "-")
+        default = field.default
+        if isinstance(default, bool):
+            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
+        elif name == "speculative":
+            parser.add_argument("--speculative-config", dest=name, type=json.loads, default=None)
+        elif isinstance(default, (int, float)) and not isinstance(default, bool):
+            parser.add_argument(flag, dest=name, type=type(default), default=None)
+        elif name == "logits_processors":
+            parser.add_argument(flag, dest=name, default=None, help="comma-separated names")
+        else:
+            parser.add_argument(flag, dest=name, default=None, type=_int_or_str)
+
+
+def _int_or_str(value: str):
+    return int(value) if value.isdigit() else value
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    names = set(EngineConfig.option_names()) - _SKIP
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+class PluginsCommand(Command):
+    help = "list installed plugins, what they register, and whether it can run here"
+
+    def add_arguments(self, parser):
+        pass
+
+    def run(self, args) -> int:
+        from engine.core.setup import select_platform
+
+        registry = load_plugins(args.plugins)
+        platform = select_platform(registry, None)
+        for name, info in registry.plugins.items():
+            print(f"{name}  ({info.distribution} {info.version})  {info.status}")
+            for reg in registry.registered_by(name):
+                print(f"    {reg.kind[:-1].replace('_', ' ')}: {reg.name}{_runnable(reg, platform)}")
+        return 0
+
+
+def _runnable(registration, platform) -> str:
+    if registration.kind not in ("attention_backends", "quant_methods", "platforms"):
+        return ""
+    try:
+        cls = registration.load()
+        if registration.kind == "platforms":
+            reasons = cls.unavailable_reasons()
+        elif registration.kind == "quant_methods":
+            reasons = cls.supports(platform)
+        else:
+            reasons = cls.supports(_probe_spec(), platform)
+    except Exception as exc:
+        reasons = [f"cannot import: {exc!r}"]
+    return "  [runs here]" if not reasons else f"  [cannot run here: {'; '.join(reasons)}]"
+
+
+def _probe_spec():
+    import torch
+
+    from engine.interfaces import AttentionSpec
+
+    return AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, block_size=16)
+
+
+class GenerateCommand(Command):
+    help = "generate from one prompt, streaming text to the terminal"
+
+    def add_arguments(self, parser):
+        parser.add_argument("--prompt", required=True)
+        parser.add_argument("--chat", action="store_true", help="wrap the prompt in the chat template")
+        parser.add_argument("--max-tokens", type=int, default=128)
+        parser.add_argument("--temperature", type=float, default=0.0)
+        parser.add_argument("--top-p", type=float, default=1.0)
+        parser.add_argument("--top-k", type=int, default=0)
+        add_engine_arguments(parser)
+
+    def run(self, args) -> int:
+        from engine.core.request import Request
+        from engine.llm import LLM
+        from engine.output_processor import OutputProcessor
+        from engine.sampling_params import SamplingParams
+
+        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                                top_p=args.top_p, top_k=args.top_k,
+                                seed=args.seed)  # --seed seeds the engine and this request
+        llm = LLM(plugins=args.plugins, **engine_options(args))
+        ids = (llm.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat
+               else llm.tokenizer.encode(args.prompt))
+        llm.engine.validate(ids, params)
+        processor = OutputProcessor(llm.tokenizer)
+        processor.add("cli", args.prompt, ids, ["cli"], params)
+        llm.engine.add_request(Request("cli", ids, params))
+        printed = 0
+        while llm.engine.has_unfinished():
+            finished, to_abort = processor.process(llm.engine.step())
+            llm.engine.abort(to_abort)
+            text = finished[0].outputs[0].text if finished else processor.text_so_far("cli")
+            sys.stdout.write(text[printed:])
+            sys.stdout.flush()
+            printed = len(text)
+        sys.stdout.write("\n")
+        return 0
+
+
+def build_parser(registry) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="engine", description="LLM inference engine")
+    parser.add_argument("--plugins", type=lambda s: [p for p in s.split(",") if p], default=None,
+                        help="comma-separated allow-list of plugins (default: all installed)")
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for registration in registry.registrations("commands"):
+        command = registration.load()()
+        command_parser = sub.add_parser(registration.name, help=command.help)
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(handler=command)
+    return parser
+
+
+def _pre_parse_plugins(argv: list[str]) -> list[str] | None:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--plugins", type=lambda s: [p for p in s.split(",") if p], default=None)
+    known, _ = pre.parse_known_args(argv)
+    return known.plugins
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        registry = load_plugins(_pre_parse_plugins(argv))
+    except ValueError as exc:
+        print(f"engine: {exc}", file=sys.stderr)
+        return 2
+    args = build_parser(registry).parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return args.handler.run(args)
+    except (ValueError, RuntimeError) as exc:
+        print(f"engine {args.command}: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

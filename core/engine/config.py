@@ -1,0 +1,110 @@
+"""EngineConfig: built and validated once, the context every constructor receives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _positive(instance, attribute, value):
+    if value is not None and value <= 0:
+        raise ValueError(f"{attribute.name} must be positive, got {value}")
+
+
+@attrs.frozen
+class ModelConfig:
+    model: str | None = None  # None: the default model a loader plugin ships
+    dtype: str = attrs.field(default="auto", validator=attrs.validators.in_(_DTYPES))
+    max_model_len: int | None = attrs.field(default=None, validator=_positive)
+    load_format: str | None = None
+    quantization: str | None = None
+    seed: int = 0
+
+
+@attrs.frozen
+class CacheConfig:
+    block_size: int = attrs.field(default=16, validator=_positive)
+    kv_cache_memory: int | None = attrs.field(default=None, validator=_positive)  # bytes
+    kv_cache_memory_fraction: float = 0.25  # of free memory, when kv_cache_memory is unset
+    num_blocks: int | None = attrs.field(default=None, validator=_positive)  # overrides both
+    enable_prefix_caching: bool = True
+    watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
+
+
+@attrs.frozen
+class SchedulerConfig:
+    max_num_batched_tokens: int = attrs.field(default=2048, validator=_positive)
+    max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    enable_chunked_prefill: bool = True
+    long_prefill_token_threshold: int = 0  # 0: a prefill chunk may use the whole budget
+    policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
+    scheduler: str = "default"
+    kv_cache_manager: str = "default"
+
+
+@attrs.frozen
+class ParallelConfig:
+    tensor_parallel_size: int = attrs.field(default=1)
+
+    @tensor_parallel_size.validator
+    def _single(self, attribute, value):
+        if value != 1:
+            raise ValueError("tensor_parallel_size > 1 is not supported yet")
+
+
+@attrs.frozen
+class ObservabilityConfig:
+    log_stats: bool = False
+
+
+@attrs.frozen
+class EngineConfig:
+    model: ModelConfig = ModelConfig()
+    cache: CacheConfig = CacheConfig()
+    scheduler: SchedulerConfig = SchedulerConfig()
+    parallel: ParallelConfig = ParallelConfig()
+    observability: ObservabilityConfig = ObservabilityConfig()
+    speculative: dict[str, Any] | None = None  # {"method": NAME, "num_speculative_tokens": K, ...}
+    plugins: tuple[str, ...] | None = None  # allow-list of entry-point names; None: all installed
+    device: str | None = None  # platform name; None: the best available
+    attention_backend: str | None = None
+    structured_outputs_backend: str | None = None
+    kv_connector: str | None = None
+    logits_processors: tuple[str, ...] = ()
+
+    @classmethod
+    def from_kwargs(cls, **kwargs) -> EngineConfig:
+        """Build from flat keyword arguments (``LLM(...)``, CLI flags), each routed to its
+        sub-config; an unknown name raises TypeError naming it."""
+        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
+                    "parallel": ParallelConfig, "observability": ObservabilityConfig}
+        parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
+        top: dict[str, Any] = {}
+        top_fields = {f.name for f in attrs.fields(cls)} - set(sections)
+        for key, value in kwargs.items():
+            section = next((s for s, c in sections.items() if key in attrs.fields_dict(c)), None)
+            if section is not None:
+                parts[section][key] = value
+            elif key in top_fields:
+                top[key] = value
+            else:
+                raise TypeError(f"unknown engine option {key!r}")
+        for key in ("plugins", "logits_processors"):
+            if isinstance(top.get(key), (list, str)):
+                value = top[key]
+                top[key] = tuple(value.split(",") if isinstance(value, str) else value)
+        return cls(**{s: c(**parts[s]) for s, c in sections.items()}, **top)
+
+    @staticmethod
+    def option_names() -> dict[str, attrs.Attribute]:
+        """Every flat option name with its attribute (for CLI flags)."""
+        names = {}
+        for f in attrs.fields(EngineConfig):
+            if attrs.has(f.type if isinstance(f.type, type) else type(f.default)):
+                names.update(attrs.fields_dict(type(f.default)))
+            else:
+                names[f.name] = f
+        return names

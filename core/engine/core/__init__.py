@@ -1,0 +1,1 @@
+"""The step loop and the state it moves: requests, step plans, results."""

@@ -1,0 +1,160 @@
+"""EngineCore: the step loop.
+
+schedule → flatten the batch → model forward → logits processors and grammar masks →
+sampler (verifying drafts) → update the scheduler → outputs → propose next drafts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from engine.config import EngineConfig
+from engine.core import setup
+from engine.core.request import Request
+from engine.core.scheduling import EngineOutput, SchedulerContext
+from engine.core.structured import GrammarContext, StructuredOutputs
+from engine.interfaces import AttentionSpec, DraftRequest
+from engine.plugins import load_plugins
+from engine.runner.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig):
+        started = time.perf_counter()
+        self.registry = registry = load_plugins(config.plugins)
+        self.platform = setup.select_platform(registry, config.device)
+        self.platform.configure()
+        loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
+        self.hf_config = loader.hf_config()
+        self.tokenizer = loader.tokenizer()
+        dtype = setup.resolve_dtype(config.model.dtype, self.hf_config, self.platform)
+        max_len = setup.resolve_max_model_len(config.model.max_model_len, self.hf_config)
+        self.config = config = setup.with_resolved_model(
+            config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len)
+        torch.manual_seed(config.model.seed)
+        self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
+                                       config.model.quantization)
+        layout = self.model.kv_layout()
+        spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype,
+                             config.cache.block_size)
+        self.attention = setup.select_attention_backend(registry, config.attention_backend, spec, self.platform)
+        num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers, self.platform)
+        kv_caches = [torch.zeros(self.attention.kv_cache_shape(num_blocks), dtype=dtype,
+                                 device=self.platform.device) for _ in range(layout.num_layers)]
+        self.kv_cache_manager = registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)(
+            config, num_blocks)
+        self.connector = registry.get("kv_connectors", config.kv_connector)(config) if config.kv_connector else None
+        self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
+            SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
+        processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
+        self.runner = ModelRunner(self.model, self.attention, kv_caches, config.cache.block_size,
+                                  self.platform.device, processors, self.connector)
+        self.drafter, self.num_spec_tokens = self._build_drafter(config)
+        self._structured: StructuredOutputs | None = None
+        self.spec_stats = {"draft_tokens": 0, "accepted_tokens": 0}
+        self.eos_token_id = self._eos_token_id()
+        logger.info("engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
+                    time.perf_counter() - started, model_path, self.platform.name, dtype,
+                    self.attention.name, num_blocks, config.cache.block_size)
+
+    def _build_drafter(self, config):
+        if not config.speculative:
+            return None, 0
+        spec = dict(config.speculative)
+        drafter = self.registry.get("drafters", spec.get("method"))(config)
+        return drafter, int(spec.get("num_speculative_tokens", 4))
+
+    def _eos_token_id(self) -> int | None:
+        eos = getattr(self.hf_config, "eos_token_id", None)
+        if isinstance(eos, list):
+            eos = eos[0] if eos else None
+        if eos is None and self.tokenizer is not None:
+            eos = self.tokenizer.eos_token_id
+        return eos
+
+    @property
+    def max_model_len(self) -> int:
+        return self.config.model.max_model_len
+
+    def validate(self, prompt_token_ids: list[int], params) -> None:
+        """Raise ValueError naming the field before any work is queued."""
+        if not prompt_token_ids:
+            raise ValueError("prompt: must contain at least one token")
+        vocab = self.hf_config.vocab_size
+        if any(not 0 <= t < vocab for t in prompt_token_ids):
+            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(f"prompt: {len(prompt_token_ids)} tokens do not fit the context of "
+                             f"{self.max_model_len} (max_model_len) with room to generate")
+        if params.structured_outputs is not None and not self.registry.names("grammar_backends"):
+            raise ValueError("structured_outputs: no grammar backend plugin is installed")
+
+    def add_request(self, request: Request) -> None:
+        self.validate(request.prompt_token_ids, request.sampling_params)
+        request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
+        if request.sampling_params.structured_outputs is not None:
+            self.structured.submit(request)
+        self.scheduler.add_request(request)
+
+    @property
+    def structured(self) -> StructuredOutputs:
+        if self._structured is None:
+            name = self.config.structured_outputs_backend or self.registry.names("grammar_backends")[0]
+            backend = self.registry.get("grammar_backends", name)
+            self._structured = StructuredOutputs(backend, GrammarContext(self.tokenizer, self.hf_config.vocab_size))
+        return self._structured
+
+    def abort(self, request_ids) -> None:
+        self.scheduler.abort(request_ids)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[EngineOutput]:
+        outputs = self._structured.poll(self.scheduler) if self._structured else []
+        if self.connector is not None:
+            self.scheduler.free_finished_transfers(self.connector.get_finished())
+        plan = self.scheduler.schedule()
+        if not plan.scheduled:
+            return outputs
+        block_tables = [self.kv_cache_manager.block_ids(item.request) for item in plan.scheduled]
+        bitmask = self._structured.bitmask(plan) if self._structured else None
+        result = self.runner.execute(plan, block_tables, bitmask)
+        for item in plan.scheduled:
+            if item.spec_token_ids and item.request.request_id in result.sampled:
+                self.spec_stats["draft_tokens"] += len(item.spec_token_ids)
+                self.spec_stats["accepted_tokens"] += len(result.sampled[item.request.request_id]) - 1
+        outputs += self.scheduler.update(plan, result)
+        if self.drafter is not None:
+            self._propose_drafts()
+        return outputs
+
+    def _propose_drafts(self) -> None:
+        """Ask the drafter for the next step's drafts. Requests with a grammar, penalties or
+        a pending min_tokens get none: their verification rows would need per-draft state."""
+        eligible = []
+        for r in self.scheduler.running:
+            p = r.sampling_params
+            if r.num_computed_tokens == r.num_tokens - 1 and r.grammar is None and not p.uses_penalties \
+                    and len(r.output_token_ids) >= p.min_tokens:
+                room = (p.max_tokens or self.max_model_len) - len(r.output_token_ids) - 1
+                room = min(room, self.max_model_len - r.num_tokens - 1, self.num_spec_tokens)
+                if room > 0:
+                    eligible.append((r, room))
+        if not eligible:
+            return
+        drafts = self.drafter.propose([DraftRequest(r.request_id, r.all_token_ids, room) for r, room in eligible])
+        for (request, room), tokens in zip(eligible, drafts):
+            request.spec_token_ids = list(tokens[:room])
+
+    def stats(self) -> dict:
+        return {**self.scheduler.stats, **self.spec_stats}
+
+    def shutdown(self) -> None:
+        if self._structured is not None:
+            self._structured.shutdown()

@@ -1,0 +1,68 @@
+"""Request: one sequence's state inside the engine core."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from typing import Any
+
+import torch
+
+from engine.sampling_params import SamplingParams
+
+_arrivals = itertools.count()
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # parked: does not block the queue
+    RUNNING = "running"
+    PREEMPTED = "preempted"
+    FINISHED = "finished"
+
+
+class Request:
+    """Public read-only fields for plugins: ``request_id``, ``sampling_params``,
+    ``prompt_token_ids``, ``output_token_ids``, ``all_token_ids``, ``num_computed_tokens``."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_id: int | None = None, priority: int = 0, cache_salt: str | None = None):
+        self.request_id = request_id
+        self.sampling_params = sampling_params
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.all_token_ids = list(prompt_token_ids)
+        self.output_token_ids: list[int] = []
+        self.eos_token_id = eos_token_id
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.arrival = next(_arrivals)
+        self.status = RequestStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first admission
+        self.num_preemptions = 0
+        self.spec_token_ids: list[int] = []
+        self.block_hashes: list[bytes] = []  # chained hashes of full blocks, filled by the KV manager
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self.grammar: Any = None  # engine.interfaces.Grammar once compiled
+        seed = sampling_params.seed
+        self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is RequestStatus.FINISHED
+
+    def append_output(self, token_id: int) -> None:
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+
+    def __repr__(self) -> str:
+        return f"Request({self.request_id!r}, {self.status.value}, tokens={self.num_tokens})"

@@ -1,0 +1,72 @@
+"""Messages between the scheduler, the runner and the engine core for one step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from engine.core.request import Request
+
+
+@attrs.frozen
+class SchedulerContext:
+    config: Any  # EngineConfig
+    kv_cache_manager: Any  # KVCacheManager
+    kv_connector: Any = None  # KVConnector or None
+    max_model_len: int = 2048
+
+
+@attrs.frozen
+class ScheduledRequest:
+    request: Request
+    num_new_tokens: int  # known tokens computed this step, from request.num_computed_tokens
+    spec_token_ids: tuple[int, ...] = ()  # drafts verified this step
+
+    @property
+    def samples(self) -> bool:
+        """True when this step reaches the end of the known tokens, so a token is sampled."""
+        r = self.request
+        return r.num_computed_tokens + self.num_new_tokens >= r.num_tokens
+
+
+@attrs.frozen
+class StepPlan:
+    scheduled: tuple[ScheduledRequest, ...]
+    preempted: tuple[str, ...] = ()
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(s.num_new_tokens + len(s.spec_token_ids) for s in self.scheduled)
+
+
+@attrs.frozen
+class TokenLogprobs:
+    """Logprobs of one position: the chosen token first, then the top-n (compact, no text)."""
+
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    ranks: tuple[int, ...]
+
+
+@attrs.frozen
+class StepResult:
+    sampled: dict[str, list[int]]  # request id -> accepted drafts + one new token
+    logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
+    prompt_logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
+
+
+@attrs.frozen
+class EngineOutput:
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None = None
+    new_prompt_logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    num_cached_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None

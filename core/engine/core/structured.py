@@ -1,0 +1,69 @@
+"""Structured outputs in the core: grammars compile on a worker thread while their request
+waits parked (it does not block the queue); each step one bitmask row per sampling row."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import attrs
+import torch
+
+from engine.core.request import Request, RequestStatus
+from engine.core.scheduling import EngineOutput, StepPlan
+
+
+@attrs.frozen
+class GrammarContext:
+    tokenizer: object
+    vocab_size: int
+
+
+class StructuredOutputs:
+    def __init__(self, backend_cls, ctx: GrammarContext):
+        self.backend = backend_cls(ctx)
+        self.vocab_size = ctx.vocab_size
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._pending: dict[str, tuple[Request, Future]] = {}
+
+    def submit(self, request: Request) -> None:
+        spec = request.sampling_params.structured_outputs
+        reasons = self.backend.supports(spec)
+        future: Future = Future()
+        if reasons:
+            future.set_exception(ValueError("; ".join(reasons)))
+        else:
+            future = self._pool.submit(self.backend.compile, spec)
+        request.status = RequestStatus.WAITING_FOR_GRAMMAR
+        self._pending[request.request_id] = (request, future)
+
+    def poll(self, scheduler) -> list[EngineOutput]:
+        """Release compiled requests to the queue; fail those whose grammar is invalid."""
+        failed = []
+        for rid, (request, future) in list(self._pending.items()):
+            if not future.done():
+                continue
+            del self._pending[rid]
+            if request.is_finished:
+                continue
+            error = future.exception()
+            if error is None:
+                request.grammar = future.result()
+                request.status = RequestStatus.WAITING
+                continue
+            scheduler.abort([rid])
+            failed.append(EngineOutput(rid, [], finish_reason="error", error=f"invalid grammar: {error}"))
+        return failed
+
+    def bitmask(self, plan: StepPlan) -> torch.Tensor | None:
+        rows = [item.request for item in plan.scheduled if item.samples
+                for _ in range(len(item.spec_token_ids) + 1)]
+        if not any(r.grammar is not None for r in rows):
+            return None
+        mask = torch.full((len(rows), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
+        for i, request in enumerate(rows):
+            if request.grammar is not None:
+                request.grammar.fill_bitmask(mask, i)
+        return mask
+
+    def shutdown(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,36 @@
+"""Extension interfaces, one module per kind. Plugins import from here only."""
+
+from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces.drafter import Drafter, DraftRequest
+from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarSpec
+from engine.interfaces.kv_cache import KVCacheManager
+from engine.interfaces.kv_connector import KVConnector
+from engine.interfaces.loader import ModelLoader
+from engine.interfaces.logits_processor import LogitsProcessor
+from engine.interfaces.model import Model, StepContext
+from engine.interfaces.platform import Platform
+from engine.interfaces.quant import QuantMethod
+from engine.interfaces.scheduler import Scheduler
+
+# Interface version per kind. Bump a kind's number when its contract changes
+# incompatibly; plugins declare the version they target with ``api=`` when registering.
+INTERFACE_VERSIONS = {
+    "platforms": 1,
+    "attention_backends": 1,
+    "models": 1,
+    "model_loaders": 1,
+    "quant_methods": 1,
+    "kv_connectors": 1,
+    "grammar_backends": 1,
+    "drafters": 1,
+    "logits_processors": 1,
+    "schedulers": 1,
+    "kv_cache_managers": 1,
+    "commands": 1,
+}
+
+__all__ = [
+    "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Drafter",
+    "DraftRequest", "Grammar", "GrammarBackend", "GrammarSpec", "KVCacheManager", "KVConnector",
+    "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod", "Scheduler", "StepContext",
+]

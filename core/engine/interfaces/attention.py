@@ -1,0 +1,78 @@
+"""Attention backend: the paged KV cache layout and the attention kernel.
+
+Per step the runner builds one :class:`BatchLayout` over the ragged batch (requests
+in scheduling order, their query tokens flattened into one axis, no padding); the
+backend turns it into its own metadata once (``build_metadata``), then every layer
+calls ``forward``, which writes this step's K/V into the paged cache through
+``slot_mapping`` and attends over each request's blocks. Prefill, decode and mixed
+batches arrive in one call; a request's query tokens are the last ``query_len``
+positions of its ``seq_len`` context (causal within the chunk).
+"""
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import attrs
+import torch
+
+from engine.interfaces.platform import Platform
+
+
+@attrs.frozen
+class AttentionSpec:
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    block_size: int
+
+    @property
+    def scale(self) -> float:
+        return self.head_dim ** -0.5
+
+
+@attrs.frozen
+class BatchLayout:
+    """The flattened batch of one step. Tensors live on the model's device."""
+
+    query_start_loc: torch.Tensor  # [B + 1] int32: request b's queries are rows [qsl[b], qsl[b+1])
+    seq_lens: torch.Tensor  # [B] int32: context length once this step's tokens are written
+    block_table: torch.Tensor  # [B, max_blocks] int32, padded with the null block 0
+    slot_mapping: torch.Tensor  # [T] int64: cache slot (block * block_size + offset) of each row
+    query_lens: tuple[int, ...]  # host copies, so backends need no device sync
+    seq_lens_host: tuple[int, ...]
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.slot_mapping.shape[0])
+
+
+class AttentionBackend(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, spec: AttentionSpec, platform: Platform):
+        self.spec = spec
+        self.platform = platform
+
+    @classmethod
+    @abstractmethod
+    def supports(cls, spec: AttentionSpec, platform: Platform) -> list[str]:
+        """Reasons this backend cannot serve ``spec`` on ``platform``; empty when it can."""
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        """Shape of one layer's cache tensor. Default: [2, blocks, block_size, kv_heads, head_dim]."""
+        s = self.spec
+        return (2, num_blocks, s.block_size, s.num_kv_heads, s.head_dim)
+
+    def build_metadata(self, layout: BatchLayout) -> object:
+        """Backend-specific per-step metadata, built once and shared by all layers."""
+        return layout
+
+    @abstractmethod
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                kv_cache: torch.Tensor, metadata: object) -> torch.Tensor:
+        """query [T, H, D], key/value [T, H_kv, D] -> output [T, H, D]."""

@@ -1,0 +1,41 @@
+"""ModelLoader: a checkpoint format. It yields the HF config, the tokenizer and the
+weights under their HF names, so model plugins never see the file format."""
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from typing import Any, ClassVar
+
+import torch
+
+
+class ModelLoader(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, path: str):
+        self.path = path
+
+    @classmethod
+    @abstractmethod
+    def detect(cls, path: str) -> list[str]:
+        """Reasons this loader cannot read ``path``; empty when it can."""
+
+    @classmethod
+    def default_model(cls) -> str | None:
+        """A model this plugin ships, used when the user names none."""
+        return None
+
+    @abstractmethod
+    def hf_config(self) -> Any:
+        """A ``transformers.PretrainedConfig``."""
+
+    @abstractmethod
+    def tokenizer(self) -> Any | None:
+        """A ``transformers`` tokenizer, or None when the checkpoint has none."""
+
+    @abstractmethod
+    def iter_weights(self, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
+        """(HF parameter name, tensor) pairs; show progress for long loads."""
+
+    def quant_config(self) -> dict | None:
+        """The checkpoint's quantization config, if any."""
+        return None

@@ -1,0 +1,69 @@
+"""Model: a network over the flattened token axis, built from an HF ``config.json``."""
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import attrs
+import torch
+from torch import nn
+
+
+@attrs.frozen
+class KVLayout:
+    """What the KV cache must hold for this model."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@attrs.frozen
+class ModelContext:
+    """Everything a model constructor gets. ``linear_method`` builds each linear layer's
+    storage and matmul (the selected :class:`QuantMethod`)."""
+
+    hf_config: Any
+    dtype: torch.dtype
+    device: torch.device
+    linear_method: Any
+
+
+@attrs.frozen
+class StepContext:
+    """Per-step state passed down ``forward`` (never kept in module globals)."""
+
+    attention: Any  # the AttentionBackend instance
+    attn_metadata: object
+    kv_caches: list[torch.Tensor]
+
+
+class Model(nn.Module, ABC):
+    architectures: ClassVar[tuple[str, ...]]
+
+    def __init__(self, ctx: ModelContext):
+        super().__init__()
+        self.ctx = ctx
+
+    @classmethod
+    def example_configs(cls) -> dict[str, dict]:
+        """Tiny HF config kwargs per claimed architecture; the conformance kit builds random
+        models from them and compares logits with ``transformers``."""
+        return {}
+
+    @abstractmethod
+    def kv_layout(self) -> KVLayout:
+        """Layers, heads and head size the KV cache is sized for."""
+
+    @abstractmethod
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepContext) -> torch.Tensor:
+        """input_ids, positions [T] -> hidden states [T, hidden]."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, hidden] (only rows that sample) -> logits [N, vocab] in float32."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Consume (HF parameter name, tensor) pairs streamed by the model loader."""

@@ -1,0 +1,35 @@
+"""Platform: the device the engine runs on. ``cpu`` and ``cuda`` are built in; a hardware
+vendor ships another through ``register_platforms`` without forking the core."""
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+import torch
+
+
+class Platform(ABC):
+    name: ClassVar[str]
+    device_type: ClassVar[str]  # torch device type: "cpu", "cuda", "xpu" ...
+    dist_backend: ClassVar[str]  # torch.distributed backend for tensor parallelism
+    priority: ClassVar[int] = 0  # among available platforms the highest wins
+    supported_dtypes: ClassVar[tuple[torch.dtype, ...]] = (torch.float32, torch.bfloat16, torch.float16)
+    preferred_attention_backends: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    @abstractmethod
+    def unavailable_reasons(cls) -> list[str]:
+        """Why this platform cannot run in this process; empty when it can."""
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device(self.device_type)
+
+    @abstractmethod
+    def free_memory(self) -> int:
+        """Bytes available for weights and KV cache now."""
+
+    def configure(self) -> None:
+        """Process-wide set-up (threads, allocator) before the model is built."""
+
+    def synchronize(self) -> None:
+        """Wait for queued device work (no-op on synchronous devices)."""

@@ -1,0 +1,42 @@
+"""Scheduler: decides, each step, which requests run and how many tokens each computes."""
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class Scheduler(ABC):
+    """Constructed with a :class:`engine.core.scheduling.SchedulerContext` (config, KV cache
+    manager, optional KV connector)."""
+
+    def __init__(self, ctx: Any):
+        self.ctx = ctx
+
+    @abstractmethod
+    def add_request(self, request) -> None:
+        ...
+
+    @abstractmethod
+    def abort(self, request_ids) -> None:
+        """Finish these requests with ``finish_reason="abort"`` and free their blocks."""
+
+    @abstractmethod
+    def schedule(self):
+        """Return an :class:`engine.core.scheduling.StepPlan` (possibly empty)."""
+
+    @abstractmethod
+    def update(self, plan, result) -> list:
+        """Apply the runner's :class:`engine.core.scheduling.StepResult`; return the
+        :class:`engine.core.scheduling.EngineOutput` of every request that made progress."""
+
+    @abstractmethod
+    def free_finished_transfers(self, request_ids) -> None:
+        """Free the blocks of finished requests whose KV connector has finished sending."""
+
+    @abstractmethod
+    def has_unfinished(self) -> bool:
+        ...
+
+    @property
+    @abstractmethod
+    def stats(self) -> dict[str, int | float]:
+        """``running``, ``waiting``, ``preemptions`` and the KV manager's counters."""

@@ -1,0 +1,18 @@
+"""The attention layer a model places where it attends: it hands q/k/v, this layer's cache
+and the step's metadata to the selected backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.interfaces.model import StepContext
+
+
+class Attention(nn.Module):
+    def __init__(self, layer_index: int):
+        super().__init__()
+        self.layer_index = layer_index
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext) -> torch.Tensor:
+        return step.attention.forward(q, k, v, step.kv_caches[self.layer_index], step.attn_metadata)

@@ -1,0 +1,39 @@
+"""Linear: one matmul whose weight may be several fused projections (q|k|v, gate|up)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Linear(nn.Module):
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, method, dtype: torch.dtype):
+        super().__init__()
+        self.input_size = input_size
+        self.output_sizes = list(output_sizes)
+        self.method = method
+        method.create_weights(self, input_size, self.output_sizes)
+        self.bias = nn.Parameter(torch.zeros(sum(output_sizes), dtype=dtype), requires_grad=False) if bias else None
+        if self.bias is not None:
+            self.bias.output_dim = 0
+
+    def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
+        """Copy one projection's checkpoint tensor into its slice of the fused parameter."""
+        param = getattr(self, param_name)
+        loader = getattr(param, "weight_loader", None)
+        if loader is not None:
+            loader(param, tensor, shard)
+            return
+        dim = getattr(param, "output_dim", None)
+        if dim is None or len(self.output_sizes) == 1:
+            param.data.copy_(tensor)
+            return
+        per_row = param.shape[dim] // sum(self.output_sizes)
+        start = sum(self.output_sizes[:shard]) * per_row
+        param.data.narrow(dim, start, self.output_sizes[shard] * per_row).copy_(tensor)
+
+    def process_weights_after_loading(self) -> None:
+        self.method.process_weights_after_loading(self)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.method.apply(self, x, self.bias)

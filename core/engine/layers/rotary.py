@@ -1,0 +1,50 @@
+"""Rotary position embeddings (rotate-half layout) and the SwiGLU activation.
+
+Frequencies come from ``transformers``' own rope initialisers, so every scaling type
+it knows (default, linear, llama3, yarn, longrope ...) matches the reference exactly.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _rope_inv_freq(hf_config, device) -> tuple[torch.Tensor, float]:
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    params = getattr(hf_config, "rope_parameters", None) or getattr(hf_config, "rope_scaling", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0))
+        dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        dim = int(dim * getattr(hf_config, "partial_rotary_factor", 1.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
+        return inv_freq, 1.0
+    return ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, hf_config, max_positions: int, dtype: torch.dtype):
+        super().__init__()
+        inv_freq, scaling = _rope_inv_freq(hf_config, "cpu")
+        freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
+        self.register_buffer("cos", (freqs.cos() * scaling).to(dtype), persistent=False)
+        self.register_buffer("sin", (freqs.sin() * scaling).to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """q [T, H, D], k [T, H_kv, D] -> rotated copies."""
+        cos = self.cos[positions].unsqueeze(1)
+        sin = self.sin[positions].unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up

@@ -1,0 +1,111 @@
+"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import attrs
+from tqdm.auto import tqdm
+
+from engine.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.core.request import Request
+from engine.output_processor import OutputProcessor
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+Prompt = str | Sequence[int] | dict
+
+
+class LLM:
+    """``LLM()`` serves the embedded default model; ``plugins=[...]`` is an allow-list of
+    plugin entry-point names; any other keyword is an engine option (``max_num_seqs``,
+    ``num_blocks``, ``attention_backend`` ...)."""
+
+    def __init__(self, model: str | None = None, *, dtype: str = "auto",
+                 plugins: Sequence[str] | None = None, **engine_options):
+        self.config = EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins, **engine_options)
+        self.engine = EngineCore(self.config)
+        self.tokenizer = self.engine.tokenizer
+        self._ids = itertools.count()
+
+    def generate(self, prompts: Prompt | Sequence[Prompt],
+                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 use_tqdm: bool = False, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        prompts = self._as_list(prompts)
+        params = sampling_params or SamplingParams()
+        params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
+        encoded = [self._encode(p) for p in prompts]
+        for (_, ids), p in zip(encoded, params):  # every check before any work starts
+            self.engine.validate(ids, p)
+        processor = OutputProcessor(self.tokenizer)
+        order = []
+        for i, ((text, ids), p) in enumerate(zip(encoded, params)):
+            order.append(self._add(processor, text, ids, p, priority[i] if priority else 0))
+        return self._run(processor, order, use_tqdm)
+
+    def chat(self, messages: list[dict] | list[list[dict]],
+             sampling_params: SamplingParams | None = None, chat_template: str | None = None,
+             add_generation_prompt: bool = True, use_tqdm: bool = False) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.apply_chat_template(c, chat_template, add_generation_prompt) for c in conversations]
+        return self.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params, use_tqdm)
+
+    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None,
+                            add_generation_prompt: bool = True) -> list[int]:
+        tokenizer = self._require_tokenizer("chat")
+        if chat_template is None and not tokenizer.chat_template:
+            raise ValueError("chat_template: the model has none; pass chat_template=...")
+        for m in messages:
+            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
+                raise ValueError(f"messages: each needs a role of system/user/assistant/tool, got {m!r}")
+        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
+                                            add_generation_prompt=add_generation_prompt)
+        return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
+
+    def _as_list(self, prompts) -> list:
+        if isinstance(prompts, (str, dict)) or (prompts and isinstance(prompts[0], int)):
+            return [prompts]
+        return list(prompts)
+
+    def _encode(self, prompt: Prompt) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, list(self._require_tokenizer("text prompts").encode(prompt))
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                return prompt.get("prompt"), list(prompt["prompt_token_ids"])
+            return self._encode(prompt["prompt"])
+        return None, list(prompt)
+
+    def _require_tokenizer(self, what: str):
+        if self.tokenizer is None:
+            raise ValueError(f"prompt: {what} need a tokenizer and this model has none; pass token ids")
+        return self.tokenizer
+
+    def _add(self, processor: OutputProcessor, text, ids, params: SamplingParams, priority: int) -> str:
+        parent = str(next(self._ids))
+        children = [parent] if params.n == 1 else [f"{parent}-{i}" for i in range(params.n)]
+        processor.add(parent, text, ids, children, params)
+        for i, cid in enumerate(children):
+            child_params = params
+            if params.n > 1:  # children share the prompt's blocks through the prefix cache
+                seed = None if params.seed is None else params.seed + i
+                child_params = attrs.evolve(params, n=1, seed=seed,
+                                            prompt_logprobs=params.prompt_logprobs if i == 0 else None)
+            self.engine.add_request(Request(cid, ids, child_params, priority=priority))
+        return parent
+
+    def _run(self, processor: OutputProcessor, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
+        done: dict[str, RequestOutput] = {}
+        with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
+            while self.engine.has_unfinished():
+                finished, to_abort = processor.process(self.engine.step())
+                if to_abort:
+                    self.engine.abort(to_abort)
+                for output in finished:
+                    done[output.request_id] = output
+                    bar.update()
+        return [done[rid] for rid in order]

@@ -1,0 +1,1 @@
+"""The worker side of a step: flatten the batch, run the model, sample."""

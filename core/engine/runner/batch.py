@@ -1,0 +1,66 @@
+"""Flatten one step's plan into the token axis the model and attention backend consume."""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+import torch
+
+from engine.core.scheduling import StepPlan
+from engine.interfaces import BatchLayout
+
+
+@attrs.frozen
+class FlatBatch:
+    input_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    layout: BatchLayout
+    sample_rows: list[int]  # rows whose logits are sampled, request by request
+    sample_owners: list  # the request owning each sample row
+    prompt_rows: list[int]  # rows whose logits score the next prompt token
+    prompt_targets: list[int]
+    prompt_owners: list
+
+
+def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, device) -> FlatBatch:
+    tokens: list[int] = []
+    query_lens, seq_lens = [], []
+    sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners = [], [], [], [], []
+    for item in plan.scheduled:
+        request, start, n = item.request, item.request.num_computed_tokens, item.num_new_tokens
+        drafts = item.spec_token_ids
+        offset = len(tokens)
+        tokens += request.all_token_ids[start:start + n]
+        tokens += drafts
+        q = n + len(drafts)
+        query_lens.append(q)
+        seq_lens.append(start + q)
+        if item.samples:
+            sample_rows += range(offset + q - 1 - len(drafts), offset + q)
+            sample_owners += [request] * (len(drafts) + 1)
+        if request.sampling_params.prompt_logprobs is not None:
+            last = min(start + n, request.num_prompt_tokens - 1)
+            prompt_rows += range(offset, offset + max(0, last - start))
+            prompt_targets += request.prompt_token_ids[start + 1:last + 1]
+            prompt_owners += [request] * max(0, last - start)
+
+    q_lens = np.array(query_lens, dtype=np.int64)
+    s_lens = np.array(seq_lens, dtype=np.int64)
+    owner = np.repeat(np.arange(len(q_lens)), q_lens)
+    q_starts = np.concatenate([[0], np.cumsum(q_lens)])
+    positions = (s_lens - q_lens)[owner] + np.arange(len(tokens)) - q_starts[:-1][owner]
+    width = max(len(b) for b in block_tables)
+    table = np.zeros((len(block_tables), width), dtype=np.int64)
+    for row, blocks in enumerate(block_tables):
+        table[row, :len(blocks)] = blocks
+    slots = table[owner, positions // block_size] * block_size + positions % block_size
+
+    layout = BatchLayout(
+        query_start_loc=torch.from_numpy(q_starts.astype(np.int32)).to(device),
+        seq_lens=torch.from_numpy(s_lens.astype(np.int32)).to(device),
+        block_table=torch.from_numpy(table.astype(np.int32)).to(device),
+        slot_mapping=torch.from_numpy(slots).to(device),
+        query_lens=tuple(query_lens), seq_lens_host=tuple(seq_lens))
+    return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device),
+                     torch.from_numpy(positions).to(device), layout,
+                     sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners)

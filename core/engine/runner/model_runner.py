@@ -1,0 +1,97 @@
+"""ModelRunner: one step on the device — flatten, forward, logits, sample, verify drafts."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.scheduling import StepPlan, StepResult, TokenLogprobs
+from engine.interfaces import StepContext
+from engine.runner import sampler
+from engine.runner.batch import FlatBatch, flatten
+
+
+class ModelRunner:
+    def __init__(self, model, attention, kv_caches: list[torch.Tensor], block_size: int,
+                 device: torch.device, logits_processors=(), kv_connector=None):
+        self.model = model
+        self.attention = attention
+        self.kv_caches = kv_caches
+        self.block_size = block_size
+        self.device = device
+        self.logits_processors = list(logits_processors)
+        self.connector = kv_connector
+        if kv_connector is not None:
+            kv_connector.register_kv_caches(kv_caches)
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan, block_tables: list[list[int]],
+                bitmask: torch.Tensor | None = None) -> StepResult:
+        batch = flatten(plan, block_tables, self.block_size, self.device)
+        hidden = self._forward(batch)
+        rows = batch.sample_rows + batch.prompt_rows
+        if not rows:
+            return StepResult({})
+        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
+        n = len(batch.sample_rows)
+        result = StepResult({})
+        if n:
+            self._sample(logits[:n], batch, plan, bitmask, result)
+        if batch.prompt_rows:
+            self._prompt_logprobs(logits[n:], batch, result)
+        return result
+
+    def _forward(self, batch: FlatBatch) -> torch.Tensor:
+        step = StepContext(self.attention, self.attention.build_metadata(batch.layout), self.kv_caches)
+        if self.connector is not None:
+            self.connector.start_load_kv()
+            for layer in range(len(self.kv_caches)):
+                self.connector.wait_for_layer_load(layer)
+        hidden = self.model(batch.input_ids, batch.positions, step)
+        if self.connector is not None:
+            for layer, cache in enumerate(self.kv_caches):
+                self.connector.save_kv_layer(layer, cache)
+            self.connector.wait_for_save()
+        return hidden
+
+    def _sample(self, logits, batch: FlatBatch, plan: StepPlan, bitmask, result: StepResult) -> None:
+        rows = sampler.SamplingRows(batch.sample_owners, self.device)
+        for processor in self.logits_processors:
+            logits = processor.apply(logits, rows.requests)
+        sampler.apply_penalties(logits, rows)
+        sampler.ban_stop_tokens(logits, rows)
+        if bitmask is not None:
+            sampler.apply_bitmask(logits, bitmask)
+        logprobs = logits.log_softmax(dim=-1) if rows.max_logprobs is not None else None
+        tokens, probs = sampler.sample(logits, rows)
+        token_list = tokens.tolist()
+        chosen = list(token_list)
+        row = 0
+        for item in plan.scheduled:
+            if not item.samples:
+                continue
+            request, k = item.request, len(item.spec_token_ids)
+            out = token_list[row:row + k + 1]
+            if k:
+                out = sampler.verify_drafts(out, item.spec_token_ids,
+                                            None if probs is None else probs[row:row + k + 1], request)
+            chosen[row:row + len(out)] = out
+            result.sampled[request.request_id] = out
+            n_logprobs = request.sampling_params.logprobs
+            if logprobs is not None and n_logprobs is not None:
+                result.logprobs[request.request_id] = sampler.topn_logprobs(
+                    logprobs[row:row + len(out)], torch.tensor(chosen[row:row + len(out)]), n_logprobs)
+            row += k + 1
+
+    def _prompt_logprobs(self, logits, batch: FlatBatch, result: StepResult) -> None:
+        logprobs = logits.log_softmax(dim=-1)
+        targets = torch.tensor(batch.prompt_targets, device=self.device)
+        start = 0
+        while start < len(batch.prompt_owners):
+            request = batch.prompt_owners[start]
+            end = start
+            while end < len(batch.prompt_owners) and batch.prompt_owners[end] is request:
+                end += 1
+            entries: list[TokenLogprobs] = sampler.topn_logprobs(
+                logprobs[start:end], targets[start:end], request.sampling_params.prompt_logprobs)
+            result.prompt_logprobs[request.request_id] = entries
+            start = end

