@@ -25,8 +25,9 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str = "auto",
                  plugins: Sequence[str] | None = None, **engine_options):
-        self.config = EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins, **engine_options)
-        self.engine = EngineCore(self.config)
+        self.engine = EngineCore(EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins,
+                                                          **engine_options))
+        self.config = self.engine.config  # resolved: model path, dtype, max_model_len
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 

@@ -44,6 +44,10 @@ class EngineCore:
                              config.cache.block_size)
         self.attention = setup.select_attention_backend(registry, config.attention_backend, spec, self.platform)
         num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers, self.platform)
+        capacity = (num_blocks - 1) * config.cache.block_size
+        if capacity < max_len:
+            raise ValueError(f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
+                             "lower max_model_len or raise kv_cache_memory / num_blocks")
         kv_caches = [torch.zeros(self.attention.kv_cache_shape(num_blocks), dtype=dtype,
                                  device=self.platform.device) for _ in range(layout.num_layers)]
         self.kv_cache_manager = registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)(

@@ -1,0 +1,135 @@
+"""KV cache manager contract: random workloads (hypothesis) of requests with shared
+prefixes that grow, hit the prefix cache and are freed. Checked after every operation:
+no block leaked, double-owned or handed out as the null block; a failed allocation
+changes nothing; and every prefix-cache hit returns blocks whose written contents are
+exactly the request's tokens."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from engine.config import EngineConfig
+from engine.core.request import Request
+from engine.plugins import load_plugins
+from engine.sampling_params import SamplingParams
+
+BLOCK = 4
+
+
+class _Sim:
+    """Drives a manager like the scheduler does and records what each block holds."""
+
+    def __init__(self, manager, num_blocks):
+        self.kv, self.num_blocks = manager, num_blocks
+        self.live: dict[str, Request] = {}
+        self.content: dict[int, dict[int, int]] = {}  # block -> offset -> token
+
+    def admit(self, request: Request, chunk: int) -> bool:
+        blocks, cached = self.kv.get_computed_blocks(request)
+        assert cached == len(blocks) * BLOCK and cached < request.num_tokens
+        for i, block in enumerate(blocks):
+            want = {o: request.all_token_ids[i * BLOCK + o] for o in range(BLOCK)}
+            assert self.content.get(block) == want, "prefix-cache hit returned a block with other contents"
+        chunk = min(chunk, request.num_tokens - cached)
+        if not self._allocate(request, chunk, blocks):
+            return False
+        request.num_computed_tokens = cached
+        self._write(request, chunk)
+        self.live[request.request_id] = request
+        return True
+
+    def grow(self, request: Request, new_tokens: list[int]) -> None:
+        for t in new_tokens:
+            request.append_output(t)
+        chunk = request.num_tokens - request.num_computed_tokens
+        if self._allocate(request, chunk, ()):
+            self._write(request, chunk)
+
+    def _allocate(self, request, chunk, blocks) -> bool:
+        before = (list(self.kv.block_ids(request)), self.kv.num_free_blocks)
+        ok = self.kv.allocate_slots(request, chunk, blocks)
+        if not ok:
+            assert (list(self.kv.block_ids(request)), self.kv.num_free_blocks) == before, \
+                "a failed allocation must change nothing"
+        return ok
+
+    def _write(self, request, chunk) -> None:
+        table = self.kv.block_ids(request)
+        assert len(table) * BLOCK >= request.num_computed_tokens + chunk
+        for pos in range(request.num_computed_tokens, request.num_computed_tokens + chunk):
+            self.content.setdefault(table[pos // BLOCK], {})[pos % BLOCK] = request.all_token_ids[pos]
+        request.num_computed_tokens += chunk
+
+    def free(self, rid: str) -> None:
+        self.kv.free(self.live.pop(rid))
+
+    def check(self) -> None:
+        owned: dict[int, list[Request]] = {}
+        for request in self.live.values():
+            table = self.kv.block_ids(request)
+            assert 0 not in table, "the null block was handed out"
+            assert len(set(table)) == len(table)
+            for i, block in enumerate(table):
+                owned.setdefault(block, []).append((request, i))
+        for block, owners in owned.items():
+            if len(owners) > 1:  # sharing is only legal for identical full prefix blocks
+                prefixes = {tuple(r.all_token_ids[:(i + 1) * BLOCK]) for r, i in owners}
+                assert len(prefixes) == 1 and all(r.num_computed_tokens >= (i + 1) * BLOCK for r, i in owners)
+        assert self.kv.num_free_blocks + len(owned) == self.num_blocks - 1, "blocks leaked"
+
+
+operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 10**6)),
+                      min_size=1, max_size=40)
+
+
+class KVCacheManagerContract:
+    manager_name = "default"
+
+    def make(self, num_blocks: int, caching: bool = True):
+        config = EngineConfig.from_kwargs(block_size=BLOCK, enable_prefix_caching=caching)
+        return load_plugins().get("kv_cache_managers", self.manager_name)(config, num_blocks)
+
+    @settings(max_examples=60, deadline=None)
+    @given(ops=operations, num_blocks=st.integers(4, 24), caching=st.booleans())
+    def test_random_workload_accounting(self, ops, num_blocks, caching):
+        sim = _Sim(self.make(num_blocks, caching), num_blocks)
+        prefixes = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4, 7, 7, 7, 7]]
+        for n, (op, r) in enumerate(ops):
+            if op == "add" or not sim.live:
+                prompt = prefixes[r % 3] + [r % 5 + 1] * (r % 7)
+                request = Request(f"r{n}", prompt, SamplingParams())
+                sim.admit(request, chunk=1 + r % 9)
+            elif op == "grow":
+                request = list(sim.live.values())[r % len(sim.live)]
+                sim.grow(request, [r % 11 + 1] * (1 + r % 3))
+            else:
+                sim.free(list(sim.live)[r % len(sim.live)])
+            sim.check()
+        for rid in list(sim.live):
+            sim.free(rid)
+        sim.check()
+        assert sim.kv.usage == 0.0
+
+    def test_prefix_hits_are_counted_and_reset(self):
+        sim = _Sim(self.make(16), 16)
+        first = Request("a", list(range(1, 11)), SamplingParams())
+        assert sim.admit(first, chunk=10)
+        sim.free("a")
+        second = Request("b", list(range(1, 11)) + [42], SamplingParams())
+        blocks, cached = sim.kv.get_computed_blocks(second)
+        assert cached == 8 and len(blocks) == 2
+        assert sim.admit(second, chunk=11)
+        assert sim.kv.stats["prefix_hits"] == 8
+        assert not sim.kv.reset_prefix_cache(), "reset must refuse while blocks are in use"
+        sim.free("b")
+        assert sim.kv.reset_prefix_cache()
+        assert sim.kv.get_computed_blocks(Request("c", list(range(1, 11)), SamplingParams())) == ([], 0)
+
+    def test_cache_salt_isolates_prefixes(self):
+        sim = _Sim(self.make(16), 16)
+        assert sim.admit(Request("a", list(range(1, 11)), SamplingParams(), cache_salt="tenant-1"), chunk=10)
+        other = Request("b", list(range(1, 11)), SamplingParams(), cache_salt="tenant-2")
+        assert sim.kv.get_computed_blocks(other) == ([], 0)
+        same = Request("c", list(range(1, 11)), SamplingParams(), cache_salt="tenant-1")
+        assert sim.kv.get_computed_blocks(same)[1] == 8

@@ -1,0 +1,65 @@
+"""Reference models from ``transformers`` for parity checks: tiny random checkpoints written
+as real safetensors folders, and greedy generation one prompt at a time (no padding)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+
+def tiny_checkpoint(folder: str, architecture: str, config_kwargs: dict, seed: int = 0,
+                    tokenizer=None):
+    """Build a random ``transformers`` model, save it (config.json + safetensors) to
+    ``folder`` and return it. Weights are drawn wider than the default init so logits are
+    peaked and greedy choices are not decided by rounding noise."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    kwargs = dict(config_kwargs)
+    model_type = kwargs.pop("model_type")
+    kwargs.setdefault("initializer_range", 0.25)
+    config = AutoConfig.for_model(model_type, architectures=[architecture], **kwargs)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    os.makedirs(folder, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return model
+
+
+def hf_from_loader(loader, dtype=torch.float32):
+    """The same weights our loader yields, in a ``transformers`` model."""
+    from transformers import AutoModelForCausalLM
+
+    config = loader.hf_config()
+    model = AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
+    state = dict(loader.iter_weights(config))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing), (missing, unexpected)
+    model.tie_weights()
+    return model
+
+
+@torch.inference_mode()
+def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """Greedy continuation of each prompt, ignoring EOS, one prompt at a time."""
+    out = []
+    for ids in prompts:
+        generated = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
+                                   eos_token_id=None, do_sample=False,
+                                   attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   pad_token_id=0)
+        out.append(generated[0, len(ids):].tolist())
+    return out
+
+
+@torch.inference_mode()
+def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
+    """log-softmax of the logits at every position: [len(ids), vocab]."""
+    return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+def random_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
