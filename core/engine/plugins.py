@@ -71,10 +71,14 @@ class PluginRegistry:
     def _discover(self, allow: set[str] | None) -> None:
         entry_points = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)
         if allow is not None:
-            unknown = allow - {ep.name for ep in entry_points}
+            unknown = allow - {ep.name for ep in entry_points} - set(_local)
             if unknown:
-                available = ", ".join(sorted(ep.name for ep in entry_points)) or "none"
+                available = ", ".join(sorted({ep.name for ep in entry_points} | set(_local))) or "none"
                 raise ValueError(f"unknown plugin(s) {sorted(unknown)}; installed: {available}")
+        for name, module in _local.items():
+            if allow is None or name in allow:
+                self._manager.register(module, name=name)
+                self.plugins[name] = PluginInfo(name, "(in-process)", "-")
         for ep in entry_points:
             if allow is not None and ep.name not in allow:
                 continue
@@ -134,6 +138,16 @@ class PluginRegistry:
 
 
 _loaded: dict[frozenset[str] | None, PluginRegistry] = {}
+_local: dict[str, object] = {}
+
+
+def add_plugin(module, name: str) -> None:
+    """Register an in-process plugin (a module or object with hook implementations) for
+    this process, as ``pytest -p`` does: for tests and embedding, without packaging.
+    It is loaded like an installed one (allow-list, version checks) from the next
+    :func:`load_plugins` on."""
+    _local[name] = module
+    _loaded.clear()
 
 
 def load_plugins(allow: Iterable[str] | None = None) -> PluginRegistry:

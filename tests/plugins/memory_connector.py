@@ -1,0 +1,55 @@
+"""Test plugin for the KV connector seam: an in-memory store of finished requests' full
+prompt blocks, loaded back into new requests' blocks instead of being recomputed."""
+
+from __future__ import annotations
+
+from engine import hookimpl
+from engine.interfaces import KVConnector
+
+STORE: dict[tuple[int, ...], list] = {}  # token prefix -> per-layer [2, blocks, ...] copies
+STATS = {"saved_blocks": 0, "loaded_tokens": 0}
+
+
+@hookimpl
+def register_kv_connectors(register):
+    register("test-memory", MemoryConnector, api=1)
+
+
+class MemoryConnector(KVConnector):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.block_size = ctx.cache.block_size
+        self.caches = []
+        self.pending = []  # (saved key, first block index, destination block ids)
+
+    def _best(self, tokens, num_computed):
+        keys = [k for k in STORE if len(k) > num_computed and len(k) < len(tokens) and tuple(tokens[:len(k)]) == k]
+        return max(keys, key=len, default=None)
+
+    def get_num_new_matched_tokens(self, request, num_computed_tokens):
+        key = self._best(request.all_token_ids, num_computed_tokens)
+        return 0 if key is None else len(key) - num_computed_tokens
+
+    def update_state_after_alloc(self, request, block_ids, num_external_tokens):
+        key = self._best(request.all_token_ids, request.num_computed_tokens)
+        first = request.num_computed_tokens // self.block_size
+        last = (request.num_computed_tokens + num_external_tokens) // self.block_size
+        self.pending.append((key, first, block_ids[first:last]))
+        STATS["loaded_tokens"] += num_external_tokens
+
+    def request_finished(self, request, block_ids):
+        full = (request.num_prompt_tokens // self.block_size)
+        if full and self.caches:
+            key = tuple(request.prompt_token_ids[:full * self.block_size])
+            STORE[key] = [cache[:, block_ids[:full]].clone() for cache in self.caches]
+            STATS["saved_blocks"] += full
+        return False
+
+    def register_kv_caches(self, kv_caches):
+        self.caches = kv_caches
+
+    def start_load_kv(self):
+        for key, first, blocks in self.pending:
+            for layer, cache in enumerate(self.caches):
+                cache[:, blocks] = STORE[key][layer][:, first:first + len(blocks)]
+        self.pending.clear()
