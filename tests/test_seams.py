@@ -1,0 +1,110 @@
+"""Each step-loop seam exercised through a small test plugin (tests/plugins/): the grammar
+bitmask, draft verification, external KV tokens, logits processors and linear methods."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from engine import LLM, GrammarSpec, SamplingParams
+from engine.core.request import Request, RequestStatus
+from engine.testing import reference
+from tests.plugins import memory_connector
+
+CHOICES = ["yes", "no", "maybe later"]
+
+
+def test_grammar_bitmask_constrains_sampling(tiny_llm):
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=10,
+                             structured_outputs=GrammarSpec("choice", CHOICES)) for s in range(12)]
+    outs = tiny_llm.generate(["Answer:"] * 12, params)
+    texts = {o.outputs[0].text for o in outs}
+    assert texts <= set(CHOICES) and len(texts) > 1
+    assert all(o.outputs[0].finish_reason == "stop" for o in outs)
+
+
+def test_invalid_grammar_fails_that_request_alone(tiny_llm):
+    bad = SamplingParams(max_tokens=5, structured_outputs=GrammarSpec("regex", "[a-z]+"))
+    good = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    outs = tiny_llm.generate(["first", "second"], [bad, good])
+    assert outs[0].outputs[0].finish_reason == "error"
+    assert "test-choice compiles only choice lists" in outs[0].outputs[0].stop_reason
+    assert outs[1].outputs[0].finish_reason == "length" and len(outs[1].outputs[0].token_ids) == 5
+
+
+def test_slow_grammar_compilation_does_not_block_others(tiny_llm):
+    engine = tiny_llm.engine
+    ids = tiny_llm.tokenizer.encode("Pick one:")
+    slow = Request("slow", ids, SamplingParams(max_tokens=8, structured_outputs=GrammarSpec("choice", ["slow:2:yes"])))
+    fast = Request("fast", ids, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
+    engine.add_request(slow)
+    engine.add_request(fast)
+    started = time.monotonic()
+    while not fast.is_finished:
+        engine.step()
+    assert time.monotonic() - started < 1.5
+    assert slow.status is RequestStatus.WAITING_FOR_GRAMMAR and not slow.output_token_ids
+    while engine.has_unfinished():
+        engine.step()
+    assert tiny_llm.tokenizer.decode(slow.output_token_ids) == "yes" and slow.finish_reason == "stop"
+
+
+def _greedy(llm, prompts, n):
+    outs = llm.generate(prompts, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+    return [o.outputs[0].token_ids for o in outs]
+
+
+def test_draft_verification_is_exact_under_preemption(tiny_llama):
+    folder, hf_model = tiny_llama
+    prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 30, 12, 44, 8, 21], seed=4)
+    options = dict(dtype="float32", block_size=8, num_blocks=24, max_num_batched_tokens=32,
+                   max_num_seqs=6, max_model_len=160)
+    baseline = _greedy(LLM(folder, **options), prompts, 20)
+    continuations = [p + out for p, out in zip(prompts, baseline)]
+    spec = LLM(folder, speculative={"method": "test-oracle", "num_speculative_tokens": 3,
+                                    "continuations": continuations}, **options)
+    assert _greedy(spec, prompts, 20) == baseline
+    stats = spec.engine.stats()
+    assert stats["preemptions"] > 0
+    assert 0 < stats["accepted_tokens"] < stats["draft_tokens"], stats
+    sampled = spec.generate(prompts, SamplingParams(max_tokens=12, temperature=0.8, seed=1, ignore_eos=True))
+    assert all(len(o.outputs[0].token_ids) == 12 for o in sampled)
+
+
+def test_connector_supplies_external_tokens(tiny_llama):
+    folder, hf_model = tiny_llama
+    shared = reference.random_prompts(hf_model.config.vocab_size, [40], seed=5)[0]
+    first, second = shared + [11, 12, 13], shared + [21, 22]
+    options = dict(dtype="float32", block_size=8, num_blocks=64, max_model_len=256, enable_prefix_caching=False)
+    expected = _greedy(LLM(folder, **options), [second], 10)
+    llm = LLM(folder, kv_connector="test-memory", **options)
+    memory_connector.STORE.clear()
+    _greedy(llm, [first], 4)
+    assert memory_connector.STATS["saved_blocks"] >= 5
+    loaded_before = memory_connector.STATS["loaded_tokens"]
+    assert _greedy(llm, [second], 10) == expected
+    assert memory_connector.STATS["loaded_tokens"] - loaded_before == 40
+
+
+def test_logits_processor_plugin(tiny_llama, tiny_llm):
+    prompt = [5, 6, 7, 8]
+    plain = _greedy(tiny_llm, [prompt], 6)[0]
+    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, logits_processors=["test-ban"])
+    banned = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, extra_args={"ban": [plain[0]]})
+    outs = llm.generate([prompt, prompt], [banned, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)])
+    assert plain[0] not in outs[0].outputs[0].token_ids
+    assert outs[1].outputs[0].token_ids == plain
+
+
+def test_quant_method_plugin_replaces_linear_storage(tiny_llama, tiny_llm):
+    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, quantization="test-int8")
+    qkv = llm.engine.model.model.layers[0].self_attn.qkv_proj
+    assert qkv.qweight.dtype == torch.int8 and not hasattr(qkv, "weight")
+    prompt = reference.random_prompts(49152, [24], seed=6)[0]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=5, temperature=0)
+    exact = tiny_llm.generate([prompt], params)[0].prompt_logprobs
+    quant = llm.generate([prompt], params)[0].prompt_logprobs
+    for a, b in zip(exact[1:], quant[1:]):
+        token = next(iter(a))
+        assert abs(a[token].logprob - b[token].logprob) < 0.02 + 0.02 * abs(a[token].logprob)
