@@ -1,0 +1,67 @@
+"""Sampler building blocks against plain math."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.core.request import Request
+from engine.runner import sampler
+from engine.sampling_params import SamplingParams
+
+
+def rows_for(*params, outputs=()):
+    requests = []
+    for i, p in enumerate(params):
+        r = Request(str(i), [1, 2, 3], p)
+        for t in (outputs[i] if outputs else ()):
+            r.append_output(t)
+        requests.append(r)
+    return sampler.SamplingRows(requests, torch.device("cpu"))
+
+
+def test_top_k_top_p_min_p_keep_the_right_tokens():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]] * 3))
+    rows = rows_for(SamplingParams(top_k=2), SamplingParams(top_p=0.7), SamplingParams(min_p=0.2))
+    probs = sampler.sampling_probs(logits, rows)
+    assert torch.equal(probs > 0, torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0], [1, 1, 1, 0]], dtype=torch.bool))
+    torch.testing.assert_close(probs[0], torch.tensor([0.625, 0.375, 0, 0]))
+
+
+def test_penalties_follow_hf_and_openai_semantics():
+    logits = torch.tensor([[2.0, -2.0, 1.0, 1.0, 0.5]])
+    rows = rows_for(SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
+                    outputs=[[4, 4]])
+    sampler.apply_penalties(logits, rows)
+    # prompt [1, 2, 3] and output [4, 4] are "seen": positive logits halved, negative doubled;
+    # token 4 (output twice) additionally loses 2 * 0.5 + 0.25
+    torch.testing.assert_close(logits, torch.tensor([[2.0, -4.0, 0.5, 0.5, 0.25 - 1.25]]))
+
+
+def test_bitmask_unpacks_every_bit():
+    logits = torch.zeros(1, 70)
+    mask = torch.zeros(1, 3, dtype=torch.int32)
+    for t in (0, 31, 32, 69):
+        mask[0, t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(1 << 31)
+    sampler.apply_bitmask(logits, mask)
+    assert (logits[0] == 0).nonzero().flatten().tolist() == [0, 31, 32, 69]
+
+
+def test_draft_verification_preserves_the_target_distribution():
+    """Accept d with p(d), else resample from p without d: the outcome is distributed as p."""
+    p = torch.tensor([0.1, 0.6, 0.3])
+    request = Request("r", [1], SamplingParams(temperature=1.0, seed=7))
+    counts = torch.zeros(3)
+    trials = 6000
+    for _ in range(trials):
+        first = sampler.verify_drafts([0, 0], [2], p.unsqueeze(0).repeat(2, 1), request)[0]
+        counts[first] += 1
+    expected = p * trials
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 13.8  # p = 0.001 for 2 degrees of freedom
+
+
+def test_greedy_verification_keeps_the_agreeing_prefix():
+    request = Request("r", [1], SamplingParams(temperature=0))
+    assert sampler.verify_drafts([5, 6, 7, 8], [5, 6, 9], None, request) == [5, 6, 7]
+    assert sampler.verify_drafts([5, 6, 7, 8], [5, 6, 7], None, request) == [5, 6, 7, 8]
+    assert sampler.verify_drafts([4, 6], [5], None, request) == [4]
