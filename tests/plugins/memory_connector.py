@@ -3,10 +3,12 @@ prompt blocks, loaded back into new requests' blocks instead of being recomputed
 
 from __future__ import annotations
 
+import torch
+
 from engine import hookimpl
 from engine.interfaces import KVConnector
 
-STORE: dict[tuple[int, ...], list] = {}  # token prefix -> per-layer [2, blocks, ...] copies
+STORE: dict[tuple[int, ...], list] = {}  # token prefix -> per-layer copies of its blocks
 STATS = {"saved_blocks": 0, "loaded_tokens": 0}
 
 
@@ -20,6 +22,7 @@ class MemoryConnector(KVConnector):
         super().__init__(ctx)
         self.block_size = ctx.cache.block_size
         self.caches = []
+        self.block_dim = 1
         self.pending = []  # (saved key, first block index, destination block ids)
 
     def _best(self, tokens, num_computed):
@@ -41,15 +44,18 @@ class MemoryConnector(KVConnector):
         full = (request.num_prompt_tokens // self.block_size)
         if full and self.caches:
             key = tuple(request.prompt_token_ids[:full * self.block_size])
-            STORE[key] = [cache[:, block_ids[:full]].clone() for cache in self.caches]
+            ids = torch.tensor(block_ids[:full])
+            STORE[key] = [cache.index_select(self.block_dim, ids) for cache in self.caches]
             STATS["saved_blocks"] += full
         return False
 
-    def register_kv_caches(self, kv_caches):
-        self.caches = kv_caches
+    def register_kv_caches(self, kv_caches, block_dim):
+        self.caches, self.block_dim = kv_caches, block_dim
 
     def start_load_kv(self):
         for key, first, blocks in self.pending:
+            saved = torch.arange(first, first + len(blocks))
             for layer, cache in enumerate(self.caches):
-                cache[:, blocks] = STORE[key][layer][:, first:first + len(blocks)]
+                cache.index_copy_(self.block_dim, torch.tensor(blocks),
+                                  STORE[key][layer].index_select(self.block_dim, saved))
         self.pending.clear()

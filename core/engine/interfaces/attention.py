@@ -53,6 +53,7 @@ class BatchLayout:
 
 class AttentionBackend(ABC):
     name: ClassVar[str]
+    block_dim: ClassVar[int] = 1  # which dimension of ``kv_cache_shape`` indexes blocks
 
     def __init__(self, spec: AttentionSpec, platform: Platform):
         self.spec = spec
@@ -64,7 +65,8 @@ class AttentionBackend(ABC):
         """Reasons this backend cannot serve ``spec`` on ``platform``; empty when it can."""
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
-        """Shape of one layer's cache tensor. Default: [2, blocks, block_size, kv_heads, head_dim]."""
+        """Shape of one layer's cache tensor. Default: [2, blocks, block_size, kv_heads, head_dim].
+        A backend with another layout sets ``block_dim`` to where the blocks are."""
         s = self.spec
         return (2, num_blocks, s.block_size, s.num_kv_heads, s.head_dim)
 

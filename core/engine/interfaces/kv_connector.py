@@ -31,8 +31,9 @@ class KVConnector(ABC):
 
     # -- worker half ------------------------------------------------------------------
     @abstractmethod
-    def register_kv_caches(self, kv_caches: list[torch.Tensor]) -> None:
-        ...
+    def register_kv_caches(self, kv_caches: list[torch.Tensor], block_dim: int) -> None:
+        """One cache tensor per layer, in the attention backend's layout; ``block_dim`` is
+        the dimension that indexes blocks (``index_select(block_dim, ids)`` takes blocks)."""
 
     @abstractmethod
     def start_load_kv(self) -> None:

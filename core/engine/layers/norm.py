@@ -18,5 +18,5 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        out = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+        out = F.rms_norm(x, (x.shape[-1],), self.weight, eps=self.eps)  # float32 accumulation inside
         return out if residual is None else (out, residual)

@@ -33,11 +33,16 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", (freqs.cos() * scaling).to(dtype), persistent=False)
         self.register_buffer("sin", (freqs.sin() * scaling).to(dtype), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q [T, H, D], k [T, H_kv, D] -> rotated copies."""
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [T, 1, D/2] for these positions: look them up once per step and pass
+        them to every layer's :func:`apply_rotary`."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+    """q [T, H, D], k [T, H_kv, D] -> rotated copies."""
+    cos, sin = cos_sin
+    return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

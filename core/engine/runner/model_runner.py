@@ -21,7 +21,7 @@ class ModelRunner:
         self.logits_processors = list(logits_processors)
         self.connector = kv_connector
         if kv_connector is not None:
-            kv_connector.register_kv_caches(kv_caches)
+            kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, block_tables: list[list[int]],

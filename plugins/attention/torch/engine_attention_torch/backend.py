@@ -1,11 +1,15 @@
-"""Paged attention with torch's scaled_dot_product_attention.
+"""Paged attention in plain PyTorch.
 
-Per step, requests are grouped: all single-token (decode) rows form one batched group;
-each multi-token (prefill chunk) request is its own group, so no query is padded. A
-group's keys and values are gathered block-wise from the cache ([B, blocks, block_size])
-and attended with a boolean mask (context length and causality). Grouped-query heads
-are folded into the query axis — [B, kv_heads, group * q, D] against [B, kv_heads, L, D]
-— so K/V are never repeated per query head.
+The cache is head-major — [2, kv_heads, blocks, block_size, head_dim] — so gathering a
+request's blocks through its block table yields [kv_heads, ..., tokens, head_dim] that
+matmuls consume without another copy.
+
+Per step, requests are grouped: all single-token (decode) rows form one batched group
+attended with two batched matmuls (grouped query heads folded into the query axis, so K/V
+are never repeated per query head) and a float32 softmax; each multi-token (prefill
+chunk) request is its own group through ``scaled_dot_product_attention``, causal without
+a mask when the chunk is the whole sequence. Masks are built once per step and shared by
+all layers.
 """
 
 from __future__ import annotations
@@ -18,21 +22,29 @@ from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
 
 
 @attrs.frozen
-class Group:
-    rows: torch.Tensor | slice  # rows of the flattened batch, request-major
+class DecodeGroup:
+    rows: torch.Tensor | slice  # rows of the flattened batch, one per request
     block_table: torch.Tensor  # [B, blocks]
-    mask: torch.Tensor  # [B, 1, q, L] True where a query may attend
-    num_queries: int  # q per request in this group
+    bias: torch.Tensor  # [1, B, 1, L] float32: 0 inside the context, -inf past it
+
+
+@attrs.frozen
+class PrefillGroup:
+    rows: slice
+    blocks: torch.Tensor  # [blocks] of this request
+    seq_len: int
+    mask: torch.Tensor | None  # [1, 1, group * q, seq_len]; None: plain causal
 
 
 @attrs.frozen
 class TorchAttentionMetadata:
     slot_mapping: torch.Tensor
-    groups: tuple[Group, ...]
+    groups: tuple[DecodeGroup | PrefillGroup, ...]
 
 
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
+    block_dim = 2
 
     @classmethod
     def supports(cls, spec: AttentionSpec, platform) -> list[str]:
@@ -41,40 +53,50 @@ class TorchAttentionBackend(AttentionBackend):
             reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
         return reasons
 
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        s = self.spec
+        return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
+
     def build_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
-        bs = self.spec.block_size
         starts = layout.query_start_loc.tolist()
         decodes = [i for i, q in enumerate(layout.query_lens) if q == 1]
-        groups = []
+        groups: list[DecodeGroup | PrefillGroup] = []
         if decodes:
-            idx = torch.tensor(decodes, device=layout.block_table.device)
-            groups.append(self._group(idx, [starts[i] for i in decodes], layout, 1, bs))
+            groups.append(self._decode_group(decodes, [starts[i] for i in decodes], layout))
         for i, q in enumerate(layout.query_lens):
             if q > 1:
-                idx = torch.tensor([i], device=layout.block_table.device)
-                groups.append(self._group(idx, None, layout, q, bs, rows=slice(starts[i], starts[i] + q)))
+                groups.append(self._prefill_group(i, slice(starts[i], starts[i] + q), layout))
         return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
 
-    @staticmethod
-    def _group(idx, row_list, layout: BatchLayout, q: int, bs: int, rows=None) -> Group:
-        max_len = max(layout.seq_lens_host[i] for i in idx.tolist())
-        num_blocks = -(-max_len // bs)
-        table = layout.block_table[idx, :num_blocks]
-        seq_lens = layout.seq_lens[idx].long()
-        key_pos = torch.arange(num_blocks * bs, device=table.device)
-        query_pos = seq_lens[:, None] - q + torch.arange(q, device=table.device)  # [B, q]
-        mask = key_pos[None, None, :] <= query_pos[:, :, None]  # causal and within the context
-        if rows is None:
-            contiguous = row_list == list(range(row_list[0], row_list[0] + len(row_list)))
-            rows = slice(row_list[0], row_list[0] + len(row_list)) if contiguous \
-                else torch.tensor(row_list, device=table.device)
-        return Group(rows, table, mask.unsqueeze(1), q)
+    def _decode_group(self, requests: list[int], rows: list[int], layout: BatchLayout) -> DecodeGroup:
+        device = layout.block_table.device
+        num_blocks = -(-max(layout.seq_lens_host[i] for i in requests) // self.spec.block_size)
+        idx = torch.tensor(requests, device=device)
+        positions = torch.arange(num_blocks * self.spec.block_size, device=device)
+        inside = positions[None, :] < layout.seq_lens[idx].long()[:, None]
+        bias = torch.zeros(inside.shape, device=device).masked_fill_(~inside, float("-inf"))
+        contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
+        row_index = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=device)
+        return DecodeGroup(row_index, layout.block_table[idx, :num_blocks], bias[None, :, None, :])
+
+    def _prefill_group(self, request: int, rows: slice, layout: BatchLayout) -> PrefillGroup:
+        device = layout.block_table.device
+        seq_len, q = layout.seq_lens_host[request], layout.query_lens[request]
+        blocks = layout.block_table[request, :-(-seq_len // self.spec.block_size)]
+        mask = None
+        if seq_len != q:  # a later chunk: queries sit at the end of the context
+            query_pos = torch.arange(seq_len - q, seq_len, device=device)
+            allowed = torch.arange(seq_len, device=device)[None, :] <= query_pos[:, None]
+            group = self.spec.num_heads // self.spec.num_kv_heads
+            mask = allowed.repeat(group, 1)[None, None]
+        return PrefillGroup(rows, blocks, seq_len, mask)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata) -> torch.Tensor:
-        key_cache, value_cache = kv_cache[0], kv_cache[1]
         s = self.spec
-        key_cache.view(-1, s.num_kv_heads, s.head_dim).index_copy_(0, metadata.slot_mapping, key)
-        value_cache.view(-1, s.num_kv_heads, s.head_dim).index_copy_(0, metadata.slot_mapping, value)
+        key_cache, value_cache = kv_cache[0], kv_cache[1]  # [Hkv, blocks, block_size, D]
+        slots = metadata.slot_mapping
+        key_cache.view(s.num_kv_heads, -1, s.head_dim).index_copy_(1, slots, key.transpose(0, 1))
+        value_cache.view(s.num_kv_heads, -1, s.head_dim).index_copy_(1, slots, value.transpose(0, 1))
         if len(metadata.groups) == 1 and isinstance(metadata.groups[0].rows, slice):
             return self._attend(query, key_cache, value_cache, metadata.groups[0])
         out = torch.empty_like(query)
@@ -82,15 +104,34 @@ class TorchAttentionBackend(AttentionBackend):
             out[group.rows] = self._attend(query[group.rows], key_cache, value_cache, group)
         return out
 
-    def _attend(self, query, key_cache, value_cache, group: Group) -> torch.Tensor:
+    def _attend(self, query, key_cache, value_cache, group) -> torch.Tensor:
+        if isinstance(group, DecodeGroup):
+            return self._decode(query, key_cache, value_cache, group)
+        return self._prefill(query, key_cache, value_cache, group)
+
+    def _decode(self, query, key_cache, value_cache, group: DecodeGroup) -> torch.Tensor:
         s = self.spec
-        batch, q, g = group.block_table.shape[0], group.num_queries, s.num_heads // s.num_kv_heads
-        keys = key_cache[group.block_table].flatten(1, 2).transpose(1, 2)  # [B, Hkv, L, D]
-        values = value_cache[group.block_table].flatten(1, 2).transpose(1, 2)
-        # [B*q, H, D] -> [B, q, Hkv, g, D] -> [B, Hkv, g*q, D]
-        queries = query.view(batch, q, s.num_kv_heads, g, s.head_dim).permute(0, 2, 3, 1, 4)
-        queries = queries.reshape(batch, s.num_kv_heads, g * q, s.head_dim)
-        mask = group.mask.expand(batch, g, q, group.mask.shape[-1]).reshape(batch, 1, g * q, -1)
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, scale=s.scale)
-        out = out.view(batch, s.num_kv_heads, g, q, s.head_dim).permute(0, 3, 1, 2, 4)
-        return out.reshape(batch * q, s.num_heads, s.head_dim)
+        batch, g = query.shape[0], s.num_heads // s.num_kv_heads
+        keys = key_cache[:, group.block_table].flatten(2, 3)  # [Hkv, B, L, D]
+        values = value_cache[:, group.block_table].flatten(2, 3)
+        q = query.view(batch, s.num_kv_heads, g, s.head_dim).transpose(0, 1)  # [Hkv, B, g, D]
+        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale + group.bias
+        probs = scores.softmax(dim=-1).to(values.dtype)
+        out = torch.matmul(probs, values)  # [Hkv, B, g, D]
+        return out.transpose(0, 1).reshape(batch, s.num_heads, s.head_dim)
+
+    def _prefill(self, query, key_cache, value_cache, group: PrefillGroup) -> torch.Tensor:
+        s = self.spec
+        q, g = query.shape[0], s.num_heads // s.num_kv_heads
+        keys = key_cache[:, group.blocks].flatten(1, 2)[:, :group.seq_len].unsqueeze(0)  # [1, Hkv, S, D]
+        values = value_cache[:, group.blocks].flatten(1, 2)[:, :group.seq_len].unsqueeze(0)
+        queries = query.view(q, s.num_kv_heads, g, s.head_dim).permute(1, 2, 0, 3)
+        queries = queries.reshape(1, s.num_kv_heads, g * q, s.head_dim)
+        if group.mask is None:  # whole sequence in this chunk: causal per query head
+            queries = queries.view(s.num_kv_heads, g, q, s.head_dim)
+            keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [Hkv, 1, S, D]
+            out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=s.scale)
+        else:
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=s.scale)
+        out = out.reshape(s.num_kv_heads, g, q, s.head_dim).permute(2, 0, 1, 3)
+        return out.reshape(q, s.num_heads, s.head_dim)

@@ -11,7 +11,7 @@ from torch import nn
 
 from engine.interfaces import Model
 from engine.interfaces.model import KVLayout
-from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, silu_and_mul
+from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
 
 # checkpoint projection -> (fused parameter, shard index)
 _FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -23,7 +23,7 @@ def _head_dim(cfg) -> int:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg, layer: int, method, dtype, rotary: RotaryEmbedding):
+    def __init__(self, cfg, layer: int, method, dtype):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = \
             cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
@@ -32,15 +32,14 @@ class LlamaAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype)
         self.o_proj = Linear(q_size, [cfg.hidden_size], o_bias, method, dtype)
-        self.rotary = rotary
         self.attn = Attention(layer)
         self.sizes = (q_size, kv_size, kv_size)
 
-    def forward(self, positions, hidden, step):
+    def forward(self, cos_sin, hidden, step):
         q, k, v = self.qkv_proj(hidden).split(self.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
+        q, k = apply_rotary(q, k, cos_sin)
         out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), step)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
@@ -57,19 +56,19 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg, layer: int, method, dtype, rotary):
+    def __init__(self, cfg, layer: int, method, dtype):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(cfg, layer, method, dtype, rotary)
+        self.self_attn = LlamaAttention(cfg, layer, method, dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
         self.mlp = LlamaMLP(cfg, method, dtype)
 
-    def forward(self, positions, hidden, residual, step):
+    def forward(self, cos_sin, hidden, residual, step):
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, step)
+        hidden = self.self_attn(cos_sin, hidden, step)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
@@ -79,14 +78,15 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype, self.rotary)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype)
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(self, input_ids, positions, step):
         hidden, residual = self.embed_tokens(input_ids), None
+        cos_sin = self.rotary(positions)
         for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, step)
+            hidden, residual = layer(cos_sin, hidden, residual, step)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

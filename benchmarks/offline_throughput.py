@@ -1,0 +1,114 @@
+"""Offline throughput: the same prompts through this engine and through `transformers`
+generate, side by side in one run, on the embedded default model.
+
+    python benchmarks/offline_throughput.py [--num-prompts 64] [--output-len 128] [--dtype bfloat16]
+                                            [--skip-hf] [--profile]
+
+Prompts have mixed lengths (deterministic), every request generates exactly
+--output-len tokens (EOS ignored). `transformers` runs one batch with left padding, its
+best case for throughput. --profile adds a torch profile of one decode step at the same
+batch size, to show where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+
+def make_prompts(tokenizer, num: int) -> list[list[int]]:
+    words = ("the engine schedules requests in blocks while the model reads its cache and "
+             "samples tokens for every sequence in the batch").split()
+    prompts = []
+    for i in range(num):
+        length = 16 + (i * 37) % 240  # 16..255 tokens
+        text = " ".join(words[(i + j) % len(words)] for j in range(length))
+        prompts.append(tokenizer.encode(text)[:length])
+    return prompts
+
+
+def run_engine(llm, prompts, output_len):
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))  # warm-up
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params, use_tqdm=True)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outs) / elapsed, elapsed
+
+
+@torch.inference_mode()
+def run_hf(model, prompts, output_len, pad_id):
+    width = max(map(len, prompts))
+    ids = torch.full((len(prompts), width), pad_id)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(p)
+        mask[i, width - len(p):] = 1
+    start = time.perf_counter()
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
+                         do_sample=False, pad_token_id=pad_id)
+    elapsed = time.perf_counter() - start
+    return (out.shape[1] - width) * len(prompts) / elapsed, elapsed
+
+
+def profile_decode_step(llm, prompts):
+    from torch.profiler import ProfilerActivity, profile
+
+    from engine import SamplingParams
+    from engine.core.request import Request
+
+    engine = llm.engine
+    for i, p in enumerate(prompts):
+        engine.add_request(Request(f"prof-{i}", p, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)))
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
+        engine.step()
+    for _ in range(3):
+        engine.step()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        engine.step()
+        elapsed = time.perf_counter() - start
+    print(f"\none decode step at batch {len(prompts)}: {elapsed * 1000:.1f} ms")
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
+    engine.abort([f"prof-{i}" for i in range(len(prompts))])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+
+    from engine import LLM
+    from engine.testing.reference import hf_from_loader
+    from engine_quant_gguf.loader import GGUFLoader, default_model_path
+
+    llm = LLM(dtype=args.dtype)
+    prompts = make_prompts(llm.tokenizer, args.num_prompts)
+    print(f"{len(prompts)} prompts, {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
+          f"{args.output_len} output tokens each, {args.dtype}, {torch.get_num_threads()} threads")
+    engine_tps, engine_s = run_engine(llm, prompts, args.output_len)
+    print(f"engine:       {engine_tps:8.1f} output tok/s  ({engine_s:.1f} s)")
+    single_tps, _ = run_engine(llm, prompts[:1], args.output_len)
+    print(f"engine single-stream: {single_tps:8.1f} tok/s")
+    if not args.skip_hf:
+        model = hf_from_loader(GGUFLoader(default_model_path()), getattr(torch, args.dtype))
+        hf_tps, hf_s = run_hf(model, prompts, args.output_len, pad_id=llm.tokenizer.pad_token_id or 0)
+        print(f"transformers: {hf_tps:8.1f} output tok/s  ({hf_s:.1f} s)")
+        hf_single, _ = run_hf(model, prompts[:1], args.output_len, pad_id=llm.tokenizer.pad_token_id or 0)
+        print(f"transformers single-stream: {hf_single:8.1f} tok/s")
+        print(f"ratio engine/transformers: batched {engine_tps / hf_tps:.2f}x, single-stream "
+              f"{single_tps / hf_single:.2f}x")
+    if args.profile:
+        profile_decode_step(llm, prompts)
+
+
+if __name__ == "__main__":
+    main()
