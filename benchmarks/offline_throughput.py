@@ -64,7 +64,8 @@ def profile_decode_step(llm, prompts):
     engine = llm.engine
     for i, p in enumerate(prompts):
         engine.add_request(Request(f"prof-{i}", p, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)))
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.requests.values()):
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running_requests()) \
+            or engine.scheduler.stats["waiting"]:
         engine.step()
     for _ in range(3):
         engine.step()

@@ -103,7 +103,7 @@ class EngineConfig:
         """Every flat option name with its attribute (for CLI flags)."""
         names = {}
         for f in attrs.fields(EngineConfig):
-            if attrs.has(f.type if isinstance(f.type, type) else type(f.default)):
+            if attrs.has(type(f.default)):  # a sub-config: its fields are the options
                 names.update(attrs.fields_dict(type(f.default)))
             else:
                 names[f.name] = f

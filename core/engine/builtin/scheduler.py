@@ -150,6 +150,8 @@ class DefaultScheduler(Scheduler):
             accepted, reason = [], None
             for token in tokens:
                 request.append_output(token)
+                if request.grammar is not None:
+                    request.grammar.accept_tokens([token])
                 accepted.append(token)
                 reason = self._stop_reason(request, token)
                 if reason:
@@ -166,8 +168,6 @@ class DefaultScheduler(Scheduler):
     def _stop_reason(self, request: Request, token: int) -> str | None:
         params = request.sampling_params
         num_output = len(request.output_token_ids)
-        if request.grammar is not None:
-            request.grammar.accept_tokens([token])
         if num_output >= params.min_tokens:
             if token == request.eos_token_id and not params.ignore_eos:
                 return "stop"
@@ -203,6 +203,9 @@ class DefaultScheduler(Scheduler):
 
     def has_unfinished(self) -> bool:
         return bool(self.requests)
+
+    def running_requests(self) -> list[Request]:
+        return list(self.running)
 
     @property
     def stats(self) -> dict[str, int | float]:

@@ -142,7 +142,7 @@ class EngineCore:
         """Ask the drafter for the next step's drafts. Requests with a grammar, penalties or
         a pending min_tokens get none: their verification rows would need per-draft state."""
         eligible = []
-        for r in self.scheduler.running:
+        for r in self.scheduler.running_requests():
             p = r.sampling_params
             if r.num_computed_tokens == r.num_tokens - 1 and r.grammar is None and not p.uses_penalties \
                     and len(r.output_token_ids) >= p.min_tokens:

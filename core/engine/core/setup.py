@@ -25,8 +25,8 @@ def select_platform(registry, name: str | None):
         if reasons:
             raise RuntimeError(f"platform {name!r} is unavailable: {'; '.join(reasons)}")
         return cls()
-    available = [cls for cls in map(lambda r: r.load(), registry.registrations("platforms"))
-                 if not cls.unavailable_reasons()]
+    platforms = [r.load() for r in registry.registrations("platforms")]
+    available = [cls for cls in platforms if not cls.unavailable_reasons()]
     if not available:
         raise RuntimeError("no platform is available")
     return max(available, key=lambda cls: cls.priority)()
@@ -80,7 +80,7 @@ def select_model_class(registry, hf_config):
     for arch in archs:
         if arch in registry.names("models"):
             cls = registry.get("models", arch)
-            reasons = cls.supports(hf_config) if hasattr(cls, "supports") else []
+            reasons = cls.supports(hf_config)
             if reasons:
                 raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}")
             return cls

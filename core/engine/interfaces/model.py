@@ -47,6 +47,12 @@ class Model(nn.Module, ABC):
         self.ctx = ctx
 
     @classmethod
+    def supports(cls, hf_config) -> list[str]:
+        """Reasons this class cannot serve ``hf_config`` (e.g. an unsupported attention
+        variant); empty when it can."""
+        return []
+
+    @classmethod
     def example_configs(cls) -> dict[str, dict]:
         """Tiny HF config kwargs per claimed architecture; the conformance kit builds random
         models from them and compares logits with ``transformers``."""

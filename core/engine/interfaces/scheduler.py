@@ -36,6 +36,10 @@ class Scheduler(ABC):
     def has_unfinished(self) -> bool:
         ...
 
+    @abstractmethod
+    def running_requests(self) -> list:
+        """Requests holding KV blocks now (the drafter proposes for these)."""
+
     @property
     @abstractmethod
     def stats(self) -> dict[str, int | float]:
