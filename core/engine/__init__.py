@@ -15,6 +15,7 @@ _LAZY = {
     "EngineConfig": "engine.config",
     "GrammarSpec": "engine.interfaces.grammar",
     "INTERFACE_VERSIONS": "engine.interfaces",
+    "load_tokenizer": "engine.tokenizer",
 }
 
 __all__ = ["hookimpl", *_LAZY]

@@ -146,7 +146,12 @@ def build_parser(registry) -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     for registration in registry.registrations("commands"):
-        command = registration.load()()
+        try:
+            command = registration.load()()
+        except Exception as exc:  # one broken plugin command must not take the CLI down
+            print(f"engine: command {registration.name!r} from plugin {registration.plugin!r} "
+                  f"failed to load: {exc!r}", file=sys.stderr)
+            continue
         command_parser = sub.add_parser(registration.name, help=command.help)
         command.add_arguments(command_parser)
         command_parser.set_defaults(handler=command)

@@ -9,9 +9,17 @@ import attrs
 from engine.interfaces.grammar import GrammarSpec
 
 
+class InvalidParam(ValueError):
+    """A bad sampling parameter; ``param`` names the field (OpenAI error's ``param``)."""
+
+    def __init__(self, param: str, message: str):
+        super().__init__(message)
+        self.param = param
+
+
 def _check(condition: bool, field: str, message: str, value) -> None:
     if not condition:
-        raise ValueError(f"{field} {message}, got {value!r}")
+        raise InvalidParam(field, f"{field} {message}, got {value!r}")
 
 
 @attrs.frozen
@@ -54,6 +62,17 @@ class SamplingParams:
             value = getattr(self, field)
             _check(value is None or value >= -1, field, "must be -1 (whole vocabulary) or non-negative", value)
         _check(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data (lists, dicts, scalars) for a transport; ``from_dict`` inverts it."""
+        return attrs.asdict(self)  # msgpack and JSON turn tuples into lists; the converters restore them
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        data = dict(data)
+        if data.get("structured_outputs") is not None:
+            data["structured_outputs"] = GrammarSpec(**data["structured_outputs"])
+        return cls(**data)
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,9 @@
+"""engine-server: the OpenAI-compatible front end, registered as CLI commands."""
+
+from engine import hookimpl
+
+
+@hookimpl
+def register_commands(register):
+    register("serve", "engine_server.serve:ServeCommand", api=1)
+    register("bench", "engine_server.bench:BenchCommand", api=1)

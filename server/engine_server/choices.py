@@ -1,0 +1,75 @@
+"""One sampled sequence of an HTTP request: incremental text that never splits a character
+and never streams part of a stop string, plus its logprobs in OpenAI's two formats."""
+
+from __future__ import annotations
+
+from engine.detokenizer import IncrementalDetokenizer
+from engine_server.protocol import Delta
+
+
+class Choice:
+    def __init__(self, index: int, request_id: str, tokenizer, params):
+        self.index = index
+        self.request_id = request_id
+        self.tokenizer = tokenizer
+        self.detok = IncrementalDetokenizer(tokenizer, params)
+        self.token_ids: list[int] = []
+        self.logprobs: list[tuple] = []  # (ids, logprobs, ranks), chosen token first
+        self.finish_reason: str | None = None
+        self.stop_reason: int | str | None = None
+        self._sent = 0  # characters of text already handed out
+
+    def feed(self, delta: Delta) -> tuple[str, list[tuple]]:
+        """Take one step's tokens; return the text now safe to emit and their logprobs."""
+        entries = []
+        for i, token in enumerate(delta.token_ids):
+            self.token_ids.append(token)
+            if delta.logprobs:
+                entries.append(delta.logprobs[i])
+            if self.detok.push([token]) is not None:
+                self.finish_reason, self.stop_reason = "stop", self.detok.stop_string
+                break
+        if self.finish_reason is None and delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason
+            self.stop_reason = delta.error or delta.stop_reason
+        self.logprobs += entries
+        return self._take_text(), entries
+
+    @property
+    def hit_stop_string(self) -> bool:
+        return self.detok.stop_string is not None
+
+    @property
+    def text(self) -> str:
+        return self.detok.text
+
+    def _take_text(self) -> str:
+        text = self.detok.text
+        end = len(text) if self.finish_reason else max(self._sent, len(text) - self.detok.pending_hold)
+        new, self._sent = text[self._sent:end], end
+        return new
+
+    def _token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
+
+    def completion_logprobs(self, entries: list[tuple], text_offset: int) -> dict:
+        """``/v1/completions`` format: parallel lists plus the top-n dict per position."""
+        tokens, token_logprobs, top, offsets = [], [], [], []
+        for ids, lps, _ in entries:
+            piece = self._token_text(ids[0])
+            tokens.append(piece)
+            token_logprobs.append(lps[0])
+            top.append({self._token_text(t): lp for t, lp in zip(ids[1:], lps[1:])})
+            offsets.append(text_offset)
+            text_offset += len(piece)
+        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def chat_logprobs(self, entries: list[tuple]) -> dict:
+        """``/v1/chat/completions`` format: one object per token with its top alternatives."""
+        def item(token: int, logprob: float) -> dict:
+            piece = self._token_text(token)
+            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+
+        return {"content": [{**item(ids[0], lps[0]),
+                             "top_logprobs": [item(t, lp) for t, lp in zip(ids[1:], lps[1:])]}
+                            for ids, lps, _ in entries]}

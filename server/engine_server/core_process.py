@@ -1,0 +1,140 @@
+"""The engine-core process: owns the EngineCore, steps it while there is work, and talks to
+the API process over two ZMQ sockets (PULL for requests, PUSH for outputs).
+
+    python -m engine_server.core_process --input ADDR --output ADDR --options JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import time
+import traceback
+
+import zmq
+
+from engine.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.core.request import Request
+from engine.sampling_params import SamplingParams
+from engine_server import protocol
+
+logger = logging.getLogger("engine_server.core")
+
+STATS_INTERVAL = 0.25  # seconds between stats messages while busy
+
+
+def _delta(out) -> protocol.Delta:
+    def entries(items):
+        return None if items is None else [(list(e.token_ids), list(e.logprobs), list(e.ranks)) for e in items]
+
+    return protocol.Delta(out.request_id, list(out.new_token_ids), entries(out.new_logprobs),
+                          entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
+                          out.num_cached_tokens, out.error)
+
+
+class CoreServer:
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str):
+        self.core = core
+        self.context = zmq.Context()
+        self.input = self.context.socket(zmq.PULL)
+        self.input.connect(input_addr)
+        self.output = self.context.socket(zmq.PUSH)
+        self.output.connect(output_addr)
+        self.running = True
+        self._last_stats = 0.0
+
+    def send(self, message) -> None:
+        self.output.send(protocol.encode(message), copy=False)
+
+    def handle(self, message, failed: list[protocol.Delta]) -> None:
+        if isinstance(message, protocol.AddRequest):
+            try:
+                params = SamplingParams.from_dict(message.params)
+                self.core.add_request(Request(message.request_id, message.prompt_token_ids, params,
+                                              priority=message.priority, cache_salt=message.cache_salt))
+            except (ValueError, TypeError) as exc:  # this request alone fails
+                failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc)))
+        elif isinstance(message, protocol.Abort):
+            self.core.abort(message.request_ids)
+        elif isinstance(message, protocol.Shutdown):
+            self.running = False
+
+    def drain(self, block: bool) -> list[protocol.Delta]:
+        failed: list[protocol.Delta] = []
+        if block and not self.input.poll(timeout=200):
+            return failed
+        while True:
+            try:
+                data = self.input.recv(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                return failed
+            self.handle(protocol.decode_to_core(data), failed)
+
+    def stats(self) -> dict[str, float]:
+        return {k: float(v) for k, v in self.core.stats().items()}
+
+    def loop(self) -> None:
+        idle_stats_sent = False
+        while self.running:
+            busy = self.core.has_unfinished()
+            deltas = self.drain(block=not busy)
+            if not self.running:
+                break
+            if self.core.has_unfinished():
+                deltas += [_delta(o) for o in self.core.step()]
+                idle_stats_sent = False
+            now = time.monotonic()
+            due = now - self._last_stats > STATS_INTERVAL
+            idle = not self.core.has_unfinished()
+            if deltas or due or (idle and not idle_stats_sent):
+                send_stats = due or idle
+                self.send(protocol.Outputs(deltas, self.stats() if send_stats else None))
+                if send_stats:
+                    self._last_stats = now
+                idle_stats_sent = idle_stats_sent or idle
+
+    def close(self) -> None:
+        self.input.close(linger=0)
+        self.output.close(linger=1000)
+        self.context.term()
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--input", required=True)
+    parser.add_argument("--output", required=True)
+    parser.add_argument("--options", required=True, help="engine options as JSON")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level="WARNING", format="%(levelname)s engine-core: %(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
+    context = zmq.Context.instance()
+    try:
+        core = EngineCore(EngineConfig.from_kwargs(**json.loads(args.options)))
+    except Exception as exc:
+        push = context.socket(zmq.PUSH)
+        push.connect(args.output)
+        push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
+        push.close(linger=2000)
+        return 1
+    server = CoreServer(core, args.input, args.output)
+    hf = core.hf_config
+    server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id))
+    try:
+        server.loop()
+    except Exception:
+        message = traceback.format_exc()
+        server.send(protocol.Fatal(message))
+        print(message, file=sys.stderr)
+        return 1
+    finally:
+        core.shutdown()
+        server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""`engine serve`: the API process (starlette on uvicorn) and the engine-core process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+
+import uvicorn
+
+from engine.cli import Command, add_engine_arguments, engine_options
+from engine.tokenizer import load_tokenizer
+from engine_server.app import ServerState, build_app
+from engine_server.client import EngineClient
+from engine_server.metrics import Metrics
+
+DEATH_GRACE_SECONDS = 2.0  # in-flight streams get their error frame; /health answers 503
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        """SIGINT/SIGTERM start uvicorn's graceful shutdown; afterwards the process exits
+        normally (status 0) instead of re-raising the signal."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self.handle_exit, sig, None)
+        try:
+            yield
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+
+class ServeCommand(Command):
+    help = "serve a model over an OpenAI-compatible HTTP API"
+
+    def add_arguments(self, parser):
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--api-key", default=os.environ.get("ENGINE_API_KEY"),
+                            help="require `Authorization: Bearer KEY` on /v1 routes (or $ENGINE_API_KEY)")
+        parser.add_argument("--served-model-name", default=None)
+        parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20)
+        parser.add_argument("--graceful-timeout", type=float, default=10.0,
+                            help="seconds in-flight requests get to finish after SIGTERM")
+        add_engine_arguments(parser)
+
+    def run(self, args) -> int:
+        options = engine_options(args)
+        if args.plugins:
+            options["plugins"] = args.plugins
+        model_path, tokenizer = load_tokenizer(options.get("model"), args.plugins, options.get("load_format"))
+        if tokenizer is None:
+            raise ValueError("model: serving needs a tokenizer and this checkpoint has none")
+        options["model"] = model_path
+        name = args.served_model_name or os.path.splitext(os.path.basename(model_path.rstrip("/")))[0]
+        outcome = {"exit_code": 0}
+        server: _Server | None = None
+
+        def on_death(reason: str) -> None:
+            outcome["exit_code"] = 1
+            asyncio.get_running_loop().call_later(DEATH_GRACE_SECONDS, setattr, server, "should_exit", True)
+
+        client = EngineClient(options, on_death)
+        metrics = Metrics(name)
+        client.stats_listeners.append(metrics.update_engine)
+        state = ServerState(client, tokenizer, name, model_path, 0, 0, metrics, args.api_key,
+                            args.max_request_body_bytes)
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            ready = await client.start()
+            state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
+            print(f"engine: serving {name} at http://{args.host}:{args.port}/v1 (max_model_len "
+                  f"{ready.max_model_len}); try:\n  curl http://{args.host}:{args.port}/v1/chat/completions "
+                  f"-H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"messages\": "
+                  f"[{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'", flush=True)
+            try:
+                yield
+            finally:
+                await client.shutdown()
+
+        config = uvicorn.Config(build_app(state, lifespan), host=args.host, port=args.port, log_level="warning",
+                                access_log=False, timeout_graceful_shutdown=args.graceful_timeout)
+        server = _Server(config)
+        server.run()
+        if not server.started:
+            print("engine serve: the server did not start (see the error above)", file=sys.stderr)
+            return 1
+        return outcome["exit_code"]
