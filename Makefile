@@ -2,7 +2,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
-PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf
+PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf plugins/grammar/xgrammar
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 
+import pytest
 import torch
 
 from engine import LLM, GrammarSpec, SamplingParams
@@ -15,27 +16,32 @@ from tests.plugins import memory_connector
 CHOICES = ["yes", "no", "maybe later"]
 
 
-def test_grammar_bitmask_constrains_sampling(tiny_llm):
+@pytest.fixture(scope="module")
+def choice_llm(tiny_llama):
+    return LLM(tiny_llama[0], dtype="float32", num_blocks=256, block_size=16, structured_outputs_backend="test-choice")
+
+
+def test_grammar_bitmask_constrains_sampling(choice_llm):
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=10,
                              structured_outputs=GrammarSpec("choice", CHOICES)) for s in range(12)]
-    outs = tiny_llm.generate(["Answer:"] * 12, params)
+    outs = choice_llm.generate(["Answer:"] * 12, params)
     texts = {o.outputs[0].text for o in outs}
     assert texts <= set(CHOICES) and len(texts) > 1
     assert all(o.outputs[0].finish_reason == "stop" for o in outs)
 
 
-def test_invalid_grammar_fails_that_request_alone(tiny_llm):
+def test_invalid_grammar_fails_that_request_alone(choice_llm):
     bad = SamplingParams(max_tokens=5, structured_outputs=GrammarSpec("regex", "[a-z]+"))
     good = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
-    outs = tiny_llm.generate(["first", "second"], [bad, good])
+    outs = choice_llm.generate(["first", "second"], [bad, good])
     assert outs[0].outputs[0].finish_reason == "error"
     assert "test-choice compiles only choice lists" in outs[0].outputs[0].stop_reason
     assert outs[1].outputs[0].finish_reason == "length" and len(outs[1].outputs[0].token_ids) == 5
 
 
-def test_slow_grammar_compilation_does_not_block_others(tiny_llm):
-    engine = tiny_llm.engine
-    ids = tiny_llm.tokenizer.encode("Pick one:")
+def test_slow_grammar_compilation_does_not_block_others(choice_llm):
+    engine = choice_llm.engine
+    ids = choice_llm.tokenizer.encode("Pick one:")
     slow = Request("slow", ids, SamplingParams(max_tokens=8, structured_outputs=GrammarSpec("choice", ["slow:2:yes"])))
     fast = Request("fast", ids, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     engine.add_request(slow)
@@ -47,7 +53,7 @@ def test_slow_grammar_compilation_does_not_block_others(tiny_llm):
     assert slow.status is RequestStatus.WAITING_FOR_GRAMMAR and not slow.output_token_ids
     while engine.has_unfinished():
         engine.step()
-    assert tiny_llm.tokenizer.decode(slow.output_token_ids) == "yes" and slow.finish_reason == "stop"
+    assert choice_llm.tokenizer.decode(slow.output_token_ids) == "yes" and slow.finish_reason == "stop"
 
 
 def _greedy(llm, prompts, n):

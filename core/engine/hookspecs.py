@@ -92,6 +92,12 @@ class EngineHookSpecs:
         (``kv_cache_manager=NAME``)."""
 
     @hookspec
+    def register_tool_parsers(self, register):
+        """Register :class:`engine.interfaces.ToolParser` subclasses (server side): the
+        model's tool-call format for ``tool_choice="auto"``, chosen with
+        ``engine serve --tool-call-parser NAME``."""
+
+    @hookspec
     def register_commands(self, register):
         """Register ``engine`` CLI subcommands: :class:`engine.cli.Command` subclasses under
         the subcommand name (``serve``, ``bench`` ...)."""

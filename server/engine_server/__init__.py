@@ -7,3 +7,8 @@ from engine import hookimpl
 def register_commands(register):
     register("serve", "engine_server.serve:ServeCommand", api=1)
     register("bench", "engine_server.bench:BenchCommand", api=1)
+
+
+@hookimpl
+def register_tool_parsers(register):
+    register("hermes", "engine_server.tools:HermesToolParser", api=1)

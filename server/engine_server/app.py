@@ -29,6 +29,7 @@ class ServerState:
     max_model_len: int
     vocab_size: int
     metrics: object  # Metrics
+    tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
 

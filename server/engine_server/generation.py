@@ -12,11 +12,13 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 
+from engine.interfaces import GrammarSpec
 from engine.sampling_params import InvalidParam, SamplingParams
 from engine_server.choices import Choice
 from engine_server.client import EngineDead
 from engine_server.errors import APIError, bad_request
 from engine_server.schemas import ChatCompletionRequest, CompletionRequest
+from engine_server.tools import ChatOutput, check_tools, tool_grammar
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 128
@@ -72,7 +74,10 @@ def completion_prompts(tokenizer, prompt) -> list[tuple[str | None, list[int]]]:
                       "prompt")
 
 
-def chat_prompt(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
+def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
+                tool_prompt: str | None = None) -> list[int]:
+    """Token ids of the templated conversation. Tools go to the template when it renders
+    them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
     conversation = []
@@ -85,19 +90,67 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool) -> list[int]:
             if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
                 raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
             content = "".join(part["text"] for part in content)
-        conversation.append({"role": "system" if message.role == "developer" else message.role,
-                             "content": content or ""})
+        entry = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+        if message.tool_calls:
+            entry["tool_calls"] = message.tool_calls
+        if message.tool_call_id:
+            entry["tool_call_id"] = message.tool_call_id
+        conversation.append(entry)
     if not tokenizer.chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    template_tools = None
+    if tools:
+        if "tools" in tokenizer.chat_template:
+            template_tools = tools
+        elif tool_prompt:
+            if conversation[0]["role"] == "system":
+                conversation[0] = {**conversation[0], "content": conversation[0]["content"] + "\n\n" + tool_prompt}
+            else:
+                conversation.insert(0, {"role": "system", "content": tool_prompt})
     try:
         ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                            tokenize=True)
+                                            tokenize=True, tools=template_tools)
     except Exception as exc:  # template errors (roles out of order ...) are the caller's
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None) -> SamplingParams:
+def structured_spec(body, chat: bool) -> GrammarSpec | None:
+    """One constraint from OpenAI's ``response_format`` or vLLM's ``structured_outputs`` /
+    ``guided_*`` fields; more than one is a 400."""
+    found: list[tuple[str, GrammarSpec]] = []
+    response_format = getattr(body, "response_format", None) if chat else None
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind == "json_schema":
+            schema = (response_format.get("json_schema") or {}).get("schema")
+            if not isinstance(schema, dict):
+                raise bad_request("response_format.json_schema.schema must be a JSON schema object", "response_format")
+            found.append(("response_format", GrammarSpec("json", schema)))
+        elif kind == "json_object":
+            found.append(("response_format", GrammarSpec("json_object", None)))
+        elif kind != "text":
+            raise bad_request(f"response_format.type must be text, json_object or json_schema; got {kind!r}",
+                              "response_format")
+    outputs = body.structured_outputs or {}
+    for key in outputs:
+        if key not in ("json", "regex", "choice", "grammar", "json_object"):
+            raise bad_request(f"structured_outputs.{key} is not one of json, regex, choice, grammar, json_object",
+                              "structured_outputs")
+    for kind in ("json", "regex", "choice", "grammar"):
+        value = outputs.get(kind, getattr(body, f"guided_{kind}"))
+        if value is not None:
+            found.append((kind, GrammarSpec(kind, value)))
+    if outputs.get("json_object"):
+        found.append(("json_object", GrammarSpec("json_object", None)))
+    if len(found) > 1:
+        raise bad_request(f"give one structured-output constraint, not {len(found)}: "
+                          f"{', '.join(name for name, _ in found)}", found[1][0])
+    return found[0][1] if found else None
+
+
+def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
+                    spec: GrammarSpec | None = None) -> SamplingParams:
     def given(value, default):
         return default if value is None else value
 
@@ -109,7 +162,7 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: in
             repetition_penalty=given(body.repetition_penalty, 1.0), seed=seed, max_tokens=max_tokens,
             min_tokens=body.min_tokens, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
             include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-            logprobs=logprobs, skip_special_tokens=body.skip_special_tokens)
+            logprobs=logprobs, skip_special_tokens=body.skip_special_tokens, structured_outputs=spec)
     except InvalidParam as exc:
         raise bad_request(str(exc), exc.param) from None
 
@@ -117,7 +170,8 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: in
 class Generation:
     """One HTTP request's fan-out: a choice per (prompt, sample) and their engine requests."""
 
-    def __init__(self, state, body, prompts, max_tokens, logprobs, chat: bool):
+    def __init__(self, state, body, prompts, max_tokens, logprobs, chat: bool, spec: GrammarSpec | None = None,
+                 make_output=None):
         if not 1 <= body.n <= MAX_N:
             raise bad_request(f"n must be in [1, {MAX_N}], got {body.n}", "n")
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
@@ -129,10 +183,11 @@ class Generation:
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             for i in range(body.n):
                 seed = None if body.seed is None else body.seed + i
-                params = sampling_params(body, max_tokens, logprobs, seed)
+                params = sampling_params(body, max_tokens, logprobs, seed, spec)
                 rid = f"{self.id}-{p}-{i}"
                 self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params))
                 children.append((rid, ids, params))
+        self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
         self.by_id = {c.request_id: c for c in self.choices}
         self.timers = {c.request_id: state.metrics.request_timer(len(ids)) for c, (_, ids, _) in
                        zip(self.choices, children)}
@@ -140,6 +195,29 @@ class Generation:
             self.handle = state.client.submit(children, body.priority, body.cache_salt)
         except EngineDead as exc:
             raise APIError(503, f"the engine is not available: {exc}") from None
+        self._deltas = self.handle.deltas()
+        self._first = None
+
+    async def start(self) -> None:
+        """Wait for the first delta before answering, so a request the engine refuses (an
+        invalid grammar) still gets a 4xx instead of a broken stream."""
+        try:
+            self._first = await anext(self._deltas)
+        except StopAsyncIteration:
+            return
+        except EngineDead as exc:
+            self.handle.close()
+            raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
+        if self._first.finish_reason == "error":
+            self.handle.close()
+            raise bad_request(self._first.error or "the engine rejected this request")
+
+    async def deltas(self):
+        if self._first is not None:
+            first, self._first = self._first, None
+            yield first
+        async for delta in self._deltas:
+            yield delta
 
     def feed(self, delta) -> tuple[Choice, str, list]:
         choice = self.by_id[delta.request_id]
@@ -171,7 +249,7 @@ class Generation:
     # -- one response ------------------------------------------------------------------
     async def collect(self, request: Request) -> JSONResponse:
         async def pump():
-            async for delta in self.handle.deltas():
+            async for delta in self.deltas():
                 self.feed(delta)
 
         task = asyncio.create_task(pump())
@@ -196,8 +274,9 @@ class Generation:
     def _choice_body(self, c: Choice) -> dict:
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
         if self.chat:
-            return {"index": c.index, "message": {"role": "assistant", "content": c.text},
-                    "logprobs": self._logprobs(c, c.logprobs), "finish_reason": c.finish_reason,
+            output = self.outputs[c.request_id]
+            return {"index": c.index, "message": output.message(c.text),
+                    "logprobs": self._logprobs(c, c.logprobs), "finish_reason": output.finish_reason(c.finish_reason),
                     "stop_reason": stop_reason}
         prefix = self._echo(c) if self.body.echo else ""
         return {"index": c.index, "text": prefix + c.text, "logprobs": self._logprobs(c, c.logprobs, len(prefix)),
@@ -208,17 +287,25 @@ class Generation:
         return StreamingResponse(self._frames(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
-    def _chunk(self, choice: Choice, text: str, entries: list, first: bool = False) -> str:
+    def _chunks(self, choice: Choice, text: str, entries: list, first: bool = False) -> list[str]:
+        """SSE frames for one step of one choice; the last carries its finish_reason."""
         if self.chat:
-            delta = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            body = {"index": choice.index, "delta": delta, "logprobs": self._logprobs(choice, entries) if entries else None,
-                    "finish_reason": choice.finish_reason}
+            output = self.outputs[choice.request_id]
+            if first:
+                deltas = [{"role": "assistant", "content": ""}]
+            else:
+                deltas = (output.on_text(text) if text else []) + (output.on_finish() if choice.finish_reason else [])
+            deltas = deltas or [{}]
+            logprobs = self._logprobs(choice, entries) if entries else None
+            finish = None if first else output.finish_reason(choice.finish_reason)
+            bodies = [{"index": choice.index, "delta": d, "logprobs": logprobs if i == 0 else None,
+                       "finish_reason": finish if i == len(deltas) - 1 else None} for i, d in enumerate(deltas)]
         else:
-            body = {"index": choice.index, "text": text, "finish_reason": choice.finish_reason,
-                    "logprobs": self._logprobs(choice, entries, 0) if entries else None}
-        if choice.finish_reason == "stop":
-            body["stop_reason"] = choice.stop_reason
-        return self._frame({"choices": [body]})
+            bodies = [{"index": choice.index, "text": text, "finish_reason": choice.finish_reason,
+                       "logprobs": self._logprobs(choice, entries, 0) if entries else None}]
+        if choice.finish_reason == "stop" and not first:
+            bodies[-1]["stop_reason"] = choice.stop_reason
+        return [self._frame({"choices": [body]}) for body in bodies]
 
     def _frame(self, payload: dict) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
@@ -229,13 +316,14 @@ class Generation:
         try:
             for choice in self.choices:
                 if self.chat:
-                    yield self._chunk(choice, "", [], first=True)
+                    yield self._chunks(choice, "", [], first=True)[0]
                 elif self.body.echo:
-                    yield self._chunk(choice, self._echo(choice), [])
-            async for delta in self.handle.deltas():
+                    yield self._chunks(choice, self._echo(choice), [])[0]
+            async for delta in self.deltas():
                 choice, text, entries = self.feed(delta)
                 if text or entries or choice.finish_reason:
-                    yield self._chunk(choice, text, entries)
+                    for frame in self._chunks(choice, text, entries):
+                        yield frame
             if self.body.stream_options is not None and self.body.stream_options.include_usage:
                 yield self._frame({"choices": [], "usage": self.usage()})
         except EngineDead as exc:
@@ -256,7 +344,9 @@ async def completions(request: Request):
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     prompts = completion_prompts(state.tokenizer, body.prompt)
-    generation = Generation(state, body, prompts, max_tokens, body.logprobs, chat=False)
+    generation = Generation(state, body, prompts, max_tokens, body.logprobs, chat=False,
+                            spec=structured_spec(body, chat=False))
+    await generation.start()
     return generation.stream() if body.stream else await generation.collect(request)
 
 
@@ -272,9 +362,24 @@ async def chat_completions(request: Request):
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     if max_tokens is not None and max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt)
+    mode, tools = check_tools(body.tools, body.tool_choice)
+    spec = structured_spec(body, chat=True)
+    forced = tool_grammar(mode, tools, body.parallel_tool_calls)
+    if forced is not None and spec is not None:
+        raise bad_request("tool_choice=required or a named tool cannot be combined with another "
+                          "structured-output constraint", "tool_choice")
+    parser_cls = state.tool_parser if mode == "auto" else None
+    tool_list = list(body.tools or []) if mode != "none" else None
+    tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
+    ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt)
     if max_tokens is None:
         max_tokens = max(1, state.max_model_len - len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
-    generation = Generation(state, body, [(None, ids)], max_tokens, logprobs, chat=True)
+
+    def make_output() -> ChatOutput:
+        return ChatOutput(mode, parser_cls(state.tokenizer) if parser_cls else None, body.parallel_tool_calls)
+
+    generation = Generation(state, body, [(None, ids)], max_tokens, logprobs, chat=True, spec=forced or spec,
+                            make_output=make_output)
+    await generation.start()
     return generation.stream() if body.stream else await generation.collect(request)

@@ -36,6 +36,11 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     priority: int = 0
     cache_salt: str | None = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -48,6 +53,8 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     role: str
     content: str | list[dict[str, Any]] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
@@ -56,6 +63,10 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):

@@ -11,6 +11,7 @@ import sys
 import uvicorn
 
 from engine.cli import Command, add_engine_arguments, engine_options
+from engine.plugins import load_plugins
 from engine.tokenizer import load_tokenizer
 from engine_server.app import ServerState, build_app
 from engine_server.client import EngineClient
@@ -44,6 +45,8 @@ class ServeCommand(Command):
                             help="require `Authorization: Bearer KEY` on /v1 routes (or $ENGINE_API_KEY)")
         parser.add_argument("--served-model-name", default=None)
         parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20)
+        parser.add_argument("--tool-call-parser", default="hermes",
+                            help="how the model writes tool calls, for tool_choice=auto (a tool-parser plugin)")
         parser.add_argument("--graceful-timeout", type=float, default=10.0,
                             help="seconds in-flight requests get to finish after SIGTERM")
         add_engine_arguments(parser)
@@ -64,10 +67,11 @@ class ServeCommand(Command):
             outcome["exit_code"] = 1
             asyncio.get_running_loop().call_later(DEATH_GRACE_SECONDS, setattr, server, "should_exit", True)
 
+        tool_parser = load_plugins(args.plugins).get("tool_parsers", args.tool_call_parser)
         client = EngineClient(options, on_death)
         metrics = Metrics(name)
         client.stats_listeners.append(metrics.update_engine)
-        state = ServerState(client, tokenizer, name, model_path, 0, 0, metrics, args.api_key,
+        state = ServerState(client, tokenizer, name, model_path, 0, 0, metrics, tool_parser, args.api_key,
                             args.max_request_body_bytes)
 
         @contextlib.asynccontextmanager

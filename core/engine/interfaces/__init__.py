@@ -11,6 +11,7 @@ from engine.interfaces.model import Model, StepContext
 from engine.interfaces.platform import Platform
 from engine.interfaces.quant import QuantMethod
 from engine.interfaces.scheduler import Scheduler
+from engine.interfaces.tool_parser import ToolCall, ToolParser
 
 # Interface version per kind. Bump a kind's number when its contract changes
 # incompatibly; plugins declare the version they target with ``api=`` when registering.
@@ -26,6 +27,7 @@ INTERFACE_VERSIONS = {
     "logits_processors": 1,
     "schedulers": 1,
     "kv_cache_managers": 1,
+    "tool_parsers": 1,
     "commands": 1,
 }
 
@@ -33,4 +35,5 @@ __all__ = [
     "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Drafter",
     "DraftRequest", "Grammar", "GrammarBackend", "GrammarSpec", "KVCacheManager", "KVConnector",
     "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod", "Scheduler", "StepContext",
+    "ToolCall", "ToolParser",
 ]

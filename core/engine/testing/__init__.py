@@ -9,5 +9,6 @@ Subclass a contract in your plugin's tests and name what you register::
 
 or run ``pytest --engine-conformance`` to check every installed plugin's registrations.
 Contracts: ``attention.AttentionBackendContract``, ``models.ModelContract``,
-``kv_cache.KVCacheManagerContract``, ``scheduler.SchedulerContract``.
+``kv_cache.KVCacheManagerContract``, ``scheduler.SchedulerContract``,
+``grammar.GrammarBackendContract``.
 """

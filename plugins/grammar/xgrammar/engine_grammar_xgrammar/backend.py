@@ -1,0 +1,112 @@
+"""xgrammar behind the GrammarBackend interface.
+
+The tokenizer's vocabulary info is built once per (tokenizer, vocab size) and shared by
+every backend instance; compiled grammars are cached by spec (an LRU of
+``CACHE_SIZE``), so ``n > 1`` children and repeated schemas compile once. JSON is
+compiled compact (no free whitespace), which keeps sampled documents short and always
+terminating. xgrammar's bitmask layout is the engine's, so ``fill_bitmask`` writes the
+row in place.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import OrderedDict
+
+import xgrammar as xgr
+
+from engine.interfaces import Grammar, GrammarBackend, GrammarSpec
+
+CACHE_SIZE = 256
+_infos: dict[tuple, xgr.TokenizerInfo] = {}
+_infos_lock = threading.Lock()
+
+
+def tokenizer_info(tokenizer, vocab_size: int) -> xgr.TokenizerInfo:
+    key = (getattr(tokenizer, "name_or_path", ""), len(tokenizer), vocab_size, id(tokenizer))
+    with _infos_lock:
+        if key not in _infos:
+            _infos[key] = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
+        return _infos[key]
+
+
+class XGrammar(Grammar):
+    def __init__(self, compiled: xgr.CompiledGrammar):
+        self.matcher = xgr.GrammarMatcher(compiled)
+
+    def accept_tokens(self, token_ids: list[int]) -> bool:
+        for accepted, token in enumerate(token_ids):
+            if not self.matcher.accept_token(token):
+                if accepted:
+                    self.matcher.rollback(accepted)
+                return False
+        return True
+
+    def fill_bitmask(self, bitmask, row: int) -> None:
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def rollback(self, num_tokens: int) -> None:
+        self.matcher.rollback(num_tokens)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+    def reset(self) -> None:
+        self.matcher.reset()
+
+
+class XGrammarBackend(GrammarBackend):
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.tokenizer is None:
+            raise ValueError("structured outputs with xgrammar need the model's tokenizer")
+        # half the cores at most: compilation must leave room for the step loop
+        threads = max(1, (os.cpu_count() or 2) // 2)
+        self.compiler = xgr.GrammarCompiler(tokenizer_info(ctx.tokenizer, ctx.vocab_size), max_threads=threads,
+                                            cache_enabled=False)
+        self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @classmethod
+    def supports(cls, spec: GrammarSpec) -> list[str]:
+        kinds = ("json", "json_object", "regex", "grammar", "choice")
+        return [] if spec.kind in kinds else [f"xgrammar does not compile {spec.kind!r} (it compiles {kinds})"]
+
+    def compile(self, spec: GrammarSpec) -> Grammar:
+        key = json.dumps([spec.kind, spec.value], sort_keys=True)
+        with self._lock:
+            compiled = self._cache.get(key)
+            if compiled is not None:
+                self._cache.move_to_end(key)
+        if compiled is None:
+            compiled = self._compile(spec)
+            with self._lock:
+                self._cache[key] = compiled
+                if len(self._cache) > CACHE_SIZE:
+                    self._cache.popitem(last=False)
+        return XGrammar(compiled)
+
+    def _compile(self, spec: GrammarSpec) -> xgr.CompiledGrammar:
+        try:
+            if spec.kind == "json":
+                schema = spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
+                return self.compiler.compile_json_schema(schema, any_whitespace=False)
+            if spec.kind == "json_object":
+                return self.compiler.compile_builtin_json_grammar()
+            if spec.kind == "regex":
+                return self.compiler.compile_regex(spec.value)
+            if spec.kind == "grammar":
+                return self.compiler.compile_grammar(spec.value)
+            choices = list(spec.value)
+            if not choices or not all(isinstance(c, str) and c for c in choices):
+                raise ValueError("choice needs a non-empty list of non-empty strings")
+            return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
+        except (RuntimeError, TypeError) as exc:  # xgrammar reports bad specs as RuntimeError
+            raise ValueError(f"invalid {spec.kind}: {_first_line(exc)}") from None
+
+
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+    return text.split(": ", 1)[-1] if text.startswith("[") else text
