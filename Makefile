@@ -2,7 +2,8 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
-PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf plugins/grammar/xgrammar
+PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf plugins/grammar/xgrammar \
+           plugins/spec/ngram plugins/spec/suffix
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 

@@ -65,3 +65,26 @@ def test_greedy_verification_keeps_the_agreeing_prefix():
     assert sampler.verify_drafts([5, 6, 7, 8], [5, 6, 9], None, request) == [5, 6, 7]
     assert sampler.verify_drafts([5, 6, 7, 8], [5, 6, 7], None, request) == [5, 6, 7, 8]
     assert sampler.verify_drafts([4, 6], [5], None, request) == [4]
+
+
+def _first_token_distribution(p, q, trials=6000, seed=11):
+    """Draw a draft from q, verify it against p, record the first emitted token."""
+    request = Request("r", [1], SamplingParams(temperature=1.0, seed=seed))
+    gen = torch.Generator().manual_seed(seed + 1)
+    counts = torch.zeros(len(p))
+    for _ in range(trials):
+        draft = int(torch.multinomial(q, 1, generator=gen))
+        first = sampler.verify_drafts([0, 0], [draft], torch.stack([p, p]), request, q.unsqueeze(0))[0]
+        counts[first] += 1
+    return counts
+
+
+def test_rejection_sampler_with_draft_distributions_matches_the_target():
+    """Chi-square over a 4-token vocabulary: a bad draft distribution (mass where p has
+    little) and a good one (close to p) both leave the output distributed as p."""
+    p = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    for q in (torch.tensor([0.05, 0.05, 0.1, 0.8]), torch.tensor([0.45, 0.35, 0.15, 0.05])):
+        counts = _first_token_distribution(p, q)
+        expected = p * counts.sum()
+        chi2 = ((counts - expected) ** 2 / expected).sum().item()
+        assert chi2 < 16.3, (q, counts)  # p = 0.001 for 3 degrees of freedom

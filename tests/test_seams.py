@@ -68,12 +68,12 @@ def test_draft_verification_is_exact_under_preemption(tiny_llama):
                    max_num_seqs=6, max_model_len=160)
     baseline = _greedy(LLM(folder, **options), prompts, 20)
     continuations = [p + out for p, out in zip(prompts, baseline)]
-    spec = LLM(folder, speculative={"method": "test-oracle", "num_speculative_tokens": 3,
+    spec = LLM(folder, speculative_config={"method": "test-oracle", "num_speculative_tokens": 3,
                                     "continuations": continuations}, **options)
     assert _greedy(spec, prompts, 20) == baseline
     stats = spec.engine.stats()
     assert stats["preemptions"] > 0
-    assert 0 < stats["accepted_tokens"] < stats["draft_tokens"], stats
+    assert 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], stats
     sampled = spec.generate(prompts, SamplingParams(max_tokens=12, temperature=0.8, seed=1, ignore_eos=True))
     assert all(len(o.outputs[0].token_ids) == 12 for o in sampled)
 

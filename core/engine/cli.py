@@ -38,8 +38,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         default = field.default
         if isinstance(default, bool):
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
-        elif name == "speculative":
-            parser.add_argument("--speculative-config", dest=name, type=json.loads, default=None)
+        elif name == "speculative_config":
+            parser.add_argument("--speculative-config", dest=name, type=json.loads, default=None,
+                                help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
         elif isinstance(default, (int, float)) and not isinstance(default, bool):
             parser.add_argument(flag, dest=name, type=type(default), default=None)
         elif name == "logits_processors":

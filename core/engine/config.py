@@ -67,7 +67,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     parallel: ParallelConfig = ParallelConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
-    speculative: dict[str, Any] | None = None  # {"method": NAME, "num_speculative_tokens": K, ...}
+    speculative_config: dict[str, Any] | None = None  # {"method": NAME, "num_speculative_tokens": K, ...}
     plugins: tuple[str, ...] | None = None  # allow-list of entry-point names; None: all installed
     device: str | None = None  # platform name; None: the best available
     attention_backend: str | None = None

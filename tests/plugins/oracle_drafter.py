@@ -4,7 +4,7 @@ wrong every ``corrupt_every``-th draft, so accepted, rejected and bonus tokens a
 from __future__ import annotations
 
 from engine import hookimpl
-from engine.interfaces import Drafter
+from engine.interfaces import Draft, Drafter
 
 
 @hookimpl
@@ -15,8 +15,8 @@ def register_drafters(register):
 class OracleDrafter(Drafter):
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.continuations = [list(c) for c in ctx.speculative["continuations"]]
-        self.corrupt_every = ctx.speculative.get("corrupt_every", 3)
+        self.continuations = [list(c) for c in self.method_config["continuations"]]
+        self.corrupt_every = self.method_config.get("corrupt_every", 3)
         self.calls = 0
 
     def propose(self, requests):
@@ -31,5 +31,5 @@ class OracleDrafter(Drafter):
             self.calls += 1
             if draft and self.calls % self.corrupt_every == 0:
                 draft[len(draft) // 2] = (draft[len(draft) // 2] + 1) % 256
-            out.append(draft)
+            out.append(Draft(draft))
         return out

@@ -88,7 +88,7 @@ class DefaultScheduler(Scheduler):
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
-        request.spec_token_ids = []
+        request.spec_token_ids, request.spec_probs = [], None
         request.num_preemptions += 1
         self._preemptions += 1
         bisect.insort(self.waiting, request, key=self._order)
@@ -146,7 +146,7 @@ class DefaultScheduler(Scheduler):
                     outputs.append(EngineOutput(rid, [], new_prompt_logprobs=prompt_logprobs))
                 continue
             request.num_computed_tokens += len(tokens) - 1  # accepted drafts were computed
-            request.spec_token_ids = []
+            request.spec_token_ids, request.spec_probs = [], None
             accepted, reason = [], None
             for token in tokens:
                 request.append_output(token)
@@ -160,7 +160,8 @@ class DefaultScheduler(Scheduler):
             outputs.append(EngineOutput(
                 rid, accepted, logprobs[:len(accepted)] if logprobs else None, prompt_logprobs,
                 finish_reason=reason, stop_reason=request.stop_reason,
-                num_cached_tokens=max(request.num_cached_tokens, 0)))
+                num_cached_tokens=max(request.num_cached_tokens, 0), num_draft_tokens=request.num_draft_tokens,
+                num_accepted_tokens=request.num_accepted_tokens))
             if reason:
                 self._finish(request, reason)
         return outputs

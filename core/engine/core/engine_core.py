@@ -15,8 +15,9 @@ from engine.config import EngineConfig
 from engine.core import setup
 from engine.core.request import Request
 from engine.core.scheduling import EngineOutput, SchedulerContext
+from engine.core.speculation import Speculator
 from engine.core.structured import GrammarContext, StructuredOutputs
-from engine.interfaces import AttentionSpec, DraftRequest
+from engine.interfaces import AttentionSpec, DrafterContext
 from engine.plugins import load_plugins
 from engine.runner.model_runner import ModelRunner
 
@@ -58,20 +59,35 @@ class EngineCore:
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
         self.runner = ModelRunner(self.model, self.attention, kv_caches, config.cache.block_size,
                                   self.platform.device, processors, self.connector)
-        self.drafter, self.num_spec_tokens = self._build_drafter(config)
+        self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None
-        self.spec_stats = {"draft_tokens": 0, "accepted_tokens": 0}
         self.eos_token_id = self._eos_token_id()
         logger.info("engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
                     time.perf_counter() - started, model_path, self.platform.name, dtype,
                     self.attention.name, num_blocks, config.cache.block_size)
 
-    def _build_drafter(self, config):
-        if not config.speculative:
-            return None, 0
-        spec = dict(config.speculative)
-        drafter = self.registry.get("drafters", spec.get("method"))(config)
-        return drafter, int(spec.get("num_speculative_tokens", 4))
+    def _build_speculator(self, config, loader, dtype, kv_caches, num_blocks) -> Speculator | None:
+        if not config.speculative_config:
+            return None
+        spec = dict(config.speculative_config)
+        registry, platform = self.registry, self.platform
+
+        def load_model(path: str):
+            draft_loader, _ = setup.select_loader(registry, path, None)
+            return setup.build_model(registry, draft_loader, draft_loader.hf_config(), dtype, platform, None)
+
+        def make_attention(model):
+            layout = model.kv_layout()
+            spec_ = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype,
+                                  config.cache.block_size)
+            return setup.select_attention_backend(registry, config.attention_backend, spec_, platform)
+
+        ctx = DrafterContext(config, self.model, self.attention, kv_caches, num_blocks, platform.device, dtype,
+                             self.tokenizer, load_model, make_attention)
+        drafter = registry.get("drafters", spec.get("method"))(ctx)
+        self.runner.keep_hidden_states = drafter.needs_hidden_states
+        return Speculator(drafter, int(spec.get("num_speculative_tokens", 4)), self.kv_cache_manager,
+                          self.max_model_len)
 
     def _eos_token_id(self) -> int | None:
         eos = getattr(self.hf_config, "eos_token_id", None)
@@ -115,6 +131,8 @@ class EngineCore:
 
     def abort(self, request_ids) -> None:
         self.scheduler.abort(request_ids)
+        if self.speculator is not None:
+            self.speculator.finished(request_ids)
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -129,35 +147,17 @@ class EngineCore:
         block_tables = [self.kv_cache_manager.block_ids(item.request) for item in plan.scheduled]
         bitmask = self._structured.bitmask(plan) if self._structured else None
         result = self.runner.execute(plan, block_tables, bitmask)
-        for item in plan.scheduled:
-            if item.spec_token_ids and item.request.request_id in result.sampled:
-                self.spec_stats["draft_tokens"] += len(item.spec_token_ids)
-                self.spec_stats["accepted_tokens"] += len(result.sampled[item.request.request_id]) - 1
+        if self.speculator is not None:
+            self.speculator.record(plan, result)
         outputs += self.scheduler.update(plan, result)
-        if self.drafter is not None:
-            self._propose_drafts()
+        if self.speculator is not None:
+            self.speculator.finished([o.request_id for o in outputs if o.finished] + list(plan.preempted))
+            self.speculator.propose(self.scheduler.running_requests(), result)
         return outputs
 
-    def _propose_drafts(self) -> None:
-        """Ask the drafter for the next step's drafts. Requests with a grammar, penalties or
-        a pending min_tokens get none: their verification rows would need per-draft state."""
-        eligible = []
-        for r in self.scheduler.running_requests():
-            p = r.sampling_params
-            if r.num_computed_tokens == r.num_tokens - 1 and r.grammar is None and not p.uses_penalties \
-                    and len(r.output_token_ids) >= p.min_tokens:
-                room = (p.max_tokens or self.max_model_len) - len(r.output_token_ids) - 1
-                room = min(room, self.max_model_len - r.num_tokens - 1, self.num_spec_tokens)
-                if room > 0:
-                    eligible.append((r, room))
-        if not eligible:
-            return
-        drafts = self.drafter.propose([DraftRequest(r.request_id, r.all_token_ids, room) for r, room in eligible])
-        for (request, room), tokens in zip(eligible, drafts):
-            request.spec_token_ids = list(tokens[:room])
-
     def stats(self) -> dict:
-        return {**self.scheduler.stats, **self.spec_stats}
+        spec = self.speculator.stats() if self.speculator is not None else {}
+        return {**self.scheduler.stats, **spec}
 
     def shutdown(self) -> None:
         if self._structured is not None:

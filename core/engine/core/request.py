@@ -41,6 +41,9 @@ class Request:
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first admission
         self.num_preemptions = 0
         self.spec_token_ids: list[int] = []
+        self.spec_probs = None  # [len(spec_token_ids), vocab] draft distribution, or None: deterministic
+        self.num_draft_tokens = 0  # verified drafts, and how many of them were accepted
+        self.num_accepted_tokens = 0
         self.block_hashes: list[bytes] = []  # chained hashes of full blocks, filled by the KV manager
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None

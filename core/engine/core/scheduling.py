@@ -54,6 +54,7 @@ class StepResult:
     sampled: dict[str, list[int]]  # request id -> accepted drafts + one new token
     logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
+    hidden_states: dict[str, object] = attrs.Factory(dict)  # request id -> [valid rows, hidden], if kept
 
 
 @attrs.frozen
@@ -66,6 +67,8 @@ class EngineOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    num_draft_tokens: int = 0  # speculative drafts verified for this request so far, and accepted
+    num_accepted_tokens: int = 0
 
     @property
     def finished(self) -> bool:

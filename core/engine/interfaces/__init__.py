@@ -1,7 +1,7 @@
 """Extension interfaces, one module per kind. Plugins import from here only."""
 
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
-from engine.interfaces.drafter import Drafter, DraftRequest
+from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarSpec
 from engine.interfaces.kv_cache import KVCacheManager
 from engine.interfaces.kv_connector import KVConnector
@@ -32,8 +32,8 @@ INTERFACE_VERSIONS = {
 }
 
 __all__ = [
-    "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Drafter",
-    "DraftRequest", "Grammar", "GrammarBackend", "GrammarSpec", "KVCacheManager", "KVConnector",
+    "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Draft", "Drafter",
+    "DrafterContext", "DraftRequest", "Grammar", "GrammarBackend", "GrammarSpec", "KVCacheManager", "KVConnector",
     "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod", "Scheduler", "StepContext",
     "ToolCall", "ToolParser",
 ]

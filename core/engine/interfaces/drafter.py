@@ -1,12 +1,22 @@
 """Drafter: proposes draft tokens for speculative decoding. The core verifies them in one
-target pass with an exact rejection sampler, so a drafter never changes what is generated,
-only how fast."""
+target pass with an exact rejection sampler, so a drafter never changes what is
+generated (greedy) or its distribution (sampling), only how fast.
+
+After every step the core asks the drafter for each decoding request's next drafts. A
+drafter that runs a model gets what it needs from :class:`DrafterContext` (the target
+model, its attention backend and KV caches, a loader for a separate draft model) and,
+if it sets ``needs_hidden_states``, the target's hidden states of the positions each
+request just had verified.
+"""
+
+from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
 import attrs
+import torch
 
 
 @attrs.frozen
@@ -14,14 +24,41 @@ class DraftRequest:
     request_id: str
     token_ids: Sequence[int]  # prompt + output so far, read-only
     max_tokens: int  # ceiling for this request this step
+    block_ids: Sequence[int] = ()  # the target's block table, with slots for max_tokens drafts
+    sampling_params: Any = None
+    hidden_states: torch.Tensor | None = None  # [n, hidden]: the last n known positions, if asked for
+
+
+@attrs.frozen
+class Draft:
+    token_ids: list[int]
+    probs: torch.Tensor | None = None  # [len(token_ids), vocab]: what each was drawn from; None: chosen outright
+
+
+@attrs.frozen
+class DrafterContext:
+    config: Any  # EngineConfig; config.speculative_config holds the user's dict
+    target: Any  # the target Model
+    attention: Any  # the target's AttentionBackend instance
+    kv_caches: list[torch.Tensor]  # the target's, one per layer
+    num_blocks: int
+    device: torch.device
+    dtype: torch.dtype
+    tokenizer: Any
+    load_model: Callable[[str], Any]  # path -> Model, built like the target (same platform and dtype)
+    make_attention: Callable[[Any], Any]  # Model -> an AttentionBackend for its KV layout
 
 
 class Drafter(ABC):
-    def __init__(self, ctx: Any):
-        """``ctx`` is the :class:`engine.config.EngineConfig`; ``ctx.speculative`` holds the
-        user's ``speculative_config`` dict."""
+    needs_hidden_states: ClassVar[bool] = False
+
+    def __init__(self, ctx: DrafterContext):
         self.ctx = ctx
+        self.method_config = dict(ctx.config.speculative_config or {})
 
     @abstractmethod
-    def propose(self, requests: Sequence[DraftRequest]) -> list[list[int]]:
-        """Draft tokens per request (ragged; empty lists allowed)."""
+    def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
+        """One :class:`Draft` per request (ragged; empty drafts allowed)."""
+
+    def finished(self, request_ids: Sequence[str]) -> None:
+        """Forget per-request state of requests that finished or were preempted."""

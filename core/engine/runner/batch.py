@@ -17,6 +17,8 @@ class FlatBatch:
     layout: BatchLayout
     sample_rows: list[int]  # rows whose logits are sampled, request by request
     sample_owners: list  # the request owning each sample row
+    sample_drafts: list[tuple[int, ...]]  # drafts before each sample row (they count as output there)
+    spans: list[tuple[str, int, int]]  # (request id, first row, end row) per request
     prompt_rows: list[int]  # rows whose logits score the next prompt token
     prompt_targets: list[int]
     prompt_owners: list
@@ -26,6 +28,7 @@ def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, devi
     tokens: list[int] = []
     query_lens, seq_lens = [], []
     sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners = [], [], [], [], []
+    sample_drafts, spans = [], []
     for item in plan.scheduled:
         request, start, n = item.request, item.request.num_computed_tokens, item.num_new_tokens
         drafts = item.spec_token_ids
@@ -35,9 +38,11 @@ def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, devi
         q = n + len(drafts)
         query_lens.append(q)
         seq_lens.append(start + q)
+        spans.append((request.request_id, offset, offset + q))
         if item.samples:
             sample_rows += range(offset + q - 1 - len(drafts), offset + q)
             sample_owners += [request] * (len(drafts) + 1)
+            sample_drafts += [tuple(drafts[:j]) for j in range(len(drafts) + 1)]
         if request.sampling_params.prompt_logprobs is not None:
             last = min(start + n, request.num_prompt_tokens - 1)
             prompt_rows += range(offset, offset + max(0, last - start))
@@ -63,4 +68,4 @@ def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, devi
         query_lens=tuple(query_lens), seq_lens_host=tuple(seq_lens))
     return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device),
                      torch.from_numpy(positions).to(device), layout,
-                     sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners)
+                     sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners)

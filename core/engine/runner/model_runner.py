@@ -20,6 +20,7 @@ class ModelRunner:
         self.device = device
         self.logits_processors = list(logits_processors)
         self.connector = kv_connector
+        self.keep_hidden_states = False  # a drafter that reads the target's hidden states sets this
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -38,7 +39,17 @@ class ModelRunner:
             self._sample(logits[:n], batch, plan, bitmask, result)
         if batch.prompt_rows:
             self._prompt_logprobs(logits[n:], batch, result)
+        if self.keep_hidden_states:
+            self._keep_hidden(hidden, batch, plan, result)
         return result
+
+    @staticmethod
+    def _keep_hidden(hidden, batch: FlatBatch, plan: StepPlan, result: StepResult) -> None:
+        """Hidden states of the rows whose tokens are now known to be right: the computed
+        known tokens plus the accepted drafts."""
+        for (rid, start, end), item in zip(batch.spans, plan.scheduled):
+            accepted = len(result.sampled.get(rid, [None])) - 1
+            result.hidden_states[rid] = hidden[start:start + item.num_new_tokens + accepted]
 
     def _forward(self, batch: FlatBatch) -> torch.Tensor:
         step = StepContext(self.attention, self.attention.build_metadata(batch.layout), self.kv_caches)
@@ -54,7 +65,7 @@ class ModelRunner:
         return hidden
 
     def _sample(self, logits, batch: FlatBatch, plan: StepPlan, bitmask, result: StepResult) -> None:
-        rows = sampler.SamplingRows(batch.sample_owners, self.device)
+        rows = sampler.SamplingRows(batch.sample_owners, self.device, batch.sample_drafts)
         for processor in self.logits_processors:
             logits = processor.apply(logits, rows.requests)
         sampler.apply_penalties(logits, rows)
@@ -73,7 +84,8 @@ class ModelRunner:
             out = token_list[row:row + k + 1]
             if k:
                 out = sampler.verify_drafts(out, item.spec_token_ids,
-                                            None if probs is None else probs[row:row + k + 1], request)
+                                            None if probs is None else probs[row:row + k + 1], request,
+                                            request.spec_probs)
             chosen[row:row + len(out)] = out
             result.sampled[request.request_id] = out
             n_logprobs = request.sampling_params.logprobs

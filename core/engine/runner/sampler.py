@@ -20,10 +20,12 @@ _BIT = torch.arange(32, dtype=torch.int32)
 
 class SamplingRows:
     """Per-row parameters of one step. ``requests[i]`` owns row ``i``; a request
-    verifying drafts owns several consecutive rows."""
+    verifying drafts owns several consecutive rows, and in row ``i`` the drafts before it
+    (``drafts[i]``) count as output already (penalties, min_tokens)."""
 
-    def __init__(self, requests: Sequence, device: torch.device):
+    def __init__(self, requests: Sequence, device: torch.device, drafts: Sequence[tuple[int, ...]] | None = None):
         self.requests = list(requests)
+        self.drafts = list(drafts) if drafts is not None else [()] * len(self.requests)
         params = [r.sampling_params for r in self.requests]
         self.greedy = torch.tensor([p.greedy for p in params], device=device)
         self.all_greedy = bool(self.greedy.all())
@@ -38,26 +40,28 @@ class SamplingRows:
 
 def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
     """Repetition (prompt + output, HF semantics) and frequency/presence (output, OpenAI)."""
-    for i, request in enumerate(rows.requests):
+    for i, (request, drafts) in enumerate(zip(rows.requests, rows.drafts)):
         p = request.sampling_params
         if not p.uses_penalties:
             continue
         row = logits[i]
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(request.all_token_ids)), dtype=torch.long, device=logits.device)
+            seen = torch.tensor(sorted(set(request.all_token_ids) | set(drafts)), dtype=torch.long,
+                                device=logits.device)
             values = row[seen]
             row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
-        if request.output_token_ids and (p.frequency_penalty or p.presence_penalty):
-            out = torch.tensor(request.output_token_ids, dtype=torch.long, device=logits.device)
+        output = request.output_token_ids + list(drafts)
+        if output and (p.frequency_penalty or p.presence_penalty):
+            out = torch.tensor(output, dtype=torch.long, device=logits.device)
             counts = torch.zeros_like(row).index_add_(0, out, torch.ones_like(out, dtype=row.dtype))
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
 
 def ban_stop_tokens(logits: torch.Tensor, rows: SamplingRows) -> None:
     """Below ``min_tokens`` the EOS and stop token ids cannot be sampled."""
-    for i, request in enumerate(rows.requests):
+    for i, (request, drafts) in enumerate(zip(rows.requests, rows.drafts)):
         p = request.sampling_params
-        if len(request.output_token_ids) < p.min_tokens:
+        if len(request.output_token_ids) + len(drafts) < p.min_tokens:
             banned = list(p.stop_token_ids)
             if request.eos_token_id is not None and not p.ignore_eos:
                 banned.append(request.eos_token_id)
@@ -125,14 +129,17 @@ def topn_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> list[
             for i, lp, r in zip(ids, lps, rank_list)]
 
 
-def verify_drafts(tokens: list[int], drafts: Sequence[int], probs: torch.Tensor | None,
-                  request) -> list[int]:
-    """Exact verification of deterministic drafts against the target rows of one request.
+def verify_drafts(tokens: list[int], drafts: Sequence[int], probs: torch.Tensor | None, request,
+                  draft_probs: torch.Tensor | None = None) -> list[int]:
+    """Exact verification of one request's drafts against its ``len(drafts) + 1`` target rows.
 
-    ``tokens`` are the target's own choice at each of the ``len(drafts) + 1`` rows.
+    ``tokens`` are the target's own choice at each row; ``probs`` the target's sampling
+    distributions p (None when every row is greedy); ``draft_probs`` the distributions q
+    the drafts were drawn from (None: chosen outright, a one-hot q).
     Greedy: keep the longest agreeing prefix plus the target's next token. Sampling:
-    accept draft d with probability p(d); on rejection sample from p with d removed
-    (the residual max(0, p - q) for a one-hot q), so outputs follow p exactly.
+    accept draft d with probability min(1, p(d) / q(d)); on the first rejection draw from
+    the residual max(0, p - q), renormalized; if all are accepted the last row's own
+    sample is the bonus token. Either way the output is distributed exactly as p.
     """
     accepted = []
     for i, draft in enumerate(drafts):
@@ -140,12 +147,23 @@ def verify_drafts(tokens: list[int], drafts: Sequence[int], probs: torch.Tensor 
             if tokens[i] != draft:
                 return accepted + [tokens[i]]
         else:
-            row = probs[i]
-            u = torch.rand((), generator=request.generator, device=row.device)
-            if u >= row[draft]:
-                residual = row.clone()
-                residual[draft] = 0
-                noise = torch.empty_like(residual).exponential_(generator=request.generator)
-                return accepted + [int((residual / noise).argmax())]
+            p = probs[i]
+            q = None if draft_probs is None else draft_probs[i].to(p.device, p.dtype)
+            q_draft = 1.0 if q is None else float(q[draft])
+            u = float(torch.rand((), generator=request.generator))
+            if u * q_draft >= float(p[draft]):
+                return accepted + [_sample_residual(p, q, draft, request.generator)]
         accepted.append(draft)
     return accepted + [tokens[len(drafts)]]
+
+
+def _sample_residual(p: torch.Tensor, q: torch.Tensor | None, draft: int, generator) -> int:
+    if q is None:
+        residual = p.clone()
+        residual[draft] = 0
+    else:
+        residual = (p - q).clamp_min(0)
+    if float(residual.sum()) <= 0:  # p == q up to rounding: any draw from p is exact
+        residual = p
+    noise = torch.empty_like(residual).exponential_(generator=generator)
+    return int((residual / noise).argmax())

@@ -1,0 +1,73 @@
+"""Speculative decoding in the core: after every step, ask the drafter for the next drafts of
+each decoding request, reserve KV slots for them, cut drafts at the first token the
+request's grammar refuses, and count what verification accepts."""
+
+from __future__ import annotations
+
+from engine.core.scheduling import StepPlan, StepResult
+from engine.interfaces import Draft, DraftRequest
+
+
+class Speculator:
+    def __init__(self, drafter, num_spec_tokens: int, kv_cache_manager, max_model_len: int):
+        self.drafter = drafter
+        self.k = num_spec_tokens
+        self.kv = kv_cache_manager
+        self.max_model_len = max_model_len
+        self.counts = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+
+    def record(self, plan: StepPlan, result: StepResult) -> None:
+        for item in plan.scheduled:
+            tokens = result.sampled.get(item.request.request_id)
+            if item.spec_token_ids and tokens is not None:
+                accepted = len(tokens) - 1
+                item.request.num_draft_tokens += len(item.spec_token_ids)
+                item.request.num_accepted_tokens += accepted
+                self.counts["spec_drafts"] += 1
+                self.counts["spec_draft_tokens"] += len(item.spec_token_ids)
+                self.counts["spec_accepted_tokens"] += accepted
+
+    def propose(self, running, result: StepResult) -> None:
+        eligible = []
+        for request in running:
+            if request.num_computed_tokens != request.num_tokens - 1:  # still prefilling
+                continue
+            params = request.sampling_params
+            room = min(self.k, self.max_model_len - request.num_tokens - 1,
+                       (params.max_tokens or self.max_model_len) - len(request.output_token_ids) - 1)
+            if room > 0 and self.kv.allocate_slots(request, 0, num_lookahead_tokens=room):
+                eligible.append((request, room))
+        if not eligible:
+            return
+        hidden = result.hidden_states
+        drafts = self.drafter.propose([
+            DraftRequest(r.request_id, r.all_token_ids, room, self.kv.block_ids(r), r.sampling_params,
+                         hidden.get(r.request_id)) for r, room in eligible])
+        for (request, room), draft in zip(eligible, drafts):
+            tokens, probs = self._allowed(request, draft, room)
+            request.spec_token_ids, request.spec_probs = tokens, probs
+
+    @staticmethod
+    def _allowed(request, draft: Draft, room: int):
+        tokens = list(draft.token_ids[:room])
+        if request.grammar is not None:
+            valid = 0
+            for token in tokens:
+                if not request.grammar.accept_tokens([token]):
+                    break
+                valid += 1
+            if valid:
+                request.grammar.rollback(valid)
+            tokens = tokens[:valid]
+        probs = None if draft.probs is None or not tokens else draft.probs[:len(tokens)]
+        return tokens, probs
+
+    def finished(self, request_ids) -> None:
+        if request_ids:
+            self.drafter.finished(list(request_ids))
+
+    def stats(self) -> dict[str, float]:
+        c = self.counts
+        drafts, proposed, accepted = c["spec_drafts"], c["spec_draft_tokens"], c["spec_accepted_tokens"]
+        return {**c, "spec_acceptance_rate": accepted / proposed if proposed else 0.0,
+                "spec_mean_accepted_length": 1 + accepted / drafts if drafts else 0.0}
