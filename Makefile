@@ -3,7 +3,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf plugins/grammar/xgrammar \
-           plugins/spec/ngram plugins/spec/suffix
+           plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 

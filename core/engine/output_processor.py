@@ -17,6 +17,7 @@ class _Child:
         self.logprobs = [] if params.logprobs is not None else None
         self.cumulative = 0.0 if params.logprobs is not None else None
         self.finish_reason = self.stop_reason = None
+        self.num_draft_tokens = self.num_accepted_tokens = 0
 
 
 class OutputProcessor:
@@ -42,6 +43,7 @@ class OutputProcessor:
             parent = self._parents[parent_id]
             touched.add(parent_id)
             parent.num_cached_tokens = out.num_cached_tokens
+            child.num_draft_tokens, child.num_accepted_tokens = out.num_draft_tokens, out.num_accepted_tokens
             if out.new_prompt_logprobs and child.index == 0:
                 parent.prompt_logprobs += [self._logprob_dict(e) for e in out.new_prompt_logprobs]
             self._append(child, out)
@@ -87,6 +89,7 @@ class OutputProcessor:
             if c.detok.stop_string is None and self.tokenizer is not None:
                 text = self.tokenizer.decode(c.token_ids, skip_special_tokens=c.params.skip_special_tokens)
             parent.outputs.append(CompletionOutput(c.index, text, c.token_ids, c.cumulative, c.logprobs,
-                                                   c.finish_reason, c.stop_reason))
+                                                   c.finish_reason, c.stop_reason, c.num_draft_tokens,
+                                                   c.num_accepted_tokens))
         parent.finished = True
         return parent

@@ -25,6 +25,8 @@ class CompletionOutput:
     logprobs: list[PositionLogprobs] | None
     finish_reason: str | None = None  # "stop", "length", "abort", "error"
     stop_reason: int | str | None = None  # the stop token id or stop string that ended it
+    num_draft_tokens: int = 0  # speculative drafts verified for this sequence, and accepted
+    num_accepted_tokens: int = 0
 
     def finished(self) -> bool:
         return self.finish_reason is not None

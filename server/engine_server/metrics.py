@@ -34,7 +34,13 @@ class Metrics:
         self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled")
         self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)")
         self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens")
+        self.spec_acceptance = gauge("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens")
+        self.spec_length = gauge("spec_decode_mean_acceptance_length",
+                                 "Tokens per verification: accepted drafts + 1")
         self.counters = {
+            "spec_drafts": counter("spec_decode_num_drafts", "Verifications of drafted requests"),
+            "spec_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
+            "spec_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
             "preemptions": counter("num_preemptions", "Requests preempted"),
             "prefix_queries": counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
             "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
@@ -49,6 +55,8 @@ class Metrics:
         self.kv_usage.set(stats.get("kv_cache_usage", 0))
         queries, hits = stats.get("prefix_queries", 0), stats.get("prefix_hits", 0)
         self.prefix_hit_rate.set(hits / queries if queries else 0.0)
+        self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
+        self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
         for key, metric in self.counters.items():
             value = stats.get(key, 0.0)
             if value > self._seen[key]:

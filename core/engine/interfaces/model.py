@@ -1,5 +1,7 @@
 """Model: a network over the flattened token axis, built from an HF ``config.json``."""
 
+from __future__ import annotations
+
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -69,6 +71,16 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only rows that sample) -> logits [N, vocab] in float32."""
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [T, hidden] (EAGLE-style drafters feed them to their head)."""
+        raise NotImplementedError(f"{type(self).__name__} does not expose its embeddings")
+
+    def draft_view(self, num_layers: int) -> Model | None:
+        """A model that runs only the first ``num_layers`` layers and the LM head, sharing
+        this model's weights (and, through the same layer indices, its KV cache): the draft
+        for layer-skip self-speculation. None if unsupported."""
+        return None
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -49,23 +49,29 @@ def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, devi
             prompt_targets += request.prompt_token_ids[start + 1:last + 1]
             prompt_owners += [request] * max(0, last - start)
 
+    positions, layout = token_layout(query_lens, seq_lens, block_tables, block_size, device)
+    return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device), positions, layout,
+                     sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners)
+
+
+def token_layout(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int,
+                 device) -> tuple[torch.Tensor, BatchLayout]:
+    """Positions and the attention layout of a flattened batch: sequence ``i`` contributes
+    its last ``query_lens[i]`` tokens out of ``seq_lens[i]``, stored through its block table."""
     q_lens = np.array(query_lens, dtype=np.int64)
     s_lens = np.array(seq_lens, dtype=np.int64)
     owner = np.repeat(np.arange(len(q_lens)), q_lens)
     q_starts = np.concatenate([[0], np.cumsum(q_lens)])
-    positions = (s_lens - q_lens)[owner] + np.arange(len(tokens)) - q_starts[:-1][owner]
+    positions = (s_lens - q_lens)[owner] + np.arange(int(q_starts[-1])) - q_starts[:-1][owner]
     width = max(len(b) for b in block_tables)
     table = np.zeros((len(block_tables), width), dtype=np.int64)
     for row, blocks in enumerate(block_tables):
         table[row, :len(blocks)] = blocks
     slots = table[owner, positions // block_size] * block_size + positions % block_size
-
     layout = BatchLayout(
         query_start_loc=torch.from_numpy(q_starts.astype(np.int32)).to(device),
         seq_lens=torch.from_numpy(s_lens.astype(np.int32)).to(device),
         block_table=torch.from_numpy(table.astype(np.int32)).to(device),
         slot_mapping=torch.from_numpy(slots).to(device),
         query_lens=tuple(query_lens), seq_lens_host=tuple(seq_lens))
-    return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device),
-                     torch.from_numpy(positions).to(device), layout,
-                     sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners)
+    return torch.from_numpy(positions).to(device), layout

@@ -82,10 +82,10 @@ class LlamaModel(nn.Module):
                                     for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
-    def forward(self, input_ids, positions, step):
+    def forward(self, input_ids, positions, step, num_layers: int | None = None):
         hidden, residual = self.embed_tokens(input_ids), None
         cos_sin = self.rotary(positions)
-        for layer in self.layers:
+        for layer in self.layers[:num_layers]:
             hidden, residual = layer(cos_sin, hidden, residual, step)
         hidden, _ = self.norm(hidden, residual)
         return hidden
@@ -132,6 +132,14 @@ class LlamaForCausalLM(Model):
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)
 
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def draft_view(self, num_layers: int):
+        if not 0 < num_layers < self.cfg.num_hidden_layers:
+            raise ValueError(f"self_draft_layers must be in [1, {self.cfg.num_hidden_layers - 1}]")
+        return LayerSkipView(self, num_layers)
+
     def compute_logits(self, hidden):
         weight = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
         return torch.nn.functional.linear(hidden, weight).float()
@@ -159,3 +167,22 @@ class LlamaForCausalLM(Model):
                 raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
         if missing:
             raise ValueError(f"checkpoint lacks {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
+
+
+class LayerSkipView(nn.Module):
+    """The first layers of a Llama and its LM head, sharing the target's modules."""
+
+    def __init__(self, target: LlamaForCausalLM, num_layers: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self._target = [target]  # a list, so the target is not registered as a submodule twice
+
+    def kv_layout(self) -> KVLayout:
+        full = self._target[0].kv_layout()
+        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim)
+
+    def forward(self, input_ids, positions, step):
+        return self._target[0].model(input_ids, positions, step, num_layers=self.num_layers)
+
+    def compute_logits(self, hidden):
+        return self._target[0].compute_logits(hidden)

@@ -1,0 +1,66 @@
+"""EAGLE drafting: the head reads the target's hidden states of the positions just verified
+(feature at position t with the token at t + 1), writes its own one-layer KV cache
+(indexed by the target's block tables), and chains k draft steps, each feeding back its
+own output as the next feature. Positions whose features it never saw (earlier prefill
+chunks) keep stale head K/V: acceptance drops, exactness does not."""
+
+from __future__ import annotations
+
+import torch
+from transformers import AutoConfig
+
+from engine.drafting import Chunk, run_chunks
+from engine.interfaces import Draft, Drafter
+from engine_spec_eagle.head import EagleHead
+
+
+class EagleDrafter(Drafter):
+    needs_hidden_states = True
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        path = self.method_config.get("model")
+        if not path:
+            raise ValueError('speculative_config for eagle needs "model": the EAGLE head checkpoint folder')
+        config = AutoConfig.from_pretrained(path)
+        with torch.device(ctx.device):
+            self.head = EagleHead(config, ctx.target, ctx.target.ctx.linear_method, ctx.dtype)
+        self.head.load(path)
+        for module in self.head.modules():
+            if hasattr(module, "process_weights_after_loading") and module is not self.head:
+                module.process_weights_after_loading()
+        self.head.eval()
+        self.attention = ctx.make_attention(self.head)
+        self.kv_caches = [torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype,
+                                      device=ctx.device)]
+        self.block_size = ctx.config.cache.block_size
+
+    def propose(self, requests):
+        ready = [i for i, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
+        drafts: list[list[int]] = [[] for _ in requests]
+        if not ready:
+            return [Draft([]) for _ in requests]
+        chunks, features = {}, {}
+        for i in ready:
+            r = requests[i]
+            n, count = len(r.token_ids), len(r.hidden_states)
+            chunks[i] = Chunk(list(r.token_ids[n - count:]), n - 1 - count, r.block_ids)
+            features[i] = r.hidden_states
+        live = ready
+        for step in range(max(requests[i].max_tokens for i in ready)):
+            hidden, rows = run_chunks(self.head, self.attention, self.kv_caches, [chunks[i] for i in live],
+                                      self.block_size, self.ctx.device,
+                                      features=torch.cat([features[i] for i in live]))
+            tokens = self.head.compute_logits(hidden[rows]).argmax(dim=-1).tolist()
+            next_live = []
+            for row, i, token in zip(rows, live, tokens):
+                drafts[i].append(token)
+                r = requests[i]
+                if step + 1 < r.max_tokens:
+                    chunks[i] = Chunk([token], len(r.token_ids) - 1 + step, r.block_ids)
+                    features[i] = hidden[row:row + 1]
+                    next_live.append(i)
+            live = next_live
+            if not live:
+                break
+        return [Draft(d) for d in drafts]

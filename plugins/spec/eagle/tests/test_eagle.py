@@ -1,0 +1,66 @@
+"""spec-eagle with a randomly initialised head written in the published EAGLE layout:
+greedy exactness under the drafter contract (exactness does not depend on acceptance)."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine.testing.spec import TINY, DrafterContract
+
+
+def write_random_eagle_head(folder, hidden=64, heads=4, kv_heads=2, inter=128, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    head_dim = hidden // heads
+
+    def w(*shape):
+        return torch.randn(*shape, generator=gen) * 0.1
+
+    tensors = {"fc.weight": w(hidden, 2 * hidden), "fc.bias": w(hidden),
+               "layers.0.self_attn.q_proj.weight": w(heads * head_dim, hidden),
+               "layers.0.self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
+               "layers.0.self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
+               "layers.0.self_attn.o_proj.weight": w(hidden, heads * head_dim),
+               "layers.0.mlp.gate_proj.weight": w(inter, hidden), "layers.0.mlp.up_proj.weight": w(inter, hidden),
+               "layers.0.mlp.down_proj.weight": w(hidden, inter),
+               "layers.0.post_attention_layernorm.weight": torch.ones(hidden),
+               "embed_tokens.weight": w(TINY["vocab_size"], hidden)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": inter,
+              "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+              "vocab_size": TINY["vocab_size"], "bias": True}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def eagle_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle")
+    write_random_eagle_head(folder)
+    return str(folder)
+
+
+class TestEagle(DrafterContract):
+    speculative_config = {"method": "eagle", "num_speculative_tokens": 3}
+
+    @pytest.fixture(autouse=True)
+    def _head(self, eagle_dir):
+        self.eagle_dir = eagle_dir
+
+    def config(self, model_dir):
+        return {**self.speculative_config, "model": self.eagle_dir}
+
+
+def test_missing_weights_are_reported(tmp_path, eagle_dir):
+    from engine import LLM
+    from engine.testing import reference
+    from engine.testing.spec import OPTIONS
+
+    target = tmp_path / "t"
+    reference.tiny_checkpoint(str(target), "LlamaForCausalLM", TINY)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "config.json").write_text(open(f"{eagle_dir}/config.json").read())
+    with pytest.raises(ValueError, match="no \\*.safetensors EAGLE weights"):
+        LLM(str(target), **OPTIONS, speculative_config={"method": "eagle", "model": str(empty)})
