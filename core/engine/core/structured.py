@@ -62,14 +62,25 @@ class StructuredOutputs:
         return failed
 
     def bitmask(self, plan: StepPlan) -> torch.Tensor | None:
-        rows = [item.request for item in plan.scheduled if item.samples
-                for _ in range(len(item.spec_token_ids) + 1)]
-        if not any(r.grammar is not None for r in rows):
+        """One row per sampling row. A request verifying k drafts has k + 1 rows: row j is
+        the grammar's mask after the first j drafts (the grammar is rolled back afterwards;
+        the speculator only keeps drafts the grammar accepts)."""
+        items = [item for item in plan.scheduled if item.samples]
+        if not any(item.request.grammar is not None for item in items):
             return None
-        mask = torch.full((len(rows), -(-self.vocab_size // 32)), -1, dtype=torch.int32)
-        for i, request in enumerate(rows):
-            if request.grammar is not None:
-                request.grammar.fill_bitmask(mask, i)
+        rows = sum(len(item.spec_token_ids) + 1 for item in items)
+        mask = torch.full((rows, -(-self.vocab_size // 32)), -1, dtype=torch.int32)
+        row = 0
+        for item in items:
+            grammar, drafts = item.request.grammar, item.spec_token_ids
+            if grammar is not None:
+                for j in range(len(drafts) + 1):
+                    grammar.fill_bitmask(mask, row + j)
+                    if j < len(drafts) and not grammar.accept_tokens([drafts[j]]):
+                        raise RuntimeError("a draft the grammar refuses reached verification")
+                if drafts:
+                    grammar.rollback(len(drafts))
+            row += len(drafts) + 1
         return mask
 
     def shutdown(self) -> None:
