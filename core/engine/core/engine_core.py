@@ -17,7 +17,7 @@ from engine.core.request import Request
 from engine.core.scheduling import EngineOutput, SchedulerContext
 from engine.core.speculation import Speculator
 from engine.core.structured import GrammarContext, StructuredOutputs
-from engine.interfaces import AttentionSpec, DrafterContext
+from engine.interfaces import DrafterContext
 from engine.plugins import load_plugins
 from engine.runner.model_runner import ModelRunner
 
@@ -41,9 +41,8 @@ class EngineCore:
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
                                        config.model.quantization)
         layout = self.model.kv_layout()
-        spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype,
-                             config.cache.block_size)
-        self.attention = setup.select_attention_backend(registry, config.attention_backend, spec, self.platform)
+        self.attention = setup.attention_for(registry, config.attention_backend, self.model, dtype,
+                                             config.cache.block_size, self.platform)
         num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers, self.platform)
         capacity = (num_blocks - 1) * config.cache.block_size
         if capacity < max_len:
@@ -77,15 +76,14 @@ class EngineCore:
             return setup.build_model(registry, draft_loader, draft_loader.hf_config(), dtype, platform, None)
 
         def make_attention(model):
-            layout = model.kv_layout()
-            spec_ = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype,
-                                  config.cache.block_size)
-            return setup.select_attention_backend(registry, config.attention_backend, spec_, platform)
+            return setup.attention_for(registry, config.attention_backend, model, dtype, config.cache.block_size,
+                                       platform)
 
         ctx = DrafterContext(config, self.model, self.attention, kv_caches, num_blocks, platform.device, dtype,
                              self.tokenizer, load_model, make_attention)
         drafter = registry.get("drafters", spec.get("method"))(ctx)
         self.runner.keep_hidden_states = drafter.needs_hidden_states
+        self.runner.hidden_layers = tuple(drafter.hidden_state_layers() or ())
         return Speculator(drafter, int(spec.get("num_speculative_tokens", 4)), self.kv_cache_manager,
                           self.max_model_len)
 

@@ -124,6 +124,13 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
     raise RuntimeError(f"no attention backend can run here ({detail})")
 
 
+def attention_for(registry, name: str | None, model, dtype, block_size: int, platform):
+    """The attention backend for ``model``'s KV layout (the target's, or a drafter's model)."""
+    layout = model.kv_layout()
+    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size)
+    return select_attention_backend(registry, name, spec, platform)
+
+
 def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:
     if cache_config.num_blocks is not None:
         return cache_config.num_blocks

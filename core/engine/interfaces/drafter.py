@@ -56,6 +56,11 @@ class Drafter(ABC):
         self.ctx = ctx
         self.method_config = dict(ctx.config.speculative_config or {})
 
+    def hidden_state_layers(self) -> tuple[int, ...] | None:
+        """With ``needs_hidden_states``: None for the target's output hidden states, or the
+        layers whose residual streams (concatenated, in this order) the drafter reads."""
+        return None
+
     @abstractmethod
     def propose(self, requests: Sequence[DraftRequest]) -> list[Draft]:
         """One :class:`Draft` per request (ragged; empty drafts allowed)."""

@@ -34,11 +34,16 @@ class ModelContext:
 
 @attrs.frozen
 class StepContext:
-    """Per-step state passed down ``forward`` (never kept in module globals)."""
+    """Per-step state passed down ``forward`` (never kept in module globals).
+
+    When ``aux_layers`` is set (an EAGLE-3 drafter asks), the model appends the residual
+    stream after each of those layers ([T, hidden]) to ``aux_hidden``, in layer order."""
 
     attention: Any  # the AttentionBackend instance
     attn_metadata: object
     kv_caches: list[torch.Tensor]
+    aux_layers: tuple[int, ...] = ()
+    aux_hidden: list | None = None
 
 
 class Model(nn.Module, ABC):

@@ -21,6 +21,7 @@ class ModelRunner:
         self.logits_processors = list(logits_processors)
         self.connector = kv_connector
         self.keep_hidden_states = False  # a drafter that reads the target's hidden states sets this
+        self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -28,7 +29,7 @@ class ModelRunner:
     def execute(self, plan: StepPlan, block_tables: list[list[int]],
                 bitmask: torch.Tensor | None = None) -> StepResult:
         batch = flatten(plan, block_tables, self.block_size, self.device)
-        hidden = self._forward(batch)
+        hidden, aux = self._forward(batch)
         rows = batch.sample_rows + batch.prompt_rows
         if not rows:
             return StepResult({})
@@ -40,7 +41,7 @@ class ModelRunner:
         if batch.prompt_rows:
             self._prompt_logprobs(logits[n:], batch, result)
         if self.keep_hidden_states:
-            self._keep_hidden(hidden, batch, plan, result)
+            self._keep_hidden(torch.cat(aux, dim=-1) if aux else hidden, batch, plan, result)
         return result
 
     @staticmethod
@@ -51,8 +52,10 @@ class ModelRunner:
             accepted = len(result.sampled.get(rid, [None])) - 1
             result.hidden_states[rid] = hidden[start:start + item.num_new_tokens + accepted]
 
-    def _forward(self, batch: FlatBatch) -> torch.Tensor:
-        step = StepContext(self.attention, self.attention.build_metadata(batch.layout), self.kv_caches)
+    def _forward(self, batch: FlatBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        aux: list[torch.Tensor] = []
+        step = StepContext(self.attention, self.attention.build_metadata(batch.layout), self.kv_caches,
+                           self.hidden_layers if self.keep_hidden_states else (), aux)
         if self.connector is not None:
             self.connector.start_load_kv()
             for layer in range(len(self.kv_caches)):
@@ -62,7 +65,7 @@ class ModelRunner:
             for layer, cache in enumerate(self.kv_caches):
                 self.connector.save_kv_layer(layer, cache)
             self.connector.wait_for_save()
-        return hidden
+        return hidden, aux
 
     def _sample(self, logits, batch: FlatBatch, plan: StepPlan, bitmask, result: StepResult) -> None:
         rows = sampler.SamplingRows(batch.sample_owners, self.device, batch.sample_drafts)

@@ -40,6 +40,12 @@ BAD = {"json": GrammarSpec("json", {"type": "no-such-type"}), "regex": GrammarSp
        "grammar": GrammarSpec("grammar", "root ::= ???"), "choice": GrammarSpec("choice", [])}
 
 
+def current_mask(grammar, vocab: int) -> torch.Tensor:
+    mask = torch.zeros(1, -(-vocab // 32), dtype=torch.int32)
+    grammar.fill_bitmask(mask, 0)
+    return mask
+
+
 def allowed_tokens(bitmask: torch.Tensor, vocab: int) -> list[int]:
     bits = (bitmask[0].unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
     return bits.flatten()[:vocab].nonzero().flatten().tolist()
@@ -70,11 +76,9 @@ class GrammarBackendContract:
 
     def _walk(self, grammar, tokenizer, rng) -> list[int]:
         vocab = len(tokenizer)
-        mask = torch.zeros(1, -(-vocab // 32), dtype=torch.int32)
         tokens = []
         for _ in range(200):
-            grammar.fill_bitmask(mask, 0)
-            allowed = allowed_tokens(mask, vocab)
+            allowed = allowed_tokens(current_mask(grammar, vocab), vocab)
             assert allowed, "a live grammar must allow some token"
             token = rng.choice(allowed)
             assert grammar.accept_tokens([token])
@@ -96,28 +100,19 @@ class GrammarBackendContract:
     def test_rollback_restores_the_mask(self, backend, tokenizer):
         spec = self._supported(backend, "choice")
         grammar = backend.compile(spec)
-        vocab = len(tokenizer)
-        before = torch.zeros(1, -(-vocab // 32), dtype=torch.int32)
-        grammar.fill_bitmask(before, 0)
-        first = tokenizer.encode("deep")[0]
-        assert grammar.accept_tokens([first])
+        before = current_mask(grammar, len(tokenizer))
+        assert grammar.accept_tokens([tokenizer.encode("deep")[0]])
         grammar.rollback(1)
-        after = torch.zeros_like(before)
-        grammar.fill_bitmask(after, 0)
-        assert torch.equal(before, after)
+        assert torch.equal(before, current_mask(grammar, len(tokenizer)))
 
     def test_disallowed_token_is_refused(self, backend, tokenizer):
         spec = self._supported(backend, "choice")
         grammar = backend.compile(spec)
-        vocab = len(tokenizer)
-        mask = torch.zeros(1, -(-vocab // 32), dtype=torch.int32)
-        grammar.fill_bitmask(mask, 0)
-        allowed = set(allowed_tokens(mask, vocab))
+        mask = current_mask(grammar, len(tokenizer))
+        allowed = set(allowed_tokens(mask, len(tokenizer)))
         banned = next(t for t in tokenizer.encode(" purple zebra") if t not in allowed)
         assert not grammar.accept_tokens([banned])
-        again = torch.zeros_like(mask)
-        grammar.fill_bitmask(again, 0)
-        assert torch.equal(mask, again)
+        assert torch.equal(mask, current_mask(grammar, len(tokenizer)))
 
     @pytest.mark.parametrize("kind", sorted(BAD))
     def test_invalid_specs_raise_value_error(self, backend, kind):

@@ -85,8 +85,10 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids, positions, step, num_layers: int | None = None):
         hidden, residual = self.embed_tokens(input_ids), None
         cos_sin = self.rotary(positions)
-        for layer in self.layers[:num_layers]:
+        for index, layer in enumerate(self.layers[:num_layers]):
             hidden, residual = layer(cos_sin, hidden, residual, step)
+            if index in step.aux_layers:
+                step.aux_hidden.append(hidden + residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 

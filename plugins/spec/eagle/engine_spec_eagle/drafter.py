@@ -1,5 +1,6 @@
-"""EAGLE drafting: the head reads the target's hidden states of the positions just verified
-(feature at position t with the token at t + 1), writes its own one-layer KV cache
+"""EAGLE drafting (EAGLE-1 and EAGLE-3 heads): the head reads the target's hidden states of
+the positions just verified (for EAGLE-3, the residual streams after three target layers;
+feature at position t with the token at t + 1), writes its own one-layer KV cache
 (indexed by the target's block tables), and chains k draft steps, each feeding back its
 own output as the next feature. Positions whose features it never saw (earlier prefill
 chunks) keep stale head K/V: acceptance drops, exactness does not."""
@@ -11,7 +12,7 @@ from transformers import AutoConfig
 
 from engine.drafting import Chunk, run_chunks
 from engine.interfaces import Draft, Drafter
-from engine_spec_eagle.head import EagleHead
+from engine_spec_eagle.head import Eagle3Head, build_head, checkpoint_tensors
 
 
 class EagleDrafter(Drafter):
@@ -23,9 +24,10 @@ class EagleDrafter(Drafter):
         if not path:
             raise ValueError('speculative_config for eagle needs "model": the EAGLE head checkpoint folder')
         config = AutoConfig.from_pretrained(path)
+        tensors = checkpoint_tensors(path)
         with torch.device(ctx.device):
-            self.head = EagleHead(config, ctx.target, ctx.target.ctx.linear_method, ctx.dtype)
-        self.head.load(path)
+            self.head = build_head(config, tensors, ctx.target, ctx.target.ctx.linear_method, ctx.dtype)
+        self.aux_layers = self._aux_layers(config, ctx.target) if isinstance(self.head, Eagle3Head) else None
         for module in self.head.modules():
             if hasattr(module, "process_weights_after_loading") and module is not self.head:
                 module.process_weights_after_loading()
@@ -34,6 +36,19 @@ class EagleDrafter(Drafter):
         self.kv_caches = [torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype,
                                       device=ctx.device)]
         self.block_size = ctx.config.cache.block_size
+
+    @staticmethod
+    def _aux_layers(config, target) -> tuple[int, ...]:
+        """EAGLE-3 reads the residual streams after these target layers (the checkpoint's
+        ``eagle_aux_hidden_state_layer_ids``, else low, middle and high as published)."""
+        ids = (getattr(config, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids")
+        if ids is None:
+            layers = target.kv_layout().num_layers
+            ids = (2, layers // 2, layers - 3)
+        return tuple(sorted(set(ids)))
+
+    def hidden_state_layers(self):
+        return self.aux_layers
 
     def propose(self, requests):
         ready = [i for i, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]

@@ -34,6 +34,71 @@ def write_random_eagle_head(folder, hidden=64, heads=4, kv_heads=2, inter=128, s
     (folder / "config.json").write_text(json.dumps(config))
 
 
+def write_random_eagle3_head(folder, hidden=64, heads=4, kv_heads=2, inter=128, draft_vocab=96, seed=1):
+    gen = torch.Generator().manual_seed(seed)
+    head_dim = hidden // heads
+
+    def w(*shape):
+        return torch.randn(*shape, generator=gen) * 0.1
+
+    prefix = "midlayer."
+    tensors = {"fc.weight": w(hidden, 3 * hidden),
+               prefix + "self_attn.q_proj.weight": w(heads * head_dim, 2 * hidden),
+               prefix + "self_attn.k_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+               prefix + "self_attn.v_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+               prefix + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
+               prefix + "mlp.gate_proj.weight": w(inter, hidden), prefix + "mlp.up_proj.weight": w(inter, hidden),
+               prefix + "mlp.down_proj.weight": w(hidden, inter),
+               prefix + "input_layernorm.weight": torch.ones(hidden), prefix + "hidden_norm.weight": torch.ones(hidden),
+               prefix + "post_attention_layernorm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden),
+               "lm_head.weight": w(draft_vocab, hidden),
+               # draft id i is target id 2 * i: d2t holds the offsets
+               "d2t": torch.arange(draft_vocab) * 2 % TINY["vocab_size"] - torch.arange(draft_vocab),
+               "t2d": torch.zeros(TINY["vocab_size"], dtype=torch.bool)}
+    save_file(tensors, str(folder / "model.safetensors"))
+    config = {"model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": hidden,
+              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": inter,
+              "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
+              "vocab_size": TINY["vocab_size"], "draft_vocab_size": draft_vocab}
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+@pytest.fixture(scope="module")
+def eagle3_dir(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("eagle3")
+    write_random_eagle3_head(folder)
+    return str(folder)
+
+
+class TestEagle3(DrafterContract):
+    speculative_config = {"method": "eagle", "num_speculative_tokens": 3}
+
+    @pytest.fixture(autouse=True)
+    def _head(self, eagle3_dir):
+        self.eagle_dir = eagle3_dir
+
+    def config(self, model_dir):
+        return {**self.speculative_config, "model": self.eagle_dir}
+
+
+def test_eagle3_drafts_map_through_d2t(eagle3_dir, tmp_path):
+    from engine import LLM, SamplingParams
+    from engine.testing import reference
+    from engine.testing.spec import OPTIONS
+
+    target = tmp_path / "t"
+    reference.tiny_checkpoint(str(target), "LlamaForCausalLM", TINY)
+    llm = LLM(str(target), **OPTIONS, speculative_config={"method": "eagle", "model": eagle3_dir,
+                                                            "num_speculative_tokens": 3})
+    drafter = llm.engine.speculator.drafter
+    assert drafter.hidden_state_layers() == (0, 1, 2)  # low, middle, high of a 3-layer target
+    seen = []
+    propose = drafter.propose
+    drafter.propose = lambda requests: [seen.extend(d.token_ids) or d for d in propose(requests)]
+    llm.generate([[5, 6, 7, 8, 9]], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    assert seen and all(t % 2 == 0 for t in seen), "EAGLE-3 drafts must be target ids (here even)"
+
+
 @pytest.fixture(scope="module")
 def eagle_dir(tmp_path_factory):
     folder = tmp_path_factory.mktemp("eagle")
