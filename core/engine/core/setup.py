@@ -53,7 +53,8 @@ def resolve_dtype(requested: str, hf_config, platform) -> torch.dtype:
     if requested != "auto":
         dtype = _DTYPES[requested]
     else:
-        dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        # the instance dict, not attributes: transformers 5 warns on the old `torch_dtype` property
+        dtype = vars(hf_config).get("dtype") or vars(hf_config).get("torch_dtype")
         dtype = _DTYPES.get(str(dtype).removeprefix("torch."), torch.bfloat16)
         if dtype == torch.float16 and platform.device_type == "cpu":
             dtype = torch.bfloat16
