@@ -9,7 +9,6 @@ meet every --goodput SLO.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import random

@@ -16,8 +16,8 @@ from engine.core import setup
 from engine.core.request import Request
 from engine.core.scheduling import EngineOutput, SchedulerContext
 from engine.core.speculation import Speculator
-from engine.core.structured import GrammarContext, StructuredOutputs
-from engine.interfaces import DrafterContext
+from engine.core.structured import StructuredOutputs
+from engine.interfaces import DrafterContext, GrammarContext
 from engine.plugins import load_plugins
 from engine.runner.model_runner import ModelRunner
 

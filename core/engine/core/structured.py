@@ -11,17 +11,11 @@ import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
-import attrs
 import torch
 
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduling import EngineOutput, StepPlan
-
-
-@attrs.frozen
-class GrammarContext:
-    tokenizer: object
-    vocab_size: int
+from engine.interfaces.grammar import GrammarContext
 
 
 class StructuredOutputs:

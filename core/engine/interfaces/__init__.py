@@ -2,7 +2,7 @@
 
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
-from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarSpec
+from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
 from engine.interfaces.kv_cache import KVCacheManager
 from engine.interfaces.kv_connector import KVConnector
 from engine.interfaces.loader import ModelLoader
@@ -33,7 +33,7 @@ INTERFACE_VERSIONS = {
 
 __all__ = [
     "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Draft", "Drafter",
-    "DrafterContext", "DraftRequest", "Grammar", "GrammarBackend", "GrammarSpec", "KVCacheManager", "KVConnector",
-    "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod", "Scheduler", "StepContext",
-    "ToolCall", "ToolParser",
+    "DrafterContext", "DraftRequest", "Grammar", "GrammarBackend", "GrammarContext", "GrammarSpec",
+    "KVCacheManager", "KVConnector", "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod",
+    "Scheduler", "StepContext", "ToolCall", "ToolParser",
 ]

@@ -16,6 +16,14 @@ GrammarKind = Literal["json", "json_object", "regex", "grammar", "choice"]
 
 
 @attrs.frozen
+class GrammarContext:
+    """What a grammar backend is constructed with."""
+
+    tokenizer: Any  # the model's transformers tokenizer
+    vocab_size: int  # the model's logits width (bitmask rows cover it)
+
+
+@attrs.frozen
 class GrammarSpec:
     kind: GrammarKind
     value: Any  # schema (str or dict), regex, EBNF text, or list of choices
@@ -45,7 +53,7 @@ class Grammar(ABC):
 
 class GrammarBackend(ABC):
     def __init__(self, ctx: Any):
-        """``ctx`` is a :class:`engine.core.structured.GrammarContext` (tokenizer, vocab size)."""
+        """``ctx`` is a :class:`GrammarContext` (tokenizer, vocab size)."""
         self.ctx = ctx
 
     @classmethod

@@ -13,7 +13,7 @@ import re
 import pytest
 import torch
 
-from engine.core.structured import GrammarContext
+from engine.interfaces import GrammarContext
 from engine.interfaces import GrammarSpec
 from engine.plugins import load_plugins
 

@@ -2,7 +2,7 @@
 
 import time
 
-from engine.core.structured import GrammarContext
+from engine.interfaces import GrammarContext
 from engine.interfaces import GrammarSpec
 from engine.testing.grammar import GrammarBackendContract
 from engine_grammar_xgrammar.backend import XGrammarBackend

@@ -11,12 +11,7 @@ from torch import nn
 
 from engine.interfaces import Model
 from engine.interfaces.model import KVLayout
-from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
-
-# checkpoint projection -> (fused parameter, shard index)
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
+from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, load_checkpoint, silu_and_mul
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -147,28 +142,10 @@ class LlamaForCausalLM(Model):
         return torch.nn.functional.linear(hidden, weight).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        modules = dict(self.named_modules())
-        params = dict(self.named_parameters())
-        missing = set(params)
-        for name, tensor in weights:
-            if "rotary_emb" in name or (self.tied and name == "lm_head.weight"):
-                continue
-            module_path, _, param_name = name.rpartition(".")
-            parent, _, proj = module_path.rpartition(".")
-            if proj in _FUSED:
-                fused, shard = _FUSED[proj]
-                modules[f"{parent}.{fused}"].load_shard(param_name, tensor, shard)
-                missing.discard(f"{parent}.{fused}.{param_name}")
-            elif isinstance(modules.get(module_path), Linear):
-                modules[module_path].load_shard(param_name, tensor)
-                missing.discard(name)
-            elif name in params:
-                params[name].data.copy_(tensor)
-                missing.discard(name)
-            else:
-                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of {type(self).__name__}")
-        if missing:
-            raise ValueError(f"checkpoint lacks {sorted(missing)[:5]}{' ...' if len(missing) > 5 else ''}")
+        def rename(name: str) -> str | None:
+            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
+
+        load_checkpoint(self, weights, rename)
 
 
 class LayerSkipView(nn.Module):

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from engine import LLM, SamplingParams
 from engine.testing import reference

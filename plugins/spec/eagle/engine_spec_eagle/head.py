@@ -20,11 +20,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from engine.interfaces.model import KVLayout
-from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
-
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
+from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, load_checkpoint, silu_and_mul
 
 def checkpoint_tensors(folder: str) -> dict[str, torch.Tensor]:
     files = glob.glob(os.path.join(folder, "*.safetensors"))
@@ -71,27 +67,12 @@ class _Head(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(hidden)))) + hidden
 
     def load(self, tensors: dict[str, torch.Tensor]) -> None:
-        own = dict(self.named_parameters()) | dict(self.named_buffers())
-        missing = {n for n in own if not n.startswith("rotary")}
-        for name, tensor in tensors.items():
+        def rename(name: str) -> str | None:
             if name in self.ignored:
-                continue
-            base = name.removeprefix(self.layer_prefix).removeprefix("self_attn.").removeprefix("mlp.")
-            module, _, param = base.rpartition(".")
-            if module in _FUSED:
-                fused, shard = _FUSED[module]
-                getattr(self, fused).load_shard(param, tensor, shard)
-                missing.discard(f"{fused}.{param}")
-            elif isinstance(getattr(self, module, None), Linear):
-                getattr(self, module).load_shard(param, tensor)
-                missing.discard(base)
-            elif base in own:
-                own[base].data.copy_(tensor)
-                missing.discard(base)
-            else:
-                raise ValueError(f"EAGLE checkpoint tensor {name!r} matches nothing in the head")
-        if missing:
-            raise ValueError(f"EAGLE checkpoint lacks {sorted(missing)}")
+                return None
+            return name.removeprefix(self.layer_prefix).removeprefix("self_attn.").removeprefix("mlp.")
+
+        load_checkpoint(self, tensors.items(), rename)
 
 
 class Eagle1Head(_Head):

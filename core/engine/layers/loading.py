@@ -1,0 +1,50 @@
+"""Loading Hugging Face checkpoint tensors into a module built from engine layers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import nn
+
+from engine.layers.linear import Linear
+
+# checkpoint projection -> (fused Linear, shard index)
+FUSED_PROJECTIONS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+                     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
+                    rename: Callable[[str], str | None] = lambda name: name,
+                    fused: dict[str, tuple[str, int]] = FUSED_PROJECTIONS) -> None:
+    """Copy (name, tensor) pairs into ``module``: q/k/v and gate/up projections into their
+    fused :class:`Linear`'s shards, other Linear parameters through ``load_shard`` (so the
+    quant method's storage is used), everything else by name. ``rename`` maps a checkpoint
+    name to the module's (None skips it). Unknown names and parameters left unloaded raise
+    ValueError naming them."""
+    modules = dict(module.named_modules())
+    state = dict(module.named_parameters()) | dict(module.named_buffers())
+    missing = set(module.state_dict())
+    for checkpoint_name, tensor in weights:
+        name = rename(checkpoint_name)
+        if name is None:
+            continue
+        module_path, _, param = name.rpartition(".")
+        parent, _, projection = module_path.rpartition(".")
+        if projection in fused:
+            target, shard = fused[projection]
+            path = f"{parent}.{target}" if parent else target
+            modules[path].load_shard(param, tensor, shard)
+            missing.discard(f"{path}.{param}")
+        elif isinstance(modules.get(module_path), Linear):
+            modules[module_path].load_shard(param, tensor)
+            missing.discard(name)
+        elif name in state:
+            state[name].data.copy_(tensor)
+            missing.discard(name)
+        else:
+            raise ValueError(f"checkpoint tensor {checkpoint_name!r} matches nothing in {type(module).__name__}")
+    if missing:
+        shown = sorted(missing)
+        raise ValueError(f"checkpoint lacks {shown[:5]}{' ...' if len(shown) > 5 else ''} "
+                         f"for {type(module).__name__}")
