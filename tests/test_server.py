@@ -55,9 +55,11 @@ def test_completions_stream_and_echo_and_logprobs(server, offline):
     lp = full.choices[0].logprobs
     assert len(lp.tokens) == 12 and len(lp.top_logprobs[0]) == 2 and all(v <= 0 for v in lp.token_logprobs)
     assert lp.text_offset[0] == 0 and "".join(lp.tokens) == expected.text
-    pieces = [c.choices[0].text for c in client.completions.create(
-        model=model, prompt="The robot said", max_tokens=12, temperature=0, stream=True)]
-    assert "".join(pieces) == expected.text
+    chunks = list(client.completions.create(model=model, prompt="The robot said", max_tokens=12, temperature=0,
+                                            stream=True, logprobs=1))
+    assert "".join(c.choices[0].text for c in chunks) == expected.text
+    offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
+    assert offsets == lp.text_offset, "streamed text offsets are absolute, as in the full response"
     echo = client.completions.create(model=model, prompt="The robot said", max_tokens=3, temperature=0, echo=True)
     assert echo.choices[0].text.startswith("The robot said")
 

@@ -183,9 +183,11 @@ def test_slow_schema_does_not_delay_unconstrained_requests(server):
                                                    "ignore_eos": True})
             assert r.status_code == 200
         fast_seconds = time.monotonic() - started
+        slow_still_compiling = "status" not in slow_done
         thread.join(300)
     assert slow_done["status"] == 200 and slow_done["seconds"] > 2.0
-    assert fast_seconds < slow_done["seconds"] / 2, (fast_seconds, slow_done)
+    assert slow_still_compiling, "the unconstrained requests must finish while the slow grammar compiles"
+    assert fast_seconds < 0.75 * slow_done["seconds"], (fast_seconds, slow_done)
 
 
 def test_speculation_counters_in_metrics(server):

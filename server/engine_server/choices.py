@@ -43,6 +43,11 @@ class Choice:
     def text(self) -> str:
         return self.detok.text
 
+    @property
+    def emitted(self) -> int:
+        """Characters of text handed out so far."""
+        return self._sent
+
     def _take_text(self) -> str:
         text = self.detok.text
         end = len(text) if self.finish_reason else max(self._sent, len(text) - self.detok.pending_hold)

@@ -301,8 +301,9 @@ class Generation:
             bodies = [{"index": choice.index, "delta": d, "logprobs": logprobs if i == 0 else None,
                        "finish_reason": finish if i == len(deltas) - 1 else None} for i, d in enumerate(deltas)]
         else:
+            offset = choice.emitted - len(text) + (len(self._echo(choice)) if self.body.echo else 0)
             bodies = [{"index": choice.index, "text": text, "finish_reason": choice.finish_reason,
-                       "logprobs": self._logprobs(choice, entries, 0) if entries else None}]
+                       "logprobs": self._logprobs(choice, entries, offset) if entries else None}]
         if choice.finish_reason == "stop" and not first:
             bodies[-1]["stop_reason"] = choice.stop_reason
         return [self._frame({"choices": [body]}) for body in bodies]
