@@ -70,17 +70,6 @@ def eagle3_dir(tmp_path_factory):
     return str(folder)
 
 
-class TestEagle3(DrafterContract):
-    speculative_config = {"method": "eagle", "num_speculative_tokens": 3}
-
-    @pytest.fixture(autouse=True)
-    def _head(self, eagle3_dir):
-        self.eagle_dir = eagle3_dir
-
-    def config(self, model_dir):
-        return {**self.speculative_config, "model": self.eagle_dir}
-
-
 def test_eagle3_drafts_map_through_d2t(eagle3_dir, tmp_path):
     from engine import LLM, SamplingParams
     from engine.testing import reference
@@ -106,15 +95,17 @@ def eagle_dir(tmp_path_factory):
     return str(folder)
 
 
-class TestEagle(DrafterContract):
+class TestEagleHeads(DrafterContract):
+    """Both published layouts against the drafter contract."""
+
     speculative_config = {"method": "eagle", "num_speculative_tokens": 3}
 
-    @pytest.fixture(autouse=True)
-    def _head(self, eagle_dir):
-        self.eagle_dir = eagle_dir
+    @pytest.fixture(autouse=True, params=["eagle_dir", "eagle3_dir"], ids=["eagle-1", "eagle-3"])
+    def _head(self, request):
+        self.head_dir = request.getfixturevalue(request.param)
 
     def config(self, model_dir):
-        return {**self.speculative_config, "model": self.eagle_dir}
+        return {**self.speculative_config, "model": self.head_dir}
 
 
 def test_missing_weights_are_reported(tmp_path, eagle_dir):
