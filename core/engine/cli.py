@@ -85,6 +85,9 @@ def _runnable(registration, platform) -> str:
             reasons = cls.unavailable_reasons()
         elif registration.kind == "quant_methods":
             reasons = cls.supports(platform)
+            path = cls.describe(platform)
+            if path and not reasons:
+                return f"  [runs here: {path}]"
         else:
             reasons = cls.supports(_probe_spec(), platform)
     except Exception as exc:

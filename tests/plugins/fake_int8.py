@@ -29,5 +29,8 @@ class FakeInt8(QuantMethod):
         layer.scale = nn.Parameter(scale.to(self.ctx.dtype), requires_grad=False)
         del layer.weight
 
+    def dequantize(self, layer):
+        return layer.qweight.to(self.ctx.dtype) * layer.scale
+
     def apply(self, layer, x, bias):
-        return F.linear(x, layer.qweight.to(x.dtype) * layer.scale, bias)
+        return F.linear(x, self.dequantize(layer), bias)

@@ -45,7 +45,9 @@ class SafetensorsLoader(ModelLoader):
         with open(os.path.join(self.path, "config.json")) as f:
             return json.load(f).get("quantization_config")
 
-    def iter_weights(self, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_weights(self, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+        """Tensors as stored: a quantized checkpoint's weights (FP8, packed FP4) and scales
+        come as the separate tensors its quant method registers, whatever ``keep_quantized``."""
         files = sorted(glob.glob(os.path.join(self.path, "*.safetensors")))
         handles = [safe_open(f, framework="pt") for f in files]
         total = sum(len(list(h.keys())) for h in handles)

@@ -18,3 +18,9 @@ class UnquantizedLinearMethod(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+        return layer.weight
+
+    def embed(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(input_ids, layer.weight)

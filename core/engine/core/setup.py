@@ -100,10 +100,12 @@ def select_quant_method(registry, name: str | None, checkpoint_config: dict | No
 
 def build_model(registry, loader, hf_config, dtype, platform, quantization: str | None) -> nn.Module:
     cls = select_model_class(registry, hf_config)
-    method = select_quant_method(registry, quantization, loader.quant_config(), dtype, platform)
+    checkpoint_config = loader.quant_config()
+    method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform)
+    keep_quantized = method.name == (checkpoint_config or {}).get("quant_method")
     with torch.device(platform.device):
         model = cls(ModelContext(hf_config, dtype, platform.device, method))
-    model.load_weights(loader.iter_weights(hf_config))
+    model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()

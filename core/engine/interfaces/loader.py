@@ -33,8 +33,12 @@ class ModelLoader(ABC):
         """A ``transformers`` tokenizer, or None when the checkpoint has none."""
 
     @abstractmethod
-    def iter_weights(self, hf_config: Any) -> Iterator[tuple[str, torch.Tensor]]:
-        """(HF parameter name, tensor) pairs; show progress for long loads."""
+    def iter_weights(self, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+        """(HF parameter name, tensor) pairs; show progress for long loads.
+
+        ``keep_quantized`` is set when the selected quant method is the one ``quant_config``
+        names: a loader whose format stores quantized blocks may then yield them in its own
+        documented form for that method. Without it, every tensor is a float tensor."""
 
     def quant_config(self) -> dict | None:
         """The checkpoint's quantization config, if any."""

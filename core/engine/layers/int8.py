@@ -1,0 +1,51 @@
+"""Int8 weights with one scale per output row, shared by quant plugins.
+
+``forward`` is weight-only (W8A16): torch's CPU ``_weight_int8pack_mm`` where it runs, a
+dequantize-then-matmul elsewhere. ``forward_dynamic`` (W8A8) also rounds each activation row
+to int8 with its own scale and multiplies in integers (``torch._int_mm``, VNNI/AMX on x86),
+then rescales by the outer product of the two scale vectors.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest symmetric int8 per row: -> (q int8 [N, K], scale float32 [N])."""
+    w = weight.float()
+    scale = w.abs().amax(dim=-1).clamp(min=1e-12) / 127
+    return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
+
+
+class Int8Rows(nn.Module):
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("q", q.contiguous())
+        self.register_buffer("scale", scale.to(dtype))
+        self.register_buffer("scale_f32", scale.float()[None, :])
+        self.fast = q.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
+        self.q_t = self.q.t()  # [K, N] view: _int_mm's layout for the second operand
+
+    @classmethod
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int8Rows:
+        return cls(*quantize_rows(weight), dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.fast:
+            return torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
+        return F.linear(x, self.dequantize().to(x.dtype))
+
+    def forward_dynamic(self, x: torch.Tensor) -> torch.Tensor:
+        x_scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127
+        xq = (x.float() / x_scale).round_().clamp_(-127, 127).to(torch.int8)
+        acc = torch._int_mm(xq, self.q_t) if self.fast else xq.float() @ self.q_t.float()
+        return (acc * (x_scale * self.scale_f32)).to(x.dtype)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.q.to(self.scale.dtype) * self.scale[:, None]
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.q[ids].to(self.scale.dtype) * self.scale[ids, None]

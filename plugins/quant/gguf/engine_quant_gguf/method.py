@@ -1,0 +1,127 @@
+"""The ``gguf`` quant method: GGUF weights kept quantized in memory.
+
+Per layer, once its shards are loaded (``GGUFBlocks`` from the loader, or float tensors for
+F32/F16 tensors and for heads from other files, e.g. EAGLE):
+
+* linear layers whose blocks have 32-element groups (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
+  Q8_0) run on the CPU's int4 matmul, one 4-bit plane per 4 bits — exact up to rounding the
+  block scales to the activation dtype;
+* other formats (Q6_K's 16-element groups) and other devices keep the blocks as affine
+  integers and dequantize them per step (the reference path);
+* vocabulary tables (embedding, LM head) are re-quantized to int8 with one scale per row, so
+  one copy serves both row lookups and the LM-head matmul; this adds rounding beyond the
+  file's (see the README for the measured effect).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.interfaces import QuantMethod
+from engine.layers import VocabEmbedding
+from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable
+from engine.layers.int8 import Int8Rows
+
+from engine_quant_gguf.formats import GGUFBlocks
+
+
+class GGUFLinearMethod(QuantMethod):
+    name = "gguf"
+    quantizes_embeddings = True
+
+    @classmethod
+    def describe(cls, platform) -> str:
+        if platform.device_type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+            return ("32-group formats on int4pack planes, Q6_K dequantized per step, "
+                    "vocabulary tables as per-row int8")
+        return "dequantize per step (int4pack planes are a CPU kernel)"
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        shards: list = [None] * len(output_sizes)
+        placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        placeholder.weight_loader = lambda param, tensor, shard: shards.__setitem__(shard, tensor)
+        layer.register_parameter("weight", placeholder)
+        layer.gguf_shards = shards
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        shards = layer.gguf_shards
+        if any(s is None for s in shards):
+            raise ValueError(f"{type(layer).__name__}: GGUF shards {[i for i, s in enumerate(shards) if s is None]} "
+                             "were never loaded")
+        del layer.weight, layer.gguf_shards
+        layer.kernel = self._kernel(shards, isinstance(layer, VocabEmbedding), layer.output_sizes)
+
+    def _kernel(self, shards, vocab: bool, output_sizes) -> nn.Module:
+        """One kernel for the fused layer when its shards share a block layout, else one per
+        shard with the outputs concatenated (e.g. a Q6_K v_proj beside Q4_K q/k)."""
+        for shard, rows in zip(shards, output_sizes):
+            if shard.shape[0] != rows:
+                raise ValueError(f"GGUF tensor has {shard.shape[0]} rows, the layer expects {rows}")
+        kinds = {(s.qtype if isinstance(s, GGUFBlocks) else "float") for s in shards}
+        if len(kinds) > 1:
+            return Stacked([self._kernel([s], vocab, [rows]) for s, rows in zip(shards, output_sizes)])
+        dtype = self.ctx.dtype
+        if kinds == {"float"}:
+            return Dense(torch.cat([s.to(dtype) for s in shards]))
+        weight = AffineWeight.cat([s.affine() for s in shards])
+        if vocab:
+            return Int8Rows.from_float(weight.dequantize(), dtype)
+        if not int4pack_unavailable(weight, self.ctx.platform.device):
+            return Int4Planes(weight, dtype)
+        return AffineReference(weight, dtype)
+
+    def apply(self, layer, x, bias):
+        out = layer.kernel(x)
+        return out if bias is None else out + bias
+
+    def dequantize(self, layer) -> torch.Tensor:
+        return layer.kernel.dequantize().to(self.ctx.dtype)
+
+    def embed(self, layer, input_ids):
+        return layer.kernel.rows(input_ids).to(self.ctx.dtype)
+
+
+class Dense(nn.Module):
+    def __init__(self, weight: torch.Tensor):
+        super().__init__()
+        self.register_buffer("weight", weight.contiguous())
+
+    def forward(self, x):
+        return F.linear(x, self.weight)
+
+    def dequantize(self):
+        return self.weight
+
+    def rows(self, ids):
+        return F.embedding(ids, self.weight)
+
+
+class Stacked(nn.Module):
+    def __init__(self, parts: list[nn.Module]):
+        super().__init__()
+        self.parts = nn.ModuleList(parts)
+
+    def forward(self, x):
+        return torch.cat([part(x) for part in self.parts], dim=-1)
+
+    def dequantize(self):
+        return torch.cat([part.dequantize() for part in self.parts])
+
+
+class AffineReference(nn.Module):
+    """Blocks kept as affine integers, dequantized for every matmul: the plain reference."""
+
+    def __init__(self, weight: AffineWeight, dtype: torch.dtype):
+        super().__init__()
+        self.weight, self.dtype = weight, dtype
+
+    def forward(self, x):
+        return F.linear(x, self.weight.dequantize(x.dtype))
+
+    def dequantize(self):
+        return self.weight.dequantize(self.dtype)
+
+    def rows(self, ids):
+        return self.weight.rows(ids, self.dtype)
