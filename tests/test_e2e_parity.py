@@ -43,7 +43,7 @@ def test_default_model_matches_transformers_under_preemption():
                                              add_generation_prompt=True, tokenize=True)
                for i, t in enumerate(topics)]
     prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
-    llm = LLM(dtype="float32", max_num_batched_tokens=64, max_num_seqs=8, block_size=16, num_blocks=24,
+    llm = LLM(dtype="float32", quantization="unquantized", max_num_batched_tokens=64, max_num_seqs=8, block_size=16, num_blocks=24,
               max_model_len=256)
     outs = llm.generate(prompts, SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     assert llm.engine.stats()["preemptions"] > 0

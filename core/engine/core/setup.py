@@ -102,7 +102,8 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
     cls = select_model_class(registry, hf_config)
     checkpoint_config = loader.quant_config()
     method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform)
-    keep_quantized = method.name == (checkpoint_config or {}).get("quant_method")
+    declared = (checkpoint_config or {}).get("quant_method")
+    keep_quantized = declared is not None and (quantization or declared) == declared
     with torch.device(platform.device):
         model = cls(ModelContext(hf_config, dtype, platform.device, method))
     model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))

@@ -15,6 +15,7 @@ rounding harmless. The result is exact up to rounding the scales to the activati
 
 from __future__ import annotations
 
+import functools
 import math
 
 import attrs
@@ -105,7 +106,49 @@ class Int4Planes(nn.Module):
             out = part if out is None else out.add_(part)
         return out
 
+    @staticmethod
+    def can_read_rows(out_features: int) -> bool:
+        return out_features % _TILE == 0 and packed_rows_readable()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows ``ids`` of the weight (embedding lookups), unpacked from the planes; needs
+        :meth:`can_read_rows`."""
+        dtype = self.scales_zeros0.dtype
+        out = torch.zeros(ids.shape[0], self.in_features, dtype=torch.float32)
+        for plane in range(self.num_planes):
+            q4 = _unpack_rows(getattr(self, f"packed{plane}"), ids, self.in_features).float() - 8
+            sz = getattr(self, f"scales_zeros{plane}")[:, ids].float()  # [G, M, 2]
+            q4 = q4.view(ids.shape[0], -1, self.group)
+            out += (q4 * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view_as(out)
+        return out.to(dtype)
+
     def dequantize(self) -> torch.Tensor:
         """The weight these planes hold, [N, K], read back through the kernel itself."""
         dtype = self.scales_zeros0.dtype
         return self(torch.eye(self.in_features, dtype=dtype)).t().contiguous()
+
+
+# torch's CPU int4 packing (observed on x86 with AVX-512; checked at run time, never assumed):
+# the [N, K/2] bytes are tiles of 64 output rows, each [K, 32]: row n's value k sits at
+# tile n // 64, line k, column n % 32, in the low nibble for n % 64 < 32, else the high one.
+_TILE = 64
+
+
+def _unpack_rows(packed: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor:
+    tiles = packed.view(-1, in_features, _TILE // 2)
+    picked = tiles[ids // _TILE, :, ids % (_TILE // 2)]  # [M, K]
+    high = ((ids % _TILE) >= _TILE // 2)[:, None]
+    return torch.where(high, picked >> 4, picked & 15)
+
+
+@functools.cache
+def packed_rows_readable() -> bool:
+    """Whether this torch/CPU packs int4 weights in the layout :func:`_unpack_rows` reads."""
+    if not hasattr(torch, "_convert_weight_to_int4pack_for_cpu"):
+        return False
+    q = torch.randint(0, 16, (2 * _TILE, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    packed = torch._convert_weight_to_int4pack_for_cpu(q, 2)
+    if packed.numel() * 2 != q.numel():
+        return False
+    ids = torch.arange(q.shape[0])
+    return bool((_unpack_rows(packed, ids, 64).to(torch.int32) == q).all())

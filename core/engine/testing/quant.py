@@ -1,0 +1,166 @@
+"""Quant-method contract: a plugin subclasses :class:`QuantMethodContract` once per format it
+serves and states its tolerances; the kit checks, against plain math,
+
+* dequantization of what a checkpoint stores equals the format's reference dequantizer,
+  and stays within the stated quantization error of the original weight;
+* ``apply`` equals dequantize-then-matmul, for one token, a few, and a batch;
+* fused projections (q|k|v) loaded shard by shard;
+* vocabulary tables (``embed``, LM-head ``apply``) when the method quantizes them;
+* a tiny random Llama served through the method has log-probabilities within the stated
+  tolerance of the same model unquantized (needs a model plugin serving LlamaForCausalLM);
+* the cases the method cannot run are refused with a reason (``ValueError``).
+
+A checkpoint format overrides ``checkpoint_tensors`` (how its files store one weight) and
+``write_model`` (a tiny model in its format); online methods keep the defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.interfaces.quant import QuantContext
+from engine.testing import reference
+
+TINY_LLAMA = dict(model_type="llama", vocab_size=256, hidden_size=256, intermediate_size=512,
+                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                  max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.05)
+
+
+class QuantMethodContract:
+    method: str  # the registered quant-method name
+    checkpoint_config: dict | None = None  # what a checkpoint declares; None: online quantization
+    dtype = torch.bfloat16  # activation dtype of the layer checks
+    quant_error: float  # max |dequantize − W| / max |W|
+    reference_atol = 1e-2  # max |dequantize − plain math| / max |W| (scale rounding to dtype)
+    apply_rtol = 2e-2  # max |apply − x·dequantize()ᵀ| / max |x·dequantize()ᵀ|
+    logprob_atol: float  # mean |Δ log-prob| of a tiny model against the float32 model
+    input_size = 256
+    output_sizes = (96, 32, 32)
+
+    def checkpoint_tensors(self, weight: torch.Tensor) -> tuple[list[tuple[str, object]], torch.Tensor]:
+        """How a checkpoint of this format stores ``weight`` [out, in] for one Linear shard:
+        the (parameter name, tensor) pairs to load, and the weight those pairs represent by the
+        format's plain math. Online methods load the float weight itself."""
+        return [("weight", weight.to(self.dtype))], weight
+
+    def write_model(self, folder: str, hf_model, hf_folder: str) -> dict:
+        """Write ``hf_model`` (saved as safetensors in ``hf_folder``) in this format under
+        ``folder``; return the ``LLM`` keyword arguments that serve it through this method."""
+        return {"model": hf_folder, "quantization": self.method}
+
+    def refusals(self) -> list[Callable[[], object]]:
+        """Calls that must raise ValueError with a reason (unsupported configs, platforms)."""
+        return []
+
+    # -- fixtures -------------------------------------------------------------------------------
+
+    @pytest.fixture(scope="class")
+    def registry(self):
+        from engine.plugins import load_plugins
+
+        return load_plugins(None)
+
+    @pytest.fixture(scope="class")
+    def platform(self, registry):
+        from engine.core.setup import select_platform
+
+        return select_platform(registry, "cpu")
+
+    def make_method(self, registry, platform):
+        cls = registry.get("quant_methods", self.method)
+        return cls(QuantContext(self.checkpoint_config, self.dtype, platform))
+
+    def _loaded(self, layer_cls, registry, platform, sizes, seed=0, **kwargs):
+        method = self.make_method(registry, platform)
+        gen = torch.Generator().manual_seed(seed)
+        layer = layer_cls(method=method, dtype=self.dtype, **kwargs)
+        originals, references = [], []
+        for shard, rows in enumerate(sizes):
+            weight = torch.randn(rows, self.input_size, generator=gen) * 0.05
+            if layer.method is method:
+                tensors, represented = self.checkpoint_tensors(weight)
+            else:  # a vocabulary table the method leaves unquantized
+                tensors, represented = [("weight", weight.to(self.dtype))], weight
+            for name, tensor in tensors:
+                layer.load_shard(name, tensor, shard)
+            originals.append(weight)
+            references.append(represented.float())
+        layer.process_weights_after_loading()
+        return layer, torch.cat(originals), torch.cat(references)
+
+    @pytest.fixture(scope="class")
+    def linear(self, registry, platform):
+        from engine.layers import Linear
+
+        return self._loaded(lambda method, dtype: Linear(self.input_size, list(self.output_sizes), False,
+                                                         method, dtype),
+                            registry, platform, self.output_sizes)
+
+    # -- layer checks ---------------------------------------------------------------------------
+
+    def test_dequantize_matches_plain_math(self, linear):
+        layer, original, represented = linear
+        got = layer.method.dequantize(layer).float()
+        assert got.shape == represented.shape
+        err = (got - represented).abs().max() / represented.abs().max()
+        assert err <= self.reference_atol, f"dequantize differs from the format's math by {err:.2e}"
+
+    def test_quantization_error_is_bounded(self, linear):
+        layer, original, _ = linear
+        err = (layer.method.dequantize(layer).float() - original).abs().max() / original.abs().max()
+        assert err <= self.quant_error, f"quantization error {err:.3e} > {self.quant_error}"
+
+    @pytest.mark.parametrize("tokens", [1, 5, 64])
+    def test_apply_matches_dequantize_then_matmul(self, linear, tokens):
+        layer, _, _ = linear
+        x = torch.randn(tokens, self.input_size, generator=torch.Generator().manual_seed(tokens)).to(self.dtype)
+        got = layer(x)
+        assert got.shape == (tokens, sum(self.output_sizes)) and got.dtype == self.dtype
+        want = F.linear(x.float(), layer.method.dequantize(layer).float())
+        err = (got.float() - want).abs().max() / want.abs().max()
+        assert err <= self.apply_rtol, f"apply differs from dequantize-then-matmul by {err:.2e}"
+
+    def test_vocabulary_tables(self, registry, platform):
+        from engine.layers import VocabEmbedding
+
+        method = self.make_method(registry, platform)
+        table, _, represented = self._loaded(
+            lambda method, dtype: VocabEmbedding(192, self.input_size, method, dtype),
+            registry, platform, [192], seed=3)
+        assert (type(table.method) is type(method)) == type(method).quantizes_embeddings
+        ids = torch.tensor([0, 5, 191, 5])
+        dense = table.method.dequantize(table).float()
+        torch.testing.assert_close(table(ids).float(), dense[ids], atol=1e-3, rtol=1e-2)
+        hidden = torch.randn(3, self.input_size).to(self.dtype)
+        want = F.linear(hidden.float(), dense)
+        err = (table.logits(hidden).float() - want).abs().max() / want.abs().max()
+        assert err <= self.apply_rtol
+
+    def test_refusals_give_reasons(self):
+        for call in self.refusals():
+            with pytest.raises(ValueError, match=r"\w+"):
+                result = call()
+                if isinstance(result, list) and result:  # a reasons list counts as a refusal
+                    raise ValueError("; ".join(result))
+
+    # -- model check ----------------------------------------------------------------------------
+
+    def test_tiny_model_logprobs_close_to_unquantized(self, tmp_path_factory):
+        from engine import LLM, SamplingParams
+
+        hf_folder = str(tmp_path_factory.mktemp("hf"))
+        hf_model = reference.tiny_checkpoint(hf_folder, "LlamaForCausalLM", TINY_LLAMA, seed=4)
+        kwargs = self.write_model(str(tmp_path_factory.mktemp(self.method)), hf_model, hf_folder)
+        prompts = reference.random_prompts(TINY_LLAMA["vocab_size"], [9, 23], seed=5)
+        params = SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0)
+        common = dict(num_blocks=40, block_size=8, max_model_len=128)
+        quantized = LLM(dtype=str(self.dtype).removeprefix("torch."), **common, **kwargs).generate(prompts, params)
+        for ids, out in zip(prompts, quantized):
+            want = reference.hf_logprobs(hf_model, ids)[:-1]
+            got = torch.tensor([[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]])
+            err = (got - want).abs().mean()
+            assert err <= self.logprob_atol, f"mean |Δ logprob| {err:.3e} > {self.logprob_atol}"
