@@ -2,12 +2,13 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
-PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf plugins/grammar/xgrammar \
+PLUGINS := plugins/attention/torch plugins/models/llama plugins/quant/gguf plugins/quant/int8 \
+           plugins/quant/fp8 plugins/quant/mxfp4 plugins/grammar/xgrammar \
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install test test-fast serve bench clean
+.PHONY: install test test-fast serve bench bench-quant llama-cpp clean
 
 install: $(VENV)/.installed
 
@@ -33,6 +34,14 @@ serve: install
 
 bench: install
 	$(PY) benchmarks/offline_throughput.py
+
+# llama.cpp as the outside baseline of benchmarks/quant.py: llama-cpp-python compiled from
+# source for this CPU (minutes; not part of `make test`).
+llama-cpp: install
+	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PIP) --no-binary llama-cpp-python llama-cpp-python
+
+bench-quant: install
+	$(PY) benchmarks/quant.py
 
 clean:
 	rm -rf $(VENV)

@@ -1,0 +1,127 @@
+"""Quantized paths side by side, one run, on the embedded default model: single-stream decode
+tokens/s and 64-request batched throughput for bf16, int8 (W8A16 and W8A8), GGUF kept
+quantized, and llama.cpp (``llama-cpp-python``, built from source by ``make llama-cpp``) on
+the same GGUF file when it is installed.
+
+    python benchmarks/quant.py [--num-prompts 64] [--output-len 128] [--single-len 128]
+
+bf16 and int8 start from the GGUF weights dequantized (``quantization="unquantized"`` / the
+int8 methods quantize those online); "gguf" keeps the file's Q4_1/Q8_0 blocks. Single-stream
+decode speed excludes the prompt: (tokens − 1) / (time to last token − time to first).
+Resident weight memory is the bytes of the model's parameters and buffers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from offline_throughput import make_prompts  # noqa: E402
+
+CONFIGS = {"bf16": dict(quantization="unquantized"), "int8-w8a16": dict(quantization="int8-w8a16"),
+           "int8-w8a8": dict(quantization="int8-w8a8"), "gguf": dict()}
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+
+
+def engine_single(llm, output_len):
+    """Decode tokens/s of one stream: (n − 1) tokens over the time a n-token run takes beyond
+    a 1-token run of the same prompt (which is prefill and first token)."""
+    from engine import SamplingParams
+
+    prompt = llm.apply_chat_template([{"role": "user", "content": PROMPT}])
+    llm.generate([prompt], SamplingParams(max_tokens=4, temperature=0))
+    elapsed = {}
+    for n in (1, output_len):
+        start = time.perf_counter()
+        llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+        elapsed[n] = time.perf_counter() - start
+    return (output_len - 1) / (elapsed[output_len] - elapsed[1])
+
+
+def engine_batched(llm, prompts, output_len):
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start)
+
+
+def weight_mib(llm) -> float:
+    model = llm.engine.model
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2 ** 20
+
+
+def llama_cpp_figures(path, prompts, output_len, single_len):
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(model_path=path, n_ctx=2048, n_threads=os.cpu_count(), n_batch=512, verbose=False)
+    messages = [{"role": "user", "content": PROMPT}]
+    llm.create_chat_completion(messages, max_tokens=4, temperature=0)
+    times = []
+    for _ in llm.create_chat_completion(messages, max_tokens=single_len, temperature=0, stream=True):
+        times.append(time.perf_counter())
+    single = (len(times) - 3) / (times[-2] - times[1])  # first chunk is the role, last the finish
+    start, tokens = time.perf_counter(), 0
+    for p in prompts:  # llama-cpp-python serves one sequence at a time
+        llm.reset()
+        out = llm.create_completion(p, max_tokens=output_len, temperature=0)
+        tokens += out["usage"]["completion_tokens"]
+    return single, tokens / (time.perf_counter() - start)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--single-len", type=int, default=128)
+    parser.add_argument("--only", nargs="*", default=None, help="subset of: " + " ".join([*CONFIGS, "llama.cpp"]))
+    args = parser.parse_args()
+    import torch
+
+    from engine import LLM
+    from engine_quant_gguf.loader import default_model_path
+
+    torch.manual_seed(0)
+    rows = {}
+    for name, kwargs in CONFIGS.items():
+        if args.only and name not in args.only:
+            continue
+        llm = LLM(dtype="bfloat16", max_model_len=2048, **kwargs)
+        prompts = make_prompts(llm.tokenizer, args.num_prompts)
+        rows[name] = (engine_single(llm, args.single_len), engine_batched(llm, prompts, args.output_len),
+                      weight_mib(llm))
+        print(f"{name:>11}: single {rows[name][0]:6.1f} tok/s  batched {rows[name][1]:6.1f} tok/s  "
+              f"weights {rows[name][2]:6.1f} MiB", flush=True)
+        del llm
+        gc.collect()
+    if not args.only or "llama.cpp" in args.only:
+        prompts = make_prompts(LLM(dtype="bfloat16", max_model_len=2048).tokenizer, args.num_prompts)
+        figures = llama_cpp_figures(default_model_path(), prompts, args.output_len, args.single_len)
+        if figures is None:
+            print("  llama.cpp: not installed (make llama-cpp)")
+        else:
+            rows["llama.cpp"] = (*figures, float("nan"))
+            print(f"{'llama.cpp':>11}: single {figures[0]:6.1f} tok/s  batched {figures[1]:6.1f} tok/s", flush=True)
+    base = rows.get("bf16")
+    print(f"\n{'config':>11} | single tok/s | batched tok/s | weights MiB | single ÷ bf16 | batched ÷ bf16"
+          + (" | single ÷ llama.cpp" if "llama.cpp" in rows else ""))
+    for name, (single, batched, mib) in rows.items():
+        line = f"{name:>11} | {single:12.1f} | {batched:13.1f} | {mib:11.1f}"
+        if base:
+            line += f" | {single / base[0]:13.2f} | {batched / base[1]:14.2f}"
+        if "llama.cpp" in rows:
+            line += f" | {single / rows['llama.cpp'][0]:18.2f}"
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

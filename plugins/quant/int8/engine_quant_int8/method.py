@@ -1,0 +1,54 @@
+"""Online int8: each linear weight is rounded to int8 with one scale per output channel
+when loading ends. ``int8-w8a16`` multiplies activations in their own dtype by the int8
+weight; ``int8-w8a8`` also rounds every activation row to int8 (its own scale, computed
+per step) and multiplies in integers. Kernels: :mod:`engine.layers.int8`."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from engine.interfaces import QuantMethod
+from engine.layers.int8 import Int8Rows
+
+
+class Int8WeightOnly(QuantMethod):
+    name = "int8-w8a16"
+
+    @classmethod
+    def supports(cls, platform) -> list[str]:
+        return [] if platform.device_type == "cpu" else [f"int8 kernels are wired for the CPU, not {platform.device_type}"]
+
+    @classmethod
+    def describe(cls, platform) -> str:
+        return "torch._weight_int8pack_mm (weight-only int8, per-channel scales)"
+
+    def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
+        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False)
+        weight.output_dim = 0
+        layer.register_parameter("weight", weight)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        layer.int8 = Int8Rows.from_float(layer.weight.data, self.ctx.dtype)
+        del layer.weight
+
+    def apply(self, layer, x, bias):
+        out = self._matmul(layer.int8, x)
+        return out if bias is None else out + bias
+
+    def _matmul(self, weight: Int8Rows, x: torch.Tensor) -> torch.Tensor:
+        return weight(x)
+
+    def dequantize(self, layer) -> torch.Tensor:
+        return layer.int8.dequantize()
+
+
+class Int8Dynamic(Int8WeightOnly):
+    name = "int8-w8a8"
+
+    @classmethod
+    def describe(cls, platform) -> str:
+        return "torch._int_mm (int8 × int8 → int32, dynamic per-token activation scales)"
+
+    def _matmul(self, weight: Int8Rows, x: torch.Tensor) -> torch.Tensor:
+        return weight.forward_dynamic(x)

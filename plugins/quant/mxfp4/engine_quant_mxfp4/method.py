@@ -1,0 +1,56 @@
+"""MXFP4 checkpoints (``quantization_config.quant_method == "mxfp4"``): linear weights come
+as ``weight_blocks`` / ``weight_scales`` and stay 4-bit. On the CPU they run on the core's
+int4-plane kernel (exact); elsewhere they are dequantized per step (reference path)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.interfaces import QuantMethod
+from engine.layers.group_affine import Int4Planes, int4pack_unavailable
+
+from engine_quant_mxfp4.format import BLOCK, to_affine
+
+
+class Mxfp4LinearMethod(QuantMethod):
+    name = "mxfp4"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.quant_config is None:
+            raise ValueError("quantization: mxfp4 reads MXFP4 checkpoints; it does not quantize online")
+
+    @classmethod
+    def describe(cls, platform) -> str:
+        if platform.device_type == "cpu":
+            return "int4pack planes (doubled e2m1 values, exact power-of-two scales)"
+        return "dequantize per step"
+
+    def create_weights(self, layer, input_size, output_sizes):
+        if input_size % BLOCK:
+            raise ValueError(f"quantization: mxfp4 needs input sizes in multiples of {BLOCK}, got {input_size}")
+        rows = sum(output_sizes)
+        for name, shape in (("weight_blocks", (rows, input_size // BLOCK, BLOCK // 2)),
+                            ("weight_scales", (rows, input_size // BLOCK))):
+            param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
+            param.output_dim = 0
+            layer.register_parameter(name, param)
+
+    def process_weights_after_loading(self, layer):
+        weight = to_affine(layer.weight_blocks.data, layer.weight_scales.data)
+        if not int4pack_unavailable(weight, self.ctx.platform.device):
+            layer.planes = Int4Planes(weight, self.ctx.dtype)
+            del layer.weight_blocks, layer.weight_scales
+        else:
+            layer.affine = weight
+
+    def apply(self, layer, x, bias):
+        out = layer.planes(x) if hasattr(layer, "planes") else F.linear(x, layer.affine.dequantize(x.dtype))
+        return out if bias is None else out + bias
+
+    def dequantize(self, layer):
+        if hasattr(layer, "planes"):
+            return layer.planes.dequantize()
+        return layer.affine.dequantize(self.ctx.dtype)
