@@ -45,12 +45,12 @@ class AffineWeight:
 
     @staticmethod
     def cat(parts: list[AffineWeight]) -> AffineWeight:
-        """Stack along the output rows (fused projections); groups and bits must agree."""
+        """Stack along the output rows (fused projections); groups and bit widths must agree."""
         first = parts[0]
         if any((p.group, p.bits) != (first.group, first.bits) for p in parts):
             raise ValueError("cannot fuse affine weights of different group sizes or bit widths")
         return AffineWeight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
-                            torch.cat([p.offset for p in parts]), first.group, max(p.bits for p in parts))
+                            torch.cat([p.offset for p in parts]), first.group, first.bits)
 
 
 def _affine(q, scale, offset, group):
@@ -80,30 +80,27 @@ class Int4Planes(nn.Module):
         super().__init__()
         self.group, self.in_features = weight.group, weight.shape[1]
         self.num_planes = math.ceil(weight.bits / 4)
-        zero0 = weight.offset + 8 * weight.scale
+        nibbles, scales = [], []
+        zero = weight.offset + 8 * weight.scale  # plane 0's zero; higher planes' constants fold in
         for plane in range(self.num_planes):
             q4 = ((weight.q >> (4 * plane)) & 15).to(torch.int32)
             scale = weight.scale * 16 ** plane
             if plane > 0:
-                shift = 8 if weight.bits - 4 * plane <= 3 else 0  # hi values in 0..7 stored as 8..15
+                shift = 8 if weight.bits - 4 * plane <= 3 else 0  # values in 0..7 stored as 8..15
                 q4 += shift
-                zero0 = zero0 + (8 - shift) * scale
-            self.register_buffer(f"packed{plane}", torch._convert_weight_to_int4pack_for_cpu(q4, 2))
-            self.register_buffer(f"scales{plane}", scale)
-        for plane in range(self.num_planes):
-            scale = getattr(self, f"scales{plane}")
-            zero = zero0 if plane == 0 else torch.zeros_like(scale)
-            self.register_buffer(f"scales_zeros{plane}",
-                                 torch.stack([scale, zero], dim=-1).transpose(0, 1).contiguous().to(dtype))
-            delattr(self, f"scales{plane}")
+                zero = zero + (8 - shift) * scale
+            nibbles.append(torch._convert_weight_to_int4pack_for_cpu(q4, 2))
+            scales.append(scale)
+        zeros = [zero] + [torch.zeros_like(s) for s in scales[1:]]
+        self.register_buffer("packed", torch.stack(nibbles))  # [planes, N, K/2]
+        self.register_buffer("scales_zeros", torch.stack(  # [planes, K/group, N, 2]
+            [torch.stack([s, z], dim=-1).transpose(0, 1) for s, z in zip(scales, zeros)]).to(dtype).contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.reshape(-1, self.in_features).contiguous()
-        out = None
-        for plane in range(self.num_planes):
-            part = torch._weight_int4pack_mm_for_cpu(x, getattr(self, f"packed{plane}"), self.group,
-                                                     getattr(self, f"scales_zeros{plane}"))
-            out = part if out is None else out.add_(part)
+        out = torch._weight_int4pack_mm_for_cpu(x, self.packed[0], self.group, self.scales_zeros[0])
+        for plane in range(1, self.num_planes):
+            out.add_(torch._weight_int4pack_mm_for_cpu(x, self.packed[plane], self.group, self.scales_zeros[plane]))
         return out
 
     @staticmethod
@@ -113,19 +110,17 @@ class Int4Planes(nn.Module):
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the weight (embedding lookups), unpacked from the planes; needs
         :meth:`can_read_rows`."""
-        dtype = self.scales_zeros0.dtype
         out = torch.zeros(ids.shape[0], self.in_features, dtype=torch.float32)
         for plane in range(self.num_planes):
-            q4 = _unpack_rows(getattr(self, f"packed{plane}"), ids, self.in_features).float() - 8
-            sz = getattr(self, f"scales_zeros{plane}")[:, ids].float()  # [G, M, 2]
+            q4 = _unpack_rows(self.packed[plane], ids, self.in_features).float() - 8
+            sz = self.scales_zeros[plane][:, ids].float()  # [G, M, 2]
             q4 = q4.view(ids.shape[0], -1, self.group)
             out += (q4 * sz[..., 0].t()[..., None] + sz[..., 1].t()[..., None]).view_as(out)
-        return out.to(dtype)
+        return out.to(self.scales_zeros.dtype)
 
     def dequantize(self) -> torch.Tensor:
         """The weight these planes hold, [N, K], read back through the kernel itself."""
-        dtype = self.scales_zeros0.dtype
-        return self(torch.eye(self.in_features, dtype=dtype)).t().contiguous()
+        return self(torch.eye(self.in_features, dtype=self.scales_zeros.dtype)).t().contiguous()
 
 
 # torch's CPU int4 packing (observed on x86 with AVX-512; checked at run time, never assumed):

@@ -11,11 +11,15 @@ serves and states its tolerances; the kit checks, against plain math,
 * the cases the method cannot run are refused with a reason (``ValueError``).
 
 A checkpoint format overrides ``checkpoint_tensors`` (how its files store one weight) and
-``write_model`` (a tiny model in its format); online methods keep the defaults.
+``write_model`` (a tiny model in its format; :func:`write_quantized_checkpoint` does it for
+safetensors formats); online methods keep the defaults.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import shutil
 from collections.abc import Callable
 
 import pytest
@@ -28,6 +32,37 @@ from engine.testing import reference
 TINY_LLAMA = dict(model_type="llama", vocab_size=256, hidden_size=256, intermediate_size=512,
                   num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                   max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.05)
+
+
+LINEAR_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
+                  "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+
+
+def write_quantized_checkpoint(source: str, folder: str, quantize: Callable[[torch.Tensor], dict],
+                               quantization_config: dict) -> None:
+    """Copy the safetensors folder ``source`` to ``folder`` with every linear weight replaced
+    by ``quantize(weight)`` — {parameter name: tensor}, e.g. {"weight": ..., "weight_scale": ...}
+    — and ``quantization_config`` added to its config.json, as a real quantized checkpoint."""
+    from safetensors.torch import load_file, save_file
+
+    os.makedirs(folder, exist_ok=True)
+    tensors = {}
+    for name in sorted(f for f in os.listdir(source) if f.endswith(".safetensors")):
+        for key, value in load_file(os.path.join(source, name)).items():
+            if key.endswith(LINEAR_WEIGHTS):
+                prefix = key.removesuffix("weight")
+                tensors |= {prefix + param: tensor for param, tensor in quantize(value).items()}
+            else:
+                tensors[key] = value
+    save_file(tensors, os.path.join(folder, "model.safetensors"))
+    for name in os.listdir(source):
+        if not name.endswith(".safetensors") and os.path.isfile(os.path.join(source, name)):
+            shutil.copy(os.path.join(source, name), folder)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    config["quantization_config"] = quantization_config
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
 
 
 class QuantMethodContract:

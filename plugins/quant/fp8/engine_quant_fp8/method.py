@@ -98,7 +98,7 @@ class Fp8LinearMethod(QuantMethod):
             if cols % block_cols:
                 raise ValueError(f"quantization: input size {cols} is not a multiple of the block {block_cols}")
             return weight, scale.repeat_interleave(block_rows, dim=0)[:rows]
-        return weight, scale.reshape(-1, 1).expand(rows, 1).contiguous() if scale.numel() == 1 else scale.reshape(rows, 1)
+        return weight, scale.reshape(-1, 1).expand(rows, 1).contiguous()  # per-tensor or per-channel
 
     def apply(self, layer, x, bias):
         out = layer.fp8(x) if self.fast else F.linear(x, layer.dense)

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from engine.interfaces.quant import QuantContext
-from engine.testing.quant import QuantMethodContract
-from engine_quant_fp8.checkpoint import dequantize, quantize, write_fp8_checkpoint
+from engine.testing.quant import QuantMethodContract, write_quantized_checkpoint
+from engine_quant_fp8.checkpoint import dequantize, quantization_config, quantize
 from engine_quant_fp8.method import Fp8LinearMethod
 
 
@@ -22,15 +22,15 @@ class Fp8CheckpointContract(QuantMethodContract):
 
     @property
     def checkpoint_config(self):
-        config = {"quant_method": "fp8", "activation_scheme": "dynamic"}
-        return config | ({"weight_block_size": [128, 128]} if self.scheme == "block" else {})
+        return quantization_config(self.scheme)
 
     def checkpoint_tensors(self, weight):
         tensors = quantize(weight, self.scheme)
         return list(tensors.items()), dequantize(tensors)
 
     def write_model(self, folder, hf_model, hf_folder):
-        write_fp8_checkpoint(hf_folder, folder, self.scheme)
+        write_quantized_checkpoint(hf_folder, folder, lambda w: quantize(w, self.scheme),
+                                   quantization_config(self.scheme))
         return {"model": folder}
 
     def refusals(self):

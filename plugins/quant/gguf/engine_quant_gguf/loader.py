@@ -10,6 +10,7 @@ seconds); the cache key is the file's path, size and modification time.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import os
@@ -68,11 +69,17 @@ class GGUFLoader(ModelLoader):
         folder, name = self._folder_and_file
         return AutoConfig.from_pretrained(folder, gguf_file=name)
 
-    def tokenizer(self):
+    @functools.cached_property
+    def _reader(self):
+        """The parsed file (seconds for a large vocabulary), shared by every method here."""
         from gguf import GGUFReader
+
+        return GGUFReader(self.path)
+
+    def tokenizer(self):
         from transformers import AutoTokenizer
 
-        if "tokenizer.ggml.model" not in GGUFReader(self.path).fields:
+        if "tokenizer.ggml.model" not in self._reader.fields:
             return None
         stat = os.stat(self.path)
         key = hashlib.sha256(f"{os.path.abspath(self.path)}:{stat.st_size}:{stat.st_mtime_ns}".encode())
@@ -91,13 +98,10 @@ class GGUFLoader(ModelLoader):
         return tokenizer
 
     def quant_config(self) -> dict | None:
-        from gguf import GGUFReader
-
-        types = {t.tensor_type for t in GGUFReader(self.path).tensors}
+        types = {t.tensor_type for t in self._reader.tensors}
         return {"quant_method": "gguf"} if types - set(FLOAT_TYPES) else None
 
     def iter_weights(self, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, object]]:
-        from gguf import GGUFReader
         from gguf.quants import dequantize
         from transformers import AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import (
@@ -106,7 +110,7 @@ class GGUFLoader(ModelLoader):
             get_gguf_hf_weights_map,
         )
 
-        reader = GGUFReader(self.path)
+        reader = self._reader
         architecture = reader.fields["general.architecture"].contents()
         processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
         with torch.device("meta"):  # only the parameter names are needed

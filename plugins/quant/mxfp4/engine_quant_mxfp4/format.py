@@ -35,8 +35,9 @@ def dequantize(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return (values * torch.exp2(scales.float() - 127)[..., None]).view(blocks.shape[0], -1)
 
 
-def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Float [N, K] -> (blocks, scales): shared exponent floor(log2(amax)) − 2, nearest code."""
+def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Float [N, K] -> a checkpoint's ``weight_blocks`` and ``weight_scales``: shared exponent
+    floor(log2(amax)) − 2, nearest code (tests, benchmarks)."""
     rows, cols = weight.shape
     w = weight.float().view(rows, cols // BLOCK, BLOCK)
     amax = w.abs().amax(-1).clamp(min=2.0 ** -126)
@@ -45,4 +46,4 @@ def quantize(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     magnitude = (scaled.abs()[..., None] - E2M1[:8]).abs().argmin(-1)
     codes = (magnitude | ((scaled < 0).long() << 3)).to(torch.uint8).view(rows, cols // BLOCK, 16, 2)
     blocks = codes[..., 0] | (codes[..., 1] << 4)
-    return blocks, (exponent + 127).to(torch.uint8)
+    return {"weight_blocks": blocks, "weight_scales": (exponent + 127).to(torch.uint8)}

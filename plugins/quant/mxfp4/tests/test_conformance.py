@@ -3,8 +3,7 @@
 import torch
 
 from engine.interfaces.quant import QuantContext
-from engine.testing.quant import QuantMethodContract
-from engine_quant_mxfp4.checkpoint import write_mxfp4_checkpoint
+from engine.testing.quant import QuantMethodContract, write_quantized_checkpoint
 from engine_quant_mxfp4.format import dequantize, quantize
 from engine_quant_mxfp4.method import Mxfp4LinearMethod
 
@@ -21,11 +20,11 @@ class TestMxfp4(QuantMethodContract):
     logprob_atol = 0.3
 
     def checkpoint_tensors(self, weight):
-        blocks, scales = quantize(weight)
-        return [("weight_blocks", blocks), ("weight_scales", scales)], dequantize(blocks, scales)
+        tensors = quantize(weight)
+        return list(tensors.items()), dequantize(tensors["weight_blocks"], tensors["weight_scales"])
 
     def write_model(self, folder, hf_model, hf_folder):
-        write_mxfp4_checkpoint(hf_folder, folder)
+        write_quantized_checkpoint(hf_folder, folder, quantize, self.checkpoint_config)
         return {"model": folder}
 
     def refusals(self):
