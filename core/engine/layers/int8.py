@@ -12,6 +12,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# W8A8 works on at most this many activation rows at a time, so its float temporaries stay
+# in cache: on 2 cores a 2048-token prefill chunk ran 1.9× slower unchunked than bf16,
+# 0.75× chunked by 512.
+ROWS_PER_CHUNK = 512
+
 
 def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-to-nearest symmetric int8 per row: -> (q int8 [N, K], scale float32 [N])."""
@@ -39,10 +44,20 @@ class Int8Rows(nn.Module):
         return F.linear(x, self.dequantize().to(x.dtype))
 
     def forward_dynamic(self, x: torch.Tensor) -> torch.Tensor:
-        x_scale = x.float().abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 127
-        xq = (x.float() / x_scale).round_().clamp_(-127, 127).to(torch.int8)
+        if x.shape[0] <= ROWS_PER_CHUNK:
+            return self._dynamic(x)
+        out = torch.empty(x.shape[0], self.q.shape[0], dtype=x.dtype, device=x.device)
+        for start in range(0, x.shape[0], ROWS_PER_CHUNK):
+            out[start:start + ROWS_PER_CHUNK] = self._dynamic(x[start:start + ROWS_PER_CHUNK])
+        return out
+
+    def _dynamic(self, x: torch.Tensor) -> torch.Tensor:
+        # Measured on the CPU: the abs-max in the activation dtype and in-place float passes;
+        # each extra full-size temporary costs as much as the int8 matmul saves.
+        x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(127)
+        xq = x.float().div_(x_scale).round_().to(torch.int8)  # |x / scale| <= 127 by construction
         acc = torch._int_mm(xq, self.q_t) if self.fast else xq.float() @ self.q_t.float()
-        return (acc * (x_scale * self.scale_f32)).to(x.dtype)
+        return acc.float().mul_(x_scale).mul_(self.scale_f32).to(x.dtype)
 
     def dequantize(self) -> torch.Tensor:
         return self.q.to(self.scale.dtype) * self.scale[:, None]
