@@ -85,6 +85,17 @@ def test_logprobs_and_prompt_logprobs(tiny_llm):
         assert token in position and all(lp.logprob <= 0 for lp in position.values())
 
 
+def test_prompt_logprobs_cover_a_cached_prefix(tiny_llm):
+    """A prefix-cache hit must not cut prompt log-probs short: those positions are recomputed."""
+    shared = reference.random_prompts(49152, [48], seed=11)[0]
+    params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1)
+    first = tiny_llm.generate([shared + [7, 8, 9]], params)[0]
+    again = tiny_llm.generate([shared + [10, 11]], params)[0]
+    assert len(again.prompt_logprobs) == len(shared) + 2
+    for position in range(1, len(shared)):
+        assert again.prompt_logprobs[position] == first.prompt_logprobs[position]
+
+
 def test_stop_strings_and_stop_tokens(tiny_llm):
     base = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0].outputs[0]
     stop = base.text[len(base.text) // 2:len(base.text) // 2 + 3]

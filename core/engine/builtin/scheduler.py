@@ -111,9 +111,11 @@ class DefaultScheduler(Scheduler):
         return admitted
 
     def _admit(self, request: Request, budget: int) -> ScheduledRequest | None:
-        computed_blocks, num_cached = self.kv.get_computed_blocks(request)
+        # prompt log-probs need logits at every prompt position: reuse no cached prefix
+        reuse = request.sampling_params.prompt_logprobs is None
+        computed_blocks, num_cached = self.kv.get_computed_blocks(request) if reuse else ([], 0)
         num_external = 0
-        if self.connector is not None:
+        if self.connector is not None and reuse:
             num_external = self.connector.get_num_new_matched_tokens(request, num_cached)
             num_external = min(num_external, request.num_tokens - num_cached - 1)
         remaining = request.num_tokens - num_cached - num_external
