@@ -6,7 +6,7 @@ from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
 from engine.layers.loading import FUSED_PROJECTIONS, load_checkpoint
 from engine.layers.norm import RMSNorm
-from engine.layers.rotary import RotaryEmbedding, apply_rotary, silu_and_mul
+from engine.layers.rotary import RotaryEmbedding, rotary_qkv, silu_and_mul
 
-__all__ = ["FUSED_PROJECTIONS", "Attention", "Linear", "RMSNorm", "RotaryEmbedding", "apply_rotary",
-           "VocabEmbedding", "load_checkpoint", "silu_and_mul"]
+__all__ = ["FUSED_PROJECTIONS", "Attention", "Linear", "RMSNorm", "RotaryEmbedding",
+           "VocabEmbedding", "load_checkpoint", "rotary_qkv", "silu_and_mul"]

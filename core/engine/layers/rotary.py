@@ -35,14 +35,19 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [T, 1, D/2] for these positions: look them up once per step and pass
-        them to every layer's :func:`apply_rotary`."""
+        them to every layer's :func:`rotary_qkv`."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]):
-    """q [T, H, D], k [T, H_kv, D] -> rotated copies."""
-    cos, sin = cos_sin
-    return _rotate(q, cos, sin), _rotate(k, cos, sin)
+def rotary_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
+               cos_sin: tuple[torch.Tensor, torch.Tensor]):
+    """A fused q|k|v projection [T, (H + 2·H_kv)·D] -> rotated q [T, H, D], rotated k
+    [T, H_kv, D] and v [T, H_kv, D]. q and k are rotated together, in one pass over their
+    joint view (half the small ops of rotating them apart, which shows at batch 1)."""
+    tokens, qk_heads = qkv.shape[0], num_heads + num_kv_heads
+    qk = _rotate(qkv[:, :qk_heads * head_dim].view(tokens, qk_heads, head_dim), *cos_sin)
+    q, k = qk.split([num_heads, num_kv_heads], dim=1)
+    return q, k, qkv[:, qk_heads * head_dim:].view(tokens, num_kv_heads, head_dim)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,7 @@ from torch import nn
 
 from engine.interfaces import Model
 from engine.interfaces.model import KVLayout
-from engine.layers import (Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding, apply_rotary,
+from engine.layers import (Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding, rotary_qkv,
                            load_checkpoint, silu_and_mul)
 
 def _head_dim(cfg) -> int:
@@ -29,14 +29,10 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype)
         self.o_proj = Linear(q_size, [cfg.hidden_size], o_bias, method, dtype)
         self.attn = Attention(layer)
-        self.sizes = (q_size, kv_size, kv_size)
 
     def forward(self, cos_sin, hidden, step):
-        q, k, v = self.qkv_proj(hidden).split(self.sizes, dim=-1)
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, k, cos_sin)
-        out = self.attn(q, k, v.view(-1, self.num_kv_heads, self.head_dim), step)
+        q, k, v = rotary_qkv(self.qkv_proj(hidden), self.num_heads, self.num_kv_heads, self.head_dim, cos_sin)
+        out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from engine.interfaces.model import KVLayout
-from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, apply_rotary, load_checkpoint, silu_and_mul
+from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, load_checkpoint, rotary_qkv, silu_and_mul
 
 def checkpoint_tensors(folder: str) -> dict[str, torch.Tensor]:
     files = glob.glob(os.path.join(folder, "*.safetensors"))
@@ -43,7 +43,6 @@ class _Head(nn.Module):
         self.heads, self.kv_heads = cfg.num_attention_heads, cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or h // self.heads
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        self.sizes = (q, kv, kv)
         self.qkv_proj = Linear(input_size, [q, kv, kv], getattr(cfg, "attention_bias", False), method, dtype)
         self.o_proj = Linear(q, [h], False, method, dtype)
         self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
@@ -57,10 +56,8 @@ class _Head(nn.Module):
         return KVLayout(1, self.heads, self.kv_heads, self.head_dim)
 
     def _attend(self, x, positions, step):
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
-        q, k = apply_rotary(q.view(-1, self.heads, self.head_dim), k.view(-1, self.kv_heads, self.head_dim),
-                            self.rotary(positions))
-        out = self.attn(q, k, v.view(-1, self.kv_heads, self.head_dim), step)
+        q, k, v = rotary_qkv(self.qkv_proj(x), self.heads, self.kv_heads, self.head_dim, self.rotary(positions))
+        out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.heads * self.head_dim))
 
     def _mlp(self, hidden):
