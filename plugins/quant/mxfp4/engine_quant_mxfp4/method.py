@@ -1,8 +1,11 @@
 """MXFP4 checkpoints (``quantization_config.quant_method == "mxfp4"``): linear weights come
-as ``weight_blocks`` / ``weight_scales`` and stay 4-bit. On the CPU they run on the core's
-int4-plane kernel (exact); elsewhere they are dequantized per step (reference path)."""
+as ``weight_blocks`` / ``weight_scales`` and stay 4-bit. Paths: on the CPU the core's
+int4-plane kernel (exact); on CUDA the Triton kernel that decodes inside the matmul;
+elsewhere dequantize per step (the reference path)."""
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 import torch.nn.functional as F
@@ -11,7 +14,19 @@ from torch import nn
 from engine.interfaces import QuantMethod
 from engine.layers.group_affine import Int4Planes, int4pack_unavailable
 
-from engine_quant_mxfp4.format import BLOCK, to_affine
+from engine_quant_mxfp4.format import BLOCK, dequantize, to_affine
+
+PATHS = {"int4pack": "int4pack planes (doubled e2m1 values, exact power-of-two scales)",
+         "triton": "Triton kernel decoding e2m1 and E8M0 inside the matmul",
+         "dequantize": "dequantize per step"}
+
+
+def kernel_path(platform) -> str:
+    if platform.device_type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        return "int4pack"
+    if platform.device_type == "cuda" and importlib.util.find_spec("triton") is not None:
+        return "triton"
+    return "dequantize"
 
 
 class Mxfp4LinearMethod(QuantMethod):
@@ -21,12 +36,11 @@ class Mxfp4LinearMethod(QuantMethod):
         super().__init__(ctx)
         if ctx.quant_config is None:
             raise ValueError("quantization: mxfp4 reads MXFP4 checkpoints; it does not quantize online")
+        self.path = kernel_path(ctx.platform)
 
     @classmethod
     def describe(cls, platform) -> str:
-        if platform.device_type == "cpu":
-            return "int4pack planes (doubled e2m1 values, exact power-of-two scales)"
-        return "dequantize per step"
+        return PATHS[kernel_path(platform)]
 
     def create_weights(self, layer, input_size, output_sizes):
         if input_size % BLOCK:
@@ -39,18 +53,24 @@ class Mxfp4LinearMethod(QuantMethod):
             layer.register_parameter(name, param)
 
     def process_weights_after_loading(self, layer):
-        weight = to_affine(layer.weight_blocks.data, layer.weight_scales.data)
-        if not int4pack_unavailable(weight, self.ctx.platform.device):
-            layer.planes = Int4Planes(weight, self.ctx.dtype)
-            del layer.weight_blocks, layer.weight_scales
-        else:
-            layer.affine = weight
+        if self.path == "int4pack":
+            weight = to_affine(layer.weight_blocks.data, layer.weight_scales.data)
+            if not int4pack_unavailable(weight, self.ctx.platform.device):
+                layer.planes = Int4Planes(weight, self.ctx.dtype)
+                del layer.weight_blocks, layer.weight_scales
 
     def apply(self, layer, x, bias):
-        out = layer.planes(x) if hasattr(layer, "planes") else F.linear(x, layer.affine.dequantize(x.dtype))
+        if hasattr(layer, "planes"):
+            out = layer.planes(x)
+        elif self.path == "triton":
+            from engine_quant_mxfp4.triton_kernel import mxfp4_matmul
+
+            out = mxfp4_matmul(x, layer.weight_blocks, layer.weight_scales)
+        else:
+            out = F.linear(x, self.dequantize(layer).to(x.dtype))
         return out if bias is None else out + bias
 
     def dequantize(self, layer):
         if hasattr(layer, "planes"):
             return layer.planes.dequantize()
-        return layer.affine.dequantize(self.ctx.dtype)
+        return dequantize(layer.weight_blocks, layer.weight_scales).to(self.ctx.dtype)
