@@ -20,6 +20,7 @@ import math
 
 import attrs
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 INT4PACK_GROUPS = (32, 64, 128, 256)
@@ -78,7 +79,8 @@ class Int4Planes(nn.Module):
 
     def __init__(self, weight: AffineWeight, dtype: torch.dtype):
         super().__init__()
-        self.group, self.in_features = weight.group, weight.shape[1]
+        self.group, (self.out_features, self.in_features) = weight.group, weight.shape
+        weight = _pad_rows(weight, -self.out_features % _TILE)  # the packing wants N % 16 == 0
         self.num_planes = math.ceil(weight.bits / 4)
         nibbles, scales = [], []
         zero = weight.offset + 8 * weight.scale  # plane 0's zero; higher planes' constants fold in
@@ -104,15 +106,11 @@ class Int4Planes(nn.Module):
         out = torch._weight_int4pack_mm_for_cpu(x, packed, self.group, scales_zeros)
         for packed, scales_zeros in higher:
             out.add_(torch._weight_int4pack_mm_for_cpu(x, packed, self.group, scales_zeros))
-        return out
-
-    @staticmethod
-    def can_read_rows(out_features: int) -> bool:
-        return out_features % _TILE == 0 and packed_rows_readable()
+        return out if out.shape[1] == self.out_features else out[:, :self.out_features]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the weight (embedding lookups), unpacked from the planes; needs
-        :meth:`can_read_rows`."""
+        :func:`packed_rows_readable`."""
         out = torch.zeros(ids.shape[0], self.in_features, dtype=torch.float32)
         for plane in range(self.num_planes):
             q4 = _unpack_rows(self.packed[plane], ids, self.in_features).float() - 8
@@ -124,6 +122,13 @@ class Int4Planes(nn.Module):
     def dequantize(self) -> torch.Tensor:
         """The weight these planes hold, [N, K], read back through the kernel itself."""
         return self(torch.eye(self.in_features, dtype=self.scales_zeros.dtype)).t().contiguous()
+
+
+def _pad_rows(weight: AffineWeight, pad: int) -> AffineWeight:
+    if not pad:
+        return weight
+    q, scale, offset = (F.pad(t, (0, 0, 0, pad)) for t in (weight.q, weight.scale, weight.offset))
+    return AffineWeight(q, scale, offset, weight.group, weight.bits)
 
 
 # torch's CPU int4 packing (observed on x86 with AVX-512; checked at run time, never assumed):

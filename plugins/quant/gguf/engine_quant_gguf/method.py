@@ -9,9 +9,9 @@ F32/F16 tensors and for heads from other files, e.g. EAGLE):
 * other formats (Q6_K's 16-element groups) and other devices keep the blocks as affine
   integers and dequantize them per step (the reference path);
 * vocabulary tables (embedding, LM head) stay exact too: one set of int4 planes serves the
-  LM-head matmul and, unpacked row by row, the embedding lookups (where the packed layout is
-  verified readable; else the blocks are kept for lookups and planes packed on first LM-head
-  use). A per-row int8 copy was measured and dropped: it cost a quarter of greedy agreement.
+  LM-head matmul and, unpacked row by row, the embedding lookups (where torch's packed
+  layout is verified readable; else the blocks are kept for lookups and planes packed on
+  first LM-head use). A per-row int8 copy was measured and dropped: it cost a quarter of greedy agreement.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers import VocabEmbedding
-from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable
+from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
 
 from engine_quant_gguf.formats import GGUFBlocks
 
@@ -66,7 +66,7 @@ class GGUFLinearMethod(QuantMethod):
             return Dense(torch.cat([s.to(dtype) for s in shards]))
         weight = AffineWeight.cat([s.affine() for s in shards])
         fast = not int4pack_unavailable(weight, self.ctx.platform.device)
-        if vocab and not (fast and Int4Planes.can_read_rows(weight.shape[0])):
+        if vocab and not (fast and packed_rows_readable()):
             return VocabTable(weight, dtype, self.ctx.platform.device)
         if fast:
             return Int4Planes(weight, dtype)
