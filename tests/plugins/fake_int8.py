@@ -13,7 +13,7 @@ from engine.interfaces import QuantMethod
 
 @hookimpl
 def register_quant_methods(register):
-    register("test-int8", FakeInt8, api=1)
+    register("test-int8", FakeInt8, api=2)
 
 
 class FakeInt8(QuantMethod):

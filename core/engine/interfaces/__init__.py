@@ -19,8 +19,8 @@ INTERFACE_VERSIONS = {
     "platforms": 1,
     "attention_backends": 1,
     "models": 1,
-    "model_loaders": 1,
-    "quant_methods": 1,
+    "model_loaders": 2,  # 2: iter_weights(keep_quantized=...)
+    "quant_methods": 2,  # 2: dequantize (required), embed, describe, quantizes_embeddings
     "kv_connectors": 1,
     "grammar_backends": 1,
     "drafters": 1,

@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_quant_methods(register):
-    register("fp8", "engine_quant_fp8.method:Fp8LinearMethod", api=1)
+    register("fp8", "engine_quant_fp8.method:Fp8LinearMethod", api=2)

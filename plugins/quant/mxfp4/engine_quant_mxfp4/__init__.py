@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_quant_methods(register):
-    register("mxfp4", "engine_quant_mxfp4.method:Mxfp4LinearMethod", api=1)
+    register("mxfp4", "engine_quant_mxfp4.method:Mxfp4LinearMethod", api=2)
