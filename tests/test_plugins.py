@@ -14,7 +14,7 @@ import pytest
 from engine.plugins import load_plugins
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
-SHIPPED = ("models-llama", "attention-torch", "quant-gguf")
+SHIPPED = ("models-llama", "attention-torch", "quant-gguf", "quant-int8", "quant-fp8", "quant-mxfp4")
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:
@@ -32,6 +32,9 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
     assert "platform: cuda  [cannot run here:" in out  # on machines without a GPU
     assert "model: LlamaForCausalLM" in out and "model loader: gguf" in out
     assert "scheduler: default" in out and "kv cache manager: default" in out
+    # quant methods say which path they take here, and why
+    assert "quant method: gguf  [runs here: 32-group formats on int4pack planes" in out
+    assert "quant method: fp8  [runs here: dequantized at load" in out and "no FP8 matmul units" in out
 
 
 def test_allow_list_limits_loading():
