@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from engine.layers.module import Layer
 
 
 def _rope_inv_freq(hf_config, device) -> tuple[torch.Tensor, float]:
@@ -25,17 +26,18 @@ def _rope_inv_freq(hf_config, device) -> tuple[torch.Tensor, float]:
     return ROPE_INIT_FUNCTIONS[rope_type](hf_config, device)
 
 
-class RotaryEmbedding(nn.Module):
+class RotaryEmbedding(Layer):
     def __init__(self, hf_config, max_positions: int, dtype: torch.dtype):
         super().__init__()
         inv_freq, scaling = _rope_inv_freq(hf_config, "cpu")
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
-        self.register_buffer("cos", (freqs.cos() * scaling).to(dtype), persistent=False)
-        self.register_buffer("sin", (freqs.sin() * scaling).to(dtype), persistent=False)
+        cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        self.register_buffer("cos", torch.cat([cos, cos], -1).to(dtype), persistent=False)
+        self.register_buffer("sin", torch.cat([-sin, sin], -1).to(dtype), persistent=False)
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [T, 1, D/2] for these positions: look them up once per step and pass
-        them to every layer's :func:`rotary_qkv`."""
+        """[cos, cos] and [−sin, sin], each [T, 1, D], for these positions: look them up once
+        per step and pass them to every layer's :func:`rotary_qkv`."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
 
 
@@ -44,15 +46,15 @@ def rotary_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: i
     """A fused q|k|v projection [T, (H + 2·H_kv)·D] -> rotated q [T, H, D], rotated k
     [T, H_kv, D] and v [T, H_kv, D]. q and k are rotated together, in one pass over their
     joint view (half the small ops of rotating them apart, which shows at batch 1)."""
-    tokens, qk_heads = qkv.shape[0], num_heads + num_kv_heads
-    qk = _rotate(qkv[:, :qk_heads * head_dim].view(tokens, qk_heads, head_dim), *cos_sin)
-    q, k = qk.split([num_heads, num_kv_heads], dim=1)
-    return q, k, qkv[:, qk_heads * head_dim:].view(tokens, num_kv_heads, head_dim)
+    qk, v = qkv.view(qkv.shape[0], -1, head_dim).split([num_heads + num_kv_heads, num_kv_heads], dim=1)
+    q, k = _rotate(qk, *cos_sin).split([num_heads, num_kv_heads], dim=1)
+    return q, k, v
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """x·[cos, cos] + [x2, x1]·[−sin, sin]: rotate-half as a roll by D/2, three ops where
+    the split-and-concatenate form takes eight (half the time at batch 1)."""
+    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
