@@ -4,12 +4,12 @@ and the step's metadata to the selected backend."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from engine.interfaces.model import StepContext
+from engine.layers.module import Layer
 
 
-class Attention(nn.Module):
+class Attention(Layer):
     def __init__(self, layer_index: int):
         super().__init__()
         self.layer_index = layer_index

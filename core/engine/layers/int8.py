@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
+
+from engine.layers.module import Layer
 
 # W8A8 works on at most this many activation rows at a time, so its float temporaries stay
 # in cache: on 2 cores a 2048-token prefill chunk ran 1.9× slower unchunked than bf16,
@@ -25,7 +26,7 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
-class Int8Rows(nn.Module):
+class Int8Rows(Layer):
     def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
         super().__init__()
         self.register_buffer("q", q.contiguous())

@@ -5,8 +5,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.module import Layer
 
-class Linear(nn.Module):
+
+class Linear(Layer):
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool, method, dtype: torch.dtype):
         super().__init__()
         self.input_size = input_size

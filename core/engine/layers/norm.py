@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.layers.module import Layer
 
-class RMSNorm(nn.Module):
+
+class RMSNorm(Layer):
     def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype):
         super().__init__()
         self.eps = eps

@@ -11,14 +11,14 @@ from torch import nn
 
 from engine.interfaces import Model
 from engine.interfaces.model import KVLayout
-from engine.layers import (Attention, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding, rotary_qkv,
+from engine.layers import (Attention, Layer, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding, rotary_qkv,
                            load_checkpoint, silu_and_mul)
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
-class LlamaAttention(nn.Module):
+class LlamaAttention(Layer):
     def __init__(self, cfg, layer: int, method, dtype):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = \
@@ -36,7 +36,7 @@ class LlamaAttention(nn.Module):
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
-class LlamaMLP(nn.Module):
+class LlamaMLP(Layer):
     def __init__(self, cfg, method, dtype):
         super().__init__()
         bias = getattr(cfg, "mlp_bias", False)
@@ -47,7 +47,7 @@ class LlamaMLP(nn.Module):
         return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(nn.Module):
+class LlamaDecoderLayer(Layer):
     def __init__(self, cfg, layer: int, method, dtype):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
@@ -65,7 +65,7 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
+class LlamaModel(Layer):
     def __init__(self, cfg, method, dtype):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)

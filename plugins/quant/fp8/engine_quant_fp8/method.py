@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.interfaces import QuantMethod
+from engine.layers import Layer
 
 FP8 = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8).max
@@ -115,7 +116,7 @@ def _dequantize(q, scale, group):
     return (q.float().view(rows, cols // group, group) * scale[..., None]).view(rows, cols)
 
 
-class Fp8Weight(nn.Module):
+class Fp8Weight(Layer):
     """FP8 weight with row-wise scales for ``torch._scaled_mm`` (CUDA, capability ≥ 8.9)."""
 
     def __init__(self, q: torch.Tensor, scale: torch.Tensor):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.interfaces import QuantMethod
-from engine.layers import VocabEmbedding
+from engine.layers import Layer, VocabEmbedding
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
 
 from engine_quant_gguf.formats import GGUFBlocks
@@ -83,7 +83,7 @@ class GGUFLinearMethod(QuantMethod):
         return layer.kernel.rows(input_ids).to(self.ctx.dtype)
 
 
-class Dense(nn.Module):
+class Dense(Layer):
     def __init__(self, weight: torch.Tensor):
         super().__init__()
         self.register_buffer("weight", weight.contiguous())
@@ -98,7 +98,7 @@ class Dense(nn.Module):
         return F.embedding(ids, self.weight)
 
 
-class AffineBuffers(nn.Module):
+class AffineBuffers(Layer):
     """An :class:`AffineWeight` whose tensors are registered buffers (counted, moved)."""
 
     def __init__(self, weight: AffineWeight, dtype: torch.dtype):
@@ -133,7 +133,7 @@ class VocabTable(AffineBuffers):
         return self.head(x)
 
 
-class Stacked(nn.Module):
+class Stacked(Layer):
     def __init__(self, parts: list[nn.Module]):
         super().__init__()
         self.parts = nn.ModuleList(parts)
