@@ -105,7 +105,7 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
     declared = (checkpoint_config or {}).get("quant_method")
     keep_quantized = declared is not None and (quantization or declared) == declared
     with torch.device(platform.device):
-        model = cls(ModelContext(hf_config, dtype, platform.device, method))
+        model = cls(ModelContext(hf_config, dtype, platform.device, method, platform.layer_ops(dtype)))
     model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):

@@ -24,12 +24,14 @@ class KVLayout:
 @attrs.frozen
 class ModelContext:
     """Everything a model constructor gets. ``linear_method`` builds each linear layer's
-    storage and matmul (the selected :class:`QuantMethod`)."""
+    storage and matmul (the selected :class:`QuantMethod`); ``layer_ops`` runs the small ops
+    between matmuls (an :class:`engine.layers.LayerOps`, from the platform; None: plain torch)."""
 
     hf_config: Any
     dtype: torch.dtype
     device: torch.device
     linear_method: Any
+    layer_ops: Any = None
 
 
 @attrs.frozen

@@ -33,3 +33,12 @@ class Platform(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on synchronous devices)."""
+
+    def layer_ops(self, dtype: torch.dtype):
+        """The :class:`engine.layers.LayerOps` models use for the small ops between matmuls
+        (RMSNorm with the residual add, rotary embedding, SwiGLU) in ``dtype``. The default is
+        plain torch; a platform with fused kernels returns a subclass overriding those it
+        does better, checked by ``engine.testing.layer_ops``."""
+        from engine.layers.ops import LayerOps
+
+        return LayerOps()

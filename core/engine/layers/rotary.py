@@ -1,4 +1,5 @@
-"""Rotary position embeddings (rotate-half layout) and the SwiGLU activation.
+"""Rotary position embeddings (rotate-half layout): the cos/sin tables, looked up once per step;
+the rotation itself is :meth:`engine.layers.ops.LayerOps.rotary_qkv`.
 
 Frequencies come from ``transformers``' own rope initialisers, so every scaling type
 it knows (default, linear, llama3, yarn, longrope ...) matches the reference exactly.
@@ -7,7 +8,6 @@ it knows (default, linear, llama3, yarn, longrope ...) matches the reference exa
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from engine.layers.module import Layer
 
@@ -37,26 +37,5 @@ class RotaryEmbedding(Layer):
 
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[cos, cos] and [−sin, sin], each [T, 1, D], for these positions: look them up once
-        per step and pass them to every layer's :func:`rotary_qkv`."""
+        per step and pass them to every layer's ``layer_ops.rotary_qkv``."""
         return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
-
-
-def rotary_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-               cos_sin: tuple[torch.Tensor, torch.Tensor]):
-    """A fused q|k|v projection [T, (H + 2·H_kv)·D] -> rotated q [T, H, D], rotated k
-    [T, H_kv, D] and v [T, H_kv, D]. q and k are rotated together, in one pass over their
-    joint view (half the small ops of rotating them apart, which shows at batch 1)."""
-    qk, v = qkv.view(qkv.shape[0], -1, head_dim).split([num_heads + num_kv_heads, num_kv_heads], dim=1)
-    q, k = _rotate(qk, *cos_sin).split([num_heads, num_kv_heads], dim=1)
-    return q, k, v
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x·[cos, cos] + [x2, x1]·[−sin, sin]: rotate-half as a roll by D/2, three ops where
-    the split-and-concatenate form takes eight (half the time at batch 1)."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, -1), sin)
-
-
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
-    gate, up = x.chunk(2, dim=-1)
-    return F.silu(gate) * up

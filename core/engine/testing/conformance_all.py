@@ -4,6 +4,7 @@ from engine.plugins import load_plugins
 from engine.testing.attention import AttentionBackendContract
 from engine.testing.grammar import GrammarBackendContract
 from engine.testing.kv_cache import KVCacheManagerContract
+from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.models import ModelContract
 from engine.testing.scheduler import SchedulerContract
 
@@ -28,3 +29,6 @@ for _r in _registry.registrations("grammar_backends"):
 for _r in _registry.registrations("schedulers"):
     globals()[_name("scheduler", _r.name)] = type(_name("scheduler", _r.name), (SchedulerContract,),
                                                   {"scheduler_name": _r.name})
+for _r in _registry.registrations("platforms"):
+    globals()[_name("layer_ops", _r.name)] = type(_name("layer_ops", _r.name), (LayerOpsContract,),
+                                                  {"platform_name": _r.name})

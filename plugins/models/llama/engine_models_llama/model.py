@@ -11,16 +11,17 @@ from torch import nn
 
 from engine.interfaces import Model
 from engine.interfaces.model import KVLayout
-from engine.layers import (Attention, Layer, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding, rotary_qkv,
-                           load_checkpoint, silu_and_mul)
+from engine.layers import (Attention, Layer, LayerOps, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding,
+                           load_checkpoint)
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 class LlamaAttention(Layer):
-    def __init__(self, cfg, layer: int, method, dtype):
+    def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = \
             cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
         qkv_bias = getattr(cfg, "attention_bias", False) or cfg.model_type == "qwen2"
@@ -31,29 +32,31 @@ class LlamaAttention(Layer):
         self.attn = Attention(layer)
 
     def forward(self, cos_sin, hidden, step):
-        q, k, v = rotary_qkv(self.qkv_proj(hidden), self.num_heads, self.num_kv_heads, self.head_dim, cos_sin)
+        q, k, v = self.ops.rotary_qkv(self.qkv_proj(hidden), self.num_heads, self.num_kv_heads, self.head_dim,
+                                      cos_sin)
         out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
 class LlamaMLP(Layer):
-    def __init__(self, cfg, method, dtype):
+    def __init__(self, cfg, method, dtype, ops: LayerOps):
         super().__init__()
+        self.ops = ops
         bias = getattr(cfg, "mlp_bias", False)
         self.gate_up_proj = Linear(cfg.hidden_size, [cfg.intermediate_size] * 2, bias, method, dtype)
         self.down_proj = Linear(cfg.intermediate_size, [cfg.hidden_size], bias, method, dtype)
 
     def forward(self, x):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
 class LlamaDecoderLayer(Layer):
-    def __init__(self, cfg, layer: int, method, dtype):
+    def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.self_attn = LlamaAttention(cfg, layer, method, dtype)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
-        self.mlp = LlamaMLP(cfg, method, dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+        self.self_attn = LlamaAttention(cfg, layer, method, dtype, ops)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+        self.mlp = LlamaMLP(cfg, method, dtype, ops)
 
     def forward(self, cos_sin, hidden, residual, step):
         if residual is None:
@@ -66,13 +69,13 @@ class LlamaDecoderLayer(Layer):
 
 
 class LlamaModel(Layer):
-    def __init__(self, cfg, method, dtype):
+    def __init__(self, cfg, method, dtype, ops: LayerOps):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype, ops)
                                     for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
     def forward(self, input_ids, positions, step, num_layers: int | None = None):
         hidden, residual = self.embed_tokens(input_ids), None
@@ -92,7 +95,7 @@ class LlamaForCausalLM(Model):
         super().__init__(ctx)
         cfg = ctx.hf_config
         self.cfg = cfg
-        self.model = LlamaModel(cfg, ctx.linear_method, ctx.dtype)
+        self.model = LlamaModel(cfg, ctx.linear_method, ctx.dtype, ctx.layer_ops or LayerOps())
         self.tied = getattr(cfg, "tie_word_embeddings", False)
         if not self.tied:
             self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)

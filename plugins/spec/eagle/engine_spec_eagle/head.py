@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 from torch import nn
 
 from engine.interfaces.model import KVLayout
-from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, load_checkpoint, rotary_qkv, silu_and_mul
+from engine.layers import Attention, LayerOps, Linear, RMSNorm, RotaryEmbedding, load_checkpoint
 
 def checkpoint_tensors(folder: str) -> dict[str, torch.Tensor]:
     files = glob.glob(os.path.join(folder, "*.safetensors"))
@@ -45,7 +45,8 @@ class _Head(nn.Module):
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         self.qkv_proj = Linear(input_size, [q, kv, kv], getattr(cfg, "attention_bias", False), method, dtype)
         self.o_proj = Linear(q, [h], False, method, dtype)
-        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype)
+        self.ops = LayerOps()
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps, dtype, self.ops)
         self.gate_up_proj = Linear(h, [cfg.intermediate_size] * 2, False, method, dtype)
         self.down_proj = Linear(cfg.intermediate_size, [h], False, method, dtype)
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
@@ -56,12 +57,13 @@ class _Head(nn.Module):
         return KVLayout(1, self.heads, self.kv_heads, self.head_dim)
 
     def _attend(self, x, positions, step):
-        q, k, v = rotary_qkv(self.qkv_proj(x), self.heads, self.kv_heads, self.head_dim, self.rotary(positions))
+        q, k, v = self.ops.rotary_qkv(self.qkv_proj(x), self.heads, self.kv_heads, self.head_dim,
+                                      self.rotary(positions))
         out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.heads * self.head_dim))
 
     def _mlp(self, hidden):
-        return self.down_proj(silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(hidden)))) + hidden
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(hidden)))) + hidden
 
     def load(self, tensors: dict[str, torch.Tensor]) -> None:
         def rename(name: str) -> str | None:
