@@ -1,0 +1,32 @@
+"""The ``cpu-native`` platform: the built-in CPU platform plus fused C layer ops.
+
+It ranks above ``cpu`` (priority 1), so installing this plugin is enough to use it; it
+reports itself unavailable — and ``cpu`` is chosen — when its kernels cannot be built.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.builtin.platforms import CpuPlatform
+
+from engine_platforms_cpu_native import build
+from engine_platforms_cpu_native.ops import NativeLayerOps
+
+
+class NativeCpuPlatform(CpuPlatform):
+    name = "cpu-native"
+    priority = 1
+
+    @classmethod
+    def unavailable_reasons(cls) -> list[str]:
+        try:
+            build.library()
+        except (build.BuildError, OSError) as error:
+            return [f"cannot build its C kernels: {error}"]
+        return []
+
+    def layer_ops(self, dtype: torch.dtype):
+        if dtype not in (torch.bfloat16, torch.float32):
+            return super().layer_ops(dtype)
+        return NativeLayerOps(build.library(), dtype)
