@@ -100,10 +100,10 @@ class Int4Planes(Layer):
             nibbles.append(q4)
             scales.append(scale)
         zeros = [zero] + [torch.zeros_like(s) for s in scales[1:]]
-        # [N, planes·K/2] and [planes·K/group, N, 2]
-        self.register_buffer("packed", torch._convert_weight_to_int4pack_for_cpu(torch.cat(nibbles, dim=1), 2))
-        self.register_buffer("scales_zeros", torch.cat(
-            [torch.stack([s, z], dim=-1).transpose(0, 1) for s, z in zip(scales, zeros)]).to(dtype).contiguous())
+        packed = torch._convert_weight_to_int4pack_for_cpu(torch.cat(nibbles, dim=1), 2)
+        scales_zeros = torch.cat([torch.stack([s, z], dim=-1).transpose(0, 1) for s, z in zip(scales, zeros)])
+        self.register_buffer("packed", packed)  # [N, planes·K/2]
+        self.register_buffer("scales_zeros", scales_zeros.to(dtype).contiguous())  # [planes·K/group, N, 2]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:  # a check, not a reshape: every op counts at batch 1

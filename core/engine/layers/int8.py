@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers.module import Layer
+from engine.layers.ops import LayerOps
 
 # W8A8 multiplies input channels where some activation exceeds this in the activation dtype
 # (LLM.int8()'s mixed-precision decomposition, its threshold): ~1.4 % of the default model's
@@ -33,17 +34,23 @@ def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class Int8Rows(Layer):
-    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype):
+    """int8 weight rows; ``ops`` (the platform's :class:`LayerOps`) quantizes activations and
+    rescales int32 results for W8A8 — the passes around the int8 matmul, which cost as much
+    as it saves when each is a torch call."""
+
+    def __init__(self, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype, ops: LayerOps | None = None):
         super().__init__()
+        self.ops = ops or LayerOps()
         self.register_buffer("q", q.contiguous())
         self.register_buffer("scale", scale.to(dtype))
         self.register_buffer("scale_f32", scale.float()[None, :])
         self.fast = q.device.type == "cpu" and hasattr(torch, "_weight_int8pack_mm")
         self.q_t = self.q.t()  # [K, N] view: _int_mm's layout for the second operand
+        self._last_columns: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype) -> Int8Rows:
-        return cls(*quantize_rows(weight), dtype)
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype, ops: LayerOps | None = None) -> Int8Rows:
+        return cls(*quantize_rows(weight), dtype, ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fast:
@@ -59,23 +66,20 @@ class Int8Rows(Layer):
         return out
 
     def _dynamic(self, x: torch.Tensor) -> torch.Tensor:
-        # Measured on the CPU: every full-size pass costs as much as the int8 matmul saves,
-        # so the abs-max stays in the activation dtype and float passes work in place.
-        magnitude = x.abs()
-        outliers = (magnitude.amax(dim=0) > OUTLIER_THRESHOLD).nonzero().flatten()
-        if outliers.numel():
-            magnitude.index_fill_(1, outliers, 0)
-        x_scale = magnitude.amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(127)
-        scaled = x / x_scale  # float32; |scaled| <= 127 by construction
-        if outliers.numel():
-            scaled.index_fill_(1, outliers, 0)
-        xq = scaled.round_().to(torch.int8)
+        xq, x_scale, outliers = self.ops.quantize_rows_int8(x, OUTLIER_THRESHOLD)
         acc = torch._int_mm(xq, self.q_t) if self.fast else xq.float() @ self.q_t.float()
-        out = acc.float().mul_(x_scale).mul_(self.scale_f32)  # in place: promoting int32 is slower
-        if outliers.numel():  # those input channels in float, against their int8 weight columns
-            columns = self.q.index_select(1, outliers).float().mul_(self.scale_f32.t())  # [N, n]
-            out.addmm_(x.index_select(1, outliers).float(), columns.t())
-        return out.to(x.dtype)
+        if not outliers.numel():
+            return self.ops.rescale_int32(acc, x_scale, self.scale_f32, x.dtype)
+        out = self.ops.rescale_int32(acc, x_scale, self.scale_f32, torch.float32)
+        return out.addmm_(x.index_select(1, outliers).float(), self._columns(outliers).t()).to(x.dtype)
+
+    def _columns(self, channels: torch.Tensor) -> torch.Tensor:
+        """The dequantized weight columns [N, n] of these input channels. The last set is
+        kept: a layer's outlier channels recur step after step, and gathering columns of the
+        row-major int8 weight touches a cache line per row."""
+        if self._last_columns is None or not torch.equal(self._last_columns[0], channels):
+            self._last_columns = (channels, self.q.index_select(1, channels).float().mul_(self.scale_f32.t()))
+        return self._last_columns[1]
 
     def dequantize(self) -> torch.Tensor:
         return self.q.to(self.scale.dtype) * self.scale[:, None]

@@ -2,7 +2,8 @@
 
 At batch 1 a decoded token spends as long on these (residual add + RMSNorm, rotary
 embedding, SwiGLU: ~15 torch calls per layer, each run cold after the weight matmuls) as
-on the matmuls themselves. A platform may return a subclass from ``Platform.layer_ops()``
+on the matmuls themselves; W8A8's activation quantization and int32 rescale cost as much
+as its int8 matmul saves. A platform may return a subclass from ``Platform.layer_ops()``
 with fused kernels for any of them; model plugins call them through ``ctx.layer_ops``.
 Every override must match these methods within the dtype's rounding (the conformance kit
 ``engine.testing.layer_ops`` checks it) and may fall back to them for inputs it does not
@@ -50,10 +51,33 @@ class LayerOps:
         rotate-half is a roll by D/2: three ops where split-and-concatenate takes eight."""
         qk, v = qkv.view(qkv.shape[0], -1, head_dim).split([num_heads + num_kv_heads, num_kv_heads], dim=1)
         cos, sin = cos_sin
-        q, k = torch.addcmul(qk * cos, qk.roll(head_dim // 2, -1), sin).split([num_heads, num_kv_heads], dim=1)
+        rotated = torch.addcmul(qk * cos, qk.roll(head_dim // 2, -1), sin)
+        q, k = rotated.split([num_heads, num_kv_heads], dim=1)
         return q, k, v
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """SwiGLU of a fused gate|up projection [T, 2·I] (consumed) -> [T, I]."""
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up
+
+    def quantize_rows_int8(self, x: torch.Tensor, outlier_threshold: float):
+        """Dynamic per-row int8 of activations x [M, K] (W8A8) -> (xq int8 [M, K], scale float32
+        [M, 1], outliers: int64 indices of the input channels where some |x| exceeds
+        ``outlier_threshold``). Outlier channels are left out: zero in xq and not counted in
+        a row's abs-max; the caller multiplies them in float. xq·scale ≈ x elsewhere, each
+        value rounded half to even from x / scale."""
+        magnitude = x.abs()  # abs-max in the activation dtype: one float pass fewer
+        outliers = (magnitude.amax(dim=0) > outlier_threshold).nonzero().flatten()
+        if outliers.numel():
+            magnitude.index_fill_(1, outliers, 0)
+        scale = magnitude.amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(127)
+        scaled = x / scale  # float32; |scaled| <= 127 by construction
+        if outliers.numel():
+            scaled.index_fill_(1, outliers, 0)
+        return scaled.round_().to(torch.int8), scale, outliers
+
+    def rescale_int32(self, acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
+                      dtype: torch.dtype) -> torch.Tensor:
+        """An int32 matmul result [M, N] times row_scale [M, 1] and col_scale [1, N]
+        (float32), in ``dtype``."""
+        return acc.float().mul_(row_scale).mul_(col_scale).to(dtype)

@@ -94,3 +94,49 @@ void rotary_f32(float *qkv, int64_t tokens, int64_t stride, int64_t heads, int64
 }
 
 int64_t max_rotary_dim(void) { return MAX_DIM; }
+
+/* W8A8 activations: per-row int8 of x [rows, cols]. Columns where some |x| > threshold are
+ * flagged in `outlier` and left out (0 in xq, not in a row's abs-max). scale[r] =
+ * max(abs-max, 1e-12) / 127; xq = x / scale rounded half to even. Returns the flagged count. */
+#define QUANTIZE_ROWS(NAME, T, LOAD)                                                          \
+int64_t NAME(const T *x, int64_t rows, int64_t cols, float threshold, int8_t *xq, float *scale, \
+             uint8_t *outlier) {                                                              \
+    int64_t flagged = 0;                                                                      \
+    memset(outlier, 0, cols);                                                                 \
+    for (int64_t r = 0; r < rows; r++)                                                        \
+        for (int64_t k = 0; k < cols; k++)                                                    \
+            outlier[k] |= fabsf(LOAD(x[r * cols + k])) > threshold;                           \
+    for (int64_t k = 0; k < cols; k++) flagged += outlier[k];                                 \
+    for (int64_t r = 0; r < rows; r++) {                                                      \
+        const T *xr = x + r * cols;                                                           \
+        float top = 0.f;                                                                      \
+        for (int64_t k = 0; k < cols; k++) {                                                  \
+            float a = outlier[k] ? 0.f : fabsf(LOAD(xr[k]));                                  \
+            top = a > top ? a : top;                                                          \
+        }                                                                                     \
+        float s = (top > 1e-12f ? top : 1e-12f) / 127.f;                                      \
+        scale[r] = s;                                                                         \
+        for (int64_t k = 0; k < cols; k++)                                                    \
+            xq[r * cols + k] = outlier[k] ? 0 : (int8_t)nearbyintf(LOAD(xr[k]) / s);          \
+    }                                                                                         \
+    return flagged;                                                                           \
+}
+
+static inline float load_f32(float v) { return v; }
+QUANTIZE_ROWS(quantize_rows_int8_bf16, uint16_t, bf16_to_f32)
+QUANTIZE_ROWS(quantize_rows_int8_f32, float, load_f32)
+
+/* out[m, n] = acc[m, n] · row_scale[m] · col_scale[n], as torch's float passes round it. */
+void rescale_int32_bf16(const int32_t *acc, int64_t rows, int64_t cols, const float *row_scale,
+                        const float *col_scale, uint16_t *out) {
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t n = 0; n < cols; n++)
+            out[m * cols + n] = f32_to_bf16((float)acc[m * cols + n] * row_scale[m] * col_scale[n]);
+}
+
+void rescale_int32_f32(const int32_t *acc, int64_t rows, int64_t cols, const float *row_scale,
+                       const float *col_scale, float *out) {
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t n = 0; n < cols; n++)
+            out[m * cols + n] = (float)acc[m * cols + n] * row_scale[m] * col_scale[n];
+}

@@ -1,9 +1,10 @@
-"""LayerOps on the fused C kernels: residual add + RMSNorm and rotary embedding in place.
+"""LayerOps on the fused C kernels: residual add + RMSNorm and rotary embedding in place,
+W8A8's activation quantization and int32 rescale in one pass each.
 
-Each call is one ctypes call on the tensors' memory where the torch path makes five or six
+Each call is one ctypes call on the tensors' memory where the torch path makes several
 torch calls. The kernels are single-threaded, so batches above ``MAX_ROWS`` rows (prefill
-chunks, big decode batches), where torch's multi-threaded ops win, and layouts the kernels
-do not take go to the torch path.
+chunks), where torch's multi-threaded ops win, and dtypes or layouts the kernels do not
+take go to the torch path.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ import torch
 from engine.layers import LayerOps
 
 MAX_ROWS = 64
-_INT, _PTR = ctypes.c_int64, ctypes.c_void_p
+_INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
-    "add_rms_norm": [_PTR, _PTR, _PTR, _INT, _INT, ctypes.c_float],
-    "rotary": [_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR],
+    "add_rms_norm": ([_PTR, _PTR, _PTR, _INT, _INT, _FLOAT], None),
+    "rotary": ([_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR], None),
+    "quantize_rows_int8": ([_PTR, _INT, _INT, _FLOAT, _PTR, _PTR, _PTR], _INT),
+    "rescale_int32": ([_PTR, _INT, _INT, _PTR, _PTR, _PTR], None),
 }
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+_NO_OUTLIERS = torch.empty(0, dtype=torch.long)
 
 
 class NativeLayerOps(LayerOps):
@@ -29,21 +33,23 @@ class NativeLayerOps(LayerOps):
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype):
         self.dtype = dtype
         self.max_rotary_dim = library.max_rotary_dim()
-        suffix = _SUFFIX[dtype]
-        self._norm, self._rotary = (self._bind(library, f"{name}_{suffix}", args)
-                                    for name, args in _SIGNATURES.items())
+        self._kernels = {(name, dtype): self._bind(library, f"{name}_{suffix}", *signature)
+                         for name, signature in _SIGNATURES.items() for dtype, suffix in _SUFFIX.items()}
 
     @staticmethod
-    def _bind(library, symbol, argtypes):
+    def _bind(library, symbol, argtypes, restype):
         function = getattr(library, symbol)
-        function.argtypes, function.restype = argtypes, None
+        function.argtypes, function.restype = argtypes, restype
         return function
 
+    def _takes(self, x: torch.Tensor) -> bool:
+        return x.dtype == self.dtype and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.is_contiguous()
+
     def rms_norm(self, norm, x, residual=None):
-        if (residual is None or x.dtype != self.dtype or x.dim() != 2 or x.shape[0] > MAX_ROWS
-                or not (x.is_contiguous() and residual.is_contiguous() and residual.dtype == self.dtype)):
+        if residual is None or not (self._takes(x) and self._takes(residual)):
             return super().rms_norm(norm, x, residual)
-        self._norm(x.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), x.shape[0], x.shape[1], norm.eps)
+        self._kernels["add_rms_norm", self.dtype](x.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(),
+                                                   x.shape[0], x.shape[1], norm.eps)
         return x, residual
 
     def rotary_qkv(self, qkv, num_heads, num_kv_heads, head_dim, cos_sin):
@@ -51,6 +57,26 @@ class NativeLayerOps(LayerOps):
         if (qkv.dtype != self.dtype or qkv.shape[0] > MAX_ROWS or qkv.stride(-1) != 1
                 or head_dim > self.max_rotary_dim or not (cos.is_contiguous() and sin.is_contiguous())):
             return super().rotary_qkv(qkv, num_heads, num_kv_heads, head_dim, cos_sin)
-        self._rotary(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads + num_kv_heads, head_dim,
-                     cos.data_ptr(), sin.data_ptr())
+        rotary = self._kernels["rotary", self.dtype]
+        rotary(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads + num_kv_heads, head_dim,
+               cos.data_ptr(), sin.data_ptr())
         return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+
+    def quantize_rows_int8(self, x, outlier_threshold):
+        if not self._takes(x):
+            return super().quantize_rows_int8(x, outlier_threshold)
+        rows, cols = x.shape
+        xq, scale = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows, 1)
+        flagged = torch.empty(cols, dtype=torch.uint8)
+        count = self._kernels["quantize_rows_int8", self.dtype](
+            x.data_ptr(), rows, cols, outlier_threshold, xq.data_ptr(), scale.data_ptr(), flagged.data_ptr())
+        return xq, scale, (flagged.nonzero().flatten() if count else _NO_OUTLIERS)
+
+    def rescale_int32(self, acc, row_scale, col_scale, dtype):
+        if (dtype not in _SUFFIX or acc.shape[0] > MAX_ROWS or not acc.is_contiguous()
+                or not (row_scale.is_contiguous() and col_scale.is_contiguous())):
+            return super().rescale_int32(acc, row_scale, col_scale, dtype)
+        out = torch.empty(acc.shape, dtype=dtype)
+        self._kernels["rescale_int32", dtype](acc.data_ptr(), acc.shape[0], acc.shape[1],
+                                              row_scale.data_ptr(), col_scale.data_ptr(), out.data_ptr())
+        return out

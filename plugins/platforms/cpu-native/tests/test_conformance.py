@@ -49,7 +49,8 @@ def test_chosen_over_cpu_when_installed():
 def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
     with pytest.raises(build.BuildError, match="no C compiler"):
         build.load("no-such-compiler")
-    script = ("import json; from engine.plugins import load_plugins; from engine.core.setup import select_platform;"
+    script = ("import json; from engine.plugins import load_plugins;"
+              "from engine.core.setup import select_platform;"
               "from engine_platforms_cpu_native.platform import NativeCpuPlatform as P;"
               "print(json.dumps([P.unavailable_reasons(), select_platform(load_plugins(), None).name]))")
     env = dict(os.environ, CC="no-such-compiler", XDG_CACHE_HOME=str(tmp_path))

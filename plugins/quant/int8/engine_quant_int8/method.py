@@ -29,7 +29,8 @@ class Int8WeightOnly(QuantMethod):
         layer.register_parameter("weight", weight)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        layer.int8 = Int8Rows.from_float(layer.weight.data, self.ctx.dtype)
+        ops = self.ctx.platform.layer_ops(self.ctx.dtype)
+        layer.int8 = Int8Rows.from_float(layer.weight.data, self.ctx.dtype, ops)
         del layer.weight
 
     def apply(self, layer, x, bias):
