@@ -35,10 +35,11 @@ class Platform(ABC):
         """Wait for queued device work (no-op on synchronous devices)."""
 
     def layer_ops(self, dtype: torch.dtype):
-        """The :class:`engine.layers.LayerOps` models use for the small ops between matmuls
-        (RMSNorm with the residual add, rotary embedding, SwiGLU) in ``dtype``. The default is
-        plain torch; a platform with fused kernels returns a subclass overriding those it
-        does better, checked by ``engine.testing.layer_ops``."""
+        """The :class:`engine.layers.LayerOps` models and quant kernels use for the small ops
+        between matmuls (RMSNorm with the residual add, rotary embedding, SwiGLU, W8A8's
+        activation quantization and rescale) in ``dtype``. The default is plain torch; a
+        platform with fused kernels returns a subclass overriding those it does better,
+        checked by ``engine.testing.layer_ops``. Called once per layer at load: cache it."""
         from engine.layers.ops import LayerOps
 
         return LayerOps()

@@ -125,8 +125,10 @@ class TorchAttentionBackend(AttentionBackend):
         query rows (one position, so no mask) — 16 µs where broadcasting K/V over a head axis
         took 62 µs and the two matmuls 45 µs."""
         s = self.spec
-        table = group.block_table[0]
-        blocks = kv_cache[:, :, group.blocks] if group.blocks else kv_cache.index_select(2, table)
+        if group.blocks is not None:
+            blocks = kv_cache[:, :, group.blocks]
+        else:
+            blocks = kv_cache.index_select(2, group.block_table[0])
         keys, values = blocks.flatten(2, 3)[:, :, None, :group.seq_len].unbind()
         queries = query.view(s.num_kv_heads, 1, s.num_heads // s.num_kv_heads, s.head_dim)
         out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale)  # [Hkv, 1, g, D]

@@ -6,6 +6,8 @@ reports itself unavailable — and ``cpu`` is chosen — when its kernels cannot
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine.builtin.platforms import CpuPlatform
@@ -29,4 +31,10 @@ class NativeCpuPlatform(CpuPlatform):
     def layer_ops(self, dtype: torch.dtype):
         if dtype not in (torch.bfloat16, torch.float32):
             return super().layer_ops(dtype)
-        return NativeLayerOps(build.library(), dtype)
+        return _native_ops(dtype)
+
+
+@functools.cache
+def _native_ops(dtype: torch.dtype) -> NativeLayerOps:
+    """One instance per dtype: quant methods ask for the ops once per linear layer."""
+    return NativeLayerOps(build.library(), dtype)
