@@ -70,7 +70,7 @@ def wrong_version_plugin(tmp_path):
         build-backend = "setuptools.build_meta"
 
         [project]
-        name = "engine-attention-future"
+        name = "tessellm-attention-future"
         version = "9.0.0"
 
         [project.entry-points."engine.plugins"]
@@ -83,7 +83,7 @@ def wrong_version_plugin(tmp_path):
     subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(tmp_path)], check=True,
                    capture_output=True, timeout=300)
     yield
-    subprocess.run([*pip, "uninstall", "-y", "engine-attention-future"], check=True, capture_output=True)
+    subprocess.run([*pip, "uninstall", "-y", "tessellm-attention-future"], check=True, capture_output=True)
 
 
 def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
@@ -92,9 +92,9 @@ def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
     mentions = [line for line in result.stderr.splitlines() if "attention-future" in line]
     assert len(mentions) == 1 and "Traceback" not in result.stderr, result.stderr
     line = mentions[0]
-    assert "engine-attention-future 9.0.0" in line and "refused" in line
+    assert "tessellm-attention-future 9.0.0" in line and "refused" in line
     assert "interface v99" in line and "provides v1" in line
-    assert "attention-future  (engine-attention-future 9.0.0)  refused:" in result.stdout
+    assert "attention-future  (tessellm-attention-future 9.0.0)  refused:" in result.stdout
     assert "attention backend: future" not in result.stdout
     for name in SHIPPED:
         assert f"{name}  (" in result.stdout and "loaded" in result.stdout

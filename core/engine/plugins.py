@@ -64,7 +64,7 @@ class PluginRegistry:
         self._manager = pluggy.PluginManager("engine")
         self._manager.add_hookspecs(hookspecs.EngineHookSpecs)
         self._manager.register(builtin, name=BUILTIN)
-        self.plugins[BUILTIN] = PluginInfo(BUILTIN, "engine-core", _version("engine-core"))
+        self.plugins[BUILTIN] = PluginInfo(BUILTIN, "tessellm-core", _version("tessellm-core"))
         self._discover(None if allow is None else set(allow))
         self._collect()
 

@@ -1,4 +1,4 @@
-"""engine-server: the OpenAI-compatible front end, registered as CLI commands."""
+"""tessellm-server: the OpenAI-compatible front end, registered as CLI commands."""
 
 from engine import hookimpl
 

@@ -94,7 +94,7 @@ async def health(request: Request):
 
 
 async def version(request: Request):
-    return JSONResponse({"version": importlib.metadata.version("engine-server")})
+    return JSONResponse({"version": importlib.metadata.version("tessellm-server")})
 
 
 async def metrics(request: Request):

@@ -1,4 +1,4 @@
-"""engine-server pieces that need no running server: the wire protocol and the benchmark's
+"""tessellm-server pieces that need no running server: the wire protocol and the benchmark's
 arithmetic."""
 
 from __future__ import annotations

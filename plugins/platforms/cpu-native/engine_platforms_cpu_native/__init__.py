@@ -1,4 +1,4 @@
-"""engine-platforms-cpu-native: the CPU platform with fused C kernels for the small ops
+"""tessellm-platforms-cpu-native: the CPU platform with fused C kernels for the small ops
 between a layer's matmuls (residual add + RMSNorm, rotary embedding)."""
 
 from engine import hookimpl
