@@ -3,12 +3,12 @@ arithmetic."""
 
 from __future__ import annotations
 
-import argparse
-
+import msgspec
 import pytest
 
 from engine import GrammarSpec, SamplingParams
-from engine_server import bench, protocol
+from engine_server import protocol
+from engine_server.bench import metrics
 
 
 def test_messages_round_trip_without_pickle():
@@ -19,22 +19,22 @@ def test_messages_round_trip_without_pickle():
     out = protocol.Outputs([protocol.Delta("r1", [5], [([5, 6], [-0.1, -2.0], [1, 2])], None, "stop", 7)],
                            {"running": 1.0})
     assert protocol.decode_from_core(protocol.encode(out)) == out
-    with pytest.raises(Exception):
+    with pytest.raises(msgspec.DecodeError):
         protocol.decode_to_core(b"\x80\x04not msgpack")
 
 
 def test_slo_parsing_and_summary():
-    assert bench.parse_slos(["ttft:500", "tpot:50"]) == {"ttft": 0.5, "tpot": 0.05}
+    assert metrics.parse_slos(["ttft:500", "tpot:50"]) == {"ttft": 0.5, "tpot": 0.05}
     with pytest.raises(ValueError, match="--goodput"):
-        bench.parse_slos(["latency:5"])
-    records = [{"ok": True, "ttft": 0.1, "itl": [0.01, 0.02], "e2el": 0.13, "output_tokens": 3, "prompt_tokens": 4},
-               {"ok": True, "ttft": 0.9, "itl": [0.05], "e2el": 1.0, "output_tokens": 2, "prompt_tokens": 4},
-               {"ok": False, "ttft": None, "itl": [], "e2el": None, "output_tokens": 0, "prompt_tokens": 0,
-                "error": "HTTP 400"}]
-    args = argparse.Namespace(base_url="u", request_rate=2.0, burstiness=1.0)
-    result = bench.summarize(records, 2.0, {"ttft": 0.5}, args, "m")
-    assert result["completed"] == 2 and result["failed"] == 1 and result["errors"] == ["HTTP 400"]
-    assert result["goodput"] == 0.5 and result["output_throughput"] == 2.5
-    assert result["ttft_ms"]["mean"] == pytest.approx(500.0)
-    assert result["tpot_ms"]["median"] == pytest.approx((15 + 100) / 2)
-    assert "goodput" in bench.format_report(result)
+        metrics.parse_slos(["latency:5"])
+    outputs = [metrics.RequestOutput(4, True, 0.0, 0.1, [0.01, 0.02], 0.13, 3),
+               metrics.RequestOutput(4, True, 0.05, 0.9, [0.05], 1.0, 2),
+               metrics.RequestOutput(4, error="HTTP 400")]
+    result = metrics.summarize(outputs, 2.0, {"ttft": 0.5}, ["ttft", "tpot", "itl", "e2el"], [50.0, 99.0])
+    assert result["completed"] == 2 and result["failed"] == 1 and result["errors"] == ["", "", "HTTP 400"]
+    assert result["request_goodput"] == 0.5 and result["output_throughput"] == 2.5
+    assert result["mean_ttft_ms"] == pytest.approx(500.0) and result["p50_ttft_ms"] == pytest.approx(500.0)
+    assert result["median_tpot_ms"] == pytest.approx((15 + 100) / 2)
+    assert result["max_concurrent_requests"] == 2 and result["max_output_tokens_per_s"] == 4  # 3 + 1 tokens within the first second
+    report = metrics.format_report(result, ["ttft", "tpot", "itl", "e2el"], [50.0, 99.0])
+    assert "Request goodput (req/s):" in report and "P99 ITL (ms):" in report and "error: HTTP 400" in report
