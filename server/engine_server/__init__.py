@@ -12,3 +12,6 @@ def register_commands(register):
 @hookimpl
 def register_tool_parsers(register):
     register("hermes", "engine_server.tools:HermesToolParser", api=1)
+    register("llama3_json", "engine_server.tool_parsers:Llama3JsonToolParser", api=1)
+    register("mistral", "engine_server.tool_parsers:MistralToolParser", api=1)
+    register("pythonic", "engine_server.tool_parsers:PythonicToolParser", api=1)

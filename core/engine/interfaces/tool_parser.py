@@ -16,6 +16,10 @@ class ToolCall:
 
 
 class ToolParser(ABC):
+    #: True when the format's markers are special tokens (Mistral's ``[TOOL_CALLS]``, Llama's
+    #: ``<|python_tag|>``): the server then keeps special tokens in the text it feeds.
+    needs_special_tokens: bool = False
+
     def __init__(self, tokenizer: Any):
         self.tokenizer = tokenizer
 
