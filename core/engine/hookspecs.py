@@ -98,6 +98,12 @@ class EngineHookSpecs:
         ``engine serve --tool-call-parser NAME``."""
 
     @hookspec
+    def register_reasoning_parsers(self, register):
+        """Register :class:`engine.interfaces.ReasoningParser` subclasses (server side): how a
+        reasoning model marks its reasoning, split into ``reasoning_content``, chosen with
+        ``engine serve --reasoning-parser NAME``."""
+
+    @hookspec
     def register_commands(self, register):
         """Register ``engine`` CLI subcommands: :class:`engine.cli.Command` subclasses under
         the subcommand name (``serve``, ``bench`` ...)."""

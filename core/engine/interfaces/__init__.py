@@ -10,6 +10,7 @@ from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.model import Model, StepContext
 from engine.interfaces.platform import Platform
 from engine.interfaces.quant import QuantMethod
+from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import Scheduler
 from engine.interfaces.tool_parser import ToolCall, ToolParser
 
@@ -28,6 +29,7 @@ INTERFACE_VERSIONS = {
     "schedulers": 1,
     "kv_cache_managers": 1,
     "tool_parsers": 1,
+    "reasoning_parsers": 1,
     "commands": 1,
 }
 
@@ -35,5 +37,5 @@ __all__ = [
     "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Draft", "Drafter",
     "DrafterContext", "DraftRequest", "Grammar", "GrammarBackend", "GrammarContext", "GrammarSpec",
     "KVCacheManager", "KVConnector", "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod",
-    "Scheduler", "StepContext", "ToolCall", "ToolParser",
+    "ReasoningParser", "Scheduler", "StepContext", "ToolCall", "ToolParser",
 ]
