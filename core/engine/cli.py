@@ -4,14 +4,14 @@ hook — the built-ins (``plugins``, ``generate``) the same way as a plugin's (`
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from abc import ABC, abstractmethod
 
-
-from engine.config import EngineConfig
+from engine.cli_args import ArgumentParser, add_engine_arguments, engine_options, expand_config_files
 from engine.plugins import load_plugins
+
+__all__ = ["Command", "add_engine_arguments", "engine_options", "main"]
 
 
 class Command(ABC):
@@ -24,38 +24,6 @@ class Command(ABC):
     @abstractmethod
     def run(self, args: argparse.Namespace) -> int:
         ...
-
-
-_SKIP = {"plugins"}  # handled before plugins load
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """One ``--flag`` per engine option (``--max-num-seqs``, ``--num-blocks`` ...)."""
-    for name, field in EngineConfig.option_names().items():
-        if name in _SKIP:
-            continue
-        flag = "--" + name.replace("_", "-")
-        default = field.default
-        if isinstance(default, bool):
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None)
-        elif name == "speculative_config":
-            parser.add_argument("--speculative-config", dest=name, type=json.loads, default=None,
-                                help='JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'')
-        elif isinstance(default, (int, float)) and not isinstance(default, bool):
-            parser.add_argument(flag, dest=name, type=type(default), default=None)
-        elif name == "logits_processors":
-            parser.add_argument(flag, dest=name, default=None, help="comma-separated names")
-        else:
-            parser.add_argument(flag, dest=name, default=None, type=_int_or_str)
-
-
-def _int_or_str(value: str):
-    return int(value) if value.isdigit() else value
-
-
-def engine_options(args: argparse.Namespace) -> dict:
-    names = set(EngineConfig.option_names()) - _SKIP
-    return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 
 class PluginsCommand(Command):
@@ -144,7 +112,7 @@ class GenerateCommand(Command):
 
 
 def build_parser(registry) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="engine", description="LLM inference engine")
+    parser = ArgumentParser(prog="engine", description="LLM inference engine (tessellm)")
     parser.add_argument("--plugins", type=lambda s: [p for p in s.split(",") if p], default=None,
                         help="comma-separated allow-list of plugins (default: all installed)")
     parser.add_argument("--log-level", default="WARNING")
@@ -172,6 +140,7 @@ def _pre_parse_plugins(argv: list[str]) -> list[str] | None:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
+        argv = expand_config_files(argv)
         registry = load_plugins(_pre_parse_plugins(argv))
     except ValueError as exc:
         print(f"engine: {exc}", file=sys.stderr)

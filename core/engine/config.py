@@ -28,7 +28,10 @@ class ModelConfig:
 class CacheConfig:
     block_size: int = attrs.field(default=16, validator=_positive)
     kv_cache_memory: int | None = attrs.field(default=None, validator=_positive)  # bytes
-    kv_cache_memory_fraction: float = 0.25  # of free memory, when kv_cache_memory is unset
+    kv_cache_memory_fraction: float = 0.25  # of free memory, when no other size is given
+    # vLLM's --gpu-memory-utilization: share of the device's memory for the whole instance
+    memory_utilization: float | None = attrs.field(default=None, validator=attrs.validators.optional(
+        [attrs.validators.gt(0), attrs.validators.le(1)]))
     num_blocks: int | None = attrs.field(default=None, validator=_positive)  # overrides both
     enable_prefix_caching: bool = True
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests

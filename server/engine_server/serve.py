@@ -39,6 +39,8 @@ class ServeCommand(Command):
     help = "serve a model over an OpenAI-compatible HTTP API"
 
     def add_arguments(self, parser):
+        parser.add_argument("model_tag", nargs="?", metavar="MODEL",
+                            help="model folder or .gguf file, as `vllm serve MODEL` (same as --model)")
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--api-key", default=os.environ.get("ENGINE_API_KEY"),
@@ -53,6 +55,10 @@ class ServeCommand(Command):
 
     def run(self, args) -> int:
         options = engine_options(args)
+        if args.model_tag:
+            if options.get("model", args.model_tag) != args.model_tag:
+                raise ValueError(f"model: given twice, as {args.model_tag!r} and --model {options['model']!r}")
+            options["model"] = args.model_tag
         if args.plugins:
             options["plugins"] = args.plugins
         model_path, tokenizer = load_tokenizer(options.get("model"), args.plugins, options.get("load_format"))

@@ -21,6 +21,12 @@ class CpuPlatform(Platform):
     def free_memory(self) -> int:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
+    def memory_in_use(self) -> tuple[int, int]:
+        page = os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/statm") as f:
+            resident = int(f.read().split()[1]) * page
+        return resident, os.sysconf("SC_PHYS_PAGES") * page
+
     def configure(self) -> None:
         threads = int(os.environ.get("ENGINE_NUM_THREADS", len(os.sched_getaffinity(0))))
         torch.set_num_threads(threads)
@@ -41,6 +47,9 @@ class CudaPlatform(Platform):
 
     def free_memory(self) -> int:
         return torch.cuda.mem_get_info()[0]
+
+    def memory_in_use(self) -> tuple[int, int]:
+        return torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[1]
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()

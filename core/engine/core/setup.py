@@ -139,11 +139,25 @@ def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:
     if cache_config.num_blocks is not None:
         return cache_config.num_blocks
     per_block = num_layers * backend.spec.dtype.itemsize * _prod(backend.kv_cache_shape(1))
-    budget = cache_config.kv_cache_memory or int(platform.free_memory() * cache_config.kv_cache_memory_fraction)
-    blocks = budget // per_block
+    blocks = _kv_cache_budget(cache_config, platform) // per_block
     if blocks < 2:
-        raise ValueError(f"kv_cache_memory: {budget} bytes hold fewer than 2 blocks of {per_block} bytes")
+        raise ValueError(f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of {per_block} bytes")
     return blocks
+
+
+def _kv_cache_budget(cache_config, platform) -> int:
+    """Bytes for the KV cache: the size given, else the share of the device the instance may
+    use less what it holds now (the loaded model), else a share of the free memory."""
+    if cache_config.kv_cache_memory:
+        return cache_config.kv_cache_memory
+    if cache_config.memory_utilization is not None:
+        used, total = platform.memory_in_use()
+        budget = int(cache_config.memory_utilization * total) - used
+        if budget <= 0:
+            raise ValueError(f"memory_utilization: {cache_config.memory_utilization} of {total} bytes leaves "
+                             f"nothing for the KV cache beside the {used} bytes in use")
+        return budget
+    return int(platform.free_memory() * cache_config.kv_cache_memory_fraction)
 
 
 def _prod(shape) -> int:

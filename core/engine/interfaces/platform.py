@@ -28,6 +28,11 @@ class Platform(ABC):
     def free_memory(self) -> int:
         """Bytes available for weights and KV cache now."""
 
+    def memory_in_use(self) -> tuple[int, int]:
+        """(bytes this process holds on the device now, the device's total bytes), for
+        ``memory_utilization``; a platform that cannot tell raises NotImplementedError."""
+        raise NotImplementedError(f"platform {self.name} cannot report its memory in use")
+
     def configure(self) -> None:
         """Process-wide set-up (threads, allocator) before the model is built."""
 

@@ -1,0 +1,238 @@
+"""Engine options as command-line flags, spelled as vLLM spells them where the meaning
+matches (``--gpu-memory-utilization``, ``--kv-cache-memory-bytes 4GiB``,
+``--num-gpu-blocks-override``, ``-q``, ``-tp``, ``--dtype half``), so a ``vllm serve`` line
+works unchanged; sizes take units (``4GiB``, ``32k``); ``--config FILE.yaml`` holds flags;
+an unknown flag is refused in one line naming the closest known one.
+
+Every :class:`engine.config.EngineConfig` option gets a flag; :data:`OPTIONS` says its
+spellings, meaning and unit (``--help`` prints them with the default and the choices).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import json
+import re
+import sys
+
+import attrs
+
+from engine.config import EngineConfig
+
+_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
+
+
+def parse_size(text: str) -> int:
+    """``4GiB``, ``4G`` (binary), ``4GB`` (decimal), ``512MiB``, ``1e9`` -> bytes."""
+    match = _SIZE.match(str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 4GiB, 512MiB, 1e9)")
+    number, unit, binary, byte = match.groups()
+    power = " kmgt".index(unit.lower()) if unit else 0
+    base = 1000 if (byte and not binary) else 1024
+    return int(float(number) * base ** power)
+
+
+def parse_count(text: str) -> int:
+    """Token counts as vLLM reads them: ``32k`` = 32,000, ``32K`` = 32,768, ``1m``, ``1M``."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*([kKmM]?)\s*", str(text))
+    if not match:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r} (e.g. 4096, 32k, 32K)")
+    number, unit = match.groups()
+    scale = {"": 1, "k": 1000, "K": 1024, "m": 10**6, "M": 2**20}[unit]
+    return int(number) * scale
+
+
+_DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
+           "float": "float32", "float32": "float32"}
+
+
+def parse_dtype(text: str) -> str:
+    if text not in _DTYPES:
+        raise argparse.ArgumentTypeError(f"choose from {', '.join(_DTYPES)}")
+    return _DTYPES[text]
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    return tuple(name for name in text.split(",") if name)
+
+
+@attrs.frozen
+class Option:
+    flags: tuple[str, ...]  # the first is shown first; vLLM's spelling leads where there is one
+    help: str
+    type: object = None  # a parser; None: the field's own type
+    choices: tuple | None = None
+    unit: str = ""
+
+
+OPTIONS: dict[str, Option] = {
+    "model": Option(("--model",), "model folder (Hugging Face layout) or .gguf file; default: the embedded "
+                                  "default model"),
+    "dtype": Option(("--dtype",), "activation and weight dtype; half = float16, float = float32",
+                    parse_dtype, tuple(_DTYPES)),
+    "max_model_len": Option(("--max-model-len",), "longest prompt plus output; default: the model's context",
+                            parse_count, unit="tokens (32k, 32K)"),
+    "load_format": Option(("--load-format",), "checkpoint loader plugin (safetensors, gguf ...); default: "
+                                              "by the file"),
+    "quantization": Option(("--quantization", "-q"), "quant method plugin (int8-w8a16, int8-w8a8, fp8, "
+                                                     "unquantized ...); default: the checkpoint's"),
+    "seed": Option(("--seed",), "random seed of the engine"),
+    "block_size": Option(("--block-size",), "tokens per KV cache block", unit="tokens"),
+    "kv_cache_memory": Option(("--kv-cache-memory-bytes", "--kv-cache-memory"),
+                              "memory for the KV cache; overrides --gpu-memory-utilization", parse_size,
+                              unit="bytes (4GiB, 512MiB)"),
+    "kv_cache_memory_fraction": Option(("--kv-cache-memory-fraction",),
+                                       "share of free memory for the KV cache when no other size is given"),
+    "memory_utilization": Option(("--gpu-memory-utilization", "--memory-utilization"),
+                                 "share of the device's memory this instance may use in all (weights, "
+                                 "activations, KV cache); the KV cache gets what the loaded model leaves", float),
+    "num_blocks": Option(("--num-gpu-blocks-override", "--num-blocks"), "KV cache blocks; overrides the "
+                                                                         "memory options"),
+    "enable_prefix_caching": Option(("--enable-prefix-caching",), "reuse KV blocks of shared prompt prefixes"),
+    "watermark": Option(("--watermark",), "share of KV blocks kept free when admitting requests"),
+    "max_num_batched_tokens": Option(("--max-num-batched-tokens",), "tokens per step (prefill and decode)",
+                                     parse_count, unit="tokens"),
+    "max_num_seqs": Option(("--max-num-seqs",), "requests running at once"),
+    "enable_chunked_prefill": Option(("--enable-chunked-prefill",), "split long prompts over steps"),
+    "long_prefill_token_threshold": Option(("--long-prefill-token-threshold",),
+                                           "most prompt tokens of one request per step; 0: no limit",
+                                           parse_count, unit="tokens"),
+    "policy": Option(("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")),
+    "scheduler": Option(("--scheduler",), "scheduler plugin"),
+    "kv_cache_manager": Option(("--kv-cache-manager",), "KV cache manager plugin"),
+    "tensor_parallel_size": Option(("--tensor-parallel-size", "-tp"), "tensor-parallel ranks"),
+    "log_stats": Option(("--log-stats",), "log engine statistics"),
+    "speculative_config": Option(("--speculative-config",), 'speculative decoding as JSON, e.g. '
+                                 '\'{"method": "ngram", "num_speculative_tokens": 4}\'', json.loads),
+    "device": Option(("--device",), "platform plugin (cpu, cuda, cpu-native ...); default: the best available"),
+    "attention_backend": Option(("--attention-backend",), "attention backend plugin; default: the "
+                                                          "platform's preference"),
+    "structured_outputs_backend": Option(("--structured-outputs-backend",), "grammar backend plugin"),
+    "kv_connector": Option(("--kv-connector",), "KV connector plugin"),
+    "logits_processors": Option(("--logits-processors",), "logits processor plugins, comma-separated",
+                                parse_names),
+}
+
+# Flags of vLLM's that have no effect here: (takes a value, why), printed when given.
+NO_EFFECT = {
+    "--trust-remote-code": (False, "this engine never runs code from a checkpoint (model families are plugins)"),
+    "--enforce-eager": (False, "this engine runs eagerly on this platform"),
+    "--disable-log-stats": (False, "statistics are logged only with --log-stats"),
+    "--swap-space": (True, "preempted requests are recomputed, not swapped"),
+    "--revision": (True, "models load from local files only; there is no hub revision to pick"),
+}
+
+_SKIP = {"plugins"}  # handled before plugins load
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag (and its vLLM spelling) per engine option, grouped under "engine options"."""
+    group = parser.add_argument_group("engine options")
+    for name, field in EngineConfig.option_names().items():
+        if name in _SKIP:
+            continue
+        option = OPTIONS.get(name, Option((f"--{name.replace('_', '-')}",), ""))
+        default = field.default
+        details = [option.help] if option.help else []
+        if option.unit:
+            details.append(f"unit: {option.unit}")
+        if "default:" not in option.help:
+            details.append(f"default: {default}")
+        help_text = "; ".join(details)
+        metavar = {parse_size: "SIZE", parse_count: "N"}.get(option.type)
+        if isinstance(default, bool):
+            group.add_argument(*option.flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text)
+            continue
+        kind = option.type or (type(default) if isinstance(default, int | float) else _int_or_str)
+        group.add_argument(*option.flags, dest=name, type=kind, default=None, help=help_text,
+                           choices=None if option.type is parse_dtype else option.choices,
+                           metavar=metavar if option.choices is None else "{" + ",".join(option.choices) + "}")
+    group.add_argument("--config", metavar="FILE.yaml", help="flags from a YAML mapping (max-num-seqs: 8); "
+                                                              "flags after --config override the file's")
+    for flag, (takes_value, reason) in NO_EFFECT.items():
+        kind = {"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}
+        group.add_argument(flag, dest=_no_effect_dest(flag), default=None,
+                           help=f"accepted for vLLM command lines; no effect: {reason}", **kind)
+
+
+def _no_effect_dest(flag: str) -> str:
+    return "no_effect_" + flag[2:].replace("-", "_")
+
+
+def _int_or_str(value: str):
+    return int(value) if value.isdigit() else value
+
+
+def engine_options(args: argparse.Namespace) -> dict:
+    """The engine options given on the command line (a one-line note for each flag without effect)."""
+    for flag, (_, reason) in NO_EFFECT.items():
+        if getattr(args, _no_effect_dest(flag), None) is not None:
+            print(f"engine: {flag} has no effect: {reason}", file=sys.stderr)
+    names = set(EngineConfig.option_names()) - _SKIP
+    return {k: v for k, v in vars(args).items() if k in names and v is not None}
+
+
+def expand_config_files(argv: list[str]) -> list[str]:
+    """``--config FILE.yaml`` -> the flags it holds (``max-num-seqs: 8`` or ``max_num_seqs: 8``;
+    ``true`` for a bare flag, ``false`` for its ``--no-`` form) in its place, so flags after it
+    override the file's."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg == "--config" or arg.startswith("--config="):
+            path = arg.split("=", 1)[1] if "=" in arg else next(args, None)
+            if path is None:
+                raise ValueError("--config needs a file")
+            out += _config_flags(path)
+        else:
+            out.append(arg)
+    return out
+
+
+def _config_flags(path: str) -> list[str]:
+    import yaml
+
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ValueError(f"--config {path}: expected a mapping of flag names to values")  # noqa: TRY004 (a usage error)
+    flags: list[str] = []
+    for key, value in data.items():
+        flag = "--" + str(key).replace("_", "-")
+        if value is True:
+            flags.append(flag)
+        elif value is False:
+            flags.append("--no-" + flag[2:])
+        else:
+            flags += [flag, json.dumps(value) if isinstance(value, dict | list) else str(value)]
+    return flags
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """Refuses an unknown flag in one line, naming the closest known flag. Abbreviations are
+    refused too: with this many flags a prefix would pick one silently."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        unknown = re.search(r"unrecognized arguments: (\S+)", message)
+        if unknown:
+            flag = unknown.group(1).split("=")[0]
+            known = [s for action in self._all_actions() for s in action.option_strings]
+            close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else f"; see `{self.prog} --help`"
+            self.exit(2, f"{self.prog}: unknown flag {flag}{hint}\n")
+        super().error(message)
+
+    def _all_actions(self):
+        actions = list(self._actions)
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    actions += sub._actions
+        return actions
