@@ -1,4 +1,4 @@
-"""The plugin tutorial's example (examples/attention-sdpa, built step by step in
+"""The plugin tutorial's example (examples/attention/sdpa, built step by step in
 docs/tutorial-plugin.md), run as the tutorial runs it: pip-installed from a copy, listed by
 `engine plugins`, passing its conformance tests through `pytest --engine-conformance`, and
 selected with `--plugins`, where it generates what the reference backend generates."""
@@ -15,7 +15,7 @@ import pytest
 
 from tests.test_plugins import pip_install, pip_uninstall, run_engine
 
-EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "attention-sdpa")
+EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "attention", "sdpa")
 
 
 @pytest.fixture(scope="module")
