@@ -1,6 +1,9 @@
-"""The plugin system end to end: the `engine plugins` command, the allow-list, and a real
-out-of-tree plugin package (pip-installed from a temporary directory) built for another
-interface version, refused with one line while the rest load."""
+"""The plugin system end to end: the `engine plugins` command, the allow-list, and real
+out-of-tree plugin packages (pip-installed from a temporary directory) that are broken in
+every way a plugin can be — another interface version, no `api=`, a raising hook, a target
+that cannot be imported, a misspelled hook — each reported in one line while the rest load
+and the engine runs; in-process, every kind of misregistration and selection around a
+target that cannot be imported."""
 
 from __future__ import annotations
 
