@@ -7,6 +7,7 @@ target that cannot be imported."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -17,6 +18,7 @@ import types
 import pytest
 import torch
 from engine import hookimpl, plugins
+from engine.interfaces import AttentionBackend, AttentionSpec
 from engine.plugins import RegistrationError, load_plugins
 
 from tests.plugins.ban_tokens import BanTokens
@@ -324,7 +326,6 @@ def test_unmarked_hook_is_reported_and_marked_ones_load(monkeypatch):
 def test_auto_selection_skips_what_cannot_be_imported_and_explicit_selection_names_it(monkeypatch):
     from engine.builtin.platforms import CpuPlatform
     from engine.core.setup import select_attention_backend, select_platform
-    from engine.interfaces import AttentionSpec
 
     class Preferring(CpuPlatform):
         preferred_attention_backends = ("gone", "torch")
@@ -347,3 +348,37 @@ def test_auto_selection_skips_what_cannot_be_imported_and_explicit_selection_nam
     big = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)
     with pytest.raises(RuntimeError, match=r"gone: cannot be imported: ModuleNotFoundError.*; torch: "):
         select_attention_backend(registry, None, big, Preferring())
+
+
+class RaisingBackend(AttentionBackend):
+    """A backend whose capability check itself is broken."""
+
+    name = "raising"
+
+    @classmethod
+    def supports(cls, spec, platform):
+        raise KeyError("compute capability")
+
+    def forward(self, query, key, value, kv_cache, metadata):
+        raise AssertionError("never selected")
+
+
+def test_a_capability_check_that_raises_is_a_reason_not_a_crash(monkeypatch, capsys):
+    from engine.builtin.platforms import CpuPlatform
+    from engine.cli import PluginsCommand
+    from engine.core.setup import select_attention_backend
+
+    class Preferring(CpuPlatform):
+        preferred_attention_backends = ("raising", "torch")
+
+    plugin = hooks(register_attention_backends=lambda register: register("raising", RaisingBackend, api=1))
+    registry = registry_with(monkeypatch, "checks", plugin, "attention-torch")
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=16)
+    assert select_attention_backend(registry, None, spec, Preferring()).name == "torch"
+    big = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)
+    with pytest.raises(RuntimeError, match=r"raising: RaisingBackend.supports raised KeyError: 'compute capability'"):
+        select_attention_backend(registry, None, big, Preferring())
+    monkeypatch.setattr(plugins, "_loaded", {frozenset(["checks"]): registry})
+    assert PluginsCommand().run(argparse.Namespace(plugins=["checks"])) == 0
+    assert ("    attention backend: raising  [cannot run here: its check raised KeyError: 'compute capability']"
+            in capsys.readouterr().out.splitlines())

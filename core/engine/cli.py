@@ -10,7 +10,7 @@ import sys
 from abc import ABC, abstractmethod
 
 from engine.config import EngineConfig
-from engine.plugins import RegistrationError, kind_label, load_plugins
+from engine.plugins import RegistrationError, kind_label, load_plugins, one_line
 
 
 class Command(ABC):
@@ -83,21 +83,26 @@ class PluginsCommand(Command):
 
 def _runnable(registration, platform) -> str:
     """Whether ``registration`` imports and, for the kinds with a capability check, can run
-    on ``platform``."""
+    on ``platform``. A check that raises is reported on the line, not fatal."""
     try:
-        cls = registration.load()
+        return _capability(registration.kind, registration.load(), platform)
     except RegistrationError as exc:
         return f"  [cannot run here: {exc.reason}]"
-    if platform is None and registration.kind in ("attention_backends", "quant_methods"):
+    except Exception as exc:  # noqa: BLE001 - any error in the plugin's own check
+        return f"  [cannot run here: its check raised {one_line(exc)}]"
+
+
+def _capability(kind: str, cls, platform) -> str:
+    if platform is None and kind in ("attention_backends", "quant_methods"):
         return "  [cannot run here: no platform is available]"
-    if registration.kind == "platforms":
+    if kind == "platforms":
         reasons = cls.unavailable_reasons()
-    elif registration.kind == "quant_methods":
+    elif kind == "quant_methods":
         reasons = cls.supports(platform)
         path = cls.describe(platform)
         if path and not reasons:
             return f"  [runs here: {path}]"
-    elif registration.kind == "attention_backends":
+    elif kind == "attention_backends":
         reasons = cls.supports(_probe_spec(), platform)
     else:
         return ""

