@@ -3,13 +3,14 @@
 Loading is idempotent per process and per allow-list: the engine core, the API server
 and tensor-parallel workers all call :func:`load_plugins` and share the result.
 
-One bad plugin cannot take the others down: a plugin whose module fails to import, whose
-hook raises, or that registers something malformed (no ``api=``, another interface
-version, a bad name, a target that is not a class of its kind) is refused as a whole
-with one line naming it, its distribution and version, and the reason; a hook whose name
-matches no hook is reported in one line and the plugin's other hooks load. A registered
-target is imported only when selected; :meth:`Registration.load` turns a failure there
-into one :class:`RegistrationError` naming the registration.
+One bad plugin cannot take the others down. Each problem is one line naming the plugin,
+its distribution and version, and the reason: a module that fails to import (``failed``);
+a hook that raises or registers something malformed — no ``api=``, another interface
+version, a bad name, a target that is not a class of its kind — (``refused``, with none of
+its registrations kept); a hook implementation whose name matches no hook (reported, the
+plugin's other hooks load). A registered target is imported only when selected;
+:meth:`Registration.load` turns a failure there into one :class:`RegistrationError` naming
+the registration, and automatic selection (``engine.core.setup``) skips it.
 """
 
 from __future__ import annotations
