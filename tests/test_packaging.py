@@ -15,6 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "tessellm"
+PLUGIN_FOLDERS = ("plugins", "examples")  # <folder>/<kind>/<name>/: examples are plugins too
 DISTRIBUTIONS = sorted(p.parent for p in ROOT.glob("**/pyproject.toml")
                        if p.parent != ROOT and ".venv" not in p.parts and "tests" not in p.parts)
 
@@ -37,7 +38,7 @@ def _project(path: Path) -> dict:
 
 def _expected_name(path: Path) -> str:
     relative = path.relative_to(ROOT).parts
-    if relative[0] == "plugins":
+    if relative[0] in PLUGIN_FOLDERS:
         return f"{PROJECT}-{relative[1]}-{relative[2]}"
     return f"{PROJECT}-{relative[0]}"
 
@@ -47,7 +48,7 @@ def test_distribution_named_after_the_project(path):
     project = _project(path)
     assert project["name"] == _expected_name(path)
     relative = path.relative_to(ROOT).parts
-    if relative[0] == "plugins":
+    if relative[0] in PLUGIN_FOLDERS:
         kind, name = relative[1:3]
         entry_points = project["entry-points"]["engine.plugins"]
         assert entry_points == {f"{kind}-{name}": f"engine_{kind}_{name.replace('-', '_')}"}

@@ -1,24 +1,34 @@
-"""The plugin system end to end: the `engine plugins` command, the allow-list, and a real
-out-of-tree plugin package (pip-installed from a temporary directory) built for another
-interface version, refused with one line while the rest load."""
+"""The plugin system end to end: the `engine plugins` command, the allow-list, and real
+out-of-tree plugin packages (pip-installed from a temporary directory) that are broken in
+every way a plugin can be — another interface version, no `api=`, a raising hook, a target
+that cannot be imported, a misspelled hook — each reported in one line while the rest load
+and the engine runs; in-process, every kind of misregistration and selection around a
+target that cannot be imported."""
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
+import torch
+from engine import hookimpl, plugins
+from engine.interfaces import AttentionBackend, AttentionSpec
+from engine.plugins import RegistrationError, load_plugins
 
-from engine.plugins import load_plugins
+from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 SHIPPED = ("models-llama", "attention-torch", "quant-gguf", "quant-int8", "quant-fp8", "quant-mxfp4")
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([ENGINE, *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run([ENGINE, *args], check=False, capture_output=True, text=True, timeout=120)
 
 
 def test_engine_plugins_lists_shipped_plugins_and_builtins():
@@ -53,37 +63,52 @@ def test_unknown_plugin_on_the_cli_is_one_clear_line():
     assert result.stderr.strip().count("\n") == 0 and "unknown plugin" in result.stderr
 
 
+PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+
+
+def write_plugin(root, distribution: str, entry_point: str, package: str, source: str):
+    """A real plugin project (pyproject + one-module package) under ``root``; -> its folder."""
+    project = root / distribution
+    (project / package).mkdir(parents=True)
+    (project / package / "__init__.py").write_text(textwrap.dedent(source))
+    (project / "pyproject.toml").write_text(textwrap.dedent(f"""
+        [build-system]
+        requires = ["setuptools>=68"]
+        build-backend = "setuptools.build_meta"
+
+        [project]
+        name = "{distribution}"
+        version = "9.0.0"
+
+        [project.entry-points."engine.plugins"]
+        {entry_point} = "{package}"
+
+        [tool.setuptools]
+        packages = ["{package}"]
+        """))
+    return project
+
+
+def pip_install(*projects) -> None:
+    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", *map(str, projects)], check=True,
+                   capture_output=True, timeout=300)
+
+
+def pip_uninstall(*distributions: str) -> None:
+    subprocess.run([*PIP, "uninstall", "-y", *distributions], check=True, capture_output=True, timeout=120)
+
+
 @pytest.fixture
 def wrong_version_plugin(tmp_path):
-    package = tmp_path / "engine_attention_future"
-    package.mkdir()
-    (package / "__init__.py").write_text(textwrap.dedent("""
+    pip_install(write_plugin(tmp_path, "tessellm-attention-future", "attention-future", "engine_attention_future", """
         from engine import hookimpl
 
         @hookimpl
         def register_attention_backends(register):
             register("future", "engine_attention_future:Backend", api=99)
         """))
-    (tmp_path / "pyproject.toml").write_text(textwrap.dedent("""
-        [build-system]
-        requires = ["setuptools>=68"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "tessellm-attention-future"
-        version = "9.0.0"
-
-        [project.entry-points."engine.plugins"]
-        attention-future = "engine_attention_future"
-
-        [tool.setuptools]
-        packages = ["engine_attention_future"]
-        """))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(tmp_path)], check=True,
-                   capture_output=True, timeout=300)
     yield
-    subprocess.run([*pip, "uninstall", "-y", "tessellm-attention-future"], check=True, capture_output=True)
+    pip_uninstall("tessellm-attention-future")
 
 
 def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
@@ -98,3 +123,262 @@ def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
     assert "attention backend: future" not in result.stdout
     for name in SHIPPED:
         assert f"{name}  (" in result.stdout and "loaded" in result.stdout
+
+
+# Four broken plugins, each a real distribution. "platforms-fancy" is a working platform that
+# outranks cpu and cpu-native and prefers its own attention backend, whose kernel library is
+# missing: automatic selection must skip it for torch.
+BROKEN = {
+    "attention-noapi": ("engine_attention_noapi", """
+        from engine import hookimpl
+
+        @hookimpl
+        def register_attention_backends(register):
+            register("noapi", "engine_attention_torch.backend:TorchAttentionBackend")
+        """),
+    "models-raising": ("engine_models_raising", """
+        from engine import hookimpl
+
+        @hookimpl
+        def register_models(register):
+            raise RuntimeError("config registry unreachable")
+        """),
+    "platforms-fancy": ("engine_platforms_fancy", """
+        from engine import hookimpl
+        from engine.builtin.platforms import CpuPlatform
+
+        class FancyCpu(CpuPlatform):
+            name = "cpu-fancy"
+            priority = 5
+            preferred_attention_backends = ("fancy", "torch")
+
+        @hookimpl
+        def register_platforms(register):
+            register("cpu-fancy", FancyCpu, api=1)
+
+        @hookimpl
+        def register_attention_backends(register):
+            register("fancy", "engine_platforms_fancy.kernels:FancyAttention", api=1)
+        """),
+    "logits-typo": ("engine_logits_typo", """
+        from engine import hookimpl
+        from engine.interfaces import AttentionBackend, LogitsProcessor
+
+        class Ban(LogitsProcessor):
+            \"\"\"Bans the token ids a request lists in extra_args["ban"].\"\"\"
+
+            def apply(self, logits, requests):
+                for row, request in enumerate(requests):
+                    logits[row, (request.sampling_params.extra_args or {}).get("ban", [])] = float("-inf")
+                return logits
+
+        @hookimpl
+        def register_atention_backends(register):
+            register("typo", AttentionBackend, api=1)
+
+        @hookimpl
+        def register_logits_processors(register):
+            register("typo-ban", Ban, api=1)
+        """),
+}
+
+
+def _distribution(entry_point: str) -> str:
+    return f"tessellm-{entry_point}"
+
+
+@pytest.fixture(scope="module")
+def broken_plugins(tmp_path_factory):
+    root = tmp_path_factory.mktemp("broken-plugins")
+    projects = [write_plugin(root, _distribution(ep), ep, package, source) for ep, (package, source) in BROKEN.items()]
+    (projects[2] / "engine_platforms_fancy" / "kernels.py").write_text(
+        "import fancy_attention_kernels  # not installed: the backend cannot be imported\n")
+    pip_install(*projects)
+    yield
+    pip_uninstall(*map(_distribution, BROKEN))
+
+
+def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
+    result = run_engine("plugins")
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stdout.splitlines()
+    noapi = _only(lines, "attention-noapi  (tessellm-attention-noapi 9.0.0)  refused: ")
+    assert "attention backend 'noapi' registered without api=" in noapi and "provides v1" in noapi
+    raising = _only(lines, "models-raising  (tessellm-models-raising 9.0.0)  refused: ")
+    assert raising.endswith("register_models raised RuntimeError: config registry unreachable")
+    fancy = _only(lines, "attention backend: fancy")
+    assert ("cannot run here: cannot be imported: ModuleNotFoundError: No module named "
+            "'fancy_attention_kernels'") in fancy
+    assert _only(lines, "platforms-fancy  (tessellm-platforms-fancy 9.0.0)  loaded") and \
+        "    platform: cpu-fancy  [runs here]" in lines
+    typo = _only(lines, "logits-typo  (tessellm-logits-typo 9.0.0)  loaded; ")
+    assert typo.endswith("ignored hook register_atention_backends: no such hook "
+                         "(did you mean register_attention_backends?)")
+    assert "    logits processor: typo-ban" in lines  # its other hook loaded
+    assert not any("attention backend: noapi" in line or "attention backend: typo" in line for line in lines)
+    for name in ("builtin", *SHIPPED):
+        _only(lines, f"{name}  (")
+    # stderr: one warning per refusal or ignored hook, and one per selection that skipped fancy
+    for entry_point in ("attention-noapi", "models-raising", "logits-typo"):
+        assert sum(entry_point in line for line in result.stderr.splitlines()) == 1, result.stderr
+
+
+def _only(lines: list[str], text: str) -> str:
+    """The one line containing ``text``."""
+    found = [line for line in lines if text in line]
+    assert len(found) == 1, (text, found)
+    return found[0]
+
+
+ENGINE_RUN = """
+import json, sys
+from engine import LLM, SamplingParams
+
+llm = LLM(sys.argv[1], dtype="float32", num_blocks=64, max_model_len=256, logits_processors=["typo-ban"])
+first = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0))[0].outputs[0].token_ids
+banned = llm.generate("Hello", SamplingParams(max_tokens=4, temperature=0, extra_args={"ban": [first[0]]}))
+try:
+    LLM(sys.argv[1], dtype="float32", num_blocks=64, max_model_len=256, attention_backend="fancy")
+    explicit = None
+except RuntimeError as exc:
+    explicit = str(exc)
+print(json.dumps({"platform": llm.engine.platform.name, "attention": llm.engine.attention.name,
+                  "first": list(first), "banned": list(banned[0].outputs[0].token_ids), "explicit": explicit}))
+"""
+
+
+def test_engine_runs_with_the_rest_and_skips_the_backend_that_cannot_import(broken_plugins, tiny_llama):
+    result = subprocess.run([sys.executable, "-c", ENGINE_RUN, tiny_llama[0]], check=False, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["platform"] == "cpu-fancy" and out["attention"] == "torch"
+    assert len(out["first"]) == 4 and out["banned"][0] != out["first"][0]
+    assert out["explicit"] == ("attention backend 'fancy' (plugin 'platforms-fancy') cannot be imported: "
+                               "ModuleNotFoundError: No module named 'fancy_attention_kernels'")
+    skipped = [line for line in result.stderr.splitlines() if "'fancy'" in line and "skipped" in line]
+    assert skipped and "Traceback" not in result.stderr, result.stderr
+
+
+def registry_with(monkeypatch, name: str, plugin, *others: str):
+    """A fresh registry of builtin, ``others`` and the in-process ``plugin``, which is
+    forgotten after the test."""
+    monkeypatch.setitem(plugins._local, name, plugin)
+    return plugins.PluginRegistry([name, *others])
+
+
+def hooks(**functions):
+    """An in-process plugin object whose attributes are the given hook implementations."""
+    return types.SimpleNamespace(**{name: hookimpl(fn) for name, fn in functions.items()})
+
+
+MISREGISTRATIONS = {
+    "not-a-subclass": (("x", object), {"api": 1}, ("attention backend 'x': target is <class 'object'>, "
+                                                   "not a subclass of engine.interfaces.attention.AttentionBackend")),
+    "bad-lazy-target": (("x", "no colon here"), {"api": 1},
+                        "attention backend 'x': target 'no colon here' is not \"module:Attribute\""),
+    "name-with-space": (("two words", "pkg.mod:Backend"), {"api": 1},
+                        "attention backend name 'two words' is not a non-empty string without spaces or commas"),
+    "name-not-a-string": ((None, "pkg.mod:Backend"), {"api": 1}, "attention backend name None is not"),
+    "api-positional": (("x", "pkg.mod:Backend", 1), {}, "register_attention_backends raised TypeError: "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MISREGISTRATIONS))
+def test_misregistration_refuses_the_plugin_with_its_reason(monkeypatch, case):
+    args, kwargs, reason = MISREGISTRATIONS[case]
+    registry = registry_with(monkeypatch, "bad", hooks(register_attention_backends=lambda register: register(
+        *args, **kwargs)))
+    assert registry.plugins["bad"].status.startswith(f"refused: {reason}")
+    assert registry.names("attention_backends") == [] and registry.names("platforms") == ["cpu", "cuda"]
+
+
+def test_a_plugin_that_swallows_the_refusal_is_still_refused(monkeypatch):
+    def register_models(register):
+        try:
+            register("Broken", "pkg:Model")
+        except ValueError:
+            pass
+        register("Fine", "pkg:Model", api=1)
+
+    registry = registry_with(monkeypatch, "sly", hooks(register_models=register_models))
+    assert registry.plugins["sly"].status == ("refused: model 'Broken' registered without api= (the interface "
+                                              "version it targets; this core provides v1)")
+    assert registry.names("models") == []
+
+
+def test_hook_arguments_the_spec_lacks_refuse_the_plugin(monkeypatch):
+    registry = registry_with(monkeypatch, "args", hooks(register_models=lambda registrar: None))
+    status = registry.plugins["args"].status
+    assert status.startswith("refused: PluginValidationError: ") and "registrar" in status and "\n" not in status
+
+
+def test_unmarked_hook_is_reported_and_marked_ones_load(monkeypatch):
+    plugin = hooks(register_logits_processors=lambda register: register("ban", BanTokens, api=1))
+    plugin.register_models = lambda register: register("M", "pkg:Model", api=1)  # forgot @hookimpl
+    registry = registry_with(monkeypatch, "half", plugin)
+    assert registry.plugins["half"].describe() == ("half  ((in-process) -)  loaded; "
+                                                   "ignored register_models: not marked @engine.hookimpl")
+    assert registry.names("logits_processors") == ["ban"] and registry.names("models") == []
+
+
+def test_auto_selection_skips_what_cannot_be_imported_and_explicit_selection_names_it(monkeypatch):
+    from engine.builtin.platforms import CpuPlatform
+    from engine.core.setup import select_attention_backend, select_platform
+
+    class Preferring(CpuPlatform):
+        preferred_attention_backends = ("gone", "torch")
+
+    def register_attention_backends(register):
+        register("gone", "engine_no_such_kernels.attention:Backend", api=1)
+
+    def register_platforms(register):
+        register("ghost", "engine_no_such_platform:Platform", api=1)
+
+    plugin = hooks(register_attention_backends=register_attention_backends, register_platforms=register_platforms)
+    registry = registry_with(monkeypatch, "missing", plugin, "attention-torch")
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=16)
+    assert select_attention_backend(registry, None, spec, Preferring()).name == "torch"
+    assert select_platform(registry, None).name == "cpu"
+    with pytest.raises(RegistrationError) as err:
+        select_attention_backend(registry, "gone", spec, Preferring())
+    assert str(err.value) == ("attention backend 'gone' (plugin 'missing') cannot be imported: "
+                              "ModuleNotFoundError: No module named 'engine_no_such_kernels'")
+    big = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)
+    with pytest.raises(RuntimeError, match=r"gone: cannot be imported: ModuleNotFoundError.*; torch: "):
+        select_attention_backend(registry, None, big, Preferring())
+
+
+class RaisingBackend(AttentionBackend):
+    """A backend whose capability check itself is broken."""
+
+    name = "raising"
+
+    @classmethod
+    def supports(cls, spec, platform):
+        raise KeyError("compute capability")
+
+    def forward(self, query, key, value, kv_cache, metadata):
+        raise AssertionError("never selected")
+
+
+def test_a_capability_check_that_raises_is_a_reason_not_a_crash(monkeypatch, capsys):
+    from engine.builtin.platforms import CpuPlatform
+    from engine.cli import PluginsCommand
+    from engine.core.setup import select_attention_backend
+
+    class Preferring(CpuPlatform):
+        preferred_attention_backends = ("raising", "torch")
+
+    plugin = hooks(register_attention_backends=lambda register: register("raising", RaisingBackend, api=1))
+    registry = registry_with(monkeypatch, "checks", plugin, "attention-torch")
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=16)
+    assert select_attention_backend(registry, None, spec, Preferring()).name == "torch"
+    big = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)
+    with pytest.raises(RuntimeError, match=r"raising: RaisingBackend.supports raised KeyError: 'compute capability'"):
+        select_attention_backend(registry, None, big, Preferring())
+    monkeypatch.setattr(plugins, "_loaded", {frozenset(["checks"]): registry})
+    assert PluginsCommand().run(argparse.Namespace(plugins=["checks"])) == 0
+    assert ("    attention backend: raising  [cannot run here: its check raised KeyError: 'compute capability']"
+            in capsys.readouterr().out.splitlines())

@@ -9,7 +9,7 @@ import sys
 from abc import ABC, abstractmethod
 
 from engine.cli_args import ArgumentParser, add_engine_arguments, engine_options, expand_config_files
-from engine.plugins import load_plugins
+from engine.plugins import RegistrationError, kind_label, load_plugins, one_line
 
 __all__ = ["Command", "add_engine_arguments", "engine_options", "main"]
 
@@ -33,33 +33,48 @@ class PluginsCommand(Command):
         pass
 
     def run(self, args) -> int:
+        """One line per plugin (refused and failed ones say why), then one per registration.
+        A broken plugin is reported here, never an error: the command exits 0."""
         from engine.core.setup import select_platform
 
         registry = load_plugins(args.plugins)
-        platform = select_platform(registry, None)
+        try:
+            platform = select_platform(registry, None)
+        except RuntimeError as exc:
+            print(f"engine plugins: {exc}", file=sys.stderr)
+            platform = None
         for name, info in registry.plugins.items():
-            print(f"{name}  ({info.distribution} {info.version})  {info.status}")
+            print(info.describe())
             for reg in registry.registered_by(name):
-                print(f"    {reg.kind[:-1].replace('_', ' ')}: {reg.name}{_runnable(reg, platform)}")
+                print(f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}")
         return 0
 
 
 def _runnable(registration, platform) -> str:
-    if registration.kind not in ("attention_backends", "quant_methods", "platforms"):
-        return ""
+    """Whether ``registration`` imports and, for the kinds with a capability check, can run
+    on ``platform``. A check that raises is reported on the line, not fatal."""
     try:
-        cls = registration.load()
-        if registration.kind == "platforms":
-            reasons = cls.unavailable_reasons()
-        elif registration.kind == "quant_methods":
-            reasons = cls.supports(platform)
-            path = cls.describe(platform)
-            if path and not reasons:
-                return f"  [runs here: {path}]"
-        else:
-            reasons = cls.supports(_probe_spec(), platform)
-    except Exception as exc:
-        reasons = [f"cannot import: {exc!r}"]
+        return _capability(registration.kind, registration.load(), platform)
+    except RegistrationError as exc:
+        return f"  [cannot run here: {exc.reason}]"
+    except Exception as exc:  # noqa: BLE001 - any error in the plugin's own check
+        return f"  [cannot run here: its check raised {one_line(exc)}]"
+
+
+def _capability(kind: str, cls, platform) -> str:
+    if platform is None and kind in ("attention_backends", "quant_methods"):
+        return "  [cannot run here: no platform is available]"
+    if kind == "platforms":
+        reasons = cls.unavailable_reasons()
+    elif kind == "quant_methods":
+        reasons = cls.supports(platform)
+        path = cls.describe(platform)
+        if path and not reasons:
+            return f"  [runs here: {path}]"
+    elif kind == "attention_backends":
+        reasons = cls.supports(_probe_spec(), platform)
+    else:
+        return ""
     return "  [runs here]" if not reasons else f"  [cannot run here: {'; '.join(reasons)}]"
 
 
@@ -120,7 +135,7 @@ def build_parser(registry) -> argparse.ArgumentParser:
     for registration in registry.registrations("commands"):
         try:
             command = registration.load()()
-        except Exception as exc:  # one broken plugin command must not take the CLI down
+        except Exception as exc:  # noqa: BLE001 - one broken plugin command must not take the CLI down
             print(f"engine: command {registration.name!r} from plugin {registration.plugin!r} "
                   f"failed to load: {exc!r}", file=sys.stderr)
             continue

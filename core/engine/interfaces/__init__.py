@@ -1,4 +1,7 @@
-"""Extension interfaces, one module per kind. Plugins import from here only."""
+"""Extension interfaces, one module per kind, and every type a plugin's code meets: the
+context objects constructors receive, the request a scheduler, KV connector or logits
+processor is handed, and the scheduler's step messages. Plugins import from here (and
+``engine``, ``engine.layers``, ``engine.drafting``, ``engine.testing``), never deeper."""
 
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
@@ -7,9 +10,9 @@ from engine.interfaces.kv_cache import KVCacheManager
 from engine.interfaces.kv_connector import KVConnector
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
-from engine.interfaces.model import Model, StepContext
+from engine.interfaces.model import KVLayout, Model, ModelContext, StepContext
 from engine.interfaces.platform import Platform
-from engine.interfaces.quant import QuantMethod
+from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import Scheduler
 from engine.interfaces.tool_parser import ToolCall, ToolParser
@@ -33,9 +36,57 @@ INTERFACE_VERSIONS = {
     "commands": 1,
 }
 
+# The engine core's request and step messages, loaded on first use: engine.core.request
+# imports engine.sampling_params, which imports this package.
+_CORE_TYPES = {
+    "Request": "engine.core.request", "RequestStatus": "engine.core.request",
+    "SchedulerContext": "engine.core.scheduling", "ScheduledRequest": "engine.core.scheduling",
+    "StepPlan": "engine.core.scheduling", "StepResult": "engine.core.scheduling",
+    "EngineOutput": "engine.core.scheduling", "TokenLogprobs": "engine.core.scheduling",
+}
+
 __all__ = [
-    "INTERFACE_VERSIONS", "AttentionBackend", "AttentionSpec", "BatchLayout", "Draft", "Drafter",
-    "DrafterContext", "DraftRequest", "Grammar", "GrammarBackend", "GrammarContext", "GrammarSpec",
-    "KVCacheManager", "KVConnector", "LogitsProcessor", "Model", "ModelLoader", "Platform", "QuantMethod",
-    "ReasoningParser", "Scheduler", "StepContext", "ToolCall", "ToolParser",
+    "INTERFACE_VERSIONS",
+    "AttentionBackend",
+    "AttentionSpec",
+    "BatchLayout",
+    "Draft",
+    "DraftRequest",
+    "Drafter",
+    "DrafterContext",
+    "EngineOutput",
+    "Grammar",
+    "GrammarBackend",
+    "GrammarContext",
+    "GrammarSpec",
+    "KVCacheManager",
+    "KVConnector",
+    "KVLayout",
+    "LogitsProcessor",
+    "Model",
+    "ModelContext",
+    "ModelLoader",
+    "Platform",
+    "QuantContext",
+    "QuantMethod",
+    "ReasoningParser",
+    "Request",
+    "RequestStatus",
+    "ScheduledRequest",
+    "Scheduler",
+    "SchedulerContext",
+    "StepContext",
+    "StepPlan",
+    "StepResult",
+    "TokenLogprobs",
+    "ToolCall",
+    "ToolParser",
 ]
+
+
+def __getattr__(name):
+    if name in _CORE_TYPES:
+        import importlib
+
+        return getattr(importlib.import_module(_CORE_TYPES[name]), name)
+    raise AttributeError(f"module 'engine.interfaces' has no attribute {name!r}")

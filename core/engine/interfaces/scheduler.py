@@ -5,7 +5,7 @@ from typing import Any
 
 
 class Scheduler(ABC):
-    """Constructed with a :class:`engine.core.scheduling.SchedulerContext` (config, KV cache
+    """Constructed with a :class:`engine.interfaces.SchedulerContext` (config, KV cache
     manager, optional KV connector)."""
 
     def __init__(self, ctx: Any):
@@ -21,12 +21,12 @@ class Scheduler(ABC):
 
     @abstractmethod
     def schedule(self):
-        """Return an :class:`engine.core.scheduling.StepPlan` (possibly empty)."""
+        """Return an :class:`engine.interfaces.StepPlan` (possibly empty)."""
 
     @abstractmethod
     def update(self, plan, result) -> list:
-        """Apply the runner's :class:`engine.core.scheduling.StepResult`; return the
-        :class:`engine.core.scheduling.EngineOutput` of every request that made progress."""
+        """Apply the runner's :class:`engine.interfaces.StepResult`; return the
+        :class:`engine.interfaces.EngineOutput` of every request that made progress."""
 
     @abstractmethod
     def free_finished_transfers(self, request_ids) -> None:

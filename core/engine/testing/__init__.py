@@ -12,3 +12,12 @@ Contracts: ``attention.AttentionBackendContract``, ``models.ModelContract``,
 ``kv_cache.KVCacheManagerContract``, ``scheduler.SchedulerContract``,
 ``grammar.GrammarBackendContract``.
 """
+
+
+def select_platform(name: str | None = None):
+    """The platform the engine picks with every installed plugin loaded (``name``: that one),
+    for a plugin's tests that build its part by hand (a quant method's ``QuantContext``)."""
+    from engine.core import setup
+    from engine.plugins import load_plugins
+
+    return setup.select_platform(load_plugins(None), name)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from engine.interfaces import Model
-from engine.interfaces.model import KVLayout
+from engine.interfaces import KVLayout
 from engine.layers import (Attention, Layer, LayerOps, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding,
                            load_checkpoint)
 

@@ -40,19 +40,17 @@ def test_same_greedy_tokens_as_the_plain_cpu_platform(tiny_model, dtype):
 
 
 def test_chosen_over_cpu_when_installed():
-    from engine.core.setup import select_platform
-    from engine.plugins import load_plugins
+    from engine.testing import select_platform
 
-    assert select_platform(load_plugins(), None).name == "cpu-native"
+    assert select_platform().name == "cpu-native"
 
 
 def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
     with pytest.raises(build.BuildError, match="no C compiler"):
         build.load("no-such-compiler")
-    script = ("import json; from engine.plugins import load_plugins;"
-              "from engine.core.setup import select_platform;"
+    script = ("import json; from engine.testing import select_platform;"
               "from engine_platforms_cpu_native.platform import NativeCpuPlatform as P;"
-              "print(json.dumps([P.unavailable_reasons(), select_platform(load_plugins(), None).name]))")
+              "print(json.dumps([P.unavailable_reasons(), select_platform().name]))")
     env = dict(os.environ, CC="no-such-compiler", XDG_CACHE_HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     reasons, chosen = json.loads(out.stdout.strip().splitlines()[-1])

@@ -4,7 +4,7 @@ blocks — real safetensors folders with the config a real checkpoint carries) a
 import pytest
 import torch
 
-from engine.interfaces.quant import QuantContext
+from engine.interfaces import QuantContext
 from engine.testing.quant import QuantMethodContract, write_quantized_checkpoint
 from engine_quant_fp8.checkpoint import dequantize, quantization_config, quantize
 from engine_quant_fp8.method import Fp8LinearMethod
@@ -64,9 +64,8 @@ def test_engine_plugins_says_which_path_and_why():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_scaled_mm_path_on_cuda():  # run on a lent GPU; the CPU suite covers the dequantized path
-    from engine.core.setup import select_platform
-    from engine.plugins import load_plugins
+    from engine.testing import select_platform
 
-    platform = select_platform(load_plugins(None), "cuda")
+    platform = select_platform("cuda")
     method = Fp8LinearMethod(QuantContext(None, torch.bfloat16, platform))
     assert method.fast == (torch.cuda.get_device_capability() >= (8, 9))

@@ -9,11 +9,10 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
-from engine.core.setup import select_platform
-from engine.interfaces.quant import QuantContext
+from engine.interfaces import QuantContext
 from engine.layers import Linear, VocabEmbedding
 from engine.layers.group_affine import Int4Planes
-from engine.plugins import load_plugins
+from engine.testing import select_platform
 from engine_quant_gguf.formats import GGUFBlocks
 from engine_quant_gguf.method import GGUFLinearMethod, Stacked, VocabTable
 from engine_quant_gguf.writer import quantize
@@ -22,7 +21,7 @@ IN = 256
 
 
 def _method():
-    platform = select_platform(load_plugins(None), "cpu")
+    platform = select_platform("cpu")
     return GGUFLinearMethod(QuantContext({"quant_method": "gguf"}, torch.float32, platform))
 
 

@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.interfaces.quant import QuantContext
+from engine.interfaces import QuantContext
 from engine.testing.quant import QuantMethodContract, write_quantized_checkpoint
 from engine_quant_mxfp4.format import dequantize, quantize
 from engine_quant_mxfp4.method import Mxfp4LinearMethod

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
-from engine.interfaces.model import KVLayout
+from engine.interfaces import KVLayout
 from engine.layers import Attention, LayerOps, Linear, RMSNorm, RotaryEmbedding, load_checkpoint
 
 def checkpoint_tensors(folder: str) -> dict[str, torch.Tensor]:
