@@ -9,6 +9,7 @@ from engine import LLM, SamplingParams
 from engine.plugins import add_plugin
 from engine.sampling_params import InvalidParam
 from tests.plugins import faulty_processor
+from tests.serving import serve
 
 add_plugin(faulty_processor, "test-faulty")
 
@@ -16,26 +17,26 @@ VOCAB = 49152  # tests/conftest.py's TINY_LLAMA
 
 # (SamplingParams keywords, the field the error must name)
 BAD_PARAMS = [
-    (dict(min_tokens=2, stop_token_ids=[1_000_000]), "stop_token_ids"),
-    (dict(min_tokens=2, stop_token_ids=[-49153]), "stop_token_ids"),
-    (dict(min_tokens=2, stop_token_ids=[2**63 - 1]), "stop_token_ids"),
-    (dict(stop_token_ids=[2**70]), "stop_token_ids"),
-    (dict(stop_token_ids=[VOCAB]), "stop_token_ids"),
-    (dict(stop_token_ids=["7"]), "stop_token_ids"),
-    (dict(top_k=2**70), "top_k"),
-    (dict(seed=2**70), "seed"),
-    (dict(seed=-2**63 - 1), "seed"),
-    (dict(seed=2**63 - 1, n=2), "seed"),  # the second sample would be seeded 2**63
-    (dict(max_tokens=2**64), "max_tokens"),
-    (dict(min_tokens=True), "min_tokens"),
-    (dict(logprobs=2**70), "logprobs"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(temperature=float("inf")), "temperature"),
-    (dict(temperature="0.5"), "temperature"),
-    (dict(repetition_penalty=float("inf")), "repetition_penalty"),
-    (dict(stop=5), "stop"),
-    (dict(stop=["ok", 5]), "stop"),
-    (dict(extra_args=[1]), "extra_args"),
+    ({"min_tokens": 2, "stop_token_ids": [1_000_000]}, "stop_token_ids"),
+    ({"min_tokens": 2, "stop_token_ids": [-49153]}, "stop_token_ids"),
+    ({"min_tokens": 2, "stop_token_ids": [2**63 - 1]}, "stop_token_ids"),
+    ({"stop_token_ids": [2**70]}, "stop_token_ids"),
+    ({"stop_token_ids": [VOCAB]}, "stop_token_ids"),
+    ({"stop_token_ids": ["7"]}, "stop_token_ids"),
+    ({"top_k": 2**70}, "top_k"),
+    ({"seed": 2**70}, "seed"),
+    ({"seed": -2**63 - 1}, "seed"),
+    ({"seed": 2**63 - 1, "n": 2}, "seed"),  # the second sample would be seeded 2**63
+    ({"max_tokens": 2**64}, "max_tokens"),
+    ({"min_tokens": True}, "min_tokens"),
+    ({"logprobs": 2**70}, "logprobs"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": "0.5"}, "temperature"),
+    ({"repetition_penalty": float("inf")}, "repetition_penalty"),
+    ({"stop": 5}, "stop"),
+    ({"stop": ["ok", 5]}, "stop"),
+    ({"extra_args": [1]}, "extra_args"),
 ]
 
 
@@ -122,3 +123,26 @@ def test_a_fault_no_request_causes_stays_fatal(tiny_llama):
     for prompts in (["hi"], PROMPTS):  # alone, and in a batch where every request fails alone
         with pytest.raises(faulty_processor.InjectedFault, match="always fails"):
             llm.generate(prompts, SamplingParams(max_tokens=3))
+
+
+# -- the sweep's requests against a real server -------------------------------------------------
+
+SWEEP = [({"min_tokens": 2, "stop_token_ids": [bad]}, "stop_token_ids")
+         for bad in (1_000_000, -49153, 2**63 - 1, 2**70)] + [
+    ({"top_k": 2**70}, "top_k"), ({"seed": 2**70}, "seed"), ({"seed": 2**64 - 1, "n": 2}, "seed")]
+
+
+@pytest.mark.slow
+def test_the_sweeps_bad_requests_get_a_400_and_the_engine_lives_on(tiny_llama):
+    canary = {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}
+    with serve(tiny_llama[0], "--dtype", "float32", "--num-blocks", "128") as server, server.http() as http:
+        before = http.post("/v1/completions", json=canary).json()["choices"][0]["text"]
+        for body, field in SWEEP:
+            for route, payload in (("/v1/completions", {"prompt": "hi"}),
+                                   ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+                response = http.post(route, json={**payload, **body})
+                assert response.status_code == 400, (route, body, response.text)
+                assert field in response.json()["error"]["message"], response.text
+        assert http.get("/health").status_code == 200
+        assert http.post("/v1/completions", json=canary).json()["choices"][0]["text"] == before
+        assert server.metric("engine:num_requests_running") == 0

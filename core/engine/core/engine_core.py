@@ -14,7 +14,7 @@ import torch
 from engine.config import EngineConfig
 from engine.core import faults, setup
 from engine.core.request import Request
-from engine.core.scheduling import EngineOutput, SchedulerContext, StepPlan, StepResult
+from engine.core.scheduling import OVERLOADED, EngineOutput, SchedulerContext, StepPlan, StepResult
 from engine.core.speculation import Speculator
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, GrammarContext
@@ -123,9 +123,9 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         self.validate(request.prompt_token_ids, request.sampling_params, request.priority)
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
+        self.scheduler.add_request(request)  # may refuse it: Overloaded
         if request.sampling_params.structured_outputs is not None:
             self.structured.submit(request)
-        self.scheduler.add_request(request)
 
     @property
     def structured(self) -> StructuredOutputs:
@@ -148,6 +148,8 @@ class EngineCore:
         if self.connector is not None:
             self.scheduler.free_finished_transfers(self.connector.get_finished())
         plan = self.scheduler.schedule()
+        if plan.refused:
+            outputs += self._refused(plan.refused)
         if not plan.scheduled:
             return outputs
         try:
@@ -162,6 +164,12 @@ class EngineCore:
             self.speculator.finished([o.request_id for o in outputs if o.finished] + list(plan.preempted))
             self.speculator.propose(self.scheduler.running_requests(), result)
         return outputs
+
+    def _refused(self, request_ids) -> list[EngineOutput]:
+        wait = self.config.scheduler.max_queue_wait
+        message = f"overloaded: not scheduled within {wait:g} s (max_queue_wait); retry later"
+        return [EngineOutput(rid, [], finish_reason="error", error=message, error_code=OVERLOADED)
+                for rid in request_ids]
 
     def _execute(self, plan: StepPlan, block_tables: list[list[int]] | None = None) -> StepResult:
         if block_tables is None:
