@@ -103,3 +103,35 @@ def _rejections(server, reason: str = "queue_full") -> float:
         if line.startswith("engine:num_requests_rejected_total{") and f'reason="{reason}"' in line:
             return float(line.rsplit(" ", 1)[1])
     raise KeyError(reason)
+
+
+async def _queue_wait_cases(server):
+    long = {"prompt": "once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as client:
+        # a stream whose second sample waits behind its first: tokens, then an error frame
+        async with client.stream("POST", "/v1/completions", json={**long, "n": 2, "stream": True}) as response:
+            assert response.status_code == 200
+            frames = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
+        # a request behind a running one: 503 once it has waited max_queue_wait
+        running = asyncio.create_task(client.post("/v1/completions", json=long))
+        await asyncio.sleep(0.3)
+        started = time.monotonic()
+        refused = await client.post("/v1/completions", json={**long, "max_tokens": 4})
+        waited = time.monotonic() - started
+        return frames, refused, waited, await running
+
+
+@pytest.mark.slow
+def test_queue_wait_refuses_with_503_and_an_error_frame_mid_stream(tiny_llama):
+    with serve(tiny_llama[0], "--dtype", "float32", "--num-blocks", "128", "--max-num-seqs", "1",
+               "--max-queue-wait", "0.5") as server:
+        frames, refused, waited, running = asyncio.run(_queue_wait_cases(server))
+        assert frames[-1] == "[DONE]"
+        assert '"text"' in frames[0]  # the first sample streamed before the second was refused
+        errors = [f for f in frames if f.startswith('{"error"')]
+        assert len(errors) == 1 and '"code": "overloaded"' in errors[0]
+        assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+        assert refused.json()["error"]["code"] == "overloaded" and "max_queue_wait" in refused.json()["error"]["message"]
+        assert 0.5 <= waited < 5
+        assert running.status_code == 200 and running.json()["usage"]["completion_tokens"] == 400
+        assert _rejections(server, "queue_wait") == 2
