@@ -129,6 +129,7 @@ def test_a_fault_no_request_causes_stays_fatal(tiny_llama):
 
 SWEEP = [({"min_tokens": 2, "stop_token_ids": [bad]}, "stop_token_ids")
          for bad in (1_000_000, -49153, 2**63 - 1, 2**70)] + [
+    ({"stop_token_ids": [1_000_000]}, "stop_token_ids"),  # without min_tokens it used to pass silently
     ({"top_k": 2**70}, "top_k"), ({"seed": 2**70}, "seed"), ({"seed": 2**64 - 1, "n": 2}, "seed")]
 
 

@@ -5,9 +5,11 @@ safe to repeat: K/V writes land in the same slots with the same values, the sche
 is updated only after execution, and a grammar's bitmask is only read (drafts it
 accepts are rolled back). A request that fails alone is a culprit and is finished with
 an error; the others keep the results of their own run, which are what the batch would
-have given them (greedy rows by the batch-invariance the parity tests check; a seeded
-row draws from its own generator, and the faults seen in practice — logits processors,
-grammar masks, the forward — strike before any draw, so its sequence is unchanged).
+have given them: greedy rows by the batch invariance the parity tests check, seeded rows
+because each draws from its own generator — exactly, when the fault struck before the
+draw (the forward, a logits processor, a grammar mask: every seam that sees request data
+before sampling). No generator state is copied per step to keep the hot path free, so a
+fault after the draw (draft verification) would shift seeded survivors by one draw.
 
 Two outcomes stay fatal (the original exception is re-raised): no request fails alone
 (the fault is the batch's, not a request's), and every request fails alone while a
@@ -28,7 +30,7 @@ from engine.sampling_params import SamplingParams
 NULL_BLOCK = 0  # the KV cache manager interface keeps block 0 out of every request's table
 MAX_MESSAGE = 200
 
-Run = Callable[[StepPlan, "list[list[int]] | None"], StepResult]  # (plan, block tables or None: the requests')
+Run = Callable[[StepPlan, list[list[int]] | None], StepResult]  # (plan, block tables; None: the requests')
 
 
 @attrs.frozen
