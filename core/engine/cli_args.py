@@ -99,6 +99,10 @@ OPTIONS: dict[str, Option] = {
     "long_prefill_token_threshold": Option(("--long-prefill-token-threshold",),
                                            "most prompt tokens of one request per step; 0: no limit",
                                            parse_count, unit="tokens"),
+    "max_queued_requests": Option(("--max-queued-requests",), "requests that may wait to run; a request "
+                                  "beyond them is refused (HTTP 503 with Retry-After); 0: no cap"),
+    "max_queue_wait": Option(("--max-queue-wait",), "longest a request may wait to start before it is "
+                             "refused (HTTP 503); 0: no limit", unit="seconds"),
     "policy": Option(("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")),
     "scheduler": Option(("--scheduler",), "scheduler plugin"),
     "kv_cache_manager": Option(("--kv-cache-manager",), "KV cache manager plugin"),

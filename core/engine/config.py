@@ -14,6 +14,11 @@ def _positive(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be positive, got {value}")
 
 
+def _non_negative(instance, attribute, value):
+    if value < 0:
+        raise ValueError(f"{attribute.name} must be non-negative, got {value}")
+
+
 @attrs.frozen
 class ModelConfig:
     model: str | None = None  # None: the default model a loader plugin ships
@@ -44,6 +49,9 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may use the whole budget
     policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
+    # admission control: beyond these a new request is refused as overloaded (0: no limit)
+    max_queued_requests: int = attrs.field(default=0, validator=_non_negative)  # waiting requests
+    max_queue_wait: float = attrs.field(default=0.0, validator=_non_negative)  # seconds before first scheduled
     scheduler: str = "default"
     kv_cache_manager: str = "default"
 

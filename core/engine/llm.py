@@ -39,13 +39,16 @@ class LLM:
         params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        if len(priorities) != len(prompts):
+            raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
         encoded = [self._encode(p) for p in prompts]
-        for (_, ids), p in zip(encoded, params):  # every check before any work starts
-            self.engine.validate(ids, p)
+        for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
+            self.engine.validate(ids, p, prio)
         processor = OutputProcessor(self.tokenizer)
         order = []
-        for i, ((text, ids), p) in enumerate(zip(encoded, params)):
-            order.append(self._add(processor, text, ids, p, priority[i] if priority else 0))
+        for (text, ids), p, prio in zip(encoded, params, priorities):
+            order.append(self._add(processor, text, ids, p, prio))
         return self._run(processor, order, use_tqdm)
 
     def chat(self, messages: list[dict] | list[list[dict]],

@@ -1,12 +1,21 @@
-"""SamplingParams: what to generate and how, validated when built (field names as vLLM's)."""
+"""SamplingParams: what to generate and how, validated when built (field names as vLLM's).
+
+Validation covers everything the step relies on that does not depend on the model: types,
+ranges, and 64-bit limits on every integer (the transport is msgpack, the sampler's
+tensors are int64). What needs the model (token ids below the vocabulary size) is
+checked by ``EngineCore.validate``."""
 
 from __future__ import annotations
 
+import math
+import reprlib
 from typing import Any
 
 import attrs
 
 from engine.interfaces.grammar import GrammarSpec
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
 
 class InvalidParam(ValueError):
@@ -17,9 +26,40 @@ class InvalidParam(ValueError):
         self.param = param
 
 
+_short = reprlib.Repr()  # a 100k-entry stop list is not echoed whole
+_short.maxstring = _short.maxother = 60
+
+
 def _check(condition: bool, field: str, message: str, value) -> None:
     if not condition:
-        raise InvalidParam(field, f"{field} {message}, got {value!r}")
+        raise InvalidParam(field, f"{field} {message}, got {_short.repr(value)}")
+
+
+def is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_int64(value, field: str, optional: bool = False) -> None:
+    """InvalidParam naming ``field`` unless ``value`` is an integer that fits 64 bits
+    (signed), or None when ``optional``."""
+    if optional and value is None:
+        return
+    _check(is_int(value) and INT64_MIN <= value <= INT64_MAX, field, "must be a 64-bit integer", value)
+
+
+def _check_float(value, field: str) -> None:
+    _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), field,
+           "must be a finite number", value)
+
+
+def _as_tuple(value):
+    """A string is one entry, a list or tuple its entries; anything else is left for
+    validation to reject with the field's name."""
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        return (value,)
+    return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
 @attrs.frozen
@@ -35,8 +75,8 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = 16  # None: up to the context length
     min_tokens: int = 0
-    stop: tuple[str, ...] = attrs.field(default=(), converter=lambda s: (s,) if isinstance(s, str) else tuple(s or ()))
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=lambda s: tuple(s or ()))
+    stop: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_as_tuple)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None  # top-n per generated token; -1: the whole vocabulary
@@ -46,6 +86,7 @@ class SamplingParams:
     extra_args: dict[str, Any] | None = None
 
     def __attrs_post_init__(self):
+        self._check_types()
         _check(self.n >= 1, "n", "must be at least 1", self.n)
         _check(self.temperature >= 0, "temperature", "must be non-negative", self.temperature)
         _check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]", self.top_p)
@@ -62,6 +103,27 @@ class SamplingParams:
             value = getattr(self, field)
             _check(value is None or value >= -1, field, "must be -1 (whole vocabulary) or non-negative", value)
         _check(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
+        # n samples of one prompt are seeded seed, seed + 1, ... seed + n - 1
+        _check(self.seed is None or self.seed + self.n - 1 <= INT64_MAX, "seed",
+               f"plus n - 1 must fit 64 bits (at most {INT64_MAX})", self.seed)
+
+    def _check_types(self) -> None:
+        for field in ("n", "top_k", "min_tokens"):
+            check_int64(getattr(self, field), field)
+        for field in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
+            check_int64(getattr(self, field), field, optional=True)
+        for field in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
+                      "presence_penalty"):
+            _check_float(getattr(self, field), field)
+        _check(isinstance(self.stop, tuple) and all(isinstance(s, str) for s in self.stop), "stop",
+               "must be a string or a list of strings", self.stop)
+        _check(isinstance(self.stop_token_ids, tuple)
+               and all(is_int(t) and 0 <= t <= INT64_MAX for t in self.stop_token_ids), "stop_token_ids",
+               "must be a list of non-negative 64-bit integers", self.stop_token_ids)
+        _check(self.structured_outputs is None or isinstance(self.structured_outputs, GrammarSpec),
+               "structured_outputs", "must be a GrammarSpec", self.structured_outputs)
+        _check(self.extra_args is None or isinstance(self.extra_args, dict), "extra_args", "must be a dict",
+               self.extra_args)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, dicts, scalars) for a transport; ``from_dict`` inverts it."""
@@ -70,8 +132,13 @@ class SamplingParams:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
         data = dict(data)
-        if data.get("structured_outputs") is not None:
-            data["structured_outputs"] = GrammarSpec(**data["structured_outputs"])
+        unknown = set(data) - set(attrs.fields_dict(cls))
+        _check(not unknown, "params", "has unknown fields", sorted(unknown))
+        spec = data.get("structured_outputs")
+        if spec is not None:
+            _check(isinstance(spec, dict) and set(spec) == {"kind", "value"}, "structured_outputs",
+                   "must be {kind, value}", spec)
+            data["structured_outputs"] = GrammarSpec(**spec)
         return cls(**data)
 
     @property

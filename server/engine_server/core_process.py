@@ -19,6 +19,7 @@ import zmq
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
+from engine.core.scheduling import Overloaded
 from engine.sampling_params import SamplingParams
 from engine_server import protocol
 
@@ -33,7 +34,7 @@ def _delta(out) -> protocol.Delta:
 
     return protocol.Delta(out.request_id, list(out.new_token_ids), entries(out.new_logprobs),
                           entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
-                          out.num_cached_tokens, out.error)
+                          out.num_cached_tokens, out.error, out.error_code)
 
 
 class CoreServer:
@@ -56,8 +57,9 @@ class CoreServer:
                 params = SamplingParams.from_dict(message.params)
                 self.core.add_request(Request(message.request_id, message.prompt_token_ids, params,
                                               priority=message.priority, cache_salt=message.cache_salt))
-            except (ValueError, TypeError) as exc:  # this request alone fails
-                failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc)))
+            except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
+                failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc),
+                                             error_code=getattr(exc, "code", None)))
         elif isinstance(message, protocol.Abort):
             self.core.abort(message.request_ids)
         elif isinstance(message, protocol.Shutdown):

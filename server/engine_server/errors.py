@@ -10,17 +10,27 @@ _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundErro
 
 class APIError(Exception):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type_: str | None = None):
+                 type_: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers
         self.type = type_ or ("invalid_request_error" if status < 500 else _TYPES.get(status, "server_error"))
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param, code)
+
+
+RETRY_AFTER_SECONDS = 1
+
+
+def overloaded(message: str) -> APIError:
+    """503 for a request the engine refused by admission control (queue full, or queued
+    too long); ``Retry-After`` tells the client when to try again."""
+    return APIError(503, message, code="overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})

@@ -16,7 +16,7 @@ from engine.interfaces import GrammarSpec
 from engine.sampling_params import InvalidParam, SamplingParams
 from engine_server.choices import Choice
 from engine_server.client import EngineDead
-from engine_server.errors import APIError, bad_request
+from engine_server.errors import APIError, bad_request, overloaded
 from engine_server.schemas import ChatCompletionRequest, CompletionRequest
 from engine_server.tools import ChatOutput, check_tools, tool_grammar
 
@@ -197,6 +197,7 @@ class Generation:
             raise APIError(503, f"the engine is not available: {exc}") from None
         self._deltas = self.handle.deltas()
         self._first = None
+        self.refused: str | None = None  # admission control refused one of the samples
 
     async def start(self) -> None:
         """Wait for the first delta before answering, so a request the engine refuses (an
@@ -210,6 +211,8 @@ class Generation:
             raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
         if self._first.finish_reason == "error":
             self.handle.close()
+            if self._first.error_code == "overloaded":
+                raise overloaded(self._first.error)
             raise bad_request(self._first.error or "the engine rejected this request")
 
     async def deltas(self):
@@ -220,6 +223,8 @@ class Generation:
             yield delta
 
     def feed(self, delta) -> tuple[Choice, str, list]:
+        if delta.error_code == "overloaded":
+            self.refused = delta.error  # one sample refused: the whole response is a 503 / an error frame
         choice = self.by_id[delta.request_id]
         timer = self.timers[delta.request_id]
         timer.tokens(len(delta.token_ids))
@@ -251,6 +256,8 @@ class Generation:
         async def pump():
             async for delta in self.deltas():
                 self.feed(delta)
+                if self.refused is not None:  # the others are aborted by close() below
+                    return
 
         task = asyncio.create_task(pump())
         try:
@@ -264,6 +271,8 @@ class Generation:
             raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
         finally:
             self.handle.close()
+        if self.refused is not None:
+            raise overloaded(self.refused)
         errors = [c for c in self.choices if c.finish_reason == "error"]
         if errors:
             raise bad_request(str(errors[0].stop_reason))
@@ -322,6 +331,9 @@ class Generation:
                     yield self._chunks(choice, self._echo(choice), [])[0]
             async for delta in self.deltas():
                 choice, text, entries = self.feed(delta)
+                if self.refused is not None:
+                    yield "data: " + json.dumps(overloaded(self.refused).body()) + "\n\n"
+                    break
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):
                         yield frame

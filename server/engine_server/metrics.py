@@ -7,6 +7,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
+REJECTION_REASONS = ("queue_full", "queue_wait")  # the scheduler's stats rejected_<reason>
 _LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 
 
@@ -45,6 +46,11 @@ class Metrics:
             "prefix_queries": counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
             "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
         }
+        rejected = Counter("engine:num_requests_rejected", "Requests refused as overloaded, by reason "
+                           "(queue_full: max_queued_requests; queue_wait: max_queue_wait)",
+                           ["model_name", "reason"], registry=r)
+        for reason in REJECTION_REASONS:
+            self.counters[f"rejected_{reason}"] = rejected.labels(**labels, reason=reason)
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
         self.generation_tokens = counter("generation_tokens", "Tokens generated")
         self._seen = {k: 0.0 for k in self.counters}

@@ -43,6 +43,7 @@ class Delta(msgspec.Struct, array_like=True):
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None  # with finish_reason "error": "overloaded" (admission refused it), or None
 
 
 class Outputs(msgspec.Struct, tag=True):

@@ -6,14 +6,21 @@ admits waiting ones while budget, sequence slots and blocks last. When a running
 request cannot get blocks, the lowest-priority, latest-arrived running request not yet
 scheduled this step is preempted (its blocks freed; it resumes from whatever prefix is
 still cached). No new request is admitted in a step that preempted.
+
+Admission control: with ``max_queued_requests`` a request arriving while that many wait
+is refused (``Overloaded``); with ``max_queue_wait`` one still unscheduled that long after
+it arrived is finished unscheduled and listed in ``StepPlan.refused``. A request that ran
+once (preempted since) or waits for its grammar to compile is never refused.
 """
 
 from __future__ import annotations
 
 import bisect
+import collections
+import time
 
 from engine.core.request import Request, RequestStatus
-from engine.core.scheduling import EngineOutput, ScheduledRequest, StepPlan, StepResult
+from engine.core.scheduling import EngineOutput, Overloaded, ScheduledRequest, StepPlan, StepResult
 from engine.interfaces import Scheduler
 
 
@@ -29,14 +36,34 @@ class DefaultScheduler(Scheduler):
         self.requests: dict[str, Request] = {}
         self._delayed_free: dict[str, Request] = {}
         self._preemptions = 0
+        self._deadlines: collections.deque[tuple[float, Request]] = collections.deque()  # arrival order
+        self._rejected = {"rejected_queue_full": 0, "rejected_queue_wait": 0}
 
     def _order(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.cfg.policy == "priority" else 0
         return (priority, request.arrival)
 
     def add_request(self, request: Request) -> None:
+        cap = self.cfg.max_queued_requests
+        if cap and len(self.waiting) >= cap:
+            self._rejected["rejected_queue_full"] += 1
+            raise Overloaded(f"overloaded: {len(self.waiting)} requests are queued already "
+                             f"(max_queued_requests={cap}); retry later")
         self.requests[request.request_id] = request
         bisect.insort(self.waiting, request, key=self._order)
+        if self.cfg.max_queue_wait:
+            self._deadlines.append((time.monotonic() + self.cfg.max_queue_wait, request))
+
+    def _refuse_overdue(self) -> tuple[str, ...]:
+        """Finish the requests still unscheduled ``max_queue_wait`` after they arrived."""
+        refused, now = [], time.monotonic()
+        while self._deadlines and self._deadlines[0][0] <= now:
+            _, request = self._deadlines.popleft()
+            if request.status is RequestStatus.WAITING:  # never admitted; not parked, not finished
+                self._finish(request, "error")
+                refused.append(request.request_id)
+        self._rejected["rejected_queue_wait"] += len(refused)
+        return tuple(refused)
 
     def abort(self, request_ids) -> None:
         for rid in request_ids:
@@ -45,6 +72,7 @@ class DefaultScheduler(Scheduler):
                 self._finish(request, "abort")
 
     def schedule(self) -> StepPlan:
+        refused = self._refuse_overdue() if self._deadlines else ()
         budget = self.cfg.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
@@ -59,7 +87,7 @@ class DefaultScheduler(Scheduler):
                 budget -= item.num_new_tokens + len(item.spec_token_ids)
         if not preempted:
             scheduled.extend(self._admit_waiting(budget))
-        return StepPlan(tuple(scheduled), tuple(preempted))
+        return StepPlan(tuple(scheduled), tuple(preempted), refused)
 
     def _chunk(self, remaining: int, budget: int) -> int:
         """Tokens to compute this step out of ``remaining`` (chunked prefill)."""
@@ -213,4 +241,5 @@ class DefaultScheduler(Scheduler):
     @property
     def stats(self) -> dict[str, int | float]:
         return {"running": len(self.running), "waiting": len(self.waiting),
-                "preemptions": self._preemptions, "kv_cache_usage": self.kv.usage, **self.kv.stats}
+                "preemptions": self._preemptions, "kv_cache_usage": self.kv.usage, **self.kv.stats,
+                **self._rejected}

@@ -12,14 +12,15 @@ import time
 import torch
 
 from engine.config import EngineConfig
-from engine.core import setup
+from engine.core import faults, setup
 from engine.core.request import Request
-from engine.core.scheduling import EngineOutput, SchedulerContext
+from engine.core.scheduling import OVERLOADED, EngineOutput, SchedulerContext, StepPlan, StepResult
 from engine.core.speculation import Speculator
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, GrammarContext
 from engine.plugins import load_plugins
 from engine.runner.model_runner import ModelRunner
+from engine.sampling_params import InvalidParam, SamplingParams, check_int64, is_int
 
 logger = logging.getLogger(__name__)
 
@@ -99,25 +100,32 @@ class EngineCore:
     def max_model_len(self) -> int:
         return self.config.model.max_model_len
 
-    def validate(self, prompt_token_ids: list[int], params) -> None:
-        """Raise ValueError naming the field before any work is queued."""
-        if not prompt_token_ids:
-            raise ValueError("prompt: must contain at least one token")
+    def validate(self, prompt_token_ids: list[int], params, priority: int = 0) -> None:
+        """Raise ValueError naming the field before any work is queued. With
+        ``SamplingParams``' own checks this covers everything the step indexes with: a
+        request that passes cannot make the sampler raise."""
+        if not isinstance(params, SamplingParams):
+            raise InvalidParam("sampling_params", f"sampling_params must be SamplingParams, got {type(params)}")
+        check_int64(priority, "priority")
+        if not isinstance(prompt_token_ids, list) or not prompt_token_ids:
+            raise InvalidParam("prompt", "prompt: must contain at least one token")
         vocab = self.hf_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt_token_ids):
-            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if not all(is_int(t) and 0 <= t < vocab for t in prompt_token_ids):
+            raise InvalidParam("prompt", f"prompt: token ids must be integers in [0, {vocab})")
         if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(f"prompt: {len(prompt_token_ids)} tokens do not fit the context of "
-                             f"{self.max_model_len} (max_model_len) with room to generate")
+            raise InvalidParam("prompt", f"prompt: {len(prompt_token_ids)} tokens do not fit the context of "
+                               f"{self.max_model_len} (max_model_len) with room to generate")
+        if any(t >= vocab for t in params.stop_token_ids):
+            raise InvalidParam("stop_token_ids", f"stop_token_ids must be token ids in [0, {vocab})")
         if params.structured_outputs is not None and not self.registry.names("grammar_backends"):
-            raise ValueError("structured_outputs: no grammar backend plugin is installed")
+            raise InvalidParam("structured_outputs", "structured_outputs: no grammar backend plugin is installed")
 
     def add_request(self, request: Request) -> None:
-        self.validate(request.prompt_token_ids, request.sampling_params)
+        self.validate(request.prompt_token_ids, request.sampling_params, request.priority)
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
+        self.scheduler.add_request(request)  # may refuse it: Overloaded
         if request.sampling_params.structured_outputs is not None:
             self.structured.submit(request)
-        self.scheduler.add_request(request)
 
     @property
     def structured(self) -> StructuredOutputs:
@@ -140,11 +148,15 @@ class EngineCore:
         if self.connector is not None:
             self.scheduler.free_finished_transfers(self.connector.get_finished())
         plan = self.scheduler.schedule()
+        if plan.refused:
+            outputs += self._refused(plan.refused)
         if not plan.scheduled:
             return outputs
-        block_tables = [self.kv_cache_manager.block_ids(item.request) for item in plan.scheduled]
-        bitmask = self._structured.bitmask(plan) if self._structured else None
-        result = self.runner.execute(plan, block_tables, bitmask)
+        try:
+            result = self._execute(plan)
+        except Exception as error:  # noqa: BLE001 - attributed to a request, or re-raised: fatal
+            plan, result, failed = self._isolate(plan, error)
+            outputs += failed
         if self.speculator is not None:
             self.speculator.record(plan, result)
         outputs += self.scheduler.update(plan, result)
@@ -152,6 +164,31 @@ class EngineCore:
             self.speculator.finished([o.request_id for o in outputs if o.finished] + list(plan.preempted))
             self.speculator.propose(self.scheduler.running_requests(), result)
         return outputs
+
+    def _refused(self, request_ids) -> list[EngineOutput]:
+        wait = self.config.scheduler.max_queue_wait
+        message = f"overloaded: not scheduled within {wait:g} s (max_queue_wait); retry later"
+        return [EngineOutput(rid, [], finish_reason="error", error=message, error_code=OVERLOADED)
+                for rid in request_ids]
+
+    def _execute(self, plan: StepPlan, block_tables: list[list[int]] | None = None) -> StepResult:
+        if block_tables is None:
+            block_tables = [self.kv_cache_manager.block_ids(item.request) for item in plan.scheduled]
+        bitmask = self._structured.bitmask(plan) if self._structured else None
+        return self.runner.execute(plan, block_tables, bitmask)
+
+    def _isolate(self, plan: StepPlan, error: Exception) -> tuple[StepPlan, StepResult, list[EngineOutput]]:
+        """Re-run the failed step's requests one by one; finish the ones that fail alone
+        with an error (see :mod:`engine.core.faults`)."""
+        isolated = faults.isolate(plan, self._execute, error)
+        failed = []
+        for request, exc in isolated.culprits:
+            logger.error("request %s failed in the engine step; finishing it with an error",
+                         request.request_id, exc_info=exc)
+            self.scheduler.abort([request.request_id])
+            failed.append(EngineOutput(request.request_id, [], finish_reason="error",
+                                       error=faults.error_message(exc)))
+        return isolated.plan, isolated.result, failed
 
     def stats(self) -> dict:
         spec = self.speculator.stats() if self.speculator is not None else {}

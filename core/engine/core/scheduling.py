@@ -8,6 +8,15 @@ import attrs
 
 from engine.core.request import Request
 
+OVERLOADED = "overloaded"  # EngineOutput.error_code of a request refused by admission control
+
+
+class Overloaded(Exception):
+    """Raised by ``Scheduler.add_request`` to refuse a request (its queue is full); the
+    request is not queued. The server answers 503 with ``Retry-After``."""
+
+    code = OVERLOADED
+
 
 @attrs.frozen
 class SchedulerContext:
@@ -34,6 +43,7 @@ class ScheduledRequest:
 class StepPlan:
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[str, ...] = ()
+    refused: tuple[str, ...] = ()  # waiting requests finished unscheduled: they queued past max_queue_wait
 
     @property
     def num_tokens(self) -> int:
@@ -67,6 +77,7 @@ class EngineOutput:
     stop_reason: int | str | None = None
     num_cached_tokens: int = 0
     error: str | None = None
+    error_code: str | None = None  # with finish_reason "error": OVERLOADED, or None
     num_draft_tokens: int = 0  # speculative drafts verified for this request so far, and accepted
     num_accepted_tokens: int = 0
 

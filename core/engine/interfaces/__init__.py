@@ -43,6 +43,7 @@ _CORE_TYPES = {
     "SchedulerContext": "engine.core.scheduling", "ScheduledRequest": "engine.core.scheduling",
     "StepPlan": "engine.core.scheduling", "StepResult": "engine.core.scheduling",
     "EngineOutput": "engine.core.scheduling", "TokenLogprobs": "engine.core.scheduling",
+    "Overloaded": "engine.core.scheduling",
 }
 
 __all__ = [
@@ -66,6 +67,7 @@ __all__ = [
     "Model",
     "ModelContext",
     "ModelLoader",
+    "Overloaded",
     "Platform",
     "QuantContext",
     "QuantMethod",

@@ -13,7 +13,8 @@ class Scheduler(ABC):
 
     @abstractmethod
     def add_request(self, request) -> None:
-        ...
+        """Queue the request, or raise :class:`engine.interfaces.Overloaded` to refuse it
+        (admission control: ``max_queued_requests``)."""
 
     @abstractmethod
     def abort(self, request_ids) -> None:
@@ -21,7 +22,8 @@ class Scheduler(ABC):
 
     @abstractmethod
     def schedule(self):
-        """Return an :class:`engine.interfaces.StepPlan` (possibly empty)."""
+        """Return an :class:`engine.interfaces.StepPlan` (possibly empty). Requests it
+        finished unscheduled for overload (``max_queue_wait``) go in ``StepPlan.refused``."""
 
     @abstractmethod
     def update(self, plan, result) -> list:
