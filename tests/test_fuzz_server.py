@@ -21,9 +21,13 @@ from tests.serving import API_KEY, serve
 
 pytestmark = pytest.mark.slow
 
-MAX_SEQUENCES = 4  # --max-request-sequences: keeps every generated request small
-SERVE_ARGS = ("--served-model-name", "tiny-fuzz", "--dtype", "float32", "--num-blocks", "256", "--block-size", "16",
-              "--max-model-len", "512", "--max-num-seqs", "2", "--max-request-sequences", str(MAX_SEQUENCES))
+MAX_SEQUENCES = 4  # --max-request-sequences
+COMMON_ARGS = ("--served-model-name", "tiny-fuzz", "--dtype", "float32", "--num-blocks", "256", "--block-size", "16",
+               "--max-request-sequences", str(MAX_SEQUENCES))
+# a short context bounds what any generated request can ask for (the 10 s limit holds on a busy machine)
+FUZZ_ARGS = (*COMMON_ARGS, "--max-model-len", "64", "--max-num-seqs", "4")
+# long requests and two rows: requests that stay running or waiting while a test looks at them
+BUSY_ARGS = (*COMMON_ARGS, "--max-model-len", "512", "--max-num-seqs", "2")
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -119,7 +123,13 @@ def within_slow(server) -> httpx.Client:
 
 
 def gauges(server) -> tuple[float, float]:
-    return server.metric("engine:num_requests_running"), server.metric("engine:num_requests_waiting")
+    """(running, waiting) from one scrape of /metrics."""
+    values = {}
+    for line in httpx.get(f"{server.url}/metrics", headers=server.headers).text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in ("engine:num_requests_running", "engine:num_requests_waiting"):
+            values[name] = float(line.rsplit(" ", 1)[1])
+    return values["engine:num_requests_running"], values["engine:num_requests_waiting"]
 
 
 def settled(server, expected: tuple[float, float], timeout: float = 5.0, calm: float = 0.0) -> tuple[float, float]:
@@ -144,6 +154,7 @@ class Canary:
     never change (no other request's bad input disturbs it)."""
 
     BODY = {"prompt": "The canary sings", "max_tokens": 8, "temperature": 0}
+    INTERVAL = 0.3  # seconds between its requests
 
     def __init__(self, server):
         self.server, self.lock, self.stop = server, threading.Lock(), threading.Event()
@@ -161,7 +172,7 @@ class Canary:
                         self.results.append((0, repr(exc)))
                     else:
                         self.results.append((r.status_code, text))
-                time.sleep(0.01)
+                time.sleep(self.INTERVAL)
 
     @contextlib.contextmanager
     def paused(self):
@@ -179,7 +190,13 @@ class Canary:
 
 @pytest.fixture(scope="module")
 def server(tiny_llama):
-    with serve(tiny_llama[0], *SERVE_ARGS) as s:
+    with serve(tiny_llama[0], *FUZZ_ARGS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def busy_server(tiny_llama):
+    with serve(tiny_llama[0], *BUSY_ARGS) as s:
         yield s
 
 
@@ -236,6 +253,7 @@ def test_schemathesis_examples(server):
                 response = case.call(base_url=server.url, headers=server.headers, timeout=SLOW)
                 seconds = time.monotonic() - started
                 assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+
                 assert seconds < SLOW, (case.method, case.path, case.body, seconds)
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
                 if response.status_code >= 400:
@@ -263,7 +281,8 @@ def _finished_length(server) -> float:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_client_leaving_aborts_queued_and_decoding_requests(server, stream):
+def test_client_leaving_aborts_queued_and_decoding_requests(busy_server, stream):
+    server = busy_server
     common = {"max_tokens": 400, "ignore_eos": True, "stream": stream}
     assert settled(server, (0.0, 0.0)) == (0.0, 0.0)
     finished = _finished_length(server)
@@ -280,7 +299,8 @@ def test_client_leaving_aborts_queued_and_decoding_requests(server, stream):
     assert _finished_length(server) == finished, "an abandoned request ran to its end"
 
 
-def test_invalid_schema_is_rejected_at_once_while_the_engine_is_busy(server):
+def test_invalid_schema_is_rejected_at_once_while_the_engine_is_busy(busy_server):
+    server = busy_server
     body = {"messages": MSG, "max_tokens": 400, "ignore_eos": True}
     busy = [_raw_request(server, CHAT, body) for _ in range(2)]
     try:
@@ -344,3 +364,25 @@ def test_exposure_key_content_type_and_streamed_body_limit(server):
         assert big.status_code == 413 and "exceeds the limit" in big.json()["error"]["message"]
         ok = http.post(C, json={"prompt": "hi", "max_tokens": 2, "seed": 2**63 - 2, "n": 2})
         assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+
+
+def _strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_logprobs_of_masked_tokens_are_valid_json(server):
+    """Under a grammar most alternatives are masked (-inf): they report a floor, never -Infinity."""
+    body = {"prompt": "hi", "guided_choice": ["yes", "no"], "logprobs": 5, "max_tokens": 3}
+    with within_slow(server) as http:
+        whole = http.post(C, json=body)
+        assert whole.status_code == 200, whole.text
+        top = _strict_json(whole.text)["choices"][0]["logprobs"]["top_logprobs"]
+        assert min(v for entry in top for v in entry.values()) == -9999.0
+        with http.stream("POST", C, json={**body, "stream": True}) as stream:
+            frames = [line[6:] for line in stream.iter_lines() if line.startswith("data: {")]
+        assert frames and all(_strict_json(frame) for frame in frames)
+        chat = http.post(CHAT, json={"messages": MSG, "guided_choice": ["yes", "no"], "logprobs": True,
+                                     "top_logprobs": 5, "max_tokens": 3})
+        assert chat.status_code == 200 and _strict_json(chat.text)["choices"][0]["logprobs"]["content"]
