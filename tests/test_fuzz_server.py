@@ -13,6 +13,7 @@ import json
 import socket
 import threading
 import time
+from typing import ClassVar
 
 import httpx
 import pytest
@@ -32,6 +33,7 @@ C, CHAT = "/v1/completions", "/v1/chat/completions"
 MSG = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 DEEP = 10_000
+HI = '{"messages": [{"role": "user", "content": "hi"}]'  # the start of a chat body
 SLOW = 10.0  # seconds: no answer may take longer
 
 
@@ -87,10 +89,10 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         (C, j({"prompt": "hi", "guided_json": '{"type": "nope"}'}), 400, "guided_json"),
         (C, j({"prompt": "hi", "guided_json": {"type": "object", "$schema": 5}}), 400, "guided_json"),
         # 10k-deep nesting in schemas, tool parameters, messages and prompt lists
-        (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_schema", '
-               f'"json_schema": {{"schema": {deep_object()}}}}}}}', 400, None),
-        (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": '
-               f'{{"name": "f", "parameters": {deep_object()}}}}}]}}', 400, None),
+        (CHAT, f'{HI}, "response_format": {{"type": "json_schema", "json_schema": {{"schema": {deep_object()}}}}}}}',
+         400, None),
+        (CHAT, f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object()}}}}}]}}',
+         400, None),
         (CHAT, f'{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": {deep_list()}}}]}}]}}',
          400, None),
         (CHAT, f'{{"messages": {deep_list()}}}', 400, None),
@@ -99,8 +101,8 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         # within the recursion limit but past the depth limit: named
         (C, f'{{"prompt": "hi", "guided_json": {deep_object(100)}}}', 400, "guided_json"),
         (C, f'{{"prompt": {deep_list(100)}}}', 400, "prompt"),
-        (CHAT, '{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function", "function": '
-               f'{{"name": "f", "parameters": {deep_object(100)}}}}}]}}', 400, "tools"),
+        (CHAT, f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object(100)}}}}}]}}',
+         400, "tools"),
         ("/tokenize", f'{{"messages": [{{"role": "user", "content": "hi", "tool_calls": [{deep_object(100)}]}}]}}',
          400, "messages"),
         # the fan-out cap, stop lists and stop strings
@@ -153,7 +155,7 @@ class Canary:
     """A greedy completion repeated on its own thread between the fuzz cases: its text must
     never change (no other request's bad input disturbs it)."""
 
-    BODY = {"prompt": "The canary sings", "max_tokens": 8, "temperature": 0}
+    BODY: ClassVar[dict] = {"prompt": "The canary sings", "max_tokens": 8, "temperature": 0}
     INTERVAL = 0.3  # seconds between its requests
 
     def __init__(self, server):
@@ -318,7 +320,7 @@ def test_invalid_schema_is_rejected_at_once_while_the_engine_is_busy(busy_server
 
 
 def test_heavy_body_is_tokenized_off_the_event_loop(server):
-    body = json.dumps({"prompt": "a few words of text " * 50_000}).encode()  # 1 MB
+    body = json.dumps({"prompt": "a few words of text " * 175_000}).encode()  # 3.5 MB
     outcome = {}
 
     def heavy():

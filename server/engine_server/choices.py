@@ -11,7 +11,7 @@ LOGPROB_FLOOR = -9999.0  # what a masked-out token (-inf, e.g. under a grammar) 
 
 def _finite(logprob: float) -> float:
     """JSON has no -inf or NaN: a token the sampler ruled out gets the floor."""
-    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # noqa: FURB136 (max() keeps NaN)
 
 
 class Choice:
