@@ -115,6 +115,10 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         ("/detokenize", j({"tokens": [2**70]}), 400, "tokens"),
         ("/detokenize", j({"tokens": [10**9]}), 400, "tokens"),
         (C, j({"prompt": [1, 2, 2**70]}), 400, "prompt"),
+        # refused by the engine's grammar compiler after submitting: the engine request must not linger
+        (C, j({"prompt": "hi", "guided_regex": "([a-z"}), 400, None),
+        (C, j({"prompt": "hi", "guided_regex": "([a-z", "stream": True}), 400, None),
+        (CHAT, j({"messages": MSG, "guided_grammar": "root ::= ???", "n": 2}), 400, None),
     ]
     return cases
 
