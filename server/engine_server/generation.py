@@ -6,7 +6,6 @@ while queued, in prefill or in decode) aborts its unfinished engine requests."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -74,13 +73,15 @@ async def unless_disconnected(request: Request, coroutine):
     watch = asyncio.ensure_future(_disconnected(request))
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
     finally:
         watch.cancel()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise ClientGone()
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})  # let it unwind; its CancelledError stays with it
+        raise ClientGone()
     return task.result()
 
 
