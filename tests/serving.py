@@ -41,7 +41,7 @@ class Server:
         return int(children[0])
 
     def metric(self, name: str) -> float:
-        for line in httpx.get(f"{self.url}/metrics").text.splitlines():
+        for line in httpx.get(f"{self.url}/metrics", headers=self.headers).text.splitlines():
             if line.startswith(name + "{") or line.startswith(name + " "):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)

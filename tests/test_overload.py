@@ -99,7 +99,7 @@ def test_overload_gets_503_with_retry_after_and_loses_nothing(tiny_llama):
 
 
 def _rejections(server, reason: str = "queue_full") -> float:
-    for line in httpx.get(f"{server.url}/metrics").text.splitlines():
+    for line in httpx.get(f"{server.url}/metrics", headers=server.headers).text.splitlines():
         if line.startswith("engine:num_requests_rejected_total{") and f'reason="{reason}"' in line:
             return float(line.rsplit(" ", 1)[1])
     raise KeyError(reason)

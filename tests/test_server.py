@@ -160,7 +160,7 @@ BAD_CHATS = [
     ({"messages": [{"content": "no role"}]}, 400, "messages"),
     ({"messages": MESSAGES, "top_logprobs": 30, "logprobs": True}, 400, "top_logprobs"),
     ({"messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs"),
-    ({"messages": MESSAGES, "max_completion_tokens": 0}, 400, "max_tokens"),
+    ({"messages": MESSAGES, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     ({"messages": "hello"}, 400, "messages"),
 ]
 

@@ -1,9 +1,14 @@
-"""The starlette app: routes, the API-key and body-size guard, OpenAI-shaped errors."""
+"""The starlette app: routes, the guard in front of them (API key, content type, declared body
+size), OpenAI-shaped errors, and the worker threads that do the heavy per-request work."""
 
 from __future__ import annotations
 
+import asyncio
+import hmac
 import importlib.metadata
 import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import attrs
 import msgspec
@@ -14,10 +19,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine_server import generation
-from engine_server.errors import APIError, bad_request
+from engine_server.errors import APIError, bad_request, internal_error
+from engine_server.prompts import chat_prompt
 from engine_server.schemas import BODIES, DetokenizeRequest, TokenizeRequest
+from engine_server.validation import ClientGone, decode_body, read_body
 
 logger = logging.getLogger("engine_server")
+
+OPEN_PATHS = ("/health",)  # everything else needs the API key when one is set
+PREPARE_THREADS = 2  # tokenizing and templating run here, off the event loop
 
 
 @attrs.define
@@ -25,71 +35,99 @@ class ServerState:
     client: object  # EngineClient
     tokenizer: object
     model_name: str
-    model_path: str
     max_model_len: int
     vocab_size: int
     metrics: object  # Metrics
     tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
+    max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
+    executor: ThreadPoolExecutor = attrs.field(
+        factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare"))
+
+    async def offload(self, fn, *args):
+        """``fn(*args)`` on a worker thread, so a 4 MB prompt or a long template does not
+        stall every other client's stream."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
 
 class Guard:
     """Pure ASGI middleware (so streaming and disconnects pass untouched): the API key on
-    /v1 routes and the declared body size."""
+    every route but /health, JSON-only POST bodies, and the declared body size."""
 
     def __init__(self, app, state: ServerState):
         self.app, self.state = app, state
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http":
-            headers = dict(scope["headers"])
-            error = None
-            if self.state.api_key and scope["path"].startswith("/v1"):
-                if headers.get(b"authorization", b"").decode() != f"Bearer {self.state.api_key}":
-                    error = APIError(401, "invalid or missing API key", code="invalid_api_key")
-            length = headers.get(b"content-length")
-            if error is None and length is not None and int(length) > self.state.max_body_bytes:
-                error = APIError(413, f"request body of {int(length)} bytes exceeds the limit of "
-                                      f"{self.state.max_body_bytes}")
+            error = self.refusal(scope)
             if error is not None:
                 return await error.response()(scope, receive, send)
         await self.app(scope, receive, send)
+
+    def refusal(self, scope) -> APIError | None:
+        headers = dict(scope["headers"])
+        key = self.state.api_key
+        if key and scope["path"] not in OPEN_PATHS:
+            given = headers.get(b"authorization", b"")
+            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
+                return APIError(401, "invalid or missing API key", code="invalid_api_key")
+        if scope["method"] != "POST":
+            return None
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit():
+            return bad_request("invalid Content-Length header")
+        if int(length) > self.state.max_body_bytes:
+            return APIError(413, f"the request body of {int(length)} bytes exceeds the limit of "
+                                 f"{self.state.max_body_bytes}")
+        # a web page can send text/plain or form bodies cross-origin without a CORS preflight
+        media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if media_type != b"application/json":
+            return APIError(415, "request bodies must be JSON (Content-Type: application/json)",
+                            code="unsupported_media_type")
+        return None
 
 
 async def models(request: Request):
     state = request.app.state.server
     return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": 0, "owned_by": "engine", "root": state.model_path,
+        "id": state.model_name, "object": "model", "created": 0, "owned_by": "engine", "root": state.model_name,
         "max_model_len": state.max_model_len}]})
 
 
-async def tokenize(request: Request):
-    state = request.app.state.server
-    body = await generation.read_body(request, TokenizeRequest, state.max_body_bytes)
+def _tokenize(state: ServerState, data: bytes) -> dict:
+    body = decode_body(data, TokenizeRequest)
     generation.check_model(state, body.model)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give exactly one of prompt or messages", "prompt")
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = generation.chat_prompt(state.tokenizer, body.messages, True)
-    return JSONResponse({"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len})
+        ids = chat_prompt(state.tokenizer, body.messages, True)
+    return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
+
+
+def _detokenize(state: ServerState, data: bytes) -> dict:
+    body = decode_body(data, DetokenizeRequest)
+    generation.check_model(state, body.model)
+    if any(t >= state.vocab_size for t in body.tokens):
+        raise bad_request(f"token ids must be in [0, {state.vocab_size})", "tokens")
+    return {"prompt": state.tokenizer.decode(body.tokens)}
+
+
+async def tokenize(request: Request):
+    state = request.app.state.server
+    return JSONResponse(await state.offload(_tokenize, state, await read_body(request, state.max_body_bytes)))
 
 
 async def detokenize(request: Request):
     state = request.app.state.server
-    body = await generation.read_body(request, DetokenizeRequest, state.max_body_bytes)
-    generation.check_model(state, body.model)
-    if any(not 0 <= t < state.vocab_size for t in body.tokens):
-        raise bad_request(f"token ids must be in [0, {state.vocab_size})", "tokens")
-    return JSONResponse({"prompt": state.tokenizer.decode(body.tokens)})
+    return JSONResponse(await state.offload(_detokenize, state, await read_body(request, state.max_body_bytes)))
 
 
 async def health(request: Request):
-    dead = request.app.state.server.client.dead
-    if dead:
-        return APIError(503, f"engine core is not running: {dead}", code="engine_dead").response()
+    if request.app.state.server.client.dead:
+        return APIError(503, "the engine core is not running", code="engine_dead").response()
     return Response(status_code=200)
 
 
@@ -131,13 +169,18 @@ async def _api_error(request, exc: APIError):
     return exc.response()
 
 
+async def _client_gone(request, exc: ClientGone):
+    return Response(status_code=499)  # nginx's "client closed request"; nobody reads it
+
+
 async def _http_error(request, exc: HTTPException):
     return APIError(exc.status_code, exc.detail or "error", code=str(exc.status_code)).response()
 
 
 async def _unexpected(request, exc: Exception):
-    logger.exception("unhandled error on %s", request.url.path)
-    return APIError(500, f"internal error: {exc!r}").response()
+    request_id = f"err-{uuid.uuid4().hex}"
+    logger.error("request %s: unhandled error on %s", request_id, request.url.path, exc_info=exc)
+    return internal_error(request_id).response()
 
 
 def build_app(state: ServerState, lifespan=None) -> Starlette:
@@ -149,7 +192,8 @@ def build_app(state: ServerState, lifespan=None) -> Starlette:
         Route("/version", version), Route("/metrics", metrics), Route("/openapi.json", openapi),
     ]
     app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={APIError: _api_error, HTTPException: _http_error, Exception: _unexpected})
+                    exception_handlers={APIError: _api_error, ClientGone: _client_gone, HTTPException: _http_error,
+                                        Exception: _unexpected})
     app.state.server = state
     app.add_middleware(Guard, state=state)
     return app

@@ -6,6 +6,13 @@ from __future__ import annotations
 from engine.detokenizer import IncrementalDetokenizer
 from engine_server.protocol import Delta
 
+LOGPROB_FLOOR = -9999.0  # what a masked-out token (-inf, e.g. under a grammar) reports, as vLLM
+
+
+def _finite(logprob: float) -> float:
+    """JSON has no -inf or NaN: a token the sampler ruled out gets the floor."""
+    return logprob if logprob >= LOGPROB_FLOOR else LOGPROB_FLOOR  # noqa: FURB136 (max() keeps NaN)
+
 
 class Choice:
     def __init__(self, index: int, request_id: str, tokenizer, params):
@@ -63,8 +70,8 @@ class Choice:
         for ids, lps, _ in entries:
             piece = self._token_text(ids[0])
             tokens.append(piece)
-            token_logprobs.append(lps[0])
-            top.append({self._token_text(t): lp for t, lp in zip(ids[1:], lps[1:])})
+            token_logprobs.append(_finite(lps[0]))
+            top.append({self._token_text(t): _finite(lp) for t, lp in zip(ids[1:], lps[1:])})
             offsets.append(text_offset)
             text_offset += len(piece)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
@@ -73,7 +80,7 @@ class Choice:
         """``/v1/chat/completions`` format: one object per token with its top alternatives."""
         def item(token: int, logprob: float) -> dict:
             piece = self._token_text(token)
-            return {"token": piece, "logprob": logprob, "bytes": list(piece.encode("utf-8"))}
+            return {"token": piece, "logprob": _finite(logprob), "bytes": list(piece.encode("utf-8"))}
 
         return {"content": [{**item(ids[0], lps[0]),
                              "top_logprobs": [item(t, lp) for t, lp in zip(ids[1:], lps[1:])]}

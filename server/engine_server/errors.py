@@ -5,16 +5,18 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "BadRequestError",
-          413: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
+          413: "BadRequestError", 415: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
 
 class APIError(Exception):
+    """An answer to the client; ``headers`` go on the response (e.g. ``Retry-After``)."""
+
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  type_: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
-        self.headers = headers
         self.type = type_ or ("invalid_request_error" if status < 500 else _TYPES.get(status, "server_error"))
+        self.headers = headers
 
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -34,3 +36,8 @@ def overloaded(message: str) -> APIError:
     """503 for a request the engine refused by admission control (queue full, or queued
     too long); ``Retry-After`` tells the client when to try again."""
     return APIError(503, message, code="overloaded", headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
+
+
+def internal_error(request_id: str, code: str | None = None, what: str = "internal error") -> APIError:
+    """A 500 that tells the client only a request id; the details go to the server log under it."""
+    return APIError(500, f"{what} (request id {request_id})", code=code)

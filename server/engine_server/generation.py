@@ -1,152 +1,45 @@
-"""`/v1/completions` and `/v1/chat/completions`: validate, tokenize, fan out one engine request
-per prompt and sample, then stream SSE chunks or collect one response."""
+"""`/v1/completions` and `/v1/chat/completions`: read the body, validate and tokenize it off
+the event loop, fan out one engine request per prompt and sample, then stream SSE chunks or
+collect one response. Every way out of a request (an error, a 500, a client that leaves
+while queued, in prefill or in decode) aborts its unfinished engine requests."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 import uuid
 
-import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.interfaces import GrammarSpec
 from engine.sampling_params import InvalidParam, SamplingParams
 from engine_server.choices import Choice
 from engine_server.client import EngineDead
-from engine_server.errors import APIError, bad_request, overloaded
-from engine_server.schemas import ChatCompletionRequest, CompletionRequest
+from engine_server.errors import APIError, bad_request, internal_error, overloaded
+from engine_server.prompts import chat_prompt, check_fanout, check_prompt, completion_prompts
+from engine_server.schemas import INT64_MAX, ChatCompletionRequest, CompletionRequest
+from engine_server.structured import structured_spec
 from engine_server.tools import ChatOutput, check_tools, tool_grammar
+from engine_server.validation import ClientGone, decode_body, read_body
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-MAX_N = 128
-MAX_LOGPROBS = 20
-
-
-async def read_body(request: Request, body_type, max_bytes: int):
-    data = await request.body()
-    if len(data) > max_bytes:
-        raise APIError(413, f"request body of {len(data)} bytes exceeds the limit of {max_bytes}")
-    try:
-        return msgspec.json.decode(data, type=body_type)
-    except msgspec.ValidationError as exc:
-        message = str(exc)
-        param = message.rsplit("at `$.", 1)[-1].rstrip("`").split("[")[0].split(".")[0] if "at `$." in message else None
-        raise bad_request(f"invalid request: {message}", param) from None
-    except msgspec.DecodeError as exc:
-        raise bad_request(f"malformed JSON body: {exc}") from None
+logger = logging.getLogger("engine_server")
 
 
 def check_model(state, name: str | None) -> None:
-    if name is not None and name not in (state.model_name, state.model_path):
+    if name is not None and name != state.model_name:
         raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
 
 
-def check_prompt(state, ids: list[int], max_tokens: int | None, param: str) -> None:
-    limit = state.max_model_len
-    if not ids:
-        raise bad_request("the prompt must contain at least one token", param)
-    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < state.vocab_size for t in ids):
-        raise bad_request(f"token ids must be integers in [0, {state.vocab_size})", param)
-    if len(ids) >= limit:
-        raise bad_request(f"the prompt has {len(ids)} tokens; this model's context is {limit} tokens "
-                          "(max_model_len), with at least one left to generate", param)
-    if max_tokens is not None and len(ids) + max_tokens > limit:
-        raise bad_request(f"max_tokens={max_tokens} plus the prompt's {len(ids)} tokens exceed the "
-                          f"context of {limit} tokens", "max_tokens")
-
-
-def completion_prompts(tokenizer, prompt) -> list[tuple[str | None, list[int]]]:
-    def is_ids(value):
-        return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
-
-    if isinstance(prompt, str):
-        return [(prompt, tokenizer.encode(prompt))]
-    if prompt and is_ids(prompt):
-        return [(None, list(prompt))]
-    if prompt and all(isinstance(p, str) for p in prompt):
-        return [(p, tokenizer.encode(p)) for p in prompt]
-    if prompt and all(is_ids(p) for p in prompt):
-        return [(None, list(p)) for p in prompt]
-    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
-                      "prompt")
-
-
-def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
-                tool_prompt: str | None = None) -> list[int]:
-    """Token ids of the templated conversation. Tools go to the template when it renders
-    them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message."""
-    if not messages:
-        raise bad_request("messages must contain at least one message", "messages")
-    conversation = []
-    for i, message in enumerate(messages):
-        if message.role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {message.role!r}",
-                              "messages")
-        content = message.content
-        if isinstance(content, list):
-            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
-            content = "".join(part["text"] for part in content)
-        entry = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
-        if message.tool_calls:
-            entry["tool_calls"] = message.tool_calls
-        if message.tool_call_id:
-            entry["tool_call_id"] = message.tool_call_id
-        conversation.append(entry)
-    if not tokenizer.chat_template:
-        raise bad_request("this model has no chat template; use /v1/completions", "messages")
-    template_tools = None
-    if tools:
-        if "tools" in tokenizer.chat_template:
-            template_tools = tools
-        elif tool_prompt:
-            if conversation[0]["role"] == "system":
-                conversation[0] = {**conversation[0], "content": conversation[0]["content"] + "\n\n" + tool_prompt}
-            else:
-                conversation.insert(0, {"role": "system", "content": tool_prompt})
-    try:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                            tokenize=True, tools=template_tools)
-    except Exception as exc:  # template errors (roles out of order ...) are the caller's
-        raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-
-
-def structured_spec(body, chat: bool) -> GrammarSpec | None:
-    """One constraint from OpenAI's ``response_format`` or vLLM's ``structured_outputs`` /
-    ``guided_*`` fields; more than one is a 400."""
-    found: list[tuple[str, GrammarSpec]] = []
-    response_format = getattr(body, "response_format", None) if chat else None
-    if response_format is not None:
-        kind = response_format.get("type")
-        if kind == "json_schema":
-            schema = (response_format.get("json_schema") or {}).get("schema")
-            if not isinstance(schema, dict):
-                raise bad_request("response_format.json_schema.schema must be a JSON schema object", "response_format")
-            found.append(("response_format", GrammarSpec("json", schema)))
-        elif kind == "json_object":
-            found.append(("response_format", GrammarSpec("json_object", None)))
-        elif kind != "text":
-            raise bad_request(f"response_format.type must be text, json_object or json_schema; got {kind!r}",
-                              "response_format")
-    outputs = body.structured_outputs or {}
-    for key in outputs:
-        if key not in ("json", "regex", "choice", "grammar", "json_object"):
-            raise bad_request(f"structured_outputs.{key} is not one of json, regex, choice, grammar, json_object",
-                              "structured_outputs")
-    for kind in ("json", "regex", "choice", "grammar"):
-        value = outputs.get(kind, getattr(body, f"guided_{kind}"))
-        if value is not None:
-            found.append((kind, GrammarSpec(kind, value)))
-    if outputs.get("json_object"):
-        found.append(("json_object", GrammarSpec("json_object", None)))
-    if len(found) > 1:
-        raise bad_request(f"give one structured-output constraint, not {len(found)}: "
-                          f"{', '.join(name for name, _ in found)}", found[1][0])
-    return found[0][1] if found else None
+def check_sampling(state, body) -> None:
+    """What depends on the model or on ``n``: stop token ids in the vocabulary, and the
+    per-sample seeds ``seed + i`` within 64 bits."""
+    if any(t >= state.vocab_size for t in body.stop_token_ids or ()):
+        raise bad_request(f"stop_token_ids must be token ids in [0, {state.vocab_size})", "stop_token_ids")
+    if body.seed is not None and body.seed + body.n - 1 > INT64_MAX:
+        raise bad_request(f"seed + n - 1 must not exceed {INT64_MAX} (sample i uses seed + i)", "seed")
 
 
 def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
@@ -167,18 +60,58 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: in
         raise bad_request(str(exc), exc.param) from None
 
 
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body is read, so ``receive`` only waits for that)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def unless_disconnected(request: Request, coroutine):
+    """The coroutine's result, or :class:`ClientGone` (the coroutine cancelled) if the
+    client disconnects first."""
+    task = asyncio.ensure_future(coroutine)
+    watch = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watch.cancel()
+    if not task.done():
+        task.cancel()
+        await asyncio.wait({task})  # let it unwind; its CancelledError stays with it
+        raise ClientGone()
+    return task.result()
+
+
+class EngineStream(StreamingResponse):
+    """An SSE response that aborts its engine requests however it ends, even when the
+    client leaves before the first frame is produced."""
+
+    def __init__(self, frames, handle):
+        super().__init__(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        self.handle = handle
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.handle.close()
+
+
 class Generation:
-    """One HTTP request's fan-out: a choice per (prompt, sample) and their engine requests."""
+    """One HTTP request's fan-out: a choice per (prompt, sample) and their engine requests.
+    Built (validated, sampling parameters made) off the event loop; :meth:`run` submits."""
 
     def __init__(self, state, body, prompts, max_tokens, logprobs, chat: bool, spec: GrammarSpec | None = None,
                  make_output=None):
-        if not 1 <= body.n <= MAX_N:
-            raise bad_request(f"n must be in [1, {MAX_N}], got {body.n}", "n")
+        check_sampling(state, body)
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.choices: list[Choice] = []
-        children = []
+        self.children = []
         for p, (_, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             for i in range(body.n):
@@ -186,31 +119,53 @@ class Generation:
                 params = sampling_params(body, max_tokens, logprobs, seed, spec)
                 rid = f"{self.id}-{p}-{i}"
                 self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params))
-                children.append((rid, ids, params))
+                self.children.append((rid, ids, params))
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
         self.by_id = {c.request_id: c for c in self.choices}
-        self.timers = {c.request_id: state.metrics.request_timer(len(ids)) for c, (_, ids, _) in
-                       zip(self.choices, children)}
-        try:
-            self.handle = state.client.submit(children, body.priority, body.cache_salt)
-        except EngineDead as exc:
-            raise APIError(503, f"the engine is not available: {exc}") from None
-        self._deltas = self.handle.deltas()
+        self.timers = {}
+        self.handle = None
         self._first = None
         self.refused: str | None = None  # admission control refused one of the samples
 
-    async def start(self) -> None:
-        """Wait for the first delta before answering, so a request the engine refuses (an
-        invalid grammar) still gets a 4xx instead of a broken stream."""
+    async def run(self, request: Request) -> Response:
+        """Submit, wait for the engine's first answer (so a request it refuses, such as an
+        invalid grammar, still gets a 4xx), then answer. The handle is closed on every way
+        out here, except a stream handed to starlette, which closes it when it ends."""
+        self._submit()
+        streaming = False
+        try:
+            await unless_disconnected(request, self._start())
+            if self.body.stream:
+                streaming = True
+                return EngineStream(self._frames(), self.handle)
+            return await self._collect(request)
+        finally:
+            if not streaming:
+                self.handle.close()
+
+    def _submit(self) -> None:
+        try:
+            self.handle = self.state.client.submit(self.children, self.body.priority, self.body.cache_salt)
+        except EngineDead:
+            raise APIError(503, "the engine is not available", code="engine_dead") from None
+        except Exception:
+            self.state.client.abort([rid for rid, _, _ in self.children])  # those sent before the failure
+            raise
+        self.timers = {rid: self.state.metrics.request_timer(len(ids)) for rid, ids, _ in self.children}
+        self._deltas = self.handle.deltas()
+
+    def _engine_dead(self, exc: EngineDead) -> APIError:
+        logger.error("request %s: %s", self.id, exc)
+        return internal_error(self.id, code="engine_dead", what="the engine core is not running")
+
+    async def _start(self) -> None:
         try:
             self._first = await anext(self._deltas)
         except StopAsyncIteration:
             return
         except EngineDead as exc:
-            self.handle.close()
-            raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
+            raise self._engine_dead(exc) from None
         if self._first.finish_reason == "error":
-            self.handle.close()
             if self._first.error_code == "overloaded":
                 raise overloaded(self._first.error)
             raise bad_request(self._first.error or "the engine rejected this request")
@@ -251,26 +206,19 @@ class Generation:
             prompt_text = self.state.tokenizer.decode(self.prompts[choice.index // self.body.n][1])
         return prompt_text
 
+
     # -- one response ------------------------------------------------------------------
-    async def collect(self, request: Request) -> JSONResponse:
+    async def _collect(self, request: Request) -> JSONResponse:
         async def pump():
             async for delta in self.deltas():
                 self.feed(delta)
                 if self.refused is not None:  # the others are aborted by close() below
                     return
 
-        task = asyncio.create_task(pump())
         try:
-            while not task.done():
-                await asyncio.wait({task}, timeout=0.5)
-                if not task.done() and await request.is_disconnected():
-                    task.cancel()
-                    return JSONResponse({}, status_code=499)
-            task.result()
+            await unless_disconnected(request, pump())
         except EngineDead as exc:
-            raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
-        finally:
-            self.handle.close()
+            raise self._engine_dead(exc) from None
         if self.refused is not None:
             raise overloaded(self.refused)
         errors = [c for c in self.choices if c.finish_reason == "error"]
@@ -292,10 +240,6 @@ class Generation:
                 "finish_reason": c.finish_reason, "stop_reason": stop_reason}
 
     # -- a stream ----------------------------------------------------------------------
-    def stream(self) -> StreamingResponse:
-        return StreamingResponse(self._frames(), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache"})
-
     def _chunks(self, choice: Choice, text: str, entries: list, first: bool = False) -> list[str]:
         """SSE frames for one step of one choice; the last carries its finish_reason."""
         if self.chat:
@@ -340,47 +284,37 @@ class Generation:
             if self.body.stream_options is not None and self.body.stream_options.include_usage:
                 yield self._frame({"choices": [], "usage": self.usage()})
         except EngineDead as exc:
-            error = APIError(500, f"the engine core died: {exc}", code="engine_dead")
-            yield "data: " + json.dumps(error.body()) + "\n\n"
-        finally:
-            self.handle.close()
+            yield "data: " + json.dumps(self._engine_dead(exc).body()) + "\n\n"
+        except Exception:
+            logger.exception("request %s: internal error while streaming", self.id)
+            yield "data: " + json.dumps(internal_error(self.id).body()) + "\n\n"
         yield "data: [DONE]\n\n"
 
 
-async def completions(request: Request):
-    state = request.app.state.server
-    body: CompletionRequest = await read_body(request, CompletionRequest, state.max_body_bytes)
+def prepare_completion(state, data: bytes) -> Generation:
+    """Everything up to submitting, for the worker thread: decode, validate, tokenize."""
+    body: CompletionRequest = decode_body(data, CompletionRequest)
     check_model(state, body.model)
-    if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
-        raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {body.logprobs}", "logprobs")
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
-    if max_tokens < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    prompts = completion_prompts(state.tokenizer, body.prompt)
-    generation = Generation(state, body, prompts, max_tokens, body.logprobs, chat=False,
-                            spec=structured_spec(body, chat=False))
-    await generation.start()
-    return generation.stream() if body.stream else await generation.collect(request)
+    spec = structured_spec(body, chat=False)
+    prompts = completion_prompts(state, body.prompt, body.n)
+    return Generation(state, body, prompts, max_tokens, body.logprobs, chat=False, spec=spec)
 
 
-async def chat_completions(request: Request):
-    state = request.app.state.server
-    body: ChatCompletionRequest = await read_body(request, ChatCompletionRequest, state.max_body_bytes)
+def prepare_chat(state, data: bytes) -> Generation:
+    """Everything up to submitting, for the worker thread: decode, validate, template."""
+    body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest)
     check_model(state, body.model)
-    if body.top_logprobs is not None:
-        if not 0 <= body.top_logprobs <= MAX_LOGPROBS:
-            raise bad_request(f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {body.top_logprobs}", "top_logprobs")
-        if not body.logprobs:
-            raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
+    if body.top_logprobs is not None and not body.logprobs:
+        raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    if max_tokens is not None and max_tokens < 1:
-        raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
     mode, tools = check_tools(body.tools, body.tool_choice)
     spec = structured_spec(body, chat=True)
     forced = tool_grammar(mode, tools, body.parallel_tool_calls)
     if forced is not None and spec is not None:
         raise bad_request("tool_choice=required or a named tool cannot be combined with another "
                           "structured-output constraint", "tool_choice")
+    check_fanout(state, 1, body.n)
     parser_cls = state.tool_parser if mode == "auto" else None
     tool_list = list(body.tools or []) if mode != "none" else None
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
@@ -392,7 +326,20 @@ async def chat_completions(request: Request):
     def make_output() -> ChatOutput:
         return ChatOutput(mode, parser_cls(state.tokenizer) if parser_cls else None, body.parallel_tool_calls)
 
-    generation = Generation(state, body, [(None, ids)], max_tokens, logprobs, chat=True, spec=forced or spec,
-                            make_output=make_output)
-    await generation.start()
-    return generation.stream() if body.stream else await generation.collect(request)
+    return Generation(state, body, [(None, ids)], max_tokens, logprobs, chat=True, spec=forced or spec,
+                      make_output=make_output)
+
+
+async def _generate(request: Request, prepare) -> Response:
+    state = request.app.state.server
+    data = await read_body(request, state.max_body_bytes)
+    generation = await state.offload(prepare, state, data)
+    return await generation.run(request)
+
+
+async def completions(request: Request) -> Response:
+    return await _generate(request, prepare_completion)
+
+
+async def chat_completions(request: Request) -> Response:
+    return await _generate(request, prepare_chat)

@@ -1,11 +1,28 @@
-"""Request bodies of the OpenAI routes, decoded and type-checked by msgspec (a wrong type
-becomes a 400 naming the field). Field names follow the OpenAI API plus vLLM's extras."""
+"""Request bodies of the OpenAI routes, decoded and type-checked by msgspec (a wrong type or
+a value out of range becomes a 400 naming the field). Field names follow the OpenAI API plus
+vLLM's extras. Every integer is bounded to what the engine and its wire format can hold
+(signed 64-bit), and the bounds are part of the schema, so ``/openapi.json`` carries them."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
+from msgspec import Meta
+
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+MAX_N = 128  # samples per prompt
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI
+MAX_STOP_STRINGS = 64
+MAX_STOP_STRING_CHARS = 1024
+MAX_STOP_TOKEN_IDS = 1024
+
+Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
+Count = Annotated[int, Meta(ge=1, le=INT64_MAX)]
+TokenId = Annotated[int, Meta(ge=0, le=INT64_MAX)]  # the vocabulary bound is checked once the model is known
+Logprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -14,38 +31,38 @@ class StreamOptions(msgspec.Struct):
 
 class SamplingFields(msgspec.Struct, kw_only=True):
     model: str | None = None
-    n: int = 1
-    max_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
-    min_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    repetition_penalty: float | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    stop_token_ids: list[int] | None = None
+    n: Annotated[int, Meta(ge=1, le=MAX_N)] = 1
+    max_tokens: Count | None = None
+    temperature: Annotated[float, Meta(ge=0.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0)] | None = None
+    seed: Int64 | None = None
+    stop: StopString | Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stop_token_ids: Annotated[list[TokenId], Meta(max_length=MAX_STOP_TOKEN_IDS)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     # vLLM extensions
     ignore_eos: bool = False
-    min_tokens: int = 0
+    min_tokens: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
-    priority: int = 0
+    priority: Int64 = 0
     cache_salt: str | None = None
     structured_outputs: dict[str, Any] | None = None
-    guided_json: Any = None
+    guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
-    guided_choice: list[str] | None = None
+    guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
     guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
     prompt: str | list[Any]
-    logprobs: int | None = None
+    logprobs: Logprobs | None = None
     echo: bool = False
 
 
@@ -59,9 +76,9 @@ class ChatMessage(msgspec.Struct, kw_only=True):
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: Count | None = None
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: Logprobs | None = None
     add_generation_prompt: bool = True
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
@@ -78,7 +95,7 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
-    tokens: list[int]
+    tokens: list[TokenId]
 
 
 BODIES = {"CompletionRequest": CompletionRequest, "ChatCompletionRequest": ChatCompletionRequest,

@@ -16,6 +16,7 @@ from engine.tokenizer import load_tokenizer
 from engine_server.app import ServerState, build_app
 from engine_server.client import EngineClient
 from engine_server.metrics import Metrics
+from engine_server.prefix_window import PrefixCacheWindow
 
 DEATH_GRACE_SECONDS = 2.0  # in-flight streams get their error frame; /health answers 503
 
@@ -44,9 +45,11 @@ class ServeCommand(Command):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--api-key", default=os.environ.get("ENGINE_API_KEY"),
-                            help="require `Authorization: Bearer KEY` on /v1 routes (or $ENGINE_API_KEY)")
+                            help="require `Authorization: Bearer KEY` on all routes but /health (or $ENGINE_API_KEY)")
         parser.add_argument("--served-model-name", default=None)
         parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20)
+        parser.add_argument("--max-request-sequences", type=int, default=256,
+                            help="engine requests one HTTP request may create (prompts x n); more is a 400")
         parser.add_argument("--tool-call-parser", default="hermes",
                             help="how the model writes tool calls, for tool_choice=auto (a tool-parser plugin)")
         parser.add_argument("--graceful-timeout", type=float, default=10.0,
@@ -76,9 +79,10 @@ class ServeCommand(Command):
         tool_parser = load_plugins(args.plugins).get("tool_parsers", args.tool_call_parser)
         client = EngineClient(options, on_death)
         metrics = Metrics(name)
-        client.stats_listeners.append(metrics.update_engine)
-        state = ServerState(client, tokenizer, name, model_path, 0, 0, metrics, tool_parser, args.api_key,
-                            args.max_request_body_bytes)
+        client.stats_listeners.append(PrefixCacheWindow(metrics.update_engine))
+        state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, api_key=args.api_key,
+                            max_body_bytes=args.max_request_body_bytes,
+                            max_request_sequences=args.max_request_sequences)
 
         @contextlib.asynccontextmanager
         async def lifespan(app):

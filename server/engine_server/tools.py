@@ -9,6 +9,7 @@ import uuid
 
 from engine.interfaces import GrammarSpec, ToolCall, ToolParser
 from engine_server.errors import bad_request
+from engine_server.validation import check_json_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -73,17 +74,24 @@ class HermesToolParser(ToolParser):
 
 
 def check_tools(tools: list[dict] | None, tool_choice) -> tuple[str, dict[str, dict]]:
-    """-> (mode, tools by name); mode is "none", "auto", "required" or "named:<name>"."""
+    """-> (mode, tools by name); mode is "none", "auto", "required" or "named:<name>".
+    Each tool's ``parameters`` must be a valid JSON schema object (they become grammars)."""
     by_name = {}
     for i, tool in enumerate(tools or []):
-        function = tool.get("function") if isinstance(tool, dict) else None
+        function = tool.get("function")
         if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
             raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
+        if function.get("parameters") is not None:
+            check_json_schema(function["parameters"], "tools", f"tools[{i}].function.parameters")
         by_name[function["name"]] = function
     if tool_choice is None:
         return ("auto" if by_name else "none"), by_name
     if isinstance(tool_choice, dict):
-        name = (tool_choice.get("function") or {}).get("name")
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, dict) else None
+        if tool_choice.get("type", "function") != "function" or not isinstance(name, str):
+            raise bad_request("a named tool_choice must be {'type': 'function', 'function': {'name': ...}}",
+                              "tool_choice")
         if name not in by_name:
             raise bad_request(f"tool_choice names {name!r}, which is not among the tools "
                               f"({', '.join(by_name) or 'none given'})", "tool_choice")

@@ -1,0 +1,103 @@
+"""Prompts of a request as token ids: completion prompts in their four shapes, a chat
+conversation through the model's template, and the checks against the context length,
+the vocabulary and the per-request cap on engine requests. Called off the event loop."""
+
+from __future__ import annotations
+
+from engine_server.errors import bad_request
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def check_fanout(state, prompts: int, n: int) -> None:
+    """Prompts × samples is the number of engine requests one HTTP request creates."""
+    limit = state.max_request_sequences
+    if prompts > limit:
+        raise bad_request(f"a request may carry at most {limit} prompts, got {prompts}", "prompt")
+    if prompts * n > limit:
+        raise bad_request(f"{prompts} prompt(s) with n={n} make {prompts * n} sequences; the limit per request "
+                          f"is {limit}", "n")
+
+
+def check_prompt(state, ids: list[int], max_tokens: int | None, param: str) -> None:
+    limit = state.max_model_len
+    if not ids:
+        raise bad_request("the prompt must contain at least one token", param)
+    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < state.vocab_size for t in ids):
+        raise bad_request(f"token ids must be integers in [0, {state.vocab_size})", param)
+    if len(ids) >= limit:
+        raise bad_request(f"the prompt has {len(ids)} tokens; this model's context is {limit} tokens "
+                          "(max_model_len), with at least one left to generate", param)
+    if max_tokens is not None and len(ids) + max_tokens > limit:
+        raise bad_request(f"max_tokens={max_tokens} plus the prompt's {len(ids)} tokens exceed the "
+                          f"context of {limit} tokens", "max_tokens")
+
+
+def _is_ids(value) -> bool:
+    return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
+
+
+def completion_prompts(state, prompt, n: int) -> list[tuple[str | None, list[int]]]:
+    """-> (text or None, token ids) per prompt; the fan-out cap is checked before any
+    prompt is tokenized."""
+    if isinstance(prompt, str):
+        texts = [prompt]
+    elif prompt and _is_ids(prompt):
+        check_fanout(state, 1, n)
+        return [(None, list(prompt))]
+    elif prompt and all(isinstance(p, str) for p in prompt):
+        texts = prompt
+    elif prompt and all(_is_ids(p) for p in prompt):
+        check_fanout(state, len(prompt), n)
+        return [(None, list(p)) for p in prompt]
+    else:
+        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
+                          "prompt")
+    check_fanout(state, len(texts), n)
+    return [(text, state.tokenizer.encode(text)) for text in texts]
+
+
+def _conversation(messages) -> list[dict]:
+    conversation = []
+    for i, message in enumerate(messages):
+        if message.role not in ROLES:
+            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {message.role!r}",
+                              "messages")
+        content = message.content
+        if isinstance(content, list):
+            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
+                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
+            content = "".join(part["text"] for part in content)
+        entry = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
+        if message.tool_calls:
+            entry["tool_calls"] = message.tool_calls
+        if message.tool_call_id:
+            entry["tool_call_id"] = message.tool_call_id
+        conversation.append(entry)
+    return conversation
+
+
+def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
+                tool_prompt: str | None = None) -> list[int]:
+    """Token ids of the templated conversation. Tools go to the template when it renders
+    them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message."""
+    if not messages:
+        raise bad_request("messages must contain at least one message", "messages")
+    conversation = _conversation(messages)
+    if not tokenizer.chat_template:
+        raise bad_request("this model has no chat template; use /v1/completions", "messages")
+    template_tools = None
+    if tools:
+        if "tools" in tokenizer.chat_template:
+            template_tools = tools
+        elif tool_prompt:
+            if conversation[0]["role"] == "system":
+                conversation[0] = {**conversation[0], "content": conversation[0]["content"] + "\n\n" + tool_prompt}
+            else:
+                conversation.insert(0, {"role": "system", "content": tool_prompt})
+    try:
+        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
+                                            tokenize=True, tools=template_tools)
+    except Exception as exc:  # template errors (roles out of order ...) are the caller's
+        raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

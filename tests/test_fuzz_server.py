@@ -1,0 +1,394 @@
+"""Bad input against a real `engine serve`: every class of the hardening sweep (issue 17), with
+the bodies it quoted, then `schemathesis` examples generated from /openapi.json. Throughout:
+no response >= 500, none slower than 10 s, the engine core never dies, a greedy canary
+request run between the cases keeps its text, and after every error the running/waiting
+gauges return to where they were (no orphaned engine request). Also: requests whose client
+leaves while queued or decoding are aborted, heavy bodies are tokenized off the event loop,
+and the edge checks what needs the key, the content type and the body size."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+from typing import ClassVar
+
+import httpx
+import pytest
+
+from tests.serving import API_KEY, serve
+
+pytestmark = pytest.mark.slow
+
+MAX_SEQUENCES = 4  # --max-request-sequences
+COMMON_ARGS = ("--served-model-name", "tiny-fuzz", "--dtype", "float32", "--num-blocks", "256", "--block-size", "16",
+               "--max-request-sequences", str(MAX_SEQUENCES))
+# a short context bounds what any generated request can ask for (the 10 s limit holds on a busy machine)
+FUZZ_ARGS = (*COMMON_ARGS, "--max-model-len", "64", "--max-num-seqs", "4")
+# long requests and two rows: requests that stay running or waiting while a test looks at them
+BUSY_ARGS = (*COMMON_ARGS, "--max-model-len", "512", "--max-num-seqs", "2")
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+MSG = [{"role": "user", "content": "hi"}]
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+DEEP = 10_000
+HI = '{"messages": [{"role": "user", "content": "hi"}]'  # the start of a chat body
+SLOW = 10.0  # seconds: no answer may take longer
+
+
+def deep_list(depth: int = DEEP) -> str:
+    return "[" * depth + "]" * depth
+
+
+def deep_object(depth: int = DEEP) -> str:
+    return '{"a": ' * depth + "1" + "}" * depth
+
+
+# (route, raw JSON body, expected status, expected param); raw text so 10k-deep nesting is expressible
+def _cases() -> list[tuple[str, str, int, str | None]]:
+    j = json.dumps
+    cases = []
+    for ids in ([1000000], [-49153], [2**63 - 1], [2**70]):
+        cases += [(C, j({"prompt": "hi", "min_tokens": 2, "stop_token_ids": ids}), 400, "stop_token_ids"),
+                  (CHAT, j({"messages": MSG, "min_tokens": 2, "stop_token_ids": ids}), 400, "stop_token_ids"),
+                  (C, j({"prompt": "hi", "stop_token_ids": ids}), 400, "stop_token_ids")]
+    for field in ("top_k", "seed", "priority", "n", "max_tokens", "min_tokens", "logprobs"):
+        cases += [(C, j({"prompt": "hi", field: 2**70}), 400, field), (C, j({"prompt": "hi", field: -(2**70)}), 400, field)]
+    cases += [
+        (C, j({"prompt": "hi", "seed": 2**64 - 1, "n": 2}), 400, "seed"),
+        (C, j({"prompt": "hi", "seed": 2**63 - 1, "n": 2}), 400, "seed"),
+        (CHAT, j({"messages": MSG, "seed": 2**63 - 1, "n": 2}), 400, "seed"),
+        (C, j({"prompt": "hi", "top_k": -2}), 400, "top_k"),
+        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": "x"}}), 400,
+         "response_format"),
+        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": ["x"]}}), 400,
+         "response_format"),
+        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
+         400, "response_format"),
+        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema",
+                                                       "json_schema": {"schema": {"type": "nope"}}}}),
+         400, "response_format"),
+        (CHAT, j({"messages": MSG, "response_format": "json"}), 400, "response_format"),
+        (CHAT, j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}}),
+         400, "tool_choice"),
+        (CHAT, j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": ["f"]}}),
+         400, "tool_choice"),
+        (CHAT, j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": 5}}}),
+         400, "tool_choice"),
+        (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
+         400, "tools"),
+        (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f",
+                                                                               "parameters": {"type": 7}}}]}),
+         400, "tools"),
+        (C, j({"prompt": "hi", "structured_outputs": {"choice": "abc"}}), 400, "structured_outputs"),
+        (C, j({"prompt": "hi", "structured_outputs": {"choice": []}}), 400, "structured_outputs"),
+        (C, j({"prompt": "hi", "structured_outputs": {"regex": ["a"]}}), 400, "structured_outputs"),
+        (C, j({"prompt": "hi", "guided_choice": "abc"}), 400, "guided_choice"),
+        (C, j({"prompt": "hi", "guided_json": "not json"}), 400, "guided_json"),
+        (C, j({"prompt": "hi", "guided_json": '{"type": "nope"}'}), 400, "guided_json"),
+        (C, j({"prompt": "hi", "guided_json": {"type": "object", "$schema": 5}}), 400, "guided_json"),
+        # 10k-deep nesting in schemas, tool parameters, messages and prompt lists
+        (CHAT, f'{HI}, "response_format": {{"type": "json_schema", "json_schema": {{"schema": {deep_object()}}}}}}}',
+         400, None),
+        (CHAT, f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object()}}}}}]}}',
+         400, None),
+        (CHAT, f'{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": {deep_list()}}}]}}]}}',
+         400, None),
+        (CHAT, f'{{"messages": {deep_list()}}}', 400, None),
+        (C, f'{{"prompt": {deep_list()}}}', 400, None),
+        (C, f'{{"prompt": "hi", "guided_json": {deep_object()}}}', 400, None),
+        # within the recursion limit but past the depth limit: named
+        (C, f'{{"prompt": "hi", "guided_json": {deep_object(100)}}}', 400, "guided_json"),
+        (C, f'{{"prompt": {deep_list(100)}}}', 400, "prompt"),
+        (CHAT, f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object(100)}}}}}]}}',
+         400, "tools"),
+        ("/tokenize", f'{{"messages": [{{"role": "user", "content": "hi", "tool_calls": [{deep_object(100)}]}}]}}',
+         400, "messages"),
+        # the fan-out cap, stop lists and stop strings
+        (C, j({"prompt": ["a"] * (MAX_SEQUENCES + 1)}), 400, "prompt"),
+        (C, j({"prompt": ["a", "b"], "n": MAX_SEQUENCES}), 400, "n"),
+        (CHAT, j({"messages": MSG, "n": MAX_SEQUENCES + 1}), 400, "n"),
+        (C, j({"prompt": ["x"] * 1000}), 400, "prompt"),
+        (C, j({"prompt": "hi", "stop": ["s"] * 100_000}), 400, "stop"),
+        (C, j({"prompt": "hi", "stop": "s" * 5000}), 400, "stop"),
+        ("/detokenize", j({"tokens": [2**70]}), 400, "tokens"),
+        ("/detokenize", j({"tokens": [10**9]}), 400, "tokens"),
+        (C, j({"prompt": [1, 2, 2**70]}), 400, "prompt"),
+        # refused by the engine's grammar compiler after submitting: the engine request must not linger
+        (C, j({"prompt": "hi", "guided_regex": "([a-z"}), 400, None),
+        (C, j({"prompt": "hi", "guided_regex": "([a-z", "stream": True}), 400, None),
+        (CHAT, j({"messages": MSG, "guided_grammar": "root ::= ???", "n": 2}), 400, None),
+    ]
+    return cases
+
+
+def within_slow(server) -> httpx.Client:
+    """A client that fails any answer slower than :data:`SLOW`."""
+    return httpx.Client(base_url=server.url, headers=server.headers, timeout=SLOW)
+
+
+def gauges(server) -> tuple[float, float]:
+    """(running, waiting) from one scrape of /metrics."""
+    values = {}
+    for line in httpx.get(f"{server.url}/metrics", headers=server.headers).text.splitlines():
+        name = line.split("{", 1)[0]
+        if name in ("engine:num_requests_running", "engine:num_requests_waiting"):
+            values[name] = float(line.rsplit(" ", 1)[1])
+    return values["engine:num_requests_running"], values["engine:num_requests_waiting"]
+
+
+def settled(server, expected: tuple[float, float], timeout: float = 5.0, calm: float = 0.0) -> tuple[float, float]:
+    """Gauges once they equal ``expected`` (and still do ``calm`` seconds later), or the last reading."""
+    deadline = time.monotonic() + timeout
+    while True:
+        now = gauges(server)
+        if now == expected:
+            if not calm:
+                return now
+            time.sleep(calm)
+            now = gauges(server)
+            if now == expected:
+                return now
+        if time.monotonic() > deadline:
+            return now
+        time.sleep(0.05)
+
+
+class Canary:
+    """A greedy completion repeated on its own thread between the fuzz cases: its text must
+    never change (no other request's bad input disturbs it)."""
+
+    BODY: ClassVar[dict] = {"prompt": "The canary sings", "max_tokens": 8, "temperature": 0}
+    INTERVAL = 0.3  # seconds between its requests
+
+    def __init__(self, server):
+        self.server, self.lock, self.stop = server, threading.Lock(), threading.Event()
+        self.results: list[tuple[int, str]] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        with within_slow(self.server) as http:
+            while not self.stop.is_set():
+                with self.lock:
+                    try:
+                        r = http.post(C, json=self.BODY)
+                        text = r.json()["choices"][0]["text"] if r.status_code == 200 else r.text
+                    except httpx.HTTPError as exc:  # a timeout past SLOW, a dropped connection
+                        self.results.append((0, repr(exc)))
+                    else:
+                        self.results.append((r.status_code, text))
+                time.sleep(self.INTERVAL)
+
+    @contextlib.contextmanager
+    def paused(self):
+        with self.lock:
+            yield
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop.set()
+        self.thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    with serve(tiny_llama[0], *FUZZ_ARGS) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def busy_server(tiny_llama):
+    with serve(tiny_llama[0], *BUSY_ARGS) as s:
+        yield s
+
+
+def _check(server, response: httpx.Response | None, seconds: float, what) -> None:
+    assert response is not None and response.status_code < 500, (what, response and response.text[:500])
+    assert seconds < SLOW, (what, seconds)
+    if response.status_code >= 400:
+        error = response.json()["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["message"], (what, error)
+
+
+def _assert_healthy(server, canary: Canary) -> None:
+    assert server.process.poll() is None, "the server exited"
+    assert httpx.get(f"{server.url}/health").status_code == 200, "the engine core died"
+    assert canary.results, "the canary never ran"
+    assert {status for status, _ in canary.results} == {200}, canary.results[:3]
+    assert len({text for _, text in canary.results}) == 1, "the canary's greedy text changed"
+
+
+def test_issue_cases_are_4xx_and_leave_nothing_running(server):
+    with within_slow(server) as http, Canary(server) as canary:
+        for route, body, status, param in _cases():
+            with canary.paused():
+                before = settled(server, (0.0, 0.0))
+                started = time.monotonic()
+                response = http.post(route, content=body.encode(), headers={"Content-Type": "application/json"})
+                _check(server, response, time.monotonic() - started, body[:120])
+                error = response.json()["error"]
+                assert response.status_code == status and (param is None or error["param"] == param), \
+                    (body[:120], response.status_code, error)
+                assert settled(server, before, calm=0.3) == before, ("an engine request outlived its 4xx", body[:120])
+    _assert_healthy(server, canary)
+
+
+def test_schemathesis_examples(server):
+    import schemathesis
+    from hypothesis import HealthCheck, Phase, given, settings
+    from hypothesis import strategies as st
+    from schemathesis.generation import GenerationMode
+
+    spec = httpx.get(f"{server.url}/openapi.json", headers=server.headers).json()
+    schema = schemathesis.openapi.from_dict(spec)
+    cases = st.one_of(schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE))
+    seen: dict[int, int] = {}
+
+    with Canary(server) as canary:
+        @settings(max_examples=120, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(case=cases)
+        def examples(case):
+            with canary.paused():
+                before = settled(server, (0.0, 0.0))
+                started = time.monotonic()
+                response = case.call(base_url=server.url, headers=server.headers, timeout=SLOW)
+                seconds = time.monotonic() - started
+                assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+
+                assert seconds < SLOW, (case.method, case.path, case.body, seconds)
+                seen[response.status_code] = seen.get(response.status_code, 0) + 1
+                if response.status_code >= 400:
+                    assert settled(server, before) == before, (case.path, case.body)
+
+        examples()
+    assert sum(seen.values()) >= 100 and 200 in seen and 400 in seen, seen
+    _assert_healthy(server, canary)
+    assert settled(server, (0.0, 0.0), calm=0.5) == (0.0, 0.0)
+
+
+def _raw_request(server, path: str, body: dict) -> socket.socket:
+    """A request sent over a bare socket, so the test decides exactly when the client leaves."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", server.port))
+    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+                 f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    return sock
+
+
+def _finished_length(server) -> float:
+    with contextlib.suppress(KeyError):
+        return server.metric('engine:request_success_total{finished_reason="length",model_name="tiny-fuzz"}')
+    return 0.0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_client_leaving_aborts_queued_and_decoding_requests(busy_server, stream):
+    server = busy_server
+    common = {"max_tokens": 400, "ignore_eos": True, "stream": stream}
+    assert settled(server, (0.0, 0.0)) == (0.0, 0.0)
+    finished = _finished_length(server)
+    for route, body in ((C, {"prompt": "Go on:", **common}), (CHAT, {"messages": MSG, **common})):
+        decoding = [_raw_request(server, route, body) for _ in range(2)]  # --max-num-seqs 2: both run
+        assert settled(server, (2.0, 0.0)) == (2.0, 0.0)
+        queued = _raw_request(server, route, body)  # waits in the engine, its answer not started
+        assert settled(server, (2.0, 1.0)) == (2.0, 1.0)
+        queued.close()
+        assert settled(server, (2.0, 0.0)) == (2.0, 0.0), "a queued request outlived its client"
+        for sock in decoding:
+            sock.close()
+        assert settled(server, (0.0, 0.0)) == (0.0, 0.0), "a decoding request outlived its client"
+    assert _finished_length(server) == finished, "an abandoned request ran to its end"
+
+
+def test_invalid_schema_is_rejected_at_once_while_the_engine_is_busy(busy_server):
+    server = busy_server
+    body = {"messages": MSG, "max_tokens": 400, "ignore_eos": True}
+    busy = [_raw_request(server, CHAT, body) for _ in range(2)]
+    try:
+        assert settled(server, (2.0, 0.0)) == (2.0, 0.0)
+        started = time.monotonic()
+        with server.http() as http:
+            response = http.post(CHAT, json={"messages": MSG, "response_format": {
+                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})
+        assert response.status_code == 400 and "invalid json schema" in response.json()["error"]["message"]
+        assert time.monotonic() - started < 1.0
+    finally:
+        for sock in busy:
+            sock.close()
+    assert settled(server, (0.0, 0.0)) == (0.0, 0.0)
+
+
+def test_heavy_body_is_tokenized_off_the_event_loop(server):
+    body = json.dumps({"prompt": "a few words of text " * 175_000}).encode()  # 3.5 MB
+    outcome = {}
+
+    def heavy():
+        started = time.monotonic()
+        with server.http() as http:
+            outcome["status"] = http.post("/tokenize", content=body, headers={"Content-Type": "application/json"})
+        outcome["seconds"] = time.monotonic() - started
+
+    thread = threading.Thread(target=heavy)
+    thread.start()
+    latencies = []
+    with httpx.Client(base_url=server.url, timeout=SLOW) as http:
+        while thread.is_alive():
+            started = time.monotonic()
+            assert http.get("/health").status_code == 200
+            latencies.append(time.monotonic() - started)
+            time.sleep(0.02)
+    thread.join()
+    assert outcome["status"].status_code == 200 and outcome["status"].json()["count"] > 100_000
+    assert outcome["seconds"] > 1.0 and len(latencies) > 10, outcome
+    assert max(latencies) < 0.5, (max(latencies), outcome["seconds"])
+
+
+def test_exposure_key_content_type_and_streamed_body_limit(server):
+    url = server.url
+    for method, path in [("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/metrics"), ("GET", "/version"),
+                         ("GET", "/openapi.json"), ("GET", "/v1/models"), ("POST", C)]:
+        response = httpx.request(method, f"{url}{path}", json={"prompt": "hi", "tokens": [1]})
+        assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", path
+    assert httpx.get(f"{url}/health").status_code == 200
+    with server.http() as http:
+        model = http.get("/v1/models").json()["data"][0]
+        assert model["id"] == model["root"] == "tiny-fuzz" and "/" not in json.dumps(model)
+        plain = http.post(C, content=json.dumps({"prompt": "hi"}), headers={"Content-Type": "text/plain"})
+        assert plain.status_code == 415
+        form = http.post(C, data={"prompt": "hi"})
+        assert form.status_code == 415
+
+        def chunks():  # chunked transfer: no Content-Length to refuse up front
+            for _ in range(6):
+                yield b'{"prompt": "' + b"x" * 2**20
+        big = http.post(C, content=chunks(), headers={"Content-Type": "application/json"})
+        assert big.status_code == 413 and "exceeds the limit" in big.json()["error"]["message"]
+        ok = http.post(C, json={"prompt": "hi", "max_tokens": 2, "seed": 2**63 - 2, "n": 2})
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 2
+
+
+def _strict_json(text: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_logprobs_of_masked_tokens_are_valid_json(server):
+    """Under a grammar most alternatives are masked (-inf): they report a floor, never -Infinity."""
+    body = {"prompt": "hi", "guided_choice": ["yes", "no"], "logprobs": 5, "max_tokens": 3}
+    with within_slow(server) as http:
+        whole = http.post(C, json=body)
+        assert whole.status_code == 200, whole.text
+        top = _strict_json(whole.text)["choices"][0]["logprobs"]["top_logprobs"]
+        assert min(v for entry in top for v in entry.values()) == -9999.0
+        with http.stream("POST", C, json={**body, "stream": True}) as stream:
+            frames = [line[6:] for line in stream.iter_lines() if line.startswith("data: {")]
+        assert frames and all(_strict_json(frame) for frame in frames)
+        chat = http.post(CHAT, json={"messages": MSG, "guided_choice": ["yes", "no"], "logprobs": True,
+                                     "top_logprobs": 5, "max_tokens": 3})
+        assert chat.status_code == 200 and _strict_json(chat.text)["choices"][0]["logprobs"]["content"]
