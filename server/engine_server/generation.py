@@ -207,7 +207,7 @@ class Generation:
             return
         except EngineDead as exc:
             self.handle.close()
-            raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
+            raise exc.api_error() from None
         if self._first.finish_reason == "error":
             self.handle.close()
             raise bad_request(self._first.error or "the engine rejected this request")
@@ -261,7 +261,7 @@ class Generation:
                     return JSONResponse({}, status_code=499)
             task.result()
         except EngineDead as exc:
-            raise APIError(500, f"the engine core died: {exc}", code="engine_dead") from None
+            raise exc.api_error() from None
         finally:
             self.handle.close()
         errors = [c for c in self.choices if c.finish_reason == "error"]
@@ -328,7 +328,7 @@ class Generation:
             if self.body.stream_options is not None and self.body.stream_options.include_usage:
                 yield self._frame({"choices": [], "usage": self.usage()})
         except EngineDead as exc:
-            error = APIError(500, f"the engine core died: {exc}", code="engine_dead")
+            error = exc.api_error()
             yield "data: " + json.dumps(error.body()) + "\n\n"
         finally:
             self.handle.close()
