@@ -198,14 +198,18 @@ class EngineClient:
         return len(handles)
 
     async def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT) -> None:
-        """Stop the core and release the sockets in bounded time: Shutdown is posted (a dead
-        core's is simply not delivered), the core gets ``timeout`` seconds, then SIGKILL."""
+        """Stop the core and release the sockets in bounded time: Shutdown is posted (to a core
+        that died unnoticed it is simply not delivered), the core gets ``timeout`` seconds to
+        exit, then SIGKILL; a core known to have failed is killed at once."""
         self.ready = None  # a normal exit from here on is not a death
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.process is not None and self.process.poll() is None:
-            self._post(protocol.Shutdown())
+            if self.dead:  # it failed and is on its way out: its teardown saves nothing
+                self.process.kill()
+            else:
+                self._post(protocol.Shutdown())
             if not await _exited(self.process, timeout):
                 logger.warning("engine core did not exit within %.0f s of shutdown; killing it", timeout)
                 self.process.kill()
