@@ -9,9 +9,9 @@ Each of the N workers streams one completion after another (random prompts from
 running count and KV usage, and the resident memory of the API and engine-core processes.
 At the end the workers finish their last request, the engine must drop to 0 running
 requests and 0 KV usage, each process's RSS must not have grown by more than
---max-rss-growth-mib since the first progress sample (the warm-up allocations are done by
-then), and the server must exit 0 on SIGTERM. Exit status 1 on any error or leak.
-Linux only (RSS from /proc).
+--max-rss-growth-mib since the first progress sample taken after every worker finished a
+request (warm-up allocations done), and the server must exit 0 on SIGTERM. Exit status 1
+on any error or leak. Linux only (RSS from /proc).
 """
 
 from __future__ import annotations
@@ -44,8 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens, varied by ±50%%")
     parser.add_argument("--report-every", type=float, default=30, help="seconds between progress lines")
     parser.add_argument("--max-rss-growth-mib", type=float, default=64,
-                        help="allowed RSS growth of each process from the first sample to the end")
-    parser.add_argument("--serve-args", default="", help="more `engine serve` arguments, one string")
+                        help="allowed RSS growth of each process from the warmed-up sample to the end")
+    parser.add_argument("--serve-args", default="",
+                        help="more `engine serve` arguments as one string: --serve-args='--max-num-seqs 64'")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -113,7 +114,7 @@ class Server:
 def engine_metrics(text: str) -> dict[str, float]:
     values = {}
     for line in text.splitlines():
-        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc"):
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "generation_tokens_total"):
             if line.startswith(f"engine:{name}"):
                 values[name] = float(line.rsplit(" ", 1)[1])
     return values
@@ -155,7 +156,7 @@ class Sampler:
         self.server, self.client, self.tally = server, client, tally
         self.api_pid, self.core_pid = server.process.pid, server.core_pid()
         self.start = time.monotonic()
-        self.samples: list[tuple[float, float, float]] = []  # (seconds, API MiB, core MiB)
+        self.samples: list[tuple[float, int, float, float]] = []  # (seconds, requests done, API MiB, core MiB)
         self._last = (self.start, 0)
 
     def rss(self) -> tuple[float, float]:
@@ -164,14 +165,15 @@ class Sampler:
     async def sample(self) -> None:
         now = time.monotonic()
         api, core = self.rss()
-        self.samples.append((now - self.start, api, core))
+        self.samples.append((now - self.start, self.tally.requests, api, core))
         engine = engine_metrics((await self.client.get("/metrics")).text)
-        then, tokens = self._last
-        rate = (self.tally.tokens - tokens) / max(now - then, 1e-9)
-        self._last = (now, self.tally.tokens)
+        generated = engine.pop("generation_tokens_total", 0)
+        then, before = self._last
+        rate = (generated - before) / max(now - then, 1e-9)
+        self._last = (now, generated)
         minutes, seconds = divmod(int(now - self.start), 60)
-        print(f"[{minutes:3d}:{seconds:02d}] {self.tally.requests} requests, {self.tally.tokens} tokens "
-              f"({rate:.0f} tok/s), {len(self.tally.errors)} errors | running {engine.get('num_requests_running', 0):.0f}"
+        print(f"[{minutes:3d}:{seconds:02d}] {self.tally.requests} requests done, {self.tally.tokens} tokens "
+              f"(server: {rate:.0f} tok/s), {len(self.tally.errors)} errors | running {engine.get('num_requests_running', 0):.0f}"
               f" waiting {engine.get('num_requests_waiting', 0):.0f} KV {engine.get('kv_cache_usage_perc', 0):.0%}"
               f" | RSS API {api:.0f} MiB, core {core:.0f} MiB", flush=True)
 
@@ -186,6 +188,7 @@ async def wait_idle(client: httpx.AsyncClient, timeout: float = 30) -> dict[str,
     deadline = time.monotonic() + timeout
     while True:
         engine = engine_metrics((await client.get("/metrics")).text)
+        engine.pop("generation_tokens_total", None)
         if not any(engine.values()) or time.monotonic() > deadline:
             return engine
         await asyncio.sleep(0.25)
@@ -215,12 +218,13 @@ def verdict(args, tally: Tally, engine: dict[str, float], samples: list) -> list
     failures = [f"{len(tally.errors)} request errors, e.g. {sorted(set(tally.errors))[:3]}"] if tally.errors else []
     if any(engine.values()):
         failures.append(f"engine not idle after the load: {engine}")
-    baseline = samples[1] if len(samples) > 2 else samples[0]  # the first sample under load, warmed up
+    # warmed up: every worker has finished a request, so every batch shape has been seen
+    baseline = next((s for s in samples[:-1] if s[1] >= args.concurrency), samples[0])
     end = samples[-1]
-    print(f"RSS (MiB)       API    core\n  start    {samples[0][1]:8.0f}{samples[0][2]:8.0f}\n"
-          f"  baseline {baseline[1]:8.0f}{baseline[2]:8.0f}   (at {baseline[0]:.0f} s)\n"
-          f"  end      {end[1]:8.0f}{end[2]:8.0f}   (at {end[0]:.0f} s)")
-    for name, column in (("API", 1), ("core", 2)):
+    print(f"RSS (MiB)       API    core\n  start    {samples[0][2]:8.0f}{samples[0][3]:8.0f}\n"
+          f"  baseline {baseline[2]:8.0f}{baseline[3]:8.0f}   (at {baseline[0]:.0f} s, warmed up)\n"
+          f"  end      {end[2]:8.0f}{end[3]:8.0f}   (at {end[0]:.0f} s)")
+    for name, column in (("API", 2), ("core", 3)):
         growth = end[column] - baseline[column]
         if growth > args.max_rss_growth_mib:
             failures.append(f"{name} RSS grew {growth:.0f} MiB (over {args.max_rss_growth_mib:g})")

@@ -1,7 +1,7 @@
 """Lifecycle faults: the engine-core process dies mid-stream (error frames, 5xx, /health 503,
 non-zero exit instead of a hang), SIGTERM (to the server or its whole process group) lets
 in-flight requests finish, a drain cut short by --graceful-timeout ends them with an error,
-and the core never outlives the API process."""
+and the core never outlives the API process; plus a short run of benchmarks/soak.py."""
 
 from __future__ import annotations
 
@@ -200,3 +200,17 @@ def test_sigterm_lets_in_flight_streams_finish(tiny_llama):
         assert server.process.wait(30) == 0
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{server.url}/health", timeout=2)
+
+
+@pytest.mark.slow
+def test_soak_benchmark_short_run_passes(tiny_llama):
+    """benchmarks/soak.py end to end, for seconds instead of 30 minutes."""
+    script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "soak.py")
+    result = subprocess.run([sys.executable, script, "--model", tiny_llama[0], "--duration", "6", "--concurrency", "8",
+                             "--input-len", "8", "--max-tokens", "16", "--report-every", "2",
+                             "--serve-args=--dtype float32 --num-blocks 128 --max-model-len 256"],
+                            check=False, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    lines = result.stdout.splitlines()
+    assert lines[-1] == "PASS" and ", 0 errors; engine after the load: running 0, waiting 0, KV 0.0%" in lines[-2]
+    assert int(lines[-2].split()[0]) >= 8  # every worker finished at least one request

@@ -77,11 +77,11 @@ class ServeCommand(Command):
             raise ValueError("model: serving needs a tokenizer and this checkpoint has none")
         options["model"] = model_path
         name = args.served_model_name or os.path.splitext(os.path.basename(model_path.rstrip("/")))[0]
-        outcome = {"exit_code": 0, "core_died": False}
+        outcome = {"exit_code": 0}
         server: _Server | None = None
 
         def on_death(reason: str) -> None:
-            outcome["exit_code"], outcome["core_died"] = 1, True
+            outcome["exit_code"] = 1
             asyncio.get_running_loop().call_later(DEATH_GRACE_SECONDS, setattr, server, "should_exit", True)
 
         def cut_drain() -> None:
@@ -121,7 +121,7 @@ class ServeCommand(Command):
         if not server.started:
             print("engine serve: the server did not start (see the error above)", file=sys.stderr)
             return 1
-        if outcome["core_died"]:
+        if client.dead:
             _exit_now(outcome["exit_code"])
         return outcome["exit_code"]
 
