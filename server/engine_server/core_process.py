@@ -178,8 +178,9 @@ def _ignore_stop_signals() -> None:
 
 def _exit_with_parent(parent_pid: int) -> bool:
     """Have the kernel SIGKILL us when the API process dies (Linux PR_SET_PDEATHSIG: works
-    even mid-step); the step loop also compares os.getppid(), which covers other systems.
-    False if the API process is already gone."""
+    even mid-step; strictly it fires when the thread that spawned us ends, here the API
+    process's event-loop thread, which lives as long as the process); the step loop also
+    compares os.getppid(), which covers other systems. False if the API process is gone."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     return os.getppid() == parent_pid
