@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -37,23 +39,85 @@ class Server:
         return (cls or openai.OpenAI)(base_url=f"{self.url}/v1", api_key=self.api_key or "none", max_retries=0)
 
     def core_pid(self) -> int:
-        children = open(f"/proc/{self.process.pid}/task/{self.process.pid}/children").read().split()
-        return int(children[0])
+        with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as f:
+            return int(f.read().split()[0])
 
     def metric(self, name: str) -> float:
         for line in httpx.get(f"{self.url}/metrics", headers=self.headers).text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
+            if line.startswith((name + "{", name + " ")):
                 return float(line.rsplit(" ", 1)[1])
         raise KeyError(name)
 
+    def wait_for_metric(self, name: str, predicate, timeout: float = 30) -> float:
+        deadline = time.monotonic() + timeout
+        while not predicate(value := self.metric(name)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{name} stayed at {value}")
+            time.sleep(0.05)
+        return value
+
+    def model(self) -> str:
+        return httpx.get(f"{self.url}/v1/models", headers=self.headers).json()["data"][0]["id"]
+
+
+class Streams:
+    """``count`` streaming completions, each read by its own thread into ``frames[i]`` (the
+    ``data:`` payloads, ``[DONE]`` included); :meth:`wait_started` returns once every one has
+    its first frame, so whatever the test does next happens mid-stream."""
+
+    def __init__(self, server: Server, count: int, **body):
+        body = {"model": server.model(), "prompt": "Hello", "ignore_eos": True, "stream": True, **body}
+        self.frames: list[list[str]] = [[] for _ in range(count)]
+        self.statuses: list[int | None] = [None] * count
+        self._started = [threading.Event() for _ in range(count)]
+        self._threads = [threading.Thread(target=self._read, args=(server, i, body), daemon=True)
+                         for i in range(count)]
+        for thread in self._threads:
+            thread.start()
+
+    def _read(self, server: Server, i: int, body: dict) -> None:
+        try:
+            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers,
+                              timeout=120) as response:
+                self.statuses[i] = response.status_code
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.frames[i].append(line[6:])
+                        self._started[i].set()
+        except httpx.HTTPError as exc:  # recorded as the stream's last frame, for the assertion message
+            self.frames[i].append(f"client error: {exc!r}")
+        finally:
+            self._started[i].set()
+
+    def wait_started(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        for event in self._started:
+            assert event.wait(max(0.0, deadline - time.monotonic())), "a stream did not start"
+
+    def join(self, timeout: float = 60) -> list[list[str]]:
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        assert not any(t.is_alive() for t in self._threads), "a stream did not end"
+        return self.frames
+
+
+def error_codes(frames: list[str]) -> list[str | None]:
+    """The ``error.code`` of every error frame of one stream."""
+    payloads = [json.loads(f) for f in frames if f.startswith("{")]
+    return [p["error"]["code"] for p in payloads if "error" in p]
+
 
 @contextlib.contextmanager
-def serve(model: str | None, *args: str, api_key: str | None = API_KEY, timeout: float = 240):
+def serve(model: str | None, *args: str, api_key: str | None = API_KEY, timeout: float = 240,
+          new_session: bool = False):
+    """``new_session``: the server leads its own process group, for signals sent to the group."""
     port = free_port()
     command = [ENGINE, "serve", "--port", str(port), *(["--model", model] if model else []), *args]
     if api_key:
         command += ["--api-key", api_key]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=new_session)
     server = Server(process, port, api_key)
     deadline = time.monotonic() + timeout
     try:

@@ -1,6 +1,10 @@
 """The API process's handle on the engine-core process: starts it, sends requests and
 aborts, routes each step's deltas to the HTTP request that owns them, and notices when
-the core dies (every open request then gets :class:`EngineDead`)."""
+the core dies (every open request then gets :class:`EngineDead`).
+
+Nothing here can block forever: sends never wait (no high-water mark, ``NOBLOCK``; the
+only refusal is "no core connected", i.e. it died) and :meth:`EngineClient.shutdown`
+gives the core a bounded time to exit before killing it."""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ import asyncio
 import json
 import logging
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -21,9 +27,21 @@ from engine_server import protocol
 
 logger = logging.getLogger("engine_server")
 
+SHUTDOWN_TIMEOUT = 10.0  # seconds the core gets to exit after Shutdown before it is killed
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the core ignores these: the API process decides
+
 
 class EngineDead(RuntimeError):
-    pass
+    """The engine cannot finish this request because its core died (the HTTP status and
+    error code its client gets)."""
+
+    status, code, what = 500, "engine_dead", "the engine core died"
+
+
+class ShutdownCut(EngineDead):
+    """The server's shutdown reached ``--graceful-timeout`` before this request finished."""
+
+    status, code, what = 503, "shutdown", "the server is shutting down"
 
 
 class RequestHandle:
@@ -74,11 +92,19 @@ class EngineClient:
         self._sync_ctx = zmq.Context()
         to_core, from_core = (f"ipc://{os.path.join(self._dir, n)}" for n in ("to-core", "from-core"))
         self._send = self._sync_ctx.socket(zmq.PUSH)  # sends never block; usable from finally blocks
+        self._send.setsockopt(zmq.SNDHWM, 0)  # a busy core's backlog queues here instead of blocking
         self._send.bind(to_core)
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(from_core)
-        self.process = subprocess.Popen([sys.executable, "-m", "engine_server.core_process", "--input", to_core,
-                                         "--output", from_core, "--options", json.dumps(self.options)])
+        self.process = _spawn_core(["--input", to_core, "--output", from_core, "--options",
+                                    json.dumps(self.options), "--parent-pid", str(os.getpid())])
+        try:
+            return await self._wait_ready(timeout)
+        except BaseException:
+            self.process.kill()  # a core that never became ready must not outlive us
+            raise
+
+    async def _wait_ready(self, timeout: float) -> protocol.Ready:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.ready is None:
@@ -102,13 +128,31 @@ class EngineClient:
         handle = RequestHandle(self, [rid for rid, _, _ in children])
         for rid, prompt, params in children:
             self._routes[rid] = handle
-            self._send.send(protocol.encode(protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt)))
+            if not self._post(protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt)):
+                self.release(handle)
+                raise EngineDead("the engine core is not connected")
         return handle
 
     def abort(self, request_ids) -> None:
         request_ids = list(request_ids)
         if request_ids and not self.dead:
-            self._send.send(protocol.encode(protocol.Abort(request_ids)))
+            self._post(protocol.Abort(request_ids))
+
+    def _post(self, message) -> bool:
+        """Queue ``message`` for the core without blocking. The socket has no high-water mark,
+        so the only refusal (False) is no connected core: it died, or we shut down."""
+        if self._send.closed:
+            return False
+        try:
+            self._send.send(protocol.encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    def cut_open_requests(self) -> int:
+        """End every open request with :class:`ShutdownCut` (its stream gets an error frame,
+        a response waiting for it a 503); returns how many HTTP requests were cut."""
+        return self._fail_all(ShutdownCut, "it did not finish within --graceful-timeout")
 
     def release(self, handle: RequestHandle) -> None:
         for rid in [r for r, h in self._routes.items() if h is handle]:
@@ -140,25 +184,55 @@ class EngineClient:
             return
         self.dead = reason
         logger.error("%s", reason)
-        for handle in set(self._routes.values()):
-            handle.queue.put_nowait(EngineDead(reason))
+        self._fail_all(EngineDead, reason)
         if self.on_death is not None:
             self.on_death(reason)
 
-    async def shutdown(self) -> None:
+    def _fail_all(self, kind: type[EngineDead], reason: str) -> int:
+        handles = set(self._routes.values())
+        for handle in handles:
+            handle.queue.put_nowait(kind(reason))
+        return len(handles)
+
+    async def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT) -> None:
+        """Stop the core and release the sockets in bounded time: Shutdown is posted (to a core
+        that died unnoticed it is simply not delivered), the core gets ``timeout`` seconds to
+        exit, then SIGKILL; a core known to have failed is killed at once."""
         self.ready = None  # a normal exit from here on is not a death
         for task in self._tasks:
             task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.process is not None and self.process.poll() is None:
-            self._send.send(protocol.encode(protocol.Shutdown()))
-            try:
-                await asyncio.wait_for(asyncio.to_thread(self.process.wait), 15)
-            except TimeoutError:
+            if self.dead:  # it failed and is on its way out: its teardown saves nothing
                 self.process.kill()
-        self._send.close(linger=0)
-        self._recv.close(linger=0)
-        self._ctx.term()
-        self._sync_ctx.term()
-        for name in os.listdir(self._dir):
-            os.unlink(os.path.join(self._dir, name))
-        os.rmdir(self._dir)
+            else:
+                self._post(protocol.Shutdown())
+            if not await _exited(self.process, timeout):
+                logger.warning("engine core did not exit within %.0f s of shutdown; killing it", timeout)
+                self.process.kill()
+                await _exited(self.process, timeout)
+        self._ctx.destroy(linger=0)
+        self._sync_ctx.destroy(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _spawn_core(arguments: list[str]) -> subprocess.Popen:
+    """Start ``python -m engine_server.core_process`` with SIGINT/SIGTERM blocked: the blocked
+    mask survives exec, and the core ignores both before it unblocks them, so a signal sent
+    to the whole process group (Ctrl-C, systemd, a container stop) cannot kill it even while
+    it imports; only the API process tells it to stop."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return subprocess.Popen([sys.executable, "-m", "engine_server.core_process", *arguments])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+async def _exited(process: subprocess.Popen, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while process.poll() is None:
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True

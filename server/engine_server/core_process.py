@@ -1,14 +1,20 @@
 """The engine-core process: owns the EngineCore, steps it while there is work, and talks to
 the API process over two ZMQ sockets (PULL for requests, PUSH for outputs).
 
-    python -m engine_server.core_process --input ADDR --output ADDR --options JSON
+    python -m engine_server.core_process --input ADDR --output ADDR --options JSON --parent-pid PID
+
+It ignores SIGINT/SIGTERM (a signal to the whole process group must not cut the API
+process's drain short: the API says when to stop) and exits by itself when the API
+process dies, so no orphan core survives it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -26,6 +32,12 @@ from engine_server import protocol
 logger = logging.getLogger("engine_server.core")
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
+OUTPUT_SEND_TIMEOUT_MS = 30_000  # an API process that reads nothing for this long is gone or hung
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class APIGone(RuntimeError):
+    """The API process died or stopped reading our outputs: nobody is left to serve."""
 
 
 def _delta(out) -> protocol.Delta:
@@ -38,18 +50,30 @@ def _delta(out) -> protocol.Delta:
 
 
 class CoreServer:
-    def __init__(self, core: EngineCore, input_addr: str, output_addr: str):
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str, parent_pid: int):
         self.core = core
+        self.parent_pid = parent_pid
         self.context = zmq.Context()
         self.input = self.context.socket(zmq.PULL)
         self.input.connect(input_addr)
         self.output = self.context.socket(zmq.PUSH)
+        self.output.setsockopt(zmq.SNDTIMEO, OUTPUT_SEND_TIMEOUT_MS)
         self.output.connect(output_addr)
         self.running = True
         self._last_stats = 0.0
 
     def send(self, message) -> None:
-        self.output.send(protocol.encode(message), copy=False)
+        try:
+            self.output.send(protocol.encode(message), copy=False)
+        except zmq.Again:
+            raise APIGone(f"the API process read no outputs for {OUTPUT_SEND_TIMEOUT_MS // 1000} s") from None
+
+    def send_fatal(self, message: str) -> None:
+        """Best effort: an API process that stopped reading will notice our exit instead."""
+        try:
+            self.output.send(protocol.encode(protocol.Fatal(message)), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass
 
     def handle(self, message, failed: list[protocol.Delta]) -> None:
         if isinstance(message, protocol.AddRequest):
@@ -82,6 +106,8 @@ class CoreServer:
     def loop(self) -> None:
         idle_stats_sent = False
         while self.running:
+            if os.getppid() != self.parent_pid:
+                raise APIGone("the API process exited")
             busy = self.core.has_unfinished()
             deltas = self.drain(block=not busy)
             if not self.running:
@@ -110,9 +136,12 @@ def main(argv=None) -> int:
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
     parser.add_argument("--options", required=True, help="engine options as JSON")
+    parser.add_argument("--parent-pid", type=int, required=True, help="the API process: we exit with it")
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING", format="%(levelname)s engine-core: %(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API process decides when we stop
+    _ignore_stop_signals()
+    if not _exit_with_parent(args.parent_pid):
+        return 1
     context = zmq.Context.instance()
     try:
         core = EngineCore(EngineConfig.from_kwargs(**json.loads(args.options)))
@@ -122,20 +151,41 @@ def main(argv=None) -> int:
         push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
         push.close(linger=2000)
         return 1
-    server = CoreServer(core, args.input, args.output)
+    server = CoreServer(core, args.input, args.output, args.parent_pid)
     hf = core.hf_config
-    server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id))
     try:
+        server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id))
         server.loop()
+    except APIGone as exc:
+        print(f"engine-core: {exc}; exiting", file=sys.stderr)
+        return 1
     except Exception:
         message = traceback.format_exc()
-        server.send(protocol.Fatal(message))
+        server.send_fatal(message)
         print(message, file=sys.stderr)
         return 1
     finally:
         core.shutdown()
         server.close()
     return 0
+
+
+def _ignore_stop_signals() -> None:
+    """SIGINT/SIGTERM arrive blocked (engine_server.client spawns us so, to cover the imports);
+    ignoring them discards any that came meanwhile, then they are unblocked harmlessly."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
+def _exit_with_parent(parent_pid: int) -> bool:
+    """Have the kernel SIGKILL us when the API process dies (Linux PR_SET_PDEATHSIG: works
+    even mid-step; strictly it fires when the thread that spawned us ends, here the API
+    process's event-loop thread, which lives as long as the process); the step loop also
+    compares os.getppid(), which covers other systems. False if the API process is gone."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    return os.getppid() == parent_pid
 
 
 if __name__ == "__main__":

@@ -155,8 +155,10 @@ class Generation:
         self._deltas = self.handle.deltas()
 
     def _engine_dead(self, exc: EngineDead) -> APIError:
+        """500 engine_dead for a core death, 503 shutdown for a drain cut short: the request
+        id only, the details in the log."""
         logger.error("request %s: %s", self.id, exc)
-        return internal_error(self.id, code="engine_dead", what="the engine core is not running")
+        return APIError(exc.status, f"{exc.what} (request id {self.id})", code=exc.code)
 
     async def _start(self) -> None:
         try:

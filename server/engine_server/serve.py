@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 
 import uvicorn
 
@@ -18,10 +20,24 @@ from engine_server.client import EngineClient
 from engine_server.metrics import Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 
-DEATH_GRACE_SECONDS = 2.0  # in-flight streams get their error frame; /health answers 503
+logger = logging.getLogger("engine_server")
+
+DEATH_GRACE_SECONDS = 1.0  # after a core death: streams send their error frame, /health answers 503
+CUT_FLUSH_SECONDS = 2.0  # after a drain is cut short, the time cut requests get to send their error
 
 
 class _Server(uvicorn.Server):
+    """uvicorn's server, telling ``on_drain`` when a signal starts the graceful shutdown."""
+
+    def __init__(self, config: uvicorn.Config, on_drain: Callable[[], None]):
+        super().__init__(config)
+        self.on_drain = on_drain
+
+    def handle_exit(self, sig, frame) -> None:
+        if not self.should_exit:
+            self.on_drain()
+        super().handle_exit(sig, frame)
+
     @contextlib.contextmanager
     def capture_signals(self):
         """SIGINT/SIGTERM start uvicorn's graceful shutdown; afterwards the process exits
@@ -53,7 +69,8 @@ class ServeCommand(Command):
         parser.add_argument("--tool-call-parser", default="hermes",
                             help="how the model writes tool calls, for tool_choice=auto (a tool-parser plugin)")
         parser.add_argument("--graceful-timeout", type=float, default=10.0,
-                            help="seconds in-flight requests get to finish after SIGTERM")
+                            help="seconds in-flight requests get to finish after SIGTERM; those still "
+                                 "running then end with an error (code shutdown) and the exit status is 1")
         add_engine_arguments(parser)
 
     def run(self, args) -> int:
@@ -75,6 +92,15 @@ class ServeCommand(Command):
         def on_death(reason: str) -> None:
             outcome["exit_code"] = 1
             asyncio.get_running_loop().call_later(DEATH_GRACE_SECONDS, setattr, server, "should_exit", True)
+
+        def cut_drain() -> None:
+            if client.cut_open_requests():
+                logger.error("requests still running after --graceful-timeout %g s were ended with an error",
+                             args.graceful_timeout)
+                outcome["exit_code"] = 1
+
+        def on_drain() -> None:
+            asyncio.get_running_loop().call_later(args.graceful_timeout, cut_drain)
 
         tool_parser = load_plugins(args.plugins).get("tool_parsers", args.tool_call_parser)
         client = EngineClient(options, on_death)
@@ -98,10 +124,22 @@ class ServeCommand(Command):
                 await client.shutdown()
 
         config = uvicorn.Config(build_app(state, lifespan), host=args.host, port=args.port, log_level="warning",
-                                access_log=False, timeout_graceful_shutdown=args.graceful_timeout)
-        server = _Server(config)
+                                access_log=False,
+                                timeout_graceful_shutdown=args.graceful_timeout + CUT_FLUSH_SECONDS)
+        server = _Server(config, on_drain)
         server.run()
         if not server.started:
             print("engine serve: the server did not start (see the error above)", file=sys.stderr)
             return 1
+        if client.dead:
+            _exit_now(outcome["exit_code"])
         return outcome["exit_code"]
+
+
+def _exit_now(code: int) -> None:
+    """Exit without the interpreter's teardown (seconds with torch loaded, on a busy machine)
+    so that a supervisor sees a dead server at once; everything of ours is already closed."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

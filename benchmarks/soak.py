@@ -1,0 +1,260 @@
+"""Soak test of `engine serve`: N concurrent streams for a long time against a server this
+script starts, checking that nothing fails and nothing leaks.
+
+    python benchmarks/soak.py [--model M] [--concurrency 64] [--duration 1800] [--max-tokens 128]
+
+Each of the N workers streams one completion after another (random prompts from
+`engine bench serve`'s generator, EOS ignored, so every request must return exactly its
+`max_tokens`). Every ~30 s a progress line reports requests, tokens, errors, the engine's
+running count and KV usage, and the resident memory of the API and engine-core processes.
+At the end the workers finish their last request, the engine must drop to 0 running
+requests and 0 KV usage, each process's RSS must not have grown by more than
+--max-rss-growth-mib since the first progress sample taken after every worker finished a
+request (warm-up allocations done), and the server must exit 0 on SIGTERM. Exit status 1
+on any error or leak. Linux only (RSS from /proc).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import httpx
+
+from engine_server.bench import make_requests, one_request
+
+ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
+MIB = 2**20
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=None, help="default: the embedded default model")
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=1800, help="seconds of load (default 30 min)")
+    parser.add_argument("--input-len", type=int, default=64, help="prompt words, varied by ±50%%")
+    parser.add_argument("--max-tokens", type=int, default=128, help="output tokens, varied by ±50%%")
+    parser.add_argument("--report-every", type=float, default=30, help="seconds between progress lines")
+    parser.add_argument("--max-rss-growth-mib", type=float, default=64,
+                        help="allowed RSS growth of each process from the warmed-up sample to the end")
+    parser.add_argument("--serve-args", default="",
+                        help="more `engine serve` arguments as one string: --serve-args='--max-num-seqs 64'")
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024 / MIB
+    raise RuntimeError(f"no VmRSS for pid {pid}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A real `engine serve` on a free port, its output in a log file."""
+
+    def __init__(self, args):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        log, self.log_path = tempfile.mkstemp(prefix="soak-serve-", suffix=".log")
+        command = [ENGINE, "serve", "--port", str(self.port), *(["--model", args.model] if args.model else []),
+                   *shlex.split(args.serve_args)]
+        self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        os.close(log)
+
+    def wait_healthy(self, timeout: float = 600) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"engine serve exited with {self.process.returncode}:\n{self.log_tail()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError("engine serve did not become healthy")
+            time.sleep(0.5)
+
+    def core_pid(self) -> int:
+        with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as f:
+            return int(f.read().split()[0])
+
+    def log_tail(self, chars: int = 3000) -> str:
+        with open(self.log_path) as f:
+            return f.read()[-chars:]
+
+    def stop(self, timeout: float = 60) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+                return -9
+        return self.process.returncode
+
+
+def engine_metrics(text: str) -> dict[str, float]:
+    values = {}
+    for line in text.splitlines():
+        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "generation_tokens_total"):
+            if line.startswith(f"engine:{name}"):
+                values[name] = float(line.rsplit(" ", 1)[1])
+    return values
+
+
+class Tally:
+    """What the workers did; ``update`` is the progress hook `one_request` calls per request."""
+
+    def __init__(self):
+        self.requests = self.tokens = 0
+        self.errors: list[str] = []
+
+    def update(self) -> None:
+        self.requests += 1
+
+    def record(self, record: dict, expected_tokens: int) -> None:
+        self.tokens += record["output_tokens"]
+        if not record["ok"]:
+            self.errors.append(record.get("error") or "no output")
+        elif record["output_tokens"] != expected_tokens:
+            self.errors.append(f"{record['output_tokens']} tokens instead of {expected_tokens}")
+
+
+async def worker(client: httpx.AsyncClient, model: str, pool: list, offset: int, step: int, tally: Tally,
+                 deadline: float) -> None:
+    i = offset
+    while time.monotonic() < deadline:
+        prompt, max_tokens = pool[i % len(pool)]
+        payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
+                   "ignore_eos": True, "stream_options": {"include_usage": True}}
+        tally.record(await one_request(client, "/v1/completions", payload, tally), max_tokens)
+        i += step
+
+
+class Sampler:
+    """Periodic progress lines and the RSS samples they carry."""
+
+    def __init__(self, server: Server, client: httpx.AsyncClient, tally: Tally):
+        self.server, self.client, self.tally = server, client, tally
+        self.api_pid, self.core_pid = server.process.pid, server.core_pid()
+        self.start = time.monotonic()
+        self.samples: list[tuple[float, int, float, float]] = []  # (seconds, requests done, API MiB, core MiB)
+        self._last = (self.start, 0)
+
+    def rss(self) -> tuple[float, float]:
+        return rss_mib(self.api_pid), rss_mib(self.core_pid)
+
+    async def sample(self) -> None:
+        now = time.monotonic()
+        api, core = self.rss()
+        self.samples.append((now - self.start, self.tally.requests, api, core))
+        engine = engine_metrics((await self.client.get("/metrics")).text)
+        generated = engine.pop("generation_tokens_total", 0)
+        then, before = self._last
+        rate = (generated - before) / max(now - then, 1e-9)
+        self._last = (now, generated)
+        minutes, seconds = divmod(int(now - self.start), 60)
+        print(f"[{minutes:3d}:{seconds:02d}] {self.tally.requests} requests done, {self.tally.tokens} tokens "
+              f"(server: {rate:.0f} tok/s), {len(self.tally.errors)} errors | running {engine.get('num_requests_running', 0):.0f}"
+              f" waiting {engine.get('num_requests_waiting', 0):.0f} KV {engine.get('kv_cache_usage_perc', 0):.0%}"
+              f" | RSS API {api:.0f} MiB, core {core:.0f} MiB", flush=True)
+
+    async def run(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await self.sample()
+
+
+async def wait_idle(client: httpx.AsyncClient, timeout: float = 30) -> dict[str, float]:
+    """The engine's gauges once running, waiting and KV usage are all 0 (or at the timeout)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        engine = engine_metrics((await client.get("/metrics")).text)
+        engine.pop("generation_tokens_total", None)
+        if not any(engine.values()) or time.monotonic() > deadline:
+            return engine
+        await asyncio.sleep(0.25)
+
+
+async def soak(args, server: Server) -> list[str]:
+    """Runs the load; returns the failures (empty: passed)."""
+    pool = make_requests(argparse.Namespace(seed=args.seed, dataset="random", num_prompts=4 * args.concurrency,
+                                            input_len=args.input_len, output_len=args.max_tokens, range_ratio=0.5))
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
+        model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        tally = Tally()
+        sampler = Sampler(server, client, tally)
+        await sampler.sample()
+        deadline = time.monotonic() + args.duration
+        sampling = asyncio.create_task(sampler.run(args.report_every))
+        await asyncio.gather(*(worker(client, model, pool, i, args.concurrency, tally, deadline)
+                               for i in range(args.concurrency)))
+        sampling.cancel()
+        engine = await wait_idle(client)
+        await sampler.sample()
+    return verdict(args, tally, engine, sampler.samples)
+
+
+def verdict(args, tally: Tally, engine: dict[str, float], samples: list) -> list[str]:
+    failures = [f"{len(tally.errors)} request errors, e.g. {sorted(set(tally.errors))[:3]}"] if tally.errors else []
+    if any(engine.values()):
+        failures.append(f"engine not idle after the load: {engine}")
+    # warmed up: every worker has finished a request, so every batch shape has been seen
+    baseline = next((s for s in samples[:-1] if s[1] >= args.concurrency), samples[0])
+    end = samples[-1]
+    print(f"RSS (MiB)       API    core\n  start    {samples[0][2]:8.0f}{samples[0][3]:8.0f}\n"
+          f"  baseline {baseline[2]:8.0f}{baseline[3]:8.0f}   (at {baseline[0]:.0f} s, warmed up)\n"
+          f"  end      {end[2]:8.0f}{end[3]:8.0f}   (at {end[0]:.0f} s)")
+    for name, column in (("API", 2), ("core", 3)):
+        growth = end[column] - baseline[column]
+        if growth > args.max_rss_growth_mib:
+            failures.append(f"{name} RSS grew {growth:.0f} MiB (over {args.max_rss_growth_mib:g})")
+    print(f"{tally.requests} requests, {tally.tokens} tokens, {len(tally.errors)} errors; engine after the "
+          f"load: running {engine.get('num_requests_running', 0):.0f}, waiting "
+          f"{engine.get('num_requests_waiting', 0):.0f}, KV {engine.get('kv_cache_usage_perc', 0):.1%}")
+    return failures
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    server = Server(args)
+    try:
+        server.wait_healthy()
+        failures = asyncio.run(soak(args, server))
+    except (OSError, RuntimeError, httpx.HTTPError) as exc:  # the server died or stopped answering
+        failures = [f"soak aborted: {exc!r}"]
+    finally:
+        code = server.stop()
+    if code != 0:
+        failures.append(f"engine serve exited with {code} on SIGTERM")
+    for failure in failures:
+        print(f"FAIL: {failure}", file=sys.stderr)
+    if failures:
+        print(f"server log ({server.log_path}):\n{server.log_tail()}", file=sys.stderr)
+        return 1
+    os.unlink(server.log_path)
+    print("PASS")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
