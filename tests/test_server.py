@@ -31,6 +31,28 @@ def offline(tiny_llama):
 MESSAGES = [{"role": "user", "content": "Tell me a short story about a robot."}]
 
 
+def test_echo_with_logprobs_returns_the_prompts_logprobs(server, offline):
+    """What lm-eval's loglikelihood reads: echo + logprobs give every prompt token's log-prob
+    (the first null), then the generated one; prompt_logprobs gives vLLM's per-position dicts."""
+    ids = offline.tokenizer.encode("The robot said hello to the")
+    expected = offline.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0,
+                                                                         prompt_logprobs=1))[0].prompt_logprobs
+    client = server.openai()
+    for stream in (False, True):
+        response = client.completions.create(model="tiny-llama", prompt=ids, max_tokens=1, temperature=0, logprobs=1,
+                                             echo=True, stream=stream)
+        chunks = list(response) if stream else [response]
+        token_logprobs = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+        assert len(token_logprobs) == len(ids) + 1 and token_logprobs[0] is None
+        for position, got in enumerate(token_logprobs[1:len(ids)], start=1):
+            assert got == pytest.approx(expected[position][ids[position]].logprob, abs=1e-4)
+    body = server.http().post("/v1/completions", json={"model": "tiny-llama", "prompt": ids, "max_tokens": 1,
+                                                       "prompt_logprobs": 1}).json()
+    prompt_logprobs = body["choices"][0]["prompt_logprobs"]
+    assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(ids)
+    assert prompt_logprobs[2][str(ids[2])]["logprob"] == pytest.approx(expected[2][ids[2]].logprob, abs=1e-4)
+
+
 def test_chat_greedy_equals_offline_chat(server, offline):
     client = server.openai()
     reply = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, temperature=0, max_tokens=20)

@@ -22,12 +22,15 @@ class Choice:
         self.detok = IncrementalDetokenizer(tokenizer, params)
         self.token_ids: list[int] = []
         self.logprobs: list[tuple] = []  # (ids, logprobs, ranks), chosen token first
+        self.prompt_entries: list[tuple] = []  # the same for prompt positions 1.. (prompt_logprobs)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self._sent = 0  # characters of text already handed out
 
     def feed(self, delta: Delta) -> tuple[str, list[tuple]]:
         """Take one step's tokens; return the text now safe to emit and their logprobs."""
+        if delta.prompt_logprobs:
+            self.prompt_entries += delta.prompt_logprobs
         entries = []
         for i, token in enumerate(delta.token_ids):
             self.token_ids.append(token)
@@ -75,6 +78,20 @@ class Choice:
             offsets.append(text_offset)
             text_offset += len(piece)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
+
+    def echo_logprobs(self, prompt_ids: list[int]) -> dict:
+        """The prompt's own tokens in the ``/v1/completions`` format, the first without a
+        log-prob (nothing precedes it), as vLLM returns them for ``echo`` + ``logprobs``."""
+        first = self._token_text(prompt_ids[0])
+        echo = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
+        rest = self.completion_logprobs(self.prompt_entries, len(first))
+        return {key: echo[key] + rest[key] for key in echo}
+
+    def prompt_logprobs(self) -> list[dict | None]:
+        """vLLM's ``prompt_logprobs``: None for the first prompt token, then per position the
+        prompt's token and the top alternatives, by token id."""
+        return [None] + [{str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
+                          for t, lp, rank in zip(ids, lps, ranks)} for ids, lps, ranks in self.prompt_entries]
 
     def chat_logprobs(self, entries: list[tuple]) -> dict:
         """``/v1/chat/completions`` format: one object per token with its top alternatives."""

@@ -42,8 +42,16 @@ def check_sampling(state, body) -> None:
         raise bad_request(f"seed + n - 1 must not exceed {INT64_MAX} (sample i uses seed + i)", "seed")
 
 
+def prompt_logprobs(body, chat: bool) -> int | None:
+    """Top-n of the prompt's log-probs the engine computes: ``prompt_logprobs``, and on
+    ``/v1/completions`` ``echo`` with ``logprobs`` (the prompt's own log-probs, as vLLM
+    returns them: what lm-eval's loglikelihood requests read)."""
+    wanted = [n for n in (body.prompt_logprobs, None if chat or not body.echo else body.logprobs) if n is not None]
+    return max(wanted) if wanted else None
+
+
 def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
-                    spec: GrammarSpec | None = None) -> SamplingParams:
+                    spec: GrammarSpec | None = None, chat: bool = False) -> SamplingParams:
     def given(value, default):
         return default if value is None else value
 
@@ -55,7 +63,8 @@ def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: in
             repetition_penalty=given(body.repetition_penalty, 1.0), seed=seed, max_tokens=max_tokens,
             min_tokens=body.min_tokens, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
             include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-            logprobs=logprobs, skip_special_tokens=body.skip_special_tokens, structured_outputs=spec)
+            logprobs=logprobs, prompt_logprobs=prompt_logprobs(body, chat), skip_special_tokens=body.skip_special_tokens,
+            structured_outputs=spec)
     except InvalidParam as exc:
         raise bad_request(str(exc), exc.param) from None
 
@@ -116,7 +125,7 @@ class Generation:
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             for i in range(body.n):
                 seed = None if body.seed is None else body.seed + i
-                params = sampling_params(body, max_tokens, logprobs, seed, spec)
+                params = sampling_params(body, max_tokens, logprobs, seed, spec, chat)
                 rid = f"{self.id}-{p}-{i}"
                 self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params))
                 self.children.append((rid, ids, params))
@@ -202,6 +211,9 @@ class Generation:
             return choice.chat_logprobs(entries) if self.body.logprobs else None
         return choice.completion_logprobs(entries, text_offset) if self.body.logprobs is not None else None
 
+    def _prompt_ids(self, choice: Choice) -> list[int]:
+        return self.prompts[choice.index // self.body.n][1]
+
     def _echo(self, choice: Choice) -> str:
         prompt_text = self.prompts[choice.index // self.body.n][0]
         if prompt_text is None:
@@ -226,9 +238,12 @@ class Generation:
         errors = [c for c in self.choices if c.finish_reason == "error"]
         if errors:
             raise bad_request(str(errors[0].stop_reason))
-        return JSONResponse({"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                             "created": self.created, "model": self.state.model_name,
-                             "choices": [self._choice_body(c) for c in self.choices], "usage": self.usage()})
+        response = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                    "created": self.created, "model": self.state.model_name,
+                    "choices": [self._choice_body(c) for c in self.choices], "usage": self.usage()}
+        if self.chat and self.body.prompt_logprobs is not None:  # per response, as vLLM's chat route
+            response["prompt_logprobs"] = self.choices[0].prompt_logprobs()
+        return JSONResponse(response)
 
     def _choice_body(self, c: Choice) -> dict:
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
@@ -238,8 +253,15 @@ class Generation:
                     "logprobs": self._logprobs(c, c.logprobs), "finish_reason": output.finish_reason(c.finish_reason),
                     "stop_reason": stop_reason}
         prefix = self._echo(c) if self.body.echo else ""
-        return {"index": c.index, "text": prefix + c.text, "logprobs": self._logprobs(c, c.logprobs, len(prefix)),
-                "finish_reason": c.finish_reason, "stop_reason": stop_reason}
+        logprobs = self._logprobs(c, c.logprobs, len(prefix))
+        if prefix and logprobs is not None:
+            echoed = c.echo_logprobs(self._prompt_ids(c))
+            logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
+        body = {"index": c.index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
+                "stop_reason": stop_reason}
+        if self.body.prompt_logprobs is not None:
+            body["prompt_logprobs"] = c.prompt_logprobs()
+        return body
 
     # -- a stream ----------------------------------------------------------------------
     def _chunks(self, choice: Choice, text: str, entries: list, first: bool = False) -> list[str]:
@@ -270,16 +292,24 @@ class Generation:
 
     async def _frames(self):
         try:
+            # echo with logprobs waits for the prompt's log-probs, all in before the first token
+            unechoed = {c.request_id for c in self.choices} if self.body.echo and not self.chat else set()
             for choice in self.choices:
                 if self.chat:
                     yield self._chunks(choice, "", [], first=True)[0]
-                elif self.body.echo:
+                elif self.body.echo and self.body.logprobs is None:
+                    unechoed.discard(choice.request_id)
                     yield self._chunks(choice, self._echo(choice), [])[0]
             async for delta in self.deltas():
                 choice, text, entries = self.feed(delta)
                 if self.refused is not None:
                     yield "data: " + json.dumps(overloaded(self.refused).body()) + "\n\n"
                     break
+                if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
+                    unechoed.discard(choice.request_id)
+                    yield self._frame({"choices": [{"index": choice.index, "text": self._echo(choice),
+                                                    "logprobs": choice.echo_logprobs(self._prompt_ids(choice)),
+                                                    "finish_reason": None}]})
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):
                         yield frame

@@ -53,6 +53,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool = True
     priority: Int64 = 0
     cache_salt: str | None = None
+    prompt_logprobs: Logprobs | None = None  # log-probs of every prompt token (top-n alternatives)
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None
     guided_regex: str | None = None
