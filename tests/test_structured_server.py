@@ -192,8 +192,8 @@ def test_slow_schema_does_not_delay_unconstrained_requests(server):
 
 def test_speculation_counters_in_metrics(server):
     text = httpx.get(f"{server.url}/metrics").text
-    for name in ("engine:spec_decode_num_draft_tokens_total", "engine:spec_decode_num_accepted_tokens_total",
-                 "engine:spec_decode_num_drafts_total", "engine:spec_decode_draft_acceptance_rate",
-                 "engine:spec_decode_mean_acceptance_length"):
+    for name in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_draft_acceptance_rate",
+                 "vllm:spec_decode_mean_acceptance_length"):
         assert name in text, name
-    assert server.metric("engine:spec_decode_num_draft_tokens_total") > 0
+    assert server.metric("vllm:spec_decode_num_draft_tokens_total") > 0

@@ -32,6 +32,7 @@ class ServerState:
     tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
+    default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
 
 
 class Guard:
@@ -61,7 +62,7 @@ async def models(request: Request):
     state = request.app.state.server
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": 0, "owned_by": "engine", "root": state.model_path,
-        "max_model_len": state.max_model_len}]})
+        "max_model_len": state.max_model_len, "default_sampling_params": state.default_sampling_params}]})
 
 
 async def tokenize(request: Request):

@@ -34,7 +34,8 @@ def _delta(out) -> protocol.Delta:
 
     return protocol.Delta(out.request_id, list(out.new_token_ids), entries(out.new_logprobs),
                           entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
-                          out.num_cached_tokens, out.error, out.error_code)
+                          out.num_cached_tokens, out.error, out.error_code,
+                          None if out.timing is None else (out.timing.queue, out.timing.prefill))
 
 
 class CoreServer:
@@ -124,7 +125,8 @@ def main(argv=None) -> int:
         return 1
     server = CoreServer(core, args.input, args.output)
     hf = core.hf_config
-    server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id))
+    server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id,
+                               core.default_sampling_params, core.cache_info()))
     try:
         server.loop()
     except Exception:

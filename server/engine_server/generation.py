@@ -149,17 +149,31 @@ def structured_spec(body, chat: bool) -> GrammarSpec | None:
     return found[0][1] if found else None
 
 
+def default_max_tokens(state, fallback: int, prompt_lens: list[int]) -> int:
+    """max_tokens of a request that sets none: the generation config's ``max_new_tokens``
+    (capped so the longest prompt still fits the context), else ``fallback``."""
+    configured = state.default_sampling_params.get("max_tokens")
+    if configured is None:
+        return fallback
+    return max(1, min(configured, state.max_model_len - max(prompt_lens)))
+
+
 def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
-                    spec: GrammarSpec | None = None) -> SamplingParams:
+                    spec: GrammarSpec | None = None, defaults: dict | None = None) -> SamplingParams:
+    """``defaults`` (the model's generation config) fill the sampling fields a request leaves out."""
+    defaults = defaults or {}
+
     def given(value, default):
         return default if value is None else value
 
     try:
         return SamplingParams(
-            temperature=given(body.temperature, 1.0), top_p=given(body.top_p, 1.0), top_k=given(body.top_k, 0),
-            min_p=given(body.min_p, 0.0), frequency_penalty=given(body.frequency_penalty, 0.0),
+            temperature=given(body.temperature, defaults.get("temperature", 1.0)),
+            top_p=given(body.top_p, defaults.get("top_p", 1.0)), top_k=given(body.top_k, defaults.get("top_k", 0)),
+            min_p=given(body.min_p, defaults.get("min_p", 0.0)), frequency_penalty=given(body.frequency_penalty, 0.0),
             presence_penalty=given(body.presence_penalty, 0.0),
-            repetition_penalty=given(body.repetition_penalty, 1.0), seed=seed, max_tokens=max_tokens,
+            repetition_penalty=given(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)), seed=seed,
+            max_tokens=max_tokens,
             min_tokens=body.min_tokens, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
             include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
             logprobs=logprobs, skip_special_tokens=body.skip_special_tokens, structured_outputs=spec)
@@ -183,14 +197,14 @@ class Generation:
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             for i in range(body.n):
                 seed = None if body.seed is None else body.seed + i
-                params = sampling_params(body, max_tokens, logprobs, seed, spec)
+                params = sampling_params(body, max_tokens, logprobs, seed, spec, state.default_sampling_params)
                 rid = f"{self.id}-{p}-{i}"
                 self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params))
                 children.append((rid, ids, params))
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
         self.by_id = {c.request_id: c for c in self.choices}
-        self.timers = {c.request_id: state.metrics.request_timer(len(ids)) for c, (_, ids, _) in
-                       zip(self.choices, children)}
+        timers = [t for _, ids in prompts for t in state.metrics.start_request(len(ids), max_tokens, body.n)]
+        self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         try:
             self.handle = state.client.submit(children, body.priority, body.cache_salt)
         except EngineDead as exc:
@@ -227,7 +241,7 @@ class Generation:
             self.refused = delta.error  # one sample refused: the whole response is a 503 / an error frame
         choice = self.by_id[delta.request_id]
         timer = self.timers[delta.request_id]
-        timer.tokens(len(delta.token_ids))
+        timer.tokens(len(delta.token_ids), delta.timing)
         text, entries = choice.feed(delta)
         if choice.hit_stop_string and delta.finish_reason is None:
             self.handle.abort([choice.request_id])  # the engine does not know about stop strings
@@ -353,10 +367,12 @@ async def completions(request: Request):
     check_model(state, body.model)
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {body.logprobs}", "logprobs")
-    max_tokens = 16 if body.max_tokens is None else body.max_tokens
+    prompts = completion_prompts(state.tokenizer, body.prompt)
+    max_tokens = body.max_tokens
+    if max_tokens is None:
+        max_tokens = default_max_tokens(state, 16, [len(ids) for _, ids in prompts])
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
-    prompts = completion_prompts(state.tokenizer, body.prompt)
     generation = Generation(state, body, prompts, max_tokens, body.logprobs, chat=False,
                             spec=structured_spec(body, chat=False))
     await generation.start()
@@ -386,7 +402,7 @@ async def chat_completions(request: Request):
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
     ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt)
     if max_tokens is None:
-        max_tokens = max(1, state.max_model_len - len(ids))
+        max_tokens = default_max_tokens(state, max(1, state.max_model_len - len(ids)), [len(ids)])
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
     def make_output() -> ChatOutput:
