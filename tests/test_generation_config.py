@@ -70,15 +70,16 @@ def test_a_bad_value_names_the_generation_config(tmp_path, tiny_llama):
 
 
 def test_served_requests_get_the_defaults(greedy_checkpoint, ignoring):
-    greedy = ignoring.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=5))[0].outputs[0]
+    greedy = ignoring.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0]
     sampled = ignoring.generate(PROMPT, SAMPLED)[0].outputs[0]
     with serve(greedy_checkpoint, "--served-model-name", "tiny", "--dtype", "float32", "--num-blocks", "64",
                "--max-model-len", "256", api_key=None) as server:
         client = server.openai()
         model = httpx.get(f"{server.url}/v1/models").json()["data"][0]
         assert model["default_sampling_params"] == DEFAULTS
+        # completions keep OpenAI's (and vLLM's) max_tokens default of 16; chat has none but the config's
         plain = client.completions.create(model="tiny", prompt=PROMPT)
-        assert plain.choices[0].text == greedy.text and plain.usage.completion_tokens == 5
+        assert plain.choices[0].text == greedy.text and plain.usage.completion_tokens == 16
         chat = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "Hi"}])
         assert chat.usage.completion_tokens == 5
         own = client.completions.create(model="tiny", prompt=PROMPT, temperature=1.0, seed=7, max_tokens=5)

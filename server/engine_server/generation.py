@@ -149,13 +149,11 @@ def structured_spec(body, chat: bool) -> GrammarSpec | None:
     return found[0][1] if found else None
 
 
-def default_max_tokens(state, fallback: int, prompt_lens: list[int]) -> int:
-    """max_tokens of a request that sets none: the generation config's ``max_new_tokens``
-    (capped so the longest prompt still fits the context), else ``fallback``."""
-    configured = state.default_sampling_params.get("max_tokens")
-    if configured is None:
-        return fallback
-    return max(1, min(configured, state.max_model_len - max(prompt_lens)))
+def default_max_tokens(state, num_prompt_tokens: int) -> int:
+    """max_tokens of a chat request that sets none: what the context leaves, or less when
+    the generation config sets ``max_new_tokens``."""
+    room = max(1, state.max_model_len - num_prompt_tokens)
+    return min(room, state.default_sampling_params.get("max_tokens", room))
 
 
 def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
@@ -367,12 +365,10 @@ async def completions(request: Request):
     check_model(state, body.model)
     if body.logprobs is not None and not 0 <= body.logprobs <= MAX_LOGPROBS:
         raise bad_request(f"logprobs must be in [0, {MAX_LOGPROBS}], got {body.logprobs}", "logprobs")
-    prompts = completion_prompts(state.tokenizer, body.prompt)
-    max_tokens = body.max_tokens
-    if max_tokens is None:
-        max_tokens = default_max_tokens(state, 16, [len(ids) for _, ids in prompts])
+    max_tokens = 16 if body.max_tokens is None else body.max_tokens
     if max_tokens < 1:
         raise bad_request(f"max_tokens must be at least 1, got {max_tokens}", "max_tokens")
+    prompts = completion_prompts(state.tokenizer, body.prompt)
     generation = Generation(state, body, prompts, max_tokens, body.logprobs, chat=False,
                             spec=structured_spec(body, chat=False))
     await generation.start()
@@ -402,7 +398,7 @@ async def chat_completions(request: Request):
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
     ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt)
     if max_tokens is None:
-        max_tokens = default_max_tokens(state, max(1, state.max_model_len - len(ids)), [len(ids)])
+        max_tokens = default_max_tokens(state, len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
     def make_output() -> ChatOutput:
