@@ -197,3 +197,8 @@ def test_speculation_counters_in_metrics(server):
                  "vllm:spec_decode_mean_acceptance_length"):
         assert name in text, name
     assert server.metric("vllm:spec_decode_num_draft_tokens_total") > 0
+    per_pos = [line for line in text.splitlines()
+               if line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")]
+    assert 'position="0"' in per_pos[0]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in per_pos) == \
+        server.metric("vllm:spec_decode_num_accepted_tokens_total")

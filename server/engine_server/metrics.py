@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from engine.core.speculation import ACCEPTED_AT
 from engine.core.step_stats import PREFIX as STEP_TOKENS
 from engine.core.step_stats import step_token_buckets
 
@@ -105,6 +106,9 @@ class Metrics:
         for reason in REJECTION_REASONS:
             self.counters[f"rejected_{reason}"] = rejected.labels(**self._labels, reason=reason)
         self._seen = {k: 0.0 for k in self.counters}
+        self._accepted_per_pos = Counter(self._name("spec_decode_num_accepted_tokens_per_pos"),
+                                         "Draft tokens accepted, by draft position", ["model_name", "position"],
+                                         registry=self.registry)
 
     def engine_ready(self, cache_info: dict[str, str]) -> None:
         """Publish the engine's KV cache configuration (``cache_config_info``: value 1, the
@@ -122,6 +126,10 @@ class Metrics:
         self._update_prefix_cache(stats)
         self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
         self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
+        for key in stats:
+            if key.startswith(ACCEPTED_AT) and key not in self.counters:
+                self.counters[key] = self._accepted_per_pos.labels(**self._labels, position=key[len(ACCEPTED_AT):])
+                self._seen[key] = 0.0
         for key, metric in self.counters.items():
             value = stats.get(key, 0.0)
             if value > self._seen[key]:
