@@ -115,7 +115,7 @@ def engine_metrics(text: str) -> dict[str, float]:
     values = {}
     for line in text.splitlines():
         for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "generation_tokens_total"):
-            if line.startswith(f"engine:{name}"):
+            if line.startswith(f"vllm:{name}"):
                 values[name] = float(line.rsplit(" ", 1)[1])
     return values
 

@@ -146,4 +146,4 @@ def test_the_sweeps_bad_requests_get_a_400_and_the_engine_lives_on(tiny_llama):
                 assert field in response.json()["error"]["message"], response.text
         assert http.get("/health").status_code == 200
         assert http.post("/v1/completions", json=canary).json()["choices"][0]["text"] == before
-        assert server.metric("engine:num_requests_running") == 0
+        assert server.metric("vllm:num_requests_running") == 0

@@ -133,9 +133,9 @@ def gauges(server) -> tuple[float, float]:
     values = {}
     for line in httpx.get(f"{server.url}/metrics", headers=server.headers).text.splitlines():
         name = line.split("{", 1)[0]
-        if name in ("engine:num_requests_running", "engine:num_requests_waiting"):
+        if name in ("vllm:num_requests_running", "vllm:num_requests_waiting"):
             values[name] = float(line.rsplit(" ", 1)[1])
-    return values["engine:num_requests_running"], values["engine:num_requests_waiting"]
+    return values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]
 
 
 def settled(server, expected: tuple[float, float], timeout: float = 5.0, calm: float = 0.0) -> tuple[float, float]:
@@ -282,7 +282,7 @@ def _raw_request(server, path: str, body: dict) -> socket.socket:
 
 def _finished_length(server) -> float:
     with contextlib.suppress(KeyError):
-        return server.metric('engine:request_success_total{finished_reason="length",model_name="tiny-fuzz"}')
+        return server.metric('vllm:request_success_total{finished_reason="length",model_name="tiny-fuzz"}')
     return 0.0
 
 

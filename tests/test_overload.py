@@ -94,13 +94,13 @@ def test_overload_gets_503_with_retry_after_and_loses_nothing(tiny_llama):
         while _rejections(server) < len(refused) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert _rejections(server) == len(refused)
-        assert server.metric("engine:num_requests_running") == 0
-        assert server.metric("engine:num_requests_waiting") == 0
+        assert server.metric("vllm:num_requests_running") == 0
+        assert server.metric("vllm:num_requests_waiting") == 0
 
 
 def _rejections(server, reason: str = "queue_full") -> float:
     for line in httpx.get(f"{server.url}/metrics", headers=server.headers).text.splitlines():
-        if line.startswith("engine:num_requests_rejected_total{") and f'reason="{reason}"' in line:
+        if line.startswith("vllm:num_requests_rejected_total{") and f'reason="{reason}"' in line:
             return float(line.rsplit(" ", 1)[1])
     raise KeyError(reason)
 

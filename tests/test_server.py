@@ -141,11 +141,11 @@ def test_utility_routes_and_metrics(server, default_tokenizer):
         assert {"/v1/completions", "/v1/chat/completions", "/metrics"} <= set(spec["paths"])
         assert "CompletionRequest" in spec["components"]["schemas"]
         text = http.get("/metrics").text
-    for name in ("engine:request_success_total", "engine:time_to_first_token_seconds_bucket",
-                 "engine:inter_token_latency_seconds_bucket", "engine:e2e_request_latency_seconds_bucket",
-                 "engine:num_requests_running", "engine:num_requests_waiting", "engine:kv_cache_usage_perc",
-                 "engine:prefix_cache_hit_rate", "engine:num_preemptions_total", "engine:prompt_tokens_total",
-                 "engine:generation_tokens_total"):
+    for name in ("vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
+                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
+                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
+                 "vllm:generation_tokens_total"):
         assert name in text, name
     assert 'finished_reason="length"' in text
 

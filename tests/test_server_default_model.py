@@ -40,15 +40,15 @@ def test_disconnect_mid_stream_frees_kv_blocks(server):
         with http.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             deadline = time.monotonic() + 10
-            while server.metric("engine:kv_cache_usage_perc") == 0 and time.monotonic() < deadline:
+            while server.metric("vllm:kv_cache_usage_perc") == 0 and time.monotonic() < deadline:
                 next(lines)
-            assert server.metric("engine:kv_cache_usage_perc") > 0
-            assert server.metric("engine:num_requests_running") == 1
+            assert server.metric("vllm:kv_cache_usage_perc") > 0
+            assert server.metric("vllm:num_requests_running") == 1
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and server.metric("engine:kv_cache_usage_perc") > 0:
+    while time.monotonic() < deadline and server.metric("vllm:kv_cache_usage_perc") > 0:
         time.sleep(0.2)
-    assert server.metric("engine:kv_cache_usage_perc") == 0.0
-    assert server.metric("engine:num_requests_running") == 0.0
+    assert server.metric("vllm:kv_cache_usage_perc") == 0.0
+    assert server.metric("vllm:num_requests_running") == 0.0
     assert 'finished_reason="length"' not in httpx_metrics(server)  # it never ran to completion
 
 

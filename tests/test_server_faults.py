@@ -138,7 +138,7 @@ def test_drain_cut_short_ends_requests_with_an_error_and_exits_nonzero(tiny_llam
         thread.start()
         streams = Streams(server, 4, max_tokens=400)
         streams.wait_started()
-        server.wait_for_metric("engine:num_requests_running", lambda running: running == 5)
+        server.wait_for_metric("vllm:num_requests_running", lambda running: running == 5)
         server.process.send_signal(signal.SIGTERM)
         for frames in streams.join(timeout=30):
             assert error_codes(frames) == ["shutdown"] and frames[-1] == "[DONE]", frames[-3:]

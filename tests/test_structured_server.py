@@ -192,8 +192,13 @@ def test_slow_schema_does_not_delay_unconstrained_requests(server):
 
 def test_speculation_counters_in_metrics(server):
     text = httpx.get(f"{server.url}/metrics").text
-    for name in ("engine:spec_decode_num_draft_tokens_total", "engine:spec_decode_num_accepted_tokens_total",
-                 "engine:spec_decode_num_drafts_total", "engine:spec_decode_draft_acceptance_rate",
-                 "engine:spec_decode_mean_acceptance_length"):
+    for name in ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_accepted_tokens_total",
+                 "vllm:spec_decode_num_drafts_total", "vllm:spec_decode_draft_acceptance_rate",
+                 "vllm:spec_decode_mean_acceptance_length"):
         assert name in text, name
-    assert server.metric("engine:spec_decode_num_draft_tokens_total") > 0
+    assert server.metric("vllm:spec_decode_num_draft_tokens_total") > 0
+    per_pos = [line for line in text.splitlines()
+               if line.startswith("vllm:spec_decode_num_accepted_tokens_per_pos_total{")]
+    assert 'position="0"' in per_pos[0]
+    assert sum(float(line.rsplit(" ", 1)[1]) for line in per_pos) == \
+        server.metric("vllm:spec_decode_num_accepted_tokens_total")

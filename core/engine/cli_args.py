@@ -79,6 +79,9 @@ OPTIONS: dict[str, Option] = {
     "quantization": Option(("--quantization", "-q"), "quant method plugin (int8-w8a16, int8-w8a8, fp8, "
                                                      "unquantized ...); default: the checkpoint's"),
     "seed": Option(("--seed",), "random seed of the engine"),
+    "generation_config": Option(("--generation-config",), "default sampling parameters for requests that "
+                                "do not set them: auto = the model's generation_config.json, vllm = none "
+                                "(the built-in defaults), or a folder holding a generation_config.json"),
     "block_size": Option(("--block-size",), "tokens per KV cache block", unit="tokens"),
     "kv_cache_memory": Option(("--kv-cache-memory-bytes", "--kv-cache-memory"),
                               "memory for the KV cache; overrides --gpu-memory-utilization", parse_size,

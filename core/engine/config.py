@@ -27,6 +27,8 @@ class ModelConfig:
     load_format: str | None = None
     quantization: str | None = None
     seed: int = 0
+    # default sampling parameters: "auto" (the model's generation config), "vllm" (none), or a folder
+    generation_config: str = "auto"
 
 
 @attrs.frozen

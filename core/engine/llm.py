@@ -35,7 +35,7 @@ class LLM:
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: Sequence[int] | None = None) -> list[RequestOutput]:
         prompts = self._as_list(prompts)
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"sampling_params: {len(params)} given for {len(prompts)} prompts")
@@ -50,6 +50,12 @@ class LLM:
         for (text, ids), p, prio in zip(encoded, params, priorities):
             order.append(self._add(processor, text, ids, p, prio))
         return self._run(processor, order, use_tqdm)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` uses when given no ``SamplingParams``: the built-in defaults
+        overridden by the model's generation config (``generation_config="auto"``, the
+        default; ``"vllm"`` ignores it; a folder reads its ``generation_config.json``)."""
+        return SamplingParams(**self.engine.default_sampling_params)
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, chat_template: str | None = None,

@@ -49,6 +49,7 @@ class ServerState:
         """``fn(*args)`` on a worker thread, so a 4 MB prompt or a long template does not
         stall every other client's stream."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+    default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
 
 
 class Guard:
@@ -92,7 +93,7 @@ async def models(request: Request):
     state = request.app.state.server
     return JSONResponse({"object": "list", "data": [{
         "id": state.model_name, "object": "model", "created": 0, "owned_by": "engine", "root": state.model_name,
-        "max_model_len": state.max_model_len}]})
+        "max_model_len": state.max_model_len, "default_sampling_params": state.default_sampling_params}]})
 
 
 def _tokenize(state: ServerState, data: bytes) -> dict:

@@ -46,7 +46,8 @@ def _delta(out) -> protocol.Delta:
 
     return protocol.Delta(out.request_id, list(out.new_token_ids), entries(out.new_logprobs),
                           entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
-                          out.num_cached_tokens, out.error, out.error_code)
+                          out.num_cached_tokens, out.error, out.error_code,
+                          None if out.timing is None else (out.timing.queue, out.timing.prefill))
 
 
 class CoreServer:
@@ -154,7 +155,8 @@ def main(argv=None) -> int:
     server = CoreServer(core, args.input, args.output, args.parent_pid)
     hf = core.hf_config
     try:
-        server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id))
+        server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id,
+                                   core.default_sampling_params, core.cache_info()))
         server.loop()
     except APIGone as exc:
         print(f"engine-core: {exc}; exiting", file=sys.stderr)

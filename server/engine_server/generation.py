@@ -50,17 +50,30 @@ def prompt_logprobs(body, chat: bool) -> int | None:
     return max(wanted) if wanted else None
 
 
+def default_max_tokens(state, num_prompt_tokens: int) -> int:
+    """max_tokens of a chat request that sets none: what the context leaves, or less when
+    the generation config sets ``max_new_tokens``."""
+    room = max(1, state.max_model_len - num_prompt_tokens)
+    return min(room, state.default_sampling_params.get("max_tokens", room))
+
+
 def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
-                    spec: GrammarSpec | None = None, chat: bool = False) -> SamplingParams:
+                    spec: GrammarSpec | None = None, chat: bool = False,
+                    defaults: dict | None = None) -> SamplingParams:
+    """``defaults`` (the model's generation config) fill the sampling fields a request leaves out."""
+    defaults = defaults or {}
+
     def given(value, default):
         return default if value is None else value
 
     try:
         return SamplingParams(
-            temperature=given(body.temperature, 1.0), top_p=given(body.top_p, 1.0), top_k=given(body.top_k, 0),
-            min_p=given(body.min_p, 0.0), frequency_penalty=given(body.frequency_penalty, 0.0),
+            temperature=given(body.temperature, defaults.get("temperature", 1.0)),
+            top_p=given(body.top_p, defaults.get("top_p", 1.0)), top_k=given(body.top_k, defaults.get("top_k", 0)),
+            min_p=given(body.min_p, defaults.get("min_p", 0.0)), frequency_penalty=given(body.frequency_penalty, 0.0),
             presence_penalty=given(body.presence_penalty, 0.0),
-            repetition_penalty=given(body.repetition_penalty, 1.0), seed=seed, max_tokens=max_tokens,
+            repetition_penalty=given(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)), seed=seed,
+            max_tokens=max_tokens,
             min_tokens=body.min_tokens, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
             include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs(body, chat), skip_special_tokens=body.skip_special_tokens,
@@ -125,12 +138,13 @@ class Generation:
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             for i in range(body.n):
                 seed = None if body.seed is None else body.seed + i
-                params = sampling_params(body, max_tokens, logprobs, seed, spec, chat)
+                params = sampling_params(body, max_tokens, logprobs, seed, spec, chat, state.default_sampling_params)
                 rid = f"{self.id}-{p}-{i}"
                 self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params))
                 self.children.append((rid, ids, params))
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
         self.by_id = {c.request_id: c for c in self.choices}
+        self.max_tokens = max_tokens
         self.timers = {}
         self.handle = None
         self._first = None
@@ -160,7 +174,9 @@ class Generation:
         except Exception:
             self.state.client.abort([rid for rid, _, _ in self.children])  # those sent before the failure
             raise
-        self.timers = {rid: self.state.metrics.request_timer(len(ids)) for rid, ids, _ in self.children}
+        timers = [t for _, ids in self.prompts
+                  for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n)]
+        self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         self._deltas = self.handle.deltas()
 
     def _engine_dead(self, exc: EngineDead) -> APIError:
@@ -193,7 +209,7 @@ class Generation:
             self.refused = delta.error  # one sample refused: the whole response is a 503 / an error frame
         choice = self.by_id[delta.request_id]
         timer = self.timers[delta.request_id]
-        timer.tokens(len(delta.token_ids))
+        timer.tokens(len(delta.token_ids), delta.timing)
         text, entries = choice.feed(delta)
         if choice.hit_stop_string and delta.finish_reason is None:
             self.handle.abort([choice.request_id])  # the engine does not know about stop strings
@@ -352,7 +368,7 @@ def prepare_chat(state, data: bytes) -> Generation:
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
     ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt)
     if max_tokens is None:
-        max_tokens = max(1, state.max_model_len - len(ids))
+        max_tokens = default_max_tokens(state, len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
     def make_output() -> ChatOutput:

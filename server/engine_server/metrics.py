@@ -1,102 +1,233 @@
-"""Prometheus metrics: request latencies measured in the API process, engine gauges and
-counters from the stats the engine core sends."""
+"""Prometheus metrics under vLLM's names (``vllm:`` prefix by default, ``--metrics-prefix
+engine`` for this engine's own), so vLLM's Grafana dashboard and alerts read them unchanged.
+
+Request latencies and lengths are measured in the API process as the tokens arrive; the
+queue and prefill times come from the engine core with each request's first token
+(:class:`engine.core.scheduling.RequestTiming`); gauges, counters and the tokens-per-step
+histogram come from the stats the core sends. Buckets are vLLM's."""
 
 from __future__ import annotations
 
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.registry import Collector
 
+from engine.core.speculation import ACCEPTED_AT
+from engine.core.step_stats import PREFIX as STEP_TOKENS
+from engine.core.step_stats import step_token_buckets
+
+PREFIXES = ("vllm", "engine")
 REJECTION_REASONS = ("queue_full", "queue_wait")  # the scheduler's stats rejected_<reason>
-_LATENCY = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+         80.0, 160.0, 640.0, 2560.0)
+_PER_TOKEN = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
+              80.0)
+_PER_REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+                480.0, 960.0, 1920.0, 7680.0)
+_TOKENS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))[:19]  # 1, 2, 5, 10 ... 1e6 (1-2-5 as vLLM)
+_N = (1, 2, 5, 10, 20)
 
 
 class Metrics:
-    def __init__(self, model_name: str):
-        r = self.registry = CollectorRegistry()
-        labels = {"model_name": model_name}
-        self.finished = Counter("engine:request_success", "Finished requests by finish reason",
-                                ["model_name", "finished_reason"], registry=r)
-        self._labels = labels
+    def __init__(self, model_name: str, prefix: str = "vllm"):
+        if prefix not in PREFIXES:
+            raise ValueError(f"metrics prefix must be one of {', '.join(PREFIXES)}, got {prefix!r}")
+        self.registry = CollectorRegistry()
+        self.prefix = prefix
+        self._labels = {"model_name": model_name}
+        self.finished = Counter(self._name("request_success"), "Finished requests by finish reason",
+                                ["model_name", "finished_reason"], registry=self.registry)
+        self._request_histograms()
+        self._engine_metrics()
+        self._stats: dict[str, float] = {}
+        self.registry.register(_StepTokens(self))
 
-        def gauge(name, doc):
-            return Gauge(f"engine:{name}", doc, ["model_name"], registry=r).labels(**labels)
+    def _name(self, name: str) -> str:
+        return f"{self.prefix}:{name}"
 
-        def counter(name, doc):
-            return Counter(f"engine:{name}", doc, ["model_name"], registry=r).labels(**labels)
+    def _gauge(self, name: str, doc: str):
+        return Gauge(self._name(name), doc, ["model_name"], registry=self.registry).labels(**self._labels)
 
-        def histogram(name, doc):
-            return Histogram(f"engine:{name}", doc, ["model_name"], buckets=_LATENCY, registry=r).labels(**labels)
+    def _counter(self, name: str, doc: str):
+        return Counter(self._name(name), doc, ["model_name"], registry=self.registry).labels(**self._labels)
 
-        self.ttft = histogram("time_to_first_token_seconds", "Time to first token")
-        self.itl = histogram("inter_token_latency_seconds", "Time between consecutive output tokens")
-        self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency")
-        self.running = gauge("num_requests_running", "Requests in the running batch")
-        self.waiting = gauge("num_requests_waiting", "Requests waiting to be scheduled")
-        self.kv_usage = gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)")
-        self.prefix_hit_rate = gauge("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens")
-        self.spec_acceptance = gauge("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens")
-        self.spec_length = gauge("spec_decode_mean_acceptance_length",
-                                 "Tokens per verification: accepted drafts + 1")
+    def _histogram(self, name: str, doc: str, buckets):
+        return Histogram(self._name(name), doc, ["model_name"], buckets=buckets,
+                         registry=self.registry).labels(**self._labels)
+
+    def _request_histograms(self) -> None:
+        h = self._histogram
+        self.ttft = h("time_to_first_token_seconds", "Time to first token", _TTFT)
+        self.itl = h("inter_token_latency_seconds", "Time between consecutive output tokens", _PER_TOKEN)
+        self.tpot = h("time_per_output_token_seconds", "Time per output token, observed per token as vLLM "
+                      "does (the same intervals as inter_token_latency_seconds)", _PER_TOKEN)
+        self.request_tpot = h("request_time_per_output_token_seconds",
+                              "Decode time / (output tokens - 1), per request", _PER_TOKEN)
+        self.e2e = h("e2e_request_latency_seconds", "End-to-end request latency", _PER_REQUEST)
+        self.queue_time = h("request_queue_time_seconds", "Time from reaching the engine core to first "
+                            "scheduled", _PER_REQUEST)
+        self.prefill_time = h("request_prefill_time_seconds", "Time from first scheduled to first token",
+                              _PER_REQUEST)
+        self.decode_time = h("request_decode_time_seconds", "Time from first token to last token", _PER_REQUEST)
+        self.inference_time = h("request_inference_time_seconds", "Prefill plus decode time", _PER_REQUEST)
+        self.request_prompt_tokens = h("request_prompt_tokens", "Prompt tokens per finished request", _TOKENS)
+        self.request_generation_tokens = h("request_generation_tokens", "Output tokens per finished request",
+                                           _TOKENS)
+        self.max_generation_tokens = h("request_max_num_generation_tokens",
+                                       "Most output tokens of one sample, per prompt with its n samples", _TOKENS)
+        self.params_max_tokens = h("request_params_max_tokens", "The max_tokens of each request", _TOKENS)
+        self.params_n = h("request_params_n", "The n of each request", _N)
+        self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed")
+        self.generation_tokens = self._counter("generation_tokens", "Tokens generated")
+
+    def _engine_metrics(self) -> None:
+        g, c = self._gauge, self._counter
+        self.running = g("num_requests_running", "Requests in the running batch")
+        self.waiting = g("num_requests_waiting", "Requests waiting to be scheduled")
+        self.kv_usage = g("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)")
+        self.gpu_cache_usage = g("gpu_cache_usage_perc", "Fraction of KV cache blocks in use (0..1); the "
+                                 "name vLLM's example dashboard reads, as kv_cache_usage_perc")
+        self.prefix_hit_rate = g("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens")
+        self.spec_acceptance = g("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens")
+        self.spec_length = g("spec_decode_mean_acceptance_length", "Tokens per verification: accepted drafts + 1")
         self.counters = {
-            "spec_drafts": counter("spec_decode_num_drafts", "Verifications of drafted requests"),
-            "spec_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
-            "spec_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
-            "preemptions": counter("num_preemptions", "Requests preempted"),
-            "prefix_queries": counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
-            "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+            "spec_drafts": c("spec_decode_num_drafts", "Verifications of drafted requests"),
+            "spec_draft_tokens": c("spec_decode_num_draft_tokens", "Draft tokens verified"),
+            "spec_accepted_tokens": c("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+            "preemptions": c("num_preemptions", "Requests preempted"),
+            "prefix_queries": c("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+            "prefix_hits": c("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
         }
-        rejected = Counter("engine:num_requests_rejected", "Requests refused as overloaded, by reason "
+        rejected = Counter(self._name("num_requests_rejected"), "Requests refused as overloaded, by reason "
                            "(queue_full: max_queued_requests; queue_wait: max_queue_wait)",
-                           ["model_name", "reason"], registry=r)
+                           ["model_name", "reason"], registry=self.registry)
         for reason in REJECTION_REASONS:
-            self.counters[f"rejected_{reason}"] = rejected.labels(**labels, reason=reason)
-        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens processed")
-        self.generation_tokens = counter("generation_tokens", "Tokens generated")
+            self.counters[f"rejected_{reason}"] = rejected.labels(**self._labels, reason=reason)
         self._seen = {k: 0.0 for k in self.counters}
+        self._accepted_per_pos = Counter(self._name("spec_decode_num_accepted_tokens_per_pos"),
+                                         "Draft tokens accepted, by draft position", ["model_name", "position"],
+                                         registry=self.registry)
+
+    def engine_ready(self, cache_info: dict[str, str]) -> None:
+        """Publish the engine's KV cache configuration (``cache_config_info``: value 1, the
+        configuration in its labels)."""
+        names = ["model_name", *cache_info]
+        Gauge(self._name("cache_config_info"), "Information of the KV cache configuration", names,
+              registry=self.registry).labels(**self._labels, **cache_info).set(1)
 
     def update_engine(self, stats: dict[str, float]) -> None:
+        self._stats = stats
         self.running.set(stats.get("running", 0))
         self.waiting.set(stats.get("waiting", 0))
         self.kv_usage.set(stats.get("kv_cache_usage", 0))
-        queries, hits = stats.get("prefix_queries", 0), stats.get("prefix_hits", 0)
-        self.prefix_hit_rate.set(hits / queries if queries else 0.0)
+        self.gpu_cache_usage.set(stats.get("kv_cache_usage", 0))
+        self._update_prefix_cache(stats)
         self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
         self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
+        for key in stats:
+            if key.startswith(ACCEPTED_AT) and key not in self.counters:
+                self.counters[key] = self._accepted_per_pos.labels(**self._labels, position=key[len(ACCEPTED_AT):])
+                self._seen[key] = 0.0
         for key, metric in self.counters.items():
             value = stats.get(key, 0.0)
             if value > self._seen[key]:
                 metric.inc(value - self._seen[key])
                 self._seen[key] = value
 
-    def request_timer(self, num_prompt_tokens: int) -> RequestTimer:
-        self.prompt_tokens.inc(num_prompt_tokens)
-        return RequestTimer(self)
+    def _update_prefix_cache(self, stats: dict[str, float]) -> None:
+        """The prefix-cache gauge (its counters are in ``self.counters``: every prefix-cache
+        update is here and there)."""
+        queries, hits = stats.get("prefix_queries", 0), stats.get("prefix_hits", 0)
+        self.prefix_hit_rate.set(hits / queries if queries else 0.0)
+
+    def start_request(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> list[RequestTimer]:
+        """One prompt with its ``n`` samples (vLLM's parent request): a timer per sample."""
+        group = _SampleGroup(self, n)
+        self.params_n.observe(n)
+        if max_tokens is not None:
+            self.params_max_tokens.observe(max_tokens)
+        self.prompt_tokens.inc(num_prompt_tokens * n)
+        return [RequestTimer(self, num_prompt_tokens, group) for _ in range(n)]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
 
 
-class RequestTimer:
-    def __init__(self, metrics: Metrics):
-        self.metrics = metrics
-        self.start = self.last = time.monotonic()
-        self.first = True
+class _SampleGroup:
+    """Observes the longest output of a prompt's samples once all of them finished."""
 
-    def tokens(self, count: int) -> None:
-        """``count`` tokens arrived now (several when drafts were accepted)."""
+    def __init__(self, metrics: Metrics, n: int):
+        self.metrics, self.pending, self.longest = metrics, n, 0
+
+    def sample_finished(self, num_tokens: int) -> None:
+        self.pending -= 1
+        self.longest = max(self.longest, num_tokens)
+        if self.pending == 0:
+            self.metrics.max_generation_tokens.observe(self.longest)
+
+
+class RequestTimer:
+    """One engine request's latencies, measured as its tokens arrive."""
+
+    def __init__(self, metrics: Metrics, num_prompt_tokens: int, group: _SampleGroup):
+        self.metrics, self.num_prompt_tokens, self.group = metrics, num_prompt_tokens, group
+        self.start = self.last = time.monotonic()
+        self.first_token: float | None = None
+        self.num_tokens = 0
+        self.timing: tuple[float, float] | None = None  # (queue, prefill) seconds from the engine core
+
+    def tokens(self, count: int, timing: tuple[float, float] | None = None) -> None:
+        """``count`` tokens arrived now (several when drafts were accepted); ``timing`` comes
+        with the first."""
+        if timing is not None:
+            self.timing = timing
         if not count:
             return
         now = time.monotonic()
-        self.metrics.generation_tokens.inc(count)
-        if self.first:
-            self.metrics.ttft.observe(now - self.start)
-            self.first, count = False, count - 1
-        elif count:
+        m = self.metrics
+        m.generation_tokens.inc(count)
+        self.num_tokens += count
+        if self.first_token is None:
+            m.ttft.observe(now - self.start)
+            self.first_token = now
+        else:
+            interval = (now - self.last) / count
             for _ in range(count):
-                self.metrics.itl.observe((now - self.last) / count)
+                m.itl.observe(interval)
+                m.tpot.observe(interval)
         self.last = now
 
     def finished(self, reason: str) -> None:
-        self.metrics.e2e.observe(time.monotonic() - self.start)
-        self.metrics.finished.labels(**self.metrics._labels, finished_reason=reason).inc()
+        m = self.metrics
+        m.e2e.observe(time.monotonic() - self.start)
+        m.finished.labels(**m._labels, finished_reason=reason).inc()
+        m.request_prompt_tokens.observe(self.num_prompt_tokens)
+        m.request_generation_tokens.observe(self.num_tokens)
+        self.group.sample_finished(self.num_tokens)
+        if self.timing is not None and self.first_token is not None:
+            queue, prefill = self.timing
+            decode = self.last - self.first_token
+            m.queue_time.observe(queue)
+            m.prefill_time.observe(prefill)
+            m.decode_time.observe(decode)
+            m.inference_time.observe(prefill + decode)
+            if self.num_tokens > 1:
+                m.request_tpot.observe(decode / (self.num_tokens - 1))
+
+
+class _StepTokens(Collector):
+    """``iteration_tokens_total``: the engine core's cumulative tokens-per-step histogram."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def collect(self):
+        stats = self.metrics._stats
+        family = HistogramMetricFamily(self.metrics._name(f"{STEP_TOKENS}_total"), "Tokens per engine step",
+                                       labels=["model_name"])
+        buckets = step_token_buckets(stats)
+        if buckets:
+            family.add_metric([self.metrics._labels["model_name"]], buckets, stats.get(f"{STEP_TOKENS}_sum", 0.0))
+        yield family

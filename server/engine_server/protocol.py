@@ -29,6 +29,8 @@ class Ready(msgspec.Struct, tag=True):
     max_model_len: int
     vocab_size: int
     eos_token_id: int | None
+    default_sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)  # from --generation-config
+    cache_info: dict[str, str] = msgspec.field(default_factory=dict)  # EngineCore.cache_info()
 
 
 class Delta(msgspec.Struct, array_like=True):
@@ -44,6 +46,7 @@ class Delta(msgspec.Struct, array_like=True):
     num_cached_tokens: int = 0
     error: str | None = None
     error_code: str | None = None  # with finish_reason "error": "overloaded" (admission refused it), or None
+    timing: tuple[float, float] | None = None  # (queue, prefill) seconds, with the first token: RequestTiming
 
 
 class Outputs(msgspec.Struct, tag=True):

@@ -17,7 +17,7 @@ from engine.plugins import load_plugins
 from engine.tokenizer import load_tokenizer
 from engine_server.app import ServerState, build_app
 from engine_server.client import EngineClient
-from engine_server.metrics import Metrics
+from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 
 logger = logging.getLogger("engine_server")
@@ -68,6 +68,9 @@ class ServeCommand(Command):
                             help="engine requests one HTTP request may create (prompts x n); more is a 400")
         parser.add_argument("--tool-call-parser", default="hermes",
                             help="how the model writes tool calls, for tool_choice=auto (a tool-parser plugin)")
+        parser.add_argument("--metrics-prefix", choices=PREFIXES, default="vllm",
+                            help="prefix of the /metrics names: vllm (vLLM's names, for its dashboards) or "
+                                 "engine (the engine: names of earlier releases)")
         parser.add_argument("--graceful-timeout", type=float, default=10.0,
                             help="seconds in-flight requests get to finish after SIGTERM; those still "
                                  "running then end with an error (code shutdown) and the exit status is 1")
@@ -104,7 +107,7 @@ class ServeCommand(Command):
 
         tool_parser = load_plugins(args.plugins).get("tool_parsers", args.tool_call_parser)
         client = EngineClient(options, on_death)
-        metrics = Metrics(name)
+        metrics = Metrics(name, args.metrics_prefix)
         client.stats_listeners.append(PrefixCacheWindow(metrics.update_engine))
         state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, api_key=args.api_key,
                             max_body_bytes=args.max_request_body_bytes,
@@ -114,6 +117,8 @@ class ServeCommand(Command):
         async def lifespan(app):
             ready = await client.start()
             state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
+            state.default_sampling_params = ready.default_sampling_params
+            metrics.engine_ready(ready.cache_info)
             print(f"engine: serving {name} at http://{args.host}:{args.port}/v1 (max_model_len "
                   f"{ready.max_model_len}); try:\n  curl http://{args.host}:{args.port}/v1/chat/completions "
                   f"-H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"messages\": "

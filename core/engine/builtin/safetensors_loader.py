@@ -41,6 +41,11 @@ class SafetensorsLoader(ModelLoader):
 
         return AutoTokenizer.from_pretrained(self.path)
 
+    def generation_config(self) -> dict | None:
+        from engine.generation_config import read_generation_config
+
+        return read_generation_config(self.path)
+
     def quant_config(self) -> dict | None:
         with open(os.path.join(self.path, "config.json")) as f:
             return json.load(f).get("quantization_config")

@@ -9,13 +9,23 @@ from __future__ import annotations
 import logging
 import time
 
+import attrs
 import torch
 
+from engine import generation_config
 from engine.config import EngineConfig
 from engine.core import faults, setup
 from engine.core.request import Request
-from engine.core.scheduling import OVERLOADED, EngineOutput, SchedulerContext, StepPlan, StepResult
+from engine.core.scheduling import (
+    OVERLOADED,
+    EngineOutput,
+    RequestTiming,
+    SchedulerContext,
+    StepPlan,
+    StepResult,
+)
 from engine.core.speculation import Speculator
+from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, GrammarContext
 from engine.plugins import load_plugins
@@ -34,6 +44,8 @@ class EngineCore:
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
         self.tokenizer = loader.tokenizer()
+        self.default_sampling_params = generation_config.default_sampling_params(config.model.generation_config,
+                                                                                 loader)
         dtype = setup.resolve_dtype(config.model.dtype, self.hf_config, self.platform)
         max_len = setup.resolve_max_model_len(config.model.max_model_len, self.hf_config)
         self.config = config = setup.with_resolved_model(
@@ -44,7 +56,8 @@ class EngineCore:
         layout = self.model.kv_layout()
         self.attention = setup.attention_for(registry, config.attention_backend, self.model, dtype,
                                              config.cache.block_size, self.platform)
-        num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers, self.platform)
+        self.num_blocks = num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers,
+                                                           self.platform)
         capacity = (num_blocks - 1) * config.cache.block_size
         if capacity < max_len:
             raise ValueError(f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
@@ -61,10 +74,15 @@ class EngineCore:
                                   self.platform.device, processors, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None
+        self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
         logger.info("engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
                     time.perf_counter() - started, model_path, self.platform.name, dtype,
                     self.attention.name, num_blocks, config.cache.block_size)
+        if self.default_sampling_params:
+            logger.warning("default sampling parameters from the model's generation config (%s): %s; "
+                           "relaunch with --generation-config vllm to ignore them",
+                           config.model.generation_config, self.default_sampling_params)
 
     def _build_speculator(self, config, loader, dtype, kv_caches, num_blocks) -> Speculator | None:
         if not config.speculative_config:
@@ -123,6 +141,7 @@ class EngineCore:
     def add_request(self, request: Request) -> None:
         self.validate(request.prompt_token_ids, request.sampling_params, request.priority)
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
+        request.queued_time = time.monotonic()
         self.scheduler.add_request(request)  # may refuse it: Overloaded
         if request.sampling_params.structured_outputs is not None:
             self.structured.submit(request)
@@ -152,6 +171,7 @@ class EngineCore:
             outputs += self._refused(plan.refused)
         if not plan.scheduled:
             return outputs
+        self._mark_scheduled(plan)
         try:
             result = self._execute(plan)
         except Exception as error:  # noqa: BLE001 - attributed to a request, or re-raised: fatal
@@ -159,10 +179,34 @@ class EngineCore:
             outputs += failed
         if self.speculator is not None:
             self.speculator.record(plan, result)
-        outputs += self.scheduler.update(plan, result)
+        outputs += self._time_first_tokens(plan, self.scheduler.update(plan, result))
         if self.speculator is not None:
             self.speculator.finished([o.request_id for o in outputs if o.finished] + list(plan.preempted))
             self.speculator.propose(self.scheduler.running_requests(), result)
+        return outputs
+
+    def _mark_scheduled(self, plan: StepPlan) -> None:
+        """Stamp first scheduling and count the step's tokens (one attribute test per request)."""
+        now = time.monotonic()
+        for item in plan.scheduled:
+            if item.request.scheduled_time is None:
+                item.request.scheduled_time = now
+        self._step_tokens.observe(plan.num_tokens)
+
+    def _time_first_tokens(self, plan: StepPlan, outputs: list[EngineOutput]) -> list[EngineOutput]:
+        """Attach :class:`RequestTiming` to each request's first output that carries tokens."""
+        pending = {i.request.request_id: i.request for i in plan.scheduled if i.request.first_token_time is None}
+        if not pending:
+            return outputs
+        now = time.monotonic()
+        for index, out in enumerate(outputs):
+            request = pending.get(out.request_id)
+            if request is None or not out.new_token_ids:
+                continue
+            request.first_token_time = now
+            timing = RequestTiming(queue=request.scheduled_time - request.queued_time,
+                                   prefill=now - request.scheduled_time)
+            outputs[index] = attrs.evolve(out, timing=timing)
         return outputs
 
     def _refused(self, request_ids) -> list[EngineOutput]:
@@ -192,7 +236,16 @@ class EngineCore:
 
     def stats(self) -> dict:
         spec = self.speculator.stats() if self.speculator is not None else {}
-        return {**self.scheduler.stats, **spec}
+        return {**self.scheduler.stats, **spec, **self._step_tokens.stats()}
+
+    def cache_info(self) -> dict[str, str]:
+        """The KV cache's configuration as strings (vLLM's ``cache_config_info`` labels)."""
+        cache = self.config.cache
+        return {"block_size": str(cache.block_size), "num_gpu_blocks": str(self.num_blocks),
+                "enable_prefix_caching": str(cache.enable_prefix_caching),
+                "cache_dtype": self.config.model.dtype, "gpu_memory_utilization": str(cache.memory_utilization),
+                "kv_cache_memory_bytes": str(cache.kv_cache_memory),
+                "kv_cache_manager": self.config.scheduler.kv_cache_manager}
 
     def shutdown(self) -> None:
         if self._structured is not None:

@@ -50,6 +50,10 @@ class Request:
         self.grammar: Any = None  # engine.interfaces.Grammar once compiled
         seed = sampling_params.seed
         self.generator = None if seed is None else torch.Generator().manual_seed(seed)
+        # time.monotonic() stamps the engine core sets: queued (added), first scheduled, first token
+        self.queued_time: float | None = None
+        self.scheduled_time: float | None = None
+        self.first_token_time: float | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

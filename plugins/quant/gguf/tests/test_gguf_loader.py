@@ -68,3 +68,19 @@ def test_default_model_greedy_matches_transformers():
                for q in ("What is the capital of France?", "Write a haiku about the sea.")]
     outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 24)
+
+
+def test_generation_config_from_sampling_metadata(tmp_path, tiny_gguf):
+    """llama.cpp's ``general.sampling.*`` keys are the file's generation config; a file
+    without them has none."""
+    assert GGUFLoader(tiny_gguf[0]).generation_config() is None
+    path = str(tmp_path / "sampling.gguf")
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_float32("general.sampling.temp", 0.25)
+    writer.add_int32("general.sampling.top_k", 7)
+    writer.add_float32("general.sampling.penalty_repeat", 1.5)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert GGUFLoader(path).generation_config() == {"temperature": 0.25, "top_k": 7, "repetition_penalty": 1.5}
