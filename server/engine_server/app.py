@@ -16,7 +16,7 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, get_route_path
 
 from engine_server import generation
 from engine_server.errors import APIError, bad_request, internal_error
@@ -39,9 +39,13 @@ class ServerState:
     vocab_size: int
     metrics: object  # Metrics
     tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
+    reasoning_parser: type | None = None  # ReasoningParser class (--reasoning-parser)
     api_key: str | None = None
     max_body_bytes: int = 4 * 2**20
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
+    default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
+    log_requests: bool = False  # --enable-log-requests
+    max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare"))
 
@@ -49,7 +53,6 @@ class ServerState:
         """``fn(*args)`` on a worker thread, so a 4 MB prompt or a long template does not
         stall every other client's stream."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
-    default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
 
 
 class Guard:
@@ -69,7 +72,7 @@ class Guard:
     def refusal(self, scope) -> APIError | None:
         headers = dict(scope["headers"])
         key = self.state.api_key
-        if key and scope["path"] not in OPEN_PATHS:
+        if key and get_route_path(scope) not in OPEN_PATHS:  # the path past --root-path
             given = headers.get(b"authorization", b"")
             if not hmac.compare_digest(given, f"Bearer {key}".encode()):
                 return APIError(401, "invalid or missing API key", code="invalid_api_key")
@@ -184,7 +187,9 @@ async def _unexpected(request, exc: Exception):
     return internal_error(request_id).response()
 
 
-def build_app(state: ServerState, lifespan=None) -> Starlette:
+def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlette:
+    """``outer_middleware``: (class, options) pairs wrapped around the API-key guard (CORS,
+    so that a browser's preflight, which carries no key, is answered)."""
     routes = [
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
@@ -197,4 +202,6 @@ def build_app(state: ServerState, lifespan=None) -> Starlette:
                                         Exception: _unexpected})
     app.state.server = state
     app.add_middleware(Guard, state=state)
+    for cls, options in outer_middleware:
+        app.add_middleware(cls, **options)
     return app

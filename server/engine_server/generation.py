@@ -11,6 +11,7 @@ import logging
 import time
 import uuid
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -167,6 +168,8 @@ class Generation:
                 self.handle.close()
 
     def _submit(self) -> None:
+        if self.state.log_requests:
+            self._log()
         try:
             self.handle = self.state.client.submit(self.children, self.body.priority, self.body.cache_salt)
         except EngineDead:
@@ -178,6 +181,13 @@ class Generation:
                   for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n)]
         self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         self._deltas = self.handle.deltas()
+
+    def _log(self) -> None:
+        """``--enable-log-requests``: each engine request's prompt (cut to ``--max-log-len``) and parameters."""
+        limit = self.state.max_log_len
+        for (rid, ids, params), (text, _) in zip(self.children, [p for p in self.prompts for _ in range(self.body.n)]):
+            prompt = (text if text is not None else ids)[:limit]
+            logger.info("request %s: prompt %r, %d prompt tokens, %s", rid, prompt, len(ids), params)
 
     def _engine_dead(self, exc: EngineDead) -> APIError:
         """500 engine_dead for a core death, 503 shutdown for a drain cut short: the request
@@ -309,7 +319,7 @@ class Generation:
     async def _frames(self):
         try:
             # echo with logprobs waits for the prompt's log-probs, all in before the first token
-            unechoed = {c.request_id for c in self.choices} if self.body.echo and not self.chat else set()
+            unechoed = {c.request_id for c in self.choices} if not self.chat and self.body.echo else set()
             for choice in self.choices:
                 if self.chat:
                     yield self._chunks(choice, "", [], first=True)[0]
@@ -371,8 +381,13 @@ def prepare_chat(state, data: bytes) -> Generation:
         max_tokens = default_max_tokens(state, len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
+    reasoning_cls = state.reasoning_parser
+    if any(cls is not None and cls.needs_special_tokens for cls in (parser_cls, reasoning_cls)):
+        body = msgspec.structs.replace(body, skip_special_tokens=False)  # the markers are special tokens
+
     def make_output() -> ChatOutput:
-        return ChatOutput(mode, parser_cls(state.tokenizer) if parser_cls else None, body.parallel_tool_calls)
+        return ChatOutput(mode, parser_cls(state.tokenizer) if parser_cls else None, body.parallel_tool_calls,
+                          reasoning_cls(state.tokenizer) if reasoning_cls else None)
 
     return Generation(state, body, [(None, ids)], max_tokens, logprobs, chat=True, spec=forced or spec,
                       make_output=make_output)

@@ -14,11 +14,16 @@ import uvicorn
 
 from engine.cli import Command, add_engine_arguments, engine_options
 from engine.plugins import load_plugins
-from engine.tokenizer import load_tokenizer
 from engine_server.app import ServerState, build_app
 from engine_server.client import EngineClient
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
+from engine_server.serve_args import (
+    add_server_arguments,
+    configure_request_log,
+    load_serving_tokenizer,
+    middleware,
+)
 
 logger = logging.getLogger("engine_server")
 
@@ -56,24 +61,10 @@ class ServeCommand(Command):
     help = "serve a model over an OpenAI-compatible HTTP API"
 
     def add_arguments(self, parser):
-        parser.add_argument("model_tag", nargs="?", metavar="MODEL",
-                            help="model folder or .gguf file, as `vllm serve MODEL` (same as --model)")
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--api-key", default=os.environ.get("ENGINE_API_KEY"),
-                            help="require `Authorization: Bearer KEY` on all routes but /health (or $ENGINE_API_KEY)")
-        parser.add_argument("--served-model-name", default=None)
-        parser.add_argument("--max-request-body-bytes", type=int, default=4 * 2**20)
-        parser.add_argument("--max-request-sequences", type=int, default=256,
-                            help="engine requests one HTTP request may create (prompts x n); more is a 400")
-        parser.add_argument("--tool-call-parser", default="hermes",
-                            help="how the model writes tool calls, for tool_choice=auto (a tool-parser plugin)")
+        add_server_arguments(parser)
         parser.add_argument("--metrics-prefix", choices=PREFIXES, default="vllm",
                             help="prefix of the /metrics names: vllm (vLLM's names, for its dashboards) or "
-                                 "engine (the engine: names of earlier releases)")
-        parser.add_argument("--graceful-timeout", type=float, default=10.0,
-                            help="seconds in-flight requests get to finish after SIGTERM; those still "
-                                 "running then end with an error (code shutdown) and the exit status is 1")
+                                 "engine (the engine: names of earlier releases); default: vllm")
         add_engine_arguments(parser)
 
     def run(self, args) -> int:
@@ -84,10 +75,9 @@ class ServeCommand(Command):
             options["model"] = args.model_tag
         if args.plugins:
             options["plugins"] = args.plugins
-        model_path, tokenizer = load_tokenizer(options.get("model"), args.plugins, options.get("load_format"))
-        if tokenizer is None:
-            raise ValueError("model: serving needs a tokenizer and this checkpoint has none")
+        model_path, tokenizer = load_serving_tokenizer(args, options)
         options["model"] = model_path
+        configure_request_log(args)
         name = args.served_model_name or os.path.splitext(os.path.basename(model_path.rstrip("/")))[0]
         outcome = {"exit_code": 0}
         server: _Server | None = None
@@ -105,13 +95,16 @@ class ServeCommand(Command):
         def on_drain() -> None:
             asyncio.get_running_loop().call_later(args.graceful_timeout, cut_drain)
 
-        tool_parser = load_plugins(args.plugins).get("tool_parsers", args.tool_call_parser)
+        registry = load_plugins(args.plugins)
+        tool_parser = registry.get("tool_parsers", args.tool_call_parser)
+        reasoning_parser = registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
         client = EngineClient(options, on_death)
         metrics = Metrics(name, args.metrics_prefix)
         client.stats_listeners.append(PrefixCacheWindow(metrics.update_engine))
-        state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, api_key=args.api_key,
+        state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, reasoning_parser, args.api_key,
                             max_body_bytes=args.max_request_body_bytes,
-                            max_request_sequences=args.max_request_sequences)
+                            max_request_sequences=args.max_request_sequences, log_requests=args.enable_log_requests,
+                            max_log_len=args.max_log_len)
 
         @contextlib.asynccontextmanager
         async def lifespan(app):
@@ -128,8 +121,9 @@ class ServeCommand(Command):
             finally:
                 await client.shutdown()
 
-        config = uvicorn.Config(build_app(state, lifespan), host=args.host, port=args.port, log_level="warning",
-                                access_log=False,
+        config = uvicorn.Config(build_app(state, lifespan, middleware(args)), host=args.host, port=args.port,
+                                log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
+                                root_path=args.root_path,
                                 timeout_graceful_shutdown=args.graceful_timeout + CUT_FLUSH_SECONDS)
         server = _Server(config, on_drain)
         server.run()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import uuid
 
-from engine.interfaces import GrammarSpec, ToolCall, ToolParser
+from engine.interfaces import GrammarSpec, ReasoningParser, ToolCall, ToolParser
 from engine_server.errors import bad_request
 from engine_server.validation import check_json_schema
 
@@ -127,15 +127,30 @@ def _call_delta(index: int, call: ToolCall) -> dict:
 
 
 class ChatOutput:
-    """How one chat choice's text becomes OpenAI message content and stream deltas."""
+    """How one chat choice's text becomes OpenAI message content and stream deltas. With a
+    reasoning parser, its reasoning goes to ``reasoning_content`` and only the answer after
+    it is content (and parsed for tool calls)."""
 
-    def __init__(self, mode: str, parser: ToolParser | None, parallel: bool):
-        self.mode, self.parser, self.parallel = mode, parser, parallel
+    def __init__(self, mode: str, parser: ToolParser | None, parallel: bool,
+                 reasoning: ReasoningParser | None = None):
+        self.mode, self.parser, self.parallel, self.reasoning = mode, parser, parallel, reasoning
         self.calls: list[ToolCall] = []
         self._text = ""
         self._named_id = f"call_{uuid.uuid4().hex[:24]}"
 
     def on_text(self, text: str) -> list[dict]:
+        if self.reasoning is None:
+            return self._answer(text)
+        return self._split(*self.reasoning.feed(text))
+
+    def on_finish(self) -> list[dict]:
+        tail = self._split(*self.reasoning.finish()) if self.reasoning is not None else []
+        return tail + self._finish_answer()
+
+    def _split(self, thought: str, answer: str) -> list[dict]:
+        return ([{"reasoning_content": thought}] if thought else []) + (self._answer(answer) if answer else [])
+
+    def _answer(self, text: str) -> list[dict]:
         self._text += text
         if self.mode.startswith("named:"):
             first = not self.calls
@@ -150,7 +165,7 @@ class ChatOutput:
             return self._deltas(content, calls)
         return [{"content": text}]
 
-    def on_finish(self) -> list[dict]:
+    def _finish_answer(self) -> list[dict]:
         if self.mode == "required":
             return self._deltas("", self._required_calls())
         if self.mode == "auto" and self.parser is not None:
@@ -178,10 +193,12 @@ class ChatOutput:
         deltas = self.on_text(text) + self.on_finish()
         content = "".join(d.get("content", "") for d in deltas)
         message = {"role": "assistant", "content": content or (None if self.calls else "")}
+        if self.reasoning is not None:
+            message["reasoning_content"] = "".join(d.get("reasoning_content", "") for d in deltas) or None
         if self.mode.startswith("named:"):
             message["content"] = None
             message["tool_calls"] = [{"id": self._named_id, "type": "function",
-                                      "function": {"name": self.mode[6:], "arguments": text}}]
+                                      "function": {"name": self.mode[6:], "arguments": self._text}}]
         elif self.calls:
             message["tool_calls"] = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
         return message

@@ -1,0 +1,90 @@
+"""`engine serve`'s own flags (the engine's come from :mod:`engine.cli_args`), spelled as
+`vllm serve` spells them, and what they set up: the tokenizer and chat template, the tool
+and reasoning parsers, CORS, the root path and request logging."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+from engine.tokenizer import load_tokenizer
+
+UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def add_server_arguments(parser) -> None:
+    group = parser.add_argument_group("server options")
+    add = group.add_argument
+    add("model_tag", nargs="?", metavar="MODEL", help="model folder or .gguf file, as `vllm serve MODEL` "
+                                                      "(same as --model)")
+    add("--host", default="127.0.0.1", help="address to listen on; default: 127.0.0.1 (this machine only; "
+                                            "vLLM listens on all interfaces: give --host 0.0.0.0 for that)")
+    add("--port", type=int, default=8000, help="default: 8000")
+    add("--api-key", default=os.environ.get("ENGINE_API_KEY"),
+        help="require `Authorization: Bearer KEY` on all routes but /health; default: $ENGINE_API_KEY")
+    add("--served-model-name", default=None, help="the model's name in the API; default: the checkpoint's base name")
+    add("--tokenizer", default=None, help="a folder with another tokenizer (and chat template) for the model; "
+                                          "default: the checkpoint's")
+    add("--chat-template", default=None, help="a Jinja chat template, or a file holding one; default: the "
+                                              "tokenizer's")
+    add("--tool-call-parser", default="hermes", help="how the model writes tool calls, for tool_choice=auto "
+                                                     "(a tool-parser plugin: hermes, llama3_json, mistral, pythonic "
+                                                     "...); default: hermes")
+    add("--enable-auto-tool-choice", action="store_true",
+        help="accepted for vLLM command lines: tool_choice=auto is always on, with --tool-call-parser")
+    add("--reasoning-parser", default=None, help="split reasoning into reasoning_content (a reasoning-parser "
+                                                 "plugin: deepseek_r1, qwen3 ...); default: none")
+    add("--max-request-body-bytes", type=int, default=4 * 2**20, help="unit: bytes; default: 4 MiB")
+    add("--max-request-sequences", type=int, default=256,
+        help="engine requests one HTTP request may create (prompts x n); more is a 400; default: 256")
+    add("--graceful-timeout", type=float, default=10.0,
+        help="seconds in-flight requests get to finish after SIGTERM; those still running then end with an "
+             "error (code shutdown) and the exit status is 1; default: 10")
+    add("--root-path", default="", help="the path prefix a proxy serves this server under (ASGI root_path)")
+    add("--allowed-origins", type=json.loads, default=None, metavar="JSON",
+        help='CORS: origins allowed to call the server from a browser, e.g. \'["https://app.example"]\'; '
+             "default: none (no CORS headers)")
+    add("--allowed-methods", type=json.loads, default=["*"], metavar="JSON", help='CORS methods; default: ["*"]')
+    add("--allowed-headers", type=json.loads, default=["*"], metavar="JSON", help='CORS headers; default: ["*"]')
+    add("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    add("--uvicorn-log-level", default="warning", choices=UVICORN_LOG_LEVELS,
+        help="uvicorn's log level; info and below also log each HTTP request (the access log); default: warning")
+    add("--disable-uvicorn-access-log", action="store_true", help="no access log, whatever the log level")
+    add("--enable-log-requests", action="store_true", help="log each request's prompt and sampling parameters")
+    add("--disable-log-requests", action="store_true",
+        help="accepted for vLLM command lines: requests are logged only with --enable-log-requests")
+    add("--max-log-len", type=int, default=None, help="characters (or token ids) of a prompt logged with "
+                                                      "--enable-log-requests; default: all")
+
+
+def load_serving_tokenizer(args, options: dict):
+    """-> (model path, tokenizer) for the API process: the checkpoint's tokenizer, or
+    ``--tokenizer``'s, with ``--chat-template`` applied."""
+    model_path, tokenizer = load_tokenizer(options.get("model"), args.plugins, options.get("load_format"))
+    if args.tokenizer:
+        _, tokenizer = load_tokenizer(args.tokenizer, args.plugins)
+    if tokenizer is None:
+        raise ValueError("model: serving needs a tokenizer and this checkpoint has none (give --tokenizer)")
+    if args.chat_template:
+        template = args.chat_template
+        if os.path.exists(template):
+            with open(template) as f:
+                template = f.read()
+        tokenizer.chat_template = template
+    return model_path, tokenizer
+
+
+def middleware(args) -> list[tuple[type, dict]]:
+    """(middleware class, options) for ``--allowed-origins`` (CORS)."""
+    if not args.allowed_origins:
+        return []
+    from starlette.middleware.cors import CORSMiddleware
+
+    return [(CORSMiddleware, {"allow_origins": args.allowed_origins, "allow_methods": args.allowed_methods,
+                              "allow_headers": args.allowed_headers, "allow_credentials": args.allow_credentials})]
+
+
+def configure_request_log(args) -> None:
+    if args.enable_log_requests:
+        logging.getLogger("engine_server").setLevel(logging.INFO)
