@@ -12,6 +12,7 @@ import time
 import httpx
 import pytest
 
+from tests.conftest import TINY_LLAMA
 from tests.serving import ENGINE, free_port, serve
 
 # The keys `vllm bench serve --save-result` writes (with the default percentile 99).
@@ -67,11 +68,17 @@ def test_chat_endpoint_with_concurrency_cap_and_sharegpt_file(tiny_llama, tmp_pa
 
 @pytest.mark.slow
 @pytest.mark.skipif(not os.environ.get("VLLM_PYTHON"), reason="set VLLM_PYTHON to a vLLM environment's python")
-def test_same_keys_against_vllm_serve(tiny_llama, tmp_path):
-    """The same run against `vllm serve` on the same folder (vLLM in its own environment)."""
+def test_same_keys_against_vllm_serve(default_tokenizer, tmp_path):
+    """The same run against `vllm serve` (vLLM in its own environment) on a tiny random
+    Llama whose head size vLLM's CPU kernels take (64)."""
+    from engine.testing import reference
+
+    folder = str(tmp_path / "model")
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", {**TINY_LLAMA, "hidden_size": 128, "num_attention_heads": 2,
+                                                          "num_key_value_heads": 1}, tokenizer=default_tokenizer)
     port = free_port()
     vllm = os.path.join(os.path.dirname(os.environ["VLLM_PYTHON"]), "vllm")
-    process = subprocess.Popen([vllm, "serve", tiny_llama[0], "--port", str(port), "--max-model-len", "512",
+    process = subprocess.Popen([vllm, "serve", folder, "--port", str(port), "--max-model-len", "512",
                                 "--dtype", "float32", "--gpu-memory-utilization", "0.1"],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
