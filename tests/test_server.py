@@ -175,6 +175,7 @@ BAD_COMPLETIONS = [
     ({"prompt": {"not": "a prompt"}}, 400, "prompt"),
     ({"max_tokens": 3}, 400, None),
     ({"prompt": "x", "model": "gpt-17"}, 404, "model"),
+    ({"prompt": "x", "best_of": 3}, 400, "best_of"),  # not implemented: refused, never silently ignored
 ]
 BAD_CHATS = [
     ({"messages": []}, 400, "messages"),
@@ -184,6 +185,7 @@ BAD_CHATS = [
     ({"messages": MESSAGES, "top_logprobs": 2}, 400, "top_logprobs"),
     ({"messages": MESSAGES, "max_completion_tokens": 0}, 400, "max_completion_tokens"),
     ({"messages": "hello"}, 400, "messages"),
+    ({"messages": MESSAGES, "reasoning_effort": "high", "web_search_options": {}}, 400, "reasoning_effort"),
 ]
 
 

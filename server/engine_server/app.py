@@ -44,6 +44,7 @@ class ServerState:
     max_body_bytes: int = 4 * 2**20
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
     default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
+    allow_unknown_fields: bool = False  # --allow-unknown-fields: ignore them instead of a 400
     log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     executor: ThreadPoolExecutor = attrs.field(
@@ -100,7 +101,7 @@ async def models(request: Request):
 
 
 def _tokenize(state: ServerState, data: bytes) -> dict:
-    body = decode_body(data, TokenizeRequest)
+    body = decode_body(data, TokenizeRequest, state.allow_unknown_fields)
     generation.check_model(state, body.model)
     if (body.prompt is None) == (body.messages is None):
         raise bad_request("give exactly one of prompt or messages", "prompt")
@@ -112,7 +113,7 @@ def _tokenize(state: ServerState, data: bytes) -> dict:
 
 
 def _detokenize(state: ServerState, data: bytes) -> dict:
-    body = decode_body(data, DetokenizeRequest)
+    body = decode_body(data, DetokenizeRequest, state.allow_unknown_fields)
     generation.check_model(state, body.model)
     if any(t >= state.vocab_size for t in body.tokens):
         raise bad_request(f"token ids must be in [0, {state.vocab_size})", "tokens")
@@ -157,6 +158,9 @@ _PATHS = {
 
 async def openapi(request: Request):
     _, components = msgspec.json.schema_components(list(BODIES.values()), ref_template="#/components/schemas/{name}")
+    if not request.app.state.server.allow_unknown_fields:
+        for name in BODIES:
+            components[name]["additionalProperties"] = False
     paths = {}
     for path, (method, body, summary) in _PATHS.items():
         operation = {"summary": summary, "responses": {"200": {"description": "OK"},

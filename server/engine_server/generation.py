@@ -351,7 +351,7 @@ class Generation:
 
 def prepare_completion(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, tokenize."""
-    body: CompletionRequest = decode_body(data, CompletionRequest)
+    body: CompletionRequest = decode_body(data, CompletionRequest, state.allow_unknown_fields)
     check_model(state, body.model)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     spec = structured_spec(body, chat=False)
@@ -361,7 +361,7 @@ def prepare_completion(state, data: bytes) -> Generation:
 
 def prepare_chat(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, template."""
-    body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest)
+    body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest, state.allow_unknown_fields)
     check_model(state, body.model)
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")

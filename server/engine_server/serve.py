@@ -104,6 +104,7 @@ class ServeCommand(Command):
         state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, reasoning_parser, args.api_key,
                             max_body_bytes=args.max_request_body_bytes,
                             max_request_sequences=args.max_request_sequences, log_requests=args.enable_log_requests,
+                            allow_unknown_fields=args.allow_unknown_fields,
                             max_log_len=args.max_log_len)
 
         @contextlib.asynccontextmanager

@@ -41,6 +41,8 @@ def add_server_arguments(parser) -> None:
     add("--graceful-timeout", type=float, default=10.0,
         help="seconds in-flight requests get to finish after SIGTERM; those still running then end with an "
              "error (code shutdown) and the exit status is 1; default: 10")
+    add("--allow-unknown-fields", action="store_true",
+        help="ignore request fields this server does not implement (default: a 400 naming them)")
     add("--root-path", default="", help="the path prefix a proxy serves this server under (ASGI root_path)")
     add("--allowed-origins", type=json.loads, default=None, metavar="JSON",
         help='CORS: origins allowed to call the server from a browser, e.g. \'["https://app.example"]\'; '

@@ -33,9 +33,9 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def decode_body(data: bytes, body_type):
-    """The typed body; malformed JSON, too deep nesting and wrong or out-of-range values
-    are 400s naming the field."""
+def decode_body(data: bytes, body_type, allow_unknown: bool = False):
+    """The typed body; malformed JSON, too deep nesting, wrong or out-of-range values and
+    (unless ``allow_unknown``) fields this server does not implement are 400s naming the field."""
     try:
         raw = msgspec.json.decode(data)
     except RecursionError:
@@ -48,12 +48,26 @@ def decode_body(data: bytes, body_type):
         raise bad_request("the request body must be a JSON object")
     for field, value in raw.items():
         check_depth(value, field, MAX_JSON_DEPTH - 1)
+    if not allow_unknown:
+        check_known_fields(raw, body_type)
     try:
         return msgspec.convert(raw, type=body_type)
     except msgspec.ValidationError as exc:
         message = str(exc)
         param = message.rsplit("at `$.", 1)[-1].rstrip("`").split("[")[0].split(".")[0] if "at `$." in message else None
         raise bad_request(f"invalid request: {message}", param) from None
+
+
+def check_known_fields(raw: dict, body_type) -> None:
+    """A field the server does not implement is refused rather than silently ignored (a
+    client setting ``logit_bias`` must not get a 200 that ignored it); ``null`` counts as
+    not set."""
+    unknown = sorted(name for name, value in raw.items()
+                     if value is not None and name not in body_type.__struct_fields__)
+    if unknown:
+        raise bad_request(f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: this server "
+                          "does not implement it (start it with --allow-unknown-fields to ignore such fields)",
+                          unknown[0], code="unsupported_field")
 
 
 def check_depth(value, param: str, limit: int = MAX_JSON_DEPTH) -> None:

@@ -93,3 +93,12 @@ def test_500_body_is_a_request_id_and_the_log_has_the_details(caplog):
     request_id = error["message"].split("request id ")[1].rstrip(")")
     assert request_id in caplog.text and "RuntimeError" in caplog.text and "/srv/secret" in caplog.text
     assert refused.status_code == 401 and plain.status_code == 415
+
+
+def test_unknown_fields_are_refused_unless_allowed():
+    body = b'{"prompt": "x", "logit_bias_typo": {"1": 2}, "suffix": null}'
+    with pytest.raises(APIError, match="unsupported field logit_bias_typo") as error:
+        decode_body(body, CompletionRequest)
+    assert error.value.param == "logit_bias_typo" and error.value.status == 400
+    assert decode_body(body, CompletionRequest, allow_unknown=True).prompt == "x"
+    assert decode_body(b'{"prompt": "x", "suffix": null}', CompletionRequest).prompt == "x"  # null: not set
