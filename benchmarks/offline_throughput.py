@@ -19,8 +19,7 @@ import torch
 
 
 def make_prompts(tokenizer, num: int) -> list[list[int]]:
-    words = ("the engine schedules requests in blocks while the model reads its cache and "
-             "samples tokens for every sequence in the batch").split()
+    words = ["the", "engine", "schedules", "requests", "in", "blocks", "while", "the", "model", "reads", "its", "cache", "and", "samples", "tokens", "for", "every", "sequence", "in", "the", "batch"]
     prompts = []
     for i in range(num):
         length = 16 + (i * 37) % 240  # 16..255 tokens

@@ -24,7 +24,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from offline_throughput import make_prompts  # noqa: E402
+from offline_throughput import make_prompts
 
 CONFIGS = {"bf16": dict(quantization="unquantized"), "int8-w8a16": dict(quantization="int8-w8a16"),
            "int8-w8a8": dict(quantization="int8-w8a8"), "gguf": dict()}

@@ -17,10 +17,10 @@ import types
 
 import pytest
 import torch
+
 from engine import hookimpl, plugins
 from engine.interfaces import AttentionBackend, AttentionSpec
 from engine.plugins import RegistrationError, load_plugins
-
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")

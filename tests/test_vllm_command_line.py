@@ -37,8 +37,8 @@ def test_a_vllm_serve_line_works_unchanged(tiny_llama, tmp_path):
             "ignore_eos": True}).json()["choices"][0]["message"]
         # --reasoning-parser deepseek_r1: without </think> the whole output is reasoning
         assert reply["reasoning_content"] and not reply["content"]
-        info = [line for line in httpx.get(f"{server.url}/metrics", headers=headers).text.splitlines()
-                if line.startswith("vllm:cache_config_info{")][0]
+        info = next(line for line in httpx.get(f"{server.url}/metrics", headers=headers).text.splitlines()
+                    if line.startswith("vllm:cache_config_info{"))
         assert 'num_gpu_blocks="' in info and 'num_gpu_blocks="0"' not in info  # --gpu-memory-utilization
     log = server.process.stdout.read()
     assert "--trust-remote-code has no effect" in log

@@ -18,7 +18,8 @@ _LAZY = {
     "load_tokenizer": "engine.tokenizer",
 }
 
-__all__ = ["hookimpl", *_LAZY]
+__all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EngineConfig", "GrammarSpec", "Logprob",
+           "RequestOutput", "SamplingParams", "hookimpl", "load_tokenizer"]  # the names _LAZY serves, plus hookimpl
 
 
 def __getattr__(name):

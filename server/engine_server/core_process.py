@@ -146,7 +146,7 @@ def main(argv=None) -> int:
     context = zmq.Context.instance()
     try:
         core = EngineCore(EngineConfig.from_kwargs(**json.loads(args.options)))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the API
         push = context.socket(zmq.PUSH)
         push.connect(args.output)
         push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     except APIGone as exc:
         print(f"engine-core: {exc}; exiting", file=sys.stderr)
         return 1
-    except Exception:
+    except Exception:  # noqa: BLE001 - a death of any kind is reported to the API before exiting
         message = traceback.format_exc()
         server.send_fatal(message)
         print(message, file=sys.stderr)

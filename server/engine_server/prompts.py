@@ -98,6 +98,6 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[di
     try:
         ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
                                             tokenize=True, tools=template_tools)
-    except Exception as exc:  # template errors (roles out of order ...) are the caller's
+    except Exception as exc:  # noqa: BLE001 - template errors (roles out of order ...) are the caller's
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

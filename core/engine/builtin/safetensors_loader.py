@@ -58,6 +58,6 @@ class SafetensorsLoader(ModelLoader):
         total = sum(len(list(h.keys())) for h in handles)
         with tqdm(total=total, desc="Loading safetensors", unit="tensor", leave=False) as bar:
             for handle in handles:
-                for name in handle.keys():
+                for name in handle.keys():  # noqa: SIM118 - safe_open handles are not iterable
                     yield name, handle.get_tensor(name)
                     bar.update()

@@ -5,8 +5,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
-import torch
-
 
 class ModelLoader(ABC):
     name: ClassVar[str]

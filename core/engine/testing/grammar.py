@@ -13,8 +13,7 @@ import re
 import pytest
 import torch
 
-from engine.interfaces import GrammarContext
-from engine.interfaces import GrammarSpec
+from engine.interfaces import GrammarContext, GrammarSpec
 from engine.plugins import load_plugins
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n", "tags"],

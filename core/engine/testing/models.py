@@ -49,7 +49,7 @@ class ModelContract:
                 for pos, entry in enumerate(out.prompt_logprobs[1:], start=1):
                     got = torch.tensor([entry[t].logprob for t in range(len(entry))])
                     torch.testing.assert_close(got, expected[pos - 1], atol=self.logprob_atol, rtol=0,
-                                               msg=lambda m: f"{key} position {pos}: {m}")
+                                               msg=lambda m, key=key, pos=pos: f"{key} position {pos}: {m}")
             greedy = llm.generate(prompts, SamplingParams(max_tokens=self.new_tokens, temperature=0,
                                                           ignore_eos=True))
             expected_tokens = reference.hf_greedy(hf_model, prompts, self.new_tokens)

@@ -170,7 +170,7 @@ class QuantMethodContract:
     # -- layer checks ---------------------------------------------------------------------------
 
     def test_dequantize_matches_plain_math(self, linear):
-        layer, original, represented = linear
+        layer, _, represented = linear
         got = layer.method.dequantize(layer).float()
         assert got.shape == represented.shape
         err = (got - represented).abs().max() / represented.abs().max()
@@ -195,7 +195,7 @@ class QuantMethodContract:
         from engine.layers import VocabEmbedding
 
         method = self.make_method(registry, platform)
-        table, _, represented = self._loaded(
+        table, _, _ = self._loaded(
             lambda method, dtype: VocabEmbedding(192, self.input_size, method, dtype),
             registry, platform, [192], seed=3)
         assert (type(table.method) is type(method)) == type(method).quantizes_embeddings

@@ -61,7 +61,7 @@ class DrafterContract:
         from engine import SamplingParams
 
         params = SamplingParams(max_tokens=self.new_tokens, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
-        got, stats = self._generate(model_dir, params, speculative_config=self.config(model_dir))
+        got, _ = self._generate(model_dir, params, speculative_config=self.config(model_dir))
         assert all(len(tokens) == self.new_tokens for tokens in got)
         again, _ = self._generate(model_dir, params, speculative_config=self.config(model_dir))
         assert got == again, "seeded requests must be reproducible with speculation too"

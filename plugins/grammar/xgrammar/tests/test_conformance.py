@@ -2,8 +2,7 @@
 
 import time
 
-from engine.interfaces import GrammarContext
-from engine.interfaces import GrammarSpec
+from engine.interfaces import GrammarContext, GrammarSpec
 from engine.testing.grammar import GrammarBackendContract
 from engine_grammar_xgrammar.backend import XGrammarBackend
 

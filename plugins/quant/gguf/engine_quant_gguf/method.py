@@ -23,7 +23,6 @@ from torch import nn
 from engine.interfaces import QuantMethod
 from engine.layers import Layer, VocabEmbedding
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
-
 from engine_quant_gguf.formats import GGUFBlocks
 
 

@@ -13,7 +13,6 @@ from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers.group_affine import Int4Planes, int4pack_unavailable
-
 from engine_quant_mxfp4.format import BLOCK, dequantize, to_affine
 
 PATHS = {"int4pack": "int4pack planes (doubled e2m1 values, exact power-of-two scales)",

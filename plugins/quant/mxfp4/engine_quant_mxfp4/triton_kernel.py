@@ -19,7 +19,7 @@ def _mxfp4_matmul_kernel(x_ptr, blocks_ptr, scales_ptr, out_ptr, M, N, K, stride
     cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     lanes = tl.arange(0, 32)  # the 32 inputs of one MX block
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for block in range(0, K // 32):
+    for block in range(K // 32):
         x = tl.load(x_ptr + rows[:, None] * stride_xm + block * 32 + lanes[None, :],
                     mask=rows[:, None] < M, other=0.0).to(tl.float32)  # [BLOCK_M, 32]
         packed = tl.load(blocks_ptr + cols[None, :] * (K // 2) + block * 16 + (lanes // 2)[:, None],

@@ -22,6 +22,7 @@ from torch import nn
 from engine.interfaces import KVLayout
 from engine.layers import Attention, LayerOps, Linear, RMSNorm, RotaryEmbedding, load_checkpoint
 
+
 def checkpoint_tensors(folder: str) -> dict[str, torch.Tensor]:
     files = glob.glob(os.path.join(folder, "*.safetensors"))
     if not files:

@@ -2,6 +2,7 @@
 greedy exactness under the drafter contract (exactness does not depend on acceptance)."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -117,6 +118,6 @@ def test_missing_weights_are_reported(tmp_path, eagle_dir):
     reference.tiny_checkpoint(str(target), "LlamaForCausalLM", TINY)
     empty = tmp_path / "empty"
     empty.mkdir()
-    (empty / "config.json").write_text(open(f"{eagle_dir}/config.json").read())
+    (empty / "config.json").write_text((Path(eagle_dir) / "config.json").read_text())
     with pytest.raises(ValueError, match="no \\*.safetensors EAGLE weights"):
         LLM(str(target), **OPTIONS, speculative_config={"method": "eagle", "model": str(empty)})
