@@ -29,7 +29,9 @@ import time
 
 import httpx
 
-from engine_server.bench import make_requests, one_request
+from engine_server.bench import one_request
+from engine_server.bench.datasets import Tokens, random_requests
+from engine_server.bench.metrics import RequestOutput
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 MIB = 2**20
@@ -121,31 +123,29 @@ def engine_metrics(text: str) -> dict[str, float]:
 
 
 class Tally:
-    """What the workers did; ``update`` is the progress hook `one_request` calls per request."""
+    """What the workers did."""
 
     def __init__(self):
         self.requests = self.tokens = 0
         self.errors: list[str] = []
 
-    def update(self) -> None:
+    def record(self, output: RequestOutput, expected_tokens: int) -> None:
         self.requests += 1
-
-    def record(self, record: dict, expected_tokens: int) -> None:
-        self.tokens += record["output_tokens"]
-        if not record["ok"]:
-            self.errors.append(record.get("error") or "no output")
-        elif record["output_tokens"] != expected_tokens:
-            self.errors.append(f"{record['output_tokens']} tokens instead of {expected_tokens}")
+        self.tokens += output.output_tokens
+        if not output.success:
+            self.errors.append(output.error or "no output")
+        elif output.output_tokens != expected_tokens:
+            self.errors.append(f"{output.output_tokens} tokens instead of {expected_tokens}")
 
 
 async def worker(client: httpx.AsyncClient, model: str, pool: list, offset: int, step: int, tally: Tally,
                  deadline: float) -> None:
     i = offset
     while time.monotonic() < deadline:
-        prompt, max_tokens = pool[i % len(pool)]
-        payload = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "stream": True,
-                   "ignore_eos": True, "stream_options": {"include_usage": True}}
-        tally.record(await one_request(client, "/v1/completions", payload, tally), max_tokens)
+        request = pool[i % len(pool)]
+        body = {"model": model, "prompt": request.prompt, "max_tokens": request.output_len, "stream": True,
+                "ignore_eos": True, "stream_options": {"include_usage": True}}
+        tally.record(await one_request(client, "/v1/completions", body, request.prompt_len), request.output_len)
         i += step
 
 
@@ -196,11 +196,12 @@ async def wait_idle(client: httpx.AsyncClient, timeout: float = 30) -> dict[str,
 
 async def soak(args, server: Server) -> list[str]:
     """Runs the load; returns the failures (empty: passed)."""
-    pool = make_requests(argparse.Namespace(seed=args.seed, dataset="random", num_prompts=4 * args.concurrency,
-                                            input_len=args.input_len, output_len=args.max_tokens, range_ratio=0.5))
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
+        lengths = argparse.Namespace(seed=args.seed, num_prompts=4 * args.concurrency, random_input_len=args.input_len,
+                                     random_output_len=args.max_tokens, random_range_ratio=0.5, random_prefix_len=0)
+        pool = await random_requests(Tokens(client, model), lengths, as_text=False)
         tally = Tally()
         sampler = Sampler(server, client, tally)
         await sampler.sample()
