@@ -17,7 +17,7 @@ def test_share_shrinks_after_a_slow_step_and_grows_after_a_fast_one():
     assert share.take(5000) == FIRST_SHARE and share.take(10) == 0  # the share, then nothing
     time.sleep(0.2)  # four times the target
     share.end()
-    assert share.tokens == MIN_SHARE  # 64 x 1/4, never under the floor
+    assert share.tokens == MIN_SHARE  # 32 x 1/4, never under the floor
     share.target_s = 10.0
     for expected in (32, 64, 128):  # a fast step that used its whole share: at most x2
         share.begin(decoding=True)
@@ -61,7 +61,7 @@ def test_a_long_prompt_beside_a_stream_gets_the_share_and_alone_the_budget():
     assert _step(scheduler) == {"stream": 3}
     scheduler.add_request(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
     chunks = [_step(scheduler) for _ in range(4)]
-    assert chunks == [{"stream": 1, "long": n} for n in (64, 128, 256, 511)]  # the budget's rest: 511
+    assert chunks == [{"stream": 1, "long": n} for n in (32, 64, 128, 256)]
     alone = _scheduler()
     alone.add_request(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
     assert _step(alone) == {"long": 512}

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 MIN_SHARE = 16  # tokens: a prefill keeps moving even when decode rows alone exceed the target
-FIRST_SHARE = 64  # before any step has been measured
+FIRST_SHARE = 32  # before any step has been measured
 
 
 class PrefillShare:

@@ -8,10 +8,11 @@ Per step, requests are grouped: all single-token (decode) rows form one batched 
 attended with two batched matmuls (grouped query heads folded into the query axis, so K/V
 are never repeated per query head) and a float32 softmax — or, for a lone stream, one
 ``scaled_dot_product_attention`` over exactly its context; each multi-token (prefill
-chunk) request is its own group, attended by the fused (flash) kernel without a mask:
-causal over the chunk itself, and, for a later chunk, unmasked over the cached prefix,
-the two merged by their log-sum-exp. Decode masks are built once per step and shared by
-all layers.
+chunk) request is its own group, attended by the fused (flash) kernel: causal without a
+mask when the chunk is the whole sequence; a later chunk with one [q, S] mask shared by all
+heads, or, when long (``split_rows``), as an unmasked call over the cached prefix plus a
+causal one over the chunk, merged by their log-sum-exp. Masks are built once per step and
+shared by all layers.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PrefillGroup:
     blocks: torch.Tensor  # [blocks] of this request
     seq_len: int
     prefix_len: int  # context cached before this chunk (0: the chunk is the whole sequence)
+    mask: torch.Tensor | None  # [q, seq_len] for a later chunk attended in one call; None: split
 
 
 @attrs.frozen
@@ -49,6 +51,11 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     block_dim = 2
+    # a later chunk of this many queries or more is split on the CPU (prefix, then the chunk
+    # causally, merged by log-sum-exp): 1.49 against 1.87 s a layer in one masked call for
+    # 2048 queries at 8k context; under it, one masked call (0.41 against 0.47 s for 512),
+    # and fewer small ops, which is what a small chunk beside decode rows pays for
+    split_rows = 1024
 
     @classmethod
     def supports(cls, spec: AttentionSpec, platform) -> list[str]:
@@ -93,7 +100,10 @@ class TorchAttentionBackend(AttentionBackend):
     def _prefill_group(self, request: int, rows: slice, layout: BatchLayout) -> PrefillGroup:
         seq_len, q = layout.seq_lens_host[request], layout.query_lens[request]
         blocks = layout.block_table[request, :-(-seq_len // self.spec.block_size)]
-        return PrefillGroup(rows, blocks, seq_len, seq_len - q)
+        prefix, device = seq_len - q, layout.block_table.device
+        split = q >= self.split_rows and device.type == "cpu"
+        mask = chunk_mask(prefix, q, device) if prefix and not split else None
+        return PrefillGroup(rows, blocks, seq_len, prefix, mask)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata) -> torch.Tensor:
         s = self.spec
@@ -152,18 +162,18 @@ class TorchAttentionBackend(AttentionBackend):
         if not group.prefix_len:
             out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=s.scale,
                                                  enable_gqa=True)
-        elif query.device.type == "cpu":
-            out = _later_chunk_split(queries, keys, values, group.prefix_len, s.scale)
-        else:
-            out = _later_chunk_masked(queries, keys, values, group.prefix_len, s.scale)
+        elif group.mask is None:
+            out = later_chunk_split(queries, keys, values, group.prefix_len, s.scale)
+        else:  # one [q, S] mask for every head: the fused kernels take it broadcast
+            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=s.scale,
+                                                 enable_gqa=True)
         return out[0].transpose(0, 1).reshape(query.shape)
 
 
-def _later_chunk_split(queries, keys, values, prefix_len: int, scale: float) -> torch.Tensor:
-    """Queries at the end of a longer context, as two unmasked flash calls: over the cached
-    prefix (every query sees all of it) and causal within the chunk; merged by each call's
-    log-sum-exp. Skips the chunk's upper triangle, which a masked call computes (a 2048-token
-    chunk at 8k context: 1.49 against 2.01 s a layer for the per-head-repeated mask)."""
+def later_chunk_split(queries, keys, values, prefix_len: int, scale: float) -> torch.Tensor:
+    """Queries at the end of a longer context, as two unmasked CPU flash calls: over the
+    cached prefix (every query sees all of it) and causal within the chunk; merged by each
+    call's log-sum-exp. Skips the chunk's upper triangle, which a masked call computes."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     old_out, old_lse = flash(queries, keys[:, :, :prefix_len], values[:, :, :prefix_len], scale=scale)[:2]
     new_out, new_lse = flash(queries, keys[:, :, prefix_len:], values[:, :, prefix_len:], is_causal=True,
@@ -173,13 +183,10 @@ def _later_chunk_split(queries, keys, values, prefix_len: int, scale: float) -> 
     return (old_out * old_weight + new_out * new_weight).to(queries.dtype)
 
 
-def _later_chunk_masked(queries, keys, values, prefix_len: int, scale: float) -> torch.Tensor:
-    """The same attention for devices without the CPU flash op's log-sum-exp: one call with
-    a [q, S] mask shared by every head (the fused kernels accept a broadcast mask)."""
-    q, length = queries.shape[2], keys.shape[2]
-    positions = torch.arange(prefix_len, prefix_len + q, device=queries.device)
-    allowed = torch.arange(length, device=queries.device)[None, :] <= positions[:, None]
-    return F.scaled_dot_product_attention(queries, keys, values, attn_mask=allowed, scale=scale, enable_gqa=True)
+def chunk_mask(prefix_len: int, query_len: int, device) -> torch.Tensor:
+    """[q, prefix + q] bool: query i (at position prefix + i) sees keys up to its own."""
+    positions = torch.arange(prefix_len, prefix_len + query_len, device=device)
+    return torch.arange(prefix_len + query_len, device=device)[None, :] <= positions[:, None]
 
 
 def _gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:
