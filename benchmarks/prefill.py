@@ -22,7 +22,8 @@ import os
 import statistics
 import time
 
-WORDS = ["the", "keeper", "climbed", "the", "stairs", "of", "the", "lighthouse", "every", "evening", "and", "wrote", "down", "what", "the", "sea", "had", "brought", "to", "the", "shore", "that", "day"]
+WORDS = ["the", "keeper", "climbed", "the", "stairs", "of", "the", "lighthouse", "every", "evening", "and",
+         "wrote", "down", "what", "the", "sea", "had", "brought", "to", "the", "shore", "that", "day"]
 
 
 def long_prompt(tokenizer, length: int) -> list[int]:

@@ -15,9 +15,12 @@ from tests.serving import serve
 
 pytestmark = pytest.mark.slow
 
-PROMPT_TOKENS = 3000  # a dozen steps of prefill at the full budget; seconds each on two busy cores
+PROMPT_TOKENS = 1000  # under the 2048 budget: without a prefill share, one step of it stalls every stream
 STREAMS = 3
-P99_BOUND_S = 1.0
+# The streams' own decode step in `engine serve` takes 0.5-0.8 s on the two cores this machine's
+# engineers share (p99 1.98 s measured with a 1500-token prompt); the same prompt in one unshared
+# step stalls them for 5-15 s. benchmarks/prefill.py records the figure at 8k tokens.
+P99_BOUND_S = 3.0
 
 
 def _stream(client, model, stamps: list[float], stop: threading.Event) -> None:
