@@ -106,6 +106,9 @@ OPTIONS: dict[str, Option] = {
                                   "beyond them is refused (HTTP 503 with Retry-After); 0: no cap"),
     "max_queue_wait": Option(("--max-queue-wait",), "longest a request may wait to start before it is "
                              "refused (HTTP 503); 0: no limit", unit="seconds"),
+    "shared_step_target_s": Option(("--shared-step-target-s",), "how long a step that prefills beside decoding "
+                                   "requests should take; the prefill share adapts to it (0: a prompt may take "
+                                   "the whole budget)", unit="seconds"),
     "policy": Option(("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")),
     "scheduler": Option(("--scheduler",), "scheduler plugin"),
     "kv_cache_manager": Option(("--kv-cache-manager",), "KV cache manager plugin"),

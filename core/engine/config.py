@@ -50,6 +50,9 @@ class SchedulerConfig:
     max_num_seqs: int = attrs.field(default=256, validator=_positive)
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may use the whole budget
+    # while some request decodes, prefill chunks together are sized (measured online) so that
+    # a step takes about this long: the other streams' inter-token gap; 0: the whole budget
+    shared_step_target_s: float = attrs.field(default=0.25, validator=attrs.validators.ge(0))
     policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
     # admission control: beyond these a new request is refused as overloaded (0: no limit)
     max_queued_requests: int = attrs.field(default=0, validator=_non_negative)  # waiting requests

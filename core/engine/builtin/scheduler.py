@@ -2,8 +2,11 @@
 decode, chunked prefill, preemption by recompute, FCFS or priority order.
 
 Each step serves running requests first (decodes and unfinished prefill chunks), then
-admits waiting ones while budget, sequence slots and blocks last. When a running
-request cannot get blocks, the lowest-priority, latest-arrived running request not yet
+admits waiting ones while budget, sequence slots and blocks last. While a running request
+is decoding, prefill chunks together get only the step's prefill share
+(:mod:`engine.builtin.chunking`), sized so that such a step takes about
+``shared_step_target_s``: a long prompt never stalls the streams for a whole chunk. When a
+running request cannot get blocks, the lowest-priority, latest-arrived running request not yet
 scheduled this step is preempted (its blocks freed; it resumes from whatever prefix is
 still cached). No new request is admitted in a step that preempted.
 
@@ -19,6 +22,7 @@ import bisect
 import collections
 import time
 
+from engine.builtin.chunking import PrefillShare
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduling import EngineOutput, Overloaded, ScheduledRequest, StepPlan, StepResult
 from engine.interfaces import Scheduler
@@ -38,6 +42,7 @@ class DefaultScheduler(Scheduler):
         self._preemptions = 0
         self._deadlines: collections.deque[tuple[float, Request]] = collections.deque()  # arrival order
         self._rejected = {"rejected_queue_full": 0, "rejected_queue_wait": 0}
+        self._share = PrefillShare(self.cfg.shared_step_target_s, self.cfg.max_num_batched_tokens)
 
     def _order(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.cfg.policy == "priority" else 0
@@ -76,6 +81,7 @@ class DefaultScheduler(Scheduler):
         budget = self.cfg.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
+        self._share.begin(any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running))
         for request in list(self.running):
             if budget <= 0:
                 break
@@ -90,14 +96,19 @@ class DefaultScheduler(Scheduler):
         return StepPlan(tuple(scheduled), tuple(preempted), refused)
 
     def _chunk(self, remaining: int, budget: int) -> int:
-        """Tokens to compute this step out of ``remaining`` (chunked prefill)."""
+        """Tokens to compute this step out of ``remaining`` (chunked prefill); a prefill
+        chunk also within what is left of the step's prefill share (0: none this step)."""
         num_new = min(remaining, budget)
         if self.cfg.long_prefill_token_threshold:
             num_new = min(num_new, self.cfg.long_prefill_token_threshold)
+        if remaining > 1 and self.cfg.enable_chunked_prefill:
+            num_new = self._share.take(num_new)
         return num_new
 
     def _schedule_running(self, request, budget, scheduled, preempted) -> ScheduledRequest | None:
         num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
+        if not num_new:  # the step's prefill share is spent
+            return None
         drafts: list[int] = []
         if request.num_computed_tokens + num_new == request.num_tokens:
             room = min(budget - num_new, self.max_model_len - request.num_tokens)
@@ -150,6 +161,8 @@ class DefaultScheduler(Scheduler):
         if not self.cfg.enable_chunked_prefill and remaining > budget:
             return None
         num_new = self._chunk(remaining, budget)
+        if not num_new:
+            return None
         if not self.kv.allocate_slots(request, num_new + num_external, computed_blocks, watermark=True):
             return None
         if num_external:
@@ -162,6 +175,7 @@ class DefaultScheduler(Scheduler):
         return ScheduledRequest(request, num_new)
 
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
+        self._share.end()
         outputs = []
         for item in plan.scheduled:
             request = item.request

@@ -1,6 +1,6 @@
 """Attention backend contract: the backend against plain math on random paged inputs —
-prefill, decode and mixed batches, GQA, several block sizes, lengths that are not block
-multiples, blocks scattered in the pool. The context a batch attends over is written by
+prefill, decode and mixed batches, a long later prefill chunk, GQA, several block sizes,
+lengths that are not block multiples, blocks scattered in the pool. The context a batch attends over is written by
 the backend itself in an earlier call, so any cache layout passes that reads back what it
 wrote through the slot mapping."""
 
@@ -21,6 +21,8 @@ BATCHES = {
     "decode-single": [(37, 1)],
     "mixed": [(30, 1), (0, 19), (9, 1), (12, 6), (47, 1)],
     "decode-ragged": [(2, 1), (90, 1), (3, 1), (5, 1), (120, 1), (1, 1), (7, 1), (100, 1), (4, 1), (6, 1)],
+    # a long later chunk beside decode rows: many query tiles over a long cached prefix
+    "long-later-chunk": [(5, 1), (301, 150), (12, 1)],
 }
 
 

@@ -1,0 +1,60 @@
+"""A long prompt arriving while other streams decode on a real `engine serve` (the default
+model, kept quantized): the streams keep getting tokens — their inter-token gap stays
+bounded while the prompt prefills — and the long request completes."""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+import threading
+import time
+
+import pytest
+
+from tests.serving import serve
+
+pytestmark = pytest.mark.slow
+
+PROMPT_TOKENS = 1000  # under the 2048 budget: without a prefill share, one step of it stalls every stream
+STREAMS = 3
+# The streams' own decode step in `engine serve` takes 0.5-0.8 s on the two cores this machine's
+# engineers share (p99 1.98 s measured with a 1500-token prompt); the same prompt in one unshared
+# step stalls them for 5-15 s. benchmarks/prefill.py records the figure at 8k tokens.
+P99_BOUND_S = 3.0
+
+
+def _stream(client, model, stamps: list[float], stop: threading.Event) -> None:
+    stream = client.completions.create(model=model, prompt="Count upwards: 1, 2, 3,", max_tokens=4000,
+                                       stream=True, temperature=0, extra_body={"ignore_eos": True})
+    with stream:
+        for _ in stream:
+            stamps.append(time.monotonic())
+            if stop.is_set():
+                break
+
+
+def test_streams_keep_flowing_while_a_long_prompt_prefills():
+    with serve(None, "--max-model-len", "4096", api_key=None) as server:
+        client = server.openai()
+        model = client.models.list().data[0].id
+        with server.http() as http:
+            prompt = http.post("/tokenize", json={"model": model, "prompt": "the sea and the keeper " * 800})
+            ids = prompt.json()["tokens"][:PROMPT_TOKENS]
+        stamps = [[] for _ in range(STREAMS)]
+        stop = threading.Event()
+        threads = [threading.Thread(target=_stream, args=(client, model, s, stop)) for s in stamps]
+        for t in threads:
+            t.start()
+        while min(len(s) for s in stamps) < 5:  # every stream is decoding
+            time.sleep(0.05)
+        started = time.monotonic()
+        long = client.completions.create(model=model, prompt=ids, max_tokens=1, temperature=0)
+        finished = time.monotonic()
+        stop.set()
+        for t in threads:
+            t.join(60)
+    assert long.usage.prompt_tokens == PROMPT_TOKENS and long.choices[0].finish_reason == "length"
+    gaps = [b - a for s in stamps for a, b in itertools.pairwise(s) if started <= b <= finished]
+    assert len(gaps) > 20, "the streams got hardly any tokens while the prompt prefilled"
+    p99 = statistics.quantiles(gaps, n=100, method="inclusive")[98]
+    assert p99 < P99_BOUND_S, f"p99 inter-token gap {p99:.2f} s over {len(gaps)} gaps, prefill {finished - started:.1f} s"
