@@ -16,8 +16,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "tessellm"
 PLUGIN_FOLDERS = ("plugins", "examples")  # <folder>/<kind>/<name>/: examples are plugins too
-DISTRIBUTIONS = sorted(p.parent for p in ROOT.glob("**/pyproject.toml")
-                       if p.parent != ROOT and ".venv" not in p.parts and "tests" not in p.parts)
+# the project's own distributions only: never a virtual environment's packages beside them
+DISTRIBUTIONS = sorted(p.parent for pattern in ("core", "server", "plugins/*/*", "examples/*/*")
+                       for p in ROOT.glob(f"{pattern}/pyproject.toml"))
 
 # Third-party libraries a distribution may name: each widely used and published by its own
 # maintainers (torch, Hugging Face, Prometheus, ZeroMQ ...).
