@@ -35,14 +35,16 @@ def test_engine_plugins_lists_it(sdpa_plugin):
     assert "    attention backend: sdpa  [runs here]" in lines
 
 
-@pytest.mark.slow  # a pytest session that imports every contract and runs 98 cases
+@pytest.mark.slow  # a pytest session that imports every contract and runs its ~100 cases
 def test_its_conformance_tests_pass(sdpa_plugin):
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--engine-conformance",
                              "-k", "sdpa"], cwd=sdpa_plugin, check=False, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout.strip().splitlines()[-1]
-    # its own TestSdpaAttention and the kit's generated class: 49 cases each
-    assert re.match(r"98 passed", summary), summary
+    # its own TestSdpaAttention and the kit's generated class: the same cases each (their
+    # number grows with the kit), nothing failed or skipped
+    passed = re.fullmatch(r"(\d+) passed(, \d+ deselected)? in .*", summary)
+    assert passed and int(passed.group(1)) >= 98 and int(passed.group(1)) % 2 == 0, summary
 
 
 def test_it_generates_what_the_reference_backend_generates(sdpa_plugin, tiny_llama):
