@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 import types
 
 import pytest
@@ -21,6 +20,7 @@ import torch
 from engine import hookimpl, plugins
 from engine.interfaces import AttentionBackend, AttentionSpec
 from engine.plugins import RegistrationError, load_plugins
+from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
@@ -61,41 +61,6 @@ def test_unknown_plugin_on_the_cli_is_one_clear_line():
     result = run_engine("--plugins", "nope", "plugins")
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "unknown plugin" in result.stderr
-
-
-PIP = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-
-
-def write_plugin(root, distribution: str, entry_point: str, package: str, source: str):
-    """A real plugin project (pyproject + one-module package) under ``root``; -> its folder."""
-    project = root / distribution
-    (project / package).mkdir(parents=True)
-    (project / package / "__init__.py").write_text(textwrap.dedent(source))
-    (project / "pyproject.toml").write_text(textwrap.dedent(f"""
-        [build-system]
-        requires = ["setuptools>=68"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "{distribution}"
-        version = "9.0.0"
-
-        [project.entry-points."engine.plugins"]
-        {entry_point} = "{package}"
-
-        [tool.setuptools]
-        packages = ["{package}"]
-        """))
-    return project
-
-
-def pip_install(*projects) -> None:
-    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", *map(str, projects)], check=True,
-                   capture_output=True, timeout=300)
-
-
-def pip_uninstall(*distributions: str) -> None:
-    subprocess.run([*PIP, "uninstall", "-y", *distributions], check=True, capture_output=True, timeout=120)
 
 
 @pytest.fixture

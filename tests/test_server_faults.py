@@ -10,13 +10,13 @@ import os
 import signal
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
 import httpx
 import pytest
 
+from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
 from tests.serving import Streams, error_codes, serve
 
 FAULT_PLUGIN = '''\
@@ -54,27 +54,10 @@ def fault_trigger(tmp_path_factory):
     their installed entry points) for this module; yields the file that arms it."""
     root = tmp_path_factory.mktemp("fault-plugin")
     trigger = root / "raise"
-    (root / "engine_logits_test_fault.py").write_text(FAULT_PLUGIN.format(trigger=str(trigger), pace=0.01))
-    (root / "pyproject.toml").write_text(textwrap.dedent("""
-        [build-system]
-        requires = ["setuptools>=68"]
-        build-backend = "setuptools.build_meta"
-
-        [project]
-        name = "tessellm-logits-test-fault"
-        version = "1.0.0"
-
-        [project.entry-points."engine.plugins"]
-        test-fault = "engine_logits_test_fault"
-
-        [tool.setuptools]
-        py-modules = ["engine_logits_test_fault"]
-        """))
-    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "install", "--no-deps", "--no-build-isolation", str(root)], check=True,
-                   capture_output=True, timeout=300)
+    source = FAULT_PLUGIN.format(trigger=str(trigger), pace=0.01)
+    pip_install(write_plugin(root, "tessellm-logits-test-fault", "test-fault", "engine_logits_test_fault", source))
     yield trigger
-    subprocess.run([*pip, "uninstall", "-y", "tessellm-logits-test-fault"], check=True, capture_output=True)
+    pip_uninstall("tessellm-logits-test-fault")
 
 
 def gone(pid: int, timeout: float = 5) -> bool:
