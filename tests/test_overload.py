@@ -5,6 +5,7 @@ unscheduled, a request is refused as overloaded — in the core, and as a 503 wi
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import time
 
@@ -113,8 +114,19 @@ async def _queue_wait_cases(server):
             assert response.status_code == 200
             frames = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
         # a request behind a running one: 503 once it has waited max_queue_wait
-        running = asyncio.create_task(client.post("/v1/completions", json=long))
-        await asyncio.sleep(0.3)
+        first_token = asyncio.Event()
+
+        async def run_long():
+            async with client.stream("POST", "/v1/completions", json={**long, "stream": True, "stream_options": {"include_usage": True}}) as response:
+                usage = None
+                async for line in response.aiter_lines():
+                    if line.startswith("data: {"):
+                        usage = json.loads(line[6:]).get("usage") or usage
+                        first_token.set()
+                return response.status_code, usage
+
+        running = asyncio.create_task(run_long())
+        await first_token.wait()  # it runs: the one sequence slot is taken
         started = time.monotonic()
         refused = await client.post("/v1/completions", json={**long, "max_tokens": 4})
         waited = time.monotonic() - started
@@ -133,5 +145,6 @@ def test_queue_wait_refuses_with_503_and_an_error_frame_mid_stream(tiny_llama):
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
         assert refused.json()["error"]["code"] == "overloaded" and "max_queue_wait" in refused.json()["error"]["message"]
         assert 0.5 <= waited < 5
-        assert running.status_code == 200 and running.json()["usage"]["completion_tokens"] == 400
+        status, usage = running
+        assert status == 200 and usage["completion_tokens"] == 400  # none lost to the refusal
         assert _rejections(server, "queue_wait") == 2
