@@ -1,9 +1,15 @@
-"""Compile ``kernels.c`` once per machine with the system C compiler and load it.
+"""Compile a C source once per machine with the system C compiler and load it.
 
-The library is built for this CPU (``-march=native``) into the user's cache directory,
+A library is built for this CPU (``-march=native``) into the user's cache directory,
 named by a hash of the source, the compiler and the CPU's feature flags, so an edit, a new
 compiler or another machine sharing the home directory each get their own build. Processes
 starting together race harmlessly: each compiles to a private file and renames it into place.
+
+Libraries are compiled with OpenMP. torch ships its own ``libgomp.so.1`` and loads it first;
+the dynamic linker resolves a library's ``libgomp.so.1`` to that copy by its soname, so
+kernels here and torch's ops share one thread pool (no second set of spinning threads on the
+same cores) and ``torch.set_num_threads`` governs both. Other plugins (e.g. an attention
+backend) build their sources with :func:`load_source`.
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("kernels.c")
-FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11"]
+FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fopenmp"]
 
 
 class BuildError(RuntimeError):
@@ -29,16 +35,21 @@ class BuildError(RuntimeError):
 def library() -> ctypes.CDLL:
     """The kernels, built with ``$CC`` (default ``cc``) once per machine and loaded once
     per process; raises :class:`BuildError` saying why they cannot be built."""
-    return load(os.environ.get("CC", "cc"))
+    return load_source(SOURCE)
 
 
-def load(compiler_name: str) -> ctypes.CDLL:
+def load_source(source: Path, compiler_name: str | None = None) -> ctypes.CDLL:
+    """``source`` built (once per machine) and loaded; ``compiler_name`` defaults to ``$CC``
+    or ``cc``. Raises :class:`BuildError` saying why it cannot be built."""
+    import torch  # noqa: F401  -- its libgomp must be loaded before ours is resolved
+
+    compiler_name = compiler_name or os.environ.get("CC", "cc")
     compiler = shutil.which(compiler_name)
     if compiler is None:
         raise BuildError(f"no C compiler ({compiler_name!r} is not on PATH)")
-    target = _cache_dir() / f"kernels-{_build_key(compiler)}.so"
+    target = _cache_dir() / f"{source.stem}-{_build_key(compiler, source)}.so"
     if not target.exists():
-        _compile(compiler, target)
+        _compile(compiler, source, target)
     return ctypes.CDLL(str(target))
 
 
@@ -49,9 +60,9 @@ def _cache_dir() -> Path:
     return path
 
 
-def _build_key(compiler: str) -> str:
+def _build_key(compiler: str, source: Path) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256(SOURCE.read_bytes() + version.encode() + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(FLAGS).encode())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
 
@@ -64,11 +75,11 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _compile(compiler: str, target: Path) -> None:
+def _compile(compiler: str, source: Path, target: Path) -> None:
     fd, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", scratch, "-lm"],
+        done = subprocess.run([compiler, *FLAGS, str(source), "-o", scratch, "-lm"],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed: {done.stderr.strip()[:500]}")

@@ -47,7 +47,7 @@ def test_chosen_over_cpu_when_installed():
 
 def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
     with pytest.raises(build.BuildError, match="no C compiler"):
-        build.load("no-such-compiler")
+        build.load_source(build.SOURCE, "no-such-compiler")
     script = ("import json; from engine.testing import select_platform;"
               "from engine_platforms_cpu_native.platform import NativeCpuPlatform as P;"
               "print(json.dumps([P.unavailable_reasons(), select_platform().name]))")
