@@ -13,7 +13,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
 Prompt = str | Sequence[int] | dict
 
@@ -42,7 +42,10 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
-        encoded = [self._encode(p) for p in prompts]
+        encoded = [(text, truncate_prompt(ids, getattr(p, "truncate_prompt_tokens", None), self.engine.max_model_len))
+                   for (text, ids), p in zip((self._encode(p) for p in prompts), params)]
+        params = [tokenize_bad_words(p, self._require_tokenizer("bad_words")) if getattr(p, "bad_words", None) else p
+                  for p in params]
         for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
             self.engine.validate(ids, p, prio)
         processor = OutputProcessor(self.tokenizer)
