@@ -223,6 +223,8 @@ def tokenize_bad_words(params: SamplingParams, tokenizer) -> SamplingParams:
     for word in params.bad_words:
         alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
         spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if not alone:  # nothing the model could emit spells it
+            continue
         sequences.append(alone)
         if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
             sequences.append(spaced)

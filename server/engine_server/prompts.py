@@ -9,7 +9,7 @@ from engine_server.errors import bad_request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 # apply_chat_template arguments that steer the call itself, not the template: not for chat_template_kwargs
 RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
     "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
     "tokenizer_kwargs"})
 
