@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, GrammarSpec, SamplingParams
 from engine.runner.sampler import banned_bad_words
 from engine.sampling_params import InvalidParam, tokenize_bad_words
 
@@ -146,3 +146,26 @@ def test_masks_survive_the_transport():
 
     data = msgspec.msgpack.decode(msgspec.msgpack.encode(params.to_dict()))
     assert SamplingParams.from_dict(data) == params
+
+
+def test_masks_compose_with_a_grammar(tiny_llama):
+    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, structured_outputs_backend="xgrammar")
+    choices = ["apple pie", "pear tart"]
+    grammar = GrammarSpec("choice", choices)
+    plain = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, structured_outputs=grammar))[0].outputs[0]
+    other = choices[1 - choices.index(plain.text)]
+    # the bias pushes greedy off the grammar's own first choice: it takes the other one
+    away = {plain.token_ids[0]: -100}
+    assert llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, structured_outputs=grammar,
+                                               logit_bias=away))[0].outputs[0].text == other
+    # a bias toward a token the grammar forbids does not break the grammar
+    outside = next(t for t in range(300, 3000) if t not in plain.token_ids)
+    forced = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, structured_outputs=grammar,
+                                                 logit_bias={outside: 100}, logprobs=0))[0].outputs[0]
+    assert forced.text in choices and outside not in forced.token_ids
+    # bad words ban their canonical tokenization, which the grammar's first token here is
+    word = llm.tokenizer.decode(plain.token_ids[:1])
+    assert (plain.token_ids[0],) in tokenize_bad_words(SamplingParams(bad_words=[word]), llm.tokenizer).bad_words_token_ids
+    banned = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, structured_outputs=grammar,
+                                                 bad_words=[word]))[0].outputs[0]
+    assert banned.text == other

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import attrs
 from tqdm.auto import tqdm
 
+from engine.chat_template import template_options
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
@@ -62,21 +63,27 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, chat_template: str | None = None,
-             add_generation_prompt: bool = True, use_tqdm: bool = False) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, use_tqdm: bool = False, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """``continue_final_message`` continues the last message instead of opening a new
+        turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
+        for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c, chat_template, add_generation_prompt) for c in conversations]
+        prompts = [self.apply_chat_template(c, chat_template, add_generation_prompt, continue_final_message,
+                                            chat_template_kwargs) for c in conversations]
         return self.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[dict], chat_template: str | None = None,
-                            add_generation_prompt: bool = True) -> list[int]:
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            chat_template_kwargs: dict | None = None) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
         for m in messages:
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
                 raise ValueError(f"messages: each needs a role of system/user/assistant/tool, got {m!r}")
-        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
-                                            add_generation_prompt=add_generation_prompt)
+        options = template_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
+        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, **options)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _as_list(self, prompts) -> list:

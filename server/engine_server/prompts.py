@@ -4,14 +4,11 @@ the vocabulary and the per-request cap on engine requests. Called off the event 
 
 from __future__ import annotations
 
+from engine.chat_template import template_options
+from engine.sampling_params import InvalidParam
 from engine_server.errors import bad_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-# apply_chat_template arguments that steer the call itself, not the template: not for chat_template_kwargs
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
-    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs"})
 
 
 def check_fanout(state, prompts: int, n: int) -> None:
@@ -82,20 +79,6 @@ def _conversation(messages) -> list[dict]:
     return conversation
 
 
-def check_template_kwargs(kwargs: dict | None, add_generation_prompt: bool, continue_final_message: bool) -> dict:
-    """``chat_template_kwargs`` go to the template as variables (e.g. ``enable_thinking``),
-    but none may steer the templating call itself; ``continue_final_message`` and
-    ``add_generation_prompt`` exclude each other, as in vLLM."""
-    if continue_final_message and add_generation_prompt:
-        raise bad_request("cannot set both continue_final_message and add_generation_prompt to true "
-                          "(set add_generation_prompt to false to continue the last message)", "continue_final_message")
-    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs or {}))
-    if reserved:
-        raise bad_request(f"chat_template_kwargs may not set {', '.join(reserved)} (a request field or the "
-                          "templating call itself)", "chat_template_kwargs")
-    return dict(kwargs or {})
-
-
 def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
                 tool_prompt: str | None = None, continue_final_message: bool = False,
                 template_kwargs: dict | None = None) -> list[int]:
@@ -105,7 +88,10 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[di
     model continues it, as ``transformers``' ``apply_chat_template`` does."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
-    template_kwargs = check_template_kwargs(template_kwargs, add_generation_prompt, continue_final_message)
+    try:
+        options = template_options(add_generation_prompt, continue_final_message, template_kwargs)
+    except InvalidParam as exc:
+        raise bad_request(str(exc), exc.param) from None
     conversation = _conversation(messages)
     if not tokenizer.chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
@@ -119,9 +105,7 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[di
             else:
                 conversation.insert(0, {"role": "system", "content": tool_prompt})
     try:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                            continue_final_message=continue_final_message, tokenize=True,
-                                            tools=template_tools, **template_kwargs)
+        ids = tokenizer.apply_chat_template(conversation, tokenize=True, tools=template_tools, **options)
     except Exception as exc:  # noqa: BLE001 - template errors (roles out of order ...) are the caller's
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
