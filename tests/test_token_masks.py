@@ -27,25 +27,26 @@ def _contains(tokens, sequence) -> bool:
 
 
 def test_logit_bias_makes_greedy_emit_the_token_and_logprobs_stay_raw(tiny_llm):
-    plain = tiny_llm.generate(PROMPT, SamplingParams(**GREEDY, logprobs=-1))[0].outputs[0]
+    plain = tiny_llm.generate(PROMPT, SamplingParams(**GREEDY))[0].outputs[0]
     target = next(t for t in range(100, 1000) if t not in plain.token_ids)
-    biased = tiny_llm.generate(PROMPT, SamplingParams(**GREEDY, logprobs=-1, logit_bias={target: 100}))[0].outputs[0]
+    biased = tiny_llm.generate(PROMPT, SamplingParams(**GREEDY, logprobs=0, logit_bias={target: 100}))[0].outputs[0]
     assert biased.token_ids == [target] * GREEDY["max_tokens"]
     # raw logprobs: the first position's distribution is the model's own, bias or not
-    assert biased.logprobs[0][target].logprob == pytest.approx(plain.logprobs[0][target].logprob, abs=1e-5)
-    assert biased.logprobs[0][target].rank > 1
+    first = tiny_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=1, logprobs=-1))[0].outputs[0]
+    assert biased.logprobs[0][target].logprob == pytest.approx(first.logprobs[0][target].logprob, abs=1e-5)
+    assert biased.logprobs[0][target].rank == first.logprobs[0][target].rank > 1
     pushed_down = _tokens(tiny_llm, SamplingParams(**GREEDY, logit_bias={plain.token_ids[0]: -100}))
     assert pushed_down[0] != plain.token_ids[0]
 
 
 def test_allowed_token_ids_restrict_every_sampled_token(tiny_llm):
     allowed = [11, 57, 300, 1234, 4000]
-    outs = tiny_llm.generate([PROMPT, "Hello"], SamplingParams(temperature=1.0, seed=7, max_tokens=32, ignore_eos=True,
+    outs = tiny_llm.generate([PROMPT, "Hello"], SamplingParams(temperature=1.0, seed=7, max_tokens=16, ignore_eos=True,
                                                                allowed_token_ids=allowed))
     for out in outs:
         assert set(out.outputs[0].token_ids) <= set(allowed)
         assert len(set(out.outputs[0].token_ids)) > 1  # sampled among them, not stuck on one
-    assert not set(_tokens(tiny_llm, SamplingParams(temperature=1.0, seed=7, max_tokens=32))) <= set(allowed)
+    assert not set(_tokens(tiny_llm, SamplingParams(temperature=1.0, seed=7, max_tokens=16))) <= set(allowed)
 
 
 def _bad_word_from(llm, tokens) -> tuple[str, tuple[int, ...]]:

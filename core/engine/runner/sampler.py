@@ -103,18 +103,18 @@ def apply_token_masks(logits: torch.Tensor, rows: SamplingRows) -> None:
             bias.add(i, p.logit_bias.keys())
             bias_values += p.logit_bias.values()
         if p.allowed_token_ids is not None:
-            allowed.add(len(allowed_rows), p.allowed_token_ids)
+            allowed.add(i, p.allowed_token_ids)
             allowed_rows.append(i)
         if p.bad_words_token_ids:
             banned.add(i, banned_bad_words(p, request.output_token_ids, drafts))
     if bias.rows:
         values = torch.tensor(bias_values, dtype=logits.dtype, device=logits.device)
         logits.index_put_(bias.tensors(logits.device), values, accumulate=True)
-    if allowed_rows:
-        keep = torch.zeros(len(allowed_rows), logits.shape[1], dtype=torch.bool, device=logits.device)
-        keep[allowed.tensors(logits.device)] = True
-        index = torch.tensor(allowed_rows, dtype=torch.long, device=logits.device)
-        logits[index] = logits[index].masked_fill(~keep, float("-inf"))
+    if allowed_rows:  # the allowed logits kept aside, their rows filled with -inf, then put back
+        pairs = allowed.tensors(logits.device)
+        kept = logits[pairs]
+        logits[torch.tensor(allowed_rows, dtype=torch.long, device=logits.device)] = float("-inf")
+        logits[pairs] = kept
     if banned.rows:
         logits[banned.tensors(logits.device)] = float("-inf")
 
