@@ -158,6 +158,18 @@ def test_continue_final_message_continues_the_assistant_message(client, offline)
     assert closed.usage.prompt_tokens > out.usage.prompt_tokens  # <|im_end|> and the newline follow the message
 
 
+def test_tokenize_templates_messages_as_chat_does(server, offline):
+    messages = [{"role": "user", "content": "Tell me a story."}, {"role": "assistant", "content": "Once upon a"}]
+    with server.http() as http:
+        opened = http.post("/tokenize", json={"messages": messages, "add_generation_prompt": False,
+                                              "continue_final_message": True}).json()
+        styled = http.post("/tokenize", json={"messages": messages[:1],
+                                              "chat_template_kwargs": {"persona": "a pirate"}}).json()
+    ids = offline.tokenizer.apply_chat_template(messages, continue_final_message=True, tokenize=True)
+    assert opened["tokens"] == list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    assert offline.tokenizer.decode(styled["tokens"]).endswith("Speaking as a pirate: ")
+
+
 def test_cached_tokens_count_prefix_cache_hits(client):
     prompt = PROMPT * 4  # several full blocks
     first = client.completions.create(model="tiny", prompt=prompt, max_tokens=2)

@@ -43,10 +43,7 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
-        encoded = [(text, truncate_prompt(ids, getattr(p, "truncate_prompt_tokens", None), self.engine.max_model_len))
-                   for (text, ids), p in zip((self._encode(p) for p in prompts), params)]
-        params = [tokenize_bad_words(p, self._require_tokenizer("bad_words")) if getattr(p, "bad_words", None) else p
-                  for p in params]
+        encoded, params = self._prepare(prompts, params)
         for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
             self.engine.validate(ids, p, prio)
         processor = OutputProcessor(self.tokenizer)
@@ -54,6 +51,15 @@ class LLM:
         for (text, ids), p, prio in zip(encoded, params, priorities):
             order.append(self._add(processor, text, ids, p, prio))
         return self._run(processor, order, use_tqdm)
+
+    def _prepare(self, prompts: list, params: list) -> tuple[list, list]:
+        """Prompts as (text, token ids) cut to ``truncate_prompt_tokens``, and the parameters
+        with ``bad_words`` tokenized (once per distinct ``SamplingParams``)."""
+        encoded = [(text, truncate_prompt(ids, getattr(p, "truncate_prompt_tokens", None), self.engine.max_model_len))
+                   for (text, ids), p in zip((self._encode(prompt) for prompt in prompts), params)]
+        distinct = {id(p): p for p in params if getattr(p, "bad_words", None)}
+        tokenized = {key: tokenize_bad_words(p, self._require_tokenizer("bad_words")) for key, p in distinct.items()}
+        return encoded, [tokenized.get(id(p), p) for p in params]
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` uses when given no ``SamplingParams``: the built-in defaults

@@ -109,7 +109,9 @@ def _tokenize(state: ServerState, data: bytes) -> dict:
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = chat_prompt(state.tokenizer, body.messages, True)
+        ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt,
+                          continue_final_message=body.continue_final_message,
+                          template_kwargs=body.chat_template_kwargs)
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
 
