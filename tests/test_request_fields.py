@@ -35,7 +35,7 @@ def template_file(tmp_path_factory):
 def server(tiny_llama, template_file):
     with serve(tiny_llama[0], "--served-model-name", "tiny", "--dtype", "float32", "--num-blocks", "128",
                "--block-size", "16", "--max-model-len", str(MAX_MODEL_LEN), "--chat-template", template_file,
-               "--enable-prompt-tokens-details") as s:
+               "--enable-prompt-tokens-details", "--return-tokens-as-token-ids") as s:
         yield s
 
 
@@ -80,7 +80,11 @@ def test_return_tokens_as_token_ids_on_both_routes(client, offline):
     assert len(_ids([c.token for c in content])) == 4
     assert bytes(content[0].bytes).decode() == content[0].token
     assert all(t.token.startswith("token_id:") for c in content for t in c.top_logprobs)
-    plain = client.completions.create(model="tiny", prompt=PROMPT, logprobs=0, max_tokens=2, temperature=0)
+    # the server's --return-tokens-as-token-ids is the default a request may turn off
+    by_flag = client.completions.create(model="tiny", prompt=PROMPT, logprobs=0, max_tokens=2, temperature=0)
+    assert _ids(by_flag.choices[0].logprobs.tokens) == expected[:2]
+    plain = client.completions.create(model="tiny", prompt=PROMPT, logprobs=0, max_tokens=2, temperature=0,
+                                      extra_body={"return_tokens_as_token_ids": False})
     assert not any(t.startswith("token_id:") for t in plain.choices[0].logprobs.tokens)
 
 

@@ -45,6 +45,7 @@ class ServerState:
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
     default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
     allow_unknown_fields: bool = False  # --allow-unknown-fields: ignore them instead of a 400
+    return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: the request field's default
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
     log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it

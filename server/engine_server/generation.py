@@ -162,14 +162,15 @@ class Generation:
         self.choices: list[Choice] = []
         self.children = []
         first = sampling_params(state, body, max_tokens, logprobs, spec, chat)
+        tokens_as_ids = (state.return_tokens_as_token_ids if body.return_tokens_as_token_ids is None
+                         else body.return_tokens_as_token_ids)
         samples = [first if body.seed is None or i == 0 else attrs.evolve(first, seed=body.seed + i)
                    for i in range(body.n)]
         for p, (_, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             for i, params in enumerate(samples):
                 rid = f"{self.id}-{p}-{i}"
-                self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params,
-                                           bool(body.return_tokens_as_token_ids)))
+                self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params, tokens_as_ids))
                 self.children.append((rid, ids, params))
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
         self.by_id = {c.request_id: c for c in self.choices}

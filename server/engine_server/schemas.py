@@ -67,7 +67,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
     bad_words: Annotated[list[StopString], Meta(max_length=MAX_BAD_WORDS)] | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None  # keep the last k; -1: context
-    return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"; None: the server's flag
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
