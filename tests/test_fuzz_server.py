@@ -133,6 +133,8 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         (C, j({"prompt": "hi", "guided_regex": "([a-z"}), 400, None),
         (C, j({"prompt": "hi", "guided_regex": "([a-z", "stream": True}), 400, None),
         (CHAT, j({"messages": MSG, "guided_grammar": "root ::= ???", "n": 2}), 400, None),
+        # masks and a grammar that leave no token: the step's fault isolation fails this request alone
+        (C, j({"prompt": "hi", "guided_choice": ["apple"], "allowed_token_ids": [5]}), 400, None),
     ]
     return cases
 

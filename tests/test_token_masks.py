@@ -170,3 +170,16 @@ def test_masks_compose_with_a_grammar(tiny_llama):
     banned = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, structured_outputs=grammar,
                                                  bad_words=[word]))[0].outputs[0]
     assert banned.text == other
+
+
+def test_masks_that_leave_no_token_fail_only_their_request(tiny_llama):
+    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, structured_outputs_backend="xgrammar")
+    grammar = GrammarSpec("choice", ["apple", "pear"])
+    first_tokens = {llm.tokenizer.encode(word)[0] for word in ("apple", "pear")}
+    outside = next(t for t in range(300, 3000) if t not in first_tokens)
+    alone = SamplingParams(**GREEDY)
+    expected = llm.generate("Hello", alone)[0].outputs[0].token_ids
+    contradicting = SamplingParams(temperature=0, max_tokens=4, structured_outputs=grammar, allowed_token_ids=[outside])
+    failed, other = llm.generate([PROMPT, "Hello"], [contradicting, alone])
+    assert failed.outputs[0].finish_reason == "error" and "no token is left" in str(failed.outputs[0].stop_reason)
+    assert other.outputs[0].token_ids == expected

@@ -117,6 +117,21 @@ def apply_token_masks(logits: torch.Tensor, rows: SamplingRows) -> None:
         logits[pairs] = kept
     if banned.rows:
         logits[banned.tensors(logits.device)] = float("-inf")
+    if banned.rows or allowed_rows:
+        _check_some_token_left(logits, sorted(set(banned.rows) | set(allowed_rows)))
+
+
+class NoTokenLeft(ValueError):
+    """Every token of a row is masked: the request's constraints contradict each other."""
+
+
+def _check_some_token_left(logits: torch.Tensor, masked_rows: list[int]) -> None:
+    """Raise rather than sample from nothing (the step's fault isolation then finishes only
+    the request whose masks and grammar leave no token, with this message)."""
+    empty = logits[torch.tensor(masked_rows, device=logits.device)].isneginf().all(dim=1)
+    if bool(empty.any()):
+        raise NoTokenLeft("no token is left to sample: allowed_token_ids, bad_words, min_tokens and the grammar "
+                          "together exclude every token")
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
