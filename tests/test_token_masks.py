@@ -17,6 +17,11 @@ PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}
 
 
+@pytest.fixture(scope="module")
+def grammar_llm(tiny_llama):
+    return LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, structured_outputs_backend="xgrammar")
+
+
 def _tokens(llm, params, prompt=PROMPT):
     return llm.generate(prompt, params)[0].outputs[0].token_ids
 
@@ -149,8 +154,8 @@ def test_masks_survive_the_transport():
     assert SamplingParams.from_dict(data) == params
 
 
-def test_masks_compose_with_a_grammar(tiny_llama):
-    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, structured_outputs_backend="xgrammar")
+def test_masks_compose_with_a_grammar(grammar_llm):
+    llm = grammar_llm
     choices = ["apple pie", "pear tart"]
     grammar = GrammarSpec("choice", choices)
     plain = llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=8, structured_outputs=grammar))[0].outputs[0]
@@ -172,8 +177,8 @@ def test_masks_compose_with_a_grammar(tiny_llama):
     assert banned.text == other
 
 
-def test_masks_that_leave_no_token_fail_only_their_request(tiny_llama):
-    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, structured_outputs_backend="xgrammar")
+def test_masks_that_leave_no_token_fail_only_their_request(grammar_llm):
+    llm = grammar_llm
     grammar = GrammarSpec("choice", ["apple", "pear"])
     first_tokens = {llm.tokenizer.encode(word)[0] for word in ("apple", "pear")}
     outside = next(t for t in range(300, 3000) if t not in first_tokens)
