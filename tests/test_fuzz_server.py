@@ -115,10 +115,26 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         ("/detokenize", j({"tokens": [2**70]}), 400, "tokens"),
         ("/detokenize", j({"tokens": [10**9]}), 400, "tokens"),
         (C, j({"prompt": [1, 2, 2**70]}), 400, "prompt"),
+        # vLLM's token masks, truncation and chat template fields (the vocabulary and context are known)
+        (C, j({"prompt": "hi", "logit_bias": {"1000000": 5}}), 400, "logit_bias"),
+        (C, j({"prompt": "hi", "logit_bias": {"x": 5}}), 400, "logit_bias"),
+        (CHAT, j({"messages": MSG, "logit_bias": {"5": -101}}), 400, "logit_bias"),
+        (C, j({"prompt": "hi", "logit_bias": {str(i): 1 for i in range(2000)}}), 400, "logit_bias"),
+        (C, j({"prompt": "hi", "allowed_token_ids": [2**63 - 1]}), 400, "allowed_token_ids"),
+        (CHAT, j({"messages": MSG, "allowed_token_ids": []}), 400, "allowed_token_ids"),
+        (C, j({"prompt": "hi", "bad_words": ["w"] * 1000}), 400, "bad_words"),
+        (C, j({"prompt": "hi", "bad_words": [" "]}), 400, "bad_words"),
+        (C, j({"prompt": "hi", "truncate_prompt_tokens": 65}), 400, "truncate_prompt_tokens"),
+        (C, j({"prompt": "hi", "truncate_prompt_tokens": -(2**70)}), 400, "truncate_prompt_tokens"),
+        (CHAT, j({"messages": MSG, "chat_template_kwargs": {"tokenize": False}}), 400, "chat_template_kwargs"),
+        (CHAT, j({"messages": MSG, "chat_template_kwargs": {"messages": []}}), 400, "chat_template_kwargs"),
+        (CHAT, j({"messages": MSG, "continue_final_message": True}), 400, "continue_final_message"),
         # refused by the engine's grammar compiler after submitting: the engine request must not linger
         (C, j({"prompt": "hi", "guided_regex": "([a-z"}), 400, None),
         (C, j({"prompt": "hi", "guided_regex": "([a-z", "stream": True}), 400, None),
         (CHAT, j({"messages": MSG, "guided_grammar": "root ::= ???", "n": 2}), 400, None),
+        # masks and a grammar that leave no token: the step's fault isolation fails this request alone
+        (C, j({"prompt": "hi", "guided_choice": ["apple"], "allowed_token_ids": [5]}), 400, None),
     ]
     return cases
 

@@ -124,6 +124,25 @@ def test_chat_uses_the_checkpoint_template(tiny_llm):
         tiny_llm.chat([{"role": "wizard", "content": "x"}])
 
 
+def test_chat_template_kwargs_and_continue_final_message(tiny_llm):
+    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ extra | default('') }}")
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon a"}]
+    params = SamplingParams(max_tokens=2, temperature=0)
+    decode = tiny_llm.tokenizer.decode
+
+    def prompt(**options):
+        return decode(tiny_llm.chat(messages, params, chat_template=template, **options)[0].prompt_token_ids)
+
+    assert prompt().endswith("<|im_start|>assistant\n")
+    assert prompt(chat_template_kwargs={"extra": "[x]"}).endswith("assistant\n[x]")
+    assert prompt(add_generation_prompt=False, continue_final_message=True).endswith("Once upon a")
+    with pytest.raises(ValueError, match="continue_final_message"):
+        tiny_llm.chat(messages, params, chat_template=template, continue_final_message=True)
+    with pytest.raises(ValueError, match="tokenize"):
+        tiny_llm.chat(messages, params, chat_template=template, chat_template_kwargs={"tokenize": False})
+
+
 def test_priority_policy_runs_the_urgent_request_first(tiny_llama):
     from engine.core.request import Request
 

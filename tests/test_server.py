@@ -60,6 +60,7 @@ def test_chat_greedy_equals_offline_chat(server, offline):
     assert reply.choices[0].message.content == expected.text
     assert reply.choices[0].finish_reason == expected.finish_reason
     assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.prompt_tokens_details is None  # only with --enable-prompt-tokens-details
     streamed = client.chat.completions.create(model=reply.model, messages=MESSAGES, temperature=0, max_tokens=20,
                                               stream=True, stream_options={"include_usage": True})
     chunks = list(streamed)

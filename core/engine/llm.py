@@ -8,12 +8,13 @@ from collections.abc import Sequence
 import attrs
 from tqdm.auto import tqdm
 
+from engine.chat_template import template_options
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
 Prompt = str | Sequence[int] | dict
 
@@ -42,7 +43,7 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
-        encoded = [self._encode(p) for p in prompts]
+        encoded, params = self._prepare(prompts, params)
         for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
             self.engine.validate(ids, p, prio)
         processor = OutputProcessor(self.tokenizer)
@@ -50,6 +51,15 @@ class LLM:
         for (text, ids), p, prio in zip(encoded, params, priorities):
             order.append(self._add(processor, text, ids, p, prio))
         return self._run(processor, order, use_tqdm)
+
+    def _prepare(self, prompts: list, params: list) -> tuple[list, list]:
+        """Prompts as (text, token ids) cut to ``truncate_prompt_tokens``, and the parameters
+        with ``bad_words`` tokenized (once per distinct ``SamplingParams``)."""
+        encoded = [(text, truncate_prompt(ids, getattr(p, "truncate_prompt_tokens", None), self.engine.max_model_len))
+                   for (text, ids), p in zip((self._encode(prompt) for prompt in prompts), params)]
+        distinct = {id(p): p for p in params if getattr(p, "bad_words", None)}
+        tokenized = {key: tokenize_bad_words(p, self._require_tokenizer("bad_words")) for key, p in distinct.items()}
+        return encoded, [tokenized.get(id(p), p) for p in params]
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What ``generate`` uses when given no ``SamplingParams``: the built-in defaults
@@ -59,21 +69,27 @@ class LLM:
 
     def chat(self, messages: list[dict] | list[list[dict]],
              sampling_params: SamplingParams | None = None, chat_template: str | None = None,
-             add_generation_prompt: bool = True, use_tqdm: bool = False) -> list[RequestOutput]:
+             add_generation_prompt: bool = True, use_tqdm: bool = False, continue_final_message: bool = False,
+             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+        """``continue_final_message`` continues the last message instead of opening a new
+        turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
+        for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c, chat_template, add_generation_prompt) for c in conversations]
+        prompts = [self.apply_chat_template(c, chat_template, add_generation_prompt, continue_final_message,
+                                            chat_template_kwargs) for c in conversations]
         return self.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params, use_tqdm)
 
     def apply_chat_template(self, messages: list[dict], chat_template: str | None = None,
-                            add_generation_prompt: bool = True) -> list[int]:
+                            add_generation_prompt: bool = True, continue_final_message: bool = False,
+                            chat_template_kwargs: dict | None = None) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
         for m in messages:
             if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
                 raise ValueError(f"messages: each needs a role of system/user/assistant/tool, got {m!r}")
-        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True,
-                                            add_generation_prompt=add_generation_prompt)
+        options = template_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
+        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, **options)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _as_list(self, prompts) -> list:

@@ -2,8 +2,10 @@
 
 Validation covers everything the step relies on that does not depend on the model: types,
 ranges, and 64-bit limits on every integer (the transport is msgpack, the sampler's
-tensors are int64). What needs the model (token ids below the vocabulary size) is
-checked by ``EngineCore.validate``."""
+tensors are int64). What needs the model (token ids below the vocabulary size,
+:meth:`SamplingParams.check_vocab`) is checked by ``EngineCore.validate`` and the server.
+What needs the tokenizer (``bad_words`` as token ids, :func:`tokenize_bad_words`) and the
+context length (:func:`truncate_prompt`) is done by the front end that tokenizes the prompt."""
 
 from __future__ import annotations
 
@@ -47,9 +49,15 @@ def check_int64(value, field: str, optional: bool = False) -> None:
     _check(is_int(value) and INT64_MIN <= value <= INT64_MAX, field, "must be a 64-bit integer", value)
 
 
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _check_float(value, field: str) -> None:
-    _check(isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value), field,
-           "must be a finite number", value)
+    _check(_finite(value), field, "must be a finite number", value)
+
+
+MAX_LOGIT_BIAS = 100.0  # OpenAI's range for logit_bias values: [-100, 100]
 
 
 def _as_tuple(value):
@@ -60,6 +68,21 @@ def _as_tuple(value):
     if isinstance(value, str):
         return (value,)
     return tuple(value) if isinstance(value, (list, tuple)) else value
+
+
+def _as_optional_tuple(value):
+    """None stays None (``allowed_token_ids`` unset is not "nothing allowed")."""
+    return None if value is None else _as_tuple(value)
+
+
+def _as_nested_tuple(value):
+    """Token-id sequences (``bad_words_token_ids``): a list of lists, as msgpack returns it."""
+    value = _as_tuple(value)
+    return tuple(_as_tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, tuple) else value
+
+
+def _token_ids_ok(ids) -> bool:
+    return isinstance(ids, tuple) and all(is_int(t) and 0 <= t <= INT64_MAX for t in ids)
 
 
 @attrs.frozen
@@ -82,6 +105,12 @@ class SamplingParams:
     logprobs: int | None = None  # top-n per generated token; -1: the whole vocabulary
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: tuple[int, ...] | None = attrs.field(default=None, converter=_as_optional_tuple)
+    bad_words: tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    # bad_words as token sequences, filled by tokenize_bad_words (the front end has the tokenizer)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = attrs.field(default=(), converter=_as_nested_tuple)
+    truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens; -1: max_model_len
     structured_outputs: GrammarSpec | None = None
     extra_args: dict[str, Any] | None = None
 
@@ -103,6 +132,14 @@ class SamplingParams:
             value = getattr(self, field)
             _check(value is None or value >= -1, field, "must be -1 (whole vocabulary) or non-negative", value)
         _check(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
+        _check(all(w.strip() for w in self.bad_words), "bad_words", "must not contain empty words", self.bad_words)
+        _check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids",
+               "must not be empty", self.allowed_token_ids)
+        _check(all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in (self.logit_bias or {}).values()), "logit_bias",
+               f"values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", self.logit_bias)
+        _check(self.truncate_prompt_tokens is None or self.truncate_prompt_tokens == -1
+               or self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens", "must be -1 or at least 1",
+               self.truncate_prompt_tokens)
         # n samples of one prompt are seeded seed, seed + 1, ... seed + n - 1
         _check(self.seed is None or self.seed + self.n - 1 <= INT64_MAX, "seed",
                f"plus n - 1 must fit 64 bits (at most {INT64_MAX})", self.seed)
@@ -110,7 +147,7 @@ class SamplingParams:
     def _check_types(self) -> None:
         for field in ("n", "top_k", "min_tokens"):
             check_int64(getattr(self, field), field)
-        for field in ("seed", "max_tokens", "logprobs", "prompt_logprobs"):
+        for field in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
             check_int64(getattr(self, field), field, optional=True)
         for field in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
                       "presence_penalty"):
@@ -120,10 +157,30 @@ class SamplingParams:
         _check(isinstance(self.stop_token_ids, tuple)
                and all(is_int(t) and 0 <= t <= INT64_MAX for t in self.stop_token_ids), "stop_token_ids",
                "must be a list of non-negative 64-bit integers", self.stop_token_ids)
+        _check(self.allowed_token_ids is None or _token_ids_ok(self.allowed_token_ids), "allowed_token_ids",
+               "must be a list of non-negative 64-bit integers", self.allowed_token_ids)
+        _check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and _token_ids_ok(tuple(self.logit_bias))
+                                           and all(_finite(b) for b in self.logit_bias.values())),
+               "logit_bias", "must map token ids to finite numbers", self.logit_bias)
+        _check(isinstance(self.bad_words, tuple) and all(isinstance(w, str) for w in self.bad_words), "bad_words",
+               "must be a list of strings", self.bad_words)
+        _check(isinstance(self.bad_words_token_ids, tuple)
+               and all(_token_ids_ok(ids) and ids for ids in self.bad_words_token_ids), "bad_words_token_ids",
+               "must be a list of non-empty token id lists", self.bad_words_token_ids)
         _check(self.structured_outputs is None or isinstance(self.structured_outputs, GrammarSpec),
                "structured_outputs", "must be a GrammarSpec", self.structured_outputs)
         _check(self.extra_args is None or isinstance(self.extra_args, dict), "extra_args", "must be a dict",
                self.extra_args)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """InvalidParam naming the field unless every token id the request names is below
+        ``vocab_size`` (the sampler indexes the logits with them)."""
+        fields = {"stop_token_ids": self.stop_token_ids, "allowed_token_ids": self.allowed_token_ids or (),
+                  "logit_bias": tuple(self.logit_bias or ()),
+                  "bad_words": tuple(t for ids in self.bad_words_token_ids for t in ids)}
+        for field, ids in fields.items():
+            bad = [t for t in ids if t >= vocab_size]
+            _check(not bad, field, f"must name token ids in [0, {vocab_size})", bad)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain data (lists, dicts, scalars) for a transport; ``from_dict`` inverts it."""
@@ -142,6 +199,11 @@ class SamplingParams:
         return cls(**data)
 
     @property
+    def masks_tokens(self) -> bool:
+        """Whether the sampler has a token mask or bias to apply (besides min_tokens)."""
+        return bool(self.logit_bias or self.allowed_token_ids is not None or self.bad_words_token_ids)
+
+    @property
     def greedy(self) -> bool:
         return self.temperature < 1e-5
 
@@ -149,3 +211,34 @@ class SamplingParams:
     def uses_penalties(self) -> bool:
         return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
                 or self.presence_penalty != 0.0)
+
+
+def tokenize_bad_words(params: SamplingParams, tokenizer) -> SamplingParams:
+    """``params`` with ``bad_words_token_ids`` filled, as vLLM tokenizes them: each word
+    alone, and with a leading space when that makes a different sequence of the same
+    length (a word mid-text), so both spellings are banned. Called by the front end."""
+    if not params.bad_words or params.bad_words_token_ids:
+        return params
+    sequences: list[tuple[int, ...]] = []
+    for word in params.bad_words:
+        alone = tuple(tokenizer.encode(word.lstrip(), add_special_tokens=False))
+        spaced = tuple(tokenizer.encode(" " + word.lstrip(), add_special_tokens=False))
+        if not alone:  # nothing the model could emit spells it
+            continue
+        sequences.append(alone)
+        if spaced and spaced[0] != alone[0] and len(spaced) == len(alone):
+            sequences.append(spaced)
+    return attrs.evolve(params, bad_words_token_ids=tuple(sequences))
+
+
+def truncate_prompt(prompt_token_ids: list[int], truncate_prompt_tokens: int | None,
+                    max_model_len: int) -> list[int]:
+    """The last ``truncate_prompt_tokens`` prompt tokens (vLLM: left truncation; -1 means
+    ``max_model_len``); more than ``max_model_len`` is an error, as in vLLM."""
+    if truncate_prompt_tokens is None:
+        return prompt_token_ids
+    if truncate_prompt_tokens > max_model_len:
+        raise InvalidParam("truncate_prompt_tokens", f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
+                           f"greater than max_model_len ({max_model_len}); select a smaller truncation size")
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    return prompt_token_ids[-keep:]

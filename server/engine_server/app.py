@@ -45,6 +45,8 @@ class ServerState:
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
     default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
     allow_unknown_fields: bool = False  # --allow-unknown-fields: ignore them instead of a 400
+    return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: the request field's default
+    enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
     log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     executor: ThreadPoolExecutor = attrs.field(
@@ -108,7 +110,9 @@ def _tokenize(state: ServerState, data: bytes) -> dict:
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = chat_prompt(state.tokenizer, body.messages, True)
+        ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt,
+                          continue_final_message=body.continue_final_message,
+                          template_kwargs=body.chat_template_kwargs)
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
 

@@ -15,7 +15,9 @@ def _finite(logprob: float) -> float:
 
 
 class Choice:
-    def __init__(self, index: int, request_id: str, tokenizer, params):
+    def __init__(self, index: int, request_id: str, tokenizer, params, tokens_as_ids: bool = False):
+        """``tokens_as_ids``: logprob tokens are ``"token_id:N"`` (``return_tokens_as_token_ids``),
+        for clients that need tokens which do not decode to text on their own."""
         self.index = index
         self.request_id = request_id
         self.tokenizer = tokenizer
@@ -25,12 +27,15 @@ class Choice:
         self.prompt_entries: list[tuple] = []  # the same for prompt positions 1.. (prompt_logprobs)
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
+        self.num_cached_tokens = 0  # prompt tokens the prefix cache held
+        self.tokens_as_ids = tokens_as_ids
         self._sent = 0  # characters of text already handed out
 
     def feed(self, delta: Delta) -> tuple[str, list[tuple]]:
         """Take one step's tokens; return the text now safe to emit and their logprobs."""
         if delta.prompt_logprobs:
             self.prompt_entries += delta.prompt_logprobs
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         entries = []
         for i, token in enumerate(delta.token_ids):
             self.token_ids.append(token)
@@ -67,14 +72,17 @@ class Choice:
     def _token_text(self, token: int) -> str:
         return self.tokenizer.decode([token])
 
+    def _logprob_token(self, token: int) -> str:
+        return f"token_id:{token}" if self.tokens_as_ids else self._token_text(token)
+
     def completion_logprobs(self, entries: list[tuple], text_offset: int) -> dict:
         """``/v1/completions`` format: parallel lists plus the top-n dict per position."""
         tokens, token_logprobs, top, offsets = [], [], [], []
         for ids, lps, _ in entries:
-            piece = self._token_text(ids[0])
+            piece = self._logprob_token(ids[0])
             tokens.append(piece)
             token_logprobs.append(_finite(lps[0]))
-            top.append({self._token_text(t): _finite(lp) for t, lp in zip(ids[1:], lps[1:])})
+            top.append({self._logprob_token(t): _finite(lp) for t, lp in zip(ids[1:], lps[1:])})
             offsets.append(text_offset)
             text_offset += len(piece)
         return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top, "text_offset": offsets}
@@ -82,7 +90,7 @@ class Choice:
     def echo_logprobs(self, prompt_ids: list[int]) -> dict:
         """The prompt's own tokens in the ``/v1/completions`` format, the first without a
         log-prob (nothing precedes it), as vLLM returns them for ``echo`` + ``logprobs``."""
-        first = self._token_text(prompt_ids[0])
+        first = self._logprob_token(prompt_ids[0])
         echo = {"tokens": [first], "token_logprobs": [None], "top_logprobs": [None], "text_offset": [0]}
         rest = self.completion_logprobs(self.prompt_entries, len(first))
         return {key: echo[key] + rest[key] for key in echo}
@@ -96,7 +104,7 @@ class Choice:
     def chat_logprobs(self, entries: list[tuple]) -> dict:
         """``/v1/chat/completions`` format: one object per token with its top alternatives."""
         def item(token: int, logprob: float) -> dict:
-            piece = self._token_text(token)
+            piece = self._logprob_token(token)
             return {"token": piece, "logprob": _finite(logprob), "bytes": list(piece.encode("utf-8"))}
 
         return {"content": [{**item(ids[0], lps[0]),

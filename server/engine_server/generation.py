@@ -11,12 +11,13 @@ import logging
 import time
 import uuid
 
+import attrs
 import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.interfaces import GrammarSpec
-from engine.sampling_params import InvalidParam, SamplingParams
+from engine.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
 from engine_server.choices import Choice
 from engine_server.client import EngineDead
 from engine_server.errors import APIError, bad_request, internal_error, overloaded
@@ -35,12 +36,32 @@ def check_model(state, name: str | None) -> None:
 
 
 def check_sampling(state, body) -> None:
-    """What depends on the model or on ``n``: stop token ids in the vocabulary, and the
-    per-sample seeds ``seed + i`` within 64 bits."""
-    if any(t >= state.vocab_size for t in body.stop_token_ids or ()):
-        raise bad_request(f"stop_token_ids must be token ids in [0, {state.vocab_size})", "stop_token_ids")
+    """What depends on ``n``: the per-sample seeds ``seed + i`` within 64 bits (token ids
+    against the vocabulary are checked by :meth:`SamplingParams.check_vocab`)."""
     if body.seed is not None and body.seed + body.n - 1 > INT64_MAX:
         raise bad_request(f"seed + n - 1 must not exceed {INT64_MAX} (sample i uses seed + i)", "seed")
+
+
+def logit_bias(body) -> dict[int, float] | None:
+    """OpenAI's ``logit_bias`` keys are token ids written as strings."""
+    if not body.logit_bias:
+        return None
+    bias = {}
+    for token, value in body.logit_bias.items():
+        try:
+            bias[int(token)] = value
+        except ValueError:
+            raise bad_request(f"logit_bias keys must be token ids, got {token[:40]!r}", "logit_bias") from None
+    return bias
+
+
+def truncated(state, ids: list[int], body) -> list[int]:
+    """The prompt under ``truncate_prompt_tokens`` (the last k tokens), as the core's
+    :func:`truncate_prompt` cuts it for ``LLM``."""
+    try:
+        return truncate_prompt(ids, body.truncate_prompt_tokens, state.max_model_len)
+    except InvalidParam as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 
 def prompt_logprobs(body, chat: bool) -> int | None:
@@ -58,29 +79,34 @@ def default_max_tokens(state, num_prompt_tokens: int) -> int:
     return min(room, state.default_sampling_params.get("max_tokens", room))
 
 
-def sampling_params(body, max_tokens: int | None, logprobs: int | None, seed: int | None,
-                    spec: GrammarSpec | None = None, chat: bool = False,
-                    defaults: dict | None = None) -> SamplingParams:
-    """``defaults`` (the model's generation config) fill the sampling fields a request leaves out."""
-    defaults = defaults or {}
+def sampling_params(state, body, max_tokens: int | None, logprobs: int | None, spec: GrammarSpec | None = None,
+                    chat: bool = False) -> SamplingParams:
+    """The parameters of the request's first sample (sample ``i`` is seeded ``seed + i``):
+    the model's generation config fills the sampling fields a request leaves out;
+    ``bad_words`` are tokenized here and every token id is checked against the vocabulary."""
+    defaults = state.default_sampling_params or {}
 
     def given(value, default):
         return default if value is None else value
 
     try:
-        return SamplingParams(
+        params = SamplingParams(
             temperature=given(body.temperature, defaults.get("temperature", 1.0)),
             top_p=given(body.top_p, defaults.get("top_p", 1.0)), top_k=given(body.top_k, defaults.get("top_k", 0)),
             min_p=given(body.min_p, defaults.get("min_p", 0.0)), frequency_penalty=given(body.frequency_penalty, 0.0),
             presence_penalty=given(body.presence_penalty, 0.0),
-            repetition_penalty=given(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)), seed=seed,
-            max_tokens=max_tokens,
+            repetition_penalty=given(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
+            seed=body.seed, max_tokens=max_tokens,
             min_tokens=body.min_tokens, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
             include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
             logprobs=logprobs, prompt_logprobs=prompt_logprobs(body, chat), skip_special_tokens=body.skip_special_tokens,
-            structured_outputs=spec)
+            logit_bias=logit_bias(body), allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or (),
+            truncate_prompt_tokens=body.truncate_prompt_tokens, structured_outputs=spec)
+        params = tokenize_bad_words(params, state.tokenizer)
+        params.check_vocab(state.vocab_size)
     except InvalidParam as exc:
         raise bad_request(str(exc), exc.param) from None
+    return params
 
 
 async def _disconnected(request: Request) -> None:
@@ -135,13 +161,16 @@ class Generation:
         self.created = int(time.time())
         self.choices: list[Choice] = []
         self.children = []
+        first = sampling_params(state, body, max_tokens, logprobs, spec, chat)
+        tokens_as_ids = (state.return_tokens_as_token_ids if body.return_tokens_as_token_ids is None
+                         else body.return_tokens_as_token_ids)
+        samples = [first if body.seed is None or i == 0 else attrs.evolve(first, seed=body.seed + i)
+                   for i in range(body.n)]
         for p, (_, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
-            for i in range(body.n):
-                seed = None if body.seed is None else body.seed + i
-                params = sampling_params(body, max_tokens, logprobs, seed, spec, chat, state.default_sampling_params)
+            for i, params in enumerate(samples):
                 rid = f"{self.id}-{p}-{i}"
-                self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params))
+                self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params, tokens_as_ids))
                 self.children.append((rid, ids, params))
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
         self.by_id = {c.request_id: c for c in self.choices}
@@ -228,9 +257,15 @@ class Generation:
         return choice, text, entries
 
     def usage(self) -> dict:
+        """Token counts; with ``--enable-prompt-tokens-details`` also the prompt tokens the
+        prefix cache held (each prompt counted once, by its first sample, as its tokens are)."""
         prompt = sum(len(ids) for _, ids in self.prompts)
         completion = sum(len(c.token_ids) for c in self.choices)
-        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        if self.state.enable_prompt_tokens_details:
+            cached = sum(c.num_cached_tokens for c in self.choices[::self.body.n])
+            usage["prompt_tokens_details"] = {"cached_tokens": cached}
+        return usage
 
     def _logprobs(self, choice: Choice, entries: list, text_offset: int = 0):
         if self.chat:
@@ -355,7 +390,8 @@ def prepare_completion(state, data: bytes) -> Generation:
     check_model(state, body.model)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     spec = structured_spec(body, chat=False)
-    prompts = completion_prompts(state, body.prompt, body.n)
+    prompts = [(text, ids) if len(cut := truncated(state, ids, body)) == len(ids) else (None, cut)
+               for text, ids in completion_prompts(state, body.prompt, body.n)]  # an echo shows what was read
     return Generation(state, body, prompts, max_tokens, body.logprobs, chat=False, spec=spec)
 
 
@@ -376,7 +412,9 @@ def prepare_chat(state, data: bytes) -> Generation:
     parser_cls = state.tool_parser if mode == "auto" else None
     tool_list = list(body.tools or []) if mode != "none" else None
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
-    ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt)
+    ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt,
+                      body.continue_final_message, body.chat_template_kwargs)
+    ids = truncated(state, ids, body)
     if max_tokens is None:
         max_tokens = default_max_tokens(state, len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None

@@ -4,6 +4,8 @@ the vocabulary and the per-request cap on engine requests. Called off the event 
 
 from __future__ import annotations
 
+from engine.chat_template import template_options
+from engine.sampling_params import InvalidParam
 from engine_server.errors import bad_request
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -78,11 +80,18 @@ def _conversation(messages) -> list[dict]:
 
 
 def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
-                tool_prompt: str | None = None) -> list[int]:
+                tool_prompt: str | None = None, continue_final_message: bool = False,
+                template_kwargs: dict | None = None) -> list[int]:
     """Token ids of the templated conversation. Tools go to the template when it renders
-    them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message."""
+    them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message.
+    ``continue_final_message`` leaves the last message open (no end-of-turn after it), so the
+    model continues it, as ``transformers``' ``apply_chat_template`` does."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
+    try:
+        options = template_options(add_generation_prompt, continue_final_message, template_kwargs)
+    except InvalidParam as exc:
+        raise bad_request(str(exc), exc.param) from None
     conversation = _conversation(messages)
     if not tokenizer.chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
@@ -96,8 +105,7 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[di
             else:
                 conversation.insert(0, {"role": "system", "content": tool_prompt})
     try:
-        ids = tokenizer.apply_chat_template(conversation, add_generation_prompt=add_generation_prompt,
-                                            tokenize=True, tools=template_tools)
+        ids = tokenizer.apply_chat_template(conversation, tokenize=True, tools=template_tools, **options)
     except Exception as exc:  # noqa: BLE001 - template errors (roles out of order ...) are the caller's
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

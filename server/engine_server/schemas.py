@@ -16,6 +16,9 @@ MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI
 MAX_STOP_STRINGS = 64
 MAX_STOP_STRING_CHARS = 1024
 MAX_STOP_TOKEN_IDS = 1024
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_ALLOWED_TOKEN_IDS = 2**20  # a whole vocabulary, for clients that send one
+MAX_BAD_WORDS = 256
 
 Int64 = Annotated[int, Meta(ge=INT64_MIN, le=INT64_MAX)]
 Count = Annotated[int, Meta(ge=1, le=INT64_MAX)]
@@ -23,6 +26,7 @@ TokenId = Annotated[int, Meta(ge=0, le=INT64_MAX)]  # the vocabulary bound is ch
 Logprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
+Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]  # OpenAI's range (vLLM clamps instead)
 
 
 class StreamOptions(msgspec.Struct):
@@ -59,6 +63,11 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
     guided_grammar: str | None = None
+    logit_bias: Annotated[dict[str, Bias], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None  # "token id": bias
+    allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    bad_words: Annotated[list[StopString], Meta(max_length=MAX_BAD_WORDS)] | None = None
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None  # keep the last k; -1: context
+    return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"; None: the server's flag
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -81,6 +90,8 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     logprobs: bool = False
     top_logprobs: Logprobs | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
@@ -92,6 +103,10 @@ class TokenizeRequest(msgspec.Struct, kw_only=True):
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
+    # with messages, templated as /v1/chat/completions would
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(msgspec.Struct, kw_only=True):

@@ -105,6 +105,8 @@ class ServeCommand(Command):
                             max_body_bytes=args.max_request_body_bytes,
                             max_request_sequences=args.max_request_sequences, log_requests=args.enable_log_requests,
                             allow_unknown_fields=args.allow_unknown_fields,
+                            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+                            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
                             max_log_len=args.max_log_len)
 
         @contextlib.asynccontextmanager

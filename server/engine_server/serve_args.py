@@ -43,6 +43,12 @@ def add_server_arguments(parser) -> None:
              "error (code shutdown) and the exit status is 1; default: 10")
     add("--allow-unknown-fields", action="store_true",
         help="ignore request fields this server does not implement (default: a 400 naming them)")
+    add("--return-tokens-as-token-ids", action="store_true",
+        help="logprob tokens as \"token_id:N\" unless a request's return_tokens_as_token_ids says otherwise, "
+             "as vLLM; default: off (decoded text)")
+    add("--enable-prompt-tokens-details", action="store_true",
+        help="report usage.prompt_tokens_details.cached_tokens (prompt tokens found in the prefix cache), "
+             "as vLLM; default: off (the field is absent)")
     add("--root-path", default="", help="the path prefix a proxy serves this server under (ASGI root_path)")
     add("--allowed-origins", type=json.loads, default=None, metavar="JSON",
         help='CORS: origins allowed to call the server from a browser, e.g. \'["https://app.example"]\'; '

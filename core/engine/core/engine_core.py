@@ -133,8 +133,9 @@ class EngineCore:
         if len(prompt_token_ids) >= self.max_model_len:
             raise InvalidParam("prompt", f"prompt: {len(prompt_token_ids)} tokens do not fit the context of "
                                f"{self.max_model_len} (max_model_len) with room to generate")
-        if any(t >= vocab for t in params.stop_token_ids):
-            raise InvalidParam("stop_token_ids", f"stop_token_ids must be token ids in [0, {vocab})")
+        params.check_vocab(vocab)
+        if params.bad_words and not params.bad_words_token_ids:
+            raise InvalidParam("bad_words", "bad_words: not tokenized (the front end calls tokenize_bad_words)")
         if params.structured_outputs is not None and not self.registry.names("grammar_backends"):
             raise InvalidParam("structured_outputs", "structured_outputs: no grammar backend plugin is installed")
 

@@ -69,13 +69,14 @@ class ModelRunner:
 
     def _sample(self, logits, batch: FlatBatch, plan: StepPlan, bitmask, result: StepResult) -> None:
         rows = sampler.SamplingRows(batch.sample_owners, self.device, batch.sample_drafts)
-        for processor in self.logits_processors:
-            logits = processor.apply(logits, rows.requests)
-        sampler.apply_penalties(logits, rows)
-        sampler.ban_stop_tokens(logits, rows)
         if bitmask is not None:
             sampler.apply_bitmask(logits, bitmask)
+        # vLLM's default logprobs_mode (raw_logprobs): before processors, masks, penalties, temperature
         logprobs = logits.log_softmax(dim=-1) if rows.max_logprobs is not None else None
+        for processor in self.logits_processors:
+            logits = processor.apply(logits, rows.requests)
+        sampler.apply_token_masks(logits, rows)
+        sampler.apply_penalties(logits, rows)
         tokens, probs = sampler.sample(logits, rows)
         token_list = tokens.tolist()
         chosen = list(token_list)

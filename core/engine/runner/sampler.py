@@ -1,8 +1,10 @@
 """Sampling over the rows that sample this step, vectorized across requests.
 
-Order: penalties → min_tokens ban → grammar bitmask → (logprobs are taken here: the
-distribution after those constraints, before temperature and truncation) →
-greedy argmax, or temperature → top-k → top-p → min-p → exponential-race sampling.
+Order: grammar bitmask → (logprobs are taken here: vLLM's default ``logprobs_mode``,
+``raw_logprobs``, the model's distribution under the grammar only) → logits-processor
+plugins → token masks (``logit_bias``, ``allowed_token_ids``, ``bad_words``, the
+``min_tokens`` ban) → penalties → greedy argmax, or temperature → top-k → top-p → min-p →
+exponential-race sampling.
 A seeded request draws its noise from its own generator, so its output does not
 depend on what else is in the batch.
 """
@@ -57,15 +59,79 @@ def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
             row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
 
 
-def ban_stop_tokens(logits: torch.Tensor, rows: SamplingRows) -> None:
-    """Below ``min_tokens`` the EOS and stop token ids cannot be sampled."""
+class _Indices:
+    """(row, token) pairs gathered across the batch, applied in one tensor op."""
+
+    def __init__(self):
+        self.rows: list[int] = []
+        self.tokens: list[int] = []
+
+    def add(self, row: int, tokens) -> None:
+        self.tokens += tokens
+        self.rows += [row] * (len(self.tokens) - len(self.rows))
+
+    def tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
+        return (torch.tensor(self.rows, dtype=torch.long, device=device),
+                torch.tensor(self.tokens, dtype=torch.long, device=device))
+
+
+def banned_bad_words(params, output: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    """vLLM's ``bad_words``: the last token of each bad word's sequence whose preceding
+    tokens end the output so far (a one-token word is always banned)."""
+    longest = max(len(ids) for ids in params.bad_words_token_ids) - 1
+    tail = (list(output[-longest:]) + list(drafts))[-longest:] if longest else []
+    return [ids[-1] for ids in params.bad_words_token_ids
+            if len(ids) - 1 <= len(tail) and tuple(tail[len(tail) - len(ids) + 1:]) == ids[:-1]]
+
+
+def apply_token_masks(logits: torch.Tensor, rows: SamplingRows) -> None:
+    """Per request: ``logit_bias`` added; tokens outside ``allowed_token_ids``, the bad
+    words' next tokens and, below ``min_tokens``, EOS and the stop token ids set to -inf.
+    Python only gathers indices; each kind is one tensor op over the whole batch."""
+    banned, allowed, bias = _Indices(), _Indices(), _Indices()
+    bias_values: list[float] = []
+    allowed_rows: list[int] = []
     for i, (request, drafts) in enumerate(zip(rows.requests, rows.drafts)):
         p = request.sampling_params
         if len(request.output_token_ids) + len(drafts) < p.min_tokens:
-            banned = list(p.stop_token_ids)
+            banned.add(i, p.stop_token_ids)
             if request.eos_token_id is not None and not p.ignore_eos:
-                banned.append(request.eos_token_id)
-            logits[i, banned] = float("-inf")
+                banned.add(i, (request.eos_token_id,))
+        if not p.masks_tokens:
+            continue
+        if p.logit_bias:
+            bias.add(i, p.logit_bias.keys())
+            bias_values += p.logit_bias.values()
+        if p.allowed_token_ids is not None:
+            allowed.add(i, p.allowed_token_ids)
+            allowed_rows.append(i)
+        if p.bad_words_token_ids:
+            banned.add(i, banned_bad_words(p, request.output_token_ids, drafts))
+    if bias.rows:
+        values = torch.tensor(bias_values, dtype=logits.dtype, device=logits.device)
+        logits.index_put_(bias.tensors(logits.device), values, accumulate=True)
+    if allowed_rows:  # the allowed logits kept aside, their rows filled with -inf, then put back
+        pairs = allowed.tensors(logits.device)
+        kept = logits[pairs]
+        logits[torch.tensor(allowed_rows, dtype=torch.long, device=logits.device)] = float("-inf")
+        logits[pairs] = kept
+    if banned.rows:
+        logits[banned.tensors(logits.device)] = float("-inf")
+    if banned.rows or allowed_rows:
+        _check_some_token_left(logits, sorted(set(banned.rows) | set(allowed_rows)))
+
+
+class NoTokenLeft(ValueError):
+    """Every token of a row is masked: the request's constraints contradict each other."""
+
+
+def _check_some_token_left(logits: torch.Tensor, masked_rows: list[int]) -> None:
+    """Raise rather than sample from nothing (the step's fault isolation then finishes only
+    the request whose masks and grammar leave no token, with this message)."""
+    empty = logits[torch.tensor(masked_rows, device=logits.device)].isneginf().all(dim=1)
+    if bool(empty.any()):
+        raise NoTokenLeft("no token is left to sample: allowed_token_ids, bad_words, min_tokens and the grammar "
+                          "together exclude every token")
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
