@@ -121,6 +121,9 @@ OPTIONS: dict[str, Option] = {
                                                           "platform's preference"),
     "structured_outputs_backend": Option(("--structured-outputs-backend",), "grammar backend plugin"),
     "kv_connector": Option(("--kv-connector",), "KV connector plugin"),
+    "batch_invariant": Option(("--batch-invariant",), "make each request's output independent of the batch "
+                              "it runs in (fixed-size matmul tiles, per-row attention, no chunked prefill "
+                              "or prefix caching); slower"),
     "logits_processors": Option(("--logits-processors",), "logits processor plugins, comma-separated",
                                 parse_names),
 }

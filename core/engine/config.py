@@ -90,6 +90,9 @@ class EngineConfig:
     structured_outputs_backend: str | None = None
     kv_connector: str | None = None
     logits_processors: tuple[str, ...] = ()
+    # a request's greedy output does not depend on what else is batched with it, on chunking
+    # or on speculation (see engine.layers.batch_invariant); costs throughput
+    batch_invariant: bool = False
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

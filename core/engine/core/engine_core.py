@@ -50,12 +50,13 @@ class EngineCore:
         max_len = setup.resolve_max_model_len(config.model.max_model_len, self.hf_config)
         self.config = config = setup.with_resolved_model(
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len)
+        self.config = config = setup.batch_invariant_config(config)
         torch.manual_seed(config.model.seed)
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
-                                       config.model.quantization)
+                                       config.model.quantization, config.batch_invariant)
         layout = self.model.kv_layout()
         self.attention = setup.attention_for(registry, config.attention_backend, self.model, dtype,
-                                             config.cache.block_size, self.platform)
+                                             config.cache.block_size, self.platform, config.batch_invariant)
         self.num_blocks = num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers,
                                                            self.platform)
         capacity = (num_blocks - 1) * config.cache.block_size
@@ -92,11 +93,12 @@ class EngineCore:
 
         def load_model(path: str):
             draft_loader, _ = setup.select_loader(registry, path, None)
-            return setup.build_model(registry, draft_loader, draft_loader.hf_config(), dtype, platform, None)
+            return setup.build_model(registry, draft_loader, draft_loader.hf_config(), dtype, platform, None,
+                                     config.batch_invariant)
 
         def make_attention(model):
             return setup.attention_for(registry, config.attention_backend, model, dtype, config.cache.block_size,
-                                       platform)
+                                       platform, config.batch_invariant)
 
         ctx = DrafterContext(config, self.model, self.attention, kv_caches, num_blocks, platform.device, dtype,
                              self.tokenizer, load_model, make_attention)

@@ -14,6 +14,7 @@ from torch import nn
 from engine.interfaces import AttentionSpec
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
+from engine.layers.ops import LayerOps
 from engine.plugins import RegistrationError, one_line
 
 logger = logging.getLogger(__name__)
@@ -126,23 +127,29 @@ def select_model_class(registry, hf_config):
                      f"(installed: {', '.join(registry.names('models')) or 'none'})")
 
 
-def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform):
+def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform,
+                        batch_invariant: bool = False):
     method_name = name or (checkpoint_config or {}).get("quant_method") or "unquantized"
     cls = registry.get("quant_methods", method_name)
     reasons = reasons_of(cls.supports, platform)
     if reasons:
         raise ValueError(f"quantization: {method_name} cannot run on {platform.name}: {'; '.join(reasons)}")
-    return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform))
+    return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform, batch_invariant))
 
 
-def build_model(registry, loader, hf_config, dtype, platform, quantization: str | None) -> nn.Module:
+def build_model(registry, loader, hf_config, dtype, platform, quantization: str | None,
+                batch_invariant: bool = False) -> nn.Module:
+    """With ``batch_invariant`` the layer ops are the plain torch ones: a platform's fused
+    kernels may take small batches only and hand big ones to torch, and the two agree only up
+    to summation order."""
     cls = select_model_class(registry, hf_config)
     checkpoint_config = loader.quant_config()
-    method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform)
+    method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform, batch_invariant)
+    layer_ops = LayerOps() if batch_invariant else platform.layer_ops(dtype)
     declared = (checkpoint_config or {}).get("quant_method")
     keep_quantized = declared is not None and (quantization or declared) == declared
     with torch.device(platform.device):
-        model = cls(ModelContext(hf_config, dtype, platform.device, method, platform.layer_ops(dtype)))
+        model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
     model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):
@@ -161,17 +168,32 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
         candidates = importable(registry, "attention_backends", names, rejections)
     for candidate, cls in candidates:
         reasons = reasons_of(cls.supports, spec, platform)
+        if spec.batch_invariant and not cls.batch_invariant_capable:
+            reasons = [*reasons, "it has no batch-invariant mode"]
         if not reasons:
             return cls(spec, platform)
         rejections[candidate] = reasons
     raise RuntimeError(f"no attention backend can run here ({_detail(rejections)})")
 
 
-def attention_for(registry, name: str | None, model, dtype, block_size: int, platform):
+def attention_for(registry, name: str | None, model, dtype, block_size: int, platform,
+                  batch_invariant: bool = False):
     """The attention backend for ``model``'s KV layout (the target's, or a drafter's model)."""
     layout = model.kv_layout()
-    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size)
+    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant)
     return select_attention_backend(registry, name, spec, platform)
+
+
+def batch_invariant_config(config):
+    """``batch_invariant``: every prompt prefilled whole in one step (no chunking, so the step
+    budget grows to the longest prompt) and never from cached blocks, whose K/V another
+    request's chunking computed."""
+    if not config.batch_invariant:
+        return config
+    budget = max(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
+    return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False),
+                        scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False,
+                                               max_num_batched_tokens=budget))
 
 
 def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:

@@ -25,6 +25,10 @@ class AttentionSpec:
     head_dim: int
     dtype: torch.dtype
     block_size: int
+    # EngineConfig.batch_invariant: each query row attended alone over its own context, the
+    # same way whether it decodes, verifies a draft or shares the step with any other rows
+    # (a first prefill chunk that is the whole prompt may still go through a causal kernel)
+    batch_invariant: bool = False
 
     @property
     def scale(self) -> float:
@@ -54,6 +58,8 @@ class BatchLayout:
 class AttentionBackend(ABC):
     name: ClassVar[str]
     block_dim: ClassVar[int] = 1  # which dimension of ``kv_cache_shape`` indexes blocks
+    # honours AttentionSpec.batch_invariant; a backend that does not is never chosen for it
+    batch_invariant_capable: ClassVar[bool] = False
 
     def __init__(self, spec: AttentionSpec, platform: Platform):
         self.spec = spec

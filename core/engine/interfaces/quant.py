@@ -30,6 +30,7 @@ class QuantContext:
     quant_config: dict[str, Any] | None  # from the checkpoint; None for online quantization
     dtype: torch.dtype  # activation dtype
     platform: Any
+    batch_invariant: bool = False  # EngineConfig.batch_invariant: Linear runs fixed-size row tiles
 
 
 class QuantMethod(ABC):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from engine.layers.batch_invariant import in_row_tiles
 from engine.layers.module import Layer
 
 
@@ -38,4 +39,9 @@ class Linear(Layer):
         self.method.process_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, self.bias)
+        return self.matmul(x, self.bias)
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if getattr(self.method.ctx, "batch_invariant", False):
+            return in_row_tiles(lambda rows: self.method.apply(self, rows, bias), x)
+        return self.method.apply(self, x, bias)

@@ -13,6 +13,10 @@ mask when the chunk is the whole sequence; a later chunk with one [q, S] mask sh
 heads, or, when long (``split_rows``), as an unmasked call over the cached prefix plus a
 causal one over the chunk, merged by their log-sum-exp. Masks are built once per step and
 shared by all layers.
+
+With ``spec.batch_invariant`` every query row but those of a whole-prompt first chunk is its
+own one-stream group (``_decode_one``, exactly its context): a decoded token, a draft being
+verified and a token in a batch of 64 meet the same kernel on the same shapes.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
 class DecodeGroup:
     rows: torch.Tensor | slice  # rows of the flattened batch, one per request
     block_table: torch.Tensor  # [B, blocks]
-    bias: torch.Tensor  # [1, B, 1, L] float32: 0 inside the context, -inf past it
+    bias: torch.Tensor | None  # [1, B, 1, L] float32: 0 inside the context, -inf past it (B > 1 only)
     seq_len: int | None  # a group of one request: its context length (no mask needed)
     blocks: slice | None = None  # ... and its blocks, when they are consecutive in the cache
 
@@ -51,6 +55,7 @@ class TorchAttentionMetadata:
 class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     block_dim = 2
+    batch_invariant_capable = True
     # a later chunk of this many queries or more is split on the CPU (prefix, then the chunk
     # causally, merged by log-sum-exp): 1.49 against 1.87 s a layer in one masked call for
     # 2048 queries at 8k context; under it, one masked call (0.41 against 0.47 s for 512),
@@ -69,6 +74,8 @@ class TorchAttentionBackend(AttentionBackend):
         return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
 
     def build_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
+        if self.spec.batch_invariant:
+            return self._invariant_metadata(layout)
         starts = layout.query_start_loc.tolist()
         decodes = [i for i, q in enumerate(layout.query_lens) if q == 1]
         groups: list[DecodeGroup | PrefillGroup] = []
@@ -78,6 +85,22 @@ class TorchAttentionBackend(AttentionBackend):
             if q > 1:
                 groups.append(self._prefill_group(i, slice(starts[i], starts[i] + q), layout))
         return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
+
+    def _invariant_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
+        groups: list[DecodeGroup | PrefillGroup] = []
+        for i, (start, q) in enumerate(zip(layout.query_start_loc.tolist(), layout.query_lens)):
+            seq_len = layout.seq_lens_host[i]
+            if q > 1 and q == seq_len:
+                groups.append(self._prefill_group(i, slice(start, start + q), layout))
+                continue
+            for j in range(q):
+                groups.append(self._one_row(layout.block_table[i], start + j, seq_len - q + j + 1))
+        return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
+
+    def _one_row(self, table: torch.Tensor, row: int, context: int) -> DecodeGroup:
+        """One query row over its first ``context`` positions, as a lone stream whose blocks
+        are always gathered (a view of consecutive blocks would give the kernel other strides)."""
+        return DecodeGroup(slice(row, row + 1), table[None, :-(-context // self.spec.block_size)], None, context)
 
     def _decode_group(self, requests: list[int], rows: list[int], layout: BatchLayout) -> DecodeGroup:
         device = layout.block_table.device
