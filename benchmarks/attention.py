@@ -1,7 +1,7 @@
 """Paged decode attention: the torch backend against cpu-native, side by side in one run.
 
     python benchmarks/attention.py [--batches 1 16 64 256] [--contexts 128 256 512 1024]
-                                   [--repeats 15] [--skip-e2e]
+                                   [--repeats 15] [--threads N] [--skip-e2e]
 
 Micro-benchmark: one layer's attention call (this step's K/V written, then attended) on
 the default model's shape (9 query heads, 3 KV heads, head_dim 64, block size 16, bf16),
@@ -14,6 +14,7 @@ backend (median of a few steps, steps of the two engines interleaved).
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -69,7 +70,7 @@ def micro(batches, contexts, repeats: int) -> None:
             for name, backend in backends.items():
                 cache = torch.randn(backend.kv_cache_shape(pool), generator=gen).to(SPEC.dtype)
                 metadata = backend.build_metadata(layout)
-                calls[name] = (lambda b=backend, c=cache, m=metadata: b.forward(q, k, v, c, m))
+                calls[name] = functools.partial(backend.forward, q, k, v, cache, metadata)
             medians = time_calls(calls, repeats)
             base, new = medians["torch"] * 1e6, medians["cpu-native"] * 1e6
             print(f"{batch:>5} {context:>7} {base:>10.0f} {new:>14.0f} {base / new:>5.2f}x")
@@ -102,8 +103,11 @@ def main():
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024])
     parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, help="torch (and OpenMP) threads; default: torch's")
     parser.add_argument("--skip-e2e", action="store_true")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     micro(args.batches, args.contexts, args.repeats)
     if not args.skip_e2e:
         end_to_end()
