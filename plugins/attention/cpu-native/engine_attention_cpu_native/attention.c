@@ -65,14 +65,19 @@ static inline void store_row_f32(float *dst, const float *src, float inv, int64_
 
 /* ---- the per-block math, portable ---------------------------------------------------- */
 
-/* scores[t] = q · keys[t], t < count */
-static void scores_scalar(const float *q, const float *keys, int64_t count, int64_t dim, float *scores) {
-    for (int64_t t = 0; t < count; t++) {
-        float sum = 0.f;
-        for (int64_t d = 0; d < dim; d++) sum += q[d] * keys[t * dim + d];
-        scores[t] = sum;
-    }
+/* scores[t] = scale · q · keys[t], t < count; q and keys in the cache's storage type */
+#define DEFINE_SCORES_SCALAR(SUFFIX, T, LOAD)                                                     \
+static void scores_##SUFFIX##_scalar(const T *q, const T *keys, int64_t count, int64_t dim,       \
+                                    float scale, float *scores) {                                 \
+    for (int64_t t = 0; t < count; t++) {                                                         \
+        float sum = 0.f;                                                                          \
+        for (int64_t d = 0; d < dim; d++) sum += LOAD(q[d]) * LOAD(keys[t * dim + d]);            \
+        scores[t] = sum * scale;                                                                  \
+    }                                                                                             \
 }
+static inline float f32_load(float v) { return v; }
+DEFINE_SCORES_SCALAR(bf16, uint16_t, bf16_load)
+DEFINE_SCORES_SCALAR(f32, float, f32_load)
 
 /* Online softmax step: scores -> exp(score - new max) in place; updates *max and *sum;
  * returns the factor the accumulator must be scaled by (exp(old max - new max)). */
@@ -103,13 +108,72 @@ static void accumulate_scalar(float *acc, float correction, const float *probs, 
 /* ---- the same with AVX-512 (head_dim a multiple of 16) -------------------------------- */
 
 #ifdef __AVX512F__
-static void scores_simd(const float *q, const float *keys, int64_t count, int64_t dim, float *scores) {
-    for (int64_t t = 0; t < count; t++) {
-        const float *k = keys + t * dim;
-        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(q), _mm512_loadu_ps(k));
-        for (int64_t d = 16; d < dim; d += 16)
-            a = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), a);
-        scores[t] = _mm512_reduce_add_ps(a);
+/* One vector of 16 sums from 16 vectors: lane t = the sum of acc[t]'s lanes. A tree of
+ * unpacks and 128-bit shuffles, ~3 instructions a score where a reduction per score takes ~8. */
+static inline __m512 sum16(const __m512 acc[16]) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                                 _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* bf16 keys read where they lie: with AVX512_BF16 two products a lane per instruction
+ * (vdpbf16ps, exact products, float32 sums); without it each 16 keys widened to float32. */
+static void scores_bf16_simd(const uint16_t *q, const uint16_t *keys, int64_t count, int64_t dim,
+                             float scale, float *scores) {
+    for (int64_t t0 = 0; t0 < count; t0 += 16) {
+        __m512 acc[16];
+        int64_t n = count - t0 < 16 ? count - t0 : 16;
+        for (int64_t t = 0; t < 16; t++) {
+            acc[t] = _mm512_setzero_ps();
+            if (t >= n) continue;
+            const uint16_t *k = keys + (t0 + t) * dim;
+#ifdef __AVX512BF16__
+            for (int64_t d = 0; d < dim; d += 32) {
+                __mmask32 live = dim - d >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (dim - d)) - 1);
+                acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)_mm512_maskz_loadu_epi16(live, q + d),
+                                          (__m512bh)_mm512_maskz_loadu_epi16(live, k + d));
+            }
+#else
+            for (int64_t d = 0; d < dim; d += 16) {
+                __m512 qf = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(q + d))), 16));
+                __m512 kf = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(k + d))), 16));
+                acc[t] = _mm512_fmadd_ps(qf, kf, acc[t]);
+            }
+#endif
+        }
+        _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+}
+
+static void scores_f32_simd(const float *q, const float *keys, int64_t count, int64_t dim, float scale,
+                            float *scores) {
+    for (int64_t t0 = 0; t0 < count; t0 += 16) {
+        __m512 acc[16];
+        int64_t n = count - t0 < 16 ? count - t0 : 16;
+        for (int64_t t = 0; t < 16; t++) {
+            acc[t] = _mm512_setzero_ps();
+            if (t >= n) continue;
+            const float *k = keys + (t0 + t) * dim;
+            for (int64_t d = 0; d < dim; d += 16)
+                acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc[t]);
+        }
+        _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
     }
 }
 
@@ -133,7 +197,7 @@ static inline __m512 exp_simd(__m512 x) {
 static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < count; t += 16) {
-        __mmask16 live = count - t >= 16 ? 0xFFFF : (__mmask16)((1u << (count - t)) - 1);
+        __mmask16 live = first_lanes(count - t);
         top = _mm512_mask_max_ps(top, live, top, _mm512_maskz_loadu_ps(live, scores + t));
     }
     float block_max = _mm512_reduce_max_ps(top);
@@ -141,7 +205,7 @@ static float softmax_step_simd(float *scores, int64_t count, float *max, float *
     float correction = expf(*max - new_max);
     __m512 shift = _mm512_set1_ps(new_max), total = _mm512_setzero_ps();
     for (int64_t t = 0; t < count; t += 16) {
-        __mmask16 live = count - t >= 16 ? 0xFFFF : (__mmask16)((1u << (count - t)) - 1);
+        __mmask16 live = first_lanes(count - t);
         __m512 p = exp_simd(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + t), shift));
         p = _mm512_maskz_mov_ps(live, p);
         _mm512_mask_storeu_ps(scores + t, live, p);
@@ -184,31 +248,38 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
     }
 }
 #else
-#define scores_simd scores_scalar
+#define scores_bf16_simd scores_bf16_scalar
+#define scores_f32_simd scores_f32_scalar
 #define softmax_step_simd softmax_step_scalar
 #define accumulate_simd accumulate_scalar
 #endif
 
 /* ---- the driver, once per (storage type, math variant) -------------------------------- */
 
-/* Per-thread scratch: M query vectors, their accumulators, max and sum, one block of keys
- * and of values as float32, one block of scores. */
+/* Per-thread scratch: M accumulators, their running max and sum, one block of values as
+ * float32, one block of scores. Keys and queries are read where they lie. */
 typedef struct {
-    float *queries, *acc, *max, *sum, *keys, *values, *scores;
+    float *acc, *max, *sum, *values, *scores;
 } Workspace;
 
 static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t block_size) {
-    size_t floats = (size_t)vectors * (2 * dim + 2) + (size_t)block_size * (2 * dim + 1);
+    size_t floats = (size_t)vectors * (dim + 2) + (size_t)block_size * (dim + 1);
     float *base = malloc(floats * sizeof(float));
     if (!base) return 0;
-    w->queries = base;
-    w->acc = w->queries + vectors * dim;
+    w->acc = base;
     w->max = w->acc + vectors * dim;
     w->sum = w->max + vectors;
-    w->keys = w->sum + vectors;
-    w->values = w->keys + block_size * dim;
+    w->values = w->sum + vectors;
     w->scores = w->values + block_size * dim;
     return 1;
+}
+
+/* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming. */
+static inline void prefetch_block(const void *keys, const void *values, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch((const char *)keys + b);
+        __builtin_prefetch((const char *)values + b);
+    }
 }
 
 #define DEFINE_ATTENTION(NAME, T, BLOCK, STORE_ROW, SCORES, SOFTMAX_STEP, ACCUMULATE)             \
@@ -217,22 +288,20 @@ static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, co
                         int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,            \
                         int64_t dim, int64_t block_size, float scale, T *out, Workspace *w) {     \
     int64_t vectors = n * group, block_len = block_size * dim;                                    \
-    for (int64_t i = 0; i < n; i++)                                                               \
-        for (int64_t j = 0; j < group; j++) {                                                     \
-            const T *src = query + (q_begin + i) * q_stride + (kv_head * group + j) * dim;        \
-            float *q = w->queries + (i * group + j) * dim;                                        \
-            const float *loaded = BLOCK(src, dim, w->keys);                                       \
-            for (int64_t d = 0; d < dim; d++) q[d] = loaded[d] * scale;                           \
-        }                                                                                         \
     memset(w->acc, 0, sizeof(float) * vectors * dim);                                             \
     for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;                 \
     const T *keys_base = key_cache + kv_head * head_stride;                                       \
     const T *values_base = value_cache + kv_head * head_stride;                                   \
+    const T *first_query = query + q_begin * q_stride + kv_head * group * dim;                    \
     int64_t first_position = seq_len - n;                                                         \
     for (int64_t start = 0; start < seq_len; start += block_size) {                               \
         int64_t count = seq_len - start < block_size ? seq_len - start : block_size;              \
         int64_t offset = (int64_t)table[start / block_size] * block_len;                          \
-        const float *keys = BLOCK(keys_base + offset, count * dim, w->keys);                      \
+        const T *keys = keys_base + offset;                                                       \
+        if (start + block_size < seq_len)  /* the next block's lines, while this one is used */   \
+            prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,        \
+                           values_base + (int64_t)table[start / block_size + 1] * block_len,      \
+                           block_len * (int64_t)sizeof(T));                                       \
         const float *values = BLOCK(values_base + offset, count * dim, w->values);                \
         for (int64_t i = 0; i < n; i++) {                                                         \
             int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */   \
@@ -240,7 +309,7 @@ static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, co
             if (visible > count) visible = count;                                                 \
             for (int64_t j = 0; j < group; j++) {                                                 \
                 int64_t m = i * group + j;                                                        \
-                SCORES(w->queries + m * dim, keys, visible, dim, w->scores);                      \
+                SCORES(first_query + i * q_stride + j * dim, keys, visible, dim, scale, w->scores); \
                 float correction = SOFTMAX_STEP(w->scores, visible, w->max + m, w->sum + m);      \
                 ACCUMULATE(w->acc + m * dim, correction, w->scores, values, visible, dim);        \
             }                                                                                     \
@@ -283,16 +352,16 @@ int64_t NAME(const T *query, int64_t q_stride, const T *key_cache, const T *valu
                         query_start[b + 1] - query_start[b], seq_lens[b], item % kv_heads, heads, \
                         group, dim, block_size, scale, out, &w);                                  \
         }                                                                                         \
-        if (ok) free(w.queries);                                                                  \
+        if (ok) free(w.acc);                                                                  \
     }                                                                                             \
     return failed ? -1 : 0;                                                                       \
 }
 
-DEFINE_ATTENTION(paged_attention_bf16, uint16_t, block_bf16, store_row_bf16, scores_simd, softmax_step_simd,
+DEFINE_ATTENTION(paged_attention_bf16, uint16_t, block_bf16, store_row_bf16, scores_bf16_simd, softmax_step_simd,
                  accumulate_simd)
-DEFINE_ATTENTION(paged_attention_bf16_scalar, uint16_t, block_bf16, store_row_bf16, scores_scalar,
+DEFINE_ATTENTION(paged_attention_bf16_scalar, uint16_t, block_bf16, store_row_bf16, scores_bf16_scalar,
                  softmax_step_scalar, accumulate_scalar)
-DEFINE_ATTENTION(paged_attention_f32, float, block_f32, store_row_f32, scores_simd, softmax_step_simd,
+DEFINE_ATTENTION(paged_attention_f32, float, block_f32, store_row_f32, scores_f32_simd, softmax_step_simd,
                  accumulate_simd)
-DEFINE_ATTENTION(paged_attention_f32_scalar, float, block_f32, store_row_f32, scores_scalar,
+DEFINE_ATTENTION(paged_attention_f32_scalar, float, block_f32, store_row_f32, scores_f32_scalar,
                  softmax_step_scalar, accumulate_scalar)
