@@ -83,14 +83,16 @@ def end_to_end(batch: int = 64, steps: int = 5) -> None:
 
     engines = {}
     for name in BACKENDS:
-        engine = LLM(attention_backend=name).engine
+        # whole-budget prefill chunks: no request decodes (and finishes) before all are prefilled
+        engine = LLM(attention_backend=name, shared_step_target_s=0).engine
         for i in range(batch):
             prompt = [(7 * i + j) % 1000 + 10 for j in range(16 + (i * 37) % 240)]
             engine.add_request(Request(f"{name}-{i}", prompt,
-                                       SamplingParams(max_tokens=steps * 2 + 8, temperature=0, ignore_eos=True)))
+                                       SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True)))
         while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running_requests()) \
                 or engine.scheduler.stats["waiting"]:
             engine.step()
+        assert len(engine.scheduler.running_requests()) == batch
         engines[name] = engine
     medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
     base, new = medians["torch"] * 1e3, medians["cpu-native"] * 1e3

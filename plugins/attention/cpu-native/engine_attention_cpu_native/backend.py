@@ -53,8 +53,6 @@ class NativeGroup:
     query_start: torch.Tensor  # [B + 1] int32
     seq_lens: torch.Tensor  # [B] int32
     block_table: torch.Tensor  # [B, blocks] int32, contiguous
-    slot_mapping: torch.Tensor  # [t] slots of these requests' rows
-    rows: torch.Tensor | None  # [t] their rows in the batch; None: every row of the batch
 
 
 @attrs.frozen
@@ -67,6 +65,7 @@ class DelegatedGroup:
 
 @attrs.frozen
 class NativeAttentionMetadata:
+    slot_mapping: torch.Tensor
     native: NativeGroup | None
     delegated: DelegatedGroup | None
 
@@ -110,22 +109,15 @@ class NativeAttentionBackend(AttentionBackend):
         return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
 
     def build_metadata(self, layout: BatchLayout) -> NativeAttentionMetadata:
-        long = [i for i, q in enumerate(layout.query_lens) if q > self.max_native_query_len]
-        if not long:
-            return NativeAttentionMetadata(self._native_group(layout, list(range(layout.num_requests)), None),
-                                           None)
         short = [i for i, q in enumerate(layout.query_lens) if q <= self.max_native_query_len]
-        starts = layout.query_start_loc.tolist()
-        native = None
-        if short:
-            rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in short])
-            native = self._native_group(layout, short, rows)
-        return NativeAttentionMetadata(native, self._delegated_group(layout, long, starts))
+        long = [i for i, q in enumerate(layout.query_lens) if q > self.max_native_query_len]
+        native = self._native_group(layout, short) if short else None
+        delegated = self._delegated_group(layout, long, layout.query_start_loc.tolist()) if long else None
+        return NativeAttentionMetadata(layout.slot_mapping, native, delegated)
 
-    def _native_group(self, layout: BatchLayout, requests: list[int], rows) -> NativeGroup:
-        slots = layout.slot_mapping if rows is None else layout.slot_mapping[rows]
+    def _native_group(self, layout: BatchLayout, requests: list[int]) -> NativeGroup:
         return NativeGroup(torch.tensor(requests, dtype=torch.int32), layout.query_start_loc.int().contiguous(),
-                           layout.seq_lens.int().contiguous(), layout.block_table.int().contiguous(), slots, rows)
+                           layout.seq_lens.int().contiguous(), layout.block_table.int().contiguous())
 
     def _delegated_group(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedGroup:
         rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in requests])
@@ -141,21 +133,23 @@ class NativeAttentionBackend(AttentionBackend):
         return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))
 
     def forward(self, query, key, value, kv_cache, metadata: NativeAttentionMetadata) -> torch.Tensor:
+        """Every row's K/V is written before anything attends: a request may read blocks that
+        another request of the same step writes (a prompt prefix shared within the step). The
+        torch backend writes the delegated rows again (the same values; those steps prefill)."""
+        s = self.spec
+        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
+        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, metadata.slot_mapping, new_kv)
         out = torch.empty(query.shape, dtype=query.dtype)
         if metadata.native is not None:
-            self._attend_native(query, key, value, kv_cache, metadata.native, out)
+            self._attend_native(query, kv_cache, metadata.native, out)
         if metadata.delegated is not None:
             rows = metadata.delegated.rows
             out[rows] = self._torch.forward(query[rows], key[rows], value[rows], kv_cache,
                                             metadata.delegated.metadata)
         return out
 
-    def _attend_native(self, query, key, value, kv_cache, group: NativeGroup, out: torch.Tensor) -> None:
+    def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor) -> None:
         s = self.spec
-        if group.rows is not None:
-            key, value = key[group.rows], value[group.rows]
-        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, t, D]: K and V in one write
-        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, group.slot_mapping, new_kv)
         if query.stride(2) != 1 or query.stride(1) != s.head_dim:
             query = query.contiguous()
         status = self._kernel(

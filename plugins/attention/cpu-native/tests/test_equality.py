@@ -65,3 +65,30 @@ def test_the_cpu_native_platform_prefers_it():
     registry = load_plugins()
     platform = registry.get("platforms", "cpu-native")()
     assert select_attention_backend(registry, None, spec, platform).name == "cpu-native"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_short_chunk_reads_a_prefix_written_in_the_same_step(dtype):
+    """A prompt prefilled by the torch backend (40 rows) and, in the same step, a short chunk
+    in C whose first two blocks are that prompt's (a prefix shared within the step): the
+    chunk must see the prompt's K/V, so every row is written before anything attends."""
+    from engine.interfaces import BatchLayout
+    from engine.testing.attention import reference_attention
+
+    spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype, block_size=16)
+    backend = NativeAttentionBackend(spec, CpuPlatform())
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(45, h, 64, generator=gen).to(dtype) for h in (8, 2, 2))
+    blocks_a, blocks_b = [5, 2, 9], [5, 2, 4]  # B shares A's first 32 tokens, then 5 of its own
+    slots = [blocks_a[p // 16] * 16 + p % 16 for p in range(40)] + [blocks_b[2] * 16 + p % 16 for p in range(32, 37)]
+    layout = BatchLayout(
+        query_start_loc=torch.tensor([0, 40, 45], dtype=torch.int32), seq_lens=torch.tensor([40, 37], dtype=torch.int32),
+        block_table=torch.tensor([blocks_a, blocks_b], dtype=torch.int32), slot_mapping=torch.tensor(slots),
+        query_lens=(40, 5), seq_lens_host=(40, 37))
+    cache = torch.full(backend.kv_cache_shape(16), float("nan"), dtype=dtype)
+    out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
+    keys_b, values_b = torch.cat([k[:32], k[40:]]), torch.cat([v[:32], v[40:]])
+    expected = torch.cat([reference_attention(q[:40], k[:40], v[:40], spec.scale),
+                          reference_attention(q[40:], keys_b, values_b, spec.scale)])
+    tol = TOLERANCE[dtype] * 2
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
