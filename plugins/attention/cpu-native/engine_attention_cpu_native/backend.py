@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 from pathlib import Path
 
 import attrs
@@ -116,8 +117,12 @@ class NativeAttentionBackend(AttentionBackend):
         return NativeAttentionMetadata(layout.slot_mapping, native, delegated)
 
     def _native_group(self, layout: BatchLayout, requests: list[int]) -> NativeGroup:
-        return NativeGroup(torch.tensor(requests, dtype=torch.int32), layout.query_start_loc.int().contiguous(),
-                           layout.seq_lens.int().contiguous(), layout.block_table.int().contiguous())
+        """Copies made now, from the host lengths: the layout's tensors may be the runner's
+        buffers, which change before a later forward reads them (speculative steps did)."""
+        query_start = torch.tensor([0, *itertools.accumulate(layout.query_lens)], dtype=torch.int32)
+        return NativeGroup(torch.tensor(requests, dtype=torch.int32), query_start,
+                           torch.tensor(layout.seq_lens_host, dtype=torch.int32),
+                           layout.block_table.to(torch.int32, copy=True).contiguous())
 
     def _delegated_group(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedGroup:
         rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in requests])
