@@ -1,0 +1,367 @@
+/* Paged attention for the CPU, reading KV blocks in place through the block table.
+ *
+ * Cache layout (the torch backend's): [2, kv_heads, blocks, block_size, head_dim], so one
+ * (kv head, block) is block_size x head_dim contiguous values. One work item is one
+ * (request, kv head): its n query rows x g grouped query heads (M = n·g query vectors)
+ * walk the request's blocks once; each block is read (converted to float32 for bf16) once
+ * and used by all M vectors, with an online softmax per vector (float32 running max and
+ * sum, the accumulator rescaled when the max grows). Query row i of a request sits at
+ * position seq_len - n + i and sees keys up to its own position (causal within the chunk).
+ *
+ * Work items are spread over torch's OpenMP pool when the call is big enough to split.
+ * Each storage type (bf16, f32) gets two symbols: paged_attention_<type> on AVX-512 where
+ * the compiler targets it, and paged_attention_<type>_scalar, portable C, which the tests
+ * also run (on a CPU without AVX-512 both are the portable one).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#define MAX_HEAD_DIM 256
+#define MAX_BLOCK_SIZE 256
+/* below this many multiply-adds (query vectors x context tokens x head_dim, summed over
+ * items) a call stays on one thread: waking the pool costs more than it saves */
+#define MIN_PARALLEL_WORK (1 << 16)
+
+int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
+int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
+
+static inline float bf16_load(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_store(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest, ties to even */
+    return (uint16_t)(bits >> 16);
+}
+
+/* A block as float32 rows: bf16 converted into `scratch`, f32 read where it lies. */
+static inline const float *block_bf16(const uint16_t *src, int64_t count, float *scratch) {
+    for (int64_t i = 0; i < count; i++) scratch[i] = bf16_load(src[i]);
+    return scratch;
+}
+
+static inline const float *block_f32(const float *src, int64_t count, float *scratch) {
+    (void)count, (void)scratch;
+    return src;
+}
+
+static inline void store_row_bf16(uint16_t *dst, const float *src, float inv, int64_t dim) {
+    for (int64_t d = 0; d < dim; d++) dst[d] = bf16_store(src[d] * inv);
+}
+
+static inline void store_row_f32(float *dst, const float *src, float inv, int64_t dim) {
+    for (int64_t d = 0; d < dim; d++) dst[d] = src[d] * inv;
+}
+
+/* ---- the per-block math, portable ---------------------------------------------------- */
+
+/* scores[t] = scale · q · keys[t], t < count; q and keys in the cache's storage type */
+#define DEFINE_SCORES_SCALAR(SUFFIX, T, LOAD)                                                     \
+static void scores_##SUFFIX##_scalar(const T *q, const T *keys, int64_t count, int64_t dim,       \
+                                    float scale, float *scores) {                                 \
+    for (int64_t t = 0; t < count; t++) {                                                         \
+        float sum = 0.f;                                                                          \
+        for (int64_t d = 0; d < dim; d++) sum += LOAD(q[d]) * LOAD(keys[t * dim + d]);            \
+        scores[t] = sum * scale;                                                                  \
+    }                                                                                             \
+}
+static inline float f32_load(float v) { return v; }
+DEFINE_SCORES_SCALAR(bf16, uint16_t, bf16_load)
+DEFINE_SCORES_SCALAR(f32, float, f32_load)
+
+/* Online softmax step: scores -> exp(score - new max) in place; updates *max and *sum;
+ * returns the factor the accumulator must be scaled by (exp(old max - new max)). */
+static float softmax_step_scalar(float *scores, int64_t count, float *max, float *sum) {
+    float block_max = scores[0];
+    for (int64_t t = 1; t < count; t++) block_max = scores[t] > block_max ? scores[t] : block_max;
+    float new_max = block_max > *max ? block_max : *max;
+    float correction = expf(*max - new_max), total = 0.f;
+    for (int64_t t = 0; t < count; t++) {
+        scores[t] = expf(scores[t] - new_max);
+        total += scores[t];
+    }
+    *sum = *sum * correction + total;
+    *max = new_max;
+    return correction;
+}
+
+/* acc = acc · correction + sum_t probs[t] · values[t] */
+static void accumulate_scalar(float *acc, float correction, const float *probs, const float *values,
+                              int64_t count, int64_t dim) {
+    for (int64_t d = 0; d < dim; d++) {
+        float a = acc[d] * correction;
+        for (int64_t t = 0; t < count; t++) a += probs[t] * values[t * dim + d];
+        acc[d] = a;
+    }
+}
+
+/* ---- the same with AVX-512 (head_dim a multiple of 16) -------------------------------- */
+
+#ifdef __AVX512F__
+/* One vector of 16 sums from 16 vectors: lane t = the sum of acc[t]'s lanes. A tree of
+ * unpacks and 128-bit shuffles, ~3 instructions a score where a reduction per score takes ~8. */
+static inline __m512 sum16(const __m512 acc[16]) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(acc[2 * i], acc[2 * i + 1]),
+                                 _mm512_unpackhi_ps(acc[2 * i], acc[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 low = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                               _mm512_shuffle_f32x4(quads[0], quads[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    __m512 high = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(2, 0, 2, 0)),
+                                _mm512_shuffle_f32x4(quads[2], quads[3], _MM_SHUFFLE(3, 1, 3, 1)));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(low, high, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
+
+/* bf16 keys read where they lie: with AVX512_BF16 two products a lane per instruction
+ * (vdpbf16ps, exact products, float32 sums); without it each 16 keys widened to float32. */
+static void scores_bf16_simd(const uint16_t *q, const uint16_t *keys, int64_t count, int64_t dim,
+                             float scale, float *scores) {
+    for (int64_t t0 = 0; t0 < count; t0 += 16) {
+        __m512 acc[16];
+        int64_t n = count - t0 < 16 ? count - t0 : 16;
+        for (int64_t t = 0; t < 16; t++) {
+            acc[t] = _mm512_setzero_ps();
+            if (t >= n) continue;
+            const uint16_t *k = keys + (t0 + t) * dim;
+#ifdef __AVX512BF16__
+            for (int64_t d = 0; d < dim; d += 32) {
+                __mmask32 live = dim - d >= 32 ? 0xFFFFFFFFu : (__mmask32)((1u << (dim - d)) - 1);
+                acc[t] = _mm512_dpbf16_ps(acc[t], (__m512bh)_mm512_maskz_loadu_epi16(live, q + d),
+                                          (__m512bh)_mm512_maskz_loadu_epi16(live, k + d));
+            }
+#else
+            for (int64_t d = 0; d < dim; d += 16) {
+                __m512 qf = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(q + d))), 16));
+                __m512 kf = _mm512_castsi512_ps(_mm512_slli_epi32(
+                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(k + d))), 16));
+                acc[t] = _mm512_fmadd_ps(qf, kf, acc[t]);
+            }
+#endif
+        }
+        _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+}
+
+static void scores_f32_simd(const float *q, const float *keys, int64_t count, int64_t dim, float scale,
+                            float *scores) {
+    for (int64_t t0 = 0; t0 < count; t0 += 16) {
+        __m512 acc[16];
+        int64_t n = count - t0 < 16 ? count - t0 : 16;
+        for (int64_t t = 0; t < 16; t++) {
+            acc[t] = _mm512_setzero_ps();
+            if (t >= n) continue;
+            const float *k = keys + (t0 + t) * dim;
+            for (int64_t d = 0; d < dim; d += 16)
+                acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(q + d), _mm512_loadu_ps(k + d), acc[t]);
+        }
+        _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
+    }
+}
+
+/* exp(x) for x <= 0: 2^(x·log2 e) as 2^round · 2^frac, 2^frac by its degree-6 Taylor
+ * polynomial on [-0.5, 0.5] (relative error ~1e-7); below -87 it flushes to 0. */
+static inline __m512 exp_simd(__m512 x) {
+    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_LT_OQ);
+    __m512 y = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(1.44269504f));
+    __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(y, n);
+    __m512 p = _mm512_set1_ps(1.540353e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550411e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
+    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
+}
+
+static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < count; t += 16) {
+        __mmask16 live = first_lanes(count - t);
+        top = _mm512_mask_max_ps(top, live, top, _mm512_maskz_loadu_ps(live, scores + t));
+    }
+    float block_max = _mm512_reduce_max_ps(top);
+    float new_max = block_max > *max ? block_max : *max;
+    float correction = expf(*max - new_max);
+    __m512 shift = _mm512_set1_ps(new_max), total = _mm512_setzero_ps();
+    for (int64_t t = 0; t < count; t += 16) {
+        __mmask16 live = first_lanes(count - t);
+        __m512 p = exp_simd(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + t), shift));
+        p = _mm512_maskz_mov_ps(live, p);
+        _mm512_mask_storeu_ps(scores + t, live, p);
+        total = _mm512_add_ps(total, p);
+    }
+    *sum = *sum * correction + _mm512_reduce_add_ps(total);
+    *max = new_max;
+    return correction;
+}
+
+/* head_dim in chunks of 64 (4 registers) with the tokens inner, so the accumulator stays
+ * in registers across the block */
+static void accumulate_simd(float *acc, float correction, const float *probs, const float *values,
+                            int64_t count, int64_t dim) {
+    __m512 c = _mm512_set1_ps(correction);
+    int64_t d = 0;
+    for (; d + 64 <= dim; d += 64) {
+        __m512 a0 = _mm512_mul_ps(_mm512_loadu_ps(acc + d), c);
+        __m512 a1 = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 16), c);
+        __m512 a2 = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 32), c);
+        __m512 a3 = _mm512_mul_ps(_mm512_loadu_ps(acc + d + 48), c);
+        for (int64_t t = 0; t < count; t++) {
+            const float *v = values + t * dim + d;
+            __m512 p = _mm512_set1_ps(probs[t]);
+            a0 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v), a0);
+            a1 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 16), a1);
+            a2 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 32), a2);
+            a3 = _mm512_fmadd_ps(p, _mm512_loadu_ps(v + 48), a3);
+        }
+        _mm512_storeu_ps(acc + d, a0);
+        _mm512_storeu_ps(acc + d + 16, a1);
+        _mm512_storeu_ps(acc + d + 32, a2);
+        _mm512_storeu_ps(acc + d + 48, a3);
+    }
+    for (; d < dim; d += 16) {
+        __m512 a = _mm512_mul_ps(_mm512_loadu_ps(acc + d), c);
+        for (int64_t t = 0; t < count; t++)
+            a = _mm512_fmadd_ps(_mm512_set1_ps(probs[t]), _mm512_loadu_ps(values + t * dim + d), a);
+        _mm512_storeu_ps(acc + d, a);
+    }
+}
+#else
+#define scores_bf16_simd scores_bf16_scalar
+#define scores_f32_simd scores_f32_scalar
+#define softmax_step_simd softmax_step_scalar
+#define accumulate_simd accumulate_scalar
+#endif
+
+/* ---- the driver, once per (storage type, math variant) -------------------------------- */
+
+/* Per-thread scratch: M accumulators, their running max and sum, one block of values as
+ * float32, one block of scores. Keys and queries are read where they lie. */
+typedef struct {
+    float *acc, *max, *sum, *values, *scores;
+} Workspace;
+
+static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t block_size) {
+    size_t floats = (size_t)vectors * (dim + 2) + (size_t)block_size * (dim + 1);
+    float *base = malloc(floats * sizeof(float));
+    if (!base) return 0;
+    w->acc = base;
+    w->max = w->acc + vectors * dim;
+    w->sum = w->max + vectors;
+    w->values = w->sum + vectors;
+    w->scores = w->values + block_size * dim;
+    return 1;
+}
+
+/* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming. */
+static inline void prefetch_block(const void *keys, const void *values, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) {
+        __builtin_prefetch((const char *)keys + b);
+        __builtin_prefetch((const char *)values + b);
+    }
+}
+
+#define DEFINE_ATTENTION(NAME, T, BLOCK, STORE_ROW, SCORES, SOFTMAX_STEP, ACCUMULATE)             \
+static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache, \
+                        int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,     \
+                        int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,            \
+                        int64_t dim, int64_t block_size, float scale, T *out, Workspace *w) {     \
+    int64_t vectors = n * group, block_len = block_size * dim;                                    \
+    memset(w->acc, 0, sizeof(float) * vectors * dim);                                             \
+    for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;                 \
+    const T *keys_base = key_cache + kv_head * head_stride;                                       \
+    const T *values_base = value_cache + kv_head * head_stride;                                   \
+    const T *first_query = query + q_begin * q_stride + kv_head * group * dim;                    \
+    int64_t first_position = seq_len - n;                                                         \
+    for (int64_t start = 0; start < seq_len; start += block_size) {                               \
+        int64_t count = seq_len - start < block_size ? seq_len - start : block_size;              \
+        int64_t offset = (int64_t)table[start / block_size] * block_len;                          \
+        const T *keys = keys_base + offset;                                                       \
+        if (start + block_size < seq_len)  /* the next block's lines, while this one is used */   \
+            prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,        \
+                           values_base + (int64_t)table[start / block_size + 1] * block_len,      \
+                           block_len * (int64_t)sizeof(T));                                       \
+        const float *values = BLOCK(values_base + offset, count * dim, w->values);                \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */   \
+            if (visible <= 0) continue;                                                           \
+            if (visible > count) visible = count;                                                 \
+            for (int64_t j = 0; j < group; j++) {                                                 \
+                int64_t m = i * group + j;                                                        \
+                SCORES(first_query + i * q_stride + j * dim, keys, visible, dim, scale, w->scores); \
+                float correction = SOFTMAX_STEP(w->scores, visible, w->max + m, w->sum + m);      \
+                ACCUMULATE(w->acc + m * dim, correction, w->scores, values, visible, dim);        \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    for (int64_t i = 0; i < n; i++)                                                               \
+        for (int64_t j = 0; j < group; j++) {                                                     \
+            int64_t m = i * group + j;                                                            \
+            STORE_ROW(out + ((q_begin + i) * heads + kv_head * group + j) * dim, w->acc + m * dim, \
+                      1.f / w->sum[m], dim);                                                      \
+        }                                                                                         \
+}                                                                                                 \
+                                                                                                  \
+/* Attends requests[0..num_requests) of the batch; out [tokens, heads, dim] contiguous (rows  \
+ * of other requests untouched). query rows are q_stride apart, heads dim apart. Returns 0,   \
+ * or -1 when scratch memory cannot be allocated. */                                            \
+int64_t NAME(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,        \
+             int64_t head_stride, const int32_t *block_table, int64_t table_stride,              \
+             const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,        \
+             int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,                  \
+             int64_t block_size, float scale, T *out) {                                           \
+    int64_t group = heads / kv_heads, max_rows = 0, work = 0, failed = 0;                         \
+    for (int64_t r = 0; r < num_requests; r++) {                                                  \
+        int64_t b = requests[r], n = query_start[b + 1] - query_start[b];                         \
+        max_rows = n > max_rows ? n : max_rows;                                                   \
+        work += n * group * kv_heads * seq_lens[b] * dim;                                         \
+    }                                                                                             \
+    int64_t items = num_requests * kv_heads;                                                      \
+    _Pragma("omp parallel if(work >= MIN_PARALLEL_WORK && items > 1) reduction(|: failed)")      \
+    {                                                                                             \
+        Workspace w = {0};                                                                        \
+        int ok = workspace_alloc(&w, max_rows * group, dim, block_size);                          \
+        failed |= !ok;                                                                            \
+        _Pragma("omp for schedule(dynamic, 1)")                                                   \
+        for (int64_t item = 0; item < items; item++) {                                            \
+            if (!ok) continue;                                                                    \
+            int64_t b = requests[item / kv_heads];                                                \
+            NAME##_item(query, q_stride, key_cache, value_cache, head_stride,                     \
+                        block_table + b * table_stride, query_start[b],                           \
+                        query_start[b + 1] - query_start[b], seq_lens[b], item % kv_heads, heads, \
+                        group, dim, block_size, scale, out, &w);                                  \
+        }                                                                                         \
+        if (ok) free(w.acc);                                                                  \
+    }                                                                                             \
+    return failed ? -1 : 0;                                                                       \
+}
+
+DEFINE_ATTENTION(paged_attention_bf16, uint16_t, block_bf16, store_row_bf16, scores_bf16_simd, softmax_step_simd,
+                 accumulate_simd)
+DEFINE_ATTENTION(paged_attention_bf16_scalar, uint16_t, block_bf16, store_row_bf16, scores_bf16_scalar,
+                 softmax_step_scalar, accumulate_scalar)
+DEFINE_ATTENTION(paged_attention_f32, float, block_f32, store_row_f32, scores_f32_simd, softmax_step_simd,
+                 accumulate_simd)
+DEFINE_ATTENTION(paged_attention_f32_scalar, float, block_f32, store_row_f32, scores_f32_scalar,
+                 softmax_step_scalar, accumulate_scalar)

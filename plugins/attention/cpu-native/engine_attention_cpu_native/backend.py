@@ -1,0 +1,167 @@
+"""Paged attention in C for the CPU, reading KV blocks in place through the block table.
+
+The cache layout is the torch backend's — [2, kv_heads, blocks, block_size, head_dim] —
+so a (KV head, block) is one contiguous block_size × head_dim tile the kernel reads where
+it lies, and long prefill chunks can go to the torch backend's fused (flash) path over the
+same cache without converting anything. Per step, requests with at most
+``max_native_query_len`` query rows (decode rows, speculative verification, short chunks)
+are attended by one C call (``attention.c``); longer chunks are handed to the torch backend,
+obtained through the plugin registry, as a batch of their own.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import itertools
+from pathlib import Path
+
+import attrs
+import torch
+
+from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.plugins import load_plugins
+
+SOURCE = Path(__file__).with_name("attention.c")
+_INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
+_ARGTYPES = [_PTR, _INT, _PTR, _PTR, _INT, _PTR, _INT, _PTR, _PTR, _PTR, _INT, _INT, _INT, _INT, _INT, _FLOAT,
+             _PTR]
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+@functools.cache
+def library() -> ctypes.CDLL:
+    """attention.c built once per machine (``engine_platforms_cpu_native.build``) and loaded
+    once per process; raises its ``BuildError`` when it cannot be built."""
+    from engine_platforms_cpu_native.build import load_source
+
+    return load_source(SOURCE)
+
+
+def kernel(dtype: torch.dtype, portable: bool = False):
+    """The C entry point for a cache of ``dtype``: AVX-512 where built for it, or the
+    portable C one (``portable``)."""
+    function = getattr(library(), f"paged_attention_{_SUFFIX[dtype]}{'_scalar' if portable else ''}")
+    function.argtypes, function.restype = _ARGTYPES, _INT
+    return function
+
+
+@attrs.frozen
+class NativeGroup:
+    """The requests the C kernel attends, as the int32 arrays it reads."""
+
+    requests: torch.Tensor  # [R] int32: indices into the batch
+    query_start: torch.Tensor  # [B + 1] int32
+    seq_lens: torch.Tensor  # [B] int32
+    block_table: torch.Tensor  # [B, blocks] int32, contiguous
+
+
+@attrs.frozen
+class DelegatedGroup:
+    """Long prefill chunks, attended by the torch backend as a batch of their own."""
+
+    rows: torch.Tensor | slice
+    metadata: object
+
+
+@attrs.frozen
+class NativeAttentionMetadata:
+    slot_mapping: torch.Tensor
+    native: NativeGroup | None
+    delegated: DelegatedGroup | None
+
+
+class NativeAttentionBackend(AttentionBackend):
+    name = "cpu-native"
+    block_dim = 2
+    # requests with more query rows than this go to the torch backend's flash path. One
+    # thread, bf16, SmolLM2's heads: C against flash 1.46x (4 rows) and 1.02x (8) after 1000
+    # cached tokens, 0.92x for 16 rows after 200; whole prompts of 16-64 rows 1.9-1.4x. One
+    # request is only kv_heads work items, which two threads split less evenly than flash does.
+    max_native_query_len = 8
+    portable = False  # the portable C kernel even where the AVX-512 one is built (tests)
+
+    @classmethod
+    def supports(cls, spec: AttentionSpec, platform) -> list[str]:
+        reasons = []
+        if platform.device_type != "cpu":
+            reasons.append(f"runs on the CPU, not {platform.device_type}")
+        if spec.dtype not in _SUFFIX:
+            reasons.append(f"takes bfloat16 and float32 caches, not {spec.dtype}")
+        if spec.num_heads % spec.num_kv_heads:
+            reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
+        try:
+            lib = library()
+        except (ImportError, OSError, RuntimeError) as error:
+            return [*reasons, f"cannot build its C kernel: {error}"]
+        if spec.head_dim % 16 or spec.head_dim > lib.max_head_dim():
+            reasons.append(f"head_dim {spec.head_dim} is not a multiple of 16 up to {lib.max_head_dim()}")
+        if spec.block_size > lib.max_block_size():
+            reasons.append(f"block_size {spec.block_size} is over {lib.max_block_size()}")
+        return reasons
+
+    def __init__(self, spec: AttentionSpec, platform):
+        super().__init__(spec, platform)
+        self._kernel = kernel(spec.dtype, self.portable)
+        self._torch = load_plugins().get("attention_backends", "torch")(spec, platform)
+
+    def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
+        s = self.spec
+        return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
+
+    def build_metadata(self, layout: BatchLayout) -> NativeAttentionMetadata:
+        short = [i for i, q in enumerate(layout.query_lens) if q <= self.max_native_query_len]
+        long = [i for i, q in enumerate(layout.query_lens) if q > self.max_native_query_len]
+        native = self._native_group(layout, short) if short else None
+        delegated = self._delegated_group(layout, long, layout.query_start_loc.tolist()) if long else None
+        return NativeAttentionMetadata(layout.slot_mapping, native, delegated)
+
+    def _native_group(self, layout: BatchLayout, requests: list[int]) -> NativeGroup:
+        """Copies made now, from the host lengths: the layout's tensors may be the runner's
+        buffers, which change before a later forward reads them (speculative steps did)."""
+        query_start = torch.tensor([0, *itertools.accumulate(layout.query_lens)], dtype=torch.int32)
+        return NativeGroup(torch.tensor(requests, dtype=torch.int32), query_start,
+                           torch.tensor(layout.seq_lens_host, dtype=torch.int32),
+                           layout.block_table.to(torch.int32, copy=True).contiguous())
+
+    def _delegated_group(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedGroup:
+        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in requests])
+        lens = [layout.query_lens[i] for i in requests]
+        index = torch.tensor(requests)
+        sub = BatchLayout(
+            query_start_loc=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
+            seq_lens=layout.seq_lens[index], block_table=layout.block_table[index],
+            slot_mapping=layout.slot_mapping[rows], query_lens=tuple(lens),
+            seq_lens_host=tuple(layout.seq_lens_host[i] for i in requests))
+        first, last = int(rows[0]), int(rows[-1]) + 1
+        contiguous = last - first == len(rows)
+        return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))
+
+    def forward(self, query, key, value, kv_cache, metadata: NativeAttentionMetadata) -> torch.Tensor:
+        """Every row's K/V is written before anything attends: a request may read blocks that
+        another request of the same step writes (a prompt prefix shared within the step). The
+        torch backend writes the delegated rows again (the same values; those steps prefill)."""
+        s = self.spec
+        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
+        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, metadata.slot_mapping, new_kv)
+        out = torch.empty(query.shape, dtype=query.dtype)
+        if metadata.native is not None:
+            self._attend_native(query, kv_cache, metadata.native, out)
+        if metadata.delegated is not None:
+            rows = metadata.delegated.rows
+            out[rows] = self._torch.forward(query[rows], key[rows], value[rows], kv_cache,
+                                            metadata.delegated.metadata)
+        return out
+
+    def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor) -> None:
+        s = self.spec
+        if query.stride(2) != 1 or query.stride(1) != s.head_dim:
+            query = query.contiguous()
+        status = self._kernel(
+            query.data_ptr(), query.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+            kv_cache.stride(1), group.block_table.data_ptr(), group.block_table.stride(0),
+            group.query_start.data_ptr(), group.seq_lens.data_ptr(), group.requests.data_ptr(),
+            group.requests.numel(), s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, s.scale,
+            out.data_ptr())
+        if status:
+            raise MemoryError("cpu-native attention: no memory for the kernel's scratch buffers")

@@ -1,0 +1,94 @@
+"""cpu-native against the torch backend and plain math on the same random paged inputs:
+bf16 and float32, GQA ratios 1, 3 and 4, head_dim 64 and 128, contexts that are not block
+multiples, block tables shuffled over the pool; decode batches and mixed prefill + decode,
+with the AVX-512 and the portable C kernels, short chunks in C and long ones delegated."""
+
+import pytest
+import torch
+
+from engine.builtin.platforms import CpuPlatform
+from engine.interfaces import AttentionSpec
+from engine.plugins import load_plugins
+from engine.testing.attention import run_two_calls
+from engine_attention_cpu_native.backend import NativeAttentionBackend
+
+BATCHES = {
+    "decode": [(3, 1), (47, 1), (16, 1), (200, 1), (0, 1), (95, 1), (31, 1)],
+    # short chunks (<= max_native_query_len, in C) and long ones (the torch backend) with decode rows
+    "mixed": [(70, 1), (0, 23), (9, 1), (40, 5), (0, 3), (130, 1), (21, 40)],
+}
+TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
+
+
+class Portable(NativeAttentionBackend):
+    portable = True
+
+
+@pytest.mark.parametrize("kernel", [NativeAttentionBackend, Portable], ids=["avx512", "portable"])
+@pytest.mark.parametrize("batch", sorted(BATCHES))
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 2)], ids=["g1", "g3", "g4"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_matches_the_torch_backend(kernel, batch, heads, head_dim, dtype):
+    spec = AttentionSpec(num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype=dtype, block_size=16)
+    platform = CpuPlatform()
+    torch_backend = load_plugins().get("attention_backends", "torch")(spec, platform)
+    ours = run_two_calls(kernel(spec, platform), spec, BATCHES[batch], num_blocks=128, seed=head_dim)
+    theirs = run_two_calls(torch_backend, spec, BATCHES[batch], num_blocks=128, seed=head_dim)
+    tol = TOLERANCE[dtype]
+    for (out, expected), (reference_out, _) in zip(ours, theirs):
+        assert out.dtype == dtype and out.shape == reference_out.shape
+        torch.testing.assert_close(out.float(), reference_out.float(), atol=tol, rtol=tol)
+        torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("head_dim, dtype, reason", [
+    (40, torch.float32, "head_dim 40 is not a multiple of 16"),
+    (512, torch.bfloat16, "head_dim 512 is not a multiple of 16 up to 256"),
+    (64, torch.float16, "takes bfloat16 and float32 caches"),
+])
+def test_says_why_not_so_torch_is_chosen(head_dim, dtype, reason):
+    from engine.core.setup import select_attention_backend
+
+    spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=head_dim, dtype=dtype, block_size=16)
+    reasons = NativeAttentionBackend.supports(spec, CpuPlatform())
+    assert any(reason in r for r in reasons), reasons
+    registry = load_plugins()
+    platform = registry.get("platforms", "cpu-native")()
+    assert select_attention_backend(registry, None, spec, platform).name == "torch"
+
+
+def test_the_cpu_native_platform_prefers_it():
+    from engine.core.setup import select_attention_backend
+
+    spec = AttentionSpec(num_heads=9, num_kv_heads=3, head_dim=64, dtype=torch.bfloat16, block_size=16)
+    registry = load_plugins()
+    platform = registry.get("platforms", "cpu-native")()
+    assert select_attention_backend(registry, None, spec, platform).name == "cpu-native"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_short_chunk_reads_a_prefix_written_in_the_same_step(dtype):
+    """A prompt prefilled by the torch backend (40 rows) and, in the same step, a short chunk
+    in C whose first two blocks are that prompt's (a prefix shared within the step): the
+    chunk must see the prompt's K/V, so every row is written before anything attends."""
+    from engine.interfaces import BatchLayout
+    from engine.testing.attention import reference_attention
+
+    spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype, block_size=16)
+    backend = NativeAttentionBackend(spec, CpuPlatform())
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(45, h, 64, generator=gen).to(dtype) for h in (8, 2, 2))
+    blocks_a, blocks_b = [5, 2, 9], [5, 2, 4]  # B shares A's first 32 tokens, then 5 of its own
+    slots = [blocks_a[p // 16] * 16 + p % 16 for p in range(40)] + [blocks_b[2] * 16 + p % 16 for p in range(32, 37)]
+    layout = BatchLayout(
+        query_start_loc=torch.tensor([0, 40, 45], dtype=torch.int32), seq_lens=torch.tensor([40, 37], dtype=torch.int32),
+        block_table=torch.tensor([blocks_a, blocks_b], dtype=torch.int32), slot_mapping=torch.tensor(slots),
+        query_lens=(40, 5), seq_lens_host=(40, 37))
+    cache = torch.full(backend.kv_cache_shape(16), float("nan"), dtype=dtype)
+    out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
+    keys_b, values_b = torch.cat([k[:32], k[40:]]), torch.cat([v[:32], v[40:]])
+    expected = torch.cat([reference_attention(q[:40], k[:40], v[:40], spec.scale),
+                          reference_attention(q[40:], keys_b, values_b, spec.scale)])
+    tol = TOLERANCE[dtype] * 2
+    torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
