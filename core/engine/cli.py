@@ -99,9 +99,7 @@ class GenerateCommand(Command):
         add_engine_arguments(parser)
 
     def run(self, args) -> int:
-        from engine.core.request import Request
         from engine.llm import LLM
-        from engine.output_processor import OutputProcessor
         from engine.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
@@ -110,18 +108,9 @@ class GenerateCommand(Command):
         llm = LLM(plugins=args.plugins, **engine_options(args))
         ids = (llm.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat
                else llm.tokenizer.encode(args.prompt))
-        llm.engine.validate(ids, params)
-        processor = OutputProcessor(llm.tokenizer)
-        processor.add("cli", args.prompt, ids, ["cli"], params)
-        llm.engine.add_request(Request("cli", ids, params))
-        printed = 0
-        while llm.engine.has_unfinished():
-            finished, to_abort = processor.process(llm.engine.step())
-            llm.engine.abort(to_abort)
-            text = finished[0].outputs[0].text if finished else processor.text_so_far("cli")
-            sys.stdout.write(text[printed:])
+        for piece in llm.stream({"prompt": args.prompt, "prompt_token_ids": ids}, params):
+            sys.stdout.write(piece)
             sys.stdout.flush()
-            printed = len(text)
         sys.stdout.write("\n")
         return 0
 

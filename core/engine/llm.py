@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
-import attrs
 from tqdm.auto import tqdm
 
 from engine.chat_template import template_options
@@ -14,6 +13,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.output_processor import OutputProcessor
 from engine.outputs import RequestOutput
+from engine.request_path import fan_out
 from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
 Prompt = str | Sequence[int] | dict
@@ -51,6 +51,23 @@ class LLM:
         for (text, ids), p, prio in zip(encoded, params, priorities):
             order.append(self._add(processor, text, ids, p, prio))
         return self._run(processor, order, use_tqdm)
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
+        """One prompt's text as it grows (its first sample's), each item the text new since the
+        last; ``engine generate`` prints these. The same checks and fan-out as ``generate``."""
+        [(text, ids)], [params] = self._prepare([prompt], [sampling_params or self.get_default_sampling_params()])
+        self.engine.validate(ids, params)
+        processor = OutputProcessor(self.tokenizer)
+        parent = self._add(processor, text, ids, params, 0)
+        first_child = fan_out(parent, params)[0][0]
+        shown = 0
+        while self.engine.has_unfinished():
+            finished, to_abort = processor.process(self.engine.step())
+            if to_abort:
+                self.engine.abort(to_abort)
+            now = finished[0].outputs[0].text if finished else processor.text_so_far(first_child)
+            yield now[shown:]
+            shown = len(now)
 
     def _prepare(self, prompts: list, params: list) -> tuple[list, list]:
         """Prompts as (text, token ids) cut to ``truncate_prompt_tokens``, and the parameters
@@ -113,14 +130,9 @@ class LLM:
 
     def _add(self, processor: OutputProcessor, text, ids, params: SamplingParams, priority: int) -> str:
         parent = str(next(self._ids))
-        children = [parent] if params.n == 1 else [f"{parent}-{i}" for i in range(params.n)]
-        processor.add(parent, text, ids, children, params)
-        for i, cid in enumerate(children):
-            child_params = params
-            if params.n > 1:  # children share the prompt's blocks through the prefix cache
-                seed = None if params.seed is None else params.seed + i
-                child_params = attrs.evolve(params, n=1, seed=seed,
-                                            prompt_logprobs=params.prompt_logprobs if i == 0 else None)
+        children = fan_out(parent, params)  # the samples share the prompt's blocks through the prefix cache
+        processor.add(parent, text, ids, [cid for cid, _ in children], params)
+        for cid, child_params in children:
             self.engine.add_request(Request(cid, ids, child_params, priority=priority))
         return parent
 

@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.interfaces import GrammarSpec
+from engine.request_path import fan_out
 from engine.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
 from engine_server.choices import Choice
 from engine_server.client import EngineDead
@@ -164,12 +165,10 @@ class Generation:
         first = sampling_params(state, body, max_tokens, logprobs, spec, chat)
         tokens_as_ids = (state.return_tokens_as_token_ids if body.return_tokens_as_token_ids is None
                          else body.return_tokens_as_token_ids)
-        samples = [first if body.seed is None or i == 0 else attrs.evolve(first, seed=body.seed + i)
-                   for i in range(body.n)]
+        first = attrs.evolve(first, n=body.n)
         for p, (_, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
-            for i, params in enumerate(samples):
-                rid = f"{self.id}-{p}-{i}"
+            for rid, params in fan_out(f"{self.id}-{p}", first):
                 self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params, tokens_as_ids))
                 self.children.append((rid, ids, params))
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
@@ -275,6 +274,10 @@ class Generation:
     def _prompt_ids(self, choice: Choice) -> list[int]:
         return self.prompts[choice.index // self.body.n][1]
 
+    def _prompt_owner(self, choice: Choice) -> Choice:
+        """The prompt's first sample, the one that computes its prompt log-probs (``fan_out``)."""
+        return self.choices[choice.index - choice.index % self.body.n]
+
     def _echo(self, choice: Choice) -> str:
         prompt_text = self.prompts[choice.index // self.body.n][0]
         if prompt_text is None:
@@ -316,12 +319,12 @@ class Generation:
         prefix = self._echo(c) if self.body.echo else ""
         logprobs = self._logprobs(c, c.logprobs, len(prefix))
         if prefix and logprobs is not None:
-            echoed = c.echo_logprobs(self._prompt_ids(c))
+            echoed = self._prompt_owner(c).echo_logprobs(self._prompt_ids(c))
             logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
         body = {"index": c.index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                 "stop_reason": stop_reason}
         if self.body.prompt_logprobs is not None:
-            body["prompt_logprobs"] = c.prompt_logprobs()
+            body["prompt_logprobs"] = self._prompt_owner(c).prompt_logprobs()
         return body
 
     # -- a stream ----------------------------------------------------------------------
@@ -369,7 +372,8 @@ class Generation:
                 if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
                     unechoed.discard(choice.request_id)
                     yield self._frame({"choices": [{"index": choice.index, "text": self._echo(choice),
-                                                    "logprobs": choice.echo_logprobs(self._prompt_ids(choice)),
+                                                    "logprobs": self._prompt_owner(choice).echo_logprobs(
+                                                        self._prompt_ids(choice)),
                                                     "finish_reason": None}]})
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):

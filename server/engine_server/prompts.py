@@ -4,6 +4,7 @@ the vocabulary and the per-request cap on engine requests. Called off the event 
 
 from __future__ import annotations
 
+from engine import request_path
 from engine.chat_template import template_options
 from engine.sampling_params import InvalidParam
 from engine_server.errors import bad_request
@@ -22,17 +23,11 @@ def check_fanout(state, prompts: int, n: int) -> None:
 
 
 def check_prompt(state, ids: list[int], max_tokens: int | None, param: str) -> None:
-    limit = state.max_model_len
-    if not ids:
-        raise bad_request("the prompt must contain at least one token", param)
-    if any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < state.vocab_size for t in ids):
-        raise bad_request(f"token ids must be integers in [0, {state.vocab_size})", param)
-    if len(ids) >= limit:
-        raise bad_request(f"the prompt has {len(ids)} tokens; this model's context is {limit} tokens "
-                          "(max_model_len), with at least one left to generate", param)
-    if max_tokens is not None and len(ids) + max_tokens > limit:
-        raise bad_request(f"max_tokens={max_tokens} plus the prompt's {len(ids)} tokens exceed the "
-                          f"context of {limit} tokens", "max_tokens")
+    """The core's prompt check (:func:`engine.request_path.check_prompt`) as a 400."""
+    try:
+        request_path.check_prompt(ids, state.vocab_size, state.max_model_len, max_tokens, param)
+    except InvalidParam as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 
 def _is_ids(value) -> bool:

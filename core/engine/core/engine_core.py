@@ -29,8 +29,9 @@ from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, GrammarContext
 from engine.plugins import load_plugins
+from engine.request_path import check_prompt
 from engine.runner.model_runner import ModelRunner
-from engine.sampling_params import InvalidParam, SamplingParams, check_int64, is_int
+from engine.sampling_params import InvalidParam, SamplingParams, check_int64
 
 logger = logging.getLogger(__name__)
 
@@ -127,14 +128,8 @@ class EngineCore:
         if not isinstance(params, SamplingParams):
             raise InvalidParam("sampling_params", f"sampling_params must be SamplingParams, got {type(params)}")
         check_int64(priority, "priority")
-        if not isinstance(prompt_token_ids, list) or not prompt_token_ids:
-            raise InvalidParam("prompt", "prompt: must contain at least one token")
         vocab = self.hf_config.vocab_size
-        if not all(is_int(t) and 0 <= t < vocab for t in prompt_token_ids):
-            raise InvalidParam("prompt", f"prompt: token ids must be integers in [0, {vocab})")
-        if len(prompt_token_ids) >= self.max_model_len:
-            raise InvalidParam("prompt", f"prompt: {len(prompt_token_ids)} tokens do not fit the context of "
-                               f"{self.max_model_len} (max_model_len) with room to generate")
+        check_prompt(prompt_token_ids, vocab, self.max_model_len)
         params.check_vocab(vocab)
         if params.bad_words and not params.bad_words_token_ids:
             raise InvalidParam("bad_words", "bad_words: not tokenized (the front end calls tokenize_bad_words)")
