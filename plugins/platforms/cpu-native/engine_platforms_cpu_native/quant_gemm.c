@@ -26,6 +26,12 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_VNNI 1
+#else
+#define HAVE_VNNI 0
+#endif
+
 #define GROUP 32
 #define TILE 16
 #define PARALLEL_WORK (1 << 20) /* multiply-adds from which a call is split over threads */
@@ -44,13 +50,7 @@ static inline uint16_t bf16_store(float f) {
     return (uint16_t)(bits >> 16);
 }
 
-int64_t affine_vnni_available(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-    return 1;
-#else
-    return 0;
-#endif
-}
+int64_t affine_vnni_available(void) { return HAVE_VNNI; }
 
 /* ---- packing: q uint8 [N, K] (< 2**bits), scale/offset float32 [N, K/32] ---------------- */
 
@@ -87,6 +87,7 @@ static inline int packed_q(const uint8_t *qw, int64_t bits, int64_t steps, int64
 
 /* ---- activation quantization ------------------------------------------------------------ */
 
+#if !HAVE_VNNI
 #define DEFINE_QUANTIZE(SUFFIX, T, LOAD)                                                        \
 static void quantize_row_scalar_##SUFFIX(const T *x, int64_t k, int8_t *xq, float *d, float *s) { \
     for (int64_t g = 0; g < k / GROUP; g++) {                                                   \
@@ -105,8 +106,9 @@ static void quantize_row_scalar_##SUFFIX(const T *x, int64_t k, int8_t *xq, floa
 }
 DEFINE_QUANTIZE(bf16, uint16_t, bf16_load)
 DEFINE_QUANTIZE(f32, float, )
+#endif
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if HAVE_VNNI
 static inline __m512 load16_bf16(const uint16_t *p) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
 }
@@ -135,9 +137,10 @@ DEFINE_QUANTIZE_AVX(f32, float)
 
 /* ---- the GEMM ---------------------------------------------------------------------------- */
 
-/* Scalar reference: the same int32 group sums, the same float combination. */
+#if !HAVE_VNNI
+/* Plain C: the same int32 group sums, the same float combination. */
 static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                        const uint8_t *qw, const float *sz, int64_t bits, int64_t n, float *out) {
+                        const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int out_bf16, void *out) {
     int64_t groups = k / GROUP, steps = k / step_bytes(bits);
     for (int64_t r = 0; r < m; r++)
         for (int64_t col = 0; col < n; col++) {
@@ -150,11 +153,12 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
                 const float *gsz = sz + (t * groups + g) * 2 * TILE;
                 acc += (float)dot * (gsz[c] * d[r * groups + g]) + gsz[TILE + c] * s[r * groups + g];
             }
-            out[r * n + col] = acc;
+            if (out_bf16) ((uint16_t *)out)[r * n + col] = bf16_store(acc);
+            else ((float *)out)[r * n + col] = acc;
         }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#else
 static inline __m512i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -213,21 +217,37 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
     }
 }
 
+static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
+#if defined(__AVX512BF16__)
+    _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    __m512i bits = _mm512_castps_si512(v);  /* round to nearest even, as bf16_store */
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+#endif
+}
+
 static inline __attribute__((always_inline)) void
 block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
-            int64_t k, const uint8_t *qw, const float *sz, int64_t tile, int64_t n, float *out) {
+            int64_t k, const uint8_t *qw, const float *sz, int64_t tile, int64_t n, int out_bf16, void *out) {
     int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * 2 * TILE;
     __m512 acc[4][2];
     block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz + tile * tile_sz, tile_qbytes, tile_sz, acc);
     for (int t = 0; t < NT; t++) {
         int64_t col = (tile + t) * TILE, left = n - col;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(out + r * n + col, mask, acc[r][t]);
+        for (int r = 0; r < R; r++) {
+            if (out_bf16) store16_bf16((uint16_t *)out + r * n + col, mask, acc[r][t]);
+            else _mm512_mask_storeu_ps((float *)out + r * n + col, mask, acc[r][t]);
+        }
     }
 }
 
 /* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
-#define CASE(R, NT, BITS) block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, t, n, out + r * n)
+#define CASE(R, NT, BITS)                                                                       \
+    block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, t, n, out_bf16, \
+                (char *)out + r * n * (out_bf16 ? 2 : 4))
 #define ROWS(NT, BITS)                                                                          \
     switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
     case 4: CASE(4, NT, BITS); break;                                                           \
@@ -237,7 +257,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
     }
 static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t r0, int64_t rows, int64_t k,
                        const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int64_t t0, int64_t nt,
-                       float *out) {
+                       int out_bf16, void *out) {
     int64_t groups = k / GROUP;
     for (int64_t r = r0; r < r0 + rows; r += 4)
         for (int64_t t = t0; t < t0 + nt; t += 2) {
@@ -251,7 +271,7 @@ static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t
 }
 
 static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                     const uint8_t *qw, const float *sz, int64_t bits, int64_t n, float *out) {
+                     const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int out_bf16, void *out) {
     int64_t tiles = (n + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
     int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;
     int64_t jobs = pairs * row_blocks;
@@ -260,16 +280,16 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
         int64_t p = job % pairs, b = job / pairs;
         int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
-        gemm_range(xq, d, s, r0, rows, k, qw, sz, bits, n, t0, nt, out);
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, bits, n, t0, nt, out_bf16, out);
     }
 }
 #endif
 
-/* ---- entry points: x [m, k] (row stride ldx) in the storage type -> out [m, n] ----------- */
+/* ---- entry points ----------------------------------------------------------------------- */
 
 typedef void (*quantize_fn)(const void *, int64_t, int8_t *, float *, float *);
 typedef void (*gemm_fn)(const int8_t *, const float *, const float *, int64_t, int64_t, const uint8_t *,
-                        const float *, int64_t, int64_t, float *);
+                        const float *, int64_t, int64_t, int, void *);
 
 static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes, int64_t m, int64_t k,
                           int8_t *xq, float *d, float *s) {
@@ -278,46 +298,35 @@ static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes
     for (int64_t r = 0; r < m; r++) quantize(x + r * ldx_bytes, k, xq + r * k, d + r * groups, s + r * groups);
 }
 
-static void store_rows_bf16(const float *src, int64_t count, uint16_t *dst) {
-    int64_t i = 0;
-#if defined(__AVX512BF16__) && defined(__AVX512VL__)
-    for (; i + 16 <= count; i += 16)
-        _mm256_storeu_si256((void *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-#endif
-    for (; i < count; i++) dst[i] = bf16_store(src[i]);
-}
-
-/* out_f32 doubles as the float result buffer; for bf16 outputs the caller passes scratch. */
 static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_bytes, int64_t m, int64_t k,
-                const uint8_t *qw, const float *sz, int64_t bits, int64_t n, float *result) {
+                const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int out_bf16, void *out) {
     int64_t groups = k / GROUP;
     int8_t *xq = malloc((size_t)(m * k));
     float *ds = malloc(sizeof(float) * (size_t)(2 * m * groups));
     quantize_rows(quantize, x, ldx_bytes, m, k, xq, ds, ds + m * groups);
-    gemm(xq, ds, ds + m * groups, m, k, qw, sz, bits, n, result);
+    gemm(xq, ds, ds + m * groups, m, k, qw, sz, bits, n, out_bf16, out);
     free(xq);
     free(ds);
 }
 
-#define DEFINE_ENTRY(NAME, QUANTIZE, GEMM)                                                      \
-void NAME##_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const float *sz, \
-                int64_t bits, int64_t n, float *out) {                                          \
-    run((quantize_fn)QUANTIZE##_f32, GEMM, x, ldx * 4, m, k, qw, sz, bits, n, out);             \
-}                                                                                               \
-void NAME##_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const float *sz, \
-                 int64_t bits, int64_t n, uint16_t *out) {                                      \
-    float *result = malloc(sizeof(float) * (size_t)(m * n));                                    \
-    run((quantize_fn)QUANTIZE##_bf16, GEMM, x, ldx * 2, m, k, qw, sz, bits, n, result);         \
-    _Pragma("omp parallel for schedule(static) if (m * n >= (1 << 16))")                        \
-    for (int64_t r = 0; r < m; r++) store_rows_bf16(result + r * n, n, out + r * n);            \
-    free(result);                                                                               \
+#if HAVE_VNNI
+#define QUANTIZE(SUFFIX) ((quantize_fn)quantize_row_avx_##SUFFIX)
+#define GEMM gemm_avx
+#else
+#define QUANTIZE(SUFFIX) ((quantize_fn)quantize_row_scalar_##SUFFIX)
+#define GEMM gemm_scalar
+#endif
+
+/* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
+void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const float *sz,
+                       int64_t bits, int64_t n, float *out) {
+    run(QUANTIZE(f32), GEMM, x, ldx * 4, m, k, qw, sz, bits, n, 0, out);
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
-DEFINE_ENTRY(affine_matmul, quantize_row_avx, gemm_avx)
-#else
-DEFINE_ENTRY(affine_matmul, quantize_row_scalar, gemm_scalar)
-#endif
+void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const float *sz,
+                        int64_t bits, int64_t n, uint16_t *out) {
+    run(QUANTIZE(bf16), GEMM, x, ldx * 2, m, k, qw, sz, bits, n, 1, out);
+}
 
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
 
