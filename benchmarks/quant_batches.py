@@ -3,13 +3,16 @@ at several batch sizes, side by side in one run, on the embedded default model: 
 time and offline throughput.
 
     python benchmarks/quant_batches.py [--batches 1 16 64 256] [--output-len 32] [--repeats 2]
-                                       [--configs default int8-w8a8]
+                                       [--configs default int8-w8a8] [--threads N]
 
 For each batch size B every engine generates for the same B prompts (16–255 tokens, EOS
 ignored), alternating (bf16, default, int8-w8a8, bf16, …). Decode-step time is the time a
 ``--output-len``-token run takes beyond a 1-token run of the same prompts (prefill and first
 token), per step; throughput is B × output-len over the whole run. Each figure is the best of
-``--repeats`` (this shared machine's run-to-run spread is ±10 %).
+``--repeats`` (this shared machine's run-to-run spread is ±10 %). ``--threads`` sets the engine's
+thread count (torch's and the kernels' OpenMP pool, ``ENGINE_NUM_THREADS``): on a machine busier than its cores, threads that
+wait at barriers for preempted peers make every figure several times slower, one thread
+keeps the comparison fair.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ def main():
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--configs", nargs="+", default=["default", "int8-w8a8"], choices=list(CONFIGS)[1:])
+    parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    if args.threads:
+        os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # the CPU platform sets torch's threads
     from engine import LLM
 
     names = ["bf16", *args.configs]

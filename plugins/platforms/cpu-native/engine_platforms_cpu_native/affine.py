@@ -6,6 +6,15 @@ once into the kernel's layout, a matmul (``forward``) and row lookups (``rows``)
 Activations are rounded to int8 per row and per 32 inputs (llama.cpp's q8 activations), the
 group's float sum kept exact for the offset term, so results differ from the exact float
 matmul by that rounding only (relative error ~0.4 % of a row's magnitude per group).
+
+One kernel for every batch size: measured against torch's int4pack planes and the bf16 GEMM
+on the default model's shapes (``benchmarks/quant_matmul.py``, one thread, µs per call), it
+won everywhere, so nothing dispatches by batch size:
+
+    gate|up 3072×576, M = 1 / 16 / 64 / 256:  int4pack 221 / 1493 / 6104 / 22658,
+        bf16 366 / 792 / 2991 / 9784, this kernel 71 / 347 / 1723 / 10633 (a noisy 0.92× at 256;
+        1.57× bf16 in a later run), M = 512 / 2048: 1.09× / 1.11× bf16;
+    LM head 49152×576 (Q8_0), M = 1 / 64 / 256: 1.5× / 6.6× / 6.0× int4pack, 3.1× / 1.6× / 1.4× bf16.
 """
 
 from __future__ import annotations

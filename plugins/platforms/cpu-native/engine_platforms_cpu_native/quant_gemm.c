@@ -277,7 +277,7 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
     int64_t jobs = pairs * row_blocks;
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
     for (int64_t job = 0; job < jobs; job++) {
-        int64_t p = job % pairs, b = job / pairs;
+        int64_t p = job / row_blocks, b = job % row_blocks;  /* a thread's pairs stay in its cache */
         int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
         gemm_range(xq, d, s, r0, rows, k, qw, sz, bits, n, t0, nt, out_bf16, out);
