@@ -8,7 +8,7 @@ time and offline throughput.
 For each batch size B every engine generates for the same B prompts (16–255 tokens, EOS
 ignored), alternating (bf16, default, int8-w8a8, bf16, …). Decode-step time is the time a
 ``--output-len``-token run takes beyond a 1-token run of the same prompts (prefill and first
-token), per step; throughput is B × output-len over the whole run. Each figure is the best of
+token), per step, prefix caching off; throughput is B × output-len over the whole run. Each figure is the best of
 ``--repeats`` (this shared machine's run-to-run spread is ±10 %). ``--threads`` sets the engine's
 thread count (torch's and the kernels' OpenMP pool, ``ENGINE_NUM_THREADS``): on a machine busier than its cores, threads that
 wait at barriers for preempted peers make every figure several times slower, one thread
@@ -26,6 +26,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from offline_throughput import make_prompts
 
 CONFIGS = {"bf16": dict(quantization="unquantized"), "default": dict(), "int8-w8a8": dict(quantization="int8-w8a8")}
+COMMON = dict(enable_prefix_caching=False)  # the runs repeat the same prompts: each must prefill them
 
 
 def timed_run(llm, prompts, tokens) -> float:
@@ -49,7 +50,7 @@ def main():
     from engine import LLM
 
     names = ["bf16", *args.configs]
-    engines = {name: LLM(**CONFIGS[name]) for name in names}
+    engines = {name: LLM(**COMMON, **CONFIGS[name]) for name in names}
     prompts = make_prompts(engines["bf16"].tokenizer, max(args.batches))
     for llm in engines.values():
         timed_run(llm, prompts[:2], 4)  # warm-up

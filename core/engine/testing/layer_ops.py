@@ -113,9 +113,10 @@ class LayerOpsContract:
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("bits", [4, 5, 8])
-    def test_pack_affine(self, platform, dtype, tokens, bits):
+    @pytest.mark.parametrize("float16_scales", [False, True])  # as GGUF's legacy formats store them
+    def test_pack_affine(self, platform, dtype, tokens, bits, float16_scales):
         gen = torch.Generator().manual_seed(tokens + bits)
-        weight = _affine_weight(70, 96, bits, 32, gen)  # 70 outputs: not a multiple of any tile
+        weight = _affine_weight(70, 96, bits, 32, gen, float16_scales)  # 70 outputs: no tile multiple
         packed = platform.layer_ops(dtype).pack_affine(weight)
         if packed is None:
             return
@@ -138,10 +139,12 @@ class LayerOpsContract:
             assert torch.equal(packed.dequantize(), weight.dequantize())
 
 
-def _affine_weight(rows: int, cols: int, bits: int, group: int, gen) -> AffineWeight:
+def _affine_weight(rows: int, cols: int, bits: int, group: int, gen, float16_scales=False) -> AffineWeight:
     q = torch.randint(0, 2 ** bits, (rows, cols), generator=gen, dtype=torch.uint8)
     scale = torch.rand(rows, cols // group, generator=gen) * 0.05
     offset = -torch.rand(rows, cols // group, generator=gen) * 2 ** (bits - 1) * 0.05
+    if float16_scales:
+        scale, offset = scale.half().float(), offset.half().float()
     return AffineWeight(q, scale, offset, group, bits)
 
 

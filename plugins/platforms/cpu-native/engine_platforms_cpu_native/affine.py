@@ -34,9 +34,9 @@ _INT, _PTR = ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "affine_vnni_available": ([], _INT),
     "pack_affine": ([_PTR, _PTR, _PTR, _INT, _INT, _INT, _PTR, _PTR], None),
-    **{f"{name}_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _PTR], None)
-       for name in ("affine_matmul",) for suffix in ("bf16", "f32")},
-    **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _PTR, _INT, _PTR], None) for suffix in ("bf16", "f32")},
+    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _PTR], None)
+       for suffix in ("bf16", "f32")},
+    **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _PTR, _INT, _PTR], None) for suffix in ("bf16", "f32")},
 }
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
@@ -69,7 +69,9 @@ def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
 
 class PackedAffine(Layer):
     """An :class:`AffineWeight` in the kernel's layout: ``self(x)`` is x · wᵀ, ``rows(ids)``
-    w[ids], both in ``dtype``. 4-bit values take half a byte, 5- to 8-bit ones a byte.
+    w[ids], both in ``dtype``. 4-bit values take half a byte, 5- to 8-bit ones a byte; the
+    scales and offsets are float16 where that holds them exactly (GGUF's Q4_0…Q8_0 store d
+    and m as float16: 0.125 B a parameter), else float32 (K-quants' d · 6-bit scale).
     ``portable=True`` runs the plain-C build (what a CPU without AVX512_VNNI gets), for tests."""
 
     def __init__(self, weight: AffineWeight, dtype: torch.dtype, portable: bool = False):
@@ -85,8 +87,10 @@ class PackedAffine(Layer):
         bound = kernels(portable)
         bound["pack_affine"](q.data_ptr(), scale.data_ptr(), offset.data_ptr(), self.out_features,
                                  self.in_features, self.storage_bits, qw.data_ptr(), sz.data_ptr())
+        half = sz.half()
+        self.half = bool(torch.equal(half.float(), sz))
         self.register_buffer("qw", qw)
-        self.register_buffer("sz", sz)
+        self.register_buffer("sz", half if self.half else sz)
         suffix = _SUFFIX[dtype]
         self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
 
@@ -99,7 +103,7 @@ class PackedAffine(Layer):
             x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
         self._matmul(x.data_ptr(), x.stride(0), x.shape[0], self.in_features, self.qw.data_ptr(),
-                     self.sz.data_ptr(), self.storage_bits, self.out_features, out.data_ptr())
+                     self.sz.data_ptr(), self.half, self.storage_bits, self.out_features, out.data_ptr())
         return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
@@ -107,7 +111,7 @@ class PackedAffine(Layer):
         if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.out_features):
             raise IndexError(f"row ids must lie in [0, {self.out_features})")
         out = torch.empty(flat.shape[0], self.in_features, dtype=self.dtype)
-        self._rows(self.qw.data_ptr(), self.sz.data_ptr(), self.storage_bits, self.in_features,
+        self._rows(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
                    flat.data_ptr(), flat.shape[0], out.data_ptr())
         return out.view(*ids.shape, self.in_features)
 

@@ -11,7 +11,8 @@
  *   4-bit q: qw [tiles, K/8, 64]; byte 4c + i of step j holds column c's q[8j + i] in its low
  *            nibble and q[8j + 4 + i] in its high nibble.
  *   8-bit q (also 5- and 6-bit values): qw [tiles, K/4, 64]; byte 4c + i = q[4j + i].
- *   sz float32 [tiles, K/32, 2, 16]: the group's 16 scales, then its 16 offsets.
+ *   sz [tiles, K/32, 2, 16]: the group's 16 scales, then its 16 offsets; float32, or float16
+ *            (`half`) where every value is exactly a float16 (GGUF's legacy formats store them so).
  * Columns past N (the last tile's padding) hold q = 0, scale = offset = 0.
  *
  * The GEMM is register-blocked 4 rows × 32 columns and split over OpenMP threads by column
@@ -51,6 +52,23 @@ static inline uint16_t bf16_store(float f) {
 }
 
 int64_t affine_vnni_available(void) { return HAVE_VNNI; }
+
+/* A float16 bit pattern as float (the scalar paths). */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
+    float f;
+    if (exponent == 0) {
+        f = ldexpf((float)mantissa, -24);  /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    bits = sign | (exponent == 31 ? 0x7F800000u : (exponent + 112) << 23) | (mantissa << 13);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float sz_at(const void *sz, int64_t half, int64_t index) {
+    return half ? half_to_float(((const uint16_t *)sz)[index]) : ((const float *)sz)[index];
+}
 
 /* ---- packing: q uint8 [N, K] (< 2**bits), scale/offset float32 [N, K/32] ---------------- */
 
@@ -140,7 +158,8 @@ DEFINE_QUANTIZE_AVX(f32, float)
 #if !HAVE_VNNI
 /* Plain C: the same int32 group sums, the same float combination. */
 static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                        const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int out_bf16, void *out) {
+                        const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                        void *out) {
     int64_t groups = k / GROUP, steps = k / step_bytes(bits);
     for (int64_t r = 0; r < m; r++)
         for (int64_t col = 0; col < n; col++) {
@@ -148,10 +167,11 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
             float acc = 0.f;
             for (int64_t g = 0; g < groups; g++) {
                 int32_t dot = 0;
+                int64_t at = (t * groups + g) * 2 * TILE + c;
                 for (int64_t i = 0; i < GROUP; i++)
                     dot += (int32_t)xq[r * k + g * GROUP + i] * packed_q(qw, bits, steps, col, g * GROUP + i);
-                const float *gsz = sz + (t * groups + g) * 2 * TILE;
-                acc += (float)dot * (gsz[c] * d[r * groups + g]) + gsz[TILE + c] * s[r * groups + g];
+                acc += (float)dot * (sz_at(sz, half, at) * d[r * groups + g])
+                       + sz_at(sz, half, at + TILE) * s[r * groups + g];
             }
             if (out_bf16) ((uint16_t *)out)[r * n + col] = bf16_store(acc);
             else ((float *)out)[r * n + col] = acc;
@@ -159,6 +179,11 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
 }
 
 #else
+static inline __m512 load16_sz(const void *sz, int64_t half, int64_t index) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)sz + index)))
+                : _mm512_loadu_ps((const float *)sz + index);
+}
+
 static inline __m512i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -168,7 +193,8 @@ static inline __m512i bcast4(const int8_t *p) {
 /* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns: float sums into acc[R][NT]. */
 static inline __attribute__((always_inline)) void
 block(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
-      int64_t k, const uint8_t *qw0, const float *sz0, int64_t tile_qbytes, int64_t tile_sz, __m512 acc[4][2]) {
+      int64_t k, const uint8_t *qw0, const void *sz, int64_t half, int64_t sz0, int64_t tile_qbytes, int64_t tile_sz,
+      __m512 acc[4][2]) {
     const int64_t groups = k / GROUP;
     const __m512i low = _mm512_set1_epi8(15);
     for (int r = 0; r < R; r++)
@@ -206,8 +232,8 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
             }
         }
         for (int t = 0; t < NT; t++) {
-            const float *gsz = sz0 + t * tile_sz + g * 2 * TILE;
-            __m512 scale = _mm512_loadu_ps(gsz), offset = _mm512_loadu_ps(gsz + TILE);
+            int64_t at = sz0 + t * tile_sz + g * 2 * TILE;
+            __m512 scale = load16_sz(sz, half, at), offset = load16_sz(sz, half, at + TILE);
             for (int r = 0; r < R; r++) {
                 __m512 ds = _mm512_mul_ps(scale, _mm512_set1_ps(d[r * groups + g]));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), ds, acc[r][t]);
@@ -230,10 +256,11 @@ static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
 
 static inline __attribute__((always_inline)) void
 block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
-            int64_t k, const uint8_t *qw, const float *sz, int64_t tile, int64_t n, int out_bf16, void *out) {
+            int64_t k, const uint8_t *qw, const void *sz, int64_t half, int64_t tile, int64_t n, int out_bf16,
+            void *out) {
     int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * 2 * TILE;
     __m512 acc[4][2];
-    block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz + tile * tile_sz, tile_qbytes, tile_sz, acc);
+    block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, half, tile * tile_sz, tile_qbytes, tile_sz, acc);
     for (int t = 0; t < NT; t++) {
         int64_t col = (tile + t) * TILE, left = n - col;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -246,7 +273,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
 
 /* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
 #define CASE(R, NT, BITS)                                                                       \
-    block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, t, n, out_bf16, \
+    block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, half, t, n, out_bf16, \
                 (char *)out + r * n * (out_bf16 ? 2 : 4))
 #define ROWS(NT, BITS)                                                                          \
     switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
@@ -256,8 +283,8 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
     default: CASE(1, NT, BITS);                                                                 \
     }
 static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t r0, int64_t rows, int64_t k,
-                       const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int64_t t0, int64_t nt,
-                       int out_bf16, void *out) {
+                       const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int64_t t0,
+                       int64_t nt, int out_bf16, void *out) {
     int64_t groups = k / GROUP;
     for (int64_t r = r0; r < r0 + rows; r += 4)
         for (int64_t t = t0; t < t0 + nt; t += 2) {
@@ -271,7 +298,8 @@ static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t
 }
 
 static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                     const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int out_bf16, void *out) {
+                     const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                     void *out) {
     int64_t tiles = (n + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
     int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;
     int64_t jobs = pairs * row_blocks;
@@ -280,7 +308,7 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
         int64_t p = job / row_blocks, b = job % row_blocks;  /* a thread's pairs stay in its cache */
         int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
-        gemm_range(xq, d, s, r0, rows, k, qw, sz, bits, n, t0, nt, out_bf16, out);
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, half, bits, n, t0, nt, out_bf16, out);
     }
 }
 #endif
@@ -289,7 +317,7 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
 
 typedef void (*quantize_fn)(const void *, int64_t, int8_t *, float *, float *);
 typedef void (*gemm_fn)(const int8_t *, const float *, const float *, int64_t, int64_t, const uint8_t *,
-                        const float *, int64_t, int64_t, int, void *);
+                        const void *, int64_t, int64_t, int64_t, int, void *);
 
 static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes, int64_t m, int64_t k,
                           int8_t *xq, float *d, float *s) {
@@ -299,12 +327,12 @@ static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes
 }
 
 static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_bytes, int64_t m, int64_t k,
-                const uint8_t *qw, const float *sz, int64_t bits, int64_t n, int out_bf16, void *out) {
+                const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16, void *out) {
     int64_t groups = k / GROUP;
     int8_t *xq = malloc((size_t)(m * k));
     float *ds = malloc(sizeof(float) * (size_t)(2 * m * groups));
     quantize_rows(quantize, x, ldx_bytes, m, k, xq, ds, ds + m * groups);
-    gemm(xq, ds, ds + m * groups, m, k, qw, sz, bits, n, out_bf16, out);
+    gemm(xq, ds, ds + m * groups, m, k, qw, sz, half, bits, n, out_bf16, out);
     free(xq);
     free(ds);
 }
@@ -318,28 +346,29 @@ static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_b
 #endif
 
 /* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
-void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const float *sz,
-                       int64_t bits, int64_t n, float *out) {
-    run(QUANTIZE(f32), GEMM, x, ldx * 4, m, k, qw, sz, bits, n, 0, out);
+void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t half, int64_t bits, int64_t n, float *out) {
+    run(QUANTIZE(f32), GEMM, x, ldx * 4, m, k, qw, sz, half, bits, n, 0, out);
 }
 
-void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const float *sz,
-                        int64_t bits, int64_t n, uint16_t *out) {
-    run(QUANTIZE(bf16), GEMM, x, ldx * 2, m, k, qw, sz, bits, n, 1, out);
+void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                        int64_t half, int64_t bits, int64_t n, uint16_t *out) {
+    run(QUANTIZE(bf16), GEMM, x, ldx * 2, m, k, qw, sz, half, bits, n, 1, out);
 }
 
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
 
 #define DEFINE_ROWS(SUFFIX, T, STORE)                                                           \
-void affine_rows_##SUFFIX(const uint8_t *qw, const float *sz, int64_t bits, int64_t k, const int64_t *ids, \
+void affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,     \
+                          const int64_t *ids,                                                   \
                           int64_t count, T *out) {                                              \
     int64_t groups = k / GROUP, steps = k / step_bytes(bits);                                   \
     _Pragma("omp parallel for schedule(static) if (count * k >= (1 << 18))")                    \
     for (int64_t i = 0; i < count; i++) {                                                       \
         int64_t col = ids[i], t = col / TILE, c = col % TILE;                                   \
         for (int64_t g = 0; g < groups; g++) {                                                  \
-            const float *gsz = sz + (t * groups + g) * 2 * TILE;                                \
-            float scale = gsz[c], offset = gsz[TILE + c];                                       \
+            int64_t at = (t * groups + g) * 2 * TILE + c;                                       \
+            float scale = sz_at(sz, half, at), offset = sz_at(sz, half, at + TILE);             \
             for (int64_t j = 0; j < GROUP; j++)                                                 \
                 out[i * k + g * GROUP + j] =                                                    \
                     STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset); \

@@ -90,14 +90,18 @@ def test_w8a8_passes_agree_with_the_portable_build(portable_ops, dtype, rows):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 6, 300])
-def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows):
+@pytest.mark.parametrize("float16_scales", [False, True])
+def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16_scales):
     """The same int32 group sums in both builds; only the float sums' order differs."""
     gen = torch.Generator().manual_seed(rows)
     n, k = 75, 160
     q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
-    weight = AffineWeight(q, torch.rand(n, k // 32, generator=gen) * 0.05,
-                          -torch.rand(n, k // 32, generator=gen) * 0.3, 32, bits)
+    scale, offset = torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3
+    if float16_scales:
+        scale, offset = scale.half().float(), offset.half().float()
+    weight = AffineWeight(q, scale, offset, 32, bits)
     native, portable = PackedAffine(weight, dtype), PackedAffine(weight, dtype, portable=True)
+    assert native.half == float16_scales
     assert torch.equal(native.qw, portable.qw) and torch.equal(native.sz, portable.sz)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
