@@ -4,7 +4,7 @@ quantized, and llama.cpp (``llama-cpp-python``, built from source by ``make llam
 the same GGUF file when it is installed.
 
     python benchmarks/quant.py [--num-prompts 64] [--output-len 128] [--single-len 128]
-                               [--repeats 3] [--batched-repeats 2]
+                               [--repeats 3] [--batched-repeats 2] [--only NAME ...] [--threads N]
 
 bf16 and int8 start from the GGUF weights dequantized (``quantization="unquantized"`` / the
 int8 methods quantize those online); "gguf" keeps the file's Q4_1/Q8_0 blocks. Single-stream
@@ -72,7 +72,8 @@ def llama_cpp_figures(path, prompts, output_len, single_len, repeats):
         from llama_cpp import Llama
     except ImportError:
         return None
-    llm = Llama(model_path=path, n_ctx=2048, n_threads=os.cpu_count(), n_batch=512, verbose=False)
+    threads = int(os.environ.get("ENGINE_NUM_THREADS", os.cpu_count()))  # the engine's count, as --threads sets it
+    llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
     messages = [{"role": "user", "content": PROMPT}]
     llm.create_chat_completion(messages, max_tokens=4, temperature=0)
     single = 0.0
@@ -97,7 +98,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="single-stream runs; the fastest counts")
     parser.add_argument("--batched-repeats", type=int, default=2, help="batched runs of the engine configs")
     parser.add_argument("--only", nargs="*", default=None, help="subset of: " + " ".join([*CONFIGS, "llama.cpp"]))
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads of every engine, llama.cpp included (default: all cores)")
     args = parser.parse_args()
+    if args.threads:
+        os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # the CPU platform sets torch's threads
     import torch
 
     from engine import LLM

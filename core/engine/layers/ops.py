@@ -11,6 +11,10 @@ take.
 
 Inputs an op is documented to *consume* may be overwritten in place: the caller passes
 tensors it owns (fresh matmul outputs, its residual stream) and does not read them after.
+
+A platform may also hold group-affine weights (:class:`engine.layers.group_affine.AffineWeight`,
+the form GGUF blocks take) in its own kernel: :meth:`LayerOps.pack_affine`. The plain ops have
+none, and quant methods then keep their own path (torch's int4pack planes).
 """
 
 from __future__ import annotations
@@ -18,9 +22,22 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.layers.module import Layer
+
 
 class LayerOps:
     name = "torch"
+
+    def pack_affine(self, weight) -> Layer | None:
+        """``weight`` (an :class:`~engine.layers.group_affine.AffineWeight` [N, K]) packed for
+        this platform's quantized matmul, or None when it has none for this weight (its group
+        size, bit width, device) — the caller then keeps its own kernel. The result is a
+        :class:`engine.layers.Layer` with ``forward(x)`` = x [M, K] · wᵀ -> [M, N] and
+        ``rows(ids)`` = w[ids] -> [..., K] (embedding lookups), both in this ops' dtype, and
+        ``dequantize()`` -> w [N, K]; its tensors are registered buffers. ``rows`` and
+        ``dequantize`` are exact; ``forward`` may round the activations (e.g. to int8 per
+        group of inputs), within the tolerance ``engine.testing.layer_ops`` checks."""
+        return None
 
     def rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``norm`` (an :class:`engine.layers.RMSNorm`: ``weight``, ``eps``) of x, or

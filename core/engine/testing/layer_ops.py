@@ -3,7 +3,9 @@ against the plain-torch ones on random inputs — RMSNorm with and without the r
 add, rotary embedding of fused q|k|v rows (padded row strides too), SwiGLU, W8A8's int8
 activation quantization (with and without an outlier channel) and int32 rescale — for
 batch 1, small batches and a prefill-sized batch, in float32 and bfloat16, within the
-dtype's rounding. A platform without overrides passes trivially."""
+dtype's rounding; and packed group-affine weights (``pack_affine``): exact rows, and a matmul
+within the bound that rounding activations to int8 per 32 inputs allows. A platform without
+overrides passes trivially."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import pytest
 import torch
 
 from engine.layers import LayerOps, RMSNorm, RotaryEmbedding
+from engine.layers.group_affine import AffineWeight
 from engine.plugins import load_plugins
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -82,9 +85,10 @@ class LayerOpsContract:
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("outlier", [False, True])
-    def test_quantize_rows_int8(self, platform, dtype, tokens, outlier):
+    @pytest.mark.parametrize("cols", [100, 700])  # not a multiple of a vector; big enough to split
+    def test_quantize_rows_int8(self, platform, dtype, tokens, outlier, cols):
         gen = torch.Generator().manual_seed(tokens)
-        x = torch.randn(tokens, 96, generator=gen)
+        x = torch.randn(tokens, cols, generator=gen)
         if outlier:
             x[:, 7] *= 40
         x = x.to(dtype)
@@ -97,10 +101,56 @@ class LayerOpsContract:
 
     @pytest.mark.parametrize("out_dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
-    def test_rescale_int32(self, platform, out_dtype, tokens):
+    @pytest.mark.parametrize("width", [100, 700])
+    def test_rescale_int32(self, platform, out_dtype, tokens, width):
         gen = torch.Generator().manual_seed(tokens)
-        acc = torch.randint(-10 ** 6, 10 ** 6, (tokens, 80), generator=gen, dtype=torch.int32)
-        rows, cols = torch.rand(tokens, 1, generator=gen), torch.rand(1, 80, generator=gen)
+        acc = torch.randint(-10 ** 6, 10 ** 6, (tokens, width), generator=gen, dtype=torch.int32)
+        rows, cols = torch.rand(tokens, 1, generator=gen), torch.rand(1, width, generator=gen)
         got = platform.layer_ops(torch.bfloat16).rescale_int32(acc, rows, cols, out_dtype)
         expected = LayerOps().rescale_int32(acc, rows, cols, out_dtype)
         torch.testing.assert_close(got, expected, **TOLERANCE[out_dtype])
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("bits", [4, 5, 8])
+    @pytest.mark.parametrize("float16_scales", [False, True])  # as GGUF's legacy formats store them
+    def test_pack_affine(self, platform, dtype, tokens, bits, float16_scales):
+        gen = torch.Generator().manual_seed(tokens + bits)
+        weight = _affine_weight(70, 96, bits, 32, gen, float16_scales)  # 70 outputs: no tile multiple
+        packed = platform.layer_ops(dtype).pack_affine(weight)
+        if packed is None:
+            return
+        ids = torch.tensor([[0, 69], [15, 16]])
+        assert torch.equal(packed.rows(ids), weight.rows(ids.flatten(), dtype).view(2, 2, -1))
+        assert torch.equal(packed.dequantize(), weight.dequantize(dtype))
+        x = torch.randn(tokens, 96, generator=gen).to(dtype)
+        got, w = packed(x), weight.dequantize()
+        assert got.dtype == dtype and got.shape == (tokens, 70)
+        exact = x.float() @ w.t()
+        torch.testing.assert_close(got.float(), exact, rtol=TOLERANCE[dtype]["rtol"],
+                                   atol=_int8_activation_bound(x.float(), w).max().item() + TOLERANCE[dtype]["atol"])
+
+    def test_pack_affine_declines_what_it_cannot_hold(self, platform):
+        """Groups of 16 (GGUF's Q6_K) are outside what any 32-group kernel holds: None, or
+        a kernel that computes them right."""
+        weight = _affine_weight(32, 64, 6, 16, torch.Generator().manual_seed(0))
+        packed = platform.layer_ops(torch.float32).pack_affine(weight)
+        if packed is not None:
+            assert torch.equal(packed.dequantize(), weight.dequantize())
+
+
+def _affine_weight(rows: int, cols: int, bits: int, group: int, gen, float16_scales=False) -> AffineWeight:
+    q = torch.randint(0, 2 ** bits, (rows, cols), generator=gen, dtype=torch.uint8)
+    scale = torch.rand(rows, cols // group, generator=gen) * 0.05
+    offset = -torch.rand(rows, cols // group, generator=gen) * 2 ** (bits - 1) * 0.05
+    if float16_scales:
+        scale, offset = scale.half().float(), offset.half().float()
+    return AffineWeight(q, scale, offset, group, bits)
+
+
+def _int8_activation_bound(x: torch.Tensor, w: torch.Tensor, group: int = 32) -> torch.Tensor:
+    """The largest error int8 activations (per row and per ``group`` inputs, abs-max / 127
+    steps, round to nearest) can add to x · wᵀ: half a step times Σ|w| in each group."""
+    half_step = x.view(x.shape[0], -1, group).abs().amax(-1) / 254  # [rows, groups]
+    weight_mass = w.abs().view(w.shape[0], -1, group).sum(-1)  # [N, groups]
+    return half_step @ weight_mass.t() * 1.01  # float32 rounding of the sums

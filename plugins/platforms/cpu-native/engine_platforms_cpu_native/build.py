@@ -25,6 +25,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).with_name("kernels.c")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fopenmp"]
+PORTABLE_FLAGS = [flag for flag in FLAGS if flag != "-march=native"]  # the compiler's baseline ISA
 
 
 class BuildError(RuntimeError):
@@ -38,18 +39,21 @@ def library() -> ctypes.CDLL:
     return load_source(SOURCE)
 
 
-def load_source(source: Path, compiler_name: str | None = None) -> ctypes.CDLL:
+def load_source(source: Path, compiler_name: str | None = None, portable: bool = False) -> ctypes.CDLL:
     """``source`` built (once per machine) and loaded; ``compiler_name`` defaults to ``$CC``
-    or ``cc``. Raises :class:`BuildError` saying why it cannot be built."""
+    or ``cc``. ``portable`` builds for the compiler's baseline instruction set instead of this
+    CPU's (no AVX-512): the fallback paths a CPU without it runs, for tests. Raises
+    :class:`BuildError` saying why it cannot be built."""
     import torch  # noqa: F401  -- its libgomp must be loaded before ours is resolved
 
     compiler_name = compiler_name or os.environ.get("CC", "cc")
     compiler = shutil.which(compiler_name)
     if compiler is None:
         raise BuildError(f"no C compiler ({compiler_name!r} is not on PATH)")
-    target = _cache_dir() / f"{source.stem}-{_build_key(compiler, source)}.so"
+    flags = PORTABLE_FLAGS if portable else FLAGS
+    target = _cache_dir() / f"{source.stem}-{_build_key(compiler, source, flags)}.so"
     if not target.exists():
-        _compile(compiler, source, target)
+        _compile(compiler, source, target, flags)
     return ctypes.CDLL(str(target))
 
 
@@ -60,9 +64,9 @@ def _cache_dir() -> Path:
     return path
 
 
-def _build_key(compiler: str, source: Path) -> str:
+def _build_key(compiler: str, source: Path, flags: list[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
-    digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(FLAGS).encode())
+    digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(flags).encode())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
 
@@ -75,11 +79,11 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _compile(compiler: str, source: Path, target: Path) -> None:
+def _compile(compiler: str, source: Path, target: Path, flags: list[str]) -> None:
     fd, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *FLAGS, str(source), "-o", scratch, "-lm"],
+        done = subprocess.run([compiler, *flags, str(source), "-o", scratch, "-lm"],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed: {done.stderr.strip()[:500]}")

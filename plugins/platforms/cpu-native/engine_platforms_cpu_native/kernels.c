@@ -4,12 +4,16 @@
  * Each replaces several torch calls that, at small batches, cost more than their arithmetic.
  * Rounding follows the torch path step by step (bfloat16 results rounded to nearest even
  * where torch rounds), so the two agree to the last bit but for summation order.
- * Single-threaded: the caller sends only small batches here. Every kernel is written once
- * and instantiated per storage type (bf16, f32) by DEFINE_KERNELS at the end.
+ * The norm and rotary kernels are single-threaded (the caller sends only small batches);
+ * W8A8's two passes are AVX-512 where the CPU has it and split over OpenMP threads for big
+ * batches. Every kernel is written once and instantiated per storage type (bf16, f32).
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define MAX_DIM 1024
 
@@ -69,29 +73,68 @@ void rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t heads, int6
         }                                                                                       \
     }                                                                                           \
 }                                                                                               \
+
+DEFINE_KERNELS(bf16, uint16_t, bf16_load, bf16_store)
+DEFINE_KERNELS(f32, float, f32_load, f32_store)
+
+/* ---- W8A8 ------------------------------------------------------------------------------- */
+
+#define PARALLEL_VALUES (1 << 16) /* values from which a W8A8 pass is split over threads */
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+static inline __m512 vload_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 vload_bf16(const uint16_t *p, __mmask16 m) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+static inline void vstore_f32(float *p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+static inline void vstore_bf16(uint16_t *p, __m512 v, __mmask16 m) {
+    __m512i bits = _mm512_castps_si512(v);  /* round to nearest even, as bf16_store */
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+}
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+#define W8A8_VECTOR 1
+#else
+#define W8A8_VECTOR 0
+#endif
+
+/* W8A8 activations: per-row int8 of x [rows, cols]. Columns where some |x| > threshold are
+ * flagged in `outlier` and left out (0 in xq, not in a row's abs-max). scale[r] =
+ * max(abs-max, 1e-12) / 127; xq = x / scale rounded half to even. Returns the flagged count. */
+#define DEFINE_W8A8(SUFFIX, T, LOAD, STORE)                                                     \
+static float row_absmax_##SUFFIX(const T *xr, int64_t cols, const uint8_t *outlier) {          \
+    float top = 0.f;                                                                            \
+    int64_t k = 0;                                                                              \
+    if (W8A8_VECTOR_##SUFFIX) k = row_absmax_vector_##SUFFIX(xr, cols, outlier, &top);          \
+    for (; k < cols; k++) {                                                                     \
+        float a = outlier[k] ? 0.f : fabsf(LOAD(xr[k]));                                        \
+        top = a > top ? a : top;                                                                \
+    }                                                                                           \
+    return top;                                                                                 \
+}                                                                                               \
                                                                                                 \
-/* W8A8 activations: per-row int8 of x [rows, cols]. Columns where some |x| > threshold are    \
- * flagged in `outlier` and left out (0 in xq, not in a row's abs-max). scale[r] =             \
- * max(abs-max, 1e-12) / 127; xq = x / scale rounded half to even. Returns the flagged count. */\
+static void quantize_row_##SUFFIX(const T *xr, int64_t cols, float s, const uint8_t *outlier,   \
+                                  int8_t *qr) {                                                 \
+    int64_t k = 0;                                                                              \
+    if (W8A8_VECTOR_##SUFFIX) k = quantize_row_vector_##SUFFIX(xr, cols, s, outlier, qr);       \
+    for (; k < cols; k++) qr[k] = outlier[k] ? 0 : (int8_t)nearbyintf(LOAD(xr[k]) / s);        \
+}                                                                                               \
+                                                                                                \
 int64_t quantize_rows_int8_##SUFFIX(const T *x, int64_t rows, int64_t cols, float threshold,   \
                                     int8_t *xq, float *scale, uint8_t *outlier) {               \
     int64_t flagged = 0;                                                                        \
-    memset(outlier, 0, cols);                                                                   \
-    for (int64_t r = 0; r < rows; r++)                                                          \
-        for (int64_t k = 0; k < cols; k++)                                                      \
-            outlier[k] |= fabsf(LOAD(x[r * cols + k])) > threshold;                             \
+    flag_outliers_##SUFFIX(x, rows, cols, threshold, outlier);                                  \
     for (int64_t k = 0; k < cols; k++) flagged += outlier[k];                                   \
+    _Pragma("omp parallel for schedule(static) if (rows * cols >= PARALLEL_VALUES)")            \
     for (int64_t r = 0; r < rows; r++) {                                                        \
-        const T *xr = x + r * cols;                                                             \
-        float top = 0.f;                                                                        \
-        for (int64_t k = 0; k < cols; k++) {                                                    \
-            float a = outlier[k] ? 0.f : fabsf(LOAD(xr[k]));                                    \
-            top = a > top ? a : top;                                                            \
-        }                                                                                       \
+        float top = row_absmax_##SUFFIX(x + r * cols, cols, outlier);                           \
         float s = (top > 1e-12f ? top : 1e-12f) / 127.f;                                        \
         scale[r] = s;                                                                           \
-        for (int64_t k = 0; k < cols; k++)                                                      \
-            xq[r * cols + k] = outlier[k] ? 0 : (int8_t)nearbyintf(LOAD(xr[k]) / s);            \
+        quantize_row_##SUFFIX(x + r * cols, cols, s, outlier, xq + r * cols);                   \
     }                                                                                           \
     return flagged;                                                                             \
 }                                                                                               \
@@ -99,10 +142,86 @@ int64_t quantize_rows_int8_##SUFFIX(const T *x, int64_t rows, int64_t cols, floa
 /* out[m, n] = acc[m, n] · row_scale[m] · col_scale[n] in the storage type. */                  \
 void rescale_int32_##SUFFIX(const int32_t *acc, int64_t rows, int64_t cols,                     \
                             const float *row_scale, const float *col_scale, T *out) {           \
-    for (int64_t m = 0; m < rows; m++)                                                          \
-        for (int64_t n = 0; n < cols; n++)                                                      \
+    _Pragma("omp parallel for schedule(static) if (rows * cols >= PARALLEL_VALUES)")            \
+    for (int64_t m = 0; m < rows; m++) {                                                        \
+        int64_t n = 0;                                                                          \
+        if (W8A8_VECTOR_##SUFFIX)                                                               \
+            n = rescale_row_vector_##SUFFIX(acc + m * cols, cols, row_scale[m], col_scale, out + m * cols); \
+        for (; n < cols; n++)                                                                   \
             out[m * cols + n] = STORE((float)acc[m * cols + n] * row_scale[m] * col_scale[n]);  \
+    }                                                                                           \
 }
 
-DEFINE_KERNELS(bf16, uint16_t, bf16_load, bf16_store)
-DEFINE_KERNELS(f32, float, f32_load, f32_store)
+/* The vector parts: each handles a prefix of the row (all of it here) and returns its length. */
+#define DEFINE_W8A8_VECTOR(SUFFIX, T, LOAD)                                                     \
+static void flag_outliers_##SUFFIX(const T *x, int64_t rows, int64_t cols, float threshold,     \
+                                   uint8_t *outlier) {                                          \
+    for (int64_t k = 0; k < cols; k += 16) {                                                    \
+        __mmask16 m = tail_mask(cols - k), over = 0;                                            \
+        __m512 limit = _mm512_set1_ps(threshold), sign = _mm512_set1_ps(-0.f);                  \
+        for (int64_t r = 0; r < rows; r++)                                                      \
+            over |= _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, vload_##SUFFIX(x + r * cols + k, m)), limit, _CMP_GT_OQ); \
+        _mm_mask_storeu_epi8(outlier + k, m, _mm_maskz_set1_epi8(over, 1));                     \
+    }                                                                                           \
+}                                                                                               \
+static int64_t row_absmax_vector_##SUFFIX(const T *xr, int64_t cols, const uint8_t *outlier, float *top) { \
+    __m512 best = _mm512_setzero_ps(), sign = _mm512_set1_ps(-0.f);                             \
+    for (int64_t k = 0; k < cols; k += 16) {                                                    \
+        __mmask16 m = tail_mask(cols - k);                                                      \
+        m &= ~_mm_test_epi8_mask(_mm_maskz_loadu_epi8(m, outlier + k), _mm_set1_epi8(1));       \
+        best = _mm512_max_ps(best, _mm512_andnot_ps(sign, vload_##SUFFIX(xr + k, m)));          \
+    }                                                                                           \
+    *top = _mm512_reduce_max_ps(best);                                                          \
+    return cols;                                                                                \
+}                                                                                               \
+static int64_t quantize_row_vector_##SUFFIX(const T *xr, int64_t cols, float s, const uint8_t *outlier, \
+                                            int8_t *qr) {                                       \
+    __m512 scale = _mm512_set1_ps(s);                                                           \
+    for (int64_t k = 0; k < cols; k += 16) {                                                    \
+        __mmask16 m = tail_mask(cols - k);                                                      \
+        __mmask16 keep = m & ~_mm_test_epi8_mask(_mm_maskz_loadu_epi8(m, outlier + k), _mm_set1_epi8(1)); \
+        __m512i q = _mm512_cvtps_epi32(_mm512_div_ps(vload_##SUFFIX(xr + k, keep), scale));     \
+        _mm_mask_storeu_epi8(qr + k, m, _mm512_cvtsepi32_epi8(q));                              \
+    }                                                                                           \
+    return cols;                                                                                \
+}                                                                                               \
+static int64_t rescale_row_vector_##SUFFIX(const int32_t *acc, int64_t cols, float row_scale,   \
+                                           const float *col_scale, T *out) {                    \
+    __m512 rs = _mm512_set1_ps(row_scale);                                                      \
+    for (int64_t n = 0; n < cols; n += 16) {                                                    \
+        __mmask16 m = tail_mask(cols - n);                                                      \
+        __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(m, acc + n)), rs); \
+        vstore_##SUFFIX(out + n, _mm512_mul_ps(v, _mm512_maskz_loadu_ps(m, col_scale + n)), m); \
+    }                                                                                           \
+    return cols;                                                                                \
+}
+
+/* The portable build: scalar outlier flags, no vector prefixes. */
+#define DEFINE_W8A8_SCALAR(SUFFIX, T, LOAD)                                                     \
+static void flag_outliers_##SUFFIX(const T *x, int64_t rows, int64_t cols, float threshold,     \
+                                   uint8_t *outlier) {                                          \
+    memset(outlier, 0, cols);                                                                   \
+    for (int64_t r = 0; r < rows; r++)                                                          \
+        for (int64_t k = 0; k < cols; k++) outlier[k] |= fabsf(LOAD(x[r * cols + k])) > threshold; \
+}                                                                                               \
+static int64_t row_absmax_vector_##SUFFIX(const T *xr, int64_t cols, const uint8_t *o, float *top) { \
+    (void)xr; (void)cols; (void)o; (void)top; return 0;                                         \
+}                                                                                               \
+static int64_t quantize_row_vector_##SUFFIX(const T *xr, int64_t cols, float s, const uint8_t *o, int8_t *q) { \
+    (void)xr; (void)cols; (void)s; (void)o; (void)q; return 0;                                  \
+}                                                                                               \
+static int64_t rescale_row_vector_##SUFFIX(const int32_t *a, int64_t cols, float r, const float *c, T *out) { \
+    (void)a; (void)cols; (void)r; (void)c; (void)out; return 0;                                 \
+}
+
+#if W8A8_VECTOR
+DEFINE_W8A8_VECTOR(bf16, uint16_t, bf16_load)
+DEFINE_W8A8_VECTOR(f32, float, f32_load)
+#else
+DEFINE_W8A8_SCALAR(bf16, uint16_t, bf16_load)
+DEFINE_W8A8_SCALAR(f32, float, f32_load)
+#endif
+#define W8A8_VECTOR_bf16 W8A8_VECTOR
+#define W8A8_VECTOR_f32 W8A8_VECTOR
+DEFINE_W8A8(bf16, uint16_t, bf16_load, bf16_store)
+DEFINE_W8A8(f32, float, f32_load, f32_store)

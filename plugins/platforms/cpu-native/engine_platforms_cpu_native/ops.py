@@ -1,9 +1,11 @@
 """LayerOps on the fused C kernels: residual add + RMSNorm and rotary embedding in place,
-W8A8's activation quantization and int32 rescale in one pass each.
+W8A8's activation quantization and int32 rescale in one pass each, and group-affine weights
+(GGUF's 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several
-torch calls. The kernels are single-threaded, so batches above ``MAX_ROWS`` rows (prefill
-chunks), where torch's multi-threaded ops win, and dtypes or layouts the kernels do not
+torch calls. The norm and rotary kernels are single-threaded, so batches above ``MAX_ROWS``
+rows (prefill chunks), where torch's multi-threaded ops win, go to the torch path; W8A8's
+passes are vectorized and threaded and take any batch. Dtypes or layouts the kernels do not
 take go to the torch path.
 """
 
@@ -14,6 +16,7 @@ import ctypes
 import torch
 
 from engine.layers import LayerOps
+from engine_platforms_cpu_native import affine, build
 
 MAX_ROWS = 64
 _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -42,8 +45,22 @@ class NativeLayerOps(LayerOps):
         function.argtypes, function.restype = argtypes, restype
         return function
 
-    def _takes(self, x: torch.Tensor) -> bool:
-        return x.dtype == self.dtype and x.dim() == 2 and x.shape[0] <= MAX_ROWS and x.is_contiguous()
+    def pack_affine(self, weight):
+        """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has
+        AVX512_VNNI and the weight has 32-element groups of at most 8 bits; else None (the
+        portable C path is slower than torch's int4pack, so it is not offered)."""
+        if affine.unpackable(weight, self.dtype):
+            return None
+        try:
+            if not affine.kernels()["affine_vnni_available"]():
+                return None
+        except (build.BuildError, OSError):
+            return None
+        return affine.PackedAffine(weight, self.dtype)
+
+    def _takes(self, x: torch.Tensor, max_rows: int | None = MAX_ROWS) -> bool:
+        return (x.dtype == self.dtype and x.dim() == 2 and x.is_contiguous()
+                and (max_rows is None or x.shape[0] <= max_rows))
 
     def rms_norm(self, norm, x, residual=None):
         if residual is None or not (self._takes(x) and self._takes(residual)):
@@ -63,7 +80,7 @@ class NativeLayerOps(LayerOps):
         return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
 
     def quantize_rows_int8(self, x, outlier_threshold):
-        if not self._takes(x):
+        if not self._takes(x, max_rows=None):
             return super().quantize_rows_int8(x, outlier_threshold)
         rows, cols = x.shape
         xq, scale = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows, 1)
@@ -73,7 +90,7 @@ class NativeLayerOps(LayerOps):
         return xq, scale, (flagged.nonzero().flatten() if count else _NO_OUTLIERS)
 
     def rescale_int32(self, acc, row_scale, col_scale, dtype):
-        if (dtype not in _SUFFIX or acc.shape[0] > MAX_ROWS or not acc.is_contiguous()
+        if (dtype not in _SUFFIX or not acc.is_contiguous()
                 or not (row_scale.is_contiguous() and col_scale.is_contiguous())):
             return super().rescale_int32(acc, row_scale, col_scale, dtype)
         out = torch.empty(acc.shape, dtype=dtype)

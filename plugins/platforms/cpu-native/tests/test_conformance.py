@@ -1,5 +1,6 @@
 """platforms-cpu-native: its layer ops against the core's contract, the same greedy tokens
-as the plain CPU platform on a tiny model, and a clear refusal where it cannot build."""
+as the plain CPU platform on a tiny model, a clear refusal where it cannot build, and its
+AVX-512 kernels against the plain-C build a CPU without AVX-512 gets."""
 
 import json
 import os
@@ -7,11 +8,16 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
+from engine.layers.group_affine import AffineWeight
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.reference import random_prompts, tiny_checkpoint
 from engine_platforms_cpu_native import build
+from engine_platforms_cpu_native.affine import PackedAffine
+from engine_platforms_cpu_native.ops import NativeLayerOps
+from engine_platforms_cpu_native.platform import _native_ops
 
 
 class TestCpuNativeLayerOps(LayerOpsContract):
@@ -55,3 +61,50 @@ def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     reasons, chosen = json.loads(out.stdout.strip().splitlines()[-1])
     assert chosen == "cpu" and "no C compiler" in reasons[0]
+
+
+@pytest.fixture(scope="module")
+def portable_ops():
+    """The layer ops on the plain-C build: what a CPU without AVX-512 runs."""
+    return {dtype: NativeLayerOps(build.load_source(build.SOURCE, portable=True), dtype)
+            for dtype in (torch.float32, torch.bfloat16)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 7, 300])
+def test_w8a8_passes_agree_with_the_portable_build(portable_ops, dtype, rows):
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 700, generator=gen)
+    x[:, 3] *= 40
+    x = x.to(dtype)
+    native = _native_ops(dtype).quantize_rows_int8(x, 6.0)
+    portable = portable_ops[dtype].quantize_rows_int8(x, 6.0)
+    assert torch.equal(native[0], portable[0]) and torch.equal(native[1], portable[1])
+    assert native[2].tolist() == portable[2].tolist() == [3]
+    acc = torch.randint(-10 ** 6, 10 ** 6, (rows, 700), generator=gen, dtype=torch.int32)
+    row_scale, col_scale = torch.rand(rows, 1, generator=gen), torch.rand(1, 700, generator=gen)
+    assert torch.equal(_native_ops(dtype).rescale_int32(acc, row_scale, col_scale, dtype),
+                       portable_ops[dtype].rescale_int32(acc, row_scale, col_scale, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 6, 300])
+@pytest.mark.parametrize("float16_scales", [False, True])
+def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16_scales):
+    """The same int32 group sums in both builds; only the float sums' order differs."""
+    gen = torch.Generator().manual_seed(rows)
+    n, k = 75, 160
+    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
+    scale, offset = torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3
+    if float16_scales:
+        scale, offset = scale.half().float(), offset.half().float()
+    weight = AffineWeight(q, scale, offset, 32, bits)
+    native, portable = PackedAffine(weight, dtype), PackedAffine(weight, dtype, portable=True)
+    assert native.half == float16_scales
+    assert torch.equal(native.qw, portable.qw) and torch.equal(native.sz, portable.sz)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
+    torch.testing.assert_close(native(x), portable(x), **tolerance)
+    ids = torch.tensor([0, 16, 74, 3])
+    assert torch.equal(native.rows(ids), portable.rows(ids))

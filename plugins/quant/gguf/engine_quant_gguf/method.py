@@ -3,9 +3,12 @@
 Per layer, once its shards are loaded (``GGUFBlocks`` from the loader, or float tensors for
 F32/F16 tensors and for heads from other files, e.g. EAGLE):
 
-* linear layers whose blocks have 32-element groups (Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q5_K,
-  Q8_0) run on the CPU's int4 matmul, one 4-bit plane per 4 bits — exact up to rounding the
-  block scales to the activation dtype;
+* linear layers and vocabulary tables whose blocks have 32-element groups (Q4_0, Q4_1, Q4_K,
+  Q5_0, Q5_1, Q5_K, Q8_0) go to the platform's packed kernel when it has one
+  (``LayerOps.pack_affine``; cpu-native: int8 activations × 4/8-bit weights on VNNI, 2.5–5×
+  the int4pack planes and faster than bf16, exact lookups from the same bytes);
+* otherwise they run on the CPU's int4 matmul, one 4-bit plane per 4 bits — exact up to
+  rounding the block scales to the activation dtype;
 * other formats (Q6_K's 16-element groups) and other devices keep the blocks as affine
   integers and dequantize them per step (the reference path);
 * vocabulary tables (embedding, LM head) stay exact too: one set of int4 planes serves the
@@ -33,7 +36,8 @@ class GGUFLinearMethod(QuantMethod):
     @classmethod
     def describe(cls, platform) -> str:
         if platform.device_type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-            return "32-group formats on int4pack planes, Q6_K dequantized per step"
+            return ("32-group formats on the platform's packed kernel or int4pack planes, "
+                    "Q6_K dequantized per step")
         return "dequantize per step (int4pack planes are a CPU kernel)"
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
@@ -64,6 +68,9 @@ class GGUFLinearMethod(QuantMethod):
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))
         weight = AffineWeight.cat([s.affine() for s in shards])
+        packed = self.ctx.platform.layer_ops(dtype).pack_affine(weight)
+        if packed is not None:
+            return packed
         fast = not int4pack_unavailable(weight, self.ctx.platform.device)
         if vocab and not (fast and packed_rows_readable()):
             return VocabTable(weight, dtype, self.ctx.platform.device)

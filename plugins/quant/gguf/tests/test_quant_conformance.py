@@ -37,7 +37,9 @@ class GGUFContract(QuantMethodContract):
 # quant_error: the format's own rounding, max over the weight, relative to max |W| (vocabulary
 # tables stay exact: the same planes serve lookups and the LM head). logprob_atol: about
 # 1.5× the measured mean |Δ log-prob| of the tiny random model in bf16 (random weights are
-# harder on 4 bits than trained ones).
+# harder on 4 bits than trained ones). On cpu-native the matmuls round activations to int8
+# per 32 inputs: Q8_0 went from within 0.025 to 0.026, the 4- and 5-bit formats stayed within
+# their bounds (their own rounding dominates).
 class TestQ4_0(GGUFContract):
     qtype, quant_error, logprob_atol = T.Q4_0, 0.08, 0.3
 
@@ -55,7 +57,7 @@ class TestQ5_1(GGUFContract):
 
 
 class TestQ8_0(GGUFContract):
-    qtype, quant_error, logprob_atol = T.Q8_0, 0.01, 0.025
+    qtype, quant_error, logprob_atol = T.Q8_0, 0.01, 0.04
 
 
 class TestQ4_K(GGUFContract):

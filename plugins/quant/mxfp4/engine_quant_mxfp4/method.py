@@ -15,7 +15,7 @@ from engine.interfaces import QuantMethod
 from engine.layers.group_affine import Int4Planes, int4pack_unavailable
 from engine_quant_mxfp4.format import BLOCK, dequantize, to_affine
 
-PATHS = {"int4pack": "int4pack planes (doubled e2m1 values, exact power-of-two scales)",
+PATHS = {"int4pack": "the platform's packed kernel or int4pack planes (doubled e2m1 values, exact power-of-two scales)",
          "triton": "Triton kernel decoding e2m1 and E8M0 inside the matmul",
          "dequantize": "dequantize per step"}
 
@@ -54,8 +54,9 @@ class Mxfp4LinearMethod(QuantMethod):
     def process_weights_after_loading(self, layer):
         if self.path == "int4pack":
             weight = to_affine(layer.weight_blocks.data, layer.weight_scales.data)
-            if not int4pack_unavailable(weight, self.ctx.platform.device):
-                layer.planes = Int4Planes(weight, self.ctx.dtype)
+            packed = self.ctx.platform.layer_ops(self.ctx.dtype).pack_affine(weight)  # the platform's kernel
+            if packed is not None or not int4pack_unavailable(weight, self.ctx.platform.device):
+                layer.planes = packed if packed is not None else Int4Planes(weight, self.ctx.dtype)
                 del layer.weight_blocks, layer.weight_scales
 
     def apply(self, layer, x, bias):

@@ -1,0 +1,119 @@
+"""Group-affine weights on the VNNI kernel (``quant_gemm.c``): int8 activations × 4-bit or
+8-bit unsigned weights, one scale and offset per 32 inputs.
+
+:class:`PackedAffine` is what :meth:`NativeLayerOps.pack_affine` returns: the weight repacked
+once into the kernel's layout, a matmul (``forward``) and row lookups (``rows``) in one module.
+Activations are rounded to int8 per row and per 32 inputs (llama.cpp's q8 activations), the
+group's float sum kept exact for the offset term, so results differ from the exact float
+matmul by that rounding only (relative error ~0.4 % of a row's magnitude per group).
+
+One kernel for every batch size: measured against torch's int4pack planes and the bf16 GEMM
+on the default model's shapes (``benchmarks/quant_matmul.py``, one thread, µs per call), it
+won everywhere, so nothing dispatches by batch size:
+
+    gate|up 3072×576, M = 1 / 16 / 64 / 256:  int4pack 221 / 1493 / 6104 / 22658,
+        bf16 366 / 792 / 2991 / 9784, this kernel 71 / 347 / 1723 / 10633 (a noisy 0.92× at 256;
+        1.57× bf16 in a later run), M = 512 / 2048: 1.09× / 1.11× bf16;
+    LM head 49152×576 (Q8_0), M = 1 / 64 / 256: 1.5× / 6.6× / 6.0× int4pack, 3.1× / 1.6× / 1.4× bf16.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from engine.layers import Layer
+from engine.layers.group_affine import AffineWeight
+from engine_platforms_cpu_native import build
+
+GROUP, TILE = 32, 16
+SOURCE = build.SOURCE.with_name("quant_gemm.c")
+_INT, _PTR = ctypes.c_int64, ctypes.c_void_p
+_SIGNATURES = {
+    "affine_vnni_available": ([], _INT),
+    "pack_affine": ([_PTR, _PTR, _PTR, _INT, _INT, _INT, _PTR, _PTR], None),
+    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _PTR], None)
+       for suffix in ("bf16", "f32")},
+    **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _PTR, _INT, _PTR], None) for suffix in ("bf16", "f32")},
+}
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+@functools.cache
+def kernels(portable: bool = False) -> dict[str, ctypes._CFuncPtr]:
+    """The kernel's entry points, from this CPU's build or the ``portable`` one (plain C)."""
+    library = build.load_source(SOURCE, portable=portable)
+    bound = {}
+    for symbol, (argtypes, restype) in _SIGNATURES.items():
+        function = getattr(library, symbol)
+        function.argtypes, function.restype = argtypes, restype
+        bound[symbol] = function
+    return bound
+
+
+def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
+    """Reasons the kernel cannot hold ``weight`` for activations of ``dtype``; empty when it can."""
+    reasons = []
+    if dtype not in _SUFFIX:
+        reasons.append(f"activations in {dtype} (the kernel reads bfloat16 and float32)")
+    if weight.group != GROUP:
+        reasons.append(f"group size {weight.group}, not {GROUP}")
+    if weight.bits > 8:
+        reasons.append(f"{weight.bits}-bit values")
+    if weight.q.device.type != "cpu":
+        reasons.append("weights not on the CPU")
+    return reasons
+
+
+class PackedAffine(Layer):
+    """An :class:`AffineWeight` in the kernel's layout: ``self(x)`` is x · wᵀ, ``rows(ids)``
+    w[ids], both in ``dtype``. 4-bit values take half a byte, 5- to 8-bit ones a byte; the
+    scales and offsets are float16 where that holds them exactly (GGUF's Q4_0…Q8_0 store d
+    and m as float16: 0.125 B a parameter), else float32 (K-quants' d · 6-bit scale).
+    ``portable=True`` runs the plain-C build (what a CPU without AVX512_VNNI gets), for tests."""
+
+    def __init__(self, weight: AffineWeight, dtype: torch.dtype, portable: bool = False):
+        super().__init__()
+        reasons = unpackable(weight, dtype)
+        if reasons:
+            raise ValueError(f"cannot pack this weight: {'; '.join(reasons)}")
+        self.dtype, self.storage_bits = dtype, 4 if weight.bits <= 4 else 8
+        (self.out_features, self.in_features), tiles = weight.shape, -(-weight.shape[0] // TILE)
+        qw = torch.empty(tiles * TILE * self.in_features * self.storage_bits // 8, dtype=torch.uint8)
+        sz = torch.empty(tiles, self.in_features // GROUP, 2, TILE)
+        q, scale, offset = (t.contiguous() for t in (weight.q, weight.scale.float(), weight.offset.float()))
+        bound = kernels(portable)
+        bound["pack_affine"](q.data_ptr(), scale.data_ptr(), offset.data_ptr(), self.out_features,
+                                 self.in_features, self.storage_bits, qw.data_ptr(), sz.data_ptr())
+        half = sz.half()
+        self.half = bool(torch.equal(half.float(), sz))
+        self.register_buffer("qw", qw)
+        self.register_buffer("sz", half if self.half else sz)
+        suffix = _SUFFIX[dtype]
+        self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 2:
+            x = x.reshape(-1, self.in_features)
+        if x.dtype != self.dtype:
+            x = x.to(self.dtype)
+        if x.stride(-1) != 1:
+            x = x.contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
+        self._matmul(x.data_ptr(), x.stride(0), x.shape[0], self.in_features, self.qw.data_ptr(),
+                     self.sz.data_ptr(), self.half, self.storage_bits, self.out_features, out.data_ptr())
+        return out
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        flat = ids.reshape(-1).to(torch.int64).contiguous()
+        if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.out_features):
+            raise IndexError(f"row ids must lie in [0, {self.out_features})")
+        out = torch.empty(flat.shape[0], self.in_features, dtype=self.dtype)
+        self._rows(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
+                   flat.data_ptr(), flat.shape[0], out.data_ptr())
+        return out.view(*ids.shape, self.in_features)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.rows(torch.arange(self.out_features))

@@ -1,0 +1,380 @@
+/* Group-affine weights (w = q · scale + offset, one scale/offset per 32 inputs, q unsigned)
+ * times int8 activations, llama.cpp's q4_1 × q8_1 scheme on AVX512_VNNI.
+ *
+ * Activations are quantized per row and per 32-group: d = absmax / 127, xq = round(x / d),
+ * with the group's float sum s kept exact. Then for output column n
+ *     out[m, n] = Σ_g  d[m, g] · scale[n, g] · Σ_{k∈g} xq[m, k] · q[n, k]  +  offset[n, g] · s[m, g]
+ * where the inner sum is one int32 VNNI dot product (q as the unsigned operand, xq signed).
+ *
+ * Packed layout (made once at load by pack_affine): output columns in tiles of 16, inputs in
+ * 4-byte steps, so one 64-byte load feeds a vpdpbusd for 16 columns × 4 inputs.
+ *   4-bit q: qw [tiles, K/8, 64]; byte 4c + i of step j holds column c's q[8j + i] in its low
+ *            nibble and q[8j + 4 + i] in its high nibble.
+ *   8-bit q (also 5- and 6-bit values): qw [tiles, K/4, 64]; byte 4c + i = q[4j + i].
+ *   sz [tiles, K/32, 2, 16]: the group's 16 scales, then its 16 offsets; float32, or float16
+ *            (`half`) where every value is exactly a float16 (GGUF's legacy formats store them so).
+ * Columns past N (the last tile's padding) hold q = 0, scale = offset = 0.
+ *
+ * The GEMM is register-blocked 4 rows × 32 columns and split over OpenMP threads by column
+ * tiles (work big enough to split only). Built without AVX512_VNNI, the same entry points
+ * compute the same integers in plain C (the tests compare both builds).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define HAVE_VNNI 1
+#else
+#define HAVE_VNNI 0
+#endif
+
+#define GROUP 32
+#define TILE 16
+#define PARALLEL_WORK (1 << 20) /* multiply-adds from which a call is split over threads */
+
+static inline float bf16_load(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t bf16_store(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    bits += 0x7FFF + ((bits >> 16) & 1);
+    return (uint16_t)(bits >> 16);
+}
+
+int64_t affine_vnni_available(void) { return HAVE_VNNI; }
+
+/* A float16 bit pattern as float (the scalar paths). */
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 31, mantissa = h & 1023, bits;
+    float f;
+    if (exponent == 0) {
+        f = ldexpf((float)mantissa, -24);  /* zero or subnormal */
+        return sign ? -f : f;
+    }
+    bits = sign | (exponent == 31 ? 0x7F800000u : (exponent + 112) << 23) | (mantissa << 13);
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float sz_at(const void *sz, int64_t half, int64_t index) {
+    return half ? half_to_float(((const uint16_t *)sz)[index]) : ((const float *)sz)[index];
+}
+
+/* ---- packing: q uint8 [N, K] (< 2**bits), scale/offset float32 [N, K/32] ---------------- */
+
+static int64_t step_bytes(int64_t bits) { return bits == 4 ? 8 : 4; } /* inputs per 64-byte step */
+
+void pack_affine(const uint8_t *q, const float *scale, const float *offset, int64_t n, int64_t k,
+                 int64_t bits, uint8_t *qw, float *sz) {
+    int64_t tiles = (n + TILE - 1) / TILE, groups = k / GROUP, per_step = step_bytes(bits);
+    int64_t steps = k / per_step;
+    memset(qw, 0, (size_t)(tiles * steps * 64));
+    memset(sz, 0, sizeof(float) * (size_t)(tiles * groups * 2 * TILE));
+    for (int64_t col = 0; col < n; col++) {
+        int64_t t = col / TILE, c = col % TILE;
+        const uint8_t *row = q + col * k;
+        for (int64_t j = 0; j < steps; j++) {
+            uint8_t *dst = qw + (t * steps + j) * 64 + 4 * c;
+            for (int64_t i = 0; i < 4; i++)
+                dst[i] = bits == 4 ? (uint8_t)(row[8 * j + i] | (row[8 * j + 4 + i] << 4)) : row[4 * j + i];
+        }
+        for (int64_t g = 0; g < groups; g++) {
+            sz[((t * groups + g) * 2 + 0) * TILE + c] = scale[col * groups + g];
+            sz[((t * groups + g) * 2 + 1) * TILE + c] = offset[col * groups + g];
+        }
+    }
+}
+
+/* q of (column col, input kk) read back from the packed layout. */
+static inline int packed_q(const uint8_t *qw, int64_t bits, int64_t steps, int64_t col, int64_t kk) {
+    int64_t t = col / TILE, c = col % TILE, per_step = step_bytes(bits);
+    int64_t j = kk / per_step, i = kk % per_step;
+    uint8_t byte = qw[(t * steps + j) * 64 + 4 * c + (i & 3)];
+    return bits == 4 ? (i < 4 ? byte & 15 : byte >> 4) : byte;
+}
+
+/* ---- activation quantization ------------------------------------------------------------ */
+
+#if !HAVE_VNNI
+#define DEFINE_QUANTIZE(SUFFIX, T, LOAD)                                                        \
+static void quantize_row_scalar_##SUFFIX(const T *x, int64_t k, int8_t *xq, float *d, float *s) { \
+    for (int64_t g = 0; g < k / GROUP; g++) {                                                   \
+        float top = 0.f, sum = 0.f;                                                             \
+        for (int64_t i = 0; i < GROUP; i++) {                                                   \
+            float v = LOAD(x[g * GROUP + i]);                                                   \
+            top = fmaxf(top, fabsf(v));                                                         \
+            sum += v;                                                                           \
+        }                                                                                       \
+        float inv = top > 0.f ? 127.f / top : 0.f;                                              \
+        d[g] = top / 127.f;                                                                     \
+        s[g] = sum;                                                                             \
+        for (int64_t i = 0; i < GROUP; i++)                                                     \
+            xq[g * GROUP + i] = (int8_t)nearbyintf(LOAD(x[g * GROUP + i]) * inv);               \
+    }                                                                                           \
+}
+DEFINE_QUANTIZE(bf16, uint16_t, bf16_load)
+DEFINE_QUANTIZE(f32, float, )
+#endif
+
+#if HAVE_VNNI
+static inline __m512 load16_bf16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
+}
+static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
+
+#define DEFINE_QUANTIZE_AVX(SUFFIX, T)                                                          \
+static void quantize_row_avx_##SUFFIX(const T *x, int64_t k, int8_t *xq, float *d, float *s) {  \
+    const __m512 sign = _mm512_set1_ps(-0.f);                                                   \
+    for (int64_t g = 0; g < k / GROUP; g++) {                                                   \
+        __m512 a = load16_##SUFFIX(x + g * GROUP), b = load16_##SUFFIX(x + g * GROUP + 16);     \
+        float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a),               \
+                                                       _mm512_andnot_ps(sign, b)));             \
+        float inv = top > 0.f ? 127.f / top : 0.f;                                              \
+        d[g] = top / 127.f;                                                                     \
+        s[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));                                       \
+        __m512 scale = _mm512_set1_ps(inv);                                                     \
+        __m128i qa = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, scale)));        \
+        __m128i qb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, scale)));        \
+        _mm_storeu_si128((void *)(xq + g * GROUP), qa);                                         \
+        _mm_storeu_si128((void *)(xq + g * GROUP + 16), qb);                                    \
+    }                                                                                           \
+}
+DEFINE_QUANTIZE_AVX(bf16, uint16_t)
+DEFINE_QUANTIZE_AVX(f32, float)
+#endif
+
+/* ---- the GEMM ---------------------------------------------------------------------------- */
+
+#if !HAVE_VNNI
+/* Plain C: the same int32 group sums, the same float combination. */
+static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
+                        const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                        void *out) {
+    int64_t groups = k / GROUP, steps = k / step_bytes(bits);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t col = 0; col < n; col++) {
+            int64_t t = col / TILE, c = col % TILE;
+            float acc = 0.f;
+            for (int64_t g = 0; g < groups; g++) {
+                int32_t dot = 0;
+                int64_t at = (t * groups + g) * 2 * TILE + c;
+                for (int64_t i = 0; i < GROUP; i++)
+                    dot += (int32_t)xq[r * k + g * GROUP + i] * packed_q(qw, bits, steps, col, g * GROUP + i);
+                acc += (float)dot * (sz_at(sz, half, at) * d[r * groups + g])
+                       + sz_at(sz, half, at + TILE) * s[r * groups + g];
+            }
+            if (out_bf16) ((uint16_t *)out)[r * n + col] = bf16_store(acc);
+            else ((float *)out)[r * n + col] = acc;
+        }
+}
+
+#else
+static inline __m512 load16_sz(const void *sz, int64_t half, int64_t index) {
+    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)sz + index)))
+                : _mm512_loadu_ps((const float *)sz + index);
+}
+
+static inline __m512i bcast4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm512_set1_epi32(v);
+}
+
+/* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns: float sums into acc[R][NT]. */
+static inline __attribute__((always_inline)) void
+block(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
+      int64_t k, const uint8_t *qw0, const void *sz, int64_t half, int64_t sz0, int64_t tile_qbytes, int64_t tile_sz,
+      __m512 acc[4][2]) {
+    const int64_t groups = k / GROUP;
+    const __m512i low = _mm512_set1_epi8(15);
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512i dot[4][2];
+        for (int r = 0; r < R; r++)
+            for (int t = 0; t < NT; t++) dot[r][t] = _mm512_setzero_si512();
+        if (bits == 4) {
+            for (int j = 0; j < 4; j++) {
+                __m512i lo[2], hi[2];
+                for (int t = 0; t < NT; t++) {
+                    __m512i w = _mm512_loadu_si512((const void *)(qw0 + t * tile_qbytes + (g * 4 + j) * 64));
+                    lo[t] = _mm512_and_si512(w, low);
+                    hi[t] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
+                }
+                for (int r = 0; r < R; r++) {
+                    const int8_t *a = xq + r * k + g * GROUP + 8 * j;
+                    __m512i a_lo = bcast4(a), a_hi = bcast4(a + 4);
+                    for (int t = 0; t < NT; t++) {
+                        dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], lo[t], a_lo);
+                        dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], hi[t], a_hi);
+                    }
+                }
+            }
+        } else {
+            for (int j = 0; j < 8; j++) {
+                __m512i w[2];
+                for (int t = 0; t < NT; t++)
+                    w[t] = _mm512_loadu_si512((const void *)(qw0 + t * tile_qbytes + (g * 8 + j) * 64));
+                for (int r = 0; r < R; r++) {
+                    __m512i a = bcast4(xq + r * k + g * GROUP + 4 * j);
+                    for (int t = 0; t < NT; t++) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w[t], a);
+                }
+            }
+        }
+        for (int t = 0; t < NT; t++) {
+            int64_t at = sz0 + t * tile_sz + g * 2 * TILE;
+            __m512 scale = load16_sz(sz, half, at), offset = load16_sz(sz, half, at + TILE);
+            for (int r = 0; r < R; r++) {
+                __m512 ds = _mm512_mul_ps(scale, _mm512_set1_ps(d[r * groups + g]));
+                acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), ds, acc[r][t]);
+                acc[r][t] = _mm512_fmadd_ps(offset, _mm512_set1_ps(s[r * groups + g]), acc[r][t]);
+            }
+        }
+    }
+}
+
+static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
+#if defined(__AVX512BF16__)
+    _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
+#else
+    __m512i bits = _mm512_castps_si512(v);  /* round to nearest even, as bf16_store */
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+#endif
+}
+
+static inline __attribute__((always_inline)) void
+block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
+            int64_t k, const uint8_t *qw, const void *sz, int64_t half, int64_t tile, int64_t n, int out_bf16,
+            void *out) {
+    int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * 2 * TILE;
+    __m512 acc[4][2];
+    block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, half, tile * tile_sz, tile_qbytes, tile_sz, acc);
+    for (int t = 0; t < NT; t++) {
+        int64_t col = (tile + t) * TILE, left = n - col;
+        __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        for (int r = 0; r < R; r++) {
+            if (out_bf16) store16_bf16((uint16_t *)out + r * n + col, mask, acc[r][t]);
+            else _mm512_mask_storeu_ps((float *)out + r * n + col, mask, acc[r][t]);
+        }
+    }
+}
+
+/* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
+#define CASE(R, NT, BITS)                                                                       \
+    block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, half, t, n, out_bf16, \
+                (char *)out + r * n * (out_bf16 ? 2 : 4))
+#define ROWS(NT, BITS)                                                                          \
+    switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
+    case 4: CASE(4, NT, BITS); break;                                                           \
+    case 3: CASE(3, NT, BITS); break;                                                           \
+    case 2: CASE(2, NT, BITS); break;                                                           \
+    default: CASE(1, NT, BITS);                                                                 \
+    }
+static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t r0, int64_t rows, int64_t k,
+                       const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int64_t t0,
+                       int64_t nt, int out_bf16, void *out) {
+    int64_t groups = k / GROUP;
+    for (int64_t r = r0; r < r0 + rows; r += 4)
+        for (int64_t t = t0; t < t0 + nt; t += 2) {
+            int two = t + 1 < t0 + nt;
+            if (bits == 4) {
+                if (two) { ROWS(2, 4) } else { ROWS(1, 4) }
+            } else {
+                if (two) { ROWS(2, 8) } else { ROWS(1, 8) }
+            }
+        }
+}
+
+static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
+                     const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                     void *out) {
+    int64_t tiles = (n + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
+    int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;
+    int64_t jobs = pairs * row_blocks;
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
+    for (int64_t job = 0; job < jobs; job++) {
+        int64_t p = job / row_blocks, b = job % row_blocks;  /* a thread's pairs stay in its cache */
+        int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
+        int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, half, bits, n, t0, nt, out_bf16, out);
+    }
+}
+#endif
+
+/* ---- entry points ----------------------------------------------------------------------- */
+
+typedef void (*quantize_fn)(const void *, int64_t, int8_t *, float *, float *);
+typedef void (*gemm_fn)(const int8_t *, const float *, const float *, int64_t, int64_t, const uint8_t *,
+                        const void *, int64_t, int64_t, int64_t, int, void *);
+
+static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes, int64_t m, int64_t k,
+                          int8_t *xq, float *d, float *s) {
+    int64_t groups = k / GROUP;
+#pragma omp parallel for schedule(static) if (m * k >= PARALLEL_WORK / 16)
+    for (int64_t r = 0; r < m; r++) quantize(x + r * ldx_bytes, k, xq + r * k, d + r * groups, s + r * groups);
+}
+
+static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_bytes, int64_t m, int64_t k,
+                const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16, void *out) {
+    int64_t groups = k / GROUP;
+    int8_t *xq = malloc((size_t)(m * k));
+    float *ds = malloc(sizeof(float) * (size_t)(2 * m * groups));
+    quantize_rows(quantize, x, ldx_bytes, m, k, xq, ds, ds + m * groups);
+    gemm(xq, ds, ds + m * groups, m, k, qw, sz, half, bits, n, out_bf16, out);
+    free(xq);
+    free(ds);
+}
+
+#if HAVE_VNNI
+#define QUANTIZE(SUFFIX) ((quantize_fn)quantize_row_avx_##SUFFIX)
+#define GEMM gemm_avx
+#else
+#define QUANTIZE(SUFFIX) ((quantize_fn)quantize_row_scalar_##SUFFIX)
+#define GEMM gemm_scalar
+#endif
+
+/* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
+void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t half, int64_t bits, int64_t n, float *out) {
+    run(QUANTIZE(f32), GEMM, x, ldx * 4, m, k, qw, sz, half, bits, n, 0, out);
+}
+
+void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                        int64_t half, int64_t bits, int64_t n, uint16_t *out) {
+    run(QUANTIZE(bf16), GEMM, x, ldx * 2, m, k, qw, sz, half, bits, n, 1, out);
+}
+
+/* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
+
+#define DEFINE_ROWS(SUFFIX, T, STORE)                                                           \
+void affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,     \
+                          const int64_t *ids,                                                   \
+                          int64_t count, T *out) {                                              \
+    int64_t groups = k / GROUP, steps = k / step_bytes(bits);                                   \
+    _Pragma("omp parallel for schedule(static) if (count * k >= (1 << 18))")                    \
+    for (int64_t i = 0; i < count; i++) {                                                       \
+        int64_t col = ids[i], t = col / TILE, c = col % TILE;                                   \
+        for (int64_t g = 0; g < groups; g++) {                                                  \
+            int64_t at = (t * groups + g) * 2 * TILE + c;                                       \
+            float scale = sz_at(sz, half, at), offset = sz_at(sz, half, at + TILE);             \
+            for (int64_t j = 0; j < GROUP; j++)                                                 \
+                out[i * k + g * GROUP + j] =                                                    \
+                    STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset); \
+        }                                                                                       \
+    }                                                                                           \
+}
+static inline float f32_store(float v) { return v; }
+DEFINE_ROWS(bf16, uint16_t, bf16_store)
+DEFINE_ROWS(f32, float, f32_store)
