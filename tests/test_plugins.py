@@ -43,7 +43,7 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
     assert "model: LlamaForCausalLM" in out and "model loader: gguf" in out
     assert "scheduler: default" in out and "kv cache manager: default" in out
     # quant methods say which path they take here, and why
-    assert "quant method: gguf  [runs here: 32-group formats on int4pack planes" in out
+    assert "quant method: gguf  [runs here: 32-group formats on the platform's packed kernel or int4pack" in out
     assert "quant method: fp8  [runs here: dequantized at load" in out and "no FP8 matmul units" in out
 
 
