@@ -15,12 +15,12 @@ from tests.serving import serve
 
 pytestmark = pytest.mark.slow
 
-PROMPT_TOKENS = 1000  # under the 2048 budget: without a prefill share, one step of it stalls every stream
+PROMPT_TOKENS = 8000  # the acceptance case: an 8k-token prompt beside decoding streams
 STREAMS = 3
-# The streams' own decode step in `engine serve` takes 0.5-0.8 s on the two cores this machine's
-# engineers share (p99 1.98 s measured with a 1500-token prompt); the same prompt in one unshared
-# step stalls them for 5-15 s. benchmarks/prefill.py records the figure at 8k tokens.
-P99_BOUND_S = 3.0
+# Measured on this machine with nothing else running: p99 0.32 s over ~600 gaps while the 8k
+# prompt prefilled in ~49 s (benchmarks/prefill.py records the same against llama.cpp); the
+# bound is the issue's 1 s, three times that.
+P99_BOUND_S = 1.0
 
 
 def _stream(client, model, stamps: list[float], stop: threading.Event) -> None:
@@ -34,11 +34,11 @@ def _stream(client, model, stamps: list[float], stop: threading.Event) -> None:
 
 
 def test_streams_keep_flowing_while_a_long_prompt_prefills():
-    with serve(None, "--max-model-len", "4096", api_key=None) as server:
+    with serve(None, "--max-model-len", "8192", api_key=None) as server:
         client = server.openai()
         model = client.models.list().data[0].id
         with server.http() as http:
-            prompt = http.post("/tokenize", json={"model": model, "prompt": "the sea and the keeper " * 800})
+            prompt = http.post("/tokenize", json={"model": model, "prompt": "the sea and the keeper " * 2000})
             ids = prompt.json()["tokens"][:PROMPT_TOKENS]
         stamps = [[] for _ in range(STREAMS)]
         stop = threading.Event()
@@ -57,4 +57,5 @@ def test_streams_keep_flowing_while_a_long_prompt_prefills():
     gaps = [b - a for s in stamps for a, b in itertools.pairwise(s) if started <= b <= finished]
     assert len(gaps) > 20, "the streams got hardly any tokens while the prompt prefilled"
     p99 = statistics.quantiles(gaps, n=100, method="inclusive")[98]
+    print(f"\np99 inter-token gap {p99:.2f} s over {len(gaps)} gaps; {PROMPT_TOKENS}-token prefill {finished - started:.1f} s")
     assert p99 < P99_BOUND_S, f"p99 inter-token gap {p99:.2f} s over {len(gaps)} gaps, prefill {finished - started:.1f} s"
