@@ -90,6 +90,10 @@ class NativeAttentionBackend(AttentionBackend):
             reasons.append(f"takes bfloat16 and float32 caches, not {spec.dtype}")
         if spec.num_heads % spec.num_kv_heads:
             reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
+        if spec.sliding_window is not None:
+            reasons.append("no sliding-window attention (the torch backend has it)")
+        if spec.logit_softcap is not None:
+            reasons.append("no attention logit soft-capping (the torch backend has it)")
         try:
             lib = library()
         except (ImportError, OSError, RuntimeError) as error:
