@@ -55,24 +55,23 @@ class EngineCore:
         torch.manual_seed(config.model.seed)
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
                                        config.model.quantization, config.batch_invariant)
-        layout = self.model.kv_layout()
-        self.attention = setup.attention_for(registry, config.attention_backend, self.model, dtype,
-                                             config.cache.block_size, self.platform, config.batch_invariant)
-        self.num_blocks = num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers,
-                                                           self.platform)
+        layers = setup.layer_attention(registry, config.attention_backend, self.model, dtype,
+                                       config.cache.block_size, self.platform, config.batch_invariant)
+        self.attention, self.layer_attention = layers.first, layers
+        self.num_blocks = num_blocks = setup.num_kv_blocks(config.cache, layers, self.platform)
         capacity = (num_blocks - 1) * config.cache.block_size
         if capacity < max_len:
             raise ValueError(f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
                              "lower max_model_len or raise kv_cache_memory / num_blocks")
-        kv_caches = [torch.zeros(self.attention.kv_cache_shape(num_blocks), dtype=dtype,
-                                 device=self.platform.device) for _ in range(layout.num_layers)]
+        kv_caches = [torch.zeros(layers.backends[b].kv_cache_shape(num_blocks), dtype=dtype,
+                                 device=self.platform.device) for b in layers.layer_backend]
         self.kv_cache_manager = registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)(
             config, num_blocks)
         self.connector = registry.get("kv_connectors", config.kv_connector)(config) if config.kv_connector else None
         self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
             SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
-        self.runner = ModelRunner(self.model, self.attention, kv_caches, config.cache.block_size,
+        self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
                                   self.platform.device, processors, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None
@@ -90,6 +89,9 @@ class EngineCore:
         if not config.speculative_config:
             return None
         spec = dict(config.speculative_config)
+        if not self.layer_attention.uniform:
+            raise ValueError("speculative_config: not supported for a model whose layers attend in several ways "
+                             "(sliding-window or per-layer attention kinds)")
         registry, platform = self.registry, self.platform
 
         def load_model(path: str):

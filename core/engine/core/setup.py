@@ -16,6 +16,7 @@ from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
 from engine.layers.ops import LayerOps
 from engine.plugins import RegistrationError, one_line
+from engine.runner.layer_attention import LayerAttention
 
 logger = logging.getLogger(__name__)
 
@@ -178,10 +179,28 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
 
 def attention_for(registry, name: str | None, model, dtype, block_size: int, platform,
                   batch_invariant: bool = False):
-    """The attention backend for ``model``'s KV layout (the target's, or a drafter's model)."""
+    """The attention backend for ``model``'s KV layout (a drafter's model: one attention kind)."""
+    layers = layer_attention(registry, name, model, dtype, block_size, platform, batch_invariant)
+    if len(layers.backends) > 1:
+        raise ValueError(f"{type(model).__name__}'s layers attend in {len(layers.backends)} ways; "
+                         "a drafter's model must attend in one")
+    return layers.first
+
+
+def layer_attention(registry, name: str | None, model, dtype, block_size: int, platform,
+                    batch_invariant: bool = False, layer_group: tuple[int, ...] | None = None) -> LayerAttention:
+    """One attention backend per distinct attention kind of ``model``'s layers; ``layer_group``:
+    each layer's KV cache group (None: all in one)."""
     layout = model.kv_layout()
-    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant)
-    return select_attention_backend(registry, name, spec, platform)
+    kinds = [layout.kind(i) for i in range(layout.num_layers)]
+    distinct = list(dict.fromkeys(kinds))
+    backends = tuple(
+        select_attention_backend(registry, name, AttentionSpec(
+            layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant,
+            sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap, query_scale=kind.query_scale),
+            platform) for kind in distinct)
+    return LayerAttention(backends, tuple(distinct.index(k) for k in kinds),
+                          layer_group or (0,) * layout.num_layers)
 
 
 def batch_invariant_config(config):
@@ -196,10 +215,11 @@ def batch_invariant_config(config):
                                                max_num_batched_tokens=budget))
 
 
-def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:
+def num_kv_blocks(cache_config, layers: LayerAttention, platform) -> int:
     if cache_config.num_blocks is not None:
         return cache_config.num_blocks
-    per_block = num_layers * backend.spec.dtype.itemsize * _prod(backend.kv_cache_shape(1))
+    per_block = sum(layers.backends[b].spec.dtype.itemsize * _prod(layers.backends[b].kv_cache_shape(1))
+                    for b in layers.layer_backend)
     blocks = _kv_cache_budget(cache_config, platform) // per_block
     if blocks < 2:
         raise ValueError(f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of {per_block} bytes")
