@@ -9,7 +9,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.interfaces import KVLayout, Model
+from engine.interfaces import AttentionKind, KVLayout, Model
 from engine.layers import (
     Attention,
     Layer,
@@ -111,9 +111,8 @@ class LlamaForCausalLM(Model):
     @classmethod
     def supports(cls, hf_config) -> list[str]:
         reasons = []
-        if getattr(hf_config, "sliding_window", None) and (
-                hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False)):
-            reasons.append("sliding-window attention is not supported")
+        if hf_config.model_type != "mistral" and getattr(hf_config, "use_sliding_window", False):
+            reasons.append("sliding-window attention on some layers (Qwen2's use_sliding_window) is not supported")
         return reasons
 
     @classmethod
@@ -127,12 +126,17 @@ class LlamaForCausalLM(Model):
                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
             "MistralForCausalLM": dict(model_type="mistral", **tiny, sliding_window=None),
+            "MistralForCausalLM-sliding-window": dict(model_type="mistral", **tiny, sliding_window=16),
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),
         }
 
     def kv_layout(self) -> KVLayout:
+        """Mistral's ``sliding_window``, when set, applies to every layer."""
         cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg))
+        window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
+        kinds = (AttentionKind(sliding_window=window),) * cfg.num_hidden_layers if window else ()
+        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg),
+                        kinds)
 
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)
@@ -166,7 +170,8 @@ class LayerSkipView(nn.Module):
 
     def kv_layout(self) -> KVLayout:
         full = self._target[0].kv_layout()
-        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim)
+        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim,
+                        full.layer_kinds[:self.num_layers])
 
     def forward(self, input_ids, positions, step):
         return self._target[0].model(input_ids, positions, step, num_layers=self.num_layers)
