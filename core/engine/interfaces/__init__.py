@@ -6,7 +6,7 @@ processor is handed, and the scheduler's step messages. Plugins import from here
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
-from engine.interfaces.kv_cache import KVCacheManager
+from engine.interfaces.kv_cache import KVCacheGroup, KVCacheManager
 from engine.interfaces.kv_connector import KVConnector
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
@@ -61,6 +61,7 @@ __all__ = [
     "GrammarBackend",
     "GrammarContext",
     "GrammarSpec",
+    "KVCacheGroup",
     "KVCacheManager",
     "KVConnector",
     "KVLayout",

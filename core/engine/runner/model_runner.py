@@ -28,9 +28,10 @@ class ModelRunner:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, block_tables: list[list[int]],
+    def execute(self, plan: StepPlan, group_tables: list[list[list[int]]],
                 bitmask: torch.Tensor | None = None) -> StepResult:
-        batch = flatten(plan, block_tables, self.block_size, self.device)
+        """``group_tables``: per KV cache group, each scheduled request's block table."""
+        batch = flatten(plan, group_tables, self.block_size, self.device)
         hidden, aux = self._forward(batch)
         rows = batch.sample_rows + batch.prompt_rows
         if not rows:
@@ -56,7 +57,7 @@ class ModelRunner:
 
     def _forward(self, batch: FlatBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         aux: list[torch.Tensor] = []
-        layers = () if self.layers.uniform else self.layers.step_layers([batch.layout])
+        layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
         metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layout)
         step = StepContext(self.attention, metadata, self.kv_caches,
                            self.hidden_layers if self.keep_hidden_states else (), aux, layers)

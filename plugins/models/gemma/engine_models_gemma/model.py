@@ -185,7 +185,8 @@ class GemmaForCausalLM(Model):
                                                        SLIDING: {"rope_type": "default", "rope_theta": 1e4}},
                                       final_logit_softcapping=3.0),
             "Gemma3ForCausalLM-untied": dict(model_type="gemma3_text", **tiny, num_hidden_layers=2,
-                                             tie_word_embeddings=False, final_logit_softcapping=None),
+                                             layer_types=[SLIDING, "full_attention"], tie_word_embeddings=False,
+                                             final_logit_softcapping=None),
         }
 
     def kv_layout(self) -> KVLayout:
