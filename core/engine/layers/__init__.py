@@ -6,11 +6,11 @@ kernels) and checkpoint loading. The modules are :class:`Layer` s (called withou
 from engine.layers.attention import Attention
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
-from engine.layers.loading import FUSED_PROJECTIONS, load_checkpoint
+from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint
 from engine.layers.module import Layer
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
 from engine.layers.rotary import RotaryEmbedding
 
 __all__ = ["FUSED_PROJECTIONS", "Attention", "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding",
-           "VocabEmbedding", "load_checkpoint"]
+           "VocabEmbedding", "decoder_rename", "load_checkpoint"]

@@ -23,6 +23,7 @@ from engine.layers import (
     RMSNorm,
     RotaryEmbedding,
     VocabEmbedding,
+    decoder_rename,
     load_checkpoint,
 )
 
@@ -212,7 +213,4 @@ class GemmaForCausalLM(Model):
         return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def rename(name: str) -> str | None:
-            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
-
-        load_checkpoint(self, weights, rename)
+        load_checkpoint(self, weights, decoder_rename(self.tied))

@@ -18,6 +18,7 @@ from engine.layers import (
     RMSNorm,
     RotaryEmbedding,
     VocabEmbedding,
+    decoder_rename,
     load_checkpoint,
 )
 
@@ -154,10 +155,7 @@ class LlamaForCausalLM(Model):
         return head.logits(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def rename(name: str) -> str | None:
-            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
-
-        load_checkpoint(self, weights, rename)
+        load_checkpoint(self, weights, decoder_rename(self.tied))
 
 
 class LayerSkipView(nn.Module):
