@@ -67,3 +67,10 @@ def test_long_run_keeps_only_the_window_in_sliding_layers(checkpoint, backend):
     sliding_cache = engine.runner.kv_caches[sliding.layers[0]]
     assert sliding.num_blocks < full.num_blocks == 64
     assert sliding_cache.shape[engine.attention.block_dim] == sliding.num_blocks
+
+
+def test_speculative_decoding_is_refused_with_the_reason(checkpoint):
+    folder, _ = checkpoint
+    with pytest.raises(ValueError, match="speculative_config: not supported for a model whose layers attend"):
+        LLM(folder, dtype="float32", num_blocks=64, block_size=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
