@@ -91,14 +91,10 @@ class LayerOpsContract:
         heads, kv_heads, head_dim = 4, 2, 64
         gen = torch.Generator().manual_seed(tokens)
         cos_sin = _cos_sin(head_dim, tokens, gen, dtype)
-        width = (heads + 2 * kv_heads) * head_dim
-        rows = torch.randn(tokens, width + row_padding, generator=gen).to(dtype)
-        expected = LayerOps().rotary_qkv(rows[:, :width].clone(), heads, kv_heads, head_dim, cos_sin)
-        ops = platform.layer_ops(dtype)
-        got = ops.rotary_qkv(rows.clone()[:, :width], heads, kv_heads, head_dim, cos_sin)
-        for name, g, e in zip("qkv", got, expected):
-            assert g.shape == e.shape, name
-            torch.testing.assert_close(g, e, **TOLERANCE[dtype], msg=lambda m, name=name: f"{name}: {m}")
+        rows = _padded_rows(tokens, (heads + 2 * kv_heads) * head_dim, row_padding, gen, dtype)
+        expected = LayerOps().rotary_qkv(rows.clone(), heads, kv_heads, head_dim, cos_sin)
+        got = platform.layer_ops(dtype).rotary_qkv(_padded_copy(rows), heads, kv_heads, head_dim, cos_sin)
+        _assert_qkv_close(got, expected, dtype)
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
@@ -116,9 +112,7 @@ class LayerOpsContract:
         ops = platform.layer_ops(dtype)
         q_norm.ops = k_norm.ops = ops
         got = ops.qk_norm_rotary(_padded_copy(rows), q_norm, k_norm, heads, kv_heads, head_dim, cos_sin)
-        for name, g, e in zip("qkv", got, expected):
-            assert g.shape == e.shape, name
-            torch.testing.assert_close(g, e, **TOLERANCE[dtype], msg=lambda m, name=name: f"{name}: {m}")
+        _assert_qkv_close(got, expected, dtype)
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
@@ -198,6 +192,12 @@ def _padded_rows(tokens: int, width: int, padding: int, gen, dtype) -> torch.Ten
 def _padded_copy(x: torch.Tensor) -> torch.Tensor:
     """A copy of x with x's strides (``clone`` would make padded rows contiguous)."""
     return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).copy_(x)
+
+
+def _assert_qkv_close(got, expected, dtype) -> None:
+    for name, g, e in zip("qkv", got, expected):
+        assert g.shape == e.shape, name
+        torch.testing.assert_close(g, e, **TOLERANCE[dtype], msg=lambda m, name=name: f"{name}: {m}")
 
 
 def _head_view(tokens: int, heads: int, head_dim: int, layout: str, gen, dtype) -> torch.Tensor:
