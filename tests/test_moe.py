@@ -30,13 +30,15 @@ def inputs(tokens: int, dtype, seed: int = 0):
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("tokens", [1, 7, 64])
 def test_grouped_path_matches_per_expert_reference(tokens, top_k, renormalize, dtype):
-    layer, gate_up, down = loaded_moe(unquantized(dtype), EXPERTS, top_k, HIDDEN, INTERMEDIATE, renormalize)
+    layer, _, (gate_up, down) = loaded_moe(unquantized(dtype), EXPERTS, top_k, HIDDEN, INTERMEDIATE, renormalize)
     x, logits = inputs(tokens, dtype, seed=tokens)
     got = layer(x, logits)
     assert got.shape == x.shape and got.dtype == dtype
-    want = reference_moe(x, logits, gate_up.to(dtype), down.to(dtype), top_k, renormalize)
+    want = reference_moe(x, logits, gate_up, down, top_k, renormalize)
     tol = dict(atol=2e-5, rtol=1e-5) if dtype == torch.float32 else dict(atol=3e-2, rtol=3e-2)
     torch.testing.assert_close(got.float(), want, **tol)
+    if dtype == torch.float32:  # the layer's stored experts are the checkpoint's
+        torch.testing.assert_close(layer.gate_up.method.dequantize_moe(layer.gate_up), gate_up)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -59,7 +61,7 @@ def test_grouped_matmul_equals_the_loop_over_experts(dtype, sizes):
 def test_routing_renormalizes_only_when_asked():
     x, logits = inputs(5, torch.float32)
     for renormalize in (True, False):
-        layer, gate_up, down = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, renormalize)
+        layer, _, (gate_up, down) = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, renormalize)
         torch.testing.assert_close(layer(x, logits), reference_moe(x, logits, gate_up, down, 2, renormalize),
                                    atol=2e-5, rtol=1e-5)
     renormed = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0](x, logits)
