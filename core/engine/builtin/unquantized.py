@@ -26,13 +26,6 @@ class UnquantizedLinearMethod(QuantMethod):
     def embed(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, layer.weight)
 
-    def create_moe_weights(self, layer: nn.Module, num_experts: int, input_size: int,
-                           output_sizes: list[int]) -> None:
-        weight = nn.Parameter(torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype),
-                              requires_grad=False)
-        weight.output_dim = 0
-        layer.register_parameter("weight", weight)
-
     def apply_moe(self, layer: nn.Module, x: torch.Tensor, segments) -> torch.Tensor:
         from engine.layers.moe import grouped_matmul  # engine.layers imports this module
 

@@ -87,8 +87,13 @@ class QuantMethod(ABC):
         """Register the parameters of a stacked projection [num_experts, sum(output_sizes),
         input_size], leading dimension the (local) expert. ``output_dim`` counts within one
         expert's slice; a parameter may carry ``expert_weight_loader(param, tensor, expert,
-        shard)`` to receive checkpoint tensors itself (e.g. raw GGUF blocks)."""
-        raise NotImplementedError(f"{type(self).__name__} sets quantizes_experts but has no create_moe_weights")
+        shard)`` to receive checkpoint tensors itself (e.g. raw GGUF blocks). This default
+        registers ``weight`` in the activation dtype (what an online method quantizes in
+        ``process_moe_weights_after_loading``)."""
+        weight = nn.Parameter(torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype),
+                              requires_grad=False)
+        weight.output_dim = 0
+        layer.register_parameter("weight", weight)
 
     def process_moe_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or quantize once every expert is loaded."""

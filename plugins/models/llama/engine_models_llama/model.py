@@ -4,26 +4,20 @@ tied embeddings. Parameter names follow Hugging Face's so checkpoints load as th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
-import torch
 from torch import nn
 
-from engine.interfaces import KVLayout, Model
+from engine.interfaces import KVLayout
 from engine.layers import (
     Attention,
+    DecoderForCausalLM,
+    DecoderStack,
     Layer,
     LayerOps,
     Linear,
+    PreNormDecoderLayer,
     RMSNorm,
-    RotaryEmbedding,
-    VocabEmbedding,
-    load_checkpoint,
+    head_dim,
 )
-
-
-def _head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
 
 
 class LlamaAttention(Layer):
@@ -31,7 +25,7 @@ class LlamaAttention(Layer):
         super().__init__()
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = \
-            cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
+            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
         qkv_bias = getattr(cfg, "attention_bias", False) or cfg.model_type == "qwen2"
         o_bias = getattr(cfg, "attention_bias", False) and cfg.model_type != "qwen2"
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -58,7 +52,7 @@ class LlamaMLP(Layer):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
 
 
-class LlamaDecoderLayer(Layer):
+class LlamaDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
@@ -66,47 +60,13 @@ class LlamaDecoderLayer(Layer):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
         self.mlp = LlamaMLP(cfg, method, dtype, ops)
 
-    def forward(self, cos_sin, hidden, residual, step):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(cos_sin, hidden, step)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
 
-
-class LlamaModel(Layer):
-    def __init__(self, cfg, method, dtype, ops: LayerOps):
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
-        self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype, ops)
-                                    for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
-
-    def forward(self, input_ids, positions, step, num_layers: int | None = None):
-        hidden, residual = self.embed_tokens(input_ids), None
-        cos_sin = self.rotary(positions)
-        for index, layer in enumerate(self.layers[:num_layers]):
-            hidden, residual = layer(cos_sin, hidden, residual, step)
-            if index in step.aux_layers:
-                step.aux_hidden.append(hidden + residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
-
-class LlamaForCausalLM(Model):
+class LlamaForCausalLM(DecoderForCausalLM):
     architectures = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        cfg = ctx.hf_config
-        self.cfg = cfg
-        self.model = LlamaModel(cfg, ctx.linear_method, ctx.dtype, ctx.layer_ops or LayerOps())
-        self.tied = getattr(cfg, "tie_word_embeddings", False)
-        if not self.tied:
-            self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
+    def build_decoder(self, cfg, method, dtype, ops: LayerOps) -> DecoderStack:
+        layers = (LlamaDecoderLayer(cfg, i, method, dtype, ops) for i in range(cfg.num_hidden_layers))
+        return DecoderStack(cfg, layers, method, dtype, ops)
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
@@ -130,30 +90,10 @@ class LlamaForCausalLM(Model):
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),
         }
 
-    def kv_layout(self) -> KVLayout:
-        cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg))
-
-    def forward(self, input_ids, positions, step):
-        return self.model(input_ids, positions, step)
-
-    def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
-
     def draft_view(self, num_layers: int):
         if not 0 < num_layers < self.cfg.num_hidden_layers:
             raise ValueError(f"self_draft_layers must be in [1, {self.cfg.num_hidden_layers - 1}]")
         return LayerSkipView(self, num_layers)
-
-    def compute_logits(self, hidden):
-        head = self.model.embed_tokens if self.tied else self.lm_head
-        return head.logits(hidden).float()
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def rename(name: str) -> str | None:
-            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
-
-        load_checkpoint(self, weights, rename)
 
 
 class LayerSkipView(nn.Module):

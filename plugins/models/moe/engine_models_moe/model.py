@@ -11,23 +11,20 @@ they are.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import attrs
 import torch
-from torch import nn
 
-from engine.interfaces import KVLayout, Model
 from engine.layers import (
     Attention,
+    DecoderForCausalLM,
+    DecoderStack,
     FusedMoE,
     Layer,
     LayerOps,
     Linear,
+    PreNormDecoderLayer,
     RMSNorm,
-    RotaryEmbedding,
-    VocabEmbedding,
-    load_checkpoint,
+    head_dim,
     router_linear,
 )
 
@@ -58,16 +55,12 @@ FAMILIES = {
 }
 
 
-def _head_dim(cfg) -> int:
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-
-
 class MoeAttention(Layer):
     def __init__(self, cfg, family: Family, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
         self.ops = ops
         self.num_heads, self.num_kv_heads, self.head_dim = \
-            cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
+            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
         attention_bias = getattr(cfg, "attention_bias", False)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], family.qkv_bias or attention_bias,
@@ -130,7 +123,7 @@ class SparseMoeBlock(Layer):
         return out
 
 
-class MoeDecoderLayer(Layer):
+class MoeDecoderLayer(PreNormDecoderLayer):
     def __init__(self, cfg, family: Family, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
@@ -143,48 +136,17 @@ class MoeDecoderLayer(Layer):
         self.moe_attr = family.moe_attr
         setattr(self, family.moe_attr, feed_forward)  # the checkpoint's name for it
 
-    def forward(self, cos_sin, hidden, residual, step):
-        if residual is None:
-            hidden, residual = self.input_layernorm(hidden), hidden
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(cos_sin, hidden, step)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return getattr(self, self.moe_attr)(hidden), residual
+    def feed_forward(self, hidden):
+        return getattr(self, self.moe_attr)(hidden)
 
 
-class MoeModel(Layer):
-    def __init__(self, cfg, family: Family, method, dtype, ops: LayerOps):
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
-        self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
-        self.layers = nn.ModuleList(MoeDecoderLayer(cfg, family, i, method, dtype, ops)
-                                    for i in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
-
-    def forward(self, input_ids, positions, step):
-        hidden, residual = self.embed_tokens(input_ids), None
-        cos_sin = self.rotary(positions)
-        for index, layer in enumerate(self.layers):
-            hidden, residual = layer(cos_sin, hidden, residual, step)
-            if index in step.aux_layers:
-                step.aux_hidden.append(hidden + residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
-
-class MoeForCausalLM(Model):
+class MoeForCausalLM(DecoderForCausalLM):
     architectures = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        cfg = ctx.hf_config
-        self.cfg = cfg
-        self.model = MoeModel(cfg, FAMILIES[cfg.model_type], ctx.linear_method, ctx.dtype,
-                              ctx.layer_ops or LayerOps())
-        self.tied = getattr(cfg, "tie_word_embeddings", False)
-        if not self.tied:
-            self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
+    def build_decoder(self, cfg, method, dtype, ops: LayerOps) -> DecoderStack:
+        family = FAMILIES[cfg.model_type]
+        layers = (MoeDecoderLayer(cfg, family, i, method, dtype, ops) for i in range(cfg.num_hidden_layers))
+        return DecoderStack(cfg, layers, method, dtype, ops)
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
@@ -221,23 +183,3 @@ class MoeForCausalLM(Model):
                                         moe_intermediate_size=48, shared_expert_intermediate_size=80,
                                         num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
         }
-
-    def kv_layout(self) -> KVLayout:
-        cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg))
-
-    def forward(self, input_ids, positions, step):
-        return self.model(input_ids, positions, step)
-
-    def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
-
-    def compute_logits(self, hidden):
-        head = self.model.embed_tokens if self.tied else self.lm_head
-        return head.logits(hidden).float()
-
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def rename(name: str) -> str | None:
-            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
-
-        load_checkpoint(self, weights, rename)

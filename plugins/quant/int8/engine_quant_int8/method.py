@@ -48,13 +48,6 @@ class Int8WeightOnly(QuantMethod):
     def dequantize(self, layer) -> torch.Tensor:
         return layer.int8.dequantize()
 
-    def create_moe_weights(self, layer: nn.Module, num_experts: int, input_size: int,
-                           output_sizes: list[int]) -> None:
-        weight = nn.Parameter(torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype),
-                              requires_grad=False)
-        weight.output_dim = 0
-        layer.register_parameter("weight", weight)
-
     def process_moe_weights_after_loading(self, layer: nn.Module) -> None:
         ops = self.ctx.platform.layer_ops(self.ctx.dtype)
         layer.int8_experts = nn.ModuleList(Int8Rows.from_float(w, self.ctx.dtype, ops) for w in layer.weight.data)
