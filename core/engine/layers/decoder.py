@@ -1,9 +1,10 @@
-"""The frame most decoder-only models share, so a model plugin writes only its layers:
-:class:`PreNormDecoderLayer` (the residual stream around attention and feed-forward),
-:class:`DecoderStack` (token embedding → rotary tables → the layers → final RMSNorm) and
-:class:`DecoderForCausalLM` (the stack plus an LM head, tied to the embedding when the config
-says). Attribute names are Hugging Face's (``model.embed_tokens``, ``model.layers``,
-``model.norm``, ``lm_head``), so checkpoints load by name."""
+"""The pre-norm decoder most causal LMs share (Llama, Mistral, Qwen2, Qwen3 and their MoE
+siblings): token embedding, rotary tables looked up once per step, layers of norm → attention
+→ norm → MLP with the residual stream carried beside the hidden state (each norm adds it in,
+which a platform fuses), a final norm and a tied or untied LM head. A family subclasses
+:class:`DecoderForCausalLM` and builds each layer (:meth:`~DecoderForCausalLM.decoder_layer`),
+usually a :class:`DecoderLayer` of a :class:`DecoderAttention` and a :class:`GatedMLP` (or its
+own blocks); parameter names are Hugging Face's, so checkpoints load as they are."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.interfaces import KVLayout, Model
+from engine.interfaces.model import KVLayout, Model
+from engine.layers.attention import Attention
 from engine.layers.embedding import VocabEmbedding
+from engine.layers.linear import Linear
 from engine.layers.loading import load_checkpoint
 from engine.layers.module import Layer
 from engine.layers.norm import RMSNorm
@@ -22,19 +25,65 @@ from engine.layers.ops import LayerOps
 from engine.layers.rotary import RotaryEmbedding
 
 
-def head_dim(cfg) -> int:
-    """The config's explicit ``head_dim`` (Qwen3 sets one unlike hidden/heads), else hidden/heads."""
-    return getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+def head_dim(hf_config) -> int:
+    """The config's ``head_dim`` where it sets one (Qwen3, Gemma), else hidden / heads."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
 
 
-class PreNormDecoderLayer(Layer):
-    """``input_layernorm`` → ``self_attn(cos_sin, hidden, step)`` → ``post_attention_layernorm``
-    → :meth:`feed_forward`, the norms adding the residual stream in. A subclass builds those
-    modules (and ``mlp``, or overrides :meth:`feed_forward` where its feed-forward has another
-    name)."""
+class DecoderAttention(Layer):
+    """Self-attention over a fused q|k|v projection (``qkv_proj``; the checkpoint's ``q_proj``,
+    ``k_proj``, ``v_proj`` load into its shards): rotary embedding of q and k — after a
+    per-head RMSNorm of each (``q_norm``, ``k_norm`` of size head_dim) when ``qk_norm`` is
+    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``."""
 
-    def feed_forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.mlp(hidden)
+    def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps, qkv_bias: bool = False,
+                 o_bias: bool = False, qk_norm: bool = False):
+        super().__init__()
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = \
+            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype)
+        self.o_proj = Linear(q_size, [cfg.hidden_size], o_bias, method, dtype)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
+        self.attn = Attention(layer)
+
+    def forward(self, cos_sin, hidden, step):
+        qkv, heads = self.qkv_proj(hidden), (self.num_heads, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            q, k, v = self.ops.rotary_qkv(qkv, *heads, cos_sin)
+        else:
+            q, k, v = self.ops.qk_norm_rotary(qkv, self.q_norm, self.k_norm, *heads, cos_sin)
+        out = self.attn(q, k, v, step)
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+
+class GatedMLP(Layer):
+    """SwiGLU: a fused gate|up projection (``gate_up_proj``; the checkpoint's ``gate_proj`` and
+    ``up_proj`` load into its shards), silu(gate) · up, ``down_proj``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, method, dtype, ops: LayerOps):
+        super().__init__()
+        self.ops = ops
+        self.gate_up_proj = Linear(hidden_size, [intermediate_size] * 2, bias, method, dtype)
+        self.down_proj = Linear(intermediate_size, [hidden_size], bias, method, dtype)
+
+    def forward(self, x):
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(Layer):
+    """One pre-norm block. ``self_attn(cos_sin, hidden, step)`` and ``mlp(hidden)`` map
+    [T, hidden] to [T, hidden]; the residual stream is returned beside the output, so the
+    next layer's input norm adds it in one op."""
+
+    def __init__(self, self_attn: Layer, mlp: Layer, hidden_size: int, eps: float, dtype, ops: LayerOps):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+        self.mlp = mlp
 
     def forward(self, cos_sin, hidden, residual, step):
         if residual is None:
@@ -43,16 +92,13 @@ class PreNormDecoderLayer(Layer):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(cos_sin, hidden, step)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.feed_forward(hidden), residual
+        return self.mlp(hidden), residual
 
 
-class DecoderStack(Layer):
-    """Each of ``layers`` is called ``layer(cos_sin, hidden, residual, step) -> (hidden,
-    residual)`` with the residual stream kept apart (``residual`` None before the first);
-    after the layers in ``step.aux_layers`` the stream (hidden + residual) is appended to
-    ``step.aux_hidden`` (EAGLE-3)."""
+class DecoderModel(Layer):
+    """Embedding, the layers and the final norm (HF's ``model.*``)."""
 
-    def __init__(self, cfg, layers: Iterable[nn.Module], method, dtype: torch.dtype, ops: LayerOps):
+    def __init__(self, cfg, layers: Iterable[Layer], method, dtype, ops: LayerOps):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
@@ -60,7 +106,8 @@ class DecoderStack(Layer):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
     def forward(self, input_ids, positions, step, num_layers: int | None = None):
-        """Through the first ``num_layers`` layers (default all: a layer-skip drafter asks fewer)."""
+        """Hidden states after the first ``num_layers`` layers (all when None) and the final
+        norm; the residual stream after each of ``step.aux_layers`` goes to ``step.aux_hidden``."""
         hidden, residual = self.embed_tokens(input_ids), None
         cos_sin = self.rotary(positions)
         for index, layer in enumerate(self.layers[:num_layers]):
@@ -72,21 +119,25 @@ class DecoderStack(Layer):
 
 
 class DecoderForCausalLM(Model):
-    """A :class:`DecoderStack` (from :meth:`build_decoder`) with its LM head; the KV layout is
-    one plain attention kind over ``num_hidden_layers`` layers."""
+    """A :class:`Model` around a :class:`DecoderModel`: the KV layout from the config, a tied
+    or untied LM head, the embeddings (for EAGLE drafters) and a layer-skip draft view. A
+    family implements :meth:`decoder_layer` (and ``architectures``, ``example_configs``,
+    ``supports``)."""
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        cfg = ctx.hf_config
-        self.cfg = cfg
-        self.model = self.build_decoder(cfg, ctx.linear_method, ctx.dtype, ctx.layer_ops or LayerOps())
+        cfg = self.cfg = ctx.hf_config
+        ops = ctx.layer_ops or LayerOps()
+        layers = (self.decoder_layer(cfg, index, ctx.linear_method, ctx.dtype, ops)
+                  for index in range(cfg.num_hidden_layers))
+        self.model = DecoderModel(cfg, layers, ctx.linear_method, ctx.dtype, ops)
         self.tied = getattr(cfg, "tie_word_embeddings", False)
         if not self.tied:
             self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
 
     @abstractmethod
-    def build_decoder(self, cfg, method, dtype: torch.dtype, ops: LayerOps) -> DecoderStack:
-        """The model body for this config."""
+    def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
+        """Layer ``index``, usually a :class:`DecoderLayer` of the family's attention and MLP."""
 
     def kv_layout(self) -> KVLayout:
         cfg = self.cfg
@@ -98,6 +149,11 @@ class DecoderForCausalLM(Model):
     def embed(self, input_ids):
         return self.model.embed_tokens(input_ids)
 
+    def draft_view(self, num_layers: int):
+        if not 0 < num_layers < self.cfg.num_hidden_layers:
+            raise ValueError(f"self_draft_layers must be in [1, {self.cfg.num_hidden_layers - 1}]")
+        return LayerSkipView(self, num_layers)
+
     def compute_logits(self, hidden):
         head = self.model.embed_tokens if self.tied else self.lm_head
         return head.logits(hidden).float()
@@ -107,3 +163,22 @@ class DecoderForCausalLM(Model):
             return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
 
         load_checkpoint(self, weights, rename)
+
+
+class LayerSkipView(nn.Module):
+    """The first layers of a decoder and its LM head, sharing the target's modules."""
+
+    def __init__(self, target: DecoderForCausalLM, num_layers: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self._target = [target]  # a list, so the target is not registered as a submodule twice
+
+    def kv_layout(self) -> KVLayout:
+        full = self._target[0].kv_layout()
+        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim)
+
+    def forward(self, input_ids, positions, step):
+        return self._target[0].model(input_ids, positions, step, num_layers=self.num_layers)
+
+    def compute_logits(self, hidden):
+        return self._target[0].compute_logits(hidden)
