@@ -180,7 +180,8 @@ def attention_for(registry, name: str | None, model, dtype, block_size: int, pla
                   batch_invariant: bool = False):
     """The attention backend for ``model``'s KV layout (the target's, or a drafter's model)."""
     layout = model.kv_layout()
-    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant)
+    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant,
+                         causal=layout.causal)
     return select_attention_backend(registry, name, spec, platform)
 
 
@@ -194,6 +195,19 @@ def batch_invariant_config(config):
     return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False),
                         scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False,
                                                max_num_batched_tokens=budget))
+
+
+def pooling_config(config):
+    """The pooling runner: every prompt computed whole in one step (the step budget grows to
+    the longest prompt), so a bidirectional model sees all of it and the pool needs no state
+    across steps, and never from cached blocks (an encoder's K/V depend on the whole prompt,
+    and a mean pool needs every row's hidden state). Speculation means nothing here."""
+    if config.speculative_config:
+        raise ValueError("speculative_config: the pooling runner samples no tokens to speculate on")
+    budget = max(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
+    return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False),
+                        scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False,
+                                               long_prefill_token_threshold=0, max_num_batched_tokens=budget))
 
 
 def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:

@@ -6,7 +6,8 @@ backend turns it into its own metadata once (``build_metadata``), then every lay
 calls ``forward``, which writes this step's K/V into the paged cache through
 ``slot_mapping`` and attends over each request's blocks. Prefill, decode and mixed
 batches arrive in one call; a request's query tokens are the last ``query_len``
-positions of its ``seq_len`` context (causal within the chunk).
+positions of its ``seq_len`` context (causal within the chunk, unless ``AttentionSpec.causal``
+is False: then every query row attends to the whole context).
 """
 
 from abc import ABC, abstractmethod
@@ -29,6 +30,10 @@ class AttentionSpec:
     # same way whether it decodes, verifies a draft or shares the step with any other rows
     # (a first prefill chunk that is the whole prompt may still go through a causal kernel)
     batch_invariant: bool = False
+    # False: bidirectional, each query row attends to every position of its context (encoder-only
+    # models such as BERT, whose pooling requests run their whole prompt in one step); a backend
+    # that cannot do this lists it in ``supports``
+    causal: bool = True
 
     @property
     def scale(self) -> float:

@@ -14,6 +14,9 @@ heads, or, when long (``split_rows``), as an unmasked call over the cached prefi
 causal one over the chunk, merged by their log-sum-exp. Masks are built once per step and
 shared by all layers.
 
+With ``spec.causal`` False (an encoder's pooling requests) every request is one group attended
+without a mask over its whole context, whatever its query length.
+
 With ``spec.batch_invariant`` every query row but those of a whole-prompt first chunk is its
 own one-stream group (``_decode_one``, exactly its context): a decoded token, a draft being
 verified and a token in a batch of 64 meet the same kernel on the same shapes.
@@ -74,6 +77,8 @@ class TorchAttentionBackend(AttentionBackend):
         return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
 
     def build_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
+        if not self.spec.causal:
+            return self._bidirectional_metadata(layout)
         if self.spec.batch_invariant:
             return self._invariant_metadata(layout)
         starts = layout.query_start_loc.tolist()
@@ -84,6 +89,16 @@ class TorchAttentionBackend(AttentionBackend):
         for i, q in enumerate(layout.query_lens):
             if q > 1:
                 groups.append(self._prefill_group(i, slice(starts[i], starts[i] + q), layout))
+        return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
+
+    def _bidirectional_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
+        """One unmasked group per request (a one-row request too: it has one key or is a
+        later row over an unmasked context, the same math either way)."""
+        groups = []
+        for i, (start, q) in enumerate(zip(layout.query_start_loc.tolist(), layout.query_lens)):
+            seq_len = layout.seq_lens_host[i]
+            blocks = layout.block_table[i, :-(-seq_len // self.spec.block_size)]
+            groups.append(PrefillGroup(slice(start, start + q), blocks, seq_len, seq_len - q, None))
         return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
 
     def _invariant_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
@@ -182,7 +197,9 @@ class TorchAttentionBackend(AttentionBackend):
         keys, values = (cache.index_select(1, group.blocks).flatten(1, 2)[:, :group.seq_len].unsqueeze(0)
                         for cache in (key_cache, value_cache))  # [1, Hkv, S, D]
         queries = query.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        if not group.prefix_len:
+        if not s.causal:
+            out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale, enable_gqa=True)
+        elif not group.prefix_len:
             out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=s.scale,
                                                  enable_gqa=True)
         elif group.mask is None:
