@@ -1,6 +1,8 @@
 """Model contract: for every architecture a model plugin claims (``example_configs``), a tiny
 random ``transformers`` model is saved as a safetensors folder, loaded by the engine, and
-compared: log-probabilities at every prompt position, and greedy tokens, in float32."""
+compared: log-probabilities at every prompt position, and greedy tokens, in float32.
+:class:`EmbeddingModelContract` is the same for a model that only pools (an encoder): its
+embeddings for each pooling type, normalised or not."""
 
 from __future__ import annotations
 
@@ -54,3 +56,50 @@ class ModelContract:
                                                           ignore_eos=True))
             expected_tokens = reference.hf_greedy(hf_model, prompts, self.new_tokens)
             assert [o.outputs[0].token_ids for o in greedy] == expected_tokens, key
+
+
+class EmbeddingModelContract:
+    """For a model without an LM head (``generative = False``): ``LLM.embed`` under each
+    pooling type (``override_pooler_config``), with and without normalisation, against the
+    ``transformers`` model's pooled last hidden state (cosine and values, float32) on mixed
+    prompt lengths, and the KV blocks all free afterwards."""
+
+    model_class: str  # "package.module:Class"
+    atol = 1e-4
+    min_cosine = 0.9999
+
+    @pytest.fixture(scope="class")
+    def cls(self):
+        return Registration("models", "", self.model_class, "").load()
+
+    @pytest.fixture(scope="class")
+    def checkpoints(self, cls, tmp_path_factory):
+        out = {}
+        for key, kwargs in cls.example_configs().items():
+            folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
+            out[key] = (folder, reference.tiny_checkpoint(folder, key.split("-")[0], kwargs, auto_class="AutoModel"))
+        return out
+
+    def test_declares_example_configs(self, cls):
+        configs = cls.example_configs()
+        assert configs, "a model plugin must give the kit at least one tiny config"
+        assert {key.split("-")[0] for key in configs} == set(cls.architectures)
+        assert not cls.generative, "EmbeddingModelContract is for models without an LM head"
+
+    @pytest.mark.parametrize("pooling_type", ["CLS", "MEAN", "LAST"])
+    def test_embeddings_match_transformers(self, checkpoints, pooling_type):
+        from engine import LLM, PoolingParams
+
+        for key, (folder, hf_model) in checkpoints.items():
+            llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8,
+                      override_pooler_config={"pooling_type": pooling_type, "normalize": False})
+            prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 17, 30, 1, 9], seed=1)
+            for normalize in (False, True):
+                outs = llm.embed(prompts, PoolingParams(normalize=normalize))
+                for ids, out in zip(prompts, outs):
+                    got = torch.tensor(out.outputs.embedding)
+                    expected = reference.hf_pooled(hf_model, ids, pooling_type, normalize)
+                    cosine = torch.nn.functional.cosine_similarity(got, expected, dim=0)
+                    assert cosine >= self.min_cosine, (key, pooling_type, normalize, len(ids), float(cosine))
+                    torch.testing.assert_close(got, expected, atol=self.atol, rtol=1e-4)
+            assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"
