@@ -114,6 +114,8 @@ class ServeCommand(Command):
             ready = await client.start()
             state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
             state.default_sampling_params = ready.default_sampling_params
+            state.runner, state.embedding_size = ready.runner, ready.embedding_size
+            state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
             metrics.engine_ready(ready.cache_info)
             print(f"engine: serving {name} at http://{args.host}:{args.port}/v1 (max_model_len "
                   f"{ready.max_model_len}); try:\n  curl http://{args.host}:{args.port}/v1/chat/completions "
