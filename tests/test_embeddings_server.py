@@ -20,7 +20,8 @@ from tests.serving import serve
 pytestmark = pytest.mark.slow
 
 TINY_BERT = dict(model_type="bert", vocab_size=TINY_LLAMA["vocab_size"], hidden_size=64, intermediate_size=128,
-                 num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)
+                 num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
+                 matryoshka_dimensions=[16, 32])
 SERVE_ARGS = ("--dtype", "float32", "--num-blocks", "64", "--block-size", "16")
 TEXTS = ["Hello", "The quick brown fox jumps over the lazy dog, twice.", "a b c d e f g h i j k l m n o p", "Why?"]
 # name -> (checkpoint fixture, pooling type, extra flags)
@@ -44,14 +45,6 @@ def embedding_server(request):
         yield server, hf_model, pooling_type
 
 
-def assert_close_to(vector, hf_model, ids, pooling_type, normalize):
-    got = torch.tensor(vector, dtype=torch.float32)
-    expected = reference.hf_pooled(hf_model, ids, pooling_type, normalize)
-    cosine = torch.nn.functional.cosine_similarity(got, expected, dim=0)
-    assert cosine >= 0.9999, (pooling_type, normalize, len(ids), float(cosine))
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
-
-
 def test_embeddings_match_transformers(embedding_server, default_tokenizer):
     server, hf_model, pooling_type = embedding_server
     client, model = server.openai(), server.model()
@@ -64,13 +57,13 @@ def test_embeddings_match_transformers(embedding_server, default_tokenizer):
             assert all(d.object == "embedding" for d in response.data) and response.object == "list"
             assert response.usage.prompt_tokens == response.usage.total_tokens == sum(map(len, ids))
             for d, prompt in zip(response.data, ids):
-                assert_close_to(d.embedding, hf_model, prompt, pooling_type, normalize)
+                reference.assert_pooled_matches(d.embedding, hf_model, prompt, pooling_type, normalize)
     one = client.embeddings.create(model=model, input=TEXTS[1], encoding_format="float")
-    assert_close_to(one.data[0].embedding, hf_model, ids[1], pooling_type, True)
+    reference.assert_pooled_matches(one.data[0].embedding, hf_model, ids[1], pooling_type, True)
     for given, prompts in ((ids[2], [ids[2]]), (ids, ids)):  # token ids, and a list of such lists
         response = client.embeddings.create(model=model, input=given, encoding_format="float")
         for d, prompt in zip(response.data, prompts, strict=True):
-            assert_close_to(d.embedding, hf_model, prompt, pooling_type, True)
+            reference.assert_pooled_matches(d.embedding, hf_model, prompt, pooling_type, True)
 
 
 def test_base64_is_little_endian_float32(embedding_server):
@@ -93,8 +86,9 @@ BAD = [
     ({"input": [TINY_LLAMA["vocab_size"]]}, "input"),  # a token id outside the vocabulary
     ({"input": list(range(3, 3 + 129))}, "input"),  # longer than max_model_len (128)
     ({"input": "hi", "encoding_format": "int8"}, "encoding_format"),
-    ({"input": "hi", "dimensions": 8}, "dimensions"),  # not a matryoshka model
+    ({"input": "hi", "dimensions": 8}, "dimensions"),  # not one of the model's matryoshka dimensions
     ({"input": "hi", "dimensions": 0}, "dimensions"),
+    ({"input": "hi", "dimensions": 65}, "dimensions"),  # over the hidden size
     ({"input": "hi", "normalize": "yes"}, "normalize"),
     ({"input": "hi", "temperature": 0.5}, "temperature"),  # not an embeddings field
 ]
@@ -114,6 +108,15 @@ def test_bad_input_is_a_400_naming_the_field(bert_server, body, param):
         error = response.json()["error"]
         assert error["param"] == param and error["type"] == "invalid_request_error", error
         assert len(http.post("/v1/embeddings", json={"input": "still serving"}).json()["data"]) == 1
+
+
+def test_matryoshka_dimensions(bert_server, tiny_bert, default_tokenizer):
+    client = bert_server.openai()
+    response = client.embeddings.create(model=bert_server.model(), input=TEXTS[1], dimensions=16)
+    [vector] = [d.embedding for d in response.data]
+    full = reference.hf_pooled(tiny_bert[1], default_tokenizer.encode(TEXTS[1]), "CLS", normalize=False)
+    expected = torch.nn.functional.normalize(full[:16], dim=-1)  # cut first, then normalised
+    torch.testing.assert_close(torch.tensor(vector), expected, atol=1e-4, rtol=1e-4)
 
 
 def test_generation_routes_refuse_a_pooling_server(bert_server):

@@ -69,37 +69,37 @@ class EmbeddingModelContract:
     min_cosine = 0.9999
 
     @pytest.fixture(scope="class")
-    def cls(self):
-        return Registration("models", "", self.model_class, "").load()
+    @classmethod
+    def model_cls(cls):
+        return Registration("models", "", cls.model_class, "").load()
 
     @pytest.fixture(scope="class")
-    def checkpoints(self, cls, tmp_path_factory):
-        out = {}
-        for key, kwargs in cls.example_configs().items():
-            folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
-            out[key] = (folder, reference.tiny_checkpoint(folder, key.split("-")[0], kwargs, auto_class="AutoModel"))
-        return out
+    @classmethod
+    def checkpoints(cls, model_cls, tmp_path_factory):
+        """(folder, transformers model) per example config, built without an LM head."""
+        configs = model_cls.example_configs()
+        folders = {key: str(tmp_path_factory.mktemp(key.replace("/", "_"))) for key in configs}
+        return {key: (folders[key], reference.tiny_checkpoint(folders[key], key.split("-")[0], kwargs,
+                                                              auto_class="AutoModel"))
+                for key, kwargs in configs.items()}
 
-    def test_declares_example_configs(self, cls):
-        configs = cls.example_configs()
+    def test_declares_an_encoder(self, model_cls):
+        configs = model_cls.example_configs()
         assert configs, "a model plugin must give the kit at least one tiny config"
-        assert {key.split("-")[0] for key in configs} == set(cls.architectures)
-        assert not cls.generative, "EmbeddingModelContract is for models without an LM head"
+        assert {key.split("-")[0] for key in configs} == set(model_cls.architectures)
+        assert not model_cls.generative, "EmbeddingModelContract is for models without an LM head"
 
     @pytest.mark.parametrize("pooling_type", ["CLS", "MEAN", "LAST"])
     def test_embeddings_match_transformers(self, checkpoints, pooling_type):
         from engine import LLM, PoolingParams
 
-        for key, (folder, hf_model) in checkpoints.items():
+        for folder, hf_model in checkpoints.values():
             llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8,
                       override_pooler_config={"pooling_type": pooling_type, "normalize": False})
             prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 17, 30, 1, 9], seed=1)
             for normalize in (False, True):
                 outs = llm.embed(prompts, PoolingParams(normalize=normalize))
                 for ids, out in zip(prompts, outs):
-                    got = torch.tensor(out.outputs.embedding)
-                    expected = reference.hf_pooled(hf_model, ids, pooling_type, normalize)
-                    cosine = torch.nn.functional.cosine_similarity(got, expected, dim=0)
-                    assert cosine >= self.min_cosine, (key, pooling_type, normalize, len(ids), float(cosine))
-                    torch.testing.assert_close(got, expected, atol=self.atol, rtol=1e-4)
+                    reference.assert_pooled_matches(out.outputs.embedding, hf_model, ids, pooling_type, normalize,
+                                                    self.atol, self.min_cosine)
             assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"

@@ -71,6 +71,16 @@ def hf_pooled(model, ids: list[int], pooling_type: str, normalize: bool) -> torc
     return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
 
 
+def assert_pooled_matches(vector, hf_model, ids: list[int], pooling_type: str, normalize: bool,
+                          atol: float = 1e-4, min_cosine: float = 0.9999) -> None:
+    """An engine's embedding of ``ids`` against :func:`hf_pooled`: cosine and values (float32)."""
+    got = torch.as_tensor(vector, dtype=torch.float32)
+    expected = hf_pooled(hf_model, ids, pooling_type, normalize)
+    cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
+    assert cosine >= min_cosine, f"{pooling_type} normalize={normalize}, {len(ids)} tokens: cosine {cosine}"
+    torch.testing.assert_close(got, expected, atol=atol, rtol=1e-4)
+
+
 def random_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
