@@ -101,5 +101,7 @@ def test_refusals_name_the_field(decoders, bert):
         LLM(bert[0], dtype="float32", runner="generate", num_blocks=24, block_size=8)
     with pytest.raises(ValueError, match="override_pooler_config: pooling_type must be one of LAST, CLS, MEAN"):
         LLM(folder, dtype="float32", runner="pooling", num_blocks=24, override_pooler_config={"pooling_type": "MAX"})
+    with pytest.raises(ValueError, match="speculative_config: the pooling runner samples no tokens"):
+        LLM(folder, dtype="float32", task="embed", num_blocks=24, speculative_config={"method": "ngram"})
     with pytest.raises(ValueError, match="task: 'embed' contradicts runner='generate'"):
         LLM(folder, dtype="float32", runner="generate", task="embed", num_blocks=24)
