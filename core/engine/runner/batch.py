@@ -22,7 +22,8 @@ class FlatBatch:
     prompt_rows: list[int]  # rows whose logits score the next prompt token
     prompt_targets: list[int]
     prompt_owners: list
-    pool_spans: list[tuple[object, int, int]] = attrs.Factory(list)  # (pooling request, first row, end row): its whole prompt
+    # (pooling request, first row, end row) per pooling request: its whole prompt is in this step
+    pool_spans: list[tuple[object, int, int]] = attrs.Factory(list)
 
 
 def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, device) -> FlatBatch:
