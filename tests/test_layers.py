@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.layers import RMSNorm
+from engine.layers import LayerOps, RMSNorm, RotaryEmbedding
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -22,3 +22,37 @@ def test_rms_norm_both_forms_match_plain_math(dtype, tokens):
     for got in (plain, mirrored):
         torch.testing.assert_close(got.float(), want, **tol)
     torch.testing.assert_close(summed, x + residual)
+
+
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_qk_norm_rotary_matches_transformers_qwen3(tokens):
+    """The per-head q/k RMSNorm then rotary of ``LayerOps.qk_norm_rotary`` is Qwen3's:
+    transformers' own ``Qwen3RMSNorm`` and ``apply_rotary_pos_emb`` on the same q|k|v rows."""
+    from transformers import Qwen3Config
+    from transformers.models.qwen3 import modeling_qwen3 as hf
+
+    heads, kv_heads, head_dim = 4, 2, 48
+    config = Qwen3Config(hidden_size=64, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=head_dim, max_position_embeddings=128)
+    gen = torch.Generator().manual_seed(tokens)
+    positions = torch.randint(0, 128, (tokens,), generator=gen)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    norms = []
+    for _ in range(2):
+        norm = RMSNorm(head_dim, config.rms_norm_eps, torch.float32)
+        norm.weight.data = torch.rand(head_dim, generator=gen) + 0.5
+        norm.process_weights_after_loading()
+        norms.append(norm)
+    cos_sin = RotaryEmbedding(config, 128, torch.float32)(positions)
+    q, k, v = LayerOps().qk_norm_rotary(qkv.clone(), *norms, heads, kv_heads, head_dim, cos_sin)
+
+    hf_q, hf_k, hf_v = qkv.view(1, tokens, -1, head_dim).split([heads, kv_heads, kv_heads], dim=2)
+    hf_norms = [hf.Qwen3RMSNorm(head_dim, config.rms_norm_eps) for _ in norms]
+    for hf_norm, norm in zip(hf_norms, norms):
+        hf_norm.weight.data = norm.weight.data.clone()
+    cos, sin = hf.Qwen3RotaryEmbedding(config)(qkv, positions[None])
+    want_q, want_k = hf.apply_rotary_pos_emb(hf_norms[0](hf_q).transpose(1, 2), hf_norms[1](hf_k).transpose(1, 2),
+                                             cos, sin)
+    torch.testing.assert_close(q, want_q[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, want_k[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(v, hf_v[0])

@@ -1,4 +1,4 @@
-"""The pooling runner offline: `LLM.embed` on decoders (Llama, Qwen2) used as embedding models
+"""The pooling runner offline: `LLM.embed` on decoders (Llama, Qwen2, Qwen3) used as embedding models
 against `transformers`' last hidden state for each pooling type, normalised or not; many
 prompts pooled in one step with their KV blocks freed; matryoshka `dimensions`; and the
 refusals, each a ValueError naming the field before any work starts."""
@@ -19,9 +19,10 @@ LENGTHS = [5, 17, 30, 1, 9, 64, 12, 3]  # 64: the whole context (max_model_len),
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory):
     out = {}
-    for arch, model_type in [("LlamaForCausalLM", "llama"), ("Qwen2ForCausalLM", "qwen2")]:
+    for arch, model_type, extra in [("LlamaForCausalLM", "llama", {}), ("Qwen2ForCausalLM", "qwen2", {}),
+                                    ("Qwen3ForCausalLM", "qwen3", {"head_dim": 32})]:
         folder = str(tmp_path_factory.mktemp(arch))
-        out[arch] = (folder, reference.tiny_checkpoint(folder, arch, dict(model_type=model_type, **TINY)))
+        out[arch] = (folder, reference.tiny_checkpoint(folder, arch, dict(model_type=model_type, **TINY, **extra)))
     return out
 
 
@@ -40,7 +41,7 @@ def assert_matches(outs, prompts, hf_model, pooling_type: str, normalize: bool) 
         assert out.prompt_token_ids == ids and out.outputs.hidden_size == hf_model.config.hidden_size
 
 
-@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM"])
+@pytest.mark.parametrize("arch", ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"])
 @pytest.mark.parametrize("pooling_type", ["LAST", "CLS", "MEAN"])
 def test_decoder_embeddings_match_transformers(decoders, arch, pooling_type):
     """A small KV pool and a step budget under the longest prompt: the pooling runner still

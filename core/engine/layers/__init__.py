@@ -1,9 +1,18 @@
 """Building blocks model plugins share: linear layers that go through the selected
 QuantMethod (vocabulary tables included), RMSNorm, rotary embeddings, the paged attention
-layer, the small ops between matmuls (:class:`LayerOps`, which a platform may replace with
-kernels) and checkpoint loading. The modules are :class:`Layer` s (called without hooks)."""
+layer, the pre-norm decoder stack most causal LMs share (:class:`DecoderForCausalLM`), the
+small ops between matmuls (:class:`LayerOps`, which a platform may replace with kernels) and
+checkpoint loading. The modules are :class:`Layer` s (called without hooks)."""
 
 from engine.layers.attention import Attention
+from engine.layers.decoder import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    DecoderLayer,
+    DecoderModel,
+    GatedMLP,
+    head_dim,
+)
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
 from engine.layers.loading import FUSED_PROJECTIONS, load_checkpoint
@@ -12,5 +21,6 @@ from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
 from engine.layers.rotary import RotaryEmbedding
 
-__all__ = ["FUSED_PROJECTIONS", "Attention", "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding",
-           "VocabEmbedding", "load_checkpoint"]
+__all__ = ["FUSED_PROJECTIONS", "Attention", "DecoderAttention", "DecoderForCausalLM", "DecoderLayer", "DecoderModel", "GatedMLP",
+           "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding", "VocabEmbedding", "head_dim",
+           "load_checkpoint"]

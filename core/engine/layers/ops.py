@@ -67,9 +67,18 @@ class LayerOps:
         [T, 1, D]. q and k are rotated together, in one pass over their joint view;
         rotate-half is a roll by D/2: three ops where split-and-concatenate takes eight."""
         qk, v = qkv.view(qkv.shape[0], -1, head_dim).split([num_heads + num_kv_heads, num_kv_heads], dim=1)
-        cos, sin = cos_sin
-        rotated = torch.addcmul(qk * cos, qk.roll(head_dim // 2, -1), sin)
-        q, k = rotated.split([num_heads, num_kv_heads], dim=1)
+        q, k = _rotate(qk, cos_sin).split([num_heads, num_kv_heads], dim=1)
+        return q, k, v
+
+    def qk_norm_rotary(self, qkv: torch.Tensor, q_norm, k_norm, num_heads: int, num_kv_heads: int,
+                       head_dim: int, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+        """:meth:`rotary_qkv` with a per-head RMSNorm of q and k before the rotation (Qwen3,
+        Qwen3-MoE): ``q_norm`` and ``k_norm`` are :class:`engine.layers.RMSNorm` s of size
+        ``head_dim``, applied to every head. A fused q|k|v projection [T, (H + 2·H_kv)·D]
+        (consumed; its rows may be padded) -> q [T, H, D], k [T, H_kv, D], v [T, H_kv, D]."""
+        q, k, v = qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+        qk = torch.cat([self.rms_norm(q_norm, q), self.rms_norm(k_norm, k)], dim=1)
+        q, k = _rotate(qk, cos_sin).split([num_heads, num_kv_heads], dim=1)
         return q, k, v
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -98,3 +107,9 @@ class LayerOps:
         """An int32 matmul result [M, N] times row_scale [M, 1] and col_scale [1, N]
         (float32), in ``dtype``."""
         return acc.float().mul_(row_scale).mul_(col_scale).to(dtype)
+
+
+def _rotate(heads: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotate-half RoPE of heads [T, N, D] with ([cos, cos], [−sin, sin]) [T, 1, D]."""
+    cos, sin = cos_sin
+    return torch.addcmul(heads * cos, heads.roll(heads.shape[-1] // 2, -1), sin)

@@ -1,11 +1,16 @@
 """Platform layer-ops contract: the :class:`engine.layers.LayerOps` a platform returns
 against the plain-torch ones on random inputs — RMSNorm with and without the residual
-add, rotary embedding of fused q|k|v rows (padded row strides too), SwiGLU, W8A8's int8
-activation quantization (with and without an outlier channel) and int32 rescale — for
-batch 1, small batches and a prefill-sized batch, in float32 and bfloat16, within the
-dtype's rounding; and packed group-affine weights (``pack_affine``): exact rows, and a matmul
-within the bound that rounding activations to int8 per 32 inputs allows. A platform without
-overrides passes trivially."""
+add, rotary embedding of fused q|k|v rows, the per-head q/k RMSNorm + rotary of Qwen3,
+SwiGLU, W8A8's int8 activation quantization (with and without an outlier channel) and
+int32 rescale — for batch 1, small batches and a prefill-sized batch, in float32 and
+bfloat16, within the dtype's rounding; and packed group-affine weights (``pack_affine``):
+exact rows, and a matmul within the bound that rounding activations to int8 per 32 inputs
+allows. A platform without overrides passes trivially.
+
+Inputs come as models hand them over, not only as fresh contiguous rows: views of a fused
+projection whose rows are padded (a wider matmul output), and 3-D head views [T, H, D]
+(contiguous, padded rows, or heads that are not adjacent in memory), so a kernel that
+assumes a 2-D contiguous tensor fails here rather than in a model."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from engine.plugins import load_plugins
 
 DTYPES = [torch.float32, torch.bfloat16]
 TOKENS = [1, 5, 300]
+HEAD_LAYOUTS = ["contiguous", "padded-rows", "scattered-heads"]  # see _head_view
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
 
 
@@ -56,43 +62,81 @@ class LayerOpsContract:
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
-    @pytest.mark.parametrize("row_padding", [0, 64])
-    def test_rotary_qkv(self, platform, dtype, tokens, row_padding):
-        from transformers import LlamaConfig
-
-        heads, kv_heads, head_dim = 4, 2, 64
-        config = LlamaConfig(hidden_size=heads * head_dim, num_attention_heads=heads,
-                             num_key_value_heads=kv_heads, max_position_embeddings=512)
-        gen = torch.Generator().manual_seed(tokens)
-        cos_sin = RotaryEmbedding(config, 512, dtype)(torch.randint(0, 512, (tokens,), generator=gen))
-        width = (heads + 2 * kv_heads) * head_dim
-        rows = torch.randn(tokens, width + row_padding, generator=gen).to(dtype)
-        expected = LayerOps().rotary_qkv(rows[:, :width].clone(), heads, kv_heads, head_dim, cos_sin)
-        ops = platform.layer_ops(dtype)
-        got = ops.rotary_qkv(rows.clone()[:, :width], heads, kv_heads, head_dim, cos_sin)
-        for name, g, e in zip("qkv", got, expected):
-            assert g.shape == e.shape, name
-            torch.testing.assert_close(g, e, **TOLERANCE[dtype], msg=lambda m, name=name: f"{name}: {m}")
+    @pytest.mark.parametrize("layout", HEAD_LAYOUTS)
+    def test_rms_norm_of_head_views(self, platform, dtype, tokens, layout):
+        """A per-head norm over [T, H, D] views (no residual: x is left as it is)."""
+        x = _head_view(tokens, 6, 48, layout, torch.Generator().manual_seed(tokens), dtype)
+        before = x.clone()
+        expected = self._norm(48, dtype, LayerOps())(x.clone())
+        got = self._norm(48, dtype, platform.layer_ops(dtype))(x)
+        assert got.shape == x.shape
+        torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+        assert torch.equal(x, before), "rms_norm without a residual must leave x as it is"
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
-    def test_silu_and_mul(self, platform, dtype, tokens):
-        x = torch.randn(tokens, 2 * 80, generator=torch.Generator().manual_seed(tokens)).to(dtype)
+    def test_rms_norm_with_residual_of_padded_rows(self, platform, dtype, tokens):
+        gen = torch.Generator().manual_seed(tokens)
+        x = _padded_rows(tokens, 96, 32, gen, dtype)
+        residual = torch.randn(tokens, 96, generator=gen).to(dtype)
+        expected = self._norm(96, dtype, LayerOps())(x.clone(), residual.clone())
+        got = self._norm(96, dtype, platform.layer_ops(dtype))(_padded_copy(x), residual.clone())
+        for g, e in zip(got, expected):
+            torch.testing.assert_close(g, e, **TOLERANCE[dtype])
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("row_padding", [0, 64])
+    def test_rotary_qkv(self, platform, dtype, tokens, row_padding):
+        heads, kv_heads, head_dim = 4, 2, 64
+        gen = torch.Generator().manual_seed(tokens)
+        cos_sin = _cos_sin(head_dim, tokens, gen, dtype)
+        rows = _padded_rows(tokens, (heads + 2 * kv_heads) * head_dim, row_padding, gen, dtype)
+        expected = LayerOps().rotary_qkv(rows.clone(), heads, kv_heads, head_dim, cos_sin)
+        got = platform.layer_ops(dtype).rotary_qkv(_padded_copy(rows), heads, kv_heads, head_dim, cos_sin)
+        _assert_qkv_close(got, expected, dtype)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("row_padding", [0, 64])
+    @pytest.mark.parametrize("head_dim", [64, 48])  # 48: not a multiple of a 16-float vector
+    def test_qk_norm_rotary(self, platform, dtype, tokens, row_padding, head_dim):
+        heads, kv_heads = 4, 2
+        gen = torch.Generator().manual_seed(tokens)
+        cos_sin = _cos_sin(head_dim, tokens, gen, dtype)
+        q_norm, k_norm = (self._norm(head_dim, dtype, LayerOps()) for _ in range(2))
+        k_norm.weight.data = k_norm.weight.data.flip(0)  # q and k get different weights
+        k_norm.process_weights_after_loading()
+        rows = _padded_rows(tokens, (heads + 2 * kv_heads) * head_dim, row_padding, gen, dtype)
+        expected = LayerOps().qk_norm_rotary(rows.clone(), q_norm, k_norm, heads, kv_heads, head_dim, cos_sin)
+        ops = platform.layer_ops(dtype)
+        q_norm.ops = k_norm.ops = ops
+        got = ops.qk_norm_rotary(_padded_copy(rows), q_norm, k_norm, heads, kv_heads, head_dim, cos_sin)
+        _assert_qkv_close(got, expected, dtype)
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("row_padding", [0, 64])
+    def test_silu_and_mul(self, platform, dtype, tokens, row_padding):
+        x = _padded_rows(tokens, 2 * 80, row_padding, torch.Generator().manual_seed(tokens), dtype)
         expected = LayerOps().silu_and_mul(x.clone())
-        got = platform.layer_ops(dtype).silu_and_mul(x.clone())
+        got = platform.layer_ops(dtype).silu_and_mul(_padded_copy(x))
         torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("outlier", [False, True])
     @pytest.mark.parametrize("cols", [100, 700])  # not a multiple of a vector; big enough to split
-    def test_quantize_rows_int8(self, platform, dtype, tokens, outlier, cols):
+    @pytest.mark.parametrize("row_padding", [0, 36])
+    def test_quantize_rows_int8(self, platform, dtype, tokens, outlier, cols, row_padding):
         gen = torch.Generator().manual_seed(tokens)
         x = torch.randn(tokens, cols, generator=gen)
         if outlier:
             x[:, 7] *= 40
         x = x.to(dtype)
-        xq, scale, outliers = platform.layer_ops(dtype).quantize_rows_int8(x.clone(), 6.0)
+        padded = torch.randn(tokens, cols + row_padding, generator=gen).to(dtype)[:, :cols]
+        padded.copy_(x)
+        xq, scale, outliers = platform.layer_ops(dtype).quantize_rows_int8(padded, 6.0)
         ref_q, ref_scale, ref_outliers = LayerOps().quantize_rows_int8(x.clone(), 6.0)
         assert xq.dtype == torch.int8 and xq.shape == x.shape and scale.shape == (tokens, 1)
         assert outliers.tolist() == ref_outliers.tolist() and (7 in outliers.tolist()) == outlier
@@ -137,6 +181,42 @@ class LayerOpsContract:
         packed = platform.layer_ops(torch.float32).pack_affine(weight)
         if packed is not None:
             assert torch.equal(packed.dequantize(), weight.dequantize())
+
+
+def _padded_rows(tokens: int, width: int, padding: int, gen, dtype) -> torch.Tensor:
+    """[tokens, width] rows of a wider buffer (row stride width + padding), as a slice of a
+    fused projection's output is."""
+    return torch.randn(tokens, width + padding, generator=gen).to(dtype)[:, :width]
+
+
+def _padded_copy(x: torch.Tensor) -> torch.Tensor:
+    """A copy of x with x's strides (``clone`` would make padded rows contiguous)."""
+    return torch.empty_strided(x.shape, x.stride(), dtype=x.dtype).copy_(x)
+
+
+def _assert_qkv_close(got, expected, dtype) -> None:
+    for name, g, e in zip("qkv", got, expected):
+        assert g.shape == e.shape, name
+        torch.testing.assert_close(g, e, **TOLERANCE[dtype], msg=lambda m, name=name: f"{name}: {m}")
+
+
+def _head_view(tokens: int, heads: int, head_dim: int, layout: str, gen, dtype) -> torch.Tensor:
+    """[tokens, heads, head_dim] laid out as a model may hand it over: contiguous, the
+    heads of a padded fused projection, or heads that are not adjacent in memory (a
+    [heads, tokens, head_dim] buffer seen token-major)."""
+    if layout == "contiguous":
+        return torch.randn(tokens, heads, head_dim, generator=gen).to(dtype)
+    if layout == "padded-rows":
+        return _padded_rows(tokens, heads * head_dim, 40, gen, dtype).view(tokens, heads, head_dim)
+    return torch.randn(heads, tokens, head_dim, generator=gen).to(dtype).transpose(0, 1)
+
+
+def _cos_sin(head_dim: int, tokens: int, gen, dtype):
+    from transformers import LlamaConfig
+
+    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
+                         max_position_embeddings=512)
+    return RotaryEmbedding(config, 512, dtype)(torch.randint(0, 512, (tokens,), generator=gen))
 
 
 def _affine_weight(rows: int, cols: int, bits: int, group: int, gen, float16_scales=False) -> AffineWeight:

@@ -1,5 +1,6 @@
-/* Fused layer ops for the CPU: residual add + RMSNorm and rotary embedding in place, W8A8's
- * activation quantization and int32 rescale in one pass each.
+/* Fused layer ops for the CPU: residual add + RMSNorm, rotary embedding (alone or after a
+ * per-head RMSNorm of q and k, Qwen3's) in place, W8A8's activation quantization and int32
+ * rescale in one pass each.
  *
  * Each replaces several torch calls that, at small batches, cost more than their arithmetic.
  * Rounding follows the torch path step by step (bfloat16 results rounded to nearest even
@@ -54,22 +55,49 @@ void add_rms_norm_##SUFFIX(T *x, T *residual, const T *weight, int64_t rows, int
     }                                                                                           \
 }                                                                                               \
                                                                                                 \
+/* Rotate-half RoPE of one head in place from its values x (float): out = x·cos +           \
+ * roll(x, dim/2)·sin, x·cos rounded to the storage type first, as torch's addcmul path does. */\
+static void rotate_head_##SUFFIX(T *head, const float *x, int64_t dim, const T *c, const T *s) {\
+    int64_t half = dim / 2;                                                                     \
+    for (int64_t i = 0; i < dim; i++) {                                                         \
+        float scaled = LOAD(STORE(x[i] * LOAD(c[i])));                                          \
+        head[i] = STORE(scaled + x[i < half ? i + half : i - half] * LOAD(s[i]));               \
+    }                                                                                           \
+}                                                                                               \
+                                                                                                \
 /* Rotate-half RoPE in place on the first `heads` heads of each row of `qkv` (row stride       \
- * `stride`); cos, sin: [tokens, dim] as [c, c] and [-s, s]: out = x·cos + roll(x, dim/2)·sin, \
- * x·cos rounded to the storage type first, as torch's addcmul path does. */                   \
+ * `stride`); cos, sin: [tokens, dim] as [c, c] and [-s, s]. */                                 \
 void rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t heads, int64_t dim,        \
                      const T *cos, const T *sin) {                                              \
     float x[MAX_DIM];                                                                           \
-    int64_t half = dim / 2;                                                                     \
     for (int64_t t = 0; t < tokens; t++) {                                                      \
-        const T *c = cos + t * dim, *s = sin + t * dim;                                         \
         for (int64_t h = 0; h < heads; h++) {                                                   \
             T *head = qkv + t * stride + h * dim;                                               \
             for (int64_t i = 0; i < dim; i++) x[i] = LOAD(head[i]);                             \
+            rotate_head_##SUFFIX(head, x, dim, cos + t * dim, sin + t * dim);                   \
+        }                                                                                       \
+    }                                                                                           \
+}                                                                                               \
+                                                                                                \
+/* Qwen3's q/k: each of the first q_heads heads of a row RMS-normed with q_weight (q_eps),     \
+ * the next k_heads with k_weight (k_eps), the norm rounded to the storage type, then rotated  \
+ * as rotary_ does; in place, rows of stride `stride`. */                                       \
+void qk_norm_rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t q_heads,           \
+                             int64_t k_heads, int64_t dim, const T *q_weight, const T *k_weight, \
+                             float q_eps, float k_eps, const T *cos, const T *sin) {            \
+    float x[MAX_DIM];                                                                           \
+    for (int64_t t = 0; t < tokens; t++) {                                                      \
+        for (int64_t h = 0; h < q_heads + k_heads; h++) {                                       \
+            T *head = qkv + t * stride + h * dim;                                               \
+            const T *weight = h < q_heads ? q_weight : k_weight;                                \
+            float sum_sq = 0.f;                                                                 \
             for (int64_t i = 0; i < dim; i++) {                                                 \
-                float scaled = LOAD(STORE(x[i] * LOAD(c[i])));                                  \
-                head[i] = STORE(scaled + x[i < half ? i + half : i - half] * LOAD(s[i]));       \
+                x[i] = LOAD(head[i]);                                                           \
+                sum_sq += x[i] * x[i];                                                          \
             }                                                                                   \
+            float inv = 1.f / sqrtf(sum_sq / (float)dim + (h < q_heads ? q_eps : k_eps));       \
+            for (int64_t i = 0; i < dim; i++) x[i] = LOAD(STORE(x[i] * inv * LOAD(weight[i]))); \
+            rotate_head_##SUFFIX(head, x, dim, cos + t * dim, sin + t * dim);                   \
         }                                                                                       \
     }                                                                                           \
 }                                                                                               \

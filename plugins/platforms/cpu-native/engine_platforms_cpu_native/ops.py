@@ -1,6 +1,6 @@
-"""LayerOps on the fused C kernels: residual add + RMSNorm and rotary embedding in place,
-W8A8's activation quantization and int32 rescale in one pass each, and group-affine weights
-(GGUF's 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
+"""LayerOps on the fused C kernels: residual add + RMSNorm, rotary embedding and Qwen3's
+per-head q/k RMSNorm + rotary in place, W8A8's activation quantization and int32 rescale in
+one pass each, and group-affine weights (GGUF's 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several
 torch calls. The norm and rotary kernels are single-threaded, so batches above ``MAX_ROWS``
@@ -23,6 +23,7 @@ _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "add_rms_norm": ([_PTR, _PTR, _PTR, _INT, _INT, _FLOAT], None),
     "rotary": ([_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR], None),
+    "qk_norm_rotary": ([_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _FLOAT, _FLOAT, _PTR, _PTR], None),
     "quantize_rows_int8": ([_PTR, _INT, _INT, _FLOAT, _PTR, _PTR, _PTR], _INT),
     "rescale_int32": ([_PTR, _INT, _INT, _PTR, _PTR, _PTR], None),
 }
@@ -69,14 +70,31 @@ class NativeLayerOps(LayerOps):
                                                    x.shape[0], x.shape[1], norm.eps)
         return x, residual
 
-    def rotary_qkv(self, qkv, num_heads, num_kv_heads, head_dim, cos_sin):
+    def _takes_rotary(self, qkv, head_dim, cos_sin) -> bool:
+        """Rows [T, width] of contiguous heads (the row stride may be padded), few enough
+        for the single-threaded kernels, with cos/sin tables [T, 1, D] as the rotary gives."""
         cos, sin = cos_sin
-        if (qkv.dtype != self.dtype or qkv.shape[0] > MAX_ROWS or qkv.stride(-1) != 1
-                or head_dim > self.max_rotary_dim or not (cos.is_contiguous() and sin.is_contiguous())):
+        return (qkv.dtype == self.dtype and qkv.dim() == 2 and qkv.shape[0] <= MAX_ROWS and qkv.stride(-1) == 1
+                and head_dim <= self.max_rotary_dim and cos.is_contiguous() and sin.is_contiguous())
+
+    def rotary_qkv(self, qkv, num_heads, num_kv_heads, head_dim, cos_sin):
+        if not self._takes_rotary(qkv, head_dim, cos_sin):
             return super().rotary_qkv(qkv, num_heads, num_kv_heads, head_dim, cos_sin)
+        cos, sin = cos_sin
         rotary = self._kernels["rotary", self.dtype]
         rotary(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads + num_kv_heads, head_dim,
                cos.data_ptr(), sin.data_ptr())
+        return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+
+    def qk_norm_rotary(self, qkv, q_norm, k_norm, num_heads, num_kv_heads, head_dim, cos_sin):
+        weights = (q_norm.weight, k_norm.weight)
+        if not (self._takes_rotary(qkv, head_dim, cos_sin)
+                and all(w.dtype == self.dtype and w.is_contiguous() for w in weights)):
+            return super().qk_norm_rotary(qkv, q_norm, k_norm, num_heads, num_kv_heads, head_dim, cos_sin)
+        cos, sin = cos_sin
+        self._kernels["qk_norm_rotary", self.dtype](
+            qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads, num_kv_heads, head_dim,
+            q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), q_norm.eps, k_norm.eps, cos.data_ptr(), sin.data_ptr())
         return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
 
     def quantize_rows_int8(self, x, outlier_threshold):

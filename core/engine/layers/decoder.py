@@ -1,0 +1,184 @@
+"""The pre-norm decoder most causal LMs share (Llama, Mistral, Qwen2, Qwen3 and their MoE
+siblings): token embedding, rotary tables looked up once per step, layers of norm → attention
+→ norm → MLP with the residual stream carried beside the hidden state (each norm adds it in,
+which a platform fuses), a final norm and a tied or untied LM head. A family subclasses
+:class:`DecoderForCausalLM` and builds each layer (:meth:`~DecoderForCausalLM.decoder_layer`),
+usually a :class:`DecoderLayer` of a :class:`DecoderAttention` and a :class:`GatedMLP` (or its
+own blocks); parameter names are Hugging Face's, so checkpoints load as they are."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from engine.interfaces.model import KVLayout, Model
+from engine.layers.attention import Attention
+from engine.layers.embedding import VocabEmbedding
+from engine.layers.linear import Linear
+from engine.layers.loading import load_checkpoint
+from engine.layers.module import Layer
+from engine.layers.norm import RMSNorm
+from engine.layers.ops import LayerOps
+from engine.layers.rotary import RotaryEmbedding
+
+
+def head_dim(hf_config) -> int:
+    """The config's ``head_dim`` where it sets one (Qwen3, Gemma), else hidden / heads."""
+    return getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+
+
+class DecoderAttention(Layer):
+    """Self-attention over a fused q|k|v projection (``qkv_proj``; the checkpoint's ``q_proj``,
+    ``k_proj``, ``v_proj`` load into its shards): rotary embedding of q and k — after a
+    per-head RMSNorm of each (``q_norm``, ``k_norm`` of size head_dim) when ``qk_norm`` is
+    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``."""
+
+    def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps, qkv_bias: bool = False,
+                 o_bias: bool = False, qk_norm: bool = False):
+        super().__init__()
+        self.ops = ops
+        self.num_heads, self.num_kv_heads, self.head_dim = \
+            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype)
+        self.o_proj = Linear(q_size, [cfg.hidden_size], o_bias, method, dtype)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
+        self.attn = Attention(layer)
+
+    def forward(self, cos_sin, hidden, step):
+        qkv, heads = self.qkv_proj(hidden), (self.num_heads, self.num_kv_heads, self.head_dim)
+        if self.q_norm is None:
+            q, k, v = self.ops.rotary_qkv(qkv, *heads, cos_sin)
+        else:
+            q, k, v = self.ops.qk_norm_rotary(qkv, self.q_norm, self.k_norm, *heads, cos_sin)
+        out = self.attn(q, k, v, step)
+        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+
+class GatedMLP(Layer):
+    """SwiGLU: a fused gate|up projection (``gate_up_proj``; the checkpoint's ``gate_proj`` and
+    ``up_proj`` load into its shards), silu(gate) · up, ``down_proj``."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, method, dtype, ops: LayerOps):
+        super().__init__()
+        self.ops = ops
+        self.gate_up_proj = Linear(hidden_size, [intermediate_size] * 2, bias, method, dtype)
+        self.down_proj = Linear(intermediate_size, [hidden_size], bias, method, dtype)
+
+    def forward(self, x):
+        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
+
+
+class DecoderLayer(Layer):
+    """One pre-norm block. ``self_attn(cos_sin, hidden, step)`` and ``mlp(hidden)`` map
+    [T, hidden] to [T, hidden]; the residual stream is returned beside the output, so the
+    next layer's input norm adds it in one op."""
+
+    def __init__(self, self_attn: Layer, mlp: Layer, hidden_size: int, eps: float, dtype, ops: LayerOps):
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+        self.mlp = mlp
+
+    def forward(self, cos_sin, hidden, residual, step):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(cos_sin, hidden, step)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(Layer):
+    """Embedding, the layers and the final norm (HF's ``model.*``)."""
+
+    def __init__(self, cfg, layers: Iterable[Layer], method, dtype, ops: LayerOps):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
+        self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
+        self.layers = nn.ModuleList(layers)
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+
+    def forward(self, input_ids, positions, step, num_layers: int | None = None):
+        """Hidden states after the first ``num_layers`` layers (all when None) and the final
+        norm; the residual stream after each of ``step.aux_layers`` goes to ``step.aux_hidden``."""
+        hidden, residual = self.embed_tokens(input_ids), None
+        cos_sin = self.rotary(positions)
+        for index, layer in enumerate(self.layers[:num_layers]):
+            hidden, residual = layer(cos_sin, hidden, residual, step)
+            if index in step.aux_layers:
+                step.aux_hidden.append(hidden + residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class DecoderForCausalLM(Model):
+    """A :class:`Model` around a :class:`DecoderModel`: the KV layout from the config, a tied
+    or untied LM head, the embeddings (for EAGLE drafters) and a layer-skip draft view. A
+    family implements :meth:`decoder_layer` (and ``architectures``, ``example_configs``,
+    ``supports``)."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        cfg = self.cfg = ctx.hf_config
+        ops = ctx.layer_ops or LayerOps()
+        layers = (self.decoder_layer(cfg, index, ctx.linear_method, ctx.dtype, ops)
+                  for index in range(cfg.num_hidden_layers))
+        self.model = DecoderModel(cfg, layers, ctx.linear_method, ctx.dtype, ops)
+        self.tied = getattr(cfg, "tie_word_embeddings", False)
+        if not self.tied:
+            self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
+
+    @abstractmethod
+    def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
+        """Layer ``index``, usually a :class:`DecoderLayer` of the family's attention and MLP."""
+
+    def kv_layout(self) -> KVLayout:
+        cfg = self.cfg
+        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg))
+
+    def forward(self, input_ids, positions, step):
+        return self.model(input_ids, positions, step)
+
+    def embed(self, input_ids):
+        return self.model.embed_tokens(input_ids)
+
+    def draft_view(self, num_layers: int):
+        if not 0 < num_layers < self.cfg.num_hidden_layers:
+            raise ValueError(f"self_draft_layers must be in [1, {self.cfg.num_hidden_layers - 1}]")
+        return LayerSkipView(self, num_layers)
+
+    def compute_logits(self, hidden):
+        head = self.model.embed_tokens if self.tied else self.lm_head
+        return head.logits(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        def rename(name: str) -> str | None:
+            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
+
+        load_checkpoint(self, weights, rename)
+
+
+class LayerSkipView(nn.Module):
+    """The first layers of a decoder and its LM head, sharing the target's modules."""
+
+    def __init__(self, target: DecoderForCausalLM, num_layers: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self._target = [target]  # a list, so the target is not registered as a submodule twice
+
+    def kv_layout(self) -> KVLayout:
+        full = self._target[0].kv_layout()
+        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim)
+
+    def forward(self, input_ids, positions, step):
+        return self._target[0].model(input_ids, positions, step, num_layers=self.num_layers)
+
+    def compute_logits(self, hidden):
+        return self._target[0].compute_logits(hidden)
