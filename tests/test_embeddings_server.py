@@ -66,15 +66,18 @@ def test_embeddings_match_transformers(embedding_server, default_tokenizer):
             reference.assert_pooled_matches(d.embedding, hf_model, prompt, pooling_type, True)
 
 
-def test_base64_is_little_endian_float32(embedding_server):
+def test_base64_is_little_endian_float32_and_requests_are_counted(embedding_server):
     server, _, _ = embedding_server
+    before = server.metric("vllm:request_success_total"), server.metric("vllm:prompt_tokens_total")
     with server.http() as http:
-        body = {"model": server.model(), "input": TEXTS[:2]}
+        body = {"model": server.model(), "input": [[5, 6, 7], [8, 9]]}
         floats = http.post("/v1/embeddings", json={**body, "encoding_format": "float"}).json()["data"]
         encoded = http.post("/v1/embeddings", json={**body, "encoding_format": "base64"}).json()["data"]
     for f, e in zip(floats, encoded, strict=True):
         decoded = np.frombuffer(base64.b64decode(e["embedding"]), dtype="<f4")
         assert decoded.tolist() == f["embedding"]
+    assert server.metric("vllm:request_success_total") == before[0] + 4  # two inputs, twice
+    assert server.metric("vllm:prompt_tokens_total") == before[1] + 10
 
 
 BAD = [

@@ -48,17 +48,21 @@ class Embedding:
             handle = self.state.client.submit(self.children, self.body.priority)
         except EngineDead:
             raise APIError(503, "the engine is not available", code="engine_dead") from None
+        timers = {rid: self.state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in self.children}
         vectors: dict[str, bytes] = {}
         try:
-            await unless_disconnected(request, self._collect(handle, vectors))
+            await unless_disconnected(request, self._collect(handle, vectors, timers))
         except EngineDead as exc:
             raise APIError(exc.status, f"{exc.what} (request id {self.id})", code=exc.code) from None
         finally:
             handle.close()
         return JSONResponse(self._body(vectors))
 
-    async def _collect(self, handle, vectors: dict[str, bytes]) -> None:
+    async def _collect(self, handle, vectors: dict[str, bytes], timers: dict) -> None:
+        """Each input's vector; its request metrics (count, prompt tokens, latency) as it finishes."""
         async for delta in handle.deltas():
+            if delta.finish_reason is not None:
+                timers[delta.request_id].finished(delta.finish_reason)
             if delta.finish_reason == "error":
                 if delta.error_code == "overloaded":
                     raise overloaded(delta.error)
