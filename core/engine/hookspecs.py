@@ -59,8 +59,9 @@ class EngineHookSpecs:
         ``cls(spec, platform)`` (an :class:`engine.interfaces.AttentionSpec` and the platform).
         Unless ``attention_backend=NAME`` names one, selection walks the platform's
         ``preferred_attention_backends`` then every other backend, and takes the first whose
-        ``supports(spec, platform)`` returns no reasons — once per attention kind among the
-        model's layers (``spec.sliding_window``, ``logit_softcap``, ``query_scale``)."""
+        ``supports(spec, platform)`` returns no reasons (a backend that attends only causally
+        returns one for ``spec.causal`` False) — once per attention kind among the model's
+        layers (``spec.sliding_window``, ``logit_softcap``, ``query_scale``)."""
 
     @hookspec
     def register_models(self, register):
@@ -69,8 +70,10 @@ class EngineHookSpecs:
         :class:`engine.interfaces.ModelContext`. One class may be registered under several
         names. The checkpoint's ``architectures`` select it (then transformers' causal-LM
         class for its ``model_type``); build it from ``engine.layers``. Layers that attend
-        differently (a sliding window, soft-capped logits) say so in
-        ``KVLayout.layer_kinds``; the engine builds one attention backend per kind."""
+        differently (a sliding window, soft-capped logits) say so in ``KVLayout.layer_kinds``;
+        the engine builds one attention backend per kind. The pooling runner (embeddings)
+        pools what ``forward`` returns; an encoder without an LM head sets
+        ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
 
     @hookspec
     def register_model_loaders(self, register):

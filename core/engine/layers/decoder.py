@@ -14,7 +14,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.interfaces.model import KVLayout, Model
+from engine.interfaces.model import AttentionKind, KVLayout, Model
 from engine.layers.attention import Attention
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
@@ -139,9 +139,14 @@ class DecoderForCausalLM(Model):
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         """Layer ``index``, usually a :class:`DecoderLayer` of the family's attention and MLP."""
 
+    def layer_kinds(self) -> tuple[AttentionKind, ...]:
+        """How each layer attends (:attr:`KVLayout.layer_kinds`); default: all alike, plain."""
+        return ()
+
     def kv_layout(self) -> KVLayout:
         cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg))
+        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg),
+                        self.layer_kinds())
 
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)

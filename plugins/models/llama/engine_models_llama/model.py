@@ -5,7 +5,7 @@ Parameter names follow Hugging Face's so checkpoints load as they are."""
 
 from __future__ import annotations
 
-from engine.interfaces import AttentionKind, KVLayout
+from engine.interfaces import AttentionKind
 from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP
 
 
@@ -18,6 +18,12 @@ class LlamaForCausalLM(DecoderForCausalLM):
         attention = DecoderAttention(cfg, index, method, dtype, ops, qkv_bias=bias or qwen2, o_bias=bias and not qwen2)
         mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False), method, dtype, ops)
         return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+
+    def layer_kinds(self) -> tuple[AttentionKind, ...]:
+        """Mistral's ``sliding_window``, when set, applies to every layer."""
+        cfg = self.cfg
+        window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
+        return (AttentionKind(sliding_window=window),) * cfg.num_hidden_layers if window else ()
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
@@ -40,12 +46,3 @@ class LlamaForCausalLM(DecoderForCausalLM):
             "MistralForCausalLM-sliding-window": dict(model_type="mistral", **tiny, sliding_window=16),
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),
         }
-
-    def kv_layout(self) -> KVLayout:
-        """Mistral's ``sliding_window``, when set, applies to every layer."""
-        layout = super().kv_layout()
-        window = getattr(self.cfg, "sliding_window", None) if self.cfg.model_type == "mistral" else None
-        if not window:
-            return layout
-        return KVLayout(layout.num_layers, layout.num_heads, layout.num_kv_heads, layout.head_dim,
-                        (AttentionKind(sliding_window=window),) * layout.num_layers)
