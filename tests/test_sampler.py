@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.core.request import Request
@@ -116,15 +117,29 @@ def test_candidate_truncation_equals_sorting_the_whole_vocabulary():
         torch.testing.assert_close(got[i], expected[i], atol=1e-6, rtol=1e-4, msg=str(s))
 
 
-def test_inverse_cdf_draws_follow_the_distribution_and_skip_masked_tokens():
-    p = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+CHI2_999 = {1: 10.83, 2: 13.82, 3: 16.27, 4: 18.47}  # chi-square at p = 0.001, by degrees of freedom
+
+
+def _sparse(vocab: int, mass: dict[int, float]) -> torch.Tensor:
+    p = torch.zeros(vocab)
+    for token, value in mass.items():
+        p[token] = value
+    return p
+
+
+@pytest.mark.parametrize("p", [
+    torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0]),  # within one (partial) block
+    _sparse(1000, {3: 0.2, 255: 0.3, 256: 0.25, 700: 0.15, 999: 0.1}),  # block edges and the tail block
+    _sparse(512, {0: 0.4, 511: 0.6}),  # whole blocks only
+], ids=["one-block", "across-blocks", "whole-blocks"])
+def test_inverse_cdf_draws_follow_the_distribution_and_skip_masked_tokens(p):
     logits = p.log().repeat(4000, 1)  # zero-probability tokens are -inf logits
     tokens, _ = sampler.sample(logits, rows_for(*[SamplingParams(temperature=1.0)] * 4000))
     counts = torch.bincount(tokens, minlength=len(p)).float()
     assert counts[p == 0].sum() == 0
     expected = p[p > 0] * len(tokens)
     chi2 = ((counts[p > 0] - expected) ** 2 / expected).sum().item()
-    assert chi2 < 16.3  # p = 0.001 for 3 degrees of freedom
+    assert chi2 < CHI2_999[len(expected) - 1]
 
 
 def test_a_seeded_row_draws_the_same_tokens_alone_and_in_a_batch():
