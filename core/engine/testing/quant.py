@@ -126,13 +126,15 @@ class QuantMethodContract:
     # -- fixtures -------------------------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def registry(self):
+    @classmethod
+    def registry(cls):
         from engine.plugins import load_plugins
 
         return load_plugins(None)
 
     @pytest.fixture(scope="class")
-    def platform(self, registry):
+    @classmethod
+    def platform(cls, registry):
         from engine.core.setup import select_platform
 
         return select_platform(registry, "cpu")
@@ -160,12 +162,14 @@ class QuantMethodContract:
         return layer, torch.cat(originals), torch.cat(references)
 
     @pytest.fixture(scope="class")
-    def linear(self, registry, platform):
+    @classmethod
+    def linear(cls, registry, platform):
+        """Built once per class, by an instance of its own (a format's overrides are methods)."""
         from engine.layers import Linear
 
-        return self._loaded(lambda method, dtype: Linear(self.input_size, list(self.output_sizes), False,
-                                                         method, dtype),
-                            registry, platform, self.output_sizes)
+        return cls()._loaded(lambda method, dtype: Linear(cls.input_size, list(cls.output_sizes), False,
+                                                          method, dtype),
+                             registry, platform, cls.output_sizes)
 
     # -- layer checks ---------------------------------------------------------------------------
 
