@@ -2,6 +2,8 @@
 also under preemption and prefix caching), on the engine's default backend and platform
 (cpu-native when installed) and on the plain torch backend and cpu platform."""
 
+import pytest
+
 from engine.testing.models import ModelContract
 
 
@@ -9,6 +11,7 @@ class TestLlamaModels(ModelContract):
     model_class = "engine_models_llama.model:LlamaForCausalLM"
 
 
+@pytest.mark.slow  # the whole contract a second time, on the plain parts
 class TestLlamaModelsOnTorchAttention(ModelContract):
     model_class = "engine_models_llama.model:LlamaForCausalLM"
     attention_backend = "torch"

@@ -4,6 +4,8 @@ and, end to end, greedy tokens of mixed-length prompts under continuous batching
 pool small enough to preempt, and with prefix caching. Pinned to the cpu-native backend and
 platform (its fused q/k-norm kernel) and to the plain torch ones."""
 
+import pytest
+
 from engine.testing.models import ModelContract
 
 
@@ -13,6 +15,7 @@ class TestQwen3ModelsOnCpuNative(ModelContract):
     platform = "cpu-native"
 
 
+@pytest.mark.slow  # the whole contract a second time, on the plain parts
 class TestQwen3ModelsOnTorchAttention(ModelContract):
     model_class = "engine_models_qwen3.model:Qwen3ForCausalLM"
     attention_backend = "torch"
