@@ -43,8 +43,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-CONFIGS = {"default": {}, "bf16": {"quantization": "unquantized"}, "int8": {"quantization": "int8-w8a8"}}
-SERVE_FLAGS = {"default": [], "bf16": ["--quantization", "unquantized"], "int8": ["--quantization", "int8-w8a8"]}
+CONFIGS = {"default": {}, "bf16": {"quantization": "unquantized"}, "int8": {"quantization": "int8-w8a8"},
+           "bf16-invariant": {"quantization": "unquantized", "batch_invariant": True}}
+SERVE_FLAGS = {"default": [], "bf16": ["--quantization", "unquantized"], "int8": ["--quantization", "int8-w8a8"],
+               "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"]}
 SERVED_NAME = "smollm2"
 VLLM_OFFLINE = """
 import json, sys, time

@@ -24,7 +24,8 @@ from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
-SHIPPED = ("models-llama", "models-qwen3", "attention-torch", "quant-gguf", "quant-int8", "quant-fp8", "quant-mxfp4")
+SHIPPED = ("models-llama", "models-qwen3", "models-moe", "attention-torch", "quant-gguf", "quant-int8", "quant-fp8",
+           "quant-mxfp4")
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:
@@ -40,7 +41,7 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
     assert "attention backend: torch  [runs here]" in out
     assert "platform: cpu  [runs here]" in out
     assert "platform: cuda  [cannot run here:" in out  # on machines without a GPU
-    assert "model: LlamaForCausalLM" in out and "model loader: gguf" in out
+    assert "model: LlamaForCausalLM" in out and "model: MixtralForCausalLM" in out and "model loader: gguf" in out
     assert "scheduler: default" in out and "kv cache manager: default" in out
     # quant methods say which path they take here, and why
     assert "quant method: gguf  [runs here: 32-group formats on the platform's packed kernel or int4pack" in out

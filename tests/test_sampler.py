@@ -88,3 +88,61 @@ def test_rejection_sampler_with_draft_distributions_matches_the_target():
         expected = p * counts.sum()
         chi2 = ((counts - expected) ** 2 / expected).sum().item()
         assert chi2 < 16.3, (q, counts)  # p = 0.001 for 3 degrees of freedom
+
+
+def _random_logits(rows: int, vocab: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randn(rows, vocab, generator=gen) * torch.rand(rows, 1, generator=gen).mul(6).add(0.5)
+
+
+def test_candidate_truncation_equals_sorting_the_whole_vocabulary():
+    """Top-k / top-p / min-p from growing top-k windows keep exactly the tokens a full sort
+    keeps, with the same renormalized probabilities: mixed rows in one batch, nuclei far
+    wider than the first window (flat rows, top_p 0.99), k above the window, a greedy row."""
+    from engine.testing.reference import sorted_sampling_probs
+
+    vocab = 3001
+    settings = [dict(top_k=5), dict(top_p=0.9), dict(top_p=0.99), dict(top_k=300, top_p=0.95),
+                dict(min_p=0.1), dict(top_k=40, min_p=0.05), dict(temperature=0.3, top_p=0.5),
+                dict(temperature=2.0), dict(top_k=vocab - 1, top_p=0.999), dict(temperature=0)]
+    params = [SamplingParams(**{"temperature": 1.0, **s}) for s in settings]
+    logits = _random_logits(len(params), vocab, seed=3)
+    logits[2] /= 20  # nearly flat: its 0.99 nucleus spans most of the vocabulary
+    got = sampler.sampling_probs(logits, rows_for(*params))
+    expected = sorted_sampling_probs(logits, [p.temperature if not p.greedy else 1.0 for p in params],
+                                     [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params])
+    for i, s in enumerate(settings):
+        assert torch.equal(got[i] > 0, expected[i] > 0), (s, int((got[i] > 0).sum()), int((expected[i] > 0).sum()))
+        torch.testing.assert_close(got[i], expected[i], atol=1e-6, rtol=1e-4, msg=str(s))
+
+
+def test_inverse_cdf_draws_follow_the_distribution_and_skip_masked_tokens():
+    p = torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0])
+    logits = p.log().repeat(4000, 1)  # zero-probability tokens are -inf logits
+    tokens, _ = sampler.sample(logits, rows_for(*[SamplingParams(temperature=1.0)] * 4000))
+    counts = torch.bincount(tokens, minlength=len(p)).float()
+    assert counts[p == 0].sum() == 0
+    expected = p[p > 0] * len(tokens)
+    chi2 = ((counts[p > 0] - expected) ** 2 / expected).sum().item()
+    assert chi2 < 16.3  # p = 0.001 for 3 degrees of freedom
+
+
+def test_a_seeded_row_draws_the_same_tokens_alone_and_in_a_batch():
+    vocab = 500
+    logits = _random_logits(6, vocab, seed=5)
+    seeded = [SamplingParams(temperature=1.0, seed=42), SamplingParams(temperature=0.8, top_p=0.9, seed=9)]
+    for j, params in enumerate(seeded):
+        alone = [int(sampler.sample(logits[2:3].clone(), rows_for(params))[0]) for _ in range(1)]
+        others = [SamplingParams(temperature=1.0), SamplingParams(temperature=0), SamplingParams(top_k=3)]
+        batch_rows = rows_for(*others[:2], params, others[2], SamplingParams(temperature=0.5), SamplingParams())
+        batched = int(sampler.sample(logits.clone(), batch_rows)[0][2])
+        assert alone == [batched], params
+
+
+def test_sampling_returns_distributions_only_when_asked():
+    logits = _random_logits(3, 50, seed=1)
+    rows = rows_for(SamplingParams(temperature=1.0), SamplingParams(temperature=0), SamplingParams(top_k=4))
+    assert sampler.sample(logits, rows)[1] is None
+    tokens, probs = sampler.sample(logits, rows, need_probs=True)
+    assert probs.shape == (3, 50) and int(tokens[1]) == int(logits[1].argmax())
+    assert int((probs[2] > 0).sum()) == 4 and probs[2, tokens[2]] > 0

@@ -9,6 +9,7 @@ from engine.interfaces import QuantMethod
 
 class UnquantizedLinearMethod(QuantMethod):
     name = "unquantized"
+    quantizes_experts = True
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype),
@@ -24,3 +25,11 @@ class UnquantizedLinearMethod(QuantMethod):
 
     def embed(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, layer.weight)
+
+    def apply_moe(self, layer: nn.Module, x: torch.Tensor, segments) -> torch.Tensor:
+        from engine.layers.moe import grouped_matmul  # engine.layers imports this module
+
+        return grouped_matmul(x, layer.weight, segments)
+
+    def dequantize_moe(self, layer: nn.Module) -> torch.Tensor:
+        return layer.weight

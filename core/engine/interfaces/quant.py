@@ -14,6 +14,14 @@ GGUF blocks), not float tensors.
 
 Vocabulary-sized layers (input embedding, LM head) go through the method only when it sets
 ``quantizes_embeddings``; otherwise the core keeps them unquantized.
+
+Mixture-of-experts layers (:class:`engine.layers.moe.FusedMoE`) hold each projection of all
+experts stacked, [E, out, in] (an :class:`engine.layers.moe.ExpertLinear`). They go through
+the method only when it sets ``quantizes_experts``, and then through the ``*_moe_*``
+methods, the same lifecycle as a linear layer's: ``create_moe_weights`` →
+experts loaded one (expert, shard) at a time → ``process_moe_weights_after_loading`` →
+``apply_moe`` on rows sorted by expert → ``dequantize_moe``, the plain-math reference.
+Otherwise the core keeps experts in the activation dtype (the ``unquantized`` method's).
 """
 
 from abc import ABC, abstractmethod
@@ -36,6 +44,7 @@ class QuantContext:
 class QuantMethod(ABC):
     name: ClassVar[str]
     quantizes_embeddings: ClassVar[bool] = False
+    quantizes_experts: ClassVar[bool] = False  # implements the *_moe_* methods below
 
     def __init__(self, ctx: QuantContext):
         self.ctx = ctx
@@ -70,3 +79,33 @@ class QuantMethod(ABC):
         """Rows ``input_ids`` of the weight [vocab, hidden], for methods that set
         ``quantizes_embeddings``. This default dequantizes the whole table: override it."""
         return F.embedding(input_ids, self.dequantize(layer))
+
+    # -- mixture-of-experts layers, for methods that set ``quantizes_experts`` -------------------
+
+    def create_moe_weights(self, layer: nn.Module, num_experts: int, input_size: int,
+                           output_sizes: list[int]) -> None:
+        """Register the parameters of a stacked projection [num_experts, sum(output_sizes),
+        input_size], leading dimension the (local) expert. ``output_dim`` counts within one
+        expert's slice; a parameter may carry ``expert_weight_loader(param, tensor, expert,
+        shard)`` to receive checkpoint tensors itself (e.g. raw GGUF blocks). This default
+        registers ``weight`` in the activation dtype (what an online method quantizes in
+        ``process_moe_weights_after_loading``)."""
+        weight = nn.Parameter(torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype),
+                              requires_grad=False)
+        weight.output_dim = 0
+        layer.register_parameter("weight", weight)
+
+    def process_moe_weights_after_loading(self, layer: nn.Module) -> None:
+        """Repack or quantize once every expert is loaded."""
+
+    def apply_moe(self, layer: nn.Module, x: torch.Tensor, segments) -> torch.Tensor:
+        """x [M, in], rows sorted by expert (``segments``: an
+        :class:`engine.layers.moe.ExpertSegments`) -> [M, out], each segment times its expert's
+        weight. ``engine.layers.moe.grouped_matmul`` runs stacked float weights;
+        ``segments.per_expert`` loops a one-weight kernel over the experts that have rows."""
+        raise NotImplementedError(f"{type(self).__name__} sets quantizes_experts but has no apply_moe")
+
+    def dequantize_moe(self, layer: nn.Module) -> torch.Tensor:
+        """The stacked weight [E, out, in] in the activation dtype, by plain math: the
+        reference ``apply_moe`` is checked against."""
+        raise NotImplementedError(f"{type(self).__name__} sets quantizes_experts but has no dequantize_moe")

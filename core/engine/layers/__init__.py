@@ -1,8 +1,9 @@
 """Building blocks model plugins share: linear layers that go through the selected
 QuantMethod (vocabulary tables included), RMSNorm, rotary embeddings, the paged attention
 layer, the pre-norm decoder stack most causal LMs share (:class:`DecoderForCausalLM`), the
-small ops between matmuls (:class:`LayerOps`, which a platform may replace with kernels) and
-checkpoint loading. The modules are :class:`Layer` s (called without hooks)."""
+small ops between matmuls (:class:`LayerOps`, which a platform may replace with kernels),
+mixture-of-experts layers (:mod:`engine.layers.moe`) and checkpoint loading. The modules
+are :class:`Layer` s (called without hooks)."""
 
 from engine.layers.attention import Attention
 from engine.layers.decoder import (
@@ -17,10 +18,11 @@ from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
 from engine.layers.loading import FUSED_PROJECTIONS, load_checkpoint
 from engine.layers.module import Layer
+from engine.layers.moe import FusedMoE, router_linear
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
 from engine.layers.rotary import RotaryEmbedding
 
-__all__ = ["FUSED_PROJECTIONS", "Attention", "DecoderAttention", "DecoderForCausalLM", "DecoderLayer", "DecoderModel", "GatedMLP",
-           "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding", "VocabEmbedding", "head_dim",
-           "load_checkpoint"]
+__all__ = ["FUSED_PROJECTIONS", "Attention", "DecoderAttention", "DecoderForCausalLM", "DecoderLayer", "DecoderModel",
+           "FusedMoE", "GatedMLP", "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding", "VocabEmbedding",
+           "head_dim", "load_checkpoint", "router_linear"]

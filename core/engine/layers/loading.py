@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from engine.layers.linear import Linear
+from engine.layers.moe import EXPERT_PROJECTIONS, FusedMoE
 
 # checkpoint projection -> (fused Linear, shard index)
 FUSED_PROJECTIONS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
@@ -18,10 +19,11 @@ def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor
                     rename: Callable[[str], str | None] = lambda name: name,
                     fused: dict[str, tuple[str, int]] = FUSED_PROJECTIONS) -> None:
     """Copy (name, tensor) pairs into ``module``: q/k/v and gate/up projections into their
-    fused :class:`Linear`'s shards, other Linear parameters through ``load_shard`` (so the
-    quant method's storage is used), everything else by name. ``rename`` maps a checkpoint
-    name to the module's (None skips it). Unknown names and parameters left unloaded raise
-    ValueError naming them."""
+    fused :class:`Linear`'s shards, ``<moe>.experts.<e>.<projection>.<param>`` into the
+    :class:`FusedMoE` at ``<moe>.experts`` (experts on other ranks skipped), other Linear
+    parameters through ``load_shard`` (so the quant method's storage is used), everything
+    else by name. ``rename`` maps a checkpoint name to the module's (None skips it). Unknown
+    names and parameters left unloaded raise ValueError naming them."""
     modules = dict(module.named_modules())
     state = dict(module.named_parameters()) | dict(module.named_buffers())
     missing = set(module.state_dict())
@@ -31,7 +33,11 @@ def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor
             continue
         module_path, _, param = name.rpartition(".")
         parent, _, projection = module_path.rpartition(".")
-        if projection in fused:
+        experts_path, _, expert = parent.rpartition(".")
+        if expert.isdigit() and isinstance(modules.get(experts_path), FusedMoE):
+            modules[experts_path].load_expert(projection, param, int(expert), tensor)
+            missing.discard(f"{experts_path}.{EXPERT_PROJECTIONS[projection][0]}.{param}")
+        elif projection in fused:
             target, shard = fused[projection]
             path = f"{parent}.{target}" if parent else target
             modules[path].load_shard(param, tensor, shard)

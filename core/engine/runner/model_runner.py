@@ -77,7 +77,7 @@ class ModelRunner:
             logits = processor.apply(logits, rows.requests)
         sampler.apply_token_masks(logits, rows)
         sampler.apply_penalties(logits, rows)
-        tokens, probs = sampler.sample(logits, rows)
+        tokens, probs = sampler.sample(logits, rows, need_probs=any(batch.sample_drafts))
         token_list = tokens.tolist()
         chosen = list(token_list)
         row = 0

@@ -6,6 +6,10 @@ serves and states its tolerances; the kit checks, against plain math,
 * ``apply`` equals dequantize-then-matmul, for one token, a few, and a batch;
 * fused projections (q|k|v) loaded shard by shard;
 * vocabulary tables (``embed``, LM-head ``apply``) when the method quantizes them;
+* mixture-of-experts layers when it sets ``quantizes_experts``: experts loaded one (expert,
+  shard) at a time dequantize (``dequantize_moe``) to the format's math and within the
+  quantization error, and the layer's output (``apply_moe`` on rows sorted by expert) is the
+  per-expert reference over the dequantized experts; otherwise experts stay unquantized;
 * a tiny random Llama served through the method has log-probabilities within the stated
   tolerance of the same model unquantized (needs a model plugin serving LlamaForCausalLM);
 * the cases the method cannot run are refused with a reason (``ValueError``).
@@ -210,6 +214,45 @@ class QuantMethodContract:
         want = F.linear(hidden.float(), dense)
         err = (table.logits(hidden).float() - want).abs().max() / want.abs().max()
         assert err <= self.apply_rtol
+
+    @pytest.fixture(scope="class")
+    def moe(self, registry, platform):
+        from engine.testing.moe import loaded_moe
+
+        method = self.make_method(registry, platform)
+        quantized = type(method).quantizes_experts  # else experts load as float weights, as vocabulary tables
+        layer, originals, represented = loaded_moe(method, 4, 2, self.input_size, self.input_size, True,
+                                                   self.checkpoint_tensors if quantized else None, seed=5)
+        stored = [part.method for part in (layer.gate_up, layer.down)]
+        assert all((type(m) is type(method)) == quantized for m in stored)
+        return layer, originals, represented
+
+    def test_moe_experts_dequantize_to_the_format(self, moe):
+        layer, originals, represented = moe
+        for part, original, plain in zip((layer.gate_up, layer.down), originals, represented):
+            got = part.method.dequantize_moe(part).float()
+            assert got.shape == plain.shape
+            err = (got - plain).abs().max() / plain.abs().max()
+            assert err <= self.reference_atol, f"dequantize_moe differs from the format's math by {err:.2e}"
+            # the worst group over ~12x the linear check's weights: its error bound with 1.5x room
+            err = (got - original).abs().max() / original.abs().max()
+            assert err <= 1.5 * self.quant_error, f"expert quantization error {err:.3e} > 1.5 x {self.quant_error}"
+
+    @pytest.mark.parametrize("tokens", [1, 7, 64])
+    def test_moe_layer_matches_the_per_expert_reference(self, moe, tokens):
+        from engine.testing.moe import reference_moe
+
+        layer, _, _ = moe
+        gen = torch.Generator().manual_seed(tokens)
+        x = torch.randn(tokens, self.input_size, generator=gen).to(self.dtype)
+        logits = torch.randn(tokens, 4, generator=gen)
+        got = layer(x, logits)
+        assert got.shape == x.shape and got.dtype == self.dtype
+        experts = (part.method.dequantize_moe(part) for part in (layer.gate_up, layer.down))
+        want = reference_moe(x, logits, *experts, 2, True)
+        err = (got.float() - want).abs().max() / want.abs().max()
+        # two matmuls in a row (gate|up, then down on its rounded SwiGLU): twice one's tolerance
+        assert err <= 2 * self.apply_rtol, f"MoE layer differs from the per-expert reference by {err:.2e}"
 
     def test_refusals_give_reasons(self):
         for call in self.refusals():

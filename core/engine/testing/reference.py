@@ -75,3 +75,21 @@ def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
 def random_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def sorted_sampling_probs(logits: torch.Tensor, temperature: list[float], top_k: list[int],
+                          top_p: list[float], min_p: list[float]) -> torch.Tensor:
+    """Plain math of temperature → top-k → top-p → min-p over the whole sorted vocabulary,
+    one row at a time (what HF's and vLLM's samplers compute): the reference the engine's
+    candidate-based sampler is checked against. ``top_k`` 0 means off."""
+    out = []
+    for row, t, k, p, m in zip(logits.float(), temperature, top_k, top_p, min_p):
+        values, order = (row / t).sort(descending=True)
+        if 0 < k < len(values):
+            values[k:] = float("-inf")
+        probs = values.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs
+        probs = torch.where((before < p) | (p >= 1), probs, 0)
+        probs = torch.where(probs >= m * probs[0], probs, 0)
+        out.append(torch.zeros_like(row).scatter_(0, order, probs / probs.sum()))
+    return torch.stack(out)

@@ -14,8 +14,11 @@ from engine.testing import reference
 TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
 LENGTHS = [5, 30, 12, 44, 8, 21, 3, 17]
+# shared_step_target_s=0: chunk sizes from the token budget alone, not from measured step times,
+# so two runs schedule alike however loaded the machine is (a seeded request's draws follow
+# its schedule: how many drafts each step verified)
 OPTIONS = dict(dtype="float32", block_size=8, num_blocks=36, max_num_batched_tokens=32, max_num_seqs=6,
-               max_model_len=160)
+               max_model_len=160, shared_step_target_s=0)
 
 
 def _prompts():

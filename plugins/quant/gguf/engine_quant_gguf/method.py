@@ -15,6 +15,9 @@ F32/F16 tensors and for heads from other files, e.g. EAGLE):
   LM-head matmul and, unpacked row by row, the embedding lookups (where torch's packed
   layout is verified readable; else the blocks are kept for lookups and planes packed on
   first LM-head use). A per-row int8 copy was measured and dropped: it cost a quarter of greedy agreement.
+
+Mixture-of-experts layers: each expert's projection (its shards, e.g. gate and up) gets the
+kernel a linear layer of the same blocks would, and runs over the rows routed to it.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from engine_quant_gguf.formats import GGUFBlocks
 class GGUFLinearMethod(QuantMethod):
     name = "gguf"
     quantizes_embeddings = True
+    quantizes_experts = True
 
     @classmethod
     def describe(cls, platform) -> str:
@@ -81,6 +85,26 @@ class GGUFLinearMethod(QuantMethod):
     def apply(self, layer, x, bias):
         out = layer.kernel(x)
         return out if bias is None else out + bias
+
+    def create_moe_weights(self, layer: nn.Module, num_experts: int, input_size: int,
+                           output_sizes: list[int]) -> None:
+        shards = [[None] * len(output_sizes) for _ in range(num_experts)]
+        placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
+        placeholder.expert_weight_loader = lambda param, tensor, expert, shard: shards[expert].__setitem__(shard, tensor)
+        layer.register_parameter("weight", placeholder)
+        layer.gguf_expert_shards = shards
+
+    def process_moe_weights_after_loading(self, layer: nn.Module) -> None:
+        shards = layer.gguf_expert_shards
+        del layer.weight, layer.gguf_expert_shards
+        layer.experts = nn.ModuleList(self._kernel(expert, False, layer.output_sizes) for expert in shards)
+
+    def apply_moe(self, layer, x, segments):
+        experts = layer.experts
+        return segments.per_expert(x, sum(layer.output_sizes), lambda e, rows: experts[e](rows))
+
+    def dequantize_moe(self, layer) -> torch.Tensor:
+        return torch.stack([expert.dequantize() for expert in layer.experts]).to(self.ctx.dtype)
 
     def dequantize(self, layer) -> torch.Tensor:
         return layer.kernel.dequantize().to(self.ctx.dtype)

@@ -1,7 +1,11 @@
 """Online int8: each linear weight is rounded to int8 with one scale per output channel
 when loading ends. ``int8-w8a16`` multiplies activations in their own dtype by the int8
 weight; ``int8-w8a8`` also rounds every activation row to int8 (its own scale, computed
-per step) and multiplies in integers. Kernels: :mod:`engine.layers.int8`."""
+per step) and multiplies in integers. Kernels: :mod:`engine.layers.int8`.
+
+Mixture-of-experts layers are quantized the same way, each expert's stacked projection rows
+with their own scales, and run expert by expert over the rows routed to it (the int8
+kernels take one weight)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from engine.layers.int8 import Int8Rows
 
 class Int8WeightOnly(QuantMethod):
     name = "int8-w8a16"
+    quantizes_experts = True
 
     @classmethod
     def supports(cls, platform) -> list[str]:
@@ -42,6 +47,18 @@ class Int8WeightOnly(QuantMethod):
 
     def dequantize(self, layer) -> torch.Tensor:
         return layer.int8.dequantize()
+
+    def process_moe_weights_after_loading(self, layer: nn.Module) -> None:
+        ops = self.ctx.platform.layer_ops(self.ctx.dtype)
+        layer.int8_experts = nn.ModuleList(Int8Rows.from_float(w, self.ctx.dtype, ops) for w in layer.weight.data)
+        del layer.weight
+
+    def apply_moe(self, layer, x, segments) -> torch.Tensor:
+        experts = layer.int8_experts
+        return segments.per_expert(x, experts[0].q.shape[0], lambda e, rows: self._matmul(experts[e], rows))
+
+    def dequantize_moe(self, layer) -> torch.Tensor:
+        return torch.stack([expert.dequantize() for expert in layer.int8_experts])
 
 
 class Int8Dynamic(Int8WeightOnly):

@@ -1,0 +1,178 @@
+"""Mixture-of-experts: experts stored as stacked tensors and run as a grouped matmul.
+
+:class:`FusedMoE` holds a layer's experts as two :class:`ExpertLinear` s — gate|up
+[E, 2·I, H] and down [E, H, I] — whose storage and matmul come from the quant method
+(``create_moe_weights`` / ``apply_moe``; methods that do not set ``quantizes_experts`` leave
+experts in the activation dtype, as vocabulary tables). A forward routes each token to its
+top-k experts, sorts the (token, expert) pairs by expert so each expert's rows are one
+contiguous segment of a single gathered buffer, runs each projection as one grouped matmul
+over those segments (:func:`grouped_matmul`: ``torch._grouped_mm`` on the CPU, else a loop
+over the experts that received rows — never over tokens), and scatter-adds the weighted rows
+back to their tokens.
+
+Expert parallelism: a layer is told which experts live on this rank (``local_experts``,
+default all). It stores only those, and routing drops the (token, expert) pairs of the
+others, so each rank's output is its experts' share of the sum; the executor all-reduces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import attrs
+import torch
+import torch.nn.functional as F
+
+from engine.builtin.unquantized import UnquantizedLinearMethod
+from engine.layers.linear import Linear
+from engine.layers.module import Layer
+
+# checkpoint name of an expert's projection -> (FusedMoE attribute, shard): Mixtral's w1/w3/w2
+# and the Qwen-MoE family's gate_proj/up_proj/down_proj
+EXPERT_PROJECTIONS = {"w1": ("gate_up", 0), "w3": ("gate_up", 1), "w2": ("down", 0),
+                      "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0)}
+
+
+@attrs.frozen
+class ExpertSegments:
+    """Rows sorted by expert: ``sizes[e]`` rows of local expert ``e``, in expert order.
+    ``offsets`` is their running end (int32), the form ``torch._grouped_mm`` takes."""
+
+    sizes: list[int]
+    offsets: torch.Tensor
+
+    @classmethod
+    def from_counts(cls, counts: torch.Tensor) -> ExpertSegments:
+        return cls(counts.tolist(), counts.cumsum(0).to(torch.int32))
+
+    def per_expert(self, x: torch.Tensor, out_features: int,
+                   matmul: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """``matmul(expert, rows)`` over each expert's segment of ``x`` [M, in] -> [M, out]:
+        the loop over the experts that received rows, for kernels that take one weight."""
+        out = x.new_empty(x.shape[0], out_features)
+        start = 0
+        for expert, size in enumerate(self.sizes):
+            if size:
+                out[start:start + size] = matmul(expert, x[start:start + size])
+                start += size
+        return out
+
+
+def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
+    """x [M, K] sorted by expert, weight [E, N, K] -> [M, N]: each segment times its expert's
+    weight transposed, in one ``torch._grouped_mm`` call where torch has it for the CPU (it
+    splits the rows itself and skips empty experts), else a loop over the experts with rows."""
+    if _grouped_mm_takes(x, weight):
+        return torch._grouped_mm(x, weight.transpose(1, 2), offs=segments.offsets)
+    return segments.per_expert(x, weight.shape[1], lambda expert, rows: F.linear(rows, weight[expert]))
+
+
+def _grouped_mm_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether ``torch._grouped_mm`` runs these operands: on the CPU, contiguous, rows of
+    whole 16-byte lines (it refuses other strides), at least one row."""
+    return (x.device.type == "cpu" and hasattr(torch, "_grouped_mm") and x.shape[0] > 0
+            and x.is_contiguous() and weight.is_contiguous()
+            and x.shape[1] * x.element_size() % 16 == 0 and weight.shape[1] * weight.element_size() % 16 == 0)
+
+
+def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):
+    """Softmax over the experts (float32), the ``top_k`` largest -> (weights float32 [T, k],
+    expert ids int64 [T, k]); with ``renormalize`` the k weights are divided by their sum
+    (Mixtral always; Qwen-MoE when ``norm_topk_prob``)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, ids
+
+
+def router_linear(hidden_size: int, num_experts: int, method, dtype: torch.dtype) -> Linear:
+    """The router's [E, H] projection, kept in the activation dtype whatever the quant method
+    (it only chooses experts and is tiny; vLLM leaves it unquantized too)."""
+    return Linear(hidden_size, [num_experts], False, UnquantizedLinearMethod(method.ctx), dtype)
+
+
+class ExpertLinear(Layer):
+    """One projection of every local expert, [E, sum(output_sizes), input_size], stored and
+    multiplied by the quant method (its ``*_moe_*`` methods); checkpoint tensors arrive one
+    expert and shard at a time through :meth:`load_shard`."""
+
+    def __init__(self, num_experts: int, input_size: int, output_sizes: list[int], method, dtype: torch.dtype):
+        super().__init__()
+        if not method.quantizes_experts:
+            method = UnquantizedLinearMethod(method.ctx)
+        self.num_experts, self.input_size, self.output_sizes = num_experts, input_size, list(output_sizes)
+        self.method = method
+        self._unloaded = {(e, s) for e in range(num_experts) for s in range(len(output_sizes))}
+        method.create_moe_weights(self, num_experts, input_size, self.output_sizes)
+
+    def load_shard(self, param_name: str, tensor, expert: int, shard: int = 0) -> None:
+        """Copy one expert's projection into its slice of the stacked parameter (or hand it to
+        the parameter's ``expert_weight_loader(param, tensor, expert, shard)``)."""
+        param = getattr(self, param_name)
+        loader = getattr(param, "expert_weight_loader", None)
+        if loader is not None:
+            loader(param, tensor, expert, shard)
+        else:
+            target = param.data[expert]
+            dim = getattr(param, "output_dim", None)
+            if dim is not None and len(self.output_sizes) > 1:
+                per_row = target.shape[dim] // sum(self.output_sizes)
+                start = sum(self.output_sizes[:shard]) * per_row
+                target = target.narrow(dim, start, self.output_sizes[shard] * per_row)
+            target.copy_(tensor)
+        self._unloaded.discard((expert, shard))
+
+    def process_weights_after_loading(self) -> None:
+        if self._unloaded:
+            shown = sorted(self._unloaded)
+            raise ValueError(f"experts never loaded (expert, shard): {shown[:5]}{' ...' if len(shown) > 5 else ''}")
+        self.method.process_moe_weights_after_loading(self)
+
+    def forward(self, x: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
+        return self.method.apply_moe(self, x, segments)
+
+
+class FusedMoE(Layer):
+    """A layer's experts (SwiGLU, ``silu(x·gateᵀ) ∗ (x·upᵀ)·downᵀ``): ``forward(x, router_logits)``
+    -> Σ over the token's top-k experts (those on this rank) of weight × expert(x).
+
+    ``local_experts`` are the global ids of the experts this rank holds (default all); a
+    checkpoint's other experts are skipped when loading."""
+
+    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
+                 method, dtype: torch.dtype, ops, local_experts: Sequence[int] | None = None):
+        super().__init__()
+        self.num_experts, self.top_k, self.renormalize, self.ops = num_experts, top_k, renormalize, ops
+        self.local_experts = list(range(num_experts) if local_experts is None else local_experts)
+        if not set(self.local_experts) <= set(range(num_experts)) or len(set(self.local_experts)) < len(self.local_experts):
+            raise ValueError(f"local_experts must be distinct expert ids below {num_experts}: {self.local_experts}")
+        local_index = torch.full((num_experts,), -1, dtype=torch.long)
+        local_index[self.local_experts] = torch.arange(len(self.local_experts))
+        self.register_buffer("local_index", local_index, persistent=False)
+        self.gate_up = ExpertLinear(len(self.local_experts), hidden_size, [intermediate_size] * 2, method, dtype)
+        self.down = ExpertLinear(len(self.local_experts), intermediate_size, [hidden_size], method, dtype)
+
+    def load_expert(self, projection: str, param_name: str, expert: int, tensor) -> bool:
+        """Load checkpoint expert ``expert``'s ``projection`` (a key of
+        :data:`EXPERT_PROJECTIONS`); False (and nothing loaded) for an expert on another rank."""
+        local = int(self.local_index[expert])
+        if local < 0:
+            return False
+        target, shard = EXPERT_PROJECTIONS[projection]
+        getattr(self, target).load_shard(param_name, tensor, local, shard)
+        return True
+
+    def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+        local = self.local_index[ids.flatten()]  # one entry per (token, choice); -1: another rank
+        order = torch.argsort(local, stable=True)
+        if len(self.local_experts) < self.num_experts:
+            order = order[int((local < 0).sum()):]  # the other ranks' pairs sort first
+        counts = torch.bincount(local[order], minlength=len(self.local_experts))
+        segments = ExpertSegments.from_counts(counts)
+        tokens = order // self.top_k
+        hidden = self.ops.silu_and_mul(self.gate_up(x.index_select(0, tokens), segments))
+        rows = self.down(hidden, segments)
+        rows = rows * weights.flatten()[order, None].to(rows.dtype)
+        return torch.zeros_like(x).index_add_(0, tokens, rows)
