@@ -21,3 +21,22 @@ def test_tiny_moe_matches_transformers_under_preemption(config, tmp_path):
     llm, got = run_squeezed(str(tmp_path), prompts, new_tokens=24)
     assert llm.engine.stats()["preemptions"] > 0, "the pool must be small enough to force preemption"
     assert got == reference.hf_greedy(hf_model, prompts, 24)
+
+
+@pytest.mark.slow  # ~3 engine runs of 40 prompts
+def test_tiny_moe_is_batch_invariant_in_bf16(tmp_path):
+    """Under batch_invariant a request's tokens and log-probs through the MoE layers are bit for
+    bit the same alone, in a batch of 40 and under ngram speculation."""
+    from engine import LLM
+    from engine_models_moe.model import MoeForCausalLM
+    from tests.test_batch_invariant import _runs
+
+    kwargs = MoeForCausalLM.example_configs()["Qwen3MoeForCausalLM"]
+    reference.tiny_checkpoint(str(tmp_path), "Qwen3MoeForCausalLM", kwargs, seed=5)
+    prompts = reference.random_prompts(kwargs["vocab_size"], [8 + (i * 7) % 40 for i in range(40)], seed=6)
+
+    def factory(**options):
+        return LLM(str(tmp_path), dtype="bfloat16", num_blocks=512, block_size=16, batch_invariant=True, **options)
+
+    alone, batched, spec = _runs(factory, prompts, [0, 13, 27, 39], 16)
+    assert alone == batched == spec

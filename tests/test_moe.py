@@ -15,8 +15,8 @@ from engine.testing.moe import loaded_moe, reference_moe
 EXPERTS, HIDDEN, INTERMEDIATE = 8, 48, 40  # sizes that are no block multiple
 
 
-def unquantized(dtype):
-    return UnquantizedLinearMethod(QuantContext(None, dtype, None))
+def unquantized(dtype, batch_invariant: bool = False):
+    return UnquantizedLinearMethod(QuantContext(None, dtype, None, batch_invariant))
 
 
 def inputs(tokens: int, dtype, seed: int = 0):
@@ -121,3 +121,16 @@ def test_other_ranks_experts_are_skipped_and_missing_ones_refused():
     load_checkpoint(partial, [(k, v) for k, v in tensors.items() if not k.startswith("mlp.experts.3.up_proj")])
     with pytest.raises(ValueError, match=r"\(3, 1\)"):
         partial.mlp.experts.gate_up.process_weights_after_loading()
+
+
+def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch():
+    """Under batch_invariant each expert runs its rows in fixed 16-row tiles: a token's output
+    alone equals its output among 40 others bit for bit (the plain grouped path does not
+    promise it)."""
+    layer = loaded_moe(unquantized(torch.bfloat16, batch_invariant=True), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0]
+    x, logits = inputs(41, torch.bfloat16, seed=4)
+    batched = layer(x, logits)
+    for row in (0, 17, 40):
+        assert torch.equal(layer(x[row:row + 1], logits[row:row + 1])[0], batched[row])
+    _, _, (gate_up, down) = loaded_moe(unquantized(torch.bfloat16), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)
+    torch.testing.assert_close(batched.float(), reference_moe(x, logits, gate_up, down, 2, True), atol=3e-2, rtol=3e-2)

@@ -4,6 +4,14 @@ A block's hash covers its parent's hash, its token ids and the request's extra k
 (cache salt), so equal hashes mean equal whole prefixes. Freed blocks keep their hash
 and stay reusable until the pool evicts them, oldest-freed first; a request's blocks
 are freed tail first, so the shared head of a prefix outlives its private tail.
+
+KV cache groups (a model with sliding-window layers) each have a pool of their own; one
+allocation takes blocks in every group or in none. A sliding-window group frees the blocks its
+window no longer reaches as the request advances (their table entries become the null block);
+they keep their hash in the free queue like any freed block. A prefix hit is the longest run of
+cached blocks that every full group holds whole and every sliding group holds within the window
+of the first token to compute (the blocks before it are not needed), so a hit never lacks K/V a
+query will read.
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ import hashlib
 from array import array
 from collections import OrderedDict
 
-from engine.interfaces import KVCacheManager
+from engine.interfaces import KVCacheGroup, KVCacheManager
 
 NULL_BLOCK = 0
 
@@ -53,14 +61,73 @@ class BlockPool:
             self.block_hash[block] = None
 
 
+class _GroupState:
+    """One group's pool and each request's table in it."""
+
+    def __init__(self, group: KVCacheGroup, block_size: int, watermark: float):
+        self.window = group.sliding_window
+        self.block_size = block_size
+        self.num_blocks = group.num_blocks
+        self.pool = BlockPool(group.num_blocks)
+        self.watermark_blocks = int(watermark * group.num_blocks)
+        self.tables: dict[str, list[int]] = {}
+        self.peak = self.freed_by_window = 0
+
+    def first_needed(self, num_computed: int) -> int:
+        """Index of the first block a query at position ``num_computed`` or later reads."""
+        return 0 if self.window is None else max(0, num_computed - self.window + 1) // self.block_size
+
+    def out_of_window(self, table: list[int], num_computed: int) -> list[int]:
+        return [b for b in table[:self.first_needed(num_computed)] if b != NULL_BLOCK]
+
+    def shortfall(self, table: list[int], computed: list[int], num_computed: int, total: int,
+                  watermark: bool) -> tuple[int, bool]:
+        """(blocks to take, whether the pool can give them with those it may free now)."""
+        needed = max(0, -(-total // self.block_size) - len(table) - len(computed))
+        revived = sum(1 for b in computed if b != NULL_BLOCK and self.pool.ref_cnt[b] == 0)
+        released = sum(1 for b in self.out_of_window(table, num_computed) if self.pool.ref_cnt[b] == 1)
+        reserve = self.watermark_blocks if watermark else 0
+        return needed, needed + revived <= len(self.pool.free) + released - reserve
+
+    def extend(self, rid: str, computed: list[int], needed: int, num_computed: int) -> list[int]:
+        table = self.tables.setdefault(rid, [])
+        self.pool.touch([b for b in computed if b != NULL_BLOCK])
+        table.extend(computed)
+        dropped = self.out_of_window(table, num_computed)
+        if dropped:
+            self.pool.release(dropped[::-1])  # oldest first into the free queue
+            self.freed_by_window += len(dropped)
+            table[:self.first_needed(num_computed)] = [NULL_BLOCK] * self.first_needed(num_computed)
+        table.extend(self.pool.take(needed))
+        self.peak = max(self.peak, self.num_blocks - 1 - len(self.pool.free))
+        return table
+
+    def cache(self, table: list[int], hashes: list[bytes], start: int, end: int) -> None:
+        for block, h in zip(table[start:end], hashes[start:end]):
+            if block != NULL_BLOCK and self.pool.block_hash[block] is None:
+                self.pool.block_hash[block] = h
+                self.pool.cached.setdefault(h, block)
+
+    def free(self, rid: str) -> None:
+        self.pool.release([b for b in self.tables.pop(rid, []) if b != NULL_BLOCK])
+
+    def hit(self, hashes: list[bytes], num_blocks: int) -> list[int] | None:
+        """This group's blocks for a hit of ``num_blocks`` blocks (the null block before the
+        window), or None when it lacks one."""
+        first = self.first_needed(num_blocks * self.block_size)
+        blocks = [self.pool.cached.get(h) for h in hashes[first:num_blocks]]
+        return None if None in blocks else [NULL_BLOCK] * first + blocks
+
+
 class PrefixCachingKVCacheManager(KVCacheManager):
-    def __init__(self, config, num_blocks: int):
-        super().__init__(config, num_blocks)
+    supports_groups = True
+
+    def __init__(self, config, num_blocks: int, groups: tuple[KVCacheGroup, ...] | None = None):
+        super().__init__(config, num_blocks, groups)
         self.block_size = config.cache.block_size
         self.caching = config.cache.enable_prefix_caching
-        self.watermark_blocks = int(config.cache.watermark * num_blocks)
-        self.pool = BlockPool(num_blocks)
-        self._blocks: dict[str, list[int]] = {}
+        self._groups = [_GroupState(g, self.block_size, config.cache.watermark) for g in self.groups]
+        self._requests: set[str] = set()
         self._num_hashed: dict[str, int] = {}  # leading blocks of a request already in the cache
         self._queries = self._hits = 0
 
@@ -74,74 +141,94 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             hashes.append(parent)
         return hashes
 
-    def get_computed_blocks(self, request) -> tuple[list[int], int]:
+    def get_computed_blocks(self, request) -> tuple[list, int]:
         if not self.caching:
             return [], 0
-        blocks = []
-        for h in self._hashes(request)[:(request.num_tokens - 1) // self.block_size]:
-            block = self.pool.cached.get(h)
-            if block is None:
-                break
-            blocks.append(block)
-        return blocks, len(blocks) * self.block_size
+        hashes = self._hashes(request)[:(request.num_tokens - 1) // self.block_size]
+        longest = len(hashes)
+        for group in self._groups:
+            if group.window is None:
+                longest = next((i for i, h in enumerate(hashes[:longest]) if h not in group.pool.cached), longest)
+        for n in range(longest, 0, -1):
+            per_group = [g.hit(hashes, n) for g in self._groups]
+            if None not in per_group:
+                blocks = per_group[0] if len(per_group) == 1 else list(zip(*per_group))
+                return blocks, n * self.block_size
+        return [], 0
 
     def allocate_slots(self, request, num_new_tokens, computed_blocks=(), num_lookahead_tokens=0,
                        watermark=False) -> bool:
         rid = request.request_id
-        first = rid not in self._blocks
-        blocks = self._blocks.get(rid, [])
+        first = rid not in self._requests
+        per_group = self._split(computed_blocks)
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         total = num_computed + num_new_tokens + num_lookahead_tokens
-        needed = max(0, -(-total // self.block_size) - len(blocks) - len(computed_blocks))
-        revived = sum(1 for b in computed_blocks if self.pool.ref_cnt[b] == 0)
-        reserve = self.watermark_blocks if watermark else 0
-        if needed + revived > len(self.pool.free) - reserve:
+        plans = [g.shortfall(g.tables.get(rid, []), computed, num_computed, total, watermark)
+                 for g, computed in zip(self._groups, per_group)]
+        if not all(ok for _, ok in plans):
             return False
-        self.pool.touch(computed_blocks)
-        blocks = self._blocks.setdefault(rid, blocks)
-        blocks.extend(computed_blocks)
-        blocks.extend(self.pool.take(needed))
+        self._requests.add(rid)
+        tables = [g.extend(rid, computed, needed, num_computed)
+                  for g, computed, (needed, _) in zip(self._groups, per_group, plans)]
         if first:
             self._queries += request.num_tokens
             self._hits += len(computed_blocks) * self.block_size
         if self.caching:
-            self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+            self._cache_full_blocks(request, tables, num_computed + num_new_tokens)
         return True
 
-    def _cache_full_blocks(self, request, blocks: list[int], num_tokens: int) -> None:
+    def _split(self, computed_blocks) -> list[list[int]]:
+        """Computed blocks per group (with groups, each entry holds one block per group)."""
+        if len(self._groups) == 1:
+            return [list(computed_blocks)]
+        return [list(column) for column in zip(*computed_blocks)] if computed_blocks else [[]] * len(self._groups)
+
+    def _cache_full_blocks(self, request, tables: list[list[int]], num_tokens: int) -> None:
         rid = request.request_id
         start, end = self._num_hashed.get(rid, 0), min(num_tokens, request.num_tokens) // self.block_size
         if end <= start:
             return
         hashes = self._hashes(request)
-        for block, h in zip(blocks[start:end], hashes[start:end]):
-            if self.pool.block_hash[block] is None:
-                self.pool.block_hash[block] = h
-                self.pool.cached.setdefault(h, block)
+        for group, table in zip(self._groups, tables):
+            group.cache(table, hashes, start, end)
         self._num_hashed[rid] = end
 
     def free(self, request) -> None:
         self._num_hashed.pop(request.request_id, None)
-        self.pool.release(self._blocks.pop(request.request_id, []))
+        self._requests.discard(request.request_id)
+        for group in self._groups:
+            group.free(request.request_id)
 
     def block_ids(self, request) -> list[int]:
-        return self._blocks.get(request.request_id, [])
+        return self._groups[0].tables.get(request.request_id, [])
+
+    def group_block_ids(self, request) -> list[list[int]]:
+        return [g.tables.get(request.request_id, []) for g in self._groups]
 
     def reset_prefix_cache(self) -> bool:
-        if any(self._blocks.values()):
+        if any(any(g.tables.values()) for g in self._groups):
             return False
-        self.pool.cached.clear()
-        self.pool.block_hash = [None] * self.num_blocks
+        for group in self._groups:
+            group.pool.cached.clear()
+            group.pool.block_hash = [None] * group.num_blocks
         return True
 
     @property
     def usage(self) -> float:
-        return 1.0 - len(self.pool.free) / (self.num_blocks - 1)
+        """The fullest group's share of its blocks in use."""
+        return max(1.0 - len(g.pool.free) / (g.num_blocks - 1) for g in self._groups)
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self.pool.free)
+        return sum(len(g.pool.free) for g in self._groups)
+
+    def peak_blocks_in_use(self) -> list[int]:
+        """Per group, the most blocks in use at once so far."""
+        return [g.peak for g in self._groups]
 
     @property
     def stats(self) -> dict[str, int]:
-        return {"prefix_queries": self._queries, "prefix_hits": self._hits}
+        """``prefix_queries`` and ``prefix_hits`` (tokens), and ``window_freed_blocks``: blocks
+        freed because every window had passed them."""
+        return {"prefix_queries": self._queries, "prefix_hits": self._hits,
+                "window_freed_blocks": sum(g.freed_by_window for g in self._groups)}

@@ -55,24 +55,24 @@ class EngineCore:
         torch.manual_seed(config.model.seed)
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
                                        config.model.quantization, config.batch_invariant)
-        layout = self.model.kv_layout()
-        self.attention = setup.attention_for(registry, config.attention_backend, self.model, dtype,
-                                             config.cache.block_size, self.platform, config.batch_invariant)
-        self.num_blocks = num_blocks = setup.num_kv_blocks(config.cache, self.attention, layout.num_layers,
-                                                           self.platform)
+        windows, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
+        layers = setup.layer_attention(registry, config.attention_backend, self.model, dtype,
+                                       config.cache.block_size, self.platform, config.batch_invariant, layer_group)
+        self.attention, self.layer_attention = layers.first, layers
+        self.kv_groups = groups = setup.kv_cache_groups(config, layers, windows, self.platform)
+        self.num_blocks = num_blocks = groups[0].num_blocks
         capacity = (num_blocks - 1) * config.cache.block_size
         if capacity < max_len:
             raise ValueError(f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
                              "lower max_model_len or raise kv_cache_memory / num_blocks")
-        kv_caches = [torch.zeros(self.attention.kv_cache_shape(num_blocks), dtype=dtype,
-                                 device=self.platform.device) for _ in range(layout.num_layers)]
-        self.kv_cache_manager = registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)(
-            config, num_blocks)
+        kv_caches = [torch.zeros(layers.backends[b].kv_cache_shape(groups[g].num_blocks), dtype=dtype,
+                                 device=self.platform.device) for b, g in zip(layers.layer_backend, layer_group)]
+        self.kv_cache_manager = self._kv_cache_manager(config, groups)
         self.connector = registry.get("kv_connectors", config.kv_connector)(config) if config.kv_connector else None
         self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
             SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
-        self.runner = ModelRunner(self.model, self.attention, kv_caches, config.cache.block_size,
+        self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
                                   self.platform.device, processors, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None
@@ -86,10 +86,24 @@ class EngineCore:
                            "relaunch with --generation-config vllm to ignore them",
                            config.model.generation_config, self.default_sampling_params)
 
+    def _kv_cache_manager(self, config, groups):
+        cls = self.registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)
+        if len(groups) == 1 and groups[0].sliding_window is None:
+            return cls(config, groups[0].num_blocks)
+        if not cls.supports_groups:
+            raise ValueError(f"kv_cache_manager: {config.scheduler.kv_cache_manager!r} cannot hold KV cache "
+                             "groups, which this model's sliding-window layers need")
+        if config.kv_connector:
+            raise ValueError("kv_connector: not supported for a model with sliding-window layers")
+        return cls(config, groups[0].num_blocks, groups=groups)
+
     def _build_speculator(self, config, loader, dtype, kv_caches, num_blocks) -> Speculator | None:
         if not config.speculative_config:
             return None
         spec = dict(config.speculative_config)
+        if not self.layer_attention.uniform:
+            raise ValueError("speculative_config: not supported for a model whose layers attend in several ways "
+                             "(sliding-window or per-layer attention kinds)")
         registry, platform = self.registry, self.platform
 
         def load_model(path: str):
@@ -214,10 +228,15 @@ class EngineCore:
                 for rid in request_ids]
 
     def _execute(self, plan: StepPlan, block_tables: list[list[int]] | None = None) -> StepResult:
+        """``block_tables``: one table per request, the same in every KV cache group (the fault
+        probe's); None: the KV cache manager's."""
         if block_tables is None:
-            block_tables = [self.kv_cache_manager.block_ids(item.request) for item in plan.scheduled]
+            per_request = [self.kv_cache_manager.group_block_ids(item.request) for item in plan.scheduled]
+            group_tables = [list(tables) for tables in zip(*per_request)]
+        else:
+            group_tables = [block_tables] * len(self.kv_groups)
         bitmask = self._structured.bitmask(plan) if self._structured else None
-        return self.runner.execute(plan, block_tables, bitmask)
+        return self.runner.execute(plan, group_tables, bitmask)
 
     def _isolate(self, plan: StepPlan, error: Exception) -> tuple[StepPlan, StepResult, list[EngineOutput]]:
         """Re-run the failed step's requests one by one; finish the ones that fail alone

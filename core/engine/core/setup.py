@@ -11,11 +11,12 @@ import attrs
 import torch
 from torch import nn
 
-from engine.interfaces import AttentionSpec
+from engine.interfaces import AttentionSpec, KVCacheGroup
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
 from engine.layers.ops import LayerOps
 from engine.plugins import RegistrationError, one_line
+from engine.runner.layer_attention import LayerAttention
 
 logger = logging.getLogger(__name__)
 
@@ -178,10 +179,28 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
 
 def attention_for(registry, name: str | None, model, dtype, block_size: int, platform,
                   batch_invariant: bool = False):
-    """The attention backend for ``model``'s KV layout (the target's, or a drafter's model)."""
+    """The attention backend for ``model``'s KV layout (a drafter's model: one attention kind)."""
+    layers = layer_attention(registry, name, model, dtype, block_size, platform, batch_invariant)
+    if len(layers.backends) > 1:
+        raise ValueError(f"{type(model).__name__}'s layers attend in {len(layers.backends)} ways; "
+                         "a drafter's model must attend in one")
+    return layers.first
+
+
+def layer_attention(registry, name: str | None, model, dtype, block_size: int, platform,
+                    batch_invariant: bool = False, layer_group: tuple[int, ...] | None = None) -> LayerAttention:
+    """One attention backend per distinct attention kind of ``model``'s layers; ``layer_group``:
+    each layer's KV cache group (None: all in one)."""
     layout = model.kv_layout()
-    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant)
-    return select_attention_backend(registry, name, spec, platform)
+    kinds = [layout.kind(i) for i in range(layout.num_layers)]
+    distinct = list(dict.fromkeys(kinds))
+    backends = tuple(
+        select_attention_backend(registry, name, AttentionSpec(
+            layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant,
+            sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap, query_scale=kind.query_scale),
+            platform) for kind in distinct)
+    return LayerAttention(backends, tuple(distinct.index(k) for k in kinds),
+                          layer_group or (0,) * layout.num_layers)
 
 
 def batch_invariant_config(config):
@@ -196,14 +215,49 @@ def batch_invariant_config(config):
                                                max_num_batched_tokens=budget))
 
 
-def num_kv_blocks(cache_config, backend, num_layers: int, platform) -> int:
-    if cache_config.num_blocks is not None:
-        return cache_config.num_blocks
-    per_block = num_layers * backend.spec.dtype.itemsize * _prod(backend.kv_cache_shape(1))
-    blocks = _kv_cache_budget(cache_config, platform) // per_block
-    if blocks < 2:
-        raise ValueError(f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of {per_block} bytes")
-    return blocks
+def kv_group_of_layers(layout) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
+    """(each KV cache group's sliding window, each layer's group): layers grouped by their
+    sliding window, full-attention layers first."""
+    windows = [layout.kind(i).sliding_window for i in range(layout.num_layers)]
+    distinct = sorted(set(windows), key=lambda w: (w is not None, w or 0))
+    return tuple(distinct), tuple(distinct.index(w) for w in windows)
+
+
+def kv_cache_groups(config, layers: LayerAttention, windows: tuple[int | None, ...],
+                    platform) -> tuple[KVCacheGroup, ...]:
+    """Each group's layers and blocks. Beside a full-attention group, a sliding-window group
+    gets only what ``max_num_seqs`` requests can hold at once (``_window_blocks``); the rest of
+    the budget (or ``num_blocks``, which counts a full group's blocks) goes to the others."""
+    members = [tuple(i for i, g in enumerate(layers.layer_group) if g == group) for group in range(len(windows))]
+    per_block = [sum(_layer_block_bytes(layers, i) for i in m) for m in members]
+    caps = [_window_blocks(config, w) if w is not None and None in windows else None for w in windows]
+    if config.cache.num_blocks is not None:
+        blocks = config.cache.num_blocks
+    else:
+        budget = _kv_cache_budget(config.cache, platform)
+        even = budget // sum(per_block)
+        capped = [c is not None and c < even for c in caps]
+        rest = budget - sum(c * b for c, b, k in zip(caps, per_block, capped) if k)
+        blocks = rest // (sum(b for b, k in zip(per_block, capped) if not k) or 1)
+        if blocks < 2:
+            raise ValueError(f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of "
+                             f"{sum(per_block)} bytes")
+    return tuple(KVCacheGroup(m, blocks if c is None else min(blocks, c), w)
+                 for m, c, w in zip(members, caps, windows))
+
+
+def _layer_block_bytes(layers: LayerAttention, layer: int) -> int:
+    backend = layers.backends[layers.layer_backend[layer]]
+    return backend.spec.dtype.itemsize * _prod(backend.kv_cache_shape(1))
+
+
+def _window_blocks(config, window: int) -> int:
+    """The most blocks a sliding-window group's requests hold at once: each keeps its window's
+    blocks and those of one step's tokens (a prefill chunk and draft lookahead), plus the watermark."""
+    bs = config.cache.block_size
+    lookahead = int((config.speculative_config or {}).get("num_speculative_tokens", 0))
+    per_request = -(-(window - 1 + config.scheduler.max_num_batched_tokens + lookahead) // bs) + 1
+    return int(-(-config.scheduler.max_num_seqs * per_request // (1 - config.cache.watermark))) + 1
 
 
 def _kv_cache_budget(cache_config, platform) -> int:

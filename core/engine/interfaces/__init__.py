@@ -6,11 +6,11 @@ processor is handed, and the scheduler's step messages. Plugins import from here
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
-from engine.interfaces.kv_cache import KVCacheManager
+from engine.interfaces.kv_cache import KVCacheGroup, KVCacheManager
 from engine.interfaces.kv_connector import KVConnector
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
-from engine.interfaces.model import KVLayout, Model, ModelContext, StepContext
+from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
 from engine.interfaces.platform import Platform
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
@@ -49,6 +49,7 @@ _CORE_TYPES = {
 __all__ = [
     "INTERFACE_VERSIONS",
     "AttentionBackend",
+    "AttentionKind",
     "AttentionSpec",
     "BatchLayout",
     "Draft",
@@ -60,6 +61,7 @@ __all__ = [
     "GrammarBackend",
     "GrammarContext",
     "GrammarSpec",
+    "KVCacheGroup",
     "KVCacheManager",
     "KVConnector",
     "KVLayout",

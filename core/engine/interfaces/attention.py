@@ -29,10 +29,17 @@ class AttentionSpec:
     # same way whether it decodes, verifies a draft or shares the step with any other rows
     # (a first prefill chunk that is the whole prompt may still go through a causal kernel)
     batch_invariant: bool = False
+    # a query at position p attends keys at positions > p - sliding_window (itself included:
+    # ``sliding_window`` keys at most), as Hugging Face's Mistral and Gemma masks do; None: all
+    sliding_window: int | None = None
+    # attention logits soft-capped as cap * tanh(logits / cap) after scaling (Gemma 2); None: not
+    logit_softcap: float | None = None
+    # the query scale; None: head_dim ** -0.5 (Gemma sets query_pre_attn_scalar ** -0.5)
+    query_scale: float | None = None
 
     @property
     def scale(self) -> float:
-        return self.head_dim ** -0.5
+        return self.head_dim ** -0.5 if self.query_scale is None else self.query_scale
 
 
 @attrs.frozen

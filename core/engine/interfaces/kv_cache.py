@@ -1,16 +1,40 @@
 """KVCacheManager: which cache blocks each request owns, and the prefix cache."""
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import Any, ClassVar
+
+import attrs
+
+
+@attrs.frozen
+class KVCacheGroup:
+    """Layers whose caches share one block table per request. A group with a
+    ``sliding_window`` needs only the blocks that window still reaches: the manager frees the
+    others, leaving the null block in their table entries. Each group has its own block ids
+    (its layers' cache tensors hold ``num_blocks`` blocks each)."""
+
+    layers: tuple[int, ...]
+    num_blocks: int
+    sliding_window: int | None = None
 
 
 class KVCacheManager(ABC):
-    """Constructed with the :class:`engine.config.EngineConfig` and the number of blocks.
-    Block 0 is the null block: never handed out, used to pad block tables."""
+    """Constructed with the :class:`engine.config.EngineConfig` and the number of blocks, and,
+    for a model whose layers attend differently (sliding-window beside global layers), with
+    ``groups=`` (:class:`KVCacheGroup`, full-attention groups first) — only if the class sets
+    ``supports_groups``; otherwise the engine refuses such a model with the reason.
+    Block 0 is the null block: never handed out, used to pad block tables.
 
-    def __init__(self, config: Any, num_blocks: int):
+    With groups, ``get_computed_blocks`` returns one entry per cached block, each a tuple of
+    that block's id in every group (the null block where a window no longer reaches), and
+    ``block_ids`` is the first group's table."""
+
+    supports_groups: ClassVar[bool] = False
+
+    def __init__(self, config: Any, num_blocks: int, groups: tuple[KVCacheGroup, ...] | None = None):
         self.config = config
         self.num_blocks = num_blocks
+        self.groups = groups or (KVCacheGroup((), num_blocks),)
 
     @abstractmethod
     def get_computed_blocks(self, request) -> tuple[list[int], int]:
@@ -29,7 +53,11 @@ class KVCacheManager(ABC):
 
     @abstractmethod
     def block_ids(self, request) -> list[int]:
-        """The request's block table."""
+        """The request's block table (the first group's)."""
+
+    def group_block_ids(self, request) -> list[list[int]]:
+        """The request's block table in each group."""
+        return [self.block_ids(request)]
 
     @abstractmethod
     def reset_prefix_cache(self) -> bool:

@@ -12,13 +12,30 @@ from torch import nn
 
 
 @attrs.frozen
+class AttentionKind:
+    """How one layer attends, beyond the heads every layer shares: the
+    :class:`engine.interfaces.AttentionSpec` fields a model may set per layer."""
+
+    sliding_window: int | None = None  # a query sees this many keys ending at its own; None: all
+    logit_softcap: float | None = None  # logits become cap · tanh(logits / cap); None: not capped
+    query_scale: float | None = None  # None: head_dim ** -0.5
+
+
+@attrs.frozen
 class KVLayout:
-    """What the KV cache must hold for this model."""
+    """What the KV cache must hold for this model. ``layer_kinds`` (one per layer; empty: every
+    layer the plain kind) lets layers attend differently — Gemma's sliding-window and global
+    layers: the engine builds one attention backend per distinct kind, and the KV cache keeps
+    sliding-window layers' blocks only while a window reaches them."""
 
     num_layers: int
     num_heads: int
     num_kv_heads: int
     head_dim: int
+    layer_kinds: tuple[AttentionKind, ...] = ()
+
+    def kind(self, layer: int) -> AttentionKind:
+        return self.layer_kinds[layer] if self.layer_kinds else AttentionKind()
 
 
 @attrs.frozen
@@ -39,13 +56,22 @@ class StepContext:
     """Per-step state passed down ``forward`` (never kept in module globals).
 
     When ``aux_layers`` is set (an EAGLE-3 drafter asks), the model appends the residual
-    stream after each of those layers ([T, hidden]) to ``aux_hidden``, in layer order."""
+    stream after each of those layers ([T, hidden]) to ``aux_hidden``, in layer order.
+
+    When the model's layers attend differently (``KVLayout.layer_kinds``), ``layers`` holds each
+    layer's (AttentionBackend, its metadata for this step); ``attention`` and ``attn_metadata``
+    are then layer 0's. :class:`engine.layers.Attention` picks the right pair."""
 
     attention: Any  # the AttentionBackend instance
     attn_metadata: object
     kv_caches: list[torch.Tensor]
     aux_layers: tuple[int, ...] = ()
     aux_hidden: list | None = None
+    layers: tuple[tuple[Any, object], ...] = ()
+
+    def layer_attention(self, layer: int) -> tuple[Any, object]:
+        """(backend, metadata) of ``layer``."""
+        return self.layers[layer] if self.layers else (self.attention, self.attn_metadata)
 
 
 class Model(nn.Module, ABC):

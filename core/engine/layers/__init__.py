@@ -16,7 +16,7 @@ from engine.layers.decoder import (
 )
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
-from engine.layers.loading import FUSED_PROJECTIONS, load_checkpoint
+from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint
 from engine.layers.module import Layer
 from engine.layers.moe import FusedMoE, router_linear
 from engine.layers.norm import RMSNorm
@@ -25,4 +25,4 @@ from engine.layers.rotary import RotaryEmbedding
 
 __all__ = ["FUSED_PROJECTIONS", "Attention", "DecoderAttention", "DecoderForCausalLM", "DecoderLayer", "DecoderModel",
            "FusedMoE", "GatedMLP", "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding", "VocabEmbedding",
-           "head_dim", "load_checkpoint", "router_linear"]
+           "decoder_rename", "head_dim", "load_checkpoint", "router_linear"]

@@ -15,4 +15,5 @@ class Attention(Layer):
         self.layer_index = layer_index
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext) -> torch.Tensor:
-        return step.attention.forward(q, k, v, step.kv_caches[self.layer_index], step.attn_metadata)
+        backend, metadata = step.layer_attention(self.layer_index)
+        return backend.forward(q, k, v, step.kv_caches[self.layer_index], metadata)

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from engine.interfaces.model import KVLayout, Model
+from engine.interfaces.model import AttentionKind, KVLayout, Model
 from engine.layers.attention import Attention
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
-from engine.layers.loading import load_checkpoint
+from engine.layers.loading import decoder_rename, load_checkpoint
 from engine.layers.module import Layer
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
@@ -139,9 +139,14 @@ class DecoderForCausalLM(Model):
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         """Layer ``index``, usually a :class:`DecoderLayer` of the family's attention and MLP."""
 
+    def layer_kinds(self) -> tuple[AttentionKind, ...]:
+        """How each layer attends (:attr:`KVLayout.layer_kinds`); default: all alike, plain."""
+        return ()
+
     def kv_layout(self) -> KVLayout:
         cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg))
+        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg),
+                        self.layer_kinds())
 
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)
@@ -159,10 +164,7 @@ class DecoderForCausalLM(Model):
         return head.logits(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def rename(name: str) -> str | None:
-            return None if "rotary_emb" in name or (self.tied and name == "lm_head.weight") else name
-
-        load_checkpoint(self, weights, rename)
+        load_checkpoint(self, weights, decoder_rename(self.tied))
 
 
 class LayerSkipView(nn.Module):
@@ -175,7 +177,8 @@ class LayerSkipView(nn.Module):
 
     def kv_layout(self) -> KVLayout:
         full = self._target[0].kv_layout()
-        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim)
+        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim,
+                        full.layer_kinds[:self.num_layers])
 
     def forward(self, input_ids, positions, step):
         return self._target[0].model(input_ids, positions, step, num_layers=self.num_layers)

@@ -15,6 +15,12 @@ FUSED_PROJECTIONS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_pr
                      "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
+def decoder_rename(tied: bool) -> Callable[[str], str | None]:
+    """The ``rename`` of a Hugging Face decoder: rotary tables are not parameters here, and a
+    model with tied embeddings has no LM head of its own to load."""
+    return lambda name: None if "rotary_emb" in name or (tied and name == "lm_head.weight") else name
+
+
 def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
                     rename: Callable[[str], str | None] = lambda name: name,
                     fused: dict[str, tuple[str, int]] = FUSED_PROJECTIONS) -> None:

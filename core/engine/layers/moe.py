@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.builtin.unquantized import UnquantizedLinearMethod
+from engine.layers.batch_invariant import ROWS, in_row_tiles
 from engine.layers.linear import Linear
 from engine.layers.module import Layer
 
@@ -44,6 +45,13 @@ class ExpertSegments:
     @classmethod
     def from_counts(cls, counts: torch.Tensor) -> ExpertSegments:
         return cls(counts.tolist(), counts.cumsum(0).to(torch.int32))
+
+    @classmethod
+    def single(cls, expert: int, rows: int, num_experts: int) -> ExpertSegments:
+        """``rows`` rows, all of ``expert``."""
+        counts = torch.zeros(num_experts, dtype=torch.long)
+        counts[expert] = rows
+        return cls.from_counts(counts)
 
     def per_expert(self, x: torch.Tensor, out_features: int,
                    matmul: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
@@ -130,7 +138,19 @@ class ExpertLinear(Layer):
         self.method.process_moe_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
+        if getattr(self.method.ctx, "batch_invariant", False):
+            return self._in_row_tiles(x, segments)
         return self.method.apply_moe(self, x, segments)
+
+    def _in_row_tiles(self, x: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
+        """Batch-invariant mode: each expert's rows in tiles of exactly
+        :data:`~engine.layers.batch_invariant.ROWS` (as every ``Linear``), so a row's result does
+        not depend on how many other rows chose its expert this step."""
+        def expert_tiles(expert: int, rows: torch.Tensor) -> torch.Tensor:
+            one = ExpertSegments.single(expert, ROWS, self.num_experts)
+            return in_row_tiles(lambda tile: self.method.apply_moe(self, tile, one), rows)
+
+        return segments.per_expert(x, sum(self.output_sizes), expert_tiles)
 
 
 class FusedMoE(Layer):

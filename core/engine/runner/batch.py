@@ -14,7 +14,7 @@ from engine.interfaces import BatchLayout
 class FlatBatch:
     input_ids: torch.Tensor  # [T]
     positions: torch.Tensor  # [T]
-    layout: BatchLayout
+    layouts: tuple[BatchLayout, ...]  # one per KV cache group (their block tables and slots differ)
     sample_rows: list[int]  # rows whose logits are sampled, request by request
     sample_owners: list  # the request owning each sample row
     sample_drafts: list[tuple[int, ...]]  # drafts before each sample row (they count as output there)
@@ -23,8 +23,14 @@ class FlatBatch:
     prompt_targets: list[int]
     prompt_owners: list
 
+    @property
+    def layout(self) -> BatchLayout:
+        """The first KV cache group's layout."""
+        return self.layouts[0]
 
-def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, device) -> FlatBatch:
+
+def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int, device) -> FlatBatch:
+    """``group_tables``: per KV cache group, each scheduled request's block table."""
     tokens: list[int] = []
     query_lens, seq_lens = [], []
     sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners = [], [], [], [], []
@@ -49,8 +55,10 @@ def flatten(plan: StepPlan, block_tables: list[list[int]], block_size: int, devi
             prompt_targets += request.prompt_token_ids[start + 1:last + 1]
             prompt_owners += [request] * max(0, last - start)
 
-    positions, layout = token_layout(query_lens, seq_lens, block_tables, block_size, device)
-    return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device), positions, layout,
+    positions, layout = token_layout(query_lens, seq_lens, group_tables[0], block_size, device)
+    layouts = (layout, *(token_layout(query_lens, seq_lens, tables, block_size, device)[1]
+                         for tables in group_tables[1:]))
+    return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device), positions, layouts,
                      sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners)
 
 

@@ -8,13 +8,15 @@ from engine.core.scheduling import StepPlan, StepResult, TokenLogprobs
 from engine.interfaces import StepContext
 from engine.runner import sampler
 from engine.runner.batch import FlatBatch, flatten
+from engine.runner.layer_attention import LayerAttention
 
 
 class ModelRunner:
-    def __init__(self, model, attention, kv_caches: list[torch.Tensor], block_size: int,
+    def __init__(self, model, layers: LayerAttention, kv_caches: list[torch.Tensor], block_size: int,
                  device: torch.device, logits_processors=(), kv_connector=None):
         self.model = model
-        self.attention = attention
+        self.layers = layers
+        self.attention = attention = layers.first
         self.kv_caches = kv_caches
         self.block_size = block_size
         self.device = device
@@ -26,9 +28,10 @@ class ModelRunner:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, block_tables: list[list[int]],
+    def execute(self, plan: StepPlan, group_tables: list[list[list[int]]],
                 bitmask: torch.Tensor | None = None) -> StepResult:
-        batch = flatten(plan, block_tables, self.block_size, self.device)
+        """``group_tables``: per KV cache group, each scheduled request's block table."""
+        batch = flatten(plan, group_tables, self.block_size, self.device)
         hidden, aux = self._forward(batch)
         rows = batch.sample_rows + batch.prompt_rows
         if not rows:
@@ -54,8 +57,10 @@ class ModelRunner:
 
     def _forward(self, batch: FlatBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
         aux: list[torch.Tensor] = []
-        step = StepContext(self.attention, self.attention.build_metadata(batch.layout), self.kv_caches,
-                           self.hidden_layers if self.keep_hidden_states else (), aux)
+        layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
+        metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layout)
+        step = StepContext(self.attention, metadata, self.kv_caches,
+                           self.hidden_layers if self.keep_hidden_states else (), aux, layers)
         if self.connector is not None:
             self.connector.start_load_kv()
             for layer in range(len(self.kv_caches)):

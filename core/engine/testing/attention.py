@@ -1,8 +1,11 @@
 """Attention backend contract: the backend against plain math on random paged inputs —
 prefill, decode and mixed batches, a long later prefill chunk, GQA, several block sizes,
-lengths that are not block multiples, blocks scattered in the pool. The context a batch attends over is written by
-the backend itself in an earlier call, so any cache layout passes that reads back what it
-wrote through the slot mapping."""
+lengths that are not block multiples, blocks scattered in the pool; and the attention kinds a
+spec may ask for (a sliding window, soft-capped logits, another query scale), alone and
+together, where a window's out-of-reach blocks are the null block (as the KV cache manager
+leaves them) holding garbage. The context a batch attends over is written by the backend itself
+in an earlier call, so any cache layout passes that reads back what it wrote through the slot
+mapping."""
 
 from __future__ import annotations
 
@@ -26,16 +29,39 @@ BATCHES = {
 }
 
 
-def reference_attention(q, keys, values, scale):
-    """q [q, H, D] over a sequence's whole keys/values [L, Hkv, D]; causal, last q positions."""
+# attention kinds beside the plain one: AttentionSpec fields
+KINDS = {
+    "window": dict(sliding_window=12),
+    "softcap": dict(logit_softcap=2.0),
+    "window-softcap-scale": dict(sliding_window=7, logit_softcap=1.5, query_scale=0.3),
+}
+
+
+def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None):
+    """q [q, H, D] over a sequence's whole keys/values [L, Hkv, D]; causal, last q positions;
+    each query sees the ``sliding_window`` keys ending at its own (None: all), logits
+    soft-capped as cap · tanh(logits / cap)."""
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1).double()
     v = values.repeat_interleave(group, dim=1).double()
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    if logit_softcap is not None:
+        scores = torch.tanh(scores / logit_softcap) * logit_softcap
     length, n = keys.shape[0], q.shape[0]
-    allowed = torch.arange(length)[None, :] <= (length - n + torch.arange(n))[:, None]
+    key_pos, query_pos = torch.arange(length)[None, :], (length - n + torch.arange(n))[:, None]
+    allowed = key_pos <= query_pos
+    if sliding_window is not None:
+        allowed &= key_pos > query_pos - sliding_window
     scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+
+
+def _beyond_window(tables, requests, block_size: int, window: int | None):
+    """The tables with each block wholly before every new query's window set to the null block."""
+    if window is None:
+        return tables
+    return [[0 if (i + 1) * block_size <= ctx - window + 1 else b for i, b in enumerate(t)]
+            for t, (ctx, _) in zip(tables, requests)]
 
 
 def _layout(requests, tables, block_size, first: bool) -> BatchLayout:
@@ -85,13 +111,18 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
     for first in (True, False):
         if first and not any(ctx for ctx, _ in requests):
             continue
-        layout = _layout(requests, tables, bs, first)
+        if not first and spec.sliding_window is not None:
+            cache.select(backend.block_dim, 0).copy_(torch.randn(cache.select(backend.block_dim, 0).shape,
+                                                                 generator=gen))
+        layout = _layout(requests, tables if first else _beyond_window(tables, requests, bs, spec.sliding_window),
+                         bs, first)
         pick = [(ctx, n, s) for (ctx, n), s in zip(requests, seqs) if (ctx if first else n)]
         span = [(0, ctx) if first else (ctx, ctx + n) for ctx, n, _ in pick]
         q, k, v = (torch.cat([s[i][a:b] for (a, b), (_, _, s) in zip(span, pick)]) for i in range(3))
         q, k, v = fused_projection_views(q, k, v)
         out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
-        expected = torch.cat([reference_attention(s[0][a:b], s[1][:b], s[2][:b], spec.scale)
+        expected = torch.cat([reference_attention(s[0][a:b], s[1][:b], s[2][:b], spec.scale, spec.sliding_window,
+                                                  spec.logit_softcap)
                               for (a, b), (_, _, s) in zip(span, pick)])
         results.append((out, expected))
     return results
@@ -120,6 +151,23 @@ class AttentionBackendContract:
         tol = self.dtype_tolerances[dtype]
         for out, expected in run_two_calls(backend, spec, BATCHES[batch], num_blocks=64):
             assert out.shape == expected.shape
+            torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+    @pytest.mark.parametrize("batch", sorted(BATCHES))
+    @pytest.mark.parametrize("kind", sorted(KINDS))
+    @pytest.mark.parametrize("invariant", [False, True], ids=["batched", "batch-invariant"])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+    def test_attention_kinds_match_reference(self, backend_cls, batch, kind, invariant, dtype):
+        """Grouped-query heads, 8-token blocks; a backend that does not support the kind says so."""
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=8,
+                             batch_invariant=invariant, **KINDS[kind])
+        platform = self.platform_cls()
+        reasons = backend_cls.supports(spec, platform)
+        if reasons or (invariant and not backend_cls.batch_invariant_capable):
+            assert all(isinstance(r, str) and r for r in reasons)
+            pytest.skip(f"{self.backend_name} does not support {kind}{' batch-invariant' * invariant}")
+        tol = self.dtype_tolerances[dtype]
+        for out, expected in run_two_calls(backend_cls(spec, platform), spec, BATCHES[batch], num_blocks=64):
             torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):

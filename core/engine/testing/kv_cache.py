@@ -2,35 +2,52 @@
 prefixes that grow, hit the prefix cache and are freed. Checked after every operation:
 no block leaked, double-owned or handed out as the null block; a failed allocation
 changes nothing; and every prefix-cache hit returns blocks whose written contents are
-exactly the request's tokens."""
+exactly the request's tokens. With KV cache groups (a full-attention group beside a
+sliding-window one) the same holds in every group, and a sliding-window group holds no block
+its window has passed (its table entries there, and a hit's, are the null block)."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.request import Request
+from engine.interfaces import KVCacheGroup
 from engine.plugins import load_plugins
 from engine.sampling_params import SamplingParams
 
 BLOCK = 4
+WINDOW = 6
+MAX_CHUNK = 9  # the most tokens a new request's first allocation asks for
+
+
+def _first_in_window(window: int | None, num_computed: int) -> int:
+    """Index of the first block a query at ``num_computed`` or later reads."""
+    return 0 if window is None else max(0, num_computed - window + 1) // BLOCK
 
 
 class _Sim:
-    """Drives a manager like the scheduler does and records what each block holds."""
+    """Drives a manager like the scheduler does and records what each group's blocks hold."""
 
-    def __init__(self, manager, num_blocks):
-        self.kv, self.num_blocks = manager, num_blocks
+    def __init__(self, manager, num_blocks, windows=(None,)):
+        self.kv, self.num_blocks, self.windows = manager, num_blocks, windows
         self.live: dict[str, Request] = {}
-        self.content: dict[int, dict[int, int]] = {}  # block -> offset -> token
+        self.content = [{} for _ in windows]  # per group: block -> offset -> token
+        self.allocated_at: dict[str, int] = {}  # tokens computed at a request's last allocation
 
     def admit(self, request: Request, chunk: int) -> bool:
         blocks, cached = self.kv.get_computed_blocks(request)
         assert cached == len(blocks) * BLOCK and cached < request.num_tokens
-        for i, block in enumerate(blocks):
+        for i, entry in enumerate(blocks):
             want = {o: request.all_token_ids[i * BLOCK + o] for o in range(BLOCK)}
-            assert self.content.get(block) == want, "prefix-cache hit returned a block with other contents"
+            for group, block in enumerate(entry if len(self.windows) > 1 else (entry,)):
+                if i < _first_in_window(self.windows[group], cached):
+                    assert block == 0, "a hit holds a block its window has passed"
+                else:
+                    assert self.content[group].get(block) == want, \
+                        "prefix-cache hit returned a block with other contents"
         chunk = min(chunk, request.num_tokens - cached)
         if not self._allocate(request, chunk, blocks):
             return False
@@ -47,36 +64,49 @@ class _Sim:
             self._write(request, chunk)
 
     def _allocate(self, request, chunk, blocks) -> bool:
-        before = (list(self.kv.block_ids(request)), self.kv.num_free_blocks)
+        before = ([list(t) for t in self.kv.group_block_ids(request)], self.kv.num_free_blocks)
         ok = self.kv.allocate_slots(request, chunk, blocks)
-        if not ok:
-            assert (list(self.kv.block_ids(request)), self.kv.num_free_blocks) == before, \
+        if ok:
+            self.allocated_at[request.request_id] = request.num_computed_tokens + len(blocks) * BLOCK
+        else:
+            assert ([list(t) for t in self.kv.group_block_ids(request)], self.kv.num_free_blocks) == before, \
                 "a failed allocation must change nothing"
         return ok
 
     def _write(self, request, chunk) -> None:
-        table = self.kv.block_ids(request)
-        assert len(table) * BLOCK >= request.num_computed_tokens + chunk
-        for pos in range(request.num_computed_tokens, request.num_computed_tokens + chunk):
-            self.content.setdefault(table[pos // BLOCK], {})[pos % BLOCK] = request.all_token_ids[pos]
+        for content, table in zip(self.content, self.kv.group_block_ids(request)):
+            assert len(table) * BLOCK >= request.num_computed_tokens + chunk
+            for pos in range(request.num_computed_tokens, request.num_computed_tokens + chunk):
+                assert table[pos // BLOCK] != 0, "a token to write has no block"
+                content.setdefault(table[pos // BLOCK], {})[pos % BLOCK] = request.all_token_ids[pos]
         request.num_computed_tokens += chunk
 
     def free(self, rid: str) -> None:
         self.kv.free(self.live.pop(rid))
 
     def check(self) -> None:
-        owned: dict[int, list[Request]] = {}
+        num_owned = 0
+        for group, window in enumerate(self.windows):
+            num_owned += len(self._check_group(group, window))
+        assert self.kv.num_free_blocks + num_owned == len(self.windows) * (self.num_blocks - 1), "blocks leaked"
+
+    def _check_group(self, group: int, window: int | None) -> dict[int, list]:
+        owned: dict[int, list] = {}
         for request in self.live.values():
-            table = self.kv.block_ids(request)
-            assert 0 not in table, "the null block was handed out"
-            assert len(set(table)) == len(table)
-            for i, block in enumerate(table):
+            table = self.kv.group_block_ids(request)[group]
+            held = [(i, b) for i, b in enumerate(table) if b != 0]
+            assert [i for i, _ in held] == list(range(len(table) - len(held), len(table))), \
+                "the null block was handed out (or a window's passed blocks are not leading)"
+            passed = _first_in_window(window, self.allocated_at[request.request_id])
+            assert all(i >= passed for i, _ in held), "a block the window has passed is kept"
+            assert len({b for _, b in held}) == len(held)
+            for i, block in held:
                 owned.setdefault(block, []).append((request, i))
         for block, owners in owned.items():
             if len(owners) > 1:  # sharing is only legal for identical full prefix blocks
                 prefixes = {tuple(r.all_token_ids[:(i + 1) * BLOCK]) for r, i in owners}
                 assert len(prefixes) == 1 and all(r.num_computed_tokens >= (i + 1) * BLOCK for r, i in owners)
-        assert self.kv.num_free_blocks + len(owned) == self.num_blocks - 1, "blocks leaked"
+        return owned
 
 
 operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 10**6)),
@@ -86,20 +116,35 @@ operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.int
 class KVCacheManagerContract:
     manager_name = "default"
 
-    def make(self, num_blocks: int, caching: bool = True):
+    def make(self, num_blocks: int, caching: bool = True, windows=(None,)):
         config = EngineConfig.from_kwargs(block_size=BLOCK, enable_prefix_caching=caching)
-        return load_plugins().get("kv_cache_managers", self.manager_name)(config, num_blocks)
+        cls = load_plugins().get("kv_cache_managers", self.manager_name)
+        if windows == (None,):
+            return cls(config, num_blocks)
+        if not cls.supports_groups:
+            pytest.skip(f"{self.manager_name} does not hold KV cache groups")
+        groups = tuple(KVCacheGroup((i,), num_blocks, w) for i, w in enumerate(windows))
+        return cls(config, num_blocks, groups=groups)
 
     @settings(max_examples=60, deadline=None)
     @given(ops=operations, num_blocks=st.integers(4, 24), caching=st.booleans())
     def test_random_workload_accounting(self, ops, num_blocks, caching):
-        sim = _Sim(self.make(num_blocks, caching), num_blocks)
+        self._run_workload(_Sim(self.make(num_blocks, caching), num_blocks), ops)
+
+    @settings(max_examples=60, deadline=None)
+    @given(ops=operations, num_blocks=st.integers(4, 24), caching=st.booleans())
+    def test_random_workload_with_a_sliding_window_group(self, ops, num_blocks, caching):
+        windows = (None, WINDOW)
+        self._run_workload(_Sim(self.make(num_blocks, caching, windows), num_blocks, windows), ops)
+
+    @staticmethod
+    def _run_workload(sim: _Sim, ops) -> None:
         prefixes = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4, 7, 7, 7, 7]]
         for n, (op, r) in enumerate(ops):
             if op == "add" or not sim.live:
                 prompt = prefixes[r % 3] + [r % 5 + 1] * (r % 7)
                 request = Request(f"r{n}", prompt, SamplingParams())
-                sim.admit(request, chunk=1 + r % 9)
+                sim.admit(request, chunk=1 + r % MAX_CHUNK)
             elif op == "grow":
                 request = list(sim.live.values())[r % len(sim.live)]
                 sim.grow(request, [r % 11 + 1] * (1 + r % 3))

@@ -1,6 +1,9 @@
 """Model contract: for every architecture a model plugin claims (``example_configs``), a tiny
 random ``transformers`` model is saved as a safetensors folder, loaded by the engine, and
-compared: log-probabilities at every prompt position, and greedy tokens, in float32."""
+compared: log-probabilities at every prompt position, and greedy tokens, in float32. The engine
+runs with 8-token blocks and 24-token prefill chunks; a model class with sliding-window layers
+sets ``long_prompt_lengths`` (prompts longer than its example configs' window) so that prompts
+outgrow the window and chunks cross its edge."""
 
 from __future__ import annotations
 
@@ -31,6 +34,7 @@ class ModelContract:
     platform: str | None = None
     logprob_atol = 2e-4
     new_tokens = 12
+    long_prompt_lengths: tuple[int, ...] = ()  # extra prompts, e.g. longer than a sliding window
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -78,7 +82,8 @@ class ModelContract:
 
         for key, (folder, hf_model) in checkpoints.items():
             llm = self._llm(folder, num_blocks=64, block_size=8, max_num_batched_tokens=24)
-            prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 17, 30, 9], seed=1)
+            prompts = reference.random_prompts(hf_model.config.vocab_size,
+                                               [5, 17, 30, 9, *self.long_prompt_lengths], seed=1)
             outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0))
             for ids, out in zip(prompts, outs):
                 expected = reference.hf_logprobs(hf_model, ids)

@@ -216,13 +216,16 @@ class QuantMethodContract:
         assert err <= self.apply_rtol
 
     @pytest.fixture(scope="class")
-    def moe(self, registry, platform):
+    @classmethod
+    def moe(cls, registry, platform):
+        """Built once per class, by an instance of its own (a format's overrides are methods)."""
         from engine.testing.moe import loaded_moe
 
-        method = self.make_method(registry, platform)
+        contract = cls()
+        method = contract.make_method(registry, platform)
         quantized = type(method).quantizes_experts  # else experts load as float weights, as vocabulary tables
-        layer, originals, represented = loaded_moe(method, 4, 2, self.input_size, self.input_size, True,
-                                                   self.checkpoint_tensors if quantized else None, seed=5)
+        layer, originals, represented = loaded_moe(method, 4, 2, cls.input_size, cls.input_size, True,
+                                                   contract.checkpoint_tensors if quantized else None, seed=5)
         stored = [part.method for part in (layer.gate_up, layer.down)]
         assert all((type(m) is type(method)) == quantized for m in stored)
         return layer, originals, represented

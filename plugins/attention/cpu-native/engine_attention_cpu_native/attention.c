@@ -7,6 +7,10 @@
  * and used by all M vectors, with an online softmax per vector (float32 running max and
  * sum, the accumulator rescaled when the max grows). Query row i of a request sits at
  * position seq_len - n + i and sees keys up to its own position (causal within the chunk).
+ * With a sliding window (window > 0) it sees the window keys ending at its own only: the walk
+ * starts at the block of the first key the earliest row sees (earlier table entries may be the
+ * null block) and each row skips its block's keys before its window. softcap > 0 caps each
+ * score as softcap · tanh(score / softcap) before the softmax (Gemma 2).
  *
  * Work items are spread over torch's OpenMP pool when the call is big enough to split.
  * Each storage type (bf16, f32) gets two symbols: paged_attention_<type> on AVX-512 where
@@ -282,11 +286,17 @@ static inline void prefetch_block(const void *keys, const void *values, int64_t 
     }
 }
 
+/* Gemma 2's logit soft-cap: scores become cap · tanh(scores / cap). */
+static void soft_cap(float *scores, int64_t count, float cap) {
+    for (int64_t t = 0; t < count; t++) scores[t] = cap * tanhf(scores[t] / cap);
+}
+
 #define DEFINE_ATTENTION(NAME, T, BLOCK, STORE_ROW, SCORES, SOFTMAX_STEP, ACCUMULATE)             \
 static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache, \
                         int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,     \
                         int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,            \
-                        int64_t dim, int64_t block_size, float scale, T *out, Workspace *w) {     \
+                        int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, \
+                        T *out, Workspace *w) {                                                   \
     int64_t vectors = n * group, block_len = block_size * dim;                                    \
     memset(w->acc, 0, sizeof(float) * vectors * dim);                                             \
     for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;                 \
@@ -294,7 +304,8 @@ static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, co
     const T *values_base = value_cache + kv_head * head_stride;                                   \
     const T *first_query = query + q_begin * q_stride + kv_head * group * dim;                    \
     int64_t first_position = seq_len - n;                                                         \
-    for (int64_t start = 0; start < seq_len; start += block_size) {                               \
+    int64_t first_key = window > 0 && first_position - window + 1 > 0 ? first_position - window + 1 : 0; \
+    for (int64_t start = first_key / block_size * block_size; start < seq_len; start += block_size) { \
         int64_t count = seq_len - start < block_size ? seq_len - start : block_size;              \
         int64_t offset = (int64_t)table[start / block_size] * block_len;                          \
         const T *keys = keys_base + offset;                                                       \
@@ -305,13 +316,18 @@ static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, co
         const float *values = BLOCK(values_base + offset, count * dim, w->values);                \
         for (int64_t i = 0; i < n; i++) {                                                         \
             int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */   \
-            if (visible <= 0) continue;                                                           \
             if (visible > count) visible = count;                                                 \
+            /* under a window, the keys of this block before the row's window */                  \
+            int64_t skip = window > 0 ? first_position + i - window + 1 - start : 0;              \
+            if (skip < 0) skip = 0;                                                               \
+            if (visible <= skip) continue;                                                        \
             for (int64_t j = 0; j < group; j++) {                                                 \
                 int64_t m = i * group + j;                                                        \
-                SCORES(first_query + i * q_stride + j * dim, keys, visible, dim, scale, w->scores); \
-                float correction = SOFTMAX_STEP(w->scores, visible, w->max + m, w->sum + m);      \
-                ACCUMULATE(w->acc + m * dim, correction, w->scores, values, visible, dim);        \
+                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim, scale, \
+                       w->scores);                                                                \
+                if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);                  \
+                float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m); \
+                ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim); \
             }                                                                                     \
         }                                                                                         \
     }                                                                                             \
@@ -330,7 +346,7 @@ int64_t NAME(const T *query, int64_t q_stride, const T *key_cache, const T *valu
              int64_t head_stride, const int32_t *block_table, int64_t table_stride,              \
              const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,        \
              int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,                  \
-             int64_t block_size, float scale, T *out) {                                           \
+             int64_t block_size, float scale, int64_t window, float softcap, T *out) {            \
     int64_t group = heads / kv_heads, max_rows = 0, work = 0, failed = 0;                         \
     for (int64_t r = 0; r < num_requests; r++) {                                                  \
         int64_t b = requests[r], n = query_start[b + 1] - query_start[b];                         \
@@ -350,7 +366,7 @@ int64_t NAME(const T *query, int64_t q_stride, const T *key_cache, const T *valu
             NAME##_item(query, q_stride, key_cache, value_cache, head_stride,                     \
                         block_table + b * table_stride, query_start[b],                           \
                         query_start[b + 1] - query_start[b], seq_lens[b], item % kv_heads, heads, \
-                        group, dim, block_size, scale, out, &w);                                  \
+                        group, dim, block_size, scale, window, softcap, out, &w);                 \
         }                                                                                         \
         if (ok) free(w.acc);                                                                  \
     }                                                                                             \

@@ -25,7 +25,7 @@ from engine.plugins import load_plugins
 SOURCE = Path(__file__).with_name("attention.c")
 _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _ARGTYPES = [_PTR, _INT, _PTR, _PTR, _INT, _PTR, _INT, _PTR, _PTR, _PTR, _INT, _INT, _INT, _INT, _INT, _FLOAT,
-             _PTR]
+             _INT, _FLOAT, _PTR]
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
@@ -162,6 +162,6 @@ class NativeAttentionBackend(AttentionBackend):
             kv_cache.stride(1), group.block_table.data_ptr(), group.block_table.stride(0),
             group.query_start.data_ptr(), group.seq_lens.data_ptr(), group.requests.data_ptr(),
             group.requests.numel(), s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, s.scale,
-            out.data_ptr())
+            s.sliding_window or 0, s.logit_softcap or 0.0, out.data_ptr())
         if status:
             raise MemoryError("cpu-native attention: no memory for the kernel's scratch buffers")

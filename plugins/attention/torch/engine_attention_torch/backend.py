@@ -17,6 +17,12 @@ shared by all layers.
 With ``spec.batch_invariant`` every query row but those of a whole-prompt first chunk is its
 own one-stream group (``_decode_one``, exactly its context): a decoded token, a draft being
 verified and a token in a batch of 64 meet the same kernel on the same shapes.
+
+A sliding window (``spec.sliding_window``) starts each request's gathered keys at the block
+holding the first key its earliest query sees (blocks before it may be the null block: the KV
+cache manager frees them), and a prefill chunk under a window is attended with a [q, S] mask.
+Soft-capped logits (``spec.logit_softcap``) have no fused kernel: they go through explicit
+scores (``softcapped_attention``), in float32.
 """
 
 from __future__ import annotations
@@ -33,17 +39,19 @@ class DecodeGroup:
     rows: torch.Tensor | slice  # rows of the flattened batch, one per request
     block_table: torch.Tensor  # [B, blocks]
     bias: torch.Tensor | None  # [1, B, 1, L] float32: 0 inside the context, -inf past it (B > 1 only)
-    seq_len: int | None  # a group of one request: its context length (no mask needed)
+    seq_len: int | None  # a group of one request: its context length in the gathered blocks (no mask)
     blocks: slice | None = None  # ... and its blocks, when they are consecutive in the cache
+    first_key: int = 0  # ... and where its sliding window starts in the gathered blocks
 
 
 @attrs.frozen
 class PrefillGroup:
     rows: slice
-    blocks: torch.Tensor  # [blocks] of this request
-    seq_len: int
-    prefix_len: int  # context cached before this chunk (0: the chunk is the whole sequence)
-    mask: torch.Tensor | None  # [q, seq_len] for a later chunk attended in one call; None: split
+    blocks: torch.Tensor  # [blocks] of this request (from the first its window reaches)
+    seq_len: int  # keys in those blocks up to the chunk's end
+    prefix_len: int  # of them, cached before this chunk (0: the chunk is the whole sequence)
+    mask: torch.Tensor | None  # [q, seq_len] for a later chunk attended in one call, or under a window
+    # or soft-cap; None: causal (whole sequence) or split
 
 
 @attrs.frozen
@@ -97,36 +105,71 @@ class TorchAttentionBackend(AttentionBackend):
                 groups.append(self._one_row(layout.block_table[i], start + j, seq_len - q + j + 1))
         return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
 
+    def _first_block(self, seq_len: int, query_len: int) -> int:
+        """The first block any of a request's last ``query_len`` queries attends into."""
+        window = self.spec.sliding_window
+        first_key = 0 if window is None else max(0, seq_len - query_len - window + 1)
+        return first_key // self.spec.block_size
+
+    def _window_start(self, context: int) -> int:
+        """The first key a query at position ``context - 1`` sees."""
+        window = self.spec.sliding_window
+        return 0 if window is None else max(0, context - window)
+
     def _one_row(self, table: torch.Tensor, row: int, context: int) -> DecodeGroup:
         """One query row over its first ``context`` positions, as a lone stream whose blocks
         are always gathered (a view of consecutive blocks would give the kernel other strides)."""
-        return DecodeGroup(slice(row, row + 1), table[None, :-(-context // self.spec.block_size)], None, context)
+        bs, first = self.spec.block_size, self._first_block(context, 1)
+        return DecodeGroup(slice(row, row + 1), table[None, first:-(-context // bs)], None, context - first * bs,
+                           first_key=self._window_start(context) - first * bs)
 
     def _decode_group(self, requests: list[int], rows: list[int], layout: BatchLayout) -> DecodeGroup:
-        device = layout.block_table.device
-        num_blocks = -(-max(layout.seq_lens_host[i] for i in requests) // self.spec.block_size)
-        idx = torch.tensor(requests, device=device)
-        positions = torch.arange(num_blocks * self.spec.block_size, device=device)
-        inside = positions[None, :] < layout.seq_lens[idx].long()[:, None]
+        """Each request's blocks from the first its window reaches (all of them without a
+        window), as one [B, n] table padded with the null block and a bias masking the rest."""
+        device, bs = layout.block_table.device, self.spec.block_size
+        seq_lens = [layout.seq_lens_host[i] for i in requests]
+        firsts = [self._first_block(n, 1) for n in seq_lens]
+        num_blocks = max(-(-n // bs) - f for n, f in zip(seq_lens, firsts))
+        table = self._shifted_table(layout.block_table[torch.tensor(requests, device=device)], firsts, num_blocks)
+        positions = torch.tensor(firsts, device=device)[:, None] * bs + torch.arange(num_blocks * bs, device=device)
+        ends = torch.tensor(seq_lens, device=device)[:, None]
+        starts = torch.tensor([self._window_start(n) for n in seq_lens], device=device)[:, None]
+        inside = (positions < ends) & (positions >= starts)
         bias = torch.zeros(inside.shape, device=device).masked_fill_(~inside, float("-inf"))
         contiguous = rows == list(range(rows[0], rows[0] + len(rows)))
         row_index = slice(rows[0], rows[0] + len(rows)) if contiguous else torch.tensor(rows, device=device)
-        table = layout.block_table[idx, :num_blocks]
         if len(requests) > 1:
             return DecodeGroup(row_index, table, bias[None, :, None, :], None)
         first = int(table[0, 0])
         run = torch.arange(first, first + num_blocks, dtype=table.dtype, device=device)
         consecutive = torch.equal(table[0], run)
-        return DecodeGroup(row_index, table, bias[None, :, None, :], layout.seq_lens_host[requests[0]],
-                           slice(first, first + num_blocks) if consecutive else None)
+        offset = firsts[0] * bs
+        return DecodeGroup(row_index, table, bias[None, :, None, :], seq_lens[0] - offset,
+                           slice(first, first + num_blocks) if consecutive else None,
+                           self._window_start(seq_lens[0]) - offset)
+
+    @staticmethod
+    def _shifted_table(table: torch.Tensor, firsts: list[int], num_blocks: int) -> torch.Tensor:
+        """Row b's ``num_blocks`` entries from column ``firsts[b]`` on (past the table: the null block)."""
+        if not any(firsts):
+            return table[:, :num_blocks]
+        columns = torch.tensor(firsts, device=table.device)[:, None] + torch.arange(num_blocks, device=table.device)
+        inside = columns < table.shape[1]
+        return table.gather(1, columns.clamp(max=table.shape[1] - 1)).masked_fill_(~inside, 0)
 
     def _prefill_group(self, request: int, rows: slice, layout: BatchLayout) -> PrefillGroup:
         seq_len, q = layout.seq_lens_host[request], layout.query_lens[request]
-        blocks = layout.block_table[request, :-(-seq_len // self.spec.block_size)]
-        prefix, device = seq_len - q, layout.block_table.device
-        split = q >= self.split_rows and device.type == "cpu"
-        mask = chunk_mask(prefix, q, device) if prefix and not split else None
-        return PrefillGroup(rows, blocks, seq_len, prefix, mask)
+        bs, device = self.spec.block_size, layout.block_table.device
+        first = self._first_block(seq_len, q)
+        blocks = layout.block_table[request, first:-(-seq_len // bs)]
+        offset = first * bs
+        prefix = seq_len - q - offset
+        if self.spec.sliding_window is not None or self.spec.logit_softcap is not None:
+            mask = chunk_mask(prefix, q, device, self.spec.sliding_window)
+        else:
+            split = q >= self.split_rows and device.type == "cpu"
+            mask = chunk_mask(prefix, q, device) if prefix and not split else None
+        return PrefillGroup(rows, blocks, seq_len - offset, prefix, mask)
 
     def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata) -> torch.Tensor:
         s = self.spec
@@ -156,9 +199,12 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = kv_cache[:, :, group.blocks]
         else:
             blocks = kv_cache.index_select(2, group.block_table[0])
-        keys, values = blocks.flatten(2, 3)[:, :, None, :group.seq_len].unbind()
+        keys, values = blocks.flatten(2, 3)[:, :, None, group.first_key:group.seq_len].unbind()
         queries = query.view(s.num_kv_heads, 1, s.num_heads // s.num_kv_heads, s.head_dim)
-        out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale)  # [Hkv, 1, g, D]
+        if s.logit_softcap is not None:
+            out = softcapped_attention(queries, keys, values, s.scale, s.logit_softcap)
+        else:
+            out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale)  # [Hkv, 1, g, D]
         return out.reshape(1, s.num_heads, s.head_dim)
 
     def _decode(self, query, key_cache, value_cache, group: DecodeGroup) -> torch.Tensor:
@@ -167,7 +213,7 @@ class TorchAttentionBackend(AttentionBackend):
         keys, values = (_gather_blocks(cache, group.block_table)  # [Hkv, B, L, D]
                         for cache in (key_cache, value_cache))
         q = query.view(batch, s.num_kv_heads, g, s.head_dim).transpose(0, 1)  # [Hkv, B, g, D]
-        scores = torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale + group.bias
+        scores = softcap(torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale, s.logit_softcap) + group.bias
         probs = scores.softmax(dim=-1).to(values.dtype)
         out = torch.matmul(probs, values)  # [Hkv, B, g, D]
         return out.transpose(0, 1).reshape(batch, s.num_heads, s.head_dim)
@@ -182,7 +228,11 @@ class TorchAttentionBackend(AttentionBackend):
         keys, values = (cache.index_select(1, group.blocks).flatten(1, 2)[:, :group.seq_len].unsqueeze(0)
                         for cache in (key_cache, value_cache))  # [1, Hkv, S, D]
         queries = query.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        if not group.prefix_len:
+        if s.logit_softcap is not None:
+            grouped = queries.reshape(s.num_kv_heads, s.num_heads // s.num_kv_heads, -1, s.head_dim)
+            out = softcapped_attention(grouped, keys[0, :, None], values[0, :, None], s.scale, s.logit_softcap,
+                                       group.mask).reshape(queries.shape)
+        elif not group.prefix_len and group.mask is None:
             out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=s.scale,
                                                  enable_gqa=True)
         elif group.mask is None:
@@ -206,10 +256,35 @@ def later_chunk_split(queries, keys, values, prefix_len: int, scale: float) -> t
     return (old_out * old_weight + new_out * new_weight).to(queries.dtype)
 
 
-def chunk_mask(prefix_len: int, query_len: int, device) -> torch.Tensor:
-    """[q, prefix + q] bool: query i (at position prefix + i) sees keys up to its own."""
-    positions = torch.arange(prefix_len, prefix_len + query_len, device=device)
-    return torch.arange(prefix_len + query_len, device=device)[None, :] <= positions[:, None]
+def chunk_mask(prefix_len: int, query_len: int, device, window: int | None = None) -> torch.Tensor:
+    """[q, prefix + q] bool: query i (at position prefix + i) sees keys up to its own (and,
+    with a ``window``, the ``window`` keys ending at its own only)."""
+    positions = torch.arange(prefix_len, prefix_len + query_len, device=device)[:, None]
+    keys = torch.arange(prefix_len + query_len, device=device)[None, :]
+    allowed = keys <= positions
+    return allowed if window is None else allowed & (keys > positions - window)
+
+
+def softcap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """Gemma 2's attention logit soft-cap: cap · tanh(scores / cap) (None: scores as they are)."""
+    return scores if cap is None else torch.tanh(scores / cap) * cap
+
+
+def softcapped_attention(queries, keys, values, scale: float, cap: float, mask: torch.Tensor | None = None,
+                         tile: int = 512) -> torch.Tensor:
+    """Attention with soft-capped logits through explicit float32 scores: queries [Hkv, g, M, D]
+    (a KV head's g query heads, M rows each) over keys/values [Hkv, 1, S, D], ``mask`` [M, S]
+    bool (None: every key). Rows go ``tile`` at a time, so a long chunk's scores stay
+    [Hkv, g, tile, S]."""
+    q, k, v = queries.float(), keys.float(), values.float()
+    out = torch.empty_like(q)
+    for start in range(0, q.shape[2], tile):
+        rows = slice(start, start + tile)
+        scores = softcap(torch.matmul(q[:, :, rows], k.transpose(-1, -2)) * scale, cap)
+        if mask is not None:
+            scores.masked_fill_(~mask[rows], float("-inf"))
+        out[:, :, rows] = torch.matmul(scores.softmax(-1), v)
+    return out.to(queries.dtype)
 
 
 def _gather_blocks(cache: torch.Tensor, block_table: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,7 @@ Parameter names follow Hugging Face's so checkpoints load as they are."""
 
 from __future__ import annotations
 
+from engine.interfaces import AttentionKind
 from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP
 
 
@@ -18,12 +19,17 @@ class LlamaForCausalLM(DecoderForCausalLM):
         mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False), method, dtype, ops)
         return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
+    def layer_kinds(self) -> tuple[AttentionKind, ...]:
+        """Mistral's ``sliding_window``, when set, applies to every layer."""
+        cfg = self.cfg
+        window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
+        return (AttentionKind(sliding_window=window),) * cfg.num_hidden_layers if window else ()
+
     @classmethod
     def supports(cls, hf_config) -> list[str]:
         reasons = []
-        if getattr(hf_config, "sliding_window", None) and (
-                hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False)):
-            reasons.append("sliding-window attention is not supported")
+        if hf_config.model_type != "mistral" and getattr(hf_config, "use_sliding_window", False):
+            reasons.append("sliding-window attention on some layers (Qwen2's use_sliding_window) is not supported")
         return reasons
 
     @classmethod
@@ -37,5 +43,6 @@ class LlamaForCausalLM(DecoderForCausalLM):
                 rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
             "MistralForCausalLM": dict(model_type="mistral", **tiny, sliding_window=None),
+            "MistralForCausalLM-sliding-window": dict(model_type="mistral", **tiny, sliding_window=16),
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),
         }

@@ -9,10 +9,10 @@ from engine.testing.models import ModelContract
 
 class TestLlamaModels(ModelContract):
     model_class = "engine_models_llama.model:LlamaForCausalLM"
+    long_prompt_lengths = (40, 57)  # longer than the Mistral config's 16-token window
 
 
 @pytest.mark.slow  # the whole contract a second time, on the plain parts
-class TestLlamaModelsOnTorchAttention(ModelContract):
-    model_class = "engine_models_llama.model:LlamaForCausalLM"
+class TestLlamaModelsOnTorchAttention(TestLlamaModels):
     attention_backend = "torch"
     platform = "cpu"

@@ -1,7 +1,11 @@
 """MXFP4 checkpoints (``quantization_config.quant_method == "mxfp4"``): linear weights come
 as ``weight_blocks`` / ``weight_scales`` and stay 4-bit. Paths: on the CPU the core's
 int4-plane kernel (exact); on CUDA the Triton kernel that decodes inside the matmul;
-elsewhere dequantize per step (the reference path)."""
+elsewhere dequantize per step (the reference path).
+
+Mixture-of-experts layers: each expert's projection arrives as the same two tensors and gets
+the path a linear layer of its blocks would (one child module per expert, run over the rows
+routed to it)."""
 
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ def kernel_path(platform) -> str:
 
 class Mxfp4LinearMethod(QuantMethod):
     name = "mxfp4"
+    quantizes_experts = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -42,14 +47,39 @@ class Mxfp4LinearMethod(QuantMethod):
         return PATHS[kernel_path(platform)]
 
     def create_weights(self, layer, input_size, output_sizes):
+        self._register(layer, (), input_size, output_sizes)
+
+    def create_moe_weights(self, layer, num_experts, input_size, output_sizes):
+        self._register(layer, (num_experts,), input_size, output_sizes)
+
+    def _register(self, layer, experts: tuple[int, ...], input_size: int, output_sizes: list[int]) -> None:
+        """``weight_blocks`` [*experts, N, K/32, 16] and ``weight_scales`` [*experts, N, K/32]."""
         if input_size % BLOCK:
             raise ValueError(f"quantization: mxfp4 needs input sizes in multiples of {BLOCK}, got {input_size}")
         rows = sum(output_sizes)
         for name, shape in (("weight_blocks", (rows, input_size // BLOCK, BLOCK // 2)),
                             ("weight_scales", (rows, input_size // BLOCK))):
-            param = nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
+            param = nn.Parameter(torch.empty(*experts, *shape, dtype=torch.uint8), requires_grad=False)
             param.output_dim = 0
             layer.register_parameter(name, param)
+
+    def process_moe_weights_after_loading(self, layer):
+        """One child per expert holding its two tensors, then the linear path for each."""
+        layer.experts = nn.ModuleList()
+        for blocks, scales in zip(layer.weight_blocks.data, layer.weight_scales.data):
+            expert = nn.Module()
+            expert.register_parameter("weight_blocks", nn.Parameter(blocks, requires_grad=False))
+            expert.register_parameter("weight_scales", nn.Parameter(scales, requires_grad=False))
+            self.process_weights_after_loading(expert)
+            layer.experts.append(expert)
+        del layer.weight_blocks, layer.weight_scales
+
+    def apply_moe(self, layer, x, segments):
+        experts = layer.experts
+        return segments.per_expert(x, sum(layer.output_sizes), lambda e, rows: self.apply(experts[e], rows, None))
+
+    def dequantize_moe(self, layer):
+        return torch.stack([self.dequantize(expert) for expert in layer.experts])
 
     def process_weights_after_loading(self, layer):
         if self.path == "int4pack":
