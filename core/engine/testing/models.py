@@ -98,10 +98,11 @@ class ModelContract:
             assert [o.outputs[0].token_ids for o in greedy] == expected_tokens, key
 
     def test_greedy_under_preemption_matches_transformers(self, checkpoints):
-        """Ten mixed-length prompts, at most six running, 24-token steps and a pool that holds
-        about half of them: requests are preempted, recomputed and resumed."""
+        """Ten mixed-length prompts, at most six running, 24-token steps and a pool of 12
+        8-token blocks, fewer than six running prompts need even when every layer keeps only
+        a short window: requests are preempted, recomputed and resumed."""
         for key, (folder, hf_model) in checkpoints.items():
-            llm = self._llm(folder, num_blocks=24, block_size=8, max_num_batched_tokens=24, max_num_seqs=6,
+            llm = self._llm(folder, num_blocks=12, block_size=8, max_num_batched_tokens=24, max_num_seqs=6,
                             max_model_len=64, enable_prefix_caching=False)
             prompts = reference.random_prompts(hf_model.config.vocab_size, [3, 41, 17, 8, 33, 25, 5, 12, 29, 19],
                                                seed=2)
