@@ -24,8 +24,8 @@ from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
-SHIPPED = ("models-llama", "models-qwen3", "models-moe", "attention-torch", "quant-gguf", "quant-int8", "quant-fp8",
-           "quant-mxfp4")
+SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models-bert", "attention-torch", "quant-gguf",
+           "quant-int8", "quant-fp8", "quant-mxfp4")
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:

@@ -210,6 +210,7 @@ def test_bad_input_gets_openai_errors_without_disturbing_others(server):
         for body, status, param in BAD_CHATS:
             _error(http.post("/v1/chat/completions", json={"model": model, **body}), status, param)
         _error(http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}), 400)
+        _error(http.post("/v1/embeddings", json={"model": model, "input": "Hi"}), 400, "model")  # generates only
         _error(http.post("/v1/completions", content=b'{"prompt": "' + b"x" * (5 * 2**20) + b'"}'), 413)
         _error(http.get("/v1/nope"), 404)
         _error(http.get("/v1/completions"), 405)

@@ -9,6 +9,9 @@ from engine.hookspecs import hookimpl
 _LAZY = {
     "LLM": "engine.llm",
     "SamplingParams": "engine.sampling_params",
+    "PoolingParams": "engine.pooling_params",
+    "EmbeddingRequestOutput": "engine.outputs",
+    "EmbeddingOutput": "engine.outputs",
     "RequestOutput": "engine.outputs",
     "CompletionOutput": "engine.outputs",
     "Logprob": "engine.outputs",
@@ -18,8 +21,9 @@ _LAZY = {
     "load_tokenizer": "engine.tokenizer",
 }
 
-__all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EngineConfig", "GrammarSpec", "Logprob",
-           "RequestOutput", "SamplingParams", "hookimpl", "load_tokenizer"]  # the names _LAZY serves, plus hookimpl
+__all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
+           "EngineConfig", "GrammarSpec", "Logprob", "PoolingParams", "RequestOutput", "SamplingParams", "hookimpl",
+           "load_tokenizer"]  # the names _LAZY serves, plus hookimpl
 
 
 def __getattr__(name):

@@ -82,6 +82,15 @@ OPTIONS: dict[str, Option] = {
     "generation_config": Option(("--generation-config",), "default sampling parameters for requests that "
                                 "do not set them: auto = the model's generation_config.json, vllm = none "
                                 "(the built-in defaults), or a folder holding a generation_config.json"),
+    "runner": Option(("--runner",), "generate: sample tokens; pooling: one embedding per prompt "
+                                    "(/v1/embeddings); auto: pooling for a model without an LM head",
+                     choices=("auto", "generate", "pooling")),
+    "task": Option(("--task",), "vLLM's older spelling of --runner: embed = pooling; default: --runner's",
+                   choices=("auto", "generate", "embed")),
+    "override_pooler_config": Option(("--pooler-config", "--override-pooler-config"),
+                                     'how a pooling model pools, as JSON: \'{"pooling_type": "MEAN", '
+                                     '"normalize": false}\' (LAST, CLS or MEAN); default: the model\'s pooler',
+                                     json.loads),
     "block_size": Option(("--block-size",), "tokens per KV cache block", unit="tokens"),
     "kv_cache_memory": Option(("--kv-cache-memory-bytes", "--kv-cache-memory"),
                               "memory for the KV cache; overrides --gpu-memory-utilization", parse_size,

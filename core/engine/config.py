@@ -29,6 +29,13 @@ class ModelConfig:
     seed: int = 0
     # default sampling parameters: "auto" (the model's generation config), "vllm" (none), or a folder
     generation_config: str = "auto"
+    # vLLM's --runner: "generate" samples tokens, "pooling" returns one vector per prompt
+    # (embeddings); "auto": pooling for a model without an LM head. --task embed is pooling.
+    runner: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "generate", "pooling")))
+    task: str | None = attrs.field(default=None, validator=attrs.validators.optional(
+        attrs.validators.in_(("auto", "generate", "embed"))))
+    # vLLM's --pooler-config: {"pooling_type": "LAST" | "CLS" | "MEAN", "normalize": bool}
+    override_pooler_config: dict[str, Any] | None = None
 
 
 @attrs.frozen

@@ -59,7 +59,8 @@ class EngineHookSpecs:
         ``cls(spec, platform)`` (an :class:`engine.interfaces.AttentionSpec` and the platform).
         Unless ``attention_backend=NAME`` names one, selection walks the platform's
         ``preferred_attention_backends`` then every other backend, and takes the first whose
-        ``supports(spec, platform)`` returns no reasons."""
+        ``supports(spec, platform)`` returns no reasons (a backend that attends only causally
+        returns one for ``spec.causal`` False)."""
 
     @hookspec
     def register_models(self, register):
@@ -67,7 +68,9 @@ class EngineHookSpecs:
         architecture name they serve (``"LlamaForCausalLM"``), constructed with an
         :class:`engine.interfaces.ModelContext`. One class may be registered under several
         names. The checkpoint's ``architectures`` select it (then transformers' causal-LM
-        class for its ``model_type``); build it from ``engine.layers``."""
+        class for its ``model_type``); build it from ``engine.layers``. The pooling runner
+        (embeddings) pools what ``forward`` returns; an encoder without an LM head sets
+        ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
 
     @hookspec
     def register_model_loaders(self, register):

@@ -1,4 +1,5 @@
-"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``."""
+"""The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``, and
+``LLM(model, runner="pooling").embed(prompts)`` for embeddings."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.output_processor import OutputProcessor
-from engine.outputs import RequestOutput
+from engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from engine.pooling_params import PoolingParams
 from engine.request_path import fan_out
 from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
@@ -51,6 +53,34 @@ class LLM:
         for (text, ids), p, prio in zip(encoded, params, priorities):
             order.append(self._add(processor, text, ids, p, prio))
         return self._run(processor, order, use_tqdm)
+
+    def embed(self, prompts: Prompt | Sequence[Prompt],
+              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[EmbeddingRequestOutput]:
+        """One embedding per prompt (an engine built with ``runner="pooling"``, or a model
+        without an LM head): every prompt is checked first, then all are queued at once, so
+        they share engine steps (as many prompts per step as ``max_num_batched_tokens``
+        holds, at least one whole prompt)."""
+        prompts = self._as_list(prompts)
+        params = pooling_params or PoolingParams()
+        params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"pooling_params: {len(params)} given for {len(prompts)} prompts")
+        encoded = [ids for _, ids in map(self._encode, prompts)]
+        for ids, p in zip(encoded, params):
+            self.engine.validate(ids, p)
+        order = []
+        for ids, p in zip(encoded, params):
+            order.append(f"embd-{next(self._ids)}")
+            self.engine.add_request(Request(order[-1], ids, p))
+        done = {}
+        while self.engine.has_unfinished():
+            done.update((out.request_id, out) for out in self.engine.step() if out.finished)
+        failed = [(i, done[rid]) for i, rid in enumerate(order) if done[rid].pooled is None]
+        if failed:
+            index, out = failed[0]
+            raise RuntimeError(f"prompt {index}: {out.error or out.finish_reason}")
+        return [EmbeddingRequestOutput(rid, EmbeddingOutput(done[rid].pooled.tolist()), ids)
+                for rid, ids in zip(order, encoded)]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """One prompt's text as it grows (its first sample's), each item the text new since the

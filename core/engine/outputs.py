@@ -41,3 +41,22 @@ class RequestOutput:
     outputs: list[CompletionOutput]
     finished: bool
     num_cached_tokens: int = 0
+
+
+@attrs.define
+class EmbeddingOutput:
+    embedding: list[float]
+
+    @property
+    def hidden_size(self) -> int:
+        return len(self.embedding)
+
+
+@attrs.define
+class EmbeddingRequestOutput:
+    """One prompt's result of ``LLM.embed`` (vLLM's shape: ``out.outputs.embedding``)."""
+
+    request_id: str
+    outputs: EmbeddingOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

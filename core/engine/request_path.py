@@ -11,17 +11,17 @@ from engine.sampling_params import InvalidParam, SamplingParams, is_int
 
 
 def check_prompt(ids, vocab_size: int, max_model_len: int, max_tokens: int | None = None,
-                 param: str = "prompt") -> None:
+                 param: str = "prompt", generates: bool = True) -> None:
     """InvalidParam naming ``param`` (or ``max_tokens``) unless ``ids`` are token ids of this
     vocabulary that leave room in the context for at least one token (``max_tokens`` of them
-    when given)."""
+    when given); a prompt that pools (``generates=False``) may fill the whole context."""
     if not isinstance(ids, list) or not ids:
         raise InvalidParam(param, f"{param}: must contain at least one token")
     if not all(is_int(t) and 0 <= t < vocab_size for t in ids):
         raise InvalidParam(param, f"{param}: token ids must be integers in [0, {vocab_size})")
-    if len(ids) >= max_model_len:
+    if len(ids) > max_model_len - generates:
         raise InvalidParam(param, f"{param}: {len(ids)} tokens do not fit the context of {max_model_len} "
-                           "(max_model_len) with room to generate")
+                           f"(max_model_len){' with room to generate' if generates else ''}")
     if max_tokens is not None and len(ids) + max_tokens > max_model_len:
         raise InvalidParam("max_tokens", f"max_tokens={max_tokens} plus the prompt's {len(ids)} tokens exceed "
                            f"the context of {max_model_len} tokens")

@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, get_route_path
 
-from engine_server import generation
+from engine_server import embeddings, generation
 from engine_server.errors import APIError, bad_request, internal_error
 from engine_server.prompts import chat_prompt
 from engine_server.schemas import BODIES, DetokenizeRequest, TokenizeRequest
@@ -44,6 +44,10 @@ class ServerState:
     max_body_bytes: int = 4 * 2**20
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
     default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
+    runner: str = "generate"  # the engine's runner: "pooling" serves /v1/embeddings instead of completions
+    embedding_size: int = 0  # with the pooling runner: the vectors' length, and whether
+    matryoshka: bool = False  # ... `dimensions` may cut them (to one of these, when listed)
+    matryoshka_dimensions: list[int] | None = None
     allow_unknown_fields: bool = False  # --allow-unknown-fields: ignore them instead of a 400
     return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: the request field's default
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
@@ -151,6 +155,7 @@ async def metrics(request: Request):
 _PATHS = {
     "/v1/completions": ("post", "CompletionRequest", "Create a completion (stream with `stream: true`)"),
     "/v1/chat/completions": ("post", "ChatCompletionRequest", "Create a chat completion"),
+    "/v1/embeddings": ("post", "EmbeddingRequest", "Embeddings of the inputs (a server started with --runner pooling)"),
     "/tokenize": ("post", "TokenizeRequest", "Token ids of a prompt or chat"),
     "/detokenize": ("post", "DetokenizeRequest", "Text of token ids"),
     "/v1/models": ("get", None, "The served model"),
@@ -201,6 +206,7 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
     routes = [
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
+        Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/v1/models", models), Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]), Route("/health", health),
         Route("/version", version), Route("/metrics", metrics), Route("/openapi.json", openapi),

@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 import zmq
 import zmq.asyncio
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine_server import protocol
 
@@ -121,16 +122,19 @@ class EngineClient:
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
         return self.ready
 
-    def submit(self, children: list[tuple[str, list[int], SamplingParams]], priority: int = 0,
+    def submit(self, children: list[tuple[str, list[int], SamplingParams | PoolingParams]], priority: int = 0,
                cache_salt: str | None = None) -> RequestHandle:
         if self.dead:
             raise EngineDead(self.dead)
         handle = RequestHandle(self, [rid for rid, _, _ in children])
-        for rid, prompt, params in children:
+        for rid, _, _ in children:
             self._routes[rid] = handle
-            if not self._post(protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt)):
-                self.release(handle)
-                raise EngineDead("the engine core is not connected")
+        batch = protocol.AddBatch([protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt,
+                                                       pooling=isinstance(params, PoolingParams))
+                                   for rid, prompt, params in children])
+        if not self._post(batch):
+            self.release(handle)
+            raise EngineDead("the engine core is not connected")
         return handle
 
     def abort(self, request_ids) -> None:

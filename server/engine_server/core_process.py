@@ -26,6 +26,7 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.core.scheduling import Overloaded
+from engine.pooling_params import PoolingParams, matryoshka_of
 from engine.sampling_params import SamplingParams
 from engine_server import protocol
 
@@ -47,7 +48,8 @@ def _delta(out) -> protocol.Delta:
     return protocol.Delta(out.request_id, list(out.new_token_ids), entries(out.new_logprobs),
                           entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
                           out.num_cached_tokens, out.error, out.error_code,
-                          None if out.timing is None else (out.timing.queue, out.timing.prefill))
+                          None if out.timing is None else (out.timing.queue, out.timing.prefill),
+                          None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes())
 
 
 class CoreServer:
@@ -77,9 +79,13 @@ class CoreServer:
             pass
 
     def handle(self, message, failed: list[protocol.Delta]) -> None:
-        if isinstance(message, protocol.AddRequest):
+        if isinstance(message, protocol.AddBatch):
+            for request in message.requests:
+                self.handle(request, failed)
+        elif isinstance(message, protocol.AddRequest):
             try:
-                params = SamplingParams.from_dict(message.params)
+                kind = PoolingParams if message.pooling else SamplingParams
+                params = kind.from_dict(message.params)
                 self.core.add_request(Request(message.request_id, message.prompt_token_ids, params,
                                               priority=message.priority, cache_salt=message.cache_salt))
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
@@ -155,8 +161,10 @@ def main(argv=None) -> int:
     server = CoreServer(core, args.input, args.output, args.parent_pid)
     hf = core.hf_config
     try:
+        matryoshka, dimensions = matryoshka_of(hf)
         server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id,
-                                   core.default_sampling_params, core.cache_info()))
+                                   core.default_sampling_params, core.cache_info(), core.runner_kind,
+                                   core.embedding_size, matryoshka, list(dimensions) if dimensions else None))
         server.loop()
     except APIGone as exc:
         print(f"engine-core: {exc}; exiting", file=sys.stderr)

@@ -36,6 +36,17 @@ def check_model(state, name: str | None) -> None:
         raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
 
 
+def check_runner(state, wanted: str) -> None:
+    """A 400 when the route needs the other runner: embeddings on a server that generates,
+    completions on one that pools."""
+    if state.runner == wanted:
+        return
+    if wanted == "pooling":
+        raise bad_request("this server generates text and has no embedding model; start one with "
+                          "`engine serve MODEL --runner pooling` for /v1/embeddings", "model")
+    raise bad_request("this server runs an embedding model (--runner pooling); use /v1/embeddings", "model")
+
+
 def check_sampling(state, body) -> None:
     """What depends on ``n``: the per-sample seeds ``seed + i`` within 64 bits (token ids
     against the vocabulary are checked by :meth:`SamplingParams.check_vocab`)."""
@@ -437,6 +448,7 @@ def prepare_chat(state, data: bytes) -> Generation:
 
 async def _generate(request: Request, prepare) -> Response:
     state = request.app.state.server
+    check_runner(state, "generate")
     data = await read_body(request, state.max_body_bytes)
     generation = await state.offload(prepare, state, data)
     return await generation.run(request)

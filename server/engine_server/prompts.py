@@ -12,20 +12,20 @@ from engine_server.errors import bad_request
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def check_fanout(state, prompts: int, n: int) -> None:
+def check_fanout(state, prompts: int, n: int, param: str = "prompt") -> None:
     """Prompts × samples is the number of engine requests one HTTP request creates."""
     limit = state.max_request_sequences
     if prompts > limit:
-        raise bad_request(f"a request may carry at most {limit} prompts, got {prompts}", "prompt")
+        raise bad_request(f"a request may carry at most {limit} prompts, got {prompts}", param)
     if prompts * n > limit:
         raise bad_request(f"{prompts} prompt(s) with n={n} make {prompts * n} sequences; the limit per request "
                           f"is {limit}", "n")
 
 
-def check_prompt(state, ids: list[int], max_tokens: int | None, param: str) -> None:
+def check_prompt(state, ids: list[int], max_tokens: int | None, param: str, generates: bool = True) -> None:
     """The core's prompt check (:func:`engine.request_path.check_prompt`) as a 400."""
     try:
-        request_path.check_prompt(ids, state.vocab_size, state.max_model_len, max_tokens, param)
+        request_path.check_prompt(ids, state.vocab_size, state.max_model_len, max_tokens, param, generates)
     except InvalidParam as exc:
         raise bad_request(str(exc), exc.param) from None
 
@@ -34,23 +34,23 @@ def _is_ids(value) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def completion_prompts(state, prompt, n: int) -> list[tuple[str | None, list[int]]]:
-    """-> (text or None, token ids) per prompt; the fan-out cap is checked before any
-    prompt is tokenized."""
+def completion_prompts(state, prompt, n: int, param: str = "prompt") -> list[tuple[str | None, list[int]]]:
+    """-> (text or None, token ids) per prompt (``param`` names the field: ``input`` on
+    /v1/embeddings); the fan-out cap is checked before any prompt is tokenized."""
     if isinstance(prompt, str):
         texts = [prompt]
     elif prompt and _is_ids(prompt):
-        check_fanout(state, 1, n)
+        check_fanout(state, 1, n, param)
         return [(None, list(prompt))]
     elif prompt and all(isinstance(p, str) for p in prompt):
         texts = prompt
     elif prompt and all(_is_ids(p) for p in prompt):
-        check_fanout(state, len(prompt), n)
+        check_fanout(state, len(prompt), n, param)
         return [(None, list(p)) for p in prompt]
     else:
-        raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists",
-                          "prompt")
-    check_fanout(state, len(texts), n)
+        raise bad_request(f"{param} must be a string, a list of strings, a list of token ids or a list of such "
+                          "lists", param)
+    check_fanout(state, len(texts), n, param)
     return [(text, state.tokenizer.encode(text)) for text in texts]
 
 

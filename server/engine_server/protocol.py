@@ -11,9 +11,17 @@ import msgspec
 class AddRequest(msgspec.Struct, tag=True):
     request_id: str
     prompt_token_ids: list[int]
-    params: dict[str, Any]  # SamplingParams.to_dict()
+    params: dict[str, Any]  # SamplingParams.to_dict(), or PoolingParams.to_dict() when ``pooling``
     priority: int = 0
     cache_salt: str | None = None
+    pooling: bool = False  # an embedding request (the engine runs the pooling runner)
+
+
+class AddBatch(msgspec.Struct, tag=True):
+    """The engine requests of one HTTP request (its prompts and samples) in one message, so
+    the core queues them all before its next step and they start in the same step."""
+
+    requests: list[AddRequest]
 
 
 class Abort(msgspec.Struct, tag=True):
@@ -31,6 +39,10 @@ class Ready(msgspec.Struct, tag=True):
     eos_token_id: int | None
     default_sampling_params: dict[str, Any] = msgspec.field(default_factory=dict)  # from --generation-config
     cache_info: dict[str, str] = msgspec.field(default_factory=dict)  # EngineCore.cache_info()
+    runner: str = "generate"  # "pooling": the engine embeds (/v1/embeddings) and generates nothing
+    embedding_size: int = 0  # the pooled vector's length (the model's hidden size)
+    matryoshka: bool = False  # whether embeddings may be cut to ``dimensions``
+    matryoshka_dimensions: list[int] | None = None  # ... to one of these (None: any up to embedding_size)
 
 
 class Delta(msgspec.Struct, array_like=True):
@@ -47,6 +59,7 @@ class Delta(msgspec.Struct, array_like=True):
     error: str | None = None
     error_code: str | None = None  # with finish_reason "error": "overloaded" (admission refused it), or None
     timing: tuple[float, float] | None = None  # (queue, prefill) seconds, with the first token: RequestTiming
+    embedding: bytes | None = None  # a pooling request's vector: little-endian float32, as OpenAI's base64
 
 
 class Outputs(msgspec.Struct, tag=True):
@@ -58,7 +71,7 @@ class Fatal(msgspec.Struct, tag=True):
     message: str
 
 
-ToCore = AddRequest | Abort | Shutdown
+ToCore = AddRequest | AddBatch | Abort | Shutdown
 FromCore = Ready | Outputs | Fatal
 
 _encoder = msgspec.msgpack.Encoder()

@@ -5,7 +5,7 @@ vLLM's extras. Every integer is bounded to what the engine and its wire format c
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 from msgspec import Meta
@@ -114,5 +114,16 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[TokenId]
 
 
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    input: str | list[Any]
+    model: str | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Count | None = None  # matryoshka models only
+    user: str | None = None
+    # vLLM extensions
+    normalize: bool | None = None  # None: the server's --pooler-config
+    priority: Int64 = 0
+
+
 BODIES = {"CompletionRequest": CompletionRequest, "ChatCompletionRequest": ChatCompletionRequest,
-          "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest}
+          "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest, "EmbeddingRequest": EmbeddingRequest}

@@ -114,11 +114,11 @@ class ServeCommand(Command):
             ready = await client.start()
             state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
             state.default_sampling_params = ready.default_sampling_params
+            state.runner, state.embedding_size = ready.runner, ready.embedding_size
+            state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
             metrics.engine_ready(ready.cache_info)
             print(f"engine: serving {name} at http://{args.host}:{args.port}/v1 (max_model_len "
-                  f"{ready.max_model_len}); try:\n  curl http://{args.host}:{args.port}/v1/chat/completions "
-                  f"-H 'Content-Type: application/json' -d '{{\"model\": \"{name}\", \"messages\": "
-                  f"[{{\"role\": \"user\", \"content\": \"Hello!\"}}]}}'", flush=True)
+                  f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}", flush=True)
             try:
                 yield
             finally:
@@ -136,6 +136,14 @@ class ServeCommand(Command):
         if client.dead:
             _exit_now(outcome["exit_code"])
         return outcome["exit_code"]
+
+
+def _example_call(args, name: str, runner: str) -> str:
+    """A curl line for the route this server's runner serves."""
+    route, body = (("embeddings", '"input": "Hello!"') if runner == "pooling" else
+                   ("chat/completions", '"messages": [{"role": "user", "content": "Hello!"}]'))
+    return (f"curl http://{args.host}:{args.port}/v1/{route} -H 'Content-Type: application/json' "
+            f"-d '{{\"model\": \"{name}\", {body}}}'")
 
 
 def _exit_now(code: int) -> None:

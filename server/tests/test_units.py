@@ -6,7 +6,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from engine import GrammarSpec, SamplingParams
+from engine import GrammarSpec, PoolingParams, SamplingParams
 from engine_server import protocol
 from engine_server.bench import metrics
 
@@ -16,7 +16,12 @@ def test_messages_round_trip_without_pickle():
     add = protocol.AddRequest("r1", [1, 2, 3], params.to_dict(), priority=2, cache_salt="s")
     decoded = protocol.decode_to_core(protocol.encode(add))
     assert protocol.encode(decoded) == protocol.encode(add) and SamplingParams.from_dict(decoded.params) == params
-    out = protocol.Outputs([protocol.Delta("r1", [5], [([5, 6], [-0.1, -2.0], [1, 2])], None, "stop", 7)],
+    pooled = protocol.AddRequest("r2", [4], PoolingParams(normalize=False, dimensions=8).to_dict(), pooling=True)
+    batch = protocol.decode_to_core(protocol.encode(protocol.AddBatch([add, pooled])))
+    assert [protocol.encode(r) for r in batch.requests] == [protocol.encode(add), protocol.encode(pooled)]
+    assert PoolingParams.from_dict(batch.requests[1].params) == PoolingParams(normalize=False, dimensions=8)
+    out = protocol.Outputs([protocol.Delta("r1", [5], [([5, 6], [-0.1, -2.0], [1, 2])], None, "stop", 7),
+                            protocol.Delta("r2", [], finish_reason="stop", embedding=b"\x00\x00\x80?")],
                            {"running": 1.0})
     assert protocol.decode_from_core(protocol.encode(out)) == out
     with pytest.raises(msgspec.DecodeError):

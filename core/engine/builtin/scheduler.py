@@ -183,6 +183,10 @@ class DefaultScheduler(Scheduler):
                 continue
             rid = request.request_id
             request.num_computed_tokens += item.num_new_tokens
+            if rid in result.pooled:
+                outputs.append(EngineOutput(rid, [], finish_reason="stop", pooled=result.pooled[rid]))
+                self._finish(request, "stop")
+                continue
             prompt_logprobs = result.prompt_logprobs.get(rid)
             tokens = result.sampled.get(rid)
             if tokens is None:

@@ -29,6 +29,8 @@ from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, GrammarContext
 from engine.plugins import load_plugins
+from engine.pooling import Pooler, PoolerConfig, resolve_runner
+from engine.pooling_params import PoolingParams, matryoshka_of
 from engine.request_path import check_prompt
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import InvalidParam, SamplingParams, check_int64
@@ -55,6 +57,12 @@ class EngineCore:
         torch.manual_seed(config.model.seed)
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
                                        config.model.quantization, config.batch_invariant)
+        self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
+        self.pooler_config = None
+        if self.runner_kind == "pooling":
+            self.pooler_config = PoolerConfig.resolve(type(self.model).default_pooling_type,
+                                                      config.model.override_pooler_config)
+            self.config = config = setup.pooling_config(config)
         windows, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
         layers = setup.layer_attention(registry, config.attention_backend, self.model, dtype,
                                        config.cache.block_size, self.platform, config.batch_invariant, layer_group)
@@ -73,7 +81,8 @@ class EngineCore:
             SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
         self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
-                                  self.platform.device, processors, self.connector)
+                                  self.platform.device, processors, self.connector,
+                                  Pooler(self.pooler_config) if self.pooler_config else None)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None
         self._step_tokens = StepTokenHistogram()
@@ -135,14 +144,29 @@ class EngineCore:
     def max_model_len(self) -> int:
         return self.config.model.max_model_len
 
+    @property
+    def embedding_size(self) -> int:
+        return self.hf_config.hidden_size
+
     def validate(self, prompt_token_ids: list[int], params, priority: int = 0) -> None:
         """Raise ValueError naming the field before any work is queued. With
         ``SamplingParams``' own checks this covers everything the step indexes with: a
-        request that passes cannot make the sampler raise."""
-        if not isinstance(params, SamplingParams):
-            raise InvalidParam("sampling_params", f"sampling_params must be SamplingParams, got {type(params)}")
+        request that passes cannot make the sampler raise. ``PoolingParams`` are for an
+        engine with the pooling runner, ``SamplingParams`` for one that generates."""
         check_int64(priority, "priority")
         vocab = self.hf_config.vocab_size
+        if isinstance(params, PoolingParams):
+            if self.runner_kind != "pooling":
+                raise InvalidParam("pooling_params", "pooling_params: this engine generates (runner='generate'); "
+                                                     "start it with runner='pooling' to embed")
+            check_prompt(prompt_token_ids, vocab, self.max_model_len, generates=False)
+            params.check_dimensions(self.embedding_size, *matryoshka_of(self.hf_config))
+            return
+        if not isinstance(params, SamplingParams):
+            raise InvalidParam("sampling_params", f"sampling_params must be SamplingParams, got {type(params)}")
+        if self.runner_kind == "pooling":
+            raise InvalidParam("sampling_params", "sampling_params: this engine pools (runner='pooling') and "
+                                                  "generates nothing; embed instead")
         check_prompt(prompt_token_ids, vocab, self.max_model_len)
         params.check_vocab(vocab)
         if params.bad_words and not params.bad_words_token_ids:
@@ -151,11 +175,11 @@ class EngineCore:
             raise InvalidParam("structured_outputs", "structured_outputs: no grammar backend plugin is installed")
 
     def add_request(self, request: Request) -> None:
-        self.validate(request.prompt_token_ids, request.sampling_params, request.priority)
+        self.validate(request.prompt_token_ids, request.pooling_params or request.sampling_params, request.priority)
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
         request.queued_time = time.monotonic()
         self.scheduler.add_request(request)  # may refuse it: Overloaded
-        if request.sampling_params.structured_outputs is not None:
+        if request.pooling_params is None and request.sampling_params.structured_outputs is not None:
             self.structured.submit(request)
 
     @property

@@ -65,7 +65,7 @@ def _probe_runs(run: Run) -> bool:
 def merge(results: list[StepResult]) -> StepResult:
     merged = StepResult({})
     for result in results:
-        for name in ("sampled", "logprobs", "prompt_logprobs", "hidden_states"):
+        for name in ("sampled", "logprobs", "prompt_logprobs", "hidden_states", "pooled"):
             getattr(merged, name).update(getattr(result, name))
     return merged
 

@@ -8,9 +8,13 @@ from typing import Any
 
 import torch
 
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 _arrivals = itertools.count()
+# what a pooling request's ``sampling_params`` read: it samples nothing, and the scheduler's
+# checks (prompt log-probs, stop conditions) see a plain one-token request
+POOLING_SAMPLING = SamplingParams(max_tokens=1)
 
 
 class RequestStatus(enum.Enum):
@@ -23,11 +27,17 @@ class RequestStatus(enum.Enum):
 
 class Request:
     """Public read-only fields for plugins: ``request_id``, ``sampling_params``,
-    ``prompt_token_ids``, ``output_token_ids``, ``all_token_ids``, ``num_computed_tokens``."""
+    ``pooling_params``, ``prompt_token_ids``, ``output_token_ids``, ``all_token_ids``,
+    ``num_computed_tokens``.
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+    Given :class:`PoolingParams` the request pools: ``pooling_params`` holds them, it runs
+    its whole prompt in one step and finishes with a vector, never a token."""
+
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
                  eos_token_id: int | None = None, priority: int = 0, cache_salt: str | None = None):
         self.request_id = request_id
+        self.pooling_params = params if isinstance(params, PoolingParams) else None
+        sampling_params = POOLING_SAMPLING if self.pooling_params is not None else params
         self.sampling_params = sampling_params
         self.prompt_token_ids = list(prompt_token_ids)
         self.all_token_ids = list(prompt_token_ids)

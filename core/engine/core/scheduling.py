@@ -34,9 +34,10 @@ class ScheduledRequest:
 
     @property
     def samples(self) -> bool:
-        """True when this step reaches the end of the known tokens, so a token is sampled."""
+        """True when this step reaches the end of the known tokens, so a token is sampled
+        (never for a pooling request: it pools instead)."""
         r = self.request
-        return r.num_computed_tokens + self.num_new_tokens >= r.num_tokens
+        return r.pooling_params is None and r.num_computed_tokens + self.num_new_tokens >= r.num_tokens
 
 
 @attrs.frozen
@@ -65,6 +66,7 @@ class StepResult:
     logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     hidden_states: dict[str, object] = attrs.Factory(dict)  # request id -> [valid rows, hidden], if kept
+    pooled: dict[str, object] = attrs.Factory(dict)  # pooling request id -> its vector [dim] float32 on the CPU
 
 
 @attrs.frozen
@@ -93,6 +95,7 @@ class EngineOutput:
     num_draft_tokens: int = 0  # speculative drafts verified for this request so far, and accepted
     num_accepted_tokens: int = 0
     timing: RequestTiming | None = None  # on the request's first output that carries tokens
+    pooled: Any = None  # a pooling request's vector (a float32 CPU tensor), with its finish
 
     @property
     def finished(self) -> bool:

@@ -197,8 +197,8 @@ def layer_attention(registry, name: str | None, model, dtype, block_size: int, p
     backends = tuple(
         select_attention_backend(registry, name, AttentionSpec(
             layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant,
-            sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap, query_scale=kind.query_scale),
-            platform) for kind in distinct)
+            sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap, query_scale=kind.query_scale,
+            causal=layout.causal), platform) for kind in distinct)
     return LayerAttention(backends, tuple(distinct.index(k) for k in kinds),
                           layer_group or (0,) * layout.num_layers)
 
@@ -258,6 +258,20 @@ def _window_blocks(config, window: int) -> int:
     lookahead = int((config.speculative_config or {}).get("num_speculative_tokens", 0))
     per_request = -(-(window - 1 + config.scheduler.max_num_batched_tokens + lookahead) // bs) + 1
     return int(-(-config.scheduler.max_num_seqs * per_request // (1 - config.cache.watermark))) + 1
+
+
+def pooling_config(config):
+    """The pooling runner: every prompt computed whole in one step (the step budget grows to
+    the longest prompt), so a bidirectional model sees all of it and the pool needs no state
+    across steps, and never from cached blocks (an encoder's K/V depend on the whole prompt,
+    and a mean pool needs every row's hidden state). Speculation means nothing here."""
+    if config.speculative_config:
+        raise ValueError("speculative_config: the pooling runner samples no tokens to speculate on")
+    budget = max(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
+    return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False),
+                        scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False,
+                                               long_prefill_token_threshold=0, max_num_batched_tokens=budget))
+
 
 
 def _kv_cache_budget(cache_config, platform) -> int:

@@ -6,7 +6,8 @@ backend turns it into its own metadata once (``build_metadata``), then every lay
 calls ``forward``, which writes this step's K/V into the paged cache through
 ``slot_mapping`` and attends over each request's blocks. Prefill, decode and mixed
 batches arrive in one call; a request's query tokens are the last ``query_len``
-positions of its ``seq_len`` context (causal within the chunk).
+positions of its ``seq_len`` context (causal within the chunk, unless ``AttentionSpec.causal``
+is False: then every query row attends to the whole context).
 """
 
 from abc import ABC, abstractmethod
@@ -36,6 +37,10 @@ class AttentionSpec:
     logit_softcap: float | None = None
     # the query scale; None: head_dim ** -0.5 (Gemma sets query_pre_attn_scalar ** -0.5)
     query_scale: float | None = None
+    # False: bidirectional, each query row attends to every position of its context (encoder-only
+    # models such as BERT, whose pooling requests run their whole prompt in one step); a backend
+    # that cannot do this lists it in ``supports``
+    causal: bool = True
 
     @property
     def scale(self) -> float:

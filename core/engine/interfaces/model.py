@@ -33,6 +33,7 @@ class KVLayout:
     num_kv_heads: int
     head_dim: int
     layer_kinds: tuple[AttentionKind, ...] = ()
+    causal: bool = True  # False: every position attends to the whole prompt (encoders such as BERT)
 
     def kind(self, layer: int) -> AttentionKind:
         return self.layer_kinds[layer] if self.layer_kinds else AttentionKind()
@@ -76,6 +77,12 @@ class StepContext:
 
 class Model(nn.Module, ABC):
     architectures: ClassVar[tuple[str, ...]]
+    # False for a model without an LM head (an encoder): it only pools, and ``runner="auto"``
+    # picks the pooling runner for it
+    generative: ClassVar[bool] = True
+    # how the pooling runner pools this model's final hidden states unless --pooler-config says
+    # otherwise: LAST (a causal decoder used for embeddings), CLS or MEAN
+    default_pooling_type: ClassVar[str] = "LAST"
 
     def __init__(self, ctx: ModelContext):
         super().__init__()
@@ -99,7 +106,8 @@ class Model(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepContext) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden]."""
+        """input_ids, positions [T] -> hidden states [T, hidden] (after the final norm: what
+        ``compute_logits`` takes, and what the pooling runner pools)."""
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -28,7 +28,9 @@ class Scheduler(ABC):
     @abstractmethod
     def update(self, plan, result) -> list:
         """Apply the runner's :class:`engine.interfaces.StepResult`; return the
-        :class:`engine.interfaces.EngineOutput` of every request that made progress."""
+        :class:`engine.interfaces.EngineOutput` of every request that made progress. A
+        request in ``result.pooled`` is done: it finishes ("stop", its blocks freed) with
+        ``EngineOutput.pooled`` holding its vector."""
 
     @abstractmethod
     def free_finished_transfers(self, request_ids) -> None:

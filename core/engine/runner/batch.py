@@ -22,6 +22,8 @@ class FlatBatch:
     prompt_rows: list[int]  # rows whose logits score the next prompt token
     prompt_targets: list[int]
     prompt_owners: list
+    # (pooling request, first row, end row) per pooling request: its whole prompt is in this step
+    pool_spans: list[tuple[object, int, int]] = attrs.Factory(list)
 
     @property
     def layout(self) -> BatchLayout:
@@ -34,7 +36,7 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
     tokens: list[int] = []
     query_lens, seq_lens = [], []
     sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners = [], [], [], [], []
-    sample_drafts, spans = [], []
+    sample_drafts, spans, pool_spans = [], [], []
     for item in plan.scheduled:
         request, start, n = item.request, item.request.num_computed_tokens, item.num_new_tokens
         drafts = item.spec_token_ids
@@ -45,6 +47,10 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
         query_lens.append(q)
         seq_lens.append(start + q)
         spans.append((request.request_id, offset, offset + q))
+        if request.pooling_params is not None:
+            if start or n != request.num_prompt_tokens:
+                raise ValueError(f"request {request.request_id} pools: its whole prompt must run in one step")
+            pool_spans.append((request, offset, offset + q))
         if item.samples:
             sample_rows += range(offset + q - 1 - len(drafts), offset + q)
             sample_owners += [request] * (len(drafts) + 1)
@@ -59,7 +65,8 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
     layouts = (layout, *(token_layout(query_lens, seq_lens, tables, block_size, device)[1]
                          for tables in group_tables[1:]))
     return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device), positions, layouts,
-                     sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners)
+                     sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners,
+                     pool_spans)
 
 
 def token_layout(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int,

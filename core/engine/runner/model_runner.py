@@ -1,4 +1,5 @@
-"""ModelRunner: one step on the device — flatten, forward, logits, sample, verify drafts."""
+"""ModelRunner: one step on the device — flatten, forward, logits, sample, verify drafts; for
+pooling requests, pool their hidden states instead (:mod:`engine.pooling`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from engine.runner.layer_attention import LayerAttention
 
 class ModelRunner:
     def __init__(self, model, layers: LayerAttention, kv_caches: list[torch.Tensor], block_size: int,
-                 device: torch.device, logits_processors=(), kv_connector=None):
+                 device: torch.device, logits_processors=(), kv_connector=None, pooler=None):
         self.model = model
         self.layers = layers
         self.attention = attention = layers.first
@@ -22,6 +23,7 @@ class ModelRunner:
         self.device = device
         self.logits_processors = list(logits_processors)
         self.connector = kv_connector
+        self.pooler = pooler  # an engine.pooling.Pooler when the engine runs pooling requests
         self.keep_hidden_states = False  # a drafter that reads the target's hidden states sets this
         self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
         if kv_connector is not None:
@@ -33,12 +35,14 @@ class ModelRunner:
         """``group_tables``: per KV cache group, each scheduled request's block table."""
         batch = flatten(plan, group_tables, self.block_size, self.device)
         hidden, aux = self._forward(batch)
+        result = StepResult({})
+        if batch.pool_spans:
+            result.pooled.update(self.pooler(hidden, batch.pool_spans))
         rows = batch.sample_rows + batch.prompt_rows
         if not rows:
-            return StepResult({})
+            return result
         logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         n = len(batch.sample_rows)
-        result = StepResult({})
         if n:
             self._sample(logits[:n], batch, plan, bitmask, result)
         if batch.prompt_rows:

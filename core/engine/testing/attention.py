@@ -37,10 +37,12 @@ KINDS = {
 }
 
 
-def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None):
+def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None,
+                        causal: bool = True):
     """q [q, H, D] over a sequence's whole keys/values [L, Hkv, D]; causal, last q positions;
     each query sees the ``sliding_window`` keys ending at its own (None: all), logits
-    soft-capped as cap · tanh(logits / cap)."""
+    soft-capped as cap · tanh(logits / cap); ``causal=False``: every row over the whole
+    sequence (no window then)."""
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1).double()
     v = values.repeat_interleave(group, dim=1).double()
@@ -49,10 +51,11 @@ def reference_attention(q, keys, values, scale, sliding_window=None, logit_softc
         scores = torch.tanh(scores / logit_softcap) * logit_softcap
     length, n = keys.shape[0], q.shape[0]
     key_pos, query_pos = torch.arange(length)[None, :], (length - n + torch.arange(n))[:, None]
-    allowed = key_pos <= query_pos
-    if sliding_window is not None:
-        allowed &= key_pos > query_pos - sliding_window
-    scores = scores.masked_fill(~allowed, float("-inf"))
+    if causal:
+        allowed = key_pos <= query_pos
+        if sliding_window is not None:
+            allowed &= key_pos > query_pos - sliding_window
+        scores = scores.masked_fill(~allowed, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
@@ -122,7 +125,7 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
         q, k, v = fused_projection_views(q, k, v)
         out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
         expected = torch.cat([reference_attention(s[0][a:b], s[1][:b], s[2][:b], spec.scale, spec.sliding_window,
-                                                  spec.logit_softcap)
+                                                  spec.logit_softcap, spec.causal)
                               for (a, b), (_, _, s) in zip(span, pick)])
         results.append((out, expected))
     return results
@@ -168,6 +171,23 @@ class AttentionBackendContract:
             pytest.skip(f"{self.backend_name} does not support {kind}{' batch-invariant' * invariant}")
         tol = self.dtype_tolerances[dtype]
         for out, expected in run_two_calls(backend_cls(spec, platform), spec, BATCHES[batch], num_blocks=64):
+            torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+    @pytest.mark.parametrize("batch", ["prefill", "chunked-prefill", "mixed"])
+    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+    def test_bidirectional(self, backend_cls, batch, dtype):
+        """``AttentionSpec(causal=False)``: each row attends to its whole context (a prompt of
+        an encoder model), GQA and a block size the lengths are not multiples of; a backend
+        that cannot must refuse it with reasons."""
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=16, causal=False)
+        platform = self.platform_cls()
+        reasons = backend_cls.supports(spec, platform)
+        if reasons:
+            assert all(isinstance(r, str) and r for r in reasons)
+            pytest.skip(f"{self.backend_name} refuses bidirectional attention: {reasons}")
+        backend = backend_cls(spec, platform)
+        tol = self.dtype_tolerances[dtype]
+        for out, expected in run_two_calls(backend, spec, BATCHES[batch], num_blocks=64):
             torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):

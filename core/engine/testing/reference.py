@@ -9,18 +9,20 @@ import torch
 
 
 def tiny_checkpoint(folder: str, architecture: str, config_kwargs: dict, seed: int = 0,
-                    tokenizer=None):
+                    tokenizer=None, auto_class: str = "AutoModelForCausalLM"):
     """Build a random ``transformers`` model, save it (config.json + safetensors) to
     ``folder`` and return it. Weights are drawn wider than the default init so logits are
-    peaked and greedy choices are not decided by rounding noise."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    peaked and greedy choices are not decided by rounding noise. ``auto_class`` builds it
+    (``AutoModel`` for an encoder without an LM head, such as ``BertModel``)."""
+    import transformers
+    from transformers import AutoConfig
 
     kwargs = dict(config_kwargs)
     model_type = kwargs.pop("model_type")
     kwargs.setdefault("initializer_range", 0.25)
     config = AutoConfig.for_model(model_type, architectures=[architecture], **kwargs)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    model = getattr(transformers, auto_class).from_config(config, dtype=torch.float32).eval()
     os.makedirs(folder, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
     if tokenizer is not None:
@@ -70,6 +72,25 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
 def hf_logprobs(model, ids: list[int]) -> torch.Tensor:
     """log-softmax of the logits at every position: [len(ids), vocab]."""
     return model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+
+
+@torch.inference_mode()
+def hf_pooled(model, ids: list[int], pooling_type: str, normalize: bool) -> torch.Tensor:
+    """One prompt's embedding from ``transformers``: the base model's last hidden state (after
+    the final norm of a decoder) pooled LAST / CLS / MEAN, L2-normalised if asked: [hidden]."""
+    hidden = model.base_model(torch.tensor([ids])).last_hidden_state[0].float()
+    vector = {"LAST": hidden[-1], "CLS": hidden[0], "MEAN": hidden.mean(dim=0)}[pooling_type]
+    return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
+
+
+def assert_pooled_matches(vector, hf_model, ids: list[int], pooling_type: str, normalize: bool,
+                          atol: float = 1e-4, min_cosine: float = 0.9999) -> None:
+    """An engine's embedding of ``ids`` against :func:`hf_pooled`: cosine and values (float32)."""
+    got = torch.as_tensor(vector, dtype=torch.float32)
+    expected = hf_pooled(hf_model, ids, pooling_type, normalize)
+    cosine = float(torch.nn.functional.cosine_similarity(got, expected, dim=0))
+    assert cosine >= min_cosine, f"{pooling_type} normalize={normalize}, {len(ids)} tokens: cosine {cosine}"
+    torch.testing.assert_close(got, expected, atol=atol, rtol=1e-4)
 
 
 def random_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[list[int]]:

@@ -26,6 +26,8 @@ class SdpaAttentionBackend(AttentionBackend):
             reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
         if spec.dtype not in DTYPES:
             reasons.append(f"dtype {spec.dtype} is not one of {', '.join(map(str, DTYPES))}")
+        if not spec.causal:
+            reasons.append("attends causally only")
         return reasons
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -90,6 +90,8 @@ class NativeAttentionBackend(AttentionBackend):
             reasons.append(f"takes bfloat16 and float32 caches, not {spec.dtype}")
         if spec.num_heads % spec.num_kv_heads:
             reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
+        if not spec.causal:
+            reasons.append("attends causally only (no bidirectional attention for encoder models)")
         try:
             lib = library()
         except (ImportError, OSError, RuntimeError) as error:

@@ -14,6 +14,9 @@ heads, or, when long (``split_rows``), as an unmasked call over the cached prefi
 causal one over the chunk, merged by their log-sum-exp. Masks are built once per step and
 shared by all layers.
 
+With ``spec.causal`` False (an encoder's pooling requests) every request is one group attended
+without a mask over its whole context, whatever its query length.
+
 With ``spec.batch_invariant`` every query row but those of a whole-prompt first chunk is its
 own one-stream group (``_decode_one``, exactly its context): a decoded token, a draft being
 verified and a token in a batch of 64 meet the same kernel on the same shapes.
@@ -75,6 +78,8 @@ class TorchAttentionBackend(AttentionBackend):
         reasons = []
         if spec.num_heads % spec.num_kv_heads:
             reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
+        if not spec.causal and (spec.sliding_window is not None or spec.logit_softcap is not None):
+            reasons.append("bidirectional attention with a sliding window or a logit soft-cap")
         return reasons
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
@@ -82,6 +87,8 @@ class TorchAttentionBackend(AttentionBackend):
         return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
 
     def build_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
+        if not self.spec.causal:
+            return self._bidirectional_metadata(layout)
         if self.spec.batch_invariant:
             return self._invariant_metadata(layout)
         starts = layout.query_start_loc.tolist()
@@ -92,6 +99,16 @@ class TorchAttentionBackend(AttentionBackend):
         for i, q in enumerate(layout.query_lens):
             if q > 1:
                 groups.append(self._prefill_group(i, slice(starts[i], starts[i] + q), layout))
+        return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
+
+    def _bidirectional_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
+        """One unmasked group per request (a one-row request too: it has one key or is a
+        later row over an unmasked context, the same math either way)."""
+        groups = []
+        for i, (start, q) in enumerate(zip(layout.query_start_loc.tolist(), layout.query_lens)):
+            seq_len = layout.seq_lens_host[i]
+            blocks = layout.block_table[i, :-(-seq_len // self.spec.block_size)]
+            groups.append(PrefillGroup(slice(start, start + q), blocks, seq_len, seq_len - q, None))
         return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
 
     def _invariant_metadata(self, layout: BatchLayout) -> TorchAttentionMetadata:
@@ -228,7 +245,9 @@ class TorchAttentionBackend(AttentionBackend):
         keys, values = (cache.index_select(1, group.blocks).flatten(1, 2)[:, :group.seq_len].unsqueeze(0)
                         for cache in (key_cache, value_cache))  # [1, Hkv, S, D]
         queries = query.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
-        if s.logit_softcap is not None:
+        if not s.causal:
+            out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale, enable_gqa=True)
+        elif s.logit_softcap is not None:
             grouped = queries.reshape(s.num_kv_heads, s.num_heads // s.num_kv_heads, -1, s.head_dim)
             out = softcapped_attention(grouped, keys[0, :, None], values[0, :, None], s.scale, s.logit_softcap,
                                        group.mask).reshape(queries.shape)

@@ -1,0 +1,57 @@
+"""PoolingParams: what one request that pools (an embedding) asks for, with vLLM's names."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from engine.sampling_params import InvalidParam, is_int
+
+
+@attrs.frozen
+class PoolingParams:
+    """``normalize``: L2-normalise the pooled vector (None: the engine's pooler config says);
+    ``dimensions``: keep the first ``dimensions`` values (matryoshka models only), normalised
+    after the cut."""
+
+    normalize: bool | None = None
+    dimensions: int | None = None
+
+    def __attrs_post_init__(self):
+        if self.normalize is not None and not isinstance(self.normalize, bool):
+            raise InvalidParam("normalize", f"normalize must be a boolean, got {self.normalize!r}")
+        if self.dimensions is not None and not (is_int(self.dimensions) and self.dimensions >= 1):
+            raise InvalidParam("dimensions", f"dimensions must be a positive integer, got {self.dimensions!r}")
+
+    def check_dimensions(self, hidden_size: int, matryoshka: bool, allowed: tuple[int, ...] | None) -> None:
+        """InvalidParam naming ``dimensions`` unless the model can return that many: a
+        matryoshka model (``is_matryoshka`` or ``matryoshka_dimensions`` in its config, as
+        vLLM reads them), at most its hidden size, one of ``allowed`` when the config lists them."""
+        d = self.dimensions
+        if d is None:
+            return
+        if not matryoshka:
+            raise InvalidParam("dimensions", "dimensions: this model does not support matryoshka representation "
+                                             "(its config sets neither is_matryoshka nor matryoshka_dimensions)")
+        if d > hidden_size:
+            raise InvalidParam("dimensions", f"dimensions: {d} exceeds the model's embedding size {hidden_size}")
+        if allowed and d not in allowed:
+            raise InvalidParam("dimensions", f"dimensions: {d} is not one of the model's matryoshka dimensions "
+                                             f"{list(allowed)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> PoolingParams:
+        unknown = set(data) - set(attrs.fields_dict(cls))
+        if unknown:
+            raise InvalidParam("params", f"pooling params: unknown fields {sorted(unknown)}")
+        return cls(**data)
+
+
+def matryoshka_of(hf_config) -> tuple[bool, tuple[int, ...] | None]:
+    """(whether the model is matryoshka, the dimensions its config lists or None: any)."""
+    dims = getattr(hf_config, "matryoshka_dimensions", None)
+    return bool(getattr(hf_config, "is_matryoshka", False) or dims), tuple(dims) if dims else None

@@ -1,0 +1,93 @@
+"""`/v1/embeddings`: OpenAI's embeddings route over the engine's pooling runner. Every input
+(a string, a list of strings, a list of token ids or a list of such lists) becomes one engine
+request, all submitted together so the engine pools them in the same steps; the vectors come
+back as little-endian float32 bytes and are sent as JSON floats or, with
+``encoding_format: "base64"``, as those bytes in base64 (what OpenAI sends)."""
+
+from __future__ import annotations
+
+import base64
+import time
+import uuid
+
+import numpy as np
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from engine.pooling_params import PoolingParams
+from engine.sampling_params import InvalidParam
+from engine_server.client import EngineDead
+from engine_server.errors import APIError, bad_request, overloaded
+from engine_server.generation import check_model, check_runner, unless_disconnected
+from engine_server.prompts import check_prompt, completion_prompts
+from engine_server.schemas import EmbeddingRequest
+from engine_server.validation import decode_body, read_body
+
+
+class Embedding:
+    """One HTTP request's inputs, validated and tokenized off the event loop."""
+
+    def __init__(self, state, body: EmbeddingRequest):
+        check_model(state, body.model)
+        check_runner(state, "pooling")
+        self.state, self.body = state, body
+        self.id = f"embd-{uuid.uuid4().hex}"
+        params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
+        try:
+            params.check_dimensions(state.embedding_size, state.matryoshka,
+                                    tuple(state.matryoshka_dimensions or ()) or None)
+        except InvalidParam as exc:
+            raise bad_request(str(exc), exc.param) from None
+        prompts = [ids for _, ids in completion_prompts(state, body.input, 1, "input")]
+        for ids in prompts:
+            check_prompt(state, ids, None, "input", generates=False)
+        self.children = [(f"{self.id}-{i}", ids, params) for i, ids in enumerate(prompts)]
+
+    async def run(self, request: Request) -> JSONResponse:
+        try:
+            handle = self.state.client.submit(self.children, self.body.priority)
+        except EngineDead:
+            raise APIError(503, "the engine is not available", code="engine_dead") from None
+        timers = {rid: self.state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in self.children}
+        vectors: dict[str, bytes] = {}
+        try:
+            await unless_disconnected(request, self._collect(handle, vectors, timers))
+        except EngineDead as exc:
+            raise APIError(exc.status, f"{exc.what} (request id {self.id})", code=exc.code) from None
+        finally:
+            handle.close()
+        return JSONResponse(self._body(vectors))
+
+    async def _collect(self, handle, vectors: dict[str, bytes], timers: dict) -> None:
+        """Each input's vector; its request metrics (count, prompt tokens, latency) as it finishes."""
+        async for delta in handle.deltas():
+            if delta.finish_reason is not None:
+                timers[delta.request_id].finished(delta.finish_reason)
+            if delta.finish_reason == "error":
+                if delta.error_code == "overloaded":
+                    raise overloaded(delta.error)
+                raise bad_request(delta.error or "the engine rejected this input", "input")
+            if delta.embedding is not None:
+                vectors[delta.request_id] = delta.embedding
+
+    def _body(self, vectors: dict[str, bytes]) -> dict:
+        data = []
+        for index, (rid, _, _) in enumerate(self.children):
+            raw = vectors[rid]
+            value = (base64.b64encode(raw).decode() if self.body.encoding_format == "base64"
+                     else np.frombuffer(raw, dtype="<f4").tolist())
+            data.append({"object": "embedding", "index": index, "embedding": value})
+        tokens = sum(len(ids) for _, ids, _ in self.children)
+        return {"id": self.id, "object": "list", "created": int(time.time()), "model": self.state.model_name,
+                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def prepare_embedding(state, data: bytes) -> Embedding:
+    return Embedding(state, decode_body(data, EmbeddingRequest, state.allow_unknown_fields))
+
+
+async def embeddings(request: Request) -> JSONResponse:
+    state = request.app.state.server
+    data = await read_body(request, state.max_body_bytes)
+    embedding = await state.offload(prepare_embedding, state, data)
+    return await embedding.run(request)
