@@ -106,3 +106,30 @@ def test_refusals_name_the_field(decoders, bert):
         LLM(folder, dtype="float32", task="embed", num_blocks=24, speculative_config={"method": "ngram"})
     with pytest.raises(ValueError, match="task: 'embed' contradicts runner='generate'"):
         LLM(folder, dtype="float32", runner="generate", task="embed", num_blocks=24)
+
+
+def test_a_pooling_request_that_fails_alone_is_finished_not_fatal(bert):
+    """Fault isolation on a pooling engine: its probe pools too (a sampling probe would fail on
+    a model without an LM head and make every lone failure fatal). A prompt with a token id
+    past the vocabulary (which the request path refuses, so it is planned here directly)
+    fails alone; it is finished with an error and the good request keeps its vector."""
+    from engine.core.request import Request
+    from engine.core.scheduling import ScheduledRequest, StepPlan
+
+    folder, hf_model = bert
+    llm = LLM(folder, dtype="float32", num_blocks=32, block_size=8)
+    core = llm.engine
+    ids = reference.random_prompts(256, [7], seed=6)[0]
+    good, bad = Request("good", ids, PoolingParams()), Request("bad", [3, 10_000, 4], PoolingParams())
+    for request in (good, bad):
+        core.kv_cache_manager.allocate_slots(request, request.num_tokens)
+    mixed = StepPlan((ScheduledRequest(good, len(ids)), ScheduledRequest(bad, 3)))
+    for plan, survivors in ((mixed, ["good"]), (StepPlan((ScheduledRequest(bad, 3),)), [])):
+        with pytest.raises(IndexError) as raised:
+            core._execute(plan)
+        kept, result, failed = core._isolate(plan, raised.value)
+        assert [o.request_id for o in failed] == ["bad"] and failed[0].finish_reason == "error"
+        assert [item.request.request_id for item in kept.scheduled] == survivors
+        assert list(result.pooled) == survivors
+        if survivors:
+            reference.assert_pooled_matches(result.pooled["good"].tolist(), hf_model, ids, "CLS", True)

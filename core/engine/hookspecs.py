@@ -60,7 +60,8 @@ class EngineHookSpecs:
         Unless ``attention_backend=NAME`` names one, selection walks the platform's
         ``preferred_attention_backends`` then every other backend, and takes the first whose
         ``supports(spec, platform)`` returns no reasons (a backend that attends only causally
-        returns one for ``spec.causal`` False)."""
+        returns one for ``spec.causal`` False) — once per attention kind among the model's
+        layers (``spec.sliding_window``, ``logit_softcap``, ``query_scale``)."""
 
     @hookspec
     def register_models(self, register):
@@ -68,8 +69,10 @@ class EngineHookSpecs:
         architecture name they serve (``"LlamaForCausalLM"``), constructed with an
         :class:`engine.interfaces.ModelContext`. One class may be registered under several
         names. The checkpoint's ``architectures`` select it (then transformers' causal-LM
-        class for its ``model_type``); build it from ``engine.layers``. The pooling runner
-        (embeddings) pools what ``forward`` returns; an encoder without an LM head sets
+        class for its ``model_type``); build it from ``engine.layers``. Layers that attend
+        differently (a sliding window, soft-capped logits) say so in ``KVLayout.layer_kinds``;
+        the engine builds one attention backend per kind. The pooling runner (embeddings)
+        pools what ``forward`` returns; an encoder without an LM head sets
         ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
 
     @hookspec
@@ -123,7 +126,9 @@ class EngineHookSpecs:
     def register_kv_cache_managers(self, register):
         """Register :class:`engine.interfaces.KVCacheManager` subclasses, constructed as
         ``cls(config, num_blocks)`` and selected with ``kv_cache_manager=NAME`` (default:
-        ``default``)."""
+        ``default``). For a model with sliding-window layers the engine passes
+        ``groups=`` (:class:`engine.interfaces.KVCacheGroup`) and needs the class to set
+        ``supports_groups = True``."""
 
     @hookspec
     def register_tool_parsers(self, register):

@@ -13,8 +13,9 @@ fault after the draw (draft verification) would shift seeded survivors by one dr
 
 Two outcomes stay fatal (the original exception is re-raised): no request fails alone
 (the fault is the batch's, not a request's), and every request fails alone while a
-probe — a one-token greedy request that writes only the null block — fails too (the
-fault is the engine's or a plugin's, e.g. a logits processor that raises on every call).
+probe — a one-token request that writes only the null block, greedy or, on a pooling
+engine, pooling as the step's requests do — fails too (the fault is the engine's or a
+plugin's, e.g. a logits processor that raises on every call).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import attrs
 
 from engine.core.request import Request
 from engine.core.scheduling import ScheduledRequest, StepPlan, StepResult
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 
 NULL_BLOCK = 0  # the KV cache manager interface keeps block 0 out of every request's table
@@ -48,13 +50,15 @@ def isolate(plan: StepPlan, run: Run, error: Exception) -> Isolated:
             survivors.append(item)
         except Exception as exc:  # noqa: BLE001 - any exception: that is what isolation attributes
             culprits.append((item.request, exc))
-    if not culprits or (not survivors and not _probe_runs(run)):
+    if not culprits or (not survivors and not _probe_runs(run, plan)):
         raise error
     return Isolated(StepPlan(tuple(survivors), plan.preempted), merge(results), culprits)
 
 
-def _probe_runs(run: Run) -> bool:
-    probe = Request("engine-fault-probe", [0], SamplingParams(temperature=0.0, max_tokens=1))
+def _probe_runs(run: Run, plan: StepPlan) -> bool:
+    pools = plan.scheduled[0].request.pooling_params is not None  # an engine runs one kind of request
+    params = PoolingParams() if pools else SamplingParams(temperature=0.0, max_tokens=1)
+    probe = Request("engine-fault-probe", [0], params)
     try:
         run(StepPlan((ScheduledRequest(probe, 1),)), [[NULL_BLOCK]])
     except Exception:  # noqa: BLE001

@@ -79,12 +79,11 @@ class GemmaAttention(Layer):
         self.attn = Attention(layer)
 
     def forward(self, cos_sin, hidden, step):
-        qkv = self.qkv_proj(hidden)
+        qkv, heads = self.qkv_proj(hidden), (self.num_heads, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
-            q, k, v = qkv.view(qkv.shape[0], -1, self.head_dim).split(
-                [self.num_heads, self.num_kv_heads, self.num_kv_heads], dim=1)
-            qkv = torch.cat([self.q_norm(q), self.k_norm(k), v], dim=1).flatten(1)
-        q, k, v = self.ops.rotary_qkv(qkv, self.num_heads, self.num_kv_heads, self.head_dim, cos_sin)
+            q, k, v = self.ops.qk_norm_rotary(qkv, self.q_norm, self.k_norm, *heads, cos_sin)
+        else:
+            q, k, v = self.ops.rotary_qkv(qkv, *heads, cos_sin)
         out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 

@@ -41,15 +41,17 @@ def test_greedy_matches_transformers_under_preemption_and_prefix_caching(checkpo
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 16)
 
 
-def test_long_run_keeps_only_the_window_in_sliding_layers(checkpoint):
+@pytest.mark.parametrize("backend", ["torch", "cpu-native"])
+def test_long_run_keeps_only_the_window_in_sliding_layers(checkpoint, backend):
     """Prompts of 6 × the 16-token window: the sliding-window layers' group holds the window's
-    blocks and a chunk's, the full layers' group every block, the greedy tokens stay exact, and
-    the sliding layers' caches are allocated for what the window needs, not the pool's size."""
+    blocks and a chunk's, the full layers' group every block, the greedy tokens stay exact (with
+    either attention backend reading tables whose passed entries are the null block), and the
+    sliding layers' caches are allocated for what the window needs, not the pool's size."""
     folder, hf_model = checkpoint
     window, block_size, new_tokens = hf_model.config.sliding_window, 8, 16
     prompts = reference.random_prompts(hf_model.config.vocab_size, [6 * window, 6 * window + 5], seed=5)
     llm = LLM(folder, dtype="float32", max_num_batched_tokens=24, max_num_seqs=2, block_size=block_size,
-              num_blocks=64, max_model_len=128)
+              num_blocks=64, max_model_len=128, attention_backend=backend)
     outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, new_tokens)
 
@@ -65,3 +67,10 @@ def test_long_run_keeps_only_the_window_in_sliding_layers(checkpoint):
     sliding_cache = engine.runner.kv_caches[sliding.layers[0]]
     assert sliding.num_blocks < full.num_blocks == 64
     assert sliding_cache.shape[engine.attention.block_dim] == sliding.num_blocks
+
+
+def test_speculative_decoding_is_refused_with_the_reason(checkpoint):
+    folder, _ = checkpoint
+    with pytest.raises(ValueError, match="speculative_config: not supported for a model whose layers attend"):
+        LLM(folder, dtype="float32", num_blocks=64, block_size=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
