@@ -88,9 +88,20 @@ def _layout(requests, tables, block_size, first: bool) -> BatchLayout:
         slot_mapping=torch.cat(slots).long(), query_lens=tuple(lens), seq_lens_host=tuple(seqs))
 
 
+def fused_projection_views(q, k, v, row_padding: int = 16):
+    """q [T, H, D], k and v [T, Hkv, D] as a model hands them over: head views into one fused
+    q|k|v matmul output [T, (H + 2·Hkv)·D + row_padding] — neither of them contiguous, rows
+    further apart than their heads, padding NaN (a backend that reads it fails)."""
+    tokens, widths = q.shape[0], [t.shape[1] * t.shape[2] for t in (q, k, v)]
+    fused = torch.full((tokens, sum(widths) + row_padding), float("nan"), dtype=q.dtype)
+    parts = fused[:, :sum(widths)].split(widths, dim=1)
+    return tuple(part.view(t.shape).copy_(t) for part, t in zip(parts, (q, k, v)))
+
+
 def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed: int = 0):
     """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
-    batch under test over it. Blocks are scattered over the pool. The cache layout is the
+    batch under test over it. Blocks are scattered over the pool; q, k and v are strided
+    views of one fused projection (:func:`fused_projection_views`). The cache layout is the
     backend's own: only outputs are compared. -> [(output, expected)] per call."""
     gen = torch.Generator().manual_seed(seed)
     bs = spec.block_size
@@ -111,6 +122,7 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
         pick = [(ctx, n, s) for (ctx, n), s in zip(requests, seqs) if (ctx if first else n)]
         span = [(0, ctx) if first else (ctx, ctx + n) for ctx, n, _ in pick]
         q, k, v = (torch.cat([s[i][a:b] for (a, b), (_, _, s) in zip(span, pick)]) for i in range(3))
+        q, k, v = fused_projection_views(q, k, v)
         out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
         expected = torch.cat([reference_attention(s[0][a:b], s[1][:b], s[2][:b], spec.scale, spec.sliding_window,
                                                   spec.logit_softcap, spec.causal)

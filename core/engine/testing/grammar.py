@@ -54,7 +54,8 @@ class GrammarBackendContract:
     backend_name: str
 
     @pytest.fixture(scope="class")
-    def tokenizer(self):
+    @classmethod
+    def tokenizer(cls):
         from engine import load_tokenizer
 
         try:
@@ -63,9 +64,10 @@ class GrammarBackendContract:
             pytest.skip(f"no default model for the tokenizer: {exc}")
 
     @pytest.fixture(scope="class")
-    def backend(self, tokenizer):
-        cls = load_plugins().get("grammar_backends", self.backend_name)
-        return cls(GrammarContext(tokenizer, len(tokenizer)))
+    @classmethod
+    def backend(cls, tokenizer):
+        backend_cls = load_plugins().get("grammar_backends", cls.backend_name)
+        return backend_cls(GrammarContext(tokenizer, len(tokenizer)))
 
     def _supported(self, backend, kind):
         spec = CASES[kind][0]

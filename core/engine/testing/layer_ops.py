@@ -31,13 +31,13 @@ class LayerOpsContract:
     platform_name: str
 
     @pytest.fixture(scope="class")
-    def platform(self):
-        registry = load_plugins()
-        cls = registry.get("platforms", self.platform_name)
-        reasons = cls.unavailable_reasons()
+    @classmethod
+    def platform(cls):
+        platform_cls = load_plugins().get("platforms", cls.platform_name)
+        reasons = platform_cls.unavailable_reasons()
         if reasons:
-            pytest.skip(f"{self.platform_name} is unavailable here: {'; '.join(reasons)}")
-        return cls()
+            pytest.skip(f"{cls.platform_name} is unavailable here: {'; '.join(reasons)}")
+        return platform_cls()
 
     @staticmethod
     def _norm(hidden, dtype, ops):

@@ -17,36 +17,73 @@ from engine.testing import reference
 
 
 class ModelContract:
+    """Checks, for every example config (each must have at least two hidden layers, so every
+    step's attention metadata serves several layers and a backend that memoizes per-step
+    work across layers cannot pass by luck; its norm weights are drawn at random, so a model
+    that drops or swaps a norm differs):
+
+    - log-probs at every prompt position and greedy tokens against ``transformers``;
+    - greedy tokens of mixed-length prompts under continuous batching, chunked prefill and a
+      KV pool small enough to preempt (it must preempt);
+    - greedy tokens of prompts that share prefixes with prefix caching on (it must hit).
+
+    ``attention_backend`` and ``platform`` (registered names; None: the engine's choice) run
+    it all under a chosen backend and platform, e.g. a subclass per backend a model must
+    work with."""
+
     model_class: str  # "package.module:Class"
+    attention_backend: str | None = None
+    platform: str | None = None
     logprob_atol = 2e-4
     new_tokens = 12
     long_prompt_lengths: tuple[int, ...] = ()  # extra prompts, e.g. longer than a sliding window
 
     @pytest.fixture(scope="class")
-    def cls(self):
-        return Registration("models", "", self.model_class, "").load()
+    @classmethod
+    def model_cls(cls):
+        return Registration("models", "", cls.model_class, "").load()
 
     @pytest.fixture(scope="class")
-    def checkpoints(self, cls, tmp_path_factory):
+    @classmethod
+    def checkpoints(cls, model_cls, tmp_path_factory):
         out = {}
-        for key, kwargs in cls.example_configs().items():
+        for key, kwargs in model_cls.example_configs().items():
             folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
             model = reference.tiny_checkpoint(folder, key.split("-")[0], kwargs)
+            reference.randomize_norms(model, folder)
             out[key] = (folder, model)
         return out
 
-    def test_declares_example_configs(self, cls):
-        configs = cls.example_configs()
+    def _llm(self, folder: str, **options):
+        """The engine on ``folder`` in float32, under the chosen backend and platform."""
+        from engine import LLM
+
+        llm = LLM(folder, dtype="float32", attention_backend=self.attention_backend, device=self.platform,
+                  **options)
+        if self.platform is not None:
+            assert llm.engine.platform.name == self.platform
+        if self.attention_backend is not None:
+            assert llm.engine.attention.name == self.attention_backend
+        return llm
+
+    def test_declares_example_configs(self, model_cls):
+        from transformers import AutoConfig
+
+        configs = model_cls.example_configs()
         assert configs, "a model plugin must give the kit at least one tiny config"
         claimed = {key.split("-")[0] for key in configs}
-        assert claimed <= set(cls.architectures), claimed - set(cls.architectures)
-        assert set(cls.architectures) <= claimed, "every claimed architecture needs an example config"
+        assert claimed <= set(model_cls.architectures), claimed - set(model_cls.architectures)
+        assert set(model_cls.architectures) <= claimed, "every claimed architecture needs an example config"
+        for key, kwargs in configs.items():
+            kwargs = dict(kwargs)
+            layers = AutoConfig.for_model(kwargs.pop("model_type"), **kwargs).num_hidden_layers
+            assert layers >= 2, f"{key}: give it num_hidden_layers >= 2, so layers share a step's metadata"
 
     def test_logprobs_and_greedy_match_transformers(self, checkpoints):
-        from engine import LLM, SamplingParams
+        from engine import SamplingParams
 
         for key, (folder, hf_model) in checkpoints.items():
-            llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8, max_num_batched_tokens=24)
+            llm = self._llm(folder, num_blocks=64, block_size=8, max_num_batched_tokens=24)
             prompts = reference.random_prompts(hf_model.config.vocab_size,
                                                [5, 17, 30, 9, *self.long_prompt_lengths], seed=1)
             outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0))
@@ -61,6 +98,39 @@ class ModelContract:
                                                           ignore_eos=True))
             expected_tokens = reference.hf_greedy(hf_model, prompts, self.new_tokens)
             assert [o.outputs[0].token_ids for o in greedy] == expected_tokens, key
+
+    def test_greedy_under_preemption_matches_transformers(self, checkpoints):
+        """Ten mixed-length prompts, at most six running, 24-token steps and a pool of 12
+        8-token blocks, fewer than six running prompts need even when every layer keeps only
+        a short window: requests are preempted, recomputed and resumed."""
+        for key, (folder, hf_model) in checkpoints.items():
+            llm = self._llm(folder, num_blocks=12, block_size=8, max_num_batched_tokens=24, max_num_seqs=6,
+                            max_model_len=64, enable_prefix_caching=False)
+            prompts = reference.random_prompts(hf_model.config.vocab_size, [3, 41, 17, 8, 33, 25, 5, 12, 29, 19],
+                                               seed=2)
+            assert self._greedy(llm, prompts) == reference.hf_greedy(hf_model, prompts, self.new_tokens), key
+            assert llm.engine.stats()["preemptions"] > 0, f"{key}: the pool must be small enough to preempt"
+
+    def test_greedy_with_prefix_caching_matches_transformers(self, checkpoints):
+        """Prompts that share a 19-token prefix (two full 8-token blocks, cached) or all of
+        another prompt, sent after the prompt they share it with has run."""
+        for key, (folder, hf_model) in checkpoints.items():
+            llm = self._llm(folder, num_blocks=64, block_size=8, max_num_batched_tokens=24,
+                            enable_prefix_caching=True)
+            vocab = hf_model.config.vocab_size
+            shared = reference.random_prompts(vocab, [19], seed=3)[0]
+            tails = reference.random_prompts(vocab, [1, 6, 13, 4], seed=4)
+            first = [shared + tails[0]]
+            later = [shared + tail for tail in tails[1:]] + [list(shared), shared + tails[0] + tails[1]]
+            got = self._greedy(llm, first) + self._greedy(llm, later)
+            assert got == reference.hf_greedy(hf_model, first + later, self.new_tokens), key
+            assert llm.engine.stats()["prefix_hits"] > 0, f"{key}: the shared prefix must come from the cache"
+
+    def _greedy(self, llm, prompts) -> list[list[int]]:
+        from engine import SamplingParams
+
+        outs = llm.generate(prompts, SamplingParams(max_tokens=self.new_tokens, temperature=0, ignore_eos=True))
+        return [o.outputs[0].token_ids for o in outs]
 
 
 class EmbeddingModelContract:

@@ -130,13 +130,15 @@ class QuantMethodContract:
     # -- fixtures -------------------------------------------------------------------------------
 
     @pytest.fixture(scope="class")
-    def registry(self):
+    @classmethod
+    def registry(cls):
         from engine.plugins import load_plugins
 
         return load_plugins(None)
 
     @pytest.fixture(scope="class")
-    def platform(self, registry):
+    @classmethod
+    def platform(cls, registry):
         from engine.core.setup import select_platform
 
         return select_platform(registry, "cpu")
@@ -164,12 +166,14 @@ class QuantMethodContract:
         return layer, torch.cat(originals), torch.cat(references)
 
     @pytest.fixture(scope="class")
-    def linear(self, registry, platform):
+    @classmethod
+    def linear(cls, registry, platform):
+        """Built once per class, by an instance of its own (a format's overrides are methods)."""
         from engine.layers import Linear
 
-        return self._loaded(lambda method, dtype: Linear(self.input_size, list(self.output_sizes), False,
-                                                         method, dtype),
-                            registry, platform, self.output_sizes)
+        return cls()._loaded(lambda method, dtype: Linear(cls.input_size, list(cls.output_sizes), False,
+                                                          method, dtype),
+                             registry, platform, cls.output_sizes)
 
     # -- layer checks ---------------------------------------------------------------------------
 
@@ -212,13 +216,16 @@ class QuantMethodContract:
         assert err <= self.apply_rtol
 
     @pytest.fixture(scope="class")
-    def moe(self, registry, platform):
+    @classmethod
+    def moe(cls, registry, platform):
+        """Built once per class, by an instance of its own (a format's overrides are methods)."""
         from engine.testing.moe import loaded_moe
 
-        method = self.make_method(registry, platform)
+        contract = cls()
+        method = contract.make_method(registry, platform)
         quantized = type(method).quantizes_experts  # else experts load as float weights, as vocabulary tables
-        layer, originals, represented = loaded_moe(method, 4, 2, self.input_size, self.input_size, True,
-                                                   self.checkpoint_tensors if quantized else None, seed=5)
+        layer, originals, represented = loaded_moe(method, 4, 2, cls.input_size, cls.input_size, True,
+                                                   contract.checkpoint_tensors if quantized else None, seed=5)
         stored = [part.method for part in (layer.gate_up, layer.down)]
         assert all((type(m) is type(method)) == quantized for m in stored)
         return layer, originals, represented

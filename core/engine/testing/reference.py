@@ -30,6 +30,18 @@ def tiny_checkpoint(folder: str, architecture: str, config_kwargs: dict, seed: i
     return model
 
 
+def randomize_norms(model, folder: str, seed: int = 0) -> None:
+    """Draw ``model``'s norm weights (1-D parameters whose name ends in ``norm.weight``) around
+    their init and save it to ``folder`` again: ``transformers`` initialises them to ones (or
+    zeros, for a ``(1 + w)`` norm), which a model that drops, swaps or misreads one matches."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") and param.dim() == 1:
+                param.add_(torch.rand(param.shape, generator=gen) * 0.5 - 0.25)
+    model.save_pretrained(folder, safe_serialization=True)
+
+
 def hf_from_loader(loader, dtype=torch.float32):
     """The same weights our loader yields, in a ``transformers`` model."""
     from transformers import AutoModelForCausalLM

@@ -31,7 +31,8 @@ class DrafterContract:
     new_tokens = 24
 
     @pytest.fixture(scope="class")
-    def model_dir(self, tmp_path_factory):
+    @classmethod
+    def model_dir(cls, tmp_path_factory):
         folder = str(tmp_path_factory.mktemp("spec-target"))
         reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY, seed=5)
         return folder

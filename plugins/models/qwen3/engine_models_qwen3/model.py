@@ -35,7 +35,7 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
             "Qwen3ForCausalLM": dict(**tiny, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
                                      tie_word_embeddings=True),
             "Qwen3ForCausalLM-untied-gqa4": dict(**tiny, num_attention_heads=8, num_key_value_heads=2,
-                                                 head_dim=24, tie_word_embeddings=False),
+                                                 head_dim=16, tie_word_embeddings=False),
             "Qwen3ForCausalLM-mha-narrow-heads": dict(**tiny, num_attention_heads=4, num_key_value_heads=4,
                                                       head_dim=16, tie_word_embeddings=False, rope_theta=10000.0),
         }
