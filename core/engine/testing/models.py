@@ -16,7 +16,34 @@ from engine.plugins import Registration
 from engine.testing import reference
 
 
-class ModelContract:
+class _Checkpoints:
+    """What both contracts build first: the plugin's model class and, per example config, a
+    tiny random ``transformers`` model saved as a safetensors folder."""
+
+    model_class: str  # "package.module:Class"
+    auto_class = "AutoModelForCausalLM"  # the transformers class the checkpoints are built with
+    random_norms = True  # norm weights drawn at random (all-ones would hide a dropped or swapped norm)
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def model_cls(cls):
+        return Registration("models", "", cls.model_class, "").load()
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def checkpoints(cls, model_cls, tmp_path_factory):
+        """(folder, transformers model) per example config."""
+        out = {}
+        for key, kwargs in model_cls.example_configs().items():
+            folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
+            model = reference.tiny_checkpoint(folder, key.split("-")[0], kwargs, auto_class=cls.auto_class)
+            if cls.random_norms:
+                reference.randomize_norms(model, folder)
+            out[key] = (folder, model)
+        return out
+
+
+class ModelContract(_Checkpoints):
     """Checks, for every example config (each must have at least two hidden layers, so every
     step's attention metadata serves several layers and a backend that memoizes per-step
     work across layers cannot pass by luck; its norm weights are drawn at random, so a model
@@ -31,28 +58,12 @@ class ModelContract:
     it all under a chosen backend and platform, e.g. a subclass per backend a model must
     work with."""
 
-    model_class: str  # "package.module:Class"
     attention_backend: str | None = None
     platform: str | None = None
     logprob_atol = 2e-4
     new_tokens = 12
     long_prompt_lengths: tuple[int, ...] = ()  # extra prompts, e.g. longer than a sliding window
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_cls(cls):
-        return Registration("models", "", cls.model_class, "").load()
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def checkpoints(cls, model_cls, tmp_path_factory):
-        out = {}
-        for key, kwargs in model_cls.example_configs().items():
-            folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
-            model = reference.tiny_checkpoint(folder, key.split("-")[0], kwargs)
-            reference.randomize_norms(model, folder)
-            out[key] = (folder, model)
-        return out
 
     def _llm(self, folder: str, **options):
         """The engine on ``folder`` in float32, under the chosen backend and platform."""
@@ -133,30 +144,17 @@ class ModelContract:
         return [o.outputs[0].token_ids for o in outs]
 
 
-class EmbeddingModelContract:
+class EmbeddingModelContract(_Checkpoints):
     """For a model without an LM head (``generative = False``): ``LLM.embed`` under each
     pooling type (``override_pooler_config``), with and without normalisation, against the
     ``transformers`` model's pooled last hidden state (cosine and values, float32) on mixed
     prompt lengths, and the KV blocks all free afterwards."""
 
-    model_class: str  # "package.module:Class"
+    auto_class = "AutoModel"  # built without an LM head
+    random_norms = False
     atol = 1e-4
     min_cosine = 0.9999
 
-    @pytest.fixture(scope="class")
-    @classmethod
-    def model_cls(cls):
-        return Registration("models", "", cls.model_class, "").load()
-
-    @pytest.fixture(scope="class")
-    @classmethod
-    def checkpoints(cls, model_cls, tmp_path_factory):
-        """(folder, transformers model) per example config, built without an LM head."""
-        configs = model_cls.example_configs()
-        folders = {key: str(tmp_path_factory.mktemp(key.replace("/", "_"))) for key in configs}
-        return {key: (folders[key], reference.tiny_checkpoint(folders[key], key.split("-")[0], kwargs,
-                                                              auto_class="AutoModel"))
-                for key, kwargs in configs.items()}
 
     def test_declares_an_encoder(self, model_cls):
         configs = model_cls.example_configs()

@@ -28,6 +28,8 @@ class SdpaAttentionBackend(AttentionBackend):
             reasons.append(f"dtype {spec.dtype} is not one of {', '.join(map(str, DTYPES))}")
         if not spec.causal:
             reasons.append("attends causally only")
+        if spec.sliding_window is not None or spec.logit_softcap is not None:
+            reasons.append("no sliding window or logit soft-cap (Gemma's layers get another backend)")
         return reasons
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
