@@ -243,13 +243,12 @@ def _random_rows(logits: torch.Tensor, rows: SamplingRows, index: torch.Tensor, 
     top_k = torch.tensor([k if 0 < k < vocab else vocab for k in rows.top_k], device=logits.device)
     top_k, top_p, min_p = top_k[index].unsqueeze(1), rows.top_p[index], rows.min_p[index]
     truncates = ((top_k < vocab) | (top_p < 1)).squeeze(1)
+    if bool(truncates.all()) or not bool(truncates.any()):  # one kind of row: no copies
+        draw = _truncated if bool(truncates.any()) else _untruncated
+        return draw(scaled, top_k, top_p, min_p, rows, index, need_probs)
     tokens = torch.empty(len(index), dtype=torch.long, device=logits.device)
     probs = torch.zeros_like(scaled) if need_probs else None
     for part, draw in ((truncates, _truncated), (~truncates, _untruncated)):
-        if not bool(part.any()):
-            continue
-        if bool(part.all()):  # one kind of row: no copies
-            return draw(scaled, top_k, top_p, min_p, rows, index, need_probs)
         tokens[part], part_probs = draw(scaled[part], top_k[part], top_p[part], min_p[part], rows,
                                         index[part], need_probs)
         if need_probs:
