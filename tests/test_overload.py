@@ -15,6 +15,8 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.core.request import Request
 from engine.core.scheduling import OVERLOADED, Overloaded
+from engine.testing import reference
+from tests.conftest import TINY_LLAMA
 from tests.serving import serve
 
 LONG = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
@@ -106,8 +108,22 @@ def _rejections(server, reason: str = "queue_full") -> float:
     raise KeyError(reason)
 
 
+# long enough that the one running sequence still holds its slot when max_queue_wait (0.5 s) runs out:
+# the tiny model decodes 400 tokens in about 0.4 s on a quiet machine
+SLOT_HOLDER_TOKENS = 2000
+
+
+@pytest.fixture(scope="module")
+def long_context_llama(tmp_path_factory, default_tokenizer):
+    """The tiny Llama with room for `SLOT_HOLDER_TOKENS`."""
+    folder = str(tmp_path_factory.mktemp("long-context-llama"))
+    config = {**TINY_LLAMA, "max_position_embeddings": 4096}
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", config, tokenizer=default_tokenizer)
+    return folder
+
+
 async def _queue_wait_cases(server):
-    long = {"prompt": "once upon a time", "max_tokens": 400, "temperature": 0, "ignore_eos": True}
+    long = {"prompt": "once upon a time", "max_tokens": SLOT_HOLDER_TOKENS, "temperature": 0, "ignore_eos": True}
     async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as client:
         # a stream whose second sample waits behind its first: tokens, then an error frame
         async with client.stream("POST", "/v1/completions", json={**long, "n": 2, "stream": True}) as response:
@@ -134,8 +150,8 @@ async def _queue_wait_cases(server):
 
 
 @pytest.mark.slow
-def test_queue_wait_refuses_with_503_and_an_error_frame_mid_stream(tiny_llama):
-    with serve(tiny_llama[0], "--dtype", "float32", "--num-blocks", "128", "--max-num-seqs", "1",
+def test_queue_wait_refuses_with_503_and_an_error_frame_mid_stream(long_context_llama):
+    with serve(long_context_llama, "--dtype", "float32", "--num-blocks", "256", "--max-model-len", "2048", "--max-num-seqs", "1",
                "--max-queue-wait", "0.5") as server:
         frames, refused, waited, running = asyncio.run(_queue_wait_cases(server))
         assert frames[-1] == "[DONE]"
@@ -146,5 +162,5 @@ def test_queue_wait_refuses_with_503_and_an_error_frame_mid_stream(tiny_llama):
         assert refused.json()["error"]["code"] == "overloaded" and "max_queue_wait" in refused.json()["error"]["message"]
         assert 0.5 <= waited < 5
         status, usage = running
-        assert status == 200 and usage["completion_tokens"] == 400  # none lost to the refusal
+        assert status == 200 and usage["completion_tokens"] == SLOT_HOLDER_TOKENS  # none lost to the refusal
         assert _rejections(server, "queue_wait") == 2
