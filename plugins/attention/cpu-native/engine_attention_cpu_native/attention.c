@@ -17,6 +17,7 @@
  * the compiler targets it, and paged_attention_<type>_scalar, portable C, which the tests
  * also run (on a CPU without AVX-512 both are the portable one).
  */
+#include "engine_bf16.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -33,20 +34,6 @@
 
 int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
-
-static inline float bf16_load(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_store(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFF + ((bits >> 16) & 1); /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
-}
 
 /* A block as float32 rows: bf16 converted into `scratch`, f32 read where it lies. */
 static inline const float *block_bf16(const uint16_t *src, int64_t count, float *scratch) {
@@ -79,7 +66,6 @@ static void scores_##SUFFIX##_scalar(const T *q, const T *keys, int64_t count, i
         scores[t] = sum * scale;                                                                  \
     }                                                                                             \
 }
-static inline float f32_load(float v) { return v; }
 DEFINE_SCORES_SCALAR(bf16, uint16_t, bf16_load)
 DEFINE_SCORES_SCALAR(f32, float, f32_load)
 
@@ -153,11 +139,7 @@ static void scores_bf16_simd(const uint16_t *q, const uint16_t *keys, int64_t co
             }
 #else
             for (int64_t d = 0; d < dim; d += 16) {
-                __m512 qf = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(q + d))), 16));
-                __m512 kf = _mm512_castsi512_ps(_mm512_slli_epi32(
-                    _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(k + d))), 16));
-                acc[t] = _mm512_fmadd_ps(qf, kf, acc[t]);
+                acc[t] = _mm512_fmadd_ps(bf16x16_load(q + d), bf16x16_load(k + d), acc[t]);
             }
 #endif
         }

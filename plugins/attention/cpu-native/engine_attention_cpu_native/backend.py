@@ -31,9 +31,9 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 @functools.cache
 def library() -> ctypes.CDLL:
-    """attention.c built once per machine (``engine_platforms_cpu_native.build``) and loaded
+    """attention.c built once per machine (``engine.native``) and loaded
     once per process; raises its ``BuildError`` when it cannot be built."""
-    from engine_platforms_cpu_native.build import load_source
+    from engine.native import load_source
 
     return load_source(SOURCE)
 

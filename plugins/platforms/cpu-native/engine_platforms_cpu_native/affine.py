@@ -26,10 +26,11 @@ import torch
 
 from engine.layers import Layer
 from engine.layers.group_affine import AffineWeight
-from engine_platforms_cpu_native import build
+from engine.native import load_source
+from engine_platforms_cpu_native import kernels
 
 GROUP, TILE = 32, 16
-SOURCE = build.SOURCE.with_name("quant_gemm.c")
+SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _INT, _PTR = ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "affine_vnni_available": ([], _INT),
@@ -44,7 +45,7 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 @functools.cache
 def kernels(portable: bool = False) -> dict[str, ctypes._CFuncPtr]:
     """The kernel's entry points, from this CPU's build or the ``portable`` one (plain C)."""
-    library = build.load_source(SOURCE, portable=portable)
+    library = load_source(SOURCE, portable=portable)
     bound = {}
     for symbol, (argtypes, restype) in _SIGNATURES.items():
         function = getattr(library, symbol)

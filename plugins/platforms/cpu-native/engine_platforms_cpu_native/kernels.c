@@ -9,6 +9,7 @@
  * W8A8's two passes are AVX-512 where the CPU has it and split over OpenMP threads for big
  * batches. Every kernel is written once and instantiated per storage type (bf16, f32).
  */
+#include "engine_bf16.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -17,23 +18,6 @@
 #endif
 
 #define MAX_DIM 1024
-
-static inline float bf16_load(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_store(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFF + ((bits >> 16) & 1);  /* round to nearest, ties to even */
-    return (uint16_t)(bits >> 16);
-}
-
-static inline float f32_load(float v) { return v; }
-static inline float f32_store(float v) { return v; }
 
 int64_t max_rotary_dim(void) { return MAX_DIM; }
 
@@ -111,17 +95,9 @@ DEFINE_KERNELS(f32, float, f32_load, f32_store)
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 static inline __m512 vload_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline __m512 vload_bf16(const uint16_t *p, __mmask16 m) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
+static inline __m512 vload_bf16(const uint16_t *p, __mmask16 m) { return bf16x16_load_masked(p, m); }
 static inline void vstore_f32(float *p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-static inline void vstore_bf16(uint16_t *p, __m512 v, __mmask16 m) {
-    __m512i bits = _mm512_castps_si512(v);  /* round to nearest even, as bf16_store */
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    _mm256_mask_storeu_epi16(p, m, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
-}
+static inline void vstore_bf16(uint16_t *p, __m512 v, __mmask16 m) { bf16x16_store_masked(p, v, m); }
 static inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }

@@ -16,7 +16,8 @@ import ctypes
 import torch
 
 from engine.layers import LayerOps
-from engine_platforms_cpu_native import affine, build
+from engine.native import BuildError
+from engine_platforms_cpu_native import affine
 
 MAX_ROWS = 64
 _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -55,7 +56,7 @@ class NativeLayerOps(LayerOps):
         try:
             if not affine.kernels()["affine_vnni_available"]():
                 return None
-        except (build.BuildError, OSError):
+        except (BuildError, OSError):
             return None
         return affine.PackedAffine(weight, self.dtype)
 

@@ -11,7 +11,8 @@ import functools
 import torch
 
 from engine.builtin.platforms import CpuPlatform
-from engine_platforms_cpu_native import build
+from engine.native import BuildError
+from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.ops import NativeLayerOps
 
 
@@ -23,8 +24,8 @@ class NativeCpuPlatform(CpuPlatform):
     @classmethod
     def unavailable_reasons(cls) -> list[str]:
         try:
-            build.library()
-        except (build.BuildError, OSError) as error:
+            kernels.library()
+        except (BuildError, OSError) as error:
             return [f"cannot build its C kernels: {error}"]
         return []
 
@@ -37,4 +38,4 @@ class NativeCpuPlatform(CpuPlatform):
 @functools.cache
 def _native_ops(dtype: torch.dtype) -> NativeLayerOps:
     """One instance per dtype: quant methods ask for the ops once per linear layer."""
-    return NativeLayerOps(build.library(), dtype)
+    return NativeLayerOps(kernels.library(), dtype)

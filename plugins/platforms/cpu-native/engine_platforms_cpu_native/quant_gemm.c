@@ -19,6 +19,7 @@
  * tiles (work big enough to split only). Built without AVX512_VNNI, the same entry points
  * compute the same integers in plain C (the tests compare both builds).
  */
+#include "engine_bf16.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -36,20 +37,6 @@
 #define GROUP 32
 #define TILE 16
 #define PARALLEL_WORK (1 << 20) /* multiply-adds from which a call is split over threads */
-
-static inline float bf16_load(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t bf16_store(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    bits += 0x7FFF + ((bits >> 16) & 1);
-    return (uint16_t)(bits >> 16);
-}
 
 int64_t affine_vnni_available(void) { return HAVE_VNNI; }
 
@@ -127,9 +114,7 @@ DEFINE_QUANTIZE(f32, float, )
 #endif
 
 #if HAVE_VNNI
-static inline __m512 load16_bf16(const uint16_t *p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const void *)p)), 16));
-}
+static inline __m512 load16_bf16(const uint16_t *p) { return bf16x16_load(p); }
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 
 #define DEFINE_QUANTIZE_AVX(SUFFIX, T)                                                          \
@@ -247,10 +232,7 @@ static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
 #if defined(__AVX512BF16__)
     _mm256_mask_storeu_epi16(p, mask, (__m256i)_mm512_cvtneps_pbh(v));
 #else
-    __m512i bits = _mm512_castps_si512(v);  /* round to nearest even, as bf16_store */
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    bf16x16_store_masked(p, v, mask);
 #endif
 }
 
@@ -375,6 +357,5 @@ void affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64
         }                                                                                       \
     }                                                                                           \
 }
-static inline float f32_store(float v) { return v; }
 DEFINE_ROWS(bf16, uint16_t, bf16_store)
 DEFINE_ROWS(f32, float, f32_store)

@@ -12,9 +12,10 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.layers.group_affine import AffineWeight
+from engine.native import BuildError, load_source
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.reference import random_prompts, tiny_checkpoint
-from engine_platforms_cpu_native import build
+from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.affine import PackedAffine
 from engine_platforms_cpu_native.ops import NativeLayerOps
 from engine_platforms_cpu_native.platform import _native_ops
@@ -62,8 +63,8 @@ def test_chosen_over_cpu_when_installed():
 
 
 def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
-    with pytest.raises(build.BuildError, match="no C compiler"):
-        build.load_source(build.SOURCE, "no-such-compiler")
+    with pytest.raises(BuildError, match="no C compiler"):
+        load_source(kernels.SOURCE, "no-such-compiler")
     script = ("import json; from engine.testing import select_platform;"
               "from engine_platforms_cpu_native.platform import NativeCpuPlatform as P;"
               "print(json.dumps([P.unavailable_reasons(), select_platform().name]))")
@@ -76,7 +77,7 @@ def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
 @pytest.fixture(scope="module")
 def portable_ops():
     """The layer ops on the plain-C build: what a CPU without AVX-512 runs."""
-    return {dtype: NativeLayerOps(build.load_source(build.SOURCE, portable=True), dtype)
+    return {dtype: NativeLayerOps(load_source(kernels.SOURCE, portable=True), dtype)
             for dtype in (torch.float32, torch.bfloat16)}
 
 

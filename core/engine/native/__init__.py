@@ -1,4 +1,8 @@
-"""Compile a C source once per machine with the system C compiler and load it.
+"""Compile a plugin's C source once per machine with the system C compiler and load it.
+
+Plugins with C kernels (the cpu-native platform's ops, the cpu-native attention backend) build
+them here rather than each carrying a build step. Sources may ``#include "engine_bf16.h"``
+(:data:`INCLUDE_DIR`): the bfloat16 conversions every kernel needs, written once.
 
 A library is built for this CPU (``-march=native``) into the user's cache directory,
 named by a hash of the source, the compiler and the CPU's feature flags, so an edit, a new
@@ -7,15 +11,13 @@ starting together race harmlessly: each compiles to a private file and renames i
 
 Libraries are compiled with OpenMP. torch ships its own ``libgomp.so.1`` and loads it first;
 the dynamic linker resolves a library's ``libgomp.so.1`` to that copy by its soname, so
-kernels here and torch's ops share one thread pool (no second set of spinning threads on the
-same cores) and ``torch.set_num_threads`` governs both. Other plugins (e.g. an attention
-backend) build their sources with :func:`load_source`.
+kernels and torch's ops share one thread pool (no second set of spinning threads on the
+same cores) and ``torch.set_num_threads`` governs both.
 """
 
 from __future__ import annotations
 
 import ctypes
-import functools
 import hashlib
 import os
 import shutil
@@ -23,20 +25,13 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-SOURCE = Path(__file__).with_name("kernels.c")
+INCLUDE_DIR = Path(__file__).with_name("include")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fopenmp"]
 PORTABLE_FLAGS = [flag for flag in FLAGS if flag != "-march=native"]  # the compiler's baseline ISA
 
 
 class BuildError(RuntimeError):
     pass
-
-
-@functools.cache
-def library() -> ctypes.CDLL:
-    """The kernels, built with ``$CC`` (default ``cc``) once per machine and loaded once
-    per process; raises :class:`BuildError` saying why they cannot be built."""
-    return load_source(SOURCE)
 
 
 def load_source(source: Path, compiler_name: str | None = None, portable: bool = False) -> ctypes.CDLL:
@@ -67,6 +62,8 @@ def _cache_dir() -> Path:
 def _build_key(compiler: str, source: Path, flags: list[str]) -> str:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=False).stdout
     digest = hashlib.sha256(source.read_bytes() + version.encode() + " ".join(flags).encode())
+    for header in sorted(INCLUDE_DIR.glob("*.h")):  # an edited header rebuilds what includes it
+        digest.update(header.read_bytes())
     digest.update(_cpu_flags().encode())
     return digest.hexdigest()[:16]
 
@@ -83,7 +80,7 @@ def _compile(compiler: str, source: Path, target: Path, flags: list[str]) -> Non
     fd, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([compiler, *flags, str(source), "-o", scratch, "-lm"],
+        done = subprocess.run([compiler, *flags, f"-I{INCLUDE_DIR}", str(source), "-o", scratch, "-lm"],
                               capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed: {done.stderr.strip()[:500]}")
