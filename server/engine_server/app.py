@@ -32,7 +32,7 @@ PREPARE_THREADS = 2  # tokenizing and templating run here, off the event loop
 
 @attrs.define
 class ServerState:
-    client: object  # EngineClient
+    client: object  # ReplicaSet
     tokenizer: object
     model_name: str
     max_model_len: int

@@ -76,9 +76,11 @@ class RequestHandle:
 
 
 class EngineClient:
-    def __init__(self, engine_options: dict, on_death: Callable[[str], None] | None = None):
+    def __init__(self, engine_options: dict, on_death: Callable[[str], None] | None = None,
+                 cpus: set[int] | None = None):
         self.options = engine_options
         self.on_death = on_death
+        self.cpus = cpus  # the CPUs the core is pinned to (None: this process's)
         self.ready: protocol.Ready | None = None
         self.dead: str | None = None
         self.stats: dict[str, float] = {}
@@ -98,7 +100,7 @@ class EngineClient:
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(from_core)
         self.process = _spawn_core(["--input", to_core, "--output", from_core, "--options",
-                                    json.dumps(self.options), "--parent-pid", str(os.getpid())])
+                                    json.dumps(self.options), "--parent-pid", str(os.getpid())], self.cpus)
         try:
             return await self._wait_ready(timeout)
         except BaseException:
@@ -136,6 +138,15 @@ class EngineClient:
             self.release(handle)
             raise EngineDead("the engine core is not connected")
         return handle
+
+    @property
+    def open_requests(self) -> int:
+        """Engine requests sent and not yet finished."""
+        return len(self._routes)
+
+    def routes(self, request_id: str) -> bool:
+        """Whether ``request_id`` is one of this core's open requests."""
+        return request_id in self._routes
 
     def abort(self, request_ids) -> None:
         request_ids = list(request_ids)
@@ -183,6 +194,10 @@ class EngineClient:
         if self.ready is not None:
             self._die(f"engine core exited unexpectedly with code {self.process.returncode}")
 
+    def fail(self, reason: str) -> None:
+        """Treat the core as dead for ``reason`` (it may still run: shutdown kills it)."""
+        self._die(reason)
+
     def _die(self, reason: str) -> None:
         if self.dead:
             return
@@ -220,16 +235,20 @@ class EngineClient:
         shutil.rmtree(self._dir, ignore_errors=True)
 
 
-def _spawn_core(arguments: list[str]) -> subprocess.Popen:
+def _spawn_core(arguments: list[str], cpus: set[int] | None = None) -> subprocess.Popen:
     """Start ``python -m engine_server.core_process`` with SIGINT/SIGTERM blocked: the blocked
     mask survives exec, and the core ignores both before it unblocks them, so a signal sent
     to the whole process group (Ctrl-C, systemd, a container stop) cannot kill it even while
-    it imports; only the API process tells it to stop."""
+    it imports; only the API process tells it to stop. With ``cpus`` the core is pinned to
+    them as it starts (long before it imports torch and sizes its thread pool from them)."""
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return subprocess.Popen([sys.executable, "-m", "engine_server.core_process", *arguments])
+        process = subprocess.Popen([sys.executable, "-m", "engine_server.core_process", *arguments])
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if cpus is not None:
+        os.sched_setaffinity(process.pid, cpus)
+    return process
 
 
 async def _exited(process: subprocess.Popen, timeout: float) -> bool:

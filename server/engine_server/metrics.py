@@ -41,7 +41,7 @@ class Metrics:
                                 ["model_name", "finished_reason"], registry=self.registry)
         self._request_histograms()
         self._engine_metrics()
-        self._stats: dict[str, float] = {}
+        self._stats: dict[str, dict[str, float]] = {}
         self.registry.register(_StepTokens(self))
 
     def _name(self, name: str) -> str:
@@ -83,32 +83,41 @@ class Metrics:
         self.generation_tokens = self._counter("generation_tokens", "Tokens generated")
 
     def _engine_metrics(self) -> None:
-        g, c = self._gauge, self._counter
-        self.running = g("num_requests_running", "Requests in the running batch")
-        self.waiting = g("num_requests_waiting", "Requests waiting to be scheduled")
-        self.kv_usage = g("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)")
-        self.gpu_cache_usage = g("gpu_cache_usage_perc", "Fraction of KV cache blocks in use (0..1); the "
-                                 "name vLLM's example dashboard reads, as kv_cache_usage_perc")
-        self.prefix_hit_rate = g("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens")
-        self.spec_acceptance = g("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens")
-        self.spec_length = g("spec_decode_mean_acceptance_length", "Tokens per verification: accepted drafts + 1")
-        self.counters = {
-            "spec_drafts": c("spec_decode_num_drafts", "Verifications of drafted requests"),
-            "spec_draft_tokens": c("spec_decode_num_draft_tokens", "Draft tokens verified"),
-            "spec_accepted_tokens": c("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
-            "preemptions": c("num_preemptions", "Requests preempted"),
-            "prefix_queries": c("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
-            "prefix_hits": c("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+        """The families of the engine cores' gauges and counters, labelled ``engine`` (the
+        data-parallel replica: "0" .. "N-1", as vLLM labels them); :meth:`update_engine`
+        fills one replica's children."""
+        labels = ["model_name", "engine"]
+
+        def gauge(name, doc):
+            return Gauge(self._name(name), doc, labels, registry=self.registry)
+
+        def counter(name, doc, extra=()):
+            return Counter(self._name(name), doc, [*labels, *extra], registry=self.registry)
+
+        self.gauges = {
+            "running": gauge("num_requests_running", "Requests in the running batch"),
+            "waiting": gauge("num_requests_waiting", "Requests waiting to be scheduled"),
+            "kv_cache_usage": gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)"),
+            "gpu_cache_usage": gauge("gpu_cache_usage_perc", "Fraction of KV cache blocks in use (0..1); the "
+                                     "name vLLM's example dashboard reads, as kv_cache_usage_perc"),
+            "prefix_hit_rate": gauge("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens"),
+            "spec_acceptance_rate": gauge("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens"),
+            "spec_mean_accepted_length": gauge("spec_decode_mean_acceptance_length",
+                                               "Tokens per verification: accepted drafts + 1"),
         }
-        rejected = Counter(self._name("num_requests_rejected"), "Requests refused as overloaded, by reason "
-                           "(queue_full: max_queued_requests; queue_wait: max_queue_wait)",
-                           ["model_name", "reason"], registry=self.registry)
-        for reason in REJECTION_REASONS:
-            self.counters[f"rejected_{reason}"] = rejected.labels(**self._labels, reason=reason)
-        self._seen = {k: 0.0 for k in self.counters}
-        self._accepted_per_pos = Counter(self._name("spec_decode_num_accepted_tokens_per_pos"),
-                                         "Draft tokens accepted, by draft position", ["model_name", "position"],
-                                         registry=self.registry)
+        self.counter_families = {
+            "spec_drafts": counter("spec_decode_num_drafts", "Verifications of drafted requests"),
+            "spec_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
+            "spec_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
+            "preemptions": counter("num_preemptions", "Requests preempted"),
+            "prefix_queries": counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
+            "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+        }
+        self._rejected = counter("num_requests_rejected", "Requests refused as overloaded, by reason "
+                                 "(queue_full: max_queued_requests; queue_wait: max_queue_wait)", ["reason"])
+        self._accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
+                                         "Draft tokens accepted, by draft position", ["position"])
+        self._engines: dict[str, _EngineCounters] = {}
 
     def engine_ready(self, cache_info: dict[str, str]) -> None:
         """Publish the engine's KV cache configuration (``cache_config_info``: value 1, the
@@ -117,30 +126,23 @@ class Metrics:
         Gauge(self._name("cache_config_info"), "Information of the KV cache configuration", names,
               registry=self.registry).labels(**self._labels, **cache_info).set(1)
 
-    def update_engine(self, stats: dict[str, float]) -> None:
-        self._stats = stats
-        self.running.set(stats.get("running", 0))
-        self.waiting.set(stats.get("waiting", 0))
-        self.kv_usage.set(stats.get("kv_cache_usage", 0))
-        self.gpu_cache_usage.set(stats.get("kv_cache_usage", 0))
-        self._update_prefix_cache(stats)
-        self.spec_acceptance.set(stats.get("spec_acceptance_rate", 0.0))
-        self.spec_length.set(stats.get("spec_mean_accepted_length", 0.0))
-        for key in stats:
-            if key.startswith(ACCEPTED_AT) and key not in self.counters:
-                self.counters[key] = self._accepted_per_pos.labels(**self._labels, position=key[len(ACCEPTED_AT):])
-                self._seen[key] = 0.0
-        for key, metric in self.counters.items():
-            value = stats.get(key, 0.0)
-            if value > self._seen[key]:
-                metric.inc(value - self._seen[key])
-                self._seen[key] = value
-
-    def _update_prefix_cache(self, stats: dict[str, float]) -> None:
-        """The prefix-cache gauge (its counters are in ``self.counters``: every prefix-cache
-        update is here and there)."""
+    def update_engine(self, stats: dict[str, float], engine: int = 0) -> None:
+        """One engine core's (data-parallel replica's) latest stats."""
+        label = str(engine)
+        self._stats[label] = stats
+        labels = {**self._labels, "engine": label}
         queries, hits = stats.get("prefix_queries", 0), stats.get("prefix_hits", 0)
-        self.prefix_hit_rate.set(hits / queries if queries else 0.0)
+        values = {**stats, "gpu_cache_usage": stats.get("kv_cache_usage", 0),
+                  "prefix_hit_rate": hits / queries if queries else 0.0}
+        for key, family in self.gauges.items():
+            family.labels(**labels).set(values.get(key, 0.0))
+        if label not in self._engines:
+            self._engines[label] = _EngineCounters(self, labels)
+        self._engines[label].update(stats)
+
+    def engine_stats(self) -> dict[str, dict[str, float]]:
+        """The latest stats of each engine core, by its ``engine`` label."""
+        return self._stats
 
     def start_request(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> list[RequestTimer]:
         """One prompt with its ``n`` samples (vLLM's parent request): a timer per sample."""
@@ -153,6 +155,29 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _EngineCounters:
+    """One engine core's counters: the stats carry running totals, Prometheus wants increments."""
+
+    def __init__(self, metrics: Metrics, labels: dict[str, str]):
+        self.metrics, self.labels = metrics, labels
+        self.counters = {key: family.labels(**labels) for key, family in metrics.counter_families.items()}
+        for reason in REJECTION_REASONS:
+            self.counters[f"rejected_{reason}"] = metrics._rejected.labels(**labels, reason=reason)
+        self.seen = dict.fromkeys(self.counters, 0.0)
+
+    def update(self, stats: dict[str, float]) -> None:
+        for key in stats:
+            if key.startswith(ACCEPTED_AT) and key not in self.counters:
+                position = key[len(ACCEPTED_AT):]
+                self.counters[key] = self.metrics._accepted_per_pos.labels(**self.labels, position=position)
+                self.seen[key] = 0.0
+        for key, metric in self.counters.items():
+            value = stats.get(key, 0.0)
+            if value > self.seen[key]:
+                metric.inc(value - self.seen[key])
+                self.seen[key] = value
 
 
 class _SampleGroup:
@@ -224,10 +249,11 @@ class _StepTokens(Collector):
         self.metrics = metrics
 
     def collect(self):
-        stats = self.metrics._stats
         family = HistogramMetricFamily(self.metrics._name(f"{STEP_TOKENS}_total"), "Tokens per engine step",
-                                       labels=["model_name"])
-        buckets = step_token_buckets(stats)
-        if buckets:
-            family.add_metric([self.metrics._labels["model_name"]], buckets, stats.get(f"{STEP_TOKENS}_sum", 0.0))
+                                       labels=["model_name", "engine"])
+        for engine, stats in self.metrics.engine_stats().items():
+            buckets = step_token_buckets(stats)
+            if buckets:
+                family.add_metric([self.metrics._labels["model_name"], engine], buckets,
+                                  stats.get(f"{STEP_TOKENS}_sum", 0.0))
         yield family

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -15,9 +16,9 @@ import uvicorn
 from engine.cli import Command, add_engine_arguments, engine_options
 from engine.plugins import load_plugins
 from engine_server.app import ServerState, build_app
-from engine_server.client import EngineClient
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
+from engine_server.replicas import ReplicaSet
 from engine_server.serve_args import (
     add_server_arguments,
     configure_request_log,
@@ -98,9 +99,10 @@ class ServeCommand(Command):
         registry = load_plugins(args.plugins)
         tool_parser = registry.get("tool_parsers", args.tool_call_parser)
         reasoning_parser = registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
-        client = EngineClient(options, on_death)
+        client = ReplicaSet(options, args.data_parallel_size, args.data_parallel_routing, on_death)
         metrics = Metrics(name, args.metrics_prefix)
-        client.stats_listeners.append(PrefixCacheWindow(metrics.update_engine))
+        client.add_stats_listener(lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine,
+                                                                                     engine=engine)))
         state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, reasoning_parser, args.api_key,
                             max_body_bytes=args.max_request_body_bytes,
                             max_request_sequences=args.max_request_sequences, log_requests=args.enable_log_requests,
@@ -117,7 +119,8 @@ class ServeCommand(Command):
             state.runner, state.embedding_size = ready.runner, ready.embedding_size
             state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
             metrics.engine_ready(ready.cache_info)
-            print(f"engine: serving {name} at http://{args.host}:{args.port}/v1 (max_model_len "
+            replicas = f" on {args.data_parallel_size} data-parallel cores" if args.data_parallel_size > 1 else ""
+            print(f"engine: serving {name}{replicas} at http://{args.host}:{args.port}/v1 (max_model_len "
                   f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}", flush=True)
             try:
                 yield

@@ -4,11 +4,13 @@ and reasoning parsers, CORS, the root path and request logging."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
 import os
 
 from engine.tokenizer import load_tokenizer
+from engine_server.router import ROUTING
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
@@ -64,6 +66,20 @@ def add_server_arguments(parser) -> None:
         help="accepted for vLLM command lines: requests are logged only with --enable-log-requests")
     add("--max-log-len", type=int, default=None, help="characters (or token ids) of a prompt logged with "
                                                       "--enable-log-requests; default: all")
+    add("--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="N",
+        help="engine cores behind this server, each with its own copy of the model and KV cache (on a CPU "
+             "each gets an equal share of the cores); a request goes to one of them; default: 1")
+    add("--data-parallel-routing", choices=ROUTING, default="prefix",
+        help="how a request's core is chosen with --data-parallel-size > 1: prefix (the core that was sent "
+             "the longest prefix of its prompt, unless that core is much busier than the least busy one) or "
+             "round-robin; default: prefix")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def load_serving_tokenizer(args, options: dict):

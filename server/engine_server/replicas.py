@@ -1,0 +1,95 @@
+"""Data parallelism: ``--data-parallel-size N`` engine cores behind one API server.
+
+Each replica is a whole engine core (its own process, model and KV cache) with its own
+:class:`EngineClient`; a request and its ``n`` samples go to one replica, chosen by the
+:class:`Router`. On a CPU the replicas split the API process's cores between them (replica
+``i`` is pinned to the ``i``-th share, and sizes its thread pool from that), so N
+replicas never fight over the same cores. One replica dying fails the server as a lone
+core's death does: every open request gets its error, ``/health`` answers 503 and
+``engine serve`` exits non-zero."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable
+
+from engine_server.client import EngineClient, RequestHandle
+from engine_server.router import Router
+
+
+def core_shares(num_replicas: int) -> list[set[int] | None]:
+    """The CPUs each replica is pinned to: this process's CPUs in ``num_replicas`` equal
+    runs; None (no pinning) for all when there are fewer CPUs than replicas."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if num_replicas == 1 or len(cpus) < num_replicas:
+        return [None] * num_replicas
+    share = len(cpus) // num_replicas
+    return [set(cpus[i * share:(i + 1) * share]) for i in range(num_replicas)]
+
+
+class ReplicaSet:
+    """The API process's handle on its engine cores: :class:`EngineClient`'s interface over
+    ``num_replicas`` of them."""
+
+    def __init__(self, engine_options: dict, num_replicas: int = 1, routing: str = "prefix",
+                 on_death: Callable[[str], None] | None = None):
+        if num_replicas < 1:
+            raise ValueError(f"data_parallel_size must be at least 1, got {num_replicas}")
+        self.routing = routing
+        self.replicas = [EngineClient(engine_options, self._one_died, cpus=cpus)
+                         for cpus in core_shares(num_replicas)]
+        self.on_death = on_death
+        self.router: Router | None = None
+        self._death_reported = False
+
+    @property
+    def ready(self):
+        return self.replicas[0].ready
+
+    @property
+    def dead(self) -> str | None:
+        return next((replica.dead for replica in self.replicas if replica.dead), None)
+
+    def add_stats_listener(self, make_listener: Callable[[int], Callable[[dict], None]]) -> None:
+        """``make_listener(i)`` is called once per replica; what it returns gets replica i's stats."""
+        for index, replica in enumerate(self.replicas):
+            replica.stats_listeners.append(make_listener(index))
+
+    async def start(self):
+        readies = await asyncio.gather(*(replica.start() for replica in self.replicas), return_exceptions=True)
+        failed = next((r for r in readies if isinstance(r, BaseException)), None)
+        if failed is not None:
+            await self.shutdown()
+            raise failed
+        info = readies[0].cache_info
+        self.router = Router(self.routing, len(self.replicas), int(info.get("block_size", 16)),
+                             int(info.get("num_gpu_blocks", 0)))
+        return readies[0]
+
+    def submit(self, children, priority: int = 0, cache_salt: str | None = None) -> RequestHandle:
+        loads = [replica.open_requests for replica in self.replicas]
+        index = self.router.choose(children[0][1], loads, cache_salt) if len(self.replicas) > 1 else 0
+        return self.replicas[index].submit(children, priority, cache_salt)
+
+    def abort(self, request_ids) -> None:
+        request_ids = list(request_ids)
+        for replica in self.replicas:
+            replica.abort([rid for rid in request_ids if replica.routes(rid)])
+
+    def cut_open_requests(self) -> int:
+        return sum(replica.cut_open_requests() for replica in self.replicas)
+
+    async def shutdown(self) -> None:
+        await asyncio.gather(*(replica.shutdown() for replica in self.replicas))
+
+    def _one_died(self, reason: str) -> None:
+        """A replica died: the others' requests fail too, and the server goes down."""
+        if self._death_reported:
+            return
+        self._death_reported = True
+        for replica in self.replicas:
+            if not replica.dead:
+                replica.fail(f"another data-parallel replica died: {reason}")
+        if self.on_death is not None:
+            self.on_death(reason)

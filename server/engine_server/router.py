@@ -1,0 +1,73 @@
+"""Which data-parallel replica serves a request.
+
+``prefix`` (the default) sends a prompt to the replica most likely to hold its longest
+prefix in its KV cache, so a shared system prompt or few-shot header is computed once per
+replica that serves it rather than once on every replica. The router does not ask the
+cores: it remembers which prompt blocks it sent where, in chained block hashes (as the
+engine's prefix cache keys them, the cache salt included), each replica's record bounded
+by that replica's KV blocks and forgotten oldest-first, as the engine evicts. A load guard
+overrides affinity: when the preferred replica has ``BALANCE_ABS`` more open requests than
+the least loaded one and ``BALANCE_REL`` times as many, the least loaded one gets the
+request (and from then on holds that prefix too). ``round-robin`` ignores prefixes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+from collections.abc import Sequence
+
+ROUTING = ("prefix", "round-robin")
+BALANCE_ABS = 8  # open requests more than the least loaded replica ...
+BALANCE_REL = 1.5  # ... and this many times as many: affinity gives way to load
+
+
+def block_hashes(prompt: Sequence[int], block_size: int, salt: str | None = None) -> list[int]:
+    """Chained hashes of the prompt's full blocks: block i's hash covers blocks 0..i."""
+    hashes, previous = [], hash(salt)
+    for start in range(0, len(prompt) - block_size + 1, block_size):
+        previous = hash((previous, tuple(prompt[start:start + block_size])))
+        hashes.append(previous)
+    return hashes
+
+
+class PrefixRecord:
+    """The blocks one replica was sent, most recent last, at most ``capacity``."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def matched(self, hashes: list[int]) -> int:
+        """How many of ``hashes``, from the first, this replica holds."""
+        return next((i for i, h in enumerate(hashes) if h not in self._blocks), len(hashes))
+
+    def add(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self._blocks[h] = None
+            self._blocks.move_to_end(h)
+        while len(self._blocks) > self.capacity:
+            self._blocks.popitem(last=False)
+
+
+class Router:
+    def __init__(self, policy: str, num_replicas: int, block_size: int, capacity_blocks: int):
+        if policy not in ROUTING:
+            raise ValueError(f"data_parallel_routing must be one of {', '.join(ROUTING)}, got {policy!r}")
+        self.policy, self.block_size = policy, block_size
+        self.records = [PrefixRecord(capacity_blocks) for _ in range(num_replicas)]
+        self._turns = itertools.cycle(range(num_replicas))
+
+    def choose(self, prompt: Sequence[int], loads: Sequence[int], salt: str | None = None) -> int:
+        """The replica for a prompt, given each replica's open requests."""
+        if self.policy == "round-robin":
+            return next(self._turns)
+        hashes = block_hashes(prompt, self.block_size, salt)
+        least = min(range(len(loads)), key=loads.__getitem__)
+        matches = [record.matched(hashes) for record in self.records]
+        # the longest match; among equal matches the least loaded replica
+        best = max(range(len(loads)), key=lambda r: (matches[r], -loads[r]))
+        if loads[best] - loads[least] > BALANCE_ABS and loads[best] > BALANCE_REL * loads[least]:
+            best = least
+        self.records[best].add(hashes)
+        return best
