@@ -30,6 +30,18 @@ static inline float f32_load(float v) { return v; }
 static inline float f32_store(float v) { return v; }
 
 #ifdef __AVX512F__
+/* each lane's bits plus the rounding increment: its bfloat16 (nearest, ties to even) in the top half */
+static inline __m512i bf16x16_rounded_bits(__m512 v) {
+    __m512i bits = _mm512_castps_si512(v);
+    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+}
+
+/* float32 lanes rounded to bfloat16 precision (still float32): a bf16 store and load in one */
+static inline __m512 bf16x16_round(__m512 v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(bf16x16_rounded_bits(v), _mm512_set1_epi32((int)0xFFFF0000)));
+}
+
 /* 16 bf16 values at p as float32 lanes */
 static inline __m512 bf16x16_load(const uint16_t *p) {
     __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p));
@@ -45,10 +57,7 @@ static inline __m512 bf16x16_load_masked(const uint16_t *p, __mmask16 mask) {
 }
 
 static inline void bf16x16_store_masked(uint16_t *p, __m512 v, __mmask16 mask) {
-    __m512i bits = _mm512_castps_si512(v);
-    __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-    bits = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
-    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bits, 16)));
+    _mm256_mask_storeu_epi16(p, mask, _mm512_cvtepi32_epi16(_mm512_srli_epi32(bf16x16_rounded_bits(v), 16)));
 }
 #endif
 

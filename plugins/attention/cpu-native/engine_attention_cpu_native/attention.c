@@ -18,6 +18,7 @@
  * also run (on a CPU without AVX-512 both are the portable one).
  */
 #include "engine_bf16.h"
+#include "engine_exp.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -163,23 +164,6 @@ static void scores_f32_simd(const float *q, const float *keys, int64_t count, in
     }
 }
 
-/* exp(x) for x <= 0: 2^(x·log2 e) as 2^round · 2^frac, 2^frac by its degree-6 Taylor
- * polynomial on [-0.5, 0.5] (relative error ~1e-7); below -87 it flushes to 0. */
-static inline __m512 exp_simd(__m512 x) {
-    __mmask16 tiny = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.f), _CMP_LT_OQ);
-    __m512 y = _mm512_mul_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.f)), _mm512_set1_ps(1.44269504f));
-    __m512 n = _mm512_roundscale_ps(y, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(y, n);
-    __m512 p = _mm512_set1_ps(1.540353e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.333355e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618129e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550411e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402265e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
-    return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
-}
-
 static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < count; t += 16) {
@@ -192,7 +176,7 @@ static float softmax_step_simd(float *scores, int64_t count, float *max, float *
     __m512 shift = _mm512_set1_ps(new_max), total = _mm512_setzero_ps();
     for (int64_t t = 0; t < count; t += 16) {
         __mmask16 live = first_lanes(count - t);
-        __m512 p = exp_simd(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + t), shift));
+        __m512 p = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, scores + t), shift));
         p = _mm512_maskz_mov_ps(live, p);
         _mm512_mask_storeu_ps(scores + t, live, p);
         total = _mm512_add_ps(total, p);

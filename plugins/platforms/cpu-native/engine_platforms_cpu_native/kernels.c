@@ -1,6 +1,6 @@
 /* Fused layer ops for the CPU: residual add + RMSNorm, rotary embedding (alone or after a
  * per-head RMSNorm of q and k, Qwen3's) in place, W8A8's activation quantization and int32
- * rescale in one pass each.
+ * rescale in one pass each, SwiGLU (silu(gate) · up) in one pass.
  *
  * Each replaces several torch calls that, at small batches, cost more than their arithmetic.
  * Rounding follows the torch path step by step (bfloat16 results rounded to nearest even
@@ -10,6 +10,7 @@
  * batches. Every kernel is written once and instantiated per storage type (bf16, f32).
  */
 #include "engine_bf16.h"
+#include "engine_exp.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -101,9 +102,9 @@ static inline void vstore_bf16(uint16_t *p, __m512 v, __mmask16 m) { bf16x16_sto
 static inline __mmask16 tail_mask(int64_t left) {
     return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
 }
-#define W8A8_VECTOR 1
+#define VECTOR_PASSES 1
 #else
-#define W8A8_VECTOR 0
+#define VECTOR_PASSES 0
 #endif
 
 /* W8A8 activations: per-row int8 of x [rows, cols]. Columns where some |x| > threshold are
@@ -113,7 +114,7 @@ static inline __mmask16 tail_mask(int64_t left) {
 static float row_absmax_##SUFFIX(const T *xr, int64_t cols, const uint8_t *outlier) {          \
     float top = 0.f;                                                                            \
     int64_t k = 0;                                                                              \
-    if (W8A8_VECTOR_##SUFFIX) k = row_absmax_vector_##SUFFIX(xr, cols, outlier, &top);          \
+    if (VECTOR_PASSES_##SUFFIX) k = row_absmax_vector_##SUFFIX(xr, cols, outlier, &top);          \
     for (; k < cols; k++) {                                                                     \
         float a = outlier[k] ? 0.f : fabsf(LOAD(xr[k]));                                        \
         top = a > top ? a : top;                                                                \
@@ -124,7 +125,7 @@ static float row_absmax_##SUFFIX(const T *xr, int64_t cols, const uint8_t *outli
 static void quantize_row_##SUFFIX(const T *xr, int64_t cols, float s, const uint8_t *outlier,   \
                                   int8_t *qr) {                                                 \
     int64_t k = 0;                                                                              \
-    if (W8A8_VECTOR_##SUFFIX) k = quantize_row_vector_##SUFFIX(xr, cols, s, outlier, qr);       \
+    if (VECTOR_PASSES_##SUFFIX) k = quantize_row_vector_##SUFFIX(xr, cols, s, outlier, qr);       \
     for (; k < cols; k++) qr[k] = outlier[k] ? 0 : (int8_t)nearbyintf(LOAD(xr[k]) / s);        \
 }                                                                                               \
                                                                                                 \
@@ -149,7 +150,7 @@ void rescale_int32_##SUFFIX(const int32_t *acc, int64_t rows, int64_t cols,     
     _Pragma("omp parallel for schedule(static) if (rows * cols >= PARALLEL_VALUES)")            \
     for (int64_t m = 0; m < rows; m++) {                                                        \
         int64_t n = 0;                                                                          \
-        if (W8A8_VECTOR_##SUFFIX)                                                               \
+        if (VECTOR_PASSES_##SUFFIX)                                                               \
             n = rescale_row_vector_##SUFFIX(acc + m * cols, cols, row_scale[m], col_scale, out + m * cols); \
         for (; n < cols; n++)                                                                   \
             out[m * cols + n] = STORE((float)acc[m * cols + n] * row_scale[m] * col_scale[n]);  \
@@ -157,7 +158,7 @@ void rescale_int32_##SUFFIX(const int32_t *acc, int64_t rows, int64_t cols,     
 }
 
 /* The vector parts: each handles a prefix of the row (all of it here) and returns its length. */
-#define DEFINE_W8A8_VECTOR(SUFFIX, T, LOAD)                                                     \
+#define DEFINE_VECTOR_PASSES(SUFFIX, T, LOAD)                                                     \
 static void flag_outliers_##SUFFIX(const T *x, int64_t rows, int64_t cols, float threshold,     \
                                    uint8_t *outlier) {                                          \
     for (int64_t k = 0; k < cols; k += 16) {                                                    \
@@ -218,14 +219,59 @@ static int64_t rescale_row_vector_##SUFFIX(const int32_t *a, int64_t cols, float
     (void)a; (void)cols; (void)r; (void)c; (void)out; return 0;                                 \
 }
 
-#if W8A8_VECTOR
-DEFINE_W8A8_VECTOR(bf16, uint16_t, bf16_load)
-DEFINE_W8A8_VECTOR(f32, float, f32_load)
+#if VECTOR_PASSES
+DEFINE_VECTOR_PASSES(bf16, uint16_t, bf16_load)
+DEFINE_VECTOR_PASSES(f32, float, f32_load)
 #else
 DEFINE_W8A8_SCALAR(bf16, uint16_t, bf16_load)
 DEFINE_W8A8_SCALAR(f32, float, f32_load)
 #endif
-#define W8A8_VECTOR_bf16 W8A8_VECTOR
-#define W8A8_VECTOR_f32 W8A8_VECTOR
+#define VECTOR_PASSES_bf16 VECTOR_PASSES
+#define VECTOR_PASSES_f32 VECTOR_PASSES
 DEFINE_W8A8(bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_W8A8(f32, float, f32_load, f32_store)
+
+/* ---- SwiGLU ----------------------------------------------------------------------------- */
+
+/* out[r, i] = silu(x[r, i]) · x[r, width + i] for rows of x (row stride `stride`), out [rows,
+ * width] contiguous; silu is rounded to the storage type before the product, as torch's
+ * F.silu(gate) * up rounds it. */
+#define DEFINE_SILU_AND_MUL(SUFFIX, T, LOAD, STORE)                                             \
+void silu_and_mul_##SUFFIX(const T *x, int64_t rows, int64_t stride, int64_t width, T *out) {  \
+    _Pragma("omp parallel for schedule(static) if (rows * width >= PARALLEL_VALUES)")            \
+    for (int64_t r = 0; r < rows; r++) {                                                        \
+        const T *gate = x + r * stride, *up = gate + width;                                     \
+        T *o = out + r * width;                                                                 \
+        int64_t i = VECTOR_PASSES ? silu_and_mul_vector_##SUFFIX(gate, up, width, o) : 0;       \
+        for (; i < width; i++) {                                                                \
+            float g = LOAD(gate[i]);                                                            \
+            o[i] = STORE(LOAD(STORE(g / (1.f + expf(-g)))) * LOAD(up[i]));                      \
+        }                                                                                       \
+    }                                                                                           \
+}
+
+#if VECTOR_PASSES
+static inline __m512 keep_f32(__m512 v) { return v; }
+#define DEFINE_SILU_VECTOR(SUFFIX, T, ROUND)                                                    \
+static int64_t silu_and_mul_vector_##SUFFIX(const T *gate, const T *up, int64_t width, T *out) { \
+    __m512 one = _mm512_set1_ps(1.f);                                                           \
+    for (int64_t i = 0; i < width; i += 16) {                                                   \
+        __mmask16 m = tail_mask(width - i);                                                     \
+        __m512 g = vload_##SUFFIX(gate + i, m);                                                 \
+        __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))); \
+        vstore_##SUFFIX(out + i, _mm512_mul_ps(ROUND(silu), vload_##SUFFIX(up + i, m)), m);     \
+    }                                                                                           \
+    return width;                                                                               \
+}
+DEFINE_SILU_VECTOR(bf16, uint16_t, bf16x16_round)
+DEFINE_SILU_VECTOR(f32, float, keep_f32)
+#else
+#define DEFINE_SILU_VECTOR(SUFFIX, T)                                                           \
+static int64_t silu_and_mul_vector_##SUFFIX(const T *g, const T *u, int64_t width, T *out) {   \
+    (void)g; (void)u; (void)width; (void)out; return 0;                                         \
+}
+DEFINE_SILU_VECTOR(bf16, uint16_t)
+DEFINE_SILU_VECTOR(f32, float)
+#endif
+DEFINE_SILU_AND_MUL(bf16, uint16_t, bf16_load, bf16_store)
+DEFINE_SILU_AND_MUL(f32, float, f32_load, f32_store)

@@ -1,11 +1,11 @@
 """LayerOps on the fused C kernels: residual add + RMSNorm, rotary embedding and Qwen3's
-per-head q/k RMSNorm + rotary in place, W8A8's activation quantization and int32 rescale in
-one pass each, and group-affine weights (GGUF's 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
+per-head q/k RMSNorm + rotary in place, W8A8's activation quantization and int32 rescale and
+SwiGLU in one pass each, and group-affine weights (GGUF's 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several
 torch calls. The norm and rotary kernels are single-threaded, so batches above ``MAX_ROWS``
 rows (prefill chunks), where torch's multi-threaded ops win, go to the torch path; W8A8's
-passes are vectorized and threaded and take any batch. Dtypes or layouts the kernels do not
+passes and SwiGLU are vectorized and threaded and take any batch. Dtypes or layouts the kernels do not
 take go to the torch path.
 """
 
@@ -27,6 +27,7 @@ _SIGNATURES = {
     "qk_norm_rotary": ([_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _FLOAT, _FLOAT, _PTR, _PTR], None),
     "quantize_rows_int8": ([_PTR, _INT, _INT, _FLOAT, _PTR, _PTR, _PTR], _INT),
     "rescale_int32": ([_PTR, _INT, _INT, _PTR, _PTR, _PTR], None),
+    "silu_and_mul": ([_PTR, _INT, _INT, _INT, _PTR], None),
 }
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
@@ -97,6 +98,14 @@ class NativeLayerOps(LayerOps):
             qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads, num_kv_heads, head_dim,
             q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), q_norm.eps, k_norm.eps, cos.data_ptr(), sin.data_ptr())
         return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+
+    def silu_and_mul(self, x):
+        if not (x.dtype == self.dtype and x.dim() == 2 and x.stride(-1) == 1):
+            return super().silu_and_mul(x)
+        width = x.shape[1] // 2
+        out = torch.empty(x.shape[0], width, dtype=x.dtype)
+        self._kernels["silu_and_mul", self.dtype](x.data_ptr(), x.shape[0], x.stride(0), width, out.data_ptr())
+        return out
 
     def quantize_rows_int8(self, x, outlier_threshold):
         if not self._takes(x, max_rows=None):

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.layers import LayerOps
 from engine.layers.group_affine import AffineWeight
 from engine.native import BuildError, load_source
 from engine.testing.layer_ops import LayerOpsContract
@@ -96,6 +97,22 @@ def test_w8a8_passes_agree_with_the_portable_build(portable_ops, dtype, rows):
     row_scale, col_scale = torch.rand(rows, 1, generator=gen), torch.rand(1, 700, generator=gen)
     assert torch.equal(_native_ops(dtype).rescale_int32(acc, row_scale, col_scale, dtype),
                        portable_ops[dtype].rescale_int32(acc, row_scale, col_scale, dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 90])  # 90 rows x 1000 split over threads
+def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, rows):
+    """The vector exp against libm's expf and torch's; large gates (exp overflow) included."""
+    gen = torch.Generator().manual_seed(rows)
+    x = (torch.randn(rows, 2 * 1003, generator=gen) * 4)
+    x[:, :4] = torch.tensor([-200.0, -90.0, 90.0, 0.0])
+    x = x.to(dtype)
+    native, portable = _native_ops(dtype).silu_and_mul(x), portable_ops[dtype].silu_and_mul(x)
+    reference = LayerOps().silu_and_mul(x)
+    tolerance = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-5)
+    torch.testing.assert_close(native, portable, **tolerance)
+    torch.testing.assert_close(native, reference, **tolerance)
+    assert torch.isfinite(native).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
