@@ -130,6 +130,9 @@ OPTIONS: dict[str, Option] = {
                                                           "platform's preference"),
     "structured_outputs_backend": Option(("--structured-outputs-backend",), "grammar backend plugin"),
     "kv_connector": Option(("--kv-connector",), "KV connector plugin"),
+    "kv_events_config": Option(("--kv-events-config",), 'publish the prefix cache\'s KV events (blocks stored '
+                               'and removed) over ZMQ as vLLM does, JSON, e.g. \'{"enable_kv_cache_events": true, '
+                               '"endpoint": "tcp://*:5557"}\'', json.loads),
     "batch_invariant": Option(("--batch-invariant",), "make each request's output independent of the batch "
                               "it runs in (fixed-size matmul tiles, per-row attention, no chunked prefill "
                               "or prefix caching); slower"),

@@ -6,6 +6,8 @@ from typing import Any
 
 import attrs
 
+from engine.kv_events import KVEventsConfig
+
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
@@ -96,6 +98,8 @@ class EngineConfig:
     attention_backend: str | None = None
     structured_outputs_backend: str | None = None
     kv_connector: str | None = None
+    # vLLM's --kv-events-config: {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", ...}
+    kv_events_config: KVEventsConfig | None = attrs.field(default=None, converter=KVEventsConfig.from_dict)
     logits_processors: tuple[str, ...] = ()
     # a request's greedy output does not depend on what else is batched with it, on chunking
     # or on speculation (see engine.layers.batch_invariant); costs throughput

@@ -77,10 +77,11 @@ class RequestHandle:
 
 class EngineClient:
     def __init__(self, engine_options: dict, on_death: Callable[[str], None] | None = None,
-                 cpus: set[int] | None = None):
+                 cpus: set[int] | None = None, rank: int = 0):
         self.options = engine_options
         self.on_death = on_death
         self.cpus = cpus  # the CPUs the core is pinned to (None: this process's)
+        self.rank = rank  # among the server's data-parallel cores
         self.ready: protocol.Ready | None = None
         self.dead: str | None = None
         self.stats: dict[str, float] = {}
@@ -100,7 +101,8 @@ class EngineClient:
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(from_core)
         self.process = _spawn_core(["--input", to_core, "--output", from_core, "--options",
-                                    json.dumps(self.options), "--parent-pid", str(os.getpid())], self.cpus)
+                                    json.dumps(self.options), "--parent-pid", str(os.getpid()),
+                                    "--data-parallel-rank", str(self.rank)], self.cpus)
         try:
             return await self._wait_ready(timeout)
         except BaseException:

@@ -2,6 +2,7 @@
 the API process over two ZMQ sockets (PULL for requests, PUSH for outputs).
 
     python -m engine_server.core_process --input ADDR --output ADDR --options JSON --parent-pid PID
+                                         [--data-parallel-rank N]
 
 It ignores SIGINT/SIGTERM (a signal to the whole process group must not cut the API
 process's drain short: the API says when to stop) and exits by itself when the API
@@ -29,6 +30,7 @@ from engine.core.scheduling import Overloaded
 from engine.pooling_params import PoolingParams, matryoshka_of
 from engine.sampling_params import SamplingParams
 from engine_server import protocol
+from engine_server.kv_events import ZmqEventPublisher
 
 logger = logging.getLogger("engine_server.core")
 
@@ -53,8 +55,14 @@ def _delta(out) -> protocol.Delta:
 
 
 class CoreServer:
-    def __init__(self, core: EngineCore, input_addr: str, output_addr: str, parent_pid: int):
+    def __init__(self, core: EngineCore, input_addr: str, output_addr: str, parent_pid: int,
+                 data_parallel_rank: int = 0):
         self.core = core
+        events = core.config.kv_events_config
+        self.events = None
+        if events is not None and events.publishing:
+            medium = "GPU" if core.platform.device.type == "cuda" else "CPU"
+            self.events = ZmqEventPublisher(events, medium, data_parallel_rank)
         self.parent_pid = parent_pid
         self.context = zmq.Context()
         self.input = self.context.socket(zmq.PULL)
@@ -122,6 +130,9 @@ class CoreServer:
             if self.core.has_unfinished():
                 deltas += [_delta(o) for o in self.core.step()]
                 idle_stats_sent = False
+            if self.events is not None:
+                self.events.publish(self.core.take_kv_events())
+                self.events.serve_replay()
             now = time.monotonic()
             due = now - self._last_stats > STATS_INTERVAL
             idle = not self.core.has_unfinished()
@@ -133,6 +144,8 @@ class CoreServer:
                 idle_stats_sent = idle_stats_sent or idle
 
     def close(self) -> None:
+        if self.events is not None:
+            self.events.close()
         self.input.close(linger=0)
         self.output.close(linger=1000)
         self.context.term()
@@ -144,6 +157,8 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--options", required=True, help="engine options as JSON")
     parser.add_argument("--parent-pid", type=int, required=True, help="the API process: we exit with it")
+    parser.add_argument("--data-parallel-rank", type=int, default=0, help="this core's place among the "
+                        "server's data-parallel cores (its KV events' rank and endpoint offset)")
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING", format="%(levelname)s engine-core: %(message)s")
     _ignore_stop_signals()
@@ -158,7 +173,7 @@ def main(argv=None) -> int:
         push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
         push.close(linger=2000)
         return 1
-    server = CoreServer(core, args.input, args.output, args.parent_pid)
+    server = CoreServer(core, args.input, args.output, args.parent_pid, args.data_parallel_rank)
     hf = core.hf_config
     try:
         matryoshka, dimensions = matryoshka_of(hf)

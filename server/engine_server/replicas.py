@@ -37,8 +37,8 @@ class ReplicaSet:
         if num_replicas < 1:
             raise ValueError(f"data_parallel_size must be at least 1, got {num_replicas}")
         self.routing = routing
-        self.replicas = [EngineClient(engine_options, self._one_died, cpus=cpus)
-                         for cpus in core_shares(num_replicas)]
+        self.replicas = [EngineClient(engine_options, self._one_died, cpus=cpus, rank=rank)
+                         for rank, cpus in enumerate(core_shares(num_replicas))]
         self.on_death = on_death
         self.router: Router | None = None
         self._death_reported = False

@@ -12,6 +12,11 @@ they keep their hash in the free queue like any freed block. A prefix hit is the
 cached blocks that every full group holds whole and every sliding group holds within the window
 of the first token to compute (the blocks before it are not needed), so a hit never lacks K/V a
 query will read.
+
+With ``kv_events_config`` enabled the manager records KV events (:mod:`engine.kv_events`) for
+the first group's pool — the blocks a prefix is looked up by: ``BlockStored`` when full blocks
+get their hash, ``BlockRemoved`` when a hashed block is evicted for reuse, ``AllBlocksCleared``
+on a reset.
 """
 
 from __future__ import annotations
@@ -21,12 +26,14 @@ from array import array
 from collections import OrderedDict
 
 from engine.interfaces import KVCacheGroup, KVCacheManager
+from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 NULL_BLOCK = 0
 
 
 class BlockPool:
-    def __init__(self, num_blocks: int):
+    def __init__(self, num_blocks: int, events: list | None = None):
+        self.events = events  # BlockRemoved of evicted hashed blocks go here (None: not recorded)
         self.ref_cnt = [0] * num_blocks
         self.block_hash: list[bytes | None] = [None] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(1, num_blocks))
@@ -58,17 +65,19 @@ class BlockPool:
         if h is not None:
             if self.cached.get(h) == block:
                 del self.cached[h]
+                if self.events is not None:
+                    self.events.append(BlockRemoved((h,)))
             self.block_hash[block] = None
 
 
 class _GroupState:
     """One group's pool and each request's table in it."""
 
-    def __init__(self, group: KVCacheGroup, block_size: int, watermark: float):
+    def __init__(self, group: KVCacheGroup, block_size: int, watermark: float, events: list | None = None):
         self.window = group.sliding_window
         self.block_size = block_size
         self.num_blocks = group.num_blocks
-        self.pool = BlockPool(group.num_blocks)
+        self.pool = BlockPool(group.num_blocks, events)
         self.watermark_blocks = int(watermark * group.num_blocks)
         self.tables: dict[str, list[int]] = {}
         self.peak = self.freed_by_window = 0
@@ -102,11 +111,16 @@ class _GroupState:
         self.peak = max(self.peak, self.num_blocks - 1 - len(self.pool.free))
         return table
 
-    def cache(self, table: list[int], hashes: list[bytes], start: int, end: int) -> None:
-        for block, h in zip(table[start:end], hashes[start:end]):
+    def cache(self, table: list[int], hashes: list[bytes], start: int, end: int) -> list[int]:
+        """Enter blocks start..end of a table; -> the indices of those that became the cached
+        block of their hash."""
+        stored = []
+        for index, (block, h) in enumerate(zip(table[start:end], hashes[start:end]), start):
             if block != NULL_BLOCK and self.pool.block_hash[block] is None:
                 self.pool.block_hash[block] = h
-                self.pool.cached.setdefault(h, block)
+                if self.pool.cached.setdefault(h, block) == block:
+                    stored.append(index)
+        return stored
 
     def free(self, rid: str) -> None:
         self.pool.release([b for b in self.tables.pop(rid, []) if b != NULL_BLOCK])
@@ -126,7 +140,10 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         super().__init__(config, num_blocks, groups)
         self.block_size = config.cache.block_size
         self.caching = config.cache.enable_prefix_caching
-        self._groups = [_GroupState(g, self.block_size, config.cache.watermark) for g in self.groups]
+        events = getattr(config, "kv_events_config", None)
+        self._events: list | None = [] if self.caching and events is not None and events.publishing else None
+        self._groups = [_GroupState(g, self.block_size, config.cache.watermark, self._events if i == 0 else None)
+                        for i, g in enumerate(self.groups)]
         self._requests: set[str] = set()
         self._num_hashed: dict[str, int] = {}  # leading blocks of a request already in the cache
         self._queries = self._hits = 0
@@ -189,9 +206,24 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         if end <= start:
             return
         hashes = self._hashes(request)
-        for group, table in zip(self._groups, tables):
-            group.cache(table, hashes, start, end)
+        for index, (group, table) in enumerate(zip(self._groups, tables)):
+            stored = group.cache(table, hashes, start, end)
+            if index == 0 and self._events is not None and stored:
+                self._record_stored(request, hashes, stored)
         self._num_hashed[rid] = end
+
+    def _record_stored(self, request, hashes: list[bytes], stored: list[int]) -> None:
+        """One ``BlockStored`` per run of consecutive newly cached blocks."""
+        bs, runs = self.block_size, [[stored[0]]]
+        for index in stored[1:]:
+            if index == runs[-1][-1] + 1:
+                runs[-1].append(index)
+            else:
+                runs.append([index])
+        for run in runs:
+            tokens = request.all_token_ids[run[0] * bs:(run[-1] + 1) * bs]
+            self._events.append(BlockStored(tuple(hashes[i] for i in run), hashes[run[0] - 1] if run[0] else None,
+                                            tuple(tokens), bs))
 
     def free(self, request) -> None:
         self._num_hashed.pop(request.request_id, None)
@@ -211,7 +243,16 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         for group in self._groups:
             group.pool.cached.clear()
             group.pool.block_hash = [None] * group.num_blocks
+        if self._events is not None:
+            self._events.append(AllBlocksCleared())
         return True
+
+    def take_events(self) -> list:
+        if not self._events:
+            return []
+        events = list(self._events)
+        self._events.clear()  # the list the first pool appends to stays the same object
+        return events
 
     @property
     def usage(self) -> float:

@@ -275,6 +275,10 @@ class EngineCore:
                                        error=faults.error_message(exc)))
         return isolated.plan, isolated.result, failed
 
+    def take_kv_events(self) -> list:
+        """The prefix cache's KV events since the last call (with ``kv_events_config``)."""
+        return self.kv_cache_manager.take_events()
+
     def stats(self) -> dict:
         spec = self.speculator.stats() if self.speculator is not None else {}
         return {**self.scheduler.stats, **spec, **self._step_tokens.stats()}

@@ -63,6 +63,12 @@ class KVCacheManager(ABC):
     def reset_prefix_cache(self) -> bool:
         """Forget all cached hashes; False when blocks are still in use."""
 
+    def take_events(self) -> list:
+        """The KV events (:mod:`engine.kv_events`) recorded since the last call, oldest first.
+        A manager records them when ``config.kv_events_config`` asks for them (its
+        ``publishing``); one that does not record returns none (the default)."""
+        return []
+
     @property
     @abstractmethod
     def usage(self) -> float:

@@ -1,0 +1,80 @@
+"""KV cache events: what the prefix cache gained and lost, for a router outside the engine that
+tracks which instance holds which prefix (vLLM's ``--kv-events-config``; the server publishes
+them over ZMQ in vLLM's wire format).
+
+A KV cache manager that publishes records them as it hashes and evicts blocks and hands them
+over in step order from ``KVCacheManager.take_events()``. Hashes are the manager's own chained
+block hashes (bytes); the publisher turns them into vLLM's 64-bit integers."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+PUBLISHERS = ("null", "zmq")
+
+
+@attrs.frozen
+class BlockStored:
+    """Consecutive full blocks entered the prefix cache: ``block_hashes`` in prefix order,
+    ``parent_block_hash`` the hash of the block before the first (None: the prompt's start),
+    ``token_ids`` all their tokens."""
+
+    block_hashes: tuple[bytes, ...]
+    parent_block_hash: bytes | None
+    token_ids: tuple[int, ...]
+    block_size: int
+
+
+@attrs.frozen
+class BlockRemoved:
+    """Blocks left the prefix cache (evicted for reuse)."""
+
+    block_hashes: tuple[bytes, ...]
+
+
+@attrs.frozen
+class AllBlocksCleared:
+    """The whole prefix cache was reset."""
+
+
+KVCacheEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+def _check_publisher(instance, attribute, value):
+    if value not in PUBLISHERS:
+        raise ValueError(f"kv_events_config.publisher must be one of {', '.join(PUBLISHERS)}, got {value!r}")
+
+
+@attrs.frozen
+class KVEventsConfig:
+    """vLLM's ``--kv-events-config`` fields. ``publisher`` defaults to ``zmq`` when events are
+    enabled; ``endpoint`` is bound (``tcp://*:5557``) or connected to; ``replay_endpoint`` (a
+    ROUTER socket) answers a subscriber that missed batches with the last ``buffer_steps``
+    from the sequence number it asks for; ``hwm`` is the PUB socket's high-water mark; with
+    data parallelism replica i publishes on the endpoints' port + i."""
+
+    enable_kv_cache_events: bool = False
+    publisher: str | None = attrs.field(default=None, validator=attrs.validators.optional(_check_publisher))
+    endpoint: str = "tcp://*:5557"
+    replay_endpoint: str | None = None
+    buffer_steps: int = attrs.field(default=10_000, validator=attrs.validators.ge(1))
+    hwm: int = attrs.field(default=100_000, validator=attrs.validators.ge(0))
+    max_queue_size: int = attrs.field(default=100_000, validator=attrs.validators.ge(1))
+    topic: str = ""
+
+    @property
+    def publishing(self) -> bool:
+        return self.enable_kv_cache_events and (self.publisher or "zmq") == "zmq"
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any] | KVEventsConfig | None) -> KVEventsConfig | None:
+        """The config from its JSON object; an unknown field raises ValueError naming it."""
+        if value is None or isinstance(value, cls):
+            return value
+        unknown = sorted(set(value) - set(attrs.fields_dict(cls)))
+        if unknown:
+            raise ValueError(f"kv_events_config: unknown field(s) {', '.join(unknown)} "
+                             f"(known: {', '.join(attrs.fields_dict(cls))})")
+        return cls(**value)
