@@ -4,7 +4,9 @@ no block leaked, double-owned or handed out as the null block; a failed allocati
 changes nothing; and every prefix-cache hit returns blocks whose written contents are
 exactly the request's tokens. With KV cache groups (a full-attention group beside a
 sliding-window one) the same holds in every group, and a sliding-window group holds no block
-its window has passed (its table entries there, and a hit's, are the null block)."""
+its window has passed (its table entries there, and a hit's, are the null block). A manager
+that publishes KV events reports a consistent stream: a block is stored once until removed,
+removed only once stored, and a reset clears everything."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from hypothesis import strategies as st
 from engine.config import EngineConfig
 from engine.core.request import Request
 from engine.interfaces import KVCacheGroup
+from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.plugins import load_plugins
 from engine.sampling_params import SamplingParams
 
@@ -109,6 +112,27 @@ class _Sim:
         return owned
 
 
+class _EventCheck:
+    """Plays a manager's KV events onto ``held`` (the hashes it reports cached), checking each."""
+
+    def __init__(self, manager, held: set):
+        self.kv, self.held, self.seen = manager, held, 0
+
+    def __call__(self) -> None:
+        for event in self.kv.take_events():
+            self.seen += 1
+            if isinstance(event, BlockStored):
+                assert len(event.token_ids) == BLOCK * len(event.block_hashes) and event.block_size == BLOCK
+                assert not self.held & set(event.block_hashes), "a block stored twice without its removal"
+                self.held.update(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                assert set(event.block_hashes) <= self.held, "a block removed that was never stored"
+                self.held.difference_update(event.block_hashes)
+            else:
+                assert isinstance(event, AllBlocksCleared)
+                self.held.clear()
+
+
 operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 10**6)),
                       min_size=1, max_size=40)
 
@@ -116,8 +140,9 @@ operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.int
 class KVCacheManagerContract:
     manager_name = "default"
 
-    def make(self, num_blocks: int, caching: bool = True, windows=(None,)):
-        config = EngineConfig.from_kwargs(block_size=BLOCK, enable_prefix_caching=caching)
+    def make(self, num_blocks: int, caching: bool = True, windows=(None,), events: bool = False):
+        config = EngineConfig.from_kwargs(block_size=BLOCK, enable_prefix_caching=caching,
+                                          kv_events_config={"enable_kv_cache_events": True} if events else None)
         cls = load_plugins().get("kv_cache_managers", self.manager_name)
         if windows == (None,):
             return cls(config, num_blocks)
@@ -137,8 +162,21 @@ class KVCacheManagerContract:
         windows = (None, WINDOW)
         self._run_workload(_Sim(self.make(num_blocks, caching, windows), num_blocks, windows), ops)
 
+    @settings(max_examples=40, deadline=None)
+    @given(ops=operations, num_blocks=st.integers(4, 24))
+    def test_kv_events_tell_what_the_cache_holds(self, ops, num_blocks):
+        sim = _Sim(self.make(num_blocks, events=True), num_blocks)
+        held: set = set()
+        check = _EventCheck(sim.kv, held)
+        self._run_workload(sim, ops, after_each=check)
+        assert sim.kv.reset_prefix_cache()
+        check()
+        assert not held, "AllBlocksCleared must follow a reset"
+        if not check.seen:
+            pytest.skip(f"{self.manager_name} publishes no KV events")
+
     @staticmethod
-    def _run_workload(sim: _Sim, ops) -> None:
+    def _run_workload(sim: _Sim, ops, after_each=lambda: None) -> None:
         prefixes = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 9, 9, 9], [1, 2, 3, 4, 7, 7, 7, 7]]
         for n, (op, r) in enumerate(ops):
             if op == "add" or not sim.live:
@@ -151,6 +189,7 @@ class KVCacheManagerContract:
             else:
                 sim.free(list(sim.live)[r % len(sim.live)])
             sim.check()
+            after_each()
         for rid in list(sim.live):
             sim.free(rid)
         sim.check()
