@@ -115,6 +115,7 @@ class CoreServer:
         while self.running:
             if os.getppid() != self.parent_pid:
                 raise APIGone("the API process exited")
+            self.core.check_health()  # a tensor-parallel worker that died fails the engine, idle or not
             busy = self.core.has_unfinished()
             deltas = self.drain(block=not busy)
             if not self.running:

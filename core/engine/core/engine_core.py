@@ -55,7 +55,7 @@ class EngineCore:
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len)
         self.config = config = setup.batch_invariant_config(config)
         torch.manual_seed(config.model.seed)
-        self.executor = setup.select_executor(registry, config, self.platform)
+        self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
                                        config.model.quantization, config.batch_invariant,
                                        self.executor.tensor_parallel)

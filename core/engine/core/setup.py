@@ -129,9 +129,13 @@ def select_model_class(registry, hf_config):
                      f"(installed: {', '.join(registry.names('models')) or 'none'})")
 
 
+def quant_method_name(name: str | None, checkpoint_config: dict | None) -> str:
+    return name or (checkpoint_config or {}).get("quant_method") or "unquantized"
+
+
 def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform,
                         batch_invariant: bool = False):
-    method_name = name or (checkpoint_config or {}).get("quant_method") or "unquantized"
+    method_name = quant_method_name(name, checkpoint_config)
     cls = registry.get("quant_methods", method_name)
     reasons = reasons_of(cls.supports, platform)
     if reasons:
@@ -153,7 +157,7 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
     declared = (checkpoint_config or {}).get("quant_method")
     keep_quantized = declared is not None and (quantization or declared) == declared
     if tp.size > 1:
-        _check_tensor_parallel(cls, method, tp)
+        check_tensor_parallel(cls, type(method), tp.size)
     with torch.device(platform.device), tensor_parallel(tp):
         model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
     if tp.size > 1:
@@ -167,20 +171,24 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
     return model.eval()
 
 
-def _check_tensor_parallel(model_cls, method, tp: TensorParallel) -> None:
+def check_tensor_parallel(model_cls, method_cls, size: int) -> None:
     reasons = []
     if not model_cls.tensor_parallel_capable:
         reasons.append(f"model {model_cls.__name__} is not built of tensor-parallel layers")
-    if not method.shards_for_tensor_parallel:
-        reasons.append(f"quant method {method.name!r} declares no tensor-parallel sharding of its weights")
+    if not method_cls.shards_for_tensor_parallel:
+        reasons.append(f"quant method {method_cls.name!r} declares no tensor-parallel sharding of its weights")
     if reasons:
-        raise ValueError(f"tensor_parallel_size: {tp.size} ranks cannot run here: {'; '.join(reasons)}")
+        raise ValueError(f"tensor_parallel_size: {size} ranks cannot run here: {'; '.join(reasons)}")
 
 
-def select_executor(registry, config, platform):
+def select_executor(registry, config, platform, loader, hf_config):
     """The executor ``distributed_executor_backend`` names (default: ``uni`` for one rank,
-    ``mp`` for several), after its capability check."""
+    ``mp`` for several), after its capability check and, for several ranks, the model's and
+    quant method's (before any worker starts)."""
     parallel = config.parallel
+    if parallel.tensor_parallel_size > 1:
+        method = registry.get("quant_methods", quant_method_name(config.model.quantization, loader.quant_config()))
+        check_tensor_parallel(select_model_class(registry, hf_config), method, parallel.tensor_parallel_size)
     name = parallel.distributed_executor_backend or ("mp" if parallel.tensor_parallel_size > 1 else "uni")
     if name not in registry.names("executors"):
         hint = " (needs the ray executor plugin, tessellm-executors-ray)" if name == "ray" else ""

@@ -184,16 +184,17 @@ class MultiprocExecutor(Executor):
             if self._failure is None and not self._dead_ranks():
                 try:
                     self._channel.send(STOP)
+                    deadline = time.monotonic() + STOP_GRACE_S
+                    for process in self._workers:
+                        process.join(max(0.0, deadline - time.monotonic()))
                 except ExecutorFailure:
                     pass  # a worker is gone: _stop_workers ends the rest
         self._finalizer()
 
 
 def _stop_workers(workers, conns) -> None:
-    """Wait briefly for workers told to stop, then end those still running."""
-    deadline = time.monotonic() + STOP_GRACE_S
-    for process in workers:
-        process.join(max(0.0, deadline - time.monotonic()))
+    """End the workers still running (at shutdown, after they were told to stop; when the
+    executor is collected or the interpreter exits, at once: e.g. the engine failed to start)."""
     for process in workers:
         if process.is_alive():
             process.kill()
