@@ -73,6 +73,7 @@ class MultiprocExecutor(Executor):
         self._failure: ExecutorFailure | None = None
         self._last_send = time.monotonic()
         self._bytes_read: list[int | None] = []
+        self.steps_broadcast = self.step_bytes_broadcast = 0  # the control plane's cost (benchmarks/tp.py)
 
     @property
     def tensor_parallel(self) -> TensorParallel:
@@ -116,6 +117,8 @@ class MultiprocExecutor(Executor):
         mid-forward leaves the ranks out of step, so any error here is fatal."""
         self._channel.send(step)
         self._last_send = time.monotonic()
+        self.steps_broadcast += 1
+        self.step_bytes_broadcast += self._channel.last_bytes
         try:
             return self.runner.forward(step)
         except ExecutorFailure:

@@ -1,0 +1,87 @@
+"""Tensor parallelism on this machine: TP=2 (two gloo ranks, one core each) against TP=1 (one
+process, both cores), the same random Llama and prompts, side by side.
+
+    python benchmarks/tp.py [--repeats 3] [--prompts 32] [--prompt-len 64] [--output-len 32]
+
+Both engines are built once and run interleaved (A B A B ...); each figure is the median
+over ``--repeats`` rounds, and greedy outputs are checked equal. TP=1 computes on both cores
+(2 threads); each TP=2 rank on one (rank 0 here, rank 1 in its worker). Also printed: what
+the design costs per step — the broadcast step input (measured), and the all-reduces and
+logit gathers per token (from the model's shape).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+
+import torch
+
+from engine import LLM, SamplingParams
+from engine.testing import reference
+
+MODEL = dict(model_type="llama", vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
+             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
+             tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
+
+
+def run(llm: LLM, threads: int, prompts, params) -> tuple[float, list[list[int]]]:
+    """(generated tokens per second, outputs) with ``threads`` torch threads in this process."""
+    torch.set_num_threads(threads)
+    start = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    elapsed = time.perf_counter() - start
+    tokens = [o.outputs[0].token_ids for o in outs]
+    return sum(map(len, tokens)) / elapsed, tokens
+
+
+def design_cost(executor, steps_before: int, bytes_before: int) -> str:
+    cfg = MODEL
+    hidden_bytes = cfg["hidden_size"] * 4  # float32 activations
+    reduces = 2 * cfg["num_hidden_layers"] + 1  # o_proj and down_proj per layer, the vocab-parallel embedding
+    steps = executor.steps_broadcast - steps_before
+    per_step = (executor.step_bytes_broadcast - bytes_before) / max(steps, 1)
+    return (f"per step: one step-input broadcast, {per_step / 1024:.1f} KiB on average over {steps} steps "
+            f"(two gloo broadcasts: size, then the pickled tokens, positions and attention layouts); "
+            f"per token: {reduces} all-reduces of {hidden_bytes} B (hidden {cfg['hidden_size']} x float32), "
+            f"and per sampled token one gather of {cfg['vocab_size'] // 2 * 4} B of logits per rank to rank 0")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--prompt-len", type=int, default=64)
+    parser.add_argument("--output-len", type=int, default=32)
+    args = parser.parse_args()
+    cores = torch.get_num_threads()
+    with tempfile.TemporaryDirectory() as folder:
+        reference.tiny_checkpoint(folder, "LlamaForCausalLM", MODEL)
+        options = dict(dtype="float32", num_blocks=1024, block_size=16, max_model_len=512)
+        one = LLM(folder, **options)
+        two = LLM(folder, tensor_parallel_size=2, **options)
+        executor = two.engine.executor
+        for name, prompts in [("batched", reference.random_prompts(MODEL["vocab_size"],
+                                                                   [args.prompt_len] * args.prompts, seed=1)),
+                              ("single stream", reference.random_prompts(MODEL["vocab_size"], [args.prompt_len],
+                                                                         seed=2))]:
+            params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
+            rates = {1: [], 2: []}
+            steps, sent = executor.steps_broadcast, executor.step_bytes_broadcast
+            for _ in range(args.repeats):
+                rate_one, out_one = run(one, cores, prompts, params)
+                rate_two, out_two = run(two, max(1, cores // 2), prompts, params)
+                assert out_one == out_two, "TP=2 greedy outputs differ from TP=1"
+                rates[1].append(rate_one)
+                rates[2].append(rate_two)
+            a, b = statistics.median(rates[1]), statistics.median(rates[2])
+            print(f"{name:>13} ({len(prompts)} x {args.prompt_len} -> {args.output_len} tokens): "
+                  f"TP=1 {a:7.1f} tok/s | TP=2 {b:7.1f} tok/s | TP=2/TP=1 {b / a:.2f}x")
+            print(f"{'':>13} {design_cost(executor, steps, sent)}")
+        two.engine.shutdown()
+
+
+if __name__ == "__main__":
+    main()
