@@ -5,7 +5,8 @@ process, both cores), the same random Llama and prompts, side by side.
 
 Both engines are built once and run interleaved (A B A B ...); each figure is the median
 over ``--repeats`` rounds, and greedy outputs are checked equal. TP=1 computes on both cores
-(2 threads); each TP=2 rank on one (rank 0 here, rank 1 in its worker). Also printed: what
+(2 threads), and, as a control, on one; each TP=2 rank on one (rank 0 here, rank 1 in its
+worker). Also printed: what
 the design costs per step — the broadcast step input (measured), and the all-reduces and
 logit gathers per token (from the model's shape).
 """
@@ -45,8 +46,9 @@ def design_cost(executor, steps_before: int, bytes_before: int) -> str:
     per_step = (executor.step_bytes_broadcast - bytes_before) / max(steps, 1)
     return (f"per step: one step-input broadcast, {per_step / 1024:.1f} KiB on average over {steps} steps "
             f"(two gloo broadcasts: size, then the pickled tokens, positions and attention layouts); "
-            f"per token: {reduces} all-reduces of {hidden_bytes} B (hidden {cfg['hidden_size']} x float32), "
-            f"and per sampled token one gather of {cfg['vocab_size'] // 2 * 4} B of logits per rank to rank 0")
+            f"{reduces} all-reduces a step, each {hidden_bytes} B per token of the step (hidden "
+            f"{cfg['hidden_size']} x float32); one logits gather a step, {cfg['vocab_size'] // 2 * 4} B per "
+            f"sampled token from each rank to rank 0")
 
 
 def main() -> None:
@@ -68,17 +70,21 @@ def main() -> None:
                               ("single stream", reference.random_prompts(MODEL["vocab_size"], [args.prompt_len],
                                                                          seed=2))]:
             params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
-            rates = {1: [], 2: []}
+            runs = {"TP=1": (one, cores), "TP=1, 1 thread": (one, 1), "TP=2": (two, max(1, cores // 2))}
+            rates: dict[str, list[float]] = {label: [] for label in runs}
             steps, sent = executor.steps_broadcast, executor.step_bytes_broadcast
             for _ in range(args.repeats):
-                rate_one, out_one = run(one, cores, prompts, params)
-                rate_two, out_two = run(two, max(1, cores // 2), prompts, params)
-                assert out_one == out_two, "TP=2 greedy outputs differ from TP=1"
-                rates[1].append(rate_one)
-                rates[2].append(rate_two)
-            a, b = statistics.median(rates[1]), statistics.median(rates[2])
-            print(f"{name:>13} ({len(prompts)} x {args.prompt_len} -> {args.output_len} tokens): "
-                  f"TP=1 {a:7.1f} tok/s | TP=2 {b:7.1f} tok/s | TP=2/TP=1 {b / a:.2f}x")
+                outputs = []
+                for label, (llm, threads) in runs.items():
+                    rate, out = run(llm, threads, prompts, params)
+                    rates[label].append(rate)
+                    outputs.append(out)
+                assert all(out == outputs[0] for out in outputs), "TP=2 greedy outputs differ from TP=1"
+            median = {label: statistics.median(r) for label, r in rates.items()}
+            columns = " | ".join(f"{label} {rate:6.1f} tok/s" for label, rate in median.items())
+            print(f"{name:>13} ({len(prompts)} x {args.prompt_len} -> {args.output_len} tokens): {columns} | "
+                  f"TP=2/TP=1 {median['TP=2'] / median['TP=1']:.2f}x, "
+                  f"TP=2/(TP=1, 1 thread) {median['TP=2'] / median['TP=1, 1 thread']:.2f}x")
             print(f"{'':>13} {design_cost(executor, steps, sent)}")
         two.engine.shutdown()
 

@@ -41,10 +41,6 @@ class TensorParallel:
     size: int = 1
     communicator: Communicator | None = None
 
-    @property
-    def is_driver(self) -> bool:
-        return self.rank == 0
-
     def split(self, total: int, what: str) -> tuple[int, int]:
         """(start, length) of this rank's even share of ``total``."""
         if total % self.size:
@@ -160,17 +156,17 @@ class ObjectChannel:
         self._broadcast(payload)
         self.last_bytes = payload.numel()
 
-    def receive(self, timeout: datetime.timedelta | None = None):
+    def receive(self):
         size = torch.zeros(1, dtype=torch.int64)
-        self._broadcast(size, timeout)
+        self._broadcast(size)
         payload = torch.empty(int(size.item()), dtype=torch.uint8)
         self._broadcast(payload)
         return pickle.loads(payload.numpy().tobytes())
 
-    def _broadcast(self, tensor: torch.Tensor, timeout: datetime.timedelta | None = None) -> None:
+    def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = 0
         try:
-            self.group.broadcast([tensor], options).wait(timeout or self.timeout)
+            self.group.broadcast([tensor], options).wait(self.timeout)
         except Exception as exc:
             raise CollectiveFailure(f"step broadcast failed on rank {self.rank}: {exc}") from exc

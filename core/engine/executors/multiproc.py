@@ -19,6 +19,8 @@ import threading
 import time
 import weakref
 
+import torch
+
 from engine.distributed import (
     GroupAddress,
     ObjectChannel,
@@ -65,6 +67,7 @@ class MultiprocExecutor(Executor):
             self._workers.append(process)
             self._conns.append(ours)
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers, self._conns)
+        self._threads = torch.get_num_threads()  # configure_rank may take a share; shutdown gives it back
         platform.configure_rank(0, world)
         self._channel = ObjectChannel(process_group("gloo", self._store, 0, address, "control"), 0, address.timeout)
         self._tp = TensorParallel(0, world, platform.communicator(self._store, 0, address))
@@ -183,6 +186,7 @@ class MultiprocExecutor(Executor):
         if self._stopped.is_set():
             return
         self._stopped.set()
+        torch.set_num_threads(self._threads)
         with self._lock:
             if self._failure is None and not self._dead_ranks():
                 try:
