@@ -14,11 +14,15 @@ logit gathers per token (from the model's shape).
 from __future__ import annotations
 
 import argparse
+import datetime
+import multiprocessing
+import socket
 import statistics
 import tempfile
 import time
 
 import torch
+import torch.distributed as dist
 
 from engine import LLM, SamplingParams
 from engine.testing import reference
@@ -49,6 +53,41 @@ def design_cost(executor, steps_before: int, bytes_before: int) -> str:
             f"{reduces} all-reduces a step, each {hidden_bytes} B per token of the step (hidden "
             f"{cfg['hidden_size']} x float32); one logits gather a step, {cfg['vocab_size'] // 2 * 4} B per "
             f"sampled token from each rank to rank 0")
+
+
+def _all_reduce_rank(rank: int, port: int, rows: tuple[int, ...], results) -> None:
+    """One rank of the all-reduce micro-benchmark: median milliseconds per all-reduce of
+    [rows, hidden] float32 over a gloo group on loopback, one thread, as the TP=2 ranks run."""
+    torch.set_num_threads(1)
+    timeout = datetime.timedelta(seconds=60)
+    store = dist.TCPStore("127.0.0.1", port, 2, rank == 0, timeout=timeout)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("bench", store), rank, 2, timeout)
+    medians = {}
+    for n in rows:
+        x, times = torch.ones(n, MODEL["hidden_size"]), []
+        for _ in range(300):
+            start = time.perf_counter()
+            group.allreduce([x]).wait()
+            times.append(time.perf_counter() - start)
+        medians[n] = statistics.median(times[50:]) * 1e3
+    if rank == 0:
+        results.put(medians)
+
+
+def all_reduce_latency(rows: tuple[int, ...]) -> dict[int, float]:
+    """Rows -> median ms of one all-reduce between two spawned single-threaded ranks."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    spawn = multiprocessing.get_context("spawn")
+    results = spawn.Queue()
+    ranks = [spawn.Process(target=_all_reduce_rank, args=(r, port, rows, results)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    medians = results.get(timeout=120)
+    for process in ranks:
+        process.join()
+    return medians
 
 
 def main() -> None:
@@ -87,6 +126,10 @@ def main() -> None:
                   f"TP=2/(TP=1, 1 thread) {median['TP=2'] / median['TP=1, 1 thread']:.2f}x")
             print(f"{'':>13} {design_cost(executor, steps, sent)}")
         two.engine.shutdown()
+    latency = all_reduce_latency((1, args.prompts))
+    print("gloo all-reduce on loopback, two single-threaded ranks: "
+          + ", ".join(f"[{n}, {MODEL['hidden_size']}] float32 {ms:.3f} ms" for n, ms in latency.items())
+          + f" (median of 250); x{2 * MODEL['num_hidden_layers'] + 1} a step")
 
 
 if __name__ == "__main__":

@@ -59,6 +59,24 @@ def test_tp2_logprobs_within_float32_all_reduce_rounding(engines, tiny_llama):
                 assert got[token].logprob == pytest.approx(logprob.logprob, abs=2e-4)
 
 
+def test_tp2_replicates_a_lone_kv_head_and_pads_an_odd_vocabulary(tmp_path):
+    """Qwen3 (per-head q/k norms) with one kv head for two ranks (each rank keeps a copy),
+    an untied LM head and a vocabulary that does not split evenly (rank 1's tail is padding):
+    TP=2 gives transformers' greedy tokens, as TP=1 does."""
+    config = dict(model_type="qwen3", vocab_size=251, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  max_position_embeddings=256, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                  tie_word_embeddings=False)
+    hf_model = reference.tiny_checkpoint(str(tmp_path), "Qwen3ForCausalLM", config)
+    prompts = reference.random_prompts(config["vocab_size"], [5, 19, 2, 33, 11, 26], seed=7)
+    llm = LLM(str(tmp_path), tensor_parallel_size=2, **SQUEEZED)
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0,
+                                                                                     ignore_eos=True))]
+    finally:
+        llm.engine.shutdown()
+    assert got == reference.hf_greedy(hf_model, prompts, 16)
+
+
 def _checkpoint_bytes(folder: str) -> tuple[int, int]:
     """(bytes of all tensors, bytes of the replicated ones: the 1-D norm weights)."""
     total = replicated = 0
