@@ -11,22 +11,17 @@ driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()``).
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
-import sys
-import threading
 import traceback
 
 import attrs
 
 from engine.core import setup
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
+from engine.lifetime import exit_with_parent, watch_parent
 from engine.plugins import load_plugins
 
 STOP = "stop"
-PR_SET_PDEATHSIG = 1
-WATCHDOG_INTERVAL_S = 0.5
 
 
 @attrs.frozen
@@ -36,24 +31,6 @@ class WorkerSpec:
     rank: int
     address: GroupAddress
     driver_pid: int
-
-
-def exit_with_parent(parent_pid: int) -> bool:
-    """Have the kernel SIGKILL this process when its parent dies (Linux ``PR_SET_PDEATHSIG``;
-    strictly when the parent's spawning thread ends); False if the parent is already gone."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    return os.getppid() == parent_pid
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Exit when the parent is gone (on systems without ``PR_SET_PDEATHSIG``)."""
-    def watch():
-        while os.getppid() == parent_pid:
-            threading.Event().wait(WATCHDOG_INTERVAL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="engine-parent-watchdog", daemon=True).start()
 
 
 class Worker:
@@ -97,7 +74,7 @@ def run_worker(spec: WorkerSpec, conn) -> None:
     """The worker process's entry point."""
     if not exit_with_parent(spec.driver_pid):
         os._exit(1)
-    _watch_parent(spec.driver_pid)
+    watch_parent(spec.driver_pid)
     try:
         worker = Worker(spec)
         if not conn.poll(spec.address.timeout_s):
