@@ -15,7 +15,9 @@ import pytest
 from safetensors import safe_open
 
 from engine import LLM, SamplingParams
+from engine.distributed import TensorParallel
 from engine.interfaces import ExecutorFailure
+from engine.layers.parallel import attention_heads
 from engine.testing import reference
 from tests.serving import serve
 
@@ -75,6 +77,30 @@ def test_tp2_replicates_a_lone_kv_head_and_pads_an_odd_vocabulary(tmp_path):
     finally:
         llm.engine.shutdown()
     assert got == reference.hf_greedy(hf_model, prompts, 16)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (4, 4, 4)])
+def test_every_rank_holds_the_kv_heads_its_q_heads_read(heads, kv_heads, ranks):
+    """GQA under TP: q head h reads kv head h // (heads / kv_heads), and a rank's attention
+    pairs its local q heads evenly with its local kv heads; so local q head i must land on the
+    global kv head its global q head reads (replicated when kv heads are fewer than ranks)."""
+    group = heads // kv_heads
+    covered = set()
+    for rank in range(ranks):
+        part = attention_heads(heads, kv_heads, TensorParallel(rank, ranks))
+        assert part.q == heads // ranks and part.kv == max(1, kv_heads // ranks)
+        for local in range(part.q):
+            q_head = part.q_start + local
+            assert part.kv_start + local // (part.q // part.kv) == q_head // group
+        covered.update(range(part.q_start, part.q_start + part.q))
+    assert covered == set(range(heads))
+
+
+def test_uneven_heads_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="num_attention_heads \\(9\\) is not divisible by 2"):
+        attention_heads(9, 3, TensorParallel(0, 2))
+    with pytest.raises(ValueError, match="cannot share 3 kv heads"):
+        attention_heads(12, 3, TensorParallel(0, 4))
 
 
 def _checkpoint_bytes(folder: str) -> tuple[int, int]:

@@ -118,7 +118,7 @@ class MultiprocExecutor(Executor):
     def _driver_forward(self, step):
         """Rank 0's forward: broadcast the step, then run it with the other ranks. Failing
         mid-forward leaves the ranks out of step, so any error here is fatal."""
-        self._channel.send(step)
+        self._channel.send(step.to("cpu"))
         self._last_send = time.monotonic()
         self.steps_broadcast += 1
         self.step_bytes_broadcast += self._channel.last_bytes

@@ -67,7 +67,7 @@ class Worker:
                 continue
             if message == STOP:
                 return
-            self.runner.forward(message)
+            self.runner.forward(message.to(self.platform.device))
 
 
 def run_worker(spec: WorkerSpec, conn) -> None:

@@ -24,6 +24,19 @@ class StepInput:
     layouts: tuple
     logits_rows: tuple[int, ...]
 
+    def to(self, device) -> StepInput:
+        """The same input with its tensors on ``device``: the broadcast carries host tensors
+        (a CUDA tensor would unpickle onto the sender's device index) and each rank moves
+        them to its own device. On the CPU nothing is copied."""
+        return StepInput(self.input_ids.to(device), self.positions.to(device),
+                         tuple(_layout_to(layout, device) for layout in self.layouts), self.logits_rows)
+
+
+def _layout_to(layout, device):
+    tensors = {f.name: getattr(layout, f.name) for f in attrs.fields(type(layout))}
+    return attrs.evolve(layout, **{name: value.to(device) for name, value in tensors.items()
+                                   if isinstance(value, torch.Tensor)})
+
 
 class ModelRunner:
     def __init__(self, model, layers: LayerAttention, kv_caches: list[torch.Tensor], block_size: int,
