@@ -79,6 +79,17 @@ def test_tp2_replicates_a_lone_kv_head_and_pads_an_odd_vocabulary(tmp_path):
     assert got == reference.hf_greedy(hf_model, prompts, 16)
 
 
+def test_workers_honour_the_allow_list_and_report_what_stops_them(tiny_llama):
+    """Workers load plugins with the engine's allow-list. One registered only in this process
+    (``add_plugin``, as the test plugins are) does not exist in a spawned worker: the worker's
+    failure reaches the driver as one error naming it, at once, not a collective timeout."""
+    started = time.monotonic()
+    with pytest.raises(ExecutorFailure, match=r"(?s)rank 1 failed to start.*unknown plugin\(s\) \['test-ban'\]"):
+        LLM(tiny_llama[0], plugins=["models-llama", "attention-torch", "test-ban"], tensor_parallel_size=2,
+            **SQUEEZED)
+    assert time.monotonic() - started < 30
+
+
 @pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (4, 4, 4)])
 def test_every_rank_holds_the_kv_heads_its_q_heads_read(heads, kv_heads, ranks):
     """GQA under TP: q head h reads kv head h // (heads / kv_heads), and a rank's attention

@@ -67,6 +67,8 @@ class MultiprocExecutor(Executor):
             self._workers.append(process)
             self._conns.append(ours)
         self._finalizer = weakref.finalize(self, _stop_workers, self._workers, self._conns)
+        for rank, conn in enumerate(self._conns, start=1):
+            self._await(rank, conn, "joining")
         self._threads = torch.get_num_threads()  # configure_rank may take a share; shutdown gives it back
         platform.configure_rank(0, world)
         self._channel = ObjectChannel(process_group("gloo", self._store, 0, address, "control"), 0, address.timeout)
@@ -89,22 +91,24 @@ class MultiprocExecutor(Executor):
             conn.send(kv_groups)
         self._bytes_read = [getattr(runner.model, "weight_bytes_read", None)]
         for rank, conn in enumerate(self._conns, start=1):
-            self._bytes_read.append(self._await_ready(rank, conn))
+            self._bytes_read.append(self._await(rank, conn, "ready"))
         threading.Thread(target=self._keep_alive, name="engine-tp-keepalive", daemon=True).start()
 
-    def _await_ready(self, rank: int, conn) -> int | None:
+    def _await(self, rank: int, conn, expected: str):
+        """The detail of worker ``rank``'s next report, which must be ``expected``."""
         deadline = time.monotonic() + self.address.timeout_s
         process = self._workers[rank - 1]
         while time.monotonic() < deadline:
             if conn.poll(0.1):
                 kind, detail = conn.recv()
-                if kind == "ready":
+                if kind == expected:
                     return detail
                 raise ExecutorFailure(f"tensor-parallel rank {rank} failed to start:\n{detail}")
             if not process.is_alive():
                 raise ExecutorFailure(f"tensor-parallel rank {rank} exited while starting "
                                       f"(exit code {process.exitcode})")
-        raise ExecutorFailure(f"tensor-parallel rank {rank} not ready within {self.address.timeout_s:g} s")
+        raise ExecutorFailure(f"tensor-parallel rank {rank} sent no {expected!r} within "
+                              f"{self.address.timeout_s:g} s")
 
     def execute(self, plan, group_tables, bitmask=None):
         with self._lock:

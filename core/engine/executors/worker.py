@@ -5,8 +5,11 @@ of the model, the attention backends), then its KV cache once the driver says ho
 blocks, and steps: each step's :class:`engine.runner.model_runner.StepInput` arrives by
 broadcast and the worker runs the same forward, joining its collectives. ``None`` is the
 driver's keep-alive between steps, :data:`STOP` the end. It reports over its pipe:
-``("ready", bytes read for its weights)`` or ``("failed", traceback)``. It dies with the
-driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()``).
+``("joining", None)`` once its plugins and platform are up (the driver then joins the
+process groups), ``("ready", bytes read for its weights)`` or ``("failed", traceback)``. It dies with the
+driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()``). Plugins
+registered in the driver's process only (``engine.plugins.add_plugin``) do not exist here:
+an allow-list naming one fails the worker's start, reported to the driver.
 """
 
 from __future__ import annotations
@@ -34,12 +37,13 @@ class WorkerSpec:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec):
+    def __init__(self, spec: WorkerSpec, conn):
         config, rank, address = spec.config, spec.rank, spec.address
         registry = load_plugins(config.plugins)
         self.platform = platform = setup.select_platform(registry, spec.platform)
         platform.configure()
         platform.configure_rank(rank, address.world_size)
+        conn.send(("joining", None))  # the driver joins the groups only now: a failure above cannot hang it
         self.store = open_store(address, rank)
         self.control = ObjectChannel(process_group("gloo", self.store, rank, address, "control"), rank,
                                      address.timeout)
@@ -76,7 +80,7 @@ def run_worker(spec: WorkerSpec, conn) -> None:
         os._exit(1)
     watch_parent(spec.driver_pid)
     try:
-        worker = Worker(spec)
+        worker = Worker(spec, conn)
         if not conn.poll(spec.address.timeout_s):
             raise TimeoutError(f"no KV cache size from the driver within {spec.address.timeout_s:g} s")
         worker.start(conn.recv())
