@@ -121,7 +121,14 @@ OPTIONS: dict[str, Option] = {
     "policy": Option(("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")),
     "scheduler": Option(("--scheduler",), "scheduler plugin"),
     "kv_cache_manager": Option(("--kv-cache-manager",), "KV cache manager plugin"),
-    "tensor_parallel_size": Option(("--tensor-parallel-size", "-tp"), "tensor-parallel ranks"),
+    "tensor_parallel_size": Option(("--tensor-parallel-size", "-tp"), "tensor-parallel ranks: each holds its "
+                                   "share of every layer's heads and weights and its own KV cache"),
+    "distributed_executor_backend": Option(("--distributed-executor-backend",), "where the ranks run: mp "
+                                           "(local worker processes over torch.distributed), uni (this "
+                                           "process, one rank) or an executor plugin (ray needs the ray "
+                                           "executor plugin); default: uni for one rank, else mp"),
+    "distributed_timeout": Option(("--distributed-timeout",), "longest any collective may take before the "
+                                  "engine fails instead of hanging", unit="seconds"),
     "log_stats": Option(("--log-stats",), "log engine statistics"),
     "speculative_config": Option(("--speculative-config",), 'speculative decoding as JSON, e.g. '
                                  '\'{"method": "ngram", "num_speculative_tokens": 4}\'', json.loads),

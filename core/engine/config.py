@@ -72,12 +72,13 @@ class SchedulerConfig:
 
 @attrs.frozen
 class ParallelConfig:
-    tensor_parallel_size: int = attrs.field(default=1)
-
-    @tensor_parallel_size.validator
-    def _single(self, attribute, value):
-        if value != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported yet")
+    tensor_parallel_size: int = attrs.field(default=1, validator=_positive)
+    # vLLM's --distributed-executor-backend: "mp" (local worker processes), "uni" (this
+    # process; one rank), or an executor plugin's name ("ray"); None: uni for one rank, else mp
+    distributed_executor_backend: str | None = None
+    # seconds any collective (and a worker's wait for the next step) may take before the
+    # engine fails instead of hanging
+    distributed_timeout: float = attrs.field(default=60.0, validator=_positive)
 
 
 @attrs.frozen

@@ -147,3 +147,11 @@ class EngineHookSpecs:
         """Register ``engine`` CLI subcommands: :class:`engine.cli.Command` subclasses,
         constructed with no arguments, under the subcommand name (``serve``, ``bench`` ...).
         ``add_arguments(parser)`` adds its flags, ``run(args)`` returns the exit status."""
+
+    @hookspec
+    def register_executors(self, register):
+        """Register :class:`engine.interfaces.Executor` subclasses, constructed with an
+        :class:`engine.interfaces.ExecutorContext` and selected with
+        ``distributed_executor_backend=NAME`` (default: ``uni`` for one rank, ``mp`` for
+        ``tensor_parallel_size > 1``). Built in: ``uni`` (this process) and ``mp`` (local
+        worker processes joined by ``torch.distributed``); ``ray`` is a plugin's name."""

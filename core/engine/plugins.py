@@ -41,7 +41,7 @@ _INTERFACES = {
     "grammar_backends": "GrammarBackend", "drafters": "Drafter", "logits_processors": "LogitsProcessor",
     "schedulers": "Scheduler", "kv_cache_managers": "KVCacheManager", "tool_parsers": "ToolParser",
     "reasoning_parsers": "ReasoningParser",
-    "commands": "engine.cli:Command",
+    "commands": "engine.cli:Command", "executors": "Executor",
 }
 _LAZY_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _BAD_NAME_CHARS = re.compile(r"[\s,]")

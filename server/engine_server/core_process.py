@@ -12,7 +12,6 @@ process dies, so no orphan core survives it.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.request import Request
 from engine.core.scheduling import Overloaded
+from engine.lifetime import exit_with_parent
 from engine.pooling_params import PoolingParams, matryoshka_of
 from engine.sampling_params import SamplingParams
 from engine_server import protocol
@@ -36,7 +36,6 @@ logger = logging.getLogger("engine_server.core")
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
 OUTPUT_SEND_TIMEOUT_MS = 30_000  # an API process that reads nothing for this long is gone or hung
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 class APIGone(RuntimeError):
@@ -123,6 +122,7 @@ class CoreServer:
         while self.running:
             if os.getppid() != self.parent_pid:
                 raise APIGone("the API process exited")
+            self.core.check_health()  # a tensor-parallel worker that died fails the engine, idle or not
             busy = self.core.has_unfinished()
             deltas = self.drain(block=not busy)
             if not self.running:
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING", format="%(levelname)s engine-core: %(message)s")
     _ignore_stop_signals()
-    if not _exit_with_parent(args.parent_pid):
+    if not exit_with_parent(args.parent_pid):  # the step loop also compares os.getppid()
         return 1
     context = zmq.Context.instance()
     try:
@@ -201,16 +201,6 @@ def _ignore_stop_signals() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
-
-
-def _exit_with_parent(parent_pid: int) -> bool:
-    """Have the kernel SIGKILL us when the API process dies (Linux PR_SET_PDEATHSIG: works
-    even mid-step; strictly it fires when the thread that spawned us ends, here the API
-    process's event-loop thread, which lives as long as the process); the step loop also
-    compares os.getppid(), which covers other systems. False if the API process is gone."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    return os.getppid() == parent_pid
 
 
 if __name__ == "__main__":

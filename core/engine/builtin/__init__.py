@@ -33,3 +33,9 @@ def register_quant_methods(register):
 def register_commands(register):
     register("plugins", "engine.cli:PluginsCommand", api=1)
     register("generate", "engine.cli:GenerateCommand", api=1)
+
+
+@hookimpl
+def register_executors(register):
+    register("uni", "engine.executors.uniproc:UniprocExecutor", api=1)
+    register("mp", "engine.executors.multiproc:MultiprocExecutor", api=1)

@@ -31,6 +31,10 @@ class CpuPlatform(Platform):
         threads = int(os.environ.get("ENGINE_NUM_THREADS", len(os.sched_getaffinity(0))))
         torch.set_num_threads(threads)
 
+    def configure_rank(self, rank: int, world_size: int) -> None:
+        """Each rank computes on its share of the cores (ranks share one machine)."""
+        torch.set_num_threads(max(1, torch.get_num_threads() // world_size))
+
 
 class CudaPlatform(Platform):
     name = "cuda"
@@ -50,6 +54,9 @@ class CudaPlatform(Platform):
 
     def memory_in_use(self) -> tuple[int, int]:
         return torch.cuda.memory_reserved(), torch.cuda.mem_get_info()[1]
+
+    def configure_rank(self, rank: int, world_size: int) -> None:
+        torch.cuda.set_device(rank % torch.cuda.device_count())
 
     def synchronize(self) -> None:
         torch.cuda.synchronize()

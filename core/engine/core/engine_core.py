@@ -27,7 +27,7 @@ from engine.core.scheduling import (
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
-from engine.interfaces import DrafterContext, GrammarContext
+from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
 from engine.plugins import load_plugins
 from engine.pooling import Pooler, PoolerConfig, resolve_runner
 from engine.pooling_params import PoolingParams, matryoshka_of
@@ -55,8 +55,10 @@ class EngineCore:
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len)
         self.config = config = setup.batch_invariant_config(config)
         torch.manual_seed(config.model.seed)
+        self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
         self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
-                                       config.model.quantization, config.batch_invariant)
+                                       config.model.quantization, config.batch_invariant,
+                                       self.executor.tensor_parallel)
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
         self.pooler_config = None
         if self.runner_kind == "pooling":
@@ -73,8 +75,7 @@ class EngineCore:
         if capacity < max_len:
             raise ValueError(f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
                              "lower max_model_len or raise kv_cache_memory / num_blocks")
-        kv_caches = [torch.zeros(layers.backends[b].kv_cache_shape(groups[g].num_blocks), dtype=dtype,
-                                 device=self.platform.device) for b, g in zip(layers.layer_backend, layer_group)]
+        kv_caches = setup.allocate_kv_caches(layers, groups, dtype, self.platform.device)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
         self.connector = registry.get("kv_connectors", config.kv_connector)(config) if config.kv_connector else None
         self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
@@ -83,6 +84,7 @@ class EngineCore:
         self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
                                   self.platform.device, processors, self.connector,
                                   Pooler(self.pooler_config) if self.pooler_config else None)
+        self.executor.start(self.runner, groups)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None
         self._step_tokens = StepTokenHistogram()
@@ -210,6 +212,8 @@ class EngineCore:
         self._mark_scheduled(plan)
         try:
             result = self._execute(plan)
+        except ExecutorFailure:
+            raise  # the ranks are out of step: nothing to isolate
         except Exception as error:  # noqa: BLE001 - attributed to a request, or re-raised: fatal
             plan, result, failed = self._isolate(plan, error)
             outputs += failed
@@ -260,7 +264,7 @@ class EngineCore:
         else:
             group_tables = [block_tables] * len(self.kv_groups)
         bitmask = self._structured.bitmask(plan) if self._structured else None
-        return self.runner.execute(plan, group_tables, bitmask)
+        return self.executor.execute(plan, group_tables, bitmask)
 
     def _isolate(self, plan: StepPlan, error: Exception) -> tuple[StepPlan, StepResult, list[EngineOutput]]:
         """Re-run the failed step's requests one by one; finish the ones that fail alone
@@ -292,6 +296,11 @@ class EngineCore:
                 "kv_cache_memory_bytes": str(cache.kv_cache_memory),
                 "kv_cache_manager": self.config.scheduler.kv_cache_manager}
 
+    def check_health(self) -> None:
+        """Raise :class:`engine.interfaces.ExecutorFailure` if a tensor-parallel rank is gone."""
+        self.executor.check_health()
+
     def shutdown(self) -> None:
+        self.executor.shutdown()
         if self._structured is not None:
             self._structured.shutdown()

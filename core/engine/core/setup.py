@@ -11,7 +11,8 @@ import attrs
 import torch
 from torch import nn
 
-from engine.interfaces import AttentionSpec, KVCacheGroup
+from engine.distributed import SINGLE, TensorParallel, tensor_parallel
+from engine.interfaces import AttentionSpec, ExecutorContext, KVCacheGroup
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
 from engine.layers.ops import LayerOps
@@ -128,9 +129,13 @@ def select_model_class(registry, hf_config):
                      f"(installed: {', '.join(registry.names('models')) or 'none'})")
 
 
+def quant_method_name(name: str | None, checkpoint_config: dict | None) -> str:
+    return name or (checkpoint_config or {}).get("quant_method") or "unquantized"
+
+
 def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform,
                         batch_invariant: bool = False):
-    method_name = name or (checkpoint_config or {}).get("quant_method") or "unquantized"
+    method_name = quant_method_name(name, checkpoint_config)
     cls = registry.get("quant_methods", method_name)
     reasons = reasons_of(cls.supports, platform)
     if reasons:
@@ -139,23 +144,67 @@ def select_quant_method(registry, name: str | None, checkpoint_config: dict | No
 
 
 def build_model(registry, loader, hf_config, dtype, platform, quantization: str | None,
-                batch_invariant: bool = False) -> nn.Module:
+                batch_invariant: bool = False, tp: TensorParallel = SINGLE) -> nn.Module:
     """With ``batch_invariant`` the layer ops are the plain torch ones: a platform's fused
     kernels may take small batches only and hand big ones to torch, and the two agree only up
-    to summation order."""
+    to summation order. With ``tp`` of several ranks the model holds rank ``tp.rank``'s share,
+    read through the loader's slices (``iter_weight_slices``); ``weight_bytes_read`` on the
+    model is what the loader counted (None where it does not count)."""
     cls = select_model_class(registry, hf_config)
     checkpoint_config = loader.quant_config()
     method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform, batch_invariant)
     layer_ops = LayerOps() if batch_invariant else platform.layer_ops(dtype)
     declared = (checkpoint_config or {}).get("quant_method")
     keep_quantized = declared is not None and (quantization or declared) == declared
-    with torch.device(platform.device):
+    if tp.size > 1:
+        check_tensor_parallel(cls, type(method), tp.size)
+    with torch.device(platform.device), tensor_parallel(tp):
         model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
-    model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
+    if tp.size > 1:
+        model.load_weights(loader.iter_weight_slices(hf_config))
+    else:
+        model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
+    model.weight_bytes_read = getattr(loader, "bytes_read", None)
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model.eval()
+
+
+def check_tensor_parallel(model_cls, method_cls, size: int) -> None:
+    reasons = []
+    if not model_cls.tensor_parallel_capable:
+        reasons.append(f"model {model_cls.__name__} is not built of tensor-parallel layers")
+    if not method_cls.shards_for_tensor_parallel:
+        reasons.append(f"quant method {method_cls.name!r} declares no tensor-parallel sharding of its weights")
+    if reasons:
+        raise ValueError(f"tensor_parallel_size: {size} ranks cannot run here: {'; '.join(reasons)}")
+
+
+def select_executor(registry, config, platform, loader, hf_config):
+    """The executor ``distributed_executor_backend`` names (default: ``uni`` for one rank,
+    ``mp`` for several), after its capability check and, for several ranks, the model's and
+    quant method's (before any worker starts)."""
+    parallel = config.parallel
+    if parallel.tensor_parallel_size > 1:
+        method = registry.get("quant_methods", quant_method_name(config.model.quantization, loader.quant_config()))
+        check_tensor_parallel(select_model_class(registry, hf_config), method, parallel.tensor_parallel_size)
+    name = parallel.distributed_executor_backend or ("mp" if parallel.tensor_parallel_size > 1 else "uni")
+    if name not in registry.names("executors"):
+        hint = " (needs the ray executor plugin, tessellm-executors-ray)" if name == "ray" else ""
+        raise ValueError(f"distributed_executor_backend: {name!r} is not installed{hint}; "
+                         f"installed: {', '.join(registry.names('executors'))}")
+    cls = registry.get("executors", name)
+    reasons = reasons_of(cls.supports, config)
+    if reasons:
+        raise ValueError(f"distributed_executor_backend: {name} cannot run this engine: {'; '.join(reasons)}")
+    return cls(ExecutorContext(config, platform))
+
+
+def allocate_kv_caches(layers: LayerAttention, groups, dtype, device) -> list[torch.Tensor]:
+    """One zeroed KV cache per layer, sized for its group's blocks."""
+    return [torch.zeros(layers.backends[b].kv_cache_shape(groups[g].num_blocks), dtype=dtype, device=device)
+            for b, g in zip(layers.layer_backend, layers.layer_group)]
 
 
 def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):

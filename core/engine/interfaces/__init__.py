@@ -5,13 +5,14 @@ processor is handed, and the scheduler's step messages. Plugins import from here
 
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
+from engine.interfaces.executor import Executor, ExecutorContext, ExecutorFailure
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
 from engine.interfaces.kv_cache import KVCacheGroup, KVCacheManager
 from engine.interfaces.kv_connector import KVConnector
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
-from engine.interfaces.platform import Platform
+from engine.interfaces.platform import Communicator, Platform
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import Scheduler
@@ -34,6 +35,7 @@ INTERFACE_VERSIONS = {
     "tool_parsers": 1,
     "reasoning_parsers": 1,
     "commands": 1,
+    "executors": 1,
 }
 
 # The engine core's request and step messages, loaded on first use: engine.core.request
@@ -52,11 +54,15 @@ __all__ = [
     "AttentionKind",
     "AttentionSpec",
     "BatchLayout",
+    "Communicator",
     "Draft",
     "DraftRequest",
     "Drafter",
     "DrafterContext",
     "EngineOutput",
+    "Executor",
+    "ExecutorContext",
+    "ExecutorFailure",
     "Grammar",
     "GrammarBackend",
     "GrammarContext",

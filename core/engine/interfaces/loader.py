@@ -38,6 +38,14 @@ class ModelLoader(ABC):
         names: a loader whose format stores quantized blocks may then yield them in its own
         documented form for that method. Without it, every tensor is a float tensor."""
 
+    def iter_weight_slices(self, hf_config: Any) -> Iterator[tuple[str, Any]]:
+        """(HF parameter name, tensor or :class:`engine.layers.checkpoint.CheckpointSlice`)
+        pairs for a tensor-parallel rank, which reads only its part of each weight through
+        a slice. This default yields ``iter_weights``' float tensors whole (each rank then
+        reads the whole checkpoint); added with a default, so interface v2 is unchanged.
+        A loader that counts what it reads sets ``bytes_read``."""
+        yield from self.iter_weights(hf_config)
+
     def generation_config(self) -> dict | None:
         """The checkpoint's generation config (Hugging Face ``generation_config.json`` keys:
         ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``repetition_penalty``,

@@ -83,6 +83,10 @@ class Model(nn.Module, ABC):
     # how the pooling runner pools this model's final hidden states unless --pooler-config says
     # otherwise: LAST (a causal decoder used for embeddings), CLS or MEAN
     default_pooling_type: ClassVar[str] = "LAST"
+    # built inside ``engine.distributed.tensor_parallel(group)``, the model holds one rank's
+    # share (its layers are the parallel ones of ``engine.layers``, its ``kv_layout`` the
+    # rank's heads, ``compute_logits`` None off rank 0); False: tensor_parallel_size must be 1
+    tensor_parallel_capable: ClassVar[bool] = False
 
     def __init__(self, ctx: ModelContext):
         super().__init__()

@@ -1,10 +1,32 @@
 """Platform: the device the engine runs on. ``cpu`` and ``cuda`` are built in; a hardware
-vendor ships another through ``register_platforms`` without forking the core."""
+vendor ships another through ``register_platforms`` without forking the core.
+
+Tensor parallelism (added with defaults, so interface v1 is unchanged): ``communicator``
+builds the collectives parallel layers call, by default a ``torch.distributed`` group of
+``dist_backend``; ``configure_rank`` sets a rank's process up (CPU: its share of the cores)."""
+
+from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
+
+if TYPE_CHECKING:
+    from engine.distributed import GroupAddress
+
+
+class Communicator(ABC):
+    """The collectives of one tensor-parallel group, as its parallel layers call them. Each
+    call blocks until done and raises (never hangs) once the group's timeout passes."""
+
+    @abstractmethod
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``x`` over the ranks, on every rank (may reuse ``x``)."""
+
+    @abstractmethod
+    def gather(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Rank 0: the ranks' ``x`` concatenated along the last dim, rank order; others: None."""
 
 
 class Platform(ABC):
@@ -35,6 +57,18 @@ class Platform(ABC):
 
     def configure(self) -> None:
         """Process-wide set-up (threads, allocator) before the model is built."""
+
+    def configure_rank(self, rank: int, world_size: int) -> None:
+        """Set up tensor-parallel rank ``rank`` of ``world_size`` in its process (after
+        ``configure``): e.g. bind the rank's device, or its share of the CPU cores."""
+
+    def communicator(self, store, rank: int, address: GroupAddress) -> Communicator:
+        """The collectives of rank ``rank`` in the group meeting at ``address`` (``store`` is
+        its ``torch.distributed`` store). Default: a process group of ``dist_backend``."""
+        from engine.distributed import ProcessGroupCommunicator, process_group
+
+        group = process_group(self.dist_backend, store, rank, address, "device")
+        return ProcessGroupCommunicator(group, rank, address.world_size, address.timeout)
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on synchronous devices)."""

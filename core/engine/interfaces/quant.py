@@ -22,6 +22,14 @@ methods, the same lifecycle as a linear layer's: ``create_moe_weights`` →
 experts loaded one (expert, shard) at a time → ``process_moe_weights_after_loading`` →
 ``apply_moe`` on rows sorted by expert → ``dequantize_moe``, the plain-math reference.
 Otherwise the core keeps experts in the activation dtype (the ``unquantized`` method's).
+
+Tensor parallelism (added with a default, so interface v2 is unchanged): a method that sets
+``shards_for_tensor_parallel`` declares how its packed weights shard — each parameter it
+registers carries ``output_dim`` (the dim holding the [out, in] weight's rows) and, where
+its columns are stored, ``input_dim``; a rank's part is the proportional slice along each,
+so a packed dim must keep whole packing units per rank. Column-parallel layers then get
+the rank's rows, row-parallel ones its columns (``engine.layers.parallel``). A method that
+leaves it False (int8 and GGUF, for now) makes ``tensor_parallel_size > 1`` refused, naming it.
 """
 
 from abc import ABC, abstractmethod
@@ -45,6 +53,7 @@ class QuantMethod(ABC):
     name: ClassVar[str]
     quantizes_embeddings: ClassVar[bool] = False
     quantizes_experts: ClassVar[bool] = False  # implements the *_moe_* methods below
+    shards_for_tensor_parallel: ClassVar[bool] = False  # parameters declare output_dim/input_dim (above)
 
     def __init__(self, ctx: QuantContext):
         self.ctx = ctx

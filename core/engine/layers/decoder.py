@@ -14,14 +14,15 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from engine.distributed import current_tensor_parallel
 from engine.interfaces.model import AttentionKind, KVLayout, Model
 from engine.layers.attention import Attention
 from engine.layers.embedding import VocabEmbedding
-from engine.layers.linear import Linear
 from engine.layers.loading import decoder_rename, load_checkpoint
 from engine.layers.module import Layer
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
+from engine.layers.parallel import ColumnParallelLinear, RowParallelLinear, attention_heads
 from engine.layers.rotary import RotaryEmbedding
 
 
@@ -34,17 +35,20 @@ class DecoderAttention(Layer):
     """Self-attention over a fused q|k|v projection (``qkv_proj``; the checkpoint's ``q_proj``,
     ``k_proj``, ``v_proj`` load into its shards): rotary embedding of q and k — after a
     per-head RMSNorm of each (``q_norm``, ``k_norm`` of size head_dim) when ``qk_norm`` is
-    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``."""
+    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``. Built for a
+    tensor-parallel group, a rank holds its heads (``num_heads``, ``num_kv_heads`` are the
+    rank's) and ``o_proj`` all-reduces."""
 
     def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps, qkv_bias: bool = False,
                  o_bias: bool = False, qk_norm: bool = False):
         super().__init__()
         self.ops = ops
-        self.num_heads, self.num_kv_heads, self.head_dim = \
-            cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg)
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype)
-        self.o_proj = Linear(q_size, [cfg.hidden_size], o_bias, method, dtype)
+        heads = attention_heads(cfg.num_attention_heads, cfg.num_key_value_heads, current_tensor_parallel())
+        self.num_heads, self.num_kv_heads, self.head_dim = heads.q, heads.kv, head_dim(cfg)
+        q_size, kv_size = cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype,
+                                             heads.qkv_shards(self.head_dim))
+        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, o_bias, method, dtype)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
         self.attn = Attention(layer)
@@ -61,13 +65,14 @@ class DecoderAttention(Layer):
 
 class GatedMLP(Layer):
     """SwiGLU: a fused gate|up projection (``gate_up_proj``; the checkpoint's ``gate_proj`` and
-    ``up_proj`` load into its shards), silu(gate) · up, ``down_proj``."""
+    ``up_proj`` load into its shards), silu(gate) · up, ``down_proj`` (tensor-parallel: a rank
+    holds its slice of gate and up, and ``down_proj`` all-reduces)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, method, dtype, ops: LayerOps):
         super().__init__()
         self.ops = ops
-        self.gate_up_proj = Linear(hidden_size, [intermediate_size] * 2, bias, method, dtype)
-        self.down_proj = Linear(intermediate_size, [hidden_size], bias, method, dtype)
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias, method, dtype)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, method, dtype)
 
     def forward(self, x):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))
@@ -122,10 +127,12 @@ class DecoderForCausalLM(Model):
     """A :class:`Model` around a :class:`DecoderModel`: the KV layout from the config, a tied
     or untied LM head, the embeddings (for EAGLE drafters) and a layer-skip draft view. A
     family implements :meth:`decoder_layer` (and ``architectures``, ``example_configs``,
-    ``supports``)."""
+    ``supports``); one built of :class:`DecoderAttention` and :class:`GatedMLP` blocks may set
+    ``tensor_parallel_capable``."""
 
     def __init__(self, ctx):
         super().__init__(ctx)
+        self.tensor_parallel = current_tensor_parallel()
         cfg = self.cfg = ctx.hf_config
         ops = ctx.layer_ops or LayerOps()
         layers = (self.decoder_layer(cfg, index, ctx.linear_method, ctx.dtype, ops)
@@ -144,9 +151,10 @@ class DecoderForCausalLM(Model):
         return ()
 
     def kv_layout(self) -> KVLayout:
+        """This rank's heads: each tensor-parallel rank caches K/V for its own kv heads."""
         cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, head_dim(cfg),
-                        self.layer_kinds())
+        heads = attention_heads(cfg.num_attention_heads, cfg.num_key_value_heads, self.tensor_parallel)
+        return KVLayout(cfg.num_hidden_layers, heads.q, heads.kv, head_dim(cfg), self.layer_kinds())
 
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)
@@ -161,7 +169,8 @@ class DecoderForCausalLM(Model):
 
     def compute_logits(self, hidden):
         head = self.model.embed_tokens if self.tied else self.lm_head
-        return head.logits(hidden).float()
+        logits = head.logits(hidden)
+        return None if logits is None else logits.float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_checkpoint(self, weights, decoder_rename(self.tied))

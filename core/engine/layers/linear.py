@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from engine.layers.batch_invariant import in_row_tiles
+from engine.layers.checkpoint import materialize
 from engine.layers.module import Layer
 
 
@@ -21,8 +22,10 @@ class Linear(Layer):
             self.bias.output_dim = 0
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        """Copy one projection's checkpoint tensor into its slice of the fused parameter."""
+        """Copy one projection's checkpoint tensor into its slice of the fused parameter
+        (a tensor-parallel layer first takes this rank's part: :meth:`rank_part`)."""
         param = getattr(self, param_name)
+        tensor = self.rank_part(param, tensor, shard)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
             loader(param, tensor, shard)
@@ -34,6 +37,11 @@ class Linear(Layer):
         per_row = param.shape[dim] // sum(self.output_sizes)
         start = sum(self.output_sizes[:shard]) * per_row
         param.data.narrow(dim, start, self.output_sizes[shard] * per_row).copy_(tensor)
+
+    def rank_part(self, param: torch.Tensor, tensor, shard: int) -> torch.Tensor:
+        """The part of checkpoint tensor ``tensor`` (a torch tensor, or a lazy
+        :class:`engine.layers.loading.CheckpointSlice`) this rank holds: all of it here."""
+        return materialize(tensor)
 
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)

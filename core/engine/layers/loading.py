@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import nn
 
+from engine.layers.checkpoint import materialize
 from engine.layers.linear import Linear
 from engine.layers.moe import EXPERT_PROJECTIONS, FusedMoE
 
@@ -27,8 +28,9 @@ def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor
     """Copy (name, tensor) pairs into ``module``: q/k/v and gate/up projections into their
     fused :class:`Linear`'s shards, ``<moe>.experts.<e>.<projection>.<param>`` into the
     :class:`FusedMoE` at ``<moe>.experts`` (experts on other ranks skipped), other Linear
-    parameters through ``load_shard`` (so the quant method's storage is used), everything
-    else by name. ``rename`` maps a checkpoint name to the module's (None skips it). Unknown
+    parameters through ``load_shard`` (so the quant method's storage is used, and a
+    tensor-parallel layer reads only its rank's part of a lazy
+    :class:`engine.layers.checkpoint.CheckpointSlice`), everything else by name, read whole. ``rename`` maps a checkpoint name to the module's (None skips it). Unknown
     names and parameters left unloaded raise ValueError naming them."""
     modules = dict(module.named_modules())
     state = dict(module.named_parameters()) | dict(module.named_buffers())
@@ -41,7 +43,7 @@ def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor
         parent, _, projection = module_path.rpartition(".")
         experts_path, _, expert = parent.rpartition(".")
         if expert.isdigit() and isinstance(modules.get(experts_path), FusedMoE):
-            modules[experts_path].load_expert(projection, param, int(expert), tensor)
+            modules[experts_path].load_expert(projection, param, int(expert), materialize(tensor))
             missing.discard(f"{experts_path}.{EXPERT_PROJECTIONS[projection][0]}.{param}")
         elif projection in fused:
             target, shard = fused[projection]
@@ -52,7 +54,7 @@ def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor
             modules[module_path].load_shard(param, tensor)
             missing.discard(name)
         elif name in state:
-            state[name].data.copy_(tensor)
+            state[name].data.copy_(materialize(tensor))
             missing.discard(name)
         else:
             raise ValueError(f"checkpoint tensor {checkpoint_name!r} matches nothing in {type(module).__name__}")

@@ -3,6 +3,7 @@ pooling requests, pool their hidden states instead (:mod:`engine.pooling`)."""
 
 from __future__ import annotations
 
+import attrs
 import torch
 
 from engine.core.scheduling import StepPlan, StepResult, TokenLogprobs
@@ -10,6 +11,31 @@ from engine.interfaces import StepContext
 from engine.runner import sampler
 from engine.runner.batch import FlatBatch, flatten
 from engine.runner.layer_attention import LayerAttention
+
+
+@attrs.frozen
+class StepInput:
+    """What every tensor-parallel rank needs to run one step's forward: the flattened tokens,
+    their positions, each KV cache group's attention layout and the rows to score (sampled
+    rows, then prompt-logprob rows). Picklable: a multi-rank executor broadcasts it."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    layouts: tuple
+    logits_rows: tuple[int, ...]
+
+    def to(self, device) -> StepInput:
+        """The same input with its tensors on ``device``: the broadcast carries host tensors
+        (a CUDA tensor would unpickle onto the sender's device index) and each rank moves
+        them to its own device. On the CPU nothing is copied."""
+        return StepInput(self.input_ids.to(device), self.positions.to(device),
+                         tuple(_layout_to(layout, device) for layout in self.layouts), self.logits_rows)
+
+
+def _layout_to(layout, device):
+    tensors = {f.name: getattr(layout, f.name) for f in attrs.fields(type(layout))}
+    return attrs.evolve(layout, **{name: value.to(device) for name, value in tensors.items()
+                                   if isinstance(value, torch.Tensor)})
 
 
 class ModelRunner:
@@ -26,6 +52,8 @@ class ModelRunner:
         self.pooler = pooler  # an engine.pooling.Pooler when the engine runs pooling requests
         self.keep_hidden_states = False  # a drafter that reads the target's hidden states sets this
         self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
+        # how execute runs a step's forward: a multi-rank executor wraps it (broadcast first)
+        self.forward_step = self.forward
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -34,14 +62,14 @@ class ModelRunner:
                 bitmask: torch.Tensor | None = None) -> StepResult:
         """``group_tables``: per KV cache group, each scheduled request's block table."""
         batch = flatten(plan, group_tables, self.block_size, self.device)
-        hidden, aux = self._forward(batch)
+        rows = batch.sample_rows + batch.prompt_rows
+        hidden, aux, logits = self.forward_step(StepInput(batch.input_ids, batch.positions, batch.layouts,
+                                                          tuple(rows)))
         result = StepResult({})
         if batch.pool_spans:
             result.pooled.update(self.pooler(hidden, batch.pool_spans))
-        rows = batch.sample_rows + batch.prompt_rows
         if not rows:
             return result
-        logits = self.model.compute_logits(hidden[torch.tensor(rows, device=self.device)])
         n = len(batch.sample_rows)
         if n:
             self._sample(logits[:n], batch, plan, bitmask, result)
@@ -59,10 +87,19 @@ class ModelRunner:
             accepted = len(result.sampled.get(rid, [None])) - 1
             result.hidden_states[rid] = hidden[start:start + item.num_new_tokens + accepted]
 
-    def _forward(self, batch: FlatBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    @torch.inference_mode()
+    def forward(self, step: StepInput) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+        """(hidden states, the drafter's inner-layer states, logits of ``step.logits_rows``;
+        None when there are none, and on a tensor-parallel rank other than 0)."""
+        hidden, aux = self._forward(step)
+        if not step.logits_rows:
+            return hidden, aux, None
+        return hidden, aux, self.model.compute_logits(hidden[torch.tensor(step.logits_rows, device=self.device)])
+
+    def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         aux: list[torch.Tensor] = []
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
-        metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layout)
+        metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layouts[0])
         step = StepContext(self.attention, metadata, self.kv_caches,
                            self.hidden_layers if self.keep_hidden_states else (), aux, layers)
         if self.connector is not None:

@@ -11,6 +11,7 @@ from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, Ga
 
 class Qwen3ForCausalLM(DecoderForCausalLM):
     architectures = ("Qwen3ForCausalLM",)
+    tensor_parallel_capable = True  # DecoderAttention and GatedMLP blocks only
 
     def decoder_layer(self, cfg, index, method, dtype, ops):
         bias = getattr(cfg, "attention_bias", False)

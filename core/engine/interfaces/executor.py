@@ -1,0 +1,78 @@
+"""Executor: where the model runner's steps run — in this process (``uni``), or on N
+tensor-parallel ranks (``mp``: this process is rank 0, the driver, and spawns the others).
+
+The engine core owns the one scheduler. It builds rank 0's model inside the executor's
+:attr:`Executor.tensor_parallel` group, allocates rank 0's KV cache, hands the executor its
+:class:`engine.runner.model_runner.ModelRunner` with :meth:`Executor.start`, and then calls
+:meth:`Executor.execute` once per step. A multi-rank executor broadcasts that step's
+:class:`engine.runner.model_runner.StepInput` (one picklable object: token ids, positions,
+the attention layouts, the rows to score) to every rank before rank 0 runs it; the other
+ranks run the same forward, joining its collectives, and return nothing: outputs come from
+rank 0 only (it samples). Workers load plugins with the engine's allow-list
+(:func:`engine.plugins.load_plugins`, idempotent) and report a failure to load or to step to
+the driver.
+
+Faults: anything that leaves the ranks out of step (a collective that fails or times out, a
+worker that exits, rank 0 failing mid-forward) raises :class:`ExecutorFailure`, which the
+engine core never retries: the engine fails cleanly instead of hanging.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import attrs
+
+if TYPE_CHECKING:
+    from engine.distributed import TensorParallel
+
+
+class ExecutorFailure(RuntimeError):
+    """The executor's ranks can no longer step together; fatal for the engine."""
+
+
+@attrs.frozen
+class ExecutorContext:
+    """What an executor is built from: the resolved :class:`engine.EngineConfig` (model path,
+    dtype and max_model_len filled in) and the selected, configured platform."""
+
+    config: Any
+    platform: Any
+
+
+class Executor(ABC):
+    name: ClassVar[str]
+
+    def __init__(self, ctx: ExecutorContext):
+        self.ctx = ctx
+
+    @classmethod
+    def supports(cls, config) -> list[str]:
+        """Reasons this executor cannot run ``config``; empty when it can."""
+        return []
+
+    @property
+    @abstractmethod
+    def tensor_parallel(self) -> TensorParallel:
+        """Rank 0's group: the engine builds rank 0's model inside it."""
+
+    @abstractmethod
+    def start(self, runner, kv_groups) -> None:
+        """Rank 0's runner is built; ``kv_groups`` (:class:`engine.interfaces.KVCacheGroup`,
+        block counts decided by rank 0) size every other rank's KV cache. Returns when every
+        rank is ready to step; raises :class:`ExecutorFailure` naming a rank that failed."""
+
+    @abstractmethod
+    def execute(self, plan, group_tables, bitmask=None):
+        """One step on every rank; rank 0's :class:`engine.interfaces.StepResult`."""
+
+    def check_health(self) -> None:
+        """Raise :class:`ExecutorFailure` if a rank is gone (cheap: called between steps)."""
+
+    def weight_bytes_read(self) -> list[int | None]:
+        """Checkpoint bytes each rank read for its weights (None: its loader does not count)."""
+        return []
+
+    def shutdown(self) -> None:
+        """Stop every rank this executor started (idempotent)."""

@@ -1,0 +1,227 @@
+"""Acceptance of tensor parallelism on this machine: two gloo ranks (the ``mp`` executor: this
+process is rank 0, one spawned worker is rank 1) against one rank, in float32 on the tiny
+Llama. One TP=2 engine serves the module (a worker's start costs seconds)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+from safetensors import safe_open
+
+from engine import LLM, SamplingParams
+from engine.distributed import TensorParallel
+from engine.interfaces import ExecutorFailure
+from engine.layers.parallel import attention_heads
+from engine.testing import reference
+from tests.serving import serve
+
+LENGTHS = [3, 41, 17, 8, 60, 25, 5, 33, 12, 50, 2, 29, 19, 44, 9, 37, 23, 14]
+SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40,
+                max_model_len=256)
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_llama):
+    """(TP=1, TP=2) engines on a KV pool small enough to preempt."""
+    one = LLM(tiny_llama[0], **SQUEEZED)
+    two = LLM(tiny_llama[0], tensor_parallel_size=2, **SQUEEZED)
+    yield one, two
+    two.engine.shutdown()
+
+
+def test_tp2_greedy_equals_tp1_under_batching_and_preemption(engines, tiny_llama):
+    prompts = reference.random_prompts(tiny_llama[1].config.vocab_size, LENGTHS, seed=3)
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    runs = []
+    for llm in engines:
+        before = llm.engine.stats()["preemptions"]
+        runs.append([o.outputs[0].token_ids for o in llm.generate(prompts, params)])
+        assert llm.engine.stats()["preemptions"] > before, "the pool must be small enough to force preemption"
+    assert runs[1] == runs[0]
+    assert engines[1].engine.stats()["running"] == 0 and engines[1].engine.stats()["kv_cache_usage"] == 0.0
+
+
+def test_tp2_logprobs_within_float32_all_reduce_rounding(engines, tiny_llama):
+    prompts = reference.random_prompts(tiny_llama[1].config.vocab_size, [7, 30, 12], seed=5)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=5, prompt_logprobs=5)
+    one, two = (llm.generate(prompts, params) for llm in engines)
+    for a, b in zip(one, two):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        positions = list(zip(a.outputs[0].logprobs, b.outputs[0].logprobs)) + list(
+            zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]))
+        for expected, got in positions:
+            assert expected.keys() == got.keys()
+            for token, logprob in expected.items():
+                assert got[token].logprob == pytest.approx(logprob.logprob, abs=2e-4)
+
+
+def test_tp2_replicates_a_lone_kv_head_and_pads_an_odd_vocabulary(tmp_path):
+    """Qwen3 (per-head q/k norms) with one kv head for two ranks (each rank keeps a copy),
+    an untied LM head and a vocabulary that does not split evenly (rank 1's tail is padding):
+    TP=2 gives transformers' greedy tokens, as TP=1 does."""
+    config = dict(model_type="qwen3", vocab_size=251, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  max_position_embeddings=256, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
+                  tie_word_embeddings=False)
+    hf_model = reference.tiny_checkpoint(str(tmp_path), "Qwen3ForCausalLM", config)
+    prompts = reference.random_prompts(config["vocab_size"], [5, 19, 2, 33, 11, 26], seed=7)
+    llm = LLM(str(tmp_path), tensor_parallel_size=2, **SQUEEZED)
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0,
+                                                                                     ignore_eos=True))]
+    finally:
+        llm.engine.shutdown()
+    assert got == reference.hf_greedy(hf_model, prompts, 16)
+
+
+def test_workers_honour_the_allow_list_and_report_what_stops_them(tiny_llama):
+    """Workers load plugins with the engine's allow-list. One registered only in this process
+    (``add_plugin``, as the test plugins are) does not exist in a spawned worker: the worker's
+    failure reaches the driver as one error naming it, at once, not a collective timeout."""
+    started = time.monotonic()
+    with pytest.raises(ExecutorFailure, match=r"(?s)rank 1 failed to start.*unknown plugin\(s\) \['test-ban'\]"):
+        LLM(tiny_llama[0], plugins=["models-llama", "attention-torch", "test-ban"], tensor_parallel_size=2,
+            **SQUEEZED)
+    assert time.monotonic() - started < 30
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (4, 4, 4)])
+def test_every_rank_holds_the_kv_heads_its_q_heads_read(heads, kv_heads, ranks):
+    """GQA under TP: q head h reads kv head h // (heads / kv_heads), and a rank's attention
+    pairs its local q heads evenly with its local kv heads; so local q head i must land on the
+    global kv head its global q head reads (replicated when kv heads are fewer than ranks)."""
+    group = heads // kv_heads
+    covered = set()
+    for rank in range(ranks):
+        part = attention_heads(heads, kv_heads, TensorParallel(rank, ranks))
+        assert part.q == heads // ranks and part.kv == max(1, kv_heads // ranks)
+        for local in range(part.q):
+            q_head = part.q_start + local
+            assert part.kv_start + local // (part.q // part.kv) == q_head // group
+        covered.update(range(part.q_start, part.q_start + part.q))
+    assert covered == set(range(heads))
+
+
+def test_uneven_heads_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="num_attention_heads \\(9\\) is not divisible by 2"):
+        attention_heads(9, 3, TensorParallel(0, 2))
+    with pytest.raises(ValueError, match="cannot share 3 kv heads"):
+        attention_heads(12, 3, TensorParallel(0, 4))
+
+
+def _checkpoint_bytes(folder: str) -> tuple[int, int]:
+    """(bytes of all tensors, bytes of the replicated ones: the 1-D norm weights)."""
+    total = replicated = 0
+    for path in glob.glob(os.path.join(folder, "*.safetensors")):
+        with safe_open(path, framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open handles are not iterable
+                tensor = f.get_slice(name)
+                size = 4 * _numel(tensor.get_shape())
+                total += size
+                replicated += size if name.endswith("norm.weight") else 0
+    return total, replicated
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def test_each_rank_reads_only_its_shard_and_holds_half_the_weights(engines, tiny_llama):
+    total, replicated = _checkpoint_bytes(tiny_llama[0])
+    per_rank = (total - replicated) // 2 + replicated  # every sharded dim of the tiny Llama splits evenly
+    assert engines[1].engine.executor.weight_bytes_read() == [per_rank, per_rank]
+    held = [sum(p.numel() * p.element_size() for p in llm.engine.model.parameters()) for llm in engines]
+    assert held[1] == per_rank and held[0] == total
+
+
+def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
+    folder = tiny_llama[0]
+    with pytest.raises(ValueError, match="int8-w8a16.*declares no tensor-parallel sharding"):
+        LLM(folder, quantization="int8-w8a16", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="'ray' is not installed.*needs the ray executor plugin"):
+        LLM(folder, tensor_parallel_size=2, distributed_executor_backend="ray")
+    with pytest.raises(ValueError, match="uni cannot run this engine: it runs one rank"):
+        LLM(folder, tensor_parallel_size=2, distributed_executor_backend="uni")
+    with pytest.raises(ValueError, match="speculative decoding is not tensor-parallel yet"):
+        LLM(folder, tensor_parallel_size=2, speculative_config={"method": "ngram"})
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+def _cmdline(pid: int) -> str:
+    with open(f"/proc/{pid}/cmdline") as f:
+        return f.read().replace("\0", " ")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.slow
+def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(engines, tiny_llama):
+    """``engine serve -tp 2``: the engine-core process is the driver. The official client gets
+    TP=1's greedy text; a worker killed mid-stream errors the stream, turns /health to 503 and
+    ends the server non-zero within 10 s, leaving no process behind."""
+    prompt = [1, 450, 3200, 77, 9]
+    expected = engines[0].generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    args = ("--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256", "-tp", "2")
+    with serve(tiny_llama[0], *args, api_key=None) as server:
+        core = server.core_pid()
+        children = _children(core)  # the worker, and multiprocessing's resource tracker
+        workers = [p for p in children if "spawn_main" in _cmdline(p)]
+        assert len(workers) == 1
+        client = server.openai()
+        reply = client.completions.create(model=server.model(), prompt=prompt, max_tokens=12, temperature=0,
+                                          extra_body={"ignore_eos": True})
+        assert reply.choices[0].text == expected[0].outputs[0].text
+        body = {"model": server.model(), "prompt": prompt, "max_tokens": 240, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+            lines = (line[6:] for line in response.iter_lines() if line.startswith("data: "))
+            assert json.loads(next(lines))["choices"][0]["finish_reason"] is None
+            killed = time.monotonic()
+            os.kill(workers[0], signal.SIGKILL)
+            rest = list(lines)
+        errors = [json.loads(line)["error"] for line in rest if line != "[DONE]" and "error" in line]
+        assert errors and errors[0]["code"] == "engine_dead" and rest[-1] == "[DONE]"
+        assert httpx.get(f"{server.url}/health").status_code == 503
+        assert server.process.wait(10) != 0
+        assert time.monotonic() - killed < 10
+    deadline = time.monotonic() + 5
+    while not all(_gone(p) for p in [core, *children]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in [core, *children])
+
+
+def test_rank_zero_failing_mid_forward_is_fatal_and_stops_the_worker(engines):
+    """A fault inside rank 0's forward leaves rank 1 inside the step's collectives, so it is
+    never retried request by request (that would pair mismatched all-reduces): the engine
+    fails, stays failed, and shutdown ends the worker. Last: it breaks the module's engine."""
+    engine = engines[1].engine
+    mlp = engine.model.model.layers[1].mlp
+
+    def broken(x):
+        raise RuntimeError("injected kernel fault")
+
+    mlp.forward = broken
+    with pytest.raises(ExecutorFailure, match="rank 0 failed mid-forward.*injected kernel fault"):
+        engines[1].generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
+    with pytest.raises(ExecutorFailure, match="injected kernel fault"):
+        engines[1].generate([[4, 5, 6]], SamplingParams(max_tokens=2, temperature=0))
+    workers = list(engine.executor._workers)
+    engine.shutdown()
+    assert not any(process.is_alive() for process in workers)
