@@ -11,6 +11,7 @@ that reads back what it wrote through the slot mapping."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -69,7 +70,7 @@ def _beyond_window(tables, requests, block_size: int, window: int | None):
             for t, (ctx, _) in zip(tables, requests)]
 
 
-def _layout(spans, tables, block_size) -> BatchLayout:
+def paged_layout(spans, tables, block_size) -> BatchLayout:
     """The layout of one call: per request, ``count`` new tokens from position ``start``."""
     lens, seqs, slots = [], [], []
     for (start, count), blocks in zip(spans, tables):
@@ -91,7 +92,7 @@ def fused_projection_views(q, k, v, row_padding: int = 16):
     q|k|v matmul output [T, (H + 2·Hkv)·D + row_padding] — neither of them contiguous, rows
     further apart than their heads, padding NaN (a backend that reads it fails)."""
     tokens, widths = q.shape[0], [t.shape[1] * t.shape[2] for t in (q, k, v)]
-    fused = torch.full((tokens, sum(widths) + row_padding), float("nan"), dtype=q.dtype)
+    fused = torch.full((tokens, sum(widths) + row_padding), float("nan"), dtype=q.dtype, device=q.device)
     parts = fused[:, :sum(widths)].split(widths, dim=1)
     return tuple(part.view(t.shape).copy_(t) for part, t in zip(parts, (q, k, v)))
 
@@ -126,18 +127,20 @@ def _sequences(requests, shares, spec: AttentionSpec, block_size: int, gen):
 
 
 def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed: int = 0, num_layers: int = 1,
-                  shares: dict[int, tuple[int, int]] | None = None):
+                  shares: dict[int, tuple[int, int]] | None = None, device: torch.device | str = "cpu"):
     """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
     batch under test over it. Blocks are scattered over the pool; ``shares`` (request ->
     (donor, blocks)) makes a request's cached context its donor's first blocks, written once
     by the donor. q, k and v are strided views of one fused projection
     (:func:`fused_projection_views`). Each call builds its metadata once and runs
     ``num_layers`` layers through it, each over its own cache and inputs, as the engine does.
-    The cache layout is the backend's own: only outputs are compared. -> [(output, expected)]
-    per call and layer."""
+    The cache layout is the backend's own: only outputs are compared. Inputs, caches and the
+    layout live on ``device``; outputs come back to the CPU. -> [(output, expected)] per call
+    and layer."""
     gen = torch.Generator().manual_seed(seed)
     bs, shares = spec.block_size, shares or {}
-    caches = [torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype) for _ in range(num_layers)]
+    caches = [torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype, device=device)
+              for _ in range(num_layers)]
     tables = _tables(requests, shares, bs, num_blocks, gen)
     layers = [_sequences(requests, shares, spec, bs, gen) for _ in range(num_layers)]
     results = []
@@ -148,21 +151,26 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
         if not first and spec.sliding_window is not None:
             for cache in caches:
                 null = cache.select(backend.block_dim, 0)
-                null.copy_(torch.randn(null.shape, generator=gen))
+                null.copy_(torch.randn(null.shape, generator=gen).to(device))
         window_tables = tables if first else _beyond_window(tables, requests, bs, spec.sliding_window)
         active = [i for i, count in enumerate(written) if count]
         span = [(requests[i][0] - written[i], requests[i][0]) if first else (requests[i][0], sum(requests[i]))
                 for i in active]
-        metadata = backend.build_metadata(_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active],
-                                                  bs))
+        layout = paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs)
+        metadata = backend.build_metadata(_on_device(layout, device))
         for cache, seqs in zip(caches, layers):
             q, k, v = (torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3))
-            out = backend.forward(*fused_projection_views(q, k, v), cache, metadata)
+            out = backend.forward(*fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata)
             expected = torch.cat([reference_attention(seqs[i][0][a:b], seqs[i][1][:b], seqs[i][2][:b], spec.scale,
                                                       spec.sliding_window, spec.logit_softcap, spec.causal)
                                   for (a, b), i in zip(span, active)])
-            results.append((out, expected))
+            results.append((out.cpu(), expected))
     return results
+
+
+def _on_device(layout: BatchLayout, device) -> BatchLayout:
+    return attrs.evolve(layout, **{field: getattr(layout, field).to(device) for field in
+                                   ("query_start_loc", "seq_lens", "block_table", "slot_mapping")})
 
 
 DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -205,7 +213,8 @@ class AttentionBackendContract:
 
     def _check(self, backend, spec: AttentionSpec, requests, **kwargs):
         tol = self.dtype_tolerances[spec.dtype]
-        for out, expected in run_two_calls(backend, spec, requests, num_blocks=64, **kwargs):
+        for out, expected in run_two_calls(backend, spec, requests, num_blocks=64, device=backend.platform.device,
+                                           **kwargs):
             assert out.shape == expected.shape
             torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
