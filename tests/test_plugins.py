@@ -84,7 +84,7 @@ def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
     assert len(mentions) == 1 and "Traceback" not in result.stderr, result.stderr
     line = mentions[0]
     assert "tessellm-attention-future 9.0.0" in line and "refused" in line
-    assert "interface v99" in line and "provides v1" in line
+    assert "interface v99" in line and "provides v2" in line
     assert "attention-future  (tessellm-attention-future 9.0.0)  refused:" in result.stdout
     assert "attention backend: future" not in result.stdout
     for name in SHIPPED:
@@ -170,7 +170,7 @@ def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stdout.splitlines()
     noapi = _only(lines, "attention-noapi  (tessellm-attention-noapi 9.0.0)  refused: ")
-    assert "attention backend 'noapi' registered without api=" in noapi and "provides v1" in noapi
+    assert "attention backend 'noapi' registered without api=" in noapi and "provides v2" in noapi
     raising = _only(lines, "models-raising  (tessellm-models-raising 9.0.0)  refused: ")
     assert raising.endswith("register_models raised RuntimeError: config registry unreachable")
     fancy = _only(lines, "attention backend: fancy")
@@ -258,6 +258,18 @@ def test_misregistration_refuses_the_plugin_with_its_reason(monkeypatch, case):
         *args, **kwargs)))
     assert registry.plugins["bad"].status.startswith(f"refused: {reason}")
     assert registry.names("attention_backends") == [] and registry.names("platforms") == ["cpu", "cuda"]
+
+
+def test_attention_backends_built_for_v1_still_load(monkeypatch):
+    """v2 only added defaulted members (cuda_graph_support, describe): a v1 backend loads with them."""
+    target = "engine_attention_torch.backend:TorchAttentionBackend"
+    registry = registry_with(monkeypatch, "old", hooks(register_attention_backends=lambda register: register(
+        "old", target, api=1)))
+    assert registry.names("attention_backends") == ["old"]
+    assert registry.get("attention_backends", "old").cuda_graph_support == "none"
+    refused = registry_with(monkeypatch, "older", hooks(register_attention_backends=lambda register: register(
+        "older", target, api=0)))
+    assert refused.plugins["older"].status.startswith("refused: built for attention_backends interface v0")
 
 
 def test_a_plugin_that_swallows_the_refusal_is_still_refused(monkeypatch):

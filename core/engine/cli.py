@@ -73,6 +73,9 @@ def _capability(kind: str, cls, platform) -> str:
             return f"  [runs here: {path}]"
     elif kind == "attention_backends":
         reasons = cls.supports(_probe_spec(), platform)
+        path = getattr(cls, "describe", lambda *_: None)(_probe_spec(), platform)
+        if path and not reasons:
+            return f"  [runs here: {path}]"
     else:
         return ""
     return "  [runs here]" if not reasons else f"  [cannot run here: {'; '.join(reasons)}]"

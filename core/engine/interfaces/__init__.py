@@ -21,7 +21,7 @@ from engine.interfaces.tool_parser import ToolCall, ToolParser
 # incompatibly; plugins declare the version they target with ``api=`` when registering.
 INTERFACE_VERSIONS = {
     "platforms": 1,
-    "attention_backends": 1,
+    "attention_backends": 2,  # 2: cuda_graph_support, describe (both defaulted: v1 backends still load)
     "models": 1,
     "model_loaders": 2,  # 2: iter_weights(keep_quantized=...)
     "quant_methods": 2,  # 2: dequantize (required), embed, describe, quantizes_embeddings
@@ -35,6 +35,9 @@ INTERFACE_VERSIONS = {
     "reasoning_parsers": 1,
     "commands": 1,
 }
+
+# Older versions a kind still loads, because the newer one only added members with defaults.
+STILL_LOADED = {"attention_backends": (1,)}
 
 # The engine core's request and step messages, loaded on first use: engine.core.request
 # imports engine.sampling_params, which imports this package.
