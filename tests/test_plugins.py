@@ -24,8 +24,9 @@ from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
-SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models-bert", "attention-torch", "quant-gguf",
-           "quant-int8", "quant-fp8", "quant-mxfp4")
+SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models-bert", "attention-torch",
+           "attention-triton", "quant-gguf", "quant-int8", "quant-fp8",
+           "quant-mxfp4")
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:
@@ -39,6 +40,8 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
     for name in ("builtin", *SHIPPED):
         assert any(line.startswith(f"{name}  (") and line.endswith("loaded") for line in out.splitlines()), out
     assert "attention backend: torch  [runs here]" in out
+    if not torch.cuda.is_available():  # the GPU backends say why not, importing no kernel library
+        assert "attention backend: triton  [cannot run here: on the cpu platform Triton kernels run only" in out
     assert "platform: cpu  [runs here]" in out
     assert "platform: cuda  [cannot run here:" in out  # on machines without a GPU
     assert "model: LlamaForCausalLM" in out and "model: MixtralForCausalLM" in out and "model loader: gguf" in out

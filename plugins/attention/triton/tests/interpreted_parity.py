@@ -1,0 +1,30 @@
+"""A tiny random Llama through ``LLM(..., attention_backend="triton")`` on the CPU under
+Triton's interpreter gives the torch backend's greedy tokens in float32: whole prompts and
+chunks of 16 (later chunks beside decode rows), then decode rows. Not collected by itself
+(``TRITON_INTERPRET=1`` must be set first): ``test_conformance.py`` runs it in a child process."""
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.testing import reference
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("tiny"))
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
+        model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
+    return folder
+
+
+def test_greedy_tokens_match_the_torch_backend(tiny_model):
+    prompts = reference.random_prompts(256, [5, 33, 3], seed=3)
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(tiny_model, dtype="float32", attention_backend=backend, block_size=16, max_model_len=128,
+                  max_num_batched_tokens=16)
+        assert llm.engine.runner.attention.name == backend
+        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert tokens["triton"] == tokens["torch"]
