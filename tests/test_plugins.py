@@ -25,7 +25,7 @@ from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models-bert", "attention-torch",
-           "attention-triton", "quant-gguf", "quant-int8", "quant-fp8",
+           "attention-triton", "attention-flash-attn", "attention-flashinfer", "quant-gguf", "quant-int8", "quant-fp8",
            "quant-mxfp4")
 
 
@@ -42,6 +42,8 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
     assert "attention backend: torch  [runs here]" in out
     if not torch.cuda.is_available():  # the GPU backends say why not, importing no kernel library
         assert "attention backend: triton  [cannot run here: on the cpu platform Triton kernels run only" in out
+        assert "attention backend: flash-attn  [cannot run here: FlashAttention runs on the cuda platform only" in out
+        assert "attention backend: flashinfer  [cannot run here: FlashInfer runs on the cuda platform only" in out
     assert "platform: cpu  [runs here]" in out
     assert "platform: cuda  [cannot run here:" in out  # on machines without a GPU
     assert "model: LlamaForCausalLM" in out and "model: MixtralForCausalLM" in out and "model loader: gguf" in out
