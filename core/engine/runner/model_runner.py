@@ -26,6 +26,7 @@ class ModelRunner:
         self.pooler = pooler  # an engine.pooling.Pooler when the engine runs pooling requests
         self.keep_hidden_states = False  # a drafter that reads the target's hidden states sets this
         self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
+        self.graphs = None  # an engine.runner.cuda_graphs.CudaGraphRunner when decode steps replay graphs
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -60,6 +61,8 @@ class ModelRunner:
             result.hidden_states[rid] = hidden[start:start + item.num_new_tokens + accepted]
 
     def _forward(self, batch: FlatBatch) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if self.graphs is not None and (hidden := self.graphs.replay(batch)) is not None:
+            return hidden, []
         aux: list[torch.Tensor] = []
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
         metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layout)
