@@ -3,7 +3,7 @@ context objects constructors receive, the request a scheduler, KV connector or l
 processor is handed, and the scheduler's step messages. Plugins import from here (and
 ``engine``, ``engine.layers``, ``engine.drafting``, ``engine.testing``), never deeper."""
 
-from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
 from engine.interfaces.kv_cache import KVCacheGroup, KVCacheManager
@@ -88,6 +88,7 @@ __all__ = [
     "TokenLogprobs",
     "ToolCall",
     "ToolParser",
+    "head_layout_reasons",
 ]
 
 

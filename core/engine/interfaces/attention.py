@@ -67,6 +67,18 @@ class BatchLayout:
         return int(self.slot_mapping.shape[0])
 
 
+def head_layout_reasons(spec: AttentionSpec) -> list[str]:
+    """What a paged kernel cannot be asked, whatever it is: query heads that are not a multiple
+    of the KV heads (no KV head to group them under), and a sliding window without causality
+    (the window ends at a query's own position). For a backend's ``supports``."""
+    reasons = []
+    if spec.num_heads % spec.num_kv_heads:
+        reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
+    if not spec.causal and spec.sliding_window is not None:
+        reasons.append("bidirectional attention with a sliding window")
+    return reasons
+
+
 # what a backend declares in ``AttentionBackend.cuda_graph_support``
 CUDA_GRAPH_SUPPORT = ("none", "decode-only", "full")
 

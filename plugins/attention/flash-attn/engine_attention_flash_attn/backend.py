@@ -24,7 +24,7 @@ import importlib.util
 import attrs
 import torch
 
-from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
 
 PACKAGE, BUNDLED = "flash_attn", "torch"
 _PATH_NAMES = {PACKAGE: "the flash_attn package", BUNDLED: "PyTorch's bundled flash kernel"}
@@ -48,11 +48,7 @@ def spec_reasons(spec: AttentionSpec) -> list[str]:
         reasons.append(f"dtype {spec.dtype} (FlashAttention takes float16 or bfloat16)")
     if spec.head_dim % 8 or spec.head_dim > 256:
         reasons.append(f"head size {spec.head_dim} (a multiple of 8 up to 256)")
-    if spec.num_heads % spec.num_kv_heads:
-        reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
-    if not spec.causal and spec.sliding_window is not None:
-        reasons.append("bidirectional attention with a sliding window")
-    return reasons
+    return reasons + head_layout_reasons(spec)
 
 
 def path_reasons(spec: AttentionSpec) -> dict[str, list[str]]:

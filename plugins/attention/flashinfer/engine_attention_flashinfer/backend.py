@@ -23,7 +23,7 @@ import shutil
 import attrs
 import torch
 
-from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
 
 WORKSPACE_BYTES = 128 << 20  # FlashInfer's scratch for split-KV partial results
 HEAD_DIMS = (64, 128, 256)
@@ -99,11 +99,7 @@ class FlashInferBackend(AttentionBackend):
             reasons.append(f"dtype {spec.dtype} (FlashInfer takes float16 or bfloat16)")
         if spec.head_dim not in HEAD_DIMS:
             reasons.append(f"head size {spec.head_dim} (one of {', '.join(map(str, HEAD_DIMS))})")
-        if spec.num_heads % spec.num_kv_heads:
-            reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
-        if not spec.causal and spec.sliding_window is not None:
-            reasons.append("bidirectional attention with a sliding window")
-        return reasons
+        return reasons + head_layout_reasons(spec)
 
     def __init__(self, spec: AttentionSpec, platform):
         super().__init__(spec, platform)

@@ -20,7 +20,7 @@ import os
 import attrs
 import torch
 
-from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
 
 # query rows × grouped query heads a tile holds: a decode tile is one row per request (its
 # heads padded up to the 16 rows tl.dot needs on a GPU), a prefill tile 128 lanes
@@ -75,17 +75,13 @@ class TritonAttentionBackend(AttentionBackend):
             reasons.append(f"Triton has no kernels for {platform.device_type} devices here")
         elif platform.device_type == "cuda" and not torch.cuda.is_available():
             reasons.append("torch reports no CUDA device")
-        if spec.num_heads % spec.num_kv_heads:
-            reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
         if spec.dtype not in _DTYPES:
             reasons.append(f"dtype {spec.dtype} (float16, bfloat16 or float32 only)")
         if not _power_of_two(spec.block_size) or spec.block_size < 16:
             reasons.append(f"block size {spec.block_size}: a power of two of at least 16 (a tl.dot dimension)")
         if spec.head_dim > 256:
             reasons.append(f"head size {spec.head_dim} > 256")
-        if not spec.causal and spec.sliding_window is not None:
-            reasons.append("bidirectional attention with a sliding window")
-        return reasons
+        return reasons + head_layout_reasons(spec)
 
     def build_metadata(self, layout: BatchLayout) -> TritonAttentionMetadata:
         group = triton_next_power_of_2(self.spec.num_heads // self.spec.num_kv_heads)
