@@ -153,3 +153,13 @@ def test_flags():
     assert parse("--enforce-eager", "--cuda-graph-sizes", "1,2,4") == {"enforce_eager": True,
                                                                       "cuda_graph_sizes": (1, 2, 4)}
     assert parse("--cuda-graph-sizes", "8 16")["cuda_graph_sizes"] == (8, 16)
+
+
+def test_a_failed_capture_falls_back_to_eager(monkeypatch, caplog):
+    def fail(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs.CudaGraphRunner, "capture", fail)
+    with caplog.at_level("WARNING", logger="engine.runner.cuda_graphs"):
+        assert cuda_graphs.start(None, None, [], (1, 2), [], 4, CpuPlatform()) is None
+    assert "capturing a CUDA graph failed: operation not permitted" in caplog.text

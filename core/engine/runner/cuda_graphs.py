@@ -145,13 +145,18 @@ def graph_memory_estimate(sizes: Sequence[int], hf_config, dtype: torch.dtype) -
 def start(model, attention, kv_caches, sizes: tuple[int, ...], reasons: list[str], max_blocks: int,
           platform) -> CudaGraphRunner | None:
     """The captured graphs for ``sizes`` (from :func:`graph_plan`), or None (decode runs
-    eagerly; the reasons are logged where graphs could have been expected)."""
+    eagerly; the reasons are logged where graphs could have been expected, and a capture that
+    fails — a forward that syncs with the host cannot be captured — falls back to eager)."""
     if not sizes:
         log = logger.info if platform.device_type == "cuda" else logger.debug
         log("decode steps run eagerly: %s", "; ".join(reasons))
         return None
     runner = CudaGraphRunner(model, attention, kv_caches, sizes, max_blocks, platform.device)
-    runner.capture()
+    try:
+        runner.capture()
+    except RuntimeError as exc:  # e.g. a model whose forward syncs with the host (MoE routing counts)
+        logger.warning("decode steps run eagerly: capturing a CUDA graph failed: %s", exc)
+        return None
     return runner
 
 
