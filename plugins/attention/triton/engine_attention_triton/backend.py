@@ -84,11 +84,10 @@ class TritonAttentionBackend(AttentionBackend):
         return reasons + head_layout_reasons(spec)
 
     def build_metadata(self, layout: BatchLayout) -> TritonAttentionMetadata:
-        group = triton_next_power_of_2(self.spec.num_heads // self.spec.num_kv_heads)
         device = layout.block_table.device
         launches = []
         for decode, lanes in ((True, DECODE_LANES), (False, PREFILL_LANES)):
-            rows = max(1, lanes // group)
+            rows = self.tile_rows(lanes)
             tiles = [(i, first) for i, q in enumerate(layout.query_lens) if (q == 1) == decode
                      for first in range(0, q, rows)]
             if tiles:
@@ -104,19 +103,26 @@ class TritonAttentionBackend(AttentionBackend):
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        group = s.num_heads // s.num_kv_heads
         table = layout.block_table
         for launch in metadata.launches:
             _kernel()[(launch.tile_request.shape[0], s.num_kv_heads)](
                 out, query, kv_cache, table, layout.seq_lens, layout.query_start_loc, launch.tile_request,
                 launch.tile_row, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
                 kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), table.stride(0),
-                s.scale, s.logit_softcap or 0.0, s.sliding_window or 0,
-                GROUP=group, GROUP_PAD=triton_next_power_of_2(group), ROWS=launch.rows, HEAD_DIM=s.head_dim,
-                HEAD_PAD=max(16, triton_next_power_of_2(s.head_dim)), BLOCK_SIZE=s.block_size, CAUSAL=s.causal,
-                WINDOW=s.sliding_window is not None, SOFTCAP=s.logit_softcap is not None,
-                F32_DOT=s.dtype == torch.float32 or interpreted())
+                s.scale, s.logit_softcap or 0.0, s.sliding_window or 0, **self.constexprs(launch.rows))
         return out
+
+    def tile_rows(self, lanes: int) -> int:
+        """Query rows per tile when a tile holds ``lanes`` rows × grouped query heads."""
+        return max(1, lanes // triton_next_power_of_2(self.spec.num_heads // self.spec.num_kv_heads))
+
+    def constexprs(self, rows: int) -> dict:
+        """The kernel's compile-time parameters for a launch of ``rows``-row tiles."""
+        s, group = self.spec, self.spec.num_heads // self.spec.num_kv_heads
+        return dict(GROUP=group, GROUP_PAD=triton_next_power_of_2(group), ROWS=rows, HEAD_DIM=s.head_dim,
+                    HEAD_PAD=max(16, triton_next_power_of_2(s.head_dim)), BLOCK_SIZE=s.block_size, CAUSAL=s.causal,
+                    WINDOW=s.sliding_window is not None, SOFTCAP=s.logit_softcap is not None,
+                    F32_DOT=s.dtype == torch.float32 or interpreted())
 
 
 def triton_next_power_of_2(n: int) -> int:

@@ -20,8 +20,9 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-# the masked-score value: finite, so a row with no key seen yet never computes inf - inf
-_MASKED = -1.0e30
+# the masked-score value: finite, so a row with no key seen yet never computes inf - inf (a
+# constexpr: compiled kernels may read no other module globals)
+_MASKED = tl.constexpr(-1.0e30)
 
 
 @triton.jit

@@ -9,11 +9,12 @@ from engine.testing.attention import AttentionBackendContract
 class TestTritonInterpreted(AttentionBackendContract):
     """The interpreter runs each program in Python (seconds a batch), so the kit is narrowed to
     under a minute: the smallest and largest block sizes, the batches that are not covered by
-    others (every call 1 is a whole-prompt prefill batch, checked, and the long later chunk
-    carries decode rows over short and long contexts), and the kind that combines a window, a
-    soft-cap and a query scale."""
+    others (every call 1 is a whole-prompt prefill batch, checked; mixed has a later chunk
+    beside decode rows, the long later chunk many tiles over a long prefix and decode rows over
+    short and long contexts; bidirectional runs the chunked-prefill batch), and the kind that
+    combines a window, a soft-cap and a query scale."""
 
     backend_name = "triton"
     block_sizes = (16, 64)
-    batches = ("chunked-prefill", "decode", "long-later-chunk", "mixed")
+    batches = ("decode", "long-later-chunk", "mixed")
     kinds = ("window-softcap-scale",)
