@@ -15,7 +15,9 @@ from engine.config import EngineConfig
 from engine.interfaces import AttentionSpec
 from engine.runner import cuda_graphs
 from engine.runner.layer_attention import LayerAttention
+from engine.testing import reference
 from engine.testing.attention import paged_layout
+from engine.testing.cuda_graphs import replayed_tokens
 from engine_attention_torch.backend import TorchAttentionBackend
 from tests.test_cli_args import parse
 
@@ -163,3 +165,16 @@ def test_a_failed_capture_falls_back_to_eager(monkeypatch, caplog):
     with caplog.at_level("WARNING", logger="engine.runner.cuda_graphs"):
         assert cuda_graphs.start(None, None, [], (1, 2), [], 4, CpuPlatform()) is None
     assert "capturing a CUDA graph failed: operation not permitted" in caplog.text
+
+
+def test_replay_catches_a_backend_whose_metadata_does_not_survive_overwrites(tiny_llama):
+    """The CPU stand-in for graphs (``engine.testing.cuda_graphs``) tells a backend that could
+    declare "decode-only" from one that must not: the torch backend sizes its gathers from the
+    host lengths the capture saw (one key per row), so replayed decode steps give other tokens
+    than eager ones (the Triton backend's own tests show it passing)."""
+    prompts = reference.random_prompts(256, [5, 33, 3], seed=4)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 5, 7)]
+    options = dict(dtype="float32", attention_backend="torch", num_blocks=64, block_size=16, max_model_len=128)
+    eager = [o.outputs[0].token_ids for o in LLM(tiny_llama[0], **options).generate(prompts, params)]
+    replayed, replays = replayed_tokens(LLM(tiny_llama[0], **options), prompts, params, (1, 2, 4))
+    assert all(replays.values()) and replayed != eager

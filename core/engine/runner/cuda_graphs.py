@@ -176,22 +176,33 @@ class CudaGraphRunner:
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
         self.sizes, self.max_blocks, self.device = sizes, max_blocks, device
         self.graphs: dict[int, CapturedDecode] = {}
+        self._pool = None
 
     @torch.inference_mode()
     def capture(self) -> None:
-        pool = torch.cuda.graph_pool_handle()
         for size in sorted(self.sizes, reverse=True):  # the largest first: the smaller fit its pool
             inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
             step = StepContext(self.attention, self.attention.build_metadata(inputs.layout), self.kv_caches,
                                (), [], ())
-            self.model(inputs.input_ids, inputs.positions, step)  # warm-up: kernels compiled, allocator settled
-            torch.cuda.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                hidden = self.model(inputs.input_ids, inputs.positions, step)
+
+            def forward(inputs=inputs, step=step):
+                return self.model(inputs.input_ids, inputs.positions, step)
+
+            forward()  # warm-up: kernels compiled, allocator settled
+            graph, hidden = self.record(forward)
             self.graphs[size] = CapturedDecode(graph, inputs, hidden)
-        torch.cuda.synchronize()
         logger.info("captured %d CUDA graphs for decode batches of %s", len(self.sizes), ", ".join(map(str, self.sizes)))
+
+    def record(self, forward):
+        """(a CUDA graph of ``forward``, the output tensor it writes), every graph in one pool."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            hidden = forward()
+        torch.cuda.synchronize()
+        return graph, hidden
 
     def replay(self, batch) -> torch.Tensor | None:
         """The hidden states of ``batch`` (an ``engine.runner.batch.FlatBatch``) through a
