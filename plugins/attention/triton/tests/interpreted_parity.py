@@ -11,6 +11,10 @@ from engine import LLM, SamplingParams
 from engine.testing import reference
 from engine.testing.cuda_graphs import replayed_tokens
 
+PROMPTS = reference.random_prompts(256, [5, 33, 3], seed=4)
+# requests finishing at different steps: decode batches of 3, 2 and 1
+PARAMS = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (6, 8, 10)]
+
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
@@ -21,28 +25,27 @@ def tiny_model(tmp_path_factory):
     return folder
 
 
-def test_greedy_tokens_match_the_torch_backend(tiny_model):
-    prompts = reference.random_prompts(256, [5, 33, 3], seed=3)
-    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
-    tokens = {}
-    for backend in ("torch", "triton"):
-        llm = LLM(tiny_model, dtype="float32", attention_backend=backend, block_size=16, max_model_len=128,
-                  max_num_batched_tokens=16)
-        assert llm.engine.runner.attention.name == backend
-        tokens[backend] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    assert tokens["triton"] == tokens["torch"]
+def _llm(folder, backend: str) -> LLM:
+    llm = LLM(folder, dtype="float32", attention_backend=backend, block_size=16, max_model_len=128,
+              max_num_batched_tokens=16)
+    assert llm.engine.runner.attention.name == backend
+    return llm
 
 
-def test_decode_replayed_over_static_buffers_gives_the_eager_tokens(tiny_model):
+@pytest.fixture(scope="module")
+def triton_tokens(tiny_model):
+    return [o.outputs[0].token_ids for o in _llm(tiny_model, "triton").generate(PROMPTS, PARAMS)]
+
+
+def test_greedy_tokens_match_the_torch_backend(tiny_model, triton_tokens):
+    assert triton_tokens == [o.outputs[0].token_ids for o in _llm(tiny_model, "torch").generate(PROMPTS, PARAMS)]
+
+
+def test_decode_replayed_over_static_buffers_gives_the_eager_tokens(tiny_model, triton_tokens):
     """What ``cuda_graph_support = "decode-only"`` promises, checked without a GPU
     (``engine.testing.cuda_graphs``): decode steps padded into buckets of static buffers
-    overwritten in place, attended through the metadata built once at capture, give the tokens
-    eager steps give (requests finishing at different steps: batches of 3, 2 and 1 meet buckets
-    of 4, 2 and 1)."""
-    prompts = reference.random_prompts(256, [5, 33, 3], seed=4)
-    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 5, 7)]
-    options = dict(dtype="float32", attention_backend="triton", block_size=16, max_model_len=128)
-    eager = [o.outputs[0].token_ids for o in LLM(tiny_model, **options).generate(prompts, params)]
-    replayed, replays = replayed_tokens(LLM(tiny_model, **options), prompts, params, (1, 2, 4))
-    assert replayed == eager
+    overwritten in place, attended through the metadata built once at capture, give the eager
+    tokens (batches of 3, 2 and 1 meet buckets of 4, 2 and 1)."""
+    replayed, replays = replayed_tokens(_llm(tiny_model, "triton"), PROMPTS, PARAMS, (1, 2, 4))
+    assert replayed == triton_tokens
     assert all(replays[size] for size in (1, 2, 4)), replays
