@@ -12,6 +12,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.builtin.platforms import CpuPlatform, CudaPlatform
 from engine.config import EngineConfig
+from engine.core import setup
 from engine.interfaces import AttentionSpec
 from engine.runner import cuda_graphs
 from engine.runner.layer_attention import LayerAttention
@@ -135,6 +136,22 @@ def test_graph_memory_comes_out_of_the_kv_budget():
     sizes = (1, 2, 4, 8)
     expected = 8 * (8 * 64 + 4 * 256) * 2 + 4 * cuda_graphs.GRAPH_OVERHEAD_BYTES
     assert cuda_graphs.graph_memory_estimate(sizes, Config, torch.bfloat16) == expected
+
+
+def test_reserved_graph_memory_shrinks_a_kv_budget_taken_from_the_device():
+    class FixedMemory(CpuPlatform):
+        def free_memory(self) -> int:
+            return 64 << 20
+
+    layers, reserve = _layers(), 8 << 20
+    per_block = 2 * 4 * 2 * SPEC.block_size * SPEC.num_kv_heads * SPEC.head_dim  # 2 layers, float32
+
+    def blocks(**options) -> int:
+        config = EngineConfig.from_kwargs(kv_cache_memory_fraction=0.5, **options)
+        return setup.kv_cache_groups(config, layers, (None,), FixedMemory(), reserve)[0].num_blocks
+
+    assert blocks() == ((32 << 20) - reserve) // per_block
+    assert blocks(kv_cache_memory=16 << 20) == (16 << 20) // per_block  # a size given is the KV cache's own
 
 
 def test_the_cpu_path_never_captures(tiny_llama, monkeypatch):
