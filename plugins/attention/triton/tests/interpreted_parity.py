@@ -16,15 +16,6 @@ PROMPTS = reference.random_prompts(256, [5, 33, 3], seed=4)
 PARAMS = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (6, 8, 10)]
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("tiny"))
-    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
-        model_type="llama", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128))
-    return folder
-
-
 def _llm(folder, backend: str) -> LLM:
     llm = LLM(folder, dtype="float32", attention_backend=backend, block_size=16, max_model_len=128,
               max_num_batched_tokens=16)

@@ -19,19 +19,10 @@ class TestTritonOnCuda(AttentionBackendContract):
     block_sizes = (16, 32, 64)
 
 
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    folder = str(tmp_path_factory.mktemp("tiny"))
-    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
-        model_type="llama", vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
-    return folder
-
-
 def _generate(folder, **options):
     prompts = reference.random_prompts(256, [5, 40, 16, 3, 70], seed=3)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (12, 20, 7, 16, 9)]
-    llm = LLM(folder, dtype="float32", device="cuda", block_size=16, max_model_len=256, max_num_batched_tokens=32,
+    llm = LLM(folder, dtype="float32", device="cuda", block_size=16, max_model_len=128, max_num_batched_tokens=32,
               **options)
     return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
