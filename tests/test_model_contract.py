@@ -59,3 +59,15 @@ def test_a_backend_assuming_contiguous_q_fails_the_attention_contract(dtype):
     backend = load_plugins().get("attention_backends", "test-contiguous-q")(spec, platform)
     results = run_two_calls(backend, spec, BATCHES["mixed"], num_blocks=64)
     assert not all(torch.allclose(out.double(), expected, atol=3e-2, rtol=3e-2) for out, expected in results)
+
+
+def test_a_backend_memoizing_across_layers_fails_the_attention_contract():
+    spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=8)
+    platform = load_plugins().get("platforms", "cpu")()
+    backend = load_plugins().get("attention_backends", "test-first-layer-cache")(spec, platform)
+
+    def passes(layers: int) -> bool:
+        results = run_two_calls(backend, spec, BATCHES["mixed"], num_blocks=64, num_layers=layers)
+        return all(torch.allclose(out.double(), expected, atol=2e-4, rtol=2e-4) for out, expected in results)
+
+    assert passes(1) and not passes(3)

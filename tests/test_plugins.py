@@ -24,8 +24,9 @@ from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
-SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models-bert", "attention-torch", "quant-gguf",
-           "quant-int8", "quant-fp8", "quant-mxfp4")
+SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models-bert", "attention-torch",
+           "attention-triton", "attention-flash-attn", "attention-flashinfer", "quant-gguf", "quant-int8", "quant-fp8",
+           "quant-mxfp4")
 
 
 def run_engine(*args: str) -> subprocess.CompletedProcess:
@@ -39,6 +40,10 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
     for name in ("builtin", *SHIPPED):
         assert any(line.startswith(f"{name}  (") and line.endswith("loaded") for line in out.splitlines()), out
     assert "attention backend: torch  [runs here]" in out
+    if not torch.cuda.is_available():  # the GPU backends say why not, importing no kernel library
+        assert "attention backend: triton  [cannot run here: on the cpu platform Triton kernels run only" in out
+        assert "attention backend: flash-attn  [cannot run here: FlashAttention runs on the cuda platform only" in out
+        assert "attention backend: flashinfer  [cannot run here: FlashInfer runs on the cuda platform only" in out
     assert "platform: cpu  [runs here]" in out
     assert "platform: cuda  [cannot run here:" in out  # on machines without a GPU
     assert "model: LlamaForCausalLM" in out and "model: MixtralForCausalLM" in out and "model loader: gguf" in out
@@ -84,7 +89,7 @@ def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
     assert len(mentions) == 1 and "Traceback" not in result.stderr, result.stderr
     line = mentions[0]
     assert "tessellm-attention-future 9.0.0" in line and "refused" in line
-    assert "interface v99" in line and "provides v1" in line
+    assert "interface v99" in line and "provides v2" in line
     assert "attention-future  (tessellm-attention-future 9.0.0)  refused:" in result.stdout
     assert "attention backend: future" not in result.stdout
     for name in SHIPPED:
@@ -170,7 +175,7 @@ def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stdout.splitlines()
     noapi = _only(lines, "attention-noapi  (tessellm-attention-noapi 9.0.0)  refused: ")
-    assert "attention backend 'noapi' registered without api=" in noapi and "provides v1" in noapi
+    assert "attention backend 'noapi' registered without api=" in noapi and "provides v2" in noapi
     raising = _only(lines, "models-raising  (tessellm-models-raising 9.0.0)  refused: ")
     assert raising.endswith("register_models raised RuntimeError: config registry unreachable")
     fancy = _only(lines, "attention backend: fancy")
@@ -258,6 +263,18 @@ def test_misregistration_refuses_the_plugin_with_its_reason(monkeypatch, case):
         *args, **kwargs)))
     assert registry.plugins["bad"].status.startswith(f"refused: {reason}")
     assert registry.names("attention_backends") == [] and registry.names("platforms") == ["cpu", "cuda"]
+
+
+def test_attention_backends_built_for_v1_still_load(monkeypatch):
+    """v2 only added defaulted members (cuda_graph_support, describe): a v1 backend loads with them."""
+    target = "engine_attention_torch.backend:TorchAttentionBackend"
+    registry = registry_with(monkeypatch, "old", hooks(register_attention_backends=lambda register: register(
+        "old", target, api=1)))
+    assert registry.names("attention_backends") == ["old"]
+    assert registry.get("attention_backends", "old").cuda_graph_support == "none"
+    refused = registry_with(monkeypatch, "older", hooks(register_attention_backends=lambda register: register(
+        "older", target, api=0)))
+    assert refused.plugins["older"].status.startswith("refused: built for attention_backends interface v0")
 
 
 def test_a_plugin_that_swallows_the_refusal_is_still_refused(monkeypatch):

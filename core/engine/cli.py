@@ -72,7 +72,11 @@ def _capability(kind: str, cls, platform) -> str:
         if path and not reasons:
             return f"  [runs here: {path}]"
     elif kind == "attention_backends":
-        reasons = cls.supports(_probe_spec(), platform)
+        spec = _probe_spec()
+        reasons = cls.supports(spec, platform)
+        path = cls.describe(spec, platform)
+        if path and not reasons:
+            return f"  [runs here: {path}]"
     else:
         return ""
     return "  [runs here]" if not reasons else f"  [cannot run here: {'; '.join(reasons)}]"

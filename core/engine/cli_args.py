@@ -58,6 +58,14 @@ def parse_names(text: str) -> tuple[str, ...]:
     return tuple(name for name in text.split(",") if name)
 
 
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``1,2,4,8`` or ``"1 2 4 8"`` -> (1, 2, 4, 8)."""
+    try:
+        return tuple(int(part) for part in re.split(r"[,\s]+", text.strip()) if part)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of batch sizes: {text!r} (e.g. 1,2,4,8)") from None
+
+
 @attrs.frozen
 class Option:
     flags: tuple[str, ...]  # the first is shown first; vLLM's spelling leads where there is one
@@ -145,12 +153,16 @@ OPTIONS: dict[str, Option] = {
                               "or prefix caching); slower"),
     "logits_processors": Option(("--logits-processors",), "logits processor plugins, comma-separated",
                                 parse_names),
+    "enforce_eager": Option(("--enforce-eager",), "never capture CUDA graphs (the cuda platform captures "
+                            "decode steps; other platforms always run eagerly)"),
+    "cuda_graph_sizes": Option(("--cuda-graph-sizes",), "decode batch sizes to capture as CUDA graphs, "
+                               "comma-separated; default: 1, 2, 4, every 8 to 248, every 16 to 512, up to "
+                               "--max-num-seqs", parse_sizes),
 }
 
 # Flags of vLLM's that have no effect here: (takes a value, why), printed when given.
 NO_EFFECT = {
     "--trust-remote-code": (False, "this engine never runs code from a checkpoint (model families are plugins)"),
-    "--enforce-eager": (False, "this engine runs eagerly on this platform"),
     "--disable-log-stats": (False, "statistics are logged only with --log-stats"),
     "--swap-space": (True, "preempted requests are recomputed, not swapped"),
     "--revision": (True, "models load from local files only; there is no hub revision to pick"),

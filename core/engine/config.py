@@ -105,6 +105,10 @@ class EngineConfig:
     # a request's greedy output does not depend on what else is batched with it, on chunking
     # or on speculation (see engine.layers.batch_invariant); costs throughput
     batch_invariant: bool = False
+    # CUDA graphs for decode steps on the cuda platform (engine.runner.cuda_graphs): off with
+    # enforce_eager; the batch sizes captured (None: vLLM's default list up to max_num_seqs)
+    enforce_eager: bool = False
+    cuda_graph_sizes: tuple[int, ...] | None = None
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:
@@ -127,6 +131,8 @@ class EngineConfig:
             if isinstance(top.get(key), (list, str)):
                 value = top[key]
                 top[key] = tuple(value.split(",") if isinstance(value, str) else value)
+        if isinstance(top.get("cuda_graph_sizes"), list):
+            top["cuda_graph_sizes"] = tuple(top["cuda_graph_sizes"])
         return cls(**{s: c(**parts[s]) for s, c in sections.items()}, **top)
 
     @staticmethod

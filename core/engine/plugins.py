@@ -26,7 +26,7 @@ import attrs
 import pluggy
 
 from engine import builtin, hookspecs, interfaces
-from engine.interfaces import INTERFACE_VERSIONS
+from engine.interfaces import INTERFACE_VERSIONS, STILL_LOADED
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class _Recorder:
         if api is None:
             return (f"{label} {name!r} registered without api= "
                     f"(the interface version it targets; this core provides v{provided})")
-        if api != provided:
+        if api != provided and api not in STILL_LOADED.get(self.kind, ()):
             return f"built for {self.kind} interface v{api}, this core provides v{provided}"
         if isinstance(target, str):
             if not _LAZY_TARGET.fullmatch(target):

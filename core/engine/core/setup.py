@@ -273,10 +273,11 @@ def kv_group_of_layers(layout) -> tuple[tuple[int | None, ...], tuple[int, ...]]
 
 
 def kv_cache_groups(config, layers: LayerAttention, windows: tuple[int | None, ...],
-                    platform) -> tuple[KVCacheGroup, ...]:
+                    platform, reserved_bytes: int = 0) -> tuple[KVCacheGroup, ...]:
     """Each group's layers and blocks. Beside a full-attention group, a sliding-window group
     gets only what ``max_num_seqs`` requests can hold at once (``_window_blocks``); the rest of
-    the budget (or ``num_blocks``, which counts a full group's blocks) goes to the others."""
+    the budget (or ``num_blocks``, which counts a full group's blocks) goes to the others.
+    ``reserved_bytes`` (CUDA graphs) come out of a budget taken from the device's memory."""
     members = [tuple(i for i, g in enumerate(layers.layer_group) if g == group) for group in range(len(windows))]
     per_block = [sum(_layer_block_bytes(layers, i) for i in m) for m in members]
     caps = [_window_blocks(config, w) if w is not None and None in windows else None for w in windows]
@@ -284,6 +285,8 @@ def kv_cache_groups(config, layers: LayerAttention, windows: tuple[int | None, .
         blocks = config.cache.num_blocks
     else:
         budget = _kv_cache_budget(config.cache, platform)
+        if not config.cache.kv_cache_memory:
+            budget -= reserved_bytes
         even = budget // sum(per_block)
         capped = [c is not None and c < even for c in caps]
         rest = budget - sum(c * b for c, b, k in zip(caps, per_block, capped) if k)

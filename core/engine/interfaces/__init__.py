@@ -3,7 +3,7 @@ context objects constructors receive, the request a scheduler, KV connector or l
 processor is handed, and the scheduler's step messages. Plugins import from here (and
 ``engine``, ``engine.layers``, ``engine.drafting``, ``engine.testing``), never deeper."""
 
-from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
 from engine.interfaces.executor import Executor, ExecutorContext, ExecutorFailure
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
@@ -22,7 +22,7 @@ from engine.interfaces.tool_parser import ToolCall, ToolParser
 # incompatibly; plugins declare the version they target with ``api=`` when registering.
 INTERFACE_VERSIONS = {
     "platforms": 1,
-    "attention_backends": 1,
+    "attention_backends": 2,  # 2: cuda_graph_support, describe (both defaulted: v1 backends still load)
     "models": 1,
     "model_loaders": 2,  # 2: iter_weights(keep_quantized=...)
     "quant_methods": 2,  # 2: dequantize (required), embed, describe, quantizes_embeddings
@@ -37,6 +37,9 @@ INTERFACE_VERSIONS = {
     "commands": 1,
     "executors": 1,
 }
+
+# Older versions a kind still loads, because the newer one only added members with defaults.
+STILL_LOADED = {"attention_backends": (1,)}
 
 # The engine core's request and step messages, loaded on first use: engine.core.request
 # imports engine.sampling_params, which imports this package.
@@ -91,6 +94,7 @@ __all__ = [
     "TokenLogprobs",
     "ToolCall",
     "ToolParser",
+    "head_layout_reasons",
 ]
 
 

@@ -67,11 +67,35 @@ class BatchLayout:
         return int(self.slot_mapping.shape[0])
 
 
+def head_layout_reasons(spec: AttentionSpec) -> list[str]:
+    """What a paged kernel cannot be asked, whatever it is: query heads that are not a multiple
+    of the KV heads (no KV head to group them under), and a sliding window without causality
+    (the window ends at a query's own position). For a backend's ``supports``."""
+    reasons = []
+    if spec.num_heads % spec.num_kv_heads:
+        reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
+    if not spec.causal and spec.sliding_window is not None:
+        reasons.append("bidirectional attention with a sliding window")
+    return reasons
+
+
+# what a backend declares in ``AttentionBackend.cuda_graph_support``
+CUDA_GRAPH_SUPPORT = ("none", "decode-only", "full")
+
+
 class AttentionBackend(ABC):
     name: ClassVar[str]
     block_dim: ClassVar[int] = 1  # which dimension of ``kv_cache_shape`` indexes blocks
     # honours AttentionSpec.batch_invariant; a backend that does not is never chosen for it
     batch_invariant_capable: ClassVar[bool] = False
+    # (interface v2) which steps the cuda platform may capture in a CUDA graph with this
+    # backend. "decode-only": metadata built for a batch of B requests of one query row each
+    # stays valid when the layout's device tensors are overwritten in place with another such
+    # batch of B (the host tuples may differ, and the padding rows the graph runner adds have
+    # seq_len 1 and the null block), and ``forward`` neither syncs with the host nor allocates
+    # outside the capture; "full": the same for any batch of a fixed number of tokens (the
+    # graph runner captures decode steps only, for now); "none": always eager
+    cuda_graph_support: ClassVar[str] = "none"
 
     def __init__(self, spec: AttentionSpec, platform: Platform):
         self.spec = spec
@@ -81,6 +105,12 @@ class AttentionBackend(ABC):
     @abstractmethod
     def supports(cls, spec: AttentionSpec, platform: Platform) -> list[str]:
         """Reasons this backend cannot serve ``spec`` on ``platform``; empty when it can."""
+
+    @classmethod
+    def describe(cls, spec: AttentionSpec, platform: Platform) -> str | None:
+        """(interface v2) Which of the backend's paths would run ``spec`` on ``platform``, and
+        why not another, for ``engine plugins`` and the start-up log; None: one path only."""
+        return None
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         """Shape of one layer's cache tensor. Default: [2, blocks, block_size, kv_heads, head_dim].

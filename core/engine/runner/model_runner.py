@@ -24,6 +24,11 @@ class StepInput:
     layouts: tuple
     logits_rows: tuple[int, ...]
 
+    @property
+    def layout(self):
+        """The first KV cache group's layout."""
+        return self.layouts[0]
+
     def to(self, device) -> StepInput:
         """The same input with its tensors on ``device``: the broadcast carries host tensors
         (a CUDA tensor would unpickle onto the sender's device index) and each rank moves
@@ -54,6 +59,7 @@ class ModelRunner:
         self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
         # how execute runs a step's forward: a multi-rank executor wraps it (broadcast first)
         self.forward_step = self.forward
+        self.graphs = None  # an engine.runner.cuda_graphs.CudaGraphRunner when decode steps replay graphs
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -97,6 +103,8 @@ class ModelRunner:
         return hidden, aux, self.model.compute_logits(hidden[torch.tensor(step.logits_rows, device=self.device)])
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        if self.graphs is not None and (hidden := self.graphs.replay(batch)) is not None:
+            return hidden, []
         aux: list[torch.Tensor] = []
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
         metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layouts[0])

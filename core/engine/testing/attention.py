@@ -3,12 +3,15 @@ prefill, decode and mixed batches, a long later prefill chunk, GQA, several bloc
 lengths that are not block multiples, blocks scattered in the pool; and the attention kinds a
 spec may ask for (a sliding window, soft-capped logits, another query scale), alone and
 together, where a window's out-of-reach blocks are the null block (as the KV cache manager
-leaves them) holding garbage. The context a batch attends over is written by the backend itself
-in an earlier call, so any cache layout passes that reads back what it wrote through the slot
-mapping."""
+leaves them) holding garbage. As the engine runs a step: q, k and v are strided head views of
+one fused projection, several layers (each with its own cache) run through one step's metadata,
+and block tables may start with another request's blocks (prefix caching). The context a batch
+attends over is written by the backend itself in an earlier call, so any cache layout passes
+that reads back what it wrote through the slot mapping."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 
@@ -67,20 +70,16 @@ def _beyond_window(tables, requests, block_size: int, window: int | None):
             for t, (ctx, _) in zip(tables, requests)]
 
 
-def _layout(requests, tables, block_size, first: bool) -> BatchLayout:
-    """Layout of call 1 (each request's cached context) or call 2 (its new tokens)."""
+def paged_layout(spans, tables, block_size) -> BatchLayout:
+    """The layout of one call: per request, ``count`` new tokens from position ``start``."""
     lens, seqs, slots = [], [], []
-    for (ctx, n), blocks in zip(requests, tables):
-        start, count = (0, ctx) if first else (ctx, n)
-        if count == 0:
-            continue
+    for (start, count), blocks in zip(spans, tables):
         positions = torch.arange(start, start + count)
         slots.append(torch.tensor(blocks)[positions // block_size] * block_size + positions % block_size)
         lens.append(count)
         seqs.append(start + count)
-    active = [t for (ctx, n), t in zip(requests, tables) if (ctx if first else n)]
-    table = torch.zeros(len(active), max(len(t) for t in active), dtype=torch.int32)
-    for i, t in enumerate(active):
+    table = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.int32)
+    for i, t in enumerate(tables):
         table[i, :len(t)] = torch.tensor(t)
     return BatchLayout(
         query_start_loc=torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32),
@@ -93,102 +92,177 @@ def fused_projection_views(q, k, v, row_padding: int = 16):
     q|k|v matmul output [T, (H + 2·Hkv)·D + row_padding] — neither of them contiguous, rows
     further apart than their heads, padding NaN (a backend that reads it fails)."""
     tokens, widths = q.shape[0], [t.shape[1] * t.shape[2] for t in (q, k, v)]
-    fused = torch.full((tokens, sum(widths) + row_padding), float("nan"), dtype=q.dtype)
+    fused = torch.full((tokens, sum(widths) + row_padding), float("nan"), dtype=q.dtype, device=q.device)
     parts = fused[:, :sum(widths)].split(widths, dim=1)
     return tuple(part.view(t.shape).copy_(t) for part, t in zip(parts, (q, k, v)))
 
 
-def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed: int = 0):
-    """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
-    batch under test over it. Blocks are scattered over the pool; q, k and v are strided
-    views of one fused projection (:func:`fused_projection_views`). The cache layout is the
-    backend's own: only outputs are compared. -> [(output, expected)] per call."""
-    gen = torch.Generator().manual_seed(seed)
-    bs = spec.block_size
-    cache = torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype)
+def _tables(requests, shares, block_size: int, num_blocks: int, gen) -> list[list[int]]:
+    """Each request's blocks drawn at random from the pool (never consecutive by design);
+    a request in ``shares`` (request -> (donor, blocks)) starts with its donor's first blocks,
+    as prefix caching hands them over."""
     free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    tables = [[free.pop() for _ in range(-(-(ctx + n) // bs))] for ctx, n in requests]
-    seqs = [tuple(torch.randn(ctx + n, h, spec.head_dim, generator=gen).to(spec.dtype)
-                  for h in (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads)) for ctx, n in requests]
+    tables = []
+    for i, (ctx, n) in enumerate(requests):
+        donor, shared = shares.get(i, (None, 0))
+        own = [free.pop() for _ in range(-(-(ctx + n) // block_size) - shared)]
+        tables.append((tables[donor][:shared] if shared else []) + own)
+    return tables
+
+
+def _sequences(requests, shares, spec: AttentionSpec, block_size: int, gen):
+    """Per request its q, k, v over the whole sequence; a sharer's K/V over its shared blocks are
+    its donor's (the same tokens)."""
+    seqs = []
+    for i, (ctx, n) in enumerate(requests):
+        q, k, v = (torch.randn(ctx + n, h, spec.head_dim, generator=gen).to(spec.dtype)
+                   for h in (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads))
+        if i in shares:
+            donor, shared = shares[i]
+            tokens = shared * block_size
+            assert ctx == tokens, "a sharer's whole cached context is its donor's blocks"
+            k[:tokens], v[:tokens] = seqs[donor][1][:tokens], seqs[donor][2][:tokens]
+        seqs.append((q, k, v))
+    return seqs
+
+
+def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed: int = 0, num_layers: int = 1,
+                  shares: dict[int, tuple[int, int]] | None = None, device: torch.device | str = "cpu"):
+    """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
+    batch under test over it. Blocks are scattered over the pool; ``shares`` (request ->
+    (donor, blocks)) makes a request's cached context its donor's first blocks, written once
+    by the donor. q, k and v are strided views of one fused projection
+    (:func:`fused_projection_views`). Each call builds its metadata once and runs
+    ``num_layers`` layers through it, each over its own cache and inputs, as the engine does.
+    The cache layout is the backend's own: only outputs are compared. Inputs, caches and the
+    layout live on ``device``; outputs come back to the CPU. -> [(output, expected)] per call
+    and layer."""
+    gen = torch.Generator().manual_seed(seed)
+    bs, shares = spec.block_size, shares or {}
+    caches = [torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype, device=device)
+              for _ in range(num_layers)]
+    tables = _tables(requests, shares, bs, num_blocks, gen)
+    layers = [_sequences(requests, shares, spec, bs, gen) for _ in range(num_layers)]
     results = []
     for first in (True, False):
-        if first and not any(ctx for ctx, _ in requests):
+        written = [ctx - shares.get(i, (0, 0))[1] * bs if first else n for i, (ctx, n) in enumerate(requests)]
+        if not any(written):
             continue
         if not first and spec.sliding_window is not None:
-            cache.select(backend.block_dim, 0).copy_(torch.randn(cache.select(backend.block_dim, 0).shape,
-                                                                 generator=gen))
-        layout = _layout(requests, tables if first else _beyond_window(tables, requests, bs, spec.sliding_window),
-                         bs, first)
-        pick = [(ctx, n, s) for (ctx, n), s in zip(requests, seqs) if (ctx if first else n)]
-        span = [(0, ctx) if first else (ctx, ctx + n) for ctx, n, _ in pick]
-        q, k, v = (torch.cat([s[i][a:b] for (a, b), (_, _, s) in zip(span, pick)]) for i in range(3))
-        q, k, v = fused_projection_views(q, k, v)
-        out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
-        expected = torch.cat([reference_attention(s[0][a:b], s[1][:b], s[2][:b], spec.scale, spec.sliding_window,
-                                                  spec.logit_softcap, spec.causal)
-                              for (a, b), (_, _, s) in zip(span, pick)])
-        results.append((out, expected))
+            for cache in caches:
+                null = cache.select(backend.block_dim, 0)
+                null.copy_(torch.randn(null.shape, generator=gen).to(device))
+        window_tables = tables if first else _beyond_window(tables, requests, bs, spec.sliding_window)
+        active = [i for i, count in enumerate(written) if count]
+        span = [(requests[i][0] - written[i], requests[i][0]) if first else (requests[i][0], sum(requests[i]))
+                for i in active]
+        layout = paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs)
+        metadata = backend.build_metadata(_on_device(layout, device))
+        for cache, seqs in zip(caches, layers):
+            q, k, v = (torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3))
+            out = backend.forward(*fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata)
+            expected = torch.cat([reference_attention(seqs[i][0][a:b], seqs[i][1][:b], seqs[i][2][:b], spec.scale,
+                                                      spec.sliding_window, spec.logit_softcap, spec.causal)
+                                  for (a, b), i in zip(span, active)])
+            results.append((out.cpu(), expected))
     return results
 
 
+def _on_device(layout: BatchLayout, device) -> BatchLayout:
+    return attrs.evolve(layout, **{field: getattr(layout, field).to(device) for field in
+                                   ("query_start_loc", "seq_lens", "block_table", "slot_mapping")})
+
+
+DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def prefix_sharing(block_size: int):
+    """A batch whose requests reuse blocks (prefix caching): request 0 has cached 2 blocks and
+    5 tokens; request 1's whole cached context is request 0's first 2 blocks, request 3's its
+    first block; request 2 shares nothing. -> (requests, shares)."""
+    requests = [(2 * block_size + 5, 1), (2 * block_size, 6), (3, 1), (block_size, 1)]
+    return requests, {1: (0, 2), 3: (0, 1)}
+
+
 class AttentionBackendContract:
+    """Subclass with ``backend_name``. The parameters below are what the tests cover; a backend
+    whose kernel is slow where the kit runs (an interpreted GPU kernel) may narrow them, and one
+    with other block sizes may change ``block_sizes``."""
+
     backend_name: str
     platform_cls = CpuPlatform
     dtype_tolerances = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
+    batches: tuple[str, ...] = tuple(sorted(BATCHES))
+    kinds: tuple[str, ...] = tuple(sorted(KINDS))
+    block_sizes: tuple[int, ...] = (8, 16)
+    dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
+
+    def pytest_generate_tests(self, metafunc):
+        """Parametrizes ``batch``, ``kind``, ``block_size`` and ``dtype`` from the class's
+        attributes, where a test's own marks do not."""
+        marked = {name.strip() for mark in metafunc.definition.iter_markers("parametrize")
+                  for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])}
+        values = {"batch": self.batches, "kind": self.kinds, "block_size": self.block_sizes, "dtype": self.dtypes}
+        for name, params in values.items():
+            if name in metafunc.fixturenames and name not in marked:
+                metafunc.parametrize(name, params, ids=[DTYPE_IDS.get(p, str(p)) for p in params])
 
     @pytest.fixture
     def backend_cls(self):
         return load_plugins().get("attention_backends", self.backend_name)
 
-    @pytest.mark.parametrize("batch", sorted(BATCHES))
-    @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
-    @pytest.mark.parametrize("block_size", [8, 16])
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-    def test_matches_reference(self, backend_cls, batch, heads, block_size, dtype):
-        spec = AttentionSpec(num_heads=heads[0], num_kv_heads=heads[1], head_dim=32, dtype=dtype,
-                             block_size=block_size)
-        platform = self.platform_cls()
-        if backend_cls.supports(spec, platform):
-            pytest.skip(f"{self.backend_name} does not support {spec}: {backend_cls.supports(spec, platform)}")
-        backend = backend_cls(spec, platform)
-        tol = self.dtype_tolerances[dtype]
-        for out, expected in run_two_calls(backend, spec, BATCHES[batch], num_blocks=64):
+    def _check(self, backend, spec: AttentionSpec, requests, **kwargs):
+        tol = self.dtype_tolerances[spec.dtype]
+        for out, expected in run_two_calls(backend, spec, requests, num_blocks=64, device=backend.platform.device,
+                                           **kwargs):
             assert out.shape == expected.shape
             torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
-    @pytest.mark.parametrize("batch", sorted(BATCHES))
-    @pytest.mark.parametrize("kind", sorted(KINDS))
-    @pytest.mark.parametrize("invariant", [False, True], ids=["batched", "batch-invariant"])
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
-    def test_attention_kinds_match_reference(self, backend_cls, batch, kind, invariant, dtype):
-        """Grouped-query heads, 8-token blocks; a backend that does not support the kind says so."""
-        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=8,
-                             batch_invariant=invariant, **KINDS[kind])
+    def _backend(self, backend_cls, spec: AttentionSpec):
         platform = self.platform_cls()
         reasons = backend_cls.supports(spec, platform)
-        if reasons or (invariant and not backend_cls.batch_invariant_capable):
+        if reasons:
             assert all(isinstance(r, str) and r for r in reasons)
-            pytest.skip(f"{self.backend_name} does not support {kind}{' batch-invariant' * invariant}")
-        tol = self.dtype_tolerances[dtype]
-        for out, expected in run_two_calls(backend_cls(spec, platform), spec, BATCHES[batch], num_blocks=64):
-            torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+            pytest.skip(f"{self.backend_name} does not support {spec}: {reasons}")
+        return backend_cls(spec, platform)
+
+    @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
+    def test_matches_reference(self, backend_cls, batch, heads, block_size, dtype):
+        spec = AttentionSpec(num_heads=heads[0], num_kv_heads=heads[1], head_dim=32, dtype=dtype,
+                             block_size=block_size)
+        self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
+
+    @pytest.mark.parametrize("batch", ["decode", "mixed"])
+    def test_layers_share_one_steps_metadata(self, backend_cls, batch, block_size, dtype):
+        """Metadata built once per call and used by three layers, each with its own cache and
+        inputs (as the engine runs a step): what a backend keeps between layers of a step must
+        be keyed on the layer's cache, not on the metadata."""
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=block_size)
+        self._check(self._backend(backend_cls, spec), spec, BATCHES[batch], num_layers=3)
+
+    def test_reused_blocks(self, backend_cls, block_size, dtype):
+        """Requests whose block tables start with another request's blocks (a prefix-cache hit),
+        beside one that shares nothing, every table scattered over the pool."""
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=block_size)
+        requests, shares = prefix_sharing(block_size)
+        self._check(self._backend(backend_cls, spec), spec, requests, shares=shares, num_layers=2)
+
+    @pytest.mark.parametrize("invariant", [False, True], ids=["batched", "batch-invariant"])
+    def test_attention_kinds_match_reference(self, backend_cls, batch, kind, invariant, dtype):
+        """Grouped-query heads, the smallest block size; a backend that does not support the kind says so."""
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=min(self.block_sizes),
+                             batch_invariant=invariant, **KINDS[kind])
+        if invariant and not backend_cls.batch_invariant_capable:
+            pytest.skip(f"{self.backend_name} has no batch-invariant mode")
+        self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
 
     @pytest.mark.parametrize("batch", ["prefill", "chunked-prefill", "mixed"])
-    @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
     def test_bidirectional(self, backend_cls, batch, dtype):
         """``AttentionSpec(causal=False)``: each row attends to its whole context (a prompt of
         an encoder model), GQA and a block size the lengths are not multiples of; a backend
         that cannot must refuse it with reasons."""
         spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=16, causal=False)
-        platform = self.platform_cls()
-        reasons = backend_cls.supports(spec, platform)
-        if reasons:
-            assert all(isinstance(r, str) and r for r in reasons)
-            pytest.skip(f"{self.backend_name} refuses bidirectional attention: {reasons}")
-        backend = backend_cls(spec, platform)
-        tol = self.dtype_tolerances[dtype]
-        for out, expected in run_two_calls(backend, spec, BATCHES[batch], num_blocks=64):
-            torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+        self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):
         spec = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)

@@ -1,0 +1,197 @@
+"""CUDA graphs for decode (engine.runner.cuda_graphs), what can be checked without a GPU: the
+capture sizes and bucket choice, the padding of a decode step to a bucket (the real rows'
+attention unchanged by the padding rows), the static buffers overwritten in place, why graphs
+are off, the KV budget they take, and that the CPU path never captures while accepting
+``--enforce-eager`` and ``--cuda-graph-sizes``. Capture and replay themselves need a device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.builtin.platforms import CpuPlatform, CudaPlatform
+from engine.config import EngineConfig
+from engine.core import setup
+from engine.interfaces import AttentionSpec
+from engine.runner import cuda_graphs
+from engine.runner.layer_attention import LayerAttention
+from engine.testing import reference
+from engine.testing.attention import paged_layout
+from engine.testing.cuda_graphs import replayed_tokens
+from engine_attention_torch.backend import TorchAttentionBackend
+from tests.test_cli_args import parse
+
+SPEC = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.float32, block_size=8)
+
+
+def test_default_sizes_follow_vllms_list_up_to_max_num_seqs():
+    assert cuda_graphs.default_capture_sizes(256) == (1, 2, 4, *range(8, 256, 8), 256)
+    assert cuda_graphs.default_capture_sizes(3) == (1, 2, 3)
+    assert cuda_graphs.default_capture_sizes(100)[-3:] == (88, 96, 100)
+    big = cuda_graphs.default_capture_sizes(4096)
+    assert big[-2:] == (496, 512) and 264 not in big and 272 in big
+
+
+def test_configured_sizes_are_sorted_and_capped():
+    assert cuda_graphs.capture_sizes([8, 1, 8, 600], 256) == (1, 8)
+    assert cuda_graphs.capture_sizes([600], 256) == ()
+    with pytest.raises(ValueError, match="cuda_graph_sizes: batch sizes must be positive"):
+        cuda_graphs.capture_sizes([0, 4], 256)
+
+
+@pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (4, 4), (5, 8), (17, 24), (256, 256), (257, None)])
+def test_bucket_is_the_smallest_that_holds_the_batch(batch, bucket):
+    assert cuda_graphs.bucket_for(batch, cuda_graphs.default_capture_sizes(256)) == bucket
+
+
+def _decode_layout():
+    requests = [(5, 1), (20, 1), (0, 1)]
+    return paged_layout([(ctx, n) for ctx, n in requests], [[4, 2, 9], [7, 3, 11], [5]], 8)
+
+
+def test_only_single_row_steps_of_one_kv_group_are_uniform_decode():
+    decode = _decode_layout()
+    assert cuda_graphs.is_uniform_decode([decode])
+    assert not cuda_graphs.is_uniform_decode([decode, decode])
+    assert not cuda_graphs.is_uniform_decode([paged_layout([(0, 3), (4, 1)], [[1], [2]], 8)])
+
+
+def test_padding_rows_read_and_write_the_null_block():
+    layout = _decode_layout()
+    ids, positions = torch.tensor([11, 12, 13]), torch.tensor([5, 20, 0])
+    padded = cuda_graphs.pad_decode(ids, positions, layout, 5, max_blocks=6)
+    assert padded.input_ids.tolist() == [11, 12, 13, 0, 0] and padded.positions.tolist() == [5, 20, 0, 0, 0]
+    out = padded.layout
+    assert out.query_start_loc.tolist() == [0, 1, 2, 3, 4, 5] and out.query_lens == (1,) * 5
+    assert out.seq_lens.tolist() == [6, 21, 1, 1, 1] and out.seq_lens_host == (6, 21, 1, 1, 1)
+    assert out.slot_mapping.tolist() == [*layout.slot_mapping.tolist(), 0, 0]
+    assert out.block_table.shape == (5, 6) and out.block_table[:3, :3].tolist() == layout.block_table.tolist()
+    assert not out.block_table[3:].any() and not out.block_table[:, 3:].any()
+    with pytest.raises(ValueError, match="does not fit a 2-row graph"):
+        cuda_graphs.pad_decode(ids, positions, layout, 2, max_blocks=6)
+
+
+def test_padding_leaves_the_real_rows_attention_unchanged():
+    """The real rows of a padded decode step attend as they would unpadded (the torch backend
+    as the judge: any backend reading the layout as the interface defines it)."""
+    backend = TorchAttentionBackend(SPEC, CpuPlatform())
+    layout = _decode_layout()
+    padded = cuda_graphs.pad_decode(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), layout, 8,
+                                    max_blocks=4).layout
+    gen = torch.Generator().manual_seed(0)
+    cache = torch.randn(backend.kv_cache_shape(16), generator=gen)
+    q, k, v = (torch.randn(8, h, 16, generator=gen) for h in (4, 2, 2))
+    alone = backend.forward(q[:3], k[:3], v[:3], cache.clone(), backend.build_metadata(layout))
+    together = backend.forward(q, k, v, cache.clone(), backend.build_metadata(padded))
+    torch.testing.assert_close(together[:3], alone)
+
+
+def test_static_buffers_are_overwritten_in_place():
+    static = cuda_graphs.DecodeInputs.empty(4, 5, "cpu")
+    pointers = [t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)]
+    layout = _decode_layout()
+    static.copy_(cuda_graphs.pad_decode(torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0]), layout, 4, 5))
+    assert [t.data_ptr() for t in (static.input_ids, static.layout.block_table,
+                                   static.layout.slot_mapping)] == pointers
+    assert static.input_ids.tolist() == [1, 2, 3, 0] and static.layout.seq_lens.tolist() == [6, 21, 1, 1]
+    assert static.layout.block_table[:3, :3].tolist() == layout.block_table.tolist()
+
+
+class GraphableBackend(TorchAttentionBackend):
+    cuda_graph_support = "decode-only"
+
+
+def _layers(backend_cls=GraphableBackend) -> LayerAttention:
+    return LayerAttention((backend_cls(SPEC, CpuPlatform()),), (0, 0), (0, 0))
+
+
+def test_graphs_are_planned_on_cuda_with_a_backend_that_declares_them():
+    sizes, reasons = cuda_graphs.graph_plan(EngineConfig.from_kwargs(max_num_seqs=16), CudaPlatform(), _layers(),
+                                            "generate")
+    assert sizes == (1, 2, 4, 8, 16) and reasons == []
+
+
+@pytest.mark.parametrize("options, platform, backend, runner, reason", [
+    ({}, CpuPlatform(), GraphableBackend, "generate", "the cpu platform has no CUDA graphs"),
+    ({"enforce_eager": True}, CudaPlatform(), GraphableBackend, "generate", "enforce_eager is set"),
+    ({}, CudaPlatform(), TorchAttentionBackend, "generate",
+     "attention backend torch declares cuda_graph_support 'none'"),
+    ({"speculative_config": {"method": "ngram"}}, CudaPlatform(), GraphableBackend, "generate",
+     "speculative decoding is configured"),
+    ({}, CudaPlatform(), GraphableBackend, "pooling", "the pooling runner samples nothing to decode"),
+    ({"cuda_graph_sizes": (512,)}, CudaPlatform(), GraphableBackend, "generate",
+     "cuda_graph_sizes leaves no size up to max_num_seqs"),
+])
+def test_reasons_graphs_are_off(options, platform, backend, runner, reason):
+    sizes, reasons = cuda_graphs.graph_plan(EngineConfig.from_kwargs(**options), platform, _layers(backend), runner)
+    assert sizes == () and any(r.startswith(reason) for r in reasons), reasons
+
+
+def test_graph_memory_comes_out_of_the_kv_budget():
+    class Config:
+        hidden_size, intermediate_size = 64, 256
+
+    assert cuda_graphs.graph_memory_estimate((), Config, torch.bfloat16) == 0
+    sizes = (1, 2, 4, 8)
+    expected = 8 * (8 * 64 + 4 * 256) * 2 + 4 * cuda_graphs.GRAPH_OVERHEAD_BYTES
+    assert cuda_graphs.graph_memory_estimate(sizes, Config, torch.bfloat16) == expected
+
+
+def test_reserved_graph_memory_shrinks_a_kv_budget_taken_from_the_device():
+    class FixedMemory(CpuPlatform):
+        def free_memory(self) -> int:
+            return 64 << 20
+
+    layers, reserve = _layers(), 8 << 20
+    per_block = 2 * 4 * 2 * SPEC.block_size * SPEC.num_kv_heads * SPEC.head_dim  # 2 layers, float32
+
+    def blocks(**options) -> int:
+        config = EngineConfig.from_kwargs(kv_cache_memory_fraction=0.5, **options)
+        return setup.kv_cache_groups(config, layers, (None,), FixedMemory(), reserve)[0].num_blocks
+
+    assert blocks() == ((32 << 20) - reserve) // per_block
+    assert blocks(kv_cache_memory=16 << 20) == (16 << 20) // per_block  # a size given is the KV cache's own
+
+
+def test_the_cpu_path_never_captures(tiny_llama, monkeypatch):
+    """Graphs on by default (no --enforce-eager) and off by flag: neither tries to capture on the CPU."""
+
+    def refuse(self):
+        raise AssertionError("a CUDA graph capture was attempted on the CPU")
+
+    monkeypatch.setattr(cuda_graphs.CudaGraphRunner, "capture", refuse)
+    for eager in (False, True):
+        llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, block_size=16, enforce_eager=eager,
+                  cuda_graph_sizes=(1, 2))
+        assert llm.engine.runner.graphs is None
+        assert len(llm.generate("hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
+
+
+def test_flags():
+    assert parse("--enforce-eager", "--cuda-graph-sizes", "1,2,4") == {"enforce_eager": True,
+                                                                      "cuda_graph_sizes": (1, 2, 4)}
+    assert parse("--cuda-graph-sizes", "8 16")["cuda_graph_sizes"] == (8, 16)
+
+
+def test_a_failed_capture_falls_back_to_eager(monkeypatch, caplog):
+    def fail(self):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(cuda_graphs.CudaGraphRunner, "capture", fail)
+    with caplog.at_level("WARNING", logger="engine.runner.cuda_graphs"):
+        assert cuda_graphs.start(None, None, [], (1, 2), [], 4, CpuPlatform()) is None
+    assert "capturing a CUDA graph failed: operation not permitted" in caplog.text
+
+
+def test_replay_catches_a_backend_whose_metadata_does_not_survive_overwrites(tiny_llama):
+    """The CPU stand-in for graphs (``engine.testing.cuda_graphs``) tells a backend that could
+    declare "decode-only" from one that must not: the torch backend sizes its gathers from the
+    host lengths the capture saw (one key per row), so replayed decode steps give other tokens
+    than eager ones (the Triton backend's own tests show it passing)."""
+    prompts = reference.random_prompts(256, [5, 33, 3], seed=4)
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 5, 7)]
+    options = dict(dtype="float32", attention_backend="torch", num_blocks=64, block_size=16, max_model_len=128)
+    eager = [o.outputs[0].token_ids for o in LLM(tiny_llama[0], **options).generate(prompts, params)]
+    replayed, replays = replayed_tokens(LLM(tiny_llama[0], **options), prompts, params, (1, 2, 4))
+    assert all(replays.values()) and replayed != eager
