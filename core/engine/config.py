@@ -96,6 +96,8 @@ class EngineConfig:
     attention_backend: str | None = None
     structured_outputs_backend: str | None = None
     kv_connector: str | None = None
+    # {"kv_connector": NAME, "kv_role": "kv_both", "kv_connector_extra_config": {...}} (vLLM's spelling)
+    kv_transfer_config: dict[str, Any] | None = None
     logits_processors: tuple[str, ...] = ()
     # a request's greedy output does not depend on what else is batched with it, on chunking
     # or on speculation (see engine.layers.batch_invariant); costs throughput
