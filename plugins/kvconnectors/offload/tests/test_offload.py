@@ -65,6 +65,17 @@ def test_evicted_prefix_reloads_from_the_cpu_tier(tiny_model, workload, expected
     assert stats["kv_save_bytes"] >= 8 * block_bytes
 
 
+def test_bfloat16_reload_gives_the_recomputed_tokens(tiny_model, workload):
+    """In bfloat16 a matmul's rounding depends on the rows beside it, so the prefix's K/V computed
+    inside another prompt differ in the last bits from a recompute; batch-invariant mode (each
+    row's result independent of its batch) makes the reloaded K/V those a recompute writes."""
+    options = {**OPTIONS, "dtype": "bfloat16", "batch_invariant": True}
+    plain, _ = _run(LLM(tiny_model, **options), workload)
+    offload = LLM(tiny_model, kv_transfer_config={"kv_connector": "offload"}, **options)
+    tokens, last = _run(offload, workload)
+    assert last.num_cached_tokens == 64 and tokens == plain
+
+
 def test_disk_tier_serves_blocks_the_cpu_tier_pushed_down(tiny_model, workload, expected, tmp_path):
     probe = _offload(tiny_model)
     block_bytes = probe.engine.runner.connector.ctx.block_bytes
