@@ -40,6 +40,7 @@ class ExternalLoads:
         self.stats = {"external_prefix_queries": 0, "external_prefix_hits": 0, "kv_load_failures": 0}
 
     def queried(self, num_tokens: int) -> None:
+        """A request was admitted after asking the connector about these tokens (once per admission)."""
         self.stats["external_prefix_queries"] += num_tokens
 
     def start(self, request: Request, num_local: int, num_external: int, block_ids: list[int]) -> None:

@@ -201,7 +201,6 @@ class DefaultScheduler(Scheduler):
         last token (it is computed: it yields logits)."""
         if self.connector is None:
             return 0, False
-        self._loads.queried(request.num_tokens - num_cached)
         num_external, load_async = self.connector.get_num_new_matched_tokens(self._view(request), num_cached)
         block_size = self._loads.block_size
         return min(num_external, (request.num_tokens - num_cached - 1) // block_size * block_size), load_async
@@ -211,12 +210,13 @@ class DefaultScheduler(Scheduler):
         """Blocks for the request's first chunk (and what the connector loads), told to the connector."""
         if not self.kv.allocate_slots(request, num_tokens, computed_blocks, watermark=True,
                                       delay_cache=bool(num_external)):
-            if self.connector is not None:
+            if self.connector is not None and first:
                 self.connector.allocation_failed(self._view(request))
             return False
         if self.connector is not None and first:
             block_ids = self.kv.block_ids(request)
             self.connector.update_state_after_alloc(self._view(request), list(block_ids), num_cached, num_external)
+            self._loads.queried(request.num_tokens - num_cached)
             if num_external:
                 self._loads.start(request, num_cached, num_external, block_ids)
         return True
