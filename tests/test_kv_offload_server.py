@@ -1,7 +1,7 @@
 """`engine serve --kv-transfer-config` with the offload connector, through the official client:
 a prefix the small pool evicted comes back from the CPU tier, the reply's
-usage.prompt_tokens_details.cached_tokens counts it, /metrics counts the external hits and bytes,
-and the greedy completion equals the one that computed the prefix."""
+usage.prompt_tokens_details.cached_tokens counts it (completions and chat), /metrics counts the
+external hits and bytes, and the greedy reply equals the one that computed the prefix."""
 
 import json
 
@@ -34,3 +34,13 @@ def test_offloaded_prefix_is_cached_tokens_and_metrics(tiny_llama):
         assert server.wait_for_metric("vllm:external_prefix_cache_hits_total", lambda v: v == 64) == 64
         assert server.metric("vllm:kv_connector_load_bytes_total") > 0
         assert server.metric("vllm:prefix_cache_hits_total") == 0
+
+        messages = [{"role": "user", "content": " ".join(f"item {i}" for i in range(40))}]
+        chat = [client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)]
+        for filler in others[:2]:
+            complete(filler)
+        chat.append(client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0))
+        prompt_blocks = (chat[1].usage.prompt_tokens - 1) // 8 * 8
+        assert chat[0].usage.prompt_tokens_details.cached_tokens == 0
+        assert chat[1].usage.prompt_tokens_details.cached_tokens == prompt_blocks > 64
+        assert chat[1].choices[0].message.content == chat[0].choices[0].message.content

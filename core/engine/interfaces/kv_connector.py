@@ -75,8 +75,10 @@ class KVRequest:
 @attrs.frozen
 class KVTransferReport:
     """The worker half's account of one step. ``failed_blocks``: block ids whose load failed
-    (their requests recompute from the last block before the first failed one); ``loaded_bytes``
-    and ``load_seconds``: what the loads of this step moved and how long they took."""
+    (their requests recompute from the last block before the first failed one): a synchronous
+    load's in the step it ran, an asynchronous load's in the report that lists its request in
+    ``finished_loading`` (which it does whether the load succeeded or not). ``loaded_bytes`` and
+    ``load_seconds``: what the loads of this step moved and how long they took."""
 
     finished_sending: frozenset[str] = frozenset()  # delayed frees that may now happen
     finished_loading: frozenset[str] = frozenset()  # asynchronous loads now complete
