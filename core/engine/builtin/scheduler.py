@@ -313,6 +313,8 @@ class DefaultScheduler(Scheduler):
 
     def _finish(self, request: Request, reason: str) -> None:
         parked_for_load = request.status is RequestStatus.WAITING_FOR_KV
+        if not parked_for_load:  # a parked request's load ends in a report; any other is over
+            self._loads.pop(request.request_id)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
