@@ -108,7 +108,8 @@ class OffloadConnector(KVConnector):
 
     def request_finished(self, request, block_ids):
         computed = min(len(request.block_hashes), request.num_computed_tokens // self.ctx.block_size)
-        for key, block in zip(request.block_hashes[:computed], block_ids):
+        # tail first, so a prefix's head is the most recently used: a hit must start at the head
+        for key, block in reversed(list(zip(request.block_hashes[:computed], block_ids))):
             if key in self.index:
                 self.index.move_to_end(key)
             else:
