@@ -19,7 +19,7 @@ Call order each engine step (see ``docs/plugin-authors.md`` for the request stat
     worker half:  bind_connector_metadata(meta); start_load_kv()
                   per layer inside the forward: wait_for_layer_load(layer), attention writes,
                   save_kv_layer(layer, kv_cache, slot_mapping)
-                  wait_for_save(); report = get_finished(); clear_connector_metadata()
+                  wait_for_save(); clear_connector_metadata(); report = get_finished()
     scheduler half:  update_connector_output(report)
 
 A step with nothing to compute still runs the worker half (without a forward: every layer's
