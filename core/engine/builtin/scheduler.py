@@ -54,6 +54,7 @@ class DefaultScheduler(Scheduler):
         self._share = PrefillShare(self.cfg.shared_step_target_s, self.cfg.max_num_batched_tokens)
         self._loads = ExternalLoads(ctx.config.cache.block_size)
         self._rolled_back: dict[str, int] = {}  # request id -> good tokens, after this step's failed load
+        self._resumed: dict[str, Request] = {}  # waiting, holding blocks an asynchronous load filled
 
     def _order(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.cfg.policy == "priority" else 0
@@ -144,10 +145,12 @@ class DefaultScheduler(Scheduler):
         bisect.insort(self.waiting, request, key=self._order)
 
     def _admit_waiting(self, budget: int) -> list[ScheduledRequest]:
-        admitted, parked = [], []
+        admitted = self._admit_resumed(budget) if self._resumed else []
+        budget -= sum(item.num_new_tokens for item in admitted)
+        parked = []
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             request = self.waiting.pop(0)
-            if request.status in PARKED:
+            if request.status in PARKED or request.request_id in self._resumed:
                 parked.append(request)
                 continue
             item = self._admit(request, budget)
@@ -162,6 +165,30 @@ class DefaultScheduler(Scheduler):
         for request in parked:
             bisect.insort(self.waiting, request, key=self._order)
         return admitted
+
+    def _admit_resumed(self, budget: int) -> list[ScheduledRequest]:
+        """Requests whose asynchronous load ended go first: they hold blocks, and behind a head
+        that cannot get blocks they would hold them forever. One that cannot continue while
+        nothing runs (nothing will free blocks for it) gives its blocks back and starts over."""
+        admitted = []
+        for request in sorted(self._resumed.values(), key=self._order):
+            if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
+                break
+            item = self._admit(request, budget)
+            if item is None:
+                if not self.running:
+                    self._start_over(request)
+                continue
+            del self._resumed[request.request_id]
+            self.waiting.remove(request)
+            admitted.append(item)
+            budget -= item.num_new_tokens
+        return admitted
+
+    def _start_over(self, request: Request) -> None:
+        del self._resumed[request.request_id]
+        self.kv.free(request)
+        request.num_computed_tokens = 0
 
     def _admit(self, request: Request, budget: int) -> ScheduledRequest | Request | None:
         """The request's first chunk, or the request itself when it parked for an asynchronous
@@ -248,6 +275,7 @@ class DefaultScheduler(Scheduler):
         request.num_computed_tokens = good_tokens
         request.num_cached_tokens = good_tokens
         request.status = RequestStatus.WAITING
+        self._resumed[request.request_id] = request
 
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
         self._share.end()
@@ -315,6 +343,7 @@ class DefaultScheduler(Scheduler):
         parked_for_load = request.status is RequestStatus.WAITING_FOR_KV
         if not parked_for_load:  # a parked request's load ends in a report; any other is over
             self._loads.pop(request.request_id)
+        self._resumed.pop(request.request_id, None)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:

@@ -8,7 +8,8 @@ Checked every step: before a request computes, every block holding its computed 
 or local, holds exactly that prefix's values in every layer (a round trip through the connector
 into other block ids is exact). Checked per workload: prefixes evicted from the pool come back
 through the connector; a failed load (injected: the block is garbled and reported failed) is
-recomputed and changes no output; under random workloads with preemption, aborts and failures no
+recomputed and changes no output; preemption beside loads changes no output; under random
+workloads with preemption, aborts and failures no
 block leaks or is freed twice, and every request's tokens equal what it generates alone.
 
 A plugin's test subclasses :class:`KVConnectorContract`, sets ``connector_name`` and, if its
@@ -226,6 +227,23 @@ class KVConnectorContract:
         sim.run()
         assert sim.failures > 0 and sim.scheduler.stats["kv_load_failures"] > 0
         assert second.output_token_ids == alone(second.prompt_token_ids, 5)
+
+    def test_preemption_beside_loads_changes_no_output(self, tmp_path):
+        sim = self.make(str(tmp_path), num_blocks=14, budget=16)
+        shared = [(9 * j + 4) % 97 for j in range(16)]
+        sim.add(Request("seed", shared + [3], SamplingParams(max_tokens=1)))
+        sim.run()
+        for i in range(3):  # evict the shared prefix from the pool
+            sim.add(Request(f"filler{i}", [(17 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=1)))
+        sim.run()
+        requests = [Request(f"r{i}", shared + [i + 1] * (4 + 3 * i), SamplingParams(max_tokens=12)) for i in range(4)]
+        for request in requests:
+            sim.add(request)
+        sim.run()
+        assert sim.scheduler.stats["preemptions"] > 0, "the test meant a pool small enough to preempt"
+        assert sim.scheduler.stats["external_prefix_hits"] > 0
+        for request in requests:
+            assert request.output_token_ids == alone(request.prompt_token_ids, 12), request
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
     @given(workload=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 14), st.integers(1, 8)),
