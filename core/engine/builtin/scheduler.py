@@ -17,8 +17,8 @@ once (preempted since) or waits for its grammar to compile is never refused.
 
 With a KV connector (:mod:`engine.builtin.kv_loads`), a request admitted with an asynchronous load
 is parked (``WAITING_FOR_KV``) holding its blocks, skipped like one waiting for its grammar, and
-admitted again once the worker half reports the load; a load that failed rolls the request back to
-the last good block, to be recomputed.
+admitted again, ahead of the queue, once the worker half reports the load; a load that failed rolls
+the request back to the last good block, to be recomputed.
 """
 
 from __future__ import annotations
