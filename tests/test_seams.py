@@ -11,7 +11,6 @@ import torch
 from engine import LLM, GrammarSpec, SamplingParams
 from engine.core.request import Request, RequestStatus
 from engine.testing import reference
-from tests.plugins import memory_connector
 
 CHOICES = ["yes", "no", "maybe later"]
 
@@ -78,19 +77,75 @@ def test_draft_verification_is_exact_under_preemption(tiny_llama):
     assert all(len(o.outputs[0].token_ids) == 12 for o in sampled)
 
 
-def test_connector_supplies_external_tokens(tiny_llama):
+CONNECTOR_OPTIONS = dict(dtype="float32", block_size=8, num_blocks=64, max_model_len=256,
+                         enable_prefix_caching=False)
+
+
+@pytest.fixture(scope="module")
+def shared_prefix(tiny_llama):
     folder, hf_model = tiny_llama
     shared = reference.random_prompts(hf_model.config.vocab_size, [40], seed=5)[0]
-    first, second = shared + [11, 12, 13], shared + [21, 22]
-    options = dict(dtype="float32", block_size=8, num_blocks=64, max_model_len=256, enable_prefix_caching=False)
-    expected = _greedy(LLM(folder, **options), [second], 10)
-    llm = LLM(folder, kv_connector="test-memory", **options)
-    memory_connector.STORE.clear()
+    second = shared + [21, 22]
+    return shared + [11, 12, 13], second, _greedy(LLM(folder, **CONNECTOR_OPTIONS), [second], 10)[0]
+
+
+def _memory_llm(folder, **extra):
+    config = {"kv_connector": "test-memory", "kv_connector_extra_config": extra}
+    return LLM(folder, kv_transfer_config=config, **CONNECTOR_OPTIONS)
+
+
+def _worker(llm):
+    return llm.engine.runner.connector
+
+
+def test_connector_supplies_external_tokens(tiny_llama, shared_prefix):
+    first, second, expected = shared_prefix
+    llm = _memory_llm(tiny_llama[0])
     _greedy(llm, [first], 4)
-    assert memory_connector.STATS["saved_blocks"] >= 5
-    loaded_before = memory_connector.STATS["loaded_tokens"]
-    assert _greedy(llm, [second], 10) == expected
-    assert memory_connector.STATS["loaded_tokens"] - loaded_before == 40
+    out = llm.generate([second], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))[0]
+    assert len(_worker(llm).store) == 5  # the first request's 40-token prefix: 5 full blocks
+    assert out.outputs[0].token_ids == expected
+    assert out.num_cached_tokens == 40  # the external hit counts as cached (usage.prompt_tokens_details)
+    stats = llm.engine.stats()
+    assert stats["external_prefix_hits"] == 40 and stats["kv_load_failures"] == 0
+    assert stats["kv_load_bytes"] == 0  # the test connector reports no bytes; the offload plugin does
+
+
+def test_connector_hooks_run_per_layer_inside_the_forward(tiny_llama, shared_prefix):
+    llm = _memory_llm(tiny_llama[0])
+    _greedy(llm, [shared_prefix[0]], 1)
+    num_layers = len(llm.engine.runner.kv_caches)
+    events = _worker(llm).events
+    step = [("start", -1)] + [(kind, layer) for layer in range(num_layers) for kind in ("load", "save")]
+    assert events[:len(step)] == step
+
+
+def test_asynchronous_load_parks_the_request(tiny_llama, shared_prefix):
+    first, second, expected = shared_prefix
+    llm = _memory_llm(tiny_llama[0], **{"async": True})
+    _greedy(llm, [first], 4)
+    assert _greedy(llm, [second], 10) == [expected]
+    assert llm.engine.stats()["external_prefix_hits"] == 40
+
+
+@pytest.mark.parametrize("mode", [{}, {"async": True}], ids=["sync", "async"])
+def test_failed_load_recomputes_from_the_last_good_block(tiny_llama, shared_prefix, mode):
+    first, second, expected = shared_prefix
+    llm = _memory_llm(tiny_llama[0], fail_every=3, **mode)
+    _greedy(llm, [first], 4)
+    out = llm.generate([second], SamplingParams(max_tokens=10, temperature=0, ignore_eos=True))[0]
+    assert out.outputs[0].token_ids == expected
+    stats = llm.engine.stats()
+    assert stats["kv_load_failures"] == 1 and stats["external_prefix_hits"] == 16  # blocks 0-1 of 5 loaded
+    assert out.num_cached_tokens == 16
+
+
+def test_kv_transfer_config_errors_name_the_field(tiny_llama):
+    with pytest.raises(ValueError, match="kv_transfer_config.kv_role"):
+        LLM(tiny_llama[0], kv_transfer_config={"kv_connector": "test-memory", "kv_role": "sideways"},
+            **CONNECTOR_OPTIONS)
+    with pytest.raises(ValueError, match="unknown key"):
+        LLM(tiny_llama[0], kv_transfer_config={"kv_connector": "test-memory", "kv_size": 1}, **CONNECTOR_OPTIONS)
 
 
 def test_logits_processor_plugin(tiny_llama, tiny_llm):

@@ -144,10 +144,13 @@ OPTIONS: dict[str, Option] = {
     "attention_backend": Option(("--attention-backend",), "attention backend plugin; default: the "
                                                           "platform's preference"),
     "structured_outputs_backend": Option(("--structured-outputs-backend",), "grammar backend plugin"),
-    "kv_connector": Option(("--kv-connector",), "KV connector plugin"),
+    "kv_connector": Option(("--kv-connector",), "KV connector plugin (the short form of --kv-transfer-config)"),
     "kv_events_config": Option(("--kv-events-config",), 'publish the prefix cache\'s KV events (blocks stored '
                                'and removed) over ZMQ as vLLM does, JSON, e.g. \'{"enable_kv_cache_events": true, '
                                '"endpoint": "tcp://*:5557"}\'', json.loads),
+    "kv_transfer_config": Option(("--kv-transfer-config",), 'KV connector as JSON, vLLM\'s spelling, e.g. '
+                                 '\'{"kv_connector": "offload", "kv_role": "kv_both", "kv_connector_extra_config": '
+                                 '{"cpu_bytes": 1e9, "disk_path": "/tmp/kv", "disk_bytes": 1e10}}\'', json.loads),
     "batch_invariant": Option(("--batch-invariant",), "make each request's output independent of the batch "
                               "it runs in (fixed-size matmul tiles, per-row attention, no chunked prefill "
                               "or prefix caching); slower"),

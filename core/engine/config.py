@@ -101,6 +101,8 @@ class EngineConfig:
     kv_connector: str | None = None
     # vLLM's --kv-events-config: {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", ...}
     kv_events_config: KVEventsConfig | None = attrs.field(default=None, converter=KVEventsConfig.from_dict)
+    # {"kv_connector": NAME, "kv_role": "kv_both", "kv_connector_extra_config": {...}} (vLLM's spelling)
+    kv_transfer_config: dict[str, Any] | None = None
     logits_processors: tuple[str, ...] = ()
     # a request's greedy output does not depend on what else is batched with it, on chunking
     # or on speculation (see engine.layers.batch_invariant); costs throughput

@@ -92,7 +92,9 @@ class EngineHookSpecs:
     @hookspec
     def register_kv_connectors(self, register):
         """Register :class:`engine.interfaces.KVConnector` subclasses (host offload, P/D
-        transfer ...), constructed with the :class:`engine.EngineConfig` and selected with
+        transfer ...), interface v2: constructed once per half with a
+        :class:`engine.interfaces.KVConnectorContext` and selected with
+        ``kv_transfer_config={"kv_connector": NAME, ...}`` (``--kv-transfer-config``) or
         ``kv_connector=NAME``."""
 
     @hookspec

@@ -30,6 +30,17 @@ _TOKENS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))[:19]  # 1, 2, 
 _N = (1, 2, 5, 10, 20)
 
 
+# engine stats key -> (counter name, help) of a KV connector's counters (engine.core.kv_connectors)
+KV_CONNECTOR_COUNTERS = {
+    "external_prefix_queries": ("external_prefix_cache_queries", "Prompt tokens looked up through the KV connector"),
+    "external_prefix_hits": ("external_prefix_cache_hits", "Prompt tokens the KV connector loaded"),
+    "kv_load_failures": ("kv_connector_load_failures", "Requests whose KV load failed (recomputed)"),
+    "kv_load_bytes": ("kv_connector_load_bytes", "Bytes of KV the connector loaded"),
+    "kv_load_seconds": ("kv_connector_load_seconds", "Seconds the connector's loads took"),
+    "kv_save_bytes": ("kv_connector_save_bytes", "Bytes of KV the connector saved"),
+}
+
+
 class Metrics:
     def __init__(self, model_name: str, prefix: str = "vllm"):
         if prefix not in PREFIXES:
@@ -112,6 +123,7 @@ class Metrics:
             "preemptions": counter("num_preemptions", "Requests preempted"),
             "prefix_queries": counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
             "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+            **{key: counter(name, doc) for key, (name, doc) in KV_CONNECTOR_COUNTERS.items()},
         }
         self._rejected = counter("num_requests_rejected", "Requests refused as overloaded, by reason "
                                  "(queue_full: max_queued_requests; queue_wait: max_queue_wait)", ["reason"])

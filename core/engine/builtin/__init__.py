@@ -11,12 +11,12 @@ def register_platforms(register):
 
 @hookimpl
 def register_schedulers(register):
-    register("default", "engine.builtin.scheduler:DefaultScheduler", api=1)
+    register("default", "engine.builtin.scheduler:DefaultScheduler", api=2)
 
 
 @hookimpl
 def register_kv_cache_managers(register):
-    register("default", "engine.builtin.kv_cache_manager:PrefixCachingKVCacheManager", api=1)
+    register("default", "engine.builtin.kv_cache_manager:PrefixCachingKVCacheManager", api=2)
 
 
 @hookimpl

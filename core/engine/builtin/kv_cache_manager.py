@@ -31,6 +31,18 @@ from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 NULL_BLOCK = 0
 
 
+def block_hashes(request, block_size: int) -> list[bytes]:
+    """Extend ``request.block_hashes`` to every full block of its known tokens: block i's hash
+    is sha256(block i-1's hash, or the cache salt for block 0, + its token ids as int64)."""
+    hashes = request.block_hashes
+    parent = hashes[-1] if hashes else (request.cache_salt or "").encode()
+    for i in range(len(hashes), request.num_tokens // block_size):
+        tokens = array("q", request.all_token_ids[i * block_size:(i + 1) * block_size]).tobytes()
+        parent = hashlib.sha256(parent + tokens).digest()
+        hashes.append(parent)
+    return hashes
+
+
 class BlockPool:
     def __init__(self, num_blocks: int, events: list | None = None):
         self.events = events  # BlockRemoved of evicted hashed blocks go here (None: not recorded)
@@ -149,14 +161,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self._queries = self._hits = 0
 
     def _hashes(self, request) -> list[bytes]:
-        """Extend ``request.block_hashes`` to every full block of its known tokens."""
-        hashes, bs = request.block_hashes, self.block_size
-        parent = hashes[-1] if hashes else (request.cache_salt or "").encode()
-        for i in range(len(hashes), request.num_tokens // bs):
-            tokens = array("q", request.all_token_ids[i * bs:(i + 1) * bs]).tobytes()
-            parent = hashlib.sha256(parent + tokens).digest()
-            hashes.append(parent)
-        return hashes
+        return block_hashes(request, self.block_size)
 
     def get_computed_blocks(self, request) -> tuple[list, int]:
         if not self.caching:
@@ -174,7 +179,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         return [], 0
 
     def allocate_slots(self, request, num_new_tokens, computed_blocks=(), num_lookahead_tokens=0,
-                       watermark=False) -> bool:
+                       watermark=False, delay_cache=False) -> bool:
         rid = request.request_id
         first = rid not in self._requests
         per_group = self._split(computed_blocks)
@@ -190,7 +195,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         if first:
             self._queries += request.num_tokens
             self._hits += len(computed_blocks) * self.block_size
-        if self.caching:
+        if self.caching and not delay_cache:
             self._cache_full_blocks(request, tables, num_computed + num_new_tokens)
         return True
 

@@ -14,6 +14,11 @@ Admission control: with ``max_queued_requests`` a request arriving while that ma
 is refused (``Overloaded``); with ``max_queue_wait`` one still unscheduled that long after
 it arrived is finished unscheduled and listed in ``StepPlan.refused``. A request that ran
 once (preempted since) or waits for its grammar to compile is never refused.
+
+With a KV connector (:mod:`engine.builtin.kv_loads`), a request admitted with an asynchronous load
+is parked (``WAITING_FOR_KV``) holding its blocks, skipped like one waiting for its grammar, and
+admitted again, ahead of the queue, once the worker half reports the load; a load that failed rolls
+the request back to the last good block, to be recomputed.
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ import collections
 import time
 
 from engine.builtin.chunking import PrefillShare
+from engine.builtin.kv_cache_manager import block_hashes
+from engine.builtin.kv_loads import ExternalLoads
 from engine.core.request import Request, RequestStatus
 from engine.core.scheduling import EngineOutput, Overloaded, ScheduledRequest, StepPlan, StepResult
-from engine.interfaces import Scheduler
+from engine.interfaces import KVRequest, KVTransferReport, Scheduler
+
+PARKED = (RequestStatus.WAITING_FOR_GRAMMAR, RequestStatus.WAITING_FOR_KV)
 
 
 class DefaultScheduler(Scheduler):
@@ -43,6 +52,9 @@ class DefaultScheduler(Scheduler):
         self._deadlines: collections.deque[tuple[float, Request]] = collections.deque()  # arrival order
         self._rejected = {"rejected_queue_full": 0, "rejected_queue_wait": 0}
         self._share = PrefillShare(self.cfg.shared_step_target_s, self.cfg.max_num_batched_tokens)
+        self._loads = ExternalLoads(ctx.config.cache.block_size)
+        self._rolled_back: dict[str, int] = {}  # request id -> good tokens, after this step's failed load
+        self._resumed: dict[str, Request] = {}  # waiting, holding blocks an asynchronous load filled
 
     def _order(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.cfg.policy == "priority" else 0
@@ -133,13 +145,18 @@ class DefaultScheduler(Scheduler):
         bisect.insort(self.waiting, request, key=self._order)
 
     def _admit_waiting(self, budget: int) -> list[ScheduledRequest]:
-        admitted, parked = [], []
+        admitted = self._admit_resumed(budget) if self._resumed else []
+        budget -= sum(item.num_new_tokens for item in admitted)
+        parked = []
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             request = self.waiting.pop(0)
-            if request.status is RequestStatus.WAITING_FOR_GRAMMAR:
+            if request.status in PARKED or request.request_id in self._resumed:
                 parked.append(request)
                 continue
             item = self._admit(request, budget)
+            if item is request:  # its prefix loads asynchronously: parked
+                parked.append(request)
+                continue
             if item is None:
                 self.waiting.insert(0, request)
                 break
@@ -149,39 +166,131 @@ class DefaultScheduler(Scheduler):
             bisect.insort(self.waiting, request, key=self._order)
         return admitted
 
-    def _admit(self, request: Request, budget: int) -> ScheduledRequest | None:
-        # prompt log-probs need logits at every prompt position: reuse no cached prefix
-        reuse = request.sampling_params.prompt_logprobs is None
-        computed_blocks, num_cached = self.kv.get_computed_blocks(request) if reuse else ([], 0)
-        num_external = 0
-        if self.connector is not None and reuse:
-            num_external = self.connector.get_num_new_matched_tokens(request, num_cached)
-            num_external = min(num_external, request.num_tokens - num_cached - 1)
+    def _admit_resumed(self, budget: int) -> list[ScheduledRequest]:
+        """Requests whose asynchronous load ended go first: they hold blocks, and behind a head
+        that cannot get blocks they would hold them forever. One that cannot continue while
+        nothing runs (nothing will free blocks for it) gives its blocks back and starts over."""
+        admitted = []
+        for request in sorted(self._resumed.values(), key=self._order):
+            if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
+                break
+            item = self._admit(request, budget)
+            if item is None:
+                if not self.running:
+                    self._start_over(request)
+                continue
+            del self._resumed[request.request_id]
+            self.waiting.remove(request)
+            admitted.append(item)
+            budget -= item.num_new_tokens
+        return admitted
+
+    def _start_over(self, request: Request) -> None:
+        del self._resumed[request.request_id]
+        self.kv.free(request)
+        request.num_computed_tokens = 0
+
+    def _admit(self, request: Request, budget: int) -> ScheduledRequest | Request | None:
+        """The request's first chunk, or the request itself when it parked for an asynchronous
+        load, or None when it cannot start this step."""
+        resumed = bool(self.kv.block_ids(request))  # an asynchronous load into its blocks has ended
+        if resumed:
+            computed_blocks, num_cached, num_external, load_async = [], request.num_computed_tokens, 0, False
+        else:
+            # prompt log-probs need logits at every prompt position: reuse no cached prefix
+            reuse = request.sampling_params.prompt_logprobs is None
+            computed_blocks, num_cached = self.kv.get_computed_blocks(request) if reuse else ([], 0)
+            num_external, load_async = self._external_tokens(request, num_cached) if reuse else (0, False)
+        if load_async and num_external:
+            return self._park_for_load(request, computed_blocks, num_cached, num_external)
         remaining = request.num_tokens - num_cached - num_external
         if not self.cfg.enable_chunked_prefill and remaining > budget:
             return None
         num_new = self._chunk(remaining, budget)
         if not num_new:
             return None
-        if not self.kv.allocate_slots(request, num_new + num_external, computed_blocks, watermark=True):
+        if not self._allocate_for_admission(request, num_new + num_external, computed_blocks, num_cached,
+                                            num_external, first=not resumed):
             return None
-        if num_external:
-            self.connector.update_state_after_alloc(request, self.kv.block_ids(request), num_external)
         request.num_computed_tokens = num_cached + num_external
         if request.num_cached_tokens < 0:
-            request.num_cached_tokens = num_cached
+            request.num_cached_tokens = num_cached + num_external
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         return ScheduledRequest(request, num_new)
+
+    def _view(self, request: Request) -> KVRequest:
+        block_hashes(request, self._loads.block_size)  # even with prefix caching off
+        return KVRequest.of(request)
+
+    def _external_tokens(self, request: Request, num_cached: int) -> tuple[int, bool]:
+        """(tokens the connector loads after the local hit, whether asynchronously); never the
+        last token (it is computed: it yields logits)."""
+        if self.connector is None:
+            return 0, False
+        num_external, load_async = self.connector.get_num_new_matched_tokens(self._view(request), num_cached)
+        block_size = self._loads.block_size
+        return min(num_external, (request.num_tokens - num_cached - 1) // block_size * block_size), load_async
+
+    def _allocate_for_admission(self, request: Request, num_tokens: int, computed_blocks, num_cached: int,
+                                num_external: int, first: bool = True) -> bool:
+        """Blocks for the request's first chunk (and what the connector loads), told to the connector."""
+        if not self.kv.allocate_slots(request, num_tokens, computed_blocks, watermark=True,
+                                      delay_cache=bool(num_external)):
+            if self.connector is not None and first:
+                self.connector.allocation_failed(self._view(request))
+            return False
+        if self.connector is not None and first:
+            block_ids = self.kv.block_ids(request)
+            self.connector.update_state_after_alloc(self._view(request), list(block_ids), num_cached, num_external)
+            self._loads.queried(request.num_tokens - num_cached)
+            if num_external:
+                self._loads.start(request, num_cached, num_external, block_ids)
+        return True
+
+    def _park_for_load(self, request: Request, computed_blocks, num_cached: int,
+                       num_external: int) -> Request | None:
+        if not self._allocate_for_admission(request, num_external, computed_blocks, num_cached, num_external):
+            return None
+        request.num_cached_tokens = num_cached + num_external
+        request.status = RequestStatus.WAITING_FOR_KV
+        return request
+
+    def update_kv_transfers(self, report: KVTransferReport) -> None:
+        """Free delayed blocks, roll back requests whose load failed, resume parked requests."""
+        self._free_delayed(report.finished_sending)
+        failed = report.failed_blocks
+        for rid in self._loads.failed_requests(failed):
+            if rid not in report.finished_loading:  # a synchronous load, in this step's plan
+                self._rolled_back[rid] = self._loads.settle(rid, failed)[1]
+        for rid in report.finished_loading:
+            settled = self._loads.settle(rid, failed)
+            if settled is not None:
+                self._resume_after_load(*settled)
+
+    def _resume_after_load(self, request: Request, good_tokens: int) -> None:
+        if request.is_finished:  # aborted while parked: its blocks were kept until the load ended
+            self._free_delayed([request.request_id])
+            return
+        request.num_computed_tokens = good_tokens
+        request.num_cached_tokens = good_tokens
+        request.status = RequestStatus.WAITING
+        self._resumed[request.request_id] = request
 
     def update(self, plan: StepPlan, result: StepResult) -> list[EngineOutput]:
         self._share.end()
         outputs = []
         for item in plan.scheduled:
             request = item.request
+            rid = request.request_id
+            self._loads.pop(rid)  # a synchronous load of this step is over
+            good = self._rolled_back.pop(rid, None)
             if request.is_finished:  # aborted while the step ran
                 continue
-            rid = request.request_id
+            if good is not None:  # its load failed: what the step computed after the good blocks is void
+                request.num_computed_tokens = good
+                request.num_cached_tokens = min(request.num_cached_tokens, good)
+                continue
             request.num_computed_tokens += item.num_new_tokens
             if rid in result.pooled:
                 outputs.append(EngineOutput(rid, [], finish_reason="stop", pooled=result.pooled[rid]))
@@ -231,6 +340,10 @@ class DefaultScheduler(Scheduler):
         return None
 
     def _finish(self, request: Request, reason: str) -> None:
+        parked_for_load = request.status is RequestStatus.WAITING_FOR_KV
+        if not parked_for_load:  # a parked request's load ends in a report; any other is over
+            self._loads.pop(request.request_id)
+        self._resumed.pop(request.request_id, None)
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
@@ -238,13 +351,14 @@ class DefaultScheduler(Scheduler):
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.requests.pop(request.request_id, None)
-        if self.connector is not None and self.connector.request_finished(request, self.kv.block_ids(request)):
+        if parked_for_load or (self.connector is not None and self.connector.request_finished(
+                self._view(request), list(self.kv.block_ids(request)))):
             self._delayed_free[request.request_id] = request
         else:
             self.kv.free(request)
 
-    def free_finished_transfers(self, request_ids) -> None:
-        """Free blocks whose delayed free the connector has released."""
+    def _free_delayed(self, request_ids) -> None:
+        """Free blocks whose delayed free has ended (sent by the connector, or loaded into)."""
         for rid in request_ids:
             request = self._delayed_free.pop(rid, None)
             if request is not None:
@@ -260,4 +374,4 @@ class DefaultScheduler(Scheduler):
     def stats(self) -> dict[str, int | float]:
         return {"running": len(self.running), "waiting": len(self.waiting),
                 "preemptions": self._preemptions, "kv_cache_usage": self.kv.usage, **self.kv.stats,
-                **self._rejected}
+                **self._rejected, **(self._loads.stats if self.connector is not None else {})}

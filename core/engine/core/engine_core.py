@@ -14,7 +14,7 @@ import torch
 
 from engine import generation_config
 from engine.config import EngineConfig
-from engine.core import faults, setup
+from engine.core import faults, kv_connectors, setup
 from engine.core.request import Request
 from engine.core.scheduling import (
     OVERLOADED,
@@ -81,12 +81,14 @@ class EngineCore:
                              "lower max_model_len or raise kv_cache_memory / num_blocks")
         kv_caches = setup.allocate_kv_caches(layers, groups, dtype, self.platform.device)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
-        self.connector = registry.get("kv_connectors", config.kv_connector)(config) if config.kv_connector else None
+        self.connector, kv_worker = kv_connectors.build_halves(registry, config, kv_caches, layers.first.block_dim)
+        self._kv_counters = kv_connectors.TransferCounters()
+        self._kv_meta: object = None  # this step's connector metadata until the runner took it
         self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
             SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
         self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
-                                  self.platform.device, processors, self.connector,
+                                  self.platform.device, processors, kv_worker,
                                   Pooler(self.pooler_config) if self.pooler_config else None)
         self.runner.graphs = cuda_graphs.start(self.model, layers.first, kv_caches, graph_sizes, eager_reasons,
                                                -(-max_len // config.cache.block_size), self.platform)
@@ -110,7 +112,7 @@ class EngineCore:
         if not cls.supports_groups:
             raise ValueError(f"kv_cache_manager: {config.scheduler.kv_cache_manager!r} cannot hold KV cache "
                              "groups, which this model's sliding-window layers need")
-        if config.kv_connector:
+        if kv_connectors.connector_spec(config) is not None:
             raise ValueError("kv_connector: not supported for a model with sliding-window layers")
         return cls(config, groups[0].num_blocks, groups=groups)
 
@@ -208,12 +210,15 @@ class EngineCore:
 
     def step(self) -> list[EngineOutput]:
         outputs = self._structured.poll(self.scheduler) if self._structured else []
-        if self.connector is not None:
-            self.scheduler.free_finished_transfers(self.connector.get_finished())
         plan = self.scheduler.schedule()
         if plan.refused:
             outputs += self._refused(plan.refused)
+        if self.connector is not None:
+            self._kv_meta = self.connector.build_connector_meta(plan)
         if not plan.scheduled:
+            if self.connector is not None:
+                self.runner.transfer_kv(self._kv_meta)
+                self._collect_kv_transfers()
             return outputs
         self._mark_scheduled(plan)
         try:
@@ -223,6 +228,8 @@ class EngineCore:
         except Exception as error:  # noqa: BLE001 - attributed to a request, or re-raised: fatal
             plan, result, failed = self._isolate(plan, error)
             outputs += failed
+        if self.connector is not None:
+            self._collect_kv_transfers()
         if self.speculator is not None:
             self.speculator.record(plan, result)
         outputs += self._time_first_tokens(plan, self.scheduler.update(plan, result))
@@ -270,7 +277,15 @@ class EngineCore:
         else:
             group_tables = [block_tables] * len(self.kv_groups)
         bitmask = self._structured.bitmask(plan) if self._structured else None
-        return self.executor.execute(plan, group_tables, bitmask)
+        kv_meta, self._kv_meta = self._kv_meta, None  # a re-run to isolate a fault transfers nothing again
+        return self.executor.execute(plan, group_tables, bitmask, kv_meta)
+
+    def _collect_kv_transfers(self) -> None:
+        """The worker half's report of the step, to the counters, the scheduler half and the scheduler."""
+        report = self.runner.connector.get_finished()
+        self._kv_counters.add(report)
+        self.connector.update_connector_output(report)
+        self.scheduler.update_kv_transfers(report)
 
     def _isolate(self, plan: StepPlan, error: Exception) -> tuple[StepPlan, StepResult, list[EngineOutput]]:
         """Re-run the failed step's requests one by one; finish the ones that fail alone
@@ -291,7 +306,8 @@ class EngineCore:
 
     def stats(self) -> dict:
         spec = self.speculator.stats() if self.speculator is not None else {}
-        return {**self.scheduler.stats, **spec, **self._step_tokens.stats()}
+        kv = self._kv_counters.stats() if self.connector is not None else {}
+        return {**self.scheduler.stats, **spec, **self._step_tokens.stats(), **kv}
 
     def cache_info(self) -> dict[str, str]:
         """The KV cache's configuration as strings (vLLM's ``cache_config_info`` labels)."""

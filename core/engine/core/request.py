@@ -20,6 +20,7 @@ POOLING_SAMPLING = SamplingParams(max_tokens=1)
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     WAITING_FOR_GRAMMAR = "waiting_for_grammar"  # parked: does not block the queue
+    WAITING_FOR_KV = "waiting_for_kv"  # parked while a KV connector loads its prefix asynchronously
     RUNNING = "running"
     PREEMPTED = "preempted"
     FINISHED = "finished"

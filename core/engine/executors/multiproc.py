@@ -110,11 +110,11 @@ class MultiprocExecutor(Executor):
         raise ExecutorFailure(f"tensor-parallel rank {rank} sent no {expected!r} within "
                               f"{self.address.timeout_s:g} s")
 
-    def execute(self, plan, group_tables, bitmask=None):
+    def execute(self, plan, group_tables, bitmask=None, kv_meta=None):
         with self._lock:
             self.check_health()
             try:
-                return self.runner.execute(plan, group_tables, bitmask)
+                return self.runner.execute(plan, group_tables, bitmask, kv_meta)
             except ExecutorFailure as exc:
                 self._failure = self._explain(exc)
                 raise self._failure from exc

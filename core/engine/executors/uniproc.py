@@ -22,8 +22,8 @@ class UniprocExecutor(Executor):
         self.runner = runner
         self.model = runner.model
 
-    def execute(self, plan, group_tables, bitmask=None):
-        return self.runner.execute(plan, group_tables, bitmask)
+    def execute(self, plan, group_tables, bitmask=None, kv_meta=None):
+        return self.runner.execute(plan, group_tables, bitmask, kv_meta)
 
     def weight_bytes_read(self) -> list[int | None]:
         return [getattr(self.model, "weight_bytes_read", None)]

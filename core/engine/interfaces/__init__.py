@@ -8,7 +8,14 @@ from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftReque
 from engine.interfaces.executor import Executor, ExecutorContext, ExecutorFailure
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
 from engine.interfaces.kv_cache import KVCacheGroup, KVCacheManager
-from engine.interfaces.kv_connector import KVConnector
+from engine.interfaces.kv_connector import (
+    SCHEDULER_ROLE,
+    WORKER_ROLE,
+    KVConnector,
+    KVConnectorContext,
+    KVRequest,
+    KVTransferReport,
+)
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
@@ -26,12 +33,14 @@ INTERFACE_VERSIONS = {
     "models": 1,
     "model_loaders": 2,  # 2: iter_weights(keep_quantized=...)
     "quant_methods": 2,  # 2: dequantize (required), embed, describe, quantizes_embeddings
-    "kv_connectors": 1,
+    # 2: two halves joined by build_connector_meta / bind_connector_metadata, KVRequest (block
+    # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
+    "kv_connectors": 2,
     "grammar_backends": 1,
     "drafters": 1,
     "logits_processors": 1,
-    "schedulers": 1,
-    "kv_cache_managers": 1,
+    "schedulers": 2,  # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
+    "kv_cache_managers": 2,  # 2: allocate_slots(delay_cache=...)
     "tool_parsers": 1,
     "reasoning_parsers": 1,
     "commands": 1,
@@ -53,6 +62,8 @@ _CORE_TYPES = {
 
 __all__ = [
     "INTERFACE_VERSIONS",
+    "SCHEDULER_ROLE",
+    "WORKER_ROLE",
     "AttentionBackend",
     "AttentionKind",
     "AttentionSpec",
@@ -73,7 +84,10 @@ __all__ = [
     "KVCacheGroup",
     "KVCacheManager",
     "KVConnector",
+    "KVConnectorContext",
     "KVLayout",
+    "KVRequest",
+    "KVTransferReport",
     "LogitsProcessor",
     "Model",
     "ModelContext",

@@ -64,8 +64,9 @@ class Executor(ABC):
         rank is ready to step; raises :class:`ExecutorFailure` naming a rank that failed."""
 
     @abstractmethod
-    def execute(self, plan, group_tables, bitmask=None):
-        """One step on every rank; rank 0's :class:`engine.interfaces.StepResult`."""
+    def execute(self, plan, group_tables, bitmask=None, kv_meta=None):
+        """One step on every rank; rank 0's :class:`engine.interfaces.StepResult`. ``kv_meta``:
+        the KV connector's metadata for the step (None: no connector), for rank 0's runner."""
 
     def check_health(self) -> None:
         """Raise :class:`ExecutorFailure` if a rank is gone (cheap: called between steps)."""

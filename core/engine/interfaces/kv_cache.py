@@ -43,9 +43,11 @@ class KVCacheManager(ABC):
 
     @abstractmethod
     def allocate_slots(self, request, num_new_tokens: int, computed_blocks: list[int] = (),
-                       num_lookahead_tokens: int = 0, watermark: bool = False) -> bool:
+                       num_lookahead_tokens: int = 0, watermark: bool = False, delay_cache: bool = False) -> bool:
         """Own blocks for ``num_new_tokens`` more tokens (plus draft lookahead) after
-        taking ``computed_blocks``. False, changing nothing, when blocks run out."""
+        taking ``computed_blocks``. False, changing nothing, when blocks run out.
+        ``delay_cache``: enter none of the new full blocks in the prefix cache yet (a KV connector
+        fills them, and the load may fail); the next call for the request enters them."""
 
     @abstractmethod
     def free(self, request) -> None:

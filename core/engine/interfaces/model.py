@@ -61,7 +61,11 @@ class StepContext:
 
     When the model's layers attend differently (``KVLayout.layer_kinds``), ``layers`` holds each
     layer's (AttentionBackend, its metadata for this step); ``attention`` and ``attn_metadata``
-    are then layer 0's. :class:`engine.layers.Attention` picks the right pair."""
+    are then layer 0's. :class:`engine.layers.Attention` picks the right pair.
+
+    With a KV connector, ``kv_connector`` is its worker half and ``slot_mapping`` the step's
+    slots: :class:`engine.layers.Attention` calls ``wait_for_layer_load`` before each layer's
+    attention and ``save_kv_layer`` after it (a model attending without that layer calls them)."""
 
     attention: Any  # the AttentionBackend instance
     attn_metadata: object
@@ -69,6 +73,8 @@ class StepContext:
     aux_layers: tuple[int, ...] = ()
     aux_hidden: list | None = None
     layers: tuple[tuple[Any, object], ...] = ()
+    kv_connector: Any = None  # the KV connector's worker half, or None
+    slot_mapping: torch.Tensor | None = None  # [T] cache slots of this step's tokens (with kv_connector)
 
     def layer_attention(self, layer: int) -> tuple[Any, object]:
         """(backend, metadata) of ``layer``."""

@@ -33,8 +33,13 @@ class Scheduler(ABC):
         ``EngineOutput.pooled`` holding its vector."""
 
     @abstractmethod
-    def free_finished_transfers(self, request_ids) -> None:
-        """Free the blocks of finished requests whose KV connector has finished sending."""
+    def update_kv_transfers(self, report) -> None:
+        """Apply the KV connector's :class:`engine.interfaces.KVTransferReport` of the step
+        (called before :meth:`update`, also in a step that computed nothing): free the blocks
+        of finished requests in ``finished_sending``, resume requests parked for an
+        asynchronous load in ``finished_loading``, and make a request whose load of one of
+        ``failed_blocks`` failed recompute from the last good block (this step's output of a
+        request in the plan whose load failed is void)."""
 
     @abstractmethod
     def has_unfinished(self) -> bool:

@@ -16,4 +16,10 @@ class Attention(Layer):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext) -> torch.Tensor:
         backend, metadata = step.layer_attention(self.layer_index)
-        return backend.forward(q, k, v, step.kv_caches[self.layer_index], metadata)
+        connector, cache = step.kv_connector, step.kv_caches[self.layer_index]
+        if connector is None:
+            return backend.forward(q, k, v, cache, metadata)
+        connector.wait_for_layer_load(self.layer_index)
+        out = backend.forward(q, k, v, cache, metadata)
+        connector.save_kv_layer(self.layer_index, cache, step.slot_mapping)
+        return out

@@ -8,7 +8,7 @@ import torch
 
 from engine.core.scheduling import StepPlan, StepResult, TokenLogprobs
 from engine.interfaces import StepContext
-from engine.runner import sampler
+from engine.runner import kv_transfer, sampler
 from engine.runner.batch import FlatBatch, flatten
 from engine.runner.layer_attention import LayerAttention
 
@@ -65,12 +65,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, plan: StepPlan, group_tables: list[list[list[int]]],
-                bitmask: torch.Tensor | None = None) -> StepResult:
-        """``group_tables``: per KV cache group, each scheduled request's block table."""
+                bitmask: torch.Tensor | None = None, kv_meta: object = None) -> StepResult:
+        """``group_tables``: per KV cache group, each scheduled request's block table.
+        ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
         batch = flatten(plan, group_tables, self.block_size, self.device)
         rows = batch.sample_rows + batch.prompt_rows
-        hidden, aux, logits = self.forward_step(StepInput(batch.input_ids, batch.positions, batch.layouts,
-                                                          tuple(rows)))
+        with kv_transfer.connector_step(self.connector, kv_meta):
+            hidden, aux, logits = self.forward_step(StepInput(batch.input_ids, batch.positions, batch.layouts,
+                                                              tuple(rows)))
         result = StepResult({})
         if batch.pool_spans:
             result.pooled.update(self.pooler(hidden, batch.pool_spans))
@@ -109,17 +111,15 @@ class ModelRunner:
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
         metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layouts[0])
         step = StepContext(self.attention, metadata, self.kv_caches,
-                           self.hidden_layers if self.keep_hidden_states else (), aux, layers)
-        if self.connector is not None:
-            self.connector.start_load_kv()
+                           self.hidden_layers if self.keep_hidden_states else (), aux, layers,
+                           self.connector, batch.layout.slot_mapping if self.connector is not None else None)
+        return self.model(batch.input_ids, batch.positions, step), aux
+
+    def transfer_kv(self, kv_meta: object) -> None:
+        """Run the KV connector's transfers of a step that computes nothing."""
+        with kv_transfer.connector_step(self.connector, kv_meta):
             for layer in range(len(self.kv_caches)):
                 self.connector.wait_for_layer_load(layer)
-        hidden = self.model(batch.input_ids, batch.positions, step)
-        if self.connector is not None:
-            for layer, cache in enumerate(self.kv_caches):
-                self.connector.save_kv_layer(layer, cache)
-            self.connector.wait_for_save()
-        return hidden, aux
 
     def _sample(self, logits, batch: FlatBatch, plan: StepPlan, bitmask, result: StepResult) -> None:
         rows = sampler.SamplingRows(batch.sample_owners, self.device, batch.sample_drafts)

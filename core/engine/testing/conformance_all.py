@@ -4,6 +4,7 @@ from engine.plugins import load_plugins
 from engine.testing.attention import AttentionBackendContract
 from engine.testing.grammar import GrammarBackendContract
 from engine.testing.kv_cache import KVCacheManagerContract
+from engine.testing.kv_connector import KVConnectorContract
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.models import ModelContract
 from engine.testing.scheduler import SchedulerContract
@@ -23,6 +24,9 @@ for _target in {r.target for r in _registry.registrations("models") if isinstanc
 for _r in _registry.registrations("kv_cache_managers"):
     globals()[_name("kv", _r.name)] = type(_name("kv", _r.name), (KVCacheManagerContract,),
                                            {"manager_name": _r.name})
+for _r in _registry.registrations("kv_connectors"):  # each with its default configuration
+    globals()[_name("kv_connector", _r.name)] = type(_name("kv_connector", _r.name), (KVConnectorContract,),
+                                                     {"connector_name": _r.name})
 for _r in _registry.registrations("grammar_backends"):
     globals()[_name("grammar", _r.name)] = type(_name("grammar", _r.name), (GrammarBackendContract,),
                                                 {"backend_name": _r.name})

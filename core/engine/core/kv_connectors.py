@@ -1,0 +1,75 @@
+"""The engine core's KV connector: which plugin ``kv_connector`` / ``--kv-transfer-config`` names,
+its two halves (one :class:`~engine.interfaces.KVConnector` instance per role), and the transfer
+counters the worker half reports (bytes and seconds of loads, bytes saved)."""
+
+from __future__ import annotations
+
+import attrs
+import torch
+
+from engine.interfaces import SCHEDULER_ROLE, WORKER_ROLE, KVConnectorContext, KVTransferReport
+
+TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
+KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+
+
+@attrs.frozen
+class ConnectorSpec:
+    name: str
+    kv_role: str = "kv_both"
+    extra_config: dict = attrs.Factory(dict)
+
+
+def connector_spec(config) -> ConnectorSpec | None:
+    """The connector the config names, or None; ValueError naming the field when it is malformed."""
+    transfer = config.kv_transfer_config
+    if transfer is None:
+        return ConnectorSpec(config.kv_connector) if config.kv_connector else None
+    if not isinstance(transfer, dict):
+        raise ValueError("kv_transfer_config: must be a JSON object")  # noqa: TRY004 - a config error
+    unknown = sorted(set(transfer) - set(TRANSFER_KEYS))
+    if unknown:
+        raise ValueError(f"kv_transfer_config: unknown key(s) {unknown}; known: {list(TRANSFER_KEYS)}")
+    name = transfer.get("kv_connector")
+    if not isinstance(name, str) or not name:
+        raise ValueError("kv_transfer_config.kv_connector: the connector's name is required")
+    if config.kv_connector and config.kv_connector != name:
+        raise ValueError(f"kv_connector: {config.kv_connector!r} contradicts kv_transfer_config.kv_connector {name!r}")
+    role = transfer.get("kv_role", "kv_both")
+    if role not in KV_ROLES:
+        raise ValueError(f"kv_transfer_config.kv_role: {role!r} is not one of {list(KV_ROLES)}")
+    extra = transfer.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ValueError("kv_transfer_config.kv_connector_extra_config: must be a JSON object")  # noqa: TRY004
+    return ConnectorSpec(name, role, dict(extra))
+
+
+def build_halves(registry, config, kv_caches: list[torch.Tensor], block_dim: int):
+    """(scheduler half, worker half) of the configured connector, or (None, None)."""
+    spec = connector_spec(config)
+    if spec is None:
+        return None, None
+    cls = registry.get("kv_connectors", spec.name)
+    block_bytes = sum(cache.select(block_dim, 0).nbytes for cache in kv_caches)
+
+    def half(role: str):
+        return cls(KVConnectorContext(config, role, config.cache.block_size, len(kv_caches), block_bytes,
+                                      spec.kv_role, spec.extra_config))
+
+    return half(SCHEDULER_ROLE), half(WORKER_ROLE)
+
+
+class TransferCounters:
+    """Running totals of the worker half's reports (the engine's ``kv_load_bytes``,
+    ``kv_load_seconds``, ``kv_save_bytes`` stats)."""
+
+    def __init__(self):
+        self._totals = {"kv_load_bytes": 0, "kv_load_seconds": 0.0, "kv_save_bytes": 0}
+
+    def add(self, report: KVTransferReport) -> None:
+        self._totals["kv_load_bytes"] += report.loaded_bytes
+        self._totals["kv_load_seconds"] += report.load_seconds
+        self._totals["kv_save_bytes"] += report.saved_bytes
+
+    def stats(self) -> dict[str, float]:
+        return dict(self._totals)
