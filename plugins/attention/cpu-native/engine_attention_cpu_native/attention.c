@@ -36,6 +36,27 @@
 int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
 
+/* This step's keys and values into the cache [2, kv_heads, slots, head_dim]: token t's heads
+ * go to slot slot_mapping[t] (block · block_size + offset). key and value are [tokens, kv_heads,
+ * head_dim] views of one tensor (row stride `row_stride`, head stride `head_stride`, in
+ * elements of `elem_bytes`). Returns 1, writing nothing, if a slot lies outside the cache. */
+int64_t write_kv(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
+                 const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
+                 int64_t slots, int64_t elem_bytes, char *cache) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= slots) return 1;
+    int64_t row = head_dim * elem_bytes, plane = slots * row;
+    for (int64_t t = 0; t < tokens; t++) {
+        char *k_dst = cache + slot_mapping[t] * row, *v_dst = k_dst + kv_heads * plane;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            int64_t at = (t * row_stride + h * head_stride) * elem_bytes;
+            memcpy(k_dst + h * plane, key + at, row);
+            memcpy(v_dst + h * plane, value + at, row);
+        }
+    }
+    return 0;
+}
+
 /* A block as float32 rows: bf16 converted into `scratch`, f32 read where it lies. */
 static inline const float *block_bf16(const uint16_t *src, int64_t count, float *scratch) {
     for (int64_t i = 0; i < count; i++) scratch[i] = bf16_load(src[i]);

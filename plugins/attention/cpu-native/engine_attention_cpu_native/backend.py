@@ -38,6 +38,15 @@ def library() -> ctypes.CDLL:
     return load_source(SOURCE)
 
 
+@functools.cache
+def kv_writer():
+    """The C scatter of a step's K/V into the cache (one call where torch takes a stack, a
+    transpose and an index_copy_)."""
+    function = library().write_kv
+    function.argtypes, function.restype = [_PTR, _PTR, _INT, _INT, _PTR, _INT, _INT, _INT, _INT, _INT, _PTR], _INT
+    return function
+
+
 def kernel(dtype: torch.dtype, portable: bool = False):
     """The C entry point for a cache of ``dtype``: AVX-512 where built for it, or the
     portable C one (``portable``)."""
@@ -116,7 +125,7 @@ class NativeAttentionBackend(AttentionBackend):
         long = [i for i, q in enumerate(layout.query_lens) if q > self.max_native_query_len]
         native = self._native_group(layout, short) if short else None
         delegated = self._delegated_group(layout, long, layout.query_start_loc.tolist()) if long else None
-        return NativeAttentionMetadata(layout.slot_mapping, native, delegated)
+        return NativeAttentionMetadata(layout.slot_mapping.to(torch.int64).contiguous(), native, delegated)
 
     def _native_group(self, layout: BatchLayout, requests: list[int]) -> NativeGroup:
         """Copies made now, from the host lengths: the layout's tensors may be the runner's
@@ -143,9 +152,7 @@ class NativeAttentionBackend(AttentionBackend):
         """Every row's K/V is written before anything attends: a request may read blocks that
         another request of the same step writes (a prompt prefix shared within the step). The
         torch backend writes the delegated rows again (the same values; those steps prefill)."""
-        s = self.spec
-        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
-        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, metadata.slot_mapping, new_kv)
+        self._write_kv(key, value, kv_cache, metadata.slot_mapping)
         out = torch.empty(query.shape, dtype=query.dtype)
         if metadata.native is not None:
             self._attend_native(query, kv_cache, metadata.native, out)
@@ -155,12 +162,24 @@ class NativeAttentionBackend(AttentionBackend):
                                             metadata.delegated.metadata)
         return out
 
+    def _write_kv(self, key, value, kv_cache, slot_mapping) -> None:
+        s = self.spec
+        if key.stride() != value.stride() or key.stride(2) != 1 or not kv_cache.is_contiguous():
+            new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
+            kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
+            return
+        slots = kv_cache.shape[2] * s.block_size
+        if kv_writer()(key.data_ptr(), value.data_ptr(), key.stride(0), key.stride(1), slot_mapping.data_ptr(),
+                       key.shape[0], s.num_kv_heads, s.head_dim, slots, key.element_size(), kv_cache.data_ptr()):
+            raise IndexError(f"cpu-native attention: a slot outside the cache's {slots}")
+
     def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor) -> None:
         s = self.spec
         if query.stride(2) != 1 or query.stride(1) != s.head_dim:
             query = query.contiguous()
         status = self._kernel(
-            query.data_ptr(), query.stride(0), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+            query.data_ptr(), query.stride(0), kv_cache.data_ptr(),
+            kv_cache.data_ptr() + kv_cache.stride(0) * kv_cache.element_size(),
             kv_cache.stride(1), group.block_table.data_ptr(), group.block_table.stride(0),
             group.query_start.data_ptr(), group.seq_lens.data_ptr(), group.requests.data_ptr(),
             group.requests.numel(), s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, s.scale,

@@ -92,3 +92,24 @@ def test_short_chunk_reads_a_prefix_written_in_the_same_step(dtype):
                           reference_attention(q[40:], keys_b, values_b, spec.scale)])
     tol = TOLERANCE[dtype] * 2
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_the_kv_write_equals_torch_index_copy(dtype, tokens):
+    """The C scatter of a step's K/V (strided views of one q|k|v row, as the engine passes them)."""
+    heads, kv_heads, dim, blocks, block_size = 6, 2, 64, 40, 16
+    gen = torch.Generator().manual_seed(tokens)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    _, key, value = qkv.view(tokens, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
+    slots = torch.randperm(blocks * block_size, generator=gen)[:tokens]
+    expected = torch.zeros(2, kv_heads, blocks, block_size, dim, dtype=dtype)
+    expected.view(2, kv_heads, -1, dim).index_copy_(2, slots, torch.stack([key, value]).transpose(1, 2))
+    spec = AttentionSpec(heads, kv_heads, dim, dtype, block_size)
+    backend = NativeAttentionBackend(spec, CpuPlatform())
+    cache = torch.zeros_like(expected)
+    backend._write_kv(key, value, cache, slots)
+    assert torch.equal(cache, expected)
+    with pytest.raises(IndexError, match="outside the cache"):
+        backend._write_kv(key, value, cache, torch.full((tokens,), blocks * block_size))
+    assert torch.equal(cache, expected)  # a bad slot writes nothing
