@@ -8,11 +8,32 @@ block hashes (bytes); the publisher turns them into vLLM's 64-bit integers."""
 
 from __future__ import annotations
 
+import hashlib
+from array import array
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 PUBLISHERS = ("null", "zmq")
+
+
+def chain_hashes(tokens: Sequence[int], block_size: int, salt: str | None = None,
+                 parent: bytes | None = None) -> list[bytes]:
+    """The prefix cache's hashes of the full blocks of ``tokens``: block i's is sha256(block
+    i-1's hash — ``parent`` before the first, else the cache salt — + its token ids as int64).
+    Equal hashes mean equal whole prefixes (and salts), so a router can compute what an engine
+    will report."""
+    hashes, previous = [], (salt or "").encode() if parent is None else parent
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        previous = hashlib.sha256(previous + array("q", tokens[start:start + block_size]).tobytes()).digest()
+        hashes.append(previous)
+    return hashes
+
+
+def external_hash(block_hash: bytes) -> int:
+    """A block hash as vLLM's KV events carry it: its low 64 bits, as an unsigned integer."""
+    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
 
 
 @attrs.frozen

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 import msgspec
 import zmq
+import zmq.asyncio
 
 from engine import kv_events
-from engine.kv_events import KVEventsConfig
+from engine.kv_events import KVEventsConfig, external_hash
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 
@@ -50,10 +52,6 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True):
     data_parallel_rank: int | None = None
 
 
-def external_hash(block_hash: bytes) -> int:
-    return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
-
-
 def wire_event(event, medium: str):
     if isinstance(event, kv_events.BlockStored):
         parent = None if event.parent_block_hash is None else external_hash(event.parent_block_hash)
@@ -72,6 +70,32 @@ def endpoint_for_rank(endpoint: str, rank: int) -> str:
         host, port = endpoint.rsplit(":", 1)
         return f"{host}:{int(port) + rank}"
     return f"{endpoint}_dp{rank}"
+
+
+def subscriber_endpoint(endpoint: str, rank: int) -> str | None:
+    """Where a subscriber on this machine reaches replica ``rank``'s publisher (None: the
+    publisher connects out to a named host, so only that host's broker can be reached)."""
+    endpoint = endpoint_for_rank(endpoint, rank)
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return endpoint
+    if "*" in endpoint:
+        return endpoint.replace("*", "127.0.0.1", 1)
+    return None
+
+
+async def follow(context: zmq.asyncio.Context, config: KVEventsConfig, rank: int,
+                 on_batch: Callable[[KVEventBatch], None]) -> None:
+    """Feed replica ``rank``'s event batches to ``on_batch`` until cancelled."""
+    socket = context.socket(zmq.SUB)
+    socket.setsockopt(zmq.SUBSCRIBE, config.topic.encode())
+    socket.connect(subscriber_endpoint(config.endpoint, rank))
+    decoder = msgspec.msgpack.Decoder(KVEventBatch)
+    try:
+        while True:
+            _, _, payload = await socket.recv_multipart()
+            on_batch(decoder.decode(payload))
+    finally:
+        socket.close(linger=0)
 
 
 def _attach(socket: zmq.Socket, endpoint: str) -> None:

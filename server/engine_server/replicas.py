@@ -11,9 +11,14 @@ core's death does: every open request gets its error, ``/health`` answers 503 an
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 from collections.abc import Callable
 
+import zmq.asyncio
+
+from engine.kv_events import KVEventsConfig
+from engine_server import kv_events
 from engine_server.client import EngineClient, RequestHandle
 from engine_server.router import Router
 
@@ -37,6 +42,8 @@ class ReplicaSet:
         if num_replicas < 1:
             raise ValueError(f"data_parallel_size must be at least 1, got {num_replicas}")
         self.routing = routing
+        self.events = KVEventsConfig.from_dict(engine_options.get("kv_events_config"))
+        self._feeds: list[asyncio.Task] = []
         self.replicas = [EngineClient(engine_options, self._one_died, cpus=cpus, rank=rank)
                          for rank, cpus in enumerate(core_shares(num_replicas))]
         self.on_death = on_death
@@ -65,7 +72,21 @@ class ReplicaSet:
         info = readies[0].cache_info
         self.router = Router(self.routing, len(self.replicas), int(info.get("block_size", 16)),
                              int(info.get("num_gpu_blocks", 0)))
+        self._follow_kv_events()
         return readies[0]
+
+    def _follow_kv_events(self) -> None:
+        """With KV events published where this machine can subscribe, the prefix router follows
+        each core's events."""
+        events = self.events
+        if len(self.replicas) == 1 or self.routing != "prefix" or events is None or not events.publishing:
+            return
+        if kv_events.subscriber_endpoint(events.endpoint, 0) is None:
+            return
+        self._events_context = zmq.asyncio.Context()
+        self._feeds = [asyncio.create_task(kv_events.follow(self._events_context, events, rank,
+                                                            functools.partial(self.router.observe, rank)))
+                       for rank in range(len(self.replicas))]
 
     def submit(self, children, priority: int = 0, cache_salt: str | None = None) -> RequestHandle:
         loads = [replica.open_requests for replica in self.replicas]
@@ -81,6 +102,11 @@ class ReplicaSet:
         return sum(replica.cut_open_requests() for replica in self.replicas)
 
     async def shutdown(self) -> None:
+        for feed in self._feeds:
+            feed.cancel()
+        await asyncio.gather(*self._feeds, return_exceptions=True)
+        if self._feeds:
+            self._events_context.destroy(linger=0)
         await asyncio.gather(*(replica.shutdown() for replica in self.replicas))
 
     def _one_died(self, reason: str) -> None:

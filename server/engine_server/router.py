@@ -2,13 +2,16 @@
 
 ``prefix`` (the default) sends a prompt to the replica most likely to hold its longest
 prefix in its KV cache, so a shared system prompt or few-shot header is computed once per
-replica that serves it rather than once on every replica. The router does not ask the
-cores: it remembers which prompt blocks it sent where, in chained block hashes (as the
-engine's prefix cache keys them, the cache salt included), each replica's record bounded
-by that replica's KV blocks and forgotten oldest-first, as the engine evicts. A load guard
+replica that serves it rather than once on every replica. The router remembers which prompt
+blocks it sent where, in the engine's own chained block hashes (the cache salt included),
+each replica's record bounded by that replica's KV blocks and forgotten oldest-first, as the
+engine evicts. With ``--kv-events-config`` the cores' KV events correct the record as they
+arrive: a block a core evicted is forgotten at once, one it stored is known. A load guard
 overrides affinity: when the preferred replica has ``BALANCE_ABS`` more open requests than
 the least loaded one and ``BALANCE_REL`` times as many, the least loaded one gets the
-request (and from then on holds that prefix too). ``round-robin`` ignores prefixes.
+request (and from then on holds that prefix too). A prompt no replica holds goes to the least
+loaded one, and among those to the one holding the fewest blocks. ``round-robin`` ignores
+prefixes.
 """
 
 from __future__ import annotations
@@ -17,18 +20,17 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from engine.kv_events import chain_hashes, external_hash
+from engine_server.kv_events import BlockRemoved, BlockStored
+
 ROUTING = ("prefix", "round-robin")
 BALANCE_ABS = 8  # open requests more than the least loaded replica ...
 BALANCE_REL = 1.5  # ... and this many times as many: affinity gives way to load
 
 
 def block_hashes(prompt: Sequence[int], block_size: int, salt: str | None = None) -> list[int]:
-    """Chained hashes of the prompt's full blocks: block i's hash covers blocks 0..i."""
-    hashes, previous = [], hash(salt)
-    for start in range(0, len(prompt) - block_size + 1, block_size):
-        previous = hash((previous, tuple(prompt[start:start + block_size])))
-        hashes.append(previous)
-    return hashes
+    """The prompt's full blocks as the engine's KV events name them."""
+    return [external_hash(h) for h in chain_hashes(prompt, block_size, salt)]
 
 
 class PrefixRecord:
@@ -37,6 +39,9 @@ class PrefixRecord:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self._blocks: OrderedDict[int, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._blocks)
 
     def matched(self, hashes: list[int]) -> int:
         """How many of ``hashes``, from the first, this replica holds."""
@@ -48,6 +53,13 @@ class PrefixRecord:
             self._blocks.move_to_end(h)
         while len(self._blocks) > self.capacity:
             self._blocks.popitem(last=False)
+
+    def remove(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self._blocks.pop(h, None)
+
+    def clear(self) -> None:
+        self._blocks.clear()
 
 
 class Router:
@@ -65,9 +77,21 @@ class Router:
         hashes = block_hashes(prompt, self.block_size, salt)
         least = min(range(len(loads)), key=loads.__getitem__)
         matches = [record.matched(hashes) for record in self.records]
-        # the longest match; among equal matches the least loaded replica
-        best = max(range(len(loads)), key=lambda r: (matches[r], -loads[r]))
+        # the longest match; among equal matches the least loaded replica, then the one holding
+        # the fewest blocks (a new prefix goes where it evicts least)
+        best = max(range(len(loads)), key=lambda r: (matches[r], -loads[r], -len(self.records[r])))
         if loads[best] - loads[least] > BALANCE_ABS and loads[best] > BALANCE_REL * loads[least]:
             best = least
         self.records[best].add(hashes)
         return best
+
+    def observe(self, replica: int, batch) -> None:
+        """A core's KV event batch (``engine_server.kv_events.KVEventBatch``)."""
+        record = self.records[replica]
+        for event in batch.events:
+            if isinstance(event, BlockStored):
+                record.add(event.block_hashes)
+            elif isinstance(event, BlockRemoved):
+                record.remove(event.block_hashes)
+            else:
+                record.clear()

@@ -21,25 +21,22 @@ on a reset.
 
 from __future__ import annotations
 
-import hashlib
-from array import array
 from collections import OrderedDict
 
 from engine.interfaces import KVCacheGroup, KVCacheManager
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, chain_hashes
 
 NULL_BLOCK = 0
 
 
 def block_hashes(request, block_size: int) -> list[bytes]:
-    """Extend ``request.block_hashes`` to every full block of its known tokens: block i's hash
-    is sha256(block i-1's hash, or the cache salt for block 0, + its token ids as int64)."""
+    """Extend ``request.block_hashes`` to every full block of its known tokens
+    (:func:`engine.kv_events.chain_hashes`)."""
     hashes = request.block_hashes
-    parent = hashes[-1] if hashes else (request.cache_salt or "").encode()
-    for i in range(len(hashes), request.num_tokens // block_size):
-        tokens = array("q", request.all_token_ids[i * block_size:(i + 1) * block_size]).tobytes()
-        parent = hashlib.sha256(parent + tokens).digest()
-        hashes.append(parent)
+    start, end = len(hashes) * block_size, request.num_tokens // block_size * block_size
+    if end > start:
+        hashes.extend(chain_hashes(request.all_token_ids[start:end], block_size, request.cache_salt,
+                                   hashes[-1] if hashes else None))
     return hashes
 
 
