@@ -131,12 +131,15 @@ class Metrics:
                                          "Draft tokens accepted, by draft position", ["position"])
         self._engines: dict[str, _EngineCounters] = {}
 
-    def engine_ready(self, cache_info: dict[str, str]) -> None:
+    def engine_ready(self, cache_info: dict[str, str], engines: int = 1) -> None:
         """Publish the engine's KV cache configuration (``cache_config_info``: value 1, the
-        configuration in its labels)."""
+        configuration in its labels), and every core's gauges and counters at 0 until its
+        first stats arrive (a dashboard reads them from the start)."""
         names = ["model_name", *cache_info]
         Gauge(self._name("cache_config_info"), "Information of the KV cache configuration", names,
               registry=self.registry).labels(**self._labels, **cache_info).set(1)
+        for engine in range(engines):
+            self.update_engine({}, engine)
 
     def update_engine(self, stats: dict[str, float], engine: int = 0) -> None:
         """One engine core's (data-parallel replica's) latest stats."""

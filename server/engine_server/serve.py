@@ -118,7 +118,7 @@ class ServeCommand(Command):
             state.default_sampling_params = ready.default_sampling_params
             state.runner, state.embedding_size = ready.runner, ready.embedding_size
             state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
-            metrics.engine_ready(ready.cache_info)
+            metrics.engine_ready(ready.cache_info, args.data_parallel_size)
             replicas = f" on {args.data_parallel_size} data-parallel cores" if args.data_parallel_size > 1 else ""
             print(f"engine: serving {name}{replicas} at http://{args.host}:{args.port}/v1 (max_model_len "
                   f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}", flush=True)

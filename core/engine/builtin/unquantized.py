@@ -18,11 +18,26 @@ class UnquantizedLinearMethod(QuantMethod):
         weight.output_dim, weight.input_dim = 0, 1
         layer.register_parameter("weight", weight)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        """Hand a projection's weight to the platform's prepacked matmul where it has one
+        (``LayerOps.pack_dense``). Vocabulary tables keep theirs (lookups read its rows), and
+        batch-invariant engines keep ``F.linear`` (its tiles are what the mode measured)."""
+        from engine.layers.embedding import VocabEmbedding  # engine.layers imports this module
+
+        if isinstance(layer, VocabEmbedding) or getattr(self.ctx, "batch_invariant", False):
+            return
+        packed = self.ctx.platform.layer_ops(self.ctx.dtype).pack_dense(layer.weight.data)
+        if packed is not None:
+            del layer.weight
+            layer.dense = packed
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        dense = layer._modules.get("dense")  # not getattr: a miss would raise and catch per call
+        return F.linear(x, layer.weight, bias) if dense is None else dense(x, bias)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        return layer.weight
+        dense = layer._modules.get("dense")
+        return layer.weight if dense is None else dense.dequantize()
 
     def embed(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, layer.weight)

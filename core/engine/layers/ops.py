@@ -14,7 +14,9 @@ tensors it owns (fresh matmul outputs, its residual stream) and does not read th
 
 A platform may also hold group-affine weights (:class:`engine.layers.group_affine.AffineWeight`,
 the form GGUF blocks take) in its own kernel: :meth:`LayerOps.pack_affine`. The plain ops have
-none, and quant methods then keep their own path (torch's int4pack planes).
+none, and quant methods then keep their own path (torch's int4pack planes). Plain weights may
+be prepacked too (:meth:`LayerOps.pack_dense`): on the CPU, bfloat16 weights go into oneDNN's
+blocked layout.
 """
 
 from __future__ import annotations
@@ -27,6 +29,15 @@ from engine.layers.module import Layer
 
 class LayerOps:
     name = "torch"
+
+    def pack_dense(self, weight: torch.Tensor) -> Layer | None:
+        """A plain weight [N, K] prepacked for this platform's matmul, or None (the caller keeps
+        ``F.linear``): a :class:`engine.layers.Layer` with ``forward(x, bias=None)`` = x · wᵀ
+        (+ bias), exactly as ``F.linear`` computes it, and ``dequantize()`` -> w [N, K]. Here:
+        oneDNN's blocked layout for bfloat16 weights on the CPU (:mod:`engine.layers.dense`)."""
+        from engine.layers.dense import PackedDense, packable
+
+        return PackedDense(weight) if packable(weight) else None
 
     def pack_affine(self, weight) -> Layer | None:
         """``weight`` (an :class:`~engine.layers.group_affine.AffineWeight` [N, K]) packed for

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from engine.layers import LayerOps, RMSNorm, RotaryEmbedding
 from engine.layers.group_affine import AffineWeight
@@ -173,6 +174,21 @@ class LayerOpsContract:
         exact = x.float() @ w.t()
         torch.testing.assert_close(got.float(), exact, rtol=TOLERANCE[dtype]["rtol"],
                                    atol=_int8_activation_bound(x.float(), w).max().item() + TOLERANCE[dtype]["atol"])
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    def test_pack_dense(self, platform, dtype, tokens):
+        """A prepacked plain weight computes exactly what ``F.linear`` does (or is declined)."""
+        gen = torch.Generator().manual_seed(tokens)
+        weight = (torch.randn(70, 96, generator=gen) * 0.1).to(dtype)
+        packed = platform.layer_ops(dtype).pack_dense(weight.clone())
+        if packed is None:
+            pytest.skip(f"{self.platform_name} keeps F.linear for {dtype} weights")
+        x, bias = torch.randn(tokens, 96, generator=gen).to(dtype), torch.randn(70, generator=gen).to(dtype)
+        assert torch.equal(packed.dequantize(), weight)
+        assert torch.equal(packed(x), F.linear(x, weight))
+        assert torch.equal(packed(x, bias), F.linear(x, weight, bias))
+        assert torch.equal(packed(x.view(1, tokens, 96)), F.linear(x, weight).view(1, tokens, 70))
 
     def test_pack_affine_declines_what_it_cannot_hold(self, platform):
         """Groups of 16 (GGUF's Q6_K) are outside what any 32-group kernel holds: None, or
