@@ -73,7 +73,6 @@ def test_unknown_flag_is_one_line_with_the_closest(flag, message):
 
 def test_memory_utilization_sizes_the_kv_cache(tiny_llama):
     from engine import LLM
-
     from engine.builtin.platforms import CpuPlatform
 
     used, total = CpuPlatform().memory_in_use()  # this process's resident memory: it grows with the suite
