@@ -89,7 +89,7 @@ def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
     assert len(mentions) == 1 and "Traceback" not in result.stderr, result.stderr
     line = mentions[0]
     assert "tessellm-attention-future 9.0.0" in line and "refused" in line
-    assert "interface v99" in line and "provides v2" in line
+    assert "interface v99" in line and "provides v3" in line
     assert "attention-future  (tessellm-attention-future 9.0.0)  refused:" in result.stdout
     assert "attention backend: future" not in result.stdout
     for name in SHIPPED:
@@ -175,7 +175,7 @@ def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stdout.splitlines()
     noapi = _only(lines, "attention-noapi  (tessellm-attention-noapi 9.0.0)  refused: ")
-    assert "attention backend 'noapi' registered without api=" in noapi and "provides v2" in noapi
+    assert "attention backend 'noapi' registered without api=" in noapi and "provides v3" in noapi
     raising = _only(lines, "models-raising  (tessellm-models-raising 9.0.0)  refused: ")
     assert raising.endswith("register_models raised RuntimeError: config registry unreachable")
     fancy = _only(lines, "attention backend: fancy")
@@ -266,7 +266,8 @@ def test_misregistration_refuses_the_plugin_with_its_reason(monkeypatch, case):
 
 
 def test_attention_backends_built_for_v1_still_load(monkeypatch):
-    """v2 only added defaulted members (cuda_graph_support, describe): a v1 backend loads with them."""
+    """v2 and v3 only added defaulted members (cuda_graph_support, describe, build_graph_metadata):
+    a v1 backend loads with them."""
     target = "engine_attention_torch.backend:TorchAttentionBackend"
     registry = registry_with(monkeypatch, "old", hooks(register_attention_backends=lambda register: register(
         "old", target, api=1)))

@@ -156,11 +156,11 @@ OPTIONS: dict[str, Option] = {
                               "or prefix caching); slower"),
     "logits_processors": Option(("--logits-processors",), "logits processor plugins, comma-separated",
                                 parse_names),
-    "enforce_eager": Option(("--enforce-eager",), "never capture CUDA graphs (the cuda platform captures "
-                            "decode steps; other platforms always run eagerly)"),
-    "cuda_graph_sizes": Option(("--cuda-graph-sizes",), "decode batch sizes to capture as CUDA graphs, "
-                               "comma-separated; default: 1, 2, 4, every 8 to 248, every 16 to 512, up to "
-                               "--max-num-seqs", parse_sizes),
+    "enforce_eager": Option(("--enforce-eager",), "never record decode steps as step graphs (CUDA graphs on "
+                            "the cuda platform, native tapes on cpu-native); run every step eagerly"),
+    "cuda_graph_sizes": Option(("--cuda-graph-sizes",), "decode batch sizes to record as step graphs, "
+                               "comma-separated; default on cuda: 1, 2, 4, every 8 to 248, every 16 to 512; "
+                               "on cpu-native: 1 to 8; up to --max-num-seqs", parse_sizes),
 }
 
 # Flags of vLLM's that have no effect here: (takes a value, why), printed when given.

@@ -107,8 +107,9 @@ class EngineConfig:
     # a request's greedy output does not depend on what else is batched with it, on chunking
     # or on speculation (see engine.layers.batch_invariant); costs throughput
     batch_invariant: bool = False
-    # CUDA graphs for decode steps on the cuda platform (engine.runner.cuda_graphs): off with
-    # enforce_eager; the batch sizes captured (None: vLLM's default list up to max_num_seqs)
+    # decode steps recorded once per batch size and replayed (engine.runner.step_graphs: CUDA
+    # graphs on cuda, native tapes on cpu-native): off with enforce_eager; the batch sizes
+    # recorded (None: the platform's default list up to max_num_seqs)
     enforce_eager: bool = False
     cuda_graph_sizes: tuple[int, ...] | None = None
 

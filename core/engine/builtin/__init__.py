@@ -5,8 +5,8 @@ from engine.hookspecs import hookimpl
 
 @hookimpl
 def register_platforms(register):
-    register("cpu", "engine.builtin.platforms:CpuPlatform", api=1)
-    register("cuda", "engine.builtin.platforms:CudaPlatform", api=1)
+    register("cpu", "engine.builtin.platforms:CpuPlatform", api=2)
+    register("cuda", "engine.builtin.platforms:CudaPlatform", api=2)
 
 
 @hookimpl

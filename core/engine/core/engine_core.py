@@ -32,7 +32,7 @@ from engine.plugins import load_plugins
 from engine.pooling import Pooler, PoolerConfig, resolve_runner
 from engine.pooling_params import PoolingParams, matryoshka_of
 from engine.request_path import check_prompt
-from engine.runner import cuda_graphs
+from engine.runner import step_graphs
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import InvalidParam, SamplingParams, check_int64
 
@@ -70,9 +70,9 @@ class EngineCore:
         layers = setup.layer_attention(registry, config.attention_backend, self.model, dtype,
                                        config.cache.block_size, self.platform, config.batch_invariant, layer_group)
         self.attention, self.layer_attention = layers.first, layers
-        graph_sizes, eager_reasons = cuda_graphs.graph_plan(config, self.platform, layers, self.runner_kind)
+        graph_plan = step_graphs.graph_plan(config, self.platform, layers, self.runner_kind)
         self.kv_groups = groups = setup.kv_cache_groups(config, layers, windows, self.platform,
-                                                        cuda_graphs.graph_memory_estimate(graph_sizes, self.hf_config,
+                                                        step_graphs.graph_memory_estimate(graph_plan, self.hf_config,
                                                                                           dtype))
         self.num_blocks = num_blocks = groups[0].num_blocks
         capacity = (num_blocks - 1) * config.cache.block_size
@@ -90,8 +90,9 @@ class EngineCore:
         self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
                                   self.platform.device, processors, kv_worker,
                                   Pooler(self.pooler_config) if self.pooler_config else None)
-        self.runner.graphs = cuda_graphs.start(self.model, layers.first, kv_caches, graph_sizes, eager_reasons,
-                                               -(-max_len // config.cache.block_size), self.platform)
+        self.runner.graphs = step_graphs.start(self.model, layers.first, kv_caches, graph_plan,
+                                               -(-max_len // config.cache.block_size), self.platform,
+                                               self.hf_config.vocab_size, max_len)
         self.executor.start(self.runner, groups)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None

@@ -19,7 +19,7 @@ from engine.interfaces.kv_connector import (
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
-from engine.interfaces.platform import Communicator, Platform
+from engine.interfaces.platform import Communicator, Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import Scheduler
@@ -28,8 +28,9 @@ from engine.interfaces.tool_parser import ToolCall, ToolParser
 # Interface version per kind. Bump a kind's number when its contract changes
 # incompatibly; plugins declare the version they target with ``api=`` when registering.
 INTERFACE_VERSIONS = {
-    "platforms": 1,
-    "attention_backends": 2,  # 2: cuda_graph_support, describe (both defaulted: v1 backends still load)
+    "platforms": 2,  # 2: step_graphs (defaulted: v1 platforms still load)
+    # 2: cuda_graph_support, describe; 3: build_graph_metadata (all defaulted: v1 and v2 still load)
+    "attention_backends": 3,
     "models": 1,
     "model_loaders": 2,  # 2: iter_weights(keep_quantized=...)
     "quant_methods": 2,  # 2: dequantize (required), embed, describe, quantizes_embeddings
@@ -48,7 +49,7 @@ INTERFACE_VERSIONS = {
 }
 
 # Older versions a kind still loads, because the newer one only added members with defaults.
-STILL_LOADED = {"attention_backends": (1,)}
+STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,)}
 
 # The engine core's request and step messages, loaded on first use: engine.core.request
 # imports engine.sampling_params, which imports this package.
@@ -103,6 +104,7 @@ __all__ = [
     "Scheduler",
     "SchedulerContext",
     "StepContext",
+    "StepGraphs",
     "StepPlan",
     "StepResult",
     "TokenLogprobs",

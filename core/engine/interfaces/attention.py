@@ -88,13 +88,15 @@ class AttentionBackend(ABC):
     block_dim: ClassVar[int] = 1  # which dimension of ``kv_cache_shape`` indexes blocks
     # honours AttentionSpec.batch_invariant; a backend that does not is never chosen for it
     batch_invariant_capable: ClassVar[bool] = False
-    # (interface v2) which steps the cuda platform may capture in a CUDA graph with this
-    # backend. "decode-only": metadata built for a batch of B requests of one query row each
-    # stays valid when the layout's device tensors are overwritten in place with another such
-    # batch of B (the host tuples may differ, and the padding rows the graph runner adds have
-    # seq_len 1 and the null block), and ``forward`` neither syncs with the host nor allocates
-    # outside the capture; "full": the same for any batch of a fixed number of tokens (the
-    # graph runner captures decode steps only, for now); "none": always eager
+    # (interface v2) which steps a platform's step graphs (CUDA graphs on cuda, native tapes on
+    # cpu-native: ``Platform.step_graphs``) may record with this backend. "decode-only": the
+    # metadata ``build_graph_metadata`` builds for a batch of B requests of one query row each
+    # stays valid when the layout's tensors are overwritten in place with another such batch of
+    # B (the host tuples may differ, and the padding rows the graph runner adds have seq_len 1
+    # and the null block), and ``forward`` neither syncs with the host nor allocates outside the
+    # capture (nor, for a tape, computes outside its C kernels); "full": the same for any batch
+    # of a fixed number of tokens (the graph runner records decode steps only, for now);
+    # "none": always eager
     cuda_graph_support: ClassVar[str] = "none"
 
     def __init__(self, spec: AttentionSpec, platform: Platform):
@@ -121,6 +123,13 @@ class AttentionBackend(ABC):
     def build_metadata(self, layout: BatchLayout) -> object:
         """Backend-specific per-step metadata, built once and shared by all layers."""
         return layout
+
+    def build_graph_metadata(self, layout: BatchLayout) -> object:
+        """(interface v3) Metadata for a recorded decode step: ``layout``'s tensors are the
+        graph's static buffers, overwritten before every replay, so what it builds must read
+        them when the forward runs (see ``cuda_graph_support``). Default: ``build_metadata``,
+        right for a backend whose metadata holds the layout's tensors themselves."""
+        return self.build_metadata(layout)
 
     @abstractmethod
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -3,11 +3,16 @@ vendor ships another through ``register_platforms`` without forking the core.
 
 Tensor parallelism (added with defaults, so interface v1 is unchanged): ``communicator``
 builds the collectives parallel layers call, by default a ``torch.distributed`` group of
-``dist_backend``; ``configure_rank`` sets a rank's process up (CPU: its share of the cores)."""
+``dist_backend``; ``configure_rank`` sets a rank's process up (CPU: its share of the cores).
+
+Interface v2 adds ``step_graphs`` (default: none; v1 platforms still load): how the platform
+records a decode step's forward once per batch size and replays it — CUDA graphs on ``cuda``,
+native tapes (``engine.native.tape``) on ``cpu-native``."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import TYPE_CHECKING, ClassVar
 
 import torch
@@ -27,6 +32,28 @@ class Communicator(ABC):
     @abstractmethod
     def gather(self, x: torch.Tensor) -> torch.Tensor | None:
         """Rank 0: the ranks' ``x`` concatenated along the last dim, rank order; others: None."""
+
+
+class StepGraphs(ABC):
+    """A platform's way of recording a decode step's forward once and replaying it
+    (``engine.runner.step_graphs`` drives it: static input buffers per batch size, the
+    attention backend's :meth:`~engine.interfaces.AttentionBackend.build_graph_metadata`)."""
+
+    name: ClassVar[str]  # what the start-up log calls them, e.g. "CUDA graphs"
+    overhead_bytes: ClassVar[int] = 0  # device memory each recorded step holds beside its activations
+
+    def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
+        """The batch sizes to record when the user names none: vLLM's list (1, 2, 4, every 8
+        to 248, every 16 from 256 to 512) below ``max_num_seqs``, and ``max_num_seqs`` itself
+        (at most 512), so every batch up to 512 has a size that holds it."""
+        sizes = [1, 2, 4, *range(8, 256, 8), *range(256, 513, 16)]
+        return tuple(sorted({s for s in sizes if s < max_num_seqs} | {min(max_num_seqs, 512)}))
+
+    @abstractmethod
+    def record(self, forward: Callable[[], torch.Tensor]) -> tuple[object, torch.Tensor]:
+        """(a recording of ``forward()`` with a ``replay()`` method, the tensor ``forward``
+        returned, which every replay rewrites). Raises RuntimeError saying why it cannot
+        record this forward; the engine then runs decode steps eagerly."""
 
 
 class Platform(ABC):
@@ -72,6 +99,11 @@ class Platform(ABC):
 
     def synchronize(self) -> None:
         """Wait for queued device work (no-op on synchronous devices)."""
+
+    def step_graphs(self) -> StepGraphs | None:
+        """(interface v2) How this platform records and replays decode steps, or None: they
+        run eagerly. Called once per engine."""
+        return None
 
     def layer_ops(self, dtype: torch.dtype):
         """The :class:`engine.layers.LayerOps` models and quant kernels use for the small ops

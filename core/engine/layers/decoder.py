@@ -106,7 +106,7 @@ class DecoderModel(Layer):
     def __init__(self, cfg, layers: Iterable[Layer], method, dtype, ops: LayerOps):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
-        self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
+        self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype, ops)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 

@@ -70,6 +70,11 @@ class LayerOps:
             out = F.rms_norm(x, (size,), norm.weight, eps=norm.eps)  # float32 accumulation inside
         return out if residual is None else (out, residual)
 
+    def gather_rows(self, table: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """``table[ids]``: rows of ``table`` [N, ...] at int64 ``ids`` [T] -> [T, ...] (the rotary
+        tables looked up by position); an id outside [0, N) raises IndexError."""
+        return torch.index_select(table, 0, ids)
+
     def rotary_qkv(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
                    cos_sin: tuple[torch.Tensor, torch.Tensor]):
         """A fused q|k|v projection [T, (H + 2·H_kv)·D] (consumed) -> rotated q [T, H, D],

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from engine.layers.module import Layer
+from engine.layers.ops import LayerOps
 
 
 def _rope_inv_freq(hf_config, device) -> tuple[torch.Tensor, float]:
@@ -27,8 +28,9 @@ def _rope_inv_freq(hf_config, device) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(Layer):
-    def __init__(self, hf_config, max_positions: int, dtype: torch.dtype):
+    def __init__(self, hf_config, max_positions: int, dtype: torch.dtype, ops: LayerOps | None = None):
         super().__init__()
+        self.ops = ops or LayerOps()
         inv_freq, scaling = _rope_inv_freq(hf_config, "cpu")
         freqs = torch.outer(torch.arange(max_positions, dtype=torch.float32), inv_freq.float())
         cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
@@ -38,4 +40,5 @@ class RotaryEmbedding(Layer):
     def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """[cos, cos] and [−sin, sin], each [T, 1, D], for these positions: look them up once
         per step and pass them to every layer's ``layer_ops.rotary_qkv``."""
-        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+        gather = self.ops.gather_rows
+        return gather(self.cos, positions).unsqueeze(1), gather(self.sin, positions).unsqueeze(1)

@@ -59,7 +59,7 @@ class ModelRunner:
         self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
         # how execute runs a step's forward: a multi-rank executor wraps it (broadcast first)
         self.forward_step = self.forward
-        self.graphs = None  # an engine.runner.cuda_graphs.CudaGraphRunner when decode steps replay graphs
+        self.graphs = None  # an engine.runner.step_graphs.StepGraphRunner when decode steps replay
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 

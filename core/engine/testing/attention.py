@@ -18,6 +18,7 @@ import torch
 from engine.builtin.platforms import CpuPlatform
 from engine.interfaces import AttentionSpec, BatchLayout
 from engine.plugins import load_plugins
+from engine.runner.step_graphs import DecodeInputs, pad_decode
 
 # (context already cached, new query tokens) per request
 BATCHES = {
@@ -127,7 +128,8 @@ def _sequences(requests, shares, spec: AttentionSpec, block_size: int, gen):
 
 
 def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed: int = 0, num_layers: int = 1,
-                  shares: dict[int, tuple[int, int]] | None = None, device: torch.device | str = "cpu"):
+                  shares: dict[int, tuple[int, int]] | None = None, device: torch.device | str = "cpu",
+                  graph: bool = False):
     """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
     batch under test over it. Blocks are scattered over the pool; ``shares`` (request ->
     (donor, blocks)) makes a request's cached context its donor's first blocks, written once
@@ -135,8 +137,10 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
     (:func:`fused_projection_views`). Each call builds its metadata once and runs
     ``num_layers`` layers through it, each over its own cache and inputs, as the engine does.
     The cache layout is the backend's own: only outputs are compared. Inputs, caches and the
-    layout live on ``device``; outputs come back to the CPU. -> [(output, expected)] per call
-    and layer."""
+    layout live on ``device``; outputs come back to the CPU. ``graph``: call 2 (a decode batch)
+    runs through metadata built by ``build_graph_metadata`` over static buffers holding padding,
+    which are overwritten in place with the batch afterwards, as a recorded step's are.
+    -> [(output, expected)] per call and layer."""
     gen = torch.Generator().manual_seed(seed)
     bs, shares = spec.block_size, shares or {}
     caches = [torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype, device=device)
@@ -156,8 +160,9 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
         active = [i for i, count in enumerate(written) if count]
         span = [(requests[i][0] - written[i], requests[i][0]) if first else (requests[i][0], sum(requests[i]))
                 for i in active]
-        layout = paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs)
-        metadata = backend.build_metadata(_on_device(layout, device))
+        layout = _on_device(paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs),
+                            device)
+        metadata = _graph_metadata(backend, layout) if graph and not first else backend.build_metadata(layout)
         for cache, seqs in zip(caches, layers):
             q, k, v = (torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3))
             out = backend.forward(*fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata)
@@ -166,6 +171,18 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
                                   for (a, b), i in zip(span, active)])
             results.append((out.cpu(), expected))
     return results
+
+
+def _graph_metadata(backend, layout: BatchLayout):
+    """Metadata built over static buffers of the layout's shape (one spare block column) while
+    they hold padding, then the buffers overwritten with ``layout``."""
+    size, device = layout.num_requests, layout.block_table.device
+    max_blocks = layout.block_table.shape[1] + 1
+    static = DecodeInputs.empty(size, max_blocks, device)
+    metadata = backend.build_graph_metadata(static.layout)
+    zeros = torch.zeros(size, dtype=torch.int64, device=device)
+    static.copy_(pad_decode(zeros, zeros, layout, size, max_blocks))
+    return metadata
 
 
 def _on_device(layout: BatchLayout, device) -> BatchLayout:
@@ -246,6 +263,17 @@ class AttentionBackendContract:
         spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=block_size)
         requests, shares = prefix_sharing(block_size)
         self._check(self._backend(backend_cls, spec), spec, requests, shares=shares, num_layers=2)
+
+    def test_graph_metadata_reads_the_buffers_when_it_runs(self, backend_cls, batch, block_size, dtype):
+        """A backend declaring ``cuda_graph_support``: metadata from ``build_graph_metadata``
+        over static buffers that held padding when it was built, then were overwritten with a
+        decode batch in place (as before a replay), attends that batch right, two layers deep."""
+        if backend_cls.cuda_graph_support == "none":
+            pytest.skip(f"{self.backend_name} declares cuda_graph_support 'none'")
+        if any(n != 1 for _, n in BATCHES[batch]):
+            pytest.skip("graphs record decode batches only")
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=block_size)
+        self._check(self._backend(backend_cls, spec), spec, BATCHES[batch], num_layers=2, graph=True)
 
     @pytest.mark.parametrize("invariant", [False, True], ids=["batched", "batch-invariant"])
     def test_attention_kinds_match_reference(self, backend_cls, batch, kind, invariant, dtype):

@@ -63,6 +63,19 @@ class LayerOpsContract:
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
+    def test_gather_rows(self, platform, dtype, tokens):
+        """The rotary tables' lookup: exact rows, repeats allowed, an id out of range refused."""
+        gen = torch.Generator().manual_seed(tokens)
+        table = torch.randn(513, 1, 80, generator=gen).to(dtype)
+        ids = torch.randint(0, 513, (tokens,), generator=gen)
+        ops = platform.layer_ops(dtype)
+        assert torch.equal(ops.gather_rows(table, ids), table[ids])
+        for bad in (513, -1):
+            with pytest.raises(IndexError):
+                ops.gather_rows(table, torch.tensor([0, bad]))
+
+    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("layout", HEAD_LAYOUTS)
     def test_rms_norm_of_head_views(self, platform, dtype, tokens, layout):
         """A per-head norm over [T, H, D] views (no residual: x is left as it is)."""
@@ -167,6 +180,8 @@ class LayerOpsContract:
             return
         ids = torch.tensor([[0, 69], [15, 16]])
         assert torch.equal(packed.rows(ids), weight.rows(ids.flatten(), dtype).view(2, 2, -1))
+        with pytest.raises(IndexError):
+            packed.rows(torch.tensor([3, 70]))
         assert torch.equal(packed.dequantize(), weight.dequantize(dtype))
         x = torch.randn(tokens, 96, generator=gen).to(dtype)
         got, w = packed(x), weight.dequantize()

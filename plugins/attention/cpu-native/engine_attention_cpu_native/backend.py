@@ -20,6 +20,7 @@ import attrs
 import torch
 
 from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.native.tape import NativeKernel, bind
 from engine.plugins import load_plugins
 
 SOURCE = Path(__file__).with_name("attention.c")
@@ -39,20 +40,19 @@ def library() -> ctypes.CDLL:
 
 
 @functools.cache
-def kv_writer():
+def kv_writer() -> NativeKernel:
     """The C scatter of a step's K/V into the cache (one call where torch takes a stack, a
     transpose and an index_copy_)."""
-    function = library().write_kv
-    function.argtypes, function.restype = [_PTR, _PTR, _INT, _INT, _PTR, _INT, _INT, _INT, _INT, _INT, _PTR], _INT
-    return function
+    return bind(library(), "write_kv", [_PTR, _PTR, _INT, _INT, _PTR, _INT, _INT, _INT, _INT, _INT, _PTR], _INT,
+                status=True)
 
 
-def kernel(dtype: torch.dtype, portable: bool = False):
+@functools.cache
+def kernel(dtype: torch.dtype, portable: bool = False) -> NativeKernel:
     """The C entry point for a cache of ``dtype``: AVX-512 where built for it, or the
-    portable C one (``portable``)."""
-    function = getattr(library(), f"paged_attention_{_SUFFIX[dtype]}{'_scalar' if portable else ''}")
-    function.argtypes, function.restype = _ARGTYPES, _INT
-    return function
+    portable C one (``portable``). Both are recordable onto native tapes."""
+    return bind(library(), f"paged_attention_{_SUFFIX[dtype]}{'_scalar' if portable else ''}", _ARGTYPES, _INT,
+                status=True)
 
 
 @attrs.frozen
@@ -89,6 +89,9 @@ class NativeAttentionBackend(AttentionBackend):
     # request is only kv_heads work items, which two threads split less evenly than flash does.
     max_native_query_len = 8
     portable = False  # the portable C kernel even where the AVX-512 one is built (tests)
+    # decode steps read the layout's lengths and block table when the kernel runs
+    # (build_graph_metadata), and attend in C alone: the cpu-native platform tapes them
+    cuda_graph_support = "decode-only"
 
     @classmethod
     def supports(cls, spec: AttentionSpec, platform) -> list[str]:
@@ -126,6 +129,17 @@ class NativeAttentionBackend(AttentionBackend):
         native = self._native_group(layout, short) if short else None
         delegated = self._delegated_group(layout, long, layout.query_start_loc.tolist()) if long else None
         return NativeAttentionMetadata(layout.slot_mapping.to(torch.int64).contiguous(), native, delegated)
+
+    def build_graph_metadata(self, layout: BatchLayout) -> NativeAttentionMetadata:
+        """A decode batch over a recorded step's static buffers: the kernel reads the layout's
+        own query starts, lengths and block table (int32, contiguous) each time it runs."""
+        if any(q != 1 for q in layout.query_lens):
+            raise ValueError("cpu-native attention records decode steps only (one query row a request)")
+        tensors = (layout.query_start_loc, layout.seq_lens, layout.block_table)
+        if any(t.dtype != torch.int32 or not t.is_contiguous() for t in tensors):
+            raise ValueError("a recorded step's layout must hold contiguous int32 lengths and block table")
+        requests = torch.arange(layout.num_requests, dtype=torch.int32)
+        return NativeAttentionMetadata(layout.slot_mapping, NativeGroup(requests, *tensors), None)
 
     def _native_group(self, layout: BatchLayout, requests: list[int]) -> NativeGroup:
         """Copies made now, from the host lengths: the layout's tensors may be the runner's

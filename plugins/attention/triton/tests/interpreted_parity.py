@@ -9,7 +9,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.testing import reference
-from engine.testing.cuda_graphs import replayed_tokens
+from engine.testing.step_graphs import replayed_tokens
 
 PROMPTS = reference.random_prompts(256, [5, 33, 3], seed=4)
 # requests finishing at different steps: decode batches of 3, 2 and 1
@@ -34,7 +34,7 @@ def test_greedy_tokens_match_the_torch_backend(tiny_model, triton_tokens):
 
 def test_decode_replayed_over_static_buffers_gives_the_eager_tokens(tiny_model, triton_tokens):
     """What ``cuda_graph_support = "decode-only"`` promises, checked without a GPU
-    (``engine.testing.cuda_graphs``): decode steps padded into buckets of static buffers
+    (``engine.testing.step_graphs``): decode steps padded into buckets of static buffers
     overwritten in place, attended through the metadata built once at capture, give the eager
     tokens (batches of 3, 2 and 1 meet buckets of 4, 2 and 1)."""
     replayed, replays = replayed_tokens(_llm(tiny_model, "triton"), PROMPTS, PARAMS, (1, 2, 4))

@@ -27,31 +27,31 @@ import torch
 from engine.layers import Layer
 from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
+from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
 
 GROUP, TILE = 32, 16
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _INT, _PTR = ctypes.c_int64, ctypes.c_void_p
+# symbol: (argtypes, restype, whether the result is a status)
 _SIGNATURES = {
-    "affine_vnni_available": ([], _INT),
-    "pack_affine": ([_PTR, _PTR, _PTR, _INT, _INT, _INT, _PTR, _PTR], None),
-    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _PTR], None)
+    "affine_vnni_available": ([], _INT, False),
+    "pack_affine": ([_PTR, _PTR, _PTR, _INT, _INT, _INT, _PTR, _PTR], None, False),
+    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _PTR], None, False)
        for suffix in ("bf16", "f32")},
-    **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _PTR, _INT, _PTR], None) for suffix in ("bf16", "f32")},
+    **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _INT, _PTR, _INT, _PTR], _INT, True)
+       for suffix in ("bf16", "f32")},
 }
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 @functools.cache
-def kernels(portable: bool = False) -> dict[str, ctypes._CFuncPtr]:
-    """The kernel's entry points, from this CPU's build or the ``portable`` one (plain C)."""
+def kernels(portable: bool = False) -> dict[str, NativeKernel]:
+    """The kernel's entry points, from this CPU's build or the ``portable`` one (plain C),
+    bound so that native tapes record them."""
     library = load_source(SOURCE, portable=portable)
-    bound = {}
-    for symbol, (argtypes, restype) in _SIGNATURES.items():
-        function = getattr(library, symbol)
-        function.argtypes, function.restype = argtypes, restype
-        bound[symbol] = function
-    return bound
+    return {symbol: bind(library, symbol, argtypes, restype, status)
+            for symbol, (argtypes, restype, status) in _SIGNATURES.items()}
 
 
 def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
@@ -109,11 +109,10 @@ class PackedAffine(Layer):
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).to(torch.int64).contiguous()
-        if flat.numel() and not (0 <= int(flat.min()) and int(flat.max()) < self.out_features):
-            raise IndexError(f"row ids must lie in [0, {self.out_features})")
         out = torch.empty(flat.shape[0], self.in_features, dtype=self.dtype)
-        self._rows(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
-                   flat.data_ptr(), flat.shape[0], out.data_ptr())
+        if self._rows(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
+                      self.out_features, flat.data_ptr(), flat.shape[0], out.data_ptr()):
+            raise IndexError(f"row ids must lie in [0, {self.out_features})")
         return out.view(*ids.shape, self.in_features)
 
     def dequantize(self) -> torch.Tensor:

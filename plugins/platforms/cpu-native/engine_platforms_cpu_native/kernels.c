@@ -1,4 +1,4 @@
-/* Fused layer ops for the CPU: residual add + RMSNorm, rotary embedding (alone or after a
+/* Fused layer ops for the CPU: (residual add +) RMSNorm, rotary tables looked up by position, rotary embedding (alone or after a
  * per-head RMSNorm of q and k, Qwen3's) in place, W8A8's activation quantization and int32
  * rescale in one pass each, SwiGLU (silu(gate) · up) in one pass.
  *
@@ -37,6 +37,19 @@ void add_rms_norm_##SUFFIX(T *x, T *residual, const T *weight, int64_t rows, int
         float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);                                  \
         for (int64_t i = 0; i < hidden; i++)                                                    \
             xr[i] = STORE(LOAD(rr[i]) * inv * LOAD(weight[i]));                                 \
+    }                                                                                           \
+}                                                                                               \
+                                                                                                \
+/* out = x / rms(x) * weight, x left as it is (a model's first norm: no residual yet). */       \
+void rms_norm_##SUFFIX(const T *x, const T *weight, int64_t rows, int64_t hidden, float eps,    \
+                       T *out) {                                                                \
+    for (int64_t r = 0; r < rows; r++) {                                                        \
+        const T *xr = x + r * hidden;                                                           \
+        float sum_sq = 0.f;                                                                     \
+        for (int64_t i = 0; i < hidden; i++) sum_sq += LOAD(xr[i]) * LOAD(xr[i]);               \
+        float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);                                  \
+        for (int64_t i = 0; i < hidden; i++)                                                    \
+            out[r * hidden + i] = STORE(LOAD(xr[i]) * inv * LOAD(weight[i]));                   \
     }                                                                                           \
 }                                                                                               \
                                                                                                 \
@@ -89,6 +102,16 @@ void qk_norm_rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t q_h
 
 DEFINE_KERNELS(bf16, uint16_t, bf16_load, bf16_store)
 DEFINE_KERNELS(f32, float, f32_load, f32_store)
+
+/* out[i] = table[ids[i]], rows of `row_bytes`; 1 (nothing written) when an id is outside
+ * [0, rows): the rotary tables' lookup by position. */
+int64_t gather_rows(const char *table, int64_t rows, int64_t row_bytes, const int64_t *ids, int64_t count,
+                    char *out) {
+    for (int64_t i = 0; i < count; i++)
+        if (ids[i] < 0 || ids[i] >= rows) return 1;
+    for (int64_t i = 0; i < count; i++) memcpy(out + i * row_bytes, table + ids[i] * row_bytes, (size_t)row_bytes);
+    return 0;
+}
 
 /* ---- W8A8 ------------------------------------------------------------------------------- */
 

@@ -1,12 +1,14 @@
-"""LayerOps on the fused C kernels: residual add + RMSNorm, rotary embedding and Qwen3's
-per-head q/k RMSNorm + rotary in place, W8A8's activation quantization and int32 rescale and
-SwiGLU in one pass each, and group-affine weights (GGUF's 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
+"""LayerOps on the fused C kernels: (residual add +) RMSNorm, the rotary tables' lookup by
+position, rotary embedding and Qwen3's per-head q/k RMSNorm + rotary in place, W8A8's activation
+quantization and int32 rescale and SwiGLU in one pass each, and group-affine weights (GGUF's
+32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
 
-Each call is one ctypes call on the tensors' memory where the torch path makes several
-torch calls. The norm and rotary kernels are single-threaded, so batches above ``MAX_ROWS``
-rows (prefill chunks), where torch's multi-threaded ops win, go to the torch path; W8A8's
-passes and SwiGLU are vectorized and threaded and take any batch. Dtypes or layouts the kernels do not
-take go to the torch path.
+Each call is one ctypes call on the tensors' memory where the torch path makes several torch
+calls. The kernels are bound with :func:`engine.native.tape.bind`, so a decode step made of them
+(and of the cpu-native attention and affine kernels) is recorded onto a native tape. The norm and
+rotary kernels are single-threaded, so batches above ``MAX_ROWS`` rows (prefill chunks), where
+torch's multi-threaded ops win, go to the torch path; W8A8's passes and SwiGLU are vectorized and
+threaded and take any batch. Dtypes or layouts the kernels do not take go to the torch path.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ import torch
 
 from engine.layers import LayerOps
 from engine.native import BuildError
+from engine.native.tape import bind
 from engine_platforms_cpu_native import affine
 
 MAX_ROWS = 64
 _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "add_rms_norm": ([_PTR, _PTR, _PTR, _INT, _INT, _FLOAT], None),
+    "rms_norm": ([_PTR, _PTR, _INT, _INT, _FLOAT, _PTR], None),
     "rotary": ([_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR], None),
     "qk_norm_rotary": ([_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _FLOAT, _FLOAT, _PTR, _PTR], None),
     "quantize_rows_int8": ([_PTR, _INT, _INT, _FLOAT, _PTR, _PTR, _PTR], _INT),
@@ -39,14 +43,9 @@ class NativeLayerOps(LayerOps):
     def __init__(self, library: ctypes.CDLL, dtype: torch.dtype):
         self.dtype = dtype
         self.max_rotary_dim = library.max_rotary_dim()
-        self._kernels = {(name, dtype): self._bind(library, f"{name}_{suffix}", *signature)
+        self._kernels = {(name, dtype): bind(library, f"{name}_{suffix}", *signature)
                          for name, signature in _SIGNATURES.items() for dtype, suffix in _SUFFIX.items()}
-
-    @staticmethod
-    def _bind(library, symbol, argtypes, restype):
-        function = getattr(library, symbol)
-        function.argtypes, function.restype = argtypes, restype
-        return function
+        self._gather = bind(library, "gather_rows", [_PTR, _INT, _INT, _PTR, _INT, _PTR], _INT, status=True)
 
     def pack_affine(self, weight):
         """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has
@@ -66,11 +65,25 @@ class NativeLayerOps(LayerOps):
                 and (max_rows is None or x.shape[0] <= max_rows))
 
     def rms_norm(self, norm, x, residual=None):
-        if residual is None or not (self._takes(x) and self._takes(residual)):
+        if not (self._takes(x) and (residual is None or self._takes(residual))):
             return super().rms_norm(norm, x, residual)
+        if residual is None:
+            out = torch.empty(x.shape, dtype=x.dtype)
+            self._kernels["rms_norm", self.dtype](x.data_ptr(), norm.weight.data_ptr(), x.shape[0], x.shape[1],
+                                                  norm.eps, out.data_ptr())
+            return out
         self._kernels["add_rms_norm", self.dtype](x.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(),
                                                    x.shape[0], x.shape[1], norm.eps)
         return x, residual
+
+    def gather_rows(self, table, ids):
+        if not (table.is_contiguous() and ids.dtype == torch.int64 and ids.dim() == 1 and ids.is_contiguous()):
+            return super().gather_rows(table, ids)
+        out = torch.empty((ids.shape[0], *table.shape[1:]), dtype=table.dtype)
+        if self._gather(table.data_ptr(), table.shape[0], table[0].numel() * table.element_size(), ids.data_ptr(),
+                        ids.shape[0], out.data_ptr()):
+            raise IndexError(f"row ids must lie in [0, {table.shape[0]})")
+        return out
 
     def _takes_rotary(self, qkv, head_dim, cos_sin) -> bool:
         """Rows [T, width] of contiguous heads (the row stride may be padded), few enough

@@ -11,7 +11,7 @@ import functools
 import torch
 
 from engine.builtin.platforms import CpuPlatform
-from engine.native import BuildError
+from engine.native import BuildError, tape
 from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.ops import NativeLayerOps
 
@@ -28,6 +28,12 @@ class NativeCpuPlatform(CpuPlatform):
         except (BuildError, OSError) as error:
             return [f"cannot build its C kernels: {error}"]
         return []
+
+    def step_graphs(self):
+        """Native tapes, where this machine's calling convention allows them
+        (:mod:`engine.native.tape`): every kernel of a decode step with the cpu-native attention
+        and GGUF's packed weights is a C call, replayed from C without Python between layers."""
+        return None if tape.unavailable_reasons() else tape.TapeGraphs()
 
     def layer_ops(self, dtype: torch.dtype):
         if dtype not in (torch.bfloat16, torch.float32):

@@ -339,12 +339,14 @@ void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, co
 }
 
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
+/* 1 (nothing written) when an id is outside [0, n). */
 
 #define DEFINE_ROWS(SUFFIX, T, STORE)                                                           \
-void affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,     \
-                          const int64_t *ids,                                                   \
-                          int64_t count, T *out) {                                              \
+int64_t affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,  \
+                             int64_t n, const int64_t *ids, int64_t count, T *out) {            \
     int64_t groups = k / GROUP, steps = k / step_bytes(bits);                                   \
+    for (int64_t i = 0; i < count; i++)                                                         \
+        if (ids[i] < 0 || ids[i] >= n) return 1;                                                \
     _Pragma("omp parallel for schedule(static) if (count * k >= (1 << 18))")                    \
     for (int64_t i = 0; i < count; i++) {                                                       \
         int64_t col = ids[i], t = col / TILE, c = col % TILE;                                   \
@@ -356,6 +358,7 @@ void affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64
                     STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset); \
         }                                                                                       \
     }                                                                                           \
+    return 0;                                                                                   \
 }
 DEFINE_ROWS(bf16, uint16_t, bf16_store)
 DEFINE_ROWS(f32, float, f32_store)

@@ -1,8 +1,9 @@
-"""CUDA graphs for decode (engine.runner.cuda_graphs), what can be checked without a GPU: the
+"""Step graphs for decode (engine.runner.step_graphs), the parts any platform shares: the
 capture sizes and bucket choice, the padding of a decode step to a bucket (the real rows'
 attention unchanged by the padding rows), the static buffers overwritten in place, why graphs
-are off, the KV budget they take, and that the CPU path never captures while accepting
-``--enforce-eager`` and ``--cuda-graph-sizes``. Capture and replay themselves need a device."""
+are off, the KV budget they take, a failed recording falling back to eager, and the plain cpu
+platform never recording while accepting ``--enforce-eager`` and ``--cuda-graph-sizes``. CUDA
+graphs' capture and replay need a device; native tapes are tested in tests/test_native_tape.py."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.builtin.platforms import CpuPlatform, CudaPlatform
+from engine.builtin.platforms import CpuPlatform, CudaGraphs, CudaPlatform
 from engine.config import EngineConfig
 from engine.core import setup
 from engine.interfaces import AttentionSpec
-from engine.runner import cuda_graphs
+from engine.runner import step_graphs
 from engine.runner.layer_attention import LayerAttention
 from engine.testing import reference
 from engine.testing.attention import paged_layout
-from engine.testing.cuda_graphs import replayed_tokens
+from engine.testing.step_graphs import replayed_tokens
 from engine_attention_torch.backend import TorchAttentionBackend
 from tests.test_cli_args import parse
 
@@ -26,23 +27,25 @@ SPEC = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.float
 
 
 def test_default_sizes_follow_vllms_list_up_to_max_num_seqs():
-    assert cuda_graphs.default_capture_sizes(256) == (1, 2, 4, *range(8, 256, 8), 256)
-    assert cuda_graphs.default_capture_sizes(3) == (1, 2, 3)
-    assert cuda_graphs.default_capture_sizes(100)[-3:] == (88, 96, 100)
-    big = cuda_graphs.default_capture_sizes(4096)
+    default_sizes = CudaGraphs().default_sizes
+    assert default_sizes(256) == (1, 2, 4, *range(8, 256, 8), 256)
+    assert default_sizes(3) == (1, 2, 3)
+    assert default_sizes(100)[-3:] == (88, 96, 100)
+    big = default_sizes(4096)
     assert big[-2:] == (496, 512) and 264 not in big and 272 in big
 
 
 def test_configured_sizes_are_sorted_and_capped():
-    assert cuda_graphs.capture_sizes([8, 1, 8, 600], 256) == (1, 8)
-    assert cuda_graphs.capture_sizes([600], 256) == ()
+    assert step_graphs.capture_sizes([8, 1, 8, 600], (1, 2), 256) == (1, 8)
+    assert step_graphs.capture_sizes([600], (1, 2), 256) == ()
+    assert step_graphs.capture_sizes(None, (1, 2), 256) == (1, 2)
     with pytest.raises(ValueError, match="cuda_graph_sizes: batch sizes must be positive"):
-        cuda_graphs.capture_sizes([0, 4], 256)
+        step_graphs.capture_sizes([0, 4], (1, 2), 256)
 
 
 @pytest.mark.parametrize("batch, bucket", [(1, 1), (3, 4), (4, 4), (5, 8), (17, 24), (256, 256), (257, None)])
 def test_bucket_is_the_smallest_that_holds_the_batch(batch, bucket):
-    assert cuda_graphs.bucket_for(batch, cuda_graphs.default_capture_sizes(256)) == bucket
+    assert step_graphs.bucket_for(batch, CudaGraphs().default_sizes(256)) == bucket
 
 
 def _decode_layout():
@@ -52,15 +55,15 @@ def _decode_layout():
 
 def test_only_single_row_steps_of_one_kv_group_are_uniform_decode():
     decode = _decode_layout()
-    assert cuda_graphs.is_uniform_decode([decode])
-    assert not cuda_graphs.is_uniform_decode([decode, decode])
-    assert not cuda_graphs.is_uniform_decode([paged_layout([(0, 3), (4, 1)], [[1], [2]], 8)])
+    assert step_graphs.is_uniform_decode([decode])
+    assert not step_graphs.is_uniform_decode([decode, decode])
+    assert not step_graphs.is_uniform_decode([paged_layout([(0, 3), (4, 1)], [[1], [2]], 8)])
 
 
 def test_padding_rows_read_and_write_the_null_block():
     layout = _decode_layout()
     ids, positions = torch.tensor([11, 12, 13]), torch.tensor([5, 20, 0])
-    padded = cuda_graphs.pad_decode(ids, positions, layout, 5, max_blocks=6)
+    padded = step_graphs.pad_decode(ids, positions, layout, 5, max_blocks=6)
     assert padded.input_ids.tolist() == [11, 12, 13, 0, 0] and padded.positions.tolist() == [5, 20, 0, 0, 0]
     out = padded.layout
     assert out.query_start_loc.tolist() == [0, 1, 2, 3, 4, 5] and out.query_lens == (1,) * 5
@@ -69,7 +72,7 @@ def test_padding_rows_read_and_write_the_null_block():
     assert out.block_table.shape == (5, 6) and out.block_table[:3, :3].tolist() == layout.block_table.tolist()
     assert not out.block_table[3:].any() and not out.block_table[:, 3:].any()
     with pytest.raises(ValueError, match="does not fit a 2-row graph"):
-        cuda_graphs.pad_decode(ids, positions, layout, 2, max_blocks=6)
+        step_graphs.pad_decode(ids, positions, layout, 2, max_blocks=6)
 
 
 def test_padding_leaves_the_real_rows_attention_unchanged():
@@ -77,7 +80,7 @@ def test_padding_leaves_the_real_rows_attention_unchanged():
     as the judge: any backend reading the layout as the interface defines it)."""
     backend = TorchAttentionBackend(SPEC, CpuPlatform())
     layout = _decode_layout()
-    padded = cuda_graphs.pad_decode(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), layout, 8,
+    padded = step_graphs.pad_decode(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), layout, 8,
                                     max_blocks=4).layout
     gen = torch.Generator().manual_seed(0)
     cache = torch.randn(backend.kv_cache_shape(16), generator=gen)
@@ -88,10 +91,10 @@ def test_padding_leaves_the_real_rows_attention_unchanged():
 
 
 def test_static_buffers_are_overwritten_in_place():
-    static = cuda_graphs.DecodeInputs.empty(4, 5, "cpu")
+    static = step_graphs.DecodeInputs.empty(4, 5, "cpu")
     pointers = [t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)]
     layout = _decode_layout()
-    static.copy_(cuda_graphs.pad_decode(torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0]), layout, 4, 5))
+    static.copy_(step_graphs.pad_decode(torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0]), layout, 4, 5))
     assert [t.data_ptr() for t in (static.input_ids, static.layout.block_table,
                                    static.layout.slot_mapping)] == pointers
     assert static.input_ids.tolist() == [1, 2, 3, 0] and static.layout.seq_lens.tolist() == [6, 21, 1, 1]
@@ -107,13 +110,12 @@ def _layers(backend_cls=GraphableBackend) -> LayerAttention:
 
 
 def test_graphs_are_planned_on_cuda_with_a_backend_that_declares_them():
-    sizes, reasons = cuda_graphs.graph_plan(EngineConfig.from_kwargs(max_num_seqs=16), CudaPlatform(), _layers(),
-                                            "generate")
-    assert sizes == (1, 2, 4, 8, 16) and reasons == []
+    plan = step_graphs.graph_plan(EngineConfig.from_kwargs(max_num_seqs=16), CudaPlatform(), _layers(), "generate")
+    assert isinstance(plan.graphs, CudaGraphs) and plan.sizes == (1, 2, 4, 8, 16) and plan.reasons == ()
 
 
 @pytest.mark.parametrize("options, platform, backend, runner, reason", [
-    ({}, CpuPlatform(), GraphableBackend, "generate", "the cpu platform has no CUDA graphs"),
+    ({}, CpuPlatform(), GraphableBackend, "generate", "the cpu platform records no step graphs"),
     ({"enforce_eager": True}, CudaPlatform(), GraphableBackend, "generate", "enforce_eager is set"),
     ({}, CudaPlatform(), TorchAttentionBackend, "generate",
      "attention backend torch declares cuda_graph_support 'none'"),
@@ -124,18 +126,18 @@ def test_graphs_are_planned_on_cuda_with_a_backend_that_declares_them():
      "cuda_graph_sizes leaves no size up to max_num_seqs"),
 ])
 def test_reasons_graphs_are_off(options, platform, backend, runner, reason):
-    sizes, reasons = cuda_graphs.graph_plan(EngineConfig.from_kwargs(**options), platform, _layers(backend), runner)
-    assert sizes == () and any(r.startswith(reason) for r in reasons), reasons
+    plan = step_graphs.graph_plan(EngineConfig.from_kwargs(**options), platform, _layers(backend), runner)
+    assert plan.graphs is None and plan.sizes == () and any(r.startswith(reason) for r in plan.reasons), plan
 
 
 def test_graph_memory_comes_out_of_the_kv_budget():
     class Config:
         hidden_size, intermediate_size = 64, 256
 
-    assert cuda_graphs.graph_memory_estimate((), Config, torch.bfloat16) == 0
-    sizes = (1, 2, 4, 8)
-    expected = 8 * (8 * 64 + 4 * 256) * 2 + 4 * cuda_graphs.GRAPH_OVERHEAD_BYTES
-    assert cuda_graphs.graph_memory_estimate(sizes, Config, torch.bfloat16) == expected
+    assert step_graphs.graph_memory_estimate(step_graphs.GraphPlan(None, (), ("off",)), Config, torch.bfloat16) == 0
+    plan = step_graphs.GraphPlan(CudaGraphs(), (1, 2, 4, 8), ())
+    expected = 8 * (8 * 64 + 4 * 256) * 2 + 4 * CudaGraphs.overhead_bytes
+    assert step_graphs.graph_memory_estimate(plan, Config, torch.bfloat16) == expected
 
 
 def test_reserved_graph_memory_shrinks_a_kv_budget_taken_from_the_device():
@@ -154,16 +156,17 @@ def test_reserved_graph_memory_shrinks_a_kv_budget_taken_from_the_device():
     assert blocks(kv_cache_memory=16 << 20) == (16 << 20) // per_block  # a size given is the KV cache's own
 
 
-def test_the_cpu_path_never_captures(tiny_llama, monkeypatch):
-    """Graphs on by default (no --enforce-eager) and off by flag: neither tries to capture on the CPU."""
+def test_the_plain_cpu_platform_never_records(tiny_llama, monkeypatch):
+    """Graphs on by default (no --enforce-eager) and off by flag: the cpu platform (no C kernels,
+    no step graphs) never tries to record."""
 
     def refuse(self):
-        raise AssertionError("a CUDA graph capture was attempted on the CPU")
+        raise AssertionError("a step graph recording was attempted on the cpu platform")
 
-    monkeypatch.setattr(cuda_graphs.CudaGraphRunner, "capture", refuse)
+    monkeypatch.setattr(step_graphs.StepGraphRunner, "capture", refuse)
     for eager in (False, True):
         llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, block_size=16, enforce_eager=eager,
-                  cuda_graph_sizes=(1, 2))
+                  cuda_graph_sizes=(1, 2), device="cpu")
         assert llm.engine.runner.graphs is None
         assert len(llm.generate("hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
 
@@ -178,14 +181,15 @@ def test_a_failed_capture_falls_back_to_eager(monkeypatch, caplog):
     def fail(self):
         raise RuntimeError("operation not permitted when stream is capturing")
 
-    monkeypatch.setattr(cuda_graphs.CudaGraphRunner, "capture", fail)
-    with caplog.at_level("WARNING", logger="engine.runner.cuda_graphs"):
-        assert cuda_graphs.start(None, None, [], (1, 2), [], 4, CpuPlatform()) is None
-    assert "capturing a CUDA graph failed: operation not permitted" in caplog.text
+    monkeypatch.setattr(step_graphs.StepGraphRunner, "capture", fail)
+    plan = step_graphs.GraphPlan(CudaGraphs(), (1, 2), ())
+    with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
+        assert step_graphs.start(None, None, [], plan, 4, CpuPlatform(), 256, 64) is None
+    assert "recording CUDA graphs failed: operation not permitted" in caplog.text
 
 
 def test_replay_catches_a_backend_whose_metadata_does_not_survive_overwrites(tiny_llama):
-    """The CPU stand-in for graphs (``engine.testing.cuda_graphs``) tells a backend that could
+    """The CPU stand-in for graphs (``engine.testing.step_graphs``) tells a backend that could
     declare "decode-only" from one that must not: the torch backend sizes its gathers from the
     host lengths the capture saw (one key per row), so replayed decode steps give other tokens
     than eager ones (the Triton backend's own tests show it passing)."""

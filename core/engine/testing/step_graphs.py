@@ -1,9 +1,9 @@
 """Checking an attention backend's ``cuda_graph_support = "decode-only"`` without a GPU.
 
-:class:`RecordedOnTheCpu` is the engine's CUDA graph runner with the graph recording replaced
-by a CPU stand-in (:class:`Replayed`): replaying reruns the recorded forward over the same
-static buffers, through the metadata the backend built for them once at capture, into the same
-output tensor — what a graph's kernels do. A backend whose metadata does not survive its
+:func:`replayed_tokens` runs the engine's step-graph runner with the recording replaced by a
+CPU stand-in (:class:`RerunGraphs`): replaying reruns the recorded forward over the same static
+buffers, through the metadata the backend built for them once at capture
+(``build_graph_metadata``), into the same output tensor — what a graph's kernels do. A backend whose metadata does not survive its
 layout's tensors being overwritten in place gives other tokens under it than eagerly
 (:func:`replayed_tokens` against a plain ``generate``). Only the recording is emulated: that
 the backend's forward launches no host sync and allocates nothing outside a capture is for a
@@ -11,7 +11,8 @@ device to show."""
 
 from __future__ import annotations
 
-from engine.runner.cuda_graphs import CudaGraphRunner
+from engine.interfaces import StepGraphs
+from engine.runner.step_graphs import GraphPlan, StepGraphRunner
 
 
 class Replayed:
@@ -25,7 +26,11 @@ class Replayed:
         self.replays += 1
 
 
-class RecordedOnTheCpu(CudaGraphRunner):
+class RerunGraphs(StepGraphs):
+    """Step graphs that record by keeping the forward to rerun."""
+
+    name = "rerun forwards"
+
     def record(self, forward):
         graph = Replayed(forward)
         return graph, graph.hidden
@@ -36,7 +41,8 @@ def replayed_tokens(llm, prompts, params, sizes: tuple[int, ...]):
     buckets of ``sizes``, and how often each bucket replayed."""
     runner, config = llm.engine.runner, llm.engine.config
     max_blocks = -(-llm.engine.max_model_len // config.cache.block_size)
-    graphs = RecordedOnTheCpu(llm.engine.model, runner.attention, runner.kv_caches, sizes, max_blocks, runner.device)
+    graphs = StepGraphRunner(llm.engine.model, runner.attention, runner.kv_caches, GraphPlan(RerunGraphs(), sizes, ()),
+                             max_blocks, runner.device, llm.engine.hf_config.vocab_size, llm.engine.max_model_len)
     graphs.capture()
     runner.graphs = graphs
     try:

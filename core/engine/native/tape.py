@@ -1,0 +1,215 @@
+"""Native tapes: a decode step's C kernel calls recorded once and replayed by one C call.
+
+At batch 1 a decoded token of a 30-layer model makes ~300 kernel calls through Python (module
+calls, argument checks, ``data_ptr``, ctypes conversions): on the CPU that costs as much as a
+third of the step. A platform whose decode forward is made of C kernels alone records it once per
+batch size over static buffers, as the cuda platform captures a CUDA graph, and replays it with
+:func:`Tape.replay` — one ctypes call, every kernel called from C with the arguments it got at
+capture (``tape.c``).
+
+A kernel is recordable when it is bound with :func:`bind` (what the cpu-native platform and
+attention plugins do): the binding records a call whenever a :func:`recording` is active, and
+otherwise costs one attribute check. While recording, every torch op the forward dispatches is
+watched: an op that computes (anything but a view or an allocation) is work a replay would skip,
+so the capture fails naming it (:class:`CaptureError`) and the engine keeps running eagerly; the
+tensors the forward allocates are kept alive with the tape, whose kernels hold their addresses.
+A kernel whose result steers Python (a count, a flag, rather than a status) cannot be recorded
+either: the branch taken at capture would be replayed for every input.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import platform
+import struct
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.interfaces import StepGraphs
+from engine.native import load_source
+
+SOURCE = Path(__file__).with_name("tape.c")
+# calling conventions under which tape.c's one prototype passes every kernel its arguments
+ABIS = {("Linux", "x86_64"), ("Linux", "aarch64")}
+MAX_INTS, MAX_FLOATS = 24, 8
+_INTEGER_TYPES = (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
+                  ctypes.c_char_p)
+_ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
+                torch.ops.aten.new_empty.default}
+
+
+class CaptureError(RuntimeError):
+    """A forward could not be recorded onto a tape (it says why)."""
+
+
+class ReplayError(RuntimeError):
+    """A recorded kernel refused its input on replay (its status was non-zero)."""
+
+
+def unavailable_reasons() -> list[str]:
+    """Why tapes cannot run in this process; empty when they can."""
+    where = (platform.system(), platform.machine())
+    if where not in ABIS:
+        return [f"native tapes need the System V x86-64 or AArch64 calling convention, not {where}"]
+    try:
+        _library()
+    except (OSError, RuntimeError) as error:
+        return [f"cannot build the tape interpreter: {error}"]
+    return []
+
+
+class _Op(ctypes.Structure):
+    _fields_ = [("fn", ctypes.c_int64), ("checked", ctypes.c_int64), ("ints", ctypes.c_int64 * MAX_INTS),
+                ("floats", ctypes.c_float * MAX_FLOATS)]
+
+
+@functools.cache
+def _library():
+    library = load_source(SOURCE)
+    library.tape_run.argtypes, library.tape_run.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_int64
+    library.tape_op_bytes.restype = ctypes.c_int64
+    if library.tape_op_bytes() != ctypes.sizeof(_Op):
+        raise RuntimeError("tape.c's op layout differs from tape.py's")
+    return library
+
+
+class NativeKernel:
+    """A C entry point with its ctypes signature, called like the ctypes function. ``status``:
+    its int64 result is non-zero when it refuses its input (checked on replay too); a kernel
+    with another result (``restype`` set, ``status`` False) runs eagerly but cannot be taped."""
+
+    __slots__ = ("_floats", "_unrecordable", "address", "function", "name", "status")
+
+    def __init__(self, function, argtypes: Sequence, restype=None, status: bool = False):
+        function.argtypes, function.restype = list(argtypes), restype
+        self.name, self.function, self.status = function.__name__, function, status
+        self.address = ctypes.cast(function, ctypes.c_void_p).value
+        self._floats = tuple(type_ is ctypes.c_float for type_ in argtypes)
+        self._unrecordable = self._unrecordable_reason(argtypes, restype)
+
+    def _unrecordable_reason(self, argtypes, restype) -> str | None:
+        if restype is not None and not (self.status and restype is ctypes.c_int64):
+            return f"kernel {self.name} returns a value Python acts on"
+        ints, floats = sum(not f for f in self._floats), sum(self._floats)
+        if any(t not in _INTEGER_TYPES and t is not ctypes.c_float for t in argtypes):
+            return f"kernel {self.name} takes an argument that is neither an integer, a pointer nor a float"
+        if ints > MAX_INTS or floats > MAX_FLOATS:
+            return f"kernel {self.name} takes more than {MAX_INTS} integer or {MAX_FLOATS} float arguments"
+        return None
+
+    def __call__(self, *args):
+        if _recording is not None:
+            _recording.add(self, args)
+        return self.function(*args)
+
+    def op(self, args) -> _Op:
+        """This call as a tape op."""
+        if self._unrecordable:
+            raise CaptureError(self._unrecordable)
+        op = _Op(self.address, int(self.status))
+        ints = [_integer(a) for a, is_float in zip(args, self._floats) if not is_float]
+        floats = [float(a) for a, is_float in zip(args, self._floats) if is_float]
+        op.ints[:len(ints)], op.floats[:len(floats)] = ints, floats
+        return op
+
+
+def _integer(value) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, ctypes._SimpleCData):
+        value = value.value or 0
+    return struct.unpack("<q", struct.pack("<Q", int(value) & (2 ** 64 - 1)))[0]
+
+
+def bind(library: ctypes.CDLL, symbol: str, argtypes: Sequence, restype=None, status: bool = False) -> NativeKernel:
+    """``library``'s ``symbol`` as a :class:`NativeKernel` (recordable onto tapes)."""
+    return NativeKernel(getattr(library, symbol), argtypes, restype, status)
+
+
+class Tape:
+    """Recorded kernel calls, replayed in order by one C call; holds the tensors they address."""
+
+    def __init__(self, calls: list[tuple[NativeKernel, tuple]], keep: list):
+        self.names = [kernel.name for kernel, _ in calls]
+        self._ops = (_Op * len(calls))(*(kernel.op(args) for kernel, args in calls))
+        self._keep = keep
+        self._run = _library().tape_run
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def replay(self) -> None:
+        failed = self._run(ctypes.addressof(self._ops), len(self.names))
+        if failed:
+            raise ReplayError(f"kernel {self.names[failed - 1]} (op {failed} of the tape) refused its input")
+
+
+class _Recording(TorchDispatchMode):
+    """Collects kernel calls; watches torch ops: keeps what they return, notes what computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: list[tuple[NativeKernel, tuple]] = []
+        self.keep: list = []
+        self.computed: list[str] = []
+
+    def add(self, kernel: NativeKernel, args: tuple) -> None:
+        self.calls.append((kernel, args))
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if not (func.is_view or func in _ALLOCATIONS) and str(func) not in self.computed:
+            self.computed.append(str(func))
+        self.keep.append(out)
+        return out
+
+
+_recording: _Recording | None = None
+
+
+@contextmanager
+def recording():
+    """Record the bound kernels called inside; yields the recording, whose ``tape()`` is the
+    result. Not reentrant, one thread."""
+    global _recording
+    if _recording is not None:
+        raise CaptureError("a tape is already recording")
+    _recording = recorder = _Recording()
+    try:
+        with recorder:
+            yield recorder
+    finally:
+        _recording = None
+
+
+def record(forward: Callable[[], torch.Tensor]) -> tuple[Tape, torch.Tensor]:
+    """(the tape of ``forward()``'s kernel calls, the tensor it returned — which every replay
+    rewrites). Raises :class:`CaptureError` when the forward did work a tape cannot replay."""
+    with recording() as recorder:
+        out = forward()
+    if recorder.computed:
+        raise CaptureError(f"the forward computes with torch ops a tape cannot replay "
+                           f"({', '.join(recorder.computed[:4])}{' ...' if len(recorder.computed) > 4 else ''})")
+    if not recorder.calls:
+        raise CaptureError("the forward called no native kernel")
+    return Tape(recorder.calls, [*recorder.keep, out]), out
+
+
+class TapeGraphs(StepGraphs):
+    """Decode steps recorded as native tapes, for a platform whose kernels are bound with
+    :func:`bind`. By default every batch size up to 8: a tape saves the same per-kernel Python
+    cost at any size, which matters where the step is short, and a padded row costs real
+    matmul work on a CPU (no size is padded here below 8)."""
+
+    name = "native tapes"
+
+    def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
+        return tuple(range(1, min(8, max_num_seqs) + 1))
+
+    def record(self, forward):
+        return record(forward)

