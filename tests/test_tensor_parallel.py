@@ -9,6 +9,8 @@ import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -253,6 +255,39 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama
             ray.init()
         states = {pg["state"] for pg in ray.util.placement_group_table().values() if pg["name"].startswith(f"engine-tp-{core}-")}
         assert states == {"REMOVED"}
+
+
+@pytest.mark.slow
+def test_ray_actors_and_placement_group_do_not_outlive_a_killed_driver(tiny_llama, ray_cluster):
+    """A driver killed outright (no shutdown, no finalizer) leaves no worker actor and no
+    placement group behind: Ray ends the actors and the group its job owned."""
+    script = (f"import time\nfrom engine import LLM\n"
+              f"llm = LLM({tiny_llama[0]!r}, tensor_parallel_size=2, distributed_executor_backend='ray', "
+              f"**{SQUEEZED!r})\n"
+              "print(*[h.pid for h in llm.engine.executor.workers.handles], flush=True)\ntime.sleep(600)\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(workers) == 1 and not _wait_gone(workers, 0)
+    finally:
+        driver.kill()
+        driver.wait()
+    killed = time.monotonic()
+    assert _wait_gone(workers, 10), "the worker actor outlived its driver"
+    gone_after = time.monotonic() - killed
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = {pg["state"] for pg in ray.util.placement_group_table().values()
+                  if pg["name"].startswith(f"engine-tp-{driver.pid}-")}
+        if states == {"REMOVED"}:
+            break
+        time.sleep(0.2)
+    assert states == {"REMOVED"}
+    print(f"worker actor ended {gone_after:.1f} s after its driver was killed")
 
 
 @pytest.mark.slow

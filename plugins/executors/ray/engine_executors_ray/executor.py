@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import collections
 
-import ray
+try:
+    import ray
+except ImportError as exc:  # the plugin installed without its dependency
+    raise ImportError("the ray executor needs the PyPI package `ray` (pip install ray)") from exc
 import torch
 from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
