@@ -1,12 +1,14 @@
 """A local Ray cluster for the tests: ``ray start --head --block`` on free ports in a short
-temporary folder of its own; ``RAY_ADDRESS`` points this process and the servers it starts at
-it. Stopping it ends the processes that ``ray start`` started (never ``ray stop``, which ends
+temporary folder of its own, with a token of its own (Ray's token authentication, so that a
+token file a user's earlier Ray run left in ``~/.ray`` cannot make the head and its clients
+disagree); ``RAY_ADDRESS`` and the token point this process and the servers it starts at it. Stopping it ends the processes that ``ray start`` started (never ``ray stop``, which ends
 every Ray process on the machine)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
@@ -26,19 +28,23 @@ def local_cluster(num_cpus: int, timeout_s: float = 180):
     command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
                f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0", f"--temp-dir={folder}",
                "--include-dashboard=false", "--disable-usage-stats"]
+    settings = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     with open(log_path, "w") as log:
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    previous = os.environ.get("RAY_ADDRESS")
+        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env={**os.environ, **settings})
+    settings["RAY_ADDRESS"] = f"127.0.0.1:{port}"
+    previous = {name: os.environ.get(name) for name in settings}
     try:
         _wait_started(head, log_path, timeout_s)
-        os.environ["RAY_ADDRESS"] = f"127.0.0.1:{port}"
-        yield os.environ["RAY_ADDRESS"]
+        os.environ.update(settings)
+        yield settings["RAY_ADDRESS"]
     finally:
         _leave()
-        if previous is None:
-            os.environ.pop("RAY_ADDRESS", None)
-        else:
-            os.environ["RAY_ADDRESS"] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         head.terminate()  # `ray start --block` ends what it started on SIGTERM
         try:
             head.wait(60)
