@@ -14,6 +14,7 @@ ends them, and removes the placement group, when the driver's process ends howev
 from __future__ import annotations
 
 import collections
+import threading
 
 try:
     import ray
@@ -37,8 +38,13 @@ class ActorHandle(WorkerHandle):
         self._loop = None
         self._death: str | None = None
         self.node: str | None = None
+        self._lock = threading.Lock()  # the engine's loop and the keep-alive thread both ask
 
     def report(self, timeout_s: float):
+        with self._lock:
+            return self._next_report(timeout_s)
+
+    def _next_report(self, timeout_s: float):
         while self._stages and self._death is None:
             kind, ref = self._stages[0]
             ready, _ = ray.wait([ref], timeout=timeout_s)
@@ -61,9 +67,10 @@ class ActorHandle(WorkerHandle):
         return None
 
     def send_kv_groups(self, kv_groups) -> None:
-        self._stages.append(("ready", self.actor.start.remote(kv_groups)))
-        self._loop = self.actor.loop.remote()
-        self._stages.append((None, self._loop))
+        with self._lock:
+            self._stages.append(("ready", self.actor.start.remote(kv_groups)))
+            self._loop = self.actor.loop.remote()
+            self._stages.append((None, self._loop))
 
     def exit_note(self) -> str | None:
         return self._death
