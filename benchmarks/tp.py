@@ -2,6 +2,10 @@
 process, both cores), the same random Llama and prompts, side by side.
 
     python benchmarks/tp.py [--repeats 3] [--prompts 32] [--prompt-len 64] [--output-len 32]
+                            [--distributed-executor-backend mp|ray]
+
+With ``ray``, rank 1 is a Ray actor (the cluster ``RAY_ADDRESS`` names, the one on this
+machine, or a local one the engine starts); the step's work is the same as ``mp``'s.
 
 Both engines are built once and run interleaved (A B A B ...); each figure is the median
 over ``--repeats`` rounds, and greedy outputs are checked equal. TP=1 computes on both cores
@@ -96,13 +100,15 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
+    parser.add_argument("--distributed-executor-backend", choices=("mp", "ray"), default="mp")
     args = parser.parse_args()
     cores = torch.get_num_threads()
     with tempfile.TemporaryDirectory() as folder:
         reference.tiny_checkpoint(folder, "LlamaForCausalLM", MODEL)
         options = dict(dtype="float32", num_blocks=1024, block_size=16, max_model_len=512)
         one = LLM(folder, **options)
-        two = LLM(folder, tensor_parallel_size=2, **options)
+        two = LLM(folder, tensor_parallel_size=2, distributed_executor_backend=args.distributed_executor_backend,
+                  **options)
         executor = two.engine.executor
         for name, prompts in [("batched", reference.random_prompts(MODEL["vocab_size"],
                                                                    [args.prompt_len] * args.prompts, seed=1)),

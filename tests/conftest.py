@@ -43,3 +43,16 @@ def tiny_llm(tiny_llama):
     from engine import LLM
 
     return LLM(tiny_llama[0], dtype="float32", num_blocks=256, block_size=16)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster for the session (started once: it takes seconds); its address.
+    Room for four TP=2 engines' worker ranks at a time."""
+    pytest.importorskip("engine_executors_ray", reason="the ray executor plugin is not installed")
+    import torch
+
+    from tests.ray_cluster import local_cluster
+
+    with local_cluster(num_cpus=4 * max(1, torch.get_num_threads() // 2)) as address:
+        yield address

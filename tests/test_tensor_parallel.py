@@ -1,6 +1,7 @@
-"""Acceptance of tensor parallelism on this machine: two gloo ranks (the ``mp`` executor: this
-process is rank 0, one spawned worker is rank 1) against one rank, in float32 on the tiny
-Llama. One TP=2 engine serves the module (a worker's start costs seconds)."""
+"""Acceptance of tensor parallelism on this machine: two gloo ranks against one rank, in float32
+on the tiny Llama, with each multi-rank executor: ``mp`` (this process is rank 0, one spawned
+worker is rank 1) and ``ray`` (rank 1 a Ray actor on a local cluster the session starts once).
+One TP=2 engine per executor serves the module (a worker's start costs seconds)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import glob
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -26,12 +29,24 @@ SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, bloc
                 max_model_len=256)
 
 
+@pytest.fixture(scope="module", params=["mp", "ray"])
+def backend(request):
+    """The multi-rank executor under test (``ray`` brings the session's Ray cluster up)."""
+    if request.param == "ray":
+        request.getfixturevalue("ray_cluster")
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def engines(tiny_llama):
+def tp1(tiny_llama):
+    return LLM(tiny_llama[0], **SQUEEZED)
+
+
+@pytest.fixture(scope="module")
+def engines(tp1, tiny_llama, backend):
     """(TP=1, TP=2) engines on a KV pool small enough to preempt."""
-    one = LLM(tiny_llama[0], **SQUEEZED)
-    two = LLM(tiny_llama[0], tensor_parallel_size=2, **SQUEEZED)
-    yield one, two
+    two = LLM(tiny_llama[0], tensor_parallel_size=2, distributed_executor_backend=backend, **SQUEEZED)
+    yield tp1, two
     two.engine.shutdown()
 
 
@@ -79,13 +94,15 @@ def test_tp2_replicates_a_lone_kv_head_and_pads_an_odd_vocabulary(tmp_path):
     assert got == reference.hf_greedy(hf_model, prompts, 16)
 
 
-def test_workers_honour_the_allow_list_and_report_what_stops_them(tiny_llama):
+def test_workers_honour_the_allow_list_and_report_what_stops_them(tiny_llama, backend):
     """Workers load plugins with the engine's allow-list. One registered only in this process
-    (``add_plugin``, as the test plugins are) does not exist in a spawned worker: the worker's
-    failure reaches the driver as one error naming it, at once, not a collective timeout."""
+    (``add_plugin``, as the test plugins are) does not exist in a worker (a spawned process, a
+    Ray actor): the worker's failure reaches the driver as one error naming it, at once, not a
+    collective timeout."""
+    plugins = ["models-llama", "attention-torch", "test-ban"] + (["executors-ray"] if backend == "ray" else [])
     started = time.monotonic()
     with pytest.raises(ExecutorFailure, match=r"(?s)rank 1 failed to start.*unknown plugin\(s\) \['test-ban'\]"):
-        LLM(tiny_llama[0], plugins=["models-llama", "attention-torch", "test-ban"], tensor_parallel_size=2,
+        LLM(tiny_llama[0], plugins=plugins, tensor_parallel_size=2, distributed_executor_backend=backend,
             **SQUEEZED)
     assert time.monotonic() - started < 30
 
@@ -147,11 +164,14 @@ def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
     with pytest.raises(ValueError, match="int8-w8a16.*declares no tensor-parallel sharding"):
         LLM(folder, quantization="int8-w8a16", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="'ray' is not installed.*needs the ray executor plugin"):
-        LLM(folder, tensor_parallel_size=2, distributed_executor_backend="ray")
+        LLM(folder, plugins=["models-llama", "attention-torch"], tensor_parallel_size=2,
+            distributed_executor_backend="ray")
     with pytest.raises(ValueError, match="uni cannot run this engine: it runs one rank"):
         LLM(folder, tensor_parallel_size=2, distributed_executor_backend="uni")
-    with pytest.raises(ValueError, match="speculative decoding is not tensor-parallel yet"):
-        LLM(folder, tensor_parallel_size=2, speculative_config={"method": "ngram"})
+    for backend in ("mp", "ray"):
+        with pytest.raises(ValueError, match="speculative decoding is not tensor-parallel yet"):
+            LLM(folder, tensor_parallel_size=2, distributed_executor_backend=backend,
+                speculative_config={"method": "ngram"})
 
 
 def _children(pid: int) -> list[int]:
@@ -172,18 +192,44 @@ def _gone(pid: int) -> bool:
         return True
 
 
+def _ray_workers() -> set[int]:
+    """The Ray actor processes running the engine's worker on this machine."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if _cmdline(int(entry)).startswith("ray::EngineWorker"):
+                    found.add(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def _wait_gone(pids, timeout_s: float = 5) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return all(_gone(p) for p in pids)
+
+
 @pytest.mark.slow
-def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(engines, tiny_llama):
-    """``engine serve -tp 2``: the engine-core process is the driver. The official client gets
-    TP=1's greedy text; a worker killed mid-stream errors the stream, turns /health to 503 and
-    ends the server non-zero within 10 s, leaving no process behind."""
+def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama, backend):
+    """``engine serve -tp 2 --distributed-executor-backend mp|ray``: the engine-core process is
+    the driver. The official client gets TP=1's greedy text; a worker (a spawned process, a
+    Ray actor) killed mid-stream errors the stream, turns /health to 503 and ends the server
+    non-zero within 10 s, leaving no process behind (nor, with Ray, its placement group)."""
     prompt = [1, 450, 3200, 77, 9]
-    expected = engines[0].generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    args = ("--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256", "-tp", "2")
+    expected = tp1.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    args = ("--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256", "-tp", "2",
+            "--distributed-executor-backend", backend)
+    actors_before = _ray_workers()
     with serve(tiny_llama[0], *args, api_key=None) as server:
         core = server.core_pid()
-        children = _children(core)  # the worker, and multiprocessing's resource tracker
-        workers = [p for p in children if "spawn_main" in _cmdline(p)]
+        children = _children(core)  # mp: the worker, and multiprocessing's resource tracker
+        if backend == "mp":
+            workers = [p for p in children if "spawn_main" in _cmdline(p)]
+        else:
+            workers = sorted(_ray_workers() - actors_before)
         assert len(workers) == 1
         client = server.openai()
         reply = client.completions.create(model=server.model(), prompt=prompt, max_tokens=12, temperature=0,
@@ -201,10 +247,91 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(engines, tiny_l
         assert httpx.get(f"{server.url}/health").status_code == 503
         assert server.process.wait(10) != 0
         assert time.monotonic() - killed < 10
-    deadline = time.monotonic() + 5
-    while not all(_gone(p) for p in [core, *children]) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert all(_gone(p) for p in [core, *children])
+    assert _wait_gone([core, *children, *workers])
+    if backend == "ray":
+        import ray
+
+        if not ray.is_initialized():
+            ray.init()
+        states = {pg["state"] for pg in ray.util.placement_group_table().values() if pg["name"].startswith(f"engine-tp-{core}-")}
+        assert states == {"REMOVED"}
+
+
+@pytest.mark.slow
+def test_ray_actors_and_placement_group_do_not_outlive_a_killed_driver(tiny_llama, ray_cluster):
+    """A driver killed outright (no shutdown, no finalizer) leaves no worker actor and no
+    placement group behind: Ray ends the actors and the group its job owned."""
+    script = (f"import time\nfrom engine import LLM\n"
+              f"llm = LLM({tiny_llama[0]!r}, tensor_parallel_size=2, distributed_executor_backend='ray', "
+              f"**{SQUEEZED!r})\n"
+              "print(*[h.pid for h in llm.engine.executor.workers.handles], flush=True)\ntime.sleep(600)\n")
+    driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        workers = [int(pid) for pid in driver.stdout.readline().split()]
+        assert len(workers) == 1 and not _wait_gone(workers, 0)
+    finally:
+        driver.kill()
+        driver.wait()
+    killed = time.monotonic()
+    assert _wait_gone(workers, 10), "the worker actor outlived its driver"
+    gone_after = time.monotonic() - killed
+    import ray
+
+    if not ray.is_initialized():
+        ray.init()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        states = {pg["state"] for pg in ray.util.placement_group_table().values()
+                  if pg["name"].startswith(f"engine-tp-{driver.pid}-")}
+        if states == {"REMOVED"}:
+            break
+        time.sleep(0.2)
+    assert states == {"REMOVED"}
+    print(f"worker actor ended {gone_after:.1f} s after its driver was killed")
+
+
+@pytest.mark.slow
+def test_default_model_tp2_greedy_equals_tp1_under_preemption(backend, default_tp1_outputs):
+    """The default model (9 query heads, 3 kv heads: an uneven split over two ranks),
+    dequantized, float32: TP=2 gives TP=1's greedy tokens for 16 prompts under preemption."""
+    if _uneven_heads_refused():
+        pytest.skip("default model needs uneven head split")
+    prompts, expected = default_tp1_outputs
+    llm = LLM(tensor_parallel_size=2, distributed_executor_backend=backend, **DEFAULT_SQUEEZED)
+    try:
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, DEFAULT_PARAMS)]
+        assert llm.engine.stats()["preemptions"] > 0
+    finally:
+        llm.engine.shutdown()
+    assert got == expected
+
+
+DEFAULT_SQUEEZED = dict(dtype="float32", quantization="unquantized", max_num_batched_tokens=64, max_num_seqs=8,
+                        block_size=16, num_blocks=24, max_model_len=256)
+DEFAULT_PARAMS = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+
+
+def _uneven_heads_refused() -> bool:
+    try:
+        attention_heads(9, 3, TensorParallel(0, 2))
+    except ValueError:
+        return True
+    return False
+
+
+@pytest.fixture(scope="module")
+def default_tp1_outputs(default_tokenizer):
+    """16 chat prompts for the default model and its TP=1 greedy tokens (computed once)."""
+    if _uneven_heads_refused():
+        pytest.skip("default model needs uneven head split")
+    topics = ["the sea", "a robot", "Paris", "winter", "coffee", "mathematics", "a cat", "the moon",
+              "trains", "music", "a forest", "bread", "rain", "chess", "a lighthouse", "friendship"]
+    prompts = [default_tokenizer.apply_chat_template([{"role": "user", "content": f"Tell me about {t}." + " Please." * i}],
+                                                     add_generation_prompt=True, tokenize=True)
+               for i, t in enumerate(topics)]
+    prompts = [list(p["input_ids"] if hasattr(p, "keys") else p) for p in prompts]
+    llm = LLM(**DEFAULT_SQUEEZED)
+    return prompts, [o.outputs[0].token_ids for o in llm.generate(prompts, DEFAULT_PARAMS)]
 
 
 def test_rank_zero_failing_mid_forward_is_fatal_and_stops_the_worker(engines):
@@ -222,6 +349,6 @@ def test_rank_zero_failing_mid_forward_is_fatal_and_stops_the_worker(engines):
         engines[1].generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
     with pytest.raises(ExecutorFailure, match="injected kernel fault"):
         engines[1].generate([[4, 5, 6]], SamplingParams(max_tokens=2, temperature=0))
-    workers = list(engine.executor._workers)
+    workers = [handle.pid for handle in engine.executor.workers.handles]
     engine.shutdown()
-    assert not any(process.is_alive() for process in workers)
+    assert _wait_gone(workers)

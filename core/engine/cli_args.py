@@ -133,8 +133,9 @@ OPTIONS: dict[str, Option] = {
                                    "share of every layer's heads and weights and its own KV cache"),
     "distributed_executor_backend": Option(("--distributed-executor-backend",), "where the ranks run: mp "
                                            "(local worker processes over torch.distributed), uni (this "
-                                           "process, one rank) or an executor plugin (ray needs the ray "
-                                           "executor plugin); default: uni for one rank, else mp"),
+                                           "process, one rank) or an executor plugin's (ray: Ray actors on "
+                                           "a cluster, plugin tessellm-executors-ray); default: uni for one "
+                                           "rank, else mp"),
     "distributed_timeout": Option(("--distributed-timeout",), "longest any collective may take before the "
                                   "engine fails instead of hanging", unit="seconds"),
     "log_stats": Option(("--log-stats",), "log engine statistics"),

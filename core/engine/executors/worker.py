@@ -1,15 +1,21 @@
-"""A tensor-parallel worker: rank r > 0 of the ``mp`` executor, in its own spawned process.
+"""A tensor-parallel worker: rank r > 0 of a multi-rank executor, in a process of its own (a
+process ``mp`` spawns, a Ray actor ...).
 
-It builds what rank 0 builds (plugins with the engine's allow-list, the platform, its share
-of the model, the attention backends), then its KV cache once the driver says how many
-blocks, and steps: each step's :class:`engine.runner.model_runner.StepInput` arrives by
-broadcast and the worker runs the same forward, joining its collectives. ``None`` is the
-driver's keep-alive between steps, :data:`STOP` the end. It reports over its pipe:
-``("joining", None)`` once its plugins and platform are up (the driver then joins the
-process groups), ``("ready", bytes read for its weights)`` or ``("failed", traceback)``. It dies with the
-driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()``). Plugins
-registered in the driver's process only (``engine.plugins.add_plugin``) do not exist here:
-an allow-list naming one fails the worker's start, reported to the driver.
+It builds what rank 0 builds, in stages the driver paces: :class:`Worker` loads plugins with
+the engine's allow-list and sets up the platform (then it reports ``joining``: only now does
+the driver enter the process-group rendezvous, so a failure before it is one error naming the
+rank); :meth:`Worker.join` joins the groups on the driver's store and builds its share of the
+model and the attention backends; :meth:`Worker.start` allocates its KV cache once the driver
+says how many blocks (``ready``, with the bytes read for its weights); :meth:`Worker.loop`
+steps: each step's :class:`engine.runner.model_runner.StepInput` arrives by broadcast and
+the worker runs the same forward, joining its collectives. ``None`` is the driver's
+keep-alive between steps, :data:`STOP` the end. Plugins registered in the driver's process
+only (``engine.plugins.add_plugin``) do not exist here: an allow-list naming one fails the
+worker's start, reported to the driver.
+
+:func:`run_worker` is ``mp``'s process: the stages reported over a pipe as
+``("joining", None)``, ``("ready", bytes read)`` or ``("failed", traceback)``; it dies with
+the driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()``).
 """
 
 from __future__ import annotations
@@ -37,34 +43,41 @@ class WorkerSpec:
 
 
 class Worker:
-    def __init__(self, spec: WorkerSpec, conn):
-        config, rank, address = spec.config, spec.rank, spec.address
-        registry = load_plugins(config.plugins)
-        self.platform = platform = setup.select_platform(registry, spec.platform)
+    def __init__(self, spec: WorkerSpec):
+        self.spec = spec
+        self.registry = load_plugins(spec.config.plugins)
+        self.platform = platform = setup.select_platform(self.registry, spec.platform)
         platform.configure()
-        platform.configure_rank(rank, address.world_size)
-        conn.send(("joining", None))  # the driver joins the groups only now: a failure above cannot hang it
+        platform.configure_rank(spec.rank, spec.address.world_size)
+
+    def join(self) -> None:
+        """Join the driver's process groups, then build this rank's model and attention."""
+        config, rank, address, platform = self.spec.config, self.spec.rank, self.spec.address, self.platform
         self.store = open_store(address, rank)
         self.control = ObjectChannel(process_group("gloo", self.store, rank, address, "control"), rank,
                                      address.timeout)
         tp = TensorParallel(rank, address.world_size, platform.communicator(self.store, rank, address))
-        loader, _ = setup.select_loader(registry, config.model.model, config.model.load_format)
+        loader, _ = setup.select_loader(self.registry, config.model.model, config.model.load_format)
         hf_config = loader.hf_config()
         self.dtype = dtype = setup.resolve_dtype(config.model.dtype, hf_config, platform)
-        self.model = setup.build_model(registry, loader, hf_config, dtype, platform, config.model.quantization,
+        self.model = setup.build_model(self.registry, loader, hf_config, dtype, platform, config.model.quantization,
                                        config.batch_invariant, tp)
         _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
-        self.layers = setup.layer_attention(registry, config.attention_backend, self.model, dtype,
+        self.layers = setup.layer_attention(self.registry, config.attention_backend, self.model, dtype,
                                             config.cache.block_size, platform, config.batch_invariant, layer_group)
         self.block_size = config.cache.block_size
 
-    def start(self, kv_groups):
+    def start(self, kv_groups) -> int | None:
+        """Allocate the KV cache for ``kv_groups`` (rank 0's block counts); the bytes this rank
+        read for its weights (None: its loader does not count)."""
         from engine.runner.model_runner import ModelRunner
 
         caches = setup.allocate_kv_caches(self.layers, kv_groups, self.dtype, self.platform.device)
         self.runner = ModelRunner(self.model, self.layers, caches, self.block_size, self.platform.device)
+        return getattr(self.model, "weight_bytes_read", None)
 
     def loop(self) -> None:
+        """Run every step the driver broadcasts until it sends :data:`STOP`."""
         while True:
             message = self.control.receive()
             if message is None:
@@ -75,16 +88,17 @@ class Worker:
 
 
 def run_worker(spec: WorkerSpec, conn) -> None:
-    """The worker process's entry point."""
+    """The ``mp`` worker process's entry point."""
     if not exit_with_parent(spec.driver_pid):
         os._exit(1)
     watch_parent(spec.driver_pid)
     try:
-        worker = Worker(spec, conn)
+        worker = Worker(spec)
+        conn.send(("joining", None))  # the driver joins the groups only now: a failure above cannot hang it
+        worker.join()
         if not conn.poll(spec.address.timeout_s):
             raise TimeoutError(f"no KV cache size from the driver within {spec.address.timeout_s:g} s")
-        worker.start(conn.recv())
-        conn.send(("ready", getattr(worker.model, "weight_bytes_read", None)))
+        conn.send(("ready", worker.start(conn.recv())))
         worker.loop()
     except BaseException:  # noqa: BLE001 - whatever stops the worker is reported to the driver
         _report(conn, traceback.format_exc())

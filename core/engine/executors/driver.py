@@ -1,0 +1,242 @@
+"""DriverExecutor: the part every multi-rank executor shares. The engine core's process is
+rank 0, the driver; ranks 1..N-1 are workers (:mod:`engine.executors.worker`) that a
+subclass launches where it places them (``mp``: spawned local processes; the ray plugin: Ray
+actors) and reaches through one :class:`WorkerHandle` each. They meet at a ``TCPStore`` the
+driver hosts: a gloo group carries the control plane (each step's input, broadcast from
+rank 0), the platform's communicator the layers' collectives (gloo on CPU, NCCL on CUDA).
+
+Faults: every collective waits at most ``distributed_timeout``; while the engine is idle the
+driver broadcasts a keep-alive every quarter of it, so a worker's wait for the next step is
+bounded too, and a dead worker is noticed without a step. A worker that ends or reports a
+failure, or a collective that fails, raises :class:`ExecutorFailure` naming the rank;
+:meth:`shutdown` (also run when the executor is garbage-collected) stops every worker and
+releases what the subclass reserved for them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import weakref
+from abc import ABC, abstractmethod
+
+import torch
+
+from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
+from engine.executors.worker import STOP, WorkerSpec
+from engine.interfaces import Executor, ExecutorFailure
+
+REPORT_GRACE_S = 2.0  # after a failed collective, how long to wait for the worker's own report
+STOP_GRACE_S = 5.0
+POLL_S = 0.1
+
+
+class WorkerHandle(ABC):
+    """The driver's end of one worker rank. A worker reports ``("joining", None)`` once its
+    plugins and platform are up, ``("ready", bytes read for its weights)`` once its KV cache
+    is allocated, or ``("failed", traceback)`` whenever something stops it."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+        self.pid: int | None = None  # the worker's process id, once known
+
+    @abstractmethod
+    def report(self, timeout_s: float) -> tuple[str, object] | None:
+        """The worker's next report, waiting up to ``timeout_s``; None if none came."""
+
+    @abstractmethod
+    def send_kv_groups(self, kv_groups) -> None:
+        """Hand the worker the KV cache groups to allocate; it then reports ``ready`` and steps."""
+
+    @abstractmethod
+    def exit_note(self) -> str | None:
+        """How the worker ended (e.g. ``"(pid 12) exited with code -9"``); None while it runs."""
+
+    @abstractmethod
+    def wait_stopped(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for the worker to end after :data:`STOP`."""
+
+
+class WorkerGroup:
+    """The workers an executor launched (ranks 1..N-1, in order) and what it reserved for
+    them. :meth:`release` must end every worker still running and free the reservation,
+    without the executor (it runs from a ``weakref.finalize`` too) and idempotently."""
+
+    def __init__(self, handles: list[WorkerHandle]):
+        self.handles = handles
+
+    def release(self) -> None:
+        """End the workers still running: at shutdown, after they were told to stop; when the
+        executor is collected or the interpreter exits, at once (e.g. the engine failed to start)."""
+
+
+class DriverExecutor(Executor):
+    """Rank 0 in this process, ranks 1..N-1 in workers a subclass launches (:meth:`launch`)."""
+
+    @classmethod
+    def supports(cls, config) -> list[str]:
+        reasons = []
+        if config.speculative_config:
+            reasons.append("speculative decoding is not tensor-parallel yet")
+        if config.kv_connector:
+            reasons.append("KV connectors are not tensor-parallel yet")
+        return reasons
+
+    def store_host(self) -> str:
+        """The address the driver's store listens on, as the workers reach it."""
+        return "127.0.0.1"
+
+    @abstractmethod
+    def launch(self, specs: list[WorkerSpec]) -> WorkerGroup:
+        """Start one worker per spec (ranks 1..N-1) and return them; the driver then awaits
+        their ``joining`` reports."""
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        config, platform = ctx.config, ctx.platform
+        world = config.parallel.tensor_parallel_size
+        timeout = config.parallel.distributed_timeout
+        host = self.store_host()
+        self._store = open_store(GroupAddress(host, 0, world, timeout), 0)
+        self.address = address = GroupAddress(host, self._store.port, world, timeout)
+        specs = [WorkerSpec(config, platform.name, rank, address, os.getpid()) for rank in range(1, world)]
+        self.workers = group = self.launch(specs)
+        self._finalizer = weakref.finalize(self, group.release)
+        try:
+            for handle in group.handles:
+                self._await(handle, "joining")
+        except BaseException:
+            self._finalizer()
+            raise
+        self._threads = torch.get_num_threads()  # configure_rank may take a share; shutdown gives it back
+        platform.configure_rank(0, world)
+        self._channel = ObjectChannel(process_group("gloo", self._store, 0, address, "control"), 0, address.timeout)
+        self._tp = TensorParallel(0, world, platform.communicator(self._store, 0, address))
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._failure: ExecutorFailure | None = None
+        self._last_send = time.monotonic()
+        self._bytes_read: list[int | None] = []
+        self.steps_broadcast = self.step_bytes_broadcast = 0  # the control plane's cost (benchmarks/tp.py)
+
+    @property
+    def tensor_parallel(self) -> TensorParallel:
+        return self._tp
+
+    def start(self, runner, kv_groups) -> None:
+        self.runner = runner
+        runner.forward_step = self._driver_forward
+        for handle in self.workers.handles:
+            handle.send_kv_groups(kv_groups)
+        self._bytes_read = [getattr(runner.model, "weight_bytes_read", None)]
+        try:
+            for handle in self.workers.handles:
+                self._bytes_read.append(self._await(handle, "ready"))
+        except BaseException:
+            self._finalizer()
+            raise
+        threading.Thread(target=self._keep_alive, name="engine-tp-keepalive", daemon=True).start()
+
+    def _await(self, handle: WorkerHandle, expected: str):
+        """The detail of worker ``handle``'s next report, which must be ``expected``."""
+        deadline = time.monotonic() + self.address.timeout_s
+        while time.monotonic() < deadline:
+            report = handle.report(POLL_S)
+            if report is not None:
+                kind, detail = report
+                if kind == expected:
+                    return detail
+                raise ExecutorFailure(f"tensor-parallel rank {handle.rank} failed to start:\n{detail}")
+            note = handle.exit_note()
+            if note:
+                raise ExecutorFailure(f"tensor-parallel rank {handle.rank} {note} while starting")
+        raise ExecutorFailure(f"tensor-parallel rank {handle.rank} sent no {expected!r} within "
+                              f"{self.address.timeout_s:g} s")
+
+    def execute(self, plan, group_tables, bitmask=None, kv_meta=None):
+        with self._lock:
+            self.check_health()
+            try:
+                return self.runner.execute(plan, group_tables, bitmask, kv_meta)
+            except ExecutorFailure as exc:
+                self._failure = self._explain(exc)
+                raise self._failure from exc
+
+    def _driver_forward(self, step):
+        """Rank 0's forward: broadcast the step, then run it with the other ranks. Failing
+        mid-forward leaves the ranks out of step, so any error here is fatal."""
+        self._channel.send(step.to("cpu"))
+        self._last_send = time.monotonic()
+        self.steps_broadcast += 1
+        self.step_bytes_broadcast += self._channel.last_bytes
+        try:
+            return self.runner.forward(step)
+        except ExecutorFailure:
+            raise
+        except Exception as exc:
+            raise ExecutorFailure(f"rank 0 failed mid-forward, leaving the tensor-parallel ranks out of step: "
+                                  f"{type(exc).__name__}: {exc}") from exc
+
+    def _explain(self, failure: ExecutorFailure) -> ExecutorFailure:
+        """The failure with what the workers say: a worker's report or how it ended, when one
+        comes within a moment (a collective usually fails because a peer went away)."""
+        deadline = time.monotonic() + REPORT_GRACE_S
+        while time.monotonic() < deadline:
+            dead = self._dead_ranks()
+            if dead:
+                return ExecutorFailure(f"{failure}; {dead}")
+            time.sleep(0.05)
+        return failure
+
+    def _dead_ranks(self) -> str:
+        notes = []
+        for handle in self.workers.handles:
+            report = handle.report(0)
+            if report is not None:
+                notes.append(f"tensor-parallel rank {handle.rank} failed:\n{report[1]}")
+            elif note := handle.exit_note():
+                notes.append(f"tensor-parallel rank {handle.rank} {note}")
+        return "; ".join(notes)
+
+    def check_health(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+        dead = self._dead_ranks()
+        if dead:
+            self._failure = ExecutorFailure(dead)
+            raise self._failure
+
+    def _keep_alive(self) -> None:
+        interval = self.address.timeout_s / 4
+        while not self._stopped.wait(min(interval, 1.0)):
+            with self._lock:
+                if self._stopped.is_set() or self._failure is not None:
+                    return
+                if time.monotonic() - self._last_send < interval:
+                    continue
+                try:
+                    self._channel.send(None)
+                    self._last_send = time.monotonic()
+                except ExecutorFailure as exc:
+                    self._failure = self._explain(exc)
+                    return
+
+    def weight_bytes_read(self) -> list[int | None]:
+        return list(self._bytes_read)
+
+    def shutdown(self) -> None:
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        torch.set_num_threads(self._threads)
+        with self._lock:
+            if self._failure is None and not self._dead_ranks():
+                try:
+                    self._channel.send(STOP)
+                    deadline = time.monotonic() + STOP_GRACE_S
+                    for handle in self.workers.handles:
+                        handle.wait_stopped(max(0.0, deadline - time.monotonic()))
+                except ExecutorFailure:
+                    pass  # a worker is gone: release() ends the rest
+        self._finalizer()
