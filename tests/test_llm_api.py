@@ -45,6 +45,7 @@ def test_text_round_trips_through_the_tokenizer(tiny_llm):
     assert out.prompt == "The weather today is"
     assert out.outputs[0].text == tiny_llm.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
     assert out.outputs[0].finish_reason == "length" and out.finished
+    assert tiny_llm.get_tokenizer() is tiny_llm.tokenizer  # vLLM's spelling, which its users' scripts call
 
 
 def test_seeded_sampling_does_not_depend_on_the_batch(tiny_llm):

@@ -34,6 +34,10 @@ class LLM:
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
 
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's ``LLM.get_tokenizer``); None for a model without one."""
+        return self.tokenizer
+
     def generate(self, prompts: Prompt | Sequence[Prompt],
                  sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
                  use_tqdm: bool = False, priority: Sequence[int] | None = None) -> list[RequestOutput]:

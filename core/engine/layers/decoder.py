@@ -115,7 +115,8 @@ class DecoderModel(Layer):
         norm; the residual stream after each of ``step.aux_layers`` goes to ``step.aux_hidden``."""
         hidden, residual = self.embed_tokens(input_ids), None
         cos_sin = self.rotary(positions)
-        for index, layer in enumerate(self.layers[:num_layers]):
+        layers = self.layers if num_layers is None else self.layers[:num_layers]  # a slice builds a ModuleList
+        for index, layer in enumerate(layers):
             hidden, residual = layer(cos_sin, hidden, residual, step)
             if index in step.aux_layers:
                 step.aux_hidden.append(hidden + residual)
