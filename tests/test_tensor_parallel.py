@@ -1,6 +1,8 @@
 """Acceptance of tensor parallelism on this machine: two gloo ranks (the ``mp`` executor: this
 process is rank 0, one spawned worker is rank 1) against one rank, in float32 on the tiny
-Llama. One TP=2 engine serves the module (a worker's start costs seconds)."""
+Llama, and (``slow``) on the default model dequantized, whose 3 kv heads split unevenly. One
+TP=2 engine serves each model (a worker's start costs seconds); the default model's runs on
+each executor backend of ``BACKENDS``."""
 
 from __future__ import annotations
 
