@@ -31,7 +31,8 @@ def row_abs_max(weight: torch.Tensor) -> torch.Tensor:
     return weight.float().abs().amax(dim=-1)
 
 
-def quantize_rows(weight: torch.Tensor, abs_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(weight: torch.Tensor,
+                  abs_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-to-nearest symmetric int8 per row: -> (q int8 [N, K], scale float32 [N]).
     ``abs_max``: each row's largest magnitude when ``weight`` holds only part of the rows'
     columns (a tensor-parallel rank's): the part then rounds as the whole rows would."""

@@ -147,7 +147,8 @@ class GGUFLoader(ModelLoader):
             return
         for tensor in tqdm(self._reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
             if tensor.name in names:
-                yield names[tensor.name], GGUFSlice(tensor, self, keep_quantized, _permuted_heads(processor, tensor.name))
+                heads = _permuted_heads(processor, tensor.name)
+                yield names[tensor.name], GGUFSlice(tensor, self, keep_quantized, heads)
 
     def _processor_and_names(self, hf_config) -> tuple[object, dict[str, str]]:
         """``transformers``' tensor processor for the file's architecture, and its map of GGUF
@@ -176,7 +177,8 @@ class GGUFLoader(ModelLoader):
 
         keep = raw_ok and tensor.tensor_type not in FLOAT_TYPES and tensor.tensor_type in READERS
         weights = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names, parsed_parameters={})
+        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
+                                   parsed_parameters={})
         if result.name in names:
             data = torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
             self.bytes_read += int(tensor.n_bytes)

@@ -80,7 +80,8 @@ class GGUFLinearMethod(QuantMethod):
                                  f"({rows}, {input_size})")
         kinds = {(s.qtype if isinstance(s, GGUFBlocks) else "float") for s in shards}
         if len(kinds) > 1:
-            return Stacked([self._kernel([s], vocab, [rows], input_size) for s, rows in zip(shards, output_sizes)])
+            return Stacked([self._kernel([s], vocab, [rows], input_size)
+                            for s, rows in zip(shards, output_sizes)])
         dtype = self.ctx.dtype
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))

@@ -152,7 +152,8 @@ def test_default_model_ranks_read_and_hold_their_share(kept, default_path):
 
 
 def _tiny_gguf(folder, intermediate_size: int) -> str:
-    model = reference.tiny_checkpoint(str(folder / "hf"), "LlamaForCausalLM", dict(TINY, intermediate_size=intermediate_size))
+    config = dict(TINY, intermediate_size=intermediate_size)
+    model = reference.tiny_checkpoint(str(folder / "hf"), "LlamaForCausalLM", config)
     path = str(folder / "tiny.gguf")
     write_gguf(path, model, None, T.Q4_0)
     return path
