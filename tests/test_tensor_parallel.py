@@ -234,6 +234,8 @@ def test_default_model_dequantized_tp2_greedy_equals_tp1(default_tp1, default_tp
     held = [sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
             for llm in (default_tp1, default_tp2)]
     assert 0.5 < held[1] / held[0] < 0.55
+    layout = default_tp2.engine.model.kv_layout()  # rank 0's: it sizes every rank's pool, so it holds the most
+    assert (layout.num_heads, layout.num_kv_heads) == (6, 2)
 
 
 def _children(pid: int) -> list[int]:
