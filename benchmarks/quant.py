@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 from offline_throughput import make_prompts
 
 CONFIGS = {"bf16": dict(quantization="unquantized"), "int8-w8a16": dict(quantization="int8-w8a16"),
-           "int8-w8a8": dict(quantization="int8-w8a8"), "gguf": dict()}
+           "int8-w8a8": dict(quantization="int8-w8a8"), "gguf": dict(), "gguf-eager": dict(enforce_eager=True)}
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 

@@ -54,6 +54,16 @@ class TensorParallel:
             return x
         return self._collective("all_reduce", x)
 
+    def all_max(self, x: torch.Tensor) -> torch.Tensor:
+        """The elementwise max of ``x`` over the ranks, exact: each rank's ``x`` in its own
+        slot of zeros, summed (an all-gather on the communicator's one reduction), maxed.
+        For load time (a quant method's scales), not for every step."""
+        if self.size == 1:
+            return x
+        slots = x.new_zeros(self.size, *x.shape)
+        slots[self.rank] = x
+        return self.all_reduce(slots).amax(dim=0)
+
     def gather(self, x: torch.Tensor) -> torch.Tensor | None:
         """Every rank's ``x`` concatenated along the last dim, on rank 0; None elsewhere."""
         if self.size == 1:

@@ -80,14 +80,16 @@ class EngineHookSpecs:
         """Register :class:`engine.interfaces.ModelLoader` subclasses: checkpoint formats
         (HF safetensors folder, GGUF file ...), constructed with the model path. The first
         loader whose ``detect(path)`` returns no reasons loads the model unless
-        ``load_format=NAME`` names one."""
+        ``load_format=NAME`` names one. Interface v3 (v2 still loads):
+        ``iter_weight_slices(hf_config, keep_quantized=...)``."""
 
     @hookspec
     def register_quant_methods(self, register):
         """Register :class:`engine.interfaces.QuantMethod` subclasses, constructed with an
         :class:`engine.interfaces.QuantContext`, under the name a checkpoint's
         ``quantization_config.quant_method`` uses, or that ``quantization=NAME`` selects for
-        online quantization (default: ``unquantized``)."""
+        online quantization (default: ``unquantized``). Interface v3 (v2 still loads): what
+        ``shards_for_tensor_parallel`` promises for packed and kept-quantized weights."""
 
     @hookspec
     def register_kv_connectors(self, register):

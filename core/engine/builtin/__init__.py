@@ -21,12 +21,12 @@ def register_kv_cache_managers(register):
 
 @hookimpl
 def register_model_loaders(register):
-    register("safetensors", "engine.builtin.safetensors_loader:SafetensorsLoader", api=2)
+    register("safetensors", "engine.builtin.safetensors_loader:SafetensorsLoader", api=3)
 
 
 @hookimpl
 def register_quant_methods(register):
-    register("unquantized", "engine.builtin.unquantized:UnquantizedLinearMethod", api=2)
+    register("unquantized", "engine.builtin.unquantized:UnquantizedLinearMethod", api=3)
 
 
 @hookimpl

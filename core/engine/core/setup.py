@@ -160,8 +160,9 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
         check_tensor_parallel(cls, type(method), tp.size)
     with torch.device(platform.device), tensor_parallel(tp):
         model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
-    if tp.size > 1:
-        model.load_weights(loader.iter_weight_slices(hf_config))
+    if tp.size > 1:  # keep_quantized only when set: a v2 loader's iter_weight_slices lacks it
+        model.load_weights(loader.iter_weight_slices(hf_config, keep_quantized=True) if keep_quantized
+                           else loader.iter_weight_slices(hf_config))
     else:
         model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
     model.weight_bytes_read = getattr(loader, "bytes_read", None)

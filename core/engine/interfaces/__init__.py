@@ -32,8 +32,11 @@ INTERFACE_VERSIONS = {
     # 2: cuda_graph_support, describe; 3: build_graph_metadata (all defaulted: v1 and v2 still load)
     "attention_backends": 3,
     "models": 1,
-    "model_loaders": 2,  # 2: iter_weights(keep_quantized=...)
-    "quant_methods": 2,  # 2: dequantize (required), embed, describe, quantizes_embeddings
+    "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
+    # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
+    # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
+    # loader's kept-quantized form): v2 methods still load and never shard (the v2 default)
+    "quant_methods": 3,
     # 2: two halves joined by build_connector_meta / bind_connector_metadata, KVRequest (block
     # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
     "kv_connectors": 2,
@@ -49,7 +52,7 @@ INTERFACE_VERSIONS = {
 }
 
 # Older versions a kind still loads, because the newer one only added members with defaults.
-STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,)}
+STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,), "model_loaders": (2,), "quant_methods": (2,)}
 
 # The engine core's request and step messages, loaded on first use: engine.core.request
 # imports engine.sampling_params, which imports this package.

@@ -38,13 +38,16 @@ class ModelLoader(ABC):
         names: a loader whose format stores quantized blocks may then yield them in its own
         documented form for that method. Without it, every tensor is a float tensor."""
 
-    def iter_weight_slices(self, hf_config: Any) -> Iterator[tuple[str, Any]]:
+    def iter_weight_slices(self, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
         """(HF parameter name, tensor or :class:`engine.layers.checkpoint.CheckpointSlice`)
         pairs for a tensor-parallel rank, which reads only its part of each weight through
-        a slice. This default yields ``iter_weights``' float tensors whole (each rank then
-        reads the whole checkpoint); added with a default, so interface v2 is unchanged.
-        A loader that counts what it reads sets ``bytes_read``."""
-        yield from self.iter_weights(hf_config)
+        a slice (``narrow`` in the logical [out, in] coordinates of the weight; what it
+        returns is what ``iter_weights`` would yield for that part, in its kept-quantized
+        form with ``keep_quantized``). This default yields ``iter_weights``' tensors whole
+        (each rank then reads the whole checkpoint). A loader that counts what it reads sets
+        ``bytes_read``. Interface v3 passes ``keep_quantized``; a v2 loader's override is
+        called without it (v2 quant methods never kept a file quantized under several ranks)."""
+        yield from self.iter_weights(hf_config, keep_quantized)
 
     def generation_config(self) -> dict | None:
         """The checkpoint's generation config (Hugging Face ``generation_config.json`` keys:

@@ -23,13 +23,21 @@ experts loaded one (expert, shard) at a time → ``process_moe_weights_after_loa
 ``apply_moe`` on rows sorted by expert → ``dequantize_moe``, the plain-math reference.
 Otherwise the core keeps experts in the activation dtype (the ``unquantized`` method's).
 
-Tensor parallelism (added with a default, so interface v2 is unchanged): a method that sets
-``shards_for_tensor_parallel`` declares how its packed weights shard — each parameter it
-registers carries ``output_dim`` (the dim holding the [out, in] weight's rows) and, where
-its columns are stored, ``input_dim``; a rank's part is the proportional slice along each,
-so a packed dim must keep whole packing units per rank. Column-parallel layers then get
-the rank's rows, row-parallel ones its columns (``engine.layers.parallel``). A method that
-leaves it False (int8 and GGUF, for now) makes ``tensor_parallel_size > 1`` refused, naming it.
+Tensor parallelism (interface v3; a v2 method keeps the default, False, and is refused for
+``tensor_parallel_size > 1``, naming it): a method that sets ``shards_for_tensor_parallel``
+declares how its weights shard. Each parameter it registers carries ``output_dim`` (the dim
+holding the [out, in] weight's rows) and, where its columns are stored, ``input_dim``. A
+rank's part is the proportional slice of the checkpoint tensor along each, so a packed dim
+must keep whole packing units per rank (else loading fails, naming the range); a
+``weight_loader`` receives that part — with a kept-quantized checkpoint, in the loader's
+kept-quantized form (the loader reads only that part: ``ModelLoader.iter_weight_slices``,
+which may refuse a split its blocks cannot make). Column-parallel layers get the rank's
+rows of each fused projection, row-parallel ones its input columns
+(``engine.layers.parallel``; under GQA the attention's column ranges follow kv-head groups
+and may be uneven), vocabulary tables their vocabulary rows (fewer on the last rank: pad
+with zero rows). ``process_weights_after_loading`` then sees only the rank's part: a
+per-output-row statistic over whole rows (an int8 scale) comes from
+``layer.full_row_max(values)`` (a collective on a row-parallel layer: call it on every rank).
 """
 
 from abc import ABC, abstractmethod

@@ -48,7 +48,8 @@ class DecoderAttention(Layer):
         q_size, kv_size = cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype,
                                              heads.qkv_shards(self.head_dim))
-        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, o_bias, method, dtype)
+        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, o_bias, method, dtype,
+                                        heads.o_shard(self.head_dim))
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
         self.attn = Attention(layer)

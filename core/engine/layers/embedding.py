@@ -40,10 +40,12 @@ class VocabEmbedding(Linear):
         return tensor.narrow(0, self.vocab_start, self.vocab_rows)
 
     def load_shard(self, param_name: str, tensor: torch.Tensor, shard: int = 0) -> None:
-        if self.tp.size == 1:
+        """A quant method's ``weight_loader`` receives this rank's ``vocab_rows`` rows (the last
+        rank's may be fewer than the layer's: the method pads them with zero rows)."""
+        param = getattr(self, param_name)
+        if self.tp.size == 1 or hasattr(param, "weight_loader"):
             super().load_shard(param_name, tensor, shard)
             return
-        param = getattr(self, param_name)
         param.data[:self.vocab_rows].copy_(self.rank_part(param, tensor, shard))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:

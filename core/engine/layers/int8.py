@@ -26,10 +26,18 @@ OUTLIER_THRESHOLD = 6.0
 ROWS_PER_CHUNK = 512
 
 
-def quantize_rows(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Round-to-nearest symmetric int8 per row: -> (q int8 [N, K], scale float32 [N])."""
+def row_abs_max(weight: torch.Tensor) -> torch.Tensor:
+    """Each row's largest magnitude, float32 [N]: what :func:`quantize_rows` scales by."""
+    return weight.float().abs().amax(dim=-1)
+
+
+def quantize_rows(weight: torch.Tensor,
+                  abs_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Round-to-nearest symmetric int8 per row: -> (q int8 [N, K], scale float32 [N]).
+    ``abs_max``: each row's largest magnitude when ``weight`` holds only part of the rows'
+    columns (a tensor-parallel rank's): the part then rounds as the whole rows would."""
     w = weight.float()
-    scale = w.abs().amax(dim=-1).clamp(min=1e-12) / 127
+    scale = (row_abs_max(w) if abs_max is None else abs_max).clamp(min=1e-12) / 127
     return (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8), scale
 
 
@@ -49,8 +57,9 @@ class Int8Rows(Layer):
         self._last_columns: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype, ops: LayerOps | None = None) -> Int8Rows:
-        return cls(*quantize_rows(weight), dtype, ops)
+    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype, ops: LayerOps | None = None,
+                   abs_max: torch.Tensor | None = None) -> Int8Rows:
+        return cls(*quantize_rows(weight, abs_max), dtype, ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.fast:

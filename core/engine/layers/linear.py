@@ -43,6 +43,13 @@ class Linear(Layer):
         :class:`engine.layers.loading.CheckpointSlice`) this rank holds: all of it here."""
         return materialize(tensor)
 
+    def full_row_max(self, values: torch.Tensor) -> torch.Tensor:
+        """Per-row ``values`` (e.g. each row's largest magnitude) a quant method computed on the
+        weight this rank holds, made whole-row: as they are here, where every row is whole; a
+        row-parallel layer maxes them over its group (call it on every rank, in
+        ``process_weights_after_loading``)."""
+        return values
+
     def process_weights_after_loading(self) -> None:
         self.method.process_weights_after_loading(self)
 

@@ -6,9 +6,9 @@ from engine import hookimpl
 
 @hookimpl
 def register_model_loaders(register):
-    register("gguf", "engine_quant_gguf.loader:GGUFLoader", api=2)
+    register("gguf", "engine_quant_gguf.loader:GGUFLoader", api=3)
 
 
 @hookimpl
 def register_quant_methods(register):
-    register("gguf", "engine_quant_gguf.method:GGUFLinearMethod", api=2)
+    register("gguf", "engine_quant_gguf.method:GGUFLinearMethod", api=3)

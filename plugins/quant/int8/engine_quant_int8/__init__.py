@@ -5,5 +5,5 @@ from engine import hookimpl
 
 @hookimpl
 def register_quant_methods(register):
-    register("int8-w8a16", "engine_quant_int8.method:Int8WeightOnly", api=2)
-    register("int8-w8a8", "engine_quant_int8.method:Int8Dynamic", api=2)
+    register("int8-w8a16", "engine_quant_int8.method:Int8WeightOnly", api=3)
+    register("int8-w8a8", "engine_quant_int8.method:Int8Dynamic", api=3)

@@ -5,7 +5,13 @@ per step) and multiplies in integers. Kernels: :mod:`engine.layers.int8`.
 
 Mixture-of-experts layers are quantized the same way, each expert's stacked projection rows
 with their own scales, and run expert by expert over the rows routed to it (the int8
-kernels take one weight)."""
+kernels take one weight).
+
+Tensor parallelism: each rank quantizes its part of the float weight, with the scales the
+whole rows get — a column-parallel rank holds whole rows, a row-parallel one maxes each
+row's magnitude over the ranks (``Linear.full_row_max``) — so its int8 values are exactly
+TP=1's. W8A8 rounds a row-parallel rank's activations with a scale over its own input
+columns (no collective per step); W8A16 differs from TP=1 by the all-reduce's rounding only."""
 
 from __future__ import annotations
 
@@ -13,12 +19,13 @@ import torch
 from torch import nn
 
 from engine.interfaces import QuantMethod
-from engine.layers.int8 import Int8Rows
+from engine.layers.int8 import Int8Rows, row_abs_max
 
 
 class Int8WeightOnly(QuantMethod):
     name = "int8-w8a16"
     quantizes_experts = True
+    shards_for_tensor_parallel = True
 
     @classmethod
     def supports(cls, platform) -> list[str]:
@@ -30,12 +37,14 @@ class Int8WeightOnly(QuantMethod):
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
         weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False)
-        weight.output_dim = 0
+        weight.output_dim, weight.input_dim = 0, 1
         layer.register_parameter("weight", weight)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         ops = self.ctx.platform.layer_ops(self.ctx.dtype)
-        layer.int8 = Int8Rows.from_float(layer.weight.data, self.ctx.dtype, ops)
+        weight = layer.weight.data
+        abs_max = layer.full_row_max(row_abs_max(weight))
+        layer.int8 = Int8Rows.from_float(weight, self.ctx.dtype, ops, abs_max)
         del layer.weight
 
     def apply(self, layer, x, bias):
