@@ -35,6 +35,8 @@ from engine_server.kv_events import ZmqEventPublisher
 logger = logging.getLogger("engine_server.core")
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
+IDLE_WAIT_MS = 200  # an idle core's wait for requests
+TRANSFER_POLL_MS = 2  # a core waiting only on KV transfers steps this often to poll them
 OUTPUT_SEND_TIMEOUT_MS = 30_000  # an API process that reads nothing for this long is gone or hung
 
 
@@ -103,9 +105,9 @@ class CoreServer:
         elif isinstance(message, protocol.Shutdown):
             self.running = False
 
-    def drain(self, block: bool) -> list[protocol.Delta]:
+    def drain(self, wait_ms: int) -> list[protocol.Delta]:
         failed: list[protocol.Delta] = []
-        if block and not self.input.poll(timeout=200):
+        if wait_ms and not self.input.poll(timeout=wait_ms):
             return failed
         while True:
             try:
@@ -123,11 +125,10 @@ class CoreServer:
             if os.getppid() != self.parent_pid:
                 raise APIGone("the API process exited")
             self.core.check_health()  # a tensor-parallel worker that died fails the engine, idle or not
-            busy = self.core.has_unfinished()
-            deltas = self.drain(block=not busy)
+            deltas = self.drain(self._wait_ms())
             if not self.running:
                 break
-            if self.core.has_unfinished():
+            if self.core.has_unfinished() or self.core.has_pending_transfers():
                 deltas += [_delta(o) for o in self.core.step()]
                 idle_stats_sent = False
             if self.events is not None:
@@ -135,13 +136,23 @@ class CoreServer:
                 self.events.serve_replay()
             now = time.monotonic()
             due = now - self._last_stats > STATS_INTERVAL
-            idle = not self.core.has_unfinished()
+            idle = not self.core.has_unfinished() and not self.core.has_pending_transfers()
             if deltas or due or (idle and not idle_stats_sent):
                 send_stats = due or idle
                 self.send(protocol.Outputs(deltas, self.stats() if send_stats else None))
                 if send_stats:
                     self._last_stats = now
                 idle_stats_sent = idle_stats_sent or idle
+
+    def _wait_ms(self) -> int:
+        """How long to wait for requests before the next step: none while steps compute; a
+        few milliseconds while only KV transfers are waited on (parked loads, delayed frees),
+        which the steps poll; otherwise until a request comes (checking the parent meanwhile)."""
+        if self.core.has_unfinished() and self.core.last_step_computed:
+            return 0
+        if self.core.has_unfinished() or self.core.has_pending_transfers():
+            return TRANSFER_POLL_MS
+        return IDLE_WAIT_MS
 
     def close(self) -> None:
         if self.events is not None:
