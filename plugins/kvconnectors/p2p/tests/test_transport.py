@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -37,13 +38,14 @@ def transport(kv, engine_id: str, port: int = 0, timeout: float = 5.0) -> ZmqTra
 
 @pytest.fixture
 def pair():
-    """(producer caches, producer transport, its peer, consumer caches, consumer transport)."""
+    """A prefill transport serving random bf16 caches and a decode transport with empty ones."""
     port = free_port()
     source, sink = caches(dtype=torch.bfloat16, fill=True), caches(dtype=torch.bfloat16)
-    producer, consumer = transport(source, "prefill-1", port), transport(sink, "decode-1")
-    yield source, producer, Peer("prefill-1", "127.0.0.1", port), sink, consumer
-    producer.close()
-    consumer.close()
+    made = SimpleNamespace(source=source, producer=transport(source, "prefill-1", port),
+                           peer=Peer("prefill-1", "127.0.0.1", port), sink=sink, consumer=transport(sink, "decode-1"))
+    yield made
+    made.producer.close()
+    made.consumer.close()
 
 
 def wait_done(transport_: ZmqTransport, request_id: str, seconds: float = 10) -> bool:
@@ -57,67 +59,62 @@ def wait_done(transport_: ZmqTransport, request_id: str, seconds: float = 10) ->
 
 
 def test_exact_bf16_blocks_into_other_block_ids(pair):
-    source, producer, peer, sink, consumer = pair
-    producer.expose("p", [1, 5, 6])
-    consumer.read(Read("d", peer, "p", (1, 5, 6), (7, 2, 3)))
-    assert wait_done(consumer, "d")
-    for src, dst in zip(source, sink):
+    pair.producer.expose("p", [1, 5, 6])
+    pair.consumer.read(Read("d", pair.peer, "p", (1, 5, 6), (7, 2, 3)))
+    assert wait_done(pair.consumer, "d")
+    for src, dst in zip(pair.source, pair.sink):
         assert torch.equal(src[:, [1, 5, 6]].view(torch.int16), dst[:, [7, 2, 3]].view(torch.int16))
-    assert not sink[0][:, [0, 1, 4, 5, 6]].any(), "nothing else was written"
+    assert not pair.sink[0][:, [0, 1, 4, 5, 6]].any(), "nothing else was written"
 
 
 def test_a_read_waits_for_its_blocks_to_be_exposed_and_the_release_arrives(pair):
-    source, producer, peer, sink, consumer = pair
-    consumer.read(Read("d", peer, "p", (2,), (4,)))
+    pair.consumer.read(Read("d", pair.peer, "p", (2,), (4,)))
     time.sleep(0.1)  # the prefill side exposes a request's blocks one step after it handed the params on
-    producer.expose("p", [2])
-    assert wait_done(consumer, "d")
-    consumer.release(peer, "p")
+    pair.producer.expose("p", [2])
+    assert wait_done(pair.consumer, "d")
+    pair.consumer.release(pair.peer, "p")
     deadline = time.monotonic() + 10
-    while "p" not in producer.poll().released:
+    while "p" not in pair.producer.poll().released:
         assert time.monotonic() < deadline, "the release never arrived"
         time.sleep(0.005)
 
 
 @pytest.mark.parametrize("case", ["layout", "engine id", "withdrawn", "not held"])
 def test_refused_reads_fail_with_the_reason(pair, case, caplog):
-    source, producer, peer, sink, consumer = pair
-    producer.expose("p", [1, 2])
-    if case == "layout":
-        other = caches(width=5, dtype=torch.bfloat16)
-        consumer.close()
-        consumer = pair_consumer = transport(other, "decode-2")
-        sink = other
-    else:
-        pair_consumer = None
+    pair.producer.expose("p", [1, 2])
+    consumer, sink = pair.consumer, pair.sink
+    if case == "layout":  # a decode instance whose blocks are wider
+        sink = caches(width=5, dtype=torch.bfloat16)
+        consumer = transport(sink, "decode-2")
     if case == "withdrawn":
-        producer.withdraw("p")
-    remote = (1, 2) if case != "not held" else (1, 3)
-    target = Peer("someone-else", peer.host, peer.port) if case == "engine id" else peer
+        pair.producer.withdraw("p")
+    remote = (1, 3) if case == "not held" else (1, 2)
+    peer = Peer("someone-else", pair.peer.host, pair.peer.port) if case == "engine id" else pair.peer
     started = time.monotonic()
-    with caplog.at_level(logging.WARNING, logger="engine_kvconnectors_p2p.transport"):
-        consumer.read(Read("d", target, "p", remote, (4, 5)))
-        assert wait_done(consumer, "d") is False
+    try:
+        with caplog.at_level(logging.WARNING, logger="engine_kvconnectors_p2p.transport"):
+            consumer.read(Read("d", peer, "p", remote, (4, 5)))
+            assert wait_done(consumer, "d") is False
+    finally:
+        if consumer is not pair.consumer:
+            consumer.close()
     assert time.monotonic() - started < 4, "refused at once, not after the timeout"
     reason = {"layout": "block_shape", "engine id": "prefill-1", "withdrawn": "freed", "not held": "does not hold"}
     assert reason[case] in caplog.text
     assert not sink[0].any(), "a refused read writes nothing"
-    if pair_consumer is not None:
-        pair_consumer.close()
 
 
 def test_garbage_on_the_socket_does_not_stop_the_transport(pair):
-    source, producer, peer, sink, consumer = pair
     context = zmq.Context()
     rogue = context.socket(zmq.DEALER)
-    rogue.connect(f"tcp://{peer.host}:{peer.port}")
+    rogue.connect(f"tcp://{pair.peer.host}:{pair.peer.port}")
     for frames in ([b"x"], [b"read", b"\xc1 not msgpack"], [b"read", b"\x80"], [b"release", b"\x91\x01"]):
         rogue.send_multipart(frames)
     rogue.close(linger=1000)
     context.term()
-    producer.expose("p", [3])
-    consumer.read(Read("d", peer, "p", (3,), (6,)))
-    assert wait_done(consumer, "d")
+    pair.producer.expose("p", [3])
+    pair.consumer.read(Read("d", pair.peer, "p", (3,), (6,)))
+    assert wait_done(pair.consumer, "d")
 
 
 def test_a_dead_producer_fails_the_read_at_once():
