@@ -39,6 +39,7 @@ logger = logging.getLogger("engine_server.proxy")
 # what the prefill instance must not do: stream, sample more than the first token, hold back min tokens
 _PREFILL_DROPS = ("stream_options", "min_tokens", "min_completion_tokens")
 _FORWARDED_HEADERS = ("authorization", "x-request-id")
+HEALTH_TIMEOUT = 5.0  # seconds an instance has to answer /health
 
 
 class ProxyCommand(Command):
@@ -78,7 +79,7 @@ def _paired(hosts: list[str], ports: list[int], side: str) -> list[str]:
 
 
 class Upstreams:
-    """The instances of one side, used in turn, and one HTTP client for all."""
+    """The instances of one side, used in turn."""
 
     def __init__(self, urls: list[str]):
         self.urls = [url.rstrip("/") for url in urls]
@@ -132,7 +133,7 @@ def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float 
         states = {}
         for url in prefill.urls + decode.urls:
             try:
-                states[url] = (await client.get(url + "/health")).status_code
+                states[url] = (await client.get(url + "/health", timeout=HEALTH_TIMEOUT)).status_code
             except httpx.HTTPError:
                 states[url] = None
         healthy = all(code == 200 for code in states.values())
