@@ -94,10 +94,11 @@ class EngineHookSpecs:
     @hookspec
     def register_kv_connectors(self, register):
         """Register :class:`engine.interfaces.KVConnector` subclasses (host offload, P/D
-        transfer ...), interface v2: constructed once per half with a
+        transfer ...), interface v3 (v2 still loads): constructed once per half with a
         :class:`engine.interfaces.KVConnectorContext` and selected with
         ``kv_transfer_config={"kv_connector": NAME, ...}`` (``--kv-transfer-config``) or
-        ``kv_connector=NAME``."""
+        ``kv_connector=NAME``. A P/D connector subclasses :class:`engine.kv_transfer.PDConnector`
+        and supplies only its :class:`engine.kv_transfer.Transport`."""
 
     @hookspec
     def register_grammar_backends(self, register):

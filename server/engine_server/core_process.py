@@ -24,6 +24,7 @@ import zmq
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
+from engine.core.kv_connectors import DEFAULT_KV_PORT
 from engine.core.request import Request
 from engine.core.scheduling import Overloaded
 from engine.lifetime import exit_with_parent
@@ -35,6 +36,8 @@ from engine_server.kv_events import ZmqEventPublisher
 logger = logging.getLogger("engine_server.core")
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
+IDLE_WAIT_MS = 200  # an idle core's wait for requests
+TRANSFER_POLL_MS = 2  # a core waiting only on KV transfers steps this often to poll them
 OUTPUT_SEND_TIMEOUT_MS = 30_000  # an API process that reads nothing for this long is gone or hung
 
 
@@ -50,7 +53,8 @@ def _delta(out) -> protocol.Delta:
                           entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
                           out.num_cached_tokens, out.error, out.error_code,
                           None if out.timing is None else (out.timing.queue, out.timing.prefill),
-                          None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes())
+                          None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes(),
+                          out.kv_transfer_params)
 
 
 class CoreServer:
@@ -94,7 +98,8 @@ class CoreServer:
                 kind = PoolingParams if message.pooling else SamplingParams
                 params = kind.from_dict(message.params)
                 self.core.add_request(Request(message.request_id, message.prompt_token_ids, params,
-                                              priority=message.priority, cache_salt=message.cache_salt))
+                                              priority=message.priority, cache_salt=message.cache_salt,
+                                              kv_transfer_params=message.kv_transfer_params))
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
                 failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc),
                                              error_code=getattr(exc, "code", None)))
@@ -103,9 +108,9 @@ class CoreServer:
         elif isinstance(message, protocol.Shutdown):
             self.running = False
 
-    def drain(self, block: bool) -> list[protocol.Delta]:
+    def drain(self, wait_ms: int) -> list[protocol.Delta]:
         failed: list[protocol.Delta] = []
-        if block and not self.input.poll(timeout=200):
+        if wait_ms and not self.input.poll(timeout=wait_ms):
             return failed
         while True:
             try:
@@ -123,11 +128,10 @@ class CoreServer:
             if os.getppid() != self.parent_pid:
                 raise APIGone("the API process exited")
             self.core.check_health()  # a tensor-parallel worker that died fails the engine, idle or not
-            busy = self.core.has_unfinished()
-            deltas = self.drain(block=not busy)
+            deltas = self.drain(self._wait_ms())
             if not self.running:
                 break
-            if self.core.has_unfinished():
+            if self.core.has_unfinished() or self.core.has_pending_transfers():
                 deltas += [_delta(o) for o in self.core.step()]
                 idle_stats_sent = False
             if self.events is not None:
@@ -135,13 +139,23 @@ class CoreServer:
                 self.events.serve_replay()
             now = time.monotonic()
             due = now - self._last_stats > STATS_INTERVAL
-            idle = not self.core.has_unfinished()
+            idle = not self.core.has_unfinished() and not self.core.has_pending_transfers()
             if deltas or due or (idle and not idle_stats_sent):
                 send_stats = due or idle
                 self.send(protocol.Outputs(deltas, self.stats() if send_stats else None))
                 if send_stats:
                     self._last_stats = now
                 idle_stats_sent = idle_stats_sent or idle
+
+    def _wait_ms(self) -> int:
+        """How long to wait for requests before the next step: none while steps compute; a
+        few milliseconds while only KV transfers are waited on (parked loads, delayed frees),
+        which the steps poll; otherwise until a request comes (checking the parent meanwhile)."""
+        if self.core.has_unfinished() and self.core.last_step_computed:
+            return 0
+        if self.core.has_unfinished() or self.core.has_pending_transfers():
+            return TRANSFER_POLL_MS
+        return IDLE_WAIT_MS
 
     def close(self) -> None:
         if self.events is not None:
@@ -166,7 +180,8 @@ def main(argv=None) -> int:
         return 1
     context = zmq.Context.instance()
     try:
-        core = EngineCore(EngineConfig.from_kwargs(**json.loads(args.options)))
+        options = kv_port_of_rank(json.loads(args.options), args.data_parallel_rank)
+        core = EngineCore(EngineConfig.from_kwargs(**options))
     except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the API
         push = context.socket(zmq.PUSH)
         push.connect(args.output)
@@ -193,6 +208,17 @@ def main(argv=None) -> int:
         core.shutdown()
         server.close()
     return 0
+
+
+def kv_port_of_rank(options: dict, rank: int) -> dict:
+    """Data-parallel core i serves KV transfers on ``kv_port + i`` (vLLM's rule for its side channel)."""
+    transfer = options.get("kv_transfer_config")
+    if not rank or not isinstance(transfer, dict):
+        return options
+    port = transfer.get("kv_port", DEFAULT_KV_PORT)
+    if isinstance(port, bool) or not str(port).isdigit():
+        return options  # the engine refuses it, naming the key
+    return {**options, "kv_transfer_config": {**transfer, "kv_port": int(port) + rank}}
 
 
 def _ignore_stop_signals() -> None:

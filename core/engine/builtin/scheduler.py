@@ -314,13 +314,12 @@ class DefaultScheduler(Scheduler):
                 if reason:
                     break
             logprobs = result.logprobs.get(rid)
+            handed_on = self._finish(request, reason) if reason else None
             outputs.append(EngineOutput(
                 rid, accepted, logprobs[:len(accepted)] if logprobs else None, prompt_logprobs,
                 finish_reason=reason, stop_reason=request.stop_reason,
                 num_cached_tokens=max(request.num_cached_tokens, 0), num_draft_tokens=request.num_draft_tokens,
-                num_accepted_tokens=request.num_accepted_tokens))
-            if reason:
-                self._finish(request, reason)
+                num_accepted_tokens=request.num_accepted_tokens, kv_transfer_params=handed_on))
         return outputs
 
     def _stop_reason(self, request: Request, token: int) -> str | None:
@@ -339,7 +338,9 @@ class DefaultScheduler(Scheduler):
             return "length"
         return None
 
-    def _finish(self, request: Request, reason: str) -> None:
+    def _finish(self, request: Request, reason: str) -> dict | None:
+        """Finish the request and free its blocks, unless the connector delays that; returns the
+        ``kv_transfer_params`` the connector hands on with its last output (or None)."""
         parked_for_load = request.status is RequestStatus.WAITING_FOR_KV
         if not parked_for_load:  # a parked request's load ends in a report; any other is over
             self._loads.pop(request.request_id)
@@ -351,11 +352,15 @@ class DefaultScheduler(Scheduler):
         request.status = RequestStatus.FINISHED
         request.finish_reason = reason
         self.requests.pop(request.request_id, None)
-        if parked_for_load or (self.connector is not None and self.connector.request_finished(
-                self._view(request), list(self.kv.block_ids(request)))):
+        delay, handed_on = parked_for_load, None
+        if self.connector is not None and not parked_for_load:
+            delay, handed_on = _delay_and_params(self.connector.request_finished(
+                self._view(request), list(self.kv.block_ids(request))))
+        if delay:
             self._delayed_free[request.request_id] = request
         else:
             self.kv.free(request)
+        return handed_on
 
     def _free_delayed(self, request_ids) -> None:
         """Free blocks whose delayed free has ended (sent by the connector, or loaded into)."""
@@ -367,6 +372,9 @@ class DefaultScheduler(Scheduler):
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 
+    def has_pending_transfers(self) -> bool:
+        return bool(self._delayed_free)
+
     def running_requests(self) -> list[Request]:
         return list(self.running)
 
@@ -375,3 +383,11 @@ class DefaultScheduler(Scheduler):
         return {"running": len(self.running), "waiting": len(self.waiting),
                 "preemptions": self._preemptions, "kv_cache_usage": self.kv.usage, **self.kv.stats,
                 **self._rejected, **(self._loads.stats if self.connector is not None else {})}
+
+
+def _delay_and_params(answer) -> tuple[bool, dict | None]:
+    """``request_finished``'s answer: a bool (interface v2) or ``(delay, kv_transfer_params)`` (v3)."""
+    if isinstance(answer, tuple):
+        delay, params = answer
+        return bool(delay), params
+    return bool(answer), None

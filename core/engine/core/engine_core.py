@@ -84,6 +84,7 @@ class EngineCore:
         self.connector, kv_worker = kv_connectors.build_halves(registry, config, kv_caches, layers.first.block_dim)
         self._kv_counters = kv_connectors.TransferCounters()
         self._kv_meta: object = None  # this step's connector metadata until the runner took it
+        self.last_step_computed = False  # False: only transfers were waited on (a loop may pause)
         self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
             SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
@@ -209,9 +210,15 @@ class EngineCore:
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
+    def has_pending_transfers(self) -> bool:
+        """Finished requests hold blocks until the KV connector reports them sent: the engine
+        must keep stepping (the worker half's report is read each step) even without requests."""
+        return self.scheduler.has_pending_transfers()
+
     def step(self) -> list[EngineOutput]:
         outputs = self._structured.poll(self.scheduler) if self._structured else []
         plan = self.scheduler.schedule()
+        self.last_step_computed = bool(plan.scheduled)
         if plan.refused:
             outputs += self._refused(plan.refused)
         if self.connector is not None:
@@ -327,3 +334,6 @@ class EngineCore:
         self.executor.shutdown()
         if self._structured is not None:
             self._structured.shutdown()
+        if self.connector is not None:
+            self.connector.shutdown()
+            self.runner.connector.shutdown()

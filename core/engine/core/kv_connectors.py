@@ -4,13 +4,16 @@ counters the worker half reports (bytes and seconds of loads, bytes saved)."""
 
 from __future__ import annotations
 
+import uuid
+
 import attrs
 import torch
 
 from engine.interfaces import SCHEDULER_ROLE, WORKER_ROLE, KVConnectorContext, KVTransferReport
 
-TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config")
+TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "engine_id", "kv_ip", "kv_port")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+DEFAULT_KV_PORT = 14579  # vLLM's kv_port
 
 
 @attrs.frozen
@@ -18,6 +21,9 @@ class ConnectorSpec:
     name: str
     kv_role: str = "kv_both"
     extra_config: dict = attrs.Factory(dict)
+    engine_id: str | None = None
+    kv_ip: str = "127.0.0.1"
+    kv_port: int = DEFAULT_KV_PORT
 
 
 def connector_spec(config) -> ConnectorSpec | None:
@@ -41,7 +47,26 @@ def connector_spec(config) -> ConnectorSpec | None:
     extra = transfer.get("kv_connector_extra_config") or {}
     if not isinstance(extra, dict):
         raise ValueError("kv_transfer_config.kv_connector_extra_config: must be a JSON object")  # noqa: TRY004
-    return ConnectorSpec(name, role, dict(extra))
+    return ConnectorSpec(name, role, dict(extra), _engine_id(transfer), *_address(transfer))
+
+
+def _engine_id(transfer: dict) -> str | None:
+    engine_id = transfer.get("engine_id")
+    if engine_id is not None and (not isinstance(engine_id, str) or not engine_id):
+        raise ValueError(f"kv_transfer_config.engine_id: a non-empty string, got {engine_id!r}")
+    return engine_id
+
+
+def _address(transfer: dict) -> tuple[str, int]:
+    """(kv_ip, kv_port); vLLM's configs write the port as a number or a string."""
+    ip = transfer.get("kv_ip", "127.0.0.1")
+    if not isinstance(ip, str) or not ip:
+        raise ValueError(f"kv_transfer_config.kv_ip: a host name or address, got {ip!r}")
+    port = transfer.get("kv_port", DEFAULT_KV_PORT)
+    if isinstance(port, bool) or not isinstance(port, int | str) or not str(port).isdigit() \
+            or int(port) > 65535:
+        raise ValueError(f"kv_transfer_config.kv_port: a TCP port (0-65535), got {port!r}")
+    return ip, int(port)
 
 
 def build_halves(registry, config, kv_caches: list[torch.Tensor], block_dim: int):
@@ -51,10 +76,11 @@ def build_halves(registry, config, kv_caches: list[torch.Tensor], block_dim: int
         return None, None
     cls = registry.get("kv_connectors", spec.name)
     block_bytes = sum(cache.select(block_dim, 0).nbytes for cache in kv_caches)
+    engine_id = spec.engine_id or uuid.uuid4().hex  # one id for both halves
 
     def half(role: str):
         return cls(KVConnectorContext(config, role, config.cache.block_size, len(kv_caches), block_bytes,
-                                      spec.kv_role, spec.extra_config))
+                                      spec.kv_role, spec.extra_config, engine_id, spec.kv_ip, spec.kv_port))
 
     return half(SCHEDULER_ROLE), half(WORKER_ROLE)
 

@@ -29,13 +29,14 @@ class RequestStatus(enum.Enum):
 class Request:
     """Public read-only fields for plugins: ``request_id``, ``sampling_params``,
     ``pooling_params``, ``prompt_token_ids``, ``output_token_ids``, ``all_token_ids``,
-    ``num_computed_tokens``.
+    ``num_computed_tokens``, ``kv_transfer_params`` (vLLM's P/D field, for the KV connector).
 
     Given :class:`PoolingParams` the request pools: ``pooling_params`` holds them, it runs
     its whole prompt in one step and finishes with a vector, never a token."""
 
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
-                 eos_token_id: int | None = None, priority: int = 0, cache_salt: str | None = None):
+                 eos_token_id: int | None = None, priority: int = 0, cache_salt: str | None = None,
+                 kv_transfer_params: dict | None = None):
         self.request_id = request_id
         self.pooling_params = params if isinstance(params, PoolingParams) else None
         sampling_params = POOLING_SAMPLING if self.pooling_params is not None else params
@@ -46,6 +47,7 @@ class Request:
         self.eos_token_id = eos_token_id
         self.priority = priority
         self.cache_salt = cache_salt
+        self.kv_transfer_params = kv_transfer_params
         self.arrival = next(_arrivals)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0

@@ -96,6 +96,7 @@ class EngineOutput:
     num_accepted_tokens: int = 0
     timing: RequestTiming | None = None  # on the request's first output that carries tokens
     pooled: Any = None  # a pooling request's vector (a float32 CPU tensor), with its finish
+    kv_transfer_params: dict | None = None  # with its finish: what the KV connector hands on (P/D)
 
     @property
     def finished(self) -> bool:

@@ -39,7 +39,9 @@ INTERFACE_VERSIONS = {
     "quant_methods": 3,
     # 2: two halves joined by build_connector_meta / bind_connector_metadata, KVRequest (block
     # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
-    "kv_connectors": 2,
+    # 3: KVRequest.kv_transfer_params / finish_reason, request_finished -> (delay, params),
+    #    KVConnectorContext.engine_id / kv_ip / kv_port, shutdown (all defaulted: v2 still loads)
+    "kv_connectors": 3,
     "grammar_backends": 1,
     "drafters": 1,
     "logits_processors": 1,
@@ -52,7 +54,8 @@ INTERFACE_VERSIONS = {
 }
 
 # Older versions a kind still loads, because the newer one only added members with defaults.
-STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,), "model_loaders": (2,), "quant_methods": (2,)}
+STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,), "model_loaders": (2,), "quant_methods": (2,),
+                "kv_connectors": (2,)}
 
 # The engine core's request and step messages, loaded on first use: engine.core.request
 # imports engine.sampling_params, which imports this package.

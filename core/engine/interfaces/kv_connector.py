@@ -1,5 +1,5 @@
-"""KVConnector (interface v2): moves KV cache blocks to and from outside the engine (a host or
-disk tier, another instance).
+"""KVConnector (interface v3; v2 connectors still load): moves KV cache blocks to and from
+outside the engine (a host or disk tier, another instance).
 
 A connector class is instantiated twice, once per half (``KVConnectorContext.role``): the
 **scheduler half** decides how many prompt tokens come from outside and describes each step's
@@ -14,7 +14,8 @@ Call order each engine step (see ``docs/plugin-authors.md`` for the request stat
         get_num_new_matched_tokens(request, num_local)      per waiting request admitted
         update_state_after_alloc(request, blocks, local, n)  it got its blocks
         allocation_failed(request)                            ... or the pool could not give them
-        request_finished(request, block_ids)                  a request finished
+        request_finished(request, block_ids)                  a request finished (-> delay free,
+                                                              kv_transfer_params for its output)
     scheduler half, after scheduling:  meta = build_connector_meta(plan)
     worker half:  bind_connector_metadata(meta); start_load_kv()
                   per layer inside the forward: wait_for_layer_load(layer), attention writes,
@@ -23,7 +24,14 @@ Call order each engine step (see ``docs/plugin-authors.md`` for the request stat
     scheduler half:  update_connector_output(report)
 
 A step with nothing to compute still runs the worker half (without a forward: every layer's
-``wait_for_layer_load`` is called in turn) so that asynchronous loads and saves progress.
+``wait_for_layer_load`` is called in turn) so that asynchronous loads and saves progress; while a
+delayed free is pending the engine keeps stepping (a few milliseconds apart) even without requests.
+
+v3 (additive; v2 connectors still load): ``KVRequest.kv_transfer_params`` (the request's
+``kv_transfer_params``, vLLM's P/D field) and ``KVRequest.finish_reason``; ``request_finished``
+may return ``(delay_free, kv_transfer_params)``, the params going out with the request's last
+output; ``KVConnectorContext.engine_id`` / ``kv_ip`` / ``kv_port`` from ``--kv-transfer-config``;
+``shutdown``.
 """
 
 from __future__ import annotations
@@ -50,6 +58,9 @@ class KVConnectorContext:
     block_bytes: int  # bytes one block holds across all layers
     kv_role: str = "kv_both"  # kv_producer, kv_consumer or kv_both
     extra_config: dict = attrs.Factory(dict)
+    engine_id: str = ""  # this engine's id among instances (kv_transfer_config.engine_id, else a fresh uuid)
+    kv_ip: str = "127.0.0.1"  # where a connector that serves other instances listens (kv_ip, kv_port)
+    kv_port: int = 14579
 
 
 @attrs.frozen
@@ -64,12 +75,15 @@ class KVRequest:
     block_hashes: tuple[bytes, ...]  # every full block of ``token_ids``
     cache_salt: str | None = None
     num_computed_tokens: int = 0  # tokens whose K/V are in its blocks (a finished request: what to save)
+    kv_transfer_params: dict | None = attrs.field(default=None, eq=False)  # as the client sent them (v3)
+    finish_reason: str | None = None  # a finished request's: "stop", "length", "abort", "error" (v3)
 
     @classmethod
     def of(cls, request) -> KVRequest:
         """The view of an engine request (its ``block_hashes`` as the KV cache manager left them)."""
         return cls(request.request_id, tuple(request.all_token_ids), request.num_prompt_tokens,
-                   tuple(request.block_hashes), request.cache_salt, request.num_computed_tokens)
+                   tuple(request.block_hashes), request.cache_salt, request.num_computed_tokens,
+                   request.kv_transfer_params, request.finish_reason)
 
 
 @attrs.frozen
@@ -118,15 +132,20 @@ class KVConnector(ABC):
         per step after scheduling, with the :class:`engine.interfaces.StepPlan`; it should reset
         what it accumulated)."""
 
-    def request_finished(self, request: KVRequest, block_ids: list[int]) -> bool:
+    def request_finished(self, request: KVRequest, block_ids: list[int]) -> bool | tuple[bool, dict | None]:
         """A request finished with this block table. True delays freeing its blocks until the
         worker half lists it in ``finished_sending`` (the blocks are not reused meanwhile);
         False frees them now: they stay intact until the next step's forward, so saves this
-        step's metadata orders are taken before anything overwrites them."""
+        step's metadata orders are taken before anything overwrites them. v3: a tuple
+        ``(delay_free, kv_transfer_params)`` also hands the request's last output those params
+        (a prefill instance's: where a decode instance finds its blocks), vLLM's signature."""
         return False
 
     def update_connector_output(self, report: KVTransferReport) -> None:
         """The worker half's report of the step (e.g. forget blocks whose load failed)."""
+
+    def shutdown(self) -> None:
+        """The engine is stopping (either half, v3): stop threads, close sockets."""
 
     # -- worker half ------------------------------------------------------------------
     @abstractmethod

@@ -45,6 +45,11 @@ class Scheduler(ABC):
     def has_unfinished(self) -> bool:
         ...
 
+    def has_pending_transfers(self) -> bool:
+        """Whether finished requests still hold blocks a KV connector delayed freeing (the
+        engine keeps stepping, without requests, until the connector reports them sent)."""
+        return False
+
     @abstractmethod
     def running_requests(self) -> list:
         """Requests holding KV blocks now (the drafter proposes for these)."""

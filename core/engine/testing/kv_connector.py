@@ -82,13 +82,16 @@ class ConnectorSim:
     loaded: int = 0
     failures: int = 0
     steps: int = 0
+    last_computed: bool = False
 
     def add(self, request: Request) -> None:
         self.scheduler.add_request(request)
 
-    def step(self) -> None:
+    def step(self) -> list:
+        """One engine step; returns the scheduler's outputs."""
         self.steps += 1
         plan = self.scheduler.schedule()
+        self.last_computed = bool(plan.scheduled)
         meta = pickle.loads(pickle.dumps(self.recorder.build_connector_meta(plan)))
         self.worker.bind_connector_metadata(meta)
         self.worker.start_load_kv()
@@ -105,14 +108,22 @@ class ConnectorSim:
         self.scheduler.update_kv_transfers(report)
         sampled = {item.request.request_id: [next_token(item.request.all_token_ids)]
                    for item in plan.scheduled if item.samples}
-        self.scheduler.update(plan, StepResult(sampled))
+        return self.scheduler.update(plan, StepResult(sampled))
+
+    def drained(self) -> bool:
+        """Every request finished and every block back in the pool (none delayed)."""
+        return not self.scheduler.has_unfinished() and self.kv.num_free_blocks == self.num_blocks - 1
+
+    def close(self) -> None:
+        self.recorder.half.shutdown()
+        self.worker.shutdown()
 
     def run(self, max_steps: int = 3000, abort_at: dict[int, str] | None = None) -> None:
         """Step until every request finished and the connector released every delayed block."""
         for _ in range(max_steps):
             if abort_at and self.steps in abort_at:
                 self.scheduler.abort([abort_at[self.steps]])
-            if not self.scheduler.has_unfinished() and self.kv.num_free_blocks == self.num_blocks - 1:
+            if self.drained():
                 return
             self.step()
         raise AssertionError("requests did not finish, or the connector held blocks forever")
@@ -166,10 +177,16 @@ class KVConnectorContract:
 
     def make(self, folder: str, num_blocks: int = 16, budget: int = 16, max_num_seqs: int = 4,
              fail_every: int = 0) -> ConnectorSim:
+        return self.make_sim({"kv_connector": self.connector_name,
+                              "kv_connector_extra_config": self.extra_config(folder)},
+                             num_blocks, budget, max_num_seqs, fail_every)
+
+    @staticmethod
+    def make_sim(transfer_config: dict, num_blocks: int, budget: int, max_num_seqs: int,
+                 fail_every: int = 0) -> ConnectorSim:
         config = EngineConfig.from_kwargs(
             block_size=BLOCK, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
-            kv_transfer_config={"kv_connector": self.connector_name,
-                                "kv_connector_extra_config": self.extra_config(folder)})
+            kv_transfer_config=transfer_config)
         registry = load_plugins()
         kv = registry.get("kv_cache_managers", "default")(config, num_blocks)
         caches = [torch.zeros(2, num_blocks, BLOCK, WIDTH) for _ in range(NUM_LAYERS)]
@@ -179,6 +196,10 @@ class KVConnectorContract:
         scheduler = registry.get("schedulers", "default")(
             SchedulerContext(config, kv, recorder, (num_blocks - 1) * BLOCK))
         return ConnectorSim(scheduler, kv, recorder, worker, caches, num_blocks, fail_every)
+
+    def assert_other_blocks(self, request: Request, loaded_into: list[int], held_before: list[int]) -> None:
+        """The round trip's blocks were not where the loaded values were before."""
+        assert loaded_into != held_before, "the test meant other block ids"
 
     def test_round_trip_into_other_blocks_after_eviction(self, tmp_path):
         sim = self.make(str(tmp_path))
@@ -200,7 +221,7 @@ class KVConnectorContract:
         loaded_into = sim.kv.block_ids(second)[:6]
         sim.run()
         assert sim.scheduler.stats["external_prefix_hits"] - hits_before == 24, "the evicted prefix did not load"
-        assert loaded_into != first_blocks[:6], "the test meant other block ids"
+        self.assert_other_blocks(second, loaded_into, first_blocks[:6])
         assert second.output_token_ids == alone(second.prompt_token_ids, 4)
 
     def test_local_prefix_hit_loads_nothing(self, tmp_path):

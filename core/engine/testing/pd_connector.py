@@ -1,0 +1,201 @@
+"""P/D connector contract: :class:`~engine.testing.kv_connector.KVConnectorContract` run through a
+prefill instance and a decode instance (two engines' schedulers, KV pools, caches and connector
+halves in one process, their transports talking over real sockets).
+
+Every request a test adds is first prefilled on the producer (``max_tokens=1``,
+``kv_transfer_params={"do_remote_decode": true}``, vLLM's proxy flow); the params its last output
+carries are given to the request, which then runs on the consumer: its prompt blocks are pulled
+into the consumer's own (other) block ids. So every check of the contract holds across instances:
+each block a request computes on holds exactly its prefix's values (the round trip through the
+transport is exact), failed loads recompute to the same output, preemption and aborts leak no
+block on either side. The tests here add what only P/D has: a request aborted on the decode side
+before its pull, or one never sent there, frees the producer's blocks; params of another prompt
+are not pulled; a dead producer fails the pull and the request recomputes.
+
+For connectors built on :class:`engine.kv_transfer.PDConnector`; a plugin's test subclasses
+:class:`PDConnectorContract` and sets ``connector_name``.
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import attrs
+import pytest
+
+from engine.core.request import Request
+from engine.kv_transfer import DO_REMOTE_DECODE
+from engine.sampling_params import SamplingParams
+from engine.testing.kv_connector import BLOCK, ConnectorSim, KVConnectorContract
+from engine.testing.scheduler import alone
+
+RUN_SECONDS = 120  # a workload's bound: transfers are real, so time (not steps) bounds it
+
+
+@attrs.define
+class PDSim(ConnectorSim):
+    """The decode instance (what the contract's checks look at), with its prefill instance."""
+
+    producer: ConnectorSim | None = None
+    handed_on: dict = attrs.Factory(dict)  # request id -> the producer's kv_transfer_params (or None)
+
+    def prefill(self, request: Request) -> dict | None:
+        """Run the request's prompt on the producer; the params its last output hands on."""
+        self.producer.add(Request(request.request_id, request.prompt_token_ids, SamplingParams(max_tokens=1),
+                                  kv_transfer_params={DO_REMOTE_DECODE: True}))
+        deadline = time.monotonic() + RUN_SECONDS
+        while request.request_id not in self.handed_on:
+            assert time.monotonic() < deadline, f"the producer did not prefill {request.request_id}"
+            self.step()
+        return self.handed_on.pop(request.request_id)
+
+    def add(self, request: Request) -> None:
+        request.kv_transfer_params = self.prefill(request)
+        super().add(request)
+
+    def add_local(self, request: Request) -> None:
+        """A request the decode instance computes itself."""
+        super().add(request)
+
+    def step(self) -> list:
+        for out in self.producer.step():
+            if out.finished:
+                self.handed_on[out.request_id] = out.kv_transfer_params
+        outputs = super().step()
+        if not (self.last_computed or self.producer.last_computed):
+            time.sleep(0.0005)  # only transfers are waited on: let the transport threads run
+        return outputs
+
+    def drained(self) -> bool:
+        return super().drained() and self.producer.drained()
+
+    def run(self, max_steps: int = 0, abort_at: dict[int, str] | None = None) -> None:
+        deadline = time.monotonic() + RUN_SECONDS
+        while time.monotonic() < deadline:
+            if abort_at and self.steps in abort_at:
+                self.scheduler.abort([abort_at[self.steps]])
+            if self.drained():
+                return
+            self.step()
+        raise AssertionError("requests did not finish, or a connector held blocks forever")
+
+    def close(self) -> None:
+        super().close()
+        self.producer.close()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class PDConnectorContract(KVConnectorContract):
+    abort_request_timeout = 60.0  # seconds; the tests that need a timeout set their own
+
+    @pytest.fixture(autouse=True)
+    def _close_sims(self):
+        self._sim = None
+        yield
+        if self._sim is not None:
+            self._sim.close()
+
+    def extra_config(self, folder: str) -> dict:
+        return {"abort_request_timeout": self.abort_request_timeout, "transfer_timeout": 10}
+
+    def make(self, folder: str, num_blocks: int = 16, budget: int = 16, max_num_seqs: int = 4,
+             fail_every: int = 0, **extra) -> PDSim:
+        if self._sim is not None:  # one pair at a time (a hypothesis example each)
+            self._sim.close()
+        config = {"kv_connector": self.connector_name, "kv_ip": "127.0.0.1",
+                  "kv_connector_extra_config": {**self.extra_config(folder), **extra}}
+        producer = self.make_sim({**config, "kv_role": "kv_producer", "kv_port": free_port()},
+                                 num_blocks + 4, budget, max_num_seqs)
+        producer.add(Request("warm-up", [96] * (3 * BLOCK), SamplingParams(max_tokens=1)))
+        producer.run()  # its free queue now starts elsewhere than the consumer's: other block ids
+        consumer = self.make_sim({**config, "kv_role": "kv_consumer", "kv_port": 0},
+                                 num_blocks, budget, max_num_seqs, fail_every)
+        self._sim = PDSim(**attrs.asdict(consumer, recurse=False), producer=producer)
+        return self._sim
+
+    def assert_other_blocks(self, request, loaded_into, held_before):
+        """The values came from the producer's blocks, which are other ids than the consumer's."""
+        assert loaded_into != request.kv_transfer_params["remote_block_ids"][:len(loaded_into)], \
+            "the test meant other block ids on each side"
+
+    # -- what only P/D has -------------------------------------------------------------------
+    def test_blocks_land_in_other_block_ids(self, tmp_path):
+        sim = self.make(str(tmp_path), num_blocks=32)
+        sim.add_local(Request("local", [(3 * j + 1) % 97 for j in range(20)], SamplingParams(max_tokens=2)))
+        sim.step()  # the decode instance's pool starts elsewhere than the prefill instance's
+        prompt = [(7 * j + 5) % 97 for j in range(22)]
+        request = Request("pd", prompt, SamplingParams(max_tokens=6))
+        sim.add(request)
+        remote = request.kv_transfer_params["remote_block_ids"]
+        sim.step()
+        local = list(sim.kv.block_ids(request))
+        assert local[:5] != remote[:5], "the test meant other block ids on each side"
+        sim.run()
+        assert sim.scheduler.stats["external_prefix_hits"] == 20  # 5 full blocks before the last token
+        assert request.output_token_ids == alone(prompt, 6)
+
+    def test_abort_before_the_pull_frees_the_producers_blocks(self, tmp_path):
+        sim = self.make(str(tmp_path))
+        request = Request("gone", [(5 * j + 2) % 97 for j in range(18)], SamplingParams(max_tokens=4))
+        sim.add(request)
+        assert sim.producer.kv.num_free_blocks < sim.producer.num_blocks - 1, "the producer holds its blocks"
+        sim.scheduler.abort(["gone"])  # before the decode instance admitted it
+        started = time.monotonic()
+        sim.run()
+        assert time.monotonic() - started < self.abort_request_timeout / 2, "freed by the release, not the timeout"
+
+    def test_blocks_nobody_reads_are_freed_after_the_timeout(self, tmp_path):
+        sim = self.make(str(tmp_path), abort_request_timeout=0.5)
+        prompt = [(11 * j + 3) % 97 for j in range(18)]
+        stale = sim.prefill(Request("never-read", prompt, SamplingParams(max_tokens=1)))
+        assert stale is not None and stale["remote_block_ids"]
+        sim.run()  # the producer frees them once the timeout passes
+        late = Request("late", prompt, SamplingParams(max_tokens=5), kv_transfer_params=stale)
+        sim.add_local(late)  # params of blocks already freed: the pull fails, the prompt is computed
+        sim.run()
+        assert sim.scheduler.stats["kv_load_failures"] == 1
+        assert late.output_token_ids == alone(prompt, 5)
+
+    def test_params_of_another_prompt_are_not_pulled(self, tmp_path):
+        sim = self.make(str(tmp_path))
+        prompt = [(19 * j + 4) % 97 for j in range(18)]
+        params = sim.prefill(Request("asked", prompt, SamplingParams(max_tokens=1)))
+        other = prompt[:10] + [5] * 8  # its fourth block differs: the prefilled blocks are not its K/V
+        request = Request("other", other, SamplingParams(max_tokens=4), kv_transfer_params=params)
+        sim.add_local(request)
+        started = time.monotonic()
+        sim.run()
+        assert sim.scheduler.stats["external_prefix_hits"] == 0
+        assert request.output_token_ids == alone(other, 4)
+        assert time.monotonic() - started < self.abort_request_timeout / 2, "the producer was released"
+
+    def test_an_aborted_prefill_hands_nothing_on(self, tmp_path):
+        sim = self.make(str(tmp_path))
+        prompt = [(13 * j + 7) % 97 for j in range(40)]
+        sim.producer.add(Request("cut", prompt, SamplingParams(max_tokens=1), kv_transfer_params={DO_REMOTE_DECODE: True}))
+        sim.step()  # its first chunk
+        sim.producer.scheduler.abort(["cut"])
+        sim.step()
+        assert "cut" not in sim.handed_on  # an abort is no output: nothing handed on
+        assert sim.producer.drained(), "an aborted prefill holds no blocks"
+
+    def test_a_dead_producer_fails_the_pull_and_the_prompt_is_computed(self, tmp_path):
+        sim = self.make(str(tmp_path))
+        prompt = [(17 * j + 1) % 97 for j in range(21)]
+        params = sim.prefill(Request("orphan", prompt, SamplingParams(max_tokens=4)))
+        sim.producer.worker.shutdown()  # the prefill instance dies with the blocks
+        request = Request("orphan", prompt, SamplingParams(max_tokens=4), kv_transfer_params=params)
+        sim.add_local(request)
+        started = time.monotonic()
+        while not ConnectorSim.drained(sim):
+            assert time.monotonic() - started < RUN_SECONDS
+            ConnectorSim.step(sim)
+            time.sleep(0.0005)
+        assert sim.scheduler.stats["kv_load_failures"] == 1
+        assert request.output_token_ids == alone(prompt, 4)
