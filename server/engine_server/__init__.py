@@ -7,6 +7,7 @@ from engine import hookimpl
 def register_commands(register):
     register("serve", "engine_server.serve:ServeCommand", api=1)
     register("bench", "engine_server.bench:BenchCommand", api=1)
+    register("proxy", "engine_server.pd_proxy:ProxyCommand", api=1)
 
 
 @hookimpl

@@ -28,6 +28,7 @@ class Choice:
         self.finish_reason: str | None = None
         self.stop_reason: int | str | None = None
         self.num_cached_tokens = 0  # prompt tokens the prefix cache held
+        self.kv_transfer_params: dict | None = None  # what the KV connector handed on at the finish (P/D)
         self.tokens_as_ids = tokens_as_ids
         self._sent = 0  # characters of text already handed out
 
@@ -47,6 +48,8 @@ class Choice:
         if self.finish_reason is None and delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason
             self.stop_reason = delta.error or delta.stop_reason
+        if delta.kv_transfer_params is not None:
+            self.kv_transfer_params = delta.kv_transfer_params
         self.logprobs += entries
         return self._take_text(), entries
 

@@ -127,14 +127,15 @@ class EngineClient:
         return self.ready
 
     def submit(self, children: list[tuple[str, list[int], SamplingParams | PoolingParams]], priority: int = 0,
-               cache_salt: str | None = None) -> RequestHandle:
+               cache_salt: str | None = None, kv_transfer_params: dict | None = None) -> RequestHandle:
         if self.dead:
             raise EngineDead(self.dead)
         handle = RequestHandle(self, [rid for rid, _, _ in children])
         for rid, _, _ in children:
             self._routes[rid] = handle
         batch = protocol.AddBatch([protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt,
-                                                       pooling=isinstance(params, PoolingParams))
+                                                       pooling=isinstance(params, PoolingParams),
+                                                       kv_transfer_params=kv_transfer_params)
                                    for rid, prompt, params in children])
         if not self._post(batch):
             self.release(handle)

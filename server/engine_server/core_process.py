@@ -24,6 +24,7 @@ import zmq
 
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
+from engine.core.kv_connectors import DEFAULT_KV_PORT
 from engine.core.request import Request
 from engine.core.scheduling import Overloaded
 from engine.lifetime import exit_with_parent
@@ -52,7 +53,8 @@ def _delta(out) -> protocol.Delta:
                           entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
                           out.num_cached_tokens, out.error, out.error_code,
                           None if out.timing is None else (out.timing.queue, out.timing.prefill),
-                          None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes())
+                          None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes(),
+                          out.kv_transfer_params)
 
 
 class CoreServer:
@@ -96,7 +98,8 @@ class CoreServer:
                 kind = PoolingParams if message.pooling else SamplingParams
                 params = kind.from_dict(message.params)
                 self.core.add_request(Request(message.request_id, message.prompt_token_ids, params,
-                                              priority=message.priority, cache_salt=message.cache_salt))
+                                              priority=message.priority, cache_salt=message.cache_salt,
+                                              kv_transfer_params=message.kv_transfer_params))
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
                 failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc),
                                              error_code=getattr(exc, "code", None)))
@@ -177,7 +180,8 @@ def main(argv=None) -> int:
         return 1
     context = zmq.Context.instance()
     try:
-        core = EngineCore(EngineConfig.from_kwargs(**json.loads(args.options)))
+        options = kv_port_of_rank(json.loads(args.options), args.data_parallel_rank)
+        core = EngineCore(EngineConfig.from_kwargs(**options))
     except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the API
         push = context.socket(zmq.PUSH)
         push.connect(args.output)
@@ -204,6 +208,17 @@ def main(argv=None) -> int:
         core.shutdown()
         server.close()
     return 0
+
+
+def kv_port_of_rank(options: dict, rank: int) -> dict:
+    """Data-parallel core i serves KV transfers on ``kv_port + i`` (vLLM's rule for its side channel)."""
+    transfer = options.get("kv_transfer_config")
+    if not rank or not isinstance(transfer, dict):
+        return options
+    port = transfer.get("kv_port", DEFAULT_KV_PORT)
+    if isinstance(port, bool) or not str(port).isdigit():
+        return options  # the engine refuses it, naming the key
+    return {**options, "kv_transfer_config": {**transfer, "kv_port": int(port) + rank}}
 
 
 def _ignore_stop_signals() -> None:

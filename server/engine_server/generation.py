@@ -17,6 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from engine.interfaces import GrammarSpec
+from engine.kv_transfer import check_kv_transfer_params
 from engine.request_path import fan_out
 from engine.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
 from engine_server.choices import Choice
@@ -52,6 +53,17 @@ def check_sampling(state, body) -> None:
     against the vocabulary are checked by :meth:`SamplingParams.check_vocab`)."""
     if body.seed is not None and body.seed + body.n - 1 > INT64_MAX:
         raise bad_request(f"seed + n - 1 must not exceed {INT64_MAX} (sample i uses seed + i)", "seed")
+
+
+def check_kv_transfer(body, num_prompts: int) -> None:
+    """``kv_transfer_params`` (P/D) are well formed and go with one sequence: one prompt, n=1."""
+    if body.kv_transfer_params is None:
+        return
+    problem = check_kv_transfer_params(body.kv_transfer_params)
+    if problem:
+        raise bad_request(problem, "kv_transfer_params")
+    if num_prompts != 1 or body.n != 1:
+        raise bad_request("kv_transfer_params: a P/D request has one prompt and n=1", "kv_transfer_params")
 
 
 def logit_bias(body) -> dict[int, float] | None:
@@ -168,6 +180,7 @@ class Generation:
     def __init__(self, state, body, prompts, max_tokens, logprobs, chat: bool, spec: GrammarSpec | None = None,
                  make_output=None):
         check_sampling(state, body)
+        check_kv_transfer(body, len(prompts))
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
@@ -210,7 +223,8 @@ class Generation:
         if self.state.log_requests:
             self._log()
         try:
-            self.handle = self.state.client.submit(self.children, self.body.priority, self.body.cache_salt)
+            self.handle = self.state.client.submit(self.children, self.body.priority, self.body.cache_salt,
+                                                   self.body.kv_transfer_params)
         except EngineDead:
             raise APIError(503, "the engine is not available", code="engine_dead") from None
         except Exception:
@@ -318,6 +332,8 @@ class Generation:
                     "choices": [self._choice_body(c) for c in self.choices], "usage": self.usage()}
         if self.chat and self.body.prompt_logprobs is not None:  # per response, as vLLM's chat route
             response["prompt_logprobs"] = self.choices[0].prompt_logprobs()
+        if self.body.kv_transfer_params is not None:  # P/D: where a decode instance finds the blocks (or null)
+            response["kv_transfer_params"] = self.choices[0].kv_transfer_params
         return JSONResponse(response)
 
     def _choice_body(self, c: Choice) -> dict:

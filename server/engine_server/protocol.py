@@ -15,6 +15,7 @@ class AddRequest(msgspec.Struct, tag=True):
     priority: int = 0
     cache_salt: str | None = None
     pooling: bool = False  # an embedding request (the engine runs the pooling runner)
+    kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation, for the KV connector
 
 
 class AddBatch(msgspec.Struct, tag=True):
@@ -60,6 +61,7 @@ class Delta(msgspec.Struct, array_like=True):
     error_code: str | None = None  # with finish_reason "error": "overloaded" (admission refused it), or None
     timing: tuple[float, float] | None = None  # (queue, prefill) seconds, with the first token: RequestTiming
     embedding: bytes | None = None  # a pooling request's vector: little-endian float32, as OpenAI's base64
+    kv_transfer_params: dict[str, Any] | None = None  # with the finish: what the KV connector hands on (P/D)
 
 
 class Outputs(msgspec.Struct, tag=True):

@@ -88,10 +88,11 @@ class ReplicaSet:
                                                             functools.partial(self.router.observe, rank)))
                        for rank in range(len(self.replicas))]
 
-    def submit(self, children, priority: int = 0, cache_salt: str | None = None) -> RequestHandle:
+    def submit(self, children, priority: int = 0, cache_salt: str | None = None,
+               kv_transfer_params: dict | None = None) -> RequestHandle:
         loads = [replica.open_requests for replica in self.replicas]
         index = self.router.choose(children[0][1], loads, cache_salt) if len(self.replicas) > 1 else 0
-        return self.replicas[index].submit(children, priority, cache_salt)
+        return self.replicas[index].submit(children, priority, cache_salt, kv_transfer_params)
 
     def abort(self, request_ids) -> None:
         request_ids = list(request_ids)

@@ -68,6 +68,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     bad_words: Annotated[list[StopString], Meta(max_length=MAX_BAD_WORDS)] | None = None
     truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None  # keep the last k; -1: context
     return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"; None: the server's flag
+    kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation (vLLM's field): see engine.kv_transfer
 
 
 class CompletionRequest(SamplingFields, kw_only=True):

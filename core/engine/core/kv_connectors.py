@@ -13,6 +13,7 @@ from engine.interfaces import SCHEDULER_ROLE, WORKER_ROLE, KVConnectorContext, K
 
 TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "engine_id", "kv_ip", "kv_port")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
+DEFAULT_KV_PORT = 14579  # vLLM's kv_port
 
 
 @attrs.frozen
@@ -22,7 +23,7 @@ class ConnectorSpec:
     extra_config: dict = attrs.Factory(dict)
     engine_id: str | None = None
     kv_ip: str = "127.0.0.1"
-    kv_port: int = 14579
+    kv_port: int = DEFAULT_KV_PORT
 
 
 def connector_spec(config) -> ConnectorSpec | None:
@@ -61,7 +62,7 @@ def _address(transfer: dict) -> tuple[str, int]:
     ip = transfer.get("kv_ip", "127.0.0.1")
     if not isinstance(ip, str) or not ip:
         raise ValueError(f"kv_transfer_config.kv_ip: a host name or address, got {ip!r}")
-    port = transfer.get("kv_port", 14579)
+    port = transfer.get("kv_port", DEFAULT_KV_PORT)
     if isinstance(port, bool) or not isinstance(port, int | str) or not str(port).isdigit() \
             or int(port) > 65535:
         raise ValueError(f"kv_transfer_config.kv_port: a TCP port (0-65535), got {port!r}")

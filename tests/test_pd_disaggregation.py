@@ -1,0 +1,209 @@
+"""Prefill/decode disaggregation through real processes: a prefill `engine serve` (kv_producer), a
+decode `engine serve` (kv_consumer), both with the p2p connector, and `engine proxy` in front,
+driven by the official `openai` client.
+
+- 16 concurrent requests of mixed lengths (some streamed, one chat) through the proxy give the
+  greedy float32 output of a single instance, and the decode instance computed none of the prompt
+  blocks it pulled (``cached_tokens``); both instances' KV usage returns to 0.
+- Killing the decode instance while requests stream and transfer fails those requests alone, with
+  OpenAI-shaped errors; the prefill instance keeps serving and frees the blocks nobody will read
+  (``abort_request_timeout``).
+- Killing the prefill instance: requests that still needed it fail with an OpenAI-shaped 502; a
+  decode instance whose pull fails computes the prompt itself (same output), keeps serving, and its
+  KV usage returns to 0.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+
+from engine.sampling_params import SamplingParams
+from engine.testing import reference
+from tests.serving import ENGINE, free_port, serve
+
+pytestmark = pytest.mark.slow
+
+BLOCK = 16
+HOLD_SECONDS = 3  # the prefill instance's abort_request_timeout here
+COMMON = ("--served-model-name", "tiny", "--dtype", "float32", "--block-size", str(BLOCK), "--num-blocks", "160",
+          "--max-model-len", "512", "--enable-prompt-tokens-details")
+LENGTHS = [5, 12, 17, 31, 33, 48, 64, 70, 90, 100, 111, 128, 140, 150, 160, 180]
+MAX_TOKENS = [4, 9, 6, 12, 5, 8, 10, 7, 11, 4, 6, 9, 12, 5, 8, 7]
+
+
+def transfer(role: str, port: int = 0) -> str:
+    config = {"kv_connector": "p2p", "kv_role": role, "kv_ip": "127.0.0.1",
+              "kv_connector_extra_config": {"abort_request_timeout": HOLD_SECONDS, "transfer_timeout": 10}}
+    if port:
+        config["kv_port"] = port
+    return json.dumps(config)
+
+
+@contextlib.contextmanager
+def proxy(prefill, decode):
+    port = free_port()
+    process = subprocess.Popen([ENGINE, "proxy", "--port", str(port), "--prefill", prefill.url, "--decode", decode.url],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, process.stdout.read()
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.get(f"{url}/health", timeout=2)
+                break
+            assert time.monotonic() < deadline, "the proxy did not start"
+            time.sleep(0.2)
+        yield openai.OpenAI(base_url=f"{url}/v1", api_key=prefill.api_key, max_retries=0, timeout=120)
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def kill(server) -> None:
+    """The whole instance at once: its engine core and its API process."""
+    core = server.core_pid()
+    os.kill(core, signal.SIGKILL)
+    server.process.send_signal(signal.SIGKILL)
+    server.process.wait(10)
+
+
+def complete(client, prompt, max_tokens, **extra):
+    return client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                     extra_body={"ignore_eos": True, **extra})
+
+
+def streamed_text(client, prompt, max_tokens) -> str:
+    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
+                                       stream=True, extra_body={"ignore_eos": True})
+    return "".join(chunk.choices[0].text for chunk in stream if chunk.choices)
+
+
+def expected(tiny_llm, prompts, max_tokens) -> list[str]:
+    outs = tiny_llm.generate([{"prompt_token_ids": p} for p in prompts],
+                             [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens])
+    return [o.outputs[0].text for o in outs]
+
+
+def openai_error(exc: BaseException) -> dict:
+    """The OpenAI-shaped error body the client raised with."""
+    assert isinstance(exc, openai.APIError), repr(exc)
+    assert isinstance(exc.body, dict) and "message" in exc.body, exc.body
+    return exc.body
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny_llama):
+    return reference.random_prompts(tiny_llama[1].config.vocab_size, LENGTHS + [200] * 8 + [60] * 4, seed=21)
+
+
+@pytest.fixture(scope="module")
+def instances(tiny_llama):
+    """(prefill, decode, a second decode for the last test), started side by side."""
+    specs = [transfer("kv_producer", free_port()), transfer("kv_consumer"), transfer("kv_consumer")]
+    managers = [serve(tiny_llama[0], *COMMON, "--kv-transfer-config", spec) for spec in specs]
+    with contextlib.ExitStack() as stack, concurrent.futures.ThreadPoolExecutor(len(managers)) as pool:
+        started = [pool.submit(manager.__enter__) for manager in managers]
+        for manager in managers:
+            stack.push(manager)
+        yield [future.result(timeout=600) for future in started]
+
+
+@pytest.fixture(scope="module")
+def prefill_instance(instances):
+    return instances[0]
+
+
+@pytest.fixture(scope="module")
+def decode_instance(instances):
+    return instances[1]
+
+
+def test_pd_through_the_proxy_gives_the_single_instance_output(prefill_instance, decode_instance, prompts, tiny_llm):
+    prompts = prompts[:len(LENGTHS)]
+    want = expected(tiny_llm, prompts, MAX_TOKENS)
+    chat = [{"role": "user", "content": "Name three prime numbers and one colour."}]
+    with proxy(prefill_instance, decode_instance) as client, concurrent.futures.ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(streamed_text if i % 4 == 3 else complete, client, p, m)
+                   for i, (p, m) in enumerate(zip(prompts, MAX_TOKENS))]
+        via_pd_chat = client.chat.completions.create(model="tiny", messages=chat, max_tokens=8, temperature=0)
+        got = [f.result(timeout=120) for f in futures]
+    texts = [g if isinstance(g, str) else g.choices[0].text for g in got]
+    assert texts == want
+    for g, p in zip(got, prompts):  # the decode instance computed only what the prefill instance did not hand on
+        if not isinstance(g, str):
+            assert g.usage.prompt_tokens_details.cached_tokens == (len(p) - 1) // BLOCK * BLOCK, len(p)
+    alone = prefill_instance.openai().chat.completions.create(model="tiny", messages=chat, max_tokens=8, temperature=0)
+    assert via_pd_chat.choices[0].message.content == alone.choices[0].message.content
+    pulled = sum((len(p) - 1) // BLOCK * BLOCK for p in prompts)
+    assert decode_instance.wait_for_metric("vllm:external_prefix_cache_hits_total", lambda v: v >= pulled) >= pulled
+    assert decode_instance.metric("vllm:kv_connector_load_failures_total") == 0
+    for server in (prefill_instance, decode_instance):
+        server.wait_for_metric("vllm:kv_cache_usage_perc", lambda v: v == 0)
+
+
+def test_killing_the_decode_instance_fails_only_its_requests(prefill_instance, decode_instance, prompts, tiny_llm):
+    long_prompts = prompts[len(LENGTHS):len(LENGTHS) + 8]
+    with proxy(prefill_instance, decode_instance) as client, concurrent.futures.ThreadPoolExecutor(8) as pool:
+        streams = [client.completions.create(model="tiny", prompt=p, max_tokens=300, temperature=0, stream=True,
+                                             extra_body={"ignore_eos": True}) for p in long_prompts[:4]]
+        for stream in streams:  # each has its first token: decoding on the decode instance
+            next(iter(stream))
+        in_flight = [pool.submit(complete, client, p, 50) for p in long_prompts[4:]]  # in prefill or transfer
+        kill(decode_instance)
+        failures = []
+        for stream in streams:
+            with pytest.raises(openai.APIError) as caught:
+                for _ in stream:
+                    pass
+            failures.append(caught.value)
+        for future in in_flight:
+            with pytest.raises(openai.APIError) as caught:
+                future.result(timeout=60)
+            failures.append(caught.value)
+        with pytest.raises(openai.APIStatusError) as after:  # prefilled (blocks held), the decode leg fails
+            complete(client, prompts[0], 4)
+    assert after.value.status_code == 502 and openai_error(after.value)["code"] == "decode_unavailable"
+    assert all(openai_error(f) for f in failures)
+    survivor = prefill_instance.openai()
+    assert complete(survivor, prompts[1], MAX_TOKENS[1]).choices[0].text == expected(tiny_llm, [prompts[1]],
+                                                                                    [MAX_TOKENS[1]])[0]
+    prefill_instance.wait_for_metric("vllm:kv_cache_usage_perc", lambda v: v == 0, timeout=HOLD_SECONDS + 30)
+
+
+def test_killing_the_prefill_instance_fails_only_its_requests(instances, prompts, tiny_llm):
+    prefill_instance, decode = instances[0], instances[2]
+    short = prompts[len(LENGTHS) + 8:]
+    want = expected(tiny_llm, short, [6] * len(short))
+    with proxy(prefill_instance, decode) as client, concurrent.futures.ThreadPoolExecutor(4) as pool:
+        params = complete(prefill_instance.openai(), short[0], 1, kv_transfer_params={"do_remote_decode": True})
+        handed_on = params.model_extra["kv_transfer_params"]
+        assert handed_on["do_remote_prefill"] and handed_on["remote_block_ids"]
+        racing = [pool.submit(complete, client, p, 6) for p in short[1:]]
+        kill(prefill_instance)
+        # the pull from a dead instance fails: the decode instance computes the prompt, same output
+        orphan = complete(decode.openai(), short[0], 6, kv_transfer_params=handed_on)
+        assert orphan.choices[0].text == want[0]
+        assert orphan.usage.prompt_tokens_details.cached_tokens == 0
+        assert decode.wait_for_metric("vllm:kv_connector_load_failures_total", lambda v: v >= 1) >= 1
+        for future, text in zip(racing, want[1:]):  # each finished before the kill, or failed with a 502
+            try:
+                assert future.result(timeout=60).choices[0].text == text
+            except openai.APIStatusError as exc:
+                assert exc.status_code == 502, exc
+                assert openai_error(exc)["code"] == "prefill_unavailable"
+        with pytest.raises(openai.APIStatusError) as after:
+            complete(client, short[1], 6)
+        assert after.value.status_code == 502 and openai_error(after.value)["code"] == "prefill_unavailable"
+        assert complete(decode.openai(), short[2], 6).choices[0].text == want[2]  # it keeps serving
+        decode.wait_for_metric("vllm:kv_cache_usage_perc", lambda v: v == 0)
