@@ -9,6 +9,7 @@ descriptor indices (``make_prepped_xfer``), vLLM's way. Used from the transport 
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 
 import torch
@@ -18,6 +19,7 @@ from engine_kvconnectors_nixl.regions import Regions
 
 LOCAL = "NIXL_INIT_AGENT"
 DONE, PROC, ERR = "DONE", "PROC", "ERR"
+PROBE = b"probe"  # a notification that only checks the peer is there
 
 
 class Agent:
@@ -32,22 +34,46 @@ class Agent:
                              f"(its plugins: {sorted(self._nixl.get_plugin_list())})")
         self._registered = self._nixl.register_memory(list(caches))
         self._local = self._nixl.prep_xfer_dlist(LOCAL, regions.descriptors(), regions.mem_type)
+        self._loaded: set[str] = set()  # peer agents whose metadata is loaded
         self._peers: dict[str, tuple[object, Regions]] = {}  # agent name -> (prepared list, regions)
 
     def metadata(self) -> bytes:
         """What a peer loads to read from this agent."""
         return self._nixl.get_agent_metadata()
 
-    def knows(self, peer: str) -> bool:
-        return peer in self._peers
-
-    def add_peer(self, peer: str, metadata: bytes, regions: Regions) -> None:
-        """Load a peer agent and prepare every block run of its caches."""
+    def load(self, peer: str, metadata: bytes) -> None:
+        """Load a peer agent's metadata (once: reading from it, or notifying it, needs it)."""
+        if peer in self._loaded:
+            return
         loaded = self._nixl.add_remote_agent(metadata)
         loaded = loaded.decode() if isinstance(loaded, bytes) else loaded
         if loaded != peer:
             raise ValueError(f"the metadata is agent {loaded!r}'s, not {peer!r}'s")
-        self._peers[peer] = (self._nixl.prep_xfer_dlist(peer, regions.descriptors(), regions.mem_type), regions)
+        self._loaded.add(peer)
+
+    def prepare(self, peer: str, regions: Regions) -> None:
+        """Prepare every block run of a loaded peer's caches for reads."""
+        if peer not in self._peers:
+            self._peers[peer] = (self._nixl.prep_xfer_dlist(peer, regions.descriptors(), regions.mem_type), regions)
+
+    def alive(self, peer: str) -> bool:
+        """Whether a loaded peer is still there: a notification to it fails once UCX saw its
+        connection drop (a killed process); a peer found gone is forgotten."""
+        try:
+            self._nixl.send_notif(peer, PROBE)
+        except Exception:  # noqa: BLE001 - NIXL's disconnection error
+            self.forget(peer)
+            return False
+        return True
+
+    def forget(self, peer: str) -> None:
+        prepared = self._peers.pop(peer, None)
+        if prepared is not None:
+            prepared[0].release()
+        if peer in self._loaded:
+            self._loaded.discard(peer)
+            with contextlib.suppress(Exception):  # a peer already gone may refuse to be removed
+                self._nixl.remove_remote_agent(peer)
 
     def read(self, peer: str, remote_blocks, local_blocks, notification: bytes):
         """Start reading the peer's blocks into ours, block i into block i; the peer receives
@@ -74,8 +100,9 @@ class Agent:
         return True
 
     def notifications(self) -> list[bytes]:
-        """Notifications received since the last call, from any peer."""
-        return [message for messages in self._nixl.get_new_notifs().values() for message in messages]
+        """Notifications received since the last call, from any peer (probes left out)."""
+        return [message for messages in self._nixl.get_new_notifs().values() for message in messages
+                if message != PROBE]
 
     def close(self) -> None:
         """Forget peers and deregister the caches; the agent goes with its last reference, so
@@ -84,5 +111,6 @@ class Agent:
             prepared.release()
         self._peers.clear()
         self._local.release()
+        self._local = None
         self._nixl.deregister_memory(self._registered)
         self._nixl = None

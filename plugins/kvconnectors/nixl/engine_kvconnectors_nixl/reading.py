@@ -80,8 +80,9 @@ class Reader:
             return
         link.waiting.append(lease_id)
         if link.state == "idle":
-            link.dealer.send_multipart([wire.HELLO, wire.header(engine_id=read.peer.engine_id,
-                                                                layout=self.layout.to_dict())])
+            link.dealer.send_multipart([wire.HELLO, wire.header(
+                engine_id=read.peer.engine_id, agent=self.agent.name, layout=self.layout.to_dict()),
+                self.agent.metadata()])
             link.state = "hello"
 
     def release(self, peer: Peer, remote_request_id: str) -> None:
@@ -106,7 +107,7 @@ class Reader:
         pending = self.pending[lease_id]
         read = pending.read
         pending.link.dealer.send_multipart([wire.LEASE, wire.header(
-            id=lease_id, engine_id=read.peer.engine_id, request_id=read.remote_request_id,
+            id=lease_id, engine_id=read.peer.engine_id, agent=self.agent.name, request_id=read.remote_request_id,
             block_ids=list(read.remote_block_ids))])
 
     # -- the link's messages --------------------------------------------------------------
@@ -141,8 +142,8 @@ class Reader:
             problem = self._hello_problem(link, head)
             if problem is None:
                 agent = str(head.get("agent"))
-                if not self.agent.knows(agent):
-                    self.agent.add_peer(agent, bytes(metadata), self.agent.regions.peer(head.get("regions") or {}))
+                self.agent.load(agent, bytes(metadata))
+                self.agent.prepare(agent, self.agent.regions.peer(head.get("regions") or {}))
                 link.agent, link.state = agent, "ready"
         except Exception as exc:  # noqa: BLE001 - NIXL refusing the metadata fails this peer's reads
             problem = f"NIXL could not load {link.address}'s agent: {exc}"

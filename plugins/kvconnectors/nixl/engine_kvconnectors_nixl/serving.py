@@ -22,16 +22,20 @@ import attrs
 
 from engine.kv_transfer import BlockLayout
 from engine_kvconnectors_nixl import wire
+from engine_kvconnectors_nixl.agent import Agent
 from engine_kvconnectors_nixl.results import Results
 
 logger = logging.getLogger(__name__)
 REMEMBERED_WITHDRAWALS = 4096
+PROBE_SECONDS = 0.1  # how often a reader whose leases a withdraw waits on is checked
 
 
 @attrs.define
 class _Lease:
     request_id: str
+    reader: str  # the decode instance's NIXL agent
     deadline: float
+    probed: float = 0.0  # when the reader was last found alive
 
 
 @attrs.define
@@ -42,11 +46,14 @@ class _Parked:
 
 
 class Server:
-    def __init__(self, router, ctx, hello: dict, metadata: bytes, results: Results):
+    def __init__(self, router, ctx, agent: Agent, results: Results):
         self.router = router
         self.ctx = ctx
+        self.agent = agent
         self.results = results
-        self._hello = [wire.HELLO, wire.header(**hello), metadata]
+        hello = {"engine_id": ctx.engine_id, "agent": agent.name, "layout": ctx.layout.to_dict(),
+                 "regions": agent.regions.describe()}
+        self._hello = [wire.HELLO, wire.header(**hello), agent.metadata()]
         self.exposed: dict[str, frozenset[int]] = {}
         self.withdrawn: OrderedDict[str, None] = OrderedDict()
         self.leases: dict[str, _Lease] = {}  # lease id (the reader's) -> lease
@@ -85,7 +92,7 @@ class Server:
                 self._error(identity, str(head.get("id", wire.HELLO_ID)), f"this instance's engine id is "
                             f"{self.ctx.engine_id!r}, not {head.get('engine_id')!r}")
         elif kind == wire.HELLO:
-            self._on_hello(identity, head)
+            self._on_hello(identity, head, frames[3].bytes if len(frames) > 3 else b"")
         elif kind == wire.LEASE:
             self._lease(identity, head, time.monotonic() + self.ctx.transfer_timeout)
         elif kind == wire.RELEASE:
@@ -93,17 +100,20 @@ class Server:
             self.results.released(request_id)
             self._end_leases(request_id)
 
-    def _on_hello(self, identity: bytes, head: dict) -> None:
+    def _on_hello(self, identity: bytes, head: dict, metadata: bytes) -> None:
         try:
-            theirs = BlockLayout.from_dict(head.get("layout") or {})
+            mismatch = self.ctx.layout.mismatch(BlockLayout.from_dict(head.get("layout") or {}))
         except ValueError as exc:
-            self._error(identity, wire.HELLO_ID, str(exc))
-            return
-        mismatch = self.ctx.layout.mismatch(theirs)
+            mismatch = [str(exc)]
         if mismatch:
             reason = "the KV block layouts differ (prefill here, decode there): " + "; ".join(mismatch)
-            logger.warning("nixl: refused a decode instance: %s", reason)
+            logger.warning("nixl: refused decode instance %r: %s", head.get("agent"), reason)
             self._error(identity, wire.HELLO_ID, reason)
+            return
+        try:
+            self.agent.load(str(head.get("agent")), metadata)  # to probe it while it holds leases
+        except Exception as exc:  # noqa: BLE001 - NIXL refusing the metadata
+            self._error(identity, wire.HELLO_ID, f"NIXL could not load agent {head.get('agent')!r}: {exc}")
             return
         self.router.send_multipart([identity, *self._hello])
 
@@ -133,7 +143,8 @@ class Server:
         elif not exposed.issuperset(wanted) or lease_id in self.leases:
             self._error(identity, lease_id, f"request {request_id!r} holds no blocks {wanted} to lease")
         else:
-            self.leases[lease_id] = _Lease(request_id, time.monotonic() + self.ctx.transfer_timeout)
+            now = time.monotonic()
+            self.leases[lease_id] = _Lease(request_id, str(head.get("agent")), now + self.ctx.transfer_timeout, now)
             self.router.send_multipart([identity, wire.GRANT, wire.header(id=lease_id)])
         return True
 
@@ -155,6 +166,7 @@ class Server:
                 event.set()
 
     def tick(self, now: float) -> None:
+        self._probe_readers(now)
         for p in [p for p in self.parked if p.deadline <= now]:
             self.parked.remove(p)
             self._error(p.identity, str(p.head.get("id")), f"request {p.head.get('request_id')!r} holds no "
@@ -164,6 +176,22 @@ class Server:
                            "without its read completing", lease.request_id, self.ctx.transfer_timeout)
             del self.leases[lease_id]
             self._wake(lease.request_id)
+
+    def _probe_readers(self, now: float) -> None:
+        """A withdraw waits on these leases: end those of a reader NIXL finds gone (a killed
+        decode instance) instead of waiting out ``transfer_timeout`` with the engine blocked."""
+        readers = {lease.reader for lease in self.leases.values()
+                   if lease.request_id in self.waiters and now - lease.probed >= PROBE_SECONDS}
+        for reader in readers:
+            held = {lease_id: lease for lease_id, lease in self.leases.items() if lease.reader == reader}
+            if self.agent.alive(reader):
+                for lease in held.values():
+                    lease.probed = now
+                continue
+            logger.warning("nixl: decode agent %s is gone; its %d lease(s) end", reader, len(held))
+            for lease_id, lease in held.items():
+                del self.leases[lease_id]
+                self._wake(lease.request_id)
 
     def _error(self, identity: bytes, lease_id: str, error: str) -> None:
         self.router.send_multipart([identity, wire.ERR, wire.header(id=lease_id, error=error)])

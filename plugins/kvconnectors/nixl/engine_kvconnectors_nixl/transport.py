@@ -84,9 +84,7 @@ class NixlTransport(Transport):
                 router.close()
                 raise ValueError(f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
                                  f"(kv_ip, kv_port): {exc}") from None
-            hello = {"engine_id": self.ctx.engine_id, "agent": agent.name, "layout": self.ctx.layout.to_dict(),
-                     "regions": agent.regions.describe()}
-            server = Server(router, self.ctx, hello, agent.metadata(), self._results)
+            server = Server(router, self.ctx, agent, self._results)
         return _Loop(self, agent, inbox, server)
 
     def expose(self, request_id, block_ids):
@@ -202,8 +200,9 @@ class _Loop:
     def _progress(self) -> None:
         now = time.monotonic()
         self.reader.tick(now)
+        notifications = self.agent.notifications()  # drained on either side (probes come to readers)
         if self.server is not None:
-            self.server.on_notifications(self.agent.notifications())
+            self.server.on_notifications(notifications)
             self.server.tick(now)
 
     def _close(self) -> None:
