@@ -27,7 +27,10 @@ class Agent:
         api = nixl_api.load()
         self.name = f"{engine_id}-{uuid.uuid4().hex[:8]}"  # a restarted instance is another agent
         self.regions = regions
-        self._nixl = api.nixl_agent(self.name, api.nixl_agent_config(backends=list(backends)))
+        # no progress thread: NIXL's spins a core; the transport thread progresses UCX by polling
+        # (every millisecond while a transfer or a lease is under way)
+        config = api.nixl_agent_config(enable_prog_thread=False, backends=list(backends))
+        self._nixl = api.nixl_agent(self.name, config)
         missing = [backend for backend in backends if backend not in self._nixl.backends]
         if missing:
             raise ValueError(f"kv_connector_extra_config.backends: NIXL could not start {missing} here "
