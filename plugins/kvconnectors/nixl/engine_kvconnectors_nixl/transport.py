@@ -61,31 +61,30 @@ class NixlTransport(Transport):
     def start(self, kv_caches, block_dim):
         agent = Agent(self.ctx.engine_id, self.backends, list(kv_caches), Regions.of(list(kv_caches), block_dim))
         try:
-            loop = self._loop(agent)
+            server = Server(self._listen(), self.ctx, agent, self._results) if self.ctx.serves else None
         except Exception:
             agent.close()
             raise
-        self._thread = threading.Thread(target=loop.run, name="nixl-transport", daemon=True)
-        self._thread.start()
-
-    def _loop(self, agent: Agent) -> _Loop:
         address = f"inproc://nixl-wake-{uuid.uuid4().hex}"
         inbox = self._zmq.socket(zmq.PULL)
         inbox.bind(address)
         self._wake = self._zmq.socket(zmq.PUSH)
         self._wake.connect(address)
-        server = None
-        if self.ctx.serves:
-            router = self._zmq.socket(zmq.ROUTER)
-            router.setsockopt(zmq.LINGER, 0)
-            try:
-                router.bind(wire.endpoint(self.ctx.host, self.ctx.port))
-            except zmq.ZMQError as exc:
-                router.close()
-                raise ValueError(f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
-                                 f"(kv_ip, kv_port): {exc}") from None
-            server = Server(router, self.ctx, agent, self._results)
-        return _Loop(self, agent, inbox, server)
+        loop = _Loop(self, agent, inbox, server)
+        self._thread = threading.Thread(target=loop.run, name="nixl-transport", daemon=True)
+        self._thread.start()
+
+    def _listen(self):
+        """The side channel's ROUTER at kv_ip:kv_port (a prefill instance's)."""
+        router = self._zmq.socket(zmq.ROUTER)
+        router.setsockopt(zmq.LINGER, 0)
+        try:
+            router.bind(wire.endpoint(self.ctx.host, self.ctx.port))
+        except zmq.ZMQError as exc:
+            router.close()
+            raise ValueError(f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
+                             f"(kv_ip, kv_port): {exc}") from None
+        return router
 
     def expose(self, request_id, block_ids):
         self._send(("expose", request_id, list(block_ids)))
@@ -154,7 +153,10 @@ class _Loop:
                         self._on_ready(sock)
                     except Exception:  # one bad message must not stop the transport
                         logger.exception("nixl: handling a side-channel message failed")
-                self._progress()
+                try:
+                    self._progress()
+                except Exception:  # nor one failed poll of NIXL
+                    logger.exception("nixl: polling NIXL failed")
         finally:
             self._close()
 

@@ -11,6 +11,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ import torch
 from engine.kv_transfer import BlockLayout, Peer, Read, TransportContext
 from engine.testing.pd_connector import free_port
 from engine_kvconnectors_nixl import nixl_api
+from engine_kvconnectors_nixl.transport import NixlTransport
 
 pytestmark = pytest.mark.skipif(nixl_api.missing_reason() is not None, reason=str(nixl_api.missing_reason()))
 
@@ -34,8 +36,6 @@ def caches(num_blocks: int, kv_heads: int = 2, block_size: int = 4, dtype=torch.
 
 
 def transport(engine_id: str, kv_caches, serves: bool, port: int = 0, timeout: float = 10.0):
-    from engine_kvconnectors_nixl.transport import NixlTransport
-
     ctx = TransportContext(engine_id, "127.0.0.1", port, serves, BlockLayout.of(kv_caches, BLOCK_DIM, kv_caches[0].shape[3]),
                            timeout)
     made = NixlTransport(ctx)
@@ -78,7 +78,7 @@ def said(process: subprocess.Popen, word: str, timeout: float = 60.0) -> None:
 PREFILL = """
     import sys, time
     sys.path.insert(0, {tests!r})
-    from test_transport import caches, transport
+    from test_transport import caches, transport  # this module: the same caches on both sides
     kv = caches(16, fill=True)
     prefill = transport("prefill", kv, serves=True, port={port})
     prefill.expose("req", [5, 2, 9, 11])
@@ -94,7 +94,7 @@ PREFILL = """
 
 def test_a_prefill_process_blocks_land_in_other_block_ids_bit_for_bit(tmp_path):
     port = free_port()
-    prefill = child(PREFILL.format(tests=str(__import__("pathlib").Path(__file__).parent), port=port))
+    prefill = child(PREFILL.format(tests=str(Path(__file__).parent), port=port))
     try:
         said(prefill, "ready")
         kv = caches(12)
@@ -181,3 +181,15 @@ def test_a_killed_readers_lease_does_not_hold_up_withdraw():
         holder.kill()
         holder.wait(10)
         prefill.close()
+
+
+@pytest.mark.parametrize(("backends", "named"), [
+    ("UCX", "kv_connector_extra_config.backends: a list of NIXL backend names"),
+    (["NO_SUCH_BACKEND"], "NIXL could not start ['NO_SUCH_BACKEND']"),
+])
+def test_unusable_backends_are_refused_naming_the_key(backends, named):
+    kv = caches(4)
+    ctx = TransportContext("decode", "127.0.0.1", 0, False, BlockLayout.of(kv, BLOCK_DIM, 4), 10.0,
+                           {"backends": backends})
+    with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        NixlTransport(ctx).start(kv, BLOCK_DIM)
