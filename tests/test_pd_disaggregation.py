@@ -150,6 +150,13 @@ def test_pd_through_the_proxy_gives_the_single_instance_output(prefill_instance,
     assert decode_instance.metric("vllm:kv_connector_load_failures_total") == 0
     for server in (prefill_instance, decode_instance):
         server.wait_for_metric("vllm:kv_cache_usage_perc", lambda v: v == 0)
+    direct = decode_instance.openai()
+    for bad in ({"do_remote_prefill": True, "remote_engine_id": "p"}, {"do_remote_decode": "yes"}, [1]):
+        with pytest.raises(openai.BadRequestError) as caught:
+            complete(direct, prompts[0], 2, kv_transfer_params=bad)
+        assert "kv_transfer_params" in caught.value.body["message"], caught.value.body
+    with pytest.raises(openai.BadRequestError, match="n=1"):
+        complete(direct, prompts[0], 2, n=2, kv_transfer_params={"do_remote_decode": True})
 
 
 def test_killing_the_decode_instance_fails_only_its_requests(prefill_instance, decode_instance, prompts, tiny_llm):

@@ -106,7 +106,7 @@ def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float 
             return bad_request(f"the body is not JSON: {exc}").response()
         if not isinstance(body, dict):
             return bad_request("the body is not a JSON object").response()
-        headers = {k: v for k, v in request.headers.items() if k in _FORWARDED_HEADERS}
+        headers = _forwarded(request)
         headers.setdefault("x-request-id", uuid.uuid4().hex)
         try:
             params = await _prefill(client, prefill.next(), path, body, headers)
@@ -117,10 +117,13 @@ def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float 
             return await _stream(client, decode.next(), path, decode_body, headers)
         return await _forward(client, decode.next(), path, decode_body, headers)
 
-    async def models(request: Request) -> Response:
+    async def passthrough(request: Request) -> Response:
+        """Routes any instance answers alike (the model list, the tokenizer): the first decode
+        instance's answer."""
         url = decode.urls[0]
         try:
-            upstream = await client.get(url + "/v1/models")
+            upstream = await client.request(request.method, url + request.url.path, content=await request.body(),
+                                            headers={**_forwarded(request), "content-type": "application/json"})
         except httpx.HTTPError as exc:
             return bad_gateway("decode", url, exc).response()
         return Response(upstream.content, upstream.status_code, media_type="application/json")
@@ -142,8 +145,13 @@ def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float 
 
     routes = [Route("/v1/completions", generate, methods=["POST"]),
               Route("/v1/chat/completions", generate, methods=["POST"]),
-              Route("/v1/models", models, methods=["GET"]), Route("/health", health, methods=["GET"])]
+              Route("/v1/models", passthrough, methods=["GET"]), Route("/tokenize", passthrough, methods=["POST"]),
+              Route("/detokenize", passthrough, methods=["POST"]), Route("/health", health, methods=["GET"])]
     return Starlette(routes=routes, lifespan=lifespan)
+
+
+def _forwarded(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k in _FORWARDED_HEADERS}
 
 
 class _Answer(Exception):

@@ -12,6 +12,7 @@ import attrs
 
 DO_REMOTE_DECODE = "do_remote_decode"
 DO_REMOTE_PREFILL = "do_remote_prefill"
+PROMPT_HASH = "remote_prompt_hash"  # not vLLM's: lets a decode instance check it has the same prompt
 
 
 @attrs.frozen
@@ -31,6 +32,7 @@ class RemotePrefill:
     peer: Peer
     request_id: str  # the request's id on the prefill instance
     block_ids: tuple[int, ...]
+    prompt_hash: str | None = None  # hex chained hash of its prompt's last full block (this engine's extension)
 
     @classmethod
     def parse(cls, params: dict) -> RemotePrefill:
@@ -45,7 +47,19 @@ class RemotePrefill:
         if not isinstance(block_ids, list) or not all(
                 isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in block_ids):
             raise ValueError("kv_transfer_params.remote_block_ids: a list of block ids (integers >= 0)")
-        return cls(Peer(engine_id, host, port), request_id, tuple(block_ids))
+        prompt_hash = params.get(PROMPT_HASH)
+        if prompt_hash is not None and not isinstance(prompt_hash, str):
+            raise ValueError(f"kv_transfer_params.{PROMPT_HASH}: a hex string, got {prompt_hash!r}")
+        return cls(Peer(engine_id, host, port), request_id, tuple(block_ids), prompt_hash)
+
+    def matches(self, block_hashes: tuple[bytes, ...], num_prompt_tokens: int, block_size: int) -> bool:
+        """Whether a decode instance's prompt is the one prefilled, as far as whole blocks go (only
+        whole blocks are pulled): the chained hash of its last full block covers every token before
+        it and the cache salt. Params without the hash (another engine's) are trusted."""
+        if self.prompt_hash is None:
+            return True
+        full = num_prompt_tokens // block_size
+        return 0 < full <= len(block_hashes) and block_hashes[full - 1].hex() == self.prompt_hash
 
     @classmethod
     def of(cls, params: dict | None) -> RemotePrefill | None:
@@ -71,11 +85,15 @@ def wants_remote_decode(params: dict | None) -> bool:
     return isinstance(params, dict) and params.get(DO_REMOTE_DECODE) is True
 
 
-def prefill_params(peer: Peer, request_id: str, block_ids: list[int]) -> dict:
-    """The params a prefill instance hands on with a request's output (vLLM's keys)."""
-    return {DO_REMOTE_PREFILL: True, DO_REMOTE_DECODE: False, "remote_engine_id": peer.engine_id,
-            "remote_request_id": request_id, "remote_block_ids": list(block_ids),
-            "remote_host": peer.host, "remote_port": peer.port, "tp_size": 1}
+def prefill_params(peer: Peer, request_id: str, block_ids: list[int], prompt_hash: bytes | None = None) -> dict:
+    """The params a prefill instance hands on with a request's output (vLLM's keys, and the
+    chained hash of the prompt's last full block when it has one)."""
+    params = {DO_REMOTE_PREFILL: True, DO_REMOTE_DECODE: False, "remote_engine_id": peer.engine_id,
+              "remote_request_id": request_id, "remote_block_ids": list(block_ids),
+              "remote_host": peer.host, "remote_port": peer.port, "tp_size": 1}
+    if prompt_hash is not None:
+        params[PROMPT_HASH] = prompt_hash.hex()
+    return params
 
 
 def check_kv_transfer_params(params) -> str | None:

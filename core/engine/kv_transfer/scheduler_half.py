@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import OrderedDict
 
 import attrs
 
@@ -18,6 +19,7 @@ logger = logging.getLogger(__name__)
 PRODUCING_ROLES = ("kv_producer", "kv_both")
 CONSUMING_ROLES = ("kv_consumer", "kv_both")
 _WILDCARDS = ("0.0.0.0", "::", "*", "")
+REMEMBERED_PULLS = 65536
 
 
 @attrs.frozen
@@ -49,7 +51,7 @@ class PDSchedulerHalf:
         self.consumes = ctx.kv_role in CONSUMING_ROLES
         self.me = Peer(ctx.engine_id, advertised_host(ctx.kv_ip), ctx.kv_port)
         self._remote: dict[str, RemotePrefill] = {}  # admitted later: pull at the first allocation
-        self._pulled: set[str] = set()  # unfinished requests whose pull was ordered (or not needed)
+        self._pulled: OrderedDict[str, None] = OrderedDict()  # unfinished requests whose pull was ordered
         self._holds: list[Hold] = []
         self._reads: list[Read] = []
         self._releases: list[tuple[Peer, str]] = []
@@ -72,20 +74,37 @@ class PDSchedulerHalf:
         remote = RemotePrefill.of(request.kv_transfer_params)
         if remote is None:
             return None
-        if not self.consumes:
-            logger.warning("request %s asks for a remote prefill, but this instance's kv_role does not "
-                           "consume: its prompt is computed here", request.request_id)
+        refusal = self._refusal(request, remote)
+        if refusal:
+            logger.warning("request %s: %s; its prompt is computed here", request.request_id, refusal)
             self._releases.append((remote.peer, remote.request_id))
+            self._pulled_add(request.request_id)
             return None
         self._remote[request.request_id] = remote
         return remote
+
+    def _refusal(self, request: KVRequest, remote: RemotePrefill) -> str | None:
+        if not self.consumes:
+            return "it asks for a remote prefill, but this instance's kv_role does not consume"
+        if not remote.matches(request.block_hashes, request.num_prompt_tokens, self.block_size):
+            return "its prompt is not the one the prefill instance computed (remote_prompt_hash differs)"
+        return None
+
+    def _pulled_add(self, request_id: str) -> None:
+        """Remember a request's pull was ordered. A request aborted while its pull runs is never
+        finished through this half (the engine frees it when the load ends), so the record is
+        bounded: an entry that falls out only lets a request preempted before its first token try
+        its (released) blocks again, which fails and recomputes."""
+        self._pulled[request_id] = None
+        while len(self._pulled) > REMEMBERED_PULLS:
+            self._pulled.popitem(last=False)
 
     def update_state_after_alloc(self, request: KVRequest, block_ids: list[int], num_local_tokens: int,
                                  num_external_tokens: int) -> None:
         remote = self._remote.pop(request.request_id, None)
         if remote is None:
             return
-        self._pulled.add(request.request_id)
+        self._pulled_add(request.request_id)
         if not num_external_tokens:  # nothing worth pulling (a local hit, or under one block)
             self._releases.append((remote.peer, remote.request_id))
             return
@@ -97,7 +116,7 @@ class PDSchedulerHalf:
         remote = self._remote.pop(request.request_id, None)
         if remote is None and request.request_id not in self._pulled:
             remote = RemotePrefill.of(request.kv_transfer_params)  # never admitted
-        self._pulled.discard(request.request_id)
+        self._pulled.pop(request.request_id, None)
         if remote is not None:  # finished before its pull started (aborted, refused): free the producer's
             self._releases.append((remote.peer, remote.request_id))
             return False, None
@@ -106,7 +125,9 @@ class PDSchedulerHalf:
             return False, None  # vLLM's rule: only a prefill that ran to max_tokens hands its blocks on
         prompt_blocks = tuple(block_ids[:-(-request.num_prompt_tokens // self.block_size)])
         self._holds.append(Hold(request.request_id, prompt_blocks))
-        return True, prefill_params(self.me, request.request_id, list(prompt_blocks))
+        full = request.num_prompt_tokens // self.block_size
+        last_full_hash = request.block_hashes[full - 1] if full else None
+        return True, prefill_params(self.me, request.request_id, list(prompt_blocks), last_full_hash)
 
     def build_connector_meta(self) -> PDMeta:
         meta = PDMeta(tuple(self._holds), tuple(self._reads), tuple(self._releases))

@@ -9,8 +9,8 @@ into the consumer's own (other) block ids. So every check of the contract holds 
 each block a request computes on holds exactly its prefix's values (the round trip through the
 transport is exact), failed loads recompute to the same output, preemption and aborts leak no
 block on either side. The tests here add what only P/D has: a request aborted on the decode side
-before its pull, or one never sent there, frees the producer's blocks; a dead producer fails the
-pull and the request recomputes.
+before its pull, or one never sent there, frees the producer's blocks; params of another prompt
+are not pulled; a dead producer fails the pull and the request recomputes.
 
 For connectors built on :class:`engine.kv_transfer.PDConnector`; a plugin's test subclasses
 :class:`PDConnectorContract` and sets ``connector_name``.
@@ -161,6 +161,19 @@ class PDConnectorContract(KVConnectorContract):
         sim.run()
         assert sim.scheduler.stats["kv_load_failures"] == 1
         assert late.output_token_ids == alone(prompt, 5)
+
+    def test_params_of_another_prompt_are_not_pulled(self, tmp_path):
+        sim = self.make(str(tmp_path))
+        prompt = [(19 * j + 4) % 97 for j in range(18)]
+        params = sim.prefill(Request("asked", prompt, SamplingParams(max_tokens=1)))
+        other = prompt[:10] + [5] * 8  # its fourth block differs: the prefilled blocks are not its K/V
+        request = Request("other", other, SamplingParams(max_tokens=4), kv_transfer_params=params)
+        sim.add_local(request)
+        started = time.monotonic()
+        sim.run()
+        assert sim.scheduler.stats["external_prefix_hits"] == 0
+        assert request.output_token_ids == alone(other, 4)
+        assert time.monotonic() - started < self.abort_request_timeout / 2, "the producer was released"
 
     def test_an_aborted_prefill_hands_nothing_on(self, tmp_path):
         sim = self.make(str(tmp_path))
