@@ -1,6 +1,7 @@
 """NixlTransport on its own, over real NIXL (UCX, host memory): a prefill process's bf16 blocks
 read into other block ids of this process bit for bit; a layout or engine-id mismatch refused
-naming the field; a lease held by a killed decode process does not hold up ``withdraw``."""
+naming the field; a lease held by a killed decode process does not hold up ``withdraw``; a READ
+NIXL fails (the peer's agent gone after the grant) is a failed read, and the transport goes on."""
 
 from __future__ import annotations
 
@@ -193,3 +194,59 @@ def test_unusable_backends_are_refused_naming_the_key(backends, named):
                            {"backends": backends})
     with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("]", r"\]")):
         NixlTransport(ctx).start(kv, BLOCK_DIM)
+
+
+VANISHING = """
+    import gc, time, torch, zmq
+    from engine.kv_transfer import BlockLayout
+    from engine_kvconnectors_nixl import wire
+    from engine_kvconnectors_nixl.agent import Agent
+    from engine_kvconnectors_nixl.regions import Regions
+    kv = [torch.zeros(2, 2, 16, 4, 8, dtype=torch.bfloat16) for _ in range(3)]
+    agent = Agent("prefill", ["UCX"], kv, Regions.of(kv, 2))
+    side = zmq.Context().socket(zmq.ROUTER)
+    side.bind(wire.endpoint("127.0.0.1", {port}))
+    print("ready", flush=True)
+    identity = side.recv_multipart()[0]  # the hello
+    side.send_multipart([identity, wire.HELLO, wire.header(engine_id="prefill", agent=agent.name,
+                         layout=BlockLayout.of(kv, 2, 4).to_dict(), regions=agent.regions.describe()),
+                         agent.metadata()])
+    identity, _, head = side.recv_multipart()  # the lease
+    agent.close()  # NIXL's side is gone; the side channel still grants
+    del agent
+    gc.collect()
+    side.send_multipart([identity, wire.GRANT, wire.header(id=wire.parse(head)["id"])])
+    time.sleep(600)
+"""
+
+
+def test_a_transfer_nixl_fails_is_a_failed_read_and_the_transport_goes_on(caplog):
+    port = free_port()
+    vanishing = child(VANISHING.format(port=port))
+    kv = caches(16)
+    decode = transport("decode", kv, serves=False, timeout=30.0)
+    try:
+        said(vanishing, "ready")
+        started = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="engine_kvconnectors_nixl"):
+            decode.read(Read("mine", Peer("prefill", "127.0.0.1", port), "req", (5, 2), (0, 1)))
+            assert wait_for_read(decode, "mine") is False
+        assert time.monotonic() - started < 10.0, "a NIXL failure waited for transfer_timeout"
+        assert "failed" in caplog.text, caplog.text
+        assert not any(cache.any() for cache in kv)
+        second = free_port()  # the same transport reads from a healthy prefill process next
+        prefill = child(PREFILL.format(tests=str(Path(__file__).parent), port=second))
+        try:
+            said(prefill, "ready")
+            peer = Peer("prefill", "127.0.0.1", second)
+            decode.read(Read("again", peer, "req", (5, 2), (0, 1)))
+            assert wait_for_read(decode, "again") is True
+            decode.release(peer, "req")
+            said(prefill, "released")
+        finally:
+            prefill.kill()
+            prefill.wait(10)
+    finally:
+        decode.close()
+        vanishing.kill()
+        vanishing.wait(10)
