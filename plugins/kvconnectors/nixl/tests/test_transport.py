@@ -28,12 +28,13 @@ BLOCK_DIM = 2  # the torch attention backend's [2, kv_heads, blocks, block_size,
 SEED = 7
 
 
-def caches(num_blocks: int, kv_heads: int = 2, block_size: int = 4, dtype=torch.bfloat16, fill: bool = False):
-    """Three layers of paged caches: random (the prefill side's, reproducible) or zeros."""
+def caches(num_blocks: int, kv_heads: int = 2, block_size: int = 4, dtype=torch.bfloat16, fill: bool = False,
+           layers: int = 3):
+    """Paged caches, one per layer: random (the prefill side's, reproducible) or zeros."""
     generator = torch.Generator().manual_seed(SEED)
     shape = (2, kv_heads, num_blocks, block_size, 8)
     return [torch.randn(shape, generator=generator).to(dtype) if fill else torch.zeros(shape, dtype=dtype)
-            for _ in range(3)]
+            for _ in range(layers)]
 
 
 def transport(engine_id: str, kv_caches, serves: bool, port: int = 0, timeout: float = 10.0):
@@ -123,8 +124,9 @@ def test_a_prefill_process_blocks_land_in_other_block_ids_bit_for_bit(tmp_path):
 @pytest.mark.parametrize(("decode_kv", "peer_id", "named"), [
     (lambda: caches(12, block_size=8), "prefill", "block_size: 4 here vs 8 there"),
     (lambda: caches(12, kv_heads=1, dtype=torch.float32), "prefill", "dtype: 'bfloat16' here vs 'float32' there"),
+    (lambda: caches(12, layers=2), "prefill", "num_layers: 3 here vs 2 there"),
     (lambda: caches(12), "another-prefill", "engine id is 'prefill', not 'another-prefill'"),
-], ids=["block_size", "heads-and-dtype", "engine_id"])
+], ids=["block_size", "heads-and-dtype", "layers", "engine_id"])
 def test_a_mismatch_is_refused_naming_it(decode_kv, peer_id, named, caplog):
     port = free_port()
     prefill = transport("prefill", caches(16, fill=True), serves=True, port=port)
