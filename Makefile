@@ -7,7 +7,8 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert \
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/grammar/xgrammar \
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \
-           plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/executors/ray
+           plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/kvconnectors/nixl \
+           plugins/executors/ray
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 

@@ -26,7 +26,7 @@ WELL_KNOWN = {
     "torch", "triton", "numpy", "safetensors", "transformers", "tokenizers", "gguf", "jinja2", "tqdm",
     "pluggy", "attrs", "xgrammar", "starlette", "uvicorn", "pyzmq", "msgspec", "prometheus-client",
     "httpx", "openai", "pytest", "hypothesis", "setuptools", "jsonschema", "pyyaml", "schemathesis",
-    "flash-attn", "flashinfer-python", "ray",
+    "flash-attn", "flashinfer-python", "ray", "nixl-cu12",
 }
 
 
