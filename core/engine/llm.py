@@ -11,10 +11,10 @@ from tqdm.auto import tqdm
 from engine.chat_template import template_options
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.core.request import Request
 from engine.output_processor import OutputProcessor
 from engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from engine.pooling_params import PoolingParams
+from engine.request import Request
 from engine.request_path import fan_out
 from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 

@@ -25,11 +25,11 @@ import zmq
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
-from engine.core.request import Request
-from engine.core.scheduling import Overloaded
 from engine.lifetime import exit_with_parent
 from engine.pooling_params import PoolingParams, matryoshka_of
+from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.step import Overloaded
 from engine_server import protocol
 from engine_server.kv_events import ZmqEventPublisher
 

@@ -15,15 +15,6 @@ import torch
 from engine import generation_config
 from engine.config import EngineConfig
 from engine.core import faults, kv_connectors, setup
-from engine.core.request import Request
-from engine.core.scheduling import (
-    OVERLOADED,
-    EngineOutput,
-    RequestTiming,
-    SchedulerContext,
-    StepPlan,
-    StepResult,
-)
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
@@ -31,10 +22,19 @@ from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
 from engine.plugins import load_plugins
 from engine.pooling import Pooler, PoolerConfig, resolve_runner
 from engine.pooling_params import PoolingParams, matryoshka_of
+from engine.request import Request
 from engine.request_path import check_prompt
 from engine.runner import step_graphs
 from engine.runner.model_runner import ModelRunner
 from engine.sampling_params import InvalidParam, SamplingParams, check_int64
+from engine.step import (
+    OVERLOADED,
+    EngineOutput,
+    RequestTiming,
+    SchedulerContext,
+    StepPlan,
+    StepResult,
+)
 
 logger = logging.getLogger(__name__)
 
