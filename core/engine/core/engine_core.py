@@ -19,7 +19,7 @@ from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
-from engine.plugins import load_plugins
+from engine.plugins import PluginRegistry
 from engine.pooling import Pooler, PoolerConfig, resolve_runner
 from engine.pooling_params import PoolingParams, matryoshka_of
 from engine.request import Request
@@ -40,9 +40,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, registry: PluginRegistry):
+        """``registry``: the plugins the engine selects its parts from; whoever builds the
+        engine loads them (:func:`engine.plugins.load_plugins` with ``config.plugins``)."""
         started = time.perf_counter()
-        self.registry = registry = load_plugins(config.plugins)
+        self.registry = registry
         self.platform = setup.select_platform(registry, config.device)
         self.platform.configure()
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
