@@ -79,7 +79,7 @@ def micro(batches, contexts, repeats: int) -> None:
 def end_to_end(batch: int = 64, steps: int = 5) -> None:
     """One decode step of ``LLM()`` at ``batch`` requests with each backend, interleaved."""
     from engine import LLM, SamplingParams
-    from engine.core.request import Request
+    from engine.request import Request
 
     engines = {}
     for name in BACKENDS:

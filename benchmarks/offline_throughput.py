@@ -58,7 +58,7 @@ def profile_decode_step(llm, prompts):
     from torch.profiler import ProfilerActivity, profile
 
     from engine import SamplingParams
-    from engine.core.request import Request
+    from engine.request import Request
 
     engine = llm.engine
     for i, p in enumerate(prompts):

@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from engine.core.request import Request
+from engine.request import Request
 from engine.runner import sampler
 from engine.sampling_params import SamplingParams
 

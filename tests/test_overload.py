@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.core.request import Request
-from engine.core.scheduling import OVERLOADED, Overloaded
+from engine.request import Request
+from engine.step import OVERLOADED, Overloaded
 from engine.testing import reference
 from tests.conftest import TINY_LLAMA
 from tests.serving import serve

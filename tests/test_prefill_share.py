@@ -5,10 +5,10 @@ import time
 
 from engine.builtin.chunking import FIRST_SHARE, MIN_SHARE, PrefillShare
 from engine.config import EngineConfig
-from engine.core.request import Request
-from engine.core.scheduling import SchedulerContext, StepResult
 from engine.plugins import load_plugins
+from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.step import SchedulerContext, StepResult
 
 
 def test_share_shrinks_after_a_slow_step_and_grows_after_a_fast_one():

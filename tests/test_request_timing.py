@@ -5,8 +5,8 @@ tokens-per-step histogram the core keeps in its stats."""
 from __future__ import annotations
 
 from engine import SamplingParams
-from engine.core.request import Request
 from engine.core.step_stats import StepTokenHistogram, step_token_buckets
+from engine.request import Request
 
 
 def run(engine, requests: list[Request]):

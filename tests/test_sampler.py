@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.request import Request
+from engine.request import Request
 from engine.runner import sampler
 from engine.sampling_params import SamplingParams
 

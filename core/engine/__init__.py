@@ -16,7 +16,7 @@ _LAZY = {
     "CompletionOutput": "engine.outputs",
     "Logprob": "engine.outputs",
     "EngineConfig": "engine.config",
-    "GrammarSpec": "engine.interfaces.grammar",
+    "GrammarSpec": "engine.sampling_params",
     "INTERFACE_VERSIONS": "engine.interfaces",
     "load_tokenizer": "engine.tokenizer",
 }

@@ -11,10 +11,11 @@ from tqdm.auto import tqdm
 from engine.chat_template import template_options
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.core.request import Request
 from engine.output_processor import OutputProcessor
 from engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from engine.plugins import load_plugins
 from engine.pooling_params import PoolingParams
+from engine.request import Request
 from engine.request_path import fan_out
 from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
@@ -28,8 +29,8 @@ class LLM:
 
     def __init__(self, model: str | None = None, *, dtype: str = "auto",
                  plugins: Sequence[str] | None = None, **engine_options):
-        self.engine = EngineCore(EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins,
-                                                          **engine_options))
+        config = EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins, **engine_options)
+        self.engine = EngineCore(config, load_plugins(config.plugins))
         self.config = self.engine.config  # resolved: model path, dtype, max_model_len
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()

@@ -3,9 +3,9 @@ strings, logprob dicts with decoded tokens, and the fan-in of ``n > 1`` children
 
 from __future__ import annotations
 
-from engine.core.scheduling import EngineOutput, TokenLogprobs
 from engine.detokenizer import IncrementalDetokenizer
 from engine.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.step import EngineOutput, TokenLogprobs
 
 
 class _Child:

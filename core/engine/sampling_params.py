@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import math
 import reprlib
-from typing import Any
+from typing import Any, Literal
 
 import attrs
-
-from engine.interfaces.grammar import GrammarSpec
 
 INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
 
@@ -83,6 +81,18 @@ def _as_nested_tuple(value):
 
 def _token_ids_ok(ids) -> bool:
     return isinstance(ids, tuple) and all(is_int(t) and 0 <= t <= INT64_MAX for t in ids)
+
+
+GrammarKind = Literal["json", "json_object", "regex", "grammar", "choice"]
+
+
+@attrs.frozen
+class GrammarSpec:
+    """A request's structured-output constraint (``SamplingParams.structured_outputs``), which a
+    :class:`engine.interfaces.GrammarBackend` compiles."""
+
+    kind: GrammarKind
+    value: Any  # schema (str or dict), regex, EBNF text, or list of choices
 
 
 @attrs.frozen

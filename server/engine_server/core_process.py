@@ -25,11 +25,12 @@ import zmq
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
-from engine.core.request import Request
-from engine.core.scheduling import Overloaded
 from engine.lifetime import exit_with_parent
+from engine.plugins import load_plugins
 from engine.pooling_params import PoolingParams, matryoshka_of
+from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.step import Overloaded
 from engine_server import protocol
 from engine_server.kv_events import ZmqEventPublisher
 
@@ -181,7 +182,8 @@ def main(argv=None) -> int:
     context = zmq.Context.instance()
     try:
         options = kv_port_of_rank(json.loads(args.options), args.data_parallel_rank)
-        core = EngineCore(EngineConfig.from_kwargs(**options))
+        config = EngineConfig.from_kwargs(**options)
+        core = EngineCore(config, load_plugins(config.plugins))
     except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the API
         push = context.socket(zmq.PUSH)
         push.connect(args.output)

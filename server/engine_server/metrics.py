@@ -3,7 +3,7 @@ engine`` for this engine's own), so vLLM's Grafana dashboard and alerts read the
 
 Request latencies and lengths are measured in the API process as the tokens arrive; the
 queue and prefill times come from the engine core with each request's first token
-(:class:`engine.core.scheduling.RequestTiming`); gauges, counters and the tokens-per-step
+(:class:`engine.step.RequestTiming`); gauges, counters and the tokens-per-step
 histogram come from the stats the core sends. Buckets are vLLM's."""
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import attrs
 
-from engine.core.request import Request
+from engine.request import Request
 
 
 @attrs.define

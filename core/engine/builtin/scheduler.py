@@ -30,9 +30,9 @@ import time
 from engine.builtin.chunking import PrefillShare
 from engine.builtin.kv_cache_manager import block_hashes
 from engine.builtin.kv_loads import ExternalLoads
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduling import EngineOutput, Overloaded, ScheduledRequest, StepPlan, StepResult
 from engine.interfaces import KVRequest, KVTransferReport, Scheduler
+from engine.request import Request, RequestStatus
+from engine.step import EngineOutput, Overloaded, ScheduledRequest, StepPlan, StepResult
 
 PARKED = (RequestStatus.WAITING_FOR_GRAMMAR, RequestStatus.WAITING_FOR_KV)
 

@@ -1,1 +1,3 @@
-"""The step loop and the state it moves: requests, step plans, results."""
+"""The step loop: the engine core, its set-up, and what it does around each step (faults,
+KV connectors, speculation, structured outputs). The state it moves, requests and step
+messages, lives on the ground floor (``engine.request``, ``engine.step``)."""

@@ -15,8 +15,19 @@ import torch
 from engine import generation_config
 from engine.config import EngineConfig
 from engine.core import faults, kv_connectors, setup
-from engine.core.request import Request
-from engine.core.scheduling import (
+from engine.core.speculation import Speculator
+from engine.core.step_stats import StepTokenHistogram
+from engine.core.structured import StructuredOutputs
+from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
+from engine.plugins import PluginRegistry
+from engine.pooling import Pooler, PoolerConfig, resolve_runner
+from engine.pooling_params import PoolingParams, matryoshka_of
+from engine.request import Request
+from engine.request_path import check_prompt
+from engine.runner import step_graphs
+from engine.runner.model_runner import ModelRunner
+from engine.sampling_params import InvalidParam, SamplingParams, check_int64
+from engine.step import (
     OVERLOADED,
     EngineOutput,
     RequestTiming,
@@ -24,25 +35,16 @@ from engine.core.scheduling import (
     StepPlan,
     StepResult,
 )
-from engine.core.speculation import Speculator
-from engine.core.step_stats import StepTokenHistogram
-from engine.core.structured import StructuredOutputs
-from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
-from engine.plugins import load_plugins
-from engine.pooling import Pooler, PoolerConfig, resolve_runner
-from engine.pooling_params import PoolingParams, matryoshka_of
-from engine.request_path import check_prompt
-from engine.runner import step_graphs
-from engine.runner.model_runner import ModelRunner
-from engine.sampling_params import InvalidParam, SamplingParams, check_int64
 
 logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig):
+    def __init__(self, config: EngineConfig, registry: PluginRegistry):
+        """``registry``: the plugins the engine selects its parts from; whoever builds the
+        engine loads them (:func:`engine.plugins.load_plugins` with ``config.plugins``)."""
         started = time.perf_counter()
-        self.registry = registry = load_plugins(config.plugins)
+        self.registry = registry
         self.platform = setup.select_platform(registry, config.device)
         self.platform.configure()
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import attrs
 
-from engine.core.request import Request
-from engine.core.scheduling import ScheduledRequest, StepPlan, StepResult
 from engine.pooling_params import PoolingParams
+from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.step import ScheduledRequest, StepPlan, StepResult
 
 NULL_BLOCK = 0  # the KV cache manager interface keeps block 0 out of every request's table
 MAX_MESSAGE = 200

@@ -4,8 +4,8 @@ request's grammar refuses, and count what verification accepts."""
 
 from __future__ import annotations
 
-from engine.core.scheduling import StepPlan, StepResult
 from engine.interfaces import Draft, DraftRequest
+from engine.step import StepPlan, StepResult
 
 ACCEPTED_AT = "spec_accepted_pos:"  # stats key prefix: accepted drafts at a draft position (0 = first)
 

@@ -14,9 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduling import EngineOutput, StepPlan
 from engine.interfaces.grammar import GrammarContext
+from engine.request import Request, RequestStatus
+from engine.step import EngineOutput, StepPlan
 
 COMPILE_NICENESS = 5
 

@@ -24,6 +24,16 @@ from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import Scheduler
 from engine.interfaces.tool_parser import ToolCall, ToolParser
+from engine.request import Request, RequestStatus
+from engine.step import (
+    EngineOutput,
+    Overloaded,
+    ScheduledRequest,
+    SchedulerContext,
+    StepPlan,
+    StepResult,
+    TokenLogprobs,
+)
 
 # Interface version per kind. Bump a kind's number when its contract changes
 # incompatibly; plugins declare the version they target with ``api=`` when registering.
@@ -56,16 +66,6 @@ INTERFACE_VERSIONS = {
 # Older versions a kind still loads, because the newer one only added members with defaults.
 STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,), "model_loaders": (2,), "quant_methods": (2,),
                 "kv_connectors": (2,)}
-
-# The engine core's request and step messages, loaded on first use: engine.core.request
-# imports engine.sampling_params, which imports this package.
-_CORE_TYPES = {
-    "Request": "engine.core.request", "RequestStatus": "engine.core.request",
-    "SchedulerContext": "engine.core.scheduling", "ScheduledRequest": "engine.core.scheduling",
-    "StepPlan": "engine.core.scheduling", "StepResult": "engine.core.scheduling",
-    "EngineOutput": "engine.core.scheduling", "TokenLogprobs": "engine.core.scheduling",
-    "Overloaded": "engine.core.scheduling",
-}
 
 __all__ = [
     "INTERFACE_VERSIONS",
@@ -118,11 +118,3 @@ __all__ = [
     "ToolParser",
     "head_layout_reasons",
 ]
-
-
-def __getattr__(name):
-    if name in _CORE_TYPES:
-        import importlib
-
-        return getattr(importlib.import_module(_CORE_TYPES[name]), name)
-    raise AttributeError(f"module 'engine.interfaces' has no attribute {name!r}")

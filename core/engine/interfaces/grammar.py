@@ -7,12 +7,12 @@ word ``t // 32`` set when token ``t`` is allowed.
 """
 
 from abc import ABC, abstractmethod
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 import torch
 
-GrammarKind = Literal["json", "json_object", "regex", "grammar", "choice"]
+from engine.sampling_params import GrammarSpec
 
 
 @attrs.frozen
@@ -21,12 +21,6 @@ class GrammarContext:
 
     tokenizer: Any  # the model's transformers tokenizer
     vocab_size: int  # the model's logits width (bitmask rows cover it)
-
-
-@attrs.frozen
-class GrammarSpec:
-    kind: GrammarKind
-    value: Any  # schema (str or dict), regex, EBNF text, or list of choices
 
 
 class Grammar(ABC):

@@ -6,8 +6,8 @@ import attrs
 import numpy as np
 import torch
 
-from engine.core.scheduling import StepPlan
 from engine.interfaces import BatchLayout
+from engine.step import StepPlan
 
 
 @attrs.frozen

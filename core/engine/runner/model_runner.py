@@ -6,11 +6,11 @@ from __future__ import annotations
 import attrs
 import torch
 
-from engine.core.scheduling import StepPlan, StepResult, TokenLogprobs
 from engine.interfaces import StepContext
 from engine.runner import kv_transfer, sampler
 from engine.runner.batch import FlatBatch, flatten
 from engine.runner.layer_attention import LayerAttention
+from engine.step import StepPlan, StepResult, TokenLogprobs
 
 
 @attrs.frozen

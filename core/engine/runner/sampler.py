@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.core.scheduling import TokenLogprobs
+from engine.step import TokenLogprobs
 
 _BIT = torch.arange(32, dtype=torch.int32)
 

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.core.request import Request
 from engine.interfaces import KVCacheGroup
 from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 from engine.plugins import load_plugins
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 BLOCK = 4

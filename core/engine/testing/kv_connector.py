@@ -28,11 +28,11 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.kv_connectors import build_halves
-from engine.core.request import Request
-from engine.core.scheduling import SchedulerContext, StepResult
 from engine.interfaces import KVTransferReport
 from engine.plugins import load_plugins
+from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.step import SchedulerContext, StepResult
 from engine.testing.scheduler import alone, next_token
 
 BLOCK = 4

@@ -11,10 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
-from engine.core.request import Request
-from engine.core.scheduling import SchedulerContext, StepResult
 from engine.plugins import load_plugins
+from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.step import SchedulerContext, StepResult
 
 VOCAB = 97
 

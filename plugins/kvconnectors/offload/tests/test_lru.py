@@ -2,7 +2,7 @@
 head (a hit must start at the head), and what is left still reloads exactly (the contract's
 stand-in model checks every loaded block)."""
 
-from engine.core.request import Request
+from engine.interfaces import Request
 from engine.sampling_params import SamplingParams
 from engine.testing.kv_connector import BLOCK, NUM_LAYERS, WIDTH, KVConnectorContract, alone
 

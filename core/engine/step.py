@@ -1,4 +1,4 @@
-"""Messages between the scheduler, the runner and the engine core for one step."""
+"""Messages between the scheduler, the runner, the engine core and its front end for one step."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from engine.core.request import Request
+from engine.request import Request
 
 OVERLOADED = "overloaded"  # EngineOutput.error_code of a request refused by admission control
 
