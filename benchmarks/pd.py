@@ -1,12 +1,13 @@
 """Prefill/decode disaggregation against one colocated instance: TTFT and TPOT under
 `engine bench serve` at a fixed request rate, on the same CPUs.
 
-    python benchmarks/pd.py [--model PATH] [--request-rate 1] [--num-prompts 48]
-                            [--input-len 512] [--output-len 64] [--out FILE.json]
+    python benchmarks/pd.py [--model PATH] [--connector p2p|nixl|NixlConnector|...] [--request-rate 1]
+                            [--num-prompts 48] [--input-len 512] [--output-len 64] [--out FILE.json]
 
 Colocated: one `engine serve` on every CPU of this process. P/D: a prefill instance
 (`kv_role` kv_producer) on the first half of the CPUs and a decode instance (kv_consumer) on the
-other half, joined by the p2p connector, with `engine proxy` in front. The same seeded random
+other half, joined by ``--connector`` (any installed P/D connector under any of its registered
+names, vLLM's included; default p2p), with `engine proxy` in front. The same seeded random
 workload (`--ignore-eos`, exact lengths, Poisson arrivals) is sent to each in turn (colocated, then
 P/D, `--rounds` times); the medians and p99s of TTFT and TPOT are printed with their P/D /
 colocated ratios, and all results are written to ``--out``. Without ``--model`` the server's
@@ -31,6 +32,9 @@ import tempfile
 import time
 
 import httpx
+
+from engine.kv_transfer import PDConnector
+from engine.plugins import RegistrationError, load_plugins
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 METRICS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "request_throughput")
@@ -69,6 +73,21 @@ def process(command: list[str], url: str, cpus: set[int] | None = None, timeout:
             proc.kill()
 
 
+def pd_connector(name: str) -> str:
+    """``name`` if an installed P/D connector is registered under it (argparse's ``--connector`` check)."""
+    installed = [r.name for r in load_plugins().registrations("kv_connectors") if _is_pd(r)]
+    if name not in installed:
+        raise argparse.ArgumentTypeError(f"{name!r} is no installed P/D connector (installed: {', '.join(installed)})")
+    return name
+
+
+def _is_pd(registration) -> bool:
+    try:
+        return issubclass(registration.load(), PDConnector)
+    except RegistrationError:  # it cannot load here
+        return False
+
+
 def serve_command(args, port: int, transfer: dict | None = None) -> list[str]:
     command = [ENGINE, "serve", "--port", str(port), "--max-model-len", str(args.input_len + args.output_len + 16)]
     if args.model:
@@ -102,8 +121,8 @@ def disaggregated(args, folder: str) -> dict:
     half = max(1, len(cpus) // 2)
     prefill_cpus, decode_cpus = set(cpus[:half]), set(cpus[half:] or cpus[:half])
     prefill_port, decode_port, proxy_port, kv_port = free_port(), free_port(), free_port(), free_port()
-    producer = {"kv_connector": "p2p", "kv_role": "kv_producer", "kv_ip": "127.0.0.1", "kv_port": kv_port}
-    consumer = {"kv_connector": "p2p", "kv_role": "kv_consumer"}
+    producer = {"kv_connector": args.connector, "kv_role": "kv_producer", "kv_ip": "127.0.0.1", "kv_port": kv_port}
+    consumer = {"kv_connector": args.connector, "kv_role": "kv_consumer"}
     proxy = [ENGINE, "proxy", "--port", str(proxy_port), "--prefill", f"http://127.0.0.1:{prefill_port}",
              "--decode", f"http://127.0.0.1:{decode_port}"]
     with process(serve_command(args, prefill_port, producer), f"http://127.0.0.1:{prefill_port}/health",
@@ -118,6 +137,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", default=None)
+    parser.add_argument("--connector", type=pd_connector, default="p2p",
+                        help="the P/D instances' kv_connector: p2p, nixl (or vLLM's NixlConnector), ...")
     parser.add_argument("--request-rate", type=float, default=1.0, help="requests/s (Poisson)")
     parser.add_argument("--num-prompts", type=int, default=48)
     parser.add_argument("--input-len", type=int, default=512)
@@ -132,7 +153,7 @@ def main() -> None:
             runs["colocated"].append(colocated(args, folder))
             runs["pd"].append(disaggregated(args, folder))
     print(f"{args.num_prompts} requests at {args.request_rate}/s, {args.input_len} in / {args.output_len} out, "
-          f"{len(os.sched_getaffinity(0))} CPUs (P/D: half each)")
+          f"{len(os.sched_getaffinity(0))} CPUs (P/D: half each, {args.connector})")
     print(f"{'':<20}" + "".join(f"{name:>20}" for name in METRICS))
     for label, results in runs.items():
         for result in results:

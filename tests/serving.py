@@ -110,9 +110,10 @@ def error_codes(frames: list[str]) -> list[str | None]:
 
 @contextlib.contextmanager
 def serve(model: str | None, *args: str, api_key: str | None = API_KEY, timeout: float = 240,
-          new_session: bool = False):
-    """``new_session``: the server leads its own process group, for signals sent to the group."""
-    port = free_port()
+          new_session: bool = False, port: int | None = None):
+    """``new_session``: the server leads its own process group, for signals sent to the group.
+    ``port``: where it listens (default: a free port), for a test that must name it before it starts."""
+    port = port or free_port()
     command = [ENGINE, "serve", "--port", str(port), *(["--model", model] if model else []), *args]
     if api_key:
         command += ["--api-key", api_key]
