@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from engine.layers.group_affine import AffineWeight
 from engine.layers.module import Layer
 from engine.layers.ops import LayerOps
 
@@ -92,6 +93,16 @@ class Int8Rows(Layer):
 
     def dequantize(self) -> torch.Tensor:
         return self.q.to(self.scale.dtype) * self.scale[:, None]
+
+    def as_affine(self, group: int = 32) -> AffineWeight | None:
+        """The same weight as a group-affine one (``q + 128`` unsigned, offset ``−128 · scale``,
+        the row's scale in every group: what GGUF's Q8_0 is), for a platform's packed kernel
+        (:meth:`LayerOps.pack_affine`); None when the rows do not split into ``group`` inputs."""
+        rows, cols = self.q.shape
+        if cols % group:
+            return None
+        scale = self.scale_f32.t().expand(rows, cols // group).contiguous()
+        return AffineWeight((self.q.to(torch.int16) + 128).to(torch.uint8), scale, scale * -128, group, 8)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         return self.q[ids].to(self.scale.dtype) * self.scale[ids, None]

@@ -14,6 +14,7 @@ assumes a 2-D contiguous tensor fails here rather than in a model."""
 
 from __future__ import annotations
 
+import attrs
 import pytest
 import torch
 import torch.nn.functional as F
@@ -172,9 +173,12 @@ class LayerOpsContract:
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("bits", [4, 5, 8])
     @pytest.mark.parametrize("float16_scales", [False, True])  # as GGUF's legacy formats store them
-    def test_pack_affine(self, platform, dtype, tokens, bits, float16_scales):
+    @pytest.mark.parametrize("symmetric", [False, True])  # offset −2^(bits−1)·scale: Q4_0, Q8_0, int8 rows
+    def test_pack_affine(self, platform, dtype, tokens, bits, float16_scales, symmetric):
         gen = torch.Generator().manual_seed(tokens + bits)
         weight = _affine_weight(70, 96, bits, 32, gen, float16_scales)  # 70 outputs: no tile multiple
+        if symmetric:
+            weight = attrs.evolve(weight, offset=weight.scale * -(2 ** (bits - 1)))
         packed = platform.layer_ops(dtype).pack_affine(weight)
         if packed is None:
             return

@@ -37,7 +37,7 @@ _INT, _PTR = ctypes.c_int64, ctypes.c_void_p
 _SIGNATURES = {
     "affine_vnni_available": ([], _INT, False),
     "pack_affine": ([_PTR, _PTR, _PTR, _INT, _INT, _INT, _PTR, _PTR], None, False),
-    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _PTR], None, False)
+    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _INT, _PTR], None, False)
        for suffix in ("bf16", "f32")},
     **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _INT, _PTR, _INT, _PTR], _INT, True)
        for suffix in ("bf16", "f32")},
@@ -90,6 +90,8 @@ class PackedAffine(Layer):
                                  self.in_features, self.storage_bits, qw.data_ptr(), sz.data_ptr())
         half = sz.half()
         self.half = bool(torch.equal(half.float(), sz))
+        # offset = −2^(bits−1) · scale (Q4_0, Q8_0, int8 rows): the kernel multiplies signed values
+        self.signed = bool(torch.equal(weight.offset.float(), weight.scale.float() * -(2 ** (weight.bits - 1))))
         self.register_buffer("qw", qw)
         self.register_buffer("sz", half if self.half else sz)
         suffix = _SUFFIX[dtype]
@@ -104,7 +106,7 @@ class PackedAffine(Layer):
             x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
         self._matmul(x.data_ptr(), x.stride(0), x.shape[0], self.in_features, self.qw.data_ptr(),
-                     self.sz.data_ptr(), self.half, self.storage_bits, self.out_features, out.data_ptr())
+                     self.sz.data_ptr(), self.half, self.storage_bits, self.signed, self.out_features, out.data_ptr())
         return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
