@@ -24,7 +24,7 @@ from engine.layers.group_affine import AffineWeight
 from engine.plugins import load_plugins
 
 DTYPES = [torch.float32, torch.bfloat16]
-TOKENS = [1, 5, 300]
+TOKENS = [1, 5, 800]  # 800: a prefill chunk, enough values that a kernel may split its rows over threads
 HEAD_LAYOUTS = ["contiguous", "padded-rows", "scattered-heads"]  # see _head_view
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
 
@@ -51,12 +51,13 @@ class LayerOpsContract:
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("with_residual", [True, False])
-    def test_rms_norm(self, platform, dtype, tokens, with_residual):
+    @pytest.mark.parametrize("hidden", [96, 100])  # 100: not a multiple of a 16-float vector
+    def test_rms_norm(self, platform, dtype, tokens, with_residual, hidden):
         ops, gen = platform.layer_ops(dtype), torch.Generator().manual_seed(tokens)
-        x, residual = (torch.randn(tokens, 96, generator=gen).to(dtype) for _ in range(2))
+        x, residual = (torch.randn(tokens, hidden, generator=gen).to(dtype) for _ in range(2))
         args = (x, residual) if with_residual else (x,)
-        expected = self._norm(96, dtype, LayerOps())(*(a.clone() for a in args))
-        got = self._norm(96, dtype, ops)(*(a.clone() for a in args))
+        expected = self._norm(hidden, dtype, LayerOps())(*(a.clone() for a in args))
+        got = self._norm(hidden, dtype, ops)(*(a.clone() for a in args))
         if with_residual:
             torch.testing.assert_close(got[1], expected[1], **TOLERANCE[dtype])
             got, expected = got[0], expected[0]
@@ -102,8 +103,9 @@ class LayerOpsContract:
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("row_padding", [0, 64])
-    def test_rotary_qkv(self, platform, dtype, tokens, row_padding):
-        heads, kv_heads, head_dim = 4, 2, 64
+    @pytest.mark.parametrize("head_dim", [64, 48])  # 48: halves not a multiple of a 16-float vector
+    def test_rotary_qkv(self, platform, dtype, tokens, row_padding, head_dim):
+        heads, kv_heads = 4, 2
         gen = torch.Generator().manual_seed(tokens)
         cos_sin = _cos_sin(head_dim, tokens, gen, dtype)
         rows = _padded_rows(tokens, (heads + 2 * kv_heads) * head_dim, row_padding, gen, dtype)

@@ -5,9 +5,8 @@
  * Each replaces several torch calls that, at small batches, cost more than their arithmetic.
  * Rounding follows the torch path step by step (bfloat16 results rounded to nearest even
  * where torch rounds), so the two agree to the last bit but for summation order.
- * The norm and rotary kernels are single-threaded (the caller sends only small batches);
- * W8A8's two passes are AVX-512 where the CPU has it and split over OpenMP threads for big
- * batches. Every kernel is written once and instantiated per storage type (bf16, f32).
+ * The kernels are AVX-512 where the CPU has it (a portable scalar path elsewhere) and split a
+ * big batch's rows over the OpenMP threads. Every kernel is written once and instantiated per storage type (bf16, f32).
  */
 #include "engine_bf16.h"
 #include "engine_exp.h"
@@ -19,23 +18,119 @@
 #endif
 
 #define MAX_DIM 1024
+#define PARALLEL_VALUES (1 << 16) /* values from which a kernel's rows are split over threads */
 
 int64_t max_rotary_dim(void) { return MAX_DIM; }
 
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+static inline __m512 vload_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+static inline __m512 vload_bf16(const uint16_t *p, __mmask16 m) { return bf16x16_load_masked(p, m); }
+static inline void vstore_f32(float *p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
+static inline void vstore_bf16(uint16_t *p, __m512 v, __mmask16 m) { bf16x16_store_masked(p, v, m); }
+static inline __m512 vround_f32(__m512 v) { return v; }
+static inline __m512 vround_bf16(__m512 v) { return bf16x16_round(v); }
+static inline __mmask16 tail_mask(int64_t left) {
+    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+}
+#define VECTOR_PASSES 1
+#else
+#define VECTOR_PASSES 0
+#endif
+
+/* The norm and rotary rows in 16 lanes, where the CPU has AVX-512 (each returns how many of the
+ * row's values it handled: all of them here, none in the portable build); the same roundings as
+ * the scalar loops, in the same order but for the sum of squares. */
+#if VECTOR_PASSES
+#define DEFINE_ROW_VECTORS(SUFFIX, T)                                                           \
+/* residual += x (rounded); *sum_sq = Σ residual² */                                            \
+static int64_t add_sum_sq_vector_##SUFFIX(const T *xr, T *rr, int64_t hidden, float *sum_sq) { \
+    __m512 acc = _mm512_setzero_ps();                                                           \
+    for (int64_t i = 0; i < hidden; i += 16) {                                                  \
+        __mmask16 m = tail_mask(hidden - i);                                                    \
+        __m512 v = vround_##SUFFIX(_mm512_add_ps(vload_##SUFFIX(xr + i, m), vload_##SUFFIX(rr + i, m))); \
+        vstore_##SUFFIX(rr + i, v, m);                                                          \
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));                                          \
+    }                                                                                           \
+    *sum_sq = _mm512_reduce_add_ps(acc);                                                        \
+    return hidden;                                                                              \
+}                                                                                               \
+static int64_t sum_sq_vector_##SUFFIX(const T *xr, int64_t hidden, float *sum_sq) {            \
+    __m512 acc = _mm512_setzero_ps();                                                           \
+    for (int64_t i = 0; i < hidden; i += 16) {                                                  \
+        __m512 v = vload_##SUFFIX(xr + i, tail_mask(hidden - i));                               \
+        acc = _mm512_add_ps(acc, _mm512_mul_ps(v, v));                                          \
+    }                                                                                           \
+    *sum_sq = _mm512_reduce_add_ps(acc);                                                        \
+    return hidden;                                                                              \
+}                                                                                               \
+/* out = src · inv · weight */                                                                  \
+static int64_t scale_vector_##SUFFIX(const T *src, float inv, const T *weight, int64_t hidden, T *out) { \
+    __m512 s = _mm512_set1_ps(inv);                                                             \
+    for (int64_t i = 0; i < hidden; i += 16) {                                                  \
+        __mmask16 m = tail_mask(hidden - i);                                                    \
+        vstore_##SUFFIX(out + i, _mm512_mul_ps(_mm512_mul_ps(vload_##SUFFIX(src + i, m), s),    \
+                                               vload_##SUFFIX(weight + i, m)), m);              \
+    }                                                                                           \
+    return hidden;                                                                              \
+}                                                                                               \
+/* a head's values as float32 into x */                                                         \
+static int64_t widen_vector_##SUFFIX(const T *head, int64_t dim, float *x) {                    \
+    for (int64_t i = 0; i < dim; i += 16) {                                                     \
+        __mmask16 m = tail_mask(dim - i);                                                       \
+        _mm512_mask_storeu_ps(x + i, m, vload_##SUFFIX(head + i, m));                           \
+    }                                                                                           \
+    return dim;                                                                                 \
+}                                                                                               \
+/* the rotation, when each half of the head is whole vectors */                                 \
+static int64_t rotate_vector_##SUFFIX(T *head, const float *x, int64_t dim, const T *c, const T *s) { \
+    int64_t half = dim / 2;                                                                     \
+    if (half % 16) return 0;                                                                    \
+    for (int64_t i = 0; i < dim; i += 16) {                                                     \
+        __m512 v = _mm512_loadu_ps(x + i), rolled = _mm512_loadu_ps(x + (i < half ? i + half : i - half)); \
+        __m512 scaled = vround_##SUFFIX(_mm512_mul_ps(v, vload_##SUFFIX(c + i, 0xFFFF)));        \
+        vstore_##SUFFIX(head + i, _mm512_add_ps(scaled, _mm512_mul_ps(rolled, vload_##SUFFIX(s + i, 0xFFFF))), 0xFFFF); \
+    }                                                                                           \
+    return dim;                                                                                 \
+}
+#else
+#define DEFINE_ROW_VECTORS(SUFFIX, T)                                                           \
+static int64_t add_sum_sq_vector_##SUFFIX(const T *xr, T *rr, int64_t n, float *sum) {         \
+    (void)xr; (void)rr; (void)n; *sum = 0.f; return 0;                                          \
+}                                                                                               \
+static int64_t sum_sq_vector_##SUFFIX(const T *xr, int64_t n, float *sum) {                    \
+    (void)xr; (void)n; *sum = 0.f; return 0;                                                    \
+}                                                                                               \
+static int64_t scale_vector_##SUFFIX(const T *src, float inv, const T *w, int64_t n, T *out) { \
+    (void)src; (void)inv; (void)w; (void)n; (void)out; return 0;                                \
+}                                                                                               \
+static int64_t widen_vector_##SUFFIX(const T *head, int64_t dim, float *x) {                    \
+    (void)head; (void)dim; (void)x; return 0;                                                   \
+}                                                                                               \
+static int64_t rotate_vector_##SUFFIX(T *head, const float *x, int64_t dim, const T *c, const T *s) { \
+    (void)head; (void)x; (void)dim; (void)c; (void)s; return 0;                                 \
+}
+#endif
+DEFINE_ROW_VECTORS(bf16, uint16_t)
+DEFINE_ROW_VECTORS(f32, float)
+
+/* Rows are independent: a batch of at least PARALLEL_VALUES values is split over the OpenMP
+ * threads by rows, so a row's result does not depend on the batch it is in. */
 #define DEFINE_KERNELS(SUFFIX, T, LOAD, STORE)                                                   \
 /* residual += x; x = residual / rms(residual) * weight, for rows of `hidden` values. */        \
 void add_rms_norm_##SUFFIX(T *x, T *residual, const T *weight, int64_t rows, int64_t hidden,    \
                            float eps) {                                                         \
+    _Pragma("omp parallel for schedule(static) if (rows * hidden >= PARALLEL_VALUES)")          \
     for (int64_t r = 0; r < rows; r++) {                                                        \
         T *xr = x + r * hidden, *rr = residual + r * hidden;                                    \
-        float sum_sq = 0.f;                                                                     \
-        for (int64_t i = 0; i < hidden; i++) {                                                  \
+        float sum_sq;                                                                           \
+        int64_t i = add_sum_sq_vector_##SUFFIX(xr, rr, hidden, &sum_sq);                        \
+        for (; i < hidden; i++) {                                                               \
             rr[i] = STORE(LOAD(xr[i]) + LOAD(rr[i]));                                           \
             float s = LOAD(rr[i]);                                                              \
             sum_sq += s * s;                                                                    \
         }                                                                                       \
         float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);                                  \
-        for (int64_t i = 0; i < hidden; i++)                                                    \
+        for (i = scale_vector_##SUFFIX(rr, inv, weight, hidden, xr); i < hidden; i++)           \
             xr[i] = STORE(LOAD(rr[i]) * inv * LOAD(weight[i]));                                 \
     }                                                                                           \
 }                                                                                               \
@@ -43,12 +138,14 @@ void add_rms_norm_##SUFFIX(T *x, T *residual, const T *weight, int64_t rows, int
 /* out = x / rms(x) * weight, x left as it is (a model's first norm: no residual yet). */       \
 void rms_norm_##SUFFIX(const T *x, const T *weight, int64_t rows, int64_t hidden, float eps,    \
                        T *out) {                                                                \
+    _Pragma("omp parallel for schedule(static) if (rows * hidden >= PARALLEL_VALUES)")          \
     for (int64_t r = 0; r < rows; r++) {                                                        \
         const T *xr = x + r * hidden;                                                           \
-        float sum_sq = 0.f;                                                                     \
-        for (int64_t i = 0; i < hidden; i++) sum_sq += LOAD(xr[i]) * LOAD(xr[i]);               \
+        float sum_sq;                                                                           \
+        int64_t i = sum_sq_vector_##SUFFIX(xr, hidden, &sum_sq);                                \
+        for (; i < hidden; i++) sum_sq += LOAD(xr[i]) * LOAD(xr[i]);                            \
         float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);                                  \
-        for (int64_t i = 0; i < hidden; i++)                                                    \
+        for (i = scale_vector_##SUFFIX(xr, inv, weight, hidden, out + r * hidden); i < hidden; i++) \
             out[r * hidden + i] = STORE(LOAD(xr[i]) * inv * LOAD(weight[i]));                   \
     }                                                                                           \
 }                                                                                               \
@@ -57,7 +154,7 @@ void rms_norm_##SUFFIX(const T *x, const T *weight, int64_t rows, int64_t hidden
  * roll(x, dim/2)·sin, x·cos rounded to the storage type first, as torch's addcmul path does. */\
 static void rotate_head_##SUFFIX(T *head, const float *x, int64_t dim, const T *c, const T *s) {\
     int64_t half = dim / 2;                                                                     \
-    for (int64_t i = 0; i < dim; i++) {                                                         \
+    for (int64_t i = rotate_vector_##SUFFIX(head, x, dim, c, s); i < dim; i++) {                \
         float scaled = LOAD(STORE(x[i] * LOAD(c[i])));                                          \
         head[i] = STORE(scaled + x[i < half ? i + half : i - half] * LOAD(s[i]));               \
     }                                                                                           \
@@ -67,11 +164,12 @@ static void rotate_head_##SUFFIX(T *head, const float *x, int64_t dim, const T *
  * `stride`); cos, sin: [tokens, dim] as [c, c] and [-s, s]. */                                 \
 void rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t heads, int64_t dim,        \
                      const T *cos, const T *sin) {                                              \
-    float x[MAX_DIM];                                                                           \
+    _Pragma("omp parallel for schedule(static) if (tokens * heads * dim >= PARALLEL_VALUES)")   \
     for (int64_t t = 0; t < tokens; t++) {                                                      \
+        float x[MAX_DIM];                                                                       \
         for (int64_t h = 0; h < heads; h++) {                                                   \
             T *head = qkv + t * stride + h * dim;                                               \
-            for (int64_t i = 0; i < dim; i++) x[i] = LOAD(head[i]);                             \
+            for (int64_t i = widen_vector_##SUFFIX(head, dim, x); i < dim; i++) x[i] = LOAD(head[i]); \
             rotate_head_##SUFFIX(head, x, dim, cos + t * dim, sin + t * dim);                   \
         }                                                                                       \
     }                                                                                           \
@@ -83,8 +181,9 @@ void rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t heads, int6
 void qk_norm_rotary_##SUFFIX(T *qkv, int64_t tokens, int64_t stride, int64_t q_heads,           \
                              int64_t k_heads, int64_t dim, const T *q_weight, const T *k_weight, \
                              float q_eps, float k_eps, const T *cos, const T *sin) {            \
-    float x[MAX_DIM];                                                                           \
+    _Pragma("omp parallel for schedule(static) if (tokens * (q_heads + k_heads) * dim >= PARALLEL_VALUES)") \
     for (int64_t t = 0; t < tokens; t++) {                                                      \
+        float x[MAX_DIM];                                                                       \
         for (int64_t h = 0; h < q_heads + k_heads; h++) {                                       \
             T *head = qkv + t * stride + h * dim;                                               \
             const T *weight = h < q_heads ? q_weight : k_weight;                                \
@@ -114,21 +213,6 @@ int64_t gather_rows(const char *table, int64_t rows, int64_t row_bytes, const in
 }
 
 /* ---- W8A8 ------------------------------------------------------------------------------- */
-
-#define PARALLEL_VALUES (1 << 16) /* values from which a W8A8 pass is split over threads */
-
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-static inline __m512 vload_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
-static inline __m512 vload_bf16(const uint16_t *p, __mmask16 m) { return bf16x16_load_masked(p, m); }
-static inline void vstore_f32(float *p, __m512 v, __mmask16 m) { _mm512_mask_storeu_ps(p, m, v); }
-static inline void vstore_bf16(uint16_t *p, __m512 v, __mmask16 m) { bf16x16_store_masked(p, v, m); }
-static inline __mmask16 tail_mask(int64_t left) {
-    return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-}
-#define VECTOR_PASSES 1
-#else
-#define VECTOR_PASSES 0
-#endif
 
 /* W8A8 activations: per-row int8 of x [rows, cols]. Columns where some |x| > threshold are
  * flagged in `outlier` and left out (0 in xq, not in a row's abs-max). scale[r] =

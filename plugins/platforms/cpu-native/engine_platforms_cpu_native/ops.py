@@ -5,10 +5,9 @@ quantization and int32 rescale and SwiGLU in one pass each, and group-affine wei
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several torch
 calls. The kernels are bound with :func:`engine.native.tape.bind`, so a decode step made of them
-(and of the cpu-native attention and affine kernels) is recorded onto a native tape. The norm and
-rotary kernels are single-threaded, so batches above ``MAX_ROWS`` rows (prefill chunks), where
-torch's multi-threaded ops win, go to the torch path; W8A8's passes and SwiGLU are vectorized and
-threaded and take any batch. Dtypes or layouts the kernels do not take go to the torch path.
+(and of the cpu-native attention and affine kernels) is recorded onto a native tape. The kernels
+are vectorized and split a big batch's rows (prefill chunks) over the threads, so they take any
+batch; dtypes or layouts they do not take go to the torch path.
 """
 
 from __future__ import annotations
@@ -22,7 +21,6 @@ from engine.native import BuildError
 from engine.native.tape import bind
 from engine_platforms_cpu_native import affine
 
-MAX_ROWS = 64
 _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
 _SIGNATURES = {
     "add_rms_norm": ([_PTR, _PTR, _PTR, _INT, _INT, _FLOAT], None),
@@ -60,9 +58,8 @@ class NativeLayerOps(LayerOps):
             return None
         return affine.PackedAffine(weight, self.dtype)
 
-    def _takes(self, x: torch.Tensor, max_rows: int | None = MAX_ROWS) -> bool:
-        return (x.dtype == self.dtype and x.dim() == 2 and x.is_contiguous()
-                and (max_rows is None or x.shape[0] <= max_rows))
+    def _takes(self, x: torch.Tensor) -> bool:
+        return x.dtype == self.dtype and x.dim() == 2 and x.is_contiguous()
 
     def rms_norm(self, norm, x, residual=None):
         if not (self._takes(x) and (residual is None or self._takes(residual))):
@@ -86,10 +83,10 @@ class NativeLayerOps(LayerOps):
         return out
 
     def _takes_rotary(self, qkv, head_dim, cos_sin) -> bool:
-        """Rows [T, width] of contiguous heads (the row stride may be padded), few enough
-        for the single-threaded kernels, with cos/sin tables [T, 1, D] as the rotary gives."""
+        """Rows [T, width] of contiguous heads (the row stride may be padded), with cos/sin
+        tables [T, 1, D] as the rotary gives."""
         cos, sin = cos_sin
-        return (qkv.dtype == self.dtype and qkv.dim() == 2 and qkv.shape[0] <= MAX_ROWS and qkv.stride(-1) == 1
+        return (qkv.dtype == self.dtype and qkv.dim() == 2 and qkv.stride(-1) == 1
                 and head_dim <= self.max_rotary_dim and cos.is_contiguous() and sin.is_contiguous())
 
     def rotary_qkv(self, qkv, num_heads, num_kv_heads, head_dim, cos_sin):
@@ -121,7 +118,7 @@ class NativeLayerOps(LayerOps):
         return out
 
     def quantize_rows_int8(self, x, outlier_threshold):
-        if not self._takes(x, max_rows=None):
+        if not self._takes(x):
             return super().quantize_rows_int8(x, outlier_threshold)
         rows, cols = x.shape
         xq, scale = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows, 1)
