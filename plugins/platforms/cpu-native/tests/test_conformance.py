@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.layers import LayerOps
+from engine.layers import LayerOps, RMSNorm
 from engine.layers.group_affine import AffineWeight
 from engine.native import BuildError, load_source
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.reference import random_prompts, tiny_checkpoint
-from engine_platforms_cpu_native import kernels
+from engine_platforms_cpu_native import affine, kernels
 from engine_platforms_cpu_native.affine import PackedAffine
 from engine_platforms_cpu_native.ops import NativeLayerOps
 from engine_platforms_cpu_native.platform import _native_ops
@@ -100,6 +100,27 @@ def test_w8a8_passes_agree_with_the_portable_build(portable_ops, dtype, rows):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [3, 700])  # 700 rows split over threads
+def test_norm_and_rotary_agree_with_the_portable_build(portable_ops, dtype, rows):
+    """The 16-lane rows (tails masked, halves of 32) against the scalar loops: the norms differ
+    only in the order of the sum of squares, the rotation not at all."""
+    gen = torch.Generator().manual_seed(rows)
+    norm = RMSNorm(100, 1e-6, dtype)
+    norm.weight.data = (torch.rand(100, generator=gen) + 0.5).to(dtype)
+    x, residual = (torch.randn(rows, 100, generator=gen).to(dtype) for _ in range(2))
+    results = [ops[dtype].rms_norm(norm, x.clone(), residual.clone()) + (ops[dtype].rms_norm(norm, x),)
+               for ops in ({dtype: _native_ops(dtype)}, portable_ops)]
+    for native, portable in zip(*results):
+        torch.testing.assert_close(native, portable, rtol=1e-5 if dtype == torch.float32 else 8e-3, atol=1e-5)
+    qkv = torch.randn(rows, 8 * 64, generator=gen).to(dtype)
+    angles = torch.rand(rows, 1, 32, generator=gen) * 6
+    cos_sin = (angles.cos().repeat(1, 1, 2).to(dtype), torch.cat([-angles.sin(), angles.sin()], -1).to(dtype))
+    rotated = [torch.cat(ops.rotary_qkv(qkv.clone(), 4, 2, 64, cos_sin), dim=1)
+               for ops in (_native_ops(dtype), portable_ops[dtype])]
+    assert torch.equal(*rotated)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 90])  # 90 rows x 1000 split over threads
 def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, rows):
     """The vector exp against libm's expf and torch's; large gates (exp overflow) included."""
@@ -136,3 +157,26 @@ def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16
     torch.testing.assert_close(native(x), portable(x), **tolerance)
     ids = torch.tensor([0, 16, 74, 3])
     assert torch.equal(native.rows(ids), portable.rows(ids))
+    assert torch.equal(native.dequantize(), portable.rows(torch.arange(n)))  # the whole weight, exact
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_long_chunks_multiply_the_dequantized_weight(bits):
+    """From ``dense_rows`` rows (on an AMX CPU by default; forced here so every CPU runs it) a
+    bf16 matmul is exactly torch's GEMM on the dequantized weight, and shorter ones stay on the
+    VNNI kernel, within its int8 rounding of that product."""
+    gen = torch.Generator().manual_seed(bits)
+    n, k = 75, 160
+    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
+    weight = AffineWeight(q, torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3,
+                          32, bits)
+    packed = PackedAffine(weight, torch.bfloat16)
+    assert packed.dense_rows == (affine.DENSE_ROWS if affine.amx_bf16() else None)
+    assert PackedAffine(weight, torch.float32).dense_rows is None
+    packed.dense_rows = 40
+    x = torch.randn(40, k, generator=gen).to(torch.bfloat16)
+    dense = torch.nn.functional.linear(x, weight.dequantize(torch.bfloat16))
+    assert torch.equal(packed(x), dense)
+    rounded = packed(x[:39]).float()
+    assert not torch.equal(rounded, dense[:39].float())  # the VNNI kernel's int8 activations
+    assert (rounded - dense[:39].float()).abs().max() <= 0.03 * dense.float().abs().max()
