@@ -143,6 +143,8 @@ class DecoderForCausalLM(Model):
         self.tied = getattr(cfg, "tie_word_embeddings", False)
         if not self.tied:
             self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
+            self.lm_head.serves_lookups = False
+        (self.model.embed_tokens if self.tied else self.lm_head).serves_logits = True
 
     @abstractmethod
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:

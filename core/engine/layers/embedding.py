@@ -9,6 +9,10 @@ Built for a tensor-parallel group it is vocabulary-parallel: rank r holds rows
 [r·⌈V/N⌉, (r+1)·⌈V/N⌉) (the last rank's tail padded with zero rows). A lookup outside its rows
 gives zeros and the ranks' lookups are all-reduced; the logits of each rank's rows are
 gathered on rank 0 (the only rank that samples; the others get None).
+
+Its model says what each table serves (``serves_lookups``, ``serves_logits``): a table that
+computes logits may be prepacked for the platform's matmul, one that serves only logits (an
+untied LM head) then keeps no plain copy for lookups.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ class VocabEmbedding(Linear):
         self.tp, self.vocab_size = tp, vocab_size
         self.vocab_start = tp.rank * per_rank
         self.vocab_rows = max(0, min(vocab_size, self.vocab_start + per_rank) - self.vocab_start)
+        self.serves_lookups, self.serves_logits = True, False
         if tp.size > 1:
             self.weight.data.zero_()  # the padding rows
 

@@ -157,6 +157,8 @@ class GemmaForCausalLM(Model):
         self.tied = getattr(cfg, "tie_word_embeddings", True)
         if not self.tied:
             self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
+            self.lm_head.serves_lookups = False
+        (self.model.embed_tokens if self.tied else self.lm_head).serves_logits = True
         self.final_softcap = getattr(cfg, "final_logit_softcapping", None)
 
     @classmethod
