@@ -7,14 +7,16 @@ Activations are rounded to int8 per row and per 32 inputs (llama.cpp's q8 activa
 group's float sum kept exact for the offset term, so results differ from the exact float
 matmul by that rounding only (relative error ~0.4 % of a row's magnitude per group).
 
-One kernel for every batch size: measured against torch's int4pack planes and the bf16 GEMM
-on the default model's shapes (``benchmarks/quant_matmul.py``, one thread, µs per call), it
-won everywhere, so nothing dispatches by batch size:
+Long prefill chunks on a CPU with AMX tiles go another way: from ``DENSE_ROWS`` rows the weight
+is dequantized into bfloat16 (``affine_dequantize``, one pass in packed order) and multiplied by
+torch's bf16 GEMM, which oneDNN runs on AMX. Measured on the default model's shapes, two
+threads, ms per call (``quant_matmul.py``'s weights), VNNI against dequantize + bf16 GEMM:
 
-    gate|up 3072×576, M = 1 / 16 / 64 / 256:  int4pack 221 / 1493 / 6104 / 22658,
-        bf16 366 / 792 / 2991 / 9784, this kernel 71 / 347 / 1723 / 10633 (a noisy 0.92× at 256;
-        1.57× bf16 in a later run), M = 512 / 2048: 1.09× / 1.11× bf16;
-    LM head 49152×576 (Q8_0), M = 1 / 64 / 256: 1.5× / 6.6× / 6.0× int4pack, 3.1× / 1.6× / 1.4× bf16.
+    qkv 960×576, M = 256 / 512 / 2048:      0.35 / 0.76 / 3.23  against 0.41 / 0.50 / 1.21
+    gate|up 3072×576, M = 256 / 512 / 2048: 1.12 / 2.20 / 9.66  against 1.25 / 1.50 / 3.13
+
+Without AMX the bf16 GEMM is no faster than this kernel at any size measured (1.09–1.11× at
+512 and 2048 rows), and the dequantization would be pure cost, so there is no dense path.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
 
 GROUP, TILE = 32, 16
+DENSE_ROWS = 384  # from here, on AMX, dequantize + bf16 GEMM beats the VNNI kernel (see above)
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _INT, _PTR = ctypes.c_int64, ctypes.c_void_p
 # symbol: (argtypes, restype, whether the result is a status)
@@ -40,6 +43,8 @@ _SIGNATURES = {
     **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _INT, _PTR], None, False)
        for suffix in ("bf16", "f32")},
     **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _INT, _PTR, _INT, _PTR], _INT, True)
+       for suffix in ("bf16", "f32")},
+    **{f"affine_dequantize_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _INT, _PTR], None, False)
        for suffix in ("bf16", "f32")},
 }
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -52,6 +57,13 @@ def kernels(portable: bool = False) -> dict[str, NativeKernel]:
     library = load_source(SOURCE, portable=portable)
     return {symbol: bind(library, symbol, argtypes, restype, status)
             for symbol, (argtypes, restype, status) in _SIGNATURES.items()}
+
+
+@functools.cache
+def amx_bf16() -> bool:
+    """Whether torch's bf16 GEMM (oneDNN) runs on AMX tiles on this CPU."""
+    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return bool(probe and probe())
 
 
 def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
@@ -96,12 +108,16 @@ class PackedAffine(Layer):
         self.register_buffer("sz", half if self.half else sz)
         suffix = _SUFFIX[dtype]
         self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
+        self._dequantize = bound[f"affine_dequantize_{suffix}"]
+        self.dense_rows = DENSE_ROWS if dtype == torch.bfloat16 and not portable and amx_bf16() else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 2:
             x = x.reshape(-1, self.in_features)
         if x.dtype != self.dtype:
             x = x.to(self.dtype)
+        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
+            return torch.nn.functional.linear(x, self.dequantize())
         if x.stride(-1) != 1:
             x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
@@ -118,4 +134,7 @@ class PackedAffine(Layer):
         return out.view(*ids.shape, self.in_features)
 
     def dequantize(self) -> torch.Tensor:
-        return self.rows(torch.arange(self.out_features))
+        out = torch.empty(self.out_features, self.in_features, dtype=self.dtype)
+        self._dequantize(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
+                         self.out_features, out.data_ptr())
+        return out

@@ -384,3 +384,41 @@ int64_t affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, in
 }
 DEFINE_ROWS(bf16, uint16_t, bf16_store)
 DEFINE_ROWS(f32, float, f32_store)
+
+/* ---- the whole weight, out [n, k] = q · scale + offset: walked in packed order ----------- */
+/* What the dense path of a long prefill chunk multiplies (affine.py): each 64-byte step gives
+ * 16 columns' next 4 (8-bit) or 8 (4-bit) inputs; the threads take whole column tiles. */
+
+#define DEFINE_DEQUANTIZE(SUFFIX, T, STORE)                                                     \
+void affine_dequantize_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits,  \
+                                int64_t k, int64_t n, T *out) {                                 \
+    int64_t groups = k / GROUP, per_step = step_bytes(bits), steps = k / per_step;              \
+    _Pragma("omp parallel for schedule(static) if (n * k >= (1 << 18))")                        \
+    for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++) {                                       \
+        int64_t cols = n - t * TILE < TILE ? n - t * TILE : TILE;                               \
+        for (int64_t g = 0; g < groups; g++) {                                                  \
+            float scale[TILE], offset[TILE];                                                    \
+            for (int64_t c = 0; c < cols; c++) {                                                \
+                scale[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + c);                    \
+                offset[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + TILE + c);            \
+            }                                                                                   \
+            for (int64_t j = g * GROUP / per_step; j < (g + 1) * GROUP / per_step; j++) {       \
+                const uint8_t *step = qw + (t * steps + j) * 64;                                \
+                for (int64_t c = 0; c < cols; c++) {                                            \
+                    T *row = out + (t * TILE + c) * k + j * per_step;                           \
+                    for (int64_t i = 0; i < 4; i++) {                                           \
+                        uint8_t byte = step[4 * c + i];                                         \
+                        if (bits == 4) {                                                        \
+                            row[i] = STORE((float)(byte & 15) * scale[c] + offset[c]);          \
+                            row[4 + i] = STORE((float)(byte >> 4) * scale[c] + offset[c]);      \
+                        } else {                                                                \
+                            row[i] = STORE((float)byte * scale[c] + offset[c]);                 \
+                        }                                                                       \
+                    }                                                                           \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+    }                                                                                           \
+}
+DEFINE_DEQUANTIZE(bf16, uint16_t, bf16_store)
+DEFINE_DEQUANTIZE(f32, float, f32_store)
