@@ -160,6 +160,21 @@ def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16
     assert torch.equal(native.dequantize(), portable.rows(torch.arange(n)))  # the whole weight, exact
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_row_is_the_same_in_any_batch(dtype, bits):
+    """53 rows at once give bit for bit what 8 rows at a time give: the kernel's 4-row blocks
+    compute each row alone, so a row's result does not depend on its batch."""
+    gen = torch.Generator().manual_seed(bits)
+    n, k = 75, 160
+    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
+    weight = AffineWeight(q, torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3,
+                          32, bits)
+    packed = PackedAffine(weight, dtype)
+    x = torch.randn(53, k, generator=gen).to(dtype)
+    assert torch.equal(packed(x), torch.cat([packed(x[i:i + 8]) for i in range(0, 53, 8)]))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_long_chunks_multiply_the_dequantized_weight(bits):
     """From ``dense_rows`` rows (on an AMX CPU by default; forced here so every CPU runs it) a
