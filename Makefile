@@ -51,9 +51,16 @@ bench: install
 	$(PY) benchmarks/offline_throughput.py
 
 # llama.cpp as the outside baseline of benchmarks/quant.py: llama-cpp-python compiled from
-# source for this CPU (minutes; not part of `make test`).
+# source for this CPU (minutes; not part of `make test`). On a CPU with AMX tiles, llama.cpp
+# 0.3.36 built natively crashes (SIGSEGV) evaluating a batched prompt, so there it is built for
+# AVX-512 without its AMX path (a single stream's decode never used it). pip's wheel cache does
+# not key on CMAKE_ARGS, hence --no-cache-dir.
+LLAMA_CPP_CMAKE := $(if $(shell grep -m1 -ow amx_tile /proc/cpuinfo 2>/dev/null),\
+	-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=ON \
+	-DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON \
+	-DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF,-DGGML_NATIVE=ON)
 llama-cpp: install
-	CMAKE_ARGS="-DGGML_NATIVE=ON" $(PIP) --no-binary llama-cpp-python llama-cpp-python
+	CMAKE_ARGS="$(strip $(LLAMA_CPP_CMAKE))" $(PIP) --no-cache-dir --no-binary llama-cpp-python llama-cpp-python
 
 bench-quant: install
 	$(PY) benchmarks/quant.py
