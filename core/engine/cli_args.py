@@ -125,7 +125,8 @@ OPTIONS: dict[str, Option] = {
                              "refused (HTTP 503); 0: no limit", unit="seconds"),
     "shared_step_target_s": Option(("--shared-step-target-s",), "how long a step that prefills beside decoding "
                                    "requests should take; the prefill share adapts to it (0: a prompt may take "
-                                   "the whole budget)", unit="seconds"),
+                                   "the whole budget; offline LLM and engine generate default to 0, the "
+                                   "server to 0.25)", unit="seconds"),
     "policy": Option(("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")),
     "scheduler": Option(("--scheduler",), "scheduler plugin"),
     "kv_cache_manager": Option(("--kv-cache-manager",), "KV cache manager plugin"),
