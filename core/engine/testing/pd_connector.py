@@ -18,6 +18,7 @@ For connectors built on :class:`engine.kv_transfer.PDConnector`; a plugin's test
 
 from __future__ import annotations
 
+import random
 import socket
 import time
 
@@ -86,9 +87,17 @@ class PDSim(ConnectorSim):
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port that was free a moment ago, below Linux's ephemeral range (32768 and up): a port the
+    kernel hands out may be taken by an outgoing connection (UCX opens many) before the producer
+    binds it, which happened in CI. Callers still retry a bind that fails."""
+    while True:
+        port = random.randrange(20000, 32768)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 class PDConnectorContract(KVConnectorContract):
@@ -110,14 +119,22 @@ class PDConnectorContract(KVConnectorContract):
             self._sim.close()
         config = {"kv_connector": self.connector_name, "kv_ip": "127.0.0.1",
                   "kv_connector_extra_config": {**self.extra_config(folder), **extra}}
-        producer = self.make_sim({**config, "kv_role": "kv_producer", "kv_port": free_port()},
-                                 num_blocks + 4, budget, max_num_seqs)
+        producer = self._producer(config, num_blocks + 4, budget, max_num_seqs)
         producer.add(Request("warm-up", [96] * (3 * BLOCK), SamplingParams(max_tokens=1)))
         producer.run()  # its free queue now starts elsewhere than the consumer's: other block ids
         consumer = self.make_sim({**config, "kv_role": "kv_consumer", "kv_port": 0},
                                  num_blocks, budget, max_num_seqs, fail_every)
         self._sim = PDSim(**attrs.asdict(consumer, recurse=False), producer=producer)
         return self._sim
+
+    def _producer(self, config: dict, *args) -> ConnectorSim:
+        """The prefill side on a free port; another port when the chosen one was taken first."""
+        for attempt in range(5):
+            try:
+                return self.make_sim({**config, "kv_role": "kv_producer", "kv_port": free_port()}, *args)
+            except ValueError as error:
+                if "cannot listen" not in str(error) or attempt == 4:
+                    raise
 
     def assert_other_blocks(self, request, loaded_into, held_before):
         """The values came from the producer's blocks, which are other ids than the consumer's."""
