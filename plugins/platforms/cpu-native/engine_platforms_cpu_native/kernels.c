@@ -358,20 +358,19 @@ void silu_and_mul_##SUFFIX(const T *x, int64_t rows, int64_t stride, int64_t wid
 }
 
 #if VECTOR_PASSES
-static inline __m512 keep_f32(__m512 v) { return v; }
-#define DEFINE_SILU_VECTOR(SUFFIX, T, ROUND)                                                    \
+#define DEFINE_SILU_VECTOR(SUFFIX, T)                                                           \
 static int64_t silu_and_mul_vector_##SUFFIX(const T *gate, const T *up, int64_t width, T *out) { \
     __m512 one = _mm512_set1_ps(1.f);                                                           \
     for (int64_t i = 0; i < width; i += 16) {                                                   \
         __mmask16 m = tail_mask(width - i);                                                     \
         __m512 g = vload_##SUFFIX(gate + i, m);                                                 \
         __m512 silu = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g)))); \
-        vstore_##SUFFIX(out + i, _mm512_mul_ps(ROUND(silu), vload_##SUFFIX(up + i, m)), m);     \
+        vstore_##SUFFIX(out + i, _mm512_mul_ps(vround_##SUFFIX(silu), vload_##SUFFIX(up + i, m)), m); \
     }                                                                                           \
     return width;                                                                               \
 }
-DEFINE_SILU_VECTOR(bf16, uint16_t, bf16x16_round)
-DEFINE_SILU_VECTOR(f32, float, keep_f32)
+DEFINE_SILU_VECTOR(bf16, uint16_t)
+DEFINE_SILU_VECTOR(f32, float)
 #else
 #define DEFINE_SILU_VECTOR(SUFFIX, T)                                                           \
 static int64_t silu_and_mul_vector_##SUFFIX(const T *g, const T *u, int64_t width, T *out) {   \

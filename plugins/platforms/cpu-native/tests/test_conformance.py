@@ -143,12 +143,8 @@ def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, ro
 def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16_scales):
     """The same int32 group sums in both builds; only the float sums' order differs."""
     gen = torch.Generator().manual_seed(rows)
-    n, k = 75, 160
-    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
-    scale, offset = torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3
-    if float16_scales:
-        scale, offset = scale.half().float(), offset.half().float()
-    weight = AffineWeight(q, scale, offset, 32, bits)
+    weight = _random_affine(bits, gen, float16_scales)
+    n, k = weight.shape
     native, portable = PackedAffine(weight, dtype), PackedAffine(weight, dtype, portable=True)
     assert native.half == float16_scales
     assert torch.equal(native.qw, portable.qw) and torch.equal(native.sz, portable.sz)
@@ -166,10 +162,8 @@ def test_a_row_is_the_same_in_any_batch(dtype, bits):
     """53 rows at once give bit for bit what 8 rows at a time give: the kernel's 4-row blocks
     compute each row alone, so a row's result does not depend on its batch."""
     gen = torch.Generator().manual_seed(bits)
-    n, k = 75, 160
-    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
-    weight = AffineWeight(q, torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3,
-                          32, bits)
+    weight = _random_affine(bits, gen)
+    k = weight.shape[1]
     packed = PackedAffine(weight, dtype)
     x = torch.randn(53, k, generator=gen).to(dtype)
     assert torch.equal(packed(x), torch.cat([packed(x[i:i + 8]) for i in range(0, 53, 8)]))
@@ -181,10 +175,8 @@ def test_long_chunks_multiply_the_dequantized_weight(bits):
     bf16 matmul is exactly torch's GEMM on the dequantized weight, and shorter ones stay on the
     VNNI kernel, within its int8 rounding of that product."""
     gen = torch.Generator().manual_seed(bits)
-    n, k = 75, 160
-    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
-    weight = AffineWeight(q, torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3,
-                          32, bits)
+    weight = _random_affine(bits, gen)
+    k = weight.shape[1]
     packed = PackedAffine(weight, torch.bfloat16)
     assert packed.dense_rows == (affine.DENSE_ROWS if affine.amx_bf16() else None)
     assert PackedAffine(weight, torch.float32).dense_rows is None
@@ -195,3 +187,12 @@ def test_long_chunks_multiply_the_dequantized_weight(bits):
     rounded = packed(x[:39]).float()
     assert not torch.equal(rounded, dense[:39].float())  # the VNNI kernel's int8 activations
     assert (rounded - dense[:39].float()).abs().max() <= 0.03 * dense.float().abs().max()
+
+
+def _random_affine(bits: int, gen, float16_scales: bool = False, n: int = 75, k: int = 160) -> AffineWeight:
+    """n × k random ``bits``-bit values in 32-input groups (75 outputs: no tile multiple)."""
+    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
+    scale, offset = torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3
+    if float16_scales:
+        scale, offset = scale.half().float(), offset.half().float()
+    return AffineWeight(q, scale, offset, 32, bits)
