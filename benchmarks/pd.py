@@ -25,7 +25,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -35,15 +34,10 @@ import httpx
 
 from engine.kv_transfer import PDConnector
 from engine.plugins import RegistrationError, load_plugins
+from engine.testing.ports import free_port
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 METRICS = ("median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "request_throughput")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

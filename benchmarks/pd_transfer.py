@@ -14,7 +14,6 @@ its own; the median of the rest is printed with its throughput, and every read i
 from __future__ import annotations
 
 import argparse
-import socket
 import statistics
 import subprocess
 import sys
@@ -22,6 +21,8 @@ import textwrap
 import time
 
 import torch
+
+from engine.testing.ports import free_port
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK, BLOCK_DIM = 30, 3, 64, 16, 2
 TRANSPORTS = {"nixl": "engine_kvconnectors_nixl.transport:NixlTransport",
@@ -61,12 +62,6 @@ def make(target: str, engine_id: str, kv, serves: bool, port: int = 0):
     transport = cls(TransportContext(engine_id, "127.0.0.1", port, serves, BlockLayout.of(kv, BLOCK_DIM, BLOCK), 60.0))
     transport.start(kv, BLOCK_DIM)
     return transport
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def run(name: str, tokens: int, reps: int, dtype: str) -> tuple[float, list[float]]:

@@ -21,7 +21,6 @@ import asyncio
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import time
 
 import httpx
 
+from engine.testing.ports import free_port
 from engine_server.bench import one_request
 from engine_server.bench.datasets import Tokens, random_requests
 from engine_server.bench.metrics import RequestOutput
@@ -59,12 +59,6 @@ def rss_mib(pid: int) -> float:
             if line.startswith("VmRSS:"):
                 return int(line.split()[1]) * 1024 / MIB
     raise RuntimeError(f"no VmRSS for pid {pid}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

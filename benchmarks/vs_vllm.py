@@ -35,11 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+from engine.testing.ports import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
 
@@ -141,12 +142,6 @@ def offline(args) -> None:
         if "vllm" in best:
             line += "   ratios: " + "  ".join(f"{k} {best[k] / best['vllm']:.2f}x" for k in args.configs)
         print(line)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 900) -> None:

@@ -6,7 +6,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -14,14 +13,10 @@ import time
 
 import httpx
 
+from engine.testing.ports import free_port
+
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 API_KEY = "test-key"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -8,7 +8,6 @@ import json
 import os
 import random
 import signal
-import socket
 import time
 
 import openai
@@ -144,15 +143,6 @@ def _kill_a_core_and_expect_a_clean_exit(server):
         time.sleep(0.1)
 
 
-def _free_port_pair() -> int:
-    """A free port whose successor is free too (core i publishes on port + i)."""
-    while True:
-        port = free_port()
-        with socket.socket() as probe:
-            if probe.connect_ex(("127.0.0.1", port + 1)) != 0:
-                return port
-
-
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -166,7 +156,7 @@ def test_prefix_routing_beats_round_robin_and_outputs_equal_one_core(tiny_llama,
     """The prefix-routed server follows its cores' KV events. Also: one core dying takes the
     server down cleanly (non-zero exit, no core left)."""
     single, single_rate, _ = _run(tiny_llama[0], prompts)
-    events = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{_free_port_pair()}"})
+    events = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{free_port(2)}"})
     routed, routed_rate, engines = _run(tiny_llama[0], prompts, "-dp", "2", "--kv-events-config", events,
                                         kill_a_core=True)
     turns, turns_rate, _ = _run(tiny_llama[0], prompts, "-dp", "2", "--data-parallel-routing", "round-robin")

@@ -18,8 +18,6 @@ For connectors built on :class:`engine.kv_transfer.PDConnector`; a plugin's test
 
 from __future__ import annotations
 
-import random
-import socket
 import time
 
 import attrs
@@ -29,6 +27,7 @@ from engine.kv_transfer import DO_REMOTE_DECODE
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.testing.kv_connector import BLOCK, ConnectorSim, KVConnectorContract
+from engine.testing.ports import free_port
 from engine.testing.scheduler import alone
 
 RUN_SECONDS = 120  # a workload's bound: transfers are real, so time (not steps) bounds it
@@ -84,20 +83,6 @@ class PDSim(ConnectorSim):
     def close(self) -> None:
         super().close()
         self.producer.close()
-
-
-def free_port() -> int:
-    """A port that was free a moment ago, below Linux's ephemeral range (32768 and up): a port the
-    kernel hands out may be taken by an outgoing connection (UCX opens many) before the producer
-    binds it, which happened in CI. Callers still retry a bind that fails."""
-    while True:
-        port = random.randrange(20000, 32768)
-        with socket.socket() as probe:
-            try:
-                probe.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
 
 
 class PDConnectorContract(KVConnectorContract):

@@ -15,7 +15,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.interfaces import Request
 from engine.testing import reference
-from engine.testing.pd_connector import free_port
+from engine.testing.ports import free_port
 from engine_kvconnectors_nixl import nixl_api
 
 pytestmark = pytest.mark.skipif(nixl_api.missing_reason() is not None, reason=str(nixl_api.missing_reason()))

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from engine.kv_transfer import BlockLayout, Peer, Read, TransportContext
-from engine.testing.pd_connector import free_port
+from engine.testing.ports import free_port
 from engine_kvconnectors_nixl import nixl_api
 from engine_kvconnectors_nixl.transport import NixlTransport
 

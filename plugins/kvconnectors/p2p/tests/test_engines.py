@@ -14,7 +14,7 @@ import pytest
 from engine import LLM, SamplingParams
 from engine.interfaces import Request
 from engine.testing import reference
-from engine.testing.pd_connector import free_port
+from engine.testing.ports import free_port
 
 VOCAB = 256
 BLOCK = 8

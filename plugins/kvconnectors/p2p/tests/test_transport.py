@@ -15,7 +15,7 @@ import zmq
 
 from engine.kv_transfer import BlockLayout, Peer, Read, TransportContext
 from engine.kv_transfer.connector import PDConnector
-from engine.testing.pd_connector import free_port
+from engine.testing.ports import free_port
 from engine_kvconnectors_p2p.transport import ZmqTransport
 
 BLOCK_DIM = 1
