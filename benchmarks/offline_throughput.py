@@ -13,6 +13,7 @@ batch size, to show where the time goes.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 
 import torch
@@ -54,27 +55,41 @@ def run_hf(model, prompts, output_len, pad_id):
     return (out.shape[1] - width) * len(prompts) / elapsed, elapsed
 
 
-def profile_decode_step(llm, prompts):
-    from torch.profiler import ProfilerActivity, profile
-
+def decode_steps(llm, prompts, steps: int, profiler=None) -> list[float]:
+    """Seconds of each of ``steps`` decode steps with every prompt in the batch: the prompts are
+    prefilled first, two steps warm up, ``profiler`` (a context manager) wraps the timed ones."""
     from engine import SamplingParams
     from engine.request import Request
 
     engine = llm.engine
-    for i, p in enumerate(prompts):
-        engine.add_request(Request(f"prof-{i}", p, SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)))
+    ids = [f"steps-{i}" for i in range(len(prompts))]
+    # room for the steps that decode while later prompts prefill: every request must still be running
+    params = SamplingParams(max_tokens=1024, temperature=0, ignore_eos=True)
+    for request_id, prompt in zip(ids, prompts):
+        engine.add_request(Request(request_id, prompt, params))
     while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running_requests()) \
             or engine.scheduler.stats["waiting"]:
         engine.step()
-    for _ in range(3):
-        engine.step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        engine.step()
-        elapsed = time.perf_counter() - start
+    engine.step()
+    engine.step()
+    assert len(engine.scheduler.running_requests()) == len(prompts), "a request finished or was preempted"
+    times = []
+    with profiler or contextlib.nullcontext():
+        for _ in range(steps):
+            start = time.perf_counter()
+            engine.step()
+            times.append(time.perf_counter() - start)
+    engine.abort(ids)
+    return times
+
+
+def profile_decode_step(llm, prompts):
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    (elapsed,) = decode_steps(llm, prompts, 1, prof)
     print(f"\none decode step at batch {len(prompts)}: {elapsed * 1000:.1f} ms")
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
-    engine.abort([f"prof-{i}" for i in range(len(prompts))])
 
 
 def main():

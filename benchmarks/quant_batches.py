@@ -6,10 +6,10 @@ time and offline throughput.
                                        [--configs default int8-w8a8] [--threads N]
 
 For each batch size B every engine generates for the same B prompts (16–255 tokens, EOS
-ignored), alternating (bf16, default, int8-w8a8, bf16, …). Decode-step time is the time a
-``--output-len``-token run takes beyond a 1-token run of the same prompts (prefill and first
-token), per step, prefix caching off; throughput is B × output-len over the whole run. Each figure is the best of
-``--repeats`` (this shared machine's run-to-run spread is ±10 %). ``--threads`` sets the engine's
+ignored), alternating (bf16, default, int8-w8a8, bf16, …). Decode-step time is the median of 8
+engine steps timed one by one with all B requests decoding (after their prefill; prefix caching
+off); throughput is B × output-len over a whole run. Each figure is the best of ``--repeats``
+(this shared machine's run-to-run spread is ±10 %). ``--threads`` sets the engine's
 thread count (torch's and the kernels' OpenMP pool, ``ENGINE_NUM_THREADS``): on a machine busier than its cores, threads that
 wait at barriers for preempted peers make every figure several times slower, one thread
 keeps the comparison fair.
@@ -19,11 +19,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from offline_throughput import make_prompts
+from offline_throughput import decode_steps, make_prompts
 
 CONFIGS = {"bf16": dict(quantization="unquantized"), "default": dict(), "int8-w8a8": dict(quantization="int8-w8a8")}
 COMMON = dict(enable_prefix_caching=False)  # the runs repeat the same prompts: each must prefill them
@@ -60,9 +61,8 @@ def main():
         step, throughput = {}, {}
         for _ in range(args.repeats):
             for name, llm in engines.items():
-                first = timed_run(llm, prompts[:batch], 1)
+                step[name] = min(step.get(name, float("inf")), statistics.median(decode_steps(llm, prompts[:batch], 8)))
                 whole = timed_run(llm, prompts[:batch], args.output_len)
-                step[name] = min(step.get(name, float("inf")), (whole - first) / (args.output_len - 1))
                 throughput[name] = max(throughput.get(name, 0.0), batch * args.output_len / whole)
         print(f"{batch:>5} " + " ".join(f"| {'':>10} {step[n] * 1e3:>7.1f} {throughput[n]:>7.0f} "
                                         f"{step['bf16'] / step[n]:>5.2f}×" for n in names), flush=True)
