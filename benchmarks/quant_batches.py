@@ -61,7 +61,8 @@ def main():
         step, throughput = {}, {}
         for _ in range(args.repeats):
             for name, llm in engines.items():
-                step[name] = min(step.get(name, float("inf")), statistics.median(decode_steps(llm, prompts[:batch], 8)))
+                median_step = statistics.median(decode_steps(llm, prompts[:batch], 8))
+                step[name] = min(step.get(name, float("inf")), median_step)
                 whole = timed_run(llm, prompts[:batch], args.output_len)
                 throughput[name] = max(throughput.get(name, 0.0), batch * args.output_len / whole)
         print(f"{batch:>5} " + " ".join(f"| {'':>10} {step[n] * 1e3:>7.1f} {throughput[n]:>7.0f} "

@@ -52,13 +52,15 @@ SERVE_FLAGS = {"default": [], "bf16": ["--quantization", "unquantized"], "int8":
                "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"],
                "dp2": ["--data-parallel-size", "2"]}  # online only: two engine cores, one per CPU share
 SERVED_NAME = "smollm2"
+VLLM_MEMORY_UTILIZATION = 0.3  # of the NUMA node's memory: see the module docstring
 VLLM_OFFLINE = """
 import json, sys, time
 from vllm import LLM, SamplingParams
 
 def main():  # vLLM spawns its engine core: the script must be importable without running
     prompts, output_len, folder = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
-    llm = LLM(model=folder, dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=0.3, seed=0)
+    memory = float(sys.argv[4])  # gpu_memory_utilization
+    llm = LLM(model=folder, dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=memory, seed=0)
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], SamplingParams(max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
@@ -129,7 +131,8 @@ def offline(args) -> None:
                 if name == "vllm":
                     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
                         script.write(VLLM_OFFLINE)
-                    result = _run_result([args.vllm_python, script.name, f.name, str(args.output_len), folder],
+                    result = _run_result([args.vllm_python, script.name, f.name, str(args.output_len), folder,
+                                          str(VLLM_MEMORY_UTILIZATION)],
                                          env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
                 else:
                     result = _run_result([sys.executable, __file__, "--worker", name, f.name, str(args.output_len)])
@@ -166,7 +169,8 @@ def _server_command(name: str, args, folder: str, port: int) -> list[str]:
     if name == "vllm":
         vllm = os.path.join(os.path.dirname(args.vllm_python), "vllm")
         return [vllm, "serve", folder, "--port", str(port), "--served-model-name", SERVED_NAME,
-                "--dtype", "bfloat16", "--max-model-len", "2048", "--gpu-memory-utilization", "0.3"]
+                "--dtype", "bfloat16", "--max-model-len", "2048",
+                "--gpu-memory-utilization", str(VLLM_MEMORY_UTILIZATION)]
     engine = os.path.join(os.path.dirname(sys.executable), "engine")
     return [engine, "serve", "--port", str(port), "--served-model-name", SERVED_NAME, *SERVE_FLAGS[name]]
 
