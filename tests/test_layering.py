@@ -118,7 +118,6 @@ def test_the_request_state_and_step_messages_are_public_from_the_ground_floor():
 
     for name in ("Request", "RequestStatus"):
         assert getattr(interfaces, name).__module__ == "engine.request"
-    for name in ("StepPlan", "ScheduledRequest", "StepResult", "EngineOutput", "SchedulerContext",
-                 "TokenLogprobs", "Overloaded"):
+    for name in ("StepPlan", "ScheduledRequest", "StepResult", "EngineOutput", "TokenLogprobs", "Overloaded"):
         assert getattr(interfaces, name).__module__ == "engine.step"
     assert all(hasattr(interfaces, name) for name in interfaces.__all__)

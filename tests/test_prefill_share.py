@@ -5,10 +5,11 @@ import time
 
 from engine.builtin.chunking import FIRST_SHARE, MIN_SHARE, PrefillShare
 from engine.config import EngineConfig
+from engine.core.lifecycle import request_path
 from engine.plugins import load_plugins
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.step import SchedulerContext, StepResult
+from engine.step import StepResult
 
 
 def test_share_shrinks_after_a_slow_step_and_grows_after_a_fast_one():
@@ -44,32 +45,33 @@ def test_no_stream_waiting_means_the_whole_budget():
 
 
 def _scheduler(**options):
+    """The default scheduler's request path (the core applies each step's result)."""
     config = EngineConfig.from_kwargs(block_size=16, max_num_batched_tokens=512, **options)
     kv = load_plugins().get("kv_cache_managers", "default")(config, 200)
-    return load_plugins().get("schedulers", "default")(SchedulerContext(config, kv, None, 199 * 16))
+    return request_path(load_plugins(), config, kv, None, 199 * 16)
 
 
 def _step(scheduler):
     plan = scheduler.schedule()
-    scheduler.update(plan, StepResult({item.request.request_id: [7] for item in plan.scheduled if item.samples}))
+    scheduler.apply(plan, StepResult({item.request.request_id: [7] for item in plan.scheduled if item.samples}))
     return {item.request.request_id: item.num_new_tokens for item in plan.scheduled}
 
 
 def test_a_long_prompt_beside_a_stream_gets_the_share_and_alone_the_budget():
     scheduler = _scheduler(shared_step_target_s=30.0)  # every step is fast: the share only grows
-    scheduler.add_request(Request("stream", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
+    scheduler.add(Request("stream", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
     assert _step(scheduler) == {"stream": 3}
-    scheduler.add_request(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
+    scheduler.add(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
     chunks = [_step(scheduler) for _ in range(4)]
     assert chunks == [{"stream": 1, "long": n} for n in (32, 64, 128, 256)]
     alone = _scheduler()
-    alone.add_request(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
+    alone.add(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
     assert _step(alone) == {"long": 512}
 
 
 def test_target_zero_turns_the_share_off():
     scheduler = _scheduler(shared_step_target_s=0)
-    scheduler.add_request(Request("stream", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
+    scheduler.add(Request("stream", [1, 2, 3], SamplingParams(max_tokens=50, ignore_eos=True)))
     _step(scheduler)
-    scheduler.add_request(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
+    scheduler.add(Request("long", [5] * 3000, SamplingParams(max_tokens=1)))
     assert _step(scheduler) == {"stream": 1, "long": 511}

@@ -31,6 +31,17 @@ def chain_hashes(tokens: Sequence[int], block_size: int, salt: str | None = None
     return hashes
 
 
+def block_hashes(request, block_size: int) -> list[bytes]:
+    """Extend ``request.block_hashes`` to every full block of its known tokens
+    (:func:`chain_hashes`)."""
+    hashes = request.block_hashes
+    start, end = len(hashes) * block_size, request.num_tokens // block_size * block_size
+    if end > start:
+        hashes.extend(chain_hashes(request.all_token_ids[start:end], block_size, request.cache_salt,
+                                   hashes[-1] if hashes else None))
+    return hashes
+
+
 def external_hash(block_hash: bytes) -> int:
     """A block hash as vLLM's KV events carry it: its low 64 bits, as an unsigned integer."""
     return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)

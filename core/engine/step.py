@@ -19,14 +19,6 @@ class Overloaded(Exception):
 
 
 @attrs.frozen
-class SchedulerContext:
-    config: Any  # EngineConfig
-    kv_cache_manager: Any  # KVCacheManager
-    kv_connector: Any = None  # KVConnector or None
-    max_model_len: int = 2048
-
-
-@attrs.frozen
 class ScheduledRequest:
     request: Request
     num_new_tokens: int  # known tokens computed this step, from request.num_computed_tokens

@@ -11,7 +11,7 @@ def register_platforms(register):
 
 @hookimpl
 def register_schedulers(register):
-    register("default", "engine.builtin.scheduler:DefaultScheduler", api=2)
+    register("default", "engine.builtin.scheduler:DefaultScheduler", api=3)
 
 
 @hookimpl

@@ -24,20 +24,9 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from engine.interfaces import KVCacheGroup, KVCacheManager
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, chain_hashes
+from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, block_hashes
 
 NULL_BLOCK = 0
-
-
-def block_hashes(request, block_size: int) -> list[bytes]:
-    """Extend ``request.block_hashes`` to every full block of its known tokens
-    (:func:`engine.kv_events.chain_hashes`)."""
-    hashes = request.block_hashes
-    start, end = len(hashes) * block_size, request.num_tokens // block_size * block_size
-    if end > start:
-        hashes.extend(chain_hashes(request.all_token_ids[start:end], block_size, request.cache_salt,
-                                   hashes[-1] if hashes else None))
-    return hashes
 
 
 class BlockPool:

@@ -1,7 +1,8 @@
 """EngineCore: the step loop.
 
 schedule → flatten the batch → model forward → logits processors and grammar masks →
-sampler (verifying drafts) → update the scheduler → outputs → propose next drafts.
+sampler (verifying drafts) → apply the result (the request lifecycle) → outputs → propose
+next drafts.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 from engine import generation_config
 from engine.config import EngineConfig
 from engine.core import faults, kv_connectors, setup
+from engine.core.lifecycle import request_path
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
@@ -31,7 +33,6 @@ from engine.step import (
     OVERLOADED,
     EngineOutput,
     RequestTiming,
-    SchedulerContext,
     StepPlan,
     StepResult,
 )
@@ -87,8 +88,7 @@ class EngineCore:
         self._kv_counters = kv_connectors.TransferCounters()
         self._kv_meta: object = None  # this step's connector metadata until the runner took it
         self.last_step_computed = False  # False: only transfers were waited on (a loop may pause)
-        self.scheduler = registry.get("schedulers", config.scheduler.scheduler)(
-            SchedulerContext(config, self.kv_cache_manager, self.connector, max_len))
+        self.lifecycle = request_path(registry, config, self.kv_cache_manager, self.connector, max_len)
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
         self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
                                   self.platform.device, processors, kv_worker,
@@ -192,7 +192,7 @@ class EngineCore:
         self.validate(request.prompt_token_ids, request.pooling_params or request.sampling_params, request.priority)
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
         request.queued_time = time.monotonic()
-        self.scheduler.add_request(request)  # may refuse it: Overloaded
+        self.lifecycle.add(request)  # the scheduler may refuse it: Overloaded
         if request.pooling_params is None and request.sampling_params.structured_outputs is not None:
             self.structured.submit(request)
 
@@ -205,21 +205,21 @@ class EngineCore:
         return self._structured
 
     def abort(self, request_ids) -> None:
-        self.scheduler.abort(request_ids)
+        self.lifecycle.abort(request_ids)
         if self.speculator is not None:
             self.speculator.finished(request_ids)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.lifecycle.has_unfinished()
 
     def has_pending_transfers(self) -> bool:
         """Finished requests hold blocks until the KV connector reports them sent: the engine
         must keep stepping (the worker half's report is read each step) even without requests."""
-        return self.scheduler.has_pending_transfers()
+        return self.lifecycle.has_pending_transfers()
 
     def step(self) -> list[EngineOutput]:
-        outputs = self._structured.poll(self.scheduler) if self._structured else []
-        plan = self.scheduler.schedule()
+        outputs = self._structured.poll(self.lifecycle) if self._structured else []
+        plan = self.lifecycle.schedule()
         self.last_step_computed = bool(plan.scheduled)
         if plan.refused:
             outputs += self._refused(plan.refused)
@@ -242,10 +242,10 @@ class EngineCore:
             self._collect_kv_transfers()
         if self.speculator is not None:
             self.speculator.record(plan, result)
-        outputs += self._time_first_tokens(plan, self.scheduler.update(plan, result))
+        outputs += self._time_first_tokens(plan, self.lifecycle.apply(plan, result))
         if self.speculator is not None:
             self.speculator.finished([o.request_id for o in outputs if o.finished] + list(plan.preempted))
-            self.speculator.propose(self.scheduler.running_requests(), result)
+            self.speculator.propose(self.lifecycle.running(plan), result, self.lifecycle.reserve_lookahead)
         return outputs
 
     def _mark_scheduled(self, plan: StepPlan) -> None:
@@ -291,11 +291,11 @@ class EngineCore:
         return self.executor.execute(plan, group_tables, bitmask, kv_meta)
 
     def _collect_kv_transfers(self) -> None:
-        """The worker half's report of the step, to the counters, the scheduler half and the scheduler."""
+        """The worker half's report of the step, to the counters, the scheduler half and the lifecycle."""
         report = self.runner.connector.get_finished()
         self._kv_counters.add(report)
         self.connector.update_connector_output(report)
-        self.scheduler.update_kv_transfers(report)
+        self.lifecycle.on_kv_report(report)
 
     def _isolate(self, plan: StepPlan, error: Exception) -> tuple[StepPlan, StepResult, list[EngineOutput]]:
         """Re-run the failed step's requests one by one; finish the ones that fail alone
@@ -305,7 +305,7 @@ class EngineCore:
         for request, exc in isolated.culprits:
             logger.error("request %s failed in the engine step; finishing it with an error",
                          request.request_id, exc_info=exc)
-            self.scheduler.abort([request.request_id])
+            self.lifecycle.abort([request.request_id], "error")
             failed.append(EngineOutput(request.request_id, [], finish_reason="error",
                                        error=faults.error_message(exc)))
         return isolated.plan, isolated.result, failed
@@ -317,7 +317,7 @@ class EngineCore:
     def stats(self) -> dict:
         spec = self.speculator.stats() if self.speculator is not None else {}
         kv = self._kv_counters.stats() if self.connector is not None else {}
-        return {**self.scheduler.stats, **spec, **self._step_tokens.stats(), **kv}
+        return {**self.lifecycle.stats(), **spec, **self._step_tokens.stats(), **kv}
 
     def cache_info(self) -> dict[str, str]:
         """The KV cache's configuration as strings (vLLM's ``cache_config_info`` labels)."""

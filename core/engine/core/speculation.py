@@ -1,17 +1,21 @@
 """Speculative decoding in the core: after every step, ask the drafter for the next drafts of
-each decoding request, reserve KV slots for them, cut drafts at the first token the
-request's grammar refuses, and count what verification accepts."""
+each decoding request (their KV slots granted by the scheduler first), cut drafts at the first
+token the request's grammar refuses (:func:`engine.core.structured.grammar_prefix`), and count
+what verification accepts."""
 
 from __future__ import annotations
 
-from engine.interfaces import Draft, DraftRequest
-from engine.step import StepPlan, StepResult
+from collections.abc import Callable
+
+from engine.core.structured import grammar_prefix
+from engine.interfaces import Draft, DraftRequest, Request, StepPlan, StepResult
 
 ACCEPTED_AT = "spec_accepted_pos:"  # stats key prefix: accepted drafts at a draft position (0 = first)
 
 
 class Speculator:
     def __init__(self, drafter, num_spec_tokens: int, kv_cache_manager, max_model_len: int):
+        """``kv_cache_manager``: read for the block tables the drafter writes into."""
         self.drafter = drafter
         self.k = num_spec_tokens
         self.kv = kv_cache_manager
@@ -32,7 +36,10 @@ class Speculator:
                 for pos in range(accepted):
                     self.accepted_per_pos[pos] += 1
 
-    def propose(self, running, result: StepResult) -> None:
+    def propose(self, running: list[Request], result: StepResult,
+                reserve: Callable[[Request, int], bool]) -> None:
+        """Drafts for each request of ``running`` that decodes; ``reserve(request, n)`` asks the
+        scheduler for slots for ``n`` drafts (refused: no drafts for it)."""
         eligible = []
         for request in running:
             if request.num_computed_tokens != request.num_tokens - 1:  # still prefilling
@@ -40,7 +47,7 @@ class Speculator:
             params = request.sampling_params
             room = min(self.k, self.max_model_len - request.num_tokens - 1,
                        (params.max_tokens or self.max_model_len) - len(request.output_token_ids) - 1)
-            if room > 0 and self.kv.allocate_slots(request, 0, num_lookahead_tokens=room):
+            if room > 0 and reserve(request, room):
                 eligible.append((request, room))
         if not eligible:
             return
@@ -53,17 +60,8 @@ class Speculator:
             request.spec_token_ids, request.spec_probs = tokens, probs
 
     @staticmethod
-    def _allowed(request, draft: Draft, room: int):
-        tokens = list(draft.token_ids[:room])
-        if request.grammar is not None:
-            valid = 0
-            for token in tokens:
-                if not request.grammar.accept_tokens([token]):
-                    break
-                valid += 1
-            if valid:
-                request.grammar.rollback(valid)
-            tokens = tokens[:valid]
+    def _allowed(request: Request, draft: Draft, room: int):
+        tokens = grammar_prefix(request, list(draft.token_ids[:room]))
         probs = None if draft.probs is None or not tokens else draft.probs[:len(tokens)]
         return tokens, probs
 

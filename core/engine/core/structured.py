@@ -1,5 +1,7 @@
 """Structured outputs in the core: grammars compile on a worker thread while their request
-waits parked (it does not block the queue); each step one bitmask row per sampling row.
+waits parked (it does not block the queue); each step one bitmask row per sampling row. A
+request's grammar is touched here and in the request lifecycle only (which advances it by the
+tokens it appends, :mod:`engine.core.lifecycle`).
 
 The compile thread runs at a lower CPU priority (nice 5: about a quarter of a normal
 thread's share; threads a backend starts from it inherit that on Linux), so a grammar
@@ -40,7 +42,7 @@ class StructuredOutputs:
         request.status = RequestStatus.WAITING_FOR_GRAMMAR
         self._pending[request.request_id] = (request, future)
 
-    def poll(self, scheduler) -> list[EngineOutput]:
+    def poll(self, lifecycle) -> list[EngineOutput]:
         """Release compiled requests to the queue; fail those whose grammar is invalid."""
         failed = []
         for rid, (request, future) in list(self._pending.items()):
@@ -54,7 +56,7 @@ class StructuredOutputs:
                 request.grammar = future.result()
                 request.status = RequestStatus.WAITING
                 continue
-            scheduler.abort([rid])
+            lifecycle.abort([rid], "error")
             failed.append(EngineOutput(rid, [], finish_reason="error", error=f"invalid grammar: {error}"))
         return failed
 
@@ -82,6 +84,22 @@ class StructuredOutputs:
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def grammar_prefix(request: Request, tokens: list[int]) -> list[int]:
+    """The longest prefix of ``tokens`` (drafts) the request's grammar accepts; the grammar is
+    left where it was."""
+    grammar = request.grammar
+    if grammar is None:
+        return tokens
+    valid = 0
+    for token in tokens:
+        if not grammar.accept_tokens([token]):
+            break
+        valid += 1
+    if valid:
+        grammar.rollback(valid)
+    return tokens[:valid]
 
 
 def _background_priority() -> None:

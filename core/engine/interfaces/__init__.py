@@ -22,14 +22,13 @@ from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext
 from engine.interfaces.platform import Communicator, Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
-from engine.interfaces.scheduler import Scheduler
+from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats
 from engine.interfaces.tool_parser import ToolCall, ToolParser
 from engine.request import Request, RequestStatus
 from engine.step import (
     EngineOutput,
     Overloaded,
     ScheduledRequest,
-    SchedulerContext,
     StepPlan,
     StepResult,
     TokenLogprobs,
@@ -55,7 +54,11 @@ INTERFACE_VERSIONS = {
     "grammar_backends": 1,
     "drafters": 1,
     "logits_processors": 1,
-    "schedulers": 2,  # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
+    # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
+    # 3: policy only — the core applies results and runs the KV connector's request protocol
+    #    (SchedulerContext.kv_admission, typed SchedulerStats, reserve_lookahead, step_done); v2
+    #    schedulers still load and run through engine.core.scheduler_v2
+    "schedulers": 3,
     "kv_cache_managers": 2,  # 2: allocate_slots(delay_cache=...)
     "tool_parsers": 1,
     "reasoning_parsers": 1,
@@ -63,9 +66,10 @@ INTERFACE_VERSIONS = {
     "executors": 1,
 }
 
-# Older versions a kind still loads, because the newer one only added members with defaults.
+# Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
+# the core adapts the old contract exactly.
 STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,), "model_loaders": (2,), "quant_methods": (2,),
-                "kv_connectors": (2,)}
+                "kv_connectors": (2,), "schedulers": (2,)}
 
 __all__ = [
     "INTERFACE_VERSIONS",
@@ -88,6 +92,7 @@ __all__ = [
     "GrammarBackend",
     "GrammarContext",
     "GrammarSpec",
+    "KVAdmission",
     "KVCacheGroup",
     "KVCacheManager",
     "KVConnector",
@@ -101,6 +106,7 @@ __all__ = [
     "ModelLoader",
     "Overloaded",
     "Platform",
+    "PrefixHit",
     "QuantContext",
     "QuantMethod",
     "ReasoningParser",
@@ -109,6 +115,7 @@ __all__ = [
     "ScheduledRequest",
     "Scheduler",
     "SchedulerContext",
+    "SchedulerStats",
     "StepContext",
     "StepGraphs",
     "StepPlan",

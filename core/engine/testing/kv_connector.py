@@ -1,16 +1,17 @@
-"""KV connector contract: a connector's two halves driven by the default scheduler and KV cache
-manager, with the scheduler half's metadata pickled on its way to the worker half (as if they
-lived in different processes), and a stand-in model that writes into real cache tensors a value
-at each slot that depends on the whole prefix before it (as K/V do) and emits the next token as a
-function of the sequence (as greedy decoding does).
+"""KV connector contract: a connector's two halves driven by the core's request lifecycle (which
+runs the connector's request protocol), a scheduler (the default one unless ``scheduler_name``
+says otherwise) and the default KV cache manager, with the scheduler half's metadata pickled on
+its way to the worker half (as if they lived in different processes), and a stand-in model that
+writes into real cache tensors a value at each slot that depends on the whole prefix before it
+(as K/V do) and emits the next token as a function of the sequence (as greedy decoding does).
 
 Checked every step: before a request computes, every block holding its computed tokens, loaded
 or local, holds exactly that prefix's values in every layer (a round trip through the connector
 into other block ids is exact). Checked per workload: prefixes evicted from the pool come back
 through the connector; a failed load (injected: the block is garbled and reported failed) is
 recomputed and changes no output; preemption beside loads changes no output; under random
-workloads with preemption, aborts and failures no
-block leaks or is freed twice, and every request's tokens equal what it generates alone.
+workloads with preemption, aborts and failures no block leaks or is freed twice, and every
+request's tokens equal what it generates alone.
 
 A plugin's test subclasses :class:`KVConnectorContract`, sets ``connector_name`` and, if its
 connector needs it, overrides :meth:`KVConnectorContract.extra_config` (e.g. a disk path).
@@ -28,11 +29,12 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.kv_connectors import build_halves
+from engine.core.lifecycle import request_path
 from engine.interfaces import KVTransferReport
 from engine.plugins import load_plugins
 from engine.request import Request
 from engine.sampling_params import SamplingParams
-from engine.step import SchedulerContext, StepResult
+from engine.step import StepResult
 from engine.testing.scheduler import alone, next_token
 
 BLOCK = 4
@@ -72,7 +74,7 @@ class _Recorder:
 class ConnectorSim:
     """The step loop of an engine around the connector, with the stand-in model."""
 
-    scheduler: object
+    path: object  # the scheduler's request path (engine.core.lifecycle)
     kv: object
     recorder: _Recorder
     worker: object
@@ -85,12 +87,12 @@ class ConnectorSim:
     last_computed: bool = False
 
     def add(self, request: Request) -> None:
-        self.scheduler.add_request(request)
+        self.path.add(request)
 
     def step(self) -> list:
-        """One engine step; returns the scheduler's outputs."""
+        """One engine step; returns its outputs."""
         self.steps += 1
-        plan = self.scheduler.schedule()
+        plan = self.path.schedule()
         self.last_computed = bool(plan.scheduled)
         meta = pickle.loads(pickle.dumps(self.recorder.build_connector_meta(plan)))
         self.worker.bind_connector_metadata(meta)
@@ -105,14 +107,19 @@ class ConnectorSim:
         report = self._inject_failures(plan, self.worker.get_finished())
         self._check_prefixes(plan, report.failed_blocks)
         self.recorder.update_connector_output(report)
-        self.scheduler.update_kv_transfers(report)
+        self.path.on_kv_report(report)
         sampled = {item.request.request_id: [next_token(item.request.all_token_ids)]
                    for item in plan.scheduled if item.samples}
-        return self.scheduler.update(plan, StepResult(sampled))
+        return self.path.apply(plan, StepResult(sampled))
+
+    @property
+    def stats(self) -> dict:
+        """The engine's counters: the scheduler's, the KV cache manager's, the external hits."""
+        return self.path.stats()
 
     def drained(self) -> bool:
         """Every request finished and every block back in the pool (none delayed)."""
-        return not self.scheduler.has_unfinished() and self.kv.num_free_blocks == self.num_blocks - 1
+        return not self.path.has_unfinished() and self.kv.num_free_blocks == self.num_blocks - 1
 
     def close(self) -> None:
         self.recorder.half.shutdown()
@@ -122,7 +129,7 @@ class ConnectorSim:
         """Step until every request finished and the connector released every delayed block."""
         for _ in range(max_steps):
             if abort_at and self.steps in abort_at:
-                self.scheduler.abort([abort_at[self.steps]])
+                self.path.abort([abort_at[self.steps]])
             if self.drained():
                 return
             self.step()
@@ -160,7 +167,7 @@ class ConnectorSim:
         for item in plan.scheduled:
             request, table = item.request, self.kv.block_ids(item.request)
             if failed.intersection(table) or request.is_finished:
-                continue  # its step is void: the scheduler rolls it back
+                continue  # its step is void: the core rolls it back
             for pos in range(request.num_computed_tokens):
                 for layer, cache in enumerate(self.caches):
                     got = cache[:, table[pos // BLOCK], pos % BLOCK]
@@ -170,6 +177,7 @@ class ConnectorSim:
 
 class KVConnectorContract:
     connector_name: str = ""
+    scheduler_name: str = "default"  # the connector's protocol must hold under any scheduler
 
     def extra_config(self, folder: str) -> dict:
         """``kv_connector_extra_config`` for the connector; ``folder`` is a fresh directory."""
@@ -181,21 +189,19 @@ class KVConnectorContract:
                               "kv_connector_extra_config": self.extra_config(folder)},
                              num_blocks, budget, max_num_seqs, fail_every)
 
-    @staticmethod
-    def make_sim(transfer_config: dict, num_blocks: int, budget: int, max_num_seqs: int,
+    def make_sim(self, transfer_config: dict, num_blocks: int, budget: int, max_num_seqs: int,
                  fail_every: int = 0) -> ConnectorSim:
         config = EngineConfig.from_kwargs(
             block_size=BLOCK, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
-            kv_transfer_config=transfer_config)
+            kv_transfer_config=transfer_config, scheduler=self.scheduler_name)
         registry = load_plugins()
         kv = registry.get("kv_cache_managers", "default")(config, num_blocks)
         caches = [torch.zeros(2, num_blocks, BLOCK, WIDTH) for _ in range(NUM_LAYERS)]
         scheduler_half, worker = build_halves(registry, config, caches, BLOCK_DIM)
         worker.register_kv_caches(caches, BLOCK_DIM)
         recorder = _Recorder(scheduler_half)
-        scheduler = registry.get("schedulers", "default")(
-            SchedulerContext(config, kv, recorder, (num_blocks - 1) * BLOCK))
-        return ConnectorSim(scheduler, kv, recorder, worker, caches, num_blocks, fail_every)
+        path = request_path(registry, config, kv, recorder, (num_blocks - 1) * BLOCK)
+        return ConnectorSim(path, kv, recorder, worker, caches, num_blocks, fail_every)
 
     def assert_other_blocks(self, request: Request, loaded_into: list[int], held_before: list[int]) -> None:
         """The round trip's blocks were not where the loaded values were before."""
@@ -207,20 +213,20 @@ class KVConnectorContract:
         first = Request("first", shared + [1, 2], SamplingParams(max_tokens=3))
         sim.add(first)
         first_blocks = []
-        while sim.scheduler.has_unfinished():
+        while sim.path.has_unfinished():
             first_blocks = list(sim.kv.block_ids(first)) or first_blocks
             sim.step()
         for i in range(3):  # other prompts take the whole pool: the shared prefix is evicted
             sim.add(Request(f"filler{i}", [(11 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=2)))
         sim.run()
         assert sim.kv.get_computed_blocks(Request("probe", shared + [5], SamplingParams()))[1] == 0
-        hits_before = sim.scheduler.stats["external_prefix_hits"]
+        hits_before = sim.stats["external_prefix_hits"]
         second = Request("second", shared + [9, 9, 9], SamplingParams(max_tokens=4))
         sim.add(second)
         sim.step()
         loaded_into = sim.kv.block_ids(second)[:6]
         sim.run()
-        assert sim.scheduler.stats["external_prefix_hits"] - hits_before == 24, "the evicted prefix did not load"
+        assert sim.stats["external_prefix_hits"] - hits_before == 24, "the evicted prefix did not load"
         self.assert_other_blocks(second, loaded_into, first_blocks[:6])
         assert second.output_token_ids == alone(second.prompt_token_ids, 4)
 
@@ -229,10 +235,10 @@ class KVConnectorContract:
         shared = [(5 * j + 1) % 97 for j in range(16)]
         sim.add(Request("a", shared + [1], SamplingParams(max_tokens=2)))
         sim.run()
-        hits_before = sim.scheduler.stats["external_prefix_hits"]
+        hits_before = sim.stats["external_prefix_hits"]
         sim.add(Request("b", shared + [2], SamplingParams(max_tokens=2)))
         sim.run()
-        assert sim.scheduler.stats["external_prefix_hits"] == hits_before
+        assert sim.stats["external_prefix_hits"] == hits_before
         assert sim.kv.stats["prefix_hits"] == 16
 
     def test_failed_loads_recompute_to_the_same_output(self, tmp_path):
@@ -246,7 +252,7 @@ class KVConnectorContract:
         second = Request("second", shared + [8, 8], SamplingParams(max_tokens=5))
         sim.add(second)
         sim.run()
-        assert sim.failures > 0 and sim.scheduler.stats["kv_load_failures"] > 0
+        assert sim.failures > 0 and sim.stats["kv_load_failures"] > 0
         assert second.output_token_ids == alone(second.prompt_token_ids, 5)
 
     def test_preemption_beside_loads_changes_no_output(self, tmp_path):
@@ -261,8 +267,8 @@ class KVConnectorContract:
         for request in requests:
             sim.add(request)
         sim.run()
-        assert sim.scheduler.stats["preemptions"] > 0, "the test meant a pool small enough to preempt"
-        assert sim.scheduler.stats["external_prefix_hits"] > 0
+        assert sim.stats["preemptions"] > 0, "the test meant a pool small enough to preempt"
+        assert sim.stats["external_prefix_hits"] > 0
         for request in requests:
             assert request.output_token_ids == alone(request.prompt_token_ids, 12), request
 

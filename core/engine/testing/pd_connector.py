@@ -74,7 +74,7 @@ class PDSim(ConnectorSim):
         deadline = time.monotonic() + RUN_SECONDS
         while time.monotonic() < deadline:
             if abort_at and self.steps in abort_at:
-                self.scheduler.abort([abort_at[self.steps]])
+                self.path.abort([abort_at[self.steps]])
             if self.drained():
                 return
             self.step()
@@ -139,7 +139,7 @@ class PDConnectorContract(KVConnectorContract):
         local = list(sim.kv.block_ids(request))
         assert local[:5] != remote[:5], "the test meant other block ids on each side"
         sim.run()
-        assert sim.scheduler.stats["external_prefix_hits"] == 20  # 5 full blocks before the last token
+        assert sim.stats["external_prefix_hits"] == 20  # 5 full blocks before the last token
         assert request.output_token_ids == alone(prompt, 6)
 
     def test_abort_before_the_pull_frees_the_producers_blocks(self, tmp_path):
@@ -147,7 +147,7 @@ class PDConnectorContract(KVConnectorContract):
         request = Request("gone", [(5 * j + 2) % 97 for j in range(18)], SamplingParams(max_tokens=4))
         sim.add(request)
         assert sim.producer.kv.num_free_blocks < sim.producer.num_blocks - 1, "the producer holds its blocks"
-        sim.scheduler.abort(["gone"])  # before the decode instance admitted it
+        sim.path.abort(["gone"])  # before the decode instance admitted it
         started = time.monotonic()
         sim.run()
         assert time.monotonic() - started < self.abort_request_timeout / 2, "freed by the release, not the timeout"
@@ -161,7 +161,7 @@ class PDConnectorContract(KVConnectorContract):
         late = Request("late", prompt, SamplingParams(max_tokens=5), kv_transfer_params=stale)
         sim.add_local(late)  # params of blocks already freed: the pull fails, the prompt is computed
         sim.run()
-        assert sim.scheduler.stats["kv_load_failures"] == 1
+        assert sim.stats["kv_load_failures"] == 1
         assert late.output_token_ids == alone(prompt, 5)
 
     def test_params_of_another_prompt_are_not_pulled(self, tmp_path):
@@ -173,7 +173,7 @@ class PDConnectorContract(KVConnectorContract):
         sim.add_local(request)
         started = time.monotonic()
         sim.run()
-        assert sim.scheduler.stats["external_prefix_hits"] == 0
+        assert sim.stats["external_prefix_hits"] == 0
         assert request.output_token_ids == alone(other, 4)
         assert time.monotonic() - started < self.abort_request_timeout / 2, "the producer was released"
 
@@ -182,7 +182,7 @@ class PDConnectorContract(KVConnectorContract):
         prompt = [(13 * j + 7) % 97 for j in range(40)]
         sim.producer.add(Request("cut", prompt, SamplingParams(max_tokens=1), kv_transfer_params={DO_REMOTE_DECODE: True}))
         sim.step()  # its first chunk
-        sim.producer.scheduler.abort(["cut"])
+        sim.producer.path.abort(["cut"])
         sim.step()
         assert "cut" not in sim.handed_on  # an abort is no output: nothing handed on
         assert sim.producer.drained(), "an aborted prefill holds no blocks"
@@ -199,5 +199,5 @@ class PDConnectorContract(KVConnectorContract):
             assert time.monotonic() - started < RUN_SECONDS
             ConnectorSim.step(sim)
             time.sleep(0.0005)
-        assert sim.scheduler.stats["kv_load_failures"] == 1
+        assert sim.stats["kv_load_failures"] == 1
         assert request.output_token_ids == alone(prompt, 4)

@@ -27,8 +27,8 @@ def test_capacity_evicts_least_recent_tails_first(tmp_path):
     sim.run()  # the worker half applies the last evictions
     assert len(sim.worker.store.cpu) <= 8 and len(sim.recorder.index) <= 8
     again = Request("again", first + [9], SamplingParams(max_tokens=3))
-    hits_before = sim.scheduler.stats["external_prefix_hits"]
+    hits_before = sim.stats["external_prefix_hits"]
     sim.add(again)
     sim.run()
-    assert sim.scheduler.stats["external_prefix_hits"] - hits_before == 2 * BLOCK
+    assert sim.stats["external_prefix_hits"] - hits_before == 2 * BLOCK
     assert again.output_token_ids == alone(again.prompt_token_ids, 3)

@@ -1,6 +1,7 @@
-"""The default scheduler's side of a KV connector: which blocks each request is loading from
-outside, so that a block the worker half reports failed maps back to its request, which then
-recomputes from the last good block; and the external-hit counters.
+"""The loads a KV connector makes for requests (:mod:`engine.kv_transfer.admission`): which
+blocks each request is loading from outside, so that a block the worker half reports failed
+maps back to its request, which then recomputes from the last good block; and the external-hit
+counters.
 
 A load is synchronous (it lands before the step's forward reads it: the request runs that step)
 or asynchronous (the request is parked ``WAITING_FOR_KV`` until the worker half lists it in
