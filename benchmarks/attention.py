@@ -19,6 +19,7 @@ import statistics
 import time
 
 import torch
+from offline_throughput import prefill_all
 
 from engine.builtin.platforms import CpuPlatform
 from engine.interfaces import AttentionSpec, BatchLayout
@@ -89,10 +90,7 @@ def end_to_end(batch: int = 64, steps: int = 5) -> None:
             prompt = [(7 * i + j) % 1000 + 10 for j in range(16 + (i * 37) % 240)]
             engine.add_request(Request(f"{name}-{i}", prompt,
                                        SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True)))
-        while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running_requests()) \
-                or engine.scheduler.stats["waiting"]:
-            engine.step()
-        assert len(engine.scheduler.running_requests()) == batch
+        prefill_all(engine, batch)
         engines[name] = engine
     medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
     base, new = medians["torch"] * 1e3, medians["cpu-native"] * 1e3

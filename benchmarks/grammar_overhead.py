@@ -13,6 +13,8 @@ import argparse
 import statistics
 import time
 
+from offline_throughput import prefill_all
+
 SCHEMA = {"type": "object", "required": ["items"], "properties": {"items": {"type": "array", "minItems": 200,
           "items": {"type": "object", "required": ["name", "qty"], "properties": {
               "name": {"type": "string", "pattern": "^[a-z]{3,12}$"}, "qty": {"type": "integer"}}}}}}
@@ -29,9 +31,7 @@ def step_times(llm, batch: int, steps: int, constrained: bool) -> list[float]:
         params = SamplingParams(temperature=0.8, seed=i, max_tokens=steps + 8, ignore_eos=True,
                                 structured_outputs=spec)
         engine.add_request(Request(f"b{batch}-{constrained}-{i}", prompt, params))
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running_requests()) \
-            or engine.scheduler.stats["waiting"]:
-        engine.step()
+    prefill_all(engine, batch)
     times = []
     for _ in range(steps):
         start = time.perf_counter()

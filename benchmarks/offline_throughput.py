@@ -55,6 +55,20 @@ def run_hf(model, prompts, output_len, pad_id):
     return (out.shape[1] - width) * len(prompts) / elapsed, elapsed
 
 
+def decoding(engine) -> list:
+    """The engine's requests that are running past their prompt."""
+    from engine.request import RequestStatus
+
+    return [r for r in engine.lifecycle.requests.values()
+            if r.status is RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens]
+
+
+def prefill_all(engine, count: int) -> None:
+    """Step until all ``count`` requests added to ``engine`` have prefilled and decode."""
+    while len(decoding(engine)) < count:
+        engine.step()
+
+
 def decode_steps(llm, prompts, steps: int, profiler=None) -> list[float]:
     """Seconds of each of ``steps`` decode steps with every prompt in the batch: the prompts are
     prefilled first, two steps warm up, ``profiler`` (a context manager) wraps the timed ones."""
@@ -67,12 +81,10 @@ def decode_steps(llm, prompts, steps: int, profiler=None) -> list[float]:
     params = SamplingParams(max_tokens=1024, temperature=0, ignore_eos=True)
     for request_id, prompt in zip(ids, prompts):
         engine.add_request(Request(request_id, prompt, params))
-    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running_requests()) \
-            or engine.scheduler.stats["waiting"]:
-        engine.step()
+    prefill_all(engine, len(prompts))
     engine.step()
     engine.step()
-    assert len(engine.scheduler.running_requests()) == len(prompts), "a request finished or was preempted"
+    assert len(decoding(engine)) == len(prompts), "a request finished or was preempted"
     times = []
     with profiler or contextlib.nullcontext():
         for _ in range(steps):
