@@ -2,10 +2,10 @@
 
 The tokenizer's vocabulary info is built once per (tokenizer, vocab size) and shared by
 every backend instance; compiled grammars are cached by spec (an LRU of
-``CACHE_SIZE``), so ``n > 1`` children and repeated schemas compile once. JSON is
-compiled compact (no free whitespace), which keeps sampled documents short and always
-terminating. xgrammar's bitmask layout is the engine's, so ``fill_bitmask`` writes the
-row in place.
+``CACHE_SIZE``), so ``n > 1`` children and repeated schemas compile once. JSON (``json``
+and ``json_object``) is compiled in ``json.dumps``'s layout (``", "`` and ``": "``, no free
+whitespace), which keeps sampled documents short and always terminating. xgrammar's bitmask
+layout is the engine's, so ``fill_bitmask`` writes the row in place.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import xgrammar as xgr
 from engine.interfaces import Grammar, GrammarBackend, GrammarSpec
 
 CACHE_SIZE = 256
+ANY_OBJECT = '{"type": "object"}'  # any members: with no "properties", strict mode leaves it open
 _infos: dict[tuple, xgr.TokenizerInfo] = {}
 _infos_lock = threading.Lock()
 
@@ -93,8 +94,8 @@ class XGrammarBackend(GrammarBackend):
             if spec.kind == "json":
                 schema = spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
                 return self.compiler.compile_json_schema(schema, any_whitespace=False)
-            if spec.kind == "json_object":
-                return self.compiler.compile_builtin_json_grammar()
+            if spec.kind == "json_object":  # an object, as OpenAI's; xgrammar's builtin JSON takes any value
+                return self.compiler.compile_json_schema(ANY_OBJECT, any_whitespace=False)
             if spec.kind == "regex":
                 return self.compiler.compile_regex(spec.value)
             if spec.kind == "grammar":
