@@ -1,0 +1,76 @@
+"""The grammar kit catches the bugs grammar backend authors make: it runs, in a child pytest as
+a plugin's tests run it, on the xgrammar backend (which must pass every test, none skipped)
+and on each mutant of it in ``tests/plugins/grammar_mutants.py``, each of which must fail the
+test written for its bug."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("engine_grammar_xgrammar", reason="the xgrammar plugin is not installed")
+
+from tests.plugins.grammar_mutants import MUTANTS  # needs the xgrammar plugin
+
+ROOT = Path(__file__).resolve().parent.parent
+KIT = textwrap.dedent("""
+    from engine.plugins import add_plugin
+    from engine.testing.grammar import GrammarBackendContract
+    from tests.plugins import grammar_mutants
+
+    add_plugin(grammar_mutants, "grammar-mutants")
+    for _name in ["xgrammar", *grammar_mutants.MUTANTS]:
+        _cls = "Test_" + _name.replace("-", "_")
+        globals()[_cls] = type(_cls, (GrammarBackendContract,), {"backend_name": _name})
+    """)
+CAUGHT_BY = {  # mutant -> the kit test written for its bug
+    "or-bits": "test_fill_bitmask_writes_the_whole_row",
+    "tokenizer-width": "test_random_walks_produce_valid_output[choice]",
+    "ends-when-it-could": "test_longer_matches_stay_reachable[choice]",
+    "json-any-value": "test_json_object_is_an_object",
+    "partial-accept": "test_disallowed_tokens_are_refused_without_change",
+    "reset-keeps-state": "test_reset_returns_to_the_start",
+    "eos-flag": "test_rollback_restores_the_mask_also_past_eos",
+    "shared-grammar": "test_each_compile_is_a_grammar_of_its_own",
+}
+
+
+@pytest.fixture(scope="module")
+def outcomes(tmp_path_factory) -> dict[str, dict[str, str]]:
+    """{backend: {kit test: "passed" | "failed" | "skipped"}} from one child pytest run."""
+    folder = tmp_path_factory.mktemp("grammar-kit")
+    (folder / "test_kit.py").write_text(KIT)
+    report = folder / "report.xml"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+                          "-W", "error::pytest.PytestRemovedIn10Warning", str(folder / "test_kit.py")],
+                         check=False, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    assert report.exists(), run.stdout + run.stderr
+    results: dict[str, dict[str, str]] = {}
+    for case in ET.parse(report).iter("testcase"):
+        backend = case.get("classname").rsplit(".Test_", 1)[1].replace("_", "-")
+        tags = {child.tag for child in case}
+        outcome = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
+        results.setdefault(backend, {})[case.get("name")] = outcome
+    return results
+
+
+def test_the_kit_covers_every_mutant():
+    assert set(CAUGHT_BY) == set(MUTANTS)
+
+
+def test_xgrammar_passes_every_kit_test(outcomes):
+    assert outcomes["xgrammar"], "the kit ran no test"
+    assert set(outcomes["xgrammar"].values()) == {"passed"}, outcomes["xgrammar"]
+
+
+@pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
+def test_each_planted_bug_fails_the_kit(outcomes, mutant):
+    failed = sorted(test for test, outcome in outcomes[mutant].items() if outcome == "failed")
+    assert CAUGHT_BY[mutant] in failed, f"{mutant} failed only {failed}"
