@@ -178,3 +178,43 @@ def test_refused_requests_finish_and_preempted_ones_lose_their_drafts():
     assert plan.preempted, "the pool was meant to run out"
     victim = small.requests[plan.preempted[0]]
     assert victim.spec_token_ids == [] and victim.status is RequestStatus.PREEMPTED
+
+
+class EndsAtTwo(RefusingGrammar):
+    """Accepts anything; token 2 is its EOS; asking a terminated grammar for a mask is a bug."""
+
+    def __init__(self):
+        self.tokens = []
+
+    def accept_tokens(self, token_ids):
+        if self.is_terminated():
+            return False
+        self.tokens += token_ids
+        return True
+
+    def fill_bitmask(self, bitmask, row):
+        assert not self.is_terminated(), "a terminated grammar was asked for a mask"
+        bitmask[row] = 0b1111
+
+    def rollback(self, num_tokens):
+        del self.tokens[len(self.tokens) - num_tokens:]
+
+    def is_terminated(self):
+        return 2 in self.tokens
+
+
+def test_bitmask_rows_after_a_draft_eos_stay_all_allowed():
+    from engine.core.structured import StructuredOutputs
+    from engine.interfaces import GrammarBackend, GrammarContext, ScheduledRequest, StepPlan
+
+    class Backend(GrammarBackend):
+        def compile(self, spec):
+            return EndsAtTwo()
+
+    structured = StructuredOutputs(Backend, GrammarContext(None, 64))
+    request = Request("r", [1, 3], SamplingParams(max_tokens=5))
+    request.grammar = EndsAtTwo()
+    mask = structured.bitmask(StepPlan((ScheduledRequest(request, 2, (5, 2, 7)),)))
+    assert mask[:2].eq(0b1111).all() and mask[2:].eq(-1).all()  # before 5, before 2; then after EOS
+    assert request.grammar.tokens == []  # rolled back
+    structured.shutdown()

@@ -71,19 +71,30 @@ class StructuredOutputs:
         mask = torch.full((rows, -(-self.vocab_size // 32)), -1, dtype=torch.int32)
         row = 0
         for item in items:
-            grammar, drafts = item.request.grammar, item.spec_token_ids
-            if grammar is not None:
-                for j in range(len(drafts) + 1):
-                    grammar.fill_bitmask(mask, row + j)
-                    if j < len(drafts) and not grammar.accept_tokens([drafts[j]]):
-                        raise RuntimeError("a draft the grammar refuses reached verification")
-                if drafts:
-                    grammar.rollback(len(drafts))
-            row += len(drafts) + 1
+            if item.request.grammar is not None:
+                _fill_rows(item.request.grammar, item.spec_token_ids, mask, row)
+            row += len(item.spec_token_ids) + 1
         return mask
 
     def shutdown(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _fill_rows(grammar, drafts: tuple[int, ...], mask: torch.Tensor, row: int) -> None:
+    """Rows ``row..row + len(drafts)``: the grammar's mask before each draft and after the last.
+    Rows after a draft that ends the grammar (its EOS) stay all-allowed: the request ends there,
+    and a terminated grammar is never asked for a mask."""
+    accepted = 0
+    for j in range(len(drafts) + 1):
+        if grammar.is_terminated():
+            break
+        grammar.fill_bitmask(mask, row + j)
+        if j < len(drafts):
+            if not grammar.accept_tokens([drafts[j]]):
+                raise RuntimeError("a draft the grammar refuses reached verification")
+            accepted += 1
+    if accepted:
+        grammar.rollback(accepted)
 
 
 def grammar_prefix(request: Request, tokens: list[int]) -> list[int]:
