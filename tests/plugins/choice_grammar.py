@@ -14,34 +14,37 @@ def register_grammar_backends(register):
 
 
 class ChoiceGrammar(Grammar):
-    def __init__(self, choices: list[list[int]], eos: int | None):
+    """One of the choices, then EOS (allowed once a choice is complete; terminated once accepted)."""
+
+    def __init__(self, choices: list[list[int]], eos: int):
         self.choices, self.eos, self.tokens = choices, eos, []
 
-    def _matching(self):
-        n = len(self.tokens)
-        return [c for c in self.choices if c[:n] == self.tokens]
+    def _allowed(self, tokens: list[int]) -> set[int]:
+        if tokens[-1:] == [self.eos]:
+            return set()
+        n = len(tokens)
+        allowed = {c[n] for c in self.choices if len(c) > n and c[:n] == tokens}
+        return allowed | {self.eos} if tokens in self.choices else allowed
 
     def accept_tokens(self, token_ids):
+        tokens = list(self.tokens)
         for t in token_ids:
-            if t not in self._allowed():
+            if t not in self._allowed(tokens):
                 return False
-            self.tokens.append(t)
+            tokens.append(t)
+        self.tokens = tokens
         return True
-
-    def _allowed(self) -> set[int]:
-        n = len(self.tokens)
-        return {c[n] for c in self._matching() if len(c) > n}
 
     def fill_bitmask(self, bitmask, row):
         bitmask[row] = 0
-        for t in self._allowed():
+        for t in self._allowed(self.tokens):
             bitmask[row, t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(1 << 31)
 
     def rollback(self, num_tokens):
         del self.tokens[len(self.tokens) - num_tokens:]
 
     def is_terminated(self):
-        return any(c == self.tokens for c in self.choices)
+        return self.tokens[-1:] == [self.eos]
 
     def reset(self):
         self.tokens = []
@@ -61,4 +64,4 @@ class ChoiceBackend(GrammarBackend):
             if not choice:
                 raise ValueError("empty choice")
             choices.append(self.ctx.tokenizer.encode(choice) if isinstance(choice, str) else list(choice))
-        return ChoiceGrammar(choices, None)
+        return ChoiceGrammar(choices, self.ctx.tokenizer.eos_token_id)
