@@ -1,5 +1,5 @@
 """The plugin system end to end: the `engine plugins` command, the allow-list, and real
-out-of-tree plugin packages (pip-installed from a temporary directory) that are broken in
+out-of-tree plugin distributions (installed into a temporary folder on the path) that are broken in
 every way a plugin can be — another interface version, no `api=`, a raising hook, a target
 that cannot be imported, a misspelled hook — each reported in one line while the rest load
 and the engine runs; in-process, every kind of misregistration and selection around a
@@ -20,7 +20,7 @@ import torch
 from engine import hookimpl, plugins
 from engine.interfaces import AttentionBackend, AttentionSpec
 from engine.plugins import RegistrationError, load_plugins
-from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
+from tests.plugin_packages import environ_with, write_distribution
 from tests.plugins.ban_tokens import BanTokens
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
@@ -29,8 +29,10 @@ SHIPPED = ("models-llama", "models-qwen3", "models-moe", "models-gemma", "models
            "quant-mxfp4")
 
 
-def run_engine(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([ENGINE, *args], check=False, capture_output=True, text=True, timeout=120)
+def run_engine(*args: str, site=None) -> subprocess.CompletedProcess:
+    """``engine ARGS`` in a subprocess, with the distributions under ``site`` installed."""
+    return subprocess.run([ENGINE, *args], check=False, capture_output=True, text=True, timeout=120,
+                          env=environ_with(site) if site else None)
 
 
 def test_engine_plugins_lists_shipped_plugins_and_builtins():
@@ -71,19 +73,20 @@ def test_unknown_plugin_on_the_cli_is_one_clear_line():
 
 @pytest.fixture
 def wrong_version_plugin(tmp_path):
-    pip_install(write_plugin(tmp_path, "tessellm-attention-future", "attention-future", "engine_attention_future", """
+    source = """
         from engine import hookimpl
 
         @hookimpl
         def register_attention_backends(register):
             register("future", "engine_attention_future:Backend", api=99)
-        """))
-    yield
-    pip_uninstall("tessellm-attention-future")
+        """
+    write_distribution(tmp_path, "tessellm-attention-future", "attention-future", "engine_attention_future",
+                       source)
+    return tmp_path
 
 
 def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
-    result = run_engine("plugins")
+    result = run_engine("plugins", site=wrong_version_plugin)
     assert result.returncode == 0, result.stderr
     mentions = [line for line in result.stderr.splitlines() if "attention-future" in line]
     assert len(mentions) == 1 and "Traceback" not in result.stderr, result.stderr
@@ -160,17 +163,17 @@ def _distribution(entry_point: str) -> str:
 
 @pytest.fixture(scope="module")
 def broken_plugins(tmp_path_factory):
-    root = tmp_path_factory.mktemp("broken-plugins")
-    projects = [write_plugin(root, _distribution(ep), ep, package, source) for ep, (package, source) in BROKEN.items()]
-    (projects[2] / "engine_platforms_fancy" / "kernels.py").write_text(
+    """The folder holding the four broken distributions."""
+    site = tmp_path_factory.mktemp("broken-plugins")
+    packages = [write_distribution(site, _distribution(ep), ep, package, source)
+                for ep, (package, source) in BROKEN.items()]
+    (packages[2] / "kernels.py").write_text(
         "import fancy_attention_kernels  # not installed: the backend cannot be imported\n")
-    pip_install(*projects)
-    yield
-    pip_uninstall(*map(_distribution, BROKEN))
+    return site
 
 
 def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
-    result = run_engine("plugins")
+    result = run_engine("plugins", site=broken_plugins)
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stdout.splitlines()
@@ -221,7 +224,7 @@ print(json.dumps({"platform": llm.engine.platform.name, "attention": llm.engine.
 
 def test_engine_runs_with_the_rest_and_skips_the_backend_that_cannot_import(broken_plugins, tiny_llama):
     result = subprocess.run([sys.executable, "-c", ENGINE_RUN, tiny_llama[0]], check=False, capture_output=True,
-                            text=True, timeout=300)
+                            text=True, timeout=300, env=environ_with(broken_plugins))
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["platform"] == "cpu-fancy" and out["attention"] == "torch"

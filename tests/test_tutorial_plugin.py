@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from tests.test_plugins import pip_install, pip_uninstall, run_engine
+from tests.plugin_packages import pip_install, pip_uninstall
+from tests.test_plugins import run_engine
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), os.pardir, "examples", "attention", "sdpa")
 
