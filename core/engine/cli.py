@@ -13,6 +13,9 @@ from engine.plugins import RegistrationError, kind_label, load_plugins, one_line
 
 __all__ = ["Command", "add_engine_arguments", "engine_options", "main"]
 
+# kinds whose default, when the user names none, is the registry's rule (PluginRegistry.default)
+DEFAULTED_KINDS = ("grammar_backends",)
+
 
 class Command(ABC):
     help: str = ""
@@ -33,8 +36,10 @@ class PluginsCommand(Command):
         pass
 
     def run(self, args) -> int:
-        """One line per plugin (refused and failed ones say why), then one per registration.
-        A broken plugin is reported here, never an error: the command exits 0."""
+        """One line per plugin (refused and failed ones say why; a distribution refused for an
+        entry-point name already taken follows the one that has it), then one per registration:
+        whether it runs here, and which of two registrations of one name wins and why. A broken plugin is reported
+        here, never an error: the command exits 0."""
         from engine.core.setup import select_platform
 
         registry = load_plugins(args.plugins)
@@ -46,8 +51,19 @@ class PluginsCommand(Command):
         for name, info in registry.plugins.items():
             print(info.describe())
             for reg in registry.registered_by(name):
-                print(f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}")
+                print(f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}"
+                      f"{_precedence_note(registry, reg)}")
+            for duplicate in (d for d in registry.duplicates if d.name == name):
+                print(duplicate.describe())
         return 0
+
+
+def _precedence_note(registry, registration) -> str:
+    note = registry.precedence(registration)
+    if registration.kind in DEFAULTED_KINDS and registry.default(registration.kind) == registration.name \
+            and registry.shadowing(registration) is None:
+        note = "; ".join(filter(None, ["default (highest priority, then the first name)", note]))
+    return f"  [{note}]" if note else ""
 
 
 def _runnable(registration, platform) -> str:

@@ -13,7 +13,14 @@ provides::
   subclass of the kind's interface (named in each hook below); a class is checked when
   registered, a string when it is imported.
 * ``api`` (keyword, required) is the interface version of that kind your plugin was written
-  against (``engine.INTERFACE_VERSIONS``).
+  against (``engine.INTERFACE_VERSIONS``); the engine keeps it with the registration.
+* ``priority`` (keyword, default 0) settles a name two plugins register (two plugins serving
+  one architecture, two backends called ``torch``): the higher priority wins; on a tie an
+  installed plugin wins over a built-in, then the plugin whose entry-point name sorts first.
+  The other stays selectable as ``"<plugin>:<name>"`` (``--attention-backend
+  attention-mine:torch``) and through ``--plugins``; the engine logs one warning naming both
+  and ``engine plugins`` shows who wins and why. It also ranks a kind's default where the
+  user names none (the grammar backend).
 
 A plugin is refused as a whole, with one line naming it, its distribution and version and
 the reason, when its module fails to import, a hook raises, or a ``register`` call is
@@ -21,7 +28,11 @@ malformed (no ``api=``, another version, a bad name, a target of the wrong kind)
 ``register`` raises ValueError on a malformed call, and catching it does not save the
 plugin. The other plugins still load and ``engine plugins`` lists the refused one. A
 function marked ``@hookimpl`` whose name is no hook below (a typo), or a hook-named function
-left unmarked, is reported in one line and ignored; the plugin's other hooks load.
+left unmarked, is reported in one line and ignored; the plugin's other hooks load. A second
+distribution whose entry point has a name another already took is refused in one line before
+its module is imported (the first on ``sys.path`` keeps the name, then the first by
+distribution name); naming anything a refused plugin registers is an error saying it was
+refused and why, not that it is absent.
 
 A target that fails to import when selected is skipped by automatic selection (logged, and
 listed among the reasons if nothing else can run); when the user named it, the engine stops
@@ -105,7 +116,8 @@ class EngineHookSpecs:
         """Register :class:`engine.interfaces.GrammarBackend` subclasses for structured
         outputs, constructed with an :class:`engine.interfaces.GrammarContext` when the first
         structured request arrives, selected with ``structured_outputs_backend=NAME``
-        (default: the first registered)."""
+        (default: the registration of highest ``priority``, on a tie the first name — built-ins,
+        then plugins by entry-point name; ``engine plugins`` marks it)."""
 
     @hookspec
     def register_drafters(self, register):

@@ -125,6 +125,9 @@ def select_model_class(registry, hf_config):
         return cls
     if import_failures:
         raise ValueError(f"model: no model plugin for {archs} can be used ({_detail(import_failures)})")
+    refusals = [refusal for arch in dict.fromkeys(archs) if (refusal := registry.refusal("models", arch))]
+    if refusals:
+        raise ValueError(f"model: {'; '.join(refusals)}")
     raise ValueError(f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
                      f"(installed: {', '.join(registry.names('models')) or 'none'})")
 
@@ -192,6 +195,9 @@ def select_executor(registry, config, platform, loader, hf_config):
         check_tensor_parallel(select_model_class(registry, hf_config), method, parallel.tensor_parallel_size)
     name = parallel.distributed_executor_backend or ("mp" if parallel.tensor_parallel_size > 1 else "uni")
     if name not in registry.names("executors"):
+        refusal = registry.refusal("executors", name)
+        if refusal:
+            raise ValueError(f"distributed_executor_backend: {refusal}")
         hint = " (needs the ray executor plugin, tessellm-executors-ray)" if name == "ray" else ""
         raise ValueError(f"distributed_executor_backend: {name!r} is not installed{hint}; "
                          f"installed: {', '.join(registry.names('executors'))}")

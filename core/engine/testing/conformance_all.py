@@ -1,7 +1,9 @@
 """Collected by ``pytest --engine-conformance``: one contract class per registration (one per
 distinct target where several names register the same class, e.g. a connector also registered
-under vLLM's name). KV connectors built on the P/D seam (``engine.kv_transfer.PDConnector``) get
-the P/D contract, every other one the plain KV connector contract."""
+under vLLM's name), those another plugin's registration of the same name shadows included: they
+are selected as ``"<plugin>:<name>"``, a shadowed model with the plugins that shadow it left out
+of the engine's allow-list. KV connectors built on the P/D seam (``engine.kv_transfer.PDConnector``)
+get the P/D contract, every other one the plain KV connector contract."""
 
 from engine.kv_transfer import PDConnector
 from engine.plugins import RegistrationError, load_plugins
@@ -32,26 +34,47 @@ def kv_connector_contract(registration) -> type:
     return PDConnectorContract if issubclass(connector, PDConnector) else KVConnectorContract
 
 
-for _r in _registry.registrations("attention_backends"):
-    globals()[_name("attention", _r.name)] = type(_name("attention", _r.name), (AttentionBackendContract,),
-                                                  {"backend_name": _r.name})
-for _target in {r.target for r in _registry.registrations("models") if isinstance(r.target, str)}:
-    globals()[_name("model", _target)] = type(_name("model", _target), (ModelContract,), {"model_class": _target})
-for _r in _registry.registrations("kv_cache_managers"):
-    globals()[_name("kv", _r.name)] = type(_name("kv", _r.name), (KVCacheManagerContract,),
-                                           {"manager_name": _r.name})
-_connectors: dict[object, list] = {}  # target -> its registrations
-for _r in _registry.registrations("kv_connectors"):
-    _connectors.setdefault(_r.target, []).append(_r)
-for _regs in _connectors.values():  # each with its default configuration; -k selects by any of its names
-    _cls = _name("kv_connector", *(r.name for r in _regs))
-    globals()[_cls] = type(_cls, (kv_connector_contract(_regs[0]),), {"connector_name": _regs[0].name})
-for _r in _registry.registrations("grammar_backends"):
-    globals()[_name("grammar", _r.name)] = type(_name("grammar", _r.name), (GrammarBackendContract,),
-                                                {"backend_name": _r.name})
-for _r in _registry.registrations("schedulers"):
-    globals()[_name("scheduler", _r.name)] = type(_name("scheduler", _r.name), (SchedulerContract,),
-                                                  {"scheduler_name": _r.name})
-for _r in _registry.registrations("platforms"):
-    globals()[_name("layer_ops", _r.name)] = type(_name("layer_ops", _r.name), (LayerOpsContract,),
-                                                  {"platform_name": _r.name})
+def selecting_name(registration) -> str:
+    """The name that selects ``registration``: its own, or ``"<plugin>:<name>"`` where another
+    plugin's registration of that name wins."""
+    return registration.name if _registry.shadowing(registration) is None else registration.qualified_name
+
+
+def allow_list_for(registrations) -> tuple[str, ...] | None:
+    """The plugins to load so that the checkpoint's architecture selects these registrations' model
+    class: every plugin but those whose registrations shadow them (None: all of them)."""
+    winners = {w.plugin for r in registrations if (w := _registry.shadowing(r)) is not None}
+    return tuple(p for p in _registry.plugins if p not in winners) if winners else None
+
+
+def _contract(prefix: str, registration, base: type, attribute: str) -> None:
+    name = _name(prefix, selecting_name(registration))
+    globals()[name] = type(name, (base,), {attribute: selecting_name(registration)})
+
+
+def _by_target(kind: str) -> dict[object, list]:
+    """Target -> its registrations, every plugin's."""
+    out: dict[object, list] = {}
+    for r in _registry.registrations(kind, shadowed=True):
+        out.setdefault(r.target, []).append(r)
+    return out
+
+
+for _r in _registry.registrations("attention_backends", shadowed=True):
+    _contract("attention", _r, AttentionBackendContract, "backend_name")
+for _target, _regs in _by_target("models").items():
+    if isinstance(_target, str):
+        globals()[_name("model", _target)] = type(_name("model", _target), (ModelContract,),
+                                                  {"model_class": _target, "plugins": allow_list_for(_regs)})
+for _r in _registry.registrations("kv_cache_managers", shadowed=True):
+    _contract("kv", _r, KVCacheManagerContract, "manager_name")
+for _regs in _by_target("kv_connectors").values():  # each with its default configuration; -k: any name
+    _cls = _name("kv_connector", *(selecting_name(r) for r in _regs))
+    globals()[_cls] = type(_cls, (kv_connector_contract(_regs[0]),),
+                           {"connector_name": selecting_name(_regs[0])})
+for _r in _registry.registrations("grammar_backends", shadowed=True):
+    _contract("grammar", _r, GrammarBackendContract, "backend_name")
+for _r in _registry.registrations("schedulers", shadowed=True):
+    _contract("scheduler", _r, SchedulerContract, "scheduler_name")
+for _r in _registry.registrations("platforms", shadowed=True):
+    _contract("layer_ops", _r, LayerOpsContract, "platform_name")

@@ -21,6 +21,9 @@ class _Checkpoints:
     tiny random ``transformers`` model saved as a safetensors folder."""
 
     model_class: str  # "package.module:Class"
+    # the engine's allow-list (None: every installed plugin): to check a model class another plugin's
+    # registration of its architecture shadows, leave that plugin out
+    plugins: tuple[str, ...] | None = None
     auto_class = "AutoModelForCausalLM"  # the transformers class the checkpoints are built with
     random_norms = True  # norm weights drawn at random (all-ones would hide a dropped or swapped norm)
 
@@ -70,7 +73,7 @@ class ModelContract(_Checkpoints):
         from engine import LLM
 
         llm = LLM(folder, dtype="float32", attention_backend=self.attention_backend, device=self.platform,
-                  **options)
+                  plugins=self.plugins, **options)
         if self.platform is not None:
             assert llm.engine.platform.name == self.platform
         if self.attention_backend is not None:
@@ -167,7 +170,7 @@ class EmbeddingModelContract(_Checkpoints):
         from engine import LLM, PoolingParams
 
         for folder, hf_model in checkpoints.values():
-            llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8,
+            llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8, plugins=self.plugins,
                       override_pooler_config={"pooling_type": pooling_type, "normalize": False})
             prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 17, 30, 1, 9], seed=1)
             for normalize in (False, True):
