@@ -31,7 +31,8 @@ def compare(batches, contexts, window: int, repeats: int) -> None:
     print(f"{'backend':>10} {'batch':>5} {'context':>7} {'full µs':>9} {'window µs':>10} {'ratio':>6}")
     for name in BACKENDS:
         cls = registry.get("attention_backends", name)
-        backends = {"full": cls(SPEC, platform), "window": cls(windowed, platform)}
+        backends = {kind: cls(spec, platform, registry=registry)
+                    for kind, spec in (("full", SPEC), ("window", windowed))}
         for batch in batches:
             for context in contexts:
                 layout, pool, (q, k, v) = decode_inputs(batch, context, gen)

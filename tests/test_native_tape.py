@@ -144,7 +144,7 @@ def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf)
 
     llm = LLM(tiny_gguf, dtype="float32", num_blocks=64, block_size=16, max_model_len=256, enforce_eager=True)
     engine, runner = llm.engine, llm.engine.runner
-    frozen = Frozen(runner.attention.spec, engine.platform)
+    frozen = Frozen(runner.attention.spec, engine.platform, registry=engine.registry)
     plan = step_graphs.GraphPlan(tape.TapeGraphs(), (1, 2), ())
     graphs = step_graphs.StepGraphRunner(engine.model, frozen, runner.kv_caches, plan, 16, runner.device,
                                          engine.hf_config.vocab_size, engine.max_model_len)

@@ -28,7 +28,7 @@ ACME_QWEN3 = """
 
     @hookimpl
     def register_models(register):
-        register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=1)
+        register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=2)
     """
 
 
@@ -237,9 +237,9 @@ def test_naming_what_a_refused_plugin_registers_says_it_was_refused_and_why(monk
 
 
 def test_selection_errors_say_refused(monkeypatch):
-    registry = in_process(monkeypatch, old=registering("models", ("LlamaForCausalLM", ModelA, {"api": 0})))
+    registry = in_process(monkeypatch, old=registering("models", ("LlamaForCausalLM", ModelA, {"api": 1})))
     with pytest.raises(ValueError, match=r"^model: model 'LlamaForCausalLM' cannot be used: plugin 'old' "
-                                         r"\(\(in-process\) -\) was refused: built for models interface v0"):
+                                         r"\(\(in-process\) -\) was refused: built for models interface v1"):
         setup.select_model_class(registry, LlamaConfig(architectures=["LlamaForCausalLM"]))
 
 
@@ -250,7 +250,7 @@ SHADOWING_TORCH = """
 
     @hookimpl
     def register_attention_backends(register):
-        register("torch", "engine_attention_torch.backend:TorchAttentionBackend", api=3, priority=5)
+        register("torch", "engine_attention_torch.backend:TorchAttentionBackend", api=4, priority=5)
     """
 
 

@@ -38,7 +38,8 @@ class PluginsCommand(Command):
     def run(self, args) -> int:
         """One line per plugin (refused and failed ones say why; a distribution refused for an
         entry-point name already taken follows the one that has it), then one per registration:
-        whether it runs here, and which of two registrations of one name wins and why. A broken plugin is reported
+        whether it runs here, the interface version it was built for where older than the core's,
+        and which of two registrations of one name wins and why. A broken plugin is reported
         here, never an error: the command exits 0."""
         from engine.core.setup import select_platform
 
@@ -51,11 +52,24 @@ class PluginsCommand(Command):
         for name, info in registry.plugins.items():
             print(info.describe())
             for reg in registry.registered_by(name):
-                print(f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}"
+                print(f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}{_version_note(reg)}"
                       f"{_precedence_note(registry, reg)}")
             for duplicate in (d for d in registry.duplicates if d.name == name):
                 print(duplicate.describe())
         return 0
+
+
+def _version_note(registration) -> str:
+    """For a registration built for an older interface version than the core's: which, and
+    what the engine therefore never hands it (attention kinds a v1-v3 backend never knew)."""
+    from engine.interfaces import INTERFACE_VERSIONS, attention
+
+    current = INTERFACE_VERSIONS[registration.kind]
+    if registration.api == current:
+        return ""
+    unknown = attention.unknown_to(registration.api) if registration.kind == "attention_backends" else []
+    never = f": never handed {', '.join(label for label, _ in unknown)}" if unknown else ""
+    return f"  (interface v{registration.api} of v{current}{never})"
 
 
 def _precedence_note(registry, registration) -> str:

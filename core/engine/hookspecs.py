@@ -13,7 +13,11 @@ provides::
   subclass of the kind's interface (named in each hook below); a class is checked when
   registered, a string when it is imported.
 * ``api`` (keyword, required) is the interface version of that kind your plugin was written
-  against (``engine.INTERFACE_VERSIONS``); the engine keeps it with the registration.
+  against (``engine.INTERFACE_VERSIONS``). The engine keeps it: a kind's new version is
+  whatever a plugin must honour, and the engine never hands a plugin built for an older one
+  what it cannot have known (an attention backend registered for v1-v3 is never given a spec
+  with a sliding window, soft-capped logits, another query scale or bidirectional attention:
+  it is refused for those layers, with the reason, and another backend serves them).
 * ``priority`` (keyword, default 0) settles a name two plugins register (two plugins serving
   one architecture, two backends called ``torch``): the higher priority wins; on a tie an
   installed plugin wins over a built-in, then the plugin whose entry-point name sorts first.
@@ -67,12 +71,18 @@ class EngineHookSpecs:
     @hookspec
     def register_attention_backends(self, register):
         """Register :class:`engine.interfaces.AttentionBackend` subclasses, constructed as
-        ``cls(spec, platform)`` (an :class:`engine.interfaces.AttentionSpec` and the platform).
+        ``cls(spec, platform, registry=registry)`` (an :class:`engine.interfaces.AttentionSpec`,
+        the platform, and from interface v4 the engine's plugin registry, for a backend that hands
+        some batches to another: ``engine.interfaces.attention.build_backend``; backends
+        registered for v1-v3 get ``cls(spec, platform)``).
         Unless ``attention_backend=NAME`` names one, selection walks the platform's
         ``preferred_attention_backends`` then every other backend, and takes the first whose
         ``supports(spec, platform)`` returns no reasons (a backend that attends only causally
         returns one for ``spec.causal`` False) — once per attention kind among the model's
-        layers (``spec.sliding_window``, ``logit_softcap``, ``query_scale``)."""
+        layers (``spec.sliding_window``, ``logit_softcap``, ``query_scale``). Those fields and
+        ``causal`` are part of the contract since v4: a backend registered for v1-v3 is never
+        handed a spec that sets one (a query scale equal to ``head_dim ** -0.5`` is dropped for
+        it, exactly)."""
 
     @hookspec
     def register_models(self, register):
@@ -80,9 +90,10 @@ class EngineHookSpecs:
         architecture name they serve (``"LlamaForCausalLM"``), constructed with an
         :class:`engine.interfaces.ModelContext`. One class may be registered under several
         names. The checkpoint's ``architectures`` select it (then transformers' causal-LM
-        class for its ``model_type``); build it from ``engine.layers``. Layers that attend
-        differently (a sliding window, soft-capped logits) say so in ``KVLayout.layer_kinds``;
-        the engine builds one attention backend per kind. The pooling runner (embeddings)
+        class for its ``model_type``); build it from ``engine.layers``. Interface v2 is the
+        ``engine.layers`` of this release (v1 models, built on release 1's, are refused).
+        Layers that attend differently (a sliding window, soft-capped logits) say so in
+        ``KVLayout.layer_kinds``; the engine builds one attention backend per kind. The pooling runner (embeddings)
         pools what ``forward`` returns; an encoder without an LM head sets
         ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from engine.distributed import SINGLE, TensorParallel, tensor_parallel
-from engine.interfaces import AttentionSpec, ExecutorContext, KVCacheGroup
+from engine.interfaces import AttentionSpec, ExecutorContext, KVCacheGroup, attention
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
 from engine.layers.ops import LayerOps
@@ -215,20 +215,20 @@ def allocate_kv_caches(layers: LayerAttention, groups, dtype, device) -> list[to
 
 
 def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):
-    rejections: dict[str, list[str]] = {}
+    """The backend ``name`` selects (None: the platform's preferred ones, then every other, the
+    first that can serve ``spec``), built for ``spec``. A backend registered for an older
+    interface version is never handed a spec asking what that version did not promise."""
     if name:
-        candidates = [(name, registry.get("attention_backends", name))]
-    else:
-        names = list(dict.fromkeys(
-            [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
-            + registry.names("attention_backends")))
-        candidates = importable(registry, "attention_backends", names, rejections)
-    for candidate, cls in candidates:
-        reasons = reasons_of(cls.supports, spec, platform)
-        if spec.batch_invariant and not cls.batch_invariant_capable:
-            reasons = [*reasons, "it has no batch-invariant mode"]
+        return attention.build_backend(registry, name, spec, platform)
+    rejections: dict[str, list[str]] = {}
+    names = list(dict.fromkeys(
+        [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
+        + registry.names("attention_backends")))
+    for candidate, cls in importable(registry, "attention_backends", names, rejections):
+        api = registry.registration("attention_backends", candidate).api
+        handed, reasons = attention.backend_reasons(cls, api, spec, platform)
         if not reasons:
-            return cls(spec, platform)
+            return attention.construct(cls, api, handed, platform, registry)
         rejections[candidate] = reasons
     raise RuntimeError(f"no attention backend can run here ({_detail(rejections)})")
 
@@ -246,17 +246,50 @@ def attention_for(registry, name: str | None, model, dtype, block_size: int, pla
 def layer_attention(registry, name: str | None, model, dtype, block_size: int, platform,
                     batch_invariant: bool = False, layer_group: tuple[int, ...] | None = None) -> LayerAttention:
     """One attention backend per distinct attention kind of ``model``'s layers; ``layer_group``:
-    each layer's KV cache group (None: all in one)."""
+    each layer's KV cache group (None: all in one). A kind no backend can serve is an error
+    naming its layers."""
     layout = model.kv_layout()
     kinds = [layout.kind(i) for i in range(layout.num_layers)]
     distinct = list(dict.fromkeys(kinds))
-    backends = tuple(
-        select_attention_backend(registry, name, AttentionSpec(
-            layout.num_heads, layout.num_kv_heads, layout.head_dim, dtype, block_size, batch_invariant,
-            sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap, query_scale=kind.query_scale,
-            causal=layout.causal), platform) for kind in distinct)
+    cache = (dtype, block_size, batch_invariant)
+    backends = tuple(_kind_backend(registry, name, layout, kinds, kind, cache, platform) for kind in distinct)
     return LayerAttention(backends, tuple(distinct.index(k) for k in kinds),
                           layer_group or (0,) * layout.num_layers)
+
+
+def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platform):
+    """The backend for the layers that attend as ``kind`` (``kinds``: each layer's); ``cache``:
+    (dtype, block size, batch invariance)."""
+    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, *cache,
+                         sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap,
+                         query_scale=kind.query_scale, causal=layout.causal)
+    try:
+        return select_attention_backend(registry, name, spec, platform)
+    except RegistrationError:
+        raise
+    except RuntimeError as exc:
+        layers = [i for i, k in enumerate(kinds) if k == kind]
+        if len(layers) == len(kinds):  # the layers attend one way: the error is about the model
+            raise
+        raise RuntimeError(f"layers {_spans(layers)} ({_describe_kind(kind)}): {exc}") from exc
+
+
+def _describe_kind(kind) -> str:
+    parts = [f"sliding window {kind.sliding_window}" if kind.sliding_window is not None else "",
+             f"soft-cap {kind.logit_softcap}" if kind.logit_softcap is not None else "",
+             f"query scale {kind.query_scale:.4g}" if kind.query_scale is not None else ""]
+    return ", ".join(p for p in parts if p) or "plain attention"
+
+
+def _spans(layers: list[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2, 5"``."""
+    spans: list[list[int]] = []
+    for layer in layers:
+        if spans and layer == spans[-1][-1] + 1:
+            spans[-1].append(layer)
+        else:
+            spans.append([layer])
+    return ", ".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else f"{s[0]}" for s in spans)
 
 
 def batch_invariant_config(config):

@@ -39,8 +39,15 @@ from engine.step import (
 INTERFACE_VERSIONS = {
     "platforms": 2,  # 2: step_graphs (defaulted: v1 platforms still load)
     # 2: cuda_graph_support, describe; 3: build_graph_metadata (all defaulted: v1 and v2 still load)
-    "attention_backends": 3,
-    "models": 1,
+    # 4: AttentionSpec's sliding_window, logit_softcap, query_scale and causal=False are part of the
+    #    contract (older backends still load and are never handed a spec that sets one); constructed
+    #    with registry= (the engine's plugins)
+    "attention_backends": 4,
+    # 2: the engine.layers of this release — RotaryEmbedding(positions) returns the cos/sin tables and
+    #    LayerOps.rotary_qkv rotates, silu_and_mul is a LayerOps method — and StepContext.kv_connector
+    #    (a model attending without engine.layers.Attention calls the connector's per-layer hooks).
+    #    v1 models, built on the release-1 layers, are refused
+    "models": 2,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
@@ -68,8 +75,8 @@ INTERFACE_VERSIONS = {
 
 # Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
 # the core adapts the old contract exactly.
-STILL_LOADED = {"attention_backends": (1, 2), "platforms": (1,), "model_loaders": (2,), "quant_methods": (2,),
-                "kv_connectors": (2,), "schedulers": (2,)}
+STILL_LOADED = {"attention_backends": (1, 2, 3), "platforms": (1,), "model_loaders": (2,),
+                "quant_methods": (2,), "kv_connectors": (2,), "schedulers": (2,)}
 
 __all__ = [
     "INTERFACE_VERSIONS",

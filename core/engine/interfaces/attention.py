@@ -8,10 +8,18 @@ calls ``forward``, which writes this step's K/V into the paged cache through
 batches arrive in one call; a request's query tokens are the last ``query_len``
 positions of its ``seq_len`` context (causal within the chunk, unless ``AttentionSpec.causal``
 is False: then every query row attends to the whole context).
+
+Interface v4 made the spec's attention kinds (``sliding_window``, ``logit_softcap``,
+``query_scale``, ``causal=False``) part of the contract, and constructs a backend with the
+engine's plugin registry (``registry=``). The engine never hands a backend registered for an
+older version a spec that asks for one of them (:func:`spec_for_version`): it would ignore it.
 """
 
+from __future__ import annotations
+
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar
 
 import attrs
 import torch
@@ -67,6 +75,81 @@ class BatchLayout:
         return int(self.slot_mapping.shape[0])
 
 
+# The AttentionSpec fields a backend must honour that older interface versions did not promise:
+# (what a spec asks, the version that made it part of the contract, whether ``spec`` asks it).
+# They entered the spec under v1 without a bump; v4 is the bump.
+ADDED_FIELDS: tuple[tuple[str, int, Callable[[AttentionSpec], bool]], ...] = (
+    ("sliding window", 4, lambda spec: spec.sliding_window is not None),
+    ("logit soft-capping", 4, lambda spec: spec.logit_softcap is not None),
+    ("query scale", 4, lambda spec: spec.query_scale is not None),
+    ("bidirectional attention", 4, lambda spec: not spec.causal),
+)
+REGISTRY_SINCE = 4  # backends registered for this version on are constructed with ``registry=``
+
+
+def unknown_to(api: int) -> list[tuple[str, int]]:
+    """(field, version) of what a backend built for interface ``api`` never heard of."""
+    return [(label, since) for label, since, _ in ADDED_FIELDS if since > api]
+
+
+def _since(label: str) -> int:
+    return next(since for field, since, _ in ADDED_FIELDS if field == label)
+
+
+def spec_for_version(spec: AttentionSpec, api: int) -> tuple[AttentionSpec, list[str]]:
+    """(the spec to hand a backend built for interface ``api``, why it cannot serve ``spec``).
+    A query scale equal to the default ``head_dim ** -0.5`` is dropped for it, which is exact
+    (``scale`` is the same number); any other field added after ``api`` that ``spec`` sets is
+    a reason, since the backend would ignore it and attend wrongly."""
+    if api < _since("query scale") and spec.query_scale == spec.head_dim ** -0.5:
+        spec = attrs.evolve(spec, query_scale=None)
+    asked = [(label, since) for label, since, asks in ADDED_FIELDS if since > api and asks(spec)]
+    if not asked:
+        return spec, []
+    labels = ", ".join(label for label, _ in asked)
+    since = max(since for _, since in asked)
+    return spec, [f"built for interface v{api}: cannot serve {labels} (part of the contract since v{since})"]
+
+
+def backend_reasons(cls: type[AttentionBackend], api: int, spec: AttentionSpec,
+                    platform: Platform) -> tuple[AttentionSpec, list[str]]:
+    """(the spec to hand ``cls``, why it cannot serve ``spec`` on ``platform``): its interface
+    version (:func:`spec_for_version`), its ``supports`` (one that raises is a reason, so one
+    plugin's bug cannot stop selection), and batch invariance it does not declare."""
+    handed, reasons = spec_for_version(spec, api)
+    try:
+        reasons += list(cls.supports(handed, platform))
+    except Exception as exc:  # noqa: BLE001 - any error in the plugin's check
+        error = " ".join(str(exc).split())
+        reasons.append(f"{cls.supports.__qualname__} raised {type(exc).__name__}: {error}")
+    if spec.batch_invariant and not cls.batch_invariant_capable:
+        reasons.append("it has no batch-invariant mode")
+    return handed, reasons
+
+
+def construct(cls: type[AttentionBackend], api: int, spec: AttentionSpec, platform: Platform,
+              registry: Any) -> AttentionBackend:
+    """``cls`` built as its interface version expects: with ``registry=`` from v4 on."""
+    return cls(spec, platform, registry=registry) if api >= REGISTRY_SINCE else cls(spec, platform)
+
+
+def build_backend(registry: Any, name: str, spec: AttentionSpec, platform: Platform) -> AttentionBackend:
+    """(interface v4) The backend ``name`` selects in ``registry`` (a backend's own
+    ``self.registry``: the plugins the engine loaded, under ``--plugins``; ``"<plugin>:<name>"``
+    for one plugin's), checked and built for ``spec`` and ``platform`` as the engine builds the
+    backend it selects: for a backend that hands some batches to another. ValueError when no
+    usable plugin registers ``name``, RuntimeError with the reasons when it cannot serve ``spec``."""
+    if registry is None:
+        raise ValueError(f"attention backend {name!r}: no plugin registry to find it in (a backend built by "
+                         "hand that builds another needs registry=, e.g. engine.plugins.load_plugins())")
+    registration = registry.registration("attention_backends", name)
+    cls = registration.load()
+    handed, reasons = backend_reasons(cls, registration.api, spec, platform)
+    if reasons:
+        raise RuntimeError(f"attention backend {name!r} cannot run here: {'; '.join(reasons)}")
+    return construct(cls, registration.api, handed, platform, registry)
+
+
 def head_layout_reasons(spec: AttentionSpec) -> list[str]:
     """What a paged kernel cannot be asked, whatever it is: query heads that are not a multiple
     of the KV heads (no KV head to group them under), and a sliding window without causality
@@ -99,9 +182,13 @@ class AttentionBackend(ABC):
     # "none": always eager
     cuda_graph_support: ClassVar[str] = "none"
 
-    def __init__(self, spec: AttentionSpec, platform: Platform):
+    def __init__(self, spec: AttentionSpec, platform: Platform, registry: Any = None):
         self.spec = spec
         self.platform = platform
+        # (interface v4) the engine's plugin registry — the plugins it loaded, under --plugins —
+        # for a backend that hands some batches to another (:func:`build_backend`); None when the
+        # backend is built by hand. A subclass overriding __init__ passes it on.
+        self.registry = registry
 
     @classmethod
     @abstractmethod

@@ -17,6 +17,7 @@ import torch
 
 from engine.builtin.platforms import CpuPlatform
 from engine.interfaces import AttentionSpec, BatchLayout
+from engine.interfaces.attention import backend_reasons, construct
 from engine.plugins import load_plugins
 from engine.runner.step_graphs import DecodeInputs, pad_decode
 
@@ -236,12 +237,16 @@ class AttentionBackendContract:
             torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
     def _backend(self, backend_cls, spec: AttentionSpec):
-        platform = self.platform_cls()
-        reasons = backend_cls.supports(spec, platform)
+        """The backend built for ``spec`` as the engine builds it, or the test skipped with the
+        reasons the engine would not choose it: its ``supports``, or a spec its interface
+        version predates (never handed to it: a v1 backend knows no sliding window)."""
+        platform, registry = self.platform_cls(), load_plugins()
+        api = registry.registration("attention_backends", self.backend_name).api
+        handed, reasons = backend_reasons(backend_cls, api, spec, platform)
         if reasons:
             assert all(isinstance(r, str) and r for r in reasons)
             pytest.skip(f"{self.backend_name} does not support {spec}: {reasons}")
-        return backend_cls(spec, platform)
+        return construct(backend_cls, api, handed, platform, registry)
 
     @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
     def test_matches_reference(self, backend_cls, batch, heads, block_size, dtype):

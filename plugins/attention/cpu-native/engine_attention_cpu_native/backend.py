@@ -20,8 +20,8 @@ import attrs
 import torch
 
 from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces.attention import build_backend
 from engine.native.tape import NativeKernel, bind
-from engine.plugins import load_plugins
 
 SOURCE = Path(__file__).with_name("attention.c")
 _INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
@@ -114,10 +114,10 @@ class NativeAttentionBackend(AttentionBackend):
             reasons.append(f"block_size {spec.block_size} is over {lib.max_block_size()}")
         return reasons
 
-    def __init__(self, spec: AttentionSpec, platform):
-        super().__init__(spec, platform)
+    def __init__(self, spec: AttentionSpec, platform, registry=None):
+        super().__init__(spec, platform, registry)
         self._kernel = kernel(spec.dtype, self.portable)
-        self._torch = load_plugins().get("attention_backends", "torch")(spec, platform)
+        self._torch = build_backend(registry, "torch", spec, platform)
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         s = self.spec

@@ -33,7 +33,8 @@ def test_matches_the_torch_backend(kernel, batch, heads, head_dim, dtype):
     spec = AttentionSpec(num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype=dtype, block_size=16)
     platform = CpuPlatform()
     torch_backend = load_plugins().get("attention_backends", "torch")(spec, platform)
-    ours = run_two_calls(kernel(spec, platform), spec, BATCHES[batch], num_blocks=128, seed=head_dim)
+    ours = run_two_calls(kernel(spec, platform, registry=load_plugins()), spec, BATCHES[batch],
+                         num_blocks=128, seed=head_dim)
     theirs = run_two_calls(torch_backend, spec, BATCHES[batch], num_blocks=128, seed=head_dim)
     tol = TOLERANCE[dtype]
     for (out, expected), (reference_out, _) in zip(ours, theirs):
@@ -76,7 +77,7 @@ def test_short_chunk_reads_a_prefix_written_in_the_same_step(dtype):
     from engine.testing.attention import reference_attention
 
     spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=64, dtype=dtype, block_size=16)
-    backend = NativeAttentionBackend(spec, CpuPlatform())
+    backend = NativeAttentionBackend(spec, CpuPlatform(), registry=load_plugins())
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(45, h, 64, generator=gen).to(dtype) for h in (8, 2, 2))
     blocks_a, blocks_b = [5, 2, 9], [5, 2, 4]  # B shares A's first 32 tokens, then 5 of its own
@@ -106,7 +107,7 @@ def test_the_kv_write_equals_torch_index_copy(dtype, tokens):
     expected = torch.zeros(2, kv_heads, blocks, block_size, dim, dtype=dtype)
     expected.view(2, kv_heads, -1, dim).index_copy_(2, slots, torch.stack([key, value]).transpose(1, 2))
     spec = AttentionSpec(heads, kv_heads, dim, dtype, block_size)
-    backend = NativeAttentionBackend(spec, CpuPlatform())
+    backend = NativeAttentionBackend(spec, CpuPlatform(), registry=load_plugins())
     cache = torch.zeros_like(expected)
     backend._write_kv(key, value, cache, slots)
     assert torch.equal(cache, expected)

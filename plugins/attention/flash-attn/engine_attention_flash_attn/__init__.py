@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_attention_backends(register):
-    register("flash-attn", "engine_attention_flash_attn.backend:FlashAttnBackend", api=3)
+    register("flash-attn", "engine_attention_flash_attn.backend:FlashAttnBackend", api=4)

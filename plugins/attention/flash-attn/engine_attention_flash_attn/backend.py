@@ -121,8 +121,8 @@ class FlashAttnBackend(AttentionBackend):
         why = "; ".join(path_reasons(spec)[other]) or "the package path is preferred"
         return f"{_PATH_NAMES[chosen]} (not {_PATH_NAMES[other]}: {why})"
 
-    def __init__(self, spec: AttentionSpec, platform):
-        super().__init__(spec, platform)
+    def __init__(self, spec: AttentionSpec, platform, registry=None):
+        super().__init__(spec, platform, registry)
         self.chosen_path = self.path(spec)
 
     def first_keys(self, layout: BatchLayout) -> list[int]:

@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_attention_backends(register):
-    register("flashinfer", "engine_attention_flashinfer.backend:FlashInferBackend", api=3)
+    register("flashinfer", "engine_attention_flashinfer.backend:FlashInferBackend", api=4)

@@ -101,8 +101,8 @@ class FlashInferBackend(AttentionBackend):
             reasons.append(f"head size {spec.head_dim} (one of {', '.join(map(str, HEAD_DIMS))})")
         return reasons + head_layout_reasons(spec)
 
-    def __init__(self, spec: AttentionSpec, platform):
-        super().__init__(spec, platform)
+    def __init__(self, spec: AttentionSpec, platform, registry=None):
+        super().__init__(spec, platform, registry)
         self._wrappers: dict[str, object] = {}
         self._plan_id = -1
 

@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_attention_backends(register):
-    register("triton", "engine_attention_triton.backend:TritonAttentionBackend", api=3)
+    register("triton", "engine_attention_triton.backend:TritonAttentionBackend", api=4)

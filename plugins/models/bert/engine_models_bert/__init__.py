@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_models(register):
-    register("BertModel", "engine_models_bert.model:BertModel", api=1)
+    register("BertModel", "engine_models_bert.model:BertModel", api=2)

@@ -8,4 +8,4 @@ ARCHITECTURES = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
 @hookimpl
 def register_models(register):
     for arch in ARCHITECTURES:
-        register(arch, "engine_models_gemma.model:GemmaForCausalLM", api=1)
+        register(arch, "engine_models_gemma.model:GemmaForCausalLM", api=2)

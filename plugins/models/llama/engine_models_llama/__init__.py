@@ -8,4 +8,4 @@ ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 @hookimpl
 def register_models(register):
     for arch in ARCHITECTURES:
-        register(arch, "engine_models_llama.model:LlamaForCausalLM", api=1)
+        register(arch, "engine_models_llama.model:LlamaForCausalLM", api=2)

@@ -8,4 +8,4 @@ ARCHITECTURES = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausal
 @hookimpl
 def register_models(register):
     for arch in ARCHITECTURES:
-        register(arch, "engine_models_moe.model:MoeForCausalLM", api=1)
+        register(arch, "engine_models_moe.model:MoeForCausalLM", api=2)

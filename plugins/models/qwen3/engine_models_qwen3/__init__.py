@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_models(register):
-    register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=1)
+    register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=2)
