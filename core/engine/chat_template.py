@@ -1,11 +1,13 @@
 """What a request may pass to a chat template, for every front end (``LLM.chat`` and the
-server): ``chat_template_kwargs`` become template variables (e.g. ``enable_thinking``) but
-none may steer the templating call itself, and ``continue_final_message`` excludes
-``add_generation_prompt``, as in vLLM."""
+server): the messages' roles and content (:func:`conversation`); ``chat_template_kwargs``
+become template variables (e.g. ``enable_thinking``) but none may steer the templating call
+itself, and ``continue_final_message`` excludes ``add_generation_prompt``, as in vLLM."""
 
 from __future__ import annotations
 
 from engine.sampling_params import InvalidParam
+
+ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer "system"
 
 # apply_chat_template arguments that steer the call itself, not the template
 RESERVED_TEMPLATE_KWARGS = frozenset({
@@ -30,3 +32,25 @@ def template_options(add_generation_prompt: bool, continue_final_message: bool, 
                            "(a request field or the templating call itself)")
     return {**(chat_template_kwargs or {}), "add_generation_prompt": add_generation_prompt,
             "continue_final_message": continue_final_message}
+
+
+def conversation(messages) -> list[dict]:
+    """The messages as a template reads them, or InvalidParam naming the first bad one: each a
+    dict with a role of :data:`ROLES` (``developer`` becomes ``system``) and content that is a
+    string, None (empty) or a list of text parts (joined); its other fields that are set pass."""
+    return [_message(i, message) for i, message in enumerate(messages)]
+
+
+def _message(index: int, message) -> dict:
+    role = message.get("role") if isinstance(message, dict) else None
+    if role not in ROLES:
+        raise InvalidParam("messages", f"messages[{index}].role must be one of {', '.join(ROLES)}; "
+                           f"got {role!r}")
+    content = message.get("content")
+    if isinstance(content, list):
+        if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+                   for part in content):
+            raise InvalidParam("messages", f"messages[{index}].content: only text parts are supported")
+        content = "".join(part["text"] for part in content)
+    entry = {key: value for key, value in message.items() if value is not None}
+    return {**entry, "role": "system" if role == "developer" else role, "content": content or ""}

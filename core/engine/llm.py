@@ -8,7 +8,7 @@ from collections.abc import Iterator, Sequence
 
 from tqdm.auto import tqdm
 
-from engine.chat_template import template_options
+from engine.chat_template import conversation, template_options
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.output_processor import OutputProcessor
@@ -143,9 +143,7 @@ class LLM:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
-        for m in messages:
-            if not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant", "tool"):
-                raise ValueError(f"messages: each needs a role of system/user/assistant/tool, got {m!r}")
+        messages = conversation(messages)
         options = template_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
         ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, **options)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

@@ -4,12 +4,12 @@ the vocabulary and the per-request cap on engine requests. Called off the event 
 
 from __future__ import annotations
 
+import msgspec
+
 from engine import request_path
-from engine.chat_template import template_options
+from engine.chat_template import conversation, template_options
 from engine.sampling_params import InvalidParam
 from engine_server.errors import bad_request
-
-ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def check_fanout(state, prompts: int, n: int, param: str = "prompt") -> None:
@@ -54,26 +54,6 @@ def completion_prompts(state, prompt, n: int, param: str = "prompt") -> list[tup
     return [(text, state.tokenizer.encode(text)) for text in texts]
 
 
-def _conversation(messages) -> list[dict]:
-    conversation = []
-    for i, message in enumerate(messages):
-        if message.role not in ROLES:
-            raise bad_request(f"messages[{i}].role must be one of {', '.join(ROLES)}; got {message.role!r}",
-                              "messages")
-        content = message.content
-        if isinstance(content, list):
-            if any(part.get("type") != "text" or not isinstance(part.get("text"), str) for part in content):
-                raise bad_request(f"messages[{i}].content: only text parts are supported", "messages")
-            content = "".join(part["text"] for part in content)
-        entry = {"role": "system" if message.role == "developer" else message.role, "content": content or ""}
-        if message.tool_calls:
-            entry["tool_calls"] = message.tool_calls
-        if message.tool_call_id:
-            entry["tool_call_id"] = message.tool_call_id
-        conversation.append(entry)
-    return conversation
-
-
 def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
                 tool_prompt: str | None = None, continue_final_message: bool = False,
                 template_kwargs: dict | None = None) -> list[int]:
@@ -85,9 +65,9 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[di
         raise bad_request("messages must contain at least one message", "messages")
     try:
         options = template_options(add_generation_prompt, continue_final_message, template_kwargs)
+        messages = conversation([msgspec.structs.asdict(message) for message in messages])
     except InvalidParam as exc:
         raise bad_request(str(exc), exc.param) from None
-    conversation = _conversation(messages)
     if not tokenizer.chat_template:
         raise bad_request("this model has no chat template; use /v1/completions", "messages")
     template_tools = None
@@ -95,12 +75,12 @@ def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[di
         if "tools" in tokenizer.chat_template:
             template_tools = tools
         elif tool_prompt:
-            if conversation[0]["role"] == "system":
-                conversation[0] = {**conversation[0], "content": conversation[0]["content"] + "\n\n" + tool_prompt}
+            if messages[0]["role"] == "system":
+                messages[0] = {**messages[0], "content": messages[0]["content"] + "\n\n" + tool_prompt}
             else:
-                conversation.insert(0, {"role": "system", "content": tool_prompt})
+                messages.insert(0, {"role": "system", "content": tool_prompt})
     try:
-        ids = tokenizer.apply_chat_template(conversation, tokenize=True, tools=template_tools, **options)
+        ids = tokenizer.apply_chat_template(messages, tokenize=True, tools=template_tools, **options)
     except Exception as exc:  # noqa: BLE001 - template errors (roles out of order ...) are the caller's
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
