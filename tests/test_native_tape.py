@@ -7,8 +7,6 @@ decode steps are made of C kernels alone, against the same engine run eagerly.""
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
 
@@ -23,21 +21,19 @@ from engine_quant_gguf.writer import write_gguf
 
 pytestmark = pytest.mark.skipif(bool(tape.unavailable_reasons()), reason="; ".join(tape.unavailable_reasons()))
 
-_P, _I, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 TINY = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
             tie_word_embeddings=True)
 
 
-def _kernel(symbol, argtypes, restype=None, status=False):
-    return tape.bind(kernels.library(), symbol, argtypes, restype, status)
+def _kernel(symbol):
+    return tape.bind(kernels.library(), symbol)
 
 
 def test_a_replay_runs_the_kernels_on_what_the_buffers_hold_now():
     """Two kernels, one with two float arguments among integers (q_eps, k_eps): the replay
     over new buffer contents gives what eager calls give on them."""
-    norm = _kernel("add_rms_norm_f32", [_P, _P, _P, _I, _I, _F])
-    qk = _kernel("qk_norm_rotary_f32", [_P, _I, _I, _I, _I, _I, _P, _P, _F, _F, _P, _P])
+    norm, qk = _kernel("add_rms_norm_f32"), _kernel("qk_norm_rotary_f32")
     gen = torch.Generator().manual_seed(0)
     x, residual, weight = (torch.randn(3, 64, generator=gen) for _ in range(3))
     qkv, q_w, k_w = torch.randn(3, 3 * 16, generator=gen), torch.rand(16, generator=gen), torch.rand(16, generator=gen)
@@ -62,7 +58,7 @@ def test_a_replay_runs_the_kernels_on_what_the_buffers_hold_now():
 
 
 def test_a_kernel_refusing_its_input_on_replay_stops_it_with_its_name():
-    gather = _kernel("gather_rows", [_P, _I, _I, _P, _I, _P], _I, status=True)
+    gather = _kernel("gather_rows")
     table, ids, out = torch.randn(10, 4), torch.tensor([1, 2], dtype=torch.int64), torch.empty(2, 4)
 
     def forward():
@@ -76,8 +72,7 @@ def test_a_kernel_refusing_its_input_on_replay_stops_it_with_its_name():
 
 
 def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
-    norm = _kernel("add_rms_norm_f32", [_P, _P, _P, _I, _I, _F])
-    count = _kernel("quantize_rows_int8_f32", [_P, _I, _I, _F, _P, _P, _P], _I)
+    norm, count = _kernel("add_rms_norm_f32"), _kernel("quantize_rows_int8_f32")
     x, residual, weight = torch.randn(2, 64), torch.randn(2, 64), torch.ones(64)
 
     def computes_with_torch():
@@ -93,6 +88,9 @@ def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
         tape.record(computes_with_torch)
     with pytest.raises(tape.CaptureError, match="quantize_rows_int8_f32 returns a value Python acts on"):
         tape.record(steers_python)
+    with pytest.raises(tape.CaptureError, match="add_rms_norm_f32 takes 6 arguments, not 7"):
+        tape.record(lambda: (norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 2, 64, 1e-5, 0),
+                             x)[1])
     with pytest.raises(tape.CaptureError, match="called no native kernel"):
         tape.record(lambda: x.view(-1))
     with tape.recording(), pytest.raises(tape.CaptureError, match="already recording"):

@@ -12,6 +12,7 @@
  * A kernel whose result is a status (non-zero: it refused its input) is marked `checked`; the
  * first failing op stops the replay and its 1-based index is returned (0: all ran).
  */
+#include "tape.h"
 #include <stdint.h>
 
 #define TAPE_INTS 24
@@ -33,9 +34,9 @@ int64_t tape_op_bytes(void) { return (int64_t)sizeof(tape_op); }
 int64_t tape_max_ints(void) { return TAPE_INTS; }
 int64_t tape_max_floats(void) { return TAPE_FLOATS; }
 
-int64_t tape_run(const tape_op *ops, int64_t count) {
+int64_t tape_run(const void *ops, int64_t count) {
     for (int64_t n = 0; n < count; n++) {
-        const tape_op *op = ops + n;
+        const tape_op *op = (const tape_op *)ops + n;
         const int64_t *i = op->i;
         const float *f = op->f;
         int64_t status = ((tape_fn)(intptr_t)op->fn)(

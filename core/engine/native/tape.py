@@ -8,13 +8,15 @@ batch size over static buffers, as the cuda platform captures a CUDA graph, and 
 capture (``tape.c``).
 
 A kernel is recordable when it is bound with :func:`bind` (what the cpu-native platform and
-attention plugins do): the binding records a call whenever a :func:`recording` is active, and
-otherwise costs one attribute check. While recording, every torch op the forward dispatches is
+attention plugins do), with the types of its library's prototype header
+(:mod:`engine.native.prototypes`): the binding records a call whenever a :func:`recording` is
+active, and otherwise costs one attribute check. While recording, every torch op the forward dispatches is
 watched: an op that computes (anything but a view or an allocation) is work a replay would skip,
 so the capture fails naming it (:class:`CaptureError`) and the engine keeps running eagerly; the
 tensors the forward allocates are kept alive with the tape, whose kernels hold their addresses.
-A kernel whose result steers Python (a count, a flag, rather than a status) cannot be recorded
-either: the branch taken at capture would be replayed for every input.
+A kernel whose result steers Python (an ``int64_t`` count or flag, rather than an
+``engine_status``) cannot be recorded either: the branch taken at capture would be replayed for
+every input.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import ctypes
 import functools
 import platform
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -31,14 +33,12 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.interfaces import StepGraphs
-from engine.native import load_source
+from engine.native import Library, Prototype, load_source
 
 SOURCE = Path(__file__).with_name("tape.c")
 # calling conventions under which tape.c's one prototype passes every kernel its arguments
 ABIS = {("Linux", "x86_64"), ("Linux", "aarch64")}
 MAX_INTS, MAX_FLOATS = 24, 8
-_INTEGER_TYPES = (ctypes.c_int64, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int, ctypes.c_uint64, ctypes.c_size_t,
-                  ctypes.c_char_p)
 _ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
                 torch.ops.aten.new_empty.default}
 
@@ -71,33 +71,29 @@ class _Op(ctypes.Structure):
 @functools.cache
 def _library():
     library = load_source(SOURCE)
-    library.tape_run.argtypes, library.tape_run.restype = [ctypes.c_void_p, ctypes.c_int64], ctypes.c_int64
-    library.tape_op_bytes.restype = ctypes.c_int64
-    if library.tape_op_bytes() != ctypes.sizeof(_Op):
+    layout = library.tape_op_bytes(), library.tape_max_ints(), library.tape_max_floats()
+    if layout != (ctypes.sizeof(_Op), MAX_INTS, MAX_FLOATS):
         raise RuntimeError("tape.c's op layout differs from tape.py's")
     return library
 
 
 class NativeKernel:
-    """A C entry point with its ctypes signature, called like the ctypes function. ``status``:
-    its int64 result is non-zero when it refuses its input (checked on replay too); a kernel
-    with another result (``restype`` set, ``status`` False) runs eagerly but cannot be taped."""
+    """A C entry point with its prototype's ctypes types, called like the ctypes function. One
+    whose result is an ``engine_status`` (``status``) is checked on replay too; one with an
+    ``int64_t`` result runs eagerly but cannot be taped."""
 
     __slots__ = ("_floats", "_unrecordable", "address", "function", "name", "status")
 
-    def __init__(self, function, argtypes: Sequence, restype=None, status: bool = False):
-        function.argtypes, function.restype = list(argtypes), restype
-        self.name, self.function, self.status = function.__name__, function, status
+    def __init__(self, function, prototype: Prototype):
+        self.name, self.function, self.status = prototype.name, function, prototype.status
         self.address = ctypes.cast(function, ctypes.c_void_p).value
-        self._floats = tuple(type_ is ctypes.c_float for type_ in argtypes)
-        self._unrecordable = self._unrecordable_reason(argtypes, restype)
+        self._floats = tuple(type_ is ctypes.c_float for type_ in prototype.argtypes)
+        self._unrecordable = self._unrecordable_reason(prototype)
 
-    def _unrecordable_reason(self, argtypes, restype) -> str | None:
-        if restype is not None and not (self.status and restype is ctypes.c_int64):
+    def _unrecordable_reason(self, prototype: Prototype) -> str | None:
+        if prototype.restype is not None and not prototype.status:
             return f"kernel {self.name} returns a value Python acts on"
         ints, floats = sum(not f for f in self._floats), sum(self._floats)
-        if any(t not in _INTEGER_TYPES and t is not ctypes.c_float for t in argtypes):
-            return f"kernel {self.name} takes an argument that is neither an integer, a pointer nor a float"
         if ints > MAX_INTS or floats > MAX_FLOATS:
             return f"kernel {self.name} takes more than {MAX_INTS} integer or {MAX_FLOATS} float arguments"
         return None
@@ -111,6 +107,8 @@ class NativeKernel:
         """This call as a tape op."""
         if self._unrecordable:
             raise CaptureError(self._unrecordable)
+        if len(args) != len(self._floats):  # ctypes passes extra arguments on; a tape would drop them
+            raise CaptureError(f"kernel {self.name} takes {len(self._floats)} arguments, not {len(args)}")
         op = _Op(self.address, int(self.status))
         ints = [_integer(a) for a, is_float in zip(args, self._floats) if not is_float]
         floats = [float(a) for a, is_float in zip(args, self._floats) if is_float]
@@ -126,9 +124,10 @@ def _integer(value) -> int:
     return struct.unpack("<q", struct.pack("<Q", int(value) & (2 ** 64 - 1)))[0]
 
 
-def bind(library: ctypes.CDLL, symbol: str, argtypes: Sequence, restype=None, status: bool = False) -> NativeKernel:
-    """``library``'s ``symbol`` as a :class:`NativeKernel` (recordable onto tapes)."""
-    return NativeKernel(getattr(library, symbol), argtypes, restype, status)
+def bind(library: Library, symbol: str) -> NativeKernel:
+    """``library``'s ``symbol`` as a :class:`NativeKernel` (recordable onto tapes), typed by
+    its prototype in the library's header."""
+    return NativeKernel(getattr(library, symbol), library.prototypes[symbol])
 
 
 class Tape:

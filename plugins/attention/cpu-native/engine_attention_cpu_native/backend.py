@@ -11,7 +11,6 @@ obtained through the plugin registry, as a batch of their own.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import itertools
 from pathlib import Path
@@ -21,21 +20,17 @@ import torch
 
 from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
 from engine.interfaces.attention import build_backend
+from engine.native import Library, load_source
 from engine.native.tape import NativeKernel, bind
 
 SOURCE = Path(__file__).with_name("attention.c")
-_INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-_ARGTYPES = [_PTR, _INT, _PTR, _PTR, _INT, _PTR, _INT, _PTR, _PTR, _PTR, _INT, _INT, _INT, _INT, _INT, _FLOAT,
-             _INT, _FLOAT, _PTR]
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 @functools.cache
-def library() -> ctypes.CDLL:
-    """attention.c built once per machine (``engine.native``) and loaded
-    once per process; raises its ``BuildError`` when it cannot be built."""
-    from engine.native import load_source
-
+def library() -> Library:
+    """attention.c built once per machine (``engine.native``, typed by ``attention.h``) and
+    loaded once per process; raises its ``BuildError`` when it cannot be built."""
     return load_source(SOURCE)
 
 
@@ -43,16 +38,14 @@ def library() -> ctypes.CDLL:
 def kv_writer() -> NativeKernel:
     """The C scatter of a step's K/V into the cache (one call where torch takes a stack, a
     transpose and an index_copy_)."""
-    return bind(library(), "write_kv", [_PTR, _PTR, _INT, _INT, _PTR, _INT, _INT, _INT, _INT, _INT, _PTR], _INT,
-                status=True)
+    return bind(library(), "write_kv")
 
 
 @functools.cache
 def kernel(dtype: torch.dtype, portable: bool = False) -> NativeKernel:
     """The C entry point for a cache of ``dtype``: AVX-512 where built for it, or the
     portable C one (``portable``). Both are recordable onto native tapes."""
-    return bind(library(), f"paged_attention_{_SUFFIX[dtype]}{'_scalar' if portable else ''}", _ARGTYPES, _INT,
-                status=True)
+    return bind(library(), f"paged_attention_{_SUFFIX[dtype]}{'_scalar' if portable else ''}")
 
 
 @attrs.frozen

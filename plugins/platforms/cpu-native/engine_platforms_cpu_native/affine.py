@@ -21,7 +21,6 @@ Without AMX the bf16 GEMM is no faster than this kernel at any size measured (1.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 
 import torch
@@ -35,28 +34,15 @@ from engine_platforms_cpu_native import kernels
 GROUP, TILE = 32, 16
 DENSE_ROWS = 384  # from here, on AMX, dequantize + bf16 GEMM beats the VNNI kernel (see above)
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
-_INT, _PTR = ctypes.c_int64, ctypes.c_void_p
-# symbol: (argtypes, restype, whether the result is a status)
-_SIGNATURES = {
-    "affine_vnni_available": ([], _INT, False),
-    "pack_affine": ([_PTR, _PTR, _PTR, _INT, _INT, _INT, _PTR, _PTR], None, False),
-    **{f"affine_matmul_{suffix}": ([_PTR, _INT, _INT, _INT, _PTR, _PTR, _INT, _INT, _INT, _INT, _PTR], None, False)
-       for suffix in ("bf16", "f32")},
-    **{f"affine_rows_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _INT, _PTR, _INT, _PTR], _INT, True)
-       for suffix in ("bf16", "f32")},
-    **{f"affine_dequantize_{suffix}": ([_PTR, _PTR, _INT, _INT, _INT, _INT, _PTR], None, False)
-       for suffix in ("bf16", "f32")},
-}
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 @functools.cache
 def kernels(portable: bool = False) -> dict[str, NativeKernel]:
-    """The kernel's entry points, from this CPU's build or the ``portable`` one (plain C),
-    bound so that native tapes record them."""
+    """The kernel's entry points (every function of ``quant_gemm.h``), from this CPU's build or
+    the ``portable`` one (plain C), bound so that native tapes record them."""
     library = load_source(SOURCE, portable=portable)
-    return {symbol: bind(library, symbol, argtypes, restype, status)
-            for symbol, (argtypes, restype, status) in _SIGNATURES.items()}
+    return {symbol: bind(library, symbol) for symbol in library.prototypes}
 
 
 @functools.cache

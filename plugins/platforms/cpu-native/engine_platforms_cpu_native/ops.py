@@ -4,7 +4,8 @@ quantization and int32 rescale and SwiGLU in one pass each, and group-affine wei
 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several torch
-calls. The kernels are bound with :func:`engine.native.tape.bind`, so a decode step made of them
+calls, typed by the prototypes of ``kernels.h``. The kernels are bound with
+:func:`engine.native.tape.bind`, so a decode step made of them
 (and of the cpu-native attention and affine kernels) is recorded onto a native tape. The kernels
 are vectorized and split a big batch's rows (prefill chunks) over the threads, so they take any
 batch; dtypes or layouts they do not take go to the torch path.
@@ -12,25 +13,16 @@ batch; dtypes or layouts they do not take go to the torch path.
 
 from __future__ import annotations
 
-import ctypes
-
 import torch
 
 from engine.layers import LayerOps
-from engine.native import BuildError
+from engine.native import BuildError, Library
 from engine.native.tape import bind
 from engine_platforms_cpu_native import affine
 
-_INT, _PTR, _FLOAT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_float
-_SIGNATURES = {
-    "add_rms_norm": ([_PTR, _PTR, _PTR, _INT, _INT, _FLOAT], None),
-    "rms_norm": ([_PTR, _PTR, _INT, _INT, _FLOAT, _PTR], None),
-    "rotary": ([_PTR, _INT, _INT, _INT, _INT, _PTR, _PTR], None),
-    "qk_norm_rotary": ([_PTR, _INT, _INT, _INT, _INT, _INT, _PTR, _PTR, _FLOAT, _FLOAT, _PTR, _PTR], None),
-    "quantize_rows_int8": ([_PTR, _INT, _INT, _FLOAT, _PTR, _PTR, _PTR], _INT),
-    "rescale_int32": ([_PTR, _INT, _INT, _PTR, _PTR, _PTR], None),
-    "silu_and_mul": ([_PTR, _INT, _INT, _INT, _PTR], None),
-}
+# each <name>_bf16 and <name>_f32 in kernels.h
+_TYPED_KERNELS = ("add_rms_norm", "rms_norm", "rotary", "qk_norm_rotary", "quantize_rows_int8",
+                  "rescale_int32", "silu_and_mul")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
 
@@ -38,12 +30,12 @@ _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
 class NativeLayerOps(LayerOps):
     name = "cpu-native"
 
-    def __init__(self, library: ctypes.CDLL, dtype: torch.dtype):
+    def __init__(self, library: Library, dtype: torch.dtype):
         self.dtype = dtype
         self.max_rotary_dim = library.max_rotary_dim()
-        self._kernels = {(name, dtype): bind(library, f"{name}_{suffix}", *signature)
-                         for name, signature in _SIGNATURES.items() for dtype, suffix in _SUFFIX.items()}
-        self._gather = bind(library, "gather_rows", [_PTR, _INT, _INT, _PTR, _INT, _PTR], _INT, status=True)
+        self._kernels = {(name, dtype): bind(library, f"{name}_{suffix}")
+                         for name in _TYPED_KERNELS for dtype, suffix in _SUFFIX.items()}
+        self._gather = bind(library, "gather_rows")
 
     def pack_affine(self, weight):
         """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has

@@ -1,0 +1,46 @@
+/* attention.c's entry points: engine.native binds each with these types (backend.py calls them).
+ * Caches [2, kv_heads, blocks, block_size, head_dim] in the storage type (uint16_t: bfloat16). */
+#ifndef ENGINE_CPU_NATIVE_ATTENTION_H
+#define ENGINE_CPU_NATIVE_ATTENTION_H
+
+#include "engine_native.h"
+
+/* the largest head_dim and block_size the kernels take */
+int64_t max_head_dim(void);
+int64_t max_block_size(void);
+
+/* this step's key and value rows [tokens, kv_heads, head_dim] (strides in elements of elem_bytes)
+ * into the cache's slots slot_mapping[t]; refused when a slot lies outside [0, slots) */
+engine_status write_kv(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
+                       const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
+                       int64_t slots, int64_t elem_bytes, char *cache);
+
+/* Attends requests[0..num_requests) of the batch into out [tokens, heads, dim]; fails when its
+ * scratch memory cannot be allocated. The AVX-512 kernel, and the portable one (_scalar). */
+engine_status paged_attention_bf16(const uint16_t *query, int64_t q_stride, const uint16_t *key_cache,
+                                   const uint16_t *value_cache, int64_t head_stride, const int32_t *block_table,
+                                   int64_t table_stride, const int32_t *query_start, const int32_t *seq_lens,
+                                   const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
+                                   int64_t dim, int64_t block_size, float scale, int64_t window, float softcap,
+                                   uint16_t *out);
+engine_status paged_attention_bf16_scalar(const uint16_t *query, int64_t q_stride, const uint16_t *key_cache,
+                                          const uint16_t *value_cache, int64_t head_stride,
+                                          const int32_t *block_table, int64_t table_stride,
+                                          const int32_t *query_start, const int32_t *seq_lens,
+                                          const int32_t *requests, int64_t num_requests, int64_t heads,
+                                          int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
+                                          int64_t window, float softcap, uint16_t *out);
+engine_status paged_attention_f32(const float *query, int64_t q_stride, const float *key_cache,
+                                  const float *value_cache, int64_t head_stride, const int32_t *block_table,
+                                  int64_t table_stride, const int32_t *query_start, const int32_t *seq_lens,
+                                  const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
+                                  int64_t dim, int64_t block_size, float scale, int64_t window, float softcap,
+                                  float *out);
+engine_status paged_attention_f32_scalar(const float *query, int64_t q_stride, const float *key_cache,
+                                         const float *value_cache, int64_t head_stride, const int32_t *block_table,
+                                         int64_t table_stride, const int32_t *query_start, const int32_t *seq_lens,
+                                         const int32_t *requests, int64_t num_requests, int64_t heads,
+                                         int64_t kv_heads, int64_t dim, int64_t block_size, float scale,
+                                         int64_t window, float softcap, float *out);
+
+#endif

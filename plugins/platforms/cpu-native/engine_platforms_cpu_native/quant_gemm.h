@@ -1,0 +1,34 @@
+/* quant_gemm.c's entry points: engine.native binds each with these types (affine.py calls them).
+ * qw, sz: a weight packed by pack_affine; half: sz holds float16 (else float32); bits: 4 or 8,
+ * the packed width of q; k, n: the weight's inputs and outputs (k a multiple of 32). */
+#ifndef ENGINE_CPU_NATIVE_QUANT_GEMM_H
+#define ENGINE_CPU_NATIVE_QUANT_GEMM_H
+
+#include "engine_native.h"
+
+/* 1 where this build multiplies on AVX512_VNNI, 0 for the plain-C build */
+int64_t affine_vnni_available(void);
+
+/* q uint8 [n, k] (< 2**bits), scale and offset float32 [n, k / 32] into the packed qw and sz */
+void pack_affine(const uint8_t *q, const float *scale, const float *offset, int64_t n, int64_t k, int64_t bits,
+                 uint8_t *qw, float *sz);
+
+/* out [m, n] = x [m, k] (row stride ldx) · wᵀ; signed_sums: offset = −2^(bits−1) · scale */
+void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                        int64_t half, int64_t bits, int64_t signed_sums, int64_t n, uint16_t *out);
+void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t half, int64_t bits, int64_t signed_sums, int64_t n, float *out);
+
+/* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
+engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+                               const int64_t *ids, int64_t count, uint16_t *out);
+engine_status affine_rows_f32(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+                              const int64_t *ids, int64_t count, float *out);
+
+/* out [n, k] = the whole weight */
+void affine_dequantize_bf16(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+                            uint16_t *out);
+void affine_dequantize_f32(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+                           float *out);
+
+#endif
