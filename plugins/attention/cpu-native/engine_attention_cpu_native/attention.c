@@ -15,8 +15,9 @@
  * Work items are spread over torch's OpenMP pool when the call is big enough to split.
  * Each storage type (bf16, f32) gets two symbols: paged_attention_<type> on AVX-512 where
  * the compiler targets it, and paged_attention_<type>_scalar, portable C, which the tests
- * also run (on a CPU without AVX-512 both are the portable one).
+ * also run (on a CPU without AVX-512 both are the portable one). attention.h declares them.
  */
+#include "attention.h"
 #include "engine_bf16.h"
 #include "engine_exp.h"
 #include <math.h>
@@ -40,9 +41,9 @@ int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
  * go to slot slot_mapping[t] (block · block_size + offset). key and value are [tokens, kv_heads,
  * head_dim] views of one tensor (row stride `row_stride`, head stride `head_stride`, in
  * elements of `elem_bytes`). Returns 1, writing nothing, if a slot lies outside the cache. */
-int64_t write_kv(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
-                 const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
-                 int64_t slots, int64_t elem_bytes, char *cache) {
+engine_status write_kv(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
+                       const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
+                       int64_t slots, int64_t elem_bytes, char *cache) {
     for (int64_t t = 0; t < tokens; t++)
         if (slot_mapping[t] < 0 || slot_mapping[t] >= slots) return 1;
     int64_t row = head_dim * elem_bytes, plane = slots * row;
@@ -278,93 +279,40 @@ static void soft_cap(float *scores, int64_t count, float cap) {
     for (int64_t t = 0; t < count; t++) scores[t] = cap * tanhf(scores[t] / cap);
 }
 
-#define DEFINE_ATTENTION(NAME, T, BLOCK, STORE_ROW, SCORES, SOFTMAX_STEP, ACCUMULATE)             \
-static void NAME##_item(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache, \
-                        int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,     \
-                        int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,            \
-                        int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, \
-                        T *out, Workspace *w) {                                                   \
-    int64_t vectors = n * group, block_len = block_size * dim;                                    \
-    memset(w->acc, 0, sizeof(float) * vectors * dim);                                             \
-    for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;                 \
-    const T *keys_base = key_cache + kv_head * head_stride;                                       \
-    const T *values_base = value_cache + kv_head * head_stride;                                   \
-    const T *first_query = query + q_begin * q_stride + kv_head * group * dim;                    \
-    int64_t first_position = seq_len - n;                                                         \
-    int64_t first_key = window > 0 && first_position - window + 1 > 0 ? first_position - window + 1 : 0; \
-    for (int64_t start = first_key / block_size * block_size; start < seq_len; start += block_size) { \
-        int64_t count = seq_len - start < block_size ? seq_len - start : block_size;              \
-        int64_t offset = (int64_t)table[start / block_size] * block_len;                          \
-        const T *keys = keys_base + offset;                                                       \
-        if (start + block_size < seq_len)  /* the next block's lines, while this one is used */   \
-            prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,        \
-                           values_base + (int64_t)table[start / block_size + 1] * block_len,      \
-                           block_len * (int64_t)sizeof(T));                                       \
-        const float *values = BLOCK(values_base + offset, count * dim, w->values);                \
-        for (int64_t i = 0; i < n; i++) {                                                         \
-            int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */   \
-            if (visible > count) visible = count;                                                 \
-            /* under a window, the keys of this block before the row's window */                  \
-            int64_t skip = window > 0 ? first_position + i - window + 1 - start : 0;              \
-            if (skip < 0) skip = 0;                                                               \
-            if (visible <= skip) continue;                                                        \
-            for (int64_t j = 0; j < group; j++) {                                                 \
-                int64_t m = i * group + j;                                                        \
-                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim, scale, \
-                       w->scores);                                                                \
-                if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);                  \
-                float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m); \
-                ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim); \
-            }                                                                                     \
-        }                                                                                         \
-    }                                                                                             \
-    for (int64_t i = 0; i < n; i++)                                                               \
-        for (int64_t j = 0; j < group; j++) {                                                     \
-            int64_t m = i * group + j;                                                            \
-            STORE_ROW(out + ((q_begin + i) * heads + kv_head * group + j) * dim, w->acc + m * dim, \
-                      1.f / w->sum[m], dim);                                                      \
-        }                                                                                         \
-}                                                                                                 \
-                                                                                                  \
-/* Attends requests[0..num_requests) of the batch; out [tokens, heads, dim] contiguous (rows  \
- * of other requests untouched). query rows are q_stride apart, heads dim apart. Returns 0,   \
- * or -1 when scratch memory cannot be allocated. */                                            \
-int64_t NAME(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,        \
-             int64_t head_stride, const int32_t *block_table, int64_t table_stride,              \
-             const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,        \
-             int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,                  \
-             int64_t block_size, float scale, int64_t window, float softcap, T *out) {            \
-    int64_t group = heads / kv_heads, max_rows = 0, work = 0, failed = 0;                         \
-    for (int64_t r = 0; r < num_requests; r++) {                                                  \
-        int64_t b = requests[r], n = query_start[b + 1] - query_start[b];                         \
-        max_rows = n > max_rows ? n : max_rows;                                                   \
-        work += n * group * kv_heads * seq_lens[b] * dim;                                         \
-    }                                                                                             \
-    int64_t items = num_requests * kv_heads;                                                      \
-    _Pragma("omp parallel if(work >= MIN_PARALLEL_WORK && items > 1) reduction(|: failed)")      \
-    {                                                                                             \
-        Workspace w = {0};                                                                        \
-        int ok = workspace_alloc(&w, max_rows * group, dim, block_size);                          \
-        failed |= !ok;                                                                            \
-        _Pragma("omp for schedule(dynamic, 1)")                                                   \
-        for (int64_t item = 0; item < items; item++) {                                            \
-            if (!ok) continue;                                                                    \
-            int64_t b = requests[item / kv_heads];                                                \
-            NAME##_item(query, q_stride, key_cache, value_cache, head_stride,                     \
-                        block_table + b * table_stride, query_start[b],                           \
-                        query_start[b + 1] - query_start[b], seq_lens[b], item % kv_heads, heads, \
-                        group, dim, block_size, scale, window, softcap, out, &w);                 \
-        }                                                                                         \
-        if (ok) free(w.acc);                                                                  \
-    }                                                                                             \
-    return failed ? -1 : 0;                                                                       \
-}
+/* paged_attention_<type> on the AVX-512 math where the compiler targets it, and
+ * paged_attention_<type>_scalar on the portable math (attention_generic.h) */
+#define SUFFIX bf16
+#define T uint16_t
+#define BLOCK block_bf16
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_simd
+#define SOFTMAX_STEP softmax_step_simd
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
 
-DEFINE_ATTENTION(paged_attention_bf16, uint16_t, block_bf16, store_row_bf16, scores_bf16_simd, softmax_step_simd,
-                 accumulate_simd)
-DEFINE_ATTENTION(paged_attention_bf16_scalar, uint16_t, block_bf16, store_row_bf16, scores_bf16_scalar,
-                 softmax_step_scalar, accumulate_scalar)
-DEFINE_ATTENTION(paged_attention_f32, float, block_f32, store_row_f32, scores_f32_simd, softmax_step_simd,
-                 accumulate_simd)
-DEFINE_ATTENTION(paged_attention_f32_scalar, float, block_f32, store_row_f32, scores_f32_scalar,
-                 softmax_step_scalar, accumulate_scalar)
+#define SUFFIX bf16_scalar
+#define T uint16_t
+#define BLOCK block_bf16
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_scalar
+#define SOFTMAX_STEP softmax_step_scalar
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX f32
+#define T float
+#define BLOCK block_f32
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_simd
+#define SOFTMAX_STEP softmax_step_simd
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX f32_scalar
+#define T float
+#define BLOCK block_f32
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_scalar
+#define SOFTMAX_STEP softmax_step_scalar
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"

@@ -21,8 +21,10 @@
  *
  * The GEMM is register-blocked 4 rows × 32 columns and split over OpenMP threads by column
  * tiles (work big enough to split only). Built without AVX512_VNNI, the same entry points
- * compute the same integers in plain C (the tests compare both builds).
+ * compute the same integers in plain C (the tests compare both builds). quant_gemm.h declares
+ * the entry points; quant_gemm_generic.h holds those written once for both activation types.
  */
+#include "quant_gemm.h"
 #include "engine_bf16.h"
 #include <math.h>
 #include <stdint.h>
@@ -99,52 +101,9 @@ static inline int packed_q(const uint8_t *qw, int64_t bits, int64_t steps, int64
     return bits == 4 ? (i < 4 ? byte & 15 : byte >> 4) : byte;
 }
 
-/* ---- activation quantization ------------------------------------------------------------ */
-
-#if !HAVE_VNNI
-#define DEFINE_QUANTIZE(SUFFIX, T, LOAD)                                                        \
-static void quantize_row_scalar_##SUFFIX(const T *x, int64_t k, int8_t *xq, float *d, float *s) { \
-    for (int64_t g = 0; g < k / GROUP; g++) {                                                   \
-        float top = 0.f, sum = 0.f;                                                             \
-        for (int64_t i = 0; i < GROUP; i++) {                                                   \
-            float v = LOAD(x[g * GROUP + i]);                                                   \
-            top = fmaxf(top, fabsf(v));                                                         \
-            sum += v;                                                                           \
-        }                                                                                       \
-        float inv = top > 0.f ? 127.f / top : 0.f;                                              \
-        d[g] = top / 127.f;                                                                     \
-        s[g] = sum;                                                                             \
-        for (int64_t i = 0; i < GROUP; i++)                                                     \
-            xq[g * GROUP + i] = (int8_t)nearbyintf(LOAD(x[g * GROUP + i]) * inv);               \
-    }                                                                                           \
-}
-DEFINE_QUANTIZE(bf16, uint16_t, bf16_load)
-DEFINE_QUANTIZE(f32, float, )
-#endif
-
 #if HAVE_VNNI
 static inline __m512 load16_bf16(const uint16_t *p) { return bf16x16_load(p); }
 static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
-
-#define DEFINE_QUANTIZE_AVX(SUFFIX, T)                                                          \
-static void quantize_row_avx_##SUFFIX(const T *x, int64_t k, int8_t *xq, float *d, float *s) {  \
-    const __m512 sign = _mm512_set1_ps(-0.f);                                                   \
-    for (int64_t g = 0; g < k / GROUP; g++) {                                                   \
-        __m512 a = load16_##SUFFIX(x + g * GROUP), b = load16_##SUFFIX(x + g * GROUP + 16);     \
-        float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a),               \
-                                                       _mm512_andnot_ps(sign, b)));             \
-        float inv = top > 0.f ? 127.f / top : 0.f;                                              \
-        d[g] = top / 127.f;                                                                     \
-        s[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));                                       \
-        __m512 scale = _mm512_set1_ps(inv);                                                     \
-        __m128i qa = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, scale)));        \
-        __m128i qb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, scale)));        \
-        _mm_storeu_si128((void *)(xq + g * GROUP), qa);                                         \
-        _mm_storeu_si128((void *)(xq + g * GROUP + 16), qb);                                    \
-    }                                                                                           \
-}
-DEFINE_QUANTIZE_AVX(bf16, uint16_t)
-DEFINE_QUANTIZE_AVX(f32, float)
 #endif
 
 /* ---- the GEMM ---------------------------------------------------------------------------- */
@@ -342,83 +301,23 @@ static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_b
 }
 
 #if HAVE_VNNI
-#define QUANTIZE(SUFFIX) ((quantize_fn)quantize_row_avx_##SUFFIX)
 #define GEMM gemm_avx
 #else
-#define QUANTIZE(SUFFIX) ((quantize_fn)quantize_row_scalar_##SUFFIX)
 #define GEMM gemm_scalar
 #endif
 
-/* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
-void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                       int64_t half, int64_t bits, int64_t signed_sums, int64_t n, float *out) {
-    run(QUANTIZE(f32), GEMM, x, ldx * 4, m, k, qw, sz, half, bits, signed_sums, n, 0, out);
-}
+/* ---- the per-type functions: quantizers, matmul, rows, dequantization (quant_gemm_generic.h) ---- */
 
-void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                        int64_t half, int64_t bits, int64_t signed_sums, int64_t n, uint16_t *out) {
-    run(QUANTIZE(bf16), GEMM, x, ldx * 2, m, k, qw, sz, half, bits, signed_sums, n, 1, out);
-}
+#define SUFFIX bf16
+#define T uint16_t
+#define LOAD bf16_load
+#define STORE bf16_store
+#define OUT_BF16 1
+#include "quant_gemm_generic.h"
 
-/* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
-/* 1 (nothing written) when an id is outside [0, n). */
-
-#define DEFINE_ROWS(SUFFIX, T, STORE)                                                           \
-int64_t affine_rows_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,  \
-                             int64_t n, const int64_t *ids, int64_t count, T *out) {            \
-    int64_t groups = k / GROUP, steps = k / step_bytes(bits);                                   \
-    for (int64_t i = 0; i < count; i++)                                                         \
-        if (ids[i] < 0 || ids[i] >= n) return 1;                                                \
-    _Pragma("omp parallel for schedule(static) if (count * k >= (1 << 18))")                    \
-    for (int64_t i = 0; i < count; i++) {                                                       \
-        int64_t col = ids[i], t = col / TILE, c = col % TILE;                                   \
-        for (int64_t g = 0; g < groups; g++) {                                                  \
-            int64_t at = (t * groups + g) * 2 * TILE + c;                                       \
-            float scale = sz_at(sz, half, at), offset = sz_at(sz, half, at + TILE);             \
-            for (int64_t j = 0; j < GROUP; j++)                                                 \
-                out[i * k + g * GROUP + j] =                                                    \
-                    STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset); \
-        }                                                                                       \
-    }                                                                                           \
-    return 0;                                                                                   \
-}
-DEFINE_ROWS(bf16, uint16_t, bf16_store)
-DEFINE_ROWS(f32, float, f32_store)
-
-/* ---- the whole weight, out [n, k] = q · scale + offset: walked in packed order ----------- */
-/* What the dense path of a long prefill chunk multiplies (affine.py): each 64-byte step gives
- * 16 columns' next 4 (8-bit) or 8 (4-bit) inputs; the threads take whole column tiles. */
-
-#define DEFINE_DEQUANTIZE(SUFFIX, T, STORE)                                                     \
-void affine_dequantize_##SUFFIX(const uint8_t *qw, const void *sz, int64_t half, int64_t bits,  \
-                                int64_t k, int64_t n, T *out) {                                 \
-    int64_t groups = k / GROUP, per_step = step_bytes(bits), steps = k / per_step;              \
-    _Pragma("omp parallel for schedule(static) if (n * k >= (1 << 18))")                        \
-    for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++) {                                       \
-        int64_t cols = n - t * TILE < TILE ? n - t * TILE : TILE;                               \
-        for (int64_t g = 0; g < groups; g++) {                                                  \
-            float scale[TILE], offset[TILE];                                                    \
-            for (int64_t c = 0; c < cols; c++) {                                                \
-                scale[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + c);                    \
-                offset[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + TILE + c);            \
-            }                                                                                   \
-            for (int64_t j = g * GROUP / per_step; j < (g + 1) * GROUP / per_step; j++) {       \
-                const uint8_t *step = qw + (t * steps + j) * 64;                                \
-                for (int64_t c = 0; c < cols; c++) {                                            \
-                    T *row = out + (t * TILE + c) * k + j * per_step;                           \
-                    for (int64_t i = 0; i < 4; i++) {                                           \
-                        uint8_t byte = step[4 * c + i];                                         \
-                        if (bits == 4) {                                                        \
-                            row[i] = STORE((float)(byte & 15) * scale[c] + offset[c]);          \
-                            row[4 + i] = STORE((float)(byte >> 4) * scale[c] + offset[c]);      \
-                        } else {                                                                \
-                            row[i] = STORE((float)byte * scale[c] + offset[c]);                 \
-                        }                                                                       \
-                    }                                                                           \
-                }                                                                               \
-            }                                                                                   \
-        }                                                                                       \
-    }                                                                                           \
-}
-DEFINE_DEQUANTIZE(bf16, uint16_t, bf16_store)
-DEFINE_DEQUANTIZE(f32, float, f32_store)
+#define SUFFIX f32
+#define T float
+#define LOAD f32_load
+#define STORE f32_store
+#define OUT_BF16 0
+#include "quant_gemm_generic.h"

@@ -1,0 +1,94 @@
+/* attention.c's driver for one (storage type, math variant): included once per pair, with SUFFIX
+ * (bf16, bf16_scalar, f32, f32_scalar), T (the cache's C type), BLOCK (a block as float32 rows),
+ * STORE_ROW (an output row from float32) and the math SCORES, SOFTMAX_STEP and ACCUMULATE
+ * defined, which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a macro,
+ * so that compiler messages and debuggers see its own lines. */
+
+static void TYPED(attend_item)(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,
+                               int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,
+                               int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,
+                               int64_t dim, int64_t block_size, float scale, int64_t window, float softcap,
+                               T *out, Workspace *w) {
+    int64_t vectors = n * group, block_len = block_size * dim;
+    memset(w->acc, 0, sizeof(float) * vectors * dim);
+    for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;
+    const T *keys_base = key_cache + kv_head * head_stride;
+    const T *values_base = value_cache + kv_head * head_stride;
+    const T *first_query = query + q_begin * q_stride + kv_head * group * dim;
+    int64_t first_position = seq_len - n;
+    int64_t first_key = window > 0 && first_position - window + 1 > 0 ? first_position - window + 1 : 0;
+    for (int64_t start = first_key / block_size * block_size; start < seq_len; start += block_size) {
+        int64_t count = seq_len - start < block_size ? seq_len - start : block_size;
+        int64_t offset = (int64_t)table[start / block_size] * block_len;
+        const T *keys = keys_base + offset;
+        if (start + block_size < seq_len)  /* the next block's lines, while this one is used */
+            prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,
+                           values_base + (int64_t)table[start / block_size + 1] * block_len,
+                           block_len * (int64_t)sizeof(T));
+        const float *values = BLOCK(values_base + offset, count * dim, w->values);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */
+            if (visible > count) visible = count;
+            /* under a window, the keys of this block before the row's window */
+            int64_t skip = window > 0 ? first_position + i - window + 1 - start : 0;
+            if (skip < 0) skip = 0;
+            if (visible <= skip) continue;
+            for (int64_t j = 0; j < group; j++) {
+                int64_t m = i * group + j;
+                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim, scale,
+                       w->scores);
+                if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);
+                float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m);
+                ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim);
+            }
+        }
+    }
+    for (int64_t i = 0; i < n; i++)
+        for (int64_t j = 0; j < group; j++) {
+            int64_t m = i * group + j;
+            STORE_ROW(out + ((q_begin + i) * heads + kv_head * group + j) * dim, w->acc + m * dim,
+                      1.f / w->sum[m], dim);
+        }
+}
+
+/* Attends requests[0..num_requests) of the batch; out [tokens, heads, dim] contiguous (rows
+ * of other requests untouched). query rows are q_stride apart, heads dim apart. Returns 0,
+ * or -1 when scratch memory cannot be allocated. */
+engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,
+                                     int64_t head_stride, const int32_t *block_table, int64_t table_stride,
+                                     const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,
+                                     int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,
+                                     int64_t block_size, float scale, int64_t window, float softcap, T *out) {
+    int64_t group = heads / kv_heads, max_rows = 0, work = 0, failed = 0;
+    for (int64_t r = 0; r < num_requests; r++) {
+        int64_t b = requests[r], n = query_start[b + 1] - query_start[b];
+        max_rows = n > max_rows ? n : max_rows;
+        work += n * group * kv_heads * seq_lens[b] * dim;
+    }
+    int64_t items = num_requests * kv_heads;
+#pragma omp parallel if(work >= MIN_PARALLEL_WORK && items > 1) reduction(|: failed)
+    {
+        Workspace w = {0};
+        int ok = workspace_alloc(&w, max_rows * group, dim, block_size);
+        failed |= !ok;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t item = 0; item < items; item++) {
+            if (!ok) continue;
+            int64_t b = requests[item / kv_heads];
+            TYPED(attend_item)(query, q_stride, key_cache, value_cache, head_stride,
+                               block_table + b * table_stride, query_start[b],
+                               query_start[b + 1] - query_start[b], seq_lens[b], item % kv_heads, heads,
+                               group, dim, block_size, scale, window, softcap, out, &w);
+        }
+        if (ok) free(w.acc);
+    }
+    return failed ? -1 : 0;
+}
+
+#undef SUFFIX
+#undef T
+#undef BLOCK
+#undef STORE_ROW
+#undef SCORES
+#undef SOFTMAX_STEP
+#undef ACCUMULATE

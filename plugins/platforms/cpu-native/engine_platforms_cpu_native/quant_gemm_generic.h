@@ -1,0 +1,114 @@
+/* quant_gemm.c's functions for one activation type: included once per type, with SUFFIX (bf16,
+ * f32), T (its C type), LOAD and STORE (the type to and from float) and OUT_BF16 (1 for
+ * bfloat16) defined, which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather
+ * than a macro, so that compiler messages and debuggers see its own lines. */
+
+/* ---- activation quantization: a row's groups of 32 inputs to int8 ---------------------- */
+/* d[g] = absmax / 127, xq = round(x / d[g]), s[g] = the group's float sum */
+
+#if HAVE_VNNI
+static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, float *s) {
+    const __m512 sign = _mm512_set1_ps(-0.f);
+    for (int64_t g = 0; g < k / GROUP; g++) {
+        __m512 a = TYPED(load16)(x + g * GROUP), b = TYPED(load16)(x + g * GROUP + 16);
+        float top = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_andnot_ps(sign, a),
+                                                       _mm512_andnot_ps(sign, b)));
+        float inv = top > 0.f ? 127.f / top : 0.f;
+        d[g] = top / 127.f;
+        s[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        __m512 scale = _mm512_set1_ps(inv);
+        __m128i qa = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, scale)));
+        __m128i qb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, scale)));
+        _mm_storeu_si128((void *)(xq + g * GROUP), qa);
+        _mm_storeu_si128((void *)(xq + g * GROUP + 16), qb);
+    }
+}
+#else
+static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, float *s) {
+    for (int64_t g = 0; g < k / GROUP; g++) {
+        float top = 0.f, sum = 0.f;
+        for (int64_t i = 0; i < GROUP; i++) {
+            float v = LOAD(x[g * GROUP + i]);
+            top = fmaxf(top, fabsf(v));
+            sum += v;
+        }
+        float inv = top > 0.f ? 127.f / top : 0.f;
+        d[g] = top / 127.f;
+        s[g] = sum;
+        for (int64_t i = 0; i < GROUP; i++)
+            xq[g * GROUP + i] = (int8_t)nearbyintf(LOAD(x[g * GROUP + i]) * inv);
+    }
+}
+#endif
+
+/* ---- the matmul -------------------------------------------------------------------------- */
+
+/* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
+void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                          int64_t half, int64_t bits, int64_t signed_sums, int64_t n, T *out) {
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, half, bits, signed_sums,
+        n, OUT_BF16, out);
+}
+
+/* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
+/* refused (nothing written) when an id is outside [0, n). */
+
+engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,
+                                 int64_t n, const int64_t *ids, int64_t count, T *out) {
+    int64_t groups = k / GROUP, steps = k / step_bytes(bits);
+    for (int64_t i = 0; i < count; i++)
+        if (ids[i] < 0 || ids[i] >= n) return 1;
+#pragma omp parallel for schedule(static) if (count * k >= (1 << 18))
+    for (int64_t i = 0; i < count; i++) {
+        int64_t col = ids[i], t = col / TILE, c = col % TILE;
+        for (int64_t g = 0; g < groups; g++) {
+            int64_t at = (t * groups + g) * 2 * TILE + c;
+            float scale = sz_at(sz, half, at), offset = sz_at(sz, half, at + TILE);
+            for (int64_t j = 0; j < GROUP; j++)
+                out[i * k + g * GROUP + j] =
+                    STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset);
+        }
+    }
+    return 0;
+}
+
+/* ---- the whole weight, out [n, k] = q · scale + offset: walked in packed order ----------- */
+/* What the dense path of a long prefill chunk multiplies (affine.py): each 64-byte step gives
+ * 16 columns' next 4 (8-bit) or 8 (4-bit) inputs; the threads take whole column tiles. */
+
+void TYPED(affine_dequantize)(const uint8_t *qw, const void *sz, int64_t half, int64_t bits,
+                              int64_t k, int64_t n, T *out) {
+    int64_t groups = k / GROUP, per_step = step_bytes(bits), steps = k / per_step;
+#pragma omp parallel for schedule(static) if (n * k >= (1 << 18))
+    for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++) {
+        int64_t cols = n - t * TILE < TILE ? n - t * TILE : TILE;
+        for (int64_t g = 0; g < groups; g++) {
+            float scale[TILE], offset[TILE];
+            for (int64_t c = 0; c < cols; c++) {
+                scale[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + c);
+                offset[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + TILE + c);
+            }
+            for (int64_t j = g * GROUP / per_step; j < (g + 1) * GROUP / per_step; j++) {
+                const uint8_t *step = qw + (t * steps + j) * 64;
+                for (int64_t c = 0; c < cols; c++) {
+                    T *row = out + (t * TILE + c) * k + j * per_step;
+                    for (int64_t i = 0; i < 4; i++) {
+                        uint8_t byte = step[4 * c + i];
+                        if (bits == 4) {
+                            row[i] = STORE((float)(byte & 15) * scale[c] + offset[c]);
+                            row[4 + i] = STORE((float)(byte >> 4) * scale[c] + offset[c]);
+                        } else {
+                            row[i] = STORE((float)byte * scale[c] + offset[c]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#undef SUFFIX
+#undef T
+#undef LOAD
+#undef STORE
+#undef OUT_BF16
