@@ -6,10 +6,12 @@ planted overflow."""
 from __future__ import annotations
 
 import ctypes
+import sys
 from pathlib import Path
 
 import pytest
 
+from engine import lifetime
 from engine.native import BuildError, HeaderError, load_source, tape
 from engine.native.prototypes import Prototype, read_header
 from engine.testing import native
@@ -134,3 +136,10 @@ def test_scale():
 def test_recorded_kernels_replay_clean_under_sanitizers():
     native.assert_clean_under_sanitizers([str(TESTS / "test_native_tape.py"), "-k",
                                           "replay_runs or refusing"])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_the_libc_call_outside_engine_native_is_typed_and_checked():
+    """engine.lifetime's prctl: a refused option raises, where an untyped call returned -1 unseen."""
+    with pytest.raises(OSError, match="Invalid argument"):
+        lifetime._prctl()(-1, ctypes.c_ulong(0))

@@ -18,8 +18,24 @@ def exit_with_parent(parent_pid: int) -> bool:
     works even mid-step; strictly it fires when the parent's thread that spawned us ends);
     False if the parent is already gone."""
     if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+        _prctl()(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGKILL))
     return os.getppid() == parent_pid
+
+
+def _prctl():
+    """libc's ``int prctl(int option, ...)`` typed: the option an int, the variadic rest passed
+    as unsigned long by the caller, the result checked (ctypes would guess all three)."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    prctl.argtypes, prctl.restype = [ctypes.c_int], ctypes.c_int
+    prctl.errcheck = _check_errno
+    return prctl
+
+
+def _check_errno(result, function, args):
+    if result == -1:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{function.__name__}{args}: {os.strerror(errno)}")
+    return result
 
 
 def watch_parent(parent_pid: int) -> None:
