@@ -212,3 +212,17 @@ def test_naming_the_v1_kv_connector_says_it_was_refused(tiny_llama):
                                          r"'old-kvconnectors-v1' \(\(in-process\) -\) was refused: built for "
                                          r"kv_connectors interface v1"):
         LLM(tiny_llama[0], dtype="float32", num_blocks=32, max_model_len=128, kv_connector="memory-v1")
+
+
+# -- the v1 grammar backend --------------------------------------------------------------------------
+
+def test_the_v1_grammar_backend_is_refused_and_naming_it_says_so(tiny_llama):
+    """It fails today's grammar contract (no EOS, terminated as soon as a choice is spelled, so
+    "deep blue sea" is cut to "deep"): refused whole, never run."""
+    assert load_plugins().plugins["old-grammar-v1"].status == (
+        "refused: built for grammar_backends interface v1, this core provides v2 (it loads v2; what "
+        "changed: \"Interface versions\" in the plugin authors' guide)")
+    with pytest.raises(ValueError, match=r"^grammar backend 'choice-v1' cannot be used: plugin "
+                                         r"'old-grammar-v1' \(\(in-process\) -\) was refused"):
+        LLM(tiny_llama[0], dtype="float32", num_blocks=32, max_model_len=128,
+            structured_outputs_backend="choice-v1")

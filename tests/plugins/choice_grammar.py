@@ -10,7 +10,7 @@ from engine.interfaces import Grammar, GrammarBackend, GrammarSpec
 
 @hookimpl
 def register_grammar_backends(register):
-    register("test-choice", ChoiceBackend, api=1)
+    register("test-choice", ChoiceBackend, api=2)
 
 
 class ChoiceGrammar(Grammar):

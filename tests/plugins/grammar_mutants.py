@@ -140,4 +140,4 @@ MUTANTS = {
 @hookimpl
 def register_grammar_backends(register):
     for name, backend in MUTANTS.items():
-        register(name, backend, api=1)
+        register(name, backend, api=2)

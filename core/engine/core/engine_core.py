@@ -98,7 +98,8 @@ class EngineCore:
                                                self.hf_config.vocab_size, max_len)
         self.executor.start(self.runner, groups)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
-        self._structured: StructuredOutputs | None = None
+        self._structured: StructuredOutputs | None = None  # built at the first structured request
+        self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
         logger.info("engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
@@ -146,6 +147,14 @@ class EngineCore:
         return Speculator(drafter, int(spec.get("num_speculative_tokens", 4)), self.kv_cache_manager,
                           self.max_model_len)
 
+    def _grammar_backend(self, name: str | None) -> str | None:
+        """The grammar backend structured requests will use: the one named (checked now, so a
+        refused or missing one stops the engine at start), else the registry's default."""
+        if name is None:
+            return self.registry.default("grammar_backends")
+        self.registry.registration("grammar_backends", name)
+        return name
+
     def _eos_token_id(self) -> int | None:
         eos = getattr(self.hf_config, "eos_token_id", None)
         if isinstance(eos, list):
@@ -185,7 +194,7 @@ class EngineCore:
         params.check_vocab(vocab)
         if params.bad_words and not params.bad_words_token_ids:
             raise InvalidParam("bad_words", "bad_words: not tokenized (the front end calls tokenize_bad_words)")
-        if params.structured_outputs is not None and not self.registry.names("grammar_backends"):
+        if params.structured_outputs is not None and self.grammar_backend is None:
             raise InvalidParam("structured_outputs", "structured_outputs: no grammar backend plugin is installed")
 
     def add_request(self, request: Request) -> None:
@@ -199,8 +208,7 @@ class EngineCore:
     @property
     def structured(self) -> StructuredOutputs:
         if self._structured is None:
-            name = self.config.structured_outputs_backend or self.registry.names("grammar_backends")[0]
-            backend = self.registry.get("grammar_backends", name)
+            backend = self.registry.get("grammar_backends", self.grammar_backend)
             self._structured = StructuredOutputs(backend, GrammarContext(self.tokenizer, self.hf_config.vocab_size))
         return self._structured
 

@@ -58,7 +58,11 @@ INTERFACE_VERSIONS = {
     # 3: KVRequest.kv_transfer_params / finish_reason, request_finished -> (delay, params),
     #    KVConnectorContext.engine_id / kv_ip / kv_port, shutdown (all defaulted: v2 still loads)
     "kv_connectors": 3,
-    "grammar_backends": 1,
+    # 2: the semantics a backend must honour are the contract (EOS allowed where the output may
+    #    end, is_terminated exactly once EOS is accepted, rows start all-allowed and span the
+    #    model's vocabulary, json_object is an object): v1 backends, written to vaguer docs, are
+    #    refused (a v1 backend cannot be told apart from one that cuts "deep blue sea" to "deep")
+    "grammar_backends": 2,
     "drafters": 1,
     "logits_processors": 1,
     # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
