@@ -168,7 +168,10 @@ def _grammar_desync(request: Request, token: int) -> str:
     return f"grammar backend refused token {token} that its own bitmask allowed (internal error)"
 
 
-def request_path(registry, config, kv_cache_manager, connector, max_model_len: int):
+RequestPath = RequestLifecycle | SchedulerV2Lifecycle  # what the engine loop drives
+
+
+def request_path(registry, config, kv_cache_manager, connector, max_model_len: int) -> RequestPath:
     """The configured scheduler and the request path around it: a :class:`RequestLifecycle`, or
     for a scheduler built for interface v2 the adapter that lets it apply results itself."""
     registration = registry.registration("schedulers", config.scheduler.scheduler)

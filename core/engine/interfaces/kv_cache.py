@@ -1,6 +1,7 @@
 """KVCacheManager: which cache blocks each request owns, and the prefix cache."""
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import attrs
@@ -42,7 +43,7 @@ class KVCacheManager(ABC):
         Never the whole sequence: the last token is always computed (it yields logits)."""
 
     @abstractmethod
-    def allocate_slots(self, request, num_new_tokens: int, computed_blocks: list[int] = (),
+    def allocate_slots(self, request, num_new_tokens: int, computed_blocks: Sequence[int] = (),
                        num_lookahead_tokens: int = 0, watermark: bool = False, delay_cache: bool = False) -> bool:
         """Own blocks for ``num_new_tokens`` more tokens (plus draft lookahead) after
         taking ``computed_blocks``. False, changing nothing, when blocks run out.

@@ -109,7 +109,7 @@ class QuantMethod(ABC):
         ``process_moe_weights_after_loading``)."""
         weight = nn.Parameter(torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype),
                               requires_grad=False)
-        weight.output_dim = 0
+        weight.output_dim = 0  # type: ignore[attr-defined]  # the loaders read it off the parameter
         layer.register_parameter("weight", weight)
 
     def process_moe_weights_after_loading(self, layer: nn.Module) -> None:

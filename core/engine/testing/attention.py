@@ -104,7 +104,7 @@ def _tables(requests, shares, block_size: int, num_blocks: int, gen) -> list[lis
     a request in ``shares`` (request -> (donor, blocks)) starts with its donor's first blocks,
     as prefix caching hands them over."""
     free = (torch.randperm(num_blocks - 1, generator=gen) + 1).tolist()
-    tables = []
+    tables: list[list[int]] = []
     for i, (ctx, n) in enumerate(requests):
         donor, shared = shares.get(i, (None, 0))
         own = [free.pop() for _ in range(-(-(ctx + n) // block_size) - shared)]
@@ -115,7 +115,7 @@ def _tables(requests, shares, block_size: int, num_blocks: int, gen) -> list[lis
 def _sequences(requests, shares, spec: AttentionSpec, block_size: int, gen):
     """Per request its q, k, v over the whole sequence; a sharer's K/V over its shared blocks are
     its donor's (the same tokens)."""
-    seqs = []
+    seqs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for i, (ctx, n) in enumerate(requests):
         q, k, v = (torch.randn(ctx + n, h, spec.head_dim, generator=gen).to(spec.dtype)
                    for h in (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads))

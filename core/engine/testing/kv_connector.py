@@ -29,8 +29,8 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.kv_connectors import build_halves
-from engine.core.lifecycle import request_path
-from engine.interfaces import KVTransferReport
+from engine.core.lifecycle import RequestPath, request_path
+from engine.interfaces import KVCacheManager, KVConnector, KVTransferReport
 from engine.plugins import load_plugins
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -74,10 +74,10 @@ class _Recorder:
 class ConnectorSim:
     """The step loop of an engine around the connector, with the stand-in model."""
 
-    path: object  # the scheduler's request path (engine.core.lifecycle)
-    kv: object
+    path: RequestPath  # the scheduler's request path (engine.core.lifecycle)
+    kv: KVCacheManager
     recorder: _Recorder
-    worker: object
+    worker: KVConnector
     caches: list[torch.Tensor]
     num_blocks: int
     fail_every: int = 0  # garble and report failed every n-th block loaded (0: none)

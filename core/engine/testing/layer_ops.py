@@ -232,9 +232,14 @@ def _padded_copy(x: torch.Tensor) -> torch.Tensor:
 
 
 def _assert_qkv_close(got, expected, dtype) -> None:
+    tolerance = TOLERANCE[dtype]
     for name, g, e in zip("qkv", got, expected):
         assert g.shape == e.shape, name
-        torch.testing.assert_close(g, e, **TOLERANCE[dtype], msg=lambda m, name=name: f"{name}: {m}")
+
+        def message(m: str, name: str = name) -> str:
+            return f"{name}: {m}"
+
+        torch.testing.assert_close(g, e, rtol=tolerance["rtol"], atol=tolerance["atol"], msg=message)
 
 
 def _head_view(tokens: int, heads: int, head_dim: int, layout: str, gen, dtype) -> torch.Tensor:

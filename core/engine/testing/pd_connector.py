@@ -37,7 +37,7 @@ RUN_SECONDS = 120  # a workload's bound: transfers are real, so time (not steps)
 class PDSim(ConnectorSim):
     """The decode instance (what the contract's checks look at), with its prefill instance."""
 
-    producer: ConnectorSim | None = None
+    producer: ConnectorSim = attrs.field(kw_only=True)
     handed_on: dict = attrs.Factory(dict)  # request id -> the producer's kv_transfer_params (or None)
 
     def prefill(self, request: Request) -> dict | None:
@@ -114,12 +114,16 @@ class PDConnectorContract(KVConnectorContract):
 
     def _producer(self, config: dict, *args) -> ConnectorSim:
         """The prefill side on a free port; another port when the chosen one was taken first."""
-        for attempt in range(5):
+        def attempt() -> ConnectorSim:
+            return self.make_sim({**config, "kv_role": "kv_producer", "kv_port": free_port()}, *args)
+
+        for _ in range(4):
             try:
-                return self.make_sim({**config, "kv_role": "kv_producer", "kv_port": free_port()}, *args)
+                return attempt()
             except ValueError as error:
-                if "cannot listen" not in str(error) or attempt == 4:
+                if "cannot listen" not in str(error):
                     raise
+        return attempt()
 
     def assert_other_blocks(self, request, loaded_into, held_before):
         """The values came from the producer's blocks, which are other ids than the consumer's."""

@@ -50,7 +50,7 @@ def write_quantized_checkpoint(source: str, folder: str, quantize: Callable[[tor
     from safetensors.torch import load_file, save_file
 
     os.makedirs(folder, exist_ok=True)
-    tensors = {}
+    tensors: dict[str, torch.Tensor] = {}
     for name in sorted(f for f in os.listdir(source) if f.endswith(".safetensors")):
         for key, value in load_file(os.path.join(source, name)).items():
             if key.endswith(LINEAR_WEIGHTS):

@@ -49,4 +49,5 @@ def replayed_tokens(llm, prompts, params, sizes: tuple[int, ...]):
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     finally:
         runner.graphs = None
-    return tokens, {size: graphs.graphs[size].graph.replays for size in sizes}
+    replays = {size: graphs.graphs[size].graph for size in sizes}
+    return tokens, {size: graph.replays for size, graph in replays.items() if isinstance(graph, Replayed)}
