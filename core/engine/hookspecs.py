@@ -148,7 +148,10 @@ class EngineHookSpecs:
     def register_schedulers(self, register):
         """Register :class:`engine.interfaces.Scheduler` subclasses, constructed with an
         :class:`engine.interfaces.SchedulerContext` and selected with ``scheduler=NAME``
-        (default: ``default``)."""
+        (default: ``default``). Interface v3 is policy only: the core applies each step's
+        result, finishes requests and runs the KV connector's protocol; a scheduler admits
+        through ``ctx.kv_admission``. One registered with ``api=2`` runs through the core's
+        v2 adapter."""
 
     @hookspec
     def register_kv_cache_managers(self, register):
