@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.detokenizer import IncrementalDetokenizer
+from engine.client.detokenizer import IncrementalDetokenizer
 from engine.sampling_params import SamplingParams
 
 TEXTS = [

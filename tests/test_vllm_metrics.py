@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import asyncio
 
+import attrs
 import httpx
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.stats import EngineStats, TokensPerStep
 from engine_server.metrics import Metrics
 from tests.serving import serve
 
@@ -147,6 +149,27 @@ def test_metrics_prefix_engine_keeps_the_old_names():
     assert not [name for name in series if name.startswith("vllm:")]
     with pytest.raises(ValueError, match="metrics prefix"):
         Metrics("m", "tgi")
+
+
+def test_each_engine_stat_becomes_its_series():
+    metrics = Metrics("m")
+    metrics.engine_ready({"block_size": "16"}, engines=2)
+    stats = EngineStats(running=3, waiting=1, kv_cache_usage=0.5, preemptions=2, prefix_queries=10, prefix_hits=4,
+                        rejected_queue_wait=1, spec_drafts=2, spec_accepted_per_pos=(3, 1), kv_load_bytes=64,
+                        tokens_per_step=TokensPerStep((("1", 2), ("8", 5), ("+Inf", 6)), 30))
+    metrics.update_engine(stats, engine=1)
+    metrics.update_engine(attrs.evolve(stats, preemptions=5), engine=1)
+    series, one = samples(metrics.render().decode()), {"engine": "1"}
+    assert value(series, "vllm:num_requests_running", **one) == 3
+    assert value(series, "vllm:gpu_cache_usage_perc", **one) == value(series, "vllm:kv_cache_usage_perc", **one) == 0.5
+    assert value(series, "vllm:prefix_cache_hit_rate", **one) == 0.4
+    assert value(series, "vllm:num_preemptions_total", **one) == 5  # running totals, counted once
+    assert value(series, "vllm:num_requests_rejected_total", reason="queue_wait", **one) == 1
+    assert value(series, "vllm:num_requests_rejected_total", reason="queue_full", engine="0") == 0
+    assert value(series, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="1", **one) == 1
+    assert value(series, "vllm:kv_connector_load_bytes_total", **one) == 64
+    assert value(series, "vllm:iteration_tokens_total_count", **one) == 6
+    assert value(series, "vllm:iteration_tokens_total_sum", **one) == 30
 
 
 def test_generation_config_and_metrics_prefix_flags():

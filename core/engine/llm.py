@@ -6,17 +6,17 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 from tqdm.auto import tqdm
 
 from engine.chat_template import conversation, template_options
+from engine.client.inproc import InProcessClient
+from engine.client.output_processor import OutputProcessor, RequestState, request_output
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.output_processor import OutputProcessor
 from engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from engine.plugins import load_plugins
 from engine.pooling_params import PoolingParams
-from engine.request import Request
-from engine.request_path import fan_out
 from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
 Prompt = str | Sequence[int] | dict
@@ -30,13 +30,17 @@ class LLM:
     Offline, no stream waits between steps, so prefill chunks take the whole token budget
     beside decoding requests (``shared_step_target_s=0``; the server keeps the step-time
     target that bounds its streams' inter-token gap), as vLLM's ``LLM`` class takes its own,
-    throughput-minded defaults: 1.12× output tokens/s on 64 prompts × 128 tokens, default model."""
+    throughput-minded defaults: 1.12× output tokens/s on 64 prompts × 128 tokens, default model.
+
+    The engine core runs in this process, driven through an :class:`InProcessClient` (the
+    client the engine-core process serves the server with): no step waits on another process."""
 
     def __init__(self, model: str | None = None, *, dtype: str = "auto",
                  plugins: Sequence[str] | None = None, **engine_options):
         engine_options.setdefault("shared_step_target_s", 0.0)
         config = EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins, **engine_options)
         self.engine = EngineCore(config, load_plugins(config.plugins))
+        self.client = InProcessClient(self.engine)
         self.config = self.engine.config  # resolved: model path, dtype, max_model_len
         self.tokenizer = self.engine.tokenizer
         self._ids = itertools.count()
@@ -58,11 +62,10 @@ class LLM:
             raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
         encoded, params = self._prepare(prompts, params)
         for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
-            self.engine.validate(ids, p, prio)
+            self.client.validate(ids, p, prio)
         processor = OutputProcessor(self.tokenizer)
-        order = []
-        for (text, ids), p, prio in zip(encoded, params, priorities):
-            order.append(self._add(processor, text, ids, p, prio))
+        order = [self._add(processor, text, ids, p, prio).request_id
+                 for (text, ids), p, prio in zip(encoded, params, priorities)]
         return self._run(processor, order, use_tqdm)
 
     def embed(self, prompts: Prompt | Sequence[Prompt],
@@ -78,35 +81,34 @@ class LLM:
             raise ValueError(f"pooling_params: {len(params)} given for {len(prompts)} prompts")
         encoded = [ids for _, ids in map(self._encode, prompts)]
         for ids, p in zip(encoded, params):
-            self.engine.validate(ids, p)
-        order = []
-        for ids, p in zip(encoded, params):
-            order.append(f"embd-{next(self._ids)}")
-            self.engine.add_request(Request(order[-1], ids, p))
+            self.client.validate(ids, p)
+        order = [f"embd-{next(self._ids)}" for _ in encoded]
+        self.client.add(list(zip(order, encoded, params)))
         done = {}
-        while self.engine.has_unfinished():
-            done.update((out.request_id, out) for out in self.engine.step() if out.finished)
-        failed = [(i, done[rid]) for i, rid in enumerate(order) if done[rid].pooled is None]
+        while self.client.has_unfinished():
+            done.update((d.request_id, d) for d in self.client.step() if d.finish_reason is not None)
+        failed = [(i, done[rid]) for i, rid in enumerate(order) if done[rid].embedding is None]
         if failed:
-            index, out = failed[0]
-            raise RuntimeError(f"prompt {index}: {out.error or out.finish_reason}")
-        return [EmbeddingRequestOutput(rid, EmbeddingOutput(done[rid].pooled.tolist()), ids)
-                for rid, ids in zip(order, encoded)]
+            index, delta = failed[0]
+            raise RuntimeError(f"prompt {index}: {delta.error or delta.finish_reason}")
+        vectors = [np.frombuffer(done[rid].embedding, "<f4").tolist() for rid in order]
+        return [EmbeddingRequestOutput(rid, EmbeddingOutput(vector), ids)
+                for rid, vector, ids in zip(order, vectors, encoded)]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """One prompt's text as it grows (its first sample's), each item the text new since the
         last; ``engine generate`` prints these. The same checks and fan-out as ``generate``."""
         [(text, ids)], [params] = self._prepare([prompt], [sampling_params or self.get_default_sampling_params()])
-        self.engine.validate(ids, params)
+        self.client.validate(ids, params)
         processor = OutputProcessor(self.tokenizer)
-        parent = self._add(processor, text, ids, params, 0)
-        first_child = fan_out(parent, params)[0][0]
+        first = self._add(processor, text, ids, params, 0).sequences[0]
         shown = 0
-        while self.engine.has_unfinished():
-            finished, to_abort = processor.process(self.engine.step())
-            if to_abort:
-                self.engine.abort(to_abort)
-            now = finished[0].outputs[0].text if finished else processor.text_so_far(first_child)
+        while self.client.has_unfinished():
+            finished = self._step(processor)
+            if finished:
+                now = request_output(finished[0], self.tokenizer).outputs[0].text
+            else:
+                now = first.text[:first.emitted]
             yield now[shown:]
             shown = len(now)
 
@@ -167,22 +169,27 @@ class LLM:
             raise ValueError(f"prompt: {what} need a tokenizer and this model has none; pass token ids")
         return self.tokenizer
 
-    def _add(self, processor: OutputProcessor, text, ids, params: SamplingParams, priority: int) -> str:
-        parent = str(next(self._ids))
-        children = fan_out(parent, params)  # the samples share the prompt's blocks through the prefix cache
-        processor.add(parent, text, ids, [cid for cid, _ in children], params)
-        for cid, child_params in children:
-            self.engine.add_request(Request(cid, ids, child_params, priority=priority))
-        return parent
+    def _add(self, processor: OutputProcessor, text, ids, params: SamplingParams,
+             priority: int) -> RequestState:
+        """Queue the prompt's samples (they share its blocks through the prefix cache)."""
+        request, children = processor.add(str(next(self._ids)), text, ids, params)
+        self.client.add(children, priority)
+        return request
+
+    def _step(self, processor: OutputProcessor) -> list[RequestState]:
+        """One engine step fed to ``processor``; the prompts it finished."""
+        for delta in self.client.step():
+            processor.feed(delta)
+        aborts = processor.take_aborts()
+        if aborts:
+            self.client.abort(aborts)
+        return processor.take_finished()
 
     def _run(self, processor: OutputProcessor, order: list[str], use_tqdm: bool) -> list[RequestOutput]:
         done: dict[str, RequestOutput] = {}
         with tqdm(total=len(order), desc="Generating", disable=not use_tqdm) as bar:
-            while self.engine.has_unfinished():
-                finished, to_abort = processor.process(self.engine.step())
-                if to_abort:
-                    self.engine.abort(to_abort)
-                for output in finished:
-                    done[output.request_id] = output
+            while self.client.has_unfinished():
+                for request in self._step(processor):
+                    done[request.request_id] = request_output(request, self.tokenizer)
                     bar.update()
         return [done[rid] for rid in order]

@@ -14,10 +14,10 @@ import numpy as np
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
+from engine.client import EngineDead
 from engine.pooling_params import PoolingParams
 from engine.sampling_params import InvalidParam
-from engine_server.client import EngineDead
-from engine_server.errors import APIError, bad_request, overloaded
+from engine_server.errors import bad_request, engine_dead, engine_unavailable, overloaded
 from engine_server.generation import check_model, check_runner, unless_disconnected
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import EmbeddingRequest
@@ -47,13 +47,13 @@ class Embedding:
         try:
             handle = self.state.client.submit(self.children, self.body.priority)
         except EngineDead:
-            raise APIError(503, "the engine is not available", code="engine_dead") from None
+            raise engine_unavailable() from None
         timers = {rid: self.state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in self.children}
         vectors: dict[str, bytes] = {}
         try:
             await unless_disconnected(request, self._collect(handle, vectors, timers))
         except EngineDead as exc:
-            raise APIError(exc.status, f"{exc.what} (request id {self.id})", code=exc.code) from None
+            raise engine_dead(exc, self.id) from None
         finally:
             handle.close()
         return JSONResponse(self._body(vectors))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from starlette.responses import JSONResponse
 
+from engine.client import EngineDead, ShutdownCut
+
 _TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "BadRequestError",
           413: "BadRequestError", 415: "BadRequestError", 500: "InternalServerError", 503: "ServiceUnavailableError"}
 
@@ -41,3 +43,15 @@ def overloaded(message: str) -> APIError:
 def internal_error(request_id: str, code: str | None = None, what: str = "internal error") -> APIError:
     """A 500 that tells the client only a request id; the details go to the server log under it."""
     return APIError(500, f"{what} (request id {request_id})", code=code)
+
+
+def engine_unavailable() -> APIError:
+    """503 for a request that arrives when no engine core runs."""
+    return APIError(503, "the engine is not available", code="engine_dead")
+
+
+def engine_dead(exc: EngineDead, request_id: str) -> APIError:
+    """The answer to a request the engine could not finish: a 500 when its core died, a 503
+    when the shutdown's deadline cut it; the request id only, the details in the log."""
+    status = 503 if isinstance(exc, ShutdownCut) else 500
+    return APIError(status, f"{exc.what} (request id {request_id})", code=exc.code)

@@ -16,13 +16,19 @@ import msgspec
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
+from engine.client import EngineDead, OutputProcessor, SequenceOutput
 from engine.interfaces import GrammarSpec
 from engine.kv_transfer import check_kv_transfer_params
-from engine.request_path import fan_out
 from engine.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
-from engine_server.choices import Choice
-from engine_server.client import EngineDead
-from engine_server.errors import APIError, bad_request, internal_error, overloaded
+from engine_server.errors import (
+    APIError,
+    bad_request,
+    engine_dead,
+    engine_unavailable,
+    internal_error,
+    overloaded,
+)
+from engine_server.logprobs import LogprobFormat
 from engine_server.prompts import chat_prompt, check_fanout, check_prompt, completion_prompts
 from engine_server.schemas import INT64_MAX, ChatCompletionRequest, CompletionRequest
 from engine_server.structured import structured_spec
@@ -184,19 +190,19 @@ class Generation:
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.choices: list[Choice] = []
+        self.processor = OutputProcessor(state.tokenizer)
+        self.choices: list[SequenceOutput] = []
         self.children = []
-        first = sampling_params(state, body, max_tokens, logprobs, spec, chat)
+        first = attrs.evolve(sampling_params(state, body, max_tokens, logprobs, spec, chat), n=body.n)
         tokens_as_ids = (state.return_tokens_as_token_ids if body.return_tokens_as_token_ids is None
                          else body.return_tokens_as_token_ids)
-        first = attrs.evolve(first, n=body.n)
-        for p, (_, ids) in enumerate(prompts):
+        self.format = LogprobFormat(state.tokenizer, tokens_as_ids)
+        for p, (text, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
-            for rid, params in fan_out(f"{self.id}-{p}", first):
-                self.choices.append(Choice(len(self.choices), rid, state.tokenizer, params, tokens_as_ids))
-                self.children.append((rid, ids, params))
+            request, children = self.processor.add(f"{self.id}-{p}", text, ids, first, len(self.choices))
+            self.choices += request.sequences
+            self.children += children
         self.outputs = {c.request_id: make_output() for c in self.choices} if make_output else {}
-        self.by_id = {c.request_id: c for c in self.choices}
         self.max_tokens = max_tokens
         self.timers = {}
         self.handle = None
@@ -226,7 +232,7 @@ class Generation:
             self.handle = self.state.client.submit(self.children, self.body.priority, self.body.cache_salt,
                                                    self.body.kv_transfer_params)
         except EngineDead:
-            raise APIError(503, "the engine is not available", code="engine_dead") from None
+            raise engine_unavailable() from None
         except Exception:
             self.state.client.abort([rid for rid, _, _ in self.children])  # those sent before the failure
             raise
@@ -246,7 +252,7 @@ class Generation:
         """500 engine_dead for a core death, 503 shutdown for a drain cut short: the request
         id only, the details in the log."""
         logger.error("request %s: %s", self.id, exc)
-        return APIError(exc.status, f"{exc.what} (request id {self.id})", code=exc.code)
+        return engine_dead(exc, self.id)
 
     async def _start(self) -> None:
         try:
@@ -267,15 +273,15 @@ class Generation:
         async for delta in self._deltas:
             yield delta
 
-    def feed(self, delta) -> tuple[Choice, str, list]:
+    def feed(self, delta) -> tuple[SequenceOutput, str, list]:
         if delta.error_code == "overloaded":
             self.refused = delta.error  # one sample refused: the whole response is a 503 / an error frame
-        choice = self.by_id[delta.request_id]
         timer = self.timers[delta.request_id]
         timer.tokens(len(delta.token_ids), delta.timing)
-        text, entries = choice.feed(delta)
-        if choice.hit_stop_string and delta.finish_reason is None:
-            self.handle.abort([choice.request_id])  # the engine does not know about stop strings
+        choice, text, entries = self.processor.feed(delta)
+        aborts = self.processor.take_aborts()  # a stop string: the engine does not know them
+        if aborts:
+            self.handle.abort(aborts)
         if choice.finish_reason is not None:
             timer.finished(choice.finish_reason)
         return choice, text, entries
@@ -291,24 +297,18 @@ class Generation:
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
 
-    def _logprobs(self, choice: Choice, entries: list, text_offset: int = 0):
+    def _logprobs(self, entries: list, text_offset: int = 0):
         if self.chat:
-            return choice.chat_logprobs(entries) if self.body.logprobs else None
-        return choice.completion_logprobs(entries, text_offset) if self.body.logprobs is not None else None
+            return self.format.chat_logprobs(entries) if self.body.logprobs else None
+        if self.body.logprobs is None:
+            return None
+        return self.format.completion_logprobs(entries, text_offset)
 
-    def _prompt_ids(self, choice: Choice) -> list[int]:
-        return self.prompts[choice.index // self.body.n][1]
-
-    def _prompt_owner(self, choice: Choice) -> Choice:
-        """The prompt's first sample, the one that computes its prompt log-probs (``fan_out``)."""
-        return self.choices[choice.index - choice.index % self.body.n]
-
-    def _echo(self, choice: Choice) -> str:
-        prompt_text = self.prompts[choice.index // self.body.n][0]
-        if prompt_text is None:
-            prompt_text = self.state.tokenizer.decode(self.prompts[choice.index // self.body.n][1])
-        return prompt_text
-
+    def _echo(self, choice: SequenceOutput) -> str:
+        request = choice.request
+        if request.prompt is not None:
+            return request.prompt
+        return self.state.tokenizer.decode(request.prompt_token_ids)
 
     # -- one response ------------------------------------------------------------------
     async def _collect(self, request: Request) -> JSONResponse:
@@ -331,31 +331,31 @@ class Generation:
                     "created": self.created, "model": self.state.model_name,
                     "choices": [self._choice_body(c) for c in self.choices], "usage": self.usage()}
         if self.chat and self.body.prompt_logprobs is not None:  # per response, as vLLM's chat route
-            response["prompt_logprobs"] = self.choices[0].prompt_logprobs()
+            response["prompt_logprobs"] = self.format.prompt_logprobs(self.choices[0].request)
         if self.body.kv_transfer_params is not None:  # P/D: where a decode instance finds the blocks (or null)
             response["kv_transfer_params"] = self.choices[0].kv_transfer_params
         return JSONResponse(response)
 
-    def _choice_body(self, c: Choice) -> dict:
+    def _choice_body(self, c: SequenceOutput) -> dict:
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
         if self.chat:
             output = self.outputs[c.request_id]
             return {"index": c.index, "message": output.message(c.text),
-                    "logprobs": self._logprobs(c, c.logprobs), "finish_reason": output.finish_reason(c.finish_reason),
+                    "logprobs": self._logprobs(c.logprobs), "finish_reason": output.finish_reason(c.finish_reason),
                     "stop_reason": stop_reason}
         prefix = self._echo(c) if self.body.echo else ""
-        logprobs = self._logprobs(c, c.logprobs, len(prefix))
+        logprobs = self._logprobs(c.logprobs, len(prefix))
         if prefix and logprobs is not None:
-            echoed = self._prompt_owner(c).echo_logprobs(self._prompt_ids(c))
+            echoed = self.format.echo_logprobs(c.request)
             logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
         body = {"index": c.index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
                 "stop_reason": stop_reason}
         if self.body.prompt_logprobs is not None:
-            body["prompt_logprobs"] = self._prompt_owner(c).prompt_logprobs()
+            body["prompt_logprobs"] = self.format.prompt_logprobs(c.request)
         return body
 
     # -- a stream ----------------------------------------------------------------------
-    def _chunks(self, choice: Choice, text: str, entries: list, first: bool = False) -> list[str]:
+    def _chunks(self, choice: SequenceOutput, text: str, entries: list, first: bool = False) -> list[str]:
         """SSE frames for one step of one choice; the last carries its finish_reason."""
         if self.chat:
             output = self.outputs[choice.request_id]
@@ -364,14 +364,14 @@ class Generation:
             else:
                 deltas = (output.on_text(text) if text else []) + (output.on_finish() if choice.finish_reason else [])
             deltas = deltas or [{}]
-            logprobs = self._logprobs(choice, entries) if entries else None
+            logprobs = self._logprobs(entries) if entries else None
             finish = None if first else output.finish_reason(choice.finish_reason)
             bodies = [{"index": choice.index, "delta": d, "logprobs": logprobs if i == 0 else None,
                        "finish_reason": finish if i == len(deltas) - 1 else None} for i, d in enumerate(deltas)]
         else:
             offset = choice.emitted - len(text) + (len(self._echo(choice)) if self.body.echo else 0)
             bodies = [{"index": choice.index, "text": text, "finish_reason": choice.finish_reason,
-                       "logprobs": self._logprobs(choice, entries, offset) if entries else None}]
+                       "logprobs": self._logprobs(entries, offset) if entries else None}]
         if choice.finish_reason == "stop" and not first:
             bodies[-1]["stop_reason"] = choice.stop_reason
         return [self._frame({"choices": [body]}) for body in bodies]
@@ -399,8 +399,7 @@ class Generation:
                 if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
                     unechoed.discard(choice.request_id)
                     yield self._frame({"choices": [{"index": choice.index, "text": self._echo(choice),
-                                                    "logprobs": self._prompt_owner(choice).echo_logprobs(
-                                                        self._prompt_ids(choice)),
+                                                    "logprobs": self.format.echo_logprobs(choice.request),
                                                     "finish_reason": None}]})
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):

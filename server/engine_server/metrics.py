@@ -4,7 +4,7 @@ engine`` for this engine's own), so vLLM's Grafana dashboard and alerts read the
 Request latencies and lengths are measured in the API process as the tokens arrive; the
 queue and prefill times come from the engine core with each request's first token
 (:class:`engine.step.RequestTiming`); gauges, counters and the tokens-per-step
-histogram come from the stats the core sends. Buckets are vLLM's."""
+histogram come from the :class:`~engine.stats.EngineStats` the core sends. Buckets are vLLM's."""
 
 from __future__ import annotations
 
@@ -14,12 +14,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.core.speculation import ACCEPTED_AT
-from engine.core.step_stats import PREFIX as STEP_TOKENS
-from engine.core.step_stats import step_token_buckets
+from engine.stats import EngineStats
 
 PREFIXES = ("vllm", "engine")
-REJECTION_REASONS = ("queue_full", "queue_wait")  # the scheduler's stats rejected_<reason>
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
          80.0, 160.0, 640.0, 2560.0)
 _PER_TOKEN = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -30,7 +27,7 @@ _TOKENS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))[:19]  # 1, 2, 
 _N = (1, 2, 5, 10, 20)
 
 
-# engine stats key -> (counter name, help) of a KV connector's counters (engine.core.kv_connectors)
+# EngineStats field -> (counter name, help) of a KV connector's counters
 KV_CONNECTOR_COUNTERS = {
     "external_prefix_queries": ("external_prefix_cache_queries", "Prompt tokens looked up through the KV connector"),
     "external_prefix_hits": ("external_prefix_cache_hits", "Prompt tokens the KV connector loaded"),
@@ -52,7 +49,7 @@ class Metrics:
                                 ["model_name", "finished_reason"], registry=self.registry)
         self._request_histograms()
         self._engine_metrics()
-        self._stats: dict[str, dict[str, float]] = {}
+        self._stats: dict[str, EngineStats] = {}
         self.registry.register(_StepTokens(self))
 
     def _name(self, name: str) -> str:
@@ -105,18 +102,20 @@ class Metrics:
         def counter(name, doc, extra=()):
             return Counter(self._name(name), doc, [*labels, *extra], registry=self.registry)
 
-        self.gauges = {
-            "running": gauge("num_requests_running", "Requests in the running batch"),
-            "waiting": gauge("num_requests_waiting", "Requests waiting to be scheduled"),
-            "kv_cache_usage": gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)"),
-            "gpu_cache_usage": gauge("gpu_cache_usage_perc", "Fraction of KV cache blocks in use (0..1); the "
-                                     "name vLLM's example dashboard reads, as kv_cache_usage_perc"),
-            "prefix_hit_rate": gauge("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens"),
-            "spec_acceptance_rate": gauge("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens"),
-            "spec_mean_accepted_length": gauge("spec_decode_mean_acceptance_length",
-                                               "Tokens per verification: accepted drafts + 1"),
-        }
-        self.counter_families = {
+        # (the EngineStats field each reads, the gauge)
+        self.gauges = [
+            ("running", gauge("num_requests_running", "Requests in the running batch")),
+            ("waiting", gauge("num_requests_waiting", "Requests waiting to be scheduled")),
+            ("kv_cache_usage", gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)")),
+            ("kv_cache_usage", gauge("gpu_cache_usage_perc", "Fraction of KV cache blocks in use (0..1); the "
+                                     "name vLLM's example dashboard reads, as kv_cache_usage_perc")),
+            ("prefix_hit_rate", gauge("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens")),
+            ("spec_acceptance_rate", gauge("spec_decode_draft_acceptance_rate",
+                                           "Accepted / proposed draft tokens")),
+            ("spec_mean_accepted_length", gauge("spec_decode_mean_acceptance_length",
+                                                "Tokens per verification: accepted drafts + 1")),
+        ]
+        self.counter_families = {  # by the EngineStats field each counts
             "spec_drafts": counter("spec_decode_num_drafts", "Verifications of drafted requests"),
             "spec_draft_tokens": counter("spec_decode_num_draft_tokens", "Draft tokens verified"),
             "spec_accepted_tokens": counter("spec_decode_num_accepted_tokens", "Draft tokens accepted"),
@@ -139,23 +138,20 @@ class Metrics:
         Gauge(self._name("cache_config_info"), "Information of the KV cache configuration", names,
               registry=self.registry).labels(**self._labels, **cache_info).set(1)
         for engine in range(engines):
-            self.update_engine({}, engine)
+            self.update_engine(EngineStats(), engine)
 
-    def update_engine(self, stats: dict[str, float], engine: int = 0) -> None:
+    def update_engine(self, stats: EngineStats, engine: int = 0) -> None:
         """One engine core's (data-parallel replica's) latest stats."""
         label = str(engine)
         self._stats[label] = stats
         labels = {**self._labels, "engine": label}
-        queries, hits = stats.get("prefix_queries", 0), stats.get("prefix_hits", 0)
-        values = {**stats, "gpu_cache_usage": stats.get("kv_cache_usage", 0),
-                  "prefix_hit_rate": hits / queries if queries else 0.0}
-        for key, family in self.gauges.items():
-            family.labels(**labels).set(values.get(key, 0.0))
+        for field, family in self.gauges:
+            family.labels(**labels).set(getattr(stats, field))
         if label not in self._engines:
             self._engines[label] = _EngineCounters(self, labels)
         self._engines[label].update(stats)
 
-    def engine_stats(self) -> dict[str, dict[str, float]]:
+    def engine_stats(self) -> dict[str, EngineStats]:
         """The latest stats of each engine core, by its ``engine`` label."""
         return self._stats
 
@@ -173,26 +169,29 @@ class Metrics:
 
 
 class _EngineCounters:
-    """One engine core's counters: the stats carry running totals, Prometheus wants increments."""
+    """One engine core's counters: the stats carry running totals, Prometheus wants increments.
+    A counter is keyed by its EngineStats field, or ("reason", r) and ("position", p) for the
+    labelled rejections and accepted drafts."""
 
     def __init__(self, metrics: Metrics, labels: dict[str, str]):
         self.metrics, self.labels = metrics, labels
         self.counters = {key: family.labels(**labels) for key, family in metrics.counter_families.items()}
-        for reason in REJECTION_REASONS:
-            self.counters[f"rejected_{reason}"] = metrics._rejected.labels(**labels, reason=reason)
         self.seen = dict.fromkeys(self.counters, 0.0)
 
-    def update(self, stats: dict[str, float]) -> None:
-        for key in stats:
-            if key.startswith(ACCEPTED_AT) and key not in self.counters:
-                position = key[len(ACCEPTED_AT):]
-                self.counters[key] = self.metrics._accepted_per_pos.labels(**self.labels, position=position)
-                self.seen[key] = 0.0
-        for key, metric in self.counters.items():
-            value = stats.get(key, 0.0)
-            if value > self.seen[key]:
-                metric.inc(value - self.seen[key])
-                self.seen[key] = value
+    def update(self, stats: EngineStats) -> None:
+        totals = {key: getattr(stats, key) for key in self.metrics.counter_families}
+        totals.update({("reason", reason): n for reason, n in stats.rejected.items()})
+        totals.update({("position", str(pos)): n for pos, n in enumerate(stats.spec_accepted_per_pos)})
+        for key, total in totals.items():
+            if key not in self.counters:
+                self.counters[key], self.seen[key] = self._labelled(*key), 0.0
+            if total > self.seen[key]:
+                self.counters[key].inc(total - self.seen[key])
+                self.seen[key] = total
+
+    def _labelled(self, label: str, value: str):
+        family = self.metrics._rejected if label == "reason" else self.metrics._accepted_per_pos
+        return family.labels(**self.labels, **{label: value})
 
 
 class _SampleGroup:
@@ -264,11 +263,11 @@ class _StepTokens(Collector):
         self.metrics = metrics
 
     def collect(self):
-        family = HistogramMetricFamily(self.metrics._name(f"{STEP_TOKENS}_total"), "Tokens per engine step",
+        family = HistogramMetricFamily(self.metrics._name("iteration_tokens_total"), "Tokens per engine step",
                                        labels=["model_name", "engine"])
         for engine, stats in self.metrics.engine_stats().items():
-            buckets = step_token_buckets(stats)
-            if buckets:
-                family.add_metric([self.metrics._labels["model_name"], engine], buckets,
-                                  stats.get(f"{STEP_TOKENS}_sum", 0.0))
+            steps = stats.tokens_per_step
+            if steps.buckets:
+                labels = [self.metrics._labels["model_name"], engine]
+                family.add_metric(labels, list(steps.buckets), steps.sum)
         yield family

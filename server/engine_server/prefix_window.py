@@ -13,23 +13,26 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-PREFIX_KEYS = ("prefix_queries", "prefix_hits")
+import attrs
+
+from engine.stats import EngineStats
+
 PREFIX_WINDOW_SECONDS = 30.0
 
 
 class PrefixCacheWindow:
-    """Wraps a stats listener: every stats dict passes through, with the prefix-cache
-    totals replaced by those of the last window boundary."""
+    """Wraps a stats listener: all stats pass through, with the prefix-cache totals
+    replaced by those of the last window boundary."""
 
-    def __init__(self, listener: Callable[[dict], None], window: float = PREFIX_WINDOW_SECONDS,
+    def __init__(self, listener: Callable[[EngineStats], None], window: float = PREFIX_WINDOW_SECONDS,
                  clock: Callable[[], float] = time.monotonic):
         self.listener, self.window, self.clock = listener, window, clock
-        self._published = dict.fromkeys(PREFIX_KEYS, 0.0)
+        self._published = {"prefix_queries": 0, "prefix_hits": 0}
         self._boundary = clock()
 
-    def __call__(self, stats: dict[str, float]) -> None:
+    def __call__(self, stats: EngineStats) -> None:
         now = self.clock()
         if now - self._boundary >= self.window:
-            self._published = {key: stats.get(key, 0.0) for key in PREFIX_KEYS}
+            self._published = {"prefix_queries": stats.prefix_queries, "prefix_hits": stats.prefix_hits}
             self._boundary = now
-        self.listener({**stats, **self._published})
+        self.listener(attrs.evolve(stats, **self._published))

@@ -1,7 +1,7 @@
 """Data parallelism: ``--data-parallel-size N`` engine cores behind one API server.
 
 Each replica is a whole engine core (its own process, model and KV cache) with its own
-:class:`EngineClient`; a request and its ``n`` samples go to one replica, chosen by the
+:class:`engine.client.AsyncEngine`; a request and its ``n`` samples go to one replica, chosen by the
 :class:`Router`. On a CPU the replicas split the API process's cores between them (replica
 ``i`` is pinned to the ``i``-th share, and sizes its thread pool from that), so N
 replicas never fight over the same cores. One replica dying fails the server as a lone
@@ -17,9 +17,9 @@ from collections.abc import Callable
 
 import zmq.asyncio
 
+from engine.client import AsyncEngine, RequestHandle, kv_events
 from engine.kv_events import KVEventsConfig
-from engine_server import kv_events
-from engine_server.client import EngineClient, RequestHandle
+from engine.stats import EngineStats
 from engine_server.router import Router
 
 
@@ -34,7 +34,7 @@ def core_shares(num_replicas: int) -> list[set[int] | None]:
 
 
 class ReplicaSet:
-    """The API process's handle on its engine cores: :class:`EngineClient`'s interface over
+    """The API process's handle on its engine cores: :class:`AsyncEngine`'s interface over
     ``num_replicas`` of them."""
 
     def __init__(self, engine_options: dict, num_replicas: int = 1, routing: str = "prefix",
@@ -44,7 +44,7 @@ class ReplicaSet:
         self.routing = routing
         self.events = KVEventsConfig.from_dict(engine_options.get("kv_events_config"))
         self._feeds: list[asyncio.Task] = []
-        self.replicas = [EngineClient(engine_options, self._one_died, cpus=cpus, rank=rank)
+        self.replicas = [AsyncEngine(engine_options, self._one_died, cpus=cpus, rank=rank)
                          for rank, cpus in enumerate(core_shares(num_replicas))]
         self.on_death = on_death
         self.router: Router | None = None
@@ -58,7 +58,7 @@ class ReplicaSet:
     def dead(self) -> str | None:
         return next((replica.dead for replica in self.replicas if replica.dead), None)
 
-    def add_stats_listener(self, make_listener: Callable[[int], Callable[[dict], None]]) -> None:
+    def add_stats_listener(self, make_listener: Callable[[int], Callable[[EngineStats], None]]) -> None:
         """``make_listener(i)`` is called once per replica; what it returns gets replica i's stats."""
         for index, replica in enumerate(self.replicas):
             replica.stats_listeners.append(make_listener(index))

@@ -20,8 +20,8 @@ import itertools
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from engine.client.kv_events import BlockRemoved, BlockStored
 from engine.kv_events import chain_hashes, external_hash
-from engine_server.kv_events import BlockRemoved, BlockStored
 
 ROUTING = ("prefix", "round-robin")
 BALANCE_ABS = 8  # open requests more than the least loaded replica ...
@@ -86,7 +86,7 @@ class Router:
         return best
 
     def observe(self, replica: int, batch) -> None:
-        """A core's KV event batch (``engine_server.kv_events.KVEventBatch``)."""
+        """A core's KV event batch (``engine.client.kv_events.KVEventBatch``)."""
         record = self.records[replica]
         for event in batch.events:
             if isinstance(event, BlockStored):

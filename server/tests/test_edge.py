@@ -8,6 +8,7 @@ import logging
 import pytest
 from starlette.testclient import TestClient
 
+from engine.stats import EngineStats
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
 from engine_server.prefix_window import PrefixCacheWindow
@@ -55,15 +56,15 @@ def test_integers_past_64_bits_are_400s_naming_the_field():
 def test_prefix_counters_move_once_a_window():
     seen, clock = [], [0.0]
     window = PrefixCacheWindow(seen.append, window=30.0, clock=lambda: clock[0])
-    window({"running": 1.0, "prefix_queries": 10.0, "prefix_hits": 8.0})
+    window(EngineStats(running=1, prefix_queries=10, prefix_hits=8))
     clock[0] = 29.0
-    window({"running": 2.0, "prefix_queries": 20.0, "prefix_hits": 9.0})
-    assert [s["prefix_hits"] for s in seen] == [0.0, 0.0] and seen[-1]["running"] == 2.0
+    window(EngineStats(running=2, prefix_queries=20, prefix_hits=9))
+    assert [s.prefix_hits for s in seen] == [0, 0] and seen[-1].running == 2
     clock[0] = 30.5
-    window({"running": 0.0, "prefix_queries": 30.0, "prefix_hits": 12.0})
+    window(EngineStats(running=0, prefix_queries=30, prefix_hits=12))
     clock[0] = 31.0
-    window({"running": 0.0, "prefix_queries": 40.0, "prefix_hits": 20.0})
-    assert [(s["prefix_queries"], s["prefix_hits"]) for s in seen[2:]] == [(30.0, 12.0), (30.0, 12.0)]
+    window(EngineStats(running=0, prefix_queries=40, prefix_hits=20))
+    assert [(s.prefix_queries, s.prefix_hits) for s in seen[2:]] == [(30, 12), (30, 12)]
 
 
 class _FailingTokenizer:

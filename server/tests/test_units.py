@@ -7,7 +7,8 @@ import msgspec
 import pytest
 
 from engine import GrammarSpec, PoolingParams, SamplingParams
-from engine_server import protocol
+from engine.client import protocol
+from engine.stats import EngineStats, TokensPerStep
 from engine_server.bench import metrics
 
 
@@ -22,7 +23,8 @@ def test_messages_round_trip_without_pickle():
     assert PoolingParams.from_dict(batch.requests[1].params) == PoolingParams(normalize=False, dimensions=8)
     out = protocol.Outputs([protocol.Delta("r1", [5], [([5, 6], [-0.1, -2.0], [1, 2])], None, "stop", 7),
                             protocol.Delta("r2", [], finish_reason="stop", embedding=b"\x00\x00\x80?")],
-                           {"running": 1.0})
+                           EngineStats(running=1, spec_accepted_per_pos=(3, 1),
+                                       tokens_per_step=TokensPerStep((("1", 2), ("+Inf", 5)), 40)))
     assert protocol.decode_from_core(protocol.encode(out)) == out
     with pytest.raises(msgspec.DecodeError):
         protocol.decode_to_core(b"\x80\x04not msgpack")

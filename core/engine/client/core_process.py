@@ -1,11 +1,12 @@
-"""The engine-core process: owns the EngineCore, steps it while there is work, and talks to
-the API process over two ZMQ sockets (PULL for requests, PUSH for outputs).
+"""The engine-core process: owns the engine core (through an :class:`InProcessClient`), steps it
+while there is work, and talks to its front end's process over two ZMQ sockets (PULL for
+requests, PUSH for outputs).
 
-    python -m engine_server.core_process --input ADDR --output ADDR --options JSON --parent-pid PID
+    python -m engine.client.core_process --input ADDR --output ADDR --options JSON --parent-pid PID
                                          [--data-parallel-rank N]
 
-It ignores SIGINT/SIGTERM (a signal to the whole process group must not cut the API
-process's drain short: the API says when to stop) and exits by itself when the API
+It ignores SIGINT/SIGTERM (a signal to the whole process group must not cut the front end's
+drain short: the front end says when to stop) and exits by itself when the front end's
 process dies, so no orphan core survives it.
 """
 
@@ -22,46 +23,33 @@ import traceback
 
 import zmq
 
+from engine.client import protocol
+from engine.client.inproc import InProcessClient
+from engine.client.kv_events import ZmqEventPublisher
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
 from engine.lifetime import exit_with_parent
 from engine.plugins import load_plugins
-from engine.pooling_params import PoolingParams, matryoshka_of
-from engine.request import Request
+from engine.pooling_params import PoolingParams
 from engine.sampling_params import SamplingParams
 from engine.step import Overloaded
-from engine_server import protocol
-from engine_server.kv_events import ZmqEventPublisher
-
-logger = logging.getLogger("engine_server.core")
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
 IDLE_WAIT_MS = 200  # an idle core's wait for requests
 TRANSFER_POLL_MS = 2  # a core waiting only on KV transfers steps this often to poll them
-OUTPUT_SEND_TIMEOUT_MS = 30_000  # an API process that reads nothing for this long is gone or hung
+OUTPUT_SEND_TIMEOUT_MS = 30_000  # a front end that reads nothing for this long is gone or hung
 
 
 class APIGone(RuntimeError):
-    """The API process died or stopped reading our outputs: nobody is left to serve."""
-
-
-def _delta(out) -> protocol.Delta:
-    def entries(items):
-        return None if items is None else [(list(e.token_ids), list(e.logprobs), list(e.ranks)) for e in items]
-
-    return protocol.Delta(out.request_id, list(out.new_token_ids), entries(out.new_logprobs),
-                          entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
-                          out.num_cached_tokens, out.error, out.error_code,
-                          None if out.timing is None else (out.timing.queue, out.timing.prefill),
-                          None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes(),
-                          out.kv_transfer_params)
+    """The front end's process died or stopped reading our outputs: nobody is left to serve."""
 
 
 class CoreServer:
-    def __init__(self, core: EngineCore, input_addr: str, output_addr: str, parent_pid: int,
+    def __init__(self, client: InProcessClient, input_addr: str, output_addr: str, parent_pid: int,
                  data_parallel_rank: int = 0):
-        self.core = core
+        self.client = client
+        self.core = core = client.core
         events = core.config.kv_events_config
         self.events = None
         if events is not None and events.publishing:
@@ -97,15 +85,13 @@ class CoreServer:
         elif isinstance(message, protocol.AddRequest):
             try:
                 kind = PoolingParams if message.pooling else SamplingParams
-                params = kind.from_dict(message.params)
-                self.core.add_request(Request(message.request_id, message.prompt_token_ids, params,
-                                              priority=message.priority, cache_salt=message.cache_salt,
-                                              kv_transfer_params=message.kv_transfer_params))
+                child = (message.request_id, message.prompt_token_ids, kind.from_dict(message.params))
+                self.client.add([child], message.priority, message.cache_salt, message.kv_transfer_params)
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
                 failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc),
                                              error_code=getattr(exc, "code", None)))
         elif isinstance(message, protocol.Abort):
-            self.core.abort(message.request_ids)
+            self.client.abort(message.request_ids)
         elif isinstance(message, protocol.Shutdown):
             self.running = False
 
@@ -120,9 +106,6 @@ class CoreServer:
                 return failed
             self.handle(protocol.decode_to_core(data), failed)
 
-    def stats(self) -> dict[str, float]:
-        return {k: float(v) for k, v in self.core.stats().items()}
-
     def loop(self) -> None:
         idle_stats_sent = False
         while self.running:
@@ -133,7 +116,7 @@ class CoreServer:
             if not self.running:
                 break
             if self.core.has_unfinished() or self.core.has_pending_transfers():
-                deltas += [_delta(o) for o in self.core.step()]
+                deltas += self.client.step()
                 idle_stats_sent = False
             if self.events is not None:
                 self.events.publish(self.core.take_kv_events())
@@ -143,7 +126,7 @@ class CoreServer:
             idle = not self.core.has_unfinished() and not self.core.has_pending_transfers()
             if deltas or due or (idle and not idle_stats_sent):
                 send_stats = due or idle
-                self.send(protocol.Outputs(deltas, self.stats() if send_stats else None))
+                self.send(protocol.Outputs(deltas, self.client.stats() if send_stats else None))
                 if send_stats:
                     self._last_stats = now
                 idle_stats_sent = idle_stats_sent or idle
@@ -184,24 +167,21 @@ def main(argv=None) -> int:
         options = kv_port_of_rank(json.loads(args.options), args.data_parallel_rank)
         config = EngineConfig.from_kwargs(**options)
         core = EngineCore(config, load_plugins(config.plugins))
-    except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the API
+    except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the front end
         push = context.socket(zmq.PUSH)
         push.connect(args.output)
         push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
         push.close(linger=2000)
         return 1
-    server = CoreServer(core, args.input, args.output, args.parent_pid, args.data_parallel_rank)
-    hf = core.hf_config
+    client = InProcessClient(core)
+    server = CoreServer(client, args.input, args.output, args.parent_pid, args.data_parallel_rank)
     try:
-        matryoshka, dimensions = matryoshka_of(hf)
-        server.send(protocol.Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id,
-                                   core.default_sampling_params, core.cache_info(), core.runner_kind,
-                                   core.embedding_size, matryoshka, list(dimensions) if dimensions else None))
+        server.send(client.ready)
         server.loop()
     except APIGone as exc:
         print(f"engine-core: {exc}; exiting", file=sys.stderr)
         return 1
-    except Exception:  # noqa: BLE001 - a death of any kind is reported to the API before exiting
+    except Exception:  # noqa: BLE001 - a death of any kind is reported to the front end before exiting
         message = traceback.format_exc()
         server.send_fatal(message)
         print(message, file=sys.stderr)
@@ -224,7 +204,7 @@ def kv_port_of_rank(options: dict, rank: int) -> dict:
 
 
 def _ignore_stop_signals() -> None:
-    """SIGINT/SIGTERM arrive blocked (engine_server.client spawns us so, to cover the imports);
+    """SIGINT/SIGTERM arrive blocked (:mod:`engine.client.mp_client` spawns us so, to cover the imports);
     ignoring them discards any that came meanwhile, then they are unblocked harmlessly."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)

@@ -1,11 +1,14 @@
-"""Messages between the API process and the engine-core process: msgpack-encoded msgspec
-structs over ZMQ (compact, typed, no pickle on a socket)."""
+"""Messages between a front end and the engine core: msgpack-encoded msgspec structs over ZMQ
+to the engine-core process (compact, typed, no pickle on a socket). The in-process client
+hands the same :class:`Delta` to its front end, so every front end reads one shape."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import msgspec
+
+from engine.stats import EngineStats
 
 
 class AddRequest(msgspec.Struct, tag=True):
@@ -62,11 +65,13 @@ class Delta(msgspec.Struct, array_like=True):
     timing: tuple[float, float] | None = None  # (queue, prefill) seconds, with the first token: RequestTiming
     embedding: bytes | None = None  # a pooling request's vector: little-endian float32, as OpenAI's base64
     kv_transfer_params: dict[str, Any] | None = None  # with the finish: what the KV connector hands on (P/D)
+    num_draft_tokens: int = 0  # speculative drafts verified for this request so far, and accepted
+    num_accepted_tokens: int = 0
 
 
 class Outputs(msgspec.Struct, tag=True):
     deltas: list[Delta]
-    stats: dict[str, float] | None = None
+    stats: EngineStats | None = None
 
 
 class Fatal(msgspec.Struct, tag=True):

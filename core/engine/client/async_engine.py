@@ -1,0 +1,158 @@
+"""An asyncio front end's engine (vLLM's ``AsyncLLM``): one engine core in its own process
+(:class:`AsyncMPClient`), each front-end request's deltas routed to its own
+:class:`RequestHandle`, and the core's death noticed (every open request then gets
+:class:`EngineDead`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+
+from engine.client.base import Child
+from engine.client.mp_client import AsyncMPClient, EngineDead
+from engine.client.protocol import Delta, Ready
+from engine.stats import EngineStats
+
+logger = logging.getLogger(__name__)
+
+
+class ShutdownCut(EngineDead):
+    """The front end's shutdown reached its deadline (the server's ``--graceful-timeout``)
+    before this request finished."""
+
+    code, what = "shutdown", "the server is shutting down"
+
+
+class RequestHandle:
+    """The engine requests behind one front-end request (one per prompt and sample)."""
+
+    def __init__(self, engine: AsyncEngine, request_ids: list[str]):
+        self.engine = engine
+        self.open = set(request_ids)
+        self.queue: asyncio.Queue = asyncio.Queue()
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        while self.open:
+            item = await self.queue.get()
+            if isinstance(item, EngineDead):
+                raise item
+            if item.request_id not in self.open:  # already aborted here
+                continue
+            if item.finish_reason is not None:
+                self.open.discard(item.request_id)
+            yield item
+
+    def abort(self, request_ids) -> None:
+        ids = [r for r in request_ids if r in self.open]
+        self.open.difference_update(ids)
+        self.engine.abort(ids)
+
+    def close(self) -> None:
+        """Abort whatever is unfinished (client gone, error) and stop routing."""
+        self.abort(list(self.open))
+        self.engine.release(self)
+
+
+class AsyncEngine:
+    def __init__(self, engine_options: dict, on_death: Callable[[str], None] | None = None,
+                 cpus: set[int] | None = None, rank: int = 0):
+        """``cpus``: the CPUs the core is pinned to (None: this process's); ``rank``: its place
+        among the front end's data-parallel cores."""
+        self.core = AsyncMPClient(engine_options, cpus, rank)
+        self.on_death = on_death
+        self.dead: str | None = None
+        self.stats_listeners: list[Callable[[EngineStats], None]] = []
+        self._routes: dict[str, RequestHandle] = {}
+        self._tasks: list[asyncio.Task] = []
+
+    @property
+    def ready(self) -> Ready | None:
+        return self.core.ready
+
+    async def start(self, timeout: float = 900) -> Ready:
+        ready = await self.core.start(timeout)
+        self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+        return ready
+
+    def submit(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
+               kv_transfer_params: dict | None = None) -> RequestHandle:
+        if self.dead:
+            raise EngineDead(self.dead)
+        handle = RequestHandle(self, [rid for rid, _, _ in children])
+        for rid, _, _ in children:
+            self._routes[rid] = handle
+        try:
+            self.core.add(children, priority, cache_salt, kv_transfer_params)
+        except EngineDead:
+            self.release(handle)
+            raise
+        return handle
+
+    @property
+    def open_requests(self) -> int:
+        """Engine requests sent and not yet finished."""
+        return len(self._routes)
+
+    def routes(self, request_id: str) -> bool:
+        """Whether ``request_id`` is one of this core's open requests."""
+        return request_id in self._routes
+
+    def abort(self, request_ids) -> None:
+        request_ids = list(request_ids)
+        if not self.dead:
+            self.core.abort(request_ids)
+
+    def cut_open_requests(self) -> int:
+        """End every open request with :class:`ShutdownCut` (its stream gets an error frame,
+        a response waiting for it a 503); returns how many front-end requests were cut."""
+        return self._fail_all(ShutdownCut, "it did not finish within --graceful-timeout")
+
+    def release(self, handle: RequestHandle) -> None:
+        for rid in [r for r, h in self._routes.items() if h is handle]:
+            del self._routes[rid]
+
+    async def _receive(self) -> None:
+        while True:
+            try:
+                outputs = await self.core.get_output()
+            except EngineDead as exc:
+                self._die(str(exc))
+                return
+            for delta in outputs.deltas:
+                handle = self._routes.get(delta.request_id)
+                if handle is not None:
+                    handle.queue.put_nowait(delta)
+            if outputs.stats is not None:
+                for listener in self.stats_listeners:
+                    listener(outputs.stats)
+
+    async def _watch(self) -> None:
+        code = await self.core.exited()
+        self._die(f"engine core exited unexpectedly with code {code}")
+
+    def fail(self, reason: str) -> None:
+        """Treat the core as dead for ``reason`` (it may still run: shutdown kills it)."""
+        self._die(reason)
+
+    def _die(self, reason: str) -> None:
+        if self.dead:
+            return
+        self.dead = reason
+        logger.error("%s", reason)
+        self._fail_all(EngineDead, reason)
+        if self.on_death is not None:
+            self.on_death(reason)
+
+    def _fail_all(self, kind: type[EngineDead], reason: str) -> int:
+        handles = set(self._routes.values())
+        for handle in handles:
+            handle.queue.put_nowait(kind(reason))
+        return len(handles)
+
+    async def shutdown(self) -> None:
+        """Stop routing (a normal exit from here on is not a death), then stop the core."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.core.shutdown(failed=self.dead is not None)

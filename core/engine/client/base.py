@@ -1,0 +1,30 @@
+"""What every client of the engine core offers its front end, wherever the core runs (vLLM's
+``EngineCoreClient``): the core's facts, and requests in and out. How the outputs come back
+is the client's kind: :class:`~engine.client.InProcessClient` steps the core when asked
+(``step``), :class:`~engine.client.AsyncMPClient` awaits the core process's next message."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from engine.client.protocol import Ready
+from engine.pooling_params import PoolingParams
+from engine.sampling_params import SamplingParams
+
+# one engine request of a front-end request: (request id, prompt token ids, parameters)
+Child = tuple[str, Sequence[int], SamplingParams | PoolingParams]
+
+
+class EngineCoreClient(ABC):
+    ready: Ready | None  # the core's facts (model, context, vocabulary, defaults), once it started
+
+    @abstractmethod
+    def add(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
+            kv_transfer_params: dict | None = None) -> None:
+        """Queue the engine requests of one front-end request (its prompts and samples), all
+        before the core's next step, so they start together."""
+
+    @abstractmethod
+    def abort(self, request_ids: list[str]) -> None:
+        """Finish these requests now (unknown or finished ids are ignored)."""

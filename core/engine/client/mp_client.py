@@ -1,0 +1,164 @@
+"""The engine core in its own process, for an asyncio front end: :class:`AsyncMPClient` starts
+``python -m engine.client.core_process``, posts requests and aborts to it, awaits its outputs
+and stops it.
+
+Nothing here can block forever: posts never wait (no high-water mark, ``NOBLOCK``; the only
+refusal is "no core connected", i.e. it died) and :meth:`AsyncMPClient.shutdown` gives the
+core a bounded time to exit before killing it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+
+import zmq
+import zmq.asyncio
+
+from engine.client import protocol
+from engine.client.base import Child, EngineCoreClient
+from engine.pooling_params import PoolingParams
+
+logger = logging.getLogger(__name__)
+
+SHUTDOWN_TIMEOUT = 10.0  # seconds the core gets to exit after Shutdown before it is killed
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the core ignores these: its front end decides
+WATCH_INTERVAL = 0.2  # seconds between looks at whether the core process still runs
+
+
+class EngineDead(RuntimeError):
+    """The engine cannot finish this request because its core died (the error code a
+    front end reports, and what happened)."""
+
+    code, what = "engine_dead", "the engine core died"
+
+
+class AsyncMPClient(EngineCoreClient):
+    def __init__(self, engine_options: dict, cpus: set[int] | None = None, rank: int = 0):
+        self.options = engine_options
+        self.cpus = cpus  # the CPUs the core is pinned to (None: this process's)
+        self.rank = rank  # among the front end's data-parallel cores
+        self.ready: protocol.Ready | None = None
+        self._dir = tempfile.mkdtemp(prefix="engine-ipc-")
+        self.process: subprocess.Popen | None = None
+
+    async def start(self, timeout: float = 900) -> protocol.Ready:
+        self._ctx = zmq.asyncio.Context()
+        self._sync_ctx = zmq.Context()
+        to_core, from_core = (f"ipc://{os.path.join(self._dir, n)}" for n in ("to-core", "from-core"))
+        self._send = self._sync_ctx.socket(zmq.PUSH)  # sends never block; usable from finally blocks
+        self._send.setsockopt(zmq.SNDHWM, 0)  # a busy core's backlog queues here instead of blocking
+        self._send.bind(to_core)
+        self._recv = self._ctx.socket(zmq.PULL)
+        self._recv.bind(from_core)
+        self.process = _spawn_core(["--input", to_core, "--output", from_core, "--options",
+                                    json.dumps(self.options), "--parent-pid", str(os.getpid()),
+                                    "--data-parallel-rank", str(self.rank)], self.cpus)
+        try:
+            return await self._wait_ready(timeout)
+        except BaseException:
+            self.process.kill()  # a core that never became ready must not outlive us
+            raise
+
+    async def _wait_ready(self, timeout: float) -> protocol.Ready:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self.ready is None:
+            if self.process.poll() is not None:
+                raise EngineDead(f"engine core exited with code {self.process.returncode} while starting")
+            if loop.time() > deadline:
+                raise EngineDead("engine core did not become ready in time")
+            if await self._recv.poll(200):
+                message = protocol.decode_from_core(await self._recv.recv())
+                if isinstance(message, protocol.Fatal):
+                    raise EngineDead(message.message)
+                if isinstance(message, protocol.Ready):
+                    self.ready = message
+        return self.ready
+
+    def add(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
+            kv_transfer_params: dict | None = None) -> None:
+        """Raises :class:`EngineDead` when no core is connected (it died, or we shut down)."""
+        batch = protocol.AddBatch([protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt,
+                                                       pooling=isinstance(params, PoolingParams),
+                                                       kv_transfer_params=kv_transfer_params)
+                                   for rid, prompt, params in children])
+        if not self._post(batch):
+            raise EngineDead("the engine core is not connected")
+
+    def abort(self, request_ids: list[str]) -> None:
+        if request_ids:
+            self._post(protocol.Abort(request_ids))
+
+    def _post(self, message) -> bool:
+        """Queue ``message`` for the core without blocking. The socket has no high-water mark,
+        so the only refusal (False) is no connected core: it died, or we shut down."""
+        if self._send.closed:
+            return False
+        try:
+            self._send.send(protocol.encode(message), flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False
+        return True
+
+    async def get_output(self) -> protocol.Outputs:
+        """The core's next outputs; :class:`EngineDead` when it reports its failure."""
+        message = protocol.decode_from_core(await self._recv.recv())
+        if isinstance(message, protocol.Fatal):
+            raise EngineDead(f"engine core failed: {message.message.strip().splitlines()[-1]}")
+        return message
+
+    async def exited(self) -> int:
+        """Returns the core process's exit code once it has exited."""
+        while self.process.poll() is None:
+            await asyncio.sleep(WATCH_INTERVAL)
+        return self.process.returncode
+
+    async def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT, failed: bool = False) -> None:
+        """Stop the core and release the sockets in bounded time: Shutdown is posted (to a core
+        that died unnoticed it is simply not delivered), the core gets ``timeout`` seconds to
+        exit, then SIGKILL; a core known to have ``failed`` is killed at once."""
+        if self.process is not None and self.process.poll() is None:
+            if failed:  # it is on its way out: its teardown saves nothing
+                self.process.kill()
+            else:
+                self._post(protocol.Shutdown())
+            if not await _exited(self.process, timeout):
+                logger.warning("engine core did not exit within %.0f s of shutdown; killing it", timeout)
+                self.process.kill()
+                await _exited(self.process, timeout)
+        self._ctx.destroy(linger=0)
+        self._sync_ctx.destroy(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+
+def _spawn_core(arguments: list[str], cpus: set[int] | None = None) -> subprocess.Popen:
+    """Start ``python -m engine.client.core_process`` with SIGINT/SIGTERM blocked: the blocked
+    mask survives exec, and the core ignores both before it unblocks them, so a signal sent
+    to the whole process group (Ctrl-C, systemd, a container stop) cannot kill it even while
+    it imports; only its front end tells it to stop. With ``cpus`` the core is pinned to
+    them as it starts (long before it imports torch and sizes its thread pool from them)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        process = subprocess.Popen([sys.executable, "-m", "engine.client.core_process", *arguments])
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    if cpus is not None:
+        os.sched_setaffinity(process.pid, cpus)
+    return process
+
+
+async def _exited(process: subprocess.Popen, timeout: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while process.poll() is None:
+        if loop.time() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
