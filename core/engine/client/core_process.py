@@ -173,7 +173,7 @@ def main(argv=None) -> int:
         push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
         push.close(linger=2000)
         return 1
-    client = InProcessClient(core)
+    client = InProcessClient(core, f"engine {args.data_parallel_rank}")
     server = CoreServer(client, args.input, args.output, args.parent_pid, args.data_parallel_rank)
     try:
         server.send(client.ready)

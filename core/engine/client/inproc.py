@@ -2,7 +2,7 @@
 generate`` hold one, and the engine-core process serves one over its sockets. Requests go in
 as (id, prompt, parameters); each :meth:`InProcessClient.step` returns the step's outputs as
 :class:`Delta` messages (sharing the core's lists, nothing encoded); the statistics come as
-one :class:`EngineStats`."""
+one :class:`EngineStats`. With ``log_stats`` it logs them every few seconds while it steps."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import attrs
 
 from engine.client.base import Child, EngineCoreClient
 from engine.client.protocol import Delta, Ready
+from engine.client.stats_logger import StatsLogger
 from engine.core.engine_core import EngineCore
 from engine.core.speculation import ACCEPTED_AT
 from engine.core.step_stats import PREFIX as STEP_TOKENS
@@ -24,10 +25,12 @@ _NUMBERS = {f.name: f.type for f in attrs.fields(attrs.resolve_types(EngineStats
 
 
 class InProcessClient(EngineCoreClient):
-    def __init__(self, core: EngineCore):
+    def __init__(self, core: EngineCore, stats_label: str = "engine"):
         self.core = core
         self._prompt_lengths: dict[str, int] = {}  # requests whose prompt is not counted yet
         self._prompt_tokens = self._generation_tokens = 0
+        log = core.config.observability.log_stats
+        self._stats_log = StatsLogger(stats_label) if log else None
 
     @property
     def ready(self) -> Ready:
@@ -60,7 +63,10 @@ class InProcessClient(EngineCoreClient):
 
     def step(self) -> list[Delta]:
         """One engine step's outputs."""
-        return [self._delta(out) for out in self.core.step()]
+        deltas = [self._delta(out) for out in self.core.step()]
+        if self._stats_log is not None:
+            self._stats_log.tick(self.stats)
+        return deltas
 
     def _delta(self, out: EngineOutput) -> Delta:
         self._count(out)
