@@ -1,7 +1,8 @@
 """engine: a plugin-microkernel LLM inference engine.
 
 ``from engine import LLM, SamplingParams`` for offline use; ``engine.hookimpl`` to write a
-plugin. Heavy modules load on first use, so plugin discovery stays cheap.
+plugin; :data:`PUBLIC_MODULES` for a front end. Heavy modules load on first use, so plugin
+discovery stays cheap.
 """
 
 from engine.hookspecs import hookimpl
@@ -24,6 +25,27 @@ _LAZY = {
 __all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
            "EngineConfig", "GrammarSpec", "Logprob", "PoolingParams", "RequestOutput", "SamplingParams", "hookimpl",
            "load_tokenizer"]  # the names _LAZY serves, plus hookimpl
+
+# A front end's public API: ``__all__`` above and these modules (each with its ``__all__`` where
+# it has one). The server imports nothing else of the engine (tests/test_public_api.py); the rest
+# may change without notice. A plugin's public API: docs/plugin-authors.md, "The public API".
+PUBLIC_MODULES = (
+    "engine.chat_template",  # chat messages' roles and content, the template's options
+    "engine.cli",  # the ``engine`` command's Command and engine flags, for a plugin's subcommand
+    "engine.client",  # the engine clients and the output processor, one for every front end
+    "engine.client.kv_events",  # KV events over ZMQ in vLLM's wire format, for routers
+    "engine.client.protocol",  # the messages between a front end and the engine-core process
+    "engine.interfaces",  # the plugin interfaces
+    "engine.kv_events",  # KV events, and the prefix cache's block hashes as a router computes them
+    "engine.kv_transfer",  # P/D disaggregation: ``kv_transfer_params`` and the connector kit
+    "engine.outputs",  # the offline API's results
+    "engine.plugins",  # loading plugins, the registry
+    "engine.pooling_params",
+    "engine.request_path",  # a prompt's checks and a request's samples, the same in every front end
+    "engine.sampling_params",
+    "engine.stats",  # the engine's statistics as one message
+    "engine.tokenizer",
+)
 
 
 def __getattr__(name):
