@@ -21,10 +21,10 @@ from unittest import mock
 import torch
 import torch.nn.functional as F
 
-from engine.builtin.unquantized import UnquantizedLinearMethod
 from engine.interfaces import QuantContext
 from engine.layers import moe
 from engine.layers.moe import select_experts
+from engine.layers.unquantized import UnquantizedLinearMethod
 from engine.testing.moe import loaded_moe
 
 SHAPES = {"mixtral-like": dict(num_experts=8, top_k=2, hidden=1024, intermediate=3584),

@@ -13,7 +13,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "core" / "engine"
 
 # what stands above the interfaces: each imports them
 ABOVE = ("engine.core", "engine.runner", "engine.layers", "engine.executors", "engine.builtin",
-         "engine.testing", "engine.llm", "engine.cli", "engine.output_processor", "engine_server")
+         "engine.testing", "engine.llm", "engine.cli", "engine.client", "engine_server")
 
 # (importing file, imported module) pairs still to be moved down, each with why it stands
 KNOWN = {

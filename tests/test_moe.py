@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.builtin.unquantized import UnquantizedLinearMethod
 from engine.interfaces import QuantContext
 from engine.layers import FusedMoE, LayerOps, load_checkpoint
-from engine.layers.moe import ExpertSegments, grouped_matmul
+from engine.layers.experts import ExpertSegments, grouped_matmul
+from engine.layers.unquantized import UnquantizedLinearMethod
 from engine.testing.moe import loaded_moe, reference_moe
 
 EXPERTS, HIDDEN, INTERMEDIATE = 8, 48, 40  # sizes that are no block multiple

@@ -19,14 +19,29 @@ import contextlib
 import contextvars
 import datetime
 import pickle
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 
 import attrs
 import torch
 import torch.distributed as dist
 
-from engine.interfaces.executor import ExecutorFailure
-from engine.interfaces.platform import Communicator
+
+class ExecutorFailure(RuntimeError):
+    """The executor's ranks can no longer step together; fatal for the engine."""
+
+
+class Communicator(ABC):
+    """The collectives of one tensor-parallel group, as its parallel layers call them. Each
+    call blocks until done and raises (never hangs) once the group's timeout passes."""
+
+    @abstractmethod
+    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of ``x`` over the ranks, on every rank (may reuse ``x``)."""
+
+    @abstractmethod
+    def gather(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Rank 0: the ranks' ``x`` concatenated along the last dim, rank order; others: None."""
 
 
 class CollectiveFailure(ExecutorFailure):

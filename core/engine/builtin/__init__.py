@@ -26,7 +26,7 @@ def register_model_loaders(register):
 
 @hookimpl
 def register_quant_methods(register):
-    register("unquantized", "engine.builtin.unquantized:UnquantizedLinearMethod", api=3)
+    register("unquantized", "engine.layers.unquantized:UnquantizedLinearMethod", api=3)
 
 
 @hookimpl

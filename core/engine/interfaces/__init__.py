@@ -3,9 +3,10 @@ context objects constructors receive, the request a scheduler, KV connector or l
 processor is handed, and the scheduler's step messages. Plugins import from here (and
 ``engine``, ``engine.layers``, ``engine.drafting``, ``engine.testing``), never deeper."""
 
+from engine.distributed import Communicator, ExecutorFailure
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
-from engine.interfaces.executor import Executor, ExecutorContext, ExecutorFailure
+from engine.interfaces.executor import Executor, ExecutorContext
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
 from engine.interfaces.kv_cache import KVCacheGroup, KVCacheManager
 from engine.interfaces.kv_connector import (
@@ -19,7 +20,7 @@ from engine.interfaces.kv_connector import (
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
-from engine.interfaces.platform import Communicator, Platform, StepGraphs
+from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats

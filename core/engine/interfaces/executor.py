@@ -20,16 +20,11 @@ engine core never retries: the engine fails cleanly instead of hanging.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import attrs
 
-if TYPE_CHECKING:
-    from engine.distributed import TensorParallel
-
-
-class ExecutorFailure(RuntimeError):
-    """The executor's ranks can no longer step together; fatal for the engine."""
+from engine.distributed import TensorParallel
 
 
 @attrs.frozen

@@ -13,25 +13,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
-if TYPE_CHECKING:
-    from engine.distributed import GroupAddress
-
-
-class Communicator(ABC):
-    """The collectives of one tensor-parallel group, as its parallel layers call them. Each
-    call blocks until done and raises (never hangs) once the group's timeout passes."""
-
-    @abstractmethod
-    def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
-        """The element-wise sum of ``x`` over the ranks, on every rank (may reuse ``x``)."""
-
-    @abstractmethod
-    def gather(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Rank 0: the ranks' ``x`` concatenated along the last dim, rank order; others: None."""
+from engine.distributed import Communicator, GroupAddress, ProcessGroupCommunicator, process_group
 
 
 class StepGraphs(ABC):
@@ -92,8 +78,6 @@ class Platform(ABC):
     def communicator(self, store, rank: int, address: GroupAddress) -> Communicator:
         """The collectives of rank ``rank`` in the group meeting at ``address`` (``store`` is
         its ``torch.distributed`` store). Default: a process group of ``dist_backend``."""
-        from engine.distributed import ProcessGroupCommunicator, process_group
-
         group = process_group(self.dist_backend, store, rank, address, "device")
         return ProcessGroupCommunicator(group, rank, address.world_size, address.timeout)
 

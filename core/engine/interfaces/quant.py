@@ -117,8 +117,8 @@ class QuantMethod(ABC):
 
     def apply_moe(self, layer: nn.Module, x: torch.Tensor, segments) -> torch.Tensor:
         """x [M, in], rows sorted by expert (``segments``: an
-        :class:`engine.layers.moe.ExpertSegments`) -> [M, out], each segment times its expert's
-        weight. ``engine.layers.moe.grouped_matmul`` runs stacked float weights;
+        :class:`engine.layers.experts.ExpertSegments`) -> [M, out], each segment times its expert's
+        weight. ``engine.layers.experts.grouped_matmul`` runs stacked float weights;
         ``segments.per_expert`` loops a one-weight kernel over the experts that have rows."""
         raise NotImplementedError(f"{type(self).__name__} sets quantizes_experts but has no apply_moe")
 

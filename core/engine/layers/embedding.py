@@ -19,10 +19,10 @@ from __future__ import annotations
 
 import torch
 
-from engine.builtin.unquantized import UnquantizedLinearMethod
 from engine.distributed import current_tensor_parallel
 from engine.layers.checkpoint import materialize
 from engine.layers.linear import Linear
+from engine.layers.unquantized import UnquantizedLinearMethod
 
 
 class VocabEmbedding(Linear):

@@ -11,6 +11,11 @@ from engine.layers.module import Layer
 
 
 class Linear(Layer):
+    # What the weight serves, for a quant method that repacks it: a projection's matmul runs
+    # (``serves_logits``) and its rows are never looked up; a vocabulary table says which it does.
+    serves_logits = True
+    serves_lookups = False
+
     def __init__(self, input_size: int, output_sizes: list[int], bias: bool, method, dtype: torch.dtype):
         super().__init__()
         self.input_size = input_size

@@ -6,7 +6,7 @@
 experts in the activation dtype, as vocabulary tables). A forward routes each token to its
 top-k experts, sorts the (token, expert) pairs by expert so each expert's rows are one
 contiguous segment of a single gathered buffer, runs each projection as one grouped matmul
-over those segments (:func:`grouped_matmul`: ``torch._grouped_mm`` on the CPU, else a loop
+over those segments (:func:`engine.layers.experts.grouped_matmul`: ``torch._grouped_mm`` on the CPU, else a loop
 over the experts that received rows — never over tokens), and scatter-adds the weighted rows
 back to their tokens.
 
@@ -17,70 +17,20 @@ others, so each rank's output is its experts' share of the sum; the executor all
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-import attrs
 import torch
-import torch.nn.functional as F
 
-from engine.builtin.unquantized import UnquantizedLinearMethod
 from engine.layers.batch_invariant import ROWS, in_row_tiles
+from engine.layers.experts import ExpertSegments
 from engine.layers.linear import Linear
 from engine.layers.module import Layer
+from engine.layers.unquantized import UnquantizedLinearMethod
 
 # checkpoint name of an expert's projection -> (FusedMoE attribute, shard): Mixtral's w1/w3/w2
 # and the Qwen-MoE family's gate_proj/up_proj/down_proj
 EXPERT_PROJECTIONS = {"w1": ("gate_up", 0), "w3": ("gate_up", 1), "w2": ("down", 0),
                       "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0)}
-
-
-@attrs.frozen
-class ExpertSegments:
-    """Rows sorted by expert: ``sizes[e]`` rows of local expert ``e``, in expert order.
-    ``offsets`` is their running end (int32), the form ``torch._grouped_mm`` takes."""
-
-    sizes: list[int]
-    offsets: torch.Tensor
-
-    @classmethod
-    def from_counts(cls, counts: torch.Tensor) -> ExpertSegments:
-        return cls(counts.tolist(), counts.cumsum(0).to(torch.int32))
-
-    @classmethod
-    def single(cls, expert: int, rows: int, num_experts: int) -> ExpertSegments:
-        """``rows`` rows, all of ``expert``."""
-        counts = torch.zeros(num_experts, dtype=torch.long)
-        counts[expert] = rows
-        return cls.from_counts(counts)
-
-    def per_expert(self, x: torch.Tensor, out_features: int,
-                   matmul: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """``matmul(expert, rows)`` over each expert's segment of ``x`` [M, in] -> [M, out]:
-        the loop over the experts that received rows, for kernels that take one weight."""
-        out = x.new_empty(x.shape[0], out_features)
-        start = 0
-        for expert, size in enumerate(self.sizes):
-            if size:
-                out[start:start + size] = matmul(expert, x[start:start + size])
-                start += size
-        return out
-
-
-def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
-    """x [M, K] sorted by expert, weight [E, N, K] -> [M, N]: each segment times its expert's
-    weight transposed, in one ``torch._grouped_mm`` call where torch has it for the CPU (it
-    splits the rows itself and skips empty experts), else a loop over the experts with rows."""
-    if _grouped_mm_takes(x, weight):
-        return torch._grouped_mm(x, weight.transpose(1, 2), offs=segments.offsets)
-    return segments.per_expert(x, weight.shape[1], lambda expert, rows: F.linear(rows, weight[expert]))
-
-
-def _grouped_mm_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``torch._grouped_mm`` runs these operands: on the CPU, contiguous, rows of
-    whole 16-byte lines (it refuses other strides), at least one row."""
-    return (x.device.type == "cpu" and hasattr(torch, "_grouped_mm") and x.shape[0] > 0
-            and x.is_contiguous() and weight.is_contiguous()
-            and x.shape[1] * x.element_size() % 16 == 0 and weight.shape[1] * weight.element_size() % 16 == 0)
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):

@@ -1,10 +1,12 @@
-"""The default linear method: a plain weight in the activation dtype."""
+"""The default linear method: a plain weight in the activation dtype (registered by the core's
+built-ins as ``unquantized``; the layers fall back to it for what a method does not quantize)."""
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from engine.interfaces import QuantMethod
+from engine.layers.experts import grouped_matmul
 
 
 class UnquantizedLinearMethod(QuantMethod):
@@ -24,14 +26,11 @@ class UnquantizedLinearMethod(QuantMethod):
         (1.7× faster at 64 rows on the CPU), and keeps its plain rows too when it also serves
         lookups (a tied table: held twice). Batch-invariant engines keep ``F.linear`` (its
         tiles are what the mode measured)."""
-        from engine.layers.embedding import VocabEmbedding  # engine.layers imports this module
-
-        table = isinstance(layer, VocabEmbedding)
-        if (table and not layer.serves_logits) or getattr(self.ctx, "batch_invariant", False):
+        if not layer.serves_logits or getattr(self.ctx, "batch_invariant", False):
             return
         packed = self.ctx.platform.layer_ops(self.ctx.dtype).pack_dense(layer.weight.data)
         if packed is not None:
-            if not (table and layer.serves_lookups):
+            if not layer.serves_lookups:
                 del layer.weight
             layer.dense = packed
 
@@ -47,8 +46,6 @@ class UnquantizedLinearMethod(QuantMethod):
         return F.embedding(input_ids, layer.weight)
 
     def apply_moe(self, layer: nn.Module, x: torch.Tensor, segments) -> torch.Tensor:
-        from engine.layers.moe import grouped_matmul  # engine.layers imports this module
-
         return grouped_matmul(x, layer.weight, segments)
 
     def dequantize_moe(self, layer: nn.Module) -> torch.Tensor:
