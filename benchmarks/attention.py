@@ -80,7 +80,7 @@ def micro(batches, contexts, repeats: int) -> None:
 def end_to_end(batch: int = 64, steps: int = 5) -> None:
     """One decode step of ``LLM()`` at ``batch`` requests with each backend, interleaved."""
     from engine import LLM, SamplingParams
-    from engine.request import Request
+    from engine.messages.request import Request
 
     engines = {}
     for name in BACKENDS:
@@ -92,7 +92,7 @@ def end_to_end(batch: int = 64, steps: int = 5) -> None:
                                        SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True)))
         prefill_all(engine, batch)
         engines[name] = engine
-    medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
+    medians = time_calls({name: engine.messages.step for name, engine in engines.items()}, steps)
     base, new = medians["torch"] * 1e3, medians["cpu-native"] * 1e3
     print(f"\nLLM() decode step at batch {batch} (contexts 16-255 prompt tokens), median of {steps}:")
     print(f"torch {base:.1f} ms, cpu-native {new:.1f} ms, ratio {base / new:.2f}x")

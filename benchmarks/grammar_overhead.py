@@ -22,7 +22,7 @@ SCHEMA = {"type": "object", "required": ["items"], "properties": {"items": {"typ
 
 def step_times(llm, batch: int, steps: int, constrained: bool) -> list[float]:
     from engine import GrammarSpec, SamplingParams
-    from engine.request import Request
+    from engine.messages.request import Request
 
     engine = llm.engine
     prompt = llm.apply_chat_template([{"role": "user", "content": "List items as JSON."}])

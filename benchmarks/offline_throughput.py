@@ -57,7 +57,7 @@ def run_hf(model, prompts, output_len, pad_id):
 
 def decoding(engine) -> list:
     """The engine's requests that are running past their prompt."""
-    from engine.request import RequestStatus
+    from engine.messages.request import RequestStatus
 
     return [r for r in engine.lifecycle.requests.values()
             if r.status is RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens]
@@ -73,7 +73,7 @@ def decode_steps(llm, prompts, steps: int, profiler=None) -> list[float]:
     """Seconds of each of ``steps`` decode steps with every prompt in the batch: the prompts are
     prefilled first, two steps warm up, ``profiler`` (a context manager) wraps the timed ones."""
     from engine import SamplingParams
-    from engine.request import Request
+    from engine.messages.request import Request
 
     engine = llm.engine
     ids = [f"steps-{i}" for i in range(len(prompts))]

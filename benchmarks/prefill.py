@@ -43,7 +43,7 @@ def engine_prefill(llm, prompt: list[int]) -> float:
 def gaps_under_prefill(llm, prompt: list[int], streams: int) -> tuple[list[float], float]:
     """The streams' inter-token gaps while ``prompt`` prefills, and the prompt's tokens/s."""
     from engine import SamplingParams
-    from engine.request import Request
+    from engine.messages.request import Request
 
     core = llm.engine
     stream_params = SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True)

@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from engine.request import Request
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
 from engine.runner import sampler
-from engine.sampling_params import SamplingParams
 
 SETTINGS = {"temperature 1": dict(temperature=1.0), "top-p 0.9": dict(temperature=0.8, top_p=0.9),
             "top-k 50": dict(temperature=0.8, top_k=50), "top-k 50 + top-p 0.95": dict(top_k=50, top_p=0.95),

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from engine.cli_args import (
+from engine.entrypoints.cli_args import (
     ArgumentParser,
     add_engine_arguments,
     engine_options,

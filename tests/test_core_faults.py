@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
+from engine.messages.sampling_params import InvalidParam
 from engine.plugins import add_plugin
-from engine.sampling_params import InvalidParam
 from tests.plugins import faulty_processor
 from tests.serving import serve
 

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine.client.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
-from engine.kv_events import chain_hashes, external_hash
+from engine.messages.kv_events import chain_hashes, external_hash
 from engine_server.router import BALANCE_ABS, Router, block_hashes
 from tests.conftest import TINY_LLAMA
 from tests.serving import free_port, serve

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.client.detokenizer import IncrementalDetokenizer
-from engine.sampling_params import SamplingParams
+from engine.messages.sampling_params import SamplingParams
 
 TEXTS = [
     "Hello world, plain ASCII.",

@@ -13,7 +13,7 @@ import zmq
 
 from engine import LLM, SamplingParams
 from engine.config import EngineConfig
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventsConfig
+from engine.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventsConfig
 from engine.testing import reference
 from tests.conftest import TINY_LLAMA
 from tests.serving import free_port, serve

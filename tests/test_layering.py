@@ -13,7 +13,7 @@ ENGINE = Path(__file__).resolve().parents[1] / "core" / "engine"
 
 # what stands above the interfaces: each imports them
 ABOVE = ("engine.core", "engine.runner", "engine.layers", "engine.executors", "engine.builtin",
-         "engine.testing", "engine.llm", "engine.cli", "engine.client", "engine_server")
+         "engine.testing", "engine.entrypoints.llm", "engine.entrypoints.cli", "engine.client", "engine_server")
 
 # (importing file, imported module) pairs still to be moved down, each with why it stands
 KNOWN = {
@@ -99,8 +99,8 @@ def test_the_reader_sees_every_kind_of_import():
     TYPE_CHECKING, relative and ``from`` imports, and the packages whose ``__init__`` they run."""
     source = """
 from typing import TYPE_CHECKING
-import engine.request
-from engine import step
+import engine.messages.request
+from engine.messages import step
 from . import kv_cache
 from ..core.setup import build_model
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def layer_ops():
     from engine.layers.ops import LayerOps
 """
     found = _imports(source, "engine.interfaces")
-    assert {"engine.request", "engine.step", "engine.interfaces.kv_cache", "engine.core.setup",
+    assert {"engine.messages.request", "engine.messages.step", "engine.interfaces.kv_cache", "engine.core.setup",
             "engine.distributed", "engine.layers.ops", "engine.layers", "engine.core", "engine"} <= found
 
 
@@ -117,7 +117,7 @@ def test_the_request_state_and_step_messages_are_public_from_the_ground_floor():
     from engine import interfaces
 
     for name in ("Request", "RequestStatus"):
-        assert getattr(interfaces, name).__module__ == "engine.request"
+        assert getattr(interfaces, name).__module__ == "engine.messages.request"
     for name in ("StepPlan", "ScheduledRequest", "StepResult", "EngineOutput", "TokenLogprobs", "Overloaded"):
-        assert getattr(interfaces, name).__module__ == "engine.step"
+        assert getattr(interfaces, name).__module__ == "engine.messages.step"
     assert all(hasattr(interfaces, name) for name in interfaces.__all__)

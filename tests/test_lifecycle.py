@@ -9,11 +9,11 @@ import torch
 from engine.config import EngineConfig
 from engine.core.lifecycle import RequestLifecycle, request_path
 from engine.interfaces import Grammar, RequestStatus
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
+from engine.messages.step import StepResult, TokenLogprobs
 from engine.plugins import load_plugins
-from engine.pooling_params import PoolingParams
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.step import StepResult, TokenLogprobs
 
 BLOCKS = 32
 

@@ -145,7 +145,7 @@ def test_chat_template_kwargs_and_continue_final_message(tiny_llm):
 
 
 def test_priority_policy_runs_the_urgent_request_first(tiny_llama):
-    from engine.request import Request
+    from engine.messages.request import Request
 
     llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, policy="priority", max_num_seqs=1)
     later = Request("later", [5, 6, 7], SamplingParams(max_tokens=2), priority=5)

@@ -8,7 +8,7 @@ import logging
 from engine import LLM, SamplingParams
 from engine.client import stats_logger
 from engine.client.stats_logger import StatsLogger, stats_line
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 
 LOGGER = stats_logger.__name__
 

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.request import Request
-from engine.step import OVERLOADED, Overloaded
+from engine.messages.request import Request
+from engine.messages.step import OVERLOADED, Overloaded
 from engine.testing import reference
 from tests.conftest import TINY_LLAMA
 from tests.serving import serve

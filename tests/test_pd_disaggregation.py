@@ -32,8 +32,8 @@ import httpx
 import openai
 import pytest
 
+from engine.messages.sampling_params import SamplingParams
 from engine.plugins import load_plugins
-from engine.sampling_params import SamplingParams
 from engine.testing import reference
 from tests.serving import API_KEY, ENGINE, Server, free_port, serve
 

@@ -352,8 +352,8 @@ class RaisingBackend(AttentionBackend):
 
 def test_a_capability_check_that_raises_is_a_reason_not_a_crash(monkeypatch, capsys):
     from engine.builtin.platforms import CpuPlatform
-    from engine.cli import PluginsCommand
     from engine.core.setup import select_attention_backend
+    from engine.entrypoints.cli import PluginsCommand
 
     class Preferring(CpuPlatform):
         preferred_attention_backends = ("raising", "torch")

@@ -16,8 +16,8 @@ import pytest
 from transformers import LlamaConfig
 
 from engine import hookimpl, plugins
-from engine.cli import PluginsCommand
 from engine.core import setup
+from engine.entrypoints.cli import PluginsCommand
 from engine.interfaces import INTERFACE_VERSIONS, GrammarBackend, Model, Scheduler
 from engine.plugins import PluginRegistry
 from tests.plugin_packages import environ_with, write_distribution

@@ -113,8 +113,8 @@ def test_a_pooling_request_that_fails_alone_is_finished_not_fatal(bert):
     a model without an LM head and make every lone failure fatal). A prompt with a token id
     past the vocabulary (which the request path refuses, so it is planned here directly)
     fails alone; it is finished with an error and the good request keeps its vector."""
-    from engine.request import Request
-    from engine.step import ScheduledRequest, StepPlan
+    from engine.messages.request import Request
+    from engine.messages.step import ScheduledRequest, StepPlan
 
     folder, hf_model = bert
     llm = LLM(folder, dtype="float32", num_blocks=32, block_size=8)

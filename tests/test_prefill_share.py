@@ -6,10 +6,10 @@ import time
 from engine.builtin.chunking import FIRST_SHARE, MIN_SHARE, PrefillShare
 from engine.config import EngineConfig
 from engine.core.lifecycle import request_path
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
+from engine.messages.step import StepResult
 from engine.plugins import load_plugins
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.step import StepResult
 
 
 def test_share_shrinks_after_a_slow_step_and_grows_after_a_fast_one():

@@ -69,18 +69,19 @@ def test_the_reader_sees_every_kind_of_import():
     source = """
 from typing import TYPE_CHECKING
 import engine.core.engine_core
-from engine import LLM, request_path
+from engine import LLM
+from engine.messages import request_path
 from engine.client import InProcessClient
 if TYPE_CHECKING:
-    from engine.step import EngineOutput
+    from engine.messages.step import EngineOutput
 def late():
-    from engine.cli import Command, _runnable
+    from engine.entrypoints.cli import Command, _runnable
     importlib.import_module("engine.runner")
 """
     imports = _engine_imports(source)
-    assert set(imports) == {("engine.core.engine_core", None), ("engine", "LLM"), ("engine", "request_path"),
-                            ("engine.client", "InProcessClient"), ("engine.step", "EngineOutput"),
-                            ("engine.cli", "Command"), ("engine.cli", "_runnable"), ("engine.runner", None)}
+    assert set(imports) == {("engine.core.engine_core", None), ("engine", "LLM"), ("engine.messages", "request_path"),
+                            ("engine.client", "InProcessClient"), ("engine.messages.step", "EngineOutput"),
+                            ("engine.entrypoints.cli", "Command"), ("engine.entrypoints.cli", "_runnable"), ("engine.runner", None)}
     assert {i for i in imports if not _is_public(*i)} == {
-        ("engine.core.engine_core", None), ("engine.step", "EngineOutput"), ("engine.cli", "_runnable"),
+        ("engine.core.engine_core", None), ("engine.messages.step", "EngineOutput"), ("engine.entrypoints.cli", "_runnable"),
         ("engine.runner", None)}

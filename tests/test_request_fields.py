@@ -8,7 +8,7 @@ import openai
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.sampling_params import tokenize_bad_words
+from engine.messages.sampling_params import tokenize_bad_words
 from tests.serving import serve
 
 pytestmark = pytest.mark.slow

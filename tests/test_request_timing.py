@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine import SamplingParams
 from engine.core.step_stats import StepTokenHistogram, step_token_buckets
-from engine.request import Request
+from engine.messages.request import Request
 
 
 def run(engine, requests: list[Request]):

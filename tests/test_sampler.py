@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.request import Request
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
 from engine.runner import sampler
-from engine.sampling_params import SamplingParams
 
 
 def rows_for(*params, outputs=()):

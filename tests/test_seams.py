@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine import LLM, GrammarSpec, SamplingParams
-from engine.request import Request, RequestStatus
+from engine.messages.request import Request, RequestStatus
 from engine.testing import reference
 
 CHOICES = ["yes", "no", "maybe later"]

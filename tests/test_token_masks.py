@@ -10,8 +10,8 @@ import math
 import pytest
 
 from engine import LLM, GrammarSpec, SamplingParams
+from engine.messages.sampling_params import InvalidParam, tokenize_bad_words
 from engine.runner.sampler import banned_bad_words
-from engine.sampling_params import InvalidParam, tokenize_bad_words
 
 PROMPT = "The quick brown fox jumps over the lazy dog. Once upon a time"
 GREEDY = {"temperature": 0, "max_tokens": 24, "ignore_eos": True}

@@ -12,7 +12,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.stats import EngineStats, TokensPerStep
+from engine.messages.stats import EngineStats, TokensPerStep
 from engine_server.metrics import Metrics
 from tests.serving import serve
 
@@ -173,7 +173,7 @@ def test_each_engine_stat_becomes_its_series():
 
 
 def test_generation_config_and_metrics_prefix_flags():
-    from engine.cli_args import ArgumentParser, engine_options
+    from engine.entrypoints.cli_args import ArgumentParser, engine_options
     from engine_server.serve import ServeCommand
 
     parser = ArgumentParser(prog="engine serve")

@@ -8,18 +8,18 @@ discovery stays cheap.
 from engine.hookspecs import hookimpl
 
 _LAZY = {
-    "LLM": "engine.llm",
-    "SamplingParams": "engine.sampling_params",
-    "PoolingParams": "engine.pooling_params",
-    "EmbeddingRequestOutput": "engine.outputs",
-    "EmbeddingOutput": "engine.outputs",
-    "RequestOutput": "engine.outputs",
-    "CompletionOutput": "engine.outputs",
-    "Logprob": "engine.outputs",
+    "LLM": "engine.entrypoints.llm",
+    "SamplingParams": "engine.messages.sampling_params",
+    "PoolingParams": "engine.messages.pooling_params",
+    "EmbeddingRequestOutput": "engine.messages.outputs",
+    "EmbeddingOutput": "engine.messages.outputs",
+    "RequestOutput": "engine.messages.outputs",
+    "CompletionOutput": "engine.messages.outputs",
+    "Logprob": "engine.messages.outputs",
     "EngineConfig": "engine.config",
-    "GrammarSpec": "engine.sampling_params",
+    "GrammarSpec": "engine.messages.sampling_params",
     "INTERFACE_VERSIONS": "engine.interfaces",
-    "load_tokenizer": "engine.tokenizer",
+    "load_tokenizer": "engine.entrypoints.tokenizer",
 }
 
 __all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
@@ -30,21 +30,21 @@ __all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EmbeddingOutput", "
 # it has one). The server imports nothing else of the engine (tests/test_public_api.py); the rest
 # may change without notice. A plugin's public API: docs/plugin-authors.md, "The public API".
 PUBLIC_MODULES = (
-    "engine.chat_template",  # chat messages' roles and content, the template's options
-    "engine.cli",  # the ``engine`` command's Command and engine flags, for a plugin's subcommand
     "engine.client",  # the engine clients and the output processor, one for every front end
     "engine.client.kv_events",  # KV events over ZMQ in vLLM's wire format, for routers
     "engine.client.protocol",  # the messages between a front end and the engine-core process
+    "engine.entrypoints.chat_template",  # chat messages' roles and content, the template's options
+    "engine.entrypoints.cli",  # the ``engine`` command's Command and engine flags, for a plugin's subcommand
+    "engine.entrypoints.tokenizer",
     "engine.interfaces",  # the plugin interfaces
-    "engine.kv_events",  # KV events, and the prefix cache's block hashes as a router computes them
     "engine.kv_transfer",  # P/D disaggregation: ``kv_transfer_params`` and the connector kit
-    "engine.outputs",  # the offline API's results
+    "engine.messages.kv_events",  # KV events, and the prefix cache's block hashes as a router computes them
+    "engine.messages.outputs",  # the offline API's results
+    "engine.messages.pooling_params",
+    "engine.messages.request_path",  # a prompt's checks and a request's samples, the same in every front end
+    "engine.messages.sampling_params",
+    "engine.messages.stats",  # the engine's statistics as one message
     "engine.plugins",  # loading plugins, the registry
-    "engine.pooling_params",
-    "engine.request_path",  # a prompt's checks and a request's samples, the same in every front end
-    "engine.sampling_params",
-    "engine.stats",  # the engine's statistics as one message
-    "engine.tokenizer",
 )
 
 

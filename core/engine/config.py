@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from engine.kv_events import KVEventsConfig
+from engine.messages.kv_events import KVEventsConfig
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
 

@@ -175,7 +175,7 @@ class EngineHookSpecs:
 
     @hookspec
     def register_commands(self, register):
-        """Register ``engine`` CLI subcommands: :class:`engine.cli.Command` subclasses,
+        """Register ``engine`` CLI subcommands: :class:`engine.entrypoints.cli.Command` subclasses,
         constructed with no arguments, under the subcommand name (``serve``, ``bench`` ...).
         ``add_arguments(parser)`` adds its flags, ``run(args)`` returns the exit status."""
 

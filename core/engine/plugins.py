@@ -47,14 +47,14 @@ BUILTIN = "builtin"
 CORE_DISTRIBUTION = "tessellm-core"
 HOOK_NAMES = tuple(f"register_{kind}" for kind in INTERFACE_VERSIONS)
 
-# the class every registration of a kind must subclass ("engine.cli" imports this module)
+# the class every registration of a kind must subclass ("engine.entrypoints.cli" imports this module)
 _INTERFACES = {
     "platforms": "Platform", "attention_backends": "AttentionBackend", "models": "Model",
     "model_loaders": "ModelLoader", "quant_methods": "QuantMethod", "kv_connectors": "KVConnector",
     "grammar_backends": "GrammarBackend", "drafters": "Drafter", "logits_processors": "LogitsProcessor",
     "schedulers": "Scheduler", "kv_cache_managers": "KVCacheManager", "tool_parsers": "ToolParser",
     "reasoning_parsers": "ReasoningParser",
-    "commands": "engine.cli:Command", "executors": "Executor",
+    "commands": "engine.entrypoints.cli:Command", "executors": "Executor",
 }
 _LAZY_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _BAD_NAME_CHARS = re.compile(r"[\s,]")

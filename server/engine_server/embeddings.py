@@ -15,8 +15,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 
 from engine.client import EngineDead
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import InvalidParam
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.sampling_params import InvalidParam
 from engine_server.errors import bad_request, engine_dead, engine_unavailable, overloaded
 from engine_server.generation import check_model, check_runner, unless_disconnected
 from engine_server.prompts import check_prompt, completion_prompts

@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from engine.client import EngineDead, OutputProcessor, SequenceOutput
 from engine.interfaces import GrammarSpec
 from engine.kv_transfer import check_kv_transfer_params
-from engine.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
+from engine.messages.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
 from engine_server.errors import (
     APIError,
     bad_request,

@@ -3,8 +3,8 @@ engine`` for this engine's own), so vLLM's Grafana dashboard and alerts read the
 
 Request latencies and lengths are measured in the API process as the tokens arrive; the
 queue and prefill times come from the engine core with each request's first token
-(:class:`engine.step.RequestTiming`); gauges, counters and the tokens-per-step
-histogram come from the :class:`~engine.stats.EngineStats` the core sends. Buckets are vLLM's."""
+(:class:`engine.messages.step.RequestTiming`); gauges, counters and the tokens-per-step
+histogram come from the :class:`~engine.messages.stats.EngineStats` the core sends. Buckets are vLLM's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 
 PREFIXES = ("vllm", "engine")
 _TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,

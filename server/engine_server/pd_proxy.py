@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from engine.cli import Command
+from engine.entrypoints.cli import Command
 from engine_server.errors import APIError, bad_request
 
 logger = logging.getLogger("engine_server.proxy")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import attrs
 
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 
 PREFIX_WINDOW_SECONDS = 30.0
 

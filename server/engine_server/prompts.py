@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import msgspec
 
-from engine import request_path
-from engine.chat_template import conversation, template_options
-from engine.sampling_params import InvalidParam
+from engine.entrypoints.chat_template import conversation, template_options
+from engine.messages import request_path
+from engine.messages.sampling_params import InvalidParam
 from engine_server.errors import bad_request
 
 
@@ -23,7 +23,7 @@ def check_fanout(state, prompts: int, n: int, param: str = "prompt") -> None:
 
 
 def check_prompt(state, ids: list[int], max_tokens: int | None, param: str, generates: bool = True) -> None:
-    """The core's prompt check (:func:`engine.request_path.check_prompt`) as a 400."""
+    """The core's prompt check (:func:`engine.messages.request_path.check_prompt`) as a 400."""
     try:
         request_path.check_prompt(ids, state.vocab_size, state.max_model_len, max_tokens, param, generates)
     except InvalidParam as exc:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 import zmq.asyncio
 
 from engine.client import AsyncEngine, RequestHandle, kv_events
-from engine.kv_events import KVEventsConfig
-from engine.stats import EngineStats
+from engine.messages.kv_events import KVEventsConfig
+from engine.messages.stats import EngineStats
 from engine_server.router import Router
 
 

@@ -21,7 +21,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from engine.client.kv_events import BlockRemoved, BlockStored
-from engine.kv_events import chain_hashes, external_hash
+from engine.messages.kv_events import chain_hashes, external_hash
 
 ROUTING = ("prefix", "round-robin")
 BALANCE_ABS = 8  # open requests more than the least loaded replica ...

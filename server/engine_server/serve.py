@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from engine.cli import Command, add_engine_arguments, engine_options
+from engine.entrypoints.cli import Command, add_engine_arguments, engine_options
 from engine.plugins import load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.metrics import PREFIXES, Metrics

@@ -1,4 +1,4 @@
-"""`engine serve`'s own flags (the engine's come from :mod:`engine.cli_args`), spelled as
+"""`engine serve`'s own flags (the engine's come from :mod:`engine.entrypoints.cli_args`), spelled as
 `vllm serve` spells them, and what they set up: the tokenizer and chat template, the tool
 and reasoning parsers, CORS, the root path and request logging."""
 
@@ -9,7 +9,7 @@ import json
 import logging
 import os
 
-from engine.tokenizer import load_tokenizer
+from engine.entrypoints.tokenizer import load_tokenizer
 from engine_server.router import ROUTING
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

@@ -8,7 +8,7 @@ import logging
 import pytest
 from starlette.testclient import TestClient
 
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
 from engine_server.prefix_window import PrefixCacheWindow

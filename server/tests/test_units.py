@@ -8,7 +8,7 @@ import pytest
 
 from engine import GrammarSpec, PoolingParams, SamplingParams
 from engine.client import protocol
-from engine.stats import EngineStats, TokensPerStep
+from engine.messages.stats import EngineStats, TokensPerStep
 from engine_server.bench import metrics
 
 

@@ -31,8 +31,8 @@ def register_quant_methods(register):
 
 @hookimpl
 def register_commands(register):
-    register("plugins", "engine.cli:PluginsCommand", api=1)
-    register("generate", "engine.cli:GenerateCommand", api=1)
+    register("plugins", "engine.entrypoints.cli:PluginsCommand", api=1)
+    register("generate", "engine.entrypoints.cli:GenerateCommand", api=1)
 
 
 @hookimpl

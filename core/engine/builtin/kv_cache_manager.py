@@ -13,7 +13,7 @@ cached blocks that every full group holds whole and every sliding group holds wi
 of the first token to compute (the blocks before it are not needed), so a hit never lacks K/V a
 query will read.
 
-With ``kv_events_config`` enabled the manager records KV events (:mod:`engine.kv_events`) for
+With ``kv_events_config`` enabled the manager records KV events (:mod:`engine.messages.kv_events`) for
 the first group's pool — the blocks a prefix is looked up by: ``BlockStored`` when full blocks
 get their hash, ``BlockRemoved`` when a hashed block is evicted for reuse, ``AllBlocksCleared``
 on a reset.
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from engine.interfaces import KVCacheGroup, KVCacheManager
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, block_hashes
+from engine.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, block_hashes
 
 NULL_BLOCK = 0
 

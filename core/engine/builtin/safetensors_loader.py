@@ -67,7 +67,7 @@ class SafetensorsLoader(ModelLoader):
         return AutoTokenizer.from_pretrained(self.path)
 
     def generation_config(self) -> dict | None:
-        from engine.generation_config import read_generation_config
+        from engine.messages.generation_config import read_generation_config
 
         return read_generation_config(self.path)
 

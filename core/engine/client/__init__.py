@@ -1,6 +1,6 @@
 """How a front end drives the engine core, the same for every front end (``LLM``, ``engine
 generate``, the server): an :class:`EngineCoreClient` takes requests and aborts and hands back
-each step's :class:`Delta` messages and the :class:`~engine.stats.EngineStats`, with the core in
+each step's :class:`Delta` messages and the :class:`~engine.messages.stats.EngineStats`, with the core in
 this process (:class:`InProcessClient`) or in its own (:class:`AsyncMPClient`, and
 :class:`AsyncEngine` routing its deltas to one stream per front-end request); one
 :class:`OutputProcessor` turns deltas into text, stop strings and logprobs for all of them.

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Callable
 from engine.client.base import Child
 from engine.client.mp_client import AsyncMPClient, EngineDead
 from engine.client.protocol import Delta, Ready
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from engine.client.protocol import Ready
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.sampling_params import SamplingParams
 
 # one engine request of a front-end request: (request id, prompt token ids, parameters)
 Child = tuple[str, Sequence[int], SamplingParams | PoolingParams]

@@ -30,10 +30,10 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
 from engine.lifetime import exit_with_parent
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.sampling_params import SamplingParams
+from engine.messages.step import Overloaded
 from engine.plugins import load_plugins
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
-from engine.step import Overloaded
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
 IDLE_WAIT_MS = 200  # an idle core's wait for requests

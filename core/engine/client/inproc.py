@@ -15,10 +15,10 @@ from engine.core.engine_core import EngineCore
 from engine.core.speculation import ACCEPTED_AT
 from engine.core.step_stats import PREFIX as STEP_TOKENS
 from engine.core.step_stats import step_token_buckets
-from engine.pooling_params import matryoshka_of
-from engine.request import Request
-from engine.stats import EngineStats, TokensPerStep
-from engine.step import EngineOutput
+from engine.messages.pooling_params import matryoshka_of
+from engine.messages.request import Request
+from engine.messages.stats import EngineStats, TokensPerStep
+from engine.messages.step import EngineOutput
 
 # EngineStats' plain numbers, each with its type: the core's counters of those names become them
 _NUMBERS = {f.name: f.type for f in attrs.fields(attrs.resolve_types(EngineStats)) if f.type in (int, float)}
@@ -46,7 +46,7 @@ class InProcessClient(EngineCoreClient):
 
     def add(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
             kv_transfer_params: dict | None = None) -> None:
-        """Raises what the core refuses (ValueError, :class:`engine.step.Overloaded`) for the
+        """Raises what the core refuses (ValueError, :class:`engine.messages.step.Overloaded`) for the
         first child it refuses; the children before it stay queued."""
         for request_id, prompt, params in children:
             self.core.add_request(Request(request_id, prompt, params, priority=priority,

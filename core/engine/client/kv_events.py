@@ -22,8 +22,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from engine import kv_events
-from engine.kv_events import KVEventsConfig, external_hash
+from engine.messages import kv_events
+from engine.messages.kv_events import KVEventsConfig, external_hash
 
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
 

@@ -23,7 +23,7 @@ import zmq.asyncio
 
 from engine.client import protocol
 from engine.client.base import Child, EngineCoreClient
-from engine.pooling_params import PoolingParams
+from engine.messages.pooling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
 

@@ -2,16 +2,16 @@
 into its samples' engine requests, each step's deltas fed to their :class:`SequenceOutput`,
 the samples that hit a stop string listed for abort (the core knows no stop strings), and a
 prompt whose samples all finished handed back; :func:`request_output` makes ``LLM``'s
-:class:`~engine.outputs.RequestOutput` of it."""
+:class:`~engine.messages.outputs.RequestOutput` of it."""
 
 from __future__ import annotations
 
 from engine.client.base import Child
 from engine.client.protocol import Delta
 from engine.client.sequence import SequenceOutput
-from engine.outputs import CompletionOutput, Logprob, RequestOutput
-from engine.request_path import fan_out
-from engine.sampling_params import SamplingParams
+from engine.messages.outputs import CompletionOutput, Logprob, RequestOutput
+from engine.messages.request_path import fan_out
+from engine.messages.sampling_params import SamplingParams
 
 
 class RequestState:

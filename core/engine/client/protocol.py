@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 
 
 class AddRequest(msgspec.Struct, tag=True):

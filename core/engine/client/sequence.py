@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from engine.client.detokenizer import IncrementalDetokenizer
 from engine.client.protocol import Delta
-from engine.sampling_params import SamplingParams
+from engine.messages.sampling_params import SamplingParams
 
 
 class SequenceOutput:
@@ -29,8 +29,7 @@ class SequenceOutput:
         entries. A finished sequence takes nothing more."""
         if self.finish_reason is not None:
             return "", []
-        if delta.num_cached_tokens > self.num_cached_tokens:
-            self.num_cached_tokens = delta.num_cached_tokens
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.num_draft_tokens, self.num_accepted_tokens = delta.num_draft_tokens, delta.num_accepted_tokens
         entries = self._append(delta)
         if self.finish_reason is None and delta.finish_reason is not None:

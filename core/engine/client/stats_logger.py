@@ -11,7 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from engine.stats import EngineStats
+from engine.messages.stats import EngineStats
 
 LOG_INTERVAL_S = 10.0  # vLLM's default (VLLM_LOG_STATS_INTERVAL)
 

@@ -13,7 +13,6 @@ import time
 import attrs
 import torch
 
-from engine import generation_config
 from engine.config import EngineConfig
 from engine.core import faults, kv_connectors, setup
 from engine.core.lifecycle import request_path
@@ -21,21 +20,22 @@ from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
-from engine.plugins import PluginRegistry
-from engine.pooling import Pooler, PoolerConfig, resolve_runner
-from engine.pooling_params import PoolingParams, matryoshka_of
-from engine.request import Request
-from engine.request_path import check_prompt
-from engine.runner import step_graphs
-from engine.runner.model_runner import ModelRunner
-from engine.sampling_params import InvalidParam, SamplingParams, check_int64
-from engine.step import (
+from engine.messages import generation_config
+from engine.messages.pooling_params import PoolingParams, matryoshka_of
+from engine.messages.request import Request
+from engine.messages.request_path import check_prompt
+from engine.messages.sampling_params import InvalidParam, SamplingParams, check_int64
+from engine.messages.step import (
     OVERLOADED,
     EngineOutput,
     RequestTiming,
     StepPlan,
     StepResult,
 )
+from engine.plugins import PluginRegistry
+from engine.runner import step_graphs
+from engine.runner.model_runner import ModelRunner
+from engine.runner.pooling import Pooler, PoolerConfig, resolve_runner
 
 logger = logging.getLogger(__name__)
 

@@ -24,10 +24,10 @@ from collections.abc import Callable
 
 import attrs
 
-from engine.pooling_params import PoolingParams
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.step import ScheduledRequest, StepPlan, StepResult
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
+from engine.messages.step import ScheduledRequest, StepPlan, StepResult
 
 NULL_BLOCK = 0  # the KV cache manager interface keeps block 0 out of every request's table
 MAX_MESSAGE = 200

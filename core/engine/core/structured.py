@@ -17,8 +17,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from engine.interfaces.grammar import GrammarContext
-from engine.request import Request, RequestStatus
-from engine.step import EngineOutput, StepPlan
+from engine.messages.request import Request, RequestStatus
+from engine.messages.step import EngineOutput, StepPlan
 
 COMPILE_NICENESS = 5
 

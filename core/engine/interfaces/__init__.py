@@ -1,7 +1,7 @@
 """Extension interfaces, one module per kind, and every type a plugin's code meets: the
 context objects constructors receive, the request a scheduler, KV connector or logits
 processor is handed, and the scheduler's step messages. Plugins import from here (and
-``engine``, ``engine.layers``, ``engine.drafting``, ``engine.testing``), never deeper."""
+``engine``, ``engine.layers``, ``engine.runner.drafting``, ``engine.testing``), never deeper."""
 
 from engine.distributed import Communicator, ExecutorFailure
 from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
@@ -25,8 +25,8 @@ from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
 from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats
 from engine.interfaces.tool_parser import ToolCall, ToolParser
-from engine.request import Request, RequestStatus
-from engine.step import (
+from engine.messages.request import Request, RequestStatus
+from engine.messages.step import (
     EngineOutput,
     Overloaded,
     ScheduledRequest,

@@ -46,7 +46,7 @@ from typing import Any
 import attrs
 import torch
 
-from engine.sampling_params import GrammarSpec
+from engine.messages.sampling_params import GrammarSpec
 
 
 @attrs.frozen

@@ -67,7 +67,7 @@ class KVCacheManager(ABC):
         """Forget all cached hashes; False when blocks are still in use."""
 
     def take_events(self) -> list:
-        """The KV events (:mod:`engine.kv_events`) recorded since the last call, oldest first.
+        """The KV events (:mod:`engine.messages.kv_events`) recorded since the last call, oldest first.
         A manager records them when ``config.kv_events_config`` asks for them (its
         ``publishing``); one that does not record returns none (the default)."""
         return []

@@ -20,8 +20,8 @@ from typing import Any
 import attrs
 
 from engine.interfaces.kv_cache import KVCacheManager
-from engine.request import Request
-from engine.step import StepPlan
+from engine.messages.request import Request
+from engine.messages.step import StepPlan
 
 
 @attrs.frozen

@@ -20,8 +20,8 @@ from engine.interfaces import (
     Request,
     RequestStatus,
 )
-from engine.kv_events import block_hashes
 from engine.kv_transfer.loads import ExternalLoads
+from engine.messages.kv_events import block_hashes
 
 
 class RequestKV(KVAdmission):

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import attrs
 
-from engine.request import Request
+from engine.messages.request import Request
 
 
 @attrs.define

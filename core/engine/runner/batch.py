@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from engine.interfaces import BatchLayout
-from engine.step import StepPlan
+from engine.messages.step import StepPlan
 
 
 @attrs.frozen

@@ -1,5 +1,5 @@
 """ModelRunner: one step on the device — flatten, forward, logits, sample, verify drafts; for
-pooling requests, pool their hidden states instead (:mod:`engine.pooling`)."""
+pooling requests, pool their hidden states instead (:mod:`engine.runner.pooling`)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import attrs
 import torch
 
 from engine.interfaces import StepContext
+from engine.messages.step import StepPlan, StepResult, TokenLogprobs
 from engine.runner import kv_transfer, sampler
 from engine.runner.batch import FlatBatch, flatten
 from engine.runner.layer_attention import LayerAttention
-from engine.step import StepPlan, StepResult, TokenLogprobs
 
 
 @attrs.frozen
@@ -54,7 +54,7 @@ class ModelRunner:
         self.device = device
         self.logits_processors = list(logits_processors)
         self.connector = kv_connector
-        self.pooler = pooler  # an engine.pooling.Pooler when the engine runs pooling requests
+        self.pooler = pooler  # an engine.runner.pooling.Pooler when the engine runs pooling requests
         self.keep_hidden_states = False  # a drafter that reads the target's hidden states sets this
         self.hidden_layers: tuple[int, ...] = ()  # ... and these, if it reads inner layers
         # how execute runs a step's forward: a multi-rank executor wraps it (broadcast first)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from engine.step import TokenLogprobs
+from engine.messages.step import TokenLogprobs
 
 _BIT = torch.arange(32, dtype=torch.int32)
 

@@ -16,10 +16,10 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.interfaces import KVCacheGroup
-from engine.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from engine.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
 from engine.plugins import load_plugins
-from engine.request import Request
-from engine.sampling_params import SamplingParams
 
 BLOCK = 4
 WINDOW = 6

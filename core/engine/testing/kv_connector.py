@@ -31,10 +31,10 @@ from engine.config import EngineConfig
 from engine.core.kv_connectors import build_halves
 from engine.core.lifecycle import RequestPath, request_path
 from engine.interfaces import KVCacheManager, KVConnector, KVTransferReport
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
+from engine.messages.step import StepResult
 from engine.plugins import load_plugins
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.step import StepResult
 from engine.testing.scheduler import alone, next_token
 
 BLOCK = 4

@@ -24,8 +24,8 @@ import attrs
 import pytest
 
 from engine.kv_transfer import DO_REMOTE_DECODE
-from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
 from engine.testing.kv_connector import BLOCK, ConnectorSim, KVConnectorContract
 from engine.testing.ports import free_port
 from engine.testing.scheduler import alone

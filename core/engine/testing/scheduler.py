@@ -14,10 +14,10 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.lifecycle import request_path
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
+from engine.messages.step import StepResult
 from engine.plugins import load_plugins
-from engine.request import Request
-from engine.sampling_params import SamplingParams
-from engine.step import StepResult
 
 VOCAB = 97
 

@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 from tqdm.auto import tqdm
 
-from engine.cli import Command
+from engine.entrypoints.cli import Command
 from engine_server.bench.datasets import LocalTokens, SampleRequest, Tokens, sample_requests
 from engine_server.bench.metrics import RequestOutput, format_report, parse_slos, summarize
 

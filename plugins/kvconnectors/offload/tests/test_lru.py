@@ -3,7 +3,7 @@ head (a hit must start at the head), and what is left still reloads exactly (the
 stand-in model checks every loaded block)."""
 
 from engine.interfaces import Request
-from engine.sampling_params import SamplingParams
+from engine.messages.sampling_params import SamplingParams
 from engine.testing.kv_connector import BLOCK, NUM_LAYERS, WIDTH, KVConnectorContract, alone
 
 BLOCK_BYTES = NUM_LAYERS * 2 * BLOCK * WIDTH * 4

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.drafting import Chunk, run_chunks
 from engine.interfaces import Draft, Drafter
+from engine.runner.drafting import Chunk, run_chunks
 
 
 class DraftModelDrafter(Drafter):

@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig
 
-from engine.drafting import Chunk, run_chunks
 from engine.interfaces import Draft, Drafter
+from engine.runner.drafting import Chunk, run_chunks
 from engine_spec_eagle.head import Eagle3Head, build_head, checkpoint_tensors
 
 

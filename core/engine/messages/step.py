@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from engine.request import Request
+from engine.messages.request import Request
 
 OVERLOADED = "overloaded"  # EngineOutput.error_code of a request refused by admission control
 

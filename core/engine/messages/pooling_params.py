@@ -6,7 +6,7 @@ from typing import Any
 
 import attrs
 
-from engine.sampling_params import InvalidParam, is_int
+from engine.messages.sampling_params import InvalidParam, is_int
 
 
 @attrs.frozen

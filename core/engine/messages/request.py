@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.sampling_params import SamplingParams
 
 _arrivals = itertools.count()
 # what a pooling request's ``sampling_params`` read: it samples nothing, and the scheduler's

@@ -5,7 +5,7 @@ itself, and ``continue_final_message`` excludes ``add_generation_prompt``, as in
 
 from __future__ import annotations
 
-from engine.sampling_params import InvalidParam
+from engine.messages.sampling_params import InvalidParam
 
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer "system"
 

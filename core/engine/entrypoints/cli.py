@@ -8,7 +8,12 @@ import logging
 import sys
 from abc import ABC, abstractmethod
 
-from engine.cli_args import ArgumentParser, add_engine_arguments, engine_options, expand_config_files
+from engine.entrypoints.cli_args import (
+    ArgumentParser,
+    add_engine_arguments,
+    engine_options,
+    expand_config_files,
+)
 from engine.plugins import RegistrationError, kind_label, load_plugins, one_line
 
 __all__ = ["Command", "add_engine_arguments", "engine_options", "main"]
@@ -133,8 +138,8 @@ class GenerateCommand(Command):
         add_engine_arguments(parser)
 
     def run(self, args) -> int:
-        from engine.llm import LLM
-        from engine.sampling_params import SamplingParams
+        from engine.entrypoints.llm import LLM
+        from engine.messages.sampling_params import SamplingParams
 
         params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                                 top_p=args.top_p, top_k=args.top_k,

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 
-from engine.sampling_params import InvalidParam, SamplingParams
+from engine.messages.sampling_params import InvalidParam, SamplingParams
 
 FILE = "generation_config.json"
 # generation-config key -> SamplingParams field

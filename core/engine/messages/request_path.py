@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import attrs
 
-from engine.sampling_params import InvalidParam, SamplingParams, is_int
+from engine.messages.sampling_params import InvalidParam, SamplingParams, is_int
 
 
 def check_prompt(ids, vocab_size: int, max_model_len: int, max_tokens: int | None = None,

@@ -9,15 +9,15 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from engine.chat_template import conversation, template_options
 from engine.client.inproc import InProcessClient
 from engine.client.output_processor import OutputProcessor, RequestState, request_output
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from engine.entrypoints.chat_template import conversation, template_options
+from engine.messages.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from engine.messages.pooling_params import PoolingParams
+from engine.messages.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 from engine.plugins import load_plugins
-from engine.pooling_params import PoolingParams
-from engine.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
 
 Prompt = str | Sequence[int] | dict
 

@@ -11,7 +11,7 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from engine.pooling_params import PoolingParams
+from engine.messages.pooling_params import PoolingParams
 
 POOLING_TYPES = ("LAST", "CLS", "MEAN")
 RUNNERS = ("auto", "generate", "pooling")
