@@ -1,8 +1,9 @@
-"""Imports run downhill: the interfaces (``engine.interfaces``) and everything they import,
-directly or through other modules of the ``engine`` package, stay below the engine core, the
-runner, the layers, the executors and the built-ins, and import no plugin. Read from the
-source with ``ast`` (every import: module level, inside functions, under TYPE_CHECKING), so
-nothing has to be imported to check it."""
+"""Imports run downhill. The folders of ``engine`` stand on floors (:data:`FLOORS`): a module
+imports only from a lower floor or its own folder, no file imports another in a loop, and the
+interfaces (``engine.interfaces``) and everything they import, directly or through other modules
+of the ``engine`` package, stay below the engine core, the runner, the layers, the executors and
+the built-ins, and import no plugin. Read from the source with ``ast`` (every import: module
+level, inside functions, under TYPE_CHECKING), so nothing has to be imported to check it."""
 
 from __future__ import annotations
 
@@ -14,6 +15,21 @@ ENGINE = Path(__file__).resolve().parents[1] / "core" / "engine"
 # what stands above the interfaces: each imports them
 ABOVE = ("engine.core", "engine.runner", "engine.layers", "engine.executors", "engine.builtin",
          "engine.testing", "engine.entrypoints.llm", "engine.entrypoints.cli", "engine.client", "engine_server")
+
+# The floors, ground first: a folder (or top-level module) of ``engine`` imports only from the
+# floors below it and from itself.
+FLOORS = (
+    ("engine.messages", "engine.hookspecs", "engine.lifetime"),  # what crosses between the layers
+    ("engine.config", "engine.distributed"),  # the engine's configuration; tensor-parallel groups
+    ("engine.interfaces",),  # the plugin contract
+    ("engine.layers", "engine.native", "engine.kv_transfer", "engine.runner"),  # what plugins build on
+    ("engine.builtin",),  # the core's own plugins
+    ("engine.plugins",),  # discovery and the registry
+    ("engine.core",),  # the engine loop and the request lifecycle
+    ("engine.executors",),  # where the runner's steps run
+    ("engine.client",),  # one engine client for every front end
+    ("engine.entrypoints", "engine.testing", "engine"),  # front ends; the conformance kit; the facade
+)
 
 # (importing file, imported module) pairs still to be moved down, each with why it stands
 KNOWN = {
@@ -121,3 +137,64 @@ def test_the_request_state_and_step_messages_are_public_from_the_ground_floor():
     for name in ("StepPlan", "ScheduledRequest", "StepResult", "EngineOutput", "TokenLogprobs", "Overloaded"):
         assert getattr(interfaces, name).__module__ == "engine.messages.step"
     assert all(hasattr(interfaces, name) for name in interfaces.__all__)
+
+
+def _folder(module: str) -> str:
+    """``engine.core.setup`` -> ``engine.core``; ``engine.config`` -> itself; ``engine`` -> itself."""
+    return ".".join(module.split(".")[:2])
+
+
+def _floor(module: str) -> int:
+    folder = _folder(module)
+    return next(i for i, floor in enumerate(FLOORS) if folder in floor)
+
+
+def _module_of(path: Path) -> str:
+    return ".".join(("engine", *path.relative_to(ENGINE).with_suffix("").parts)).removesuffix(".__init__")
+
+
+def _engine_imports() -> dict[str, set[str]]:
+    """Each engine module -> the engine modules it imports (the ``engine`` facade, which every
+    import runs first, left out)."""
+    graph = {}
+    for path in sorted(ENGINE.rglob("*.py")):
+        skip = (path, ENGINE / "__init__.py")
+        graph[_module_of(path)] = {_module_of(source) for module in _imports_of(path)
+                                   if (source := _file(module)) is not None and source not in skip}
+    return graph
+
+
+def test_every_folder_stands_on_a_floor():
+    folders = {_folder(module) for module in _engine_imports()}
+    assert folders == {folder for floor in FLOORS for folder in floor}, "a folder without a floor"
+
+
+def test_no_module_imports_from_a_floor_above_its_own():
+    def known(module: str, imported: str) -> bool:  # a KNOWN import, or its package's __init__
+        return any(module == f"engine.{file.removesuffix('.py').replace('/', '.')}"
+                   and (target == imported or target.startswith(imported + ".")) for file, target in KNOWN)
+
+    uphill = {(module, imported) for module, imports in _engine_imports().items() for imported in imports
+              if _folder(module) != _folder(imported) and _floor(imported) >= _floor(module)
+              and not known(module, imported)}
+    assert uphill == set(), "imports from the same floor or above (FLOORS)"
+
+
+def test_no_file_imports_another_in_a_loop():
+    graph, loops, state = _engine_imports(), [], {}
+
+    def visit(module: str, path: list[str]) -> None:
+        state[module] = "open"
+        for imported in sorted(graph.get(module, ())):
+            if imported in {m for m in graph if m.startswith(module + ".")}:
+                continue  # a package's __init__ running its own submodules is not a loop
+            if state.get(imported) == "open":
+                loops.append(path[path.index(imported):] + [imported])
+            elif imported not in state:
+                visit(imported, [*path, imported])
+        state[module] = "done"
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert loops == [], "files importing each other in a loop"
