@@ -27,10 +27,10 @@ def test_a_line_per_interval_with_rates_over_the_interval(caplog):
     clock[0] = 30.0
     logger.tick(lambda: later)
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
-        "engine 1: prompt throughput 30.0 tokens/s, generation throughput 5.0 tokens/s, running 2 reqs, "
-        "waiting 1 reqs, KV cache usage 25.0%, prefix cache hit rate 25.0%",
-        "engine 1: prompt throughput 0.0 tokens/s, generation throughput 10.0 tokens/s, running 0 reqs, "
-        "waiting 0 reqs, KV cache usage 0.0%, prefix cache hit rate 90.0%"]
+        ("engine 1: prompt throughput 30.0 tokens/s, generation throughput 5.0 tokens/s, running 2 reqs, "
+         "waiting 1 reqs, KV cache usage 25.0%, prefix cache hit rate 25.0%"),
+        ("engine 1: prompt throughput 0.0 tokens/s, generation throughput 10.0 tokens/s, running 0 reqs, "
+         "waiting 0 reqs, KV cache usage 0.0%, prefix cache hit rate 90.0%")]
     assert "prefix cache hit rate 0.0%" in stats_line("e", EngineStats(), EngineStats(), 1.0)
 
 
