@@ -37,11 +37,18 @@ def decode_inputs(batch: int, context: int, gen: torch.Generator):
     pool = batch * per_request + 1
     tables = (torch.randperm(pool - 1, generator=gen) + 1).view(batch, per_request).int()
     slots = tables[:, (context - 1) // bs].long() * bs + (context - 1) % bs
-    layout = BatchLayout(query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
-                         seq_lens=torch.full((batch,), context, dtype=torch.int32), block_table=tables,
-                         slot_mapping=slots, query_lens=(1,) * batch, seq_lens_host=(context,) * batch)
-    qkv = [torch.randn(batch, h, SPEC.head_dim, generator=gen).to(SPEC.dtype)
-           for h in (SPEC.num_heads, SPEC.num_kv_heads, SPEC.num_kv_heads)]
+    layout = BatchLayout(
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32),
+        block_table=tables,
+        slot_mapping=slots,
+        query_lens=(1,) * batch,
+        seq_lens_host=(context,) * batch,
+    )
+    qkv = [
+        torch.randn(batch, h, SPEC.head_dim, generator=gen).to(SPEC.dtype)
+        for h in (SPEC.num_heads, SPEC.num_kv_heads, SPEC.num_kv_heads)
+    ]
     return layout, pool, qkv
 
 
@@ -88,8 +95,13 @@ def end_to_end(batch: int = 64, steps: int = 5) -> None:
         engine = LLM(attention_backend=name, shared_step_target_s=0).engine
         for i in range(batch):
             prompt = [(7 * i + j) % 1000 + 10 for j in range(16 + (i * 37) % 240)]
-            engine.add_request(Request(f"{name}-{i}", prompt,
-                                       SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True)))
+            engine.add_request(
+                Request(
+                    f"{name}-{i}",
+                    prompt,
+                    SamplingParams(max_tokens=steps * 4 + 64, temperature=0, ignore_eos=True),
+                )
+            )
         prefill_all(engine, batch)
         engines[name] = engine
     medians = time_calls({name: engine.messages.step for name, engine in engines.items()}, steps)
@@ -99,7 +111,9 @@ def end_to_end(batch: int = 64, steps: int = 5) -> None:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[128, 256, 512, 1024])
     parser.add_argument("--repeats", type=int, default=15)

@@ -34,19 +34,27 @@ def decode_inputs(batch: int, context: int, gen: torch.Generator, device: str):
     per_request = -(-context // bs)
     tables = (torch.randperm(batch * per_request, generator=gen) + 1).view(batch, per_request).int()
     slots = tables[:, (context - 1) // bs].long() * bs + (context - 1) % bs
-    layout = BatchLayout(query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
-                         seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
-                         block_table=tables.to(device), slot_mapping=slots.to(device), query_lens=(1,) * batch,
-                         seq_lens_host=(context,) * batch)
-    q, k, v = (torch.randn(batch, h, SPEC.head_dim, generator=gen).to(device, SPEC.dtype)
-               for h in (SPEC.num_heads, SPEC.num_kv_heads, SPEC.num_kv_heads))
+    layout = BatchLayout(
+        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.full((batch,), context, dtype=torch.int32, device=device),
+        block_table=tables.to(device),
+        slot_mapping=slots.to(device),
+        query_lens=(1,) * batch,
+        seq_lens_host=(context,) * batch,
+    )
+    q, k, v = (
+        torch.randn(batch, h, SPEC.head_dim, generator=gen).to(device, SPEC.dtype)
+        for h in (SPEC.num_heads, SPEC.num_kv_heads, SPEC.num_kv_heads)
+    )
     return layout, q, k, v, batch * per_request + 1
 
 
 def variants(batch: int, context: int, device: str):
     """name -> a zero-argument callable running one attention call."""
     platform, registry = CudaPlatform(), load_plugins()
-    layout, q, k, v, pool = decode_inputs(batch, context, torch.Generator().manual_seed(batch + context), device)
+    layout, q, k, v, pool = decode_inputs(
+        batch, context, torch.Generator().manual_seed(batch + context), device
+    )
     out = {}
     for name in BACKENDS:
         cls = registry.get("attention_backends", name)

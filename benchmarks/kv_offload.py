@@ -26,9 +26,20 @@ TAIL = 16
 def random_llama(folder: str) -> str:
     from engine.testing import reference
 
-    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
-        model_type="llama", vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-        num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096))
+    reference.tiny_checkpoint(
+        folder,
+        "LlamaForCausalLM",
+        dict(
+            model_type="llama",
+            vocab_size=4096,
+            hidden_size=512,
+            intermediate_size=1408,
+            num_hidden_layers=8,
+            num_attention_heads=8,
+            num_key_value_heads=4,
+            max_position_embeddings=4096,
+        ),
+    )
     return folder
 
 
@@ -36,8 +47,13 @@ def engines(model: str, prefix_len: int, dtype: str):
     from engine import LLM
 
     num_blocks = (prefix_len + 2 * TAIL) // BLOCK + 2  # one long prompt fits: the next evicts its blocks
-    options = dict(dtype=dtype, block_size=BLOCK, num_blocks=num_blocks, max_model_len=prefix_len + 2 * TAIL,
-                   max_num_seqs=1)
+    options = dict(
+        dtype=dtype,
+        block_size=BLOCK,
+        num_blocks=num_blocks,
+        max_model_len=prefix_len + 2 * TAIL,
+        max_num_seqs=1,
+    )
     offload = {"kv_connector": "offload", "kv_connector_extra_config": {"cpu_bytes": 8 << 30}}
     return {"recompute": LLM(model, **options), "offload": LLM(model, kv_transfer_config=offload, **options)}
 
@@ -47,7 +63,9 @@ def timed_reload(llm, vocab: int, prefix_len: int, seed: int) -> tuple[float, in
     from engine import SamplingParams
     from engine.testing import reference
 
-    prefix, other, tail_a, tail_b = reference.random_prompts(vocab, [prefix_len, prefix_len, TAIL, TAIL], seed=seed)
+    prefix, other, tail_a, tail_b = reference.random_prompts(
+        vocab, [prefix_len, prefix_len, TAIL, TAIL], seed=seed
+    )
     one = SamplingParams(max_tokens=1, temperature=0)
     llm.generate([prefix + tail_a], one)
     llm.generate([other + tail_a], one)  # takes the pool: the prefix is evicted
@@ -57,7 +75,9 @@ def timed_reload(llm, vocab: int, prefix_len: int, seed: int) -> tuple[float, in
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--prefix-len", type=int, default=2048)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--model", default=None, help="a checkpoint folder; default: a random Llama")
@@ -75,18 +95,27 @@ def main() -> None:
             for name, llm in llms.items():
                 seconds, tokens[name] = timed_reload(llm, vocab, args.prefix_len, seed=rep)
                 times[name].append(seconds)
-            print(f"rep {rep}: " + ", ".join(f"{n} {times[n][-1] * 1000:.1f} ms" for n in llms)
-                  + ("" if len(set(tokens.values())) == 1 else f"  TOKENS DIFFER {tokens}"))
+            print(
+                f"rep {rep}: "
+                + ", ".join(f"{n} {times[n][-1] * 1000:.1f} ms" for n in llms)
+                + ("" if len(set(tokens.values())) == 1 else f"  TOKENS DIFFER {tokens}")
+            )
         stats = llms["offload"].engine.stats()
         median = {name: statistics.median(values) for name, values in times.items()}
-        print(f"prefix {args.prefix_len} tokens, {args.reps} reps, median TTFT: recompute "
-              f"{median['recompute'] * 1000:.1f} ms, offload reload {median['offload'] * 1000:.1f} ms, "
-              f"ratio {median['recompute'] / median['offload']:.1f}x")
+        print(
+            f"prefix {args.prefix_len} tokens, {args.reps} reps, median TTFT: recompute "
+            f"{median['recompute'] * 1000:.1f} ms, offload reload {median['offload'] * 1000:.1f} ms, "
+            f"ratio {median['recompute'] / median['offload']:.1f}x"
+        )
         local = llms["recompute"].engine.stats()["prefix_hits"] / (args.reps + 1)
-        print(f"recompute engine: {local:.0f} prompt tokens of each timed request still in the pool (the rest "
-              "computed)")
-        print(f"offload: {stats['external_prefix_hits']} tokens loaded, {stats['kv_load_bytes'] / 2**20:.0f} MiB "
-              f"in {stats['kv_load_seconds']:.3f} s, {stats['kv_load_failures']} failed loads")
+        print(
+            f"recompute engine: {local:.0f} prompt tokens of each timed request still in the pool (the rest "
+            "computed)"
+        )
+        print(
+            f"offload: {stats['external_prefix_hits']} tokens loaded, {stats['kv_load_bytes'] / 2**20:.0f} MiB "
+            f"in {stats['kv_load_seconds']:.3f} s, {stats['kv_load_failures']} failed loads"
+        )
 
 
 if __name__ == "__main__":

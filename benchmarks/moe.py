@@ -27,8 +27,10 @@ from engine.layers.moe import select_experts
 from engine.layers.unquantized import UnquantizedLinearMethod
 from engine.testing.moe import loaded_moe
 
-SHAPES = {"mixtral-like": dict(num_experts=8, top_k=2, hidden=1024, intermediate=3584),
-          "qwen3-moe-like": dict(num_experts=64, top_k=8, hidden=1024, intermediate=512)}
+SHAPES = {
+    "mixtral-like": dict(num_experts=8, top_k=2, hidden=1024, intermediate=3584),
+    "qwen3-moe-like": dict(num_experts=64, top_k=8, hidden=1024, intermediate=512),
+}
 
 
 def per_token_loop(layer, x, router_logits):
@@ -39,7 +41,7 @@ def per_token_loop(layer, x, router_logits):
     for token in range(x.shape[0]):
         for choice in range(layer.top_k):
             expert = int(ids[token, choice])
-            gate, up = F.linear(x[token:token + 1], gate_up[expert]).chunk(2, dim=-1)
+            gate, up = F.linear(x[token : token + 1], gate_up[expert]).chunk(2, dim=-1)
             row = F.linear(F.silu(gate) * up, down[expert])
             out[token] += (row[0] * weights[token, choice]).to(x.dtype)
     return out
@@ -62,7 +64,9 @@ def timed(fn, *args, min_seconds=0.05) -> float:
 
 @torch.inference_mode()
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=None)
@@ -73,19 +77,33 @@ def main():
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     method = UnquantizedLinearMethod(QuantContext(None, dtype, None))
-    print(f"threads {torch.get_num_threads()}, {args.dtype}; ms per layer call, median of {args.repeats}; "
-          "ratios: naive time / grouped time")
-    print(f"{'shape':>15} {'batch':>5} {'per-token':>10} {'per-expert':>11} {'grouped':>9} "
-          f"{'naive/grouped':>14} {'per-expert/grouped':>19} {'max |Δ|':>8}")
+    print(
+        f"threads {torch.get_num_threads()}, {args.dtype}; ms per layer call, median of {args.repeats}; "
+        "ratios: naive time / grouped time"
+    )
+    print(
+        f"{'shape':>15} {'batch':>5} {'per-token':>10} {'per-expert':>11} {'grouped':>9} "
+        f"{'naive/grouped':>14} {'per-expert/grouped':>19} {'max |Δ|':>8}"
+    )
     for name in args.shapes:
         shape = SHAPES[name]
-        layer, _, _ = loaded_moe(method, shape["num_experts"], shape["top_k"], shape["hidden"],
-                                 shape["intermediate"], renormalize=True)
+        layer, _, _ = loaded_moe(
+            method,
+            shape["num_experts"],
+            shape["top_k"],
+            shape["hidden"],
+            shape["intermediate"],
+            renormalize=True,
+        )
         gen = torch.Generator().manual_seed(1)
         for batch in args.batches:
             x = torch.randn(batch, shape["hidden"], generator=gen).to(dtype)
             logits = torch.randn(batch, shape["num_experts"], generator=gen)
-            paths = {"per-token": per_token_loop, "per-expert": expert_loop, "grouped": lambda lay, *a: lay(*a)}
+            paths = {
+                "per-token": per_token_loop,
+                "per-expert": expert_loop,
+                "grouped": lambda lay, *a: lay(*a),
+            }
             outs = {key: fn(layer, x, logits).float() for key, fn in paths.items()}
             diff = max((outs[key] - outs["grouped"]).abs().max().item() for key in outs)
             times = {key: [] for key in paths}
@@ -93,9 +111,11 @@ def main():
                 for key, fn in paths.items():
                     times[key].append(timed(fn, layer, x, logits))
             med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
-            print(f"{name:>15} {batch:>5} {med['per-token']:>10.2f} {med['per-expert']:>11.2f} {med['grouped']:>9.2f} "
-                  f"{med['per-token'] / med['grouped']:>13.2f}× {med['per-expert'] / med['grouped']:>18.2f}× "
-                  f"{diff:>8.1e}")
+            print(
+                f"{name:>15} {batch:>5} {med['per-token']:>10.2f} {med['per-expert']:>11.2f} {med['grouped']:>9.2f} "
+                f"{med['per-token'] / med['grouped']:>13.2f}× {med['per-expert'] / med['grouped']:>18.2f}× "
+                f"{diff:>8.1e}"
+            )
 
 
 if __name__ == "__main__":

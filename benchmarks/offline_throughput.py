@@ -20,7 +20,29 @@ import torch
 
 
 def make_prompts(tokenizer, num: int) -> list[list[int]]:
-    words = ["the", "engine", "schedules", "requests", "in", "blocks", "while", "the", "model", "reads", "its", "cache", "and", "samples", "tokens", "for", "every", "sequence", "in", "the", "batch"]
+    words = [
+        "the",
+        "engine",
+        "schedules",
+        "requests",
+        "in",
+        "blocks",
+        "while",
+        "the",
+        "model",
+        "reads",
+        "its",
+        "cache",
+        "and",
+        "samples",
+        "tokens",
+        "for",
+        "every",
+        "sequence",
+        "in",
+        "the",
+        "batch",
+    ]
     prompts = []
     for i in range(num):
         length = 16 + (i * 37) % 240  # 16..255 tokens
@@ -46,11 +68,17 @@ def run_hf(model, prompts, output_len, pad_id):
     ids = torch.full((len(prompts), width), pad_id)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
+        ids[i, width - len(p) :] = torch.tensor(p)
+        mask[i, width - len(p) :] = 1
     start = time.perf_counter()
-    out = model.generate(ids, attention_mask=mask, max_new_tokens=output_len, min_new_tokens=output_len,
-                         do_sample=False, pad_token_id=pad_id)
+    out = model.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=output_len,
+        min_new_tokens=output_len,
+        do_sample=False,
+        pad_token_id=pad_id,
+    )
     elapsed = time.perf_counter() - start
     return (out.shape[1] - width) * len(prompts) / elapsed, elapsed
 
@@ -59,8 +87,11 @@ def decoding(engine) -> list:
     """The engine's requests that are running past their prompt."""
     from engine.messages.request import RequestStatus
 
-    return [r for r in engine.lifecycle.requests.values()
-            if r.status is RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens]
+    return [
+        r
+        for r in engine.lifecycle.requests.values()
+        if r.status is RequestStatus.RUNNING and r.num_computed_tokens >= r.num_prompt_tokens
+    ]
 
 
 def prefill_all(engine, count: int) -> None:
@@ -105,7 +136,9 @@ def profile_decode_step(llm, prompts):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
@@ -119,8 +152,10 @@ def main():
 
     llm = LLM(dtype=args.dtype)
     prompts = make_prompts(llm.tokenizer, args.num_prompts)
-    print(f"{len(prompts)} prompts, {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
-          f"{args.output_len} output tokens each, {args.dtype}, {torch.get_num_threads()} threads")
+    print(
+        f"{len(prompts)} prompts, {min(map(len, prompts))}-{max(map(len, prompts))} tokens, "
+        f"{args.output_len} output tokens each, {args.dtype}, {torch.get_num_threads()} threads"
+    )
     engine_tps, engine_s = run_engine(llm, prompts, args.output_len)
     print(f"engine:       {engine_tps:8.1f} output tok/s  ({engine_s:.1f} s)")
     single_tps, _ = run_engine(llm, prompts[:1], args.output_len)
@@ -131,8 +166,10 @@ def main():
         print(f"transformers: {hf_tps:8.1f} output tok/s  ({hf_s:.1f} s)")
         hf_single, _ = run_hf(model, prompts[:1], args.output_len, pad_id=llm.tokenizer.pad_token_id or 0)
         print(f"transformers single-stream: {hf_single:8.1f} tok/s")
-        print(f"ratio engine/transformers: batched {engine_tps / hf_tps:.2f}x, single-stream "
-              f"{single_tps / hf_single:.2f}x")
+        print(
+            f"ratio engine/transformers: batched {engine_tps / hf_tps:.2f}x, single-stream "
+            f"{single_tps / hf_single:.2f}x"
+        )
     if args.profile:
         profile_decode_step(llm, prompts)
 

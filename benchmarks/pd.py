@@ -71,7 +71,9 @@ def pd_connector(name: str) -> str:
     """``name`` if an installed P/D connector is registered under it (argparse's ``--connector`` check)."""
     installed = [r.name for r in load_plugins().registrations("kv_connectors") if _is_pd(r)]
     if name not in installed:
-        raise argparse.ArgumentTypeError(f"{name!r} is no installed P/D connector (installed: {', '.join(installed)})")
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is no installed P/D connector (installed: {', '.join(installed)})"
+        )
     return name
 
 
@@ -83,7 +85,14 @@ def _is_pd(registration) -> bool:
 
 
 def serve_command(args, port: int, transfer: dict | None = None) -> list[str]:
-    command = [ENGINE, "serve", "--port", str(port), "--max-model-len", str(args.input_len + args.output_len + 16)]
+    command = [
+        ENGINE,
+        "serve",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(args.input_len + args.output_len + 16),
+    ]
     if args.model:
         command += ["--model", args.model]
     if args.dtype:
@@ -95,11 +104,33 @@ def serve_command(args, port: int, transfer: dict | None = None) -> list[str]:
 
 def bench(args, base_url: str, label: str, folder: str) -> dict:
     path = os.path.join(folder, f"{label}.json")
-    subprocess.run([ENGINE, "bench", "serve", "--base-url", base_url, "--request-rate", str(args.request_rate),
-                    "--num-prompts", str(args.num_prompts), "--random-input-len", str(args.input_len),
-                    "--random-output-len", str(args.output_len), "--ignore-eos", "--seed", str(args.seed),
-                    "--num-warmups", "1", "--disable-tqdm", "--save-result", path], check=True,
-                   stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            ENGINE,
+            "bench",
+            "serve",
+            "--base-url",
+            base_url,
+            "--request-rate",
+            str(args.request_rate),
+            "--num-prompts",
+            str(args.num_prompts),
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--ignore-eos",
+            "--seed",
+            str(args.seed),
+            "--num-warmups",
+            "1",
+            "--disable-tqdm",
+            "--save-result",
+            path,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     with open(path) as f:
         return json.load(f)
 
@@ -115,24 +146,49 @@ def disaggregated(args, folder: str) -> dict:
     half = max(1, len(cpus) // 2)
     prefill_cpus, decode_cpus = set(cpus[:half]), set(cpus[half:] or cpus[:half])
     prefill_port, decode_port, proxy_port, kv_port = free_port(), free_port(), free_port(), free_port()
-    producer = {"kv_connector": args.connector, "kv_role": "kv_producer", "kv_ip": "127.0.0.1", "kv_port": kv_port}
+    producer = {
+        "kv_connector": args.connector,
+        "kv_role": "kv_producer",
+        "kv_ip": "127.0.0.1",
+        "kv_port": kv_port,
+    }
     consumer = {"kv_connector": args.connector, "kv_role": "kv_consumer"}
-    proxy = [ENGINE, "proxy", "--port", str(proxy_port), "--prefill", f"http://127.0.0.1:{prefill_port}",
-             "--decode", f"http://127.0.0.1:{decode_port}"]
-    with process(serve_command(args, prefill_port, producer), f"http://127.0.0.1:{prefill_port}/health",
-                 prefill_cpus), \
-            process(serve_command(args, decode_port, consumer), f"http://127.0.0.1:{decode_port}/health",
-                    decode_cpus), \
-            process(proxy, f"http://127.0.0.1:{proxy_port}/health"):
+    proxy = [
+        ENGINE,
+        "proxy",
+        "--port",
+        str(proxy_port),
+        "--prefill",
+        f"http://127.0.0.1:{prefill_port}",
+        "--decode",
+        f"http://127.0.0.1:{decode_port}",
+    ]
+    with (
+        process(
+            serve_command(args, prefill_port, producer),
+            f"http://127.0.0.1:{prefill_port}/health",
+            prefill_cpus,
+        ),
+        process(
+            serve_command(args, decode_port, consumer), f"http://127.0.0.1:{decode_port}/health", decode_cpus
+        ),
+        process(proxy, f"http://127.0.0.1:{proxy_port}/health"),
+    ):
         return bench(args, f"http://127.0.0.1:{proxy_port}", "pd", folder)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     parser.add_argument("--dtype", default=None)
-    parser.add_argument("--connector", type=pd_connector, default="p2p",
-                        help="the P/D instances' kv_connector: p2p, nixl (or vLLM's NixlConnector), ...")
+    parser.add_argument(
+        "--connector",
+        type=pd_connector,
+        default="p2p",
+        help="the P/D instances' kv_connector: p2p, nixl (or vLLM's NixlConnector), ...",
+    )
     parser.add_argument("--request-rate", type=float, default=1.0, help="requests/s (Poisson)")
     parser.add_argument("--num-prompts", type=int, default=48)
     parser.add_argument("--input-len", type=int, default=512)
@@ -146,8 +202,10 @@ def main() -> None:
         for _ in range(args.rounds):
             runs["colocated"].append(colocated(args, folder))
             runs["pd"].append(disaggregated(args, folder))
-    print(f"{args.num_prompts} requests at {args.request_rate}/s, {args.input_len} in / {args.output_len} out, "
-          f"{len(os.sched_getaffinity(0))} CPUs (P/D: half each, {args.connector})")
+    print(
+        f"{args.num_prompts} requests at {args.request_rate}/s, {args.input_len} in / {args.output_len} out, "
+        f"{len(os.sched_getaffinity(0))} CPUs (P/D: half each, {args.connector})"
+    )
     print(f"{'':<20}" + "".join(f"{name:>20}" for name in METRICS))
     for label, results in runs.items():
         for result in results:

@@ -25,8 +25,10 @@ import torch
 from engine.testing.ports import free_port
 
 LAYERS, KV_HEADS, HEAD_DIM, BLOCK, BLOCK_DIM = 30, 3, 64, 16, 2
-TRANSPORTS = {"nixl": "engine_kvconnectors_nixl.transport:NixlTransport",
-              "p2p": "engine_kvconnectors_p2p.transport:ZmqTransport"}
+TRANSPORTS = {
+    "nixl": "engine_kvconnectors_nixl.transport:NixlTransport",
+    "p2p": "engine_kvconnectors_p2p.transport:ZmqTransport",
+}
 
 CHILD = """
     import sys, time, torch
@@ -48,8 +50,10 @@ CHILD = """
 def caches(num_blocks: int, dtype: str, fill: bool = False) -> list[torch.Tensor]:
     shape = (2, KV_HEADS, num_blocks, BLOCK, HEAD_DIM)
     generator = torch.Generator().manual_seed(3)
-    return [(torch.randn(shape, generator=generator) if fill else torch.zeros(shape)).to(getattr(torch, dtype))
-            for _ in range(LAYERS)]
+    return [
+        (torch.randn(shape, generator=generator) if fill else torch.zeros(shape)).to(getattr(torch, dtype))
+        for _ in range(LAYERS)
+    ]
 
 
 def make(target: str, engine_id: str, kv, serves: bool, port: int = 0):
@@ -59,7 +63,9 @@ def make(target: str, engine_id: str, kv, serves: bool, port: int = 0):
 
     module, name = target.split(":")
     cls = getattr(importlib.import_module(module), name)
-    transport = cls(TransportContext(engine_id, "127.0.0.1", port, serves, BlockLayout.of(kv, BLOCK_DIM, BLOCK), 60.0))
+    transport = cls(
+        TransportContext(engine_id, "127.0.0.1", port, serves, BlockLayout.of(kv, BLOCK_DIM, BLOCK), 60.0)
+    )
     transport.start(kv, BLOCK_DIM)
     return transport
 
@@ -69,9 +75,18 @@ def run(name: str, tokens: int, reps: int, dtype: str) -> tuple[float, list[floa
 
     count = tokens // BLOCK
     port = free_port()
-    source = CHILD.format(here=sys.path[0], blocks=count + 4, dtype=dtype, target=TRANSPORTS[name], port=port,
-                          reps=reps, count=count)
-    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)], stdout=subprocess.PIPE, text=True)
+    source = CHILD.format(
+        here=sys.path[0],
+        blocks=count + 4,
+        dtype=dtype,
+        target=TRANSPORTS[name],
+        port=port,
+        reps=reps,
+        count=count,
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(source)], stdout=subprocess.PIPE, text=True
+    )
     try:
         for line in child.stdout:
             if line.strip() == "ready":
@@ -89,7 +104,7 @@ def run(name: str, tokens: int, reps: int, dtype: str) -> tuple[float, list[floa
             times.append(time.perf_counter() - started)
             assert done == {f"d{rep}": True}, done
             for mine, theirs in zip(kv, want):
-                assert torch.equal(mine[:, :, count + 4:], theirs[:, :, :count]), "not bit-identical"
+                assert torch.equal(mine[:, :, count + 4 :], theirs[:, :, :count]), "not bit-identical"
             decode.release(peer, f"r{rep}")
         decode.close()
         child.wait(60)
@@ -105,14 +120,24 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--transports", nargs="+", default=list(TRANSPORTS), choices=list(TRANSPORTS))
     args = parser.parse_args()
-    nbytes = args.tokens // BLOCK * LAYERS * 2 * KV_HEADS * BLOCK * HEAD_DIM * torch.empty((), dtype=getattr(
-        torch, args.dtype)).element_size()
+    nbytes = (
+        args.tokens
+        // BLOCK
+        * LAYERS
+        * 2
+        * KV_HEADS
+        * BLOCK
+        * HEAD_DIM
+        * torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    )
     print(f"{args.tokens} tokens of SmolLM2-135M KV ({args.dtype}): {nbytes / 2**20:.1f} MiB per read")
     for name in args.transports:
         first, rest = run(name, args.tokens, args.reps, args.dtype)
         median = statistics.median(rest)
-        print(f"{name:5s} first read {first * 1e3:8.1f} ms   median {median * 1e3:7.1f} ms   "
-              f"{nbytes / median / 2**30:5.2f} GiB/s")
+        print(
+            f"{name:5s} first read {first * 1e3:8.1f} ms   median {median * 1e3:7.1f} ms   "
+            f"{nbytes / median / 2**30:5.2f} GiB/s"
+        )
 
 
 if __name__ == "__main__":

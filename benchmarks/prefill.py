@@ -22,8 +22,31 @@ import os
 import statistics
 import time
 
-WORDS = ["the", "keeper", "climbed", "the", "stairs", "of", "the", "lighthouse", "every", "evening", "and",
-         "wrote", "down", "what", "the", "sea", "had", "brought", "to", "the", "shore", "that", "day"]
+WORDS = [
+    "the",
+    "keeper",
+    "climbed",
+    "the",
+    "stairs",
+    "of",
+    "the",
+    "lighthouse",
+    "every",
+    "evening",
+    "and",
+    "wrote",
+    "down",
+    "what",
+    "the",
+    "sea",
+    "had",
+    "brought",
+    "to",
+    "the",
+    "shore",
+    "that",
+    "day",
+]
 
 
 def long_prompt(tokenizer, length: int) -> list[int]:
@@ -48,7 +71,7 @@ def gaps_under_prefill(llm, prompt: list[int], streams: int) -> tuple[list[float
     core = llm.engine
     stream_params = SamplingParams(max_tokens=4096, temperature=0, ignore_eos=True)
     for i in range(streams):
-        core.add_request(Request(f"stream{i}", prompt[10 * i:10 * i + 20], stream_params))
+        core.add_request(Request(f"stream{i}", prompt[10 * i : 10 * i + 20], stream_params))
     for _ in range(3):  # the streams' prompts, then decoding
         core.step()
     core.add_request(Request("long", prompt, SamplingParams(max_tokens=1, temperature=0)))
@@ -103,7 +126,9 @@ def main() -> int:
     parser.add_argument("--prompt-len", type=int, default=8000)
     parser.add_argument("--streams", type=int, default=3)
     parser.add_argument("--skip-llama-cpp", action="store_true")
-    parser.add_argument("--option", type=_option, action="append", default=[], help="engine option NAME=VALUE")
+    parser.add_argument(
+        "--option", type=_option, action="append", default=[], help="engine option NAME=VALUE"
+    )
     args = parser.parse_args()
     from engine import LLM, SamplingParams
     from engine_quant_gguf.loader import default_model_path
@@ -115,14 +140,18 @@ def main() -> int:
     print(f"engine    prefill: {ours:7.1f} tok/s ({len(prompt)} tokens, alone)", flush=True)
     theirs = None if args.skip_llama_cpp else llama_cpp_prefill(default_model_path(), prompt)
     if theirs is None:
-        print("llama.cpp prefill: " + ("skipped" if args.skip_llama_cpp else "not installed (make llama-cpp)"))
+        print(
+            "llama.cpp prefill: " + ("skipped" if args.skip_llama_cpp else "not installed (make llama-cpp)")
+        )
     else:
         print(f"llama.cpp prefill: {theirs:7.1f} tok/s   engine ÷ llama.cpp: {ours / theirs:.2f}", flush=True)
     if args.streams:
         gaps, rate = gaps_under_prefill(llm, prompt, args.streams)
-        print(f"{args.streams} streams decoding while it prefills: inter-token gap p50 {percentile(gaps, 50):.3f} s"
-              f"  p99 {percentile(gaps, 99):.3f} s  max {max(gaps):.3f} s ({len(gaps)} gaps);"
-              f" the prompt's prefill {rate:.1f} tok/s")
+        print(
+            f"{args.streams} streams decoding while it prefills: inter-token gap p50 {percentile(gaps, 50):.3f} s"
+            f"  p99 {percentile(gaps, 99):.3f} s  max {max(gaps):.3f} s ({len(gaps)} gaps);"
+            f" the prompt's prefill {rate:.1f} tok/s"
+        )
     return 0
 
 

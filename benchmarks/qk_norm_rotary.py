@@ -46,20 +46,32 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    config = Qwen3Config(hidden_size=1024, num_attention_heads=HEADS, num_key_value_heads=KV_HEADS,
-                         head_dim=HEAD_DIM, max_position_embeddings=MAX_POSITIONS)
+    config = Qwen3Config(
+        hidden_size=1024,
+        num_attention_heads=HEADS,
+        num_key_value_heads=KV_HEADS,
+        head_dim=HEAD_DIM,
+        max_position_embeddings=MAX_POSITIONS,
+    )
     for dtype in (torch.bfloat16, torch.float32):
         for tokens in (1, 8):
-            cos_sin = RotaryEmbedding(config, MAX_POSITIONS, dtype)(torch.randint(0, MAX_POSITIONS, (tokens,)))
-            norms, rows = (_norm(dtype), _norm(dtype)), torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype)
+            cos_sin = RotaryEmbedding(config, MAX_POSITIONS, dtype)(
+                torch.randint(0, MAX_POSITIONS, (tokens,))
+            )
+            norms, rows = (
+                (_norm(dtype), _norm(dtype)),
+                torch.randn(tokens, (HEADS + 2 * KV_HEADS) * HEAD_DIM).to(dtype),
+            )
             paths = {"torch": LayerOps(), "cpu-native": _native_ops(dtype)}
             times = {name: [] for name in paths}
             for _ in range(args.repeats):
                 for name, ops in paths.items():
                     times[name].append(per_call_us(ops, rows, norms, cos_sin, args.calls))
             plain, native = (statistics.median(times[name]) for name in paths)
-            print(f"{str(dtype).removeprefix('torch.'):8} rows={tokens}: torch {plain:6.1f} us  "
-                  f"cpu-native {native:6.1f} us  ratio {plain / native:.1f}x")
+            print(
+                f"{str(dtype).removeprefix('torch.'):8} rows={tokens}: torch {plain:6.1f} us  "
+                f"cpu-native {native:6.1f} us  ratio {plain / native:.1f}x"
+            )
 
 
 if __name__ == "__main__":

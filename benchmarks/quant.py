@@ -26,8 +26,13 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from offline_throughput import make_prompts
 
-CONFIGS = {"bf16": dict(quantization="unquantized"), "int8-w8a16": dict(quantization="int8-w8a16"),
-           "int8-w8a8": dict(quantization="int8-w8a8"), "gguf": dict(), "gguf-eager": dict(enforce_eager=True)}
+CONFIGS = {
+    "bf16": dict(quantization="unquantized"),
+    "int8-w8a16": dict(quantization="int8-w8a16"),
+    "int8-w8a8": dict(quantization="int8-w8a8"),
+    "gguf": dict(),
+    "gguf-eager": dict(enforce_eager=True),
+}
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
@@ -64,7 +69,7 @@ def engine_batched(llm, prompts, output_len, repeats):
 
 def weight_mib(llm) -> float:
     model = llm.engine.model
-    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2 ** 20
+    return sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()]) / 2**20
 
 
 def llama_cpp_figures(path, prompts, output_len, single_len, repeats):
@@ -72,7 +77,9 @@ def llama_cpp_figures(path, prompts, output_len, single_len, repeats):
         from llama_cpp import Llama
     except ImportError:
         return None
-    threads = int(os.environ.get("ENGINE_NUM_THREADS", os.cpu_count()))  # the engine's count, as --threads sets it
+    threads = int(
+        os.environ.get("ENGINE_NUM_THREADS", os.cpu_count())
+    )  # the engine's count, as --threads sets it
     llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
     messages = [{"role": "user", "content": PROMPT}]
     llm.create_chat_completion(messages, max_tokens=4, temperature=0)
@@ -97,9 +104,15 @@ def main() -> int:
     parser.add_argument("--single-len", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3, help="single-stream runs; the fastest counts")
     parser.add_argument("--batched-repeats", type=int, default=2, help="batched runs of the engine configs")
-    parser.add_argument("--only", nargs="*", default=None, help="subset of: " + " ".join([*CONFIGS, "llama.cpp"]))
-    parser.add_argument("--threads", type=int, default=None,
-                        help="threads of every engine, llama.cpp included (default: all cores)")
+    parser.add_argument(
+        "--only", nargs="*", default=None, help="subset of: " + " ".join([*CONFIGS, "llama.cpp"])
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of every engine, llama.cpp included (default: all cores)",
+    )
     args = parser.parse_args()
     if args.threads:
         os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # the CPU platform sets torch's threads
@@ -115,25 +128,36 @@ def main() -> int:
             continue
         llm = LLM(dtype="bfloat16", max_model_len=2048, **kwargs)
         prompts = make_prompts(llm.tokenizer, args.num_prompts)
-        rows[name] = (engine_single(llm, args.single_len, args.repeats),
-                      engine_batched(llm, prompts, args.output_len, args.batched_repeats),
-                      weight_mib(llm))
-        print(f"{name:>11}: single {rows[name][0]:6.1f} tok/s  batched {rows[name][1]:6.1f} tok/s  "
-              f"weights {rows[name][2]:6.1f} MiB", flush=True)
+        rows[name] = (
+            engine_single(llm, args.single_len, args.repeats),
+            engine_batched(llm, prompts, args.output_len, args.batched_repeats),
+            weight_mib(llm),
+        )
+        print(
+            f"{name:>11}: single {rows[name][0]:6.1f} tok/s  batched {rows[name][1]:6.1f} tok/s  "
+            f"weights {rows[name][2]:6.1f} MiB",
+            flush=True,
+        )
         del llm
         gc.collect()
     if not args.only or "llama.cpp" in args.only:
         prompts = make_prompts(LLM(dtype="bfloat16", max_model_len=2048).tokenizer, args.num_prompts)
-        figures = llama_cpp_figures(default_model_path(), prompts, args.output_len, args.single_len,
-                                    args.repeats)
+        figures = llama_cpp_figures(
+            default_model_path(), prompts, args.output_len, args.single_len, args.repeats
+        )
         if figures is None:
             print("  llama.cpp: not installed (make llama-cpp)")
         else:
             rows["llama.cpp"] = (*figures, float("nan"))
-            print(f"{'llama.cpp':>11}: single {figures[0]:6.1f} tok/s  batched {figures[1]:6.1f} tok/s", flush=True)
+            print(
+                f"{'llama.cpp':>11}: single {figures[0]:6.1f} tok/s  batched {figures[1]:6.1f} tok/s",
+                flush=True,
+            )
     base = rows.get("bf16")
-    print(f"\n{'config':>11} | single tok/s | batched tok/s | weights MiB | single ÷ bf16 | batched ÷ bf16"
-          + (" | single ÷ llama.cpp" if "llama.cpp" in rows else ""))
+    print(
+        f"\n{'config':>11} | single tok/s | batched tok/s | weights MiB | single ÷ bf16 | batched ÷ bf16"
+        + (" | single ÷ llama.cpp" if "llama.cpp" in rows else "")
+    )
     for name, (single, batched, mib) in rows.items():
         line = f"{name:>11} | {single:12.1f} | {batched:13.1f} | {mib:11.1f}"
         if base:

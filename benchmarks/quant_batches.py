@@ -26,7 +26,11 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 from offline_throughput import decode_steps, make_prompts
 
-CONFIGS = {"bf16": dict(quantization="unquantized"), "default": dict(), "int8-w8a8": dict(quantization="int8-w8a8")}
+CONFIGS = {
+    "bf16": dict(quantization="unquantized"),
+    "default": dict(),
+    "int8-w8a8": dict(quantization="int8-w8a8"),
+}
 COMMON = dict(enable_prefix_caching=False)  # the runs repeat the same prompts: each must prefill them
 
 
@@ -39,7 +43,9 @@ def timed_run(llm, prompts, tokens) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--output-len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
@@ -65,8 +71,14 @@ def main():
                 step[name] = min(step.get(name, float("inf")), median_step)
                 whole = timed_run(llm, prompts[:batch], args.output_len)
                 throughput[name] = max(throughput.get(name, 0.0), batch * args.output_len / whole)
-        print(f"{batch:>5} " + " ".join(f"| {'':>10} {step[n] * 1e3:>7.1f} {throughput[n]:>7.0f} "
-                                        f"{step['bf16'] / step[n]:>5.2f}×" for n in names), flush=True)
+        print(
+            f"{batch:>5} "
+            + " ".join(
+                f"| {'':>10} {step[n] * 1e3:>7.1f} {throughput[n]:>7.0f} {step['bf16'] / step[n]:>5.2f}×"
+                for n in names
+            ),
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

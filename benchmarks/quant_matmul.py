@@ -21,12 +21,17 @@ import torch.nn.functional as F
 from engine.layers.group_affine import AffineWeight, Int4Planes
 from engine_platforms_cpu_native.affine import PackedAffine
 
-SHAPES = {"qkv": (960, 576, 4), "o": (576, 576, 4), "gate_up": (3072, 576, 4), "down": (576, 1536, 4),
-          "lm_head": (49152, 576, 8)}
+SHAPES = {
+    "qkv": (960, 576, 4),
+    "o": (576, 576, 4),
+    "gate_up": (3072, 576, 4),
+    "down": (576, 1536, 4),
+    "lm_head": (49152, 576, 8),
+}
 
 
 def random_weight(n: int, k: int, bits: int, gen) -> AffineWeight:
-    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
+    q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
     scale = torch.rand(n, k // 32, generator=gen) * 0.02
     offset = -scale * 2 ** (bits - 1) if bits == 8 else -torch.rand(n, k // 32, generator=gen) * 0.1
     return AffineWeight(q, scale, offset, 32, bits)
@@ -42,7 +47,9 @@ def timed(fn, x, min_seconds=0.02) -> float:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None)
@@ -51,15 +58,22 @@ def main():
     if args.threads:
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
-    print(f"threads {torch.get_num_threads()}; µs per call, median of {args.repeats}; ratios: bf16 time / kernel time")
-    print(f"{'shape':>8} {'N×K':>10} {'M':>4} {'int4pack':>10} {'bf16':>10} {'vnni':>10} "
-          f"{'vnni/int4pack':>14} {'vnni/bf16':>10}")
+    print(
+        f"threads {torch.get_num_threads()}; µs per call, median of {args.repeats}; ratios: bf16 time / kernel time"
+    )
+    print(
+        f"{'shape':>8} {'N×K':>10} {'M':>4} {'int4pack':>10} {'bf16':>10} {'vnni':>10} "
+        f"{'vnni/int4pack':>14} {'vnni/bf16':>10}"
+    )
     for name in args.shapes:
         n, k, bits = SHAPES[name]
         weight = random_weight(n, k, bits, gen)
         dense = weight.dequantize(torch.bfloat16)
-        kernels = {"int4pack": Int4Planes(weight, torch.bfloat16), "bf16": lambda x, w=dense: F.linear(x, w),
-                   "vnni": PackedAffine(weight, torch.bfloat16)}
+        kernels = {
+            "int4pack": Int4Planes(weight, torch.bfloat16),
+            "bf16": lambda x, w=dense: F.linear(x, w),
+            "vnni": PackedAffine(weight, torch.bfloat16),
+        }
         for m in args.rows:
             x = torch.randn(m, k, generator=gen).to(torch.bfloat16)
             times = {key: [] for key in kernels}
@@ -67,8 +81,10 @@ def main():
                 for key, fn in kernels.items():
                     times[key].append(timed(fn, x))
             med = {key: statistics.median(t) * 1e6 for key, t in times.items()}
-            print(f"{name:>8} {f'{n}×{k}':>10} {m:>4} {med['int4pack']:>10.1f} {med['bf16']:>10.1f} "
-                  f"{med['vnni']:>10.1f} {med['int4pack'] / med['vnni']:>13.2f}× {med['bf16'] / med['vnni']:>9.2f}×")
+            print(
+                f"{name:>8} {f'{n}×{k}':>10} {m:>4} {med['int4pack']:>10.1f} {med['bf16']:>10.1f} "
+                f"{med['vnni']:>10.1f} {med['int4pack'] / med['vnni']:>13.2f}× {med['bf16'] / med['vnni']:>9.2f}×"
+            )
 
 
 if __name__ == "__main__":

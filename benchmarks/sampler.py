@@ -21,9 +21,13 @@ from engine.messages.request import Request
 from engine.messages.sampling_params import SamplingParams
 from engine.runner import sampler
 
-SETTINGS = {"temperature 1": dict(temperature=1.0), "top-p 0.9": dict(temperature=0.8, top_p=0.9),
-            "top-k 50": dict(temperature=0.8, top_k=50), "top-k 50 + top-p 0.95": dict(top_k=50, top_p=0.95),
-            "greedy": dict(temperature=0)}
+SETTINGS = {
+    "temperature 1": dict(temperature=1.0),
+    "top-p 0.9": dict(temperature=0.8, top_p=0.9),
+    "top-k 50": dict(temperature=0.8, top_k=50),
+    "top-k 50 + top-p 0.95": dict(top_k=50, top_p=0.95),
+    "greedy": dict(temperature=0),
+}
 
 
 def sort_and_race(logits: torch.Tensor, rows: sampler.SamplingRows) -> torch.Tensor:
@@ -44,7 +48,9 @@ def sort_and_race(logits: torch.Tensor, rows: sampler.SamplingRows) -> torch.Ten
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--vocab", type=int, default=49152, help="vocabulary size (default: SmolLM2's)")
     parser.add_argument("--repeats", type=int, default=9)
@@ -57,11 +63,15 @@ def main() -> None:
     for batch in args.batches:
         logits = torch.randn(batch, args.vocab) * 3
         for name, setting in SETTINGS.items():
-            rows = sampler.SamplingRows([Request(str(i), [1], SamplingParams(**setting)) for i in range(batch)],
-                                        torch.device("cpu"))
+            rows = sampler.SamplingRows(
+                [Request(str(i), [1], SamplingParams(**setting)) for i in range(batch)], torch.device("cpu")
+            )
             times = {"baseline": [], "engine": []}
             for _ in range(args.repeats):
-                for key, run in (("baseline", sort_and_race), ("engine", lambda x, r: sampler.sample(x, r)[0])):
+                for key, run in (
+                    ("baseline", sort_and_race),
+                    ("engine", lambda x, r: sampler.sample(x, r)[0]),
+                ):
                     start = time.perf_counter()
                     run(logits, rows)
                     times[key].append(time.perf_counter() - start)

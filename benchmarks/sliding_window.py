@@ -26,26 +26,34 @@ from engine.plugins import load_plugins
 def compare(batches, contexts, window: int, repeats: int) -> None:
     registry, platform, gen = load_plugins(), CpuPlatform(), torch.Generator().manual_seed(0)
     windowed = attrs.evolve(SPEC, sliding_window=window)
-    print(f"one layer's decode attention, {SPEC}, window {window}, {torch.get_num_threads()} threads, "
-          f"median of {repeats}")
+    print(
+        f"one layer's decode attention, {SPEC}, window {window}, {torch.get_num_threads()} threads, "
+        f"median of {repeats}"
+    )
     print(f"{'backend':>10} {'batch':>5} {'context':>7} {'full µs':>9} {'window µs':>10} {'ratio':>6}")
     for name in BACKENDS:
         cls = registry.get("attention_backends", name)
-        backends = {kind: cls(spec, platform, registry=registry)
-                    for kind, spec in (("full", SPEC), ("window", windowed))}
+        backends = {
+            kind: cls(spec, platform, registry=registry)
+            for kind, spec in (("full", SPEC), ("window", windowed))
+        }
         for batch in batches:
             for context in contexts:
                 layout, pool, (q, k, v) = decode_inputs(batch, context, gen)
                 cache = torch.randn(backends["full"].kv_cache_shape(pool), generator=gen).to(SPEC.dtype)
-                calls = {kind: functools.partial(b.forward, q, k, v, cache, b.build_metadata(layout))
-                         for kind, b in backends.items()}
+                calls = {
+                    kind: functools.partial(b.forward, q, k, v, cache, b.build_metadata(layout))
+                    for kind, b in backends.items()
+                }
                 medians = time_calls(calls, repeats)
                 full, win = medians["full"] * 1e6, medians["window"] * 1e6
                 print(f"{name:>10} {batch:>5} {context:>7} {full:>9.0f} {win:>10.0f} {full / win:>5.2f}x")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 4096])
     parser.add_argument("--window", type=int, default=512)

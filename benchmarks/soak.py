@@ -45,10 +45,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--input-len", type=int, default=64, help="prompt words, varied by ±50%%")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens, varied by ±50%%")
     parser.add_argument("--report-every", type=float, default=30, help="seconds between progress lines")
-    parser.add_argument("--max-rss-growth-mib", type=float, default=64,
-                        help="allowed RSS growth of each process from the warmed-up sample to the end")
-    parser.add_argument("--serve-args", default="",
-                        help="more `engine serve` arguments as one string: --serve-args='--max-num-seqs 64'")
+    parser.add_argument(
+        "--max-rss-growth-mib",
+        type=float,
+        default=64,
+        help="allowed RSS growth of each process from the warmed-up sample to the end",
+    )
+    parser.add_argument(
+        "--serve-args",
+        default="",
+        help="more `engine serve` arguments as one string: --serve-args='--max-num-seqs 64'",
+    )
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)
 
@@ -68,8 +75,14 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         log, self.log_path = tempfile.mkstemp(prefix="soak-serve-", suffix=".log")
-        command = [ENGINE, "serve", "--port", str(self.port), *(["--model", args.model] if args.model else []),
-                   *shlex.split(args.serve_args)]
+        command = [
+            ENGINE,
+            "serve",
+            "--port",
+            str(self.port),
+            *(["--model", args.model] if args.model else []),
+            *shlex.split(args.serve_args),
+        ]
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         os.close(log)
 
@@ -110,7 +123,12 @@ class Server:
 def engine_metrics(text: str) -> dict[str, float]:
     values = {}
     for line in text.splitlines():
-        for name in ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "generation_tokens_total"):
+        for name in (
+            "num_requests_running",
+            "num_requests_waiting",
+            "kv_cache_usage_perc",
+            "generation_tokens_total",
+        ):
             if line.startswith(f"vllm:{name}"):
                 values[name] = float(line.rsplit(" ", 1)[1])
     return values
@@ -132,14 +150,23 @@ class Tally:
             self.errors.append(f"{output.output_tokens} tokens instead of {expected_tokens}")
 
 
-async def worker(client: httpx.AsyncClient, model: str, pool: list, offset: int, step: int, tally: Tally,
-                 deadline: float) -> None:
+async def worker(
+    client: httpx.AsyncClient, model: str, pool: list, offset: int, step: int, tally: Tally, deadline: float
+) -> None:
     i = offset
     while time.monotonic() < deadline:
         request = pool[i % len(pool)]
-        body = {"model": model, "prompt": request.prompt, "max_tokens": request.output_len, "stream": True,
-                "ignore_eos": True, "stream_options": {"include_usage": True}}
-        tally.record(await one_request(client, "/v1/completions", body, request.prompt_len), request.output_len)
+        body = {
+            "model": model,
+            "prompt": request.prompt,
+            "max_tokens": request.output_len,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+        }
+        tally.record(
+            await one_request(client, "/v1/completions", body, request.prompt_len), request.output_len
+        )
         i += step
 
 
@@ -150,7 +177,9 @@ class Sampler:
         self.server, self.client, self.tally = server, client, tally
         self.api_pid, self.core_pid = server.process.pid, server.core_pid()
         self.start = time.monotonic()
-        self.samples: list[tuple[float, int, float, float]] = []  # (seconds, requests done, API MiB, core MiB)
+        self.samples: list[
+            tuple[float, int, float, float]
+        ] = []  # (seconds, requests done, API MiB, core MiB)
         self._last = (self.start, 0)
 
     def rss(self) -> tuple[float, float]:
@@ -166,10 +195,13 @@ class Sampler:
         rate = (generated - before) / max(now - then, 1e-9)
         self._last = (now, generated)
         minutes, seconds = divmod(int(now - self.start), 60)
-        print(f"[{minutes:3d}:{seconds:02d}] {self.tally.requests} requests done, {self.tally.tokens} tokens "
-              f"(server: {rate:.0f} tok/s), {len(self.tally.errors)} errors | running {engine.get('num_requests_running', 0):.0f}"
-              f" waiting {engine.get('num_requests_waiting', 0):.0f} KV {engine.get('kv_cache_usage_perc', 0):.0%}"
-              f" | RSS API {api:.0f} MiB, core {core:.0f} MiB", flush=True)
+        print(
+            f"[{minutes:3d}:{seconds:02d}] {self.tally.requests} requests done, {self.tally.tokens} tokens "
+            f"(server: {rate:.0f} tok/s), {len(self.tally.errors)} errors | running {engine.get('num_requests_running', 0):.0f}"
+            f" waiting {engine.get('num_requests_waiting', 0):.0f} KV {engine.get('kv_cache_usage_perc', 0):.0%}"
+            f" | RSS API {api:.0f} MiB, core {core:.0f} MiB",
+            flush=True,
+        )
 
     async def run(self, every: float) -> None:
         while True:
@@ -193,16 +225,26 @@ async def soak(args, server: Server) -> list[str]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with httpx.AsyncClient(base_url=server.url, timeout=600, limits=limits) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
-        lengths = argparse.Namespace(seed=args.seed, num_prompts=4 * args.concurrency, random_input_len=args.input_len,
-                                     random_output_len=args.max_tokens, random_range_ratio=0.5, random_prefix_len=0)
+        lengths = argparse.Namespace(
+            seed=args.seed,
+            num_prompts=4 * args.concurrency,
+            random_input_len=args.input_len,
+            random_output_len=args.max_tokens,
+            random_range_ratio=0.5,
+            random_prefix_len=0,
+        )
         pool = await random_requests(Tokens(client, model), lengths, as_text=False)
         tally = Tally()
         sampler = Sampler(server, client, tally)
         await sampler.sample()
         deadline = time.monotonic() + args.duration
         sampling = asyncio.create_task(sampler.run(args.report_every))
-        await asyncio.gather(*(worker(client, model, pool, i, args.concurrency, tally, deadline)
-                               for i in range(args.concurrency)))
+        await asyncio.gather(
+            *(
+                worker(client, model, pool, i, args.concurrency, tally, deadline)
+                for i in range(args.concurrency)
+            )
+        )
         sampling.cancel()
         engine = await wait_idle(client)
         await sampler.sample()
@@ -210,22 +252,28 @@ async def soak(args, server: Server) -> list[str]:
 
 
 def verdict(args, tally: Tally, engine: dict[str, float], samples: list) -> list[str]:
-    failures = [f"{len(tally.errors)} request errors, e.g. {sorted(set(tally.errors))[:3]}"] if tally.errors else []
+    failures = (
+        [f"{len(tally.errors)} request errors, e.g. {sorted(set(tally.errors))[:3]}"] if tally.errors else []
+    )
     if any(engine.values()):
         failures.append(f"engine not idle after the load: {engine}")
     # warmed up: every worker has finished a request, so every batch shape has been seen
     baseline = next((s for s in samples[:-1] if s[1] >= args.concurrency), samples[0])
     end = samples[-1]
-    print(f"RSS (MiB)       API    core\n  start    {samples[0][2]:8.0f}{samples[0][3]:8.0f}\n"
-          f"  baseline {baseline[2]:8.0f}{baseline[3]:8.0f}   (at {baseline[0]:.0f} s, warmed up)\n"
-          f"  end      {end[2]:8.0f}{end[3]:8.0f}   (at {end[0]:.0f} s)")
+    print(
+        f"RSS (MiB)       API    core\n  start    {samples[0][2]:8.0f}{samples[0][3]:8.0f}\n"
+        f"  baseline {baseline[2]:8.0f}{baseline[3]:8.0f}   (at {baseline[0]:.0f} s, warmed up)\n"
+        f"  end      {end[2]:8.0f}{end[3]:8.0f}   (at {end[0]:.0f} s)"
+    )
     for name, column in (("API", 2), ("core", 3)):
         growth = end[column] - baseline[column]
         if growth > args.max_rss_growth_mib:
             failures.append(f"{name} RSS grew {growth:.0f} MiB (over {args.max_rss_growth_mib:g})")
-    print(f"{tally.requests} requests, {tally.tokens} tokens, {len(tally.errors)} errors; engine after the "
-          f"load: running {engine.get('num_requests_running', 0):.0f}, waiting "
-          f"{engine.get('num_requests_waiting', 0):.0f}, KV {engine.get('kv_cache_usage_perc', 0):.1%}")
+    print(
+        f"{tally.requests} requests, {tally.tokens} tokens, {len(tally.errors)} errors; engine after the "
+        f"load: running {engine.get('num_requests_running', 0):.0f}, waiting "
+        f"{engine.get('num_requests_waiting', 0):.0f}, KV {engine.get('kv_cache_usage_perc', 0):.1%}"
+    )
     return failures
 
 

@@ -33,7 +33,7 @@ def compute_mean(values):
 '''
 WORKLOADS = {
     "copy-heavy": f"Here is some Python code:\n\n{CODE}\nRepeat the code exactly, but rename compute_sum "
-                  "to add_all everywhere.",
+    "to add_all everywhere.",
     "open-ended chat": "Write a short story about a lighthouse keeper who befriends a seagull.",
 }
 METHODS = {
@@ -41,7 +41,11 @@ METHODS = {
     "ngram k=4": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4},
     "ngram k=8": {"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4},
     "suffix k=8": {"method": "suffix", "num_speculative_tokens": 8},
-    "self-draft 29/30 layers k=2": {"method": "draft_model", "self_draft_layers": 29, "num_speculative_tokens": 2},
+    "self-draft 29/30 layers k=2": {
+        "method": "draft_model",
+        "self_draft_layers": 29,
+        "num_speculative_tokens": 2,
+    },
 }
 
 
@@ -66,7 +70,9 @@ def run(speculative_config, prompts, max_tokens, dtype):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--eagle", default=None, help="an EAGLE head checkpoint folder for the default model")

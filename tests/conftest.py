@@ -9,13 +9,28 @@ import pytest
 from engine.plugins import add_plugin
 from tests.plugins import ban_tokens, choice_grammar, fake_int8, memory_connector, oracle_drafter
 
-for _module, _name in [(choice_grammar, "test-choice"), (oracle_drafter, "test-oracle"),
-                       (memory_connector, "test-memory"), (ban_tokens, "test-ban"), (fake_int8, "test-int8")]:
+for _module, _name in [
+    (choice_grammar, "test-choice"),
+    (oracle_drafter, "test-oracle"),
+    (memory_connector, "test-memory"),
+    (ban_tokens, "test-ban"),
+    (fake_int8, "test-int8"),
+]:
     add_plugin(_module, _name)
 
-TINY_LLAMA = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=512, tie_word_embeddings=True, eos_token_id=2, bos_token_id=1)
+TINY_LLAMA = dict(
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+    eos_token_id=2,
+    bos_token_id=1,
+)
 
 
 @pytest.fixture(scope="session")

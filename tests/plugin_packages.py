@@ -18,7 +18,8 @@ def write_plugin(root, distribution: str, entry_point: str, package: str, source
     project = root / distribution
     (project / package).mkdir(parents=True)
     (project / package / "__init__.py").write_text(textwrap.dedent(source))
-    (project / "pyproject.toml").write_text(textwrap.dedent(f"""
+    (project / "pyproject.toml").write_text(
+        textwrap.dedent(f"""
         [build-system]
         requires = ["setuptools>=68"]
         build-backend = "setuptools.build_meta"
@@ -32,21 +33,27 @@ def write_plugin(root, distribution: str, entry_point: str, package: str, source
 
         [tool.setuptools]
         packages = ["{package}"]
-        """))
+        """)
+    )
     return project
 
 
 def pip_install(*projects) -> None:
-    subprocess.run([*PIP, "install", "--no-deps", "--no-build-isolation", *map(str, projects)], check=True,
-                   capture_output=True, timeout=300)
+    subprocess.run(
+        [*PIP, "install", "--no-deps", "--no-build-isolation", *map(str, projects)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
 
 
 def pip_uninstall(*distributions: str) -> None:
     subprocess.run([*PIP, "uninstall", "-y", *distributions], check=True, capture_output=True, timeout=120)
 
 
-def write_distribution(site, distribution: str, entry_point: str, package: str, source: str,
-                       version: str = "9.0.0"):
+def write_distribution(
+    site, distribution: str, entry_point: str, package: str, source: str, version: str = "9.0.0"
+):
     """A plugin as an installer leaves it — its package and a ``.dist-info`` naming its entry
     point — under ``site``, a folder to put on ``sys.path`` (``PYTHONPATH`` for a subprocess):
     ``importlib.metadata`` finds it there and the shared environment stays untouched. -> the

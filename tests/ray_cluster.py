@@ -25,13 +25,27 @@ def local_cluster(num_cpus: int, timeout_s: float = 180):
     folder = tempfile.mkdtemp(prefix="ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     port = free_port()
     log_path = os.path.join(folder, "head.log")
-    command = [os.path.join(os.path.dirname(sys.executable), "ray"), "start", "--head", "--block",
-               f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0", f"--temp-dir={folder}",
-               "--include-dashboard=false", "--disable-usage-stats"]
+    command = [
+        os.path.join(os.path.dirname(sys.executable), "ray"),
+        "start",
+        "--head",
+        "--block",
+        f"--port={port}",
+        f"--num-cpus={num_cpus}",
+        "--num-gpus=0",
+        f"--temp-dir={folder}",
+        "--include-dashboard=false",
+        "--disable-usage-stats",
+    ]
     settings = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     with open(log_path, "w") as log:
-        head = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env={**os.environ, **settings})
+        head = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **settings},
+        )
     settings["RAY_ADDRESS"] = f"127.0.0.1:{port}"
     previous = {name: os.environ.get(name) for name in settings}
     try:

@@ -31,7 +31,9 @@ class Server:
     def openai(self, cls=None):
         import openai
 
-        return (cls or openai.OpenAI)(base_url=f"{self.url}/v1", api_key=self.api_key or "none", max_retries=0)
+        return (cls or openai.OpenAI)(
+            base_url=f"{self.url}/v1", api_key=self.api_key or "none", max_retries=0
+        )
 
     def core_pid(self) -> int:
         with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as f:
@@ -65,15 +67,17 @@ class Streams:
         self.frames: list[list[str]] = [[] for _ in range(count)]
         self.statuses: list[int | None] = [None] * count
         self._started = [threading.Event() for _ in range(count)]
-        self._threads = [threading.Thread(target=self._read, args=(server, i, body), daemon=True)
-                         for i in range(count)]
+        self._threads = [
+            threading.Thread(target=self._read, args=(server, i, body), daemon=True) for i in range(count)
+        ]
         for thread in self._threads:
             thread.start()
 
     def _read(self, server: Server, i: int, body: dict) -> None:
         try:
-            with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers,
-                              timeout=120) as response:
+            with httpx.stream(
+                "POST", f"{server.url}/v1/completions", json=body, headers=server.headers, timeout=120
+            ) as response:
                 self.statuses[i] = response.status_code
                 for line in response.iter_lines():
                     if line.startswith("data: "):
@@ -104,22 +108,31 @@ def error_codes(frames: list[str]) -> list[str | None]:
 
 
 @contextlib.contextmanager
-def serve(model: str | None, *args: str, api_key: str | None = API_KEY, timeout: float = 240,
-          new_session: bool = False, port: int | None = None):
+def serve(
+    model: str | None,
+    *args: str,
+    api_key: str | None = API_KEY,
+    timeout: float = 240,
+    new_session: bool = False,
+    port: int | None = None,
+):
     """``new_session``: the server leads its own process group, for signals sent to the group.
     ``port``: where it listens (default: a free port), for a test that must name it before it starts."""
     port = port or free_port()
     command = [ENGINE, "serve", "--port", str(port), *(["--model", model] if model else []), *args]
     if api_key:
         command += ["--api-key", api_key]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=new_session)
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=new_session
+    )
     server = Server(process, port, api_key)
     deadline = time.monotonic() + timeout
     try:
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()[-3000:]}")
+                raise RuntimeError(
+                    f"server exited with {process.returncode}: {process.stdout.read()[-3000:]}"
+                )
             try:
                 if httpx.get(f"{server.url}/health", timeout=2).status_code == 200:
                     break

@@ -11,9 +11,29 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1}
 
 
 def _prompts(tokenizer, count: int) -> list[list[int]]:
-    words = ["the", "cat", "sat", "on", "the", "mat", "and", "the", "dog", "sat", "on", "the", "log", "while", "the", "bird", "sang"]
-    return [tokenizer.encode(" ".join(words[(i + j) % len(words)] for j in range(8 + (i * 7) % 40)))
-            for i in range(count)]
+    words = [
+        "the",
+        "cat",
+        "sat",
+        "on",
+        "the",
+        "mat",
+        "and",
+        "the",
+        "dog",
+        "sat",
+        "on",
+        "the",
+        "log",
+        "while",
+        "the",
+        "bird",
+        "sang",
+    ]
+    return [
+        tokenizer.encode(" ".join(words[(i + j) % len(words)] for j in range(8 + (i * 7) % 40)))
+        for i in range(count)
+    ]
 
 
 def _runs(llm_factory, prompts, targets, max_tokens):
@@ -21,8 +41,10 @@ def _runs(llm_factory, prompts, targets, max_tokens):
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=0)
 
     def seen(outputs):
-        return [(o.outputs[0].token_ids, [next(iter(d.values())).logprob for d in o.outputs[0].logprobs])
-                for o in outputs]
+        return [
+            (o.outputs[0].token_ids, [next(iter(d.values())).logprob for d in o.outputs[0].logprobs])
+            for o in outputs
+        ]
 
     llm = llm_factory()
     alone = [seen(llm.generate([prompts[t]], params))[0] for t in targets]

@@ -25,7 +25,7 @@ BAD_PARAMS = [
     ({"stop_token_ids": ["7"]}, "stop_token_ids"),
     ({"top_k": 2**70}, "top_k"),
     ({"seed": 2**70}, "seed"),
-    ({"seed": -2**63 - 1}, "seed"),
+    ({"seed": -(2**63) - 1}, "seed"),
     ({"seed": 2**63 - 1, "n": 2}, "seed"),  # the second sample would be seeded 2**63
     ({"max_tokens": 2**64}, "max_tokens"),
     ({"min_tokens": True}, "min_tokens"),
@@ -49,9 +49,17 @@ def test_offline_generate_rejects_what_the_step_cannot_handle(tiny_llm, kwargs, 
     assert not tiny_llm.engine.has_unfinished()
 
 
-@pytest.mark.parametrize("prompt,priority,field", [
-    ([5, VOCAB], 0, "prompt"), ([5, -1], 0, "prompt"), ([5, 2**70], 0, "prompt"), ([5, True], 0, "prompt"),
-    ([5, 6], 2**63, "priority"), ([5, 6], -2**70, "priority")])
+@pytest.mark.parametrize(
+    "prompt,priority,field",
+    [
+        ([5, VOCAB], 0, "prompt"),
+        ([5, -1], 0, "prompt"),
+        ([5, 2**70], 0, "prompt"),
+        ([5, True], 0, "prompt"),
+        ([5, 6], 2**63, "priority"),
+        ([5, 6], -(2**70), "priority"),
+    ],
+)
 def test_offline_generate_rejects_bad_prompts_and_priorities(tiny_llm, prompt, priority, field):
     with pytest.raises(InvalidParam) as info:
         tiny_llm.generate([prompt, [7, 8]], SamplingParams(max_tokens=2), priority=[priority, 0])
@@ -69,8 +77,9 @@ def test_params_from_the_transport_are_checked_too():
 
 
 def test_in_vocabulary_stop_ids_with_min_tokens_still_work(tiny_llm):
-    out = tiny_llm.generate("hi", SamplingParams(temperature=0, max_tokens=6, min_tokens=2,
-                                                  stop_token_ids=[0, VOCAB - 1]))[0].outputs[0]
+    out = tiny_llm.generate(
+        "hi", SamplingParams(temperature=0, max_tokens=6, min_tokens=2, stop_token_ids=[0, VOCAB - 1])
+    )[0].outputs[0]
     assert len(out.token_ids) >= 2
 
 
@@ -81,12 +90,16 @@ PROMPTS = ["The quick brown fox", "Once upon a time", "hi", "Numbers: 1, 2, 3,"]
 
 @pytest.fixture(scope="module")
 def faulty_llm(tiny_llama):
-    return LLM(tiny_llama[0], dtype="float32", num_blocks=128, max_model_len=256, logits_processors=["test-faulty"])
+    return LLM(
+        tiny_llama[0], dtype="float32", num_blocks=128, max_model_len=256, logits_processors=["test-faulty"]
+    )
 
 
-OTHERS = [SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
-          SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=8, ignore_eos=True),
-          SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)]
+OTHERS = [
+    SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+    SamplingParams(temperature=1.0, top_k=50, seed=1234, max_tokens=8, ignore_eos=True),
+    SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+]
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +109,9 @@ def baseline(faulty_llm):
 
 @pytest.mark.parametrize("fault_after", [0, 4], ids=["in-prefill", "mid-decode"])
 def test_a_request_that_breaks_the_step_fails_alone(faulty_llm, baseline, fault_after):
-    culprit = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, extra_args={"fault_after": fault_after})
+    culprit = SamplingParams(
+        temperature=0, max_tokens=8, ignore_eos=True, extra_args={"fault_after": fault_after}
+    )
     outputs = faulty_llm.generate(PROMPTS, OTHERS + [culprit])
 
     failed = outputs[3].outputs[0]
@@ -119,7 +134,9 @@ def test_a_lone_faulty_request_fails_without_killing_the_engine(faulty_llm, base
 
 
 def test_a_fault_no_request_causes_stays_fatal(tiny_llama):
-    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, logits_processors=["test-broken"])
+    llm = LLM(
+        tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, logits_processors=["test-broken"]
+    )
     for prompts in (["hi"], PROMPTS):  # alone, and in a batch where every request fails alone
         with pytest.raises(faulty_processor.InjectedFault, match="always fails"):
             llm.generate(prompts, SamplingParams(max_tokens=3))
@@ -127,10 +144,15 @@ def test_a_fault_no_request_causes_stays_fatal(tiny_llama):
 
 # -- the sweep's requests against a real server -------------------------------------------------
 
-SWEEP = [({"min_tokens": 2, "stop_token_ids": [bad]}, "stop_token_ids")
-         for bad in (1_000_000, -49153, 2**63 - 1, 2**70)] + [
+SWEEP = [
+    ({"min_tokens": 2, "stop_token_ids": [bad]}, "stop_token_ids")
+    for bad in (1_000_000, -49153, 2**63 - 1, 2**70)
+] + [
     ({"stop_token_ids": [1_000_000]}, "stop_token_ids"),  # without min_tokens it used to pass silently
-    ({"top_k": 2**70}, "top_k"), ({"seed": 2**70}, "seed"), ({"seed": 2**64 - 1, "n": 2}, "seed")]
+    ({"top_k": 2**70}, "top_k"),
+    ({"seed": 2**70}, "seed"),
+    ({"seed": 2**64 - 1, "n": 2}, "seed"),
+]
 
 
 @pytest.mark.slow
@@ -139,8 +161,10 @@ def test_the_sweeps_bad_requests_get_a_400_and_the_engine_lives_on(tiny_llama):
     with serve(tiny_llama[0], "--dtype", "float32", "--num-blocks", "128") as server, server.http() as http:
         before = http.post("/v1/completions", json=canary).json()["choices"][0]["text"]
         for body, field in SWEEP:
-            for route, payload in (("/v1/completions", {"prompt": "hi"}),
-                                   ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+            for route, payload in (
+                ("/v1/completions", {"prompt": "hi"}),
+                ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+            ):
                 response = http.post(route, json={**payload, **body})
                 assert response.status_code == 400, (route, body, response.text)
                 assert field in response.json()["error"]["message"], response.text

@@ -65,7 +65,9 @@ def test_kv_events_correct_the_record():
 
 def test_the_router_hashes_blocks_as_the_engine_does():
     prompt = list(range(2 * BLOCK + 3))
-    assert block_hashes(prompt, BLOCK, "salt") == [external_hash(h) for h in chain_hashes(prompt, BLOCK, "salt")]
+    assert block_hashes(prompt, BLOCK, "salt") == [
+        external_hash(h) for h in chain_hashes(prompt, BLOCK, "salt")
+    ]
     assert len(block_hashes(prompt, BLOCK)) == 2
 
 
@@ -86,15 +88,26 @@ NUM_PREFIXES, REQUESTS, PREFIX_TOKENS = 4, 64, 8 * BLOCK
 # them in turn, one sent two keeps them. Routing two prefixes to each core can at best double
 # the hit rate of round robin, whose cores each see all four; over 2000 random orders like the
 # test's, a simulation of the two LRU caches gives a median of 2.4x (5% of orders under 1.8x)
-SERVER_ARGS = ("--dtype", "float32", "--num-blocks", "21", "--max-model-len", "256", "--max-num-seqs", "2",
-               "--enable-prompt-tokens-details")
+SERVER_ARGS = (
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "21",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "2",
+    "--enable-prompt-tokens-details",
+)
 
 
 @pytest.fixture(scope="module")
 def prompts():
     rng = random.Random(5)
-    prefixes = [[rng.randrange(3, TINY_LLAMA["vocab_size"]) for _ in range(PREFIX_TOKENS)]
-                for _ in range(NUM_PREFIXES)]
+    prefixes = [
+        [rng.randrange(3, TINY_LLAMA["vocab_size"]) for _ in range(PREFIX_TOKENS)]
+        for _ in range(NUM_PREFIXES)
+    ]
     order = []  # every prefix once in each run of four, in random order: tenants taking turns
     for _ in range(REQUESTS // NUM_PREFIXES):
         order += rng.sample(range(NUM_PREFIXES), NUM_PREFIXES)
@@ -108,10 +121,13 @@ async def _complete_all(server, prompts):
     results = []
     try:
         for prompt in prompts:
-            reply = await client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0,
-                                                    extra_body={"ignore_eos": True})
+            reply = await client.completions.create(
+                model="tiny", prompt=prompt, max_tokens=6, temperature=0, extra_body={"ignore_eos": True}
+            )
             usage = reply.usage
-            results.append((reply.choices[0].text, usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens))
+            results.append(
+                (reply.choices[0].text, usage.prompt_tokens_details.cached_tokens, usage.prompt_tokens)
+            )
         return results
     finally:
         await client.close()
@@ -122,8 +138,10 @@ def _run(model, prompts, *args, kill_a_core: bool = False):
     prompts; ``kill_a_core`` then kills one of its cores and checks the server fails cleanly."""
     with serve(model, *SERVER_ARGS, "--served-model-name", "tiny", *args) as server:
         results = asyncio.run(_complete_all(server, prompts))
-        per_engine = {engine: server.metric(f'vllm:num_requests_running{{engine="{engine}",model_name="tiny"}}')
-                      for engine in ("0",) + (("1",) if "2" in args else ())}
+        per_engine = {
+            engine: server.metric(f'vllm:num_requests_running{{engine="{engine}",model_name="tiny"}}')
+            for engine in ("0",) + (("1",) if "2" in args else ())
+        }
         if kill_a_core:
             _kill_a_core_and_expect_a_clean_exit(server)
     outputs = [r[0] for r in results]
@@ -157,11 +175,14 @@ def test_prefix_routing_beats_round_robin_and_outputs_equal_one_core(tiny_llama,
     server down cleanly (non-zero exit, no core left)."""
     single, single_rate, _ = _run(tiny_llama[0], prompts)
     events = json.dumps({"enable_kv_cache_events": True, "endpoint": f"tcp://*:{free_port(2)}"})
-    routed, routed_rate, engines = _run(tiny_llama[0], prompts, "-dp", "2", "--kv-events-config", events,
-                                        kill_a_core=True)
+    routed, routed_rate, engines = _run(
+        tiny_llama[0], prompts, "-dp", "2", "--kv-events-config", events, kill_a_core=True
+    )
     turns, turns_rate, _ = _run(tiny_llama[0], prompts, "-dp", "2", "--data-parallel-routing", "round-robin")
-    print(f"\nprefix hit rate: one core {single_rate:.2f}, two cores prefix-routed {routed_rate:.2f}, "
-          f"round-robin {turns_rate:.2f} ({routed_rate / max(turns_rate, 1e-9):.2f}x)")
+    print(
+        f"\nprefix hit rate: one core {single_rate:.2f}, two cores prefix-routed {routed_rate:.2f}, "
+        f"round-robin {turns_rate:.2f} ({routed_rate / max(turns_rate, 1e-9):.2f}x)"
+    )
     assert routed == single and turns == single  # greedy: the core a request ran on changes nothing
     assert routed_rate >= 1.8 * turns_rate
     assert engines == {"0": 0.0, "1": 0.0}  # each core reports under its own engine label

@@ -36,7 +36,9 @@ def test_tiny_moe_is_batch_invariant_in_bf16(tmp_path):
     prompts = reference.random_prompts(kwargs["vocab_size"], [8 + (i * 7) % 40 for i in range(40)], seed=6)
 
     def factory(**options):
-        return LLM(str(tmp_path), dtype="bfloat16", num_blocks=512, block_size=16, batch_invariant=True, **options)
+        return LLM(
+            str(tmp_path), dtype="bfloat16", num_blocks=512, block_size=16, batch_invariant=True, **options
+        )
 
     alone, batched, spec = _runs(factory, prompts, [0, 13, 27, 39], 16)
     assert alone == batched == spec

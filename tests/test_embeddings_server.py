@@ -19,22 +19,37 @@ from tests.serving import serve
 
 pytestmark = pytest.mark.slow
 
-TINY_BERT = dict(model_type="bert", vocab_size=TINY_LLAMA["vocab_size"], hidden_size=64, intermediate_size=128,
-                 num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128,
-                 matryoshka_dimensions=[16, 32])
+TINY_BERT = dict(
+    model_type="bert",
+    vocab_size=TINY_LLAMA["vocab_size"],
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    max_position_embeddings=128,
+    matryoshka_dimensions=[16, 32],
+)
 SERVE_ARGS = ("--dtype", "float32", "--num-blocks", "64", "--block-size", "16")
-TEXTS = ["Hello", "The quick brown fox jumps over the lazy dog, twice.", "a b c d e f g h i j k l m n o p", "Why?"]
+TEXTS = [
+    "Hello",
+    "The quick brown fox jumps over the lazy dog, twice.",
+    "a b c d e f g h i j k l m n o p",
+    "Why?",
+]
 # name -> (checkpoint fixture, pooling type, extra flags)
-SERVERS = {"bert-cls": ("tiny_bert", "CLS", ()),
-           "bert-mean": ("tiny_bert", "MEAN", ("--pooler-config", '{"pooling_type": "MEAN"}')),
-           "llama-last": ("tiny_llama", "LAST", ("--runner", "pooling"))}
+SERVERS = {
+    "bert-cls": ("tiny_bert", "CLS", ()),
+    "bert-mean": ("tiny_bert", "MEAN", ("--pooler-config", '{"pooling_type": "MEAN"}')),
+    "llama-last": ("tiny_llama", "LAST", ("--runner", "pooling")),
+}
 
 
 @pytest.fixture(scope="module")
 def tiny_bert(tmp_path_factory, default_tokenizer):
     folder = str(tmp_path_factory.mktemp("tiny-bert"))
-    return folder, reference.tiny_checkpoint(folder, "BertModel", TINY_BERT, tokenizer=default_tokenizer,
-                                             auto_class="AutoModel")
+    return folder, reference.tiny_checkpoint(
+        folder, "BertModel", TINY_BERT, tokenizer=default_tokenizer, auto_class="AutoModel"
+    )
 
 
 @pytest.fixture(scope="module", params=sorted(SERVERS))
@@ -52,7 +67,9 @@ def test_embeddings_match_transformers(embedding_server, default_tokenizer):
     # the client asks for base64 unless told otherwise, and decodes it itself
     for normalize, extra in ((True, None), (False, {"normalize": False})):
         for encoding in (openai.NOT_GIVEN, "float"):
-            response = client.embeddings.create(model=model, input=TEXTS, encoding_format=encoding, extra_body=extra)
+            response = client.embeddings.create(
+                model=model, input=TEXTS, encoding_format=encoding, extra_body=extra
+            )
             assert [d.index for d in response.data] == list(range(len(TEXTS)))
             assert all(d.object == "embedding" for d in response.data) and response.object == "list"
             assert response.usage.prompt_tokens == response.usage.total_tokens == sum(map(len, ids))
@@ -127,7 +144,9 @@ def test_generation_routes_refuse_a_pooling_server(bert_server):
     with pytest.raises(openai.BadRequestError, match="embedding model"):
         client.completions.create(model=bert_server.model(), prompt="Hello", max_tokens=2)
     with pytest.raises(openai.BadRequestError, match="embedding model"):
-        client.chat.completions.create(model=bert_server.model(), messages=[{"role": "user", "content": "Hi"}])
+        client.chat.completions.create(
+            model=bert_server.model(), messages=[{"role": "user", "content": "Hi"}]
+        )
     with bert_server.http() as http:
         schema = http.get("/openapi.json").json()
     assert "/v1/embeddings" in schema["paths"] and "EmbeddingRequest" in schema["components"]["schemas"]

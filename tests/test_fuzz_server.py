@@ -23,8 +23,18 @@ from tests.serving import API_KEY, serve
 pytestmark = pytest.mark.slow
 
 MAX_SEQUENCES = 4  # --max-request-sequences
-COMMON_ARGS = ("--served-model-name", "tiny-fuzz", "--dtype", "float32", "--num-blocks", "256", "--block-size", "16",
-               "--max-request-sequences", str(MAX_SEQUENCES))
+COMMON_ARGS = (
+    "--served-model-name",
+    "tiny-fuzz",
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "256",
+    "--block-size",
+    "16",
+    "--max-request-sequences",
+    str(MAX_SEQUENCES),
+)
 # a short context bounds what any generated request can ask for (the 10 s limit holds on a busy machine)
 FUZZ_ARGS = (*COMMON_ARGS, "--max-model-len", "64", "--max-num-seqs", "4")
 # long requests and two rows: requests that stay running or waiting while a test looks at them
@@ -50,37 +60,97 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
     j = json.dumps
     cases = []
     for ids in ([1000000], [-49153], [2**63 - 1], [2**70]):
-        cases += [(C, j({"prompt": "hi", "min_tokens": 2, "stop_token_ids": ids}), 400, "stop_token_ids"),
-                  (CHAT, j({"messages": MSG, "min_tokens": 2, "stop_token_ids": ids}), 400, "stop_token_ids"),
-                  (C, j({"prompt": "hi", "stop_token_ids": ids}), 400, "stop_token_ids")]
+        cases += [
+            (C, j({"prompt": "hi", "min_tokens": 2, "stop_token_ids": ids}), 400, "stop_token_ids"),
+            (CHAT, j({"messages": MSG, "min_tokens": 2, "stop_token_ids": ids}), 400, "stop_token_ids"),
+            (C, j({"prompt": "hi", "stop_token_ids": ids}), 400, "stop_token_ids"),
+        ]
     for field in ("top_k", "seed", "priority", "n", "max_tokens", "min_tokens", "logprobs"):
-        cases += [(C, j({"prompt": "hi", field: 2**70}), 400, field), (C, j({"prompt": "hi", field: -(2**70)}), 400, field)]
+        cases += [
+            (C, j({"prompt": "hi", field: 2**70}), 400, field),
+            (C, j({"prompt": "hi", field: -(2**70)}), 400, field),
+        ]
     cases += [
         (C, j({"prompt": "hi", "seed": 2**64 - 1, "n": 2}), 400, "seed"),
         (C, j({"prompt": "hi", "seed": 2**63 - 1, "n": 2}), 400, "seed"),
         (CHAT, j({"messages": MSG, "seed": 2**63 - 1, "n": 2}), 400, "seed"),
         (C, j({"prompt": "hi", "top_k": -2}), 400, "top_k"),
-        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": "x"}}), 400,
-         "response_format"),
-        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": ["x"]}}), 400,
-         "response_format"),
-        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
-         400, "response_format"),
-        (CHAT, j({"messages": MSG, "response_format": {"type": "json_schema",
-                                                       "json_schema": {"schema": {"type": "nope"}}}}),
-         400, "response_format"),
+        (
+            CHAT,
+            j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": "x"}}),
+            400,
+            "response_format",
+        ),
+        (
+            CHAT,
+            j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": ["x"]}}),
+            400,
+            "response_format",
+        ),
+        (
+            CHAT,
+            j({"messages": MSG, "response_format": {"type": "json_schema", "json_schema": {"schema": "x"}}}),
+            400,
+            "response_format",
+        ),
+        (
+            CHAT,
+            j(
+                {
+                    "messages": MSG,
+                    "response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "nope"}}},
+                }
+            ),
+            400,
+            "response_format",
+        ),
         (CHAT, j({"messages": MSG, "response_format": "json"}), 400, "response_format"),
-        (CHAT, j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}}),
-         400, "tool_choice"),
-        (CHAT, j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": ["f"]}}),
-         400, "tool_choice"),
-        (CHAT, j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": 5}}}),
-         400, "tool_choice"),
-        (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}]}),
-         400, "tools"),
-        (CHAT, j({"messages": MSG, "tools": [{"type": "function", "function": {"name": "f",
-                                                                               "parameters": {"type": 7}}}]}),
-         400, "tools"),
+        (
+            CHAT,
+            j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": "f"}}),
+            400,
+            "tool_choice",
+        ),
+        (
+            CHAT,
+            j({"messages": MSG, "tools": [TOOL], "tool_choice": {"type": "function", "function": ["f"]}}),
+            400,
+            "tool_choice",
+        ),
+        (
+            CHAT,
+            j(
+                {
+                    "messages": MSG,
+                    "tools": [TOOL],
+                    "tool_choice": {"type": "function", "function": {"name": 5}},
+                }
+            ),
+            400,
+            "tool_choice",
+        ),
+        (
+            CHAT,
+            j(
+                {
+                    "messages": MSG,
+                    "tools": [{"type": "function", "function": {"name": "f", "parameters": "x"}}],
+                }
+            ),
+            400,
+            "tools",
+        ),
+        (
+            CHAT,
+            j(
+                {
+                    "messages": MSG,
+                    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 7}}}],
+                }
+            ),
+            400,
+            "tools",
+        ),
         (C, j({"prompt": "hi", "structured_outputs": {"choice": "abc"}}), 400, "structured_outputs"),
         (C, j({"prompt": "hi", "structured_outputs": {"choice": []}}), 400, "structured_outputs"),
         (C, j({"prompt": "hi", "structured_outputs": {"regex": ["a"]}}), 400, "structured_outputs"),
@@ -89,22 +159,42 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         (C, j({"prompt": "hi", "guided_json": '{"type": "nope"}'}), 400, "guided_json"),
         (C, j({"prompt": "hi", "guided_json": {"type": "object", "$schema": 5}}), 400, "guided_json"),
         # 10k-deep nesting in schemas, tool parameters, messages and prompt lists
-        (CHAT, f'{HI}, "response_format": {{"type": "json_schema", "json_schema": {{"schema": {deep_object()}}}}}}}',
-         400, None),
-        (CHAT, f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object()}}}}}]}}',
-         400, None),
-        (CHAT, f'{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": {deep_list()}}}]}}]}}',
-         400, None),
+        (
+            CHAT,
+            f'{HI}, "response_format": {{"type": "json_schema", "json_schema": {{"schema": {deep_object()}}}}}}}',
+            400,
+            None,
+        ),
+        (
+            CHAT,
+            f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object()}}}}}]}}',
+            400,
+            None,
+        ),
+        (
+            CHAT,
+            f'{{"messages": [{{"role": "user", "content": [{{"type": "text", "text": {deep_list()}}}]}}]}}',
+            400,
+            None,
+        ),
         (CHAT, f'{{"messages": {deep_list()}}}', 400, None),
         (C, f'{{"prompt": {deep_list()}}}', 400, None),
         (C, f'{{"prompt": "hi", "guided_json": {deep_object()}}}', 400, None),
         # within the recursion limit but past the depth limit: named
         (C, f'{{"prompt": "hi", "guided_json": {deep_object(100)}}}', 400, "guided_json"),
         (C, f'{{"prompt": {deep_list(100)}}}', 400, "prompt"),
-        (CHAT, f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object(100)}}}}}]}}',
-         400, "tools"),
-        ("/tokenize", f'{{"messages": [{{"role": "user", "content": "hi", "tool_calls": [{deep_object(100)}]}}]}}',
-         400, "messages"),
+        (
+            CHAT,
+            f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object(100)}}}}}]}}',
+            400,
+            "tools",
+        ),
+        (
+            "/tokenize",
+            f'{{"messages": [{{"role": "user", "content": "hi", "tool_calls": [{deep_object(100)}]}}]}}',
+            400,
+            "messages",
+        ),
         # the fan-out cap, stop lists and stop strings
         (C, j({"prompt": ["a"] * (MAX_SEQUENCES + 1)}), 400, "prompt"),
         (C, j({"prompt": ["a", "b"], "n": MAX_SEQUENCES}), 400, "n"),
@@ -126,7 +216,12 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         (C, j({"prompt": "hi", "bad_words": [" "]}), 400, "bad_words"),
         (C, j({"prompt": "hi", "truncate_prompt_tokens": 65}), 400, "truncate_prompt_tokens"),
         (C, j({"prompt": "hi", "truncate_prompt_tokens": -(2**70)}), 400, "truncate_prompt_tokens"),
-        (CHAT, j({"messages": MSG, "chat_template_kwargs": {"tokenize": False}}), 400, "chat_template_kwargs"),
+        (
+            CHAT,
+            j({"messages": MSG, "chat_template_kwargs": {"tokenize": False}}),
+            400,
+            "chat_template_kwargs",
+        ),
         (CHAT, j({"messages": MSG, "chat_template_kwargs": {"messages": []}}), 400, "chat_template_kwargs"),
         (CHAT, j({"messages": MSG, "continue_final_message": True}), 400, "continue_final_message"),
         # refused by the engine's grammar compiler after submitting: the engine request must not linger
@@ -154,7 +249,9 @@ def gauges(server) -> tuple[float, float]:
     return values["vllm:num_requests_running"], values["vllm:num_requests_waiting"]
 
 
-def settled(server, expected: tuple[float, float], timeout: float = 5.0, calm: float = 0.0) -> tuple[float, float]:
+def settled(
+    server, expected: tuple[float, float], timeout: float = 5.0, calm: float = 0.0
+) -> tuple[float, float]:
     """Gauges once they equal ``expected`` (and still do ``calm`` seconds later), or the last reading."""
     deadline = time.monotonic() + timeout
     while True:
@@ -244,12 +341,20 @@ def test_issue_cases_are_4xx_and_leave_nothing_running(server):
             with canary.paused():
                 before = settled(server, (0.0, 0.0))
                 started = time.monotonic()
-                response = http.post(route, content=body.encode(), headers={"Content-Type": "application/json"})
+                response = http.post(
+                    route, content=body.encode(), headers={"Content-Type": "application/json"}
+                )
                 _check(server, response, time.monotonic() - started, body[:120])
                 error = response.json()["error"]
-                assert response.status_code == status and (param is None or error["param"] == param), \
-                    (body[:120], response.status_code, error)
-                assert settled(server, before, calm=0.3) == before, ("an engine request outlived its 4xx", body[:120])
+                assert response.status_code == status and (param is None or error["param"] == param), (
+                    body[:120],
+                    response.status_code,
+                    error,
+                )
+                assert settled(server, before, calm=0.3) == before, (
+                    "an engine request outlived its 4xx",
+                    body[:120],
+                )
     _assert_healthy(server, canary)
 
 
@@ -261,12 +366,21 @@ def test_schemathesis_examples(server):
 
     spec = httpx.get(f"{server.url}/openapi.json", headers=server.headers).json()
     schema = schemathesis.openapi.from_dict(spec)
-    cases = st.one_of(schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE))
+    cases = st.one_of(
+        schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE)
+    )
     seen: dict[int, int] = {}
 
     with Canary(server) as canary:
-        @settings(max_examples=120, deadline=None, database=None, derandomize=True, phases=[Phase.generate],
-                  suppress_health_check=list(HealthCheck))
+
+        @settings(
+            max_examples=120,
+            deadline=None,
+            database=None,
+            derandomize=True,
+            phases=[Phase.generate],
+            suppress_health_check=list(HealthCheck),
+        )
         @given(case=cases)
         def examples(case):
             with canary.paused():
@@ -291,8 +405,11 @@ def _raw_request(server, path: str, body: dict) -> socket.socket:
     """A request sent over a bare socket, so the test decides exactly when the client leaves."""
     data = json.dumps(body).encode()
     sock = socket.create_connection(("127.0.0.1", server.port))
-    sock.sendall(f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
     return sock
 
 
@@ -329,8 +446,16 @@ def test_invalid_schema_is_rejected_at_once_while_the_engine_is_busy(busy_server
         assert settled(server, (2.0, 0.0)) == (2.0, 0.0)
         started = time.monotonic()
         with server.http() as http:
-            response = http.post(CHAT, json={"messages": MSG, "response_format": {
-                "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}}})
+            response = http.post(
+                CHAT,
+                json={
+                    "messages": MSG,
+                    "response_format": {
+                        "type": "json_schema",
+                        "json_schema": {"name": "x", "schema": {"type": "nope"}},
+                    },
+                },
+            )
         assert response.status_code == 400 and "invalid json schema" in response.json()["error"]["message"]
         assert time.monotonic() - started < 1.0
     finally:
@@ -346,7 +471,9 @@ def test_heavy_body_is_tokenized_off_the_event_loop(server):
     def heavy():
         started = time.monotonic()
         with server.http() as http:
-            outcome["status"] = http.post("/tokenize", content=body, headers={"Content-Type": "application/json"})
+            outcome["status"] = http.post(
+                "/tokenize", content=body, headers={"Content-Type": "application/json"}
+            )
         outcome["seconds"] = time.monotonic() - started
 
     thread = threading.Thread(target=heavy)
@@ -366,8 +493,15 @@ def test_heavy_body_is_tokenized_off_the_event_loop(server):
 
 def test_exposure_key_content_type_and_streamed_body_limit(server):
     url = server.url
-    for method, path in [("POST", "/tokenize"), ("POST", "/detokenize"), ("GET", "/metrics"), ("GET", "/version"),
-                         ("GET", "/openapi.json"), ("GET", "/v1/models"), ("POST", C)]:
+    for method, path in [
+        ("POST", "/tokenize"),
+        ("POST", "/detokenize"),
+        ("GET", "/metrics"),
+        ("GET", "/version"),
+        ("GET", "/openapi.json"),
+        ("GET", "/v1/models"),
+        ("POST", C),
+    ]:
         response = httpx.request(method, f"{url}{path}", json={"prompt": "hi", "tokens": [1]})
         assert response.status_code == 401 and response.json()["error"]["code"] == "invalid_api_key", path
     assert httpx.get(f"{url}/health").status_code == 200
@@ -382,6 +516,7 @@ def test_exposure_key_content_type_and_streamed_body_limit(server):
         def chunks():  # chunked transfer: no Content-Length to refuse up front
             for _ in range(6):
                 yield b'{"prompt": "' + b"x" * 2**20
+
         big = http.post(C, content=chunks(), headers={"Content-Type": "application/json"})
         assert big.status_code == 413 and "exceeds the limit" in big.json()["error"]["message"]
         ok = http.post(C, json={"prompt": "hi", "max_tokens": 2, "seed": 2**63 - 2, "n": 2})
@@ -391,6 +526,7 @@ def test_exposure_key_content_type_and_streamed_body_limit(server):
 def _strict_json(text: str):
     def refuse(constant):
         raise ValueError(f"{constant} is not JSON")
+
     return json.loads(text, parse_constant=refuse)
 
 
@@ -405,6 +541,14 @@ def test_logprobs_of_masked_tokens_are_valid_json(server):
         with http.stream("POST", C, json={**body, "stream": True}) as stream:
             frames = [line[6:] for line in stream.iter_lines() if line.startswith("data: {")]
         assert frames and all(_strict_json(frame) for frame in frames)
-        chat = http.post(CHAT, json={"messages": MSG, "guided_choice": ["yes", "no"], "logprobs": True,
-                                     "top_logprobs": 5, "max_tokens": 3})
+        chat = http.post(
+            CHAT,
+            json={
+                "messages": MSG,
+                "guided_choice": ["yes", "no"],
+                "logprobs": True,
+                "top_logprobs": 5,
+                "max_tokens": 3,
+            },
+        )
         assert chat.status_code == 200 and _strict_json(chat.text)["choices"][0]["logprobs"]["content"]

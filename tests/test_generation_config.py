@@ -72,8 +72,18 @@ def test_a_bad_value_names_the_generation_config(tmp_path, tiny_llama):
 def test_served_requests_get_the_defaults(greedy_checkpoint, ignoring):
     greedy = ignoring.generate(PROMPT, SamplingParams(temperature=0.0, max_tokens=16))[0].outputs[0]
     sampled = ignoring.generate(PROMPT, SAMPLED)[0].outputs[0]
-    with serve(greedy_checkpoint, "--served-model-name", "tiny", "--dtype", "float32", "--num-blocks", "64",
-               "--max-model-len", "256", api_key=None) as server:
+    with serve(
+        greedy_checkpoint,
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--num-blocks",
+        "64",
+        "--max-model-len",
+        "256",
+        api_key=None,
+    ) as server:
         client = server.openai()
         model = httpx.get(f"{server.url}/v1/models").json()["data"][0]
         assert model["default_sampling_params"] == DEFAULTS

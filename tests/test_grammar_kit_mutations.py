@@ -47,10 +47,29 @@ def outcomes(tmp_path_factory) -> dict[str, dict[str, str]]:
     folder = tmp_path_factory.mktemp("grammar-kit")
     (folder / "test_kit.py").write_text(KIT)
     report = folder / "report.xml"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
-                          "-W", "error::pytest.PytestRemovedIn10Warning", str(folder / "test_kit.py")],
-                         check=False, cwd=folder, env=env, capture_output=True, text=True, timeout=600)
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    )
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            f"--junitxml={report}",
+            "-W",
+            "error::pytest.PytestRemovedIn10Warning",
+            str(folder / "test_kit.py"),
+        ],
+        check=False,
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert report.exists(), run.stdout + run.stderr
     results: dict[str, dict[str, str]] = {}
     for case in ET.parse(report).iter("testcase"):

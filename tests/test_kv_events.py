@@ -27,7 +27,7 @@ def chain(tokens: list[int], salt: str = "") -> list[bytes]:
     """The engine's block hashes, written out: sha256(parent + int64 tokens), salt first."""
     hashes, parent = [], salt.encode()
     for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
-        parent = hashlib.sha256(parent + array("q", tokens[start:start + BLOCK]).tobytes()).digest()
+        parent = hashlib.sha256(parent + array("q", tokens[start : start + BLOCK]).tobytes()).digest()
         hashes.append(parent)
     return hashes
 
@@ -38,14 +38,23 @@ def prompts():
 
 
 def test_stored_removed_and_cleared_follow_the_prefix_cache(tiny_llama, prompts):
-    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=8, block_size=BLOCK, max_num_seqs=1, max_model_len=96,
-              kv_events_config=EVENTS)
+    llm = LLM(
+        tiny_llama[0],
+        dtype="float32",
+        num_blocks=8,
+        block_size=BLOCK,
+        max_num_seqs=1,
+        max_model_len=96,
+        kv_events_config=EVENTS,
+    )
     engine = llm.engine
     llm.generate([{"prompt_token_ids": prompts[0]}], GREEDY)
     stored = [e for e in engine.take_kv_events() if isinstance(e, BlockStored)]
     hashes = [h for e in stored for h in e.block_hashes]
     assert hashes == chain(prompts[0])  # the prompt's three full blocks (+4 tokens: no fourth)
-    assert stored[0].parent_block_hash is None and stored[0].token_ids == tuple(prompts[0][:len(stored[0].token_ids)])
+    assert stored[0].parent_block_hash is None and stored[0].token_ids == tuple(
+        prompts[0][: len(stored[0].token_ids)]
+    )
     assert all(e.block_size == BLOCK for e in stored)
     assert engine.take_kv_events() == []  # taken once
 
@@ -77,6 +86,7 @@ def test_the_config_takes_vllms_fields_and_names_unknown_ones():
 
 # --- over ZMQ, as a vLLM subscriber reads them ---------------------------------------------
 
+
 def _decode(payload: bytes) -> dict:
     """A batch read as plain msgpack, the arrays vLLM's wire format specifies:
     [ts, [[tag, fields...], ...], data_parallel_rank]."""
@@ -107,9 +117,21 @@ def test_engine_serve_publishes_vllms_wire_format_per_core_with_replay(tiny_llam
     config = {**EVENTS, "endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay}", "topic": "kv"}
     context = zmq.Context()
     try:
-        with serve(tiny_llama[0], "--dtype", "float32", "--num-blocks", "64", "--served-model-name", "tiny",
-                   "-dp", "2", "--data-parallel-routing", "round-robin",
-                   "--kv-events-config", msgspec.json.encode(config).decode()) as server:
+        with serve(
+            tiny_llama[0],
+            "--dtype",
+            "float32",
+            "--num-blocks",
+            "64",
+            "--served-model-name",
+            "tiny",
+            "-dp",
+            "2",
+            "--data-parallel-routing",
+            "round-robin",
+            "--kv-events-config",
+            msgspec.json.encode(config).decode(),
+        ) as server:
             subscribers = []
             for rank in (0, 1):  # each core publishes on the endpoint's port + its rank
                 sub = context.socket(zmq.SUB)
@@ -125,10 +147,14 @@ def test_engine_serve_publishes_vllms_wire_format_per_core_with_replay(tiny_llam
                 assert {batch["rank"] for _, batch in batches} == {rank}
                 stored = _stored(batches)
                 assert [h for e in stored for h in e["block_hashes"]] == [
-                    int.from_bytes(h, "big") & (2 ** 64 - 1) for h in chain(prompts[rank])]
-                assert [t for e in stored for t in e["token_ids"]] == \
-                    prompts[rank][:len(chain(prompts[rank])) * BLOCK]
-                assert all(e["medium"] == "CPU" and e["block_size"] == BLOCK and e["lora_id"] is None for e in stored)
+                    int.from_bytes(h, "big") & (2**64 - 1) for h in chain(prompts[rank])
+                ]
+                assert [t for e in stored for t in e["token_ids"]] == prompts[rank][
+                    : len(chain(prompts[rank])) * BLOCK
+                ]
+                assert all(
+                    e["medium"] == "CPU" and e["block_size"] == BLOCK and e["lora_id"] is None for e in stored
+                )
                 assert stored[0]["parent_block_hash"] is None
                 if rank == 0:
                     seen = [sequence for sequence, _ in batches]
@@ -144,6 +170,6 @@ def test_engine_serve_publishes_vllms_wire_format_per_core_with_replay(tiny_llam
                     break
                 replayed.append(int.from_bytes(sequence, "big"))
                 _decode(payload)
-            assert replayed[:len(seen)] == seen == list(range(len(seen)))
+            assert replayed[: len(seen)] == seen == list(range(len(seen)))
     finally:
         context.destroy(linger=0)

@@ -10,15 +10,36 @@ import pytest
 from engine.testing import reference
 from tests.serving import serve
 
-TRANSFER = {"kv_connector": "offload", "kv_role": "kv_both", "kv_connector_extra_config": {"cpu_bytes": 1 << 24}}
+TRANSFER = {
+    "kv_connector": "offload",
+    "kv_role": "kv_both",
+    "kv_connector_extra_config": {"cpu_bytes": 1 << 24},
+}
 
 
 @pytest.mark.slow
 def test_offloaded_prefix_is_cached_tokens_and_metrics(tiny_llama):
-    shared, *others = reference.random_prompts(tiny_llama[1].config.vocab_size, [64, 120, 120, 120, 5], seed=9)
-    with serve(tiny_llama[0], "--served-model-name", "tiny", "--dtype", "float32", "--num-blocks", "26",
-               "--block-size", "8", "--max-model-len", "192", "--max-num-seqs", "2",
-               "--enable-prompt-tokens-details", "--kv-transfer-config", json.dumps(TRANSFER)) as server:
+    shared, *others = reference.random_prompts(
+        tiny_llama[1].config.vocab_size, [64, 120, 120, 120, 5], seed=9
+    )
+    with serve(
+        tiny_llama[0],
+        "--served-model-name",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--num-blocks",
+        "26",
+        "--block-size",
+        "8",
+        "--max-model-len",
+        "192",
+        "--max-num-seqs",
+        "2",
+        "--enable-prompt-tokens-details",
+        "--kv-transfer-config",
+        json.dumps(TRANSFER),
+    ) as server:
         client = server.openai()
 
         def complete(prompt):
@@ -39,7 +60,9 @@ def test_offloaded_prefix_is_cached_tokens_and_metrics(tiny_llama):
         chat = [client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)]
         for filler in others[:2]:
             complete(filler)
-        chat.append(client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0))
+        chat.append(
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=4, temperature=0)
+        )
         prompt_blocks = (chat[1].usage.prompt_tokens - 1) // 8 * 8
         assert chat[0].usage.prompt_tokens_details.cached_tokens == 0
         assert chat[1].usage.prompt_tokens_details.cached_tokens == prompt_blocks > 64

@@ -13,8 +13,18 @@ from pathlib import Path
 ENGINE = Path(__file__).resolve().parents[1] / "core" / "engine"
 
 # what stands above the interfaces: each imports them
-ABOVE = ("engine.core", "engine.runner", "engine.layers", "engine.executors", "engine.builtin",
-         "engine.testing", "engine.entrypoints.llm", "engine.entrypoints.cli", "engine.client", "engine_server")
+ABOVE = (
+    "engine.core",
+    "engine.runner",
+    "engine.layers",
+    "engine.executors",
+    "engine.builtin",
+    "engine.testing",
+    "engine.entrypoints.llm",
+    "engine.entrypoints.cli",
+    "engine.client",
+    "engine_server",
+)
 
 # The floors, ground first: a folder (or top-level module) of ``engine`` imports only from the
 # floors below it and from itself.
@@ -76,7 +86,8 @@ def _imports_of(path: Path) -> set[str]:
 
 def _is_above(module: str) -> bool:
     return module.split(".")[0].startswith("engine_") or any(
-        module == above or module.startswith(above + ".") for above in ABOVE)
+        module == above or module.startswith(above + ".") for above in ABOVE
+    )
 
 
 def _uphill_imports() -> set[tuple[str, str]]:
@@ -105,8 +116,11 @@ def test_the_interfaces_import_nothing_by_name():
     """An import by a computed name (``importlib.import_module``, ``__import__``) hides from
     the check above, as the interfaces' former lazy import of the engine core's types did."""
     for path in (ENGINE / "interfaces").glob("*.py"):
-        calls = {node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-                 for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Call)}
+        calls = {
+            node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call)
+        }
         assert not calls & {"import_module", "__import__"}, path.name
 
 
@@ -125,8 +139,17 @@ def layer_ops():
     from engine.layers.ops import LayerOps
 """
     found = _imports(source, "engine.interfaces")
-    assert {"engine.messages.request", "engine.messages.step", "engine.interfaces.kv_cache", "engine.core.setup",
-            "engine.distributed", "engine.layers.ops", "engine.layers", "engine.core", "engine"} <= found
+    assert {
+        "engine.messages.request",
+        "engine.messages.step",
+        "engine.interfaces.kv_cache",
+        "engine.core.setup",
+        "engine.distributed",
+        "engine.layers.ops",
+        "engine.layers",
+        "engine.core",
+        "engine",
+    } <= found
 
 
 def test_the_request_state_and_step_messages_are_public_from_the_ground_floor():
@@ -159,8 +182,11 @@ def _engine_imports() -> dict[str, set[str]]:
     graph = {}
     for path in sorted(ENGINE.rglob("*.py")):
         skip = (path, ENGINE / "__init__.py")
-        graph[_module_of(path)] = {_module_of(source) for module in _imports_of(path)
-                                   if (source := _file(module)) is not None and source not in skip}
+        graph[_module_of(path)] = {
+            _module_of(source)
+            for module in _imports_of(path)
+            if (source := _file(module)) is not None and source not in skip
+        }
     return graph
 
 
@@ -171,12 +197,20 @@ def test_every_folder_stands_on_a_floor():
 
 def test_no_module_imports_from_a_floor_above_its_own():
     def known(module: str, imported: str) -> bool:  # a KNOWN import, or its package's __init__
-        return any(module == f"engine.{file.removesuffix('.py').replace('/', '.')}"
-                   and (target == imported or target.startswith(imported + ".")) for file, target in KNOWN)
+        return any(
+            module == f"engine.{file.removesuffix('.py').replace('/', '.')}"
+            and (target == imported or target.startswith(imported + "."))
+            for file, target in KNOWN
+        )
 
-    uphill = {(module, imported) for module, imports in _engine_imports().items() for imported in imports
-              if _folder(module) != _folder(imported) and _floor(imported) >= _floor(module)
-              and not known(module, imported)}
+    uphill = {
+        (module, imported)
+        for module, imports in _engine_imports().items()
+        for imported in imports
+        if _folder(module) != _folder(imported)
+        and _floor(imported) >= _floor(module)
+        and not known(module, imported)
+    }
     assert uphill == set(), "imports from the same floor or above (FLOORS)"
 
 
@@ -189,7 +223,7 @@ def test_no_file_imports_another_in_a_loop():
             if imported in {m for m in graph if m.startswith(module + ".")}:
                 continue  # a package's __init__ running its own submodules is not a loop
             if state.get(imported) == "open":
-                loops.append(path[path.index(imported):] + [imported])
+                loops.append(path[path.index(imported) :] + [imported])
             elif imported not in state:
                 visit(imported, [*path, imported])
         state[module] = "done"

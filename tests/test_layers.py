@@ -32,8 +32,13 @@ def test_qk_norm_rotary_matches_transformers_qwen3(tokens):
     from transformers.models.qwen3 import modeling_qwen3 as hf
 
     heads, kv_heads, head_dim = 4, 2, 48
-    config = Qwen3Config(hidden_size=64, num_attention_heads=heads, num_key_value_heads=kv_heads,
-                         head_dim=head_dim, max_position_embeddings=128)
+    config = Qwen3Config(
+        hidden_size=64,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        max_position_embeddings=128,
+    )
     gen = torch.Generator().manual_seed(tokens)
     positions = torch.randint(0, 128, (tokens,), generator=gen)
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
@@ -51,8 +56,9 @@ def test_qk_norm_rotary_matches_transformers_qwen3(tokens):
     for hf_norm, norm in zip(hf_norms, norms):
         hf_norm.weight.data = norm.weight.data.clone()
     cos, sin = hf.Qwen3RotaryEmbedding(config)(qkv, positions[None])
-    want_q, want_k = hf.apply_rotary_pos_emb(hf_norms[0](hf_q).transpose(1, 2), hf_norms[1](hf_k).transpose(1, 2),
-                                             cos, sin)
+    want_q, want_k = hf.apply_rotary_pos_emb(
+        hf_norms[0](hf_q).transpose(1, 2), hf_norms[1](hf_k).transpose(1, 2), cos, sin
+    )
     torch.testing.assert_close(q, want_q[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k, want_k[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     assert torch.equal(v, hf_v[0])

@@ -197,7 +197,7 @@ class EndsAtTwo(RefusingGrammar):
         bitmask[row] = 0b1111
 
     def rollback(self, num_tokens):
-        del self.tokens[len(self.tokens) - num_tokens:]
+        del self.tokens[len(self.tokens) - num_tokens :]
 
     def is_terminated(self):
         return 2 in self.tokens

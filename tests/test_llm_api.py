@@ -8,12 +8,21 @@ from engine import LLM, SamplingParams
 from engine.testing import reference
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(max_tokens=-1), "max_tokens"), (dict(max_tokens=0), "max_tokens"),
-    (dict(top_p=0.0), "top_p"), (dict(top_p=1.5), "top_p"), (dict(temperature=-1), "temperature"),
-    (dict(n=0), "n"), (dict(min_p=2), "min_p"), (dict(logprobs=-2), "logprobs"),
-    (dict(min_tokens=5, max_tokens=2), "min_tokens"), (dict(stop=[""]), "stop"),
-])
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(max_tokens=-1), "max_tokens"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(temperature=-1), "temperature"),
+        (dict(n=0), "n"),
+        (dict(min_p=2), "min_p"),
+        (dict(logprobs=-2), "logprobs"),
+        (dict(min_tokens=5, max_tokens=2), "min_tokens"),
+        (dict(stop=[""]), "stop"),
+    ],
+)
 def test_bad_sampling_params_name_the_field(kwargs, field):
     with pytest.raises(ValueError, match=field):
         SamplingParams(**kwargs)
@@ -41,9 +50,13 @@ def test_bad_prompts_fail_before_any_work(tiny_llm):
 
 
 def test_text_round_trips_through_the_tokenizer(tiny_llm):
-    out = tiny_llm.generate("The weather today is", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))[0]
+    out = tiny_llm.generate(
+        "The weather today is", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    )[0]
     assert out.prompt == "The weather today is"
-    assert out.outputs[0].text == tiny_llm.tokenizer.decode(out.outputs[0].token_ids, skip_special_tokens=True)
+    assert out.outputs[0].text == tiny_llm.tokenizer.decode(
+        out.outputs[0].token_ids, skip_special_tokens=True
+    )
     assert out.outputs[0].finish_reason == "length" and out.finished
     assert tiny_llm.get_tokenizer() is tiny_llm.tokenizer  # vLLM's spelling, which its users' scripts call
 
@@ -52,7 +65,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch(tiny_llm):
     params = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=1234, max_tokens=10, ignore_eos=True)
     alone = tiny_llm.generate("Once upon a time", params)[0].outputs[0].token_ids
     others = [SamplingParams(temperature=1.0, max_tokens=7, ignore_eos=True)] * 3
-    batch = tiny_llm.generate(["Hello", "Once upon a time", "A list:", "Why"], [others[0], params, *others[1:]])
+    batch = tiny_llm.generate(
+        ["Hello", "Once upon a time", "A list:", "Why"], [others[0], params, *others[1:]]
+    )
     assert batch[1].outputs[0].token_ids == alone
     again = tiny_llm.generate("Once upon a time", params)[0].outputs[0].token_ids
     assert again == alone
@@ -61,7 +76,9 @@ def test_seeded_sampling_does_not_depend_on_the_batch(tiny_llm):
 def test_n_samples_share_the_prompt_blocks(tiny_llm):
     prompt = reference.random_prompts(49152, [70], seed=9)[0]
     hits_before = tiny_llm.engine.kv_cache_manager.stats["prefix_hits"]
-    out = tiny_llm.generate([prompt], SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True))[0]
+    out = tiny_llm.generate(
+        [prompt], SamplingParams(n=4, temperature=1.0, seed=3, max_tokens=6, ignore_eos=True)
+    )[0]
     assert [c.index for c in out.outputs] == [0, 1, 2, 3]
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     hits = tiny_llm.engine.kv_cache_manager.stats["prefix_hits"] - hits_before
@@ -98,21 +115,34 @@ def test_prompt_logprobs_cover_a_cached_prefix(tiny_llm):
 
 
 def test_stop_strings_and_stop_tokens(tiny_llm):
-    base = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[0].outputs[0]
-    stop = base.text[len(base.text) // 2:len(base.text) // 2 + 3]
-    cut = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, stop=[stop], ignore_eos=True))[0]
+    base = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))[
+        0
+    ].outputs[0]
+    stop = base.text[len(base.text) // 2 : len(base.text) // 2 + 3]
+    cut = tiny_llm.generate(
+        "Story:", SamplingParams(max_tokens=30, temperature=0, stop=[stop], ignore_eos=True)
+    )[0]
     assert cut.outputs[0].finish_reason == "stop" and cut.outputs[0].stop_reason == stop
-    assert cut.outputs[0].text == base.text[:base.text.index(stop)]
-    kept = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, stop=stop,
-                                                       include_stop_str_in_output=True, ignore_eos=True))[0]
-    assert kept.outputs[0].text == base.text[:base.text.index(stop) + len(stop)]
+    assert cut.outputs[0].text == base.text[: base.text.index(stop)]
+    kept = tiny_llm.generate(
+        "Story:",
+        SamplingParams(
+            max_tokens=30, temperature=0, stop=stop, include_stop_str_in_output=True, ignore_eos=True
+        ),
+    )[0]
+    assert kept.outputs[0].text == base.text[: base.text.index(stop) + len(stop)]
     stop_id = base.token_ids[2]
-    by_id = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[stop_id]))[0]
+    by_id = tiny_llm.generate(
+        "Story:", SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[stop_id])
+    )[0]
     first = base.token_ids.index(stop_id)
-    assert by_id.outputs[0].token_ids == base.token_ids[:first + 1] and by_id.outputs[0].stop_reason == stop_id
-    held = tiny_llm.generate("Story:", SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[stop_id],
-                                                       min_tokens=first + 2))[0].outputs[0]
-    assert len(held.token_ids) >= first + 2 and stop_id not in held.token_ids[:first + 2]
+    assert (
+        by_id.outputs[0].token_ids == base.token_ids[: first + 1] and by_id.outputs[0].stop_reason == stop_id
+    )
+    held = tiny_llm.generate(
+        "Story:", SamplingParams(max_tokens=30, temperature=0, stop_token_ids=[stop_id], min_tokens=first + 2)
+    )[0].outputs[0]
+    assert len(held.token_ids) >= first + 2 and stop_id not in held.token_ids[: first + 2]
 
 
 def test_chat_uses_the_checkpoint_template(tiny_llm):
@@ -126,8 +156,10 @@ def test_chat_uses_the_checkpoint_template(tiny_llm):
 
 
 def test_chat_template_kwargs_and_continue_final_message(tiny_llm):
-    template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-                "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ extra | default('') }}")
+    template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}{{ extra | default('') }}"
+    )
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Once upon a"}]
     params = SamplingParams(max_tokens=2, temperature=0)
     decode = tiny_llm.tokenizer.decode
@@ -147,7 +179,9 @@ def test_chat_template_kwargs_and_continue_final_message(tiny_llm):
 def test_priority_policy_runs_the_urgent_request_first(tiny_llama):
     from engine.messages.request import Request
 
-    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, policy="priority", max_num_seqs=1)
+    llm = LLM(
+        tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, policy="priority", max_num_seqs=1
+    )
     later = Request("later", [5, 6, 7], SamplingParams(max_tokens=2), priority=5)
     urgent = Request("urgent", [5, 6, 7], SamplingParams(max_tokens=2), priority=0)
     llm.engine.add_request(later)

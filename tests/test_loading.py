@@ -35,9 +35,25 @@ def test_kv_pool_is_sized_from_the_memory_budget(tiny_llama):
 
 
 def test_engine_conformance_flag_collects_every_registration():
-    result = subprocess.run([sys.executable, "-m", "pytest", "--engine-conformance", "--collect-only", "-q",
-                             "-p", "no:cacheprovider", "-k", "conformance_all"],
-                            capture_output=True, text=True, timeout=300, cwd=os.path.dirname(__file__), check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--engine-conformance",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-k",
+            "conformance_all",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=os.path.dirname(__file__),
+        check=False,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     out = result.stdout
     assert "Test_attention_torch" in out and "Test_scheduler_default" in out and "Test_kv_default" in out

@@ -16,8 +16,15 @@ LOGGER = stats_logger.__name__
 def test_a_line_per_interval_with_rates_over_the_interval(caplog):
     clock = [0.0]
     logger = StatsLogger("engine 1", interval=10.0, clock=lambda: clock[0])
-    busy = EngineStats(running=2, waiting=1, kv_cache_usage=0.25, prompt_tokens=300, generation_tokens=50,
-                       prefix_queries=40, prefix_hits=10)
+    busy = EngineStats(
+        running=2,
+        waiting=1,
+        kv_cache_usage=0.25,
+        prompt_tokens=300,
+        generation_tokens=50,
+        prefix_queries=40,
+        prefix_hits=10,
+    )
     clock[0] = 9.0
     logger.tick(lambda: busy)
     assert not caplog.records  # not yet due: the stats are not even built
@@ -27,10 +34,15 @@ def test_a_line_per_interval_with_rates_over_the_interval(caplog):
     clock[0] = 30.0
     logger.tick(lambda: later)
     assert [r.getMessage() for r in caplog.records if r.name == LOGGER] == [
-        ("engine 1: prompt throughput 30.0 tokens/s, generation throughput 5.0 tokens/s, running 2 reqs, "
-         "waiting 1 reqs, KV cache usage 25.0%, prefix cache hit rate 25.0%"),
-        ("engine 1: prompt throughput 0.0 tokens/s, generation throughput 10.0 tokens/s, running 0 reqs, "
-         "waiting 0 reqs, KV cache usage 0.0%, prefix cache hit rate 90.0%")]
+        (
+            "engine 1: prompt throughput 30.0 tokens/s, generation throughput 5.0 tokens/s, running 2 reqs, "
+            "waiting 1 reqs, KV cache usage 25.0%, prefix cache hit rate 25.0%"
+        ),
+        (
+            "engine 1: prompt throughput 0.0 tokens/s, generation throughput 10.0 tokens/s, running 0 reqs, "
+            "waiting 0 reqs, KV cache usage 0.0%, prefix cache hit rate 90.0%"
+        ),
+    ]
     assert "prefix cache hit rate 0.0%" in stats_line("e", EngineStats(), EngineStats(), 1.0)
 
 

@@ -24,8 +24,14 @@ P99_BOUND_S = 1.0
 
 
 def _stream(client, model, stamps: list[float], stop: threading.Event) -> None:
-    stream = client.completions.create(model=model, prompt="Count upwards: 1, 2, 3,", max_tokens=4000,
-                                       stream=True, temperature=0, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model=model,
+        prompt="Count upwards: 1, 2, 3,",
+        max_tokens=4000,
+        stream=True,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     with stream:
         for _ in stream:
             stamps.append(time.monotonic())
@@ -57,5 +63,9 @@ def test_streams_keep_flowing_while_a_long_prompt_prefills():
     gaps = [b - a for s in stamps for a, b in itertools.pairwise(s) if started <= b <= finished]
     assert len(gaps) > 20, "the streams got hardly any tokens while the prompt prefilled"
     p99 = statistics.quantiles(gaps, n=100, method="inclusive")[98]
-    print(f"\np99 inter-token gap {p99:.2f} s over {len(gaps)} gaps; {PROMPT_TOKENS}-token prefill {finished - started:.1f} s")
-    assert p99 < P99_BOUND_S, f"p99 inter-token gap {p99:.2f} s over {len(gaps)} gaps, prefill {finished - started:.1f} s"
+    print(
+        f"\np99 inter-token gap {p99:.2f} s over {len(gaps)} gaps; {PROMPT_TOKENS}-token prefill {finished - started:.1f} s"
+    )
+    assert p99 < P99_BOUND_S, (
+        f"p99 inter-token gap {p99:.2f} s over {len(gaps)} gaps, prefill {finished - started:.1f} s"
+    )

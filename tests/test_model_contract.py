@@ -17,8 +17,15 @@ from tests.plugins import faulty_attention
 
 add_plugin(faulty_attention, "test-faulty-attention")
 
-TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=128)
+TINY = dict(
+    model_type="llama",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+)
 
 
 class FirstLayerCacheContract(ModelContract):
@@ -30,8 +37,12 @@ class FirstLayerCacheContract(ModelContract):
 
 def _checkpoint(tmp_path, layers: int):
     folder = str(tmp_path / f"layers-{layers}")
-    return {f"{layers} layers": (folder, reference.tiny_checkpoint(folder, "LlamaForCausalLM",
-                                                                   dict(TINY, num_hidden_layers=layers)))}
+    return {
+        f"{layers} layers": (
+            folder,
+            reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(TINY, num_hidden_layers=layers)),
+        )
+    }
 
 
 def test_a_backend_memoizing_across_layers_fails_with_two_layers_only(tmp_path):

@@ -21,8 +21,10 @@ def unquantized(dtype, batch_invariant: bool = False):
 
 def inputs(tokens: int, dtype, seed: int = 0):
     gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(tokens, HIDDEN, generator=gen).to(dtype),
-            torch.randn(tokens, EXPERTS, generator=gen).to(dtype) * 2)
+    return (
+        torch.randn(tokens, HIDDEN, generator=gen).to(dtype),
+        torch.randn(tokens, EXPERTS, generator=gen).to(dtype) * 2,
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -30,7 +32,9 @@ def inputs(tokens: int, dtype, seed: int = 0):
 @pytest.mark.parametrize("top_k", [1, 2])
 @pytest.mark.parametrize("tokens", [1, 7, 64])
 def test_grouped_path_matches_per_expert_reference(tokens, top_k, renormalize, dtype):
-    layer, _, (gate_up, down) = loaded_moe(unquantized(dtype), EXPERTS, top_k, HIDDEN, INTERMEDIATE, renormalize)
+    layer, _, (gate_up, down) = loaded_moe(
+        unquantized(dtype), EXPERTS, top_k, HIDDEN, INTERMEDIATE, renormalize
+    )
     x, logits = inputs(tokens, dtype, seed=tokens)
     got = layer(x, logits)
     assert got.shape == x.shape and got.dtype == dtype
@@ -42,7 +46,9 @@ def test_grouped_path_matches_per_expert_reference(tokens, top_k, renormalize, d
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("sizes", [(33, 21), (48, 40)])  # the loop's operands; torch._grouped_mm's (16-byte rows)
+@pytest.mark.parametrize(
+    "sizes", [(33, 21), (48, 40)]
+)  # the loop's operands; torch._grouped_mm's (16-byte rows)
 def test_grouped_matmul_equals_the_loop_over_experts(dtype, sizes):
     """The one-call path and the loop over experts with rows (the fallback off the CPU and
     for unaligned rows), empty experts included."""
@@ -61,9 +67,12 @@ def test_grouped_matmul_equals_the_loop_over_experts(dtype, sizes):
 def test_routing_renormalizes_only_when_asked():
     x, logits = inputs(5, torch.float32)
     for renormalize in (True, False):
-        layer, _, (gate_up, down) = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, renormalize)
-        torch.testing.assert_close(layer(x, logits), reference_moe(x, logits, gate_up, down, 2, renormalize),
-                                   atol=2e-5, rtol=1e-5)
+        layer, _, (gate_up, down) = loaded_moe(
+            unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, renormalize
+        )
+        torch.testing.assert_close(
+            layer(x, logits), reference_moe(x, logits, gate_up, down, 2, renormalize), atol=2e-5, rtol=1e-5
+        )
     renormed = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0](x, logits)
     plain = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, False)[0](x, logits)
     assert not torch.allclose(renormed, plain)
@@ -74,27 +83,58 @@ def test_expert_parallel_ranks_sum_to_the_whole_layer():
     add up to the single-rank layer's, and each stores only its own experts."""
     x, logits = inputs(16, torch.float32, seed=2)
     whole = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0]
-    ranks = [loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True, local_experts=experts)[0]
-             for experts in ([0, 2, 4, 6], [1, 3, 5, 7])]
+    ranks = [
+        loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True, local_experts=experts)[
+            0
+        ]
+        for experts in ([0, 2, 4, 6], [1, 3, 5, 7])
+    ]
     assert ranks[0].gate_up.weight.shape == (4, 2 * INTERMEDIATE, HIDDEN)
-    torch.testing.assert_close(ranks[0](x, logits) + ranks[1](x, logits), whole(x, logits), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        ranks[0](x, logits) + ranks[1](x, logits), whole(x, logits), atol=2e-5, rtol=1e-5
+    )
     with pytest.raises(ValueError, match="local_experts"):
-        FusedMoE(EXPERTS, 2, HIDDEN, INTERMEDIATE, True, unquantized(torch.float32), torch.float32, LayerOps(),
-                 local_experts=[0, 8])
+        FusedMoE(
+            EXPERTS,
+            2,
+            HIDDEN,
+            INTERMEDIATE,
+            True,
+            unquantized(torch.float32),
+            torch.float32,
+            LayerOps(),
+            local_experts=[0, 8],
+        )
 
 
 class Block(torch.nn.Module):
     def __init__(self, local_experts=None):
         super().__init__()
-        self.experts = FusedMoE(EXPERTS, 2, HIDDEN, INTERMEDIATE, True, unquantized(torch.float32), torch.float32,
-                                LayerOps(), local_experts=local_experts)
+        self.experts = FusedMoE(
+            EXPERTS,
+            2,
+            HIDDEN,
+            INTERMEDIATE,
+            True,
+            unquantized(torch.float32),
+            torch.float32,
+            LayerOps(),
+            local_experts=local_experts,
+        )
 
 
 def checkpoint(names=("gate_proj", "up_proj", "down_proj")):
     gen = torch.Generator().manual_seed(3)
-    shapes = {names[0]: (INTERMEDIATE, HIDDEN), names[1]: (INTERMEDIATE, HIDDEN), names[2]: (HIDDEN, INTERMEDIATE)}
-    return {f"mlp.experts.{e}.{p}.weight": torch.randn(*shape, generator=gen)
-            for e in range(EXPERTS) for p, shape in shapes.items()}
+    shapes = {
+        names[0]: (INTERMEDIATE, HIDDEN),
+        names[1]: (INTERMEDIATE, HIDDEN),
+        names[2]: (HIDDEN, INTERMEDIATE),
+    }
+    return {
+        f"mlp.experts.{e}.{p}.weight": torch.randn(*shape, generator=gen)
+        for e in range(EXPERTS)
+        for p, shape in shapes.items()
+    }
 
 
 @pytest.mark.parametrize("names", [("gate_proj", "up_proj", "down_proj"), ("w1", "w3", "w2")])
@@ -103,8 +143,12 @@ def test_checkpoint_experts_load_into_the_stacked_weights(names):
     model.mlp = Block()
     tensors = checkpoint(names)
     load_checkpoint(model, tensors.items())
-    torch.testing.assert_close(model.mlp.experts.gate_up.weight[5, :INTERMEDIATE], tensors[f"mlp.experts.5.{names[0]}.weight"])
-    torch.testing.assert_close(model.mlp.experts.gate_up.weight[5, INTERMEDIATE:], tensors[f"mlp.experts.5.{names[1]}.weight"])
+    torch.testing.assert_close(
+        model.mlp.experts.gate_up.weight[5, :INTERMEDIATE], tensors[f"mlp.experts.5.{names[0]}.weight"]
+    )
+    torch.testing.assert_close(
+        model.mlp.experts.gate_up.weight[5, INTERMEDIATE:], tensors[f"mlp.experts.5.{names[1]}.weight"]
+    )
     torch.testing.assert_close(model.mlp.experts.down.weight[7], tensors[f"mlp.experts.7.{names[2]}.weight"])
 
 
@@ -113,12 +157,16 @@ def test_other_ranks_experts_are_skipped_and_missing_ones_refused():
     model.mlp = Block(local_experts=[6, 1])
     tensors = checkpoint()
     load_checkpoint(model, tensors.items())
-    torch.testing.assert_close(model.mlp.experts.gate_up.weight[0, :INTERMEDIATE], tensors["mlp.experts.6.gate_proj.weight"])
+    torch.testing.assert_close(
+        model.mlp.experts.gate_up.weight[0, :INTERMEDIATE], tensors["mlp.experts.6.gate_proj.weight"]
+    )
     torch.testing.assert_close(model.mlp.experts.down.weight[1], tensors["mlp.experts.1.down_proj.weight"])
     model.mlp.experts.gate_up.process_weights_after_loading()
     partial = torch.nn.Module()
     partial.mlp = Block()
-    load_checkpoint(partial, [(k, v) for k, v in tensors.items() if not k.startswith("mlp.experts.3.up_proj")])
+    load_checkpoint(
+        partial, [(k, v) for k, v in tensors.items() if not k.startswith("mlp.experts.3.up_proj")]
+    )
     with pytest.raises(ValueError, match=r"\(3, 1\)"):
         partial.mlp.experts.gate_up.process_weights_after_loading()
 
@@ -127,10 +175,14 @@ def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch():
     """Under batch_invariant each expert runs its rows in fixed 16-row tiles: a token's output
     alone equals its output among 40 others bit for bit (the plain grouped path does not
     promise it)."""
-    layer = loaded_moe(unquantized(torch.bfloat16, batch_invariant=True), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0]
+    layer = loaded_moe(
+        unquantized(torch.bfloat16, batch_invariant=True), EXPERTS, 2, HIDDEN, INTERMEDIATE, True
+    )[0]
     x, logits = inputs(41, torch.bfloat16, seed=4)
     batched = layer(x, logits)
     for row in (0, 17, 40):
-        assert torch.equal(layer(x[row:row + 1], logits[row:row + 1])[0], batched[row])
+        assert torch.equal(layer(x[row : row + 1], logits[row : row + 1])[0], batched[row])
     _, _, (gate_up, down) = loaded_moe(unquantized(torch.bfloat16), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)
-    torch.testing.assert_close(batched.float(), reference_moe(x, logits, gate_up, down, 2, True), atol=3e-2, rtol=3e-2)
+    torch.testing.assert_close(
+        batched.float(), reference_moe(x, logits, gate_up, down, 2, True), atol=3e-2, rtol=3e-2
+    )

@@ -52,18 +52,22 @@ def test_a_header_gives_each_function_its_ctypes_types(tmp_path):
     _library(tmp_path)
     assert read_header(tmp_path / "tiny.h") == {
         "count": Prototype("count", (), ctypes.c_int64, False),
-        "scale": Prototype("scale", (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float), None,
-                           False),
+        "scale": Prototype(
+            "scale", (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_float), None, False
+        ),
         "check": Prototype("check", (ctypes.c_void_p, ctypes.c_int64), ctypes.c_int64, True),
     }
 
 
-@pytest.mark.parametrize(("statement", "reason"), [
-    ("double mean(const float *x, int64_t n);", "mean returns double"),
-    ("void fill(float *x, int n);", "fill's parameter 'int n' is not an int64_t, a float or a pointer"),
-    ("typedef struct { int64_t a; } pair;", "is not a prototype"),
-    ("void last(void)", "does not end with ';'"),
-])
+@pytest.mark.parametrize(
+    ("statement", "reason"),
+    [
+        ("double mean(const float *x, int64_t n);", "mean returns double"),
+        ("void fill(float *x, int n);", "fill's parameter 'int n' is not an int64_t, a float or a pointer"),
+        ("typedef struct { int64_t a; } pair;", "is not a prototype"),
+        ("void last(void)", "does not end with ';'"),
+    ],
+)
 def test_what_the_header_reader_does_not_take_is_refused_with_the_statement(tmp_path, statement, reason):
     (tmp_path / "bad.h").write_text(f'#include "engine_native.h"\n{statement}\n')
     with pytest.raises(HeaderError, match=reason.replace("(", r"\(").replace(")", r"\)")):
@@ -87,15 +91,28 @@ def test_calls_are_checked_against_the_prototypes(tmp_path):
         library.printf  # noqa: B018
 
 
-@pytest.mark.parametrize(("header", "source", "error"), [
-    # the prototype Python binds says float, the definition takes an integer
-    (HEADER.replace("int64_t n, float by", "int64_t n, int64_t by"), SOURCE, "conflicting types for .scale"),
-    (HEADER, SOURCE.replace("engine_status check(const int64_t *ids", "engine_status check(int64_t *ids"),
-     "conflicting types for .check"),
-    # the source forgets its header: it is force-included all the same
-    (HEADER.replace("const float *x, int64_t n", "float *x, int64_t n"),
-     SOURCE.replace('#include "tiny.h"\n', ""), "conflicting types for .scale"),
-])
+@pytest.mark.parametrize(
+    ("header", "source", "error"),
+    [
+        # the prototype Python binds says float, the definition takes an integer
+        (
+            HEADER.replace("int64_t n, float by", "int64_t n, int64_t by"),
+            SOURCE,
+            "conflicting types for .scale",
+        ),
+        (
+            HEADER,
+            SOURCE.replace("engine_status check(const int64_t *ids", "engine_status check(int64_t *ids"),
+            "conflicting types for .check",
+        ),
+        # the source forgets its header: it is force-included all the same
+        (
+            HEADER.replace("const float *x, int64_t n", "float *x, int64_t n"),
+            SOURCE.replace('#include "tiny.h"\n', ""),
+            "conflicting types for .scale",
+        ),
+    ],
+)
 def test_a_header_that_differs_from_the_definitions_does_not_build(tmp_path, header, source, error):
     with pytest.raises(BuildError, match=error):
         load_source(_library(tmp_path, header, source))
@@ -134,8 +151,9 @@ def test_scale():
 
 
 def test_recorded_kernels_replay_clean_under_sanitizers():
-    native.assert_clean_under_sanitizers([str(TESTS / "test_native_tape.py"), "-k",
-                                          "replay_runs or refusing"])
+    native.assert_clean_under_sanitizers(
+        [str(TESTS / "test_native_tape.py"), "-k", "replay_runs or refusing"]
+    )
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")

@@ -19,11 +19,22 @@ from engine_platforms_cpu_native import kernels
 from engine_quant_gguf.loader import default_model_path
 from engine_quant_gguf.writer import write_gguf
 
-pytestmark = pytest.mark.skipif(bool(tape.unavailable_reasons()), reason="; ".join(tape.unavailable_reasons()))
+pytestmark = pytest.mark.skipif(
+    bool(tape.unavailable_reasons()), reason="; ".join(tape.unavailable_reasons())
+)
 
-TINY = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-            tie_word_embeddings=True)
+TINY = dict(
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=True,
+)
 
 
 def _kernel(symbol):
@@ -36,12 +47,29 @@ def test_a_replay_runs_the_kernels_on_what_the_buffers_hold_now():
     norm, qk = _kernel("add_rms_norm_f32"), _kernel("qk_norm_rotary_f32")
     gen = torch.Generator().manual_seed(0)
     x, residual, weight = (torch.randn(3, 64, generator=gen) for _ in range(3))
-    qkv, q_w, k_w = torch.randn(3, 3 * 16, generator=gen), torch.rand(16, generator=gen), torch.rand(16, generator=gen)
+    qkv, q_w, k_w = (
+        torch.randn(3, 3 * 16, generator=gen),
+        torch.rand(16, generator=gen),
+        torch.rand(16, generator=gen),
+    )
     cos, sin = torch.randn(3, 16, generator=gen), torch.randn(3, 16, generator=gen)
 
     def forward():
         norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 3, 64, 1e-5)
-        qk(qkv.data_ptr(), 3, 48, 2, 1, 16, q_w.data_ptr(), k_w.data_ptr(), 1e-6, 0.5, cos.data_ptr(), sin.data_ptr())
+        qk(
+            qkv.data_ptr(),
+            3,
+            48,
+            2,
+            1,
+            16,
+            q_w.data_ptr(),
+            k_w.data_ptr(),
+            1e-6,
+            0.5,
+            cos.data_ptr(),
+            sin.data_ptr(),
+        )
         return x
 
     recorded, out = tape.record(forward)
@@ -80,7 +108,11 @@ def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
         return x * 2
 
     def steers_python():
-        xq, scale, flagged = torch.empty(2, 64, dtype=torch.int8), torch.empty(2, 1), torch.empty(64, dtype=torch.uint8)
+        xq, scale, flagged = (
+            torch.empty(2, 64, dtype=torch.int8),
+            torch.empty(2, 1),
+            torch.empty(64, dtype=torch.uint8),
+        )
         count(x.data_ptr(), 2, 64, 6.0, xq.data_ptr(), scale.data_ptr(), flagged.data_ptr())
         return x
 
@@ -89,8 +121,9 @@ def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
     with pytest.raises(tape.CaptureError, match="quantize_rows_int8_f32 returns a value Python acts on"):
         tape.record(steers_python)
     with pytest.raises(tape.CaptureError, match="add_rms_norm_f32 takes 6 arguments, not 7"):
-        tape.record(lambda: (norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 2, 64, 1e-5, 0),
-                             x)[1])
+        tape.record(
+            lambda: (norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 2, 64, 1e-5, 0), x)[1]
+        )
     with pytest.raises(tape.CaptureError, match="called no native kernel"):
         tape.record(lambda: x.view(-1))
     with tape.recording(), pytest.raises(tape.CaptureError, match="already recording"):
@@ -123,7 +156,9 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
     llm = LLM(tiny_gguf, **options)
     graphs = llm.engine.runner.graphs
-    assert graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 9))
+    assert (
+        graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 9))
+    )
     replays = []
     real_replay = tape.Tape.replay
     monkeypatch.setattr(tape.Tape, "replay", lambda self: (replays.append(len(self)), real_replay(self))[1])
@@ -144,13 +179,29 @@ def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf)
     engine, runner = llm.engine, llm.engine.runner
     frozen = Frozen(runner.attention.spec, engine.platform, registry=engine.registry)
     plan = step_graphs.GraphPlan(tape.TapeGraphs(), (1, 2), ())
-    graphs = step_graphs.StepGraphRunner(engine.model, frozen, runner.kv_caches, plan, 16, runner.device,
-                                         engine.hf_config.vocab_size, engine.max_model_len)
+    graphs = step_graphs.StepGraphRunner(
+        engine.model,
+        frozen,
+        runner.kv_caches,
+        plan,
+        16,
+        runner.device,
+        engine.hf_config.vocab_size,
+        engine.max_model_len,
+    )
     graphs.capture()
     with pytest.raises(RuntimeError, match="a replay differs from the eager forward"):
         graphs.check()
-    honest = step_graphs.StepGraphRunner(engine.model, runner.attention, runner.kv_caches, plan, 16, runner.device,
-                                         engine.hf_config.vocab_size, engine.max_model_len)
+    honest = step_graphs.StepGraphRunner(
+        engine.model,
+        runner.attention,
+        runner.kv_caches,
+        plan,
+        16,
+        runner.device,
+        engine.hf_config.vocab_size,
+        engine.max_model_len,
+    )
     honest.capture()
     honest.check()
 
@@ -161,5 +212,8 @@ def test_a_forward_with_torch_ops_runs_eagerly(tiny_llama, caplog):
     with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
         llm = LLM(tiny_llama[0], dtype="bfloat16", num_blocks=64, block_size=16, max_model_len=256)
     assert llm.engine.runner.graphs is None
-    assert "recording native tapes failed: the forward computes with torch ops a tape cannot replay" in caplog.text
+    assert (
+        "recording native tapes failed: the forward computes with torch ops a tape cannot replay"
+        in caplog.text
+    )
     assert len(_generate(llm, ["hello"], [3])[0]) == 3

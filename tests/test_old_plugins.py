@@ -58,13 +58,16 @@ def test_each_old_plugin_loads_or_is_refused_in_one_line():
     assert registry.plugins["old-attention-v1"].loaded
     assert registry.plugins["old-models-v1"].status == (
         "refused: built for models interface v1, this core provides v2 (it loads v2; what changed: "
-        "\"Interface versions\" in the plugin authors' guide)")
+        '"Interface versions" in the plugin authors\' guide)'
+    )
     assert registry.plugins["old-kvconnectors-v1"].status == (
         "refused: built for kv_connectors interface v1, this core provides v3 (it loads v2, v3; what "
-        "changed: \"Interface versions\" in the plugin authors' guide)")
+        'changed: "Interface versions" in the plugin authors\' guide)'
+    )
 
 
 # -- the v1 attention backend ----------------------------------------------------------------------
+
 
 class TestAttentionV1(AttentionBackendContract):
     """Today's attention contract: every plain case passes; the attention kinds and bidirectional
@@ -75,9 +78,12 @@ class TestAttentionV1(AttentionBackendContract):
 
 SPEC = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=8)
 ASKED = {**KINDS, "bidirectional": dict(causal=False)}
-LABELS = {"window": "sliding window", "softcap": "logit soft-capping",
-          "window-softcap-scale": "sliding window, logit soft-capping, query scale",
-          "bidirectional": "bidirectional attention"}
+LABELS = {
+    "window": "sliding window",
+    "softcap": "logit soft-capping",
+    "window-softcap-scale": "sliding window, logit soft-capping, query scale",
+    "bidirectional": "bidirectional attention",
+}
 
 
 @pytest.mark.parametrize("kind", sorted(ASKED))
@@ -91,7 +97,7 @@ def test_a_spec_v1_did_not_promise_is_refused_with_the_reason_and_would_attend_w
 
 
 def test_the_default_query_scale_is_dropped_for_it_exactly():
-    spec = attrs.evolve(SPEC, query_scale=SPEC.head_dim ** -0.5)
+    spec = attrs.evolve(SPEC, query_scale=SPEC.head_dim**-0.5)
     handed, reasons = backend_reasons(NaiveAttention, 1, spec, CpuPlatform())
     assert reasons == [] and handed.query_scale is None and handed.scale == spec.scale
     assert backend_reasons(NaiveAttention, 4, spec, CpuPlatform())[0] is spec  # a v4 backend gets it as it is
@@ -118,8 +124,10 @@ class TestLlamaOnAttentionV1(ModelContract):
 def test_a_sliding_window_mistral_with_the_v1_backend_named_is_refused_with_the_reason(tmp_path):
     kwargs = LlamaForCausalLM.example_configs()["MistralForCausalLM-sliding-window"]
     reference.tiny_checkpoint(str(tmp_path), "MistralForCausalLM", kwargs)
-    refusal = ("attention backend 'naive-v1' cannot run here: built for interface v1: cannot serve sliding "
-               "window (part of the contract since v4)")
+    refusal = (
+        "attention backend 'naive-v1' cannot run here: built for interface v1: cannot serve sliding "
+        "window (part of the contract since v4)"
+    )
     with pytest.raises(RuntimeError) as error:
         LLM(str(tmp_path), dtype="float32", attention_backend="naive-v1", num_blocks=32, max_model_len=128)
     assert str(error.value) == refusal
@@ -132,8 +140,10 @@ class GemmaExamples(GemmaForCausalLM):
     @classmethod
     def example_configs(cls):
         configs = super().example_configs()
-        return {"Gemma2ForCausalLM": configs["Gemma2ForCausalLM"],
-                "Gemma3ForCausalLM": {**configs["Gemma3ForCausalLM"], "query_pre_attn_scalar": 16}}
+        return {
+            "Gemma2ForCausalLM": configs["Gemma2ForCausalLM"],
+            "Gemma3ForCausalLM": {**configs["Gemma3ForCausalLM"], "query_pre_attn_scalar": 16},
+        }
 
 
 class TestGemmaOnAPlatformPreferringV1(ModelContract):
@@ -172,7 +182,8 @@ def test_a_v1_backend_is_not_chosen_for_gemma_2s_soft_capped_and_sliding_window_
     assert str(error.value) == (
         "layers 0, 2 (sliding window 16, soft-cap 5.0, query scale 0.2041): attention backend "
         "'naive-v1' cannot run here: built for interface v1: cannot serve sliding window, logit "
-        "soft-capping, query scale (part of the contract since v4)")
+        "soft-capping, query scale (part of the contract since v4)"
+    )
 
 
 def test_gemma_3s_global_layers_may_take_the_v1_backend_its_sliding_ones_never(gemma):
@@ -183,14 +194,22 @@ def test_gemma_3s_global_layers_may_take_the_v1_backend_its_sliding_ones_never(g
 def test_greedy_gemma_on_a_platform_preferring_v1_matches_transformers(gemma, key):
     """The engine as users run it, prompts longer than the window, chunked prefill."""
     folder, hf_model = gemma[key]
-    llm = LLM(folder, dtype="float32", device="cpu-prefers-v1", num_blocks=64, block_size=8,
-              max_model_len=128, max_num_batched_tokens=24)
+    llm = LLM(
+        folder,
+        dtype="float32",
+        device="cpu-prefers-v1",
+        num_blocks=64,
+        block_size=8,
+        max_model_len=128,
+        max_num_batched_tokens=24,
+    )
     prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 40, 57], seed=1)
     outs = llm.generate(prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 8)
 
 
 # -- the v1 model and the v1 KV connector ------------------------------------------------------------
+
 
 def test_the_v1_model_could_not_have_run_its_release_1_layers_are_gone():
     with pytest.raises(ImportError, match="silu_and_mul"):
@@ -204,25 +223,39 @@ def test_a_checkpoint_only_the_v1_model_serves_is_refused_with_the_reason(tiny_l
     assert str(error.value) == (
         "model: model 'LlamaForCausalLM' cannot be used: plugin 'old-models-v1' ((in-process) -) was "
         "refused: built for models interface v1, this core provides v2 (it loads v2; what changed: "
-        "\"Interface versions\" in the plugin authors' guide)")
+        '"Interface versions" in the plugin authors\' guide)'
+    )
 
 
 def test_naming_the_v1_kv_connector_says_it_was_refused(tiny_llama):
-    with pytest.raises(ValueError, match=r"^kv connector 'memory-v1' cannot be used: plugin "
-                                         r"'old-kvconnectors-v1' \(\(in-process\) -\) was refused: built for "
-                                         r"kv_connectors interface v1"):
+    with pytest.raises(
+        ValueError,
+        match=r"^kv connector 'memory-v1' cannot be used: plugin "
+        r"'old-kvconnectors-v1' \(\(in-process\) -\) was refused: built for "
+        r"kv_connectors interface v1",
+    ):
         LLM(tiny_llama[0], dtype="float32", num_blocks=32, max_model_len=128, kv_connector="memory-v1")
 
 
 # -- the v1 grammar backend --------------------------------------------------------------------------
+
 
 def test_the_v1_grammar_backend_is_refused_and_naming_it_says_so(tiny_llama):
     """It fails today's grammar contract (no EOS, terminated as soon as a choice is spelled, so
     "deep blue sea" is cut to "deep"): refused whole, never run."""
     assert load_plugins().plugins["old-grammar-v1"].status == (
         "refused: built for grammar_backends interface v1, this core provides v2 (it loads v2; what "
-        "changed: \"Interface versions\" in the plugin authors' guide)")
-    with pytest.raises(ValueError, match=r"^grammar backend 'choice-v1' cannot be used: plugin "
-                                         r"'old-grammar-v1' \(\(in-process\) -\) was refused"):
-        LLM(tiny_llama[0], dtype="float32", num_blocks=32, max_model_len=128,
-            structured_outputs_backend="choice-v1")
+        'changed: "Interface versions" in the plugin authors\' guide)'
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^grammar backend 'choice-v1' cannot be used: plugin "
+        r"'old-grammar-v1' \(\(in-process\) -\) was refused",
+    ):
+        LLM(
+            tiny_llama[0],
+            dtype="float32",
+            num_blocks=32,
+            max_model_len=128,
+            structured_outputs_backend="choice-v1",
+        )

@@ -58,11 +58,21 @@ NUM_REQUESTS, MAX_NUM_SEQS, QUEUE_CAP, MAX_TOKENS = 300, 4, 64, 10
 
 async def _burst(server) -> list[tuple[int, float, dict, httpx.Headers]]:
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120, limits=limits) as client:
+    async with httpx.AsyncClient(
+        base_url=server.url, headers=server.headers, timeout=120, limits=limits
+    ) as client:
+
         async def one(i):
             started = time.monotonic()
-            response = await client.post("/v1/completions", json={
-                "prompt": f"request {i}: once upon a time", "max_tokens": MAX_TOKENS, "temperature": 0, "ignore_eos": True})
+            response = await client.post(
+                "/v1/completions",
+                json={
+                    "prompt": f"request {i}: once upon a time",
+                    "max_tokens": MAX_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            )
             return response.status_code, time.monotonic() - started, response.json(), response.headers
 
         return await asyncio.gather(*(one(i) for i in range(NUM_REQUESTS)))
@@ -70,8 +80,17 @@ async def _burst(server) -> list[tuple[int, float, dict, httpx.Headers]]:
 
 @pytest.mark.slow
 def test_overload_gets_503_with_retry_after_and_loses_nothing(tiny_llama):
-    with serve(tiny_llama[0], "--dtype", "float32", "--num-blocks", "256", "--max-num-seqs", str(MAX_NUM_SEQS),
-               "--max-queued-requests", str(QUEUE_CAP)) as server:
+    with serve(
+        tiny_llama[0],
+        "--dtype",
+        "float32",
+        "--num-blocks",
+        "256",
+        "--max-num-seqs",
+        str(MAX_NUM_SEQS),
+        "--max-queued-requests",
+        str(QUEUE_CAP),
+    ) as server:
         started = time.monotonic()
         results = asyncio.run(_burst(server))
         elapsed = time.monotonic() - started
@@ -85,11 +104,15 @@ def test_overload_gets_503_with_retry_after_and_loses_nothing(tiny_llama):
             assert choice["finish_reason"] == "length" and body["usage"]["completion_tokens"] == MAX_TOKENS
         for _, latency, body, headers in refused:
             assert int(headers["retry-after"]) >= 1
-            assert body["error"]["code"] == "overloaded" and body["error"]["type"] == "ServiceUnavailableError"
+            assert (
+                body["error"]["code"] == "overloaded" and body["error"]["type"] == "ServiceUnavailableError"
+            )
         slowest_refusal = max(r[1] for r in refused)
         completion_median = statistics.median(r[1] for r in completed)
-        print(f"\n{len(completed)} completed (median {completion_median:.1f} s), {len(refused)} refused "
-              f"(slowest {slowest_refusal:.2f} s), all in {elapsed:.1f} s")
+        print(
+            f"\n{len(completed)} completed (median {completion_median:.1f} s), {len(refused)} refused "
+            f"(slowest {slowest_refusal:.2f} s), all in {elapsed:.1f} s"
+        )
         # refused at once: the slowest 503 took only the API's intake of the burst, not a turn in the queue
         assert slowest_refusal < completion_median
 
@@ -123,17 +146,28 @@ def long_context_llama(tmp_path_factory, default_tokenizer):
 
 
 async def _queue_wait_cases(server):
-    long = {"prompt": "once upon a time", "max_tokens": SLOT_HOLDER_TOKENS, "temperature": 0, "ignore_eos": True}
+    long = {
+        "prompt": "once upon a time",
+        "max_tokens": SLOT_HOLDER_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
     async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=120) as client:
         # a stream whose second sample waits behind its first: tokens, then an error frame
-        async with client.stream("POST", "/v1/completions", json={**long, "n": 2, "stream": True}) as response:
+        async with client.stream(
+            "POST", "/v1/completions", json={**long, "n": 2, "stream": True}
+        ) as response:
             assert response.status_code == 200
             frames = [line[6:] async for line in response.aiter_lines() if line.startswith("data: ")]
         # a request behind a running one: 503 once it has waited max_queue_wait
         first_token = asyncio.Event()
 
         async def run_long():
-            async with client.stream("POST", "/v1/completions", json={**long, "stream": True, "stream_options": {"include_usage": True}}) as response:
+            async with client.stream(
+                "POST",
+                "/v1/completions",
+                json={**long, "stream": True, "stream_options": {"include_usage": True}},
+            ) as response:
                 usage = None
                 async for line in response.aiter_lines():
                     if line.startswith("data: {"):
@@ -151,15 +185,29 @@ async def _queue_wait_cases(server):
 
 @pytest.mark.slow
 def test_queue_wait_refuses_with_503_and_an_error_frame_mid_stream(long_context_llama):
-    with serve(long_context_llama, "--dtype", "float32", "--num-blocks", "256", "--max-model-len", "2048", "--max-num-seqs", "1",
-               "--max-queue-wait", "0.5") as server:
+    with serve(
+        long_context_llama,
+        "--dtype",
+        "float32",
+        "--num-blocks",
+        "256",
+        "--max-model-len",
+        "2048",
+        "--max-num-seqs",
+        "1",
+        "--max-queue-wait",
+        "0.5",
+    ) as server:
         frames, refused, waited, running = asyncio.run(_queue_wait_cases(server))
         assert frames[-1] == "[DONE]"
         assert '"text"' in frames[0]  # the first sample streamed before the second was refused
         errors = [f for f in frames if f.startswith('{"error"')]
         assert len(errors) == 1 and '"code": "overloaded"' in errors[0]
         assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
-        assert refused.json()["error"]["code"] == "overloaded" and "max_queue_wait" in refused.json()["error"]["message"]
+        assert (
+            refused.json()["error"]["code"] == "overloaded"
+            and "max_queue_wait" in refused.json()["error"]["message"]
+        )
         assert 0.5 <= waited < 5
         status, usage = running
         assert status == 200 and usage["completion_tokens"] == SLOT_HOLDER_TOKENS  # none lost to the refusal

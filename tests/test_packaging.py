@@ -17,16 +17,44 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = "tessellm"
 PLUGIN_FOLDERS = ("plugins", "examples")  # <folder>/<kind>/<name>/: examples are plugins too
 # the project's own distributions only: never a virtual environment's packages beside them
-DISTRIBUTIONS = sorted(p.parent for pattern in ("core", "server", "plugins/*/*", "examples/*/*")
-                       for p in ROOT.glob(f"{pattern}/pyproject.toml"))
+DISTRIBUTIONS = sorted(
+    p.parent
+    for pattern in ("core", "server", "plugins/*/*", "examples/*/*")
+    for p in ROOT.glob(f"{pattern}/pyproject.toml")
+)
 
 # Third-party libraries a distribution may name: each widely used and published by its own
 # maintainers (torch, Hugging Face, Prometheus, ZeroMQ ...).
 WELL_KNOWN = {
-    "torch", "triton", "numpy", "safetensors", "transformers", "tokenizers", "gguf", "jinja2", "tqdm",
-    "pluggy", "attrs", "xgrammar", "starlette", "uvicorn", "pyzmq", "msgspec", "prometheus-client",
-    "httpx", "openai", "pytest", "hypothesis", "setuptools", "jsonschema", "pyyaml", "schemathesis",
-    "flash-attn", "flashinfer-python", "ray", "nixl-cu12",
+    "torch",
+    "triton",
+    "numpy",
+    "safetensors",
+    "transformers",
+    "tokenizers",
+    "gguf",
+    "jinja2",
+    "tqdm",
+    "pluggy",
+    "attrs",
+    "xgrammar",
+    "starlette",
+    "uvicorn",
+    "pyzmq",
+    "msgspec",
+    "prometheus-client",
+    "httpx",
+    "openai",
+    "pytest",
+    "hypothesis",
+    "setuptools",
+    "jsonschema",
+    "pyyaml",
+    "schemathesis",
+    "flash-attn",
+    "flashinfer-python",
+    "ray",
+    "nixl-cu12",
 }
 
 
@@ -65,7 +93,9 @@ def test_dependencies_are_ours_or_well_known(path):
     ours = {_expected_name(p) for p in DISTRIBUTIONS}
     for requirement in requirements:
         name = _name(requirement)
-        assert name in ours or name in WELL_KNOWN, f"{path.name}: {requirement!r} is neither ours nor well known"
+        assert name in ours or name in WELL_KNOWN, (
+            f"{path.name}: {requirement!r} is neither ours nor well known"
+        )
         assert not name.startswith("engine-"), f"{requirement!r}: `engine-*` names belong to other projects"
 
 
@@ -75,16 +105,37 @@ def test_plugin_install_resolves_our_names_only_locally(tmp_path):
     index reachable: every ``tessellm-*`` distribution pip would install comes from here."""
     wheels = tmp_path / "wheels"
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT / "core")],
-                   check=True, capture_output=True, timeout=300)
+    subprocess.run(
+        [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(wheels), str(ROOT / "core")],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     report = tmp_path / "report.json"
     # --ignore-installed: resolve as a fresh environment would, without installing anything.
-    subprocess.run([*pip, "install", "--dry-run", "--ignore-installed", "--no-build-isolation", "--report",
-                    str(report), "--find-links", str(wheels), str(ROOT / "plugins/quant/gguf")],
-                   check=True, capture_output=True, timeout=600)
+    subprocess.run(
+        [
+            *pip,
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-build-isolation",
+            "--report",
+            str(report),
+            "--find-links",
+            str(wheels),
+            str(ROOT / "plugins/quant/gguf"),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
     installs = json.loads(report.read_text())["install"]
-    ours = {item["metadata"]["name"]: item["download_info"]["url"] for item in installs
-            if item["metadata"]["name"].lower().startswith(PROJECT)}
+    ours = {
+        item["metadata"]["name"]: item["download_info"]["url"]
+        for item in installs
+        if item["metadata"]["name"].lower().startswith(PROJECT)
+    }
     assert set(ours) == {"tessellm-core", "tessellm-quant-gguf"}
     assert all(url.startswith("file://") for url in ours.values()), ours
     assert not any(item["metadata"]["name"].lower().startswith("engine-") for item in installs)

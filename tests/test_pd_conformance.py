@@ -38,16 +38,36 @@ def test_each_kv_connector_gets_its_contract():
 
 @pytest.mark.slow  # a pytest session running 27 contract cases over real transports (~10 s)
 def test_engine_conformance_passes_for_every_kv_connector(tmp_path):
-    result = subprocess.run([sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "--engine-conformance",
-                             "-k", "kv_connector"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                            check=False)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-v",
+            "-p",
+            "no:cacheprovider",
+            "--engine-conformance",
+            "-k",
+            "kv_connector",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     passed: dict[str, set[str]] = {}
     for cls, test in re.findall(r"::(Test_kv_connector_\w+)::(\w+) PASSED", result.stdout):
         passed.setdefault(cls, set()).add(test)
-    pd_only = {name for name in dir(PDConnectorContract) if name.startswith("test_")} - \
-        {name for name in dir(KVConnectorContract) if name.startswith("test_")}
+    pd_only = {name for name in dir(PDConnectorContract) if name.startswith("test_")} - {
+        name for name in dir(KVConnectorContract) if name.startswith("test_")
+    }
     assert pd_only and pd_only <= passed["Test_kv_connector_p2p"]
-    assert pd_only <= passed["Test_kv_connector_nixl_NixlConnector"]  # one class for both names of one connector
+    assert (
+        pd_only <= passed["Test_kv_connector_nixl_NixlConnector"]
+    )  # one class for both names of one connector
     assert passed["Test_kv_connector_offload"] and not pd_only & passed["Test_kv_connector_offload"]
-    assert " failed" not in result.stdout.splitlines()[-1] and " skipped" not in result.stdout.splitlines()[-1]
+    assert (
+        " failed" not in result.stdout.splitlines()[-1] and " skipped" not in result.stdout.splitlines()[-1]
+    )

@@ -41,8 +41,19 @@ pytestmark = pytest.mark.slow
 
 BLOCK = 16
 HOLD_SECONDS = 3  # the prefill instance's abort_request_timeout here
-COMMON = ("--served-model-name", "tiny", "--dtype", "float32", "--block-size", str(BLOCK), "--num-blocks", "160",
-          "--max-model-len", "512", "--enable-prompt-tokens-details")
+COMMON = (
+    "--served-model-name",
+    "tiny",
+    "--dtype",
+    "float32",
+    "--block-size",
+    str(BLOCK),
+    "--num-blocks",
+    "160",
+    "--max-model-len",
+    "512",
+    "--enable-prompt-tokens-details",
+)
 LENGTHS = [5, 12, 17, 31, 33, 48, 64, 70, 90, 100, 111, 128, 140, 150, 160, 180]
 MAX_TOKENS = [4, 9, 6, 12, 5, 8, 10, 7, 11, 4, 6, 9, 12, 5, 8, 7]
 
@@ -63,13 +74,19 @@ def runs_here(connector: str):
     return pytest.mark.skipif(reason is not None, reason=str(reason))
 
 
-CONNECTORS = [pytest.param(name, id=label, marks=runs_here(name))
-              for name, label in (("p2p", "p2p"), ("NixlConnector", "nixl"))]
+CONNECTORS = [
+    pytest.param(name, id=label, marks=runs_here(name))
+    for name, label in (("p2p", "p2p"), ("NixlConnector", "nixl"))
+]
 
 
 def transfer(connector: str, role: str, port: int = 0) -> str:
-    config = {"kv_connector": connector, "kv_role": role, "kv_ip": "127.0.0.1",
-              "kv_connector_extra_config": {"abort_request_timeout": HOLD_SECONDS, "transfer_timeout": 10}}
+    config = {
+        "kv_connector": connector,
+        "kv_role": role,
+        "kv_ip": "127.0.0.1",
+        "kv_connector_extra_config": {"abort_request_timeout": HOLD_SECONDS, "transfer_timeout": 10},
+    }
     if port:
         config["kv_port"] = port
     return json.dumps(config)
@@ -80,8 +97,12 @@ def proxy(prefill_url: str, decode_url: str):
     """`engine proxy` in front of the two instances (it starts before they answer); an `openai`
     client of it."""
     port = free_port()
-    process = subprocess.Popen([ENGINE, "proxy", "--port", str(port), "--prefill", prefill_url, "--decode", decode_url],
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [ENGINE, "proxy", "--port", str(port), "--prefill", prefill_url, "--decode", decode_url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 60
@@ -126,12 +147,17 @@ class Deployment:
 def deployment(request, tiny_llama):
     """One connector's instances and proxies, all started at once, for this module's tests in order."""
     connector = request.param
-    specs = [transfer(connector, "kv_producer", free_port()), transfer(connector, "kv_consumer"),
-             transfer(connector, "kv_consumer")]
+    specs = [
+        transfer(connector, "kv_producer", free_port()),
+        transfer(connector, "kv_consumer"),
+        transfer(connector, "kv_consumer"),
+    ]
     ports = [free_port() for _ in specs]
     prefill_url, decode_url, spare_url = (f"http://127.0.0.1:{port}" for port in ports)
-    servers = [serve(tiny_llama[0], *COMMON, "--kv-transfer-config", spec, port=port)
-               for spec, port in zip(specs, ports)]
+    servers = [
+        serve(tiny_llama[0], *COMMON, "--kv-transfer-config", spec, port=port)
+        for spec, port in zip(specs, ports)
+    ]
     with together([*servers, proxy(prefill_url, decode_url), proxy(prefill_url, spare_url)]) as started:
         yield Deployment(*started)
 
@@ -150,8 +176,13 @@ def kill(server) -> None:
 
 
 def complete(client, prompt, max_tokens, **extra):
-    return client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                     extra_body={"ignore_eos": True, **extra})
+    return client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        extra_body={"ignore_eos": True, **extra},
+    )
 
 
 def streamed_text(client, prompt, max_tokens) -> str:
@@ -159,8 +190,10 @@ def streamed_text(client, prompt, max_tokens) -> str:
 
 
 def expected(tiny_llm, prompts, max_tokens) -> list[str]:
-    outs = tiny_llm.generate([{"prompt_token_ids": p} for p in prompts],
-                             [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens])
+    outs = tiny_llm.generate(
+        [{"prompt_token_ids": p} for p in prompts],
+        [SamplingParams(temperature=0, max_tokens=m, ignore_eos=True) for m in max_tokens],
+    )
     return [o.outputs[0].text for o in outs]
 
 
@@ -173,8 +206,14 @@ def openai_error(exc: BaseException) -> dict:
 
 def started_stream(client, prompt, max_tokens):
     """A streamed completion that has its first chunk: generating now. (the stream, its chunks so far)"""
-    stream = client.completions.create(model="tiny", prompt=prompt, max_tokens=max_tokens, temperature=0,
-                                       stream=True, extra_body={"ignore_eos": True})
+    stream = client.completions.create(
+        model="tiny",
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
     chunks = iter(stream)
     return chunks, [next(chunks)]
 
@@ -186,17 +225,21 @@ def finished_text(started) -> str:
 
 def test_pd_through_the_proxy_gives_the_single_instance_output(deployment, prompts, tiny_llm):
     prefill, decode, client = deployment.prefill, deployment.decode, deployment.client
-    prompts = prompts[:len(LENGTHS)]
+    prompts = prompts[: len(LENGTHS)]
     want = expected(tiny_llm, prompts, MAX_TOKENS)
     chat = [{"role": "user", "content": "Name three prime numbers and one colour."}]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
-        futures = [pool.submit(streamed_text if i % 4 == 3 else complete, client, p, m)
-                   for i, (p, m) in enumerate(zip(prompts, MAX_TOKENS))]
+        futures = [
+            pool.submit(streamed_text if i % 4 == 3 else complete, client, p, m)
+            for i, (p, m) in enumerate(zip(prompts, MAX_TOKENS))
+        ]
         via_pd_chat = client.chat.completions.create(model="tiny", messages=chat, max_tokens=8, temperature=0)
         got = [f.result(timeout=120) for f in futures]
     texts = [g if isinstance(g, str) else g.choices[0].text for g in got]
     assert texts == want
-    for g, p in zip(got, prompts):  # the decode instance computed only what the prefill instance did not hand on
+    for g, p in zip(
+        got, prompts
+    ):  # the decode instance computed only what the prefill instance did not hand on
         if not isinstance(g, str):
             assert g.usage.prompt_tokens_details.cached_tokens == (len(p) - 1) // BLOCK * BLOCK, len(p)
     alone = prefill.openai().chat.completions.create(model="tiny", messages=chat, max_tokens=8, temperature=0)
@@ -217,10 +260,12 @@ def test_pd_through_the_proxy_gives_the_single_instance_output(deployment, promp
 
 def test_killing_the_decode_instance_fails_only_its_requests(deployment, prompts, tiny_llm):
     prefill, client = deployment.prefill, deployment.client
-    long_prompts = prompts[len(LENGTHS):len(LENGTHS) + 8]
+    long_prompts = prompts[len(LENGTHS) : len(LENGTHS) + 8]
     own = started_stream(prefill.openai(), prompts[1], 40)  # the prefill instance's own request, generating
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        streams = [started_stream(client, p, 300)[0] for p in long_prompts[:4]]  # decoding on the decode instance
+        streams = [
+            started_stream(client, p, 300)[0] for p in long_prompts[:4]
+        ]  # decoding on the decode instance
         in_flight = [pool.submit(complete, client, p, 50) for p in long_prompts[4:]]  # in prefill or transfer
         kill(deployment.decode)
         failures = []
@@ -240,14 +285,16 @@ def test_killing_the_decode_instance_fails_only_its_requests(deployment, prompts
     # the prefill instance is untouched: its own request finished, it keeps serving, and the blocks
     # held for the dead decode instance are freed (abort_request_timeout): KV usage back to 0
     assert finished_text(own) == expected(tiny_llm, [prompts[1]], [40])[0]
-    assert complete(prefill.openai(), prompts[2], MAX_TOKENS[2]).choices[0].text == \
-        expected(tiny_llm, [prompts[2]], [MAX_TOKENS[2]])[0]
+    assert (
+        complete(prefill.openai(), prompts[2], MAX_TOKENS[2]).choices[0].text
+        == expected(tiny_llm, [prompts[2]], [MAX_TOKENS[2]])[0]
+    )
     prefill.wait_for_metric("vllm:kv_cache_usage_perc", lambda v: v == 0, timeout=HOLD_SECONDS + 30)
 
 
 def test_killing_the_prefill_instance_fails_only_its_requests(deployment, prompts, tiny_llm):
     prefill, decode, client = deployment.prefill, deployment.spare_decode, deployment.spare_client
-    short = prompts[len(LENGTHS) + 8:]
+    short = prompts[len(LENGTHS) + 8 :]
     want = expected(tiny_llm, short, [6] * len(short))
     params = complete(prefill.openai(), short[0], 1, kv_transfer_params={"do_remote_decode": True})
     handed_on = params.model_extra["kv_transfer_params"]

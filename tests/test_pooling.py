@@ -11,26 +11,47 @@ import torch
 from engine import LLM, PoolingParams, SamplingParams
 from engine.testing import reference
 
-TINY = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=64)
+TINY = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 LENGTHS = [5, 17, 30, 1, 9, 64, 12, 3]  # 64: the whole context (max_model_len), with nothing left to generate
 
 
 @pytest.fixture(scope="module")
 def decoders(tmp_path_factory):
     out = {}
-    for arch, model_type, extra in [("LlamaForCausalLM", "llama", {}), ("Qwen2ForCausalLM", "qwen2", {}),
-                                    ("Qwen3ForCausalLM", "qwen3", {"head_dim": 32})]:
+    for arch, model_type, extra in [
+        ("LlamaForCausalLM", "llama", {}),
+        ("Qwen2ForCausalLM", "qwen2", {}),
+        ("Qwen3ForCausalLM", "qwen3", {"head_dim": 32}),
+    ]:
         folder = str(tmp_path_factory.mktemp(arch))
-        out[arch] = (folder, reference.tiny_checkpoint(folder, arch, dict(model_type=model_type, **TINY, **extra)))
+        out[arch] = (
+            folder,
+            reference.tiny_checkpoint(folder, arch, dict(model_type=model_type, **TINY, **extra)),
+        )
     return out
 
 
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("bert"))
-    config = dict(model_type="bert", vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, max_position_embeddings=64, matryoshka_dimensions=[16, 32])
+    config = dict(
+        model_type="bert",
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=64,
+        matryoshka_dimensions=[16, 32],
+    )
     return folder, reference.tiny_checkpoint(folder, "BertModel", config, auto_class="AutoModel")
 
 
@@ -47,10 +68,19 @@ def test_decoder_embeddings_match_transformers(decoders, arch, pooling_type):
     """A small KV pool and a step budget under the longest prompt: the pooling runner still
     runs each prompt whole in one step."""
     folder, hf_model = decoders[arch]
-    llm = LLM(folder, dtype="float32", runner="pooling", num_blocks=24, block_size=8, max_num_batched_tokens=16,
-              override_pooler_config={"pooling_type": pooling_type})
+    llm = LLM(
+        folder,
+        dtype="float32",
+        runner="pooling",
+        num_blocks=24,
+        block_size=8,
+        max_num_batched_tokens=16,
+        override_pooler_config={"pooling_type": pooling_type},
+    )
     prompts = reference.random_prompts(TINY["vocab_size"], LENGTHS, seed=2)
-    assert_matches(llm.embed(prompts), prompts, hf_model, pooling_type, normalize=True)  # the config's default
+    assert_matches(
+        llm.embed(prompts), prompts, hf_model, pooling_type, normalize=True
+    )  # the config's default
     assert_matches(llm.embed(prompts, PoolingParams(normalize=False)), prompts, hf_model, pooling_type, False)
     assert llm.engine.kv_cache_manager.usage == 0
 
@@ -76,7 +106,9 @@ def test_matryoshka_dimensions(bert):
     [out] = llm.embed([ids], PoolingParams(dimensions=16))
     expected = torch.nn.functional.normalize(reference.hf_pooled(hf_model, ids, "CLS", False)[:16], dim=-1)
     torch.testing.assert_close(torch.tensor(out.outputs.embedding), expected, atol=1e-4, rtol=1e-4)
-    with pytest.raises(ValueError, match=r"dimensions: 20 is not one of the model's matryoshka dimensions \[16, 32\]"):
+    with pytest.raises(
+        ValueError, match=r"dimensions: 20 is not one of the model's matryoshka dimensions \[16, 32\]"
+    ):
         llm.embed([ids], PoolingParams(dimensions=20))
 
 
@@ -87,7 +119,9 @@ def test_refusals_name_the_field(decoders, bert):
         pooling.generate([[5, 6, 7]], SamplingParams(max_tokens=2))
     with pytest.raises(ValueError, match="prompt: must contain at least one token"):
         pooling.embed([[5, 6], []])
-    with pytest.raises(ValueError, match="prompt: 65 tokens do not fit the context of 64 \\(max_model_len\\)$"):
+    with pytest.raises(
+        ValueError, match="prompt: 65 tokens do not fit the context of 64 \\(max_model_len\\)$"
+    ):
         pooling.embed([list(range(3, 68))])
     with pytest.raises(ValueError, match="dimensions: this model does not support matryoshka"):
         pooling.embed([[5, 6]], PoolingParams(dimensions=8))
@@ -100,8 +134,16 @@ def test_refusals_name_the_field(decoders, bert):
         generating.embed([[5, 6, 7]])
     with pytest.raises(ValueError, match="runner: this model has no LM head"):
         LLM(bert[0], dtype="float32", runner="generate", num_blocks=24, block_size=8)
-    with pytest.raises(ValueError, match="override_pooler_config: pooling_type must be one of LAST, CLS, MEAN"):
-        LLM(folder, dtype="float32", runner="pooling", num_blocks=24, override_pooler_config={"pooling_type": "MAX"})
+    with pytest.raises(
+        ValueError, match="override_pooler_config: pooling_type must be one of LAST, CLS, MEAN"
+    ):
+        LLM(
+            folder,
+            dtype="float32",
+            runner="pooling",
+            num_blocks=24,
+            override_pooler_config={"pooling_type": "MAX"},
+        )
     with pytest.raises(ValueError, match="speculative_config: the pooling runner samples no tokens"):
         LLM(folder, dtype="float32", task="embed", num_blocks=24, speculative_config={"method": "ngram"})
     with pytest.raises(ValueError, match="task: 'embed' contradicts runner='generate'"):

@@ -53,7 +53,9 @@ def _scheduler(**options):
 
 def _step(scheduler):
     plan = scheduler.schedule()
-    scheduler.apply(plan, StepResult({item.request.request_id: [7] for item in plan.scheduled if item.samples}))
+    scheduler.apply(
+        plan, StepResult({item.request.request_id: [7] for item in plan.scheduled if item.samples})
+    )
     return {item.request.request_id: item.num_new_tokens for item in plan.scheduled}
 
 

@@ -50,9 +50,12 @@ def _callee(call: ast.Call) -> str | None:
 
 
 def test_the_server_imports_only_the_public_api():
-    private = sorted(f"{path.relative_to(SERVER)}: {module}{'' if name is None else ' ' + name}"
-                     for path in SERVER.rglob("*.py") for module, name in _engine_imports(path.read_text())
-                     if not _is_public(module, name))
+    private = sorted(
+        f"{path.relative_to(SERVER)}: {module}{'' if name is None else ' ' + name}"
+        for path in SERVER.rglob("*.py")
+        for module, name in _engine_imports(path.read_text())
+        if not _is_public(module, name)
+    )
     assert private == [], "the server imports the engine past its public API (engine.PUBLIC_MODULES)"
 
 
@@ -79,9 +82,19 @@ def late():
     importlib.import_module("engine.runner")
 """
     imports = _engine_imports(source)
-    assert set(imports) == {("engine.core.engine_core", None), ("engine", "LLM"), ("engine.messages", "request_path"),
-                            ("engine.client", "InProcessClient"), ("engine.messages.step", "EngineOutput"),
-                            ("engine.entrypoints.cli", "Command"), ("engine.entrypoints.cli", "_runnable"), ("engine.runner", None)}
+    assert set(imports) == {
+        ("engine.core.engine_core", None),
+        ("engine", "LLM"),
+        ("engine.messages", "request_path"),
+        ("engine.client", "InProcessClient"),
+        ("engine.messages.step", "EngineOutput"),
+        ("engine.entrypoints.cli", "Command"),
+        ("engine.entrypoints.cli", "_runnable"),
+        ("engine.runner", None),
+    }
     assert {i for i in imports if not _is_public(*i)} == {
-        ("engine.core.engine_core", None), ("engine.messages.step", "EngineOutput"), ("engine.entrypoints.cli", "_runnable"),
-        ("engine.runner", None)}
+        ("engine.core.engine_core", None),
+        ("engine.messages.step", "EngineOutput"),
+        ("engine.entrypoints.cli", "_runnable"),
+        ("engine.runner", None),
+    }

@@ -14,7 +14,7 @@ def rows_for(*params, outputs=()):
     requests = []
     for i, p in enumerate(params):
         r = Request(str(i), [1, 2, 3], p)
-        for t in (outputs[i] if outputs else ()):
+        for t in outputs[i] if outputs else ():
             r.append_output(t)
         requests.append(r)
     return sampler.SamplingRows(requests, torch.device("cpu"))
@@ -30,8 +30,9 @@ def test_top_k_top_p_min_p_keep_the_right_tokens():
 
 def test_penalties_follow_hf_and_openai_semantics():
     logits = torch.tensor([[2.0, -2.0, 1.0, 1.0, 0.5]])
-    rows = rows_for(SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25),
-                    outputs=[[4, 4]])
+    rows = rows_for(
+        SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.25), outputs=[[4, 4]]
+    )
     sampler.apply_penalties(logits, rows)
     # prompt [1, 2, 3] and output [4, 4] are "seen": positive logits halved, negative doubled;
     # token 4 (output twice) additionally loses 2 * 0.5 + 0.25
@@ -103,17 +104,35 @@ def test_candidate_truncation_equals_sorting_the_whole_vocabulary():
     from engine.testing.reference import sorted_sampling_probs
 
     vocab = 3001
-    settings = [dict(top_k=5), dict(top_p=0.9), dict(top_p=0.99), dict(top_k=300, top_p=0.95),
-                dict(min_p=0.1), dict(top_k=40, min_p=0.05), dict(temperature=0.3, top_p=0.5),
-                dict(temperature=2.0), dict(top_k=vocab - 1, top_p=0.999), dict(temperature=0)]
+    settings = [
+        dict(top_k=5),
+        dict(top_p=0.9),
+        dict(top_p=0.99),
+        dict(top_k=300, top_p=0.95),
+        dict(min_p=0.1),
+        dict(top_k=40, min_p=0.05),
+        dict(temperature=0.3, top_p=0.5),
+        dict(temperature=2.0),
+        dict(top_k=vocab - 1, top_p=0.999),
+        dict(temperature=0),
+    ]
     params = [SamplingParams(**{"temperature": 1.0, **s}) for s in settings]
     logits = _random_logits(len(params), vocab, seed=3)
     logits[2] /= 20  # nearly flat: its 0.99 nucleus spans most of the vocabulary
     got = sampler.sampling_probs(logits, rows_for(*params))
-    expected = sorted_sampling_probs(logits, [p.temperature if not p.greedy else 1.0 for p in params],
-                                     [p.top_k for p in params], [p.top_p for p in params], [p.min_p for p in params])
+    expected = sorted_sampling_probs(
+        logits,
+        [p.temperature if not p.greedy else 1.0 for p in params],
+        [p.top_k for p in params],
+        [p.top_p for p in params],
+        [p.min_p for p in params],
+    )
     for i, s in enumerate(settings):
-        assert torch.equal(got[i] > 0, expected[i] > 0), (s, int((got[i] > 0).sum()), int((expected[i] > 0).sum()))
+        assert torch.equal(got[i] > 0, expected[i] > 0), (
+            s,
+            int((got[i] > 0).sum()),
+            int((expected[i] > 0).sum()),
+        )
         torch.testing.assert_close(got[i], expected[i], atol=1e-6, rtol=1e-4, msg=str(s))
 
 
@@ -127,11 +146,15 @@ def _sparse(vocab: int, mass: dict[int, float]) -> torch.Tensor:
     return p
 
 
-@pytest.mark.parametrize("p", [
-    torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0]),  # within one (partial) block
-    _sparse(1000, {3: 0.2, 255: 0.3, 256: 0.25, 700: 0.15, 999: 0.1}),  # block edges and the tail block
-    _sparse(512, {0: 0.4, 511: 0.6}),  # whole blocks only
-], ids=["one-block", "across-blocks", "whole-blocks"])
+@pytest.mark.parametrize(
+    "p",
+    [
+        torch.tensor([0.0, 0.5, 0.0, 0.3, 0.15, 0.05, 0.0]),  # within one (partial) block
+        _sparse(1000, {3: 0.2, 255: 0.3, 256: 0.25, 700: 0.15, 999: 0.1}),  # block edges and the tail block
+        _sparse(512, {0: 0.4, 511: 0.6}),  # whole blocks only
+    ],
+    ids=["one-block", "across-blocks", "whole-blocks"],
+)
 def test_inverse_cdf_draws_follow_the_distribution_and_skip_masked_tokens(p):
     logits = p.log().repeat(4000, 1)  # zero-probability tokens are -inf logits
     tokens, _ = sampler.sample(logits, rows_for(*[SamplingParams(temperature=1.0)] * 4000))
@@ -149,7 +172,9 @@ def test_a_seeded_row_draws_the_same_tokens_alone_and_in_a_batch():
     for j, params in enumerate(seeded):
         alone = [int(sampler.sample(logits[2:3].clone(), rows_for(params))[0]) for _ in range(1)]
         others = [SamplingParams(temperature=1.0), SamplingParams(temperature=0), SamplingParams(top_k=3)]
-        batch_rows = rows_for(*others[:2], params, others[2], SamplingParams(temperature=0.5), SamplingParams())
+        batch_rows = rows_for(
+            *others[:2], params, others[2], SamplingParams(temperature=0.5), SamplingParams()
+        )
         batched = int(sampler.sample(logits.clone(), batch_rows)[0][2])
         assert alone == [batched], params
 

@@ -17,12 +17,22 @@ CHOICES = ["yes", "no", "maybe later"]
 
 @pytest.fixture(scope="module")
 def choice_llm(tiny_llama):
-    return LLM(tiny_llama[0], dtype="float32", num_blocks=256, block_size=16, structured_outputs_backend="test-choice")
+    return LLM(
+        tiny_llama[0],
+        dtype="float32",
+        num_blocks=256,
+        block_size=16,
+        structured_outputs_backend="test-choice",
+    )
 
 
 def test_grammar_bitmask_constrains_sampling(choice_llm):
-    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=10,
-                             structured_outputs=GrammarSpec("choice", CHOICES)) for s in range(12)]
+    params = [
+        SamplingParams(
+            temperature=1.0, seed=s, max_tokens=10, structured_outputs=GrammarSpec("choice", CHOICES)
+        )
+        for s in range(12)
+    ]
     outs = choice_llm.generate(["Answer:"] * 12, params)
     texts = {o.outputs[0].text for o in outs}
     assert texts <= set(CHOICES) and len(texts) > 1
@@ -41,7 +51,9 @@ def test_invalid_grammar_fails_that_request_alone(choice_llm):
 def test_slow_grammar_compilation_does_not_block_others(choice_llm):
     engine = choice_llm.engine
     ids = choice_llm.tokenizer.encode("Pick one:")
-    slow = Request("slow", ids, SamplingParams(max_tokens=8, structured_outputs=GrammarSpec("choice", ["slow:2:yes"])))
+    slow = Request(
+        "slow", ids, SamplingParams(max_tokens=8, structured_outputs=GrammarSpec("choice", ["slow:2:yes"]))
+    )
     fast = Request("fast", ids, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True))
     engine.add_request(slow)
     engine.add_request(fast)
@@ -64,12 +76,25 @@ def _greedy(llm, prompts, n):
 def test_draft_verification_is_exact_under_preemption(tiny_llama):
     folder, hf_model = tiny_llama
     prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 30, 12, 44, 8, 21], seed=4)
-    options = dict(dtype="float32", block_size=8, num_blocks=24, max_num_batched_tokens=32,
-                   max_num_seqs=6, max_model_len=160)
+    options = dict(
+        dtype="float32",
+        block_size=8,
+        num_blocks=24,
+        max_num_batched_tokens=32,
+        max_num_seqs=6,
+        max_model_len=160,
+    )
     baseline = _greedy(LLM(folder, **options), prompts, 20)
     continuations = [p + out for p, out in zip(prompts, baseline)]
-    spec = LLM(folder, speculative_config={"method": "test-oracle", "num_speculative_tokens": 3,
-                                    "continuations": continuations}, **options)
+    spec = LLM(
+        folder,
+        speculative_config={
+            "method": "test-oracle",
+            "num_speculative_tokens": 3,
+            "continuations": continuations,
+        },
+        **options,
+    )
     assert _greedy(spec, prompts, 20) == baseline
     stats = spec.engine.stats()
     assert stats["preemptions"] > 0
@@ -78,8 +103,9 @@ def test_draft_verification_is_exact_under_preemption(tiny_llama):
     assert all(len(o.outputs[0].token_ids) == 12 for o in sampled)
 
 
-CONNECTOR_OPTIONS = dict(dtype="float32", block_size=8, num_blocks=64, max_model_len=256,
-                         enable_prefix_caching=False)
+CONNECTOR_OPTIONS = dict(
+    dtype="float32", block_size=8, num_blocks=64, max_model_len=256, enable_prefix_caching=False
+)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +144,7 @@ def test_connector_hooks_run_per_layer_inside_the_forward(tiny_llama, shared_pre
     num_layers = len(llm.engine.runner.kv_caches)
     events = _worker(llm).events
     step = [("start", -1)] + [(kind, layer) for layer in range(num_layers) for kind in ("load", "save")]
-    assert events[:len(step)] == step
+    assert events[: len(step)] == step
 
 
 def test_asynchronous_load_parks_the_request(tiny_llama, shared_prefix):
@@ -143,18 +169,29 @@ def test_failed_load_recomputes_from_the_last_good_block(tiny_llama, shared_pref
 
 def test_kv_transfer_config_errors_name_the_field(tiny_llama):
     with pytest.raises(ValueError, match="kv_transfer_config.kv_role"):
-        LLM(tiny_llama[0], kv_transfer_config={"kv_connector": "test-memory", "kv_role": "sideways"},
-            **CONNECTOR_OPTIONS)
+        LLM(
+            tiny_llama[0],
+            kv_transfer_config={"kv_connector": "test-memory", "kv_role": "sideways"},
+            **CONNECTOR_OPTIONS,
+        )
     with pytest.raises(ValueError, match="unknown key"):
-        LLM(tiny_llama[0], kv_transfer_config={"kv_connector": "test-memory", "kv_size": 1}, **CONNECTOR_OPTIONS)
+        LLM(
+            tiny_llama[0],
+            kv_transfer_config={"kv_connector": "test-memory", "kv_size": 1},
+            **CONNECTOR_OPTIONS,
+        )
 
 
 def test_logits_processor_plugin(tiny_llama, tiny_llm):
     prompt = [5, 6, 7, 8]
     plain = _greedy(tiny_llm, [prompt], 6)[0]
-    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, logits_processors=["test-ban"])
+    llm = LLM(
+        tiny_llama[0], dtype="float32", num_blocks=64, max_model_len=256, logits_processors=["test-ban"]
+    )
     banned = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, extra_args={"ban": [plain[0]]})
-    outs = llm.generate([prompt, prompt], [banned, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)])
+    outs = llm.generate(
+        [prompt, prompt], [banned, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)]
+    )
     assert plain[0] not in outs[0].outputs[0].token_ids
     assert outs[1].outputs[0].token_ids == plain
 

@@ -14,7 +14,18 @@ import pytest
 from engine import LLM, SamplingParams
 from tests.serving import serve
 
-SERVE_ARGS = ("--served-model-name", "tiny-llama", "--dtype", "float32", "--num-blocks", "256", "--block-size", "16", "--max-model-len", "512")
+SERVE_ARGS = (
+    "--served-model-name",
+    "tiny-llama",
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "256",
+    "--block-size",
+    "16",
+    "--max-model-len",
+    "512",
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,19 +46,29 @@ def test_echo_with_logprobs_returns_the_prompts_logprobs(server, offline):
     """What lm-eval's loglikelihood reads: echo + logprobs give every prompt token's log-prob
     (the first null), then the generated one; prompt_logprobs gives vLLM's per-position dicts."""
     ids = offline.tokenizer.encode("The robot said hello to the")
-    expected = offline.generate({"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0,
-                                                                         prompt_logprobs=1))[0].prompt_logprobs
+    expected = offline.generate(
+        {"prompt_token_ids": ids}, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1)
+    )[0].prompt_logprobs
     client = server.openai()
     for stream in (False, True):
-        response = client.completions.create(model="tiny-llama", prompt=ids, max_tokens=1, temperature=0, logprobs=1,
-                                             echo=True, stream=stream)
+        response = client.completions.create(
+            model="tiny-llama", prompt=ids, max_tokens=1, temperature=0, logprobs=1, echo=True, stream=stream
+        )
         chunks = list(response) if stream else [response]
-        token_logprobs = [x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs]
+        token_logprobs = [
+            x for c in chunks if c.choices[0].logprobs for x in c.choices[0].logprobs.token_logprobs
+        ]
         assert len(token_logprobs) == len(ids) + 1 and token_logprobs[0] is None
-        for position, got in enumerate(token_logprobs[1:len(ids)], start=1):
+        for position, got in enumerate(token_logprobs[1 : len(ids)], start=1):
             assert got == pytest.approx(expected[position][ids[position]].logprob, abs=1e-4)
-    body = server.http().post("/v1/completions", json={"model": "tiny-llama", "prompt": ids, "max_tokens": 1,
-                                                       "prompt_logprobs": 1}).json()
+    body = (
+        server.http()
+        .post(
+            "/v1/completions",
+            json={"model": "tiny-llama", "prompt": ids, "max_tokens": 1, "prompt_logprobs": 1},
+        )
+        .json()
+    )
     prompt_logprobs = body["choices"][0]["prompt_logprobs"]
     assert prompt_logprobs[0] is None and len(prompt_logprobs) == len(ids)
     assert prompt_logprobs[2][str(ids[2])]["logprob"] == pytest.approx(expected[2][ids[2]].logprob, abs=1e-4)
@@ -55,14 +76,22 @@ def test_echo_with_logprobs_returns_the_prompts_logprobs(server, offline):
 
 def test_chat_greedy_equals_offline_chat(server, offline):
     client = server.openai()
-    reply = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, temperature=0, max_tokens=20)
+    reply = client.chat.completions.create(
+        model="tiny-llama", messages=MESSAGES, temperature=0, max_tokens=20
+    )
     expected = offline.chat(MESSAGES, SamplingParams(temperature=0, max_tokens=20))[0].outputs[0]
     assert reply.choices[0].message.content == expected.text
     assert reply.choices[0].finish_reason == expected.finish_reason
     assert reply.usage.completion_tokens == len(expected.token_ids)
     assert reply.usage.prompt_tokens_details is None  # only with --enable-prompt-tokens-details
-    streamed = client.chat.completions.create(model=reply.model, messages=MESSAGES, temperature=0, max_tokens=20,
-                                              stream=True, stream_options={"include_usage": True})
+    streamed = client.chat.completions.create(
+        model=reply.model,
+        messages=MESSAGES,
+        temperature=0,
+        max_tokens=20,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(streamed)
     assert chunks[0].choices[0].delta.role == "assistant"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == expected.text
@@ -72,37 +101,55 @@ def test_chat_greedy_equals_offline_chat(server, offline):
 def test_completions_stream_and_echo_and_logprobs(server, offline):
     client = server.openai()
     model = client.models.list().data[0].id
-    full = client.completions.create(model=model, prompt="The robot said", max_tokens=12, temperature=0, logprobs=2)
+    full = client.completions.create(
+        model=model, prompt="The robot said", max_tokens=12, temperature=0, logprobs=2
+    )
     expected = offline.generate("The robot said", SamplingParams(max_tokens=12, temperature=0))[0].outputs[0]
     assert full.choices[0].text == expected.text
     lp = full.choices[0].logprobs
     assert len(lp.tokens) == 12 and len(lp.top_logprobs[0]) == 2 and all(v <= 0 for v in lp.token_logprobs)
     assert lp.text_offset[0] == 0 and "".join(lp.tokens) == expected.text
-    chunks = list(client.completions.create(model=model, prompt="The robot said", max_tokens=12, temperature=0,
-                                            stream=True, logprobs=1))
+    chunks = list(
+        client.completions.create(
+            model=model, prompt="The robot said", max_tokens=12, temperature=0, stream=True, logprobs=1
+        )
+    )
     assert "".join(c.choices[0].text for c in chunks) == expected.text
     offsets = [o for c in chunks if c.choices[0].logprobs for o in c.choices[0].logprobs.text_offset]
     assert offsets == lp.text_offset, "streamed text offsets are absolute, as in the full response"
-    echo = client.completions.create(model=model, prompt="The robot said", max_tokens=3, temperature=0, echo=True)
+    echo = client.completions.create(
+        model=model, prompt="The robot said", max_tokens=3, temperature=0, echo=True
+    )
     assert echo.choices[0].text.startswith("The robot said")
 
 
 def test_n_seed_stop_and_chat_logprobs(server):
     client = server.openai()
     model = client.models.list().data[0].id
-    many = client.completions.create(model=model, prompt="Colors:", n=3, max_tokens=8, temperature=1.0, seed=7)
+    many = client.completions.create(
+        model=model, prompt="Colors:", n=3, max_tokens=8, temperature=1.0, seed=7
+    )
     assert sorted(c.index for c in many.choices) == [0, 1, 2]
-    again = client.completions.create(model=model, prompt="Colors:", n=3, max_tokens=8, temperature=1.0, seed=7)
+    again = client.completions.create(
+        model=model, prompt="Colors:", n=3, max_tokens=8, temperature=1.0, seed=7
+    )
     assert [c.text for c in many.choices] == [c.text for c in again.choices]
-    base = client.completions.create(model=model, prompt="Story:", max_tokens=30, temperature=0).choices[0].text
-    stop = base[len(base) // 2:len(base) // 2 + 3]
+    base = (
+        client.completions.create(model=model, prompt="Story:", max_tokens=30, temperature=0).choices[0].text
+    )
+    stop = base[len(base) // 2 : len(base) // 2 + 3]
     cut = client.completions.create(model=model, prompt="Story:", max_tokens=30, temperature=0, stop=[stop])
-    assert cut.choices[0].text == base[:base.index(stop)] and cut.choices[0].finish_reason == "stop"
-    streamed = "".join(c.choices[0].text for c in client.completions.create(
-        model=model, prompt="Story:", max_tokens=30, temperature=0, stop=[stop], stream=True))
+    assert cut.choices[0].text == base[: base.index(stop)] and cut.choices[0].finish_reason == "stop"
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(
+            model=model, prompt="Story:", max_tokens=30, temperature=0, stop=[stop], stream=True
+        )
+    )
     assert streamed == cut.choices[0].text, "a stop string must never be partly streamed"
-    chat = client.chat.completions.create(model=model, messages=MESSAGES, max_tokens=4, temperature=0,
-                                          logprobs=True, top_logprobs=3)
+    chat = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3
+    )
     content = chat.choices[0].logprobs.content
     assert len(content) == 4 and all(len(t.top_logprobs) == 3 for t in content)
     assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
@@ -114,9 +161,16 @@ def test_32_concurrent_streams(server):
         model = (await client.models.list()).data[0].id
 
         async def one(i):
-            stream = await client.completions.create(model=model, prompt=f"Request {i}:", max_tokens=16,
-                                                     temperature=0.8, seed=i, stream=True, extra_body={"ignore_eos": True},
-                                                     stream_options={"include_usage": True})
+            stream = await client.completions.create(
+                model=model,
+                prompt=f"Request {i}:",
+                max_tokens=16,
+                temperature=0.8,
+                seed=i,
+                stream=True,
+                extra_body={"ignore_eos": True},
+                stream_options={"include_usage": True},
+            )
             usage = None
             async for chunk in stream:
                 usage = chunk.usage or usage
@@ -132,7 +186,9 @@ def test_utility_routes_and_metrics(server, default_tokenizer):
         models = http.get("/v1/models").json()
         assert models["object"] == "list" and models["data"][0]["max_model_len"] == 512
         tokens = http.post("/tokenize", json={"prompt": "héllo wörld"}).json()
-        assert tokens["tokens"] == default_tokenizer.encode("héllo wörld") and tokens["count"] == len(tokens["tokens"])
+        assert tokens["tokens"] == default_tokenizer.encode("héllo wörld") and tokens["count"] == len(
+            tokens["tokens"]
+        )
         chat_tokens = http.post("/tokenize", json={"messages": MESSAGES}).json()["tokens"]
         assert default_tokenizer.decode(chat_tokens).endswith("assistant\n")
         assert http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()["prompt"] == "héllo wörld"
@@ -142,11 +198,19 @@ def test_utility_routes_and_metrics(server, default_tokenizer):
         assert {"/v1/completions", "/v1/chat/completions", "/metrics"} <= set(spec["paths"])
         assert "CompletionRequest" in spec["components"]["schemas"]
         text = http.get("/metrics").text
-    for name in ("vllm:request_success_total", "vllm:time_to_first_token_seconds_bucket",
-                 "vllm:inter_token_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_bucket",
-                 "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
-                 "vllm:prefix_cache_hit_rate", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
-                 "vllm:generation_tokens_total"):
+    for name in (
+        "vllm:request_success_total",
+        "vllm:time_to_first_token_seconds_bucket",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:e2e_request_latency_seconds_bucket",
+        "vllm:num_requests_running",
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:prefix_cache_hit_rate",
+        "vllm:num_preemptions_total",
+        "vllm:prompt_tokens_total",
+        "vllm:generation_tokens_total",
+    ):
         assert name in text, name
     assert 'finished_reason="length"' in text
 
@@ -196,8 +260,14 @@ def test_bad_input_gets_openai_errors_without_disturbing_others(server):
         result = {}
 
         def long_stream():
-            body = {"model": model, "prompt": "Keep going:", "max_tokens": 120, "ignore_eos": True, "stream": True,
-                    "stream_options": {"include_usage": True}}
+            body = {
+                "model": model,
+                "prompt": "Keep going:",
+                "max_tokens": 120,
+                "ignore_eos": True,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
             with server.http() as other, other.stream("POST", "/v1/completions", json=body) as response:
                 frames = [line for line in response.iter_lines() if line.startswith("data: ")]
             result["tokens"] = json.loads(frames[-2][6:])["usage"]["completion_tokens"]
@@ -209,8 +279,13 @@ def test_bad_input_gets_openai_errors_without_disturbing_others(server):
             _error(http.post("/v1/completions", json={"model": model, **body}), status, param)
         for body, status, param in BAD_CHATS:
             _error(http.post("/v1/chat/completions", json={"model": model, **body}), status, param)
-        _error(http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}), 400)
-        _error(http.post("/v1/embeddings", json={"model": model, "input": "Hi"}), 400, "model")  # generates only
+        _error(
+            http.post("/v1/completions", content=b"{not json", headers={"Content-Type": "application/json"}),
+            400,
+        )
+        _error(
+            http.post("/v1/embeddings", json={"model": model, "input": "Hi"}), 400, "model"
+        )  # generates only
         _error(http.post("/v1/completions", content=b'{"prompt": "' + b"x" * (5 * 2**20) + b'"}'), 413)
         _error(http.get("/v1/nope"), 404)
         _error(http.get("/v1/completions"), 405)

@@ -17,7 +17,9 @@ QUESTIONS = ["What is the capital of France?", "Name three colors of the rainbow
 
 @pytest.fixture(scope="module")
 def server():
-    with serve(None, "--dtype", "float32", "--max-model-len", "4096", "--num-blocks", "512", api_key=None) as s:
+    with serve(
+        None, "--dtype", "float32", "--max-model-len", "4096", "--num-blocks", "512", api_key=None
+    ) as s:
         yield s
 
 
@@ -37,7 +39,13 @@ def test_disconnect_mid_stream_frees_kv_blocks(server):
     ran_to_length = _finished(server, "length")  # the module's earlier requests
     with server.http() as http:
         model = http.get("/v1/models").json()["data"][0]["id"]
-        body = {"model": model, "prompt": "Count upwards:", "max_tokens": 3000, "stream": True, "ignore_eos": True}
+        body = {
+            "model": model,
+            "prompt": "Count upwards:",
+            "max_tokens": 3000,
+            "stream": True,
+            "ignore_eos": True,
+        }
         with http.stream("POST", "/v1/completions", json=body) as response:
             lines = response.iter_lines()
             deadline = time.monotonic() + 10

@@ -45,7 +45,16 @@ class Fault(LogitsProcessor):
 '''
 
 # the tiny model with the fault plugin; 16 streams of 400 tokens fit in 512 blocks of 16
-TINY = ("--dtype", "float32", "--num-blocks", "512", "--max-model-len", "512", "--logits-processors", "test-fault")
+TINY = (
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "512",
+    "--max-model-len",
+    "512",
+    "--logits-processors",
+    "test-fault",
+)
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +64,9 @@ def fault_trigger(tmp_path_factory):
     root = tmp_path_factory.mktemp("fault-plugin")
     trigger = root / "raise"
     source = FAULT_PLUGIN.format(trigger=str(trigger), pace=0.01)
-    pip_install(write_plugin(root, "tessellm-logits-test-fault", "test-fault", "engine_logits_test_fault", source))
+    pip_install(
+        write_plugin(root, "tessellm-logits-test-fault", "test-fault", "engine_logits_test_fault", source)
+    )
     yield trigger
     pip_uninstall("tessellm-logits-test-fault")
 
@@ -86,7 +97,10 @@ def test_injected_core_exception_ends_every_stream_and_exits_nonzero_ten_times(t
             fault_trigger.touch()
             triggered = time.monotonic()
             for frames in streams.join(timeout=30):
-                assert error_codes(frames) == ["engine_dead"] and frames[-1] == "[DONE]", (attempt, frames[-3:])
+                assert error_codes(frames) == ["engine_dead"] and frames[-1] == "[DONE]", (
+                    attempt,
+                    frames[-3:],
+                )
             code = server.process.wait(30)
             exited_after = time.monotonic() - triggered
             assert code != 0 and exited_after < 5, (attempt, code, exited_after)
@@ -113,8 +127,11 @@ def test_drain_cut_short_ends_requests_with_an_error_and_exits_nonzero(tiny_llam
         outcome = {}
 
         def complete():
-            response = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
-                "model": server.model(), "prompt": "Hi", "max_tokens": 400, "ignore_eos": True})
+            response = httpx.post(
+                f"{server.url}/v1/completions",
+                timeout=60,
+                json={"model": server.model(), "prompt": "Hi", "max_tokens": 400, "ignore_eos": True},
+            )
             outcome["status"], outcome["body"] = response.status_code, response.json()
 
         thread = threading.Thread(target=complete)
@@ -145,8 +162,11 @@ def test_engine_core_death_fails_requests_cleanly_and_exits_nonzero():
         outcome = {}
 
         def blocking_request():
-            response = httpx.post(f"{server.url}/v1/completions", timeout=120, json={
-                "model": model, "prompt": "Count:", "max_tokens": 3000, "ignore_eos": True})
+            response = httpx.post(
+                f"{server.url}/v1/completions",
+                timeout=120,
+                json={"model": model, "prompt": "Count:", "max_tokens": 3000, "ignore_eos": True},
+            )
             outcome["status"], outcome["body"] = response.status_code, response.json()
 
         thread = threading.Thread(target=blocking_request)
@@ -171,8 +191,14 @@ def test_sigterm_lets_in_flight_streams_finish(tiny_llama):
     args = ("--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256", "--graceful-timeout", "60")
     with serve(tiny_llama[0], *args, api_key=None) as server:
         model = httpx.get(f"{server.url}/v1/models").json()["data"][0]["id"]
-        body = {"model": model, "prompt": "Hello", "max_tokens": 200, "ignore_eos": True, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "model": model,
+            "prompt": "Hello",
+            "max_tokens": 200,
+            "ignore_eos": True,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
             lines = (line for line in response.iter_lines() if line.startswith("data: "))
             next(lines)
@@ -189,11 +215,33 @@ def test_sigterm_lets_in_flight_streams_finish(tiny_llama):
 def test_soak_benchmark_short_run_passes(tiny_llama):
     """benchmarks/soak.py end to end, for seconds instead of 30 minutes."""
     script = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "soak.py")
-    result = subprocess.run([sys.executable, script, "--model", tiny_llama[0], "--duration", "6", "--concurrency", "8",
-                             "--input-len", "8", "--max-tokens", "16", "--report-every", "2",
-                             "--serve-args=--dtype float32 --num-blocks 128 --max-model-len 256"],
-                            check=False, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--model",
+            tiny_llama[0],
+            "--duration",
+            "6",
+            "--concurrency",
+            "8",
+            "--input-len",
+            "8",
+            "--max-tokens",
+            "16",
+            "--report-every",
+            "2",
+            "--serve-args=--dtype float32 --num-blocks 128 --max-model-len 256",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     lines = result.stdout.splitlines()
-    assert lines[-1] == "PASS" and ", 0 errors; engine after the load: running 0, waiting 0, KV 0.0%" in lines[-2]
+    assert (
+        lines[-1] == "PASS"
+        and ", 0 errors; engine after the load: running 0, waiting 0, KV 0.0%" in lines[-2]
+    )
     assert int(lines[-2].split()[0]) >= 8  # every worker finished at least one request

@@ -9,8 +9,14 @@ import jsonschema
 
 from engine import LLM, GrammarSpec, SamplingParams
 
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {
-    "items": {"type": "array", "minItems": 3, "maxItems": 6, "items": {"enum": ["apple", "pear", "plum"]}}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["items"],
+    "properties": {
+        "items": {"type": "array", "minItems": 3, "maxItems": 6, "items": {"enum": ["apple", "pear", "plum"]}}
+    },
+}
 
 
 def test_grammar_with_drafts_equals_grammar_without(tiny_llama):
@@ -18,16 +24,24 @@ def test_grammar_with_drafts_equals_grammar_without(tiny_llama):
     options = dict(dtype="float32", num_blocks=128, max_model_len=512, structured_outputs_backend="xgrammar")
     example = 'Example: {"items": ["apple", "pear", "plum", "apple"]}. '
     prompts = [example + "List fruit:", example + "Fruit basket:", example + "More fruit please:"]
-    greedy = SamplingParams(max_tokens=60, temperature=0, repetition_penalty=1.2,
-                            structured_outputs=GrammarSpec("json", SCHEMA))
+    greedy = SamplingParams(
+        max_tokens=60, temperature=0, repetition_penalty=1.2, structured_outputs=GrammarSpec("json", SCHEMA)
+    )
     plain = [o.outputs[0] for o in LLM(folder, **options).generate(prompts, greedy)]
-    spec = LLM(folder, **options, speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                                                       "prompt_lookup_min": 1})
+    spec = LLM(
+        folder,
+        **options,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1},
+    )
     drafted = [o.outputs[0] for o in spec.generate(prompts, greedy)]
     assert [o.token_ids for o in drafted] == [o.token_ids for o in plain]
     assert spec.engine.stats()["spec_draft_tokens"] > 0
-    sampled = spec.generate(prompts * 4, SamplingParams(max_tokens=60, temperature=1.0, seed=3,
-                                                        structured_outputs=GrammarSpec("json", SCHEMA)))
+    sampled = spec.generate(
+        prompts * 4,
+        SamplingParams(
+            max_tokens=60, temperature=1.0, seed=3, structured_outputs=GrammarSpec("json", SCHEMA)
+        ),
+    )
     for out in sampled:
         if out.outputs[0].finish_reason == "stop":
             jsonschema.validate(json.loads(out.outputs[0].text), SCHEMA)

@@ -80,8 +80,9 @@ def test_padding_leaves_the_real_rows_attention_unchanged():
     as the judge: any backend reading the layout as the interface defines it)."""
     backend = TorchAttentionBackend(SPEC, CpuPlatform())
     layout = _decode_layout()
-    padded = step_graphs.pad_decode(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), layout, 8,
-                                    max_blocks=4).layout
+    padded = step_graphs.pad_decode(
+        torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), layout, 8, max_blocks=4
+    ).layout
     gen = torch.Generator().manual_seed(0)
     cache = torch.randn(backend.kv_cache_shape(16), generator=gen)
     q, k, v = (torch.randn(8, h, 16, generator=gen) for h in (4, 2, 2))
@@ -92,11 +93,14 @@ def test_padding_leaves_the_real_rows_attention_unchanged():
 
 def test_static_buffers_are_overwritten_in_place():
     static = step_graphs.DecodeInputs.empty(4, 5, "cpu")
-    pointers = [t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)]
+    pointers = [
+        t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)
+    ]
     layout = _decode_layout()
     static.copy_(step_graphs.pad_decode(torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0]), layout, 4, 5))
-    assert [t.data_ptr() for t in (static.input_ids, static.layout.block_table,
-                                   static.layout.slot_mapping)] == pointers
+    assert [
+        t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)
+    ] == pointers
     assert static.input_ids.tolist() == [1, 2, 3, 0] and static.layout.seq_lens.tolist() == [6, 21, 1, 1]
     assert static.layout.block_table[:3, :3].tolist() == layout.block_table.tolist()
 
@@ -110,21 +114,41 @@ def _layers(backend_cls=GraphableBackend) -> LayerAttention:
 
 
 def test_graphs_are_planned_on_cuda_with_a_backend_that_declares_them():
-    plan = step_graphs.graph_plan(EngineConfig.from_kwargs(max_num_seqs=16), CudaPlatform(), _layers(), "generate")
+    plan = step_graphs.graph_plan(
+        EngineConfig.from_kwargs(max_num_seqs=16), CudaPlatform(), _layers(), "generate"
+    )
     assert isinstance(plan.graphs, CudaGraphs) and plan.sizes == (1, 2, 4, 8, 16) and plan.reasons == ()
 
 
-@pytest.mark.parametrize("options, platform, backend, runner, reason", [
-    ({}, CpuPlatform(), GraphableBackend, "generate", "the cpu platform records no step graphs"),
-    ({"enforce_eager": True}, CudaPlatform(), GraphableBackend, "generate", "enforce_eager is set"),
-    ({}, CudaPlatform(), TorchAttentionBackend, "generate",
-     "attention backend torch declares cuda_graph_support 'none'"),
-    ({"speculative_config": {"method": "ngram"}}, CudaPlatform(), GraphableBackend, "generate",
-     "speculative decoding is configured"),
-    ({}, CudaPlatform(), GraphableBackend, "pooling", "the pooling runner samples nothing to decode"),
-    ({"cuda_graph_sizes": (512,)}, CudaPlatform(), GraphableBackend, "generate",
-     "cuda_graph_sizes leaves no size up to max_num_seqs"),
-])
+@pytest.mark.parametrize(
+    "options, platform, backend, runner, reason",
+    [
+        ({}, CpuPlatform(), GraphableBackend, "generate", "the cpu platform records no step graphs"),
+        ({"enforce_eager": True}, CudaPlatform(), GraphableBackend, "generate", "enforce_eager is set"),
+        (
+            {},
+            CudaPlatform(),
+            TorchAttentionBackend,
+            "generate",
+            "attention backend torch declares cuda_graph_support 'none'",
+        ),
+        (
+            {"speculative_config": {"method": "ngram"}},
+            CudaPlatform(),
+            GraphableBackend,
+            "generate",
+            "speculative decoding is configured",
+        ),
+        ({}, CudaPlatform(), GraphableBackend, "pooling", "the pooling runner samples nothing to decode"),
+        (
+            {"cuda_graph_sizes": (512,)},
+            CudaPlatform(),
+            GraphableBackend,
+            "generate",
+            "cuda_graph_sizes leaves no size up to max_num_seqs",
+        ),
+    ],
+)
 def test_reasons_graphs_are_off(options, platform, backend, runner, reason):
     plan = step_graphs.graph_plan(EngineConfig.from_kwargs(**options), platform, _layers(backend), runner)
     assert plan.graphs is None and plan.sizes == () and any(r.startswith(reason) for r in plan.reasons), plan
@@ -134,7 +158,10 @@ def test_graph_memory_comes_out_of_the_kv_budget():
     class Config:
         hidden_size, intermediate_size = 64, 256
 
-    assert step_graphs.graph_memory_estimate(step_graphs.GraphPlan(None, (), ("off",)), Config, torch.bfloat16) == 0
+    assert (
+        step_graphs.graph_memory_estimate(step_graphs.GraphPlan(None, (), ("off",)), Config, torch.bfloat16)
+        == 0
+    )
     plan = step_graphs.GraphPlan(CudaGraphs(), (1, 2, 4, 8), ())
     expected = 8 * (8 * 64 + 4 * 256) * 2 + 4 * CudaGraphs.overhead_bytes
     assert step_graphs.graph_memory_estimate(plan, Config, torch.bfloat16) == expected
@@ -165,15 +192,24 @@ def test_the_plain_cpu_platform_never_records(tiny_llama, monkeypatch):
 
     monkeypatch.setattr(step_graphs.StepGraphRunner, "capture", refuse)
     for eager in (False, True):
-        llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, block_size=16, enforce_eager=eager,
-                  cuda_graph_sizes=(1, 2), device="cpu")
+        llm = LLM(
+            tiny_llama[0],
+            dtype="float32",
+            num_blocks=64,
+            block_size=16,
+            enforce_eager=eager,
+            cuda_graph_sizes=(1, 2),
+            device="cpu",
+        )
         assert llm.engine.runner.graphs is None
         assert len(llm.generate("hello", SamplingParams(max_tokens=2))[0].outputs[0].token_ids) == 2
 
 
 def test_flags():
-    assert parse("--enforce-eager", "--cuda-graph-sizes", "1,2,4") == {"enforce_eager": True,
-                                                                      "cuda_graph_sizes": (1, 2, 4)}
+    assert parse("--enforce-eager", "--cuda-graph-sizes", "1,2,4") == {
+        "enforce_eager": True,
+        "cuda_graph_sizes": (1, 2, 4),
+    }
     assert parse("--cuda-graph-sizes", "8 16")["cuda_graph_sizes"] == (8, 16)
 
 
@@ -195,7 +231,9 @@ def test_replay_catches_a_backend_whose_metadata_does_not_survive_overwrites(tin
     than eager ones (the Triton backend's own tests show it passing)."""
     prompts = reference.random_prompts(256, [5, 33, 3], seed=4)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (3, 5, 7)]
-    options = dict(dtype="float32", attention_backend="torch", num_blocks=64, block_size=16, max_model_len=128)
+    options = dict(
+        dtype="float32", attention_backend="torch", num_blocks=64, block_size=16, max_model_len=128
+    )
     eager = [o.outputs[0].token_ids for o in LLM(tiny_llama[0], **options).generate(prompts, params)]
     replayed, replays = replayed_tokens(LLM(tiny_llama[0], **options), prompts, params, (1, 2, 4))
     assert all(replays.values()) and replayed != eager

@@ -29,8 +29,9 @@ from engine_quant_gguf.loader import default_model_path
 from tests.serving import serve
 
 LENGTHS = [3, 41, 17, 8, 60, 25, 5, 33, 12, 50, 2, 29, 19, 44, 9, 37, 23, 14]
-SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40,
-                max_model_len=256)
+SQUEEZED = dict(
+    dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40, max_model_len=256
+)
 # the default model dequantized, on a pool of 16 blocks of 8 tokens: 8 running requests need ~40
 DEFAULT_SQUEEZED = dict(SQUEEZED, quantization="unquantized", num_blocks=16, max_model_len=64)
 # the multi-rank executors under test (each its own TP=2 engines)
@@ -77,7 +78,8 @@ def test_tp2_logprobs_within_float32_all_reduce_rounding(engines, tiny_llama):
     for a, b in zip(one, two):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         positions = list(zip(a.outputs[0].logprobs, b.outputs[0].logprobs)) + list(
-            zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:]))
+            zip(a.prompt_logprobs[1:], b.prompt_logprobs[1:])
+        )
         for expected, got in positions:
             assert expected.keys() == got.keys()
             for token, logprob in expected.items():
@@ -88,15 +90,26 @@ def test_tp2_replicates_a_lone_kv_head_and_pads_an_odd_vocabulary(tmp_path):
     """Qwen3 (per-head q/k norms) with one kv head for two ranks (each rank keeps a copy),
     an untied LM head and a vocabulary that does not split evenly (rank 1's tail is padding):
     TP=2 gives transformers' greedy tokens, as TP=1 does."""
-    config = dict(model_type="qwen3", vocab_size=251, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  max_position_embeddings=256, num_attention_heads=4, num_key_value_heads=1, head_dim=32,
-                  tie_word_embeddings=False)
+    config = dict(
+        model_type="qwen3",
+        vocab_size=251,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        tie_word_embeddings=False,
+    )
     hf_model = reference.tiny_checkpoint(str(tmp_path), "Qwen3ForCausalLM", config)
     prompts = reference.random_prompts(config["vocab_size"], [5, 19, 2, 33, 11, 26], seed=7)
     llm = LLM(str(tmp_path), tensor_parallel_size=2, **SQUEEZED)
     try:
-        got = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0,
-                                                                                     ignore_eos=True))]
+        got = [
+            o.outputs[0].token_ids
+            for o in llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+        ]
     finally:
         llm.engine.shutdown()
     assert got == reference.hf_greedy(hf_model, prompts, 16)
@@ -107,16 +120,38 @@ def test_workers_honour_the_allow_list_and_report_what_stops_them(tiny_llama, ba
     (``add_plugin``, as the test plugins are) does not exist in a worker (a spawned process, a
     Ray actor): the worker's failure reaches the driver as one error naming it, at once, not a
     collective timeout."""
-    plugins = ["models-llama", "attention-torch", "test-ban"] + (["executors-ray"] if backend == "ray" else [])
+    plugins = ["models-llama", "attention-torch", "test-ban"] + (
+        ["executors-ray"] if backend == "ray" else []
+    )
     started = time.monotonic()
-    with pytest.raises(ExecutorFailure, match=r"(?s)rank 1 failed to start.*unknown plugin\(s\) \['test-ban'\]"):
-        LLM(tiny_llama[0], plugins=plugins, tensor_parallel_size=2, distributed_executor_backend=backend,
-            **SQUEEZED)
+    with pytest.raises(
+        ExecutorFailure, match=r"(?s)rank 1 failed to start.*unknown plugin\(s\) \['test-ban'\]"
+    ):
+        LLM(
+            tiny_llama[0],
+            plugins=plugins,
+            tensor_parallel_size=2,
+            distributed_executor_backend=backend,
+            **SQUEEZED,
+        )
     assert time.monotonic() - started < 30
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (4, 4, 4),
-                                                       (9, 3, 2), (12, 3, 2), (10, 5, 4), (7, 7, 3), (15, 5, 3)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "ranks"),
+    [
+        (4, 2, 2),
+        (8, 2, 4),
+        (8, 1, 4),
+        (12, 4, 2),
+        (4, 4, 4),
+        (9, 3, 2),
+        (12, 3, 2),
+        (10, 5, 4),
+        (7, 7, 3),
+        (15, 5, 3),
+    ],
+)
 def test_every_rank_holds_the_kv_heads_its_q_heads_read(heads, kv_heads, ranks):
     """GQA under TP: q head h reads kv head h // (heads / kv_heads), and a rank's attention
     pairs its local q heads evenly with its local kv heads; so local q head i must land on the
@@ -133,7 +168,9 @@ def test_every_rank_holds_the_kv_heads_its_q_heads_read(heads, kv_heads, ranks):
     assert all(parts[0].q >= p.q and parts[0].kv >= p.kv for p in parts)
 
 
-@pytest.mark.parametrize(("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (32, 8, 4)])
+@pytest.mark.parametrize(
+    ("heads", "kv_heads", "ranks"), [(4, 2, 2), (8, 2, 4), (8, 1, 4), (12, 4, 2), (32, 8, 4)]
+)
 def test_even_splits_are_as_before(heads, kv_heads, ranks):
     """Where the heads divide, each rank holds heads / ranks q heads from rank · heads / ranks
     (the split TP=2 output was verified with before uneven splits existed)."""
@@ -155,7 +192,9 @@ def test_kv_heads_that_do_not_divide_split_by_groups_the_first_ranks_taking_more
 def test_head_counts_no_split_can_serve_are_refused_naming_the_field():
     with pytest.raises(ValueError, match="cannot share 3 kv heads"):
         attention_heads(12, 3, TensorParallel(0, 4))
-    with pytest.raises(ValueError, match=r"num_attention_heads \(10\) is not a multiple of num_key_value_heads"):
+    with pytest.raises(
+        ValueError, match=r"num_attention_heads \(10\) is not a multiple of num_key_value_heads"
+    ):
         attention_heads(10, 4, TensorParallel(0, 2))
 
 
@@ -192,14 +231,22 @@ def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
     with pytest.raises(ValueError, match="fp8.*declares no tensor-parallel sharding"):
         LLM(folder, quantization="fp8", tensor_parallel_size=2)
     with pytest.raises(ValueError, match="'ray' is not installed.*needs the ray executor plugin"):
-        LLM(folder, plugins=["models-llama", "attention-torch"], tensor_parallel_size=2,
-            distributed_executor_backend="ray")
+        LLM(
+            folder,
+            plugins=["models-llama", "attention-torch"],
+            tensor_parallel_size=2,
+            distributed_executor_backend="ray",
+        )
     with pytest.raises(ValueError, match="uni cannot run this engine: it runs one rank"):
         LLM(folder, tensor_parallel_size=2, distributed_executor_backend="uni")
     for backend in ("mp", "ray"):
         with pytest.raises(ValueError, match="speculative decoding is not tensor-parallel yet"):
-            LLM(folder, tensor_parallel_size=2, distributed_executor_backend=backend,
-                speculative_config={"method": "ngram"})
+            LLM(
+                folder,
+                tensor_parallel_size=2,
+                distributed_executor_backend=backend,
+                speculative_config={"method": "ngram"},
+            )
 
 
 @pytest.fixture(scope="module")
@@ -220,8 +267,13 @@ def default_tp2(backend, default_tp1):
 def _mixed_prompts(llm) -> list:
     """17 prompts of 2 to ~40 tokens: chats through the model's template, plain text, token ids."""
     chats = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHAT_QUESTIONS[:6]]
-    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
-             "1, 2, 3, 4,", "Water boils at"]
+    texts = [
+        "The capital of France is",
+        "def fibonacci(n):",
+        "Once upon a time, in a small village,",
+        "1, 2, 3, 4,",
+        "Water boils at",
+    ]
     return chats + texts + reference.random_prompts(49152, [2, 31, 9, 17, 5, 24], seed=11)
 
 
@@ -250,10 +302,14 @@ def test_default_model_dequantized_tp2_greedy_equals_tp1(default_tp1, default_tp
     replicated = sum(int(t.n_bytes) for t in tensors if len(t.shape) == 1)
     read = default_tp2.engine.executor.weight_bytes_read()
     assert sum(read) == total + replicated and all(r < 0.55 * total for r in read)
-    held = [sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
-            for llm in (default_tp1, default_tp2)]
+    held = [
+        sum(p.numel() * p.element_size() for p in llm.engine.model.parameters())
+        for llm in (default_tp1, default_tp2)
+    ]
     assert 0.5 < held[1] / held[0] < 0.55
-    layout = default_tp2.engine.model.kv_layout()  # rank 0's: it sizes every rank's pool, so it holds the most
+    layout = (
+        default_tp2.engine.model.kv_layout()
+    )  # rank 0's: it sizes every rank's pool, so it holds the most
     assert (layout.num_heads, layout.num_kv_heads) == (6, 2)
 
 
@@ -303,8 +359,18 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama
     non-zero within 10 s, leaving no process behind (nor, with Ray, its placement group)."""
     prompt = [1, 450, 3200, 77, 9]
     expected = tp1.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    args = ("--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256", "-tp", "2",
-            "--distributed-executor-backend", backend)
+    args = (
+        "--dtype",
+        "float32",
+        "--num-blocks",
+        "64",
+        "--max-model-len",
+        "256",
+        "-tp",
+        "2",
+        "--distributed-executor-backend",
+        backend,
+    )
     actors_before = _ray_workers()
     with serve(tiny_llama[0], *args, api_key=None) as server:
         core = server.core_pid()
@@ -315,10 +381,17 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama
             workers = sorted(_ray_workers() - actors_before)
         assert len(workers) == 1
         client = server.openai()
-        reply = client.completions.create(model=server.model(), prompt=prompt, max_tokens=12, temperature=0,
-                                          extra_body={"ignore_eos": True})
+        reply = client.completions.create(
+            model=server.model(), prompt=prompt, max_tokens=12, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert reply.choices[0].text == expected[0].outputs[0].text
-        body = {"model": server.model(), "prompt": prompt, "max_tokens": 240, "ignore_eos": True, "stream": True}
+        body = {
+            "model": server.model(),
+            "prompt": prompt,
+            "max_tokens": 240,
+            "ignore_eos": True,
+            "stream": True,
+        }
         with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
             lines = (line[6:] for line in response.iter_lines() if line.startswith("data: "))
             assert json.loads(next(lines))["choices"][0]["finish_reason"] is None
@@ -336,7 +409,11 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama
 
         if not ray.is_initialized():
             ray.init()
-        states = {pg["state"] for pg in ray.util.placement_group_table().values() if pg["name"].startswith(f"engine-tp-{core}-")}
+        states = {
+            pg["state"]
+            for pg in ray.util.placement_group_table().values()
+            if pg["name"].startswith(f"engine-tp-{core}-")
+        }
         assert states == {"REMOVED"}
 
 
@@ -344,10 +421,12 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama
 def test_ray_actors_and_placement_group_do_not_outlive_a_killed_driver(tiny_llama, ray_cluster):
     """A driver killed outright (no shutdown, no finalizer) leaves no worker actor and no
     placement group behind: Ray ends the actors and the group its job owned."""
-    script = (f"import time\nfrom engine import LLM\n"
-              f"llm = LLM({tiny_llama[0]!r}, tensor_parallel_size=2, distributed_executor_backend='ray', "
-              f"**{SQUEEZED!r})\n"
-              "print(*[h.pid for h in llm.engine.executor.workers.handles], flush=True)\ntime.sleep(600)\n")
+    script = (
+        f"import time\nfrom engine import LLM\n"
+        f"llm = LLM({tiny_llama[0]!r}, tensor_parallel_size=2, distributed_executor_backend='ray', "
+        f"**{SQUEEZED!r})\n"
+        "print(*[h.pid for h in llm.engine.executor.workers.handles], flush=True)\ntime.sleep(600)\n"
+    )
     driver = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         workers = [int(pid) for pid in driver.stdout.readline().split()]
@@ -364,8 +443,11 @@ def test_ray_actors_and_placement_group_do_not_outlive_a_killed_driver(tiny_llam
         ray.init()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        states = {pg["state"] for pg in ray.util.placement_group_table().values()
-                  if pg["name"].startswith(f"engine-tp-{driver.pid}-")}
+        states = {
+            pg["state"]
+            for pg in ray.util.placement_group_table().values()
+            if pg["name"].startswith(f"engine-tp-{driver.pid}-")
+        }
         if states == {"REMOVED"}:
             break
         time.sleep(0.2)

@@ -38,8 +38,24 @@ def test_engine_plugins_lists_it(sdpa_plugin):
 
 @pytest.mark.slow  # a pytest session that imports every contract and runs its ~100 cases
 def test_its_conformance_tests_pass(sdpa_plugin):
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--engine-conformance",
-                             "-k", "sdpa"], cwd=sdpa_plugin, check=False, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--engine-conformance",
+            "-k",
+            "sdpa",
+        ],
+        cwd=sdpa_plugin,
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:]
     summary = result.stdout.strip().splitlines()[-1]
     # its own TestSdpaAttention and the kit's generated class: the same cases each (their
@@ -51,8 +67,21 @@ def test_its_conformance_tests_pass(sdpa_plugin):
 
 
 def test_it_generates_what_the_reference_backend_generates(sdpa_plugin, tiny_llama):
-    args = ["generate", "--model", tiny_llama[0], "--prompt", "The sky is", "--max-tokens", "12",
-            "--dtype", "float32", "--num-blocks", "64", "--max-model-len", "256"]
+    args = [
+        "generate",
+        "--model",
+        tiny_llama[0],
+        "--prompt",
+        "The sky is",
+        "--max-tokens",
+        "12",
+        "--dtype",
+        "float32",
+        "--num-blocks",
+        "64",
+        "--max-model-len",
+        "256",
+    ]
     sdpa = run_engine("--plugins", "models-llama,attention-sdpa", *args, "--attention-backend", "sdpa")
     reference = run_engine("--plugins", "models-llama,attention-torch", *args)
     assert sdpa.returncode == 0 and reference.returncode == 0, sdpa.stderr + reference.stderr

@@ -7,38 +7,90 @@ import httpx
 
 from tests.serving import serve
 
-TEMPLATE = "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}=>{% endif %}"
+TEMPLATE = (
+    "{% for m in messages %}<<{{ m['content'] }}>>{% endfor %}{% if add_generation_prompt %}=>{% endif %}"
+)
 
 
 def test_a_vllm_serve_line_works_unchanged(tiny_llama, tmp_path):
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
-    line = [tiny_llama[0],  # positional MODEL
-            "--served-model-name", "qwen", "--dtype", "float", "--max-model-len", "512",
-            "--gpu-memory-utilization", "0.05", "--tensor-parallel-size", "1", "--max-num-seqs", "8",
-            "--max-num-batched-tokens", "256", "--enable-prefix-caching", "--seed", "0", "--trust-remote-code",
-            "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1",
-            "--chat-template", str(template), "--generation-config", "vllm", "--disable-log-requests",
-            "--enable-log-requests", "--max-log-len", "12", "--uvicorn-log-level", "warning",
-            "--allowed-origins", '["http://app.example"]', "--root-path", "/api"]
+    line = [
+        tiny_llama[0],  # positional MODEL
+        "--served-model-name",
+        "qwen",
+        "--dtype",
+        "float",
+        "--max-model-len",
+        "512",
+        "--gpu-memory-utilization",
+        "0.05",
+        "--tensor-parallel-size",
+        "1",
+        "--max-num-seqs",
+        "8",
+        "--max-num-batched-tokens",
+        "256",
+        "--enable-prefix-caching",
+        "--seed",
+        "0",
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--tool-call-parser",
+        "hermes",
+        "--reasoning-parser",
+        "deepseek_r1",
+        "--chat-template",
+        str(template),
+        "--generation-config",
+        "vllm",
+        "--disable-log-requests",
+        "--enable-log-requests",
+        "--max-log-len",
+        "12",
+        "--uvicorn-log-level",
+        "warning",
+        "--allowed-origins",
+        '["http://app.example"]',
+        "--root-path",
+        "/api",
+    ]
     with serve(None, *line, api_key="k") as server:
         headers = {"Authorization": "Bearer k"}
         models = httpx.get(f"{server.url}/v1/models", headers=headers).json()["data"][0]
         assert models["id"] == "qwen" and models["max_model_len"] == 512
         assert httpx.get(f"{server.url}/v1/models").status_code == 401  # --api-key
-        preflight = httpx.options(f"{server.url}/v1/chat/completions", headers={
-            "Origin": "http://app.example", "Access-Control-Request-Method": "POST"})
-        assert preflight.headers.get("access-control-allow-origin") == "http://app.example"  # --allowed-origins
-        ids = httpx.post(f"{server.url}/tokenize", headers=headers, json={
-            "model": "qwen", "messages": [{"role": "user", "content": "hi"}]}).json()["tokens"]
+        preflight = httpx.options(
+            f"{server.url}/v1/chat/completions",
+            headers={"Origin": "http://app.example", "Access-Control-Request-Method": "POST"},
+        )
+        assert (
+            preflight.headers.get("access-control-allow-origin") == "http://app.example"
+        )  # --allowed-origins
+        ids = httpx.post(
+            f"{server.url}/tokenize",
+            headers=headers,
+            json={"model": "qwen", "messages": [{"role": "user", "content": "hi"}]},
+        ).json()["tokens"]
         assert server_text(server, ids) == "<<hi>>=>"  # --chat-template
-        reply = httpx.post(f"{server.url}/v1/chat/completions", headers=headers, json={
-            "model": "qwen", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6, "temperature": 0,
-            "ignore_eos": True}).json()["choices"][0]["message"]
+        reply = httpx.post(
+            f"{server.url}/v1/chat/completions",
+            headers=headers,
+            json={
+                "model": "qwen",
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 6,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        ).json()["choices"][0]["message"]
         # --reasoning-parser deepseek_r1: without </think> the whole output is reasoning
         assert reply["reasoning_content"] and not reply["content"]
-        info = next(line for line in httpx.get(f"{server.url}/metrics", headers=headers).text.splitlines()
-                    if line.startswith("vllm:cache_config_info{"))
+        info = next(
+            line
+            for line in httpx.get(f"{server.url}/metrics", headers=headers).text.splitlines()
+            if line.startswith("vllm:cache_config_info{")
+        )
         assert 'num_gpu_blocks="' in info and 'num_gpu_blocks="0"' not in info  # --gpu-memory-utilization
     log = server.process.stdout.read()
     assert "--trust-remote-code has no effect" in log
@@ -46,5 +98,8 @@ def test_a_vllm_serve_line_works_unchanged(tiny_llama, tmp_path):
 
 
 def server_text(server, ids: list[int]) -> str:
-    return httpx.post(f"{server.url}/detokenize", headers={"Authorization": "Bearer k"},
-                      json={"model": "qwen", "tokens": ids}).json()["prompt"]
+    return httpx.post(
+        f"{server.url}/detokenize",
+        headers={"Authorization": "Bearer k"},
+        json={"model": "qwen", "tokens": ids},
+    ).json()["prompt"]

@@ -19,27 +19,73 @@ from tests.serving import serve
 # Every series the PromQL of vLLM's example dashboard
 # (examples/online_serving/prometheus_grafana/grafana.json) reads.
 DASHBOARD_SERIES = (
-    "vllm:e2e_request_latency_seconds_bucket", "vllm:e2e_request_latency_seconds_sum",
-    "vllm:e2e_request_latency_seconds_count", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
-    "vllm:time_per_output_token_seconds_bucket", "vllm:time_per_output_token_seconds_sum",
-    "vllm:time_per_output_token_seconds_count", "vllm:num_requests_running", "vllm:num_requests_waiting",
-    "vllm:time_to_first_token_seconds_bucket", "vllm:time_to_first_token_seconds_sum",
-    "vllm:time_to_first_token_seconds_count", "vllm:gpu_cache_usage_perc", "vllm:request_prompt_tokens_bucket",
-    "vllm:request_generation_tokens_bucket", "vllm:request_success_total", "vllm:request_queue_time_seconds_sum",
-    "vllm:request_prefill_time_seconds_sum", "vllm:request_decode_time_seconds_sum",
+    "vllm:e2e_request_latency_seconds_bucket",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:e2e_request_latency_seconds_count",
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:time_per_output_token_seconds_bucket",
+    "vllm:time_per_output_token_seconds_sum",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:num_requests_running",
+    "vllm:num_requests_waiting",
+    "vllm:time_to_first_token_seconds_bucket",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:time_to_first_token_seconds_count",
+    "vllm:gpu_cache_usage_perc",
+    "vllm:request_prompt_tokens_bucket",
+    "vllm:request_generation_tokens_bucket",
+    "vllm:request_success_total",
+    "vllm:request_queue_time_seconds_sum",
+    "vllm:request_prefill_time_seconds_sum",
+    "vllm:request_decode_time_seconds_sum",
     "vllm:request_max_num_generation_tokens_sum",
 )
-HISTOGRAMS = ("time_to_first_token_seconds", "time_per_output_token_seconds", "inter_token_latency_seconds",
-              "request_time_per_output_token_seconds", "e2e_request_latency_seconds", "request_queue_time_seconds",
-              "request_prefill_time_seconds", "request_decode_time_seconds", "request_inference_time_seconds",
-              "request_prompt_tokens", "request_generation_tokens", "request_max_num_generation_tokens",
-              "request_params_max_tokens", "request_params_n", "iteration_tokens_total")
-SCALARS = ("num_requests_running", "num_requests_waiting", "kv_cache_usage_perc", "gpu_cache_usage_perc",
-           "num_preemptions_total", "prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total",
-           "generation_tokens_total", "spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
-           "spec_decode_num_accepted_tokens_total")
-SERVE_ARGS = ("--served-model-name", "tiny-llama", "--dtype", "float32", "--num-blocks", "256", "--block-size",
-              "16", "--max-model-len", "512", "--max-num-seqs", "2")
+HISTOGRAMS = (
+    "time_to_first_token_seconds",
+    "time_per_output_token_seconds",
+    "inter_token_latency_seconds",
+    "request_time_per_output_token_seconds",
+    "e2e_request_latency_seconds",
+    "request_queue_time_seconds",
+    "request_prefill_time_seconds",
+    "request_decode_time_seconds",
+    "request_inference_time_seconds",
+    "request_prompt_tokens",
+    "request_generation_tokens",
+    "request_max_num_generation_tokens",
+    "request_params_max_tokens",
+    "request_params_n",
+    "iteration_tokens_total",
+)
+SCALARS = (
+    "num_requests_running",
+    "num_requests_waiting",
+    "kv_cache_usage_perc",
+    "gpu_cache_usage_perc",
+    "num_preemptions_total",
+    "prefix_cache_queries_total",
+    "prefix_cache_hits_total",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
+)
+SERVE_ARGS = (
+    "--served-model-name",
+    "tiny-llama",
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "256",
+    "--block-size",
+    "16",
+    "--max-model-len",
+    "512",
+    "--max-num-seqs",
+    "2",
+)
 NUM_REQUESTS, MAX_TOKENS = 6, 8
 
 
@@ -64,9 +110,14 @@ def loaded(tiny_llama):
         client = server.openai(openai.AsyncOpenAI)
 
         async def one(i: int):
-            stream = await client.completions.create(model="tiny-llama", prompt=f"Robot number {i} said",
-                                                     max_tokens=MAX_TOKENS, temperature=0, stream=True,
-                                                     extra_body={"ignore_eos": True})
+            stream = await client.completions.create(
+                model="tiny-llama",
+                prompt=f"Robot number {i} said",
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                stream=True,
+                extra_body={"ignore_eos": True},
+            )
             return [chunk async for chunk in stream]
 
         async def main():
@@ -91,17 +142,26 @@ def test_vllms_request_and_engine_metrics_resolve(loaded):
         assert f"vllm:{name}" in loaded, name
     info = loaded["vllm:cache_config_info"][0]
     assert info.value == 1 and info.labels["block_size"] == "16" and info.labels["num_gpu_blocks"] == "256"
-    assert 'reason' in loaded["vllm:num_requests_rejected_total"][0].labels
+    assert "reason" in loaded["vllm:num_requests_rejected_total"][0].labels
     assert not [name for name in loaded if name.startswith("engine:")]
 
 
 def test_values_under_load_are_sensible(loaded):
     finished = value(loaded, "vllm:request_success_total", finished_reason="length")
     assert finished == NUM_REQUESTS
-    for name in ("request_prompt_tokens", "request_generation_tokens", "e2e_request_latency_seconds",
-                 "time_to_first_token_seconds", "request_queue_time_seconds", "request_prefill_time_seconds",
-                 "request_decode_time_seconds", "request_inference_time_seconds", "request_params_n",
-                 "request_params_max_tokens", "request_max_num_generation_tokens"):
+    for name in (
+        "request_prompt_tokens",
+        "request_generation_tokens",
+        "e2e_request_latency_seconds",
+        "time_to_first_token_seconds",
+        "request_queue_time_seconds",
+        "request_prefill_time_seconds",
+        "request_decode_time_seconds",
+        "request_inference_time_seconds",
+        "request_params_n",
+        "request_params_max_tokens",
+        "request_max_num_generation_tokens",
+    ):
         assert value(loaded, f"vllm:{name}_count") == NUM_REQUESTS, name
     assert value(loaded, "vllm:request_generation_tokens_sum") == NUM_REQUESTS * MAX_TOKENS
     assert value(loaded, "vllm:generation_tokens_total") == NUM_REQUESTS * MAX_TOKENS
@@ -138,7 +198,7 @@ def test_tokens_per_step_histogram_counts_every_computed_token(loaded):
 
 def test_metrics_prefix_engine_keeps_the_old_names():
     metrics = Metrics("m", "engine")
-    timer, = metrics.start_request(3, 2, 1)
+    (timer,) = metrics.start_request(3, 2, 1)
     timer.tokens(1, (0.01, 0.02))
     timer.tokens(1)
     timer.finished("length")
@@ -154,14 +214,28 @@ def test_metrics_prefix_engine_keeps_the_old_names():
 def test_each_engine_stat_becomes_its_series():
     metrics = Metrics("m")
     metrics.engine_ready({"block_size": "16"}, engines=2)
-    stats = EngineStats(running=3, waiting=1, kv_cache_usage=0.5, preemptions=2, prefix_queries=10, prefix_hits=4,
-                        rejected_queue_wait=1, spec_drafts=2, spec_accepted_per_pos=(3, 1), kv_load_bytes=64,
-                        tokens_per_step=TokensPerStep((("1", 2), ("8", 5), ("+Inf", 6)), 30))
+    stats = EngineStats(
+        running=3,
+        waiting=1,
+        kv_cache_usage=0.5,
+        preemptions=2,
+        prefix_queries=10,
+        prefix_hits=4,
+        rejected_queue_wait=1,
+        spec_drafts=2,
+        spec_accepted_per_pos=(3, 1),
+        kv_load_bytes=64,
+        tokens_per_step=TokensPerStep((("1", 2), ("8", 5), ("+Inf", 6)), 30),
+    )
     metrics.update_engine(stats, engine=1)
     metrics.update_engine(attrs.evolve(stats, preemptions=5), engine=1)
     series, one = samples(metrics.render().decode()), {"engine": "1"}
     assert value(series, "vllm:num_requests_running", **one) == 3
-    assert value(series, "vllm:gpu_cache_usage_perc", **one) == value(series, "vllm:kv_cache_usage_perc", **one) == 0.5
+    assert (
+        value(series, "vllm:gpu_cache_usage_perc", **one)
+        == value(series, "vllm:kv_cache_usage_perc", **one)
+        == 0.5
+    )
     assert value(series, "vllm:prefix_cache_hit_rate", **one) == 0.4
     assert value(series, "vllm:num_preemptions_total", **one) == 5  # running totals, counted once
     assert value(series, "vllm:num_requests_rejected_total", reason="queue_wait", **one) == 1

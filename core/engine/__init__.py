@@ -22,9 +22,21 @@ _LAZY = {
     "load_tokenizer": "engine.entrypoints.tokenizer",
 }
 
-__all__ = ["INTERFACE_VERSIONS", "LLM", "CompletionOutput", "EmbeddingOutput", "EmbeddingRequestOutput",
-           "EngineConfig", "GrammarSpec", "Logprob", "PoolingParams", "RequestOutput", "SamplingParams", "hookimpl",
-           "load_tokenizer"]  # the names _LAZY serves, plus hookimpl
+__all__ = [
+    "INTERFACE_VERSIONS",
+    "LLM",
+    "CompletionOutput",
+    "EmbeddingOutput",
+    "EmbeddingRequestOutput",
+    "EngineConfig",
+    "GrammarSpec",
+    "Logprob",
+    "PoolingParams",
+    "RequestOutput",
+    "SamplingParams",
+    "hookimpl",
+    "load_tokenizer",
+]  # the names _LAZY serves, plus hookimpl
 
 # A front end's public API: ``__all__`` above and these modules (each with its ``__all__`` where
 # it has one). The server imports nothing else of the engine (tests/test_public_api.py); the rest

@@ -34,8 +34,9 @@ class ModelConfig:
     # vLLM's --runner: "generate" samples tokens, "pooling" returns one vector per prompt
     # (embeddings); "auto": pooling for a model without an LM head. --task embed is pooling.
     runner: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "generate", "pooling")))
-    task: str | None = attrs.field(default=None, validator=attrs.validators.optional(
-        attrs.validators.in_(("auto", "generate", "embed"))))
+    task: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.in_(("auto", "generate", "embed")))
+    )
     # vLLM's --pooler-config: {"pooling_type": "LAST" | "CLS" | "MEAN", "normalize": bool}
     override_pooler_config: dict[str, Any] | None = None
 
@@ -46,8 +47,9 @@ class CacheConfig:
     kv_cache_memory: int | None = attrs.field(default=None, validator=_positive)  # bytes
     kv_cache_memory_fraction: float = 0.25  # of free memory, when no other size is given
     # vLLM's --gpu-memory-utilization: share of the device's memory for the whole instance
-    memory_utilization: float | None = attrs.field(default=None, validator=attrs.validators.optional(
-        [attrs.validators.gt(0), attrs.validators.le(1)]))
+    memory_utilization: float | None = attrs.field(
+        default=None, validator=attrs.validators.optional([attrs.validators.gt(0), attrs.validators.le(1)])
+    )
     num_blocks: int | None = attrs.field(default=None, validator=_positive)  # overrides both
     enable_prefix_caching: bool = True
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
@@ -65,7 +67,9 @@ class SchedulerConfig:
     policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
     # admission control: beyond these a new request is refused as overloaded (0: no limit)
     max_queued_requests: int = attrs.field(default=0, validator=_non_negative)  # waiting requests
-    max_queue_wait: float = attrs.field(default=0.0, validator=_non_negative)  # seconds before first scheduled
+    max_queue_wait: float = attrs.field(
+        default=0.0, validator=_non_negative
+    )  # seconds before first scheduled
     scheduler: str = "default"
     kv_cache_manager: str = "default"
 
@@ -117,8 +121,13 @@ class EngineConfig:
     def from_kwargs(cls, **kwargs) -> EngineConfig:
         """Build from flat keyword arguments (``LLM(...)``, CLI flags), each routed to its
         sub-config; an unknown name raises TypeError naming it."""
-        sections = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig,
-                    "parallel": ParallelConfig, "observability": ObservabilityConfig}
+        sections = {
+            "model": ModelConfig,
+            "cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+            "parallel": ParallelConfig,
+            "observability": ObservabilityConfig,
+        }
         parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
         top: dict[str, Any] = {}
         top_fields = {f.name for f in attrs.fields(cls)} - set(sections)

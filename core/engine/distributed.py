@@ -89,8 +89,9 @@ class TensorParallel:
         try:
             return getattr(self.communicator, name)(x)
         except Exception as exc:
-            raise CollectiveFailure(f"tensor-parallel {name} failed on rank {self.rank} of {self.size}: "
-                                    f"{exc}") from exc
+            raise CollectiveFailure(
+                f"tensor-parallel {name} failed on rank {self.rank} of {self.size}: {exc}"
+            ) from exc
 
 
 SINGLE = TensorParallel()
@@ -129,8 +130,14 @@ class GroupAddress:
 
 def open_store(address: GroupAddress, rank: int) -> dist.Store:
     """The group's store; rank 0 hosts it (port 0 on the driver: pick a free one)."""
-    return dist.TCPStore(address.host, address.port, address.world_size, rank == 0, timeout=address.timeout,
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        address.host,
+        address.port,
+        address.world_size,
+        rank == 0,
+        timeout=address.timeout,
+        wait_for_workers=False,
+    )
 
 
 def process_group(backend: str, store: dist.Store, rank: int, address: GroupAddress, name: str):
@@ -142,8 +149,10 @@ def process_group(backend: str, store: dist.Store, rank: int, address: GroupAddr
         options = dist.ProcessGroupNCCL.Options()
         options._timeout = address.timeout
         return dist.ProcessGroupNCCL(prefixed, rank, address.world_size, options)
-    raise ValueError(f"distributed backend {backend!r}: the default communicator knows gloo and nccl; "
-                     "a platform with another backend overrides Platform.communicator")
+    raise ValueError(
+        f"distributed backend {backend!r}: the default communicator knows gloo and nccl; "
+        "a platform with another backend overrides Platform.communicator"
+    )
 
 
 class ProcessGroupCommunicator(Communicator):
@@ -175,8 +184,9 @@ class ObjectChannel:
         self.last_bytes = 0
 
     def send(self, obj) -> None:
-        payload = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)),
-                                   dtype=torch.uint8)
+        payload = torch.frombuffer(
+            bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
+        )
         self._broadcast(torch.tensor([payload.numel()], dtype=torch.int64))
         self._broadcast(payload)
         self.last_bytes = payload.numel()

@@ -41,6 +41,7 @@ def _check_errno(result, function, args):
 def watch_parent(parent_pid: int) -> None:
     """A daemon thread that exits the process once its parent is gone (for systems without
     ``PR_SET_PDEATHSIG``)."""
+
     def watch():
         while os.getppid() == parent_pid:
             threading.Event().wait(WATCHDOG_INTERVAL_S)

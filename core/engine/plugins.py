@@ -49,12 +49,21 @@ HOOK_NAMES = tuple(f"register_{kind}" for kind in INTERFACE_VERSIONS)
 
 # the class every registration of a kind must subclass ("engine.entrypoints.cli" imports this module)
 _INTERFACES = {
-    "platforms": "Platform", "attention_backends": "AttentionBackend", "models": "Model",
-    "model_loaders": "ModelLoader", "quant_methods": "QuantMethod", "kv_connectors": "KVConnector",
-    "grammar_backends": "GrammarBackend", "drafters": "Drafter", "logits_processors": "LogitsProcessor",
-    "schedulers": "Scheduler", "kv_cache_managers": "KVCacheManager", "tool_parsers": "ToolParser",
+    "platforms": "Platform",
+    "attention_backends": "AttentionBackend",
+    "models": "Model",
+    "model_loaders": "ModelLoader",
+    "quant_methods": "QuantMethod",
+    "kv_connectors": "KVConnector",
+    "grammar_backends": "GrammarBackend",
+    "drafters": "Drafter",
+    "logits_processors": "LogitsProcessor",
+    "schedulers": "Scheduler",
+    "kv_cache_managers": "KVCacheManager",
+    "tool_parsers": "ToolParser",
     "reasoning_parsers": "ReasoningParser",
-    "commands": "engine.entrypoints.cli:Command", "executors": "Executor",
+    "commands": "engine.entrypoints.cli:Command",
+    "executors": "Executor",
 }
 _LAZY_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _BAD_NAME_CHARS = re.compile(r"[\s,]")
@@ -82,8 +91,9 @@ class RegistrationError(RuntimeError):
     """A registration cannot be used: its target fails to import or is not a class of its kind."""
 
     def __init__(self, registration: Registration, reason: str):
-        super().__init__(f"{kind_label(registration.kind)} {registration.name!r} "
-                         f"(plugin {registration.plugin!r}) {reason}")
+        super().__init__(
+            f"{kind_label(registration.kind)} {registration.name!r} (plugin {registration.plugin!r}) {reason}"
+        )
         self.registration = registration
         self.reason = reason
 
@@ -187,17 +197,21 @@ class _Recorder:
         if not isinstance(name, str) or not name or _BAD_NAME_CHARS.search(name):
             return f"{label} name {name!r} is not a non-empty string without spaces or commas"
         if api is None:
-            return (f"{label} {name!r} registered without api= "
-                    f"(the interface version it targets; this core provides v{provided})")
+            return (
+                f"{label} {name!r} registered without api= "
+                f"(the interface version it targets; this core provides v{provided})"
+            )
         if api not in loaded_versions(self.kind):
             loads = ", ".join(f"v{v}" for v in loaded_versions(self.kind))
-            return (f"built for {self.kind} interface v{api}, this core provides v{provided} "
-                    f"(it loads {loads}; what changed: \"Interface versions\" in the plugin authors' guide)")
+            return (
+                f"built for {self.kind} interface v{api}, this core provides v{provided} "
+                f'(it loads {loads}; what changed: "Interface versions" in the plugin authors\' guide)'
+            )
         if not isinstance(priority, int) or isinstance(priority, bool):
             return f"{label} {name!r}: priority {priority!r} is not an integer"
         if isinstance(target, str):
             if not _LAZY_TARGET.fullmatch(target):
-                return f"{label} {name!r}: target {target!r} is not \"module:Attribute\""
+                return f'{label} {name!r}: target {target!r} is not "module:Attribute"'
             return None
         wrong = wrong_target_reason(self.kind, target)
         return f"{label} {name!r}: target {wrong}" if wrong else None
@@ -213,8 +227,9 @@ def _why_wins(winner: Registration, loser: Registration) -> str:
         return f"priority {winner.priority} > {loser.priority}"
     if loser.plugin == BUILTIN:
         return "an installed plugin replaces a built-in of the same name"
-    return (f"equal priority {winner.priority}, and plugin names in order: "
-            f"{winner.plugin!r} < {loser.plugin!r}")
+    return (
+        f"equal priority {winner.priority}, and plugin names in order: {winner.plugin!r} < {loser.plugin!r}"
+    )
 
 
 class PluginRegistry:
@@ -239,8 +254,10 @@ class PluginRegistry:
 
     def _discover(self, allow: set[str] | None) -> None:
         path = [os.path.realpath(entry or os.curdir) for entry in sys.path]
-        entry_points = sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
-                              key=lambda ep: (ep.name, _path_rank(ep, path), _distribution(ep)))
+        entry_points = sorted(
+            importlib.metadata.entry_points(group=ENTRY_POINT_GROUP),
+            key=lambda ep: (ep.name, _path_rank(ep, path), _distribution(ep)),
+        )
         if allow is not None:
             unknown = allow - {ep.name for ep in entry_points} - set(_local)
             if unknown:
@@ -268,8 +285,10 @@ class PluginRegistry:
         self._add(ep.name, module, info)
 
     def _refuse_duplicate(self, info: PluginInfo, holder: PluginInfo) -> None:
-        reason = (f"entry-point name {info.name!r} is taken by {holder.origin} (the first on sys.path, "
-                  "then by distribution name; give the entry point a name of your own)")
+        reason = (
+            f"entry-point name {info.name!r} is taken by {holder.origin} (the first on sys.path, "
+            "then by distribution name; give the entry point a name of your own)"
+        )
         self.duplicates.append(attrs.evolve(info, status=f"refused: {reason}"))
         logger.warning("plugin %r (%s) refused: %s", info.name, info.origin, reason)
 
@@ -328,10 +347,18 @@ class PluginRegistry:
             if others:
                 self._shadowed[kind][name] = others
                 for loser in others:
-                    logger.warning("%s %r: plugin %r (%s) wins over plugin %r (%s): %s; the other is still "
-                                   "selectable as %r", kind_label(kind), name, winner.plugin,
-                                   self._origin(winner.plugin), loser.plugin, self._origin(loser.plugin),
-                                   _why_wins(winner, loser), loser.qualified_name)
+                    logger.warning(
+                        "%s %r: plugin %r (%s) wins over plugin %r (%s): %s; the other is still "
+                        "selectable as %r",
+                        kind_label(kind),
+                        name,
+                        winner.plugin,
+                        self._origin(winner.plugin),
+                        loser.plugin,
+                        self._origin(loser.plugin),
+                        _why_wins(winner, loser),
+                        loser.qualified_name,
+                    )
 
     def _origin(self, plugin: str) -> str:
         return self.plugins[plugin].origin
@@ -352,12 +379,19 @@ class PluginRegistry:
         name does not select after the one it does."""
         if not shadowed:
             return list(self._by_kind[kind].values())
-        return [r for name, winner in self._by_kind[kind].items()
-                for r in [winner, *self._shadowed[kind].get(name, [])]]
+        return [
+            r
+            for name, winner in self._by_kind[kind].items()
+            for r in [winner, *self._shadowed[kind].get(name, [])]
+        ]
 
     def registered_by(self, plugin: str) -> list[Registration]:
-        return [r for kind in INTERFACE_VERSIONS for r in self.registrations(kind, shadowed=True)
-                if r.plugin == plugin]
+        return [
+            r
+            for kind in INTERFACE_VERSIONS
+            for r in self.registrations(kind, shadowed=True)
+            if r.plugin == plugin
+        ]
 
     def shadowing(self, registration: Registration) -> Registration | None:
         """The registration that wins ``registration``'s name, None where it wins itself."""
@@ -374,8 +408,10 @@ class PluginRegistry:
         """Why ``registration`` wins or loses its name, for ``engine plugins``; None: nobody else has it."""
         winner = self.shadowing(registration)
         if winner is not None:
-            return (f"shadowed by plugin {winner.plugin!r} ({_why_wins(winner, registration)}); "
-                    f"select it as {registration.qualified_name!r}")
+            return (
+                f"shadowed by plugin {winner.plugin!r} ({_why_wins(winner, registration)}); "
+                f"select it as {registration.qualified_name!r}"
+            )
         losers = self.shadowed(registration)
         if not losers:
             return None
@@ -404,15 +440,18 @@ class PluginRegistry:
         if plugin is None:
             return None
         info = self.plugins[plugin]
-        return (f"{kind_label(kind)} {name!r} cannot be used: plugin {plugin!r} ({info.origin}) "
-                f"was {info.status}")
+        return (
+            f"{kind_label(kind)} {name!r} cannot be used: plugin {plugin!r} ({info.origin}) was {info.status}"
+        )
 
     def _qualified(self, kind: str, name: str) -> Registration | None:
         plugin, sep, short = name.partition(":")
         if not sep:
             return None
-        return next((r for r in self.registrations(kind, shadowed=True)
-                     if r.plugin == plugin and r.name == short), None)
+        return next(
+            (r for r in self.registrations(kind, shadowed=True) if r.plugin == plugin and r.name == short),
+            None,
+        )
 
     def get(self, kind: str, name: str):
         """The class registered as ``name`` (see :meth:`registration`): a ValueError saying why

@@ -54,7 +54,8 @@ class ServerState:
     log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     executor: ThreadPoolExecutor = attrs.field(
-        factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare"))
+        factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
+    )
 
     async def offload(self, fn, *args):
         """``fn(*args)`` on a worker thread, so a 4 MB prompt or a long template does not
@@ -89,21 +90,39 @@ class Guard:
         if not length.isdigit():
             return bad_request("invalid Content-Length header")
         if int(length) > self.state.max_body_bytes:
-            return APIError(413, f"the request body of {int(length)} bytes exceeds the limit of "
-                                 f"{self.state.max_body_bytes}")
+            return APIError(
+                413,
+                f"the request body of {int(length)} bytes exceeds the limit of {self.state.max_body_bytes}",
+            )
         # a web page can send text/plain or form bodies cross-origin without a CORS preflight
         media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
         if media_type != b"application/json":
-            return APIError(415, "request bodies must be JSON (Content-Type: application/json)",
-                            code="unsupported_media_type")
+            return APIError(
+                415,
+                "request bodies must be JSON (Content-Type: application/json)",
+                code="unsupported_media_type",
+            )
         return None
 
 
 async def models(request: Request):
     state = request.app.state.server
-    return JSONResponse({"object": "list", "data": [{
-        "id": state.model_name, "object": "model", "created": 0, "owned_by": "engine", "root": state.model_name,
-        "max_model_len": state.max_model_len, "default_sampling_params": state.default_sampling_params}]})
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": state.model_name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "engine",
+                    "root": state.model_name,
+                    "max_model_len": state.max_model_len,
+                    "default_sampling_params": state.default_sampling_params,
+                }
+            ],
+        }
+    )
 
 
 def _tokenize(state: ServerState, data: bytes) -> dict:
@@ -114,9 +133,13 @@ def _tokenize(state: ServerState, data: bytes) -> dict:
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt,
-                          continue_final_message=body.continue_final_message,
-                          template_kwargs=body.chat_template_kwargs)
+        ids = chat_prompt(
+            state.tokenizer,
+            body.messages,
+            body.add_generation_prompt,
+            continue_final_message=body.continue_final_message,
+            template_kwargs=body.chat_template_kwargs,
+        )
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 
 
@@ -135,7 +158,9 @@ async def tokenize(request: Request):
 
 async def detokenize(request: Request):
     state = request.app.state.server
-    return JSONResponse(await state.offload(_detokenize, state, await read_body(request, state.max_body_bytes)))
+    return JSONResponse(
+        await state.offload(_detokenize, state, await read_body(request, state.max_body_bytes))
+    )
 
 
 async def health(request: Request):
@@ -155,7 +180,11 @@ async def metrics(request: Request):
 _PATHS = {
     "/v1/completions": ("post", "CompletionRequest", "Create a completion (stream with `stream: true`)"),
     "/v1/chat/completions": ("post", "ChatCompletionRequest", "Create a chat completion"),
-    "/v1/embeddings": ("post", "EmbeddingRequest", "Embeddings of the inputs (a server started with --runner pooling)"),
+    "/v1/embeddings": (
+        "post",
+        "EmbeddingRequest",
+        "Embeddings of the inputs (a server started with --runner pooling)",
+    ),
     "/tokenize": ("post", "TokenizeRequest", "Token ids of a prompt or chat"),
     "/detokenize": ("post", "DetokenizeRequest", "Text of token ids"),
     "/v1/models": ("get", None, "The served model"),
@@ -166,20 +195,32 @@ _PATHS = {
 
 
 async def openapi(request: Request):
-    _, components = msgspec.json.schema_components(list(BODIES.values()), ref_template="#/components/schemas/{name}")
+    _, components = msgspec.json.schema_components(
+        list(BODIES.values()), ref_template="#/components/schemas/{name}"
+    )
     if not request.app.state.server.allow_unknown_fields:
         for name in BODIES:
             components[name]["additionalProperties"] = False
     paths = {}
     for path, (method, body, summary) in _PATHS.items():
-        operation = {"summary": summary, "responses": {"200": {"description": "OK"},
-                                                       "4XX": {"description": "OpenAI-shaped error"}}}
+        operation = {
+            "summary": summary,
+            "responses": {"200": {"description": "OK"}, "4XX": {"description": "OpenAI-shaped error"}},
+        }
         if body:
-            operation["requestBody"] = {"required": True, "content": {"application/json": {
-                "schema": {"$ref": f"#/components/schemas/{body}"}}}}
+            operation["requestBody"] = {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
+            }
         paths[path] = {method: operation}
-    return JSONResponse({"openapi": "3.1.0", "info": {"title": "engine", "version": "0.1.0"},
-                         "paths": paths, "components": {"schemas": components}})
+    return JSONResponse(
+        {
+            "openapi": "3.1.0",
+            "info": {"title": "engine", "version": "0.1.0"},
+            "paths": paths,
+            "components": {"schemas": components},
+        }
+    )
 
 
 async def _api_error(request, exc: APIError):
@@ -207,13 +248,24 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
-        Route("/v1/models", models), Route("/tokenize", tokenize, methods=["POST"]),
-        Route("/detokenize", detokenize, methods=["POST"]), Route("/health", health),
-        Route("/version", version), Route("/metrics", metrics), Route("/openapi.json", openapi),
+        Route("/v1/models", models),
+        Route("/tokenize", tokenize, methods=["POST"]),
+        Route("/detokenize", detokenize, methods=["POST"]),
+        Route("/health", health),
+        Route("/version", version),
+        Route("/metrics", metrics),
+        Route("/openapi.json", openapi),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan,
-                    exception_handlers={APIError: _api_error, ClientGone: _client_gone, HTTPException: _http_error,
-                                        Exception: _unexpected})
+    app = Starlette(
+        routes=routes,
+        lifespan=lifespan,
+        exception_handlers={
+            APIError: _api_error,
+            ClientGone: _client_gone,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+    )
     app.state.server = state
     app.add_middleware(Guard, state=state)
     for cls, options in outer_middleware:

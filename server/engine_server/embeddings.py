@@ -34,8 +34,9 @@ class Embedding:
         self.id = f"embd-{uuid.uuid4().hex}"
         params = PoolingParams(normalize=body.normalize, dimensions=body.dimensions)
         try:
-            params.check_dimensions(state.embedding_size, state.matryoshka,
-                                    tuple(state.matryoshka_dimensions or ()) or None)
+            params.check_dimensions(
+                state.embedding_size, state.matryoshka, tuple(state.matryoshka_dimensions or ()) or None
+            )
         except InvalidParam as exc:
             raise bad_request(str(exc), exc.param) from None
         prompts = [ids for _, ids in completion_prompts(state, body.input, 1, "input")]
@@ -48,7 +49,9 @@ class Embedding:
             handle = self.state.client.submit(self.children, self.body.priority)
         except EngineDead:
             raise engine_unavailable() from None
-        timers = {rid: self.state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in self.children}
+        timers = {
+            rid: self.state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in self.children
+        }
         vectors: dict[str, bytes] = {}
         try:
             await unless_disconnected(request, self._collect(handle, vectors, timers))
@@ -74,12 +77,21 @@ class Embedding:
         data = []
         for index, (rid, _, _) in enumerate(self.children):
             raw = vectors[rid]
-            value = (base64.b64encode(raw).decode() if self.body.encoding_format == "base64"
-                     else np.frombuffer(raw, dtype="<f4").tolist())
+            value = (
+                base64.b64encode(raw).decode()
+                if self.body.encoding_format == "base64"
+                else np.frombuffer(raw, dtype="<f4").tolist()
+            )
             data.append({"object": "embedding", "index": index, "embedding": value})
         tokens = sum(len(ids) for _, ids, _ in self.children)
-        return {"id": self.id, "object": "list", "created": int(time.time()), "model": self.state.model_name,
-                "data": data, "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return {
+            "id": self.id,
+            "object": "list",
+            "created": int(time.time()),
+            "model": self.state.model_name,
+            "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
 
 
 def prepare_embedding(state, data: bytes) -> Embedding:

@@ -49,8 +49,11 @@ def check_runner(state, wanted: str) -> None:
     if state.runner == wanted:
         return
     if wanted == "pooling":
-        raise bad_request("this server generates text and has no embedding model; start one with "
-                          "`engine serve MODEL --runner pooling` for /v1/embeddings", "model")
+        raise bad_request(
+            "this server generates text and has no embedding model; start one with "
+            "`engine serve MODEL --runner pooling` for /v1/embeddings",
+            "model",
+        )
     raise bad_request("this server runs an embedding model (--runner pooling); use /v1/embeddings", "model")
 
 
@@ -81,7 +84,9 @@ def logit_bias(body) -> dict[int, float] | None:
         try:
             bias[int(token)] = value
         except ValueError:
-            raise bad_request(f"logit_bias keys must be token ids, got {token[:40]!r}", "logit_bias") from None
+            raise bad_request(
+                f"logit_bias keys must be token ids, got {token[:40]!r}", "logit_bias"
+            ) from None
     return bias
 
 
@@ -98,7 +103,9 @@ def prompt_logprobs(body, chat: bool) -> int | None:
     """Top-n of the prompt's log-probs the engine computes: ``prompt_logprobs``, and on
     ``/v1/completions`` ``echo`` with ``logprobs`` (the prompt's own log-probs, as vLLM
     returns them: what lm-eval's loglikelihood requests read)."""
-    wanted = [n for n in (body.prompt_logprobs, None if chat or not body.echo else body.logprobs) if n is not None]
+    wanted = [
+        n for n in (body.prompt_logprobs, None if chat or not body.echo else body.logprobs) if n is not None
+    ]
     return max(wanted) if wanted else None
 
 
@@ -109,8 +116,14 @@ def default_max_tokens(state, num_prompt_tokens: int) -> int:
     return min(room, state.default_sampling_params.get("max_tokens", room))
 
 
-def sampling_params(state, body, max_tokens: int | None, logprobs: int | None, spec: GrammarSpec | None = None,
-                    chat: bool = False) -> SamplingParams:
+def sampling_params(
+    state,
+    body,
+    max_tokens: int | None,
+    logprobs: int | None,
+    spec: GrammarSpec | None = None,
+    chat: bool = False,
+) -> SamplingParams:
     """The parameters of the request's first sample (sample ``i`` is seeded ``seed + i``):
     the model's generation config fills the sampling fields a request leaves out;
     ``bad_words`` are tokenized here and every token id is checked against the vocabulary."""
@@ -122,16 +135,28 @@ def sampling_params(state, body, max_tokens: int | None, logprobs: int | None, s
     try:
         params = SamplingParams(
             temperature=given(body.temperature, defaults.get("temperature", 1.0)),
-            top_p=given(body.top_p, defaults.get("top_p", 1.0)), top_k=given(body.top_k, defaults.get("top_k", 0)),
-            min_p=given(body.min_p, defaults.get("min_p", 0.0)), frequency_penalty=given(body.frequency_penalty, 0.0),
+            top_p=given(body.top_p, defaults.get("top_p", 1.0)),
+            top_k=given(body.top_k, defaults.get("top_k", 0)),
+            min_p=given(body.min_p, defaults.get("min_p", 0.0)),
+            frequency_penalty=given(body.frequency_penalty, 0.0),
             presence_penalty=given(body.presence_penalty, 0.0),
             repetition_penalty=given(body.repetition_penalty, defaults.get("repetition_penalty", 1.0)),
-            seed=body.seed, max_tokens=max_tokens,
-            min_tokens=body.min_tokens, stop=body.stop or (), stop_token_ids=body.stop_token_ids or (),
-            include_stop_str_in_output=body.include_stop_str_in_output, ignore_eos=body.ignore_eos,
-            logprobs=logprobs, prompt_logprobs=prompt_logprobs(body, chat), skip_special_tokens=body.skip_special_tokens,
-            logit_bias=logit_bias(body), allowed_token_ids=body.allowed_token_ids, bad_words=body.bad_words or (),
-            truncate_prompt_tokens=body.truncate_prompt_tokens, structured_outputs=spec)
+            seed=body.seed,
+            max_tokens=max_tokens,
+            min_tokens=body.min_tokens,
+            stop=body.stop or (),
+            stop_token_ids=body.stop_token_ids or (),
+            include_stop_str_in_output=body.include_stop_str_in_output,
+            ignore_eos=body.ignore_eos,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs(body, chat),
+            skip_special_tokens=body.skip_special_tokens,
+            logit_bias=logit_bias(body),
+            allowed_token_ids=body.allowed_token_ids,
+            bad_words=body.bad_words or (),
+            truncate_prompt_tokens=body.truncate_prompt_tokens,
+            structured_outputs=spec,
+        )
         params = tokenize_bad_words(params, state.tokenizer)
         params.check_vocab(state.vocab_size)
     except InvalidParam as exc:
@@ -183,8 +208,17 @@ class Generation:
     """One HTTP request's fan-out: a choice per (prompt, sample) and their engine requests.
     Built (validated, sampling parameters made) off the event loop; :meth:`run` submits."""
 
-    def __init__(self, state, body, prompts, max_tokens, logprobs, chat: bool, spec: GrammarSpec | None = None,
-                 make_output=None):
+    def __init__(
+        self,
+        state,
+        body,
+        prompts,
+        max_tokens,
+        logprobs,
+        chat: bool,
+        spec: GrammarSpec | None = None,
+        make_output=None,
+    ):
         check_sampling(state, body)
         check_kv_transfer(body, len(prompts))
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
@@ -194,8 +228,11 @@ class Generation:
         self.choices: list[SequenceOutput] = []
         self.children = []
         first = attrs.evolve(sampling_params(state, body, max_tokens, logprobs, spec, chat), n=body.n)
-        tokens_as_ids = (state.return_tokens_as_token_ids if body.return_tokens_as_token_ids is None
-                         else body.return_tokens_as_token_ids)
+        tokens_as_ids = (
+            state.return_tokens_as_token_ids
+            if body.return_tokens_as_token_ids is None
+            else body.return_tokens_as_token_ids
+        )
         self.format = LogprobFormat(state.tokenizer, tokens_as_ids)
         for p, (text, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
@@ -229,22 +266,28 @@ class Generation:
         if self.state.log_requests:
             self._log()
         try:
-            self.handle = self.state.client.submit(self.children, self.body.priority, self.body.cache_salt,
-                                                   self.body.kv_transfer_params)
+            self.handle = self.state.client.submit(
+                self.children, self.body.priority, self.body.cache_salt, self.body.kv_transfer_params
+            )
         except EngineDead:
             raise engine_unavailable() from None
         except Exception:
             self.state.client.abort([rid for rid, _, _ in self.children])  # those sent before the failure
             raise
-        timers = [t for _, ids in self.prompts
-                  for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n)]
+        timers = [
+            t
+            for _, ids in self.prompts
+            for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n)
+        ]
         self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         self._deltas = self.handle.deltas()
 
     def _log(self) -> None:
         """``--enable-log-requests``: each engine request's prompt (cut to ``--max-log-len``) and parameters."""
         limit = self.state.max_log_len
-        for (rid, ids, params), (text, _) in zip(self.children, [p for p in self.prompts for _ in range(self.body.n)]):
+        for (rid, ids, params), (text, _) in zip(
+            self.children, [p for p in self.prompts for _ in range(self.body.n)]
+        ):
             prompt = (text if text is not None else ids)[:limit]
             logger.info("request %s: prompt %r, %d prompt tokens, %s", rid, prompt, len(ids), params)
 
@@ -291,9 +334,13 @@ class Generation:
         prefix cache held (each prompt counted once, by its first sample, as its tokens are)."""
         prompt = sum(len(ids) for _, ids in self.prompts)
         completion = sum(len(c.token_ids) for c in self.choices)
-        usage = {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+        }
         if self.state.enable_prompt_tokens_details:
-            cached = sum(c.num_cached_tokens for c in self.choices[::self.body.n])
+            cached = sum(c.num_cached_tokens for c in self.choices[:: self.body.n])
             usage["prompt_tokens_details"] = {"cached_tokens": cached}
         return usage
 
@@ -327,12 +374,19 @@ class Generation:
         errors = [c for c in self.choices if c.finish_reason == "error"]
         if errors:
             raise bad_request(str(errors[0].stop_reason))
-        response = {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                    "created": self.created, "model": self.state.model_name,
-                    "choices": [self._choice_body(c) for c in self.choices], "usage": self.usage()}
+        response = {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.state.model_name,
+            "choices": [self._choice_body(c) for c in self.choices],
+            "usage": self.usage(),
+        }
         if self.chat and self.body.prompt_logprobs is not None:  # per response, as vLLM's chat route
             response["prompt_logprobs"] = self.format.prompt_logprobs(self.choices[0].request)
-        if self.body.kv_transfer_params is not None:  # P/D: where a decode instance finds the blocks (or null)
+        if (
+            self.body.kv_transfer_params is not None
+        ):  # P/D: where a decode instance finds the blocks (or null)
             response["kv_transfer_params"] = self.choices[0].kv_transfer_params
         return JSONResponse(response)
 
@@ -340,16 +394,25 @@ class Generation:
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
         if self.chat:
             output = self.outputs[c.request_id]
-            return {"index": c.index, "message": output.message(c.text),
-                    "logprobs": self._logprobs(c.logprobs), "finish_reason": output.finish_reason(c.finish_reason),
-                    "stop_reason": stop_reason}
+            return {
+                "index": c.index,
+                "message": output.message(c.text),
+                "logprobs": self._logprobs(c.logprobs),
+                "finish_reason": output.finish_reason(c.finish_reason),
+                "stop_reason": stop_reason,
+            }
         prefix = self._echo(c) if self.body.echo else ""
         logprobs = self._logprobs(c.logprobs, len(prefix))
         if prefix and logprobs is not None:
             echoed = self.format.echo_logprobs(c.request)
             logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
-        body = {"index": c.index, "text": prefix + c.text, "logprobs": logprobs, "finish_reason": c.finish_reason,
-                "stop_reason": stop_reason}
+        body = {
+            "index": c.index,
+            "text": prefix + c.text,
+            "logprobs": logprobs,
+            "finish_reason": c.finish_reason,
+            "stop_reason": stop_reason,
+        }
         if self.body.prompt_logprobs is not None:
             body["prompt_logprobs"] = self.format.prompt_logprobs(c.request)
         return body
@@ -362,24 +425,50 @@ class Generation:
             if first:
                 deltas = [{"role": "assistant", "content": ""}]
             else:
-                deltas = (output.on_text(text) if text else []) + (output.on_finish() if choice.finish_reason else [])
+                deltas = (output.on_text(text) if text else []) + (
+                    output.on_finish() if choice.finish_reason else []
+                )
             deltas = deltas or [{}]
             logprobs = self._logprobs(entries) if entries else None
             finish = None if first else output.finish_reason(choice.finish_reason)
-            bodies = [{"index": choice.index, "delta": d, "logprobs": logprobs if i == 0 else None,
-                       "finish_reason": finish if i == len(deltas) - 1 else None} for i, d in enumerate(deltas)]
+            bodies = [
+                {
+                    "index": choice.index,
+                    "delta": d,
+                    "logprobs": logprobs if i == 0 else None,
+                    "finish_reason": finish if i == len(deltas) - 1 else None,
+                }
+                for i, d in enumerate(deltas)
+            ]
         else:
             offset = choice.emitted - len(text) + (len(self._echo(choice)) if self.body.echo else 0)
-            bodies = [{"index": choice.index, "text": text, "finish_reason": choice.finish_reason,
-                       "logprobs": self._logprobs(entries, offset) if entries else None}]
+            bodies = [
+                {
+                    "index": choice.index,
+                    "text": text,
+                    "finish_reason": choice.finish_reason,
+                    "logprobs": self._logprobs(entries, offset) if entries else None,
+                }
+            ]
         if choice.finish_reason == "stop" and not first:
             bodies[-1]["stop_reason"] = choice.stop_reason
         return [self._frame({"choices": [body]}) for body in bodies]
 
     def _frame(self, payload: dict) -> str:
         kind = "chat.completion.chunk" if self.chat else "text_completion"
-        return "data: " + json.dumps({"id": self.id, "object": kind, "created": self.created,
-                                      "model": self.state.model_name, **payload}) + "\n\n"
+        return (
+            "data: "
+            + json.dumps(
+                {
+                    "id": self.id,
+                    "object": kind,
+                    "created": self.created,
+                    "model": self.state.model_name,
+                    **payload,
+                }
+            )
+            + "\n\n"
+        )
 
     async def _frames(self):
         try:
@@ -398,9 +487,18 @@ class Generation:
                     break
                 if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
                     unechoed.discard(choice.request_id)
-                    yield self._frame({"choices": [{"index": choice.index, "text": self._echo(choice),
-                                                    "logprobs": self.format.echo_logprobs(choice.request),
-                                                    "finish_reason": None}]})
+                    yield self._frame(
+                        {
+                            "choices": [
+                                {
+                                    "index": choice.index,
+                                    "text": self._echo(choice),
+                                    "logprobs": self.format.echo_logprobs(choice.request),
+                                    "finish_reason": None,
+                                }
+                            ]
+                        }
+                    )
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):
                         yield frame
@@ -420,8 +518,10 @@ def prepare_completion(state, data: bytes) -> Generation:
     check_model(state, body.model)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     spec = structured_spec(body, chat=False)
-    prompts = [(text, ids) if len(cut := truncated(state, ids, body)) == len(ids) else (None, cut)
-               for text, ids in completion_prompts(state, body.prompt, body.n)]  # an echo shows what was read
+    prompts = [
+        (text, ids) if len(cut := truncated(state, ids, body)) == len(ids) else (None, cut)
+        for text, ids in completion_prompts(state, body.prompt, body.n)
+    ]  # an echo shows what was read
     return Generation(state, body, prompts, max_tokens, body.logprobs, chat=False, spec=spec)
 
 
@@ -436,14 +536,24 @@ def prepare_chat(state, data: bytes) -> Generation:
     spec = structured_spec(body, chat=True)
     forced = tool_grammar(mode, tools, body.parallel_tool_calls)
     if forced is not None and spec is not None:
-        raise bad_request("tool_choice=required or a named tool cannot be combined with another "
-                          "structured-output constraint", "tool_choice")
+        raise bad_request(
+            "tool_choice=required or a named tool cannot be combined with another "
+            "structured-output constraint",
+            "tool_choice",
+        )
     check_fanout(state, 1, body.n)
     parser_cls = state.tool_parser if mode == "auto" else None
     tool_list = list(body.tools or []) if mode != "none" else None
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
-    ids = chat_prompt(state.tokenizer, body.messages, body.add_generation_prompt, tool_list, tool_prompt,
-                      body.continue_final_message, body.chat_template_kwargs)
+    ids = chat_prompt(
+        state.tokenizer,
+        body.messages,
+        body.add_generation_prompt,
+        tool_list,
+        tool_prompt,
+        body.continue_final_message,
+        body.chat_template_kwargs,
+    )
     ids = truncated(state, ids, body)
     if max_tokens is None:
         max_tokens = default_max_tokens(state, len(ids))
@@ -454,11 +564,23 @@ def prepare_chat(state, data: bytes) -> Generation:
         body = msgspec.structs.replace(body, skip_special_tokens=False)  # the markers are special tokens
 
     def make_output() -> ChatOutput:
-        return ChatOutput(mode, parser_cls(state.tokenizer) if parser_cls else None, body.parallel_tool_calls,
-                          reasoning_cls(state.tokenizer) if reasoning_cls else None)
+        return ChatOutput(
+            mode,
+            parser_cls(state.tokenizer) if parser_cls else None,
+            body.parallel_tool_calls,
+            reasoning_cls(state.tokenizer) if reasoning_cls else None,
+        )
 
-    return Generation(state, body, [(None, ids)], max_tokens, logprobs, chat=True, spec=forced or spec,
-                      make_output=make_output)
+    return Generation(
+        state,
+        body,
+        [(None, ids)],
+        max_tokens,
+        logprobs,
+        chat=True,
+        spec=forced or spec,
+        make_output=make_output,
+    )
 
 
 async def _generate(request: Request, prepare) -> Response:

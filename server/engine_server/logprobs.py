@@ -37,8 +37,12 @@ class LogprobFormat:
             top.append({self._logprob_token(t): _finite(lp) for t, lp in zip(ids[1:], lps[1:])})
             offsets.append(text_offset)
             text_offset += len(piece)
-        return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top,
-                "text_offset": offsets}
+        return {
+            "tokens": tokens,
+            "token_logprobs": token_logprobs,
+            "top_logprobs": top,
+            "text_offset": offsets,
+        }
 
     def echo_logprobs(self, request: RequestState) -> dict:
         """The prompt's own tokens in the ``/v1/completions`` format, the first without a
@@ -51,16 +55,24 @@ class LogprobFormat:
     def prompt_logprobs(self, request: RequestState) -> list[dict | None]:
         """vLLM's ``prompt_logprobs``: None for the first prompt token, then per position the
         prompt's token and the top alternatives, by token id."""
-        return [None] + [{str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
-                          for t, lp, rank in zip(ids, lps, ranks)}
-                         for ids, lps, ranks in request.prompt_logprobs]
+        return [None] + [
+            {
+                str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
+                for t, lp, rank in zip(ids, lps, ranks)
+            }
+            for ids, lps, ranks in request.prompt_logprobs
+        ]
 
     def chat_logprobs(self, entries: list[tuple]) -> dict:
         """``/v1/chat/completions`` format: one object per token with its top alternatives."""
+
         def item(token: int, logprob: float) -> dict:
             piece = self._logprob_token(token)
             return {"token": piece, "logprob": _finite(logprob), "bytes": list(piece.encode("utf-8"))}
 
-        return {"content": [{**item(ids[0], lps[0]),
-                             "top_logprobs": [item(t, lp) for t, lp in zip(ids[1:], lps[1:])]}
-                            for ids, lps, _ in entries]}
+        return {
+            "content": [
+                {**item(ids[0], lps[0]), "top_logprobs": [item(t, lp) for t, lp in zip(ids[1:], lps[1:])]}
+                for ids, lps, _ in entries
+            ]
+        }

@@ -17,19 +17,84 @@ from prometheus_client.registry import Collector
 from engine.messages.stats import EngineStats
 
 PREFIXES = ("vllm", "engine")
-_TTFT = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-         80.0, 160.0, 640.0, 2560.0)
-_PER_TOKEN = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
-              80.0)
-_PER_REQUEST = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
-                480.0, 960.0, 1920.0, 7680.0)
-_TOKENS = tuple(m * 10 ** e for e in range(7) for m in (1, 2, 5))[:19]  # 1, 2, 5, 10 ... 1e6 (1-2-5 as vLLM)
+_TTFT = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+_PER_TOKEN = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_PER_REQUEST = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
+_TOKENS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))[:19]  # 1, 2, 5, 10 ... 1e6 (1-2-5 as vLLM)
 _N = (1, 2, 5, 10, 20)
 
 
 # EngineStats field -> (counter name, help) of a KV connector's counters
 KV_CONNECTOR_COUNTERS = {
-    "external_prefix_queries": ("external_prefix_cache_queries", "Prompt tokens looked up through the KV connector"),
+    "external_prefix_queries": (
+        "external_prefix_cache_queries",
+        "Prompt tokens looked up through the KV connector",
+    ),
     "external_prefix_hits": ("external_prefix_cache_hits", "Prompt tokens the KV connector loaded"),
     "kv_load_failures": ("kv_connector_load_failures", "Requests whose KV load failed (recomputed)"),
     "kv_load_bytes": ("kv_connector_load_bytes", "Bytes of KV the connector loaded"),
@@ -45,8 +110,12 @@ class Metrics:
         self.registry = CollectorRegistry()
         self.prefix = prefix
         self._labels = {"model_name": model_name}
-        self.finished = Counter(self._name("request_success"), "Finished requests by finish reason",
-                                ["model_name", "finished_reason"], registry=self.registry)
+        self.finished = Counter(
+            self._name("request_success"),
+            "Finished requests by finish reason",
+            ["model_name", "finished_reason"],
+            registry=self.registry,
+        )
         self._request_histograms()
         self._engine_metrics()
         self._stats: dict[str, EngineStats] = {}
@@ -62,29 +131,47 @@ class Metrics:
         return Counter(self._name(name), doc, ["model_name"], registry=self.registry).labels(**self._labels)
 
     def _histogram(self, name: str, doc: str, buckets):
-        return Histogram(self._name(name), doc, ["model_name"], buckets=buckets,
-                         registry=self.registry).labels(**self._labels)
+        return Histogram(
+            self._name(name), doc, ["model_name"], buckets=buckets, registry=self.registry
+        ).labels(**self._labels)
 
     def _request_histograms(self) -> None:
         h = self._histogram
         self.ttft = h("time_to_first_token_seconds", "Time to first token", _TTFT)
         self.itl = h("inter_token_latency_seconds", "Time between consecutive output tokens", _PER_TOKEN)
-        self.tpot = h("time_per_output_token_seconds", "Time per output token, observed per token as vLLM "
-                      "does (the same intervals as inter_token_latency_seconds)", _PER_TOKEN)
-        self.request_tpot = h("request_time_per_output_token_seconds",
-                              "Decode time / (output tokens - 1), per request", _PER_TOKEN)
+        self.tpot = h(
+            "time_per_output_token_seconds",
+            "Time per output token, observed per token as vLLM "
+            "does (the same intervals as inter_token_latency_seconds)",
+            _PER_TOKEN,
+        )
+        self.request_tpot = h(
+            "request_time_per_output_token_seconds",
+            "Decode time / (output tokens - 1), per request",
+            _PER_TOKEN,
+        )
         self.e2e = h("e2e_request_latency_seconds", "End-to-end request latency", _PER_REQUEST)
-        self.queue_time = h("request_queue_time_seconds", "Time from reaching the engine core to first "
-                            "scheduled", _PER_REQUEST)
-        self.prefill_time = h("request_prefill_time_seconds", "Time from first scheduled to first token",
-                              _PER_REQUEST)
-        self.decode_time = h("request_decode_time_seconds", "Time from first token to last token", _PER_REQUEST)
+        self.queue_time = h(
+            "request_queue_time_seconds",
+            "Time from reaching the engine core to first scheduled",
+            _PER_REQUEST,
+        )
+        self.prefill_time = h(
+            "request_prefill_time_seconds", "Time from first scheduled to first token", _PER_REQUEST
+        )
+        self.decode_time = h(
+            "request_decode_time_seconds", "Time from first token to last token", _PER_REQUEST
+        )
         self.inference_time = h("request_inference_time_seconds", "Prefill plus decode time", _PER_REQUEST)
         self.request_prompt_tokens = h("request_prompt_tokens", "Prompt tokens per finished request", _TOKENS)
-        self.request_generation_tokens = h("request_generation_tokens", "Output tokens per finished request",
-                                           _TOKENS)
-        self.max_generation_tokens = h("request_max_num_generation_tokens",
-                                       "Most output tokens of one sample, per prompt with its n samples", _TOKENS)
+        self.request_generation_tokens = h(
+            "request_generation_tokens", "Output tokens per finished request", _TOKENS
+        )
+        self.max_generation_tokens = h(
+            "request_max_num_generation_tokens",
+            "Most output tokens of one sample, per prompt with its n samples",
+            _TOKENS,
+        )
         self.params_max_tokens = h("request_params_max_tokens", "The max_tokens of each request", _TOKENS)
         self.params_n = h("request_params_n", "The n of each request", _N)
         self.prompt_tokens = self._counter("prompt_tokens", "Prompt tokens processed")
@@ -107,13 +194,23 @@ class Metrics:
             ("running", gauge("num_requests_running", "Requests in the running batch")),
             ("waiting", gauge("num_requests_waiting", "Requests waiting to be scheduled")),
             ("kv_cache_usage", gauge("kv_cache_usage_perc", "Fraction of KV cache blocks in use (0..1)")),
-            ("kv_cache_usage", gauge("gpu_cache_usage_perc", "Fraction of KV cache blocks in use (0..1); the "
-                                     "name vLLM's example dashboard reads, as kv_cache_usage_perc")),
+            (
+                "kv_cache_usage",
+                gauge(
+                    "gpu_cache_usage_perc",
+                    "Fraction of KV cache blocks in use (0..1); the "
+                    "name vLLM's example dashboard reads, as kv_cache_usage_perc",
+                ),
+            ),
             ("prefix_hit_rate", gauge("prefix_cache_hit_rate", "Prefix cache hits / queries, in tokens")),
-            ("spec_acceptance_rate", gauge("spec_decode_draft_acceptance_rate",
-                                           "Accepted / proposed draft tokens")),
-            ("spec_mean_accepted_length", gauge("spec_decode_mean_acceptance_length",
-                                                "Tokens per verification: accepted drafts + 1")),
+            (
+                "spec_acceptance_rate",
+                gauge("spec_decode_draft_acceptance_rate", "Accepted / proposed draft tokens"),
+            ),
+            (
+                "spec_mean_accepted_length",
+                gauge("spec_decode_mean_acceptance_length", "Tokens per verification: accepted drafts + 1"),
+            ),
         ]
         self.counter_families = {  # by the EngineStats field each counts
             "spec_drafts": counter("spec_decode_num_drafts", "Verifications of drafted requests"),
@@ -124,10 +221,17 @@ class Metrics:
             "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
             **{key: counter(name, doc) for key, (name, doc) in KV_CONNECTOR_COUNTERS.items()},
         }
-        self._rejected = counter("num_requests_rejected", "Requests refused as overloaded, by reason "
-                                 "(queue_full: max_queued_requests; queue_wait: max_queue_wait)", ["reason"])
-        self._accepted_per_pos = counter("spec_decode_num_accepted_tokens_per_pos",
-                                         "Draft tokens accepted, by draft position", ["position"])
+        self._rejected = counter(
+            "num_requests_rejected",
+            "Requests refused as overloaded, by reason "
+            "(queue_full: max_queued_requests; queue_wait: max_queue_wait)",
+            ["reason"],
+        )
+        self._accepted_per_pos = counter(
+            "spec_decode_num_accepted_tokens_per_pos",
+            "Draft tokens accepted, by draft position",
+            ["position"],
+        )
         self._engines: dict[str, _EngineCounters] = {}
 
     def engine_ready(self, cache_info: dict[str, str], engines: int = 1) -> None:
@@ -135,8 +239,12 @@ class Metrics:
         configuration in its labels), and every core's gauges and counters at 0 until its
         first stats arrive (a dashboard reads them from the start)."""
         names = ["model_name", *cache_info]
-        Gauge(self._name("cache_config_info"), "Information of the KV cache configuration", names,
-              registry=self.registry).labels(**self._labels, **cache_info).set(1)
+        Gauge(
+            self._name("cache_config_info"),
+            "Information of the KV cache configuration",
+            names,
+            registry=self.registry,
+        ).labels(**self._labels, **cache_info).set(1)
         for engine in range(engines):
             self.update_engine(EngineStats(), engine)
 
@@ -263,8 +371,11 @@ class _StepTokens(Collector):
         self.metrics = metrics
 
     def collect(self):
-        family = HistogramMetricFamily(self.metrics._name("iteration_tokens_total"), "Tokens per engine step",
-                                       labels=["model_name", "engine"])
+        family = HistogramMetricFamily(
+            self.metrics._name("iteration_tokens_total"),
+            "Tokens per engine step",
+            labels=["model_name", "engine"],
+        )
         for engine, stats in self.metrics.engine_stats().items():
             steps = stats.tokens_per_step
             if steps.buckets:

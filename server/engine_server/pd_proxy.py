@@ -48,24 +48,45 @@ class ProxyCommand(Command):
     def add_arguments(self, parser):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--prefill", nargs="+", default=[], metavar="URL",
-                            help="prefill instances (kv_role kv_producer), e.g. http://127.0.0.1:8100")
-        parser.add_argument("--decode", nargs="+", default=[], metavar="URL",
-                            help="decode instances (kv_role kv_consumer), e.g. http://127.0.0.1:8200")
+        parser.add_argument(
+            "--prefill",
+            nargs="+",
+            default=[],
+            metavar="URL",
+            help="prefill instances (kv_role kv_producer), e.g. http://127.0.0.1:8100",
+        )
+        parser.add_argument(
+            "--decode",
+            nargs="+",
+            default=[],
+            metavar="URL",
+            help="decode instances (kv_role kv_consumer), e.g. http://127.0.0.1:8200",
+        )
         for side in ("prefiller", "decoder"):
-            parser.add_argument(f"--{side}-hosts", f"--{side}-host", nargs="+", default=[],
-                                help=f"vLLM's toy proxy's spelling: {side} hosts, paired with --{side}-ports")
+            parser.add_argument(
+                f"--{side}-hosts",
+                f"--{side}-host",
+                nargs="+",
+                default=[],
+                help=f"vLLM's toy proxy's spelling: {side} hosts, paired with --{side}-ports",
+            )
             parser.add_argument(f"--{side}-ports", f"--{side}-port", nargs="+", type=int, default=[])
-        parser.add_argument("--timeout", type=float, default=None,
-                            help="seconds an instance may take to answer (default: no limit)")
+        parser.add_argument(
+            "--timeout",
+            type=float,
+            default=None,
+            help="seconds an instance may take to answer (default: no limit)",
+        )
         parser.add_argument("--uvicorn-log-level", default="warning")
 
     def run(self, args) -> int:
         prefill = args.prefill + _paired(args.prefiller_hosts, args.prefiller_ports, "prefiller")
         decode = args.decode + _paired(args.decoder_hosts, args.decoder_ports, "decoder")
         if not prefill or not decode:
-            raise ValueError("engine proxy: give at least one prefill and one decode instance "
-                             "(--prefill URL / --decode URL)")
+            raise ValueError(
+                "engine proxy: give at least one prefill and one decode instance "
+                "(--prefill URL / --decode URL)"
+            )
         app = build_proxy(prefill, decode, args.timeout)
         print(f"P/D proxy on http://{args.host}:{args.port}: prefill {prefill}, decode {decode}", flush=True)
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.uvicorn_log_level)
@@ -90,14 +111,20 @@ class Upstreams:
 
 
 def bad_gateway(side: str, url: str, exc: Exception) -> APIError:
-    return APIError(502, f"the {side} instance {url} failed: {type(exc).__name__}: {exc}".strip(),
-                    code=f"{side}_unavailable", type_="BadGatewayError")
+    return APIError(
+        502,
+        f"the {side} instance {url} failed: {type(exc).__name__}: {exc}".strip(),
+        code=f"{side}_unavailable",
+        type_="BadGatewayError",
+    )
 
 
 def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float | None = None) -> Starlette:
     prefill, decode = Upstreams(prefill_urls), Upstreams(decode_urls)
-    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout), limits=httpx.Limits(max_connections=None,
-                                                                                    max_keepalive_connections=None))
+    client = httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=None),
+    )
 
     async def generate(request: Request) -> Response:
         path = request.url.path
@@ -123,8 +150,12 @@ def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float 
         instance's answer."""
         url = decode.urls[0]
         try:
-            upstream = await client.request(request.method, url + request.url.path, content=await request.body(),
-                                            headers={**_forwarded(request), "content-type": "application/json"})
+            upstream = await client.request(
+                request.method,
+                url + request.url.path,
+                content=await request.body(),
+                headers={**_forwarded(request), "content-type": "application/json"},
+            )
         except httpx.HTTPError as exc:
             return bad_gateway("decode", url, exc).response()
         return Response(upstream.content, upstream.status_code, media_type="application/json")
@@ -144,10 +175,14 @@ def build_proxy(prefill_urls: list[str], decode_urls: list[str], timeout: float 
         yield
         await client.aclose()
 
-    routes = [Route("/v1/completions", generate, methods=["POST"]),
-              Route("/v1/chat/completions", generate, methods=["POST"]),
-              Route("/v1/models", passthrough, methods=["GET"]), Route("/tokenize", passthrough, methods=["POST"]),
-              Route("/detokenize", passthrough, methods=["POST"]), Route("/health", health, methods=["GET"])]
+    routes = [
+        Route("/v1/completions", generate, methods=["POST"]),
+        Route("/v1/chat/completions", generate, methods=["POST"]),
+        Route("/v1/models", passthrough, methods=["GET"]),
+        Route("/tokenize", passthrough, methods=["POST"]),
+        Route("/detokenize", passthrough, methods=["POST"]),
+        Route("/health", health, methods=["GET"]),
+    ]
     return Starlette(routes=routes, lifespan=lifespan)
 
 
@@ -195,8 +230,9 @@ async def _stream(client: httpx.AsyncClient, url: str, path: str, body: dict, he
     """The decode instance's SSE stream, passed through; its failure mid-stream becomes an error
     frame. Closing the stream (the client left) closes the upstream one: the instance aborts."""
     try:
-        upstream = await client.send(client.build_request("POST", url + path, json=body, headers=headers),
-                                     stream=True)
+        upstream = await client.send(
+            client.build_request("POST", url + path, json=body, headers=headers), stream=True
+        )
     except httpx.HTTPError as exc:
         logger.warning("decode %s: %s", url, exc)
         return bad_gateway("decode", url, exc).response()

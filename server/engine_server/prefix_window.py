@@ -24,8 +24,12 @@ class PrefixCacheWindow:
     """Wraps a stats listener: all stats pass through, with the prefix-cache totals
     replaced by those of the last window boundary."""
 
-    def __init__(self, listener: Callable[[EngineStats], None], window: float = PREFIX_WINDOW_SECONDS,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        listener: Callable[[EngineStats], None],
+        window: float = PREFIX_WINDOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.listener, self.window, self.clock = listener, window, clock
         self._published = {"prefix_queries": 0, "prefix_hits": 0}
         self._boundary = clock()

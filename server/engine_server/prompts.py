@@ -18,8 +18,10 @@ def check_fanout(state, prompts: int, n: int, param: str = "prompt") -> None:
     if prompts > limit:
         raise bad_request(f"a request may carry at most {limit} prompts, got {prompts}", param)
     if prompts * n > limit:
-        raise bad_request(f"{prompts} prompt(s) with n={n} make {prompts * n} sequences; the limit per request "
-                          f"is {limit}", "n")
+        raise bad_request(
+            f"{prompts} prompt(s) with n={n} make {prompts * n} sequences; the limit per request is {limit}",
+            "n",
+        )
 
 
 def check_prompt(state, ids: list[int], max_tokens: int | None, param: str, generates: bool = True) -> None:
@@ -48,15 +50,22 @@ def completion_prompts(state, prompt, n: int, param: str = "prompt") -> list[tup
         check_fanout(state, len(prompt), n, param)
         return [(None, list(p)) for p in prompt]
     else:
-        raise bad_request(f"{param} must be a string, a list of strings, a list of token ids or a list of such "
-                          "lists", param)
+        raise bad_request(
+            f"{param} must be a string, a list of strings, a list of token ids or a list of such lists", param
+        )
     check_fanout(state, len(texts), n, param)
     return [(text, state.tokenizer.encode(text)) for text in texts]
 
 
-def chat_prompt(tokenizer, messages, add_generation_prompt: bool, tools: list[dict] | None = None,
-                tool_prompt: str | None = None, continue_final_message: bool = False,
-                template_kwargs: dict | None = None) -> list[int]:
+def chat_prompt(
+    tokenizer,
+    messages,
+    add_generation_prompt: bool,
+    tools: list[dict] | None = None,
+    tool_prompt: str | None = None,
+    continue_final_message: bool = False,
+    template_kwargs: dict | None = None,
+) -> list[int]:
     """Token ids of the templated conversation. Tools go to the template when it renders
     them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message.
     ``continue_final_message`` leaves the last message open (no end-of-turn after it), so the

@@ -34,7 +34,7 @@ class ThinkReasoningParser(ReasoningParser):
             if OPEN.startswith(head) and len(head) < len(OPEN):
                 return "", ""  # may still be the opening tag
             if head.startswith(OPEN):
-                self.buffer, self.state = head[len(OPEN):], "reasoning"
+                self.buffer, self.state = head[len(OPEN) :], "reasoning"
             elif self.starts_inside:
                 self.state = "reasoning"
             else:
@@ -43,10 +43,13 @@ class ThinkReasoningParser(ReasoningParser):
             end = self.buffer.find(CLOSE)
             if end == -1:
                 keep = _held(self.buffer, CLOSE)
-                piece, self.buffer = self.buffer[:len(self.buffer) - keep], self.buffer[len(self.buffer) - keep:]
+                piece, self.buffer = (
+                    self.buffer[: len(self.buffer) - keep],
+                    self.buffer[len(self.buffer) - keep :],
+                )
                 return piece, ""
             reasoning.append(self.buffer[:end])
-            self.buffer, self.state = self.buffer[end + len(CLOSE):], "content"
+            self.buffer, self.state = self.buffer[end + len(CLOSE) :], "content"
         content, self.buffer = self.buffer, ""
         return "".join(reasoning), content
 

@@ -30,22 +30,29 @@ def core_shares(num_replicas: int) -> list[set[int] | None]:
     if num_replicas == 1 or len(cpus) < num_replicas:
         return [None] * num_replicas
     share = len(cpus) // num_replicas
-    return [set(cpus[i * share:(i + 1) * share]) for i in range(num_replicas)]
+    return [set(cpus[i * share : (i + 1) * share]) for i in range(num_replicas)]
 
 
 class ReplicaSet:
     """The API process's handle on its engine cores: :class:`AsyncEngine`'s interface over
     ``num_replicas`` of them."""
 
-    def __init__(self, engine_options: dict, num_replicas: int = 1, routing: str = "prefix",
-                 on_death: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        engine_options: dict,
+        num_replicas: int = 1,
+        routing: str = "prefix",
+        on_death: Callable[[str], None] | None = None,
+    ):
         if num_replicas < 1:
             raise ValueError(f"data_parallel_size must be at least 1, got {num_replicas}")
         self.routing = routing
         self.events = KVEventsConfig.from_dict(engine_options.get("kv_events_config"))
         self._feeds: list[asyncio.Task] = []
-        self.replicas = [AsyncEngine(engine_options, self._one_died, cpus=cpus, rank=rank)
-                         for rank, cpus in enumerate(core_shares(num_replicas))]
+        self.replicas = [
+            AsyncEngine(engine_options, self._one_died, cpus=cpus, rank=rank)
+            for rank, cpus in enumerate(core_shares(num_replicas))
+        ]
         self.on_death = on_death
         self.router: Router | None = None
         self._death_reported = False
@@ -64,14 +71,20 @@ class ReplicaSet:
             replica.stats_listeners.append(make_listener(index))
 
     async def start(self):
-        readies = await asyncio.gather(*(replica.start() for replica in self.replicas), return_exceptions=True)
+        readies = await asyncio.gather(
+            *(replica.start() for replica in self.replicas), return_exceptions=True
+        )
         failed = next((r for r in readies if isinstance(r, BaseException)), None)
         if failed is not None:
             await self.shutdown()
             raise failed
         info = readies[0].cache_info
-        self.router = Router(self.routing, len(self.replicas), int(info.get("block_size", 16)),
-                             int(info.get("num_gpu_blocks", 0)))
+        self.router = Router(
+            self.routing,
+            len(self.replicas),
+            int(info.get("block_size", 16)),
+            int(info.get("num_gpu_blocks", 0)),
+        )
         self._follow_kv_events()
         return readies[0]
 
@@ -84,12 +97,22 @@ class ReplicaSet:
         if kv_events.subscriber_endpoint(events.endpoint, 0) is None:
             return
         self._events_context = zmq.asyncio.Context()
-        self._feeds = [asyncio.create_task(kv_events.follow(self._events_context, events, rank,
-                                                            functools.partial(self.router.observe, rank)))
-                       for rank in range(len(self.replicas))]
+        self._feeds = [
+            asyncio.create_task(
+                kv_events.follow(
+                    self._events_context, events, rank, functools.partial(self.router.observe, rank)
+                )
+            )
+            for rank in range(len(self.replicas))
+        ]
 
-    def submit(self, children, priority: int = 0, cache_salt: str | None = None,
-               kv_transfer_params: dict | None = None) -> RequestHandle:
+    def submit(
+        self,
+        children,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
+    ) -> RequestHandle:
         loads = [replica.open_requests for replica in self.replicas]
         index = self.router.choose(children[0][1], loads, cache_salt) if len(self.replicas) > 1 else 0
         return self.replicas[index].submit(children, priority, cache_salt, kv_transfer_params)

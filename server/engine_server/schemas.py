@@ -63,12 +63,20 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     guided_regex: str | None = None
     guided_choice: Annotated[list[str], Meta(min_length=1)] | None = None
     guided_grammar: str | None = None
-    logit_bias: Annotated[dict[str, Bias], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = None  # "token id": bias
-    allowed_token_ids: Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None = None
+    logit_bias: Annotated[dict[str, Bias], Meta(max_length=MAX_LOGIT_BIAS_ENTRIES)] | None = (
+        None  # "token id": bias
+    )
+    allowed_token_ids: (
+        Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
+    ) = None
     bad_words: Annotated[list[StopString], Meta(max_length=MAX_BAD_WORDS)] | None = None
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None  # keep the last k; -1: context
+    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = (
+        None  # keep the last k; -1: context
+    )
     return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"; None: the server's flag
-    kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation (vLLM's field): see engine.kv_transfer
+    kv_transfer_params: dict[str, Any] | None = (
+        None  # P/D disaggregation (vLLM's field): see engine.kv_transfer
+    )
 
 
 class CompletionRequest(SamplingFields, kw_only=True):
@@ -126,5 +134,10 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     priority: Int64 = 0
 
 
-BODIES = {"CompletionRequest": CompletionRequest, "ChatCompletionRequest": ChatCompletionRequest,
-          "TokenizeRequest": TokenizeRequest, "DetokenizeRequest": DetokenizeRequest, "EmbeddingRequest": EmbeddingRequest}
+BODIES = {
+    "CompletionRequest": CompletionRequest,
+    "ChatCompletionRequest": ChatCompletionRequest,
+    "TokenizeRequest": TokenizeRequest,
+    "DetokenizeRequest": DetokenizeRequest,
+    "EmbeddingRequest": EmbeddingRequest,
+}

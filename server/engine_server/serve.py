@@ -63,16 +63,22 @@ class ServeCommand(Command):
 
     def add_arguments(self, parser):
         add_server_arguments(parser)
-        parser.add_argument("--metrics-prefix", choices=PREFIXES, default="vllm",
-                            help="prefix of the /metrics names: vllm (vLLM's names, for its dashboards) or "
-                                 "engine (the engine: names of earlier releases); default: vllm")
+        parser.add_argument(
+            "--metrics-prefix",
+            choices=PREFIXES,
+            default="vllm",
+            help="prefix of the /metrics names: vllm (vLLM's names, for its dashboards) or "
+            "engine (the engine: names of earlier releases); default: vllm",
+        )
         add_engine_arguments(parser)
 
     def run(self, args) -> int:
         options = engine_options(args)
         if args.model_tag:
             if options.get("model", args.model_tag) != args.model_tag:
-                raise ValueError(f"model: given twice, as {args.model_tag!r} and --model {options['model']!r}")
+                raise ValueError(
+                    f"model: given twice, as {args.model_tag!r} and --model {options['model']!r}"
+                )
             options["model"] = args.model_tag
         if args.plugins:
             options["plugins"] = args.plugins
@@ -89,8 +95,10 @@ class ServeCommand(Command):
 
         def cut_drain() -> None:
             if client.cut_open_requests():
-                logger.error("requests still running after --graceful-timeout %g s were ended with an error",
-                             args.graceful_timeout)
+                logger.error(
+                    "requests still running after --graceful-timeout %g s were ended with an error",
+                    args.graceful_timeout,
+                )
                 outcome["exit_code"] = 1
 
         def on_drain() -> None:
@@ -98,18 +106,32 @@ class ServeCommand(Command):
 
         registry = load_plugins(args.plugins)
         tool_parser = registry.get("tool_parsers", args.tool_call_parser)
-        reasoning_parser = registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
+        reasoning_parser = (
+            registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
+        )
         client = ReplicaSet(options, args.data_parallel_size, args.data_parallel_routing, on_death)
         metrics = Metrics(name, args.metrics_prefix)
-        client.add_stats_listener(lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine,
-                                                                                     engine=engine)))
-        state = ServerState(client, tokenizer, name, 0, 0, metrics, tool_parser, reasoning_parser, args.api_key,
-                            max_body_bytes=args.max_request_body_bytes,
-                            max_request_sequences=args.max_request_sequences, log_requests=args.enable_log_requests,
-                            allow_unknown_fields=args.allow_unknown_fields,
-                            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-                            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-                            max_log_len=args.max_log_len)
+        client.add_stats_listener(
+            lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine, engine=engine))
+        )
+        state = ServerState(
+            client,
+            tokenizer,
+            name,
+            0,
+            0,
+            metrics,
+            tool_parser,
+            reasoning_parser,
+            args.api_key,
+            max_body_bytes=args.max_request_body_bytes,
+            max_request_sequences=args.max_request_sequences,
+            log_requests=args.enable_log_requests,
+            allow_unknown_fields=args.allow_unknown_fields,
+            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+            max_log_len=args.max_log_len,
+        )
 
         @contextlib.asynccontextmanager
         async def lifespan(app):
@@ -119,18 +141,28 @@ class ServeCommand(Command):
             state.runner, state.embedding_size = ready.runner, ready.embedding_size
             state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
             metrics.engine_ready(ready.cache_info, args.data_parallel_size)
-            replicas = f" on {args.data_parallel_size} data-parallel cores" if args.data_parallel_size > 1 else ""
-            print(f"engine: serving {name}{replicas} at http://{args.host}:{args.port}/v1 (max_model_len "
-                  f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}", flush=True)
+            replicas = (
+                f" on {args.data_parallel_size} data-parallel cores" if args.data_parallel_size > 1 else ""
+            )
+            print(
+                f"engine: serving {name}{replicas} at http://{args.host}:{args.port}/v1 (max_model_len "
+                f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}",
+                flush=True,
+            )
             try:
                 yield
             finally:
                 await client.shutdown()
 
-        config = uvicorn.Config(build_app(state, lifespan, middleware(args)), host=args.host, port=args.port,
-                                log_level=args.uvicorn_log_level, access_log=not args.disable_uvicorn_access_log,
-                                root_path=args.root_path,
-                                timeout_graceful_shutdown=args.graceful_timeout + CUT_FLUSH_SECONDS)
+        config = uvicorn.Config(
+            build_app(state, lifespan, middleware(args)),
+            host=args.host,
+            port=args.port,
+            log_level=args.uvicorn_log_level,
+            access_log=not args.disable_uvicorn_access_log,
+            root_path=args.root_path,
+            timeout_graceful_shutdown=args.graceful_timeout + CUT_FLUSH_SECONDS,
+        )
         server = _Server(config, on_drain)
         server.run()
         if not server.started:
@@ -143,10 +175,15 @@ class ServeCommand(Command):
 
 def _example_call(args, name: str, runner: str) -> str:
     """A curl line for the route this server's runner serves."""
-    route, body = (("embeddings", '"input": "Hello!"') if runner == "pooling" else
-                   ("chat/completions", '"messages": [{"role": "user", "content": "Hello!"}]'))
-    return (f"curl http://{args.host}:{args.port}/v1/{route} -H 'Content-Type: application/json' "
-            f"-d '{{\"model\": \"{name}\", {body}}}'")
+    route, body = (
+        ("embeddings", '"input": "Hello!"')
+        if runner == "pooling"
+        else ("chat/completions", '"messages": [{"role": "user", "content": "Hello!"}]')
+    )
+    return (
+        f"curl http://{args.host}:{args.port}/v1/{route} -H 'Content-Type: application/json' "
+        f'-d \'{{"model": "{name}", {body}}}\''
+    )
 
 
 def _exit_now(code: int) -> None:

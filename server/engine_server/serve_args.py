@@ -18,61 +18,150 @@ UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 def add_server_arguments(parser) -> None:
     group = parser.add_argument_group("server options")
     add = group.add_argument
-    add("model_tag", nargs="?", metavar="MODEL", help="model folder or .gguf file, as `vllm serve MODEL` "
-                                                      "(same as --model)")
-    add("--host", default="127.0.0.1", help="address to listen on; default: 127.0.0.1 (this machine only; "
-                                            "vLLM listens on all interfaces: give --host 0.0.0.0 for that)")
+    add(
+        "model_tag",
+        nargs="?",
+        metavar="MODEL",
+        help="model folder or .gguf file, as `vllm serve MODEL` (same as --model)",
+    )
+    add(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on; default: 127.0.0.1 (this machine only; "
+        "vLLM listens on all interfaces: give --host 0.0.0.0 for that)",
+    )
     add("--port", type=int, default=8000, help="default: 8000")
-    add("--api-key", default=os.environ.get("ENGINE_API_KEY"),
-        help="require `Authorization: Bearer KEY` on all routes but /health; default: $ENGINE_API_KEY")
-    add("--served-model-name", default=None, help="the model's name in the API; default: the checkpoint's base name")
-    add("--tokenizer", default=None, help="a folder with another tokenizer (and chat template) for the model; "
-                                          "default: the checkpoint's")
-    add("--chat-template", default=None, help="a Jinja chat template, or a file holding one; default: the "
-                                              "tokenizer's")
-    add("--tool-call-parser", default="hermes", help="how the model writes tool calls, for tool_choice=auto "
-                                                     "(a tool-parser plugin: hermes, llama3_json, mistral, pythonic "
-                                                     "...); default: hermes")
-    add("--enable-auto-tool-choice", action="store_true",
-        help="accepted for vLLM command lines: tool_choice=auto is always on, with --tool-call-parser")
-    add("--reasoning-parser", default=None, help="split reasoning into reasoning_content (a reasoning-parser "
-                                                 "plugin: deepseek_r1, qwen3 ...); default: none")
+    add(
+        "--api-key",
+        default=os.environ.get("ENGINE_API_KEY"),
+        help="require `Authorization: Bearer KEY` on all routes but /health; default: $ENGINE_API_KEY",
+    )
+    add(
+        "--served-model-name",
+        default=None,
+        help="the model's name in the API; default: the checkpoint's base name",
+    )
+    add(
+        "--tokenizer",
+        default=None,
+        help="a folder with another tokenizer (and chat template) for the model; default: the checkpoint's",
+    )
+    add(
+        "--chat-template",
+        default=None,
+        help="a Jinja chat template, or a file holding one; default: the tokenizer's",
+    )
+    add(
+        "--tool-call-parser",
+        default="hermes",
+        help="how the model writes tool calls, for tool_choice=auto "
+        "(a tool-parser plugin: hermes, llama3_json, mistral, pythonic "
+        "...); default: hermes",
+    )
+    add(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="accepted for vLLM command lines: tool_choice=auto is always on, with --tool-call-parser",
+    )
+    add(
+        "--reasoning-parser",
+        default=None,
+        help="split reasoning into reasoning_content (a reasoning-parser "
+        "plugin: deepseek_r1, qwen3 ...); default: none",
+    )
     add("--max-request-body-bytes", type=int, default=4 * 2**20, help="unit: bytes; default: 4 MiB")
-    add("--max-request-sequences", type=int, default=256,
-        help="engine requests one HTTP request may create (prompts x n); more is a 400; default: 256")
-    add("--graceful-timeout", type=float, default=10.0,
+    add(
+        "--max-request-sequences",
+        type=int,
+        default=256,
+        help="engine requests one HTTP request may create (prompts x n); more is a 400; default: 256",
+    )
+    add(
+        "--graceful-timeout",
+        type=float,
+        default=10.0,
         help="seconds in-flight requests get to finish after SIGTERM; those still running then end with an "
-             "error (code shutdown) and the exit status is 1; default: 10")
-    add("--allow-unknown-fields", action="store_true",
-        help="ignore request fields this server does not implement (default: a 400 naming them)")
-    add("--return-tokens-as-token-ids", action="store_true",
-        help="logprob tokens as \"token_id:N\" unless a request's return_tokens_as_token_ids says otherwise, "
-             "as vLLM; default: off (decoded text)")
-    add("--enable-prompt-tokens-details", action="store_true",
+        "error (code shutdown) and the exit status is 1; default: 10",
+    )
+    add(
+        "--allow-unknown-fields",
+        action="store_true",
+        help="ignore request fields this server does not implement (default: a 400 naming them)",
+    )
+    add(
+        "--return-tokens-as-token-ids",
+        action="store_true",
+        help='logprob tokens as "token_id:N" unless a request\'s return_tokens_as_token_ids says otherwise, '
+        "as vLLM; default: off (decoded text)",
+    )
+    add(
+        "--enable-prompt-tokens-details",
+        action="store_true",
         help="report usage.prompt_tokens_details.cached_tokens (prompt tokens found in the prefix cache), "
-             "as vLLM; default: off (the field is absent)")
+        "as vLLM; default: off (the field is absent)",
+    )
     add("--root-path", default="", help="the path prefix a proxy serves this server under (ASGI root_path)")
-    add("--allowed-origins", type=json.loads, default=None, metavar="JSON",
-        help='CORS: origins allowed to call the server from a browser, e.g. \'["https://app.example"]\'; '
-             "default: none (no CORS headers)")
-    add("--allowed-methods", type=json.loads, default=["*"], metavar="JSON", help='CORS methods; default: ["*"]')
-    add("--allowed-headers", type=json.loads, default=["*"], metavar="JSON", help='CORS headers; default: ["*"]')
+    add(
+        "--allowed-origins",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help="CORS: origins allowed to call the server from a browser, e.g. '[\"https://app.example\"]'; "
+        "default: none (no CORS headers)",
+    )
+    add(
+        "--allowed-methods",
+        type=json.loads,
+        default=["*"],
+        metavar="JSON",
+        help='CORS methods; default: ["*"]',
+    )
+    add(
+        "--allowed-headers",
+        type=json.loads,
+        default=["*"],
+        metavar="JSON",
+        help='CORS headers; default: ["*"]',
+    )
     add("--allow-credentials", action="store_true", help="CORS: allow credentials")
-    add("--uvicorn-log-level", default="warning", choices=UVICORN_LOG_LEVELS,
-        help="uvicorn's log level; info and below also log each HTTP request (the access log); default: warning")
+    add(
+        "--uvicorn-log-level",
+        default="warning",
+        choices=UVICORN_LOG_LEVELS,
+        help="uvicorn's log level; info and below also log each HTTP request (the access log); default: warning",
+    )
     add("--disable-uvicorn-access-log", action="store_true", help="no access log, whatever the log level")
-    add("--enable-log-requests", action="store_true", help="log each request's prompt and sampling parameters")
-    add("--disable-log-requests", action="store_true",
-        help="accepted for vLLM command lines: requests are logged only with --enable-log-requests")
-    add("--max-log-len", type=int, default=None, help="characters (or token ids) of a prompt logged with "
-                                                      "--enable-log-requests; default: all")
-    add("--data-parallel-size", "-dp", type=_positive_int, default=1, metavar="N",
+    add(
+        "--enable-log-requests", action="store_true", help="log each request's prompt and sampling parameters"
+    )
+    add(
+        "--disable-log-requests",
+        action="store_true",
+        help="accepted for vLLM command lines: requests are logged only with --enable-log-requests",
+    )
+    add(
+        "--max-log-len",
+        type=int,
+        default=None,
+        help="characters (or token ids) of a prompt logged with --enable-log-requests; default: all",
+    )
+    add(
+        "--data-parallel-size",
+        "-dp",
+        type=_positive_int,
+        default=1,
+        metavar="N",
         help="engine cores behind this server, each with its own copy of the model and KV cache (on a CPU "
-             "each gets an equal share of the cores); a request goes to one of them; default: 1")
-    add("--data-parallel-routing", choices=ROUTING, default="prefix",
+        "each gets an equal share of the cores); a request goes to one of them; default: 1",
+    )
+    add(
+        "--data-parallel-routing",
+        choices=ROUTING,
+        default="prefix",
         help="how a request's core is chosen with --data-parallel-size > 1: prefix (the core that was sent "
-             "the longest prefix of its prompt, unless that core is much busier than the least busy one) or "
-             "round-robin; default: prefix")
+        "the longest prefix of its prompt, unless that core is much busier than the least busy one) or "
+        "round-robin; default: prefix",
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -105,8 +194,17 @@ def middleware(args) -> list[tuple[type, dict]]:
         return []
     from starlette.middleware.cors import CORSMiddleware
 
-    return [(CORSMiddleware, {"allow_origins": args.allowed_origins, "allow_methods": args.allowed_methods,
-                              "allow_headers": args.allowed_headers, "allow_credentials": args.allow_credentials})]
+    return [
+        (
+            CORSMiddleware,
+            {
+                "allow_origins": args.allowed_origins,
+                "allow_methods": args.allowed_methods,
+                "allow_headers": args.allowed_headers,
+                "allow_credentials": args.allow_credentials,
+            },
+        )
+    ]
 
 
 def configure_request_log(args) -> None:

@@ -22,8 +22,10 @@ def structured_spec(body, chat: bool) -> GrammarSpec | None:
     outputs = body.structured_outputs or {}
     for key in outputs:
         if key not in (*KINDS, "json_object"):
-            raise bad_request(f"structured_outputs.{key} is not one of {', '.join(KINDS)}, json_object",
-                              "structured_outputs")
+            raise bad_request(
+                f"structured_outputs.{key} is not one of {', '.join(KINDS)}, json_object",
+                "structured_outputs",
+            )
     for kind in KINDS:
         if kind in outputs:
             value, param, where = outputs[kind], "structured_outputs", f"structured_outputs.{kind}"
@@ -38,8 +40,11 @@ def structured_spec(body, chat: bool) -> GrammarSpec | None:
     if json_object:
         found.append(("structured_outputs", GrammarSpec("json_object", None)))
     if len(found) > 1:
-        raise bad_request(f"give one structured-output constraint, not {len(found)}: "
-                          f"{', '.join(name for name, _ in found)}", found[1][0])
+        raise bad_request(
+            f"give one structured-output constraint, not {len(found)}: "
+            f"{', '.join(name for name, _ in found)}",
+            found[1][0],
+        )
     return found[0][1] if found else None
 
 
@@ -48,14 +53,19 @@ def _response_format(response_format: dict) -> GrammarSpec | None:
     if kind == "json_schema":
         json_schema = response_format.get("json_schema")
         if not isinstance(json_schema, dict):
-            raise bad_request("response_format.json_schema must be an object with a `schema`", "response_format")
-        schema = check_json_schema(json_schema.get("schema"), "response_format", "response_format.json_schema.schema")
+            raise bad_request(
+                "response_format.json_schema must be an object with a `schema`", "response_format"
+            )
+        schema = check_json_schema(
+            json_schema.get("schema"), "response_format", "response_format.json_schema.schema"
+        )
         return GrammarSpec("json", schema)
     if kind == "json_object":
         return GrammarSpec("json_object", None)
     if kind != "text":
-        raise bad_request(f"response_format.type must be text, json_object or json_schema; got {kind!r}",
-                          "response_format")
+        raise bad_request(
+            f"response_format.type must be text, json_object or json_schema; got {kind!r}", "response_format"
+        )
     return None
 
 

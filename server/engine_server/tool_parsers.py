@@ -43,7 +43,7 @@ class _MarkedToolParser(ToolParser):
         if found is not None:
             at, marker, kept = found
             content = self.pending[:at]
-            self.calls_text = self.pending[at if kept else at + len(marker):]
+            self.calls_text = self.pending[at if kept else at + len(marker) :]
             self.dropped, self.pending = ("" if kept else marker), ""
             return content, []
         if not self.anywhere:
@@ -53,9 +53,19 @@ class _MarkedToolParser(ToolParser):
                 content, self.pending = self.pending, ""
                 return content, []
             return "", []
-        keep = max((k for m, _ in self.markers for k in range(1, min(len(m), len(self.pending) + 1))
-                    if self.pending.endswith(m[:k])), default=0)
-        content, self.pending = self.pending[:len(self.pending) - keep], self.pending[len(self.pending) - keep:]
+        keep = max(
+            (
+                k
+                for m, _ in self.markers
+                for k in range(1, min(len(m), len(self.pending) + 1))
+                if self.pending.endswith(m[:k])
+            ),
+            default=0,
+        )
+        content, self.pending = (
+            self.pending[: len(self.pending) - keep],
+            self.pending[len(self.pending) - keep :],
+        )
         return content, []
 
     def _find_marker(self) -> tuple[int, str, bool] | None:
@@ -109,9 +119,11 @@ class Llama3JsonToolParser(_MarkedToolParser):
         return calls or None
 
     def system_prompt(self, tools):
-        return ("You have access to the following functions. To call a function, respond with only a JSON "
-                'object of the form {"name": function name, "parameters": dictionary of argument name and its '
-                f"value}}. Do not use variables.\n\n{_signatures(tools)}")
+        return (
+            "You have access to the following functions. To call a function, respond with only a JSON "
+            'object of the form {"name": function name, "parameters": dictionary of argument name and its '
+            f"value}}. Do not use variables.\n\n{_signatures(tools)}"
+        )
 
 
 class MistralToolParser(_MarkedToolParser):
@@ -137,9 +149,11 @@ class MistralToolParser(_MarkedToolParser):
             return None
 
     def system_prompt(self, tools):
-        return ("[AVAILABLE_TOOLS]" + json.dumps([t.get("function", t) for t in tools]) + "[/AVAILABLE_TOOLS] "
-                'To call tools, answer with [TOOL_CALLS] followed by a JSON list of {"name": ..., '
-                '"arguments": {...}} objects.')
+        return (
+            "[AVAILABLE_TOOLS]" + json.dumps([t.get("function", t) for t in tools]) + "[/AVAILABLE_TOOLS] "
+            'To call tools, answer with [TOOL_CALLS] followed by a JSON list of {"name": ..., '
+            '"arguments": {...}} objects.'
+        )
 
 
 class PythonicToolParser(_MarkedToolParser):
@@ -164,6 +178,8 @@ class PythonicToolParser(_MarkedToolParser):
             return None
 
     def system_prompt(self, tools):
-        return ("You can call functions. To call them, respond with only a Python list of calls with keyword "
-                'arguments, e.g. [func_name(param="value", other=2)]. Available functions:\n'
-                f"{_signatures(tools)}")
+        return (
+            "You can call functions. To call them, respond with only a Python list of calls with keyword "
+            'arguments, e.g. [func_name(param="value", other=2)]. Available functions:\n'
+            f"{_signatures(tools)}"
+        )

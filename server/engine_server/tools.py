@@ -23,12 +23,14 @@ class HermesToolParser(ToolParser):
 
     def system_prompt(self, tools: list[dict]) -> str:
         signatures = "\n".join(json.dumps(t) for t in tools)
-        return ("You are a function calling AI model. You are provided with function signatures within "
-                "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
-                "Don't make assumptions about what values to plug into functions. Here are the available "
-                f"tools: <tools>\n{signatures}\n</tools>\nFor each function call return a json object with "
-                "function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
-                '<tool_call>\n{"name": <function-name>, "arguments": <args-dict>}\n</tool_call>')
+        return (
+            "You are a function calling AI model. You are provided with function signatures within "
+            "<tools></tools> XML tags. You may call one or more functions to assist with the user query. "
+            "Don't make assumptions about what values to plug into functions. Here are the available "
+            f"tools: <tools>\n{signatures}\n</tools>\nFor each function call return a json object with "
+            "function name and arguments within <tool_call></tool_call> XML tags as follows:\n"
+            '<tool_call>\n{"name": <function-name>, "arguments": <args-dict>}\n</tool_call>'
+        )
 
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
         self.buffer += text
@@ -37,23 +39,29 @@ class HermesToolParser(ToolParser):
             if not self.inside:
                 start = self.buffer.find(OPEN)
                 if start == -1:
-                    keep = next((k for k in range(min(len(OPEN) - 1, len(self.buffer)), 0, -1)
-                                 if OPEN.startswith(self.buffer[-k:])), 0)
-                    content.append(self.buffer[:len(self.buffer) - keep])
-                    self.buffer = self.buffer[len(self.buffer) - keep:]
+                    keep = next(
+                        (
+                            k
+                            for k in range(min(len(OPEN) - 1, len(self.buffer)), 0, -1)
+                            if OPEN.startswith(self.buffer[-k:])
+                        ),
+                        0,
+                    )
+                    content.append(self.buffer[: len(self.buffer) - keep])
+                    self.buffer = self.buffer[len(self.buffer) - keep :]
                     break
                 content.append(self.buffer[:start])
-                self.buffer, self.inside = self.buffer[start + len(OPEN):], True
+                self.buffer, self.inside = self.buffer[start + len(OPEN) :], True
             else:
                 end = self.buffer.find(CLOSE)
                 if end == -1:
                     break
                 call = self._parse(self.buffer[:end])
                 if call is None:
-                    content.append(OPEN + self.buffer[:end + len(CLOSE)])
+                    content.append(OPEN + self.buffer[: end + len(CLOSE)])
                 else:
                     calls.append(call)
-                self.buffer, self.inside = self.buffer[end + len(CLOSE):], False
+                self.buffer, self.inside = self.buffer[end + len(CLOSE) :], False
         return "".join(content), calls
 
     def finish(self) -> tuple[str, list[ToolCall]]:
@@ -79,8 +87,14 @@ def check_tools(tools: list[dict] | None, tool_choice) -> tuple[str, dict[str, d
     by_name = {}
     for i, tool in enumerate(tools or []):
         function = tool.get("function")
-        if tool.get("type") != "function" or not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise bad_request(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools")
+        if (
+            tool.get("type") != "function"
+            or not isinstance(function, dict)
+            or not isinstance(function.get("name"), str)
+        ):
+            raise bad_request(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ...}}}}", "tools"
+            )
         if function.get("parameters") is not None:
             check_json_schema(function["parameters"], "tools", f"tools[{i}].function.parameters")
         by_name[function["name"]] = function
@@ -90,15 +104,21 @@ def check_tools(tools: list[dict] | None, tool_choice) -> tuple[str, dict[str, d
         function = tool_choice.get("function")
         name = function.get("name") if isinstance(function, dict) else None
         if tool_choice.get("type", "function") != "function" or not isinstance(name, str):
-            raise bad_request("a named tool_choice must be {'type': 'function', 'function': {'name': ...}}",
-                              "tool_choice")
+            raise bad_request(
+                "a named tool_choice must be {'type': 'function', 'function': {'name': ...}}", "tool_choice"
+            )
         if name not in by_name:
-            raise bad_request(f"tool_choice names {name!r}, which is not among the tools "
-                              f"({', '.join(by_name) or 'none given'})", "tool_choice")
+            raise bad_request(
+                f"tool_choice names {name!r}, which is not among the tools "
+                f"({', '.join(by_name) or 'none given'})",
+                "tool_choice",
+            )
         return f"named:{name}", by_name
     if tool_choice not in ("none", "auto", "required"):
-        raise bad_request(f"tool_choice must be none, auto, required or a named function; got {tool_choice!r}",
-                          "tool_choice")
+        raise bad_request(
+            f"tool_choice must be none, auto, required or a named function; got {tool_choice!r}",
+            "tool_choice",
+        )
     if tool_choice == "required" and not by_name:
         raise bad_request("tool_choice=required needs at least one tool", "tool_choice")
     return tool_choice, by_name
@@ -111,10 +131,18 @@ def tool_grammar(mode: str, tools: dict[str, dict], parallel: bool) -> GrammarSp
         return GrammarSpec("json", tools[mode[6:]].get("parameters") or {"type": "object"})
     if mode != "required":
         return None
-    options = [{"type": "object", "additionalProperties": False, "required": ["name", "arguments"],
-                "properties": {"name": {"enum": [name]},
-                               "arguments": function.get("parameters") or {"type": "object"}}}
-               for name, function in tools.items()]
+    options = [
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["name", "arguments"],
+            "properties": {
+                "name": {"enum": [name]},
+                "arguments": function.get("parameters") or {"type": "object"},
+            },
+        }
+        for name, function in tools.items()
+    ]
     schema = {"type": "array", "minItems": 1, "items": {"anyOf": options}}
     if not parallel:
         schema["maxItems"] = 1
@@ -122,8 +150,12 @@ def tool_grammar(mode: str, tools: dict[str, dict], parallel: bool) -> GrammarSp
 
 
 def _call_delta(index: int, call: ToolCall) -> dict:
-    return {"index": index, "id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": call.name, "arguments": call.arguments}}
+    return {
+        "index": index,
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    }
 
 
 class ChatOutput:
@@ -131,8 +163,9 @@ class ChatOutput:
     reasoning parser, its reasoning goes to ``reasoning_content`` and only the answer after
     it is content (and parsed for tool calls)."""
 
-    def __init__(self, mode: str, parser: ToolParser | None, parallel: bool,
-                 reasoning: ReasoningParser | None = None):
+    def __init__(
+        self, mode: str, parser: ToolParser | None, parallel: bool, reasoning: ReasoningParser | None = None
+    ):
         self.mode, self.parser, self.parallel, self.reasoning = mode, parser, parallel, reasoning
         self.calls: list[ToolCall] = []
         self._text = ""
@@ -148,7 +181,9 @@ class ChatOutput:
         return tail + self._finish_answer()
 
     def _split(self, thought: str, answer: str) -> list[dict]:
-        return ([{"reasoning_content": thought}] if thought else []) + (self._answer(answer) if answer else [])
+        return ([{"reasoning_content": thought}] if thought else []) + (
+            self._answer(answer) if answer else []
+        )
 
     def _answer(self, text: str) -> list[dict]:
         self._text += text
@@ -156,7 +191,11 @@ class ChatOutput:
             first = not self.calls
             if first:
                 self.calls.append(ToolCall(self.mode[6:], ""))
-            head = {"id": self._named_id, "type": "function", "function": {"name": self.mode[6:], "arguments": text}}
+            head = {
+                "id": self._named_id,
+                "type": "function",
+                "function": {"name": self.mode[6:], "arguments": text},
+            }
             return [{"tool_calls": [{"index": 0, **(head if first else {"function": {"arguments": text}})}]}]
         if self.mode == "required":
             return []  # emitted whole once the array is complete
@@ -174,7 +213,7 @@ class ChatOutput:
 
     def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict]:
         if not self.parallel:
-            calls = calls[:max(0, 1 - len(self.calls))]
+            calls = calls[: max(0, 1 - len(self.calls))]
         out = [{"content": content}] if content else []
         for call in calls:
             out.append({"tool_calls": [_call_delta(len(self.calls), call)]})
@@ -197,8 +236,13 @@ class ChatOutput:
             message["reasoning_content"] = "".join(d.get("reasoning_content", "") for d in deltas) or None
         if self.mode.startswith("named:"):
             message["content"] = None
-            message["tool_calls"] = [{"id": self._named_id, "type": "function",
-                                      "function": {"name": self.mode[6:], "arguments": self._text}}]
+            message["tool_calls"] = [
+                {
+                    "id": self._named_id,
+                    "type": "function",
+                    "function": {"name": self.mode[6:], "arguments": self._text},
+                }
+            ]
         elif self.calls:
             message["tool_calls"] = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
         return message

@@ -54,7 +54,11 @@ def decode_body(data: bytes, body_type, allow_unknown: bool = False):
         return msgspec.convert(raw, type=body_type)
     except msgspec.ValidationError as exc:
         message = str(exc)
-        param = message.rsplit("at `$.", 1)[-1].rstrip("`").split("[")[0].split(".")[0] if "at `$." in message else None
+        param = (
+            message.rsplit("at `$.", 1)[-1].rstrip("`").split("[")[0].split(".")[0]
+            if "at `$." in message
+            else None
+        )
         raise bad_request(f"invalid request: {message}", param) from None
 
 
@@ -62,12 +66,16 @@ def check_known_fields(raw: dict, body_type) -> None:
     """A field the server does not implement is refused rather than silently ignored (a
     client setting ``logit_bias`` must not get a 200 that ignored it); ``null`` counts as
     not set."""
-    unknown = sorted(name for name, value in raw.items()
-                     if value is not None and name not in body_type.__struct_fields__)
+    unknown = sorted(
+        name for name, value in raw.items() if value is not None and name not in body_type.__struct_fields__
+    )
     if unknown:
-        raise bad_request(f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: this server "
-                          "does not implement it (start it with --allow-unknown-fields to ignore such fields)",
-                          unknown[0], code="unsupported_field")
+        raise bad_request(
+            f"unsupported field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}: this server "
+            "does not implement it (start it with --allow-unknown-fields to ignore such fields)",
+            unknown[0],
+            code="unsupported_field",
+        )
 
 
 def check_depth(value, param: str, limit: int = MAX_JSON_DEPTH) -> None:

@@ -29,15 +29,20 @@ def test_depth_limit_names_the_field_and_survives_any_depth():
     with pytest.raises(APIError, match="deeper than 64") as error:
         decode_body(b'{"prompt": ' + b"[" * 20_000 + b"]" * 20_000 + b"}", CompletionRequest)
     with pytest.raises(APIError) as error:
-        decode_body(b'{"prompt": "x", "guided_json": ' + b'{"a": ' * 70 + b"1" + b"}" * 70 + b"}", CompletionRequest)
+        decode_body(
+            b'{"prompt": "x", "guided_json": ' + b'{"a": ' * 70 + b"1" + b"}" * 70 + b"}", CompletionRequest
+        )
     assert error.value.param == "guided_json"
 
 
 def test_schema_checked_against_its_meta_schema():
     assert check_json_schema({"type": "object", "properties": {"a": {"pattern": r"\p{L}+"}}}, "p")
-    for bad, text in [({"type": "nope"}, "invalid json schema in p['type']"), ("x", "must be a JSON schema object"),
-                      ({"$schema": 5}, "$schema must be a string"),
-                      ({"properties": {"a": {"minimum": "zero"}}}, "['properties']['a']['minimum']")]:
+    for bad, text in [
+        ({"type": "nope"}, "invalid json schema in p['type']"),
+        ("x", "must be a JSON schema object"),
+        ({"$schema": 5}, "$schema must be a string"),
+        ({"properties": {"a": {"minimum": "zero"}}}, "['properties']['a']['minimum']"),
+    ]:
         with pytest.raises(APIError) as error:
             check_json_schema(bad, "p")
         assert text in error.value.message and error.value.status == 400
@@ -82,12 +87,17 @@ class _Client:
 
 def test_500_body_is_a_request_id_and_the_log_has_the_details(caplog):
     state = ServerState(_Client(), _FailingTokenizer(), "m", 64, 100, metrics=None, api_key="k")
-    with TestClient(build_app(state), raise_server_exceptions=False) as http, \
-            caplog.at_level(logging.ERROR, logger="engine_server"):
+    with (
+        TestClient(build_app(state), raise_server_exceptions=False) as http,
+        caplog.at_level(logging.ERROR, logger="engine_server"),
+    ):
         response = http.post("/tokenize", json={"prompt": "hi"}, headers={"Authorization": "Bearer k"})
         refused = http.post("/tokenize", json={"prompt": "hi"})
-        plain = http.post("/tokenize", content=b'{"prompt": "hi"}',
-                          headers={"Authorization": "Bearer k", "Content-Type": "text/plain"})
+        plain = http.post(
+            "/tokenize",
+            content=b'{"prompt": "hi"}',
+            headers={"Authorization": "Bearer k", "Content-Type": "text/plain"},
+        )
     assert response.status_code == 500
     error = response.json()["error"]
     assert error["message"].startswith("internal error (request id err-") and "secret" not in response.text

@@ -7,8 +7,12 @@ import pytest
 from engine_server.reasoning import DeepSeekR1ReasoningParser, Qwen3ReasoningParser
 
 CASES = [
-    (DeepSeekR1ReasoningParser, "Let me think. 2+2=4.</think>\n\nThe answer is 4.", "Let me think. 2+2=4.",
-     "\n\nThe answer is 4."),  # as generated after the tag, as vLLM returns it
+    (
+        DeepSeekR1ReasoningParser,
+        "Let me think. 2+2=4.</think>\n\nThe answer is 4.",
+        "Let me think. 2+2=4.",
+        "\n\nThe answer is 4.",
+    ),  # as generated after the tag, as vLLM returns it
     (DeepSeekR1ReasoningParser, "<think>Hmm.</think>Four.", "Hmm.", "Four."),
     (DeepSeekR1ReasoningParser, "Still thinking when cut off", "Still thinking when cut off", ""),
     (Qwen3ReasoningParser, "<think>\nShort.\n</think>\n\nFour.", "\nShort.\n", "\n\nFour."),

@@ -14,15 +14,38 @@ WEATHER = ToolCall("get_weather", json.dumps({"city": "Paris", "days": 3}))
 TIME = ToolCall("get_time", json.dumps({}))
 
 CASES = [
-    (Llama3JsonToolParser, '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}', "", [WEATHER]),
-    (Llama3JsonToolParser, ('<|python_tag|>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}; '
-                           '{"name": "get_time", "parameters": {}}'), "", [WEATHER, TIME]),
+    (
+        Llama3JsonToolParser,
+        '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}',
+        "",
+        [WEATHER],
+    ),
+    (
+        Llama3JsonToolParser,
+        (
+            '<|python_tag|>{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}; '
+            '{"name": "get_time", "parameters": {}}'
+        ),
+        "",
+        [WEATHER, TIME],
+    ),
     (Llama3JsonToolParser, "Paris is sunny {not a call}", "Paris is sunny {not a call}", []),
     (Llama3JsonToolParser, '  {"oops": 1}', '  {"oops": 1}', []),
-    (MistralToolParser, ('Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
-                        '"days": 3}}, {"name": "get_time", "arguments": {}}]'), "Let me check.", [WEATHER, TIME]),
-    (MistralToolParser, '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}[TOOL_CALLS]get_time[ARGS]{}',
-     "", [WEATHER, TIME]),
+    (
+        MistralToolParser,
+        (
+            'Let me check.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", '
+            '"days": 3}}, {"name": "get_time", "arguments": {}}]'
+        ),
+        "Let me check.",
+        [WEATHER, TIME],
+    ),
+    (
+        MistralToolParser,
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris", "days": 3}[TOOL_CALLS]get_time[ARGS]{}',
+        "",
+        [WEATHER, TIME],
+    ),
     (MistralToolParser, "No tools [TOOL] needed.", "No tools [TOOL] needed.", []),
     (MistralToolParser, "[TOOL_CALLS]broken", "[TOOL_CALLS]broken", []),
     (PythonicToolParser, '[get_weather(city="Paris", days=3), get_time()]', "", [WEATHER, TIME]),

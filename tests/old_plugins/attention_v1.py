@@ -41,7 +41,7 @@ class NaiveAttention(AttentionBackend):
     def _attend(self, q, kv, seq_len: int):
         group = self.spec.num_heads // self.spec.num_kv_heads
         keys, values = (t.repeat_interleave(group, dim=1).float() for t in kv)
-        scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * self.spec.head_dim ** -0.5
+        scores = torch.einsum("qhd,khd->hqk", q.float(), keys) * self.spec.head_dim**-0.5
         query_pos = seq_len - q.shape[0] + torch.arange(q.shape[0], device=q.device)
         future = torch.arange(seq_len, device=q.device)[None, :] > query_pos[:, None]
         scores.masked_fill_(future, float("-inf"))

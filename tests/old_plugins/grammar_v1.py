@@ -28,7 +28,7 @@ class ChoiceGrammar(Grammar):
     def accept_tokens(self, token_ids):
         for count, token in enumerate(token_ids):
             if token not in self._next():
-                del self.tokens[len(self.tokens) - count:]
+                del self.tokens[len(self.tokens) - count :]
                 return False
             self.tokens.append(token)
         return True
@@ -40,7 +40,7 @@ class ChoiceGrammar(Grammar):
             bitmask[row, word] |= (1 << bit) if bit < 31 else -(1 << 31)  # int32: bit 31 is the sign
 
     def rollback(self, num_tokens):
-        del self.tokens[len(self.tokens) - num_tokens:]
+        del self.tokens[len(self.tokens) - num_tokens :]
 
     def is_terminated(self):
         return self.tokens in self.choices

@@ -29,8 +29,11 @@ class MemoryConnector(KVConnector):
         self.pending = []  # (saved key, first block index, destination block ids)
 
     def _best(self, tokens, num_computed):
-        keys = [k for k in STORE
-                if len(k) > num_computed and len(k) < len(tokens) and tuple(tokens[:len(k)]) == k]
+        keys = [
+            k
+            for k in STORE
+            if len(k) > num_computed and len(k) < len(tokens) and tuple(tokens[: len(k)]) == k
+        ]
         return max(keys, key=len, default=None)
 
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
@@ -44,9 +47,9 @@ class MemoryConnector(KVConnector):
         self.pending.append((key, first, block_ids[first:last]))
 
     def request_finished(self, request, block_ids):
-        full = (request.num_prompt_tokens // self.block_size)
+        full = request.num_prompt_tokens // self.block_size
         if full and self.caches:
-            key = tuple(request.prompt_token_ids[:full * self.block_size])
+            key = tuple(request.prompt_token_ids[: full * self.block_size])
             ids = torch.tensor(block_ids[:full])
             STORE[key] = [cache.index_select(self.block_dim, ids) for cache in self.caches]
         return False
@@ -58,6 +61,9 @@ class MemoryConnector(KVConnector):
         for key, first, blocks in self.pending:
             saved = torch.arange(first, first + len(blocks))
             for layer, cache in enumerate(self.caches):
-                cache.index_copy_(self.block_dim, torch.tensor(blocks),
-                                  STORE[key][layer].index_select(self.block_dim, saved))
+                cache.index_copy_(
+                    self.block_dim,
+                    torch.tensor(blocks),
+                    STORE[key][layer].index_select(self.block_dim, saved),
+                )
         self.pending.clear()

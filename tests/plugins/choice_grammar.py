@@ -41,7 +41,7 @@ class ChoiceGrammar(Grammar):
             bitmask[row, t // 32] |= (1 << (t % 32)) if t % 32 < 31 else -(1 << 31)
 
     def rollback(self, num_tokens):
-        del self.tokens[len(self.tokens) - num_tokens:]
+        del self.tokens[len(self.tokens) - num_tokens :]
 
     def is_terminated(self):
         return self.tokens[-1:] == [self.eos]

@@ -18,7 +18,9 @@ def register_quant_methods(register):
 
 class FakeInt8(QuantMethod):
     def create_weights(self, layer, input_size, output_sizes):
-        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False)
+        weight = nn.Parameter(
+            torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False
+        )
         weight.output_dim = 0
         layer.register_parameter("weight", weight)
 

@@ -35,5 +35,7 @@ class ContiguousQueryBackend(TorchAttentionBackend):
     name = "test-contiguous-q"
 
     def forward(self, query, key, value, kv_cache, metadata):
-        dense = torch.as_strided(query, query.shape, torch.empty(query.shape).stride(), query.storage_offset())
+        dense = torch.as_strided(
+            query, query.shape, torch.empty(query.shape).stride(), query.storage_offset()
+        )
         return super().forward(dense, key, value, kv_cache, metadata)

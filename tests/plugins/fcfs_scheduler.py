@@ -61,8 +61,10 @@ class FCFSScheduler(Scheduler):
     def _run(self, request: Request, budget: int, preempted: list[str]) -> ScheduledRequest | None:
         num_new = min(request.num_tokens - request.num_computed_tokens, budget)
         done = request.num_computed_tokens + num_new == request.num_tokens
-        drafts = tuple(request.spec_token_ids[:budget - num_new]) if done else ()
-        while not self.ctx.kv_cache_manager.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts)):
+        drafts = tuple(request.spec_token_ids[: budget - num_new]) if done else ()
+        while not self.ctx.kv_cache_manager.allocate_slots(
+            request, num_new, num_lookahead_tokens=len(drafts)
+        ):
             victim = self.running.pop()
             self.ctx.kv_cache_manager.free(victim)
             victim.status, victim.num_computed_tokens = RequestStatus.PREEMPTED, 0

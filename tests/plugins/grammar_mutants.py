@@ -24,7 +24,7 @@ class OrBits(Mutant):
     everything on the engine's all-allowed (-1) rows."""
 
     def fill_bitmask(self, bitmask, row):
-        mine = torch.zeros_like(bitmask[row:row + 1])
+        mine = torch.zeros_like(bitmask[row : row + 1])
         self.matcher.fill_next_token_bitmask(mine)
         bitmask[row] |= mine[0]
 
@@ -37,7 +37,7 @@ class TokenizerWidth(Mutant):
         self.words = -(-vocab // 32)
 
     def fill_bitmask(self, bitmask, row):
-        self.matcher.fill_next_token_bitmask(bitmask[row:row + 1, :self.words])
+        self.matcher.fill_next_token_bitmask(bitmask[row : row + 1, : self.words])
 
 
 class EndsWhenItCould(Mutant):

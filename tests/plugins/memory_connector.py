@@ -87,8 +87,9 @@ class MemoryConnector(KVConnector):
         if self.asynchronous:
             self.in_flight, now = now, []
         failed = self._copy_in(landed + now)
-        self.report = KVTransferReport(finished_loading=frozenset(rid for rid, _, _ in landed),
-                                       failed_blocks=frozenset(failed))
+        self.report = KVTransferReport(
+            finished_loading=frozenset(rid for rid, _, _ in landed), failed_blocks=frozenset(failed)
+        )
 
     def _copy_in(self, loads) -> list[int]:
         failed = []

@@ -25,8 +25,8 @@ class OracleDrafter(Drafter):
             tokens = list(r.token_ids)
             draft = []
             for full in self.continuations:
-                if full[:len(tokens)] == tokens:
-                    draft = full[len(tokens):len(tokens) + r.max_tokens]
+                if full[: len(tokens)] == tokens:
+                    draft = full[len(tokens) : len(tokens) + r.max_tokens]
                     break
             self.calls += 1
             if draft and self.calls % self.corrupt_every == 0:

@@ -85,10 +85,11 @@ class _GroupState:
         return 0 if self.window is None else max(0, num_computed - self.window + 1) // self.block_size
 
     def out_of_window(self, table: list[int], num_computed: int) -> list[int]:
-        return [b for b in table[:self.first_needed(num_computed)] if b != NULL_BLOCK]
+        return [b for b in table[: self.first_needed(num_computed)] if b != NULL_BLOCK]
 
-    def shortfall(self, table: list[int], computed: list[int], num_computed: int, total: int,
-                  watermark: bool) -> tuple[int, bool]:
+    def shortfall(
+        self, table: list[int], computed: list[int], num_computed: int, total: int, watermark: bool
+    ) -> tuple[int, bool]:
         """(blocks to take, whether the pool can give them with those it may free now)."""
         needed = max(0, -(-total // self.block_size) - len(table) - len(computed))
         revived = sum(1 for b in computed if b != NULL_BLOCK and self.pool.ref_cnt[b] == 0)
@@ -104,7 +105,7 @@ class _GroupState:
         if dropped:
             self.pool.release(dropped[::-1])  # oldest first into the free queue
             self.freed_by_window += len(dropped)
-            table[:self.first_needed(num_computed)] = [NULL_BLOCK] * self.first_needed(num_computed)
+            table[: self.first_needed(num_computed)] = [NULL_BLOCK] * self.first_needed(num_computed)
         table.extend(self.pool.take(needed))
         self.peak = max(self.peak, self.num_blocks - 1 - len(self.pool.free))
         return table
@@ -140,8 +141,10 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.caching = config.cache.enable_prefix_caching
         events = getattr(config, "kv_events_config", None)
         self._events: list | None = [] if self.caching and events is not None and events.publishing else None
-        self._groups = [_GroupState(g, self.block_size, config.cache.watermark, self._events if i == 0 else None)
-                        for i, g in enumerate(self.groups)]
+        self._groups = [
+            _GroupState(g, self.block_size, config.cache.watermark, self._events if i == 0 else None)
+            for i, g in enumerate(self.groups)
+        ]
         self._requests: set[str] = set()
         self._num_hashed: dict[str, int] = {}  # leading blocks of a request already in the cache
         self._queries = self._hits = 0
@@ -152,11 +155,13 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def get_computed_blocks(self, request) -> tuple[list, int]:
         if not self.caching:
             return [], 0
-        hashes = self._hashes(request)[:(request.num_tokens - 1) // self.block_size]
+        hashes = self._hashes(request)[: (request.num_tokens - 1) // self.block_size]
         longest = len(hashes)
         for group in self._groups:
             if group.window is None:
-                longest = next((i for i, h in enumerate(hashes[:longest]) if h not in group.pool.cached), longest)
+                longest = next(
+                    (i for i, h in enumerate(hashes[:longest]) if h not in group.pool.cached), longest
+                )
         for n in range(longest, 0, -1):
             per_group = [g.hit(hashes, n) for g in self._groups]
             if None not in per_group:
@@ -164,20 +169,31 @@ class PrefixCachingKVCacheManager(KVCacheManager):
                 return blocks, n * self.block_size
         return [], 0
 
-    def allocate_slots(self, request, num_new_tokens, computed_blocks=(), num_lookahead_tokens=0,
-                       watermark=False, delay_cache=False) -> bool:
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens,
+        computed_blocks=(),
+        num_lookahead_tokens=0,
+        watermark=False,
+        delay_cache=False,
+    ) -> bool:
         rid = request.request_id
         first = rid not in self._requests
         per_group = self._split(computed_blocks)
         num_computed = request.num_computed_tokens + len(computed_blocks) * self.block_size
         total = num_computed + num_new_tokens + num_lookahead_tokens
-        plans = [g.shortfall(g.tables.get(rid, []), computed, num_computed, total, watermark)
-                 for g, computed in zip(self._groups, per_group)]
+        plans = [
+            g.shortfall(g.tables.get(rid, []), computed, num_computed, total, watermark)
+            for g, computed in zip(self._groups, per_group)
+        ]
         if not all(ok for _, ok in plans):
             return False
         self._requests.add(rid)
-        tables = [g.extend(rid, computed, needed, num_computed)
-                  for g, computed, (needed, _) in zip(self._groups, per_group, plans)]
+        tables = [
+            g.extend(rid, computed, needed, num_computed)
+            for g, computed, (needed, _) in zip(self._groups, per_group, plans)
+        ]
         if first:
             self._queries += request.num_tokens
             self._hits += len(computed_blocks) * self.block_size
@@ -189,7 +205,11 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         """Computed blocks per group (with groups, each entry holds one block per group)."""
         if len(self._groups) == 1:
             return [list(computed_blocks)]
-        return [list(column) for column in zip(*computed_blocks)] if computed_blocks else [[]] * len(self._groups)
+        return (
+            [list(column) for column in zip(*computed_blocks)]
+            if computed_blocks
+            else [[]] * len(self._groups)
+        )
 
     def _cache_full_blocks(self, request, tables: list[list[int]], num_tokens: int) -> None:
         rid = request.request_id
@@ -212,9 +232,12 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             else:
                 runs.append([index])
         for run in runs:
-            tokens = request.all_token_ids[run[0] * bs:(run[-1] + 1) * bs]
-            self._events.append(BlockStored(tuple(hashes[i] for i in run), hashes[run[0] - 1] if run[0] else None,
-                                            tuple(tokens), bs))
+            tokens = request.all_token_ids[run[0] * bs : (run[-1] + 1) * bs]
+            self._events.append(
+                BlockStored(
+                    tuple(hashes[i] for i in run), hashes[run[0] - 1] if run[0] else None, tuple(tokens), bs
+                )
+            )
 
     def free(self, request) -> None:
         self._num_hashed.pop(request.request_id, None)
@@ -262,5 +285,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def stats(self) -> dict[str, int]:
         """``prefix_queries`` and ``prefix_hits`` (tokens), and ``window_freed_blocks``: blocks
         freed because every window had passed them."""
-        return {"prefix_queries": self._queries, "prefix_hits": self._hits,
-                "window_freed_blocks": sum(g.freed_by_window for g in self._groups)}
+        return {
+            "prefix_queries": self._queries,
+            "prefix_hits": self._hits,
+            "window_freed_blocks": sum(g.freed_by_window for g in self._groups),
+        }

@@ -81,8 +81,9 @@ class SafetensorsLoader(ModelLoader):
         for handle, name in self._names():
             yield name, handle.get_tensor(name)
 
-    def iter_weight_slices(self, hf_config,
-                           keep_quantized: bool = False) -> Iterator[tuple[str, SafetensorsSlice]]:
+    def iter_weight_slices(
+        self, hf_config, keep_quantized: bool = False
+    ) -> Iterator[tuple[str, SafetensorsSlice]]:
         for handle, name in self._names():
             yield name, SafetensorsSlice(handle, name, self)
 

@@ -65,8 +65,10 @@ class DefaultScheduler(Scheduler):
         cap = self.cfg.max_queued_requests
         if cap and len(self.waiting) >= cap:
             self._rejected["rejected_queue_full"] += 1
-            raise Overloaded(f"overloaded: {len(self.waiting)} requests are queued already "
-                             f"(max_queued_requests={cap}); retry later")
+            raise Overloaded(
+                f"overloaded: {len(self.waiting)} requests are queued already "
+                f"(max_queued_requests={cap}); retry later"
+            )
         bisect.insort(self.waiting, request, key=self._order)
         if self.cfg.max_queue_wait:
             self._deadlines.append((time.monotonic() + self.cfg.max_queue_wait, request))
@@ -123,7 +125,7 @@ class DefaultScheduler(Scheduler):
         drafts: list[int] = []
         if request.num_computed_tokens + num_new == request.num_tokens:
             room = min(budget - num_new, self.max_model_len - request.num_tokens)
-            drafts = request.spec_token_ids[:max(0, room)]
+            drafts = request.spec_token_ids[: max(0, room)]
         taken = {s.request.request_id for s in scheduled}
         while not self.kv.allocate_slots(request, num_new, num_lookahead_tokens=len(drafts)):
             victim = max((r for r in self.running if r.request_id not in taken), key=self._order)

@@ -23,9 +23,22 @@ _LAZY = {
     "Ready": "engine.client.protocol",
 }
 
-__all__ = ["AsyncEngine", "AsyncMPClient", "Delta", "EngineCoreClient", "EngineDead", "InProcessClient",
-           "OutputProcessor", "Outputs", "Ready", "RequestHandle", "RequestState", "SequenceOutput",
-           "ShutdownCut", "request_output"]  # the names _LAZY serves
+__all__ = [
+    "AsyncEngine",
+    "AsyncMPClient",
+    "Delta",
+    "EngineCoreClient",
+    "EngineDead",
+    "InProcessClient",
+    "OutputProcessor",
+    "Outputs",
+    "Ready",
+    "RequestHandle",
+    "RequestState",
+    "SequenceOutput",
+    "ShutdownCut",
+    "request_output",
+]  # the names _LAZY serves
 
 
 def __getattr__(name):

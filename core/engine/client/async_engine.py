@@ -55,8 +55,13 @@ class RequestHandle:
 
 
 class AsyncEngine:
-    def __init__(self, engine_options: dict, on_death: Callable[[str], None] | None = None,
-                 cpus: set[int] | None = None, rank: int = 0):
+    def __init__(
+        self,
+        engine_options: dict,
+        on_death: Callable[[str], None] | None = None,
+        cpus: set[int] | None = None,
+        rank: int = 0,
+    ):
         """``cpus``: the CPUs the core is pinned to (None: this process's); ``rank``: its place
         among the front end's data-parallel cores."""
         self.core = AsyncMPClient(engine_options, cpus, rank)
@@ -75,8 +80,13 @@ class AsyncEngine:
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
         return ready
 
-    def submit(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
-               kv_transfer_params: dict | None = None) -> RequestHandle:
+    def submit(
+        self,
+        children: list[Child],
+        priority: int = 0,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
+    ) -> RequestHandle:
         if self.dead:
             raise EngineDead(self.dead)
         handle = RequestHandle(self, [rid for rid, _, _ in children])

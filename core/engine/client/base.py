@@ -20,8 +20,13 @@ class EngineCoreClient(ABC):
     ready: Ready | None  # the core's facts (model, context, vocabulary, defaults), once it started
 
     @abstractmethod
-    def add(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
-            kv_transfer_params: dict | None = None) -> None:
+    def add(
+        self,
+        children: list[Child],
+        priority: int = 0,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
+    ) -> None:
         """Queue the engine requests of one front-end request (its prompts and samples), all
         before the core's next step, so they start together."""
 

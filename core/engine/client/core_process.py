@@ -46,8 +46,14 @@ class APIGone(RuntimeError):
 
 
 class CoreServer:
-    def __init__(self, client: InProcessClient, input_addr: str, output_addr: str, parent_pid: int,
-                 data_parallel_rank: int = 0):
+    def __init__(
+        self,
+        client: InProcessClient,
+        input_addr: str,
+        output_addr: str,
+        parent_pid: int,
+        data_parallel_rank: int = 0,
+    ):
         self.client = client
         self.core = core = client.core
         events = core.config.kv_events_config
@@ -88,8 +94,15 @@ class CoreServer:
                 child = (message.request_id, message.prompt_token_ids, kind.from_dict(message.params))
                 self.client.add([child], message.priority, message.cache_salt, message.kv_transfer_params)
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
-                failed.append(protocol.Delta(message.request_id, [], finish_reason="error", error=str(exc),
-                                             error_code=getattr(exc, "code", None)))
+                failed.append(
+                    protocol.Delta(
+                        message.request_id,
+                        [],
+                        finish_reason="error",
+                        error=str(exc),
+                        error_code=getattr(exc, "code", None),
+                    )
+                )
         elif isinstance(message, protocol.Abort):
             self.client.abort(message.request_ids)
         elif isinstance(message, protocol.Shutdown):
@@ -155,8 +168,13 @@ def main(argv=None) -> int:
     parser.add_argument("--output", required=True)
     parser.add_argument("--options", required=True, help="engine options as JSON")
     parser.add_argument("--parent-pid", type=int, required=True, help="the API process: we exit with it")
-    parser.add_argument("--data-parallel-rank", type=int, default=0, help="this core's place among the "
-                        "server's data-parallel cores (its KV events' rank and endpoint offset)")
+    parser.add_argument(
+        "--data-parallel-rank",
+        type=int,
+        default=0,
+        help="this core's place among the "
+        "server's data-parallel cores (its KV events' rank and endpoint offset)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level="WARNING", format="%(levelname)s engine-core: %(message)s")
     _ignore_stop_signals()

@@ -33,11 +33,11 @@ class IncrementalDetokenizer:
         if self.tokenizer is None:
             return None
         self.token_ids += token_ids
-        before = self._decode(self.token_ids[self._prefix:self._read])
-        after = self._decode(self.token_ids[self._prefix:])
+        before = self._decode(self.token_ids[self._prefix : self._read])
+        after = self._decode(self.token_ids[self._prefix :])
         if len(after) <= len(before) or after.endswith("\ufffd"):
             return None
-        new = after[len(before):]
+        new = after[len(before) :]
         self._prefix = max(self._read, len(self.token_ids) - _WINDOW)
         self._read = len(self.token_ids)
         old_len = len(self.text)
@@ -49,7 +49,7 @@ class IncrementalDetokenizer:
             start = max(0, old_len - len(stop) + 1)
             index = self.text.find(stop, start)
             if index != -1:
-                self.text = self.text[:index + (len(stop) if self.include_stop else 0)]
+                self.text = self.text[: index + (len(stop) if self.include_stop else 0)]
                 self.stop_string = stop
                 return stop
         return None

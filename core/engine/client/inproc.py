@@ -36,21 +36,43 @@ class InProcessClient(EngineCoreClient):
     def ready(self) -> Ready:
         core, hf = self.core, self.core.hf_config
         matryoshka, dimensions = matryoshka_of(hf)
-        return Ready(core.config.model.model, core.max_model_len, hf.vocab_size, core.eos_token_id,
-                     core.default_sampling_params, core.cache_info(), core.runner_kind, core.embedding_size,
-                     matryoshka, list(dimensions) if dimensions else None)
+        return Ready(
+            core.config.model.model,
+            core.max_model_len,
+            hf.vocab_size,
+            core.eos_token_id,
+            core.default_sampling_params,
+            core.cache_info(),
+            core.runner_kind,
+            core.embedding_size,
+            matryoshka,
+            list(dimensions) if dimensions else None,
+        )
 
     def validate(self, prompt_token_ids: list[int], params, priority: int = 0) -> None:
         """What :meth:`add` would refuse, raised before anything is queued."""
         self.core.validate(prompt_token_ids, params, priority)
 
-    def add(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
-            kv_transfer_params: dict | None = None) -> None:
+    def add(
+        self,
+        children: list[Child],
+        priority: int = 0,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
+    ) -> None:
         """Raises what the core refuses (ValueError, :class:`engine.messages.step.Overloaded`) for the
         first child it refuses; the children before it stay queued."""
         for request_id, prompt, params in children:
-            self.core.add_request(Request(request_id, prompt, params, priority=priority,
-                                          cache_salt=cache_salt, kv_transfer_params=kv_transfer_params))
+            self.core.add_request(
+                Request(
+                    request_id,
+                    prompt,
+                    params,
+                    priority=priority,
+                    cache_salt=cache_salt,
+                    kv_transfer_params=kv_transfer_params,
+                )
+            )
             self._prompt_lengths[request_id] = len(prompt)
 
     def abort(self, request_ids: list[str]) -> None:
@@ -70,12 +92,22 @@ class InProcessClient(EngineCoreClient):
 
     def _delta(self, out: EngineOutput) -> Delta:
         self._count(out)
-        return Delta(out.request_id, out.new_token_ids, _entries(out.new_logprobs),
-                     _entries(out.new_prompt_logprobs), out.finish_reason, out.stop_reason,
-                     out.num_cached_tokens, out.error, out.error_code,
-                     None if out.timing is None else (out.timing.queue, out.timing.prefill),
-                     None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes(),
-                     out.kv_transfer_params, out.num_draft_tokens, out.num_accepted_tokens)
+        return Delta(
+            out.request_id,
+            out.new_token_ids,
+            _entries(out.new_logprobs),
+            _entries(out.new_prompt_logprobs),
+            out.finish_reason,
+            out.stop_reason,
+            out.num_cached_tokens,
+            out.error,
+            out.error_code,
+            None if out.timing is None else (out.timing.queue, out.timing.prefill),
+            None if out.pooled is None else out.pooled.numpy().astype("<f4").tobytes(),
+            out.kv_transfer_params,
+            out.num_draft_tokens,
+            out.num_accepted_tokens,
+        )
 
     def _count(self, out: EngineOutput) -> None:
         """Tokens through the engine: a prompt counts once its first token (or its vector) came."""
@@ -87,14 +119,21 @@ class InProcessClient(EngineCoreClient):
 
     def stats(self) -> EngineStats:
         counters = self.core.stats()
-        per_pos = sorted((int(key[len(ACCEPTED_AT):]), n) for key, n in counters.items()
-                         if key.startswith(ACCEPTED_AT))
-        per_step = TokensPerStep(tuple((le, int(n)) for le, n in step_token_buckets(counters)),
-                                 int(counters.get(f"{STEP_TOKENS}_sum", 0)))
+        per_pos = sorted(
+            (int(key[len(ACCEPTED_AT) :]), n) for key, n in counters.items() if key.startswith(ACCEPTED_AT)
+        )
+        per_step = TokensPerStep(
+            tuple((le, int(n)) for le, n in step_token_buckets(counters)),
+            int(counters.get(f"{STEP_TOKENS}_sum", 0)),
+        )
         numbers = {key: _NUMBERS[key](value) for key, value in counters.items() if key in _NUMBERS}
-        return EngineStats(**numbers, prompt_tokens=self._prompt_tokens,
-                           generation_tokens=self._generation_tokens, tokens_per_step=per_step,
-                           spec_accepted_per_pos=tuple(int(n) for _, n in per_pos))
+        return EngineStats(
+            **numbers,
+            prompt_tokens=self._prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            tokens_per_step=per_step,
+            spec_accepted_per_pos=tuple(int(n) for _, n in per_pos),
+        )
 
     def shutdown(self) -> None:
         self.core.shutdown()

@@ -55,8 +55,13 @@ class KVEventBatch(msgspec.Struct, array_like=True, omit_defaults=True):
 def wire_event(event, medium: str):
     if isinstance(event, kv_events.BlockStored):
         parent = None if event.parent_block_hash is None else external_hash(event.parent_block_hash)
-        return BlockStored([external_hash(h) for h in event.block_hashes], parent, list(event.token_ids),
-                           event.block_size, medium=medium)
+        return BlockStored(
+            [external_hash(h) for h in event.block_hashes],
+            parent,
+            list(event.token_ids),
+            event.block_size,
+            medium=medium,
+        )
     if isinstance(event, kv_events.BlockRemoved):
         return BlockRemoved([external_hash(h) for h in event.block_hashes], medium=medium)
     return AllBlocksCleared()
@@ -83,8 +88,9 @@ def subscriber_endpoint(endpoint: str, rank: int) -> str | None:
     return None
 
 
-async def follow(context: zmq.asyncio.Context, config: KVEventsConfig, rank: int,
-                 on_batch: Callable[[KVEventBatch], None]) -> None:
+async def follow(
+    context: zmq.asyncio.Context, config: KVEventsConfig, rank: int, on_batch: Callable[[KVEventBatch], None]
+) -> None:
     """Feed replica ``rank``'s event batches to ``on_batch`` until cancelled."""
     socket = context.socket(zmq.SUB)
     socket.setsockopt(zmq.SUBSCRIBE, config.topic.encode())

@@ -57,9 +57,21 @@ class AsyncMPClient(EngineCoreClient):
         self._send.bind(to_core)
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(from_core)
-        self.process = _spawn_core(["--input", to_core, "--output", from_core, "--options",
-                                    json.dumps(self.options), "--parent-pid", str(os.getpid()),
-                                    "--data-parallel-rank", str(self.rank)], self.cpus)
+        self.process = _spawn_core(
+            [
+                "--input",
+                to_core,
+                "--output",
+                from_core,
+                "--options",
+                json.dumps(self.options),
+                "--parent-pid",
+                str(os.getpid()),
+                "--data-parallel-rank",
+                str(self.rank),
+            ],
+            self.cpus,
+        )
         try:
             return await self._wait_ready(timeout)
         except BaseException:
@@ -82,13 +94,28 @@ class AsyncMPClient(EngineCoreClient):
                     self.ready = message
         return self.ready
 
-    def add(self, children: list[Child], priority: int = 0, cache_salt: str | None = None,
-            kv_transfer_params: dict | None = None) -> None:
+    def add(
+        self,
+        children: list[Child],
+        priority: int = 0,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
+    ) -> None:
         """Raises :class:`EngineDead` when no core is connected (it died, or we shut down)."""
-        batch = protocol.AddBatch([protocol.AddRequest(rid, prompt, params.to_dict(), priority, cache_salt,
-                                                       pooling=isinstance(params, PoolingParams),
-                                                       kv_transfer_params=kv_transfer_params)
-                                   for rid, prompt, params in children])
+        batch = protocol.AddBatch(
+            [
+                protocol.AddRequest(
+                    rid,
+                    prompt,
+                    params.to_dict(),
+                    priority,
+                    cache_salt,
+                    pooling=isinstance(params, PoolingParams),
+                    kv_transfer_params=kv_transfer_params,
+                )
+                for rid, prompt, params in children
+            ]
+        )
         if not self._post(batch):
             raise EngineDead("the engine core is not connected")
 

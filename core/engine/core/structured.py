@@ -27,8 +27,9 @@ class StructuredOutputs:
     def __init__(self, backend_cls, ctx: GrammarContext):
         self.backend = backend_cls(ctx)
         self.vocab_size = ctx.vocab_size
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile",
-                                        initializer=_background_priority)
+        self._pool = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
+        )
         self._pending: dict[str, tuple[Request, Future]] = {}
 
     def submit(self, request: Request) -> None:

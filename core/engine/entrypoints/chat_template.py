@@ -10,28 +10,54 @@ from engine.messages.sampling_params import InvalidParam
 ROLES = ("system", "developer", "user", "assistant", "tool")  # "developer": OpenAI's newer "system"
 
 # apply_chat_template arguments that steer the call itself, not the template
-RESERVED_TEMPLATE_KWARGS = frozenset({
-    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt", "continue_final_message",
-    "tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict", "return_assistant_tokens_mask",
-    "tokenizer_kwargs"})
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "conversation",
+        "messages",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
-def template_options(add_generation_prompt: bool, continue_final_message: bool, chat_template_kwargs=None) -> dict:
+def template_options(
+    add_generation_prompt: bool, continue_final_message: bool, chat_template_kwargs=None
+) -> dict:
     """Keyword arguments for ``transformers``' ``apply_chat_template``; InvalidParam naming
     the field for a combination vLLM refuses or a reserved variable name.
     ``continue_final_message`` leaves the last message open (no end-of-turn after it)."""
     if continue_final_message and add_generation_prompt:
-        raise InvalidParam("continue_final_message", "cannot set both continue_final_message and "
-                           "add_generation_prompt to true (set add_generation_prompt to false to continue the "
-                           "last message)")
+        raise InvalidParam(
+            "continue_final_message",
+            "cannot set both continue_final_message and "
+            "add_generation_prompt to true (set add_generation_prompt to false to continue the "
+            "last message)",
+        )
     if chat_template_kwargs is not None and not isinstance(chat_template_kwargs, dict):
         raise InvalidParam("chat_template_kwargs", "chat_template_kwargs must be a dict")
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(chat_template_kwargs or {}))
     if reserved:
-        raise InvalidParam("chat_template_kwargs", f"chat_template_kwargs may not set {', '.join(reserved)} "
-                           "(a request field or the templating call itself)")
-    return {**(chat_template_kwargs or {}), "add_generation_prompt": add_generation_prompt,
-            "continue_final_message": continue_final_message}
+        raise InvalidParam(
+            "chat_template_kwargs",
+            f"chat_template_kwargs may not set {', '.join(reserved)} "
+            "(a request field or the templating call itself)",
+        )
+    return {
+        **(chat_template_kwargs or {}),
+        "add_generation_prompt": add_generation_prompt,
+        "continue_final_message": continue_final_message,
+    }
 
 
 def conversation(messages) -> list[dict]:
@@ -44,12 +70,15 @@ def conversation(messages) -> list[dict]:
 def _message(index: int, message) -> dict:
     role = message.get("role") if isinstance(message, dict) else None
     if role not in ROLES:
-        raise InvalidParam("messages", f"messages[{index}].role must be one of {', '.join(ROLES)}; "
-                           f"got {role!r}")
+        raise InvalidParam(
+            "messages", f"messages[{index}].role must be one of {', '.join(ROLES)}; got {role!r}"
+        )
     content = message.get("content")
     if isinstance(content, list):
-        if not all(isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-                   for part in content):
+        if not all(
+            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+            for part in content
+        ):
             raise InvalidParam("messages", f"messages[{index}].content: only text parts are supported")
         content = "".join(part["text"] for part in content)
     entry = {key: value for key, value in message.items() if value is not None}

@@ -26,12 +26,10 @@ class Command(ABC):
     help: str = ""
 
     @abstractmethod
-    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        ...
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
     @abstractmethod
-    def run(self, args: argparse.Namespace) -> int:
-        ...
+    def run(self, args: argparse.Namespace) -> int: ...
 
 
 class PluginsCommand(Command):
@@ -57,8 +55,10 @@ class PluginsCommand(Command):
         for name, info in registry.plugins.items():
             print(info.describe())
             for reg in registry.registered_by(name):
-                print(f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}{_version_note(reg)}"
-                      f"{_precedence_note(registry, reg)}")
+                print(
+                    f"    {kind_label(reg.kind)}: {reg.name}{_runnable(reg, platform)}{_version_note(reg)}"
+                    f"{_precedence_note(registry, reg)}"
+                )
             for duplicate in (d for d in registry.duplicates if d.name == name):
                 print(duplicate.describe())
         return 0
@@ -79,8 +79,11 @@ def _version_note(registration) -> str:
 
 def _precedence_note(registry, registration) -> str:
     note = registry.precedence(registration)
-    if registration.kind in DEFAULTED_KINDS and registry.default(registration.kind) == registration.name \
-            and registry.shadowing(registration) is None:
+    if (
+        registration.kind in DEFAULTED_KINDS
+        and registry.default(registration.kind) == registration.name
+        and registry.shadowing(registration) is None
+    ):
         note = "; ".join(filter(None, ["default (highest priority, then the first name)", note]))
     return f"  [{note}]" if note else ""
 
@@ -141,12 +144,19 @@ class GenerateCommand(Command):
         from engine.entrypoints.llm import LLM
         from engine.messages.sampling_params import SamplingParams
 
-        params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                                top_p=args.top_p, top_k=args.top_k,
-                                seed=args.seed)  # --seed seeds the engine and this request
+        params = SamplingParams(
+            max_tokens=args.max_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+        )  # --seed seeds the engine and this request
         llm = LLM(plugins=args.plugins, **engine_options(args))
-        ids = (llm.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat
-               else llm.tokenizer.encode(args.prompt))
+        ids = (
+            llm.apply_chat_template([{"role": "user", "content": args.prompt}])
+            if args.chat
+            else llm.tokenizer.encode(args.prompt)
+        )
         for piece in llm.stream({"prompt": args.prompt, "prompt_token_ids": ids}, params):
             sys.stdout.write(piece)
             sys.stdout.flush()
@@ -156,16 +166,23 @@ class GenerateCommand(Command):
 
 def build_parser(registry) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="engine", description="LLM inference engine (tessellm)")
-    parser.add_argument("--plugins", type=lambda s: [p for p in s.split(",") if p], default=None,
-                        help="comma-separated allow-list of plugins (default: all installed)")
+    parser.add_argument(
+        "--plugins",
+        type=lambda s: [p for p in s.split(",") if p],
+        default=None,
+        help="comma-separated allow-list of plugins (default: all installed)",
+    )
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     for registration in registry.registrations("commands"):
         try:
             command = registration.load()()
         except Exception as exc:  # noqa: BLE001 - one broken plugin command must not take the CLI down
-            print(f"engine: command {registration.name!r} from plugin {registration.plugin!r} "
-                  f"failed to load: {exc!r}", file=sys.stderr)
+            print(
+                f"engine: command {registration.name!r} from plugin {registration.plugin!r} "
+                f"failed to load: {exc!r}",
+                file=sys.stderr,
+            )
             continue
         command_parser = sub.add_parser(registration.name, help=command.help)
         command.add_arguments(command_parser)

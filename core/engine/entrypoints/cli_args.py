@@ -31,7 +31,7 @@ def parse_size(text: str) -> int:
     number, unit, binary, byte = match.groups()
     power = " kmgt".index(unit.lower()) if unit else 0
     base = 1000 if (byte and not binary) else 1024
-    return int(float(number) * base ** power)
+    return int(float(number) * base**power)
 
 
 def parse_count(text: str) -> int:
@@ -44,8 +44,14 @@ def parse_count(text: str) -> int:
     return int(number) * scale
 
 
-_DTYPES = {"auto": "auto", "half": "float16", "float16": "float16", "bfloat16": "bfloat16",
-           "float": "float32", "float32": "float32"}
+_DTYPES = {
+    "auto": "auto",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
 
 
 def parse_dtype(text: str) -> str:
@@ -76,98 +82,185 @@ class Option:
 
 
 OPTIONS: dict[str, Option] = {
-    "model": Option(("--model",), "model folder (Hugging Face layout) or .gguf file; default: the embedded "
-                                  "default model"),
-    "dtype": Option(("--dtype",), "activation and weight dtype; half = float16, float = float32",
-                    parse_dtype, tuple(_DTYPES)),
-    "max_model_len": Option(("--max-model-len",), "longest prompt plus output; default: the model's context",
-                            parse_count, unit="tokens (32k, 32K)"),
-    "load_format": Option(("--load-format",), "checkpoint loader plugin (safetensors, gguf ...); default: "
-                                              "by the file"),
-    "quantization": Option(("--quantization", "-q"), "quant method plugin (int8-w8a16, int8-w8a8, fp8, "
-                                                     "unquantized ...); default: the checkpoint's"),
+    "model": Option(
+        ("--model",), "model folder (Hugging Face layout) or .gguf file; default: the embedded default model"
+    ),
+    "dtype": Option(
+        ("--dtype",),
+        "activation and weight dtype; half = float16, float = float32",
+        parse_dtype,
+        tuple(_DTYPES),
+    ),
+    "max_model_len": Option(
+        ("--max-model-len",),
+        "longest prompt plus output; default: the model's context",
+        parse_count,
+        unit="tokens (32k, 32K)",
+    ),
+    "load_format": Option(
+        ("--load-format",), "checkpoint loader plugin (safetensors, gguf ...); default: by the file"
+    ),
+    "quantization": Option(
+        ("--quantization", "-q"),
+        "quant method plugin (int8-w8a16, int8-w8a8, fp8, unquantized ...); default: the checkpoint's",
+    ),
     "seed": Option(("--seed",), "random seed of the engine"),
-    "generation_config": Option(("--generation-config",), "default sampling parameters for requests that "
-                                "do not set them: auto = the model's generation_config.json, vllm = none "
-                                "(the built-in defaults), or a folder holding a generation_config.json"),
-    "runner": Option(("--runner",), "generate: sample tokens; pooling: one embedding per prompt "
-                                    "(/v1/embeddings); auto: pooling for a model without an LM head",
-                     choices=("auto", "generate", "pooling")),
-    "task": Option(("--task",), "vLLM's older spelling of --runner: embed = pooling; default: --runner's",
-                   choices=("auto", "generate", "embed")),
-    "override_pooler_config": Option(("--pooler-config", "--override-pooler-config"),
-                                     'how a pooling model pools, as JSON: \'{"pooling_type": "MEAN", '
-                                     '"normalize": false}\' (LAST, CLS or MEAN); default: the model\'s pooler',
-                                     json.loads),
+    "generation_config": Option(
+        ("--generation-config",),
+        "default sampling parameters for requests that "
+        "do not set them: auto = the model's generation_config.json, vllm = none "
+        "(the built-in defaults), or a folder holding a generation_config.json",
+    ),
+    "runner": Option(
+        ("--runner",),
+        "generate: sample tokens; pooling: one embedding per prompt "
+        "(/v1/embeddings); auto: pooling for a model without an LM head",
+        choices=("auto", "generate", "pooling"),
+    ),
+    "task": Option(
+        ("--task",),
+        "vLLM's older spelling of --runner: embed = pooling; default: --runner's",
+        choices=("auto", "generate", "embed"),
+    ),
+    "override_pooler_config": Option(
+        ("--pooler-config", "--override-pooler-config"),
+        'how a pooling model pools, as JSON: \'{"pooling_type": "MEAN", '
+        "\"normalize\": false}' (LAST, CLS or MEAN); default: the model's pooler",
+        json.loads,
+    ),
     "block_size": Option(("--block-size",), "tokens per KV cache block", unit="tokens"),
-    "kv_cache_memory": Option(("--kv-cache-memory-bytes", "--kv-cache-memory"),
-                              "memory for the KV cache; overrides --gpu-memory-utilization", parse_size,
-                              unit="bytes (4GiB, 512MiB)"),
-    "kv_cache_memory_fraction": Option(("--kv-cache-memory-fraction",),
-                                       "share of free memory for the KV cache when no other size is given"),
-    "memory_utilization": Option(("--gpu-memory-utilization", "--memory-utilization"),
-                                 "share of the device's memory this instance may use in all (weights, "
-                                 "activations, KV cache); the KV cache gets what the loaded model leaves", float),
-    "num_blocks": Option(("--num-gpu-blocks-override", "--num-blocks"), "KV cache blocks; overrides the "
-                                                                         "memory options"),
-    "enable_prefix_caching": Option(("--enable-prefix-caching",), "reuse KV blocks of shared prompt prefixes"),
+    "kv_cache_memory": Option(
+        ("--kv-cache-memory-bytes", "--kv-cache-memory"),
+        "memory for the KV cache; overrides --gpu-memory-utilization",
+        parse_size,
+        unit="bytes (4GiB, 512MiB)",
+    ),
+    "kv_cache_memory_fraction": Option(
+        ("--kv-cache-memory-fraction",), "share of free memory for the KV cache when no other size is given"
+    ),
+    "memory_utilization": Option(
+        ("--gpu-memory-utilization", "--memory-utilization"),
+        "share of the device's memory this instance may use in all (weights, "
+        "activations, KV cache); the KV cache gets what the loaded model leaves",
+        float,
+    ),
+    "num_blocks": Option(
+        ("--num-gpu-blocks-override", "--num-blocks"), "KV cache blocks; overrides the memory options"
+    ),
+    "enable_prefix_caching": Option(
+        ("--enable-prefix-caching",), "reuse KV blocks of shared prompt prefixes"
+    ),
     "watermark": Option(("--watermark",), "share of KV blocks kept free when admitting requests"),
-    "max_num_batched_tokens": Option(("--max-num-batched-tokens",), "tokens per step (prefill and decode)",
-                                     parse_count, unit="tokens"),
+    "max_num_batched_tokens": Option(
+        ("--max-num-batched-tokens",), "tokens per step (prefill and decode)", parse_count, unit="tokens"
+    ),
     "max_num_seqs": Option(("--max-num-seqs",), "requests running at once"),
     "enable_chunked_prefill": Option(("--enable-chunked-prefill",), "split long prompts over steps"),
-    "long_prefill_token_threshold": Option(("--long-prefill-token-threshold",),
-                                           "most prompt tokens of one request per step; 0: no limit",
-                                           parse_count, unit="tokens"),
-    "max_queued_requests": Option(("--max-queued-requests",), "requests that may wait to run; a request "
-                                  "beyond them is refused (HTTP 503 with Retry-After); 0: no cap"),
-    "max_queue_wait": Option(("--max-queue-wait",), "longest a request may wait to start before it is "
-                             "refused (HTTP 503); 0: no limit", unit="seconds"),
-    "shared_step_target_s": Option(("--shared-step-target-s",), "how long a step that prefills beside decoding "
-                                   "requests should take; the prefill share adapts to it (0: a prompt may take "
-                                   "the whole budget; offline LLM and engine generate default to 0, the "
-                                   "server to 0.25)", unit="seconds"),
-    "policy": Option(("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")),
+    "long_prefill_token_threshold": Option(
+        ("--long-prefill-token-threshold",),
+        "most prompt tokens of one request per step; 0: no limit",
+        parse_count,
+        unit="tokens",
+    ),
+    "max_queued_requests": Option(
+        ("--max-queued-requests",),
+        "requests that may wait to run; a request "
+        "beyond them is refused (HTTP 503 with Retry-After); 0: no cap",
+    ),
+    "max_queue_wait": Option(
+        ("--max-queue-wait",),
+        "longest a request may wait to start before it is refused (HTTP 503); 0: no limit",
+        unit="seconds",
+    ),
+    "shared_step_target_s": Option(
+        ("--shared-step-target-s",),
+        "how long a step that prefills beside decoding "
+        "requests should take; the prefill share adapts to it (0: a prompt may take "
+        "the whole budget; offline LLM and engine generate default to 0, the "
+        "server to 0.25)",
+        unit="seconds",
+    ),
+    "policy": Option(
+        ("--scheduling-policy", "--policy"), "order of waiting requests", choices=("fcfs", "priority")
+    ),
     "scheduler": Option(("--scheduler",), "scheduler plugin"),
     "kv_cache_manager": Option(("--kv-cache-manager",), "KV cache manager plugin"),
-    "tensor_parallel_size": Option(("--tensor-parallel-size", "-tp"), "tensor-parallel ranks: each holds its "
-                                   "share of every layer's heads and weights and its own KV cache"),
-    "distributed_executor_backend": Option(("--distributed-executor-backend",), "where the ranks run: mp "
-                                           "(local worker processes over torch.distributed), uni (this "
-                                           "process, one rank) or an executor plugin's (ray: Ray actors on "
-                                           "a cluster, plugin tessellm-executors-ray); default: uni for one "
-                                           "rank, else mp"),
-    "distributed_timeout": Option(("--distributed-timeout",), "longest any collective may take before the "
-                                  "engine fails instead of hanging", unit="seconds"),
+    "tensor_parallel_size": Option(
+        ("--tensor-parallel-size", "-tp"),
+        "tensor-parallel ranks: each holds its share of every layer's heads and weights and its own KV cache",
+    ),
+    "distributed_executor_backend": Option(
+        ("--distributed-executor-backend",),
+        "where the ranks run: mp "
+        "(local worker processes over torch.distributed), uni (this "
+        "process, one rank) or an executor plugin's (ray: Ray actors on "
+        "a cluster, plugin tessellm-executors-ray); default: uni for one "
+        "rank, else mp",
+    ),
+    "distributed_timeout": Option(
+        ("--distributed-timeout",),
+        "longest any collective may take before the engine fails instead of hanging",
+        unit="seconds",
+    ),
     "log_stats": Option(("--log-stats",), "log engine statistics"),
-    "speculative_config": Option(("--speculative-config",), 'speculative decoding as JSON, e.g. '
-                                 '\'{"method": "ngram", "num_speculative_tokens": 4}\'', json.loads),
-    "device": Option(("--device",), "platform plugin (cpu, cuda, cpu-native ...); default: the best available"),
-    "attention_backend": Option(("--attention-backend",), "attention backend plugin; default: the "
-                                                          "platform's preference"),
+    "speculative_config": Option(
+        ("--speculative-config",),
+        'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',
+        json.loads,
+    ),
+    "device": Option(
+        ("--device",), "platform plugin (cpu, cuda, cpu-native ...); default: the best available"
+    ),
+    "attention_backend": Option(
+        ("--attention-backend",), "attention backend plugin; default: the platform's preference"
+    ),
     "structured_outputs_backend": Option(("--structured-outputs-backend",), "grammar backend plugin"),
-    "kv_connector": Option(("--kv-connector",), "KV connector plugin (the short form of --kv-transfer-config)"),
-    "kv_events_config": Option(("--kv-events-config",), 'publish the prefix cache\'s KV events (blocks stored '
-                               'and removed) over ZMQ as vLLM does, JSON, e.g. \'{"enable_kv_cache_events": true, '
-                               '"endpoint": "tcp://*:5557"}\'', json.loads),
-    "kv_transfer_config": Option(("--kv-transfer-config",), 'KV connector as JSON, vLLM\'s spelling, e.g. '
-                                 '\'{"kv_connector": "offload", "kv_role": "kv_both", "kv_connector_extra_config": '
-                                 '{"cpu_bytes": 1e9, "disk_path": "/tmp/kv", "disk_bytes": 1e10}}\'', json.loads),
-    "batch_invariant": Option(("--batch-invariant",), "make each request's output independent of the batch "
-                              "it runs in (fixed-size matmul tiles, per-row attention, no chunked prefill "
-                              "or prefix caching); slower"),
-    "logits_processors": Option(("--logits-processors",), "logits processor plugins, comma-separated",
-                                parse_names),
-    "enforce_eager": Option(("--enforce-eager",), "never record decode steps as step graphs (CUDA graphs on "
-                            "the cuda platform, native tapes on cpu-native); run every step eagerly"),
-    "cuda_graph_sizes": Option(("--cuda-graph-sizes",), "decode batch sizes to record as step graphs, "
-                               "comma-separated; default on cuda: 1, 2, 4, every 8 to 248, every 16 to 512; "
-                               "on cpu-native: 1 to 8; up to --max-num-seqs", parse_sizes),
+    "kv_connector": Option(
+        ("--kv-connector",), "KV connector plugin (the short form of --kv-transfer-config)"
+    ),
+    "kv_events_config": Option(
+        ("--kv-events-config",),
+        "publish the prefix cache's KV events (blocks stored "
+        'and removed) over ZMQ as vLLM does, JSON, e.g. \'{"enable_kv_cache_events": true, '
+        '"endpoint": "tcp://*:5557"}\'',
+        json.loads,
+    ),
+    "kv_transfer_config": Option(
+        ("--kv-transfer-config",),
+        "KV connector as JSON, vLLM's spelling, e.g. "
+        '\'{"kv_connector": "offload", "kv_role": "kv_both", "kv_connector_extra_config": '
+        '{"cpu_bytes": 1e9, "disk_path": "/tmp/kv", "disk_bytes": 1e10}}\'',
+        json.loads,
+    ),
+    "batch_invariant": Option(
+        ("--batch-invariant",),
+        "make each request's output independent of the batch "
+        "it runs in (fixed-size matmul tiles, per-row attention, no chunked prefill "
+        "or prefix caching); slower",
+    ),
+    "logits_processors": Option(
+        ("--logits-processors",), "logits processor plugins, comma-separated", parse_names
+    ),
+    "enforce_eager": Option(
+        ("--enforce-eager",),
+        "never record decode steps as step graphs (CUDA graphs on "
+        "the cuda platform, native tapes on cpu-native); run every step eagerly",
+    ),
+    "cuda_graph_sizes": Option(
+        ("--cuda-graph-sizes",),
+        "decode batch sizes to record as step graphs, "
+        "comma-separated; default on cuda: 1, 2, 4, every 8 to 248, every 16 to 512; "
+        "on cpu-native: 1 to 8; up to --max-num-seqs",
+        parse_sizes,
+    ),
 }
 
 # Flags of vLLM's that have no effect here: (takes a value, why), printed when given.
 NO_EFFECT = {
-    "--trust-remote-code": (False, "this engine never runs code from a checkpoint (model families are plugins)"),
+    "--trust-remote-code": (
+        False,
+        "this engine never runs code from a checkpoint (model families are plugins)",
+    ),
     "--disable-log-stats": (False, "statistics are logged only with --log-stats"),
     "--swap-space": (True, "preempted requests are recomputed, not swapped"),
     "--revision": (True, "models load from local files only; there is no hub revision to pick"),
@@ -192,19 +285,34 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help_text = "; ".join(details)
         metavar = {parse_size: "SIZE", parse_count: "N"}.get(option.type)
         if isinstance(default, bool):
-            group.add_argument(*option.flags, dest=name, action=argparse.BooleanOptionalAction, default=None,
-                               help=help_text)
+            group.add_argument(
+                *option.flags, dest=name, action=argparse.BooleanOptionalAction, default=None, help=help_text
+            )
             continue
         kind = option.type or (type(default) if isinstance(default, int | float) else _int_or_str)
-        group.add_argument(*option.flags, dest=name, type=kind, default=None, help=help_text,
-                           choices=None if option.type is parse_dtype else option.choices,
-                           metavar=metavar if option.choices is None else "{" + ",".join(option.choices) + "}")
-    group.add_argument("--config", metavar="FILE.yaml", help="flags from a YAML mapping (max-num-seqs: 8); "
-                                                              "flags after --config override the file's")
+        group.add_argument(
+            *option.flags,
+            dest=name,
+            type=kind,
+            default=None,
+            help=help_text,
+            choices=None if option.type is parse_dtype else option.choices,
+            metavar=metavar if option.choices is None else "{" + ",".join(option.choices) + "}",
+        )
+    group.add_argument(
+        "--config",
+        metavar="FILE.yaml",
+        help="flags from a YAML mapping (max-num-seqs: 8); flags after --config override the file's",
+    )
     for flag, (takes_value, reason) in NO_EFFECT.items():
         kind = {"metavar": "VALUE"} if takes_value else {"action": "store_const", "const": True}
-        group.add_argument(flag, dest=_no_effect_dest(flag), default=None,
-                           help=f"accepted for vLLM command lines; no effect: {reason}", **kind)
+        group.add_argument(
+            flag,
+            dest=_no_effect_dest(flag),
+            default=None,
+            help=f"accepted for vLLM command lines; no effect: {reason}",
+            **kind,
+        )
 
 
 def _no_effect_dest(flag: str) -> str:

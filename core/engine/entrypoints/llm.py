@@ -35,8 +35,14 @@ class LLM:
     The engine core runs in this process, driven through an :class:`InProcessClient` (the
     client the engine-core process serves the server with): no step waits on another process."""
 
-    def __init__(self, model: str | None = None, *, dtype: str = "auto",
-                 plugins: Sequence[str] | None = None, **engine_options):
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        dtype: str = "auto",
+        plugins: Sequence[str] | None = None,
+        **engine_options,
+    ):
         engine_options.setdefault("shared_step_target_s", 0.0)
         config = EngineConfig.from_kwargs(model=model, dtype=dtype, plugins=plugins, **engine_options)
         self.engine = EngineCore(config, load_plugins(config.plugins))
@@ -49,9 +55,13 @@ class LLM:
         """The model's tokenizer (vLLM's ``LLM.get_tokenizer``); None for a model without one."""
         return self.tokenizer
 
-    def generate(self, prompts: Prompt | Sequence[Prompt],
-                 sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 use_tqdm: bool = False, priority: Sequence[int] | None = None) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        priority: Sequence[int] | None = None,
+    ) -> list[RequestOutput]:
         prompts = self._as_list(prompts)
         params = sampling_params or self.get_default_sampling_params()
         params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
@@ -64,12 +74,17 @@ class LLM:
         for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
             self.client.validate(ids, p, prio)
         processor = OutputProcessor(self.tokenizer)
-        order = [self._add(processor, text, ids, p, prio).request_id
-                 for (text, ids), p, prio in zip(encoded, params, priorities)]
+        order = [
+            self._add(processor, text, ids, p, prio).request_id
+            for (text, ids), p, prio in zip(encoded, params, priorities)
+        ]
         return self._run(processor, order, use_tqdm)
 
-    def embed(self, prompts: Prompt | Sequence[Prompt],
-              pooling_params: PoolingParams | Sequence[PoolingParams] | None = None) -> list[EmbeddingRequestOutput]:
+    def embed(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+    ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (an engine built with ``runner="pooling"``, or a model
         without an LM head): every prompt is checked first, then all are queued at once, so
         they share engine steps (as many prompts per step as ``max_num_batched_tokens``
@@ -92,13 +107,17 @@ class LLM:
             index, delta = failed[0]
             raise RuntimeError(f"prompt {index}: {delta.error or delta.finish_reason}")
         vectors = [np.frombuffer(done[rid].embedding, "<f4").tolist() for rid in order]
-        return [EmbeddingRequestOutput(rid, EmbeddingOutput(vector), ids)
-                for rid, vector, ids in zip(order, vectors, encoded)]
+        return [
+            EmbeddingRequestOutput(rid, EmbeddingOutput(vector), ids)
+            for rid, vector, ids in zip(order, vectors, encoded)
+        ]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """One prompt's text as it grows (its first sample's), each item the text new since the
         last; ``engine generate`` prints these. The same checks and fan-out as ``generate``."""
-        [(text, ids)], [params] = self._prepare([prompt], [sampling_params or self.get_default_sampling_params()])
+        [(text, ids)], [params] = self._prepare(
+            [prompt], [sampling_params or self.get_default_sampling_params()]
+        )
         self.client.validate(ids, params)
         processor = OutputProcessor(self.tokenizer)
         first = self._add(processor, text, ids, params, 0).sequences[0]
@@ -108,17 +127,24 @@ class LLM:
             if finished:
                 now = request_output(finished[0], self.tokenizer).outputs[0].text
             else:
-                now = first.text[:first.emitted]
+                now = first.text[: first.emitted]
             yield now[shown:]
             shown = len(now)
 
     def _prepare(self, prompts: list, params: list) -> tuple[list, list]:
         """Prompts as (text, token ids) cut to ``truncate_prompt_tokens``, and the parameters
         with ``bad_words`` tokenized (once per distinct ``SamplingParams``)."""
-        encoded = [(text, truncate_prompt(ids, getattr(p, "truncate_prompt_tokens", None), self.engine.max_model_len))
-                   for (text, ids), p in zip((self._encode(prompt) for prompt in prompts), params)]
+        encoded = [
+            (
+                text,
+                truncate_prompt(ids, getattr(p, "truncate_prompt_tokens", None), self.engine.max_model_len),
+            )
+            for (text, ids), p in zip((self._encode(prompt) for prompt in prompts), params)
+        ]
         distinct = {id(p): p for p in params if getattr(p, "bad_words", None)}
-        tokenized = {key: tokenize_bad_words(p, self._require_tokenizer("bad_words")) for key, p in distinct.items()}
+        tokenized = {
+            key: tokenize_bad_words(p, self._require_tokenizer("bad_words")) for key, p in distinct.items()
+        }
         return encoded, [tokenized.get(id(p), p) for p in params]
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -127,21 +153,36 @@ class LLM:
         default; ``"vllm"`` ignores it; a folder reads its ``generation_config.json``)."""
         return SamplingParams(**self.engine.default_sampling_params)
 
-    def chat(self, messages: list[dict] | list[list[dict]],
-             sampling_params: SamplingParams | None = None, chat_template: str | None = None,
-             add_generation_prompt: bool = True, use_tqdm: bool = False, continue_final_message: bool = False,
-             chat_template_kwargs: dict | None = None) -> list[RequestOutput]:
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | None = None,
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = False,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[RequestOutput]:
         """``continue_final_message`` continues the last message instead of opening a new
         turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
         for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.apply_chat_template(c, chat_template, add_generation_prompt, continue_final_message,
-                                            chat_template_kwargs) for c in conversations]
+        prompts = [
+            self.apply_chat_template(
+                c, chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs
+            )
+            for c in conversations
+        ]
         return self.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params, use_tqdm)
 
-    def apply_chat_template(self, messages: list[dict], chat_template: str | None = None,
-                            add_generation_prompt: bool = True, continue_final_message: bool = False,
-                            chat_template_kwargs: dict | None = None) -> list[int]:
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        chat_template_kwargs: dict | None = None,
+    ) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
@@ -169,8 +210,9 @@ class LLM:
             raise ValueError(f"prompt: {what} need a tokenizer and this model has none; pass token ids")
         return self.tokenizer
 
-    def _add(self, processor: OutputProcessor, text, ids, params: SamplingParams,
-             priority: int) -> RequestState:
+    def _add(
+        self, processor: OutputProcessor, text, ids, params: SamplingParams, priority: int
+    ) -> RequestState:
         """Queue the prompt's samples (they share its blocks through the prefix cache)."""
         request, children = processor.add(str(next(self._ids)), text, ids, params)
         self.client.add(children, priority)

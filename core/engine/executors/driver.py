@@ -111,7 +111,9 @@ class DriverExecutor(Executor):
             raise
         self._threads = torch.get_num_threads()  # configure_rank may take a share; shutdown gives it back
         platform.configure_rank(0, world)
-        self._channel = ObjectChannel(process_group("gloo", self._store, 0, address, "control"), 0, address.timeout)
+        self._channel = ObjectChannel(
+            process_group("gloo", self._store, 0, address, "control"), 0, address.timeout
+        )
         self._tp = TensorParallel(0, world, platform.communicator(self._store, 0, address))
         self._lock = threading.Lock()
         self._stopped = threading.Event()
@@ -151,8 +153,9 @@ class DriverExecutor(Executor):
             note = handle.exit_note()
             if note:
                 raise ExecutorFailure(f"tensor-parallel rank {handle.rank} {note} while starting")
-        raise ExecutorFailure(f"tensor-parallel rank {handle.rank} sent no {expected!r} within "
-                              f"{self.address.timeout_s:g} s")
+        raise ExecutorFailure(
+            f"tensor-parallel rank {handle.rank} sent no {expected!r} within {self.address.timeout_s:g} s"
+        )
 
     def execute(self, plan, group_tables, bitmask=None, kv_meta=None):
         with self._lock:
@@ -175,8 +178,10 @@ class DriverExecutor(Executor):
         except ExecutorFailure:
             raise
         except Exception as exc:
-            raise ExecutorFailure(f"rank 0 failed mid-forward, leaving the tensor-parallel ranks out of step: "
-                                  f"{type(exc).__name__}: {exc}") from exc
+            raise ExecutorFailure(
+                f"rank 0 failed mid-forward, leaving the tensor-parallel ranks out of step: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
 
     def _explain(self, failure: ExecutorFailure) -> ExecutorFailure:
         """The failure with what the workers say: a worker's report or how it ended, when one

@@ -56,8 +56,9 @@ class MultiprocExecutor(DriverExecutor):
         handles = []
         for spec in specs:
             ours, theirs = spawn.Pipe()
-            process = spawn.Process(target=run_worker, args=(spec, theirs), name=f"engine-tp-rank-{spec.rank}",
-                                    daemon=True)
+            process = spawn.Process(
+                target=run_worker, args=(spec, theirs), name=f"engine-tp-rank-{spec.rank}", daemon=True
+            )
             process.start()
             theirs.close()
             handles.append(ProcessHandle(spec.rank, process, ours))

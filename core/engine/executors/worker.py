@@ -54,17 +54,34 @@ class Worker:
         """Join the driver's process groups, then build this rank's model and attention."""
         config, rank, address, platform = self.spec.config, self.spec.rank, self.spec.address, self.platform
         self.store = open_store(address, rank)
-        self.control = ObjectChannel(process_group("gloo", self.store, rank, address, "control"), rank,
-                                     address.timeout)
+        self.control = ObjectChannel(
+            process_group("gloo", self.store, rank, address, "control"), rank, address.timeout
+        )
         tp = TensorParallel(rank, address.world_size, platform.communicator(self.store, rank, address))
         loader, _ = setup.select_loader(self.registry, config.model.model, config.model.load_format)
         hf_config = loader.hf_config()
         self.dtype = dtype = setup.resolve_dtype(config.model.dtype, hf_config, platform)
-        self.model = setup.build_model(self.registry, loader, hf_config, dtype, platform, config.model.quantization,
-                                       config.batch_invariant, tp)
+        self.model = setup.build_model(
+            self.registry,
+            loader,
+            hf_config,
+            dtype,
+            platform,
+            config.model.quantization,
+            config.batch_invariant,
+            tp,
+        )
         _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
-        self.layers = setup.layer_attention(self.registry, config.attention_backend, self.model, dtype,
-                                            config.cache.block_size, platform, config.batch_invariant, layer_group)
+        self.layers = setup.layer_attention(
+            self.registry,
+            config.attention_backend,
+            self.model,
+            dtype,
+            config.cache.block_size,
+            platform,
+            config.batch_invariant,
+            layer_group,
+        )
         self.block_size = config.cache.block_size
 
     def start(self, kv_groups) -> int | None:

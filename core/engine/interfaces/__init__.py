@@ -80,8 +80,14 @@ INTERFACE_VERSIONS = {
 
 # Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
 # the core adapts the old contract exactly.
-STILL_LOADED = {"attention_backends": (1, 2, 3), "platforms": (1,), "model_loaders": (2,),
-                "quant_methods": (2,), "kv_connectors": (2,), "schedulers": (2,)}
+STILL_LOADED = {
+    "attention_backends": (1, 2, 3),
+    "platforms": (1,),
+    "model_loaders": (2,),
+    "quant_methods": (2,),
+    "kv_connectors": (2,),
+    "schedulers": (2,),
+}
 
 __all__ = [
     "INTERFACE_VERSIONS",

@@ -52,7 +52,7 @@ class AttentionSpec:
 
     @property
     def scale(self) -> float:
-        return self.head_dim ** -0.5 if self.query_scale is None else self.query_scale
+        return self.head_dim**-0.5 if self.query_scale is None else self.query_scale
 
 
 @attrs.frozen
@@ -101,7 +101,7 @@ def spec_for_version(spec: AttentionSpec, api: int) -> tuple[AttentionSpec, list
     A query scale equal to the default ``head_dim ** -0.5`` is dropped for it, which is exact
     (``scale`` is the same number); any other field added after ``api`` that ``spec`` sets is
     a reason, since the backend would ignore it and attend wrongly."""
-    if api < _since("query scale") and spec.query_scale == spec.head_dim ** -0.5:
+    if api < _since("query scale") and spec.query_scale == spec.head_dim**-0.5:
         spec = attrs.evolve(spec, query_scale=None)
     asked = [(label, since) for label, since, asks in ADDED_FIELDS if since > api and asks(spec)]
     if not asked:
@@ -111,8 +111,9 @@ def spec_for_version(spec: AttentionSpec, api: int) -> tuple[AttentionSpec, list
     return spec, [f"built for interface v{api}: cannot serve {labels} (part of the contract since v{since})"]
 
 
-def backend_reasons(cls: type[AttentionBackend], api: int, spec: AttentionSpec,
-                    platform: Platform) -> tuple[AttentionSpec, list[str]]:
+def backend_reasons(
+    cls: type[AttentionBackend], api: int, spec: AttentionSpec, platform: Platform
+) -> tuple[AttentionSpec, list[str]]:
     """(the spec to hand ``cls``, why it cannot serve ``spec`` on ``platform``): its interface
     version (:func:`spec_for_version`), its ``supports`` (one that raises is a reason, so one
     plugin's bug cannot stop selection), and batch invariance it does not declare."""
@@ -127,8 +128,9 @@ def backend_reasons(cls: type[AttentionBackend], api: int, spec: AttentionSpec,
     return handed, reasons
 
 
-def construct(cls: type[AttentionBackend], api: int, spec: AttentionSpec, platform: Platform,
-              registry: Any) -> AttentionBackend:
+def construct(
+    cls: type[AttentionBackend], api: int, spec: AttentionSpec, platform: Platform, registry: Any
+) -> AttentionBackend:
     """``cls`` built as its interface version expects: with ``registry=`` from v4 on."""
     return cls(spec, platform, registry=registry) if api >= REGISTRY_SINCE else cls(spec, platform)
 
@@ -140,8 +142,10 @@ def build_backend(registry: Any, name: str, spec: AttentionSpec, platform: Platf
     backend it selects: for a backend that hands some batches to another. ValueError when no
     usable plugin registers ``name``, RuntimeError with the reasons when it cannot serve ``spec``."""
     if registry is None:
-        raise ValueError(f"attention backend {name!r}: no plugin registry to find it in (a backend built by "
-                         "hand that builds another needs registry=, e.g. engine.plugins.load_plugins())")
+        raise ValueError(
+            f"attention backend {name!r}: no plugin registry to find it in (a backend built by "
+            "hand that builds another needs registry=, e.g. engine.plugins.load_plugins())"
+        )
     registration = registry.registration("attention_backends", name)
     cls = registration.load()
     handed, reasons = backend_reasons(cls, registration.api, spec, platform)
@@ -219,6 +223,12 @@ class AttentionBackend(ABC):
         return self.build_metadata(layout)
 
     @abstractmethod
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: object) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: object,
+    ) -> torch.Tensor:
         """query [T, H, D], key/value [T, H_kv, D] -> output [T, H, D]."""

@@ -32,7 +32,9 @@ class DraftRequest:
 @attrs.frozen
 class Draft:
     token_ids: list[int]
-    probs: torch.Tensor | None = None  # [len(token_ids), vocab]: what each was drawn from; None: chosen outright
+    probs: torch.Tensor | None = (
+        None  # [len(token_ids), vocab]: what each was drawn from; None: chosen outright
+    )
 
 
 @attrs.frozen

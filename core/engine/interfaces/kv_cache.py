@@ -43,8 +43,15 @@ class KVCacheManager(ABC):
         Never the whole sequence: the last token is always computed (it yields logits)."""
 
     @abstractmethod
-    def allocate_slots(self, request, num_new_tokens: int, computed_blocks: Sequence[int] = (),
-                       num_lookahead_tokens: int = 0, watermark: bool = False, delay_cache: bool = False) -> bool:
+    def allocate_slots(
+        self,
+        request,
+        num_new_tokens: int,
+        computed_blocks: Sequence[int] = (),
+        num_lookahead_tokens: int = 0,
+        watermark: bool = False,
+        delay_cache: bool = False,
+    ) -> bool:
         """Own blocks for ``num_new_tokens`` more tokens (plus draft lookahead) after
         taking ``computed_blocks``. False, changing nothing, when blocks run out.
         ``delay_cache``: enter none of the new full blocks in the prefix cache yet (a KV connector
@@ -79,8 +86,7 @@ class KVCacheManager(ABC):
 
     @property
     @abstractmethod
-    def num_free_blocks(self) -> int:
-        ...
+    def num_free_blocks(self) -> int: ...
 
     @property
     @abstractmethod

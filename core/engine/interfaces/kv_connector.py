@@ -81,9 +81,16 @@ class KVRequest:
     @classmethod
     def of(cls, request) -> KVRequest:
         """The view of an engine request (its ``block_hashes`` as the KV cache manager left them)."""
-        return cls(request.request_id, tuple(request.all_token_ids), request.num_prompt_tokens,
-                   tuple(request.block_hashes), request.cache_salt, request.num_computed_tokens,
-                   request.kv_transfer_params, request.finish_reason)
+        return cls(
+            request.request_id,
+            tuple(request.all_token_ids),
+            request.num_prompt_tokens,
+            tuple(request.block_hashes),
+            request.cache_salt,
+            request.num_computed_tokens,
+            request.kv_transfer_params,
+            request.finish_reason,
+        )
 
 
 @attrs.frozen
@@ -116,8 +123,9 @@ class KVConnector(ABC):
         offered (the last prompt token is always computed); ``update_state_after_alloc`` says how many."""
 
     @abstractmethod
-    def update_state_after_alloc(self, request: KVRequest, block_ids: list[int], num_local_tokens: int,
-                                 num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: KVRequest, block_ids: list[int], num_local_tokens: int, num_external_tokens: int
+    ) -> None:
         """The request got ``block_ids`` (its whole table): the first ``num_local_tokens`` came
         from the engine's prefix cache, the next ``num_external_tokens`` (maybe 0) are to be loaded
         by this step's worker half (blocks ``num_local_tokens // block_size`` onwards)."""

@@ -99,16 +99,18 @@ class QuantMethod(ABC):
 
     # -- mixture-of-experts layers, for methods that set ``quantizes_experts`` -------------------
 
-    def create_moe_weights(self, layer: nn.Module, num_experts: int, input_size: int,
-                           output_sizes: list[int]) -> None:
+    def create_moe_weights(
+        self, layer: nn.Module, num_experts: int, input_size: int, output_sizes: list[int]
+    ) -> None:
         """Register the parameters of a stacked projection [num_experts, sum(output_sizes),
         input_size], leading dimension the (local) expert. ``output_dim`` counts within one
         expert's slice; a parameter may carry ``expert_weight_loader(param, tensor, expert,
         shard)`` to receive checkpoint tensors itself (e.g. raw GGUF blocks). This default
         registers ``weight`` in the activation dtype (what an online method quantizes in
         ``process_moe_weights_after_loading``)."""
-        weight = nn.Parameter(torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype),
-                              requires_grad=False)
+        weight = nn.Parameter(
+            torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False
+        )
         weight.output_dim = 0  # type: ignore[attr-defined]  # the loaders read it off the parameter
         layer.register_parameter("weight", weight)
 

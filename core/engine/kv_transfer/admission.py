@@ -85,15 +85,17 @@ class RequestKV(KVAdmission):
     def _allocate(self, request: Request, hit: PrefixHit, num_tokens: int, first: bool) -> bool:
         """Blocks for ``num_tokens`` after the hit's cached blocks, told to the connector on a
         request's first allocation (a resumed request's load was told already)."""
-        if not self.kv.allocate_slots(request, num_tokens, hit.computed_blocks, watermark=True,
-                                      delay_cache=bool(hit.num_external)):
+        if not self.kv.allocate_slots(
+            request, num_tokens, hit.computed_blocks, watermark=True, delay_cache=bool(hit.num_external)
+        ):
             if self.connector is not None and first:
                 self.connector.allocation_failed(self._view(request))
             return False
         if self.connector is not None and first:
             block_ids = self.kv.block_ids(request)
-            self.connector.update_state_after_alloc(self._view(request), list(block_ids), hit.num_cached,
-                                                    hit.num_external)
+            self.connector.update_state_after_alloc(
+                self._view(request), list(block_ids), hit.num_cached, hit.num_external
+            )
             self._loads.queried(request.num_tokens - hit.num_cached)
             if hit.num_external:
                 self._loads.start(request, hit.num_cached, hit.num_external, block_ids)
@@ -138,8 +140,9 @@ class RequestKV(KVAdmission):
         self._resumed.pop(request.request_id, None)
         delay, handed_on = parked_for_load, None
         if self.connector is not None and not parked_for_load:
-            delay, handed_on = _delay_and_params(self.connector.request_finished(
-                self._view(request), list(self.kv.block_ids(request))))
+            delay, handed_on = _delay_and_params(
+                self.connector.request_finished(self._view(request), list(self.kv.block_ids(request)))
+            )
         if delay:
             self._delayed_free[request.request_id] = request
         else:

@@ -45,8 +45,10 @@ def _settings(ctx, transport_class: type[Transport]) -> dict[str, float]:
             raise ValueError(f"kv_connector_extra_config.{key}: seconds > 0, got {value!r}")
         settings[key] = float(value)
     if ctx.kv_role in PRODUCING_ROLES and not ctx.kv_port:
-        raise ValueError("kv_transfer_config.kv_port: a prefill instance (kv_producer, kv_both) needs a fixed port "
-                         "(its responses tell decode instances where to read)")
+        raise ValueError(
+            "kv_transfer_config.kv_port: a prefill instance (kv_producer, kv_both) needs a fixed port "
+            "(its responses tell decode instances where to read)"
+        )
     return settings
 
 
@@ -64,7 +66,9 @@ class PDConnector(KVConnector):
         return self.scheduler_half.get_num_new_matched_tokens(request, num_computed_tokens)
 
     def update_state_after_alloc(self, request, block_ids, num_local_tokens, num_external_tokens):
-        self.scheduler_half.update_state_after_alloc(request, block_ids, num_local_tokens, num_external_tokens)
+        self.scheduler_half.update_state_after_alloc(
+            request, block_ids, num_local_tokens, num_external_tokens
+        )
 
     def request_finished(self, request, block_ids):
         return self.scheduler_half.request_finished(request, block_ids)
@@ -75,10 +79,17 @@ class PDConnector(KVConnector):
     # -- worker half ------------------------------------------------------------------
     def register_kv_caches(self, kv_caches, block_dim):
         ctx = self.ctx
-        transport = self.transport_class(TransportContext(
-            ctx.engine_id, ctx.kv_ip, ctx.kv_port, ctx.kv_role in PRODUCING_ROLES,
-            BlockLayout.of(kv_caches, block_dim, ctx.block_size), self.settings["transfer_timeout"],
-            dict(ctx.extra_config)))
+        transport = self.transport_class(
+            TransportContext(
+                ctx.engine_id,
+                ctx.kv_ip,
+                ctx.kv_port,
+                ctx.kv_role in PRODUCING_ROLES,
+                BlockLayout.of(kv_caches, block_dim, ctx.block_size),
+                self.settings["transfer_timeout"],
+                dict(ctx.extra_config),
+            )
+        )
         transport.start(kv_caches, block_dim)
         self.worker_half = PDWorkerHalf(transport, self.settings["abort_request_timeout"])
 

@@ -20,7 +20,9 @@ class BlockLayout:
     @classmethod
     def of(cls, caches: list[torch.Tensor], block_dim: int, block_size: int) -> BlockLayout:
         block = caches[0].select(block_dim, 0)
-        return cls(block_size, len(caches), tuple(block.shape), str(block.dtype).removeprefix("torch."), block_dim)
+        return cls(
+            block_size, len(caches), tuple(block.shape), str(block.dtype).removeprefix("torch."), block_dim
+        )
 
     @property
     def layer_block_bytes(self) -> int:
@@ -32,8 +34,11 @@ class BlockLayout:
 
     def mismatch(self, other: BlockLayout) -> list[str]:
         """Every field that differs, as ``name: ours vs theirs``."""
-        return [f"{field.name}: {getattr(self, field.name)!r} here vs {getattr(other, field.name)!r} there"
-                for field in attrs.fields(BlockLayout) if getattr(self, field.name) != getattr(other, field.name)]
+        return [
+            f"{field.name}: {getattr(self, field.name)!r} here vs {getattr(other, field.name)!r} there"
+            for field in attrs.fields(BlockLayout)
+            if getattr(self, field.name) != getattr(other, field.name)
+        ]
 
     def to_dict(self) -> dict:
         return {**attrs.asdict(self), "block_shape": list(self.block_shape)}
@@ -42,7 +47,12 @@ class BlockLayout:
     def from_dict(cls, data: dict) -> BlockLayout:
         """ValueError when ``data`` is not a layout (a peer of another version)."""
         try:
-            return cls(int(data["block_size"]), int(data["num_layers"]), tuple(int(s) for s in data["block_shape"]),
-                       str(data["dtype"]), int(data["block_dim"]))
+            return cls(
+                int(data["block_size"]),
+                int(data["num_layers"]),
+                tuple(int(s) for s in data["block_shape"]),
+                str(data["dtype"]),
+                int(data["block_dim"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a block layout: {data!r}") from exc

@@ -47,7 +47,8 @@ class ExternalLoads:
     def start(self, request: Request, num_local: int, num_external: int, block_ids: list[int]) -> None:
         first = num_local // self.block_size
         self._loads[request.request_id] = ExternalLoad(
-            request, num_local, block_ids[first:first + num_external // self.block_size], self.block_size)
+            request, num_local, block_ids[first : first + num_external // self.block_size], self.block_size
+        )
         self.stats["external_prefix_hits"] += num_external
 
     def pop(self, request_id: str) -> ExternalLoad | None:

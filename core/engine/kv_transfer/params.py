@@ -32,7 +32,9 @@ class RemotePrefill:
     peer: Peer
     request_id: str  # the request's id on the prefill instance
     block_ids: tuple[int, ...]
-    prompt_hash: str | None = None  # hex chained hash of its prompt's last full block (this engine's extension)
+    prompt_hash: str | None = (
+        None  # hex chained hash of its prompt's last full block (this engine's extension)
+    )
 
     @classmethod
     def parse(cls, params: dict) -> RemotePrefill:
@@ -45,7 +47,8 @@ class RemotePrefill:
             raise ValueError(f"kv_transfer_params.remote_port: a TCP port, got {port!r}")
         block_ids = params.get("remote_block_ids")
         if not isinstance(block_ids, list) or not all(
-                isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in block_ids):
+            isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in block_ids
+        ):
             raise ValueError("kv_transfer_params.remote_block_ids: a list of block ids (integers >= 0)")
         prompt_hash = params.get(PROMPT_HASH)
         if prompt_hash is not None and not isinstance(prompt_hash, str):
@@ -85,12 +88,21 @@ def wants_remote_decode(params: dict | None) -> bool:
     return isinstance(params, dict) and params.get(DO_REMOTE_DECODE) is True
 
 
-def prefill_params(peer: Peer, request_id: str, block_ids: list[int], prompt_hash: bytes | None = None) -> dict:
+def prefill_params(
+    peer: Peer, request_id: str, block_ids: list[int], prompt_hash: bytes | None = None
+) -> dict:
     """The params a prefill instance hands on with a request's output (vLLM's keys, and the
     chained hash of the prompt's last full block when it has one)."""
-    params = {DO_REMOTE_PREFILL: True, DO_REMOTE_DECODE: False, "remote_engine_id": peer.engine_id,
-              "remote_request_id": request_id, "remote_block_ids": list(block_ids),
-              "remote_host": peer.host, "remote_port": peer.port, "tp_size": 1}
+    params = {
+        DO_REMOTE_PREFILL: True,
+        DO_REMOTE_DECODE: False,
+        "remote_engine_id": peer.engine_id,
+        "remote_request_id": request_id,
+        "remote_block_ids": list(block_ids),
+        "remote_host": peer.host,
+        "remote_port": peer.port,
+        "tp_size": 1,
+    }
     if prompt_hash is not None:
         params[PROMPT_HASH] = prompt_hash.hex()
     return params

@@ -99,8 +99,9 @@ class PDSchedulerHalf:
         while len(self._pulled) > REMEMBERED_PULLS:
             self._pulled.popitem(last=False)
 
-    def update_state_after_alloc(self, request: KVRequest, block_ids: list[int], num_local_tokens: int,
-                                 num_external_tokens: int) -> None:
+    def update_state_after_alloc(
+        self, request: KVRequest, block_ids: list[int], num_local_tokens: int, num_external_tokens: int
+    ) -> None:
         remote = self._remote.pop(request.request_id, None)
         if remote is None:
             return
@@ -109,8 +110,15 @@ class PDSchedulerHalf:
             self._releases.append((remote.peer, remote.request_id))
             return
         first, count = num_local_tokens // self.block_size, num_external_tokens // self.block_size
-        self._reads.append(Read(request.request_id, remote.peer, remote.request_id,
-                                remote.block_ids[first:first + count], tuple(block_ids[first:first + count])))
+        self._reads.append(
+            Read(
+                request.request_id,
+                remote.peer,
+                remote.request_id,
+                remote.block_ids[first : first + count],
+                tuple(block_ids[first : first + count]),
+            )
+        )
 
     def request_finished(self, request: KVRequest, block_ids: list[int]) -> tuple[bool, dict | None]:
         remote = self._remote.pop(request.request_id, None)
@@ -120,10 +128,14 @@ class PDSchedulerHalf:
         if remote is not None:  # finished before its pull started (aborted, refused): free the producer's
             self._releases.append((remote.peer, remote.request_id))
             return False, None
-        if not (self.produces and wants_remote_decode(request.kv_transfer_params)
-                and request.finish_reason == "length" and block_ids):
+        if not (
+            self.produces
+            and wants_remote_decode(request.kv_transfer_params)
+            and request.finish_reason == "length"
+            and block_ids
+        ):
             return False, None  # vLLM's rule: only a prefill that ran to max_tokens hands its blocks on
-        prompt_blocks = tuple(block_ids[:-(-request.num_prompt_tokens // self.block_size)])
+        prompt_blocks = tuple(block_ids[: -(-request.num_prompt_tokens // self.block_size)])
         self._holds.append(Hold(request.request_id, prompt_blocks))
         full = request.num_prompt_tokens // self.block_size
         last_full_hash = request.block_hashes[full - 1] if full else None

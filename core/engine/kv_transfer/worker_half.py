@@ -56,19 +56,29 @@ class PDWorkerHalf:
             if not ok:
                 failed.update(read.local_block_ids)
             self.transport.release(read.peer, read.remote_request_id)  # read or not, the producer may free
-        return KVTransferReport(finished_sending=frozenset(self._sent(events.released)),
-                                finished_loading=frozenset(loaded), failed_blocks=frozenset(failed),
-                                loaded_bytes=events.loaded_bytes, load_seconds=events.load_seconds)
+        return KVTransferReport(
+            finished_sending=frozenset(self._sent(events.released)),
+            finished_loading=frozenset(loaded),
+            failed_blocks=frozenset(failed),
+            loaded_bytes=events.loaded_bytes,
+            load_seconds=events.load_seconds,
+        )
 
     def _sent(self, released: frozenset[str]) -> list[str]:
         """Held requests whose reader is done, or whose time ran out, withdrawn from the transport."""
         now = time.monotonic()
         self._early = {rid: until for rid, until in self._early.items() if until > now}
-        self._early.update((rid, now + self.abort_request_timeout) for rid in released if rid not in self._held)
+        self._early.update(
+            (rid, now + self.abort_request_timeout) for rid in released if rid not in self._held
+        )
         expired = [rid for rid, deadline in self._held.items() if deadline <= now and rid not in released]
         for rid in expired:
-            logger.warning("request %s: no decode instance read its KV blocks within %g s "
-                           "(abort_request_timeout); freeing them", rid, self.abort_request_timeout)
+            logger.warning(
+                "request %s: no decode instance read its KV blocks within %g s "
+                "(abort_request_timeout); freeing them",
+                rid,
+                self.abort_request_timeout,
+            )
         done = [rid for rid in (*released, *expired) if rid in self._held]
         for rid in done:
             self.transport.withdraw(rid)

@@ -23,6 +23,23 @@ from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
 from engine.layers.rotary import RotaryEmbedding
 
-__all__ = ["FUSED_PROJECTIONS", "Attention", "DecoderAttention", "DecoderForCausalLM", "DecoderLayer", "DecoderModel",
-           "FusedMoE", "GatedMLP", "Layer", "LayerOps", "Linear", "RMSNorm", "RotaryEmbedding", "VocabEmbedding",
-           "decoder_rename", "head_dim", "load_checkpoint", "router_linear"]
+__all__ = [
+    "FUSED_PROJECTIONS",
+    "Attention",
+    "DecoderAttention",
+    "DecoderForCausalLM",
+    "DecoderLayer",
+    "DecoderModel",
+    "FusedMoE",
+    "GatedMLP",
+    "Layer",
+    "LayerOps",
+    "Linear",
+    "RMSNorm",
+    "RotaryEmbedding",
+    "VocabEmbedding",
+    "decoder_rename",
+    "head_dim",
+    "load_checkpoint",
+    "router_linear",
+]

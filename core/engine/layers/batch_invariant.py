@@ -30,5 +30,5 @@ def in_row_tiles(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
     padded = -(-count // ROWS) * ROWS
     if padded != count:
         rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
-    out = torch.cat([matmul(rows[start:start + ROWS]) for start in range(0, padded, ROWS)])
+    out = torch.cat([matmul(rows[start : start + ROWS]) for start in range(0, padded, ROWS)])
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])

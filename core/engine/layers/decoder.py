@@ -39,17 +39,33 @@ class DecoderAttention(Layer):
     tensor-parallel group, a rank holds its heads (``num_heads``, ``num_kv_heads`` are the
     rank's) and ``o_proj`` all-reduces."""
 
-    def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps, qkv_bias: bool = False,
-                 o_bias: bool = False, qk_norm: bool = False):
+    def __init__(
+        self,
+        cfg,
+        layer: int,
+        method,
+        dtype,
+        ops: LayerOps,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        qk_norm: bool = False,
+    ):
         super().__init__()
         self.ops = ops
         heads = attention_heads(cfg.num_attention_heads, cfg.num_key_value_heads, current_tensor_parallel())
         self.num_heads, self.num_kv_heads, self.head_dim = heads.q, heads.kv, head_dim(cfg)
         q_size, kv_size = cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
-        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [q_size, kv_size, kv_size], qkv_bias, method, dtype,
-                                             heads.qkv_shards(self.head_dim))
-        self.o_proj = RowParallelLinear(q_size, cfg.hidden_size, o_bias, method, dtype,
-                                        heads.o_shard(self.head_dim))
+        self.qkv_proj = ColumnParallelLinear(
+            cfg.hidden_size,
+            [q_size, kv_size, kv_size],
+            qkv_bias,
+            method,
+            dtype,
+            heads.qkv_shards(self.head_dim),
+        )
+        self.o_proj = RowParallelLinear(
+            q_size, cfg.hidden_size, o_bias, method, dtype, heads.o_shard(self.head_dim)
+        )
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
         self.attn = Attention(layer)
@@ -116,7 +132,9 @@ class DecoderModel(Layer):
         norm; the residual stream after each of ``step.aux_layers`` goes to ``step.aux_hidden``."""
         hidden, residual = self.embed_tokens(input_ids), None
         cos_sin = self.rotary(positions)
-        layers = self.layers if num_layers is None else self.layers[:num_layers]  # a slice builds a ModuleList
+        layers = (
+            self.layers if num_layers is None else self.layers[:num_layers]
+        )  # a slice builds a ModuleList
         for index, layer in enumerate(layers):
             hidden, residual = layer(cos_sin, hidden, residual, step)
             if index in step.aux_layers:
@@ -137,8 +155,10 @@ class DecoderForCausalLM(Model):
         self.tensor_parallel = current_tensor_parallel()
         cfg = self.cfg = ctx.hf_config
         ops = ctx.layer_ops or LayerOps()
-        layers = (self.decoder_layer(cfg, index, ctx.linear_method, ctx.dtype, ops)
-                  for index in range(cfg.num_hidden_layers))
+        layers = (
+            self.decoder_layer(cfg, index, ctx.linear_method, ctx.dtype, ops)
+            for index in range(cfg.num_hidden_layers)
+        )
         self.model = DecoderModel(cfg, layers, ctx.linear_method, ctx.dtype, ops)
         self.tied = getattr(cfg, "tie_word_embeddings", False)
         if not self.tied:
@@ -190,8 +210,13 @@ class LayerSkipView(nn.Module):
 
     def kv_layout(self) -> KVLayout:
         full = self._target[0].kv_layout()
-        return KVLayout(self.num_layers, full.num_heads, full.num_kv_heads, full.head_dim,
-                        full.layer_kinds[:self.num_layers])
+        return KVLayout(
+            self.num_layers,
+            full.num_heads,
+            full.num_kv_heads,
+            full.head_dim,
+            full.layer_kinds[: self.num_layers],
+        )
 
     def forward(self, input_ids, positions, step):
         return self._target[0].model(input_ids, positions, step, num_layers=self.num_layers)

@@ -51,7 +51,7 @@ class VocabEmbedding(Linear):
         if self.tp.size == 1 or hasattr(param, "weight_loader"):
             super().load_shard(param_name, tensor, shard)
             return
-        param.data[:self.vocab_rows].copy_(self.rank_part(param, tensor, shard))
+        param.data[: self.vocab_rows].copy_(self.rank_part(param, tensor, shard))
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
@@ -66,4 +66,4 @@ class VocabEmbedding(Linear):
         if self.tp.size == 1:
             return logits
         gathered = self.tp.gather(logits)
-        return None if gathered is None else gathered[:, :self.vocab_size]
+        return None if gathered is None else gathered[:, : self.vocab_size]

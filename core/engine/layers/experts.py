@@ -29,15 +29,16 @@ class ExpertSegments:
         counts[expert] = rows
         return cls.from_counts(counts)
 
-    def per_expert(self, x: torch.Tensor, out_features: int,
-                   matmul: Callable[[int, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    def per_expert(
+        self, x: torch.Tensor, out_features: int, matmul: Callable[[int, torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         """``matmul(expert, rows)`` over each expert's segment of ``x`` [M, in] -> [M, out]:
         the loop over the experts that received rows, for kernels that take one weight."""
         out = x.new_empty(x.shape[0], out_features)
         start = 0
         for expert, size in enumerate(self.sizes):
             if size:
-                out[start:start + size] = matmul(expert, x[start:start + size])
+                out[start : start + size] = matmul(expert, x[start : start + size])
                 start += size
         return out
 
@@ -54,6 +55,12 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, segments: ExpertSegmen
 def _grouped_mm_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
     """Whether ``torch._grouped_mm`` runs these operands: on the CPU, contiguous, rows of
     whole 16-byte lines (it refuses other strides), at least one row."""
-    return (x.device.type == "cpu" and hasattr(torch, "_grouped_mm") and x.shape[0] > 0
-            and x.is_contiguous() and weight.is_contiguous()
-            and x.shape[1] * x.element_size() % 16 == 0 and weight.shape[1] * weight.element_size() % 16 == 0)
+    return (
+        x.device.type == "cpu"
+        and hasattr(torch, "_grouped_mm")
+        and x.shape[0] > 0
+        and x.is_contiguous()
+        and weight.is_contiguous()
+        and x.shape[1] * x.element_size() % 16 == 0
+        and weight.shape[1] * weight.element_size() % 16 == 0
+    )

@@ -51,8 +51,13 @@ class AffineWeight:
         first = parts[0]
         if any((p.group, p.bits) != (first.group, first.bits) for p in parts):
             raise ValueError("cannot fuse affine weights of different group sizes or bit widths")
-        return AffineWeight(torch.cat([p.q for p in parts]), torch.cat([p.scale for p in parts]),
-                            torch.cat([p.offset for p in parts]), first.group, first.bits)
+        return AffineWeight(
+            torch.cat([p.q for p in parts]),
+            torch.cat([p.scale for p in parts]),
+            torch.cat([p.offset for p in parts]),
+            first.group,
+            first.bits,
+        )
 
 
 def _affine(q, scale, offset, group):
@@ -92,7 +97,7 @@ class Int4Planes(Layer):
         zero = weight.offset + 8 * weight.scale  # plane 0's zero; higher planes' constants fold in
         for plane in range(self.num_planes):
             q4 = ((weight.q >> (4 * plane)) & 15).to(torch.int32)
-            scale = weight.scale * 16 ** plane
+            scale = weight.scale * 16**plane
             if plane > 0:
                 shift = 8 if weight.bits - 4 * plane <= 3 else 0  # values in 0..7 stored as 8..15
                 q4 += shift
@@ -112,7 +117,7 @@ class Int4Planes(Layer):
             return F.linear(x, self.dense())
         x = x.repeat(1, self.num_planes) if self.num_planes > 1 else x.contiguous()
         out = torch._weight_int4pack_mm_for_cpu(x, self.packed, self.group, self.scales_zeros)
-        return out if self.packed.shape[0] == self.out_features else out[:, :self.out_features]
+        return out if self.packed.shape[0] == self.out_features else out[:, : self.out_features]
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows ``ids`` of the weight (embedding lookups), unpacked from the planes; needs
@@ -136,7 +141,7 @@ class Int4Planes(Layer):
         scales, zeros = (t.t()[..., None] for t in self.scales_zeros.unbind(-1))  # [rows, planes·G, 1]
         w = torch.addcmul(zeros, q4, scales).reshape(rows, self.num_planes, self.in_features)
         w = w.sum(1) if self.num_planes > 1 else w[:, 0]
-        return w[:self.out_features]
+        return w[: self.out_features]
 
     def dequantize(self) -> torch.Tensor:
         """The weight these planes hold, [N, K], read back through the kernel itself."""

@@ -32,8 +32,9 @@ def row_abs_max(weight: torch.Tensor) -> torch.Tensor:
     return weight.float().abs().amax(dim=-1)
 
 
-def quantize_rows(weight: torch.Tensor,
-                  abs_max: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(
+    weight: torch.Tensor, abs_max: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Round-to-nearest symmetric int8 per row: -> (q int8 [N, K], scale float32 [N]).
     ``abs_max``: each row's largest magnitude when ``weight`` holds only part of the rows'
     columns (a tensor-parallel rank's): the part then rounds as the whole rows would."""
@@ -58,8 +59,13 @@ class Int8Rows(Layer):
         self._last_columns: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @classmethod
-    def from_float(cls, weight: torch.Tensor, dtype: torch.dtype, ops: LayerOps | None = None,
-                   abs_max: torch.Tensor | None = None) -> Int8Rows:
+    def from_float(
+        cls,
+        weight: torch.Tensor,
+        dtype: torch.dtype,
+        ops: LayerOps | None = None,
+        abs_max: torch.Tensor | None = None,
+    ) -> Int8Rows:
         return cls(*quantize_rows(weight, abs_max), dtype, ops)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -72,7 +78,7 @@ class Int8Rows(Layer):
             return self._dynamic(x)
         out = torch.empty(x.shape[0], self.q.shape[0], dtype=x.dtype, device=x.device)
         for start in range(0, x.shape[0], ROWS_PER_CHUNK):
-            out[start:start + ROWS_PER_CHUNK] = self._dynamic(x[start:start + ROWS_PER_CHUNK])
+            out[start : start + ROWS_PER_CHUNK] = self._dynamic(x[start : start + ROWS_PER_CHUNK])
         return out
 
     def _dynamic(self, x: torch.Tensor) -> torch.Tensor:

@@ -22,7 +22,9 @@ class Linear(Layer):
         self.output_sizes = list(output_sizes)
         self.method = method
         method.create_weights(self, input_size, self.output_sizes)
-        self.bias = nn.Parameter(torch.zeros(sum(output_sizes), dtype=dtype), requires_grad=False) if bias else None
+        self.bias = (
+            nn.Parameter(torch.zeros(sum(output_sizes), dtype=dtype), requires_grad=False) if bias else None
+        )
         if self.bias is not None:
             self.bias.output_dim = 0
 

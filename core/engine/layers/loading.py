@@ -12,8 +12,13 @@ from engine.layers.linear import Linear
 from engine.layers.moe import EXPERT_PROJECTIONS, FusedMoE
 
 # checkpoint projection -> (fused Linear, shard index)
-FUSED_PROJECTIONS = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-                     "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+FUSED_PROJECTIONS = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 def decoder_rename(tied: bool) -> Callable[[str], str | None]:
@@ -22,9 +27,12 @@ def decoder_rename(tied: bool) -> Callable[[str], str | None]:
     return lambda name: None if "rotary_emb" in name or (tied and name == "lm_head.weight") else name
 
 
-def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]],
-                    rename: Callable[[str], str | None] = lambda name: name,
-                    fused: dict[str, tuple[str, int]] = FUSED_PROJECTIONS) -> None:
+def load_checkpoint(
+    module: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    rename: Callable[[str], str | None] = lambda name: name,
+    fused: dict[str, tuple[str, int]] = FUSED_PROJECTIONS,
+) -> None:
     """Copy (name, tensor) pairs into ``module``: q/k/v and gate/up projections into their
     fused :class:`Linear`'s shards, ``<moe>.experts.<e>.<projection>.<param>`` into the
     :class:`FusedMoE` at ``<moe>.experts`` (experts on other ranks skipped), other Linear
@@ -57,8 +65,11 @@ def load_checkpoint(module: nn.Module, weights: Iterable[tuple[str, torch.Tensor
             state[name].data.copy_(materialize(tensor))
             missing.discard(name)
         else:
-            raise ValueError(f"checkpoint tensor {checkpoint_name!r} matches nothing in {type(module).__name__}")
+            raise ValueError(
+                f"checkpoint tensor {checkpoint_name!r} matches nothing in {type(module).__name__}"
+            )
     if missing:
         shown = sorted(missing)
-        raise ValueError(f"checkpoint lacks {shown[:5]}{' ...' if len(shown) > 5 else ''} "
-                         f"for {type(module).__name__}")
+        raise ValueError(
+            f"checkpoint lacks {shown[:5]}{' ...' if len(shown) > 5 else ''} for {type(module).__name__}"
+        )

@@ -29,8 +29,14 @@ from engine.layers.unquantized import UnquantizedLinearMethod
 
 # checkpoint name of an expert's projection -> (FusedMoE attribute, shard): Mixtral's w1/w3/w2
 # and the Qwen-MoE family's gate_proj/up_proj/down_proj
-EXPERT_PROJECTIONS = {"w1": ("gate_up", 0), "w3": ("gate_up", 1), "w2": ("down", 0),
-                      "gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0)}
+EXPERT_PROJECTIONS = {
+    "w1": ("gate_up", 0),
+    "w3": ("gate_up", 1),
+    "w2": ("down", 0),
+    "gate_proj": ("gate_up", 0),
+    "up_proj": ("gate_up", 1),
+    "down_proj": ("down", 0),
+}
 
 
 def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):
@@ -55,7 +61,9 @@ class ExpertLinear(Layer):
     multiplied by the quant method (its ``*_moe_*`` methods); checkpoint tensors arrive one
     expert and shard at a time through :meth:`load_shard`."""
 
-    def __init__(self, num_experts: int, input_size: int, output_sizes: list[int], method, dtype: torch.dtype):
+    def __init__(
+        self, num_experts: int, input_size: int, output_sizes: list[int], method, dtype: torch.dtype
+    ):
         super().__init__()
         if not method.quantizes_experts:
             method = UnquantizedLinearMethod(method.ctx)
@@ -84,7 +92,9 @@ class ExpertLinear(Layer):
     def process_weights_after_loading(self) -> None:
         if self._unloaded:
             shown = sorted(self._unloaded)
-            raise ValueError(f"experts never loaded (expert, shard): {shown[:5]}{' ...' if len(shown) > 5 else ''}")
+            raise ValueError(
+                f"experts never loaded (expert, shard): {shown[:5]}{' ...' if len(shown) > 5 else ''}"
+            )
         self.method.process_moe_weights_after_loading(self)
 
     def forward(self, x: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
@@ -96,6 +106,7 @@ class ExpertLinear(Layer):
         """Batch-invariant mode: each expert's rows in tiles of exactly
         :data:`~engine.layers.batch_invariant.ROWS` (as every ``Linear``), so a row's result does
         not depend on how many other rows chose its expert this step."""
+
         def expert_tiles(expert: int, rows: torch.Tensor) -> torch.Tensor:
             one = ExpertSegments.single(expert, ROWS, self.num_experts)
             return in_row_tiles(lambda tile: self.method.apply_moe(self, tile, one), rows)
@@ -110,17 +121,33 @@ class FusedMoE(Layer):
     ``local_experts`` are the global ids of the experts this rank holds (default all); a
     checkpoint's other experts are skipped when loading."""
 
-    def __init__(self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, renormalize: bool,
-                 method, dtype: torch.dtype, ops, local_experts: Sequence[int] | None = None):
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        renormalize: bool,
+        method,
+        dtype: torch.dtype,
+        ops,
+        local_experts: Sequence[int] | None = None,
+    ):
         super().__init__()
         self.num_experts, self.top_k, self.renormalize, self.ops = num_experts, top_k, renormalize, ops
         self.local_experts = list(range(num_experts) if local_experts is None else local_experts)
-        if not set(self.local_experts) <= set(range(num_experts)) or len(set(self.local_experts)) < len(self.local_experts):
-            raise ValueError(f"local_experts must be distinct expert ids below {num_experts}: {self.local_experts}")
+        if not set(self.local_experts) <= set(range(num_experts)) or len(set(self.local_experts)) < len(
+            self.local_experts
+        ):
+            raise ValueError(
+                f"local_experts must be distinct expert ids below {num_experts}: {self.local_experts}"
+            )
         local_index = torch.full((num_experts,), -1, dtype=torch.long)
         local_index[self.local_experts] = torch.arange(len(self.local_experts))
         self.register_buffer("local_index", local_index, persistent=False)
-        self.gate_up = ExpertLinear(len(self.local_experts), hidden_size, [intermediate_size] * 2, method, dtype)
+        self.gate_up = ExpertLinear(
+            len(self.local_experts), hidden_size, [intermediate_size] * 2, method, dtype
+        )
         self.down = ExpertLinear(len(self.local_experts), intermediate_size, [hidden_size], method, dtype)
 
     def load_expert(self, projection: str, param_name: str, expert: int, tensor) -> bool:
@@ -138,7 +165,7 @@ class FusedMoE(Layer):
         local = self.local_index[ids.flatten()]  # one entry per (token, choice); -1: another rank
         order = torch.argsort(local, stable=True)
         if len(self.local_experts) < self.num_experts:
-            order = order[int((local < 0).sum()):]  # the other ranks' pairs sort first
+            order = order[int((local < 0).sum()) :]  # the other ranks' pairs sort first
         counts = torch.bincount(local[order], minlength=len(self.local_experts))
         segments = ExpertSegments.from_counts(counts)
         tokens = order // self.top_k

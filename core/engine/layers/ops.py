@@ -75,8 +75,14 @@ class LayerOps:
         tables looked up by position); an id outside [0, N) raises IndexError."""
         return torch.index_select(table, 0, ids)
 
-    def rotary_qkv(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int,
-                   cos_sin: tuple[torch.Tensor, torch.Tensor]):
+    def rotary_qkv(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ):
         """A fused q|k|v projection [T, (H + 2·H_kv)·D] (consumed) -> rotated q [T, H, D],
         rotated k [T, H_kv, D] and v [T, H_kv, D]. ``cos_sin`` is
         :meth:`engine.layers.RotaryEmbedding.forward`'s ([cos, cos], [−sin, sin]), each
@@ -86,8 +92,16 @@ class LayerOps:
         q, k = _rotate(qk, cos_sin).split([num_heads, num_kv_heads], dim=1)
         return q, k, v
 
-    def qk_norm_rotary(self, qkv: torch.Tensor, q_norm, k_norm, num_heads: int, num_kv_heads: int,
-                       head_dim: int, cos_sin: tuple[torch.Tensor, torch.Tensor]):
+    def qk_norm_rotary(
+        self,
+        qkv: torch.Tensor,
+        q_norm,
+        k_norm,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ):
         """:meth:`rotary_qkv` with a per-head RMSNorm of q and k before the rotation (Qwen3,
         Qwen3-MoE): ``q_norm`` and ``k_norm`` are :class:`engine.layers.RMSNorm` s of size
         ``head_dim``, applied to every head. A fused q|k|v projection [T, (H + 2·H_kv)·D]
@@ -118,8 +132,9 @@ class LayerOps:
             scaled.index_fill_(1, outliers, 0)
         return scaled.round_().to(torch.int8), scale, outliers
 
-    def rescale_int32(self, acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor,
-                      dtype: torch.dtype) -> torch.Tensor:
+    def rescale_int32(
+        self, acc: torch.Tensor, row_scale: torch.Tensor, col_scale: torch.Tensor, dtype: torch.dtype
+    ) -> torch.Tensor:
         """An int32 matmul result [M, N] times row_scale [M, 1] and col_scale [1, N]
         (float32), in ``dtype``."""
         return acc.float().mul_(row_scale).mul_(col_scale).to(dtype)

@@ -32,8 +32,10 @@ def _proportional(tensor, dim: int, full: int, start: int, length: int) -> torch
     (a packed format stores fewer entries per unit: the slice is scaled to what it stores)."""
     stored = tensor.shape[dim]
     if (start * stored) % full or (length * stored) % full:
-        raise ValueError(f"tensor_parallel_size: a checkpoint tensor's dim {dim} stores {stored} entries for "
-                         f"{full}; entries [{start}, {start + length}) do not fall on whole stored entries")
+        raise ValueError(
+            f"tensor_parallel_size: a checkpoint tensor's dim {dim} stores {stored} entries for "
+            f"{full}; entries [{start}, {start + length}) do not fall on whole stored entries"
+        )
     return tensor.narrow(dim, start * stored // full, length * stored // full)
 
 
@@ -41,8 +43,15 @@ class ColumnParallelLinear(Linear):
     """``shards``: per fused projection, (first row, rows) of the checkpoint's projection this
     rank holds; None: an even split of each of ``output_sizes`` (the full sizes)."""
 
-    def __init__(self, input_size: int, output_sizes: list[int], bias: bool, method, dtype: torch.dtype,
-                 shards: list[tuple[int, int]] | None = None):
+    def __init__(
+        self,
+        input_size: int,
+        output_sizes: list[int],
+        bias: bool,
+        method,
+        dtype: torch.dtype,
+        shards: list[tuple[int, int]] | None = None,
+    ):
         tp = current_tensor_parallel()
         shards = shards or [tp.split(size, "a projection's output size") for size in output_sizes]
         super().__init__(input_size, [length for _, length in shards], bias, method, dtype)
@@ -61,8 +70,15 @@ class RowParallelLinear(Linear):
     column, columns) of the checkpoint's input this rank holds (None: an even split). The
     bias is replicated and added once, after the reduction."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool, method, dtype: torch.dtype,
-                 shard: tuple[int, int] | None = None):
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        method,
+        dtype: torch.dtype,
+        shard: tuple[int, int] | None = None,
+    ):
         tp = current_tensor_parallel()
         start, length = shard or tp.split(input_size, "a row-parallel layer's input size")
         super().__init__(length, [output_size], bias, method, dtype)
@@ -121,14 +137,17 @@ def attention_heads(num_heads: int, num_kv_heads: int, tp: TensorParallel) -> At
     sized from rank 0's blocks, and its weights are the largest). With fewer kv heads than
     ranks, the q heads split evenly and each kv head is replicated on the ranks of its q heads."""
     if num_heads % num_kv_heads:
-        raise ValueError(f"num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads "
-                         f"({num_kv_heads})")
+        raise ValueError(
+            f"num_attention_heads ({num_heads}) is not a multiple of num_key_value_heads ({num_kv_heads})"
+        )
     if num_kv_heads >= tp.size:
         group = num_heads // num_kv_heads
         kv_start, kv = balanced_split(num_kv_heads, tp.size, tp.rank)
         return AttentionHeads(kv_start * group, kv * group, kv_start, kv)
     if tp.size % num_kv_heads:
-        raise ValueError(f"tensor_parallel_size: {tp.size} ranks cannot share {num_kv_heads} kv heads "
-                         "(replicating them needs ranks to be a multiple of the kv heads)")
+        raise ValueError(
+            f"tensor_parallel_size: {tp.size} ranks cannot share {num_kv_heads} kv heads "
+            "(replicating them needs ranks to be a multiple of the kv heads)"
+        )
     q_start, q = tp.split(num_heads, "num_attention_heads")
     return AttentionHeads(q_start, q, tp.rank * num_kv_heads // tp.size, 1)

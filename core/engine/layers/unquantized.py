@@ -15,8 +15,9 @@ class UnquantizedLinearMethod(QuantMethod):
     shards_for_tensor_parallel = True
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
-        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype),
-                              requires_grad=False)
+        weight = nn.Parameter(
+            torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False
+        )
         weight.output_dim, weight.input_dim = 0, 1
         layer.register_parameter("weight", weight)
 

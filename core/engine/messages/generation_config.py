@@ -17,8 +17,14 @@ from engine.messages.sampling_params import InvalidParam, SamplingParams
 
 FILE = "generation_config.json"
 # generation-config key -> SamplingParams field
-FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
-          "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
+FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
+}
 
 
 def read_generation_config(folder: str) -> dict | None:

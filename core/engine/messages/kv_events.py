@@ -18,15 +18,18 @@ import attrs
 PUBLISHERS = ("null", "zmq")
 
 
-def chain_hashes(tokens: Sequence[int], block_size: int, salt: str | None = None,
-                 parent: bytes | None = None) -> list[bytes]:
+def chain_hashes(
+    tokens: Sequence[int], block_size: int, salt: str | None = None, parent: bytes | None = None
+) -> list[bytes]:
     """The prefix cache's hashes of the full blocks of ``tokens``: block i's is sha256(block
     i-1's hash — ``parent`` before the first, else the cache salt — + its token ids as int64).
     Equal hashes mean equal whole prefixes (and salts), so a router can compute what an engine
     will report."""
     hashes, previous = [], (salt or "").encode() if parent is None else parent
     for start in range(0, len(tokens) - block_size + 1, block_size):
-        previous = hashlib.sha256(previous + array("q", tokens[start:start + block_size]).tobytes()).digest()
+        previous = hashlib.sha256(
+            previous + array("q", tokens[start : start + block_size]).tobytes()
+        ).digest()
         hashes.append(previous)
     return hashes
 
@@ -37,8 +40,14 @@ def block_hashes(request, block_size: int) -> list[bytes]:
     hashes = request.block_hashes
     start, end = len(hashes) * block_size, request.num_tokens // block_size * block_size
     if end > start:
-        hashes.extend(chain_hashes(request.all_token_ids[start:end], block_size, request.cache_salt,
-                                   hashes[-1] if hashes else None))
+        hashes.extend(
+            chain_hashes(
+                request.all_token_ids[start:end],
+                block_size,
+                request.cache_salt,
+                hashes[-1] if hashes else None,
+            )
+        )
     return hashes
 
 
@@ -107,6 +116,8 @@ class KVEventsConfig:
             return value
         unknown = sorted(set(value) - set(attrs.fields_dict(cls)))
         if unknown:
-            raise ValueError(f"kv_events_config: unknown field(s) {', '.join(unknown)} "
-                             f"(known: {', '.join(attrs.fields_dict(cls))})")
+            raise ValueError(
+                f"kv_events_config: unknown field(s) {', '.join(unknown)} "
+                f"(known: {', '.join(attrs.fields_dict(cls))})"
+            )
         return cls(**value)

@@ -22,7 +22,9 @@ class PoolingParams:
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise InvalidParam("normalize", f"normalize must be a boolean, got {self.normalize!r}")
         if self.dimensions is not None and not (is_int(self.dimensions) and self.dimensions >= 1):
-            raise InvalidParam("dimensions", f"dimensions must be a positive integer, got {self.dimensions!r}")
+            raise InvalidParam(
+                "dimensions", f"dimensions must be a positive integer, got {self.dimensions!r}"
+            )
 
     def check_dimensions(self, hidden_size: int, matryoshka: bool, allowed: tuple[int, ...] | None) -> None:
         """InvalidParam naming ``dimensions`` unless the model can return that many: a
@@ -32,13 +34,20 @@ class PoolingParams:
         if d is None:
             return
         if not matryoshka:
-            raise InvalidParam("dimensions", "dimensions: this model does not support matryoshka representation "
-                                             "(its config sets neither is_matryoshka nor matryoshka_dimensions)")
+            raise InvalidParam(
+                "dimensions",
+                "dimensions: this model does not support matryoshka representation "
+                "(its config sets neither is_matryoshka nor matryoshka_dimensions)",
+            )
         if d > hidden_size:
-            raise InvalidParam("dimensions", f"dimensions: {d} exceeds the model's embedding size {hidden_size}")
+            raise InvalidParam(
+                "dimensions", f"dimensions: {d} exceeds the model's embedding size {hidden_size}"
+            )
         if allowed and d not in allowed:
-            raise InvalidParam("dimensions", f"dimensions: {d} is not one of the model's matryoshka dimensions "
-                                             f"{list(allowed)}")
+            raise InvalidParam(
+                "dimensions",
+                f"dimensions: {d} is not one of the model's matryoshka dimensions {list(allowed)}",
+            )
 
     def to_dict(self) -> dict[str, Any]:
         return attrs.asdict(self)

@@ -34,9 +34,16 @@ class Request:
     Given :class:`PoolingParams` the request pools: ``pooling_params`` holds them, it runs
     its whole prompt in one step and finishes with a vector, never a token."""
 
-    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams,
-                 eos_token_id: int | None = None, priority: int = 0, cache_salt: str | None = None,
-                 kv_transfer_params: dict | None = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams | PoolingParams,
+        eos_token_id: int | None = None,
+        priority: int = 0,
+        cache_salt: str | None = None,
+        kv_transfer_params: dict | None = None,
+    ):
         self.request_id = request_id
         self.pooling_params = params if isinstance(params, PoolingParams) else None
         sampling_params = POOLING_SAMPLING if self.pooling_params is not None else params

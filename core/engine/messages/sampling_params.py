@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import attrs
 
-INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 class InvalidParam(ValueError):
@@ -76,7 +76,11 @@ def _as_optional_tuple(value):
 def _as_nested_tuple(value):
     """Token-id sequences (``bad_words_token_ids``): a list of lists, as msgpack returns it."""
     value = _as_tuple(value)
-    return tuple(_as_tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, tuple) else value
+    return (
+        tuple(_as_tuple(v) if isinstance(v, list) else v for v in value)
+        if isinstance(value, tuple)
+        else value
+    )
 
 
 def _token_ids_ok(ids) -> bool:
@@ -132,62 +136,147 @@ class SamplingParams:
         _check(self.top_k >= -1, "top_k", "must be -1 (off), 0 (off) or positive", self.top_k)
         _check(0 <= self.min_p <= 1, "min_p", "must be in [0, 1]", self.min_p)
         _check(self.repetition_penalty > 0, "repetition_penalty", "must be positive", self.repetition_penalty)
-        _check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", "must be in [-2, 2]", self.frequency_penalty)
-        _check(-2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]", self.presence_penalty)
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens", "must be at least 1", self.max_tokens)
+        _check(
+            -2 <= self.frequency_penalty <= 2,
+            "frequency_penalty",
+            "must be in [-2, 2]",
+            self.frequency_penalty,
+        )
+        _check(
+            -2 <= self.presence_penalty <= 2, "presence_penalty", "must be in [-2, 2]", self.presence_penalty
+        )
+        _check(
+            self.max_tokens is None or self.max_tokens >= 1,
+            "max_tokens",
+            "must be at least 1",
+            self.max_tokens,
+        )
         _check(self.min_tokens >= 0, "min_tokens", "must be non-negative", self.min_tokens)
-        _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
-               "must not exceed max_tokens", self.min_tokens)
+        _check(
+            self.max_tokens is None or self.min_tokens <= self.max_tokens,
+            "min_tokens",
+            "must not exceed max_tokens",
+            self.min_tokens,
+        )
         for field in ("logprobs", "prompt_logprobs"):
             value = getattr(self, field)
-            _check(value is None or value >= -1, field, "must be -1 (whole vocabulary) or non-negative", value)
+            _check(
+                value is None or value >= -1, field, "must be -1 (whole vocabulary) or non-negative", value
+            )
         _check(all(s for s in self.stop), "stop", "must not contain empty strings", self.stop)
-        _check(all(w.strip() for w in self.bad_words), "bad_words", "must not contain empty words", self.bad_words)
-        _check(self.allowed_token_ids is None or len(self.allowed_token_ids) > 0, "allowed_token_ids",
-               "must not be empty", self.allowed_token_ids)
-        _check(all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in (self.logit_bias or {}).values()), "logit_bias",
-               f"values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]", self.logit_bias)
-        _check(self.truncate_prompt_tokens is None or self.truncate_prompt_tokens == -1
-               or self.truncate_prompt_tokens >= 1, "truncate_prompt_tokens", "must be -1 or at least 1",
-               self.truncate_prompt_tokens)
+        _check(
+            all(w.strip() for w in self.bad_words),
+            "bad_words",
+            "must not contain empty words",
+            self.bad_words,
+        )
+        _check(
+            self.allowed_token_ids is None or len(self.allowed_token_ids) > 0,
+            "allowed_token_ids",
+            "must not be empty",
+            self.allowed_token_ids,
+        )
+        _check(
+            all(-MAX_LOGIT_BIAS <= b <= MAX_LOGIT_BIAS for b in (self.logit_bias or {}).values()),
+            "logit_bias",
+            f"values must be in [{-MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]",
+            self.logit_bias,
+        )
+        _check(
+            self.truncate_prompt_tokens is None
+            or self.truncate_prompt_tokens == -1
+            or self.truncate_prompt_tokens >= 1,
+            "truncate_prompt_tokens",
+            "must be -1 or at least 1",
+            self.truncate_prompt_tokens,
+        )
         # n samples of one prompt are seeded seed, seed + 1, ... seed + n - 1
-        _check(self.seed is None or self.seed + self.n - 1 <= INT64_MAX, "seed",
-               f"plus n - 1 must fit 64 bits (at most {INT64_MAX})", self.seed)
+        _check(
+            self.seed is None or self.seed + self.n - 1 <= INT64_MAX,
+            "seed",
+            f"plus n - 1 must fit 64 bits (at most {INT64_MAX})",
+            self.seed,
+        )
 
     def _check_types(self) -> None:
         for field in ("n", "top_k", "min_tokens"):
             check_int64(getattr(self, field), field)
         for field in ("seed", "max_tokens", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
             check_int64(getattr(self, field), field, optional=True)
-        for field in ("temperature", "top_p", "min_p", "repetition_penalty", "frequency_penalty",
-                      "presence_penalty"):
+        for field in (
+            "temperature",
+            "top_p",
+            "min_p",
+            "repetition_penalty",
+            "frequency_penalty",
+            "presence_penalty",
+        ):
             _check_float(getattr(self, field), field)
-        _check(isinstance(self.stop, tuple) and all(isinstance(s, str) for s in self.stop), "stop",
-               "must be a string or a list of strings", self.stop)
-        _check(isinstance(self.stop_token_ids, tuple)
-               and all(is_int(t) and 0 <= t <= INT64_MAX for t in self.stop_token_ids), "stop_token_ids",
-               "must be a list of non-negative 64-bit integers", self.stop_token_ids)
-        _check(self.allowed_token_ids is None or _token_ids_ok(self.allowed_token_ids), "allowed_token_ids",
-               "must be a list of non-negative 64-bit integers", self.allowed_token_ids)
-        _check(self.logit_bias is None or (isinstance(self.logit_bias, dict) and _token_ids_ok(tuple(self.logit_bias))
-                                           and all(_finite(b) for b in self.logit_bias.values())),
-               "logit_bias", "must map token ids to finite numbers", self.logit_bias)
-        _check(isinstance(self.bad_words, tuple) and all(isinstance(w, str) for w in self.bad_words), "bad_words",
-               "must be a list of strings", self.bad_words)
-        _check(isinstance(self.bad_words_token_ids, tuple)
-               and all(_token_ids_ok(ids) and ids for ids in self.bad_words_token_ids), "bad_words_token_ids",
-               "must be a list of non-empty token id lists", self.bad_words_token_ids)
-        _check(self.structured_outputs is None or isinstance(self.structured_outputs, GrammarSpec),
-               "structured_outputs", "must be a GrammarSpec", self.structured_outputs)
-        _check(self.extra_args is None or isinstance(self.extra_args, dict), "extra_args", "must be a dict",
-               self.extra_args)
+        _check(
+            isinstance(self.stop, tuple) and all(isinstance(s, str) for s in self.stop),
+            "stop",
+            "must be a string or a list of strings",
+            self.stop,
+        )
+        _check(
+            isinstance(self.stop_token_ids, tuple)
+            and all(is_int(t) and 0 <= t <= INT64_MAX for t in self.stop_token_ids),
+            "stop_token_ids",
+            "must be a list of non-negative 64-bit integers",
+            self.stop_token_ids,
+        )
+        _check(
+            self.allowed_token_ids is None or _token_ids_ok(self.allowed_token_ids),
+            "allowed_token_ids",
+            "must be a list of non-negative 64-bit integers",
+            self.allowed_token_ids,
+        )
+        _check(
+            self.logit_bias is None
+            or (
+                isinstance(self.logit_bias, dict)
+                and _token_ids_ok(tuple(self.logit_bias))
+                and all(_finite(b) for b in self.logit_bias.values())
+            ),
+            "logit_bias",
+            "must map token ids to finite numbers",
+            self.logit_bias,
+        )
+        _check(
+            isinstance(self.bad_words, tuple) and all(isinstance(w, str) for w in self.bad_words),
+            "bad_words",
+            "must be a list of strings",
+            self.bad_words,
+        )
+        _check(
+            isinstance(self.bad_words_token_ids, tuple)
+            and all(_token_ids_ok(ids) and ids for ids in self.bad_words_token_ids),
+            "bad_words_token_ids",
+            "must be a list of non-empty token id lists",
+            self.bad_words_token_ids,
+        )
+        _check(
+            self.structured_outputs is None or isinstance(self.structured_outputs, GrammarSpec),
+            "structured_outputs",
+            "must be a GrammarSpec",
+            self.structured_outputs,
+        )
+        _check(
+            self.extra_args is None or isinstance(self.extra_args, dict),
+            "extra_args",
+            "must be a dict",
+            self.extra_args,
+        )
 
     def check_vocab(self, vocab_size: int) -> None:
         """InvalidParam naming the field unless every token id the request names is below
         ``vocab_size`` (the sampler indexes the logits with them)."""
-        fields = {"stop_token_ids": self.stop_token_ids, "allowed_token_ids": self.allowed_token_ids or (),
-                  "logit_bias": tuple(self.logit_bias or ()),
-                  "bad_words": tuple(t for ids in self.bad_words_token_ids for t in ids)}
+        fields = {
+            "stop_token_ids": self.stop_token_ids,
+            "allowed_token_ids": self.allowed_token_ids or (),
+            "logit_bias": tuple(self.logit_bias or ()),
+            "bad_words": tuple(t for ids in self.bad_words_token_ids for t in ids),
+        }
         for field, ids in fields.items():
             bad = [t for t in ids if t >= vocab_size]
             _check(not bad, field, f"must name token ids in [0, {vocab_size})", bad)
@@ -203,8 +292,12 @@ class SamplingParams:
         _check(not unknown, "params", "has unknown fields", sorted(unknown))
         spec = data.get("structured_outputs")
         if spec is not None:
-            _check(isinstance(spec, dict) and set(spec) == {"kind", "value"}, "structured_outputs",
-                   "must be {kind, value}", spec)
+            _check(
+                isinstance(spec, dict) and set(spec) == {"kind", "value"},
+                "structured_outputs",
+                "must be {kind, value}",
+                spec,
+            )
             data["structured_outputs"] = GrammarSpec(**spec)
         return cls(**data)
 
@@ -219,8 +312,7 @@ class SamplingParams:
 
     @property
     def uses_penalties(self) -> bool:
-        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
-                or self.presence_penalty != 0.0)
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 def tokenize_bad_words(params: SamplingParams, tokenizer) -> SamplingParams:
@@ -241,14 +333,18 @@ def tokenize_bad_words(params: SamplingParams, tokenizer) -> SamplingParams:
     return attrs.evolve(params, bad_words_token_ids=tuple(sequences))
 
 
-def truncate_prompt(prompt_token_ids: list[int], truncate_prompt_tokens: int | None,
-                    max_model_len: int) -> list[int]:
+def truncate_prompt(
+    prompt_token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+) -> list[int]:
     """The last ``truncate_prompt_tokens`` prompt tokens (vLLM: left truncation; -1 means
     ``max_model_len``); more than ``max_model_len`` is an error, as in vLLM."""
     if truncate_prompt_tokens is None:
         return prompt_token_ids
     if truncate_prompt_tokens > max_model_len:
-        raise InvalidParam("truncate_prompt_tokens", f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
-                           f"greater than max_model_len ({max_model_len}); select a smaller truncation size")
+        raise InvalidParam(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
+            f"greater than max_model_len ({max_model_len}); select a smaller truncation size",
+        )
     keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
     return prompt_token_ids[-keep:]

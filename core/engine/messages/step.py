@@ -58,7 +58,9 @@ class StepResult:
     logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     hidden_states: dict[str, object] = attrs.Factory(dict)  # request id -> [valid rows, hidden], if kept
-    pooled: dict[str, object] = attrs.Factory(dict)  # pooling request id -> its vector [dim] float32 on the CPU
+    pooled: dict[str, object] = attrs.Factory(
+        dict
+    )  # pooling request id -> its vector [dim] float32 on the CPU
 
 
 @attrs.frozen

@@ -38,8 +38,17 @@ from pathlib import Path
 from engine.native.errors import BuildError
 from engine.native.prototypes import HeaderError, Prototype, read_header
 
-__all__ = ["CFLAGS_VARIABLE", "FLAGS", "INCLUDE_DIR", "PORTABLE_FLAGS", "BuildError", "HeaderError",
-           "Library", "Prototype", "load_source"]
+__all__ = [
+    "CFLAGS_VARIABLE",
+    "FLAGS",
+    "INCLUDE_DIR",
+    "PORTABLE_FLAGS",
+    "BuildError",
+    "HeaderError",
+    "Library",
+    "Prototype",
+    "load_source",
+]
 
 INCLUDE_DIR = Path(__file__).with_name("include")
 FLAGS = ["-O3", "-march=native", "-shared", "-fPIC", "-std=c11", "-fopenmp"]
@@ -65,8 +74,9 @@ class Library(ctypes.CDLL):
         return function
 
 
-def load_source(source: Path, compiler_name: str | None = None, portable: bool = False,
-                extra_flags: Sequence[str] = ()) -> Library:
+def load_source(
+    source: Path, compiler_name: str | None = None, portable: bool = False, extra_flags: Sequence[str] = ()
+) -> Library:
     """``source`` built (once per machine) and loaded; ``compiler_name`` defaults to ``$CC``
     or ``cc``. ``portable`` builds for the compiler's baseline instruction set instead of this
     CPU's (no AVX-512): the fallback paths a CPU without it runs, for tests. ``extra_flags`` come
@@ -80,8 +90,11 @@ def load_source(source: Path, compiler_name: str | None = None, portable: bool =
         raise BuildError(f"no C compiler ({compiler_name!r} is not on PATH)")
     header = source.with_suffix(".h")
     prototypes = read_header(header)
-    flags = [*(PORTABLE_FLAGS if portable else FLAGS), *shlex.split(os.environ.get(CFLAGS_VARIABLE, "")),
-             *extra_flags]
+    flags = [
+        *(PORTABLE_FLAGS if portable else FLAGS),
+        *shlex.split(os.environ.get(CFLAGS_VARIABLE, "")),
+        *extra_flags,
+    ]
     target = _cache_dir() / f"{source.stem}-{_build_key(compiler, source, flags)}.so"
     if not target.exists():
         _compile(compiler, source, header, target, flags)
@@ -135,8 +148,17 @@ def _compile(compiler: str, source: Path, header: Path, target: Path, flags: lis
     fd, scratch = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        command = [compiler, *flags, f"-I{INCLUDE_DIR}", "-include", str(header), str(source), "-o", scratch,
-                   "-lm"]
+        command = [
+            compiler,
+            *flags,
+            f"-I{INCLUDE_DIR}",
+            "-include",
+            str(header),
+            str(source),
+            "-o",
+            scratch,
+            "-lm",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise BuildError(f"{compiler} failed: {done.stderr.strip()[:2000]}")

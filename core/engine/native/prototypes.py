@@ -26,8 +26,11 @@ from pathlib import Path
 
 from engine.native.errors import BuildError
 
-_RESULTS = {"void": (None, False), "int64_t": (ctypes.c_int64, False),  # (restype, whether a status)
-            "engine_status": (ctypes.c_int64, True)}
+_RESULTS = {
+    "void": (None, False),
+    "int64_t": (ctypes.c_int64, False),  # (restype, whether a status)
+    "engine_status": (ctypes.c_int64, True),
+}
 _VALUES = {"int64_t": ctypes.c_int64, "float": ctypes.c_float}
 _COMMENTS = re.compile(r"/\*.*?\*/|//[^\n]*", re.DOTALL)
 _PROTOTYPE = re.compile(r"(?P<result>\w+)\s+(?P<name>\w+)\s*\((?P<parameters>[^()]*)\)")
@@ -49,8 +52,11 @@ class Prototype:
 
 def read_header(path: Path) -> dict[str, Prototype]:
     """Every prototype of the header at ``path``, by function name."""
-    text = "\n".join(line for line in _COMMENTS.sub(" ", path.read_text()).splitlines()
-                     if not line.lstrip().startswith("#"))
+    text = "\n".join(
+        line
+        for line in _COMMENTS.sub(" ", path.read_text()).splitlines()
+        if not line.lstrip().startswith("#")
+    )
     statements = [" ".join(s.split()) for s in text.split(";")]
     if statements[-1]:
         raise HeaderError(f"{path.name}: {statements[-1]!r} does not end with ';'")
@@ -63,8 +69,9 @@ def _prototype(path: Path, statement: str) -> Prototype:
     if match is None:
         raise HeaderError(f"{path.name}: {statement!r} is not a prototype '<result> <name>(<parameters>)'")
     if match["result"] not in _RESULTS:
-        raise HeaderError(f"{path.name}: {match['name']} returns {match['result']}, "
-                          f"not one of {', '.join(_RESULTS)}")
+        raise HeaderError(
+            f"{path.name}: {match['name']} returns {match['result']}, not one of {', '.join(_RESULTS)}"
+        )
     parameters = [p.strip() for p in match["parameters"].split(",")]
     argtypes = () if parameters == ["void"] else tuple(_argtype(path, match["name"], p) for p in parameters)
     return Prototype(match["name"], argtypes, *_RESULTS[match["result"]])
@@ -75,6 +82,7 @@ def _argtype(path: Path, name: str, parameter: str):
         return ctypes.c_void_p
     words = [w for w in parameter.split() if w != "const"]
     if not 1 <= len(words) <= 2 or words[0] not in _VALUES:
-        raise HeaderError(f"{path.name}: {name}'s parameter {parameter!r} is not an int64_t, a float "
-                          "or a pointer")
+        raise HeaderError(
+            f"{path.name}: {name}'s parameter {parameter!r} is not an int64_t, a float or a pointer"
+        )
     return _VALUES[words[0]]

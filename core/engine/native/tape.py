@@ -39,8 +39,11 @@ SOURCE = Path(__file__).with_name("tape.c")
 # calling conventions under which tape.c's one prototype passes every kernel its arguments
 ABIS = {("Linux", "x86_64"), ("Linux", "aarch64")}
 MAX_INTS, MAX_FLOATS = 24, 8
-_ALLOCATIONS = {torch.ops.aten.empty.memory_format, torch.ops.aten.empty_strided.default,
-                torch.ops.aten.new_empty.default}
+_ALLOCATIONS = {
+    torch.ops.aten.empty.memory_format,
+    torch.ops.aten.empty_strided.default,
+    torch.ops.aten.new_empty.default,
+}
 
 
 class CaptureError(RuntimeError):
@@ -64,8 +67,12 @@ def unavailable_reasons() -> list[str]:
 
 
 class _Op(ctypes.Structure):
-    _fields_ = [("fn", ctypes.c_int64), ("checked", ctypes.c_int64), ("ints", ctypes.c_int64 * MAX_INTS),
-                ("floats", ctypes.c_float * MAX_FLOATS)]
+    _fields_ = [
+        ("fn", ctypes.c_int64),
+        ("checked", ctypes.c_int64),
+        ("ints", ctypes.c_int64 * MAX_INTS),
+        ("floats", ctypes.c_float * MAX_FLOATS),
+    ]
 
 
 @functools.cache
@@ -112,7 +119,7 @@ class NativeKernel:
         op = _Op(self.address, int(self.status))
         ints = [_integer(a) for a, is_float in zip(args, self._floats) if not is_float]
         floats = [float(a) for a, is_float in zip(args, self._floats) if is_float]
-        op.ints[:len(ints)], op.floats[:len(floats)] = ints, floats
+        op.ints[: len(ints)], op.floats[: len(floats)] = ints, floats
         return op
 
 
@@ -121,7 +128,7 @@ def _integer(value) -> int:
         return 0
     if isinstance(value, ctypes._SimpleCData):
         value = value.value or 0
-    return struct.unpack("<q", struct.pack("<Q", int(value) & (2 ** 64 - 1)))[0]
+    return struct.unpack("<q", struct.pack("<Q", int(value) & (2**64 - 1)))[0]
 
 
 def bind(library: Library, symbol: str) -> NativeKernel:
@@ -192,8 +199,10 @@ def record(forward: Callable[[], torch.Tensor]) -> tuple[Tape, torch.Tensor]:
     with recording() as recorder:
         out = forward()
     if recorder.computed:
-        raise CaptureError(f"the forward computes with torch ops a tape cannot replay "
-                           f"({', '.join(recorder.computed[:4])}{' ...' if len(recorder.computed) > 4 else ''})")
+        raise CaptureError(
+            f"the forward computes with torch ops a tape cannot replay "
+            f"({', '.join(recorder.computed[:4])}{' ...' if len(recorder.computed) > 4 else ''})"
+        )
     if not recorder.calls:
         raise CaptureError("the forward called no native kernel")
     return Tape(recorder.calls, [*recorder.keep, out]), out

@@ -41,7 +41,7 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
         request, start, n = item.request, item.request.num_computed_tokens, item.num_new_tokens
         drafts = item.spec_token_ids
         offset = len(tokens)
-        tokens += request.all_token_ids[start:start + n]
+        tokens += request.all_token_ids[start : start + n]
         tokens += drafts
         q = n + len(drafts)
         query_lens.append(q)
@@ -58,19 +58,32 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
         if request.sampling_params.prompt_logprobs is not None:
             last = min(start + n, request.num_prompt_tokens - 1)
             prompt_rows += range(offset, offset + max(0, last - start))
-            prompt_targets += request.prompt_token_ids[start + 1:last + 1]
+            prompt_targets += request.prompt_token_ids[start + 1 : last + 1]
             prompt_owners += [request] * max(0, last - start)
 
     positions, layout = token_layout(query_lens, seq_lens, group_tables[0], block_size, device)
-    layouts = (layout, *(token_layout(query_lens, seq_lens, tables, block_size, device)[1]
-                         for tables in group_tables[1:]))
-    return FlatBatch(torch.tensor(tokens, dtype=torch.long, device=device), positions, layouts,
-                     sample_rows, sample_owners, sample_drafts, spans, prompt_rows, prompt_targets, prompt_owners,
-                     pool_spans)
+    layouts = (
+        layout,
+        *(token_layout(query_lens, seq_lens, tables, block_size, device)[1] for tables in group_tables[1:]),
+    )
+    return FlatBatch(
+        torch.tensor(tokens, dtype=torch.long, device=device),
+        positions,
+        layouts,
+        sample_rows,
+        sample_owners,
+        sample_drafts,
+        spans,
+        prompt_rows,
+        prompt_targets,
+        prompt_owners,
+        pool_spans,
+    )
 
 
-def token_layout(query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int,
-                 device) -> tuple[torch.Tensor, BatchLayout]:
+def token_layout(
+    query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]], block_size: int, device
+) -> tuple[torch.Tensor, BatchLayout]:
     """Positions and the attention layout of a flattened batch: sequence ``i`` contributes
     its last ``query_lens[i]`` tokens out of ``seq_lens[i]``, stored through its block table."""
     q_lens = np.array(query_lens, dtype=np.int64)
@@ -81,12 +94,14 @@ def token_layout(query_lens: list[int], seq_lens: list[int], block_tables: list[
     width = max(len(b) for b in block_tables)
     table = np.zeros((len(block_tables), width), dtype=np.int64)
     for row, blocks in enumerate(block_tables):
-        table[row, :len(blocks)] = blocks
+        table[row, : len(blocks)] = blocks
     slots = table[owner, positions // block_size] * block_size + positions % block_size
     layout = BatchLayout(
         query_start_loc=torch.from_numpy(q_starts.astype(np.int32)).to(device),
         seq_lens=torch.from_numpy(s_lens.astype(np.int32)).to(device),
         block_table=torch.from_numpy(table.astype(np.int32)).to(device),
         slot_mapping=torch.from_numpy(slots).to(device),
-        query_lens=tuple(query_lens), seq_lens_host=tuple(seq_lens))
+        query_lens=tuple(query_lens),
+        seq_lens_host=tuple(seq_lens),
+    )
     return torch.from_numpy(positions).to(device), layout

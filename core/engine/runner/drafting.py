@@ -21,13 +21,25 @@ class Chunk:
 
 
 @torch.inference_mode()
-def run_chunks(model, attention, kv_caches: list[torch.Tensor], chunks: Sequence[Chunk], block_size: int,
-               device, **forward_kwargs) -> tuple[torch.Tensor, list[int]]:
+def run_chunks(
+    model,
+    attention,
+    kv_caches: list[torch.Tensor],
+    chunks: Sequence[Chunk],
+    block_size: int,
+    device,
+    **forward_kwargs,
+) -> tuple[torch.Tensor, list[int]]:
     """Forward every chunk in one batch, writing their K/V; -> (hidden states of all rows,
     the row of each chunk's last token)."""
     lens = [len(c.token_ids) for c in chunks]
-    positions, layout = token_layout(lens, [c.start + n for c, n in zip(chunks, lens)],
-                                     [list(c.block_ids) for c in chunks], block_size, device)
+    positions, layout = token_layout(
+        lens,
+        [c.start + n for c, n in zip(chunks, lens)],
+        [list(c.block_ids) for c in chunks],
+        block_size,
+        device,
+    )
     ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long, device=device)
     step = StepContext(attention, attention.build_metadata(layout), kv_caches)
     hidden = model(ids, positions, step, **forward_kwargs)

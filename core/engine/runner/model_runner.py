@@ -33,19 +33,34 @@ class StepInput:
         """The same input with its tensors on ``device``: the broadcast carries host tensors
         (a CUDA tensor would unpickle onto the sender's device index) and each rank moves
         them to its own device. On the CPU nothing is copied."""
-        return StepInput(self.input_ids.to(device), self.positions.to(device),
-                         tuple(_layout_to(layout, device) for layout in self.layouts), self.logits_rows)
+        return StepInput(
+            self.input_ids.to(device),
+            self.positions.to(device),
+            tuple(_layout_to(layout, device) for layout in self.layouts),
+            self.logits_rows,
+        )
 
 
 def _layout_to(layout, device):
     tensors = {f.name: getattr(layout, f.name) for f in attrs.fields(type(layout))}
-    return attrs.evolve(layout, **{name: value.to(device) for name, value in tensors.items()
-                                   if isinstance(value, torch.Tensor)})
+    return attrs.evolve(
+        layout,
+        **{name: value.to(device) for name, value in tensors.items() if isinstance(value, torch.Tensor)},
+    )
 
 
 class ModelRunner:
-    def __init__(self, model, layers: LayerAttention, kv_caches: list[torch.Tensor], block_size: int,
-                 device: torch.device, logits_processors=(), kv_connector=None, pooler=None):
+    def __init__(
+        self,
+        model,
+        layers: LayerAttention,
+        kv_caches: list[torch.Tensor],
+        block_size: int,
+        device: torch.device,
+        logits_processors=(),
+        kv_connector=None,
+        pooler=None,
+    ):
         self.model = model
         self.layers = layers
         self.attention = attention = layers.first
@@ -64,15 +79,21 @@ class ModelRunner:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
     @torch.inference_mode()
-    def execute(self, plan: StepPlan, group_tables: list[list[list[int]]],
-                bitmask: torch.Tensor | None = None, kv_meta: object = None) -> StepResult:
+    def execute(
+        self,
+        plan: StepPlan,
+        group_tables: list[list[list[int]]],
+        bitmask: torch.Tensor | None = None,
+        kv_meta: object = None,
+    ) -> StepResult:
         """``group_tables``: per KV cache group, each scheduled request's block table.
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
         batch = flatten(plan, group_tables, self.block_size, self.device)
         rows = batch.sample_rows + batch.prompt_rows
         with kv_transfer.connector_step(self.connector, kv_meta):
-            hidden, aux, logits = self.forward_step(StepInput(batch.input_ids, batch.positions, batch.layouts,
-                                                              tuple(rows)))
+            hidden, aux, logits = self.forward_step(
+                StepInput(batch.input_ids, batch.positions, batch.layouts, tuple(rows))
+            )
         result = StepResult({})
         if batch.pool_spans:
             result.pooled.update(self.pooler(hidden, batch.pool_spans))
@@ -93,7 +114,7 @@ class ModelRunner:
         known tokens plus the accepted drafts."""
         for (rid, start, end), item in zip(batch.spans, plan.scheduled):
             accepted = len(result.sampled.get(rid, [None])) - 1
-            result.hidden_states[rid] = hidden[start:start + item.num_new_tokens + accepted]
+            result.hidden_states[rid] = hidden[start : start + item.num_new_tokens + accepted]
 
     @torch.inference_mode()
     def forward(self, step: StepInput) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
@@ -102,7 +123,11 @@ class ModelRunner:
         hidden, aux = self._forward(step)
         if not step.logits_rows:
             return hidden, aux, None
-        return hidden, aux, self.model.compute_logits(hidden[torch.tensor(step.logits_rows, device=self.device)])
+        return (
+            hidden,
+            aux,
+            self.model.compute_logits(hidden[torch.tensor(step.logits_rows, device=self.device)]),
+        )
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         if self.graphs is not None and (hidden := self.graphs.replay(batch)) is not None:
@@ -110,9 +135,16 @@ class ModelRunner:
         aux: list[torch.Tensor] = []
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
         metadata = layers[0][1] if layers else self.attention.build_metadata(batch.layouts[0])
-        step = StepContext(self.attention, metadata, self.kv_caches,
-                           self.hidden_layers if self.keep_hidden_states else (), aux, layers,
-                           self.connector, batch.layout.slot_mapping if self.connector is not None else None)
+        step = StepContext(
+            self.attention,
+            metadata,
+            self.kv_caches,
+            self.hidden_layers if self.keep_hidden_states else (),
+            aux,
+            layers,
+            self.connector,
+            batch.layout.slot_mapping if self.connector is not None else None,
+        )
         return self.model(batch.input_ids, batch.positions, step), aux
 
     def transfer_kv(self, kv_meta: object) -> None:
@@ -139,17 +171,22 @@ class ModelRunner:
             if not item.samples:
                 continue
             request, k = item.request, len(item.spec_token_ids)
-            out = token_list[row:row + k + 1]
+            out = token_list[row : row + k + 1]
             if k:
-                out = sampler.verify_drafts(out, item.spec_token_ids,
-                                            None if probs is None else probs[row:row + k + 1], request,
-                                            request.spec_probs)
-            chosen[row:row + len(out)] = out
+                out = sampler.verify_drafts(
+                    out,
+                    item.spec_token_ids,
+                    None if probs is None else probs[row : row + k + 1],
+                    request,
+                    request.spec_probs,
+                )
+            chosen[row : row + len(out)] = out
             result.sampled[request.request_id] = out
             n_logprobs = request.sampling_params.logprobs
             if logprobs is not None and n_logprobs is not None:
                 result.logprobs[request.request_id] = sampler.topn_logprobs(
-                    logprobs[row:row + len(out)], torch.tensor(chosen[row:row + len(out)]), n_logprobs)
+                    logprobs[row : row + len(out)], torch.tensor(chosen[row : row + len(out)]), n_logprobs
+                )
             row += k + 1
 
     def _prompt_logprobs(self, logits, batch: FlatBatch, result: StepResult) -> None:
@@ -162,6 +199,7 @@ class ModelRunner:
             while end < len(batch.prompt_owners) and batch.prompt_owners[end] is request:
                 end += 1
             entries: list[TokenLogprobs] = sampler.topn_logprobs(
-                logprobs[start:end], targets[start:end], request.sampling_params.prompt_logprobs)
+                logprobs[start:end], targets[start:end], request.sampling_params.prompt_logprobs
+            )
             result.prompt_logprobs[request.request_id] = entries
             start = end

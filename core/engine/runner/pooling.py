@@ -29,12 +29,16 @@ class PoolerConfig:
         override = dict(override or {})
         unknown = set(override) - {"pooling_type", "normalize"}
         if unknown:
-            raise ValueError(f"override_pooler_config: unknown keys {sorted(unknown)} "
-                             "(this engine reads pooling_type and normalize)")
+            raise ValueError(
+                f"override_pooler_config: unknown keys {sorted(unknown)} "
+                "(this engine reads pooling_type and normalize)"
+            )
         pooling_type = str(override.get("pooling_type", model_default)).upper()
         if pooling_type not in POOLING_TYPES:
-            raise ValueError(f"override_pooler_config: pooling_type must be one of {', '.join(POOLING_TYPES)}, "
-                             f"got {override['pooling_type']!r}")
+            raise ValueError(
+                f"override_pooler_config: pooling_type must be one of {', '.join(POOLING_TYPES)}, "
+                f"got {override['pooling_type']!r}"
+            )
         normalize = override.get("normalize", True)
         if not isinstance(normalize, bool):
             raise ValueError(f"override_pooler_config: normalize must be a boolean, got {normalize!r}")  # noqa: TRY004
@@ -54,8 +58,9 @@ def resolve_runner(runner: str, task: str | None, generative: bool) -> str:
         raise ValueError(f"task: {task!r} contradicts runner={runner!r}")
     chosen = wanted or (runner if runner != "auto" else ("generate" if generative else "pooling"))
     if chosen == "generate" and not generative:
-        raise ValueError("runner: this model has no LM head and cannot generate; use runner='pooling' "
-                         "(--runner pooling)")
+        raise ValueError(
+            "runner: this model has no LM head and cannot generate; use runner='pooling' (--runner pooling)"
+        )
     return chosen
 
 
@@ -79,12 +84,14 @@ class Pooler:
             pooled = hidden[starts].float()
         else:
             pooled = torch.stack([hidden[s:e].float().mean(dim=0) for _, s, e in spans])
-        return {request.request_id: self._finish(vector, request.pooling_params)
-                for (request, _, _), vector in zip(spans, pooled)}
+        return {
+            request.request_id: self._finish(vector, request.pooling_params)
+            for (request, _, _), vector in zip(spans, pooled)
+        }
 
     def _finish(self, vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         if params.dimensions is not None:
-            vector = vector[:params.dimensions]
+            vector = vector[: params.dimensions]
         normalize = self.config.normalize if params.normalize is None else params.normalize
         if normalize:
             vector = F.normalize(vector, dim=-1)

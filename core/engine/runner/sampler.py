@@ -25,7 +25,9 @@ class SamplingRows:
     verifying drafts owns several consecutive rows, and in row ``i`` the drafts before it
     (``drafts[i]``) count as output already (penalties, min_tokens)."""
 
-    def __init__(self, requests: Sequence, device: torch.device, drafts: Sequence[tuple[int, ...]] | None = None):
+    def __init__(
+        self, requests: Sequence, device: torch.device, drafts: Sequence[tuple[int, ...]] | None = None
+    ):
         self.requests = list(requests)
         self.drafts = list(drafts) if drafts is not None else [()] * len(self.requests)
         params = [r.sampling_params for r in self.requests]
@@ -36,8 +38,11 @@ class SamplingRows:
         self.top_k = [p.top_k for p in params]
         self.top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
         self.min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
-        self.max_logprobs = max((p.logprobs for p in params if p.logprobs is not None), default=None,
-                                key=lambda n: float("inf") if n == -1 else n)
+        self.max_logprobs = max(
+            (p.logprobs for p in params if p.logprobs is not None),
+            default=None,
+            key=lambda n: float("inf") if n == -1 else n,
+        )
 
 
 def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
@@ -48,8 +53,9 @@ def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
             continue
         row = logits[i]
         if p.repetition_penalty != 1.0:
-            seen = torch.tensor(sorted(set(request.all_token_ids) | set(drafts)), dtype=torch.long,
-                                device=logits.device)
+            seen = torch.tensor(
+                sorted(set(request.all_token_ids) | set(drafts)), dtype=torch.long, device=logits.device
+            )
             values = row[seen]
             row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
         output = request.output_token_ids + list(drafts)
@@ -71,8 +77,10 @@ class _Indices:
         self.rows += [row] * (len(self.tokens) - len(self.rows))
 
     def tensors(self, device) -> tuple[torch.Tensor, torch.Tensor]:
-        return (torch.tensor(self.rows, dtype=torch.long, device=device),
-                torch.tensor(self.tokens, dtype=torch.long, device=device))
+        return (
+            torch.tensor(self.rows, dtype=torch.long, device=device),
+            torch.tensor(self.tokens, dtype=torch.long, device=device),
+        )
 
 
 def banned_bad_words(params, output: Sequence[int], drafts: Sequence[int]) -> list[int]:
@@ -80,8 +88,11 @@ def banned_bad_words(params, output: Sequence[int], drafts: Sequence[int]) -> li
     tokens end the output so far (a one-token word is always banned)."""
     longest = max(len(ids) for ids in params.bad_words_token_ids) - 1
     tail = (list(output[-longest:]) + list(drafts))[-longest:] if longest else []
-    return [ids[-1] for ids in params.bad_words_token_ids
-            if len(ids) - 1 <= len(tail) and tuple(tail[len(tail) - len(ids) + 1:]) == ids[:-1]]
+    return [
+        ids[-1]
+        for ids in params.bad_words_token_ids
+        if len(ids) - 1 <= len(tail) and tuple(tail[len(tail) - len(ids) + 1 :]) == ids[:-1]
+    ]
 
 
 def apply_token_masks(logits: torch.Tensor, rows: SamplingRows) -> None:
@@ -130,14 +141,16 @@ def _check_some_token_left(logits: torch.Tensor, masked_rows: list[int]) -> None
     the request whose masks and grammar leave no token, with this message)."""
     empty = logits[torch.tensor(masked_rows, device=logits.device)].isneginf().all(dim=1)
     if bool(empty.any()):
-        raise NoTokenLeft("no token is left to sample: allowed_token_ids, bad_words, min_tokens and the grammar "
-                          "together exclude every token")
+        raise NoTokenLeft(
+            "no token is left to sample: allowed_token_ids, bad_words, min_tokens and the grammar "
+            "together exclude every token"
+        )
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """bitmask int32 [N, ceil(V/32)] -> disallowed tokens set to -inf, in one op."""
     allowed = ((bitmask.unsqueeze(-1) >> _BIT.to(bitmask.device)) & 1).bool().flatten(1)
-    logits.masked_fill_(~allowed[:, :logits.shape[1]], float("-inf"))
+    logits.masked_fill_(~allowed[:, : logits.shape[1]], float("-inf"))
 
 
 _FIRST_CANDIDATES = 64  # top-k / top-p look at this many highest logits first, then 4x more
@@ -154,7 +167,9 @@ def _candidates(scaled: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, 
     vocabulary takes 300 ms for 64 rows of 49k here; ``topk(64)`` a twentieth of that."""
     vocab = scaled.shape[1]
     full_mass = None
-    k = min(vocab, max(_FIRST_CANDIDATES, int(top_k[top_k < vocab].max()) if bool((top_k < vocab).any()) else 0))
+    k = min(
+        vocab, max(_FIRST_CANDIDATES, int(top_k[top_k < vocab].max()) if bool((top_k < vocab).any()) else 0)
+    )
     while True:
         values, ids = scaled.topk(k, dim=-1)  # sorted, highest first
         values = values.masked_fill(torch.arange(k, device=scaled.device) >= top_k, float("-inf"))
@@ -205,7 +220,7 @@ def _draw(weights: torch.Tensor, rows: SamplingRows, index: torch.Tensor) -> tor
     columns = block * _DRAW_BLOCK + torch.arange(_DRAW_BLOCK, device=weights.device)
     inside = columns < vocab
     local = (weights.gather(1, columns.clamp(max=vocab - 1)) * inside).cumsum(dim=-1, dtype=torch.float64)
-    rest = torch.minimum(target - before, local[:, -1:] * (1 - 2 ** -40))  # the two sums' rounding differ
+    rest = torch.minimum(target - before, local[:, -1:] * (1 - 2**-40))  # the two sums' rounding differ
     picked = torch.searchsorted(local, rest, right=True).clamp_(max=_DRAW_BLOCK - 1)
     return (block * _DRAW_BLOCK + picked).squeeze(1)
 
@@ -249,8 +264,9 @@ def _random_rows(logits: torch.Tensor, rows: SamplingRows, index: torch.Tensor, 
     tokens = torch.empty(len(index), dtype=torch.long, device=logits.device)
     probs = torch.zeros_like(scaled) if need_probs else None
     for part, draw in ((truncates, _truncated), (~truncates, _untruncated)):
-        tokens[part], part_probs = draw(scaled[part], top_k[part], top_p[part], min_p[part], rows,
-                                        index[part], need_probs)
+        tokens[part], part_probs = draw(
+            scaled[part], top_k[part], top_p[part], min_p[part], rows, index[part], need_probs
+        )
         if need_probs:
             probs[part] = part_probs
     return tokens, probs
@@ -269,8 +285,9 @@ def greedy(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-def sample(logits: torch.Tensor, rows: SamplingRows,
-           need_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+def sample(
+    logits: torch.Tensor, rows: SamplingRows, need_probs: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> (token per row, the sampling distributions when ``need_probs`` and some row
     samples, else None)."""
     if rows.all_greedy:
@@ -297,12 +314,19 @@ def topn_logprobs(logprobs: torch.Tensor, chosen: torch.Tensor, n: int) -> list[
     ids = torch.cat([chosen.unsqueeze(1), top_ids], dim=1).tolist()
     lps = torch.cat([chosen_lp, top_lp], dim=1).tolist()
     rank_list = ranks.tolist()
-    return [TokenLogprobs(tuple(i), tuple(lp), (r,) + tuple(range(1, n + 1)))
-            for i, lp, r in zip(ids, lps, rank_list)]
+    return [
+        TokenLogprobs(tuple(i), tuple(lp), (r,) + tuple(range(1, n + 1)))
+        for i, lp, r in zip(ids, lps, rank_list)
+    ]
 
 
-def verify_drafts(tokens: list[int], drafts: Sequence[int], probs: torch.Tensor | None, request,
-                  draft_probs: torch.Tensor | None = None) -> list[int]:
+def verify_drafts(
+    tokens: list[int],
+    drafts: Sequence[int],
+    probs: torch.Tensor | None,
+    request,
+    draft_probs: torch.Tensor | None = None,
+) -> list[int]:
     """Exact verification of one request's drafts against its ``len(drafts) + 1`` target rows.
 
     ``tokens`` are the target's own choice at each row; ``probs`` the target's sampling

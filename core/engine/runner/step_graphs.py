@@ -32,7 +32,9 @@ from engine.interfaces import BatchLayout, StepContext, StepGraphs
 logger = logging.getLogger(__name__)
 
 
-def capture_sizes(configured: Sequence[int] | None, defaults: Sequence[int], max_num_seqs: int) -> tuple[int, ...]:
+def capture_sizes(
+    configured: Sequence[int] | None, defaults: Sequence[int], max_num_seqs: int
+) -> tuple[int, ...]:
     """The buckets to record: ``configured`` (sorted, deduplicated, those above
     ``max_num_seqs`` dropped) or the platform's ``defaults``."""
     if configured is None:
@@ -64,39 +66,60 @@ class DecodeInputs:
     def empty(cls, size: int, max_blocks: int, device) -> DecodeInputs:
         """All padding: what the graph is recorded over."""
         zeros = torch.zeros(size, dtype=torch.int64, device=device)
-        return cls(zeros, zeros.clone(), BatchLayout(
-            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.ones(size, dtype=torch.int32, device=device),
-            block_table=torch.zeros(size, max_blocks, dtype=torch.int32, device=device),
-            slot_mapping=torch.zeros(size, dtype=torch.int64, device=device),
-            query_lens=(1,) * size, seq_lens_host=(1,) * size))
+        return cls(
+            zeros,
+            zeros.clone(),
+            BatchLayout(
+                query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
+                seq_lens=torch.ones(size, dtype=torch.int32, device=device),
+                block_table=torch.zeros(size, max_blocks, dtype=torch.int32, device=device),
+                slot_mapping=torch.zeros(size, dtype=torch.int64, device=device),
+                query_lens=(1,) * size,
+                seq_lens_host=(1,) * size,
+            ),
+        )
 
     def copy_(self, other: DecodeInputs) -> None:
         """Overwrite these buffers in place with ``other`` of the same shapes."""
-        for mine, theirs in ((self.input_ids, other.input_ids), (self.positions, other.positions),
-                             *((getattr(self.layout, f), getattr(other.layout, f))
-                               for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"))):
+        for mine, theirs in (
+            (self.input_ids, other.input_ids),
+            (self.positions, other.positions),
+            *(
+                (getattr(self.layout, f), getattr(other.layout, f))
+                for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+            ),
+        ):
             mine.copy_(theirs, non_blocking=True)
 
 
-def pad_decode(input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, size: int,
-               max_blocks: int) -> DecodeInputs:
+def pad_decode(
+    input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, size: int, max_blocks: int
+) -> DecodeInputs:
     """A uniform decode step of B ≤ ``size`` requests as ``size`` rows: padding rows are token
     0 at position 0 with one key, written to and read from slot 0 of the null block; the block
     table widened to ``max_blocks`` columns with the null block."""
     batch, device = layout.num_requests, input_ids.device
     pad = size - batch
     if pad < 0 or layout.block_table.shape[1] > max_blocks:
-        raise ValueError(f"a decode step of {batch} requests and {layout.block_table.shape[1]} blocks does not fit "
-                         f"a {size}-row graph of {max_blocks} blocks")
+        raise ValueError(
+            f"a decode step of {batch} requests and {layout.block_table.shape[1]} blocks does not fit "
+            f"a {size}-row graph of {max_blocks} blocks"
+        )
     table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
-    table[:batch, :layout.block_table.shape[1]] = layout.block_table
+    table[:batch, : layout.block_table.shape[1]] = layout.block_table
     zeros = torch.zeros(pad, dtype=torch.int64, device=device)
-    return DecodeInputs(torch.cat([input_ids, zeros]), torch.cat([positions, zeros]), BatchLayout(
-        query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
-        seq_lens=torch.cat([layout.seq_lens, torch.ones(pad, dtype=torch.int32, device=device)]),
-        block_table=table, slot_mapping=torch.cat([layout.slot_mapping, zeros]),
-        query_lens=(1,) * size, seq_lens_host=(*layout.seq_lens_host, *(1,) * pad)))
+    return DecodeInputs(
+        torch.cat([input_ids, zeros]),
+        torch.cat([positions, zeros]),
+        BatchLayout(
+            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.cat([layout.seq_lens, torch.ones(pad, dtype=torch.int32, device=device)]),
+            block_table=table,
+            slot_mapping=torch.cat([layout.slot_mapping, zeros]),
+            query_lens=(1,) * size,
+            seq_lens_host=(*layout.seq_lens_host, *(1,) * pad),
+        ),
+    )
 
 
 @attrs.frozen
@@ -149,12 +172,21 @@ def graph_memory_estimate(plan: GraphPlan, hf_config, dtype: torch.dtype) -> int
         return 0
     hidden = getattr(hf_config, "hidden_size", 0)
     intermediate = getattr(hf_config, "intermediate_size", 4 * hidden)
-    return (max(plan.sizes) * (8 * hidden + 4 * intermediate) * dtype.itemsize
-            + plan.graphs.overhead_bytes * len(plan.sizes))
+    return max(plan.sizes) * (
+        8 * hidden + 4 * intermediate
+    ) * dtype.itemsize + plan.graphs.overhead_bytes * len(plan.sizes)
 
 
-def start(model, attention, kv_caches, plan: GraphPlan, max_blocks: int, platform, vocab_size: int,
-          max_positions: int) -> StepGraphRunner | None:
+def start(
+    model,
+    attention,
+    kv_caches,
+    plan: GraphPlan,
+    max_blocks: int,
+    platform,
+    vocab_size: int,
+    max_positions: int,
+) -> StepGraphRunner | None:
     """The recorded decode steps of ``plan``, or None (decode runs eagerly; the reasons are
     logged, and a recording that fails — a forward that syncs with the host, or one a tape
     cannot replay — or does not reproduce the eager forward falls back to eager)."""
@@ -162,8 +194,9 @@ def start(model, attention, kv_caches, plan: GraphPlan, max_blocks: int, platfor
         log = logger.info if platform.device_type == "cuda" else logger.debug
         log("decode steps run eagerly: %s", "; ".join(plan.reasons))
         return None
-    runner = StepGraphRunner(model, attention, kv_caches, plan, max_blocks, platform.device, vocab_size,
-                             max_positions)
+    runner = StepGraphRunner(
+        model, attention, kv_caches, plan, max_blocks, platform.device, vocab_size, max_positions
+    )
     try:
         runner.capture()
         runner.check()
@@ -185,8 +218,17 @@ class StepGraphRunner:
     """The model's decode forward recorded per bucket; ``replay`` runs a step through one, or
     returns None for the caller to run it eagerly."""
 
-    def __init__(self, model, attention, kv_caches: list[torch.Tensor], plan: GraphPlan, max_blocks: int,
-                 device: torch.device, vocab_size: int, max_positions: int):
+    def __init__(
+        self,
+        model,
+        attention,
+        kv_caches: list[torch.Tensor],
+        plan: GraphPlan,
+        max_blocks: int,
+        device: torch.device,
+        vocab_size: int,
+        max_positions: int,
+    ):
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
         self.recorder, self.sizes = plan.graphs, plan.sizes
         self.max_blocks, self.device = max_blocks, device
@@ -209,8 +251,11 @@ class StepGraphRunner:
             forward()  # warm-up: kernels compiled, allocator settled
             graph, hidden = self.recorder.record(forward)
             self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
-        logger.info("recorded %s of decode steps for batches of %s", self.recorder.name,
-                    ", ".join(map(str, self.sizes)))
+        logger.info(
+            "recorded %s of decode steps for batches of %s",
+            self.recorder.name,
+            ", ".join(map(str, self.sizes)),
+        )
 
     @torch.inference_mode()
     def check(self, seed: int = 0) -> None:
@@ -223,18 +268,24 @@ class StepGraphRunner:
         inputs = DecodeInputs(
             torch.randint(0, self.vocab_size, (size,), generator=gen).to(device),
             torch.randint(0, self.max_positions, (size,), generator=gen).to(device),
-            BatchLayout(query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
-                        seq_lens=lens.to(device),
-                        block_table=torch.zeros(size, self.max_blocks, dtype=torch.int32, device=device),
-                        slot_mapping=(lens - 1).to(device, torch.int64), query_lens=(1,) * size,
-                        seq_lens_host=tuple(lens.tolist())))
+            BatchLayout(
+                query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
+                seq_lens=lens.to(device),
+                block_table=torch.zeros(size, self.max_blocks, dtype=torch.int32, device=device),
+                slot_mapping=(lens - 1).to(device, torch.int64),
+                query_lens=(1,) * size,
+                seq_lens_host=tuple(lens.tolist()),
+            ),
+        )
         eager = self._forward(inputs, self.attention.build_metadata(inputs.layout)).clone()
         recorded = self.graphs[size]
         recorded.inputs.copy_(inputs)
         recorded.graph.replay()
         if not torch.equal(recorded.hidden, eager):
-            raise RuntimeError(f"a replay differs from the eager forward of the same batch of {size} "
-                               f"(max |difference| {(recorded.hidden.float() - eager.float()).abs().max():.3g})")
+            raise RuntimeError(
+                f"a replay differs from the eager forward of the same batch of {size} "
+                f"(max |difference| {(recorded.hidden.float() - eager.float()).abs().max():.3g})"
+            )
 
     def replay(self, batch) -> torch.Tensor | None:
         """The hidden states of ``batch`` (the runner's ``StepInput``) through a recorded
@@ -245,7 +296,8 @@ class StepGraphRunner:
         if size is None or batch.layout.block_table.shape[1] > self.max_blocks:
             return None
         recorded = self.graphs[size]
-        recorded.inputs.copy_(pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks))
+        recorded.inputs.copy_(
+            pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks)
+        )
         recorded.graph.replay()
-        return recorded.hidden[:batch.layout.num_requests]
-
+        return recorded.hidden[: batch.layout.num_requests]

@@ -42,8 +42,7 @@ KINDS = {
 }
 
 
-def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None,
-                        causal: bool = True):
+def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None, causal: bool = True):
     """q [q, H, D] over a sequence's whole keys/values [L, Hkv, D]; causal, last q positions;
     each query sees the ``sliding_window`` keys ending at its own (None: all), logits
     soft-capped as cap · tanh(logits / cap); ``causal=False``: every row over the whole
@@ -68,8 +67,10 @@ def _beyond_window(tables, requests, block_size: int, window: int | None):
     """The tables with each block wholly before every new query's window set to the null block."""
     if window is None:
         return tables
-    return [[0 if (i + 1) * block_size <= ctx - window + 1 else b for i, b in enumerate(t)]
-            for t, (ctx, _) in zip(tables, requests)]
+    return [
+        [0 if (i + 1) * block_size <= ctx - window + 1 else b for i, b in enumerate(t)]
+        for t, (ctx, _) in zip(tables, requests)
+    ]
 
 
 def paged_layout(spans, tables, block_size) -> BatchLayout:
@@ -82,11 +83,15 @@ def paged_layout(spans, tables, block_size) -> BatchLayout:
         seqs.append(start + count)
     table = torch.zeros(len(tables), max(len(t) for t in tables), dtype=torch.int32)
     for i, t in enumerate(tables):
-        table[i, :len(t)] = torch.tensor(t)
+        table[i, : len(t)] = torch.tensor(t)
     return BatchLayout(
         query_start_loc=torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32),
-        seq_lens=torch.tensor(seqs, dtype=torch.int32), block_table=table,
-        slot_mapping=torch.cat(slots).long(), query_lens=tuple(lens), seq_lens_host=tuple(seqs))
+        seq_lens=torch.tensor(seqs, dtype=torch.int32),
+        block_table=table,
+        slot_mapping=torch.cat(slots).long(),
+        query_lens=tuple(lens),
+        seq_lens_host=tuple(seqs),
+    )
 
 
 def fused_projection_views(q, k, v, row_padding: int = 16):
@@ -95,7 +100,7 @@ def fused_projection_views(q, k, v, row_padding: int = 16):
     further apart than their heads, padding NaN (a backend that reads it fails)."""
     tokens, widths = q.shape[0], [t.shape[1] * t.shape[2] for t in (q, k, v)]
     fused = torch.full((tokens, sum(widths) + row_padding), float("nan"), dtype=q.dtype, device=q.device)
-    parts = fused[:, :sum(widths)].split(widths, dim=1)
+    parts = fused[:, : sum(widths)].split(widths, dim=1)
     return tuple(part.view(t.shape).copy_(t) for part, t in zip(parts, (q, k, v)))
 
 
@@ -117,8 +122,10 @@ def _sequences(requests, shares, spec: AttentionSpec, block_size: int, gen):
     its donor's (the same tokens)."""
     seqs: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
     for i, (ctx, n) in enumerate(requests):
-        q, k, v = (torch.randn(ctx + n, h, spec.head_dim, generator=gen).to(spec.dtype)
-                   for h in (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads))
+        q, k, v = (
+            torch.randn(ctx + n, h, spec.head_dim, generator=gen).to(spec.dtype)
+            for h in (spec.num_heads, spec.num_kv_heads, spec.num_kv_heads)
+        )
         if i in shares:
             donor, shared = shares[i]
             tokens = shared * block_size
@@ -128,9 +135,17 @@ def _sequences(requests, shares, spec: AttentionSpec, block_size: int, gen):
     return seqs
 
 
-def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed: int = 0, num_layers: int = 1,
-                  shares: dict[int, tuple[int, int]] | None = None, device: torch.device | str = "cpu",
-                  graph: bool = False):
+def run_two_calls(
+    backend,
+    spec: AttentionSpec,
+    requests,
+    num_blocks: int,
+    seed: int = 0,
+    num_layers: int = 1,
+    shares: dict[int, tuple[int, int]] | None = None,
+    device: torch.device | str = "cpu",
+    graph: bool = False,
+):
     """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
     batch under test over it. Blocks are scattered over the pool; ``shares`` (request ->
     (donor, blocks)) makes a request's cached context its donor's first blocks, written once
@@ -144,8 +159,10 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
     -> [(output, expected)] per call and layer."""
     gen = torch.Generator().manual_seed(seed)
     bs, shares = spec.block_size, shares or {}
-    caches = [torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype, device=device)
-              for _ in range(num_layers)]
+    caches = [
+        torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype, device=device)
+        for _ in range(num_layers)
+    ]
     tables = _tables(requests, shares, bs, num_blocks, gen)
     layers = [_sequences(requests, shares, spec, bs, gen) for _ in range(num_layers)]
     results = []
@@ -159,17 +176,35 @@ def run_two_calls(backend, spec: AttentionSpec, requests, num_blocks: int, seed:
                 null.copy_(torch.randn(null.shape, generator=gen).to(device))
         window_tables = tables if first else _beyond_window(tables, requests, bs, spec.sliding_window)
         active = [i for i, count in enumerate(written) if count]
-        span = [(requests[i][0] - written[i], requests[i][0]) if first else (requests[i][0], sum(requests[i]))
-                for i in active]
-        layout = _on_device(paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs),
-                            device)
+        span = [
+            (requests[i][0] - written[i], requests[i][0]) if first else (requests[i][0], sum(requests[i]))
+            for i in active
+        ]
+        layout = _on_device(
+            paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs), device
+        )
         metadata = _graph_metadata(backend, layout) if graph and not first else backend.build_metadata(layout)
         for cache, seqs in zip(caches, layers):
-            q, k, v = (torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3))
-            out = backend.forward(*fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata)
-            expected = torch.cat([reference_attention(seqs[i][0][a:b], seqs[i][1][:b], seqs[i][2][:b], spec.scale,
-                                                      spec.sliding_window, spec.logit_softcap, spec.causal)
-                                  for (a, b), i in zip(span, active)])
+            q, k, v = (
+                torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3)
+            )
+            out = backend.forward(
+                *fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata
+            )
+            expected = torch.cat(
+                [
+                    reference_attention(
+                        seqs[i][0][a:b],
+                        seqs[i][1][:b],
+                        seqs[i][2][:b],
+                        spec.scale,
+                        spec.sliding_window,
+                        spec.logit_softcap,
+                        spec.causal,
+                    )
+                    for (a, b), i in zip(span, active)
+                ]
+            )
             results.append((out.cpu(), expected))
     return results
 
@@ -187,8 +222,13 @@ def _graph_metadata(backend, layout: BatchLayout):
 
 
 def _on_device(layout: BatchLayout, device) -> BatchLayout:
-    return attrs.evolve(layout, **{field: getattr(layout, field).to(device) for field in
-                                   ("query_start_loc", "seq_lens", "block_table", "slot_mapping")})
+    return attrs.evolve(
+        layout,
+        **{
+            field: getattr(layout, field).to(device)
+            for field in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
+        },
+    )
 
 
 DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -218,9 +258,17 @@ class AttentionBackendContract:
     def pytest_generate_tests(self, metafunc):
         """Parametrizes ``batch``, ``kind``, ``block_size`` and ``dtype`` from the class's
         attributes, where a test's own marks do not."""
-        marked = {name.strip() for mark in metafunc.definition.iter_markers("parametrize")
-                  for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])}
-        values = {"batch": self.batches, "kind": self.kinds, "block_size": self.block_sizes, "dtype": self.dtypes}
+        marked = {
+            name.strip()
+            for mark in metafunc.definition.iter_markers("parametrize")
+            for name in (mark.args[0].split(",") if isinstance(mark.args[0], str) else mark.args[0])
+        }
+        values = {
+            "batch": self.batches,
+            "kind": self.kinds,
+            "block_size": self.block_sizes,
+            "dtype": self.dtypes,
+        }
         for name, params in values.items():
             if name in metafunc.fixturenames and name not in marked:
                 metafunc.parametrize(name, params, ids=[DTYPE_IDS.get(p, str(p)) for p in params])
@@ -231,8 +279,9 @@ class AttentionBackendContract:
 
     def _check(self, backend, spec: AttentionSpec, requests, **kwargs):
         tol = self.dtype_tolerances[spec.dtype]
-        for out, expected in run_two_calls(backend, spec, requests, num_blocks=64, device=backend.platform.device,
-                                           **kwargs):
+        for out, expected in run_two_calls(
+            backend, spec, requests, num_blocks=64, device=backend.platform.device, **kwargs
+        ):
             assert out.shape == expected.shape
             torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
@@ -250,8 +299,9 @@ class AttentionBackendContract:
 
     @pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa"])
     def test_matches_reference(self, backend_cls, batch, heads, block_size, dtype):
-        spec = AttentionSpec(num_heads=heads[0], num_kv_heads=heads[1], head_dim=32, dtype=dtype,
-                             block_size=block_size)
+        spec = AttentionSpec(
+            num_heads=heads[0], num_kv_heads=heads[1], head_dim=32, dtype=dtype, block_size=block_size
+        )
         self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
 
     @pytest.mark.parametrize("batch", ["decode", "mixed"])
@@ -283,8 +333,15 @@ class AttentionBackendContract:
     @pytest.mark.parametrize("invariant", [False, True], ids=["batched", "batch-invariant"])
     def test_attention_kinds_match_reference(self, backend_cls, batch, kind, invariant, dtype):
         """Grouped-query heads, the smallest block size; a backend that does not support the kind says so."""
-        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=min(self.block_sizes),
-                             batch_invariant=invariant, **KINDS[kind])
+        spec = AttentionSpec(
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=32,
+            dtype=dtype,
+            block_size=min(self.block_sizes),
+            batch_invariant=invariant,
+            **KINDS[kind],
+        )
         if invariant and not backend_cls.batch_invariant_capable:
             pytest.skip(f"{self.backend_name} has no batch-invariant mode")
         self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
@@ -294,7 +351,9 @@ class AttentionBackendContract:
         """``AttentionSpec(causal=False)``: each row attends to its whole context (a prompt of
         an encoder model), GQA and a block size the lengths are not multiples of; a backend
         that cannot must refuse it with reasons."""
-        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=16, causal=False)
+        spec = AttentionSpec(
+            num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=16, causal=False
+        )
         self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):

@@ -64,14 +64,18 @@ for _r in _registry.registrations("attention_backends", shadowed=True):
     _contract("attention", _r, AttentionBackendContract, "backend_name")
 for _target, _regs in _by_target("models").items():
     if isinstance(_target, str):
-        globals()[_name("model", _target)] = type(_name("model", _target), (ModelContract,),
-                                                  {"model_class": _target, "plugins": allow_list_for(_regs)})
+        globals()[_name("model", _target)] = type(
+            _name("model", _target),
+            (ModelContract,),
+            {"model_class": _target, "plugins": allow_list_for(_regs)},
+        )
 for _r in _registry.registrations("kv_cache_managers", shadowed=True):
     _contract("kv", _r, KVCacheManagerContract, "manager_name")
 for _regs in _by_target("kv_connectors").values():  # each with its default configuration; -k: any name
     _cls = _name("kv_connector", *(selecting_name(r) for r in _regs))
-    globals()[_cls] = type(_cls, (kv_connector_contract(_regs[0]),),
-                           {"connector_name": selecting_name(_regs[0])})
+    globals()[_cls] = type(
+        _cls, (kv_connector_contract(_regs[0]),), {"connector_name": selecting_name(_regs[0])}
+    )
 for _r in _registry.registrations("grammar_backends", shadowed=True):
     _contract("grammar", _r, GrammarBackendContract, "backend_name")
 for _r in _registry.registrations("schedulers", shadowed=True):

@@ -26,10 +26,16 @@ from engine.plugins import load_plugins
 from engine.testing.tiny_tokenizer import tiny_tokenizer
 
 PADDING_IDS = 45  # more than a whole 32-bit word past the tokenizer, the last word partly used
-SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n", "tags"],
-          "properties": {"name": {"type": "string", "pattern": "^[a-z]{1,8}$"},
-                         "n": {"type": "integer", "minimum": 0, "maximum": 99},
-                         "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "maxItems": 3}}}
+SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "n", "tags"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z]{1,8}$"},
+        "n": {"type": "integer", "minimum": 0, "maximum": 99},
+        "tags": {"type": "array", "items": {"enum": ["red", "blue"]}, "maxItems": 3},
+    },
+}
 CHOICES = ["red", "green", "deep", "deep blue sea"]  # "deep" may end, or go on to "deep blue sea"
 REGEX = r"[a-c]{2,5}-\d{2}"
 OPTIONAL_TAIL = r"deep( blue sea)?"
@@ -53,17 +59,25 @@ def json_layout_ok(text: str) -> bool:
 
 CASES = {
     "json": (GrammarSpec("json", SCHEMA), lambda t: _valid_json(t) and json_layout_ok(t)),
-    "json_object": (GrammarSpec("json_object", None),
-                    lambda t: isinstance(json.loads(t), dict) and json_layout_ok(t)),
+    "json_object": (
+        GrammarSpec("json_object", None),
+        lambda t: isinstance(json.loads(t), dict) and json_layout_ok(t),
+    ),
     "regex": (GrammarSpec("regex", REGEX), lambda t: re.fullmatch(REGEX, t)),
     "grammar": (GrammarSpec("grammar", EBNF), lambda t: re.fullmatch(r"\(\d\d?\)", t)),
     "choice": (GrammarSpec("choice", CHOICES), lambda t: t in CHOICES),
 }
-BAD = {"json": GrammarSpec("json", {"type": "no-such-type"}), "regex": GrammarSpec("regex", "([a-z"),
-       "grammar": GrammarSpec("grammar", "root ::= ???"), "choice": GrammarSpec("choice", [])}
+BAD = {
+    "json": GrammarSpec("json", {"type": "no-such-type"}),
+    "regex": GrammarSpec("regex", "([a-z"),
+    "grammar": GrammarSpec("grammar", "root ::= ???"),
+    "choice": GrammarSpec("choice", []),
+}
 # spec, a text that may end early, and the longer text it must still be able to become
-LONGER = {"choice": (GrammarSpec("choice", CHOICES), "deep", "deep blue sea"),
-          "regex": (GrammarSpec("regex", OPTIONAL_TAIL), "deep", "deep blue sea")}
+LONGER = {
+    "choice": (GrammarSpec("choice", CHOICES), "deep", "deep blue sea"),
+    "regex": (GrammarSpec("regex", OPTIONAL_TAIL), "deep", "deep blue sea"),
+}
 NOT_OBJECTS = ["[1, 2]", '"text"', "12", "true", "null"]
 
 
@@ -99,8 +113,11 @@ class GrammarBackendContract:
     @classmethod
     def closing(cls, tokenizer) -> set[int]:
         """EOS and the tokens that close a string or a bracket: what random walks lean to."""
-        return {t for t in range(len(tokenizer)) if t == tokenizer.eos_token_id
-                or tokenizer.decode([t]).endswith(('"', "}", "]", ")"))}
+        return {
+            t
+            for t in range(len(tokenizer))
+            if t == tokenizer.eos_token_id or tokenizer.decode([t]).endswith(('"', "}", "]", ")"))
+        }
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -118,9 +135,11 @@ class GrammarBackendContract:
         allowed = allowed_ids(engine_row(grammar, vocab_size), vocab_size)
         assert allowed, "a live grammar must allow some token (at least EOS once it may end)"
         padding = [t for t in allowed if t >= len(tokenizer)]
-        assert not padding, (f"padding ids {padding[:5]} are allowed: fill_bitmask must write every word of its "
-                             f"row (the engine's rows start all-allowed, -1) over the model's vocabulary "
-                             f"(GrammarContext.vocab_size={vocab_size}), not the tokenizer's {len(tokenizer)}")
+        assert not padding, (
+            f"padding ids {padding[:5]} are allowed: fill_bitmask must write every word of its "
+            f"row (the engine's rows start all-allowed, -1) over the model's vocabulary "
+            f"(GrammarContext.vocab_size={vocab_size}), not the tokenizer's {len(tokenizer)}"
+        )
         return allowed
 
     def _accept(self, grammar, token: int, eos: int) -> None:
@@ -147,7 +166,9 @@ class GrammarBackendContract:
     def _force(self, grammar, tokenizer, vocab_size, text: str) -> None:
         """Walk the tokens of ``text``, each of which the mask must allow."""
         for token in tokenizer.encode(text):
-            assert token in self._allowed(grammar, tokenizer, vocab_size), f"{text!r}: token {token} not allowed"
+            assert token in self._allowed(grammar, tokenizer, vocab_size), (
+                f"{text!r}: token {token} not allowed"
+            )
             self._accept(grammar, token, tokenizer.eos_token_id)
 
     @pytest.mark.parametrize("kind", sorted(CASES))
@@ -166,13 +187,19 @@ class GrammarBackendContract:
         grammar = backend.compile(self._supported(backend, CASES["choice"][0]))
         words = -(-vocab_size // 32)
         for token in [*tokenizer.encode("deep"), None]:
-            rows = torch.stack([torch.full((words,), -1, dtype=torch.int32), torch.zeros(words, dtype=torch.int32),
-                                torch.randint(-2**31, 2**31, (words,), dtype=torch.int32)])
+            rows = torch.stack(
+                [
+                    torch.full((words,), -1, dtype=torch.int32),
+                    torch.zeros(words, dtype=torch.int32),
+                    torch.randint(-(2**31), 2**31, (words,), dtype=torch.int32),
+                ]
+            )
             for row in range(3):
                 grammar.fill_bitmask(rows, row)
             first, *others = (allowed_ids(row, vocab_size) for row in rows)
-            assert all(ids == first for ids in others), \
+            assert all(ids == first for ids in others), (
                 "fill_bitmask must overwrite every word of its row, whatever the row held"
+            )
             if token is not None:
                 assert grammar.accept_tokens([token])
 
@@ -184,7 +211,7 @@ class GrammarBackendContract:
         self._force(grammar, tokenizer, vocab_size, short)
         allowed = self._allowed(grammar, tokenizer, vocab_size)
         assert tokenizer.eos_token_id in allowed, f"EOS not allowed after {short!r}, a complete match"
-        self._force(grammar, tokenizer, vocab_size, longer[len(short):])
+        self._force(grammar, tokenizer, vocab_size, longer[len(short) :])
         self._accept(grammar, tokenizer.eos_token_id, tokenizer.eos_token_id)
 
     def test_json_object_is_an_object(self, backend, tokenizer):
@@ -195,16 +222,18 @@ class GrammarBackendContract:
         assert grammar.accept_tokens(tokenizer.encode(text) + [eos]), f"{text!r} refused"
         assert grammar.is_terminated()
         for text in NOT_OBJECTS:
-            assert not backend.compile(spec).accept_tokens(tokenizer.encode(text) + [eos]), \
+            assert not backend.compile(spec).accept_tokens(tokenizer.encode(text) + [eos]), (
                 f"json_object accepted {text!r}: it means a JSON object, as OpenAI's response_format"
+            )
 
     def test_json_layout_is_json_dumps(self, backend, tokenizer):
         spec = self._supported(backend, CASES["json_object"][0])
         eos = tokenizer.eos_token_id
         assert backend.compile(spec).accept_tokens(tokenizer.encode('{"a": 1, "b": [2, 3]}') + [eos])
         for text in ['{"a":1}', '{ "a": 1}', '{"a": 1,"b": 2}', '{"a": 1}\n']:
-            assert not backend.compile(spec).accept_tokens(tokenizer.encode(text) + [eos]), \
+            assert not backend.compile(spec).accept_tokens(tokenizer.encode(text) + [eos]), (
                 f"{text!r} accepted: JSON takes json.dumps's layout, no other whitespace"
+            )
 
     def test_rollback_restores_the_mask_also_past_eos(self, backend, tokenizer, vocab_size):
         grammar = backend.compile(self._supported(backend, CASES["choice"][0]))
@@ -247,8 +276,9 @@ class GrammarBackendContract:
         banned = next(t for t in tokenizer.encode(" purple zebra") if t not in allowed)
         for tokens in ([banned], [*tokenizer.encode(" blue"), banned]):
             assert not grammar.accept_tokens(tokens)
-            assert torch.equal(mask, engine_row(grammar, vocab_size)), \
+            assert torch.equal(mask, engine_row(grammar, vocab_size)), (
                 f"refusing {tokens} changed the state: accept_tokens is all or nothing"
+            )
         self._force(grammar, tokenizer, vocab_size, " blue sea")
 
     def test_each_compile_is_a_grammar_of_its_own(self, backend, tokenizer, vocab_size):

@@ -49,8 +49,9 @@ class _Sim:
                 if i < _first_in_window(self.windows[group], cached):
                     assert block == 0, "a hit holds a block its window has passed"
                 else:
-                    assert self.content[group].get(block) == want, \
+                    assert self.content[group].get(block) == want, (
                         "prefix-cache hit returned a block with other contents"
+                    )
         chunk = min(chunk, request.num_tokens - cached)
         if not self._allocate(request, chunk, blocks):
             return False
@@ -72,8 +73,9 @@ class _Sim:
         if ok:
             self.allocated_at[request.request_id] = request.num_computed_tokens + len(blocks) * BLOCK
         else:
-            assert ([list(t) for t in self.kv.group_block_ids(request)], self.kv.num_free_blocks) == before, \
+            assert ([list(t) for t in self.kv.group_block_ids(request)], self.kv.num_free_blocks) == before, (
                 "a failed allocation must change nothing"
+            )
         return ok
 
     def _write(self, request, chunk) -> None:
@@ -91,15 +93,18 @@ class _Sim:
         num_owned = 0
         for group, window in enumerate(self.windows):
             num_owned += len(self._check_group(group, window))
-        assert self.kv.num_free_blocks + num_owned == len(self.windows) * (self.num_blocks - 1), "blocks leaked"
+        assert self.kv.num_free_blocks + num_owned == len(self.windows) * (self.num_blocks - 1), (
+            "blocks leaked"
+        )
 
     def _check_group(self, group: int, window: int | None) -> dict[int, list]:
         owned: dict[int, list] = {}
         for request in self.live.values():
             table = self.kv.group_block_ids(request)[group]
             held = [(i, b) for i, b in enumerate(table) if b != 0]
-            assert [i for i, _ in held] == list(range(len(table) - len(held), len(table))), \
+            assert [i for i, _ in held] == list(range(len(table) - len(held), len(table))), (
                 "the null block was handed out (or a window's passed blocks are not leading)"
+            )
             passed = _first_in_window(window, self.allocated_at[request.request_id])
             assert all(i >= passed for i, _ in held), "a block the window has passed is kept"
             assert len({b for _, b in held}) == len(held)
@@ -107,7 +112,7 @@ class _Sim:
                 owned.setdefault(block, []).append((request, i))
         for block, owners in owned.items():
             if len(owners) > 1:  # sharing is only legal for identical full prefix blocks
-                prefixes = {tuple(r.all_token_ids[:(i + 1) * BLOCK]) for r, i in owners}
+                prefixes = {tuple(r.all_token_ids[: (i + 1) * BLOCK]) for r, i in owners}
                 assert len(prefixes) == 1 and all(r.num_computed_tokens >= (i + 1) * BLOCK for r, i in owners)
         return owned
 
@@ -133,16 +138,20 @@ class _EventCheck:
                 self.held.clear()
 
 
-operations = st.lists(st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 10**6)),
-                      min_size=1, max_size=40)
+operations = st.lists(
+    st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 10**6)), min_size=1, max_size=40
+)
 
 
 class KVCacheManagerContract:
     manager_name = "default"
 
     def make(self, num_blocks: int, caching: bool = True, windows=(None,), events: bool = False):
-        config = EngineConfig.from_kwargs(block_size=BLOCK, enable_prefix_caching=caching,
-                                          kv_events_config={"enable_kv_cache_events": True} if events else None)
+        config = EngineConfig.from_kwargs(
+            block_size=BLOCK,
+            enable_prefix_caching=caching,
+            kv_events_config={"enable_kv_cache_events": True} if events else None,
+        )
         cls = load_plugins().get("kv_cache_managers", self.manager_name)
         if windows == (None,):
             return cls(config, num_blocks)

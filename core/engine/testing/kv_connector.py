@@ -45,7 +45,7 @@ BLOCK_DIM = 1  # caches are [2, blocks, BLOCK, WIDTH]: K/V first, as the torch b
 
 def slot_value(tokens: list[int], pos: int, layer: int) -> int:
     """The stand-in K/V value of position ``pos``: a function of the prefix up to it and the layer."""
-    return (sum(t * (i + 1) for i, t in enumerate(tokens[:pos + 1])) * 31 + layer * 7) % 65521
+    return (sum(t * (i + 1) for i, t in enumerate(tokens[: pos + 1])) * 31 + layer * 7) % 65521
 
 
 def _expected(value: int) -> torch.Tensor:
@@ -63,7 +63,7 @@ class _Recorder:
     def update_state_after_alloc(self, request, block_ids, num_local_tokens, num_external_tokens):
         first = num_local_tokens // BLOCK
         if num_external_tokens:
-            self.loads[request.request_id] = list(block_ids[first:first + num_external_tokens // BLOCK])
+            self.loads[request.request_id] = list(block_ids[first : first + num_external_tokens // BLOCK])
         return self.half.update_state_after_alloc(request, block_ids, num_local_tokens, num_external_tokens)
 
     def __getattr__(self, name):
@@ -108,8 +108,11 @@ class ConnectorSim:
         self._check_prefixes(plan, report.failed_blocks)
         self.recorder.update_connector_output(report)
         self.path.on_kv_report(report)
-        sampled = {item.request.request_id: [next_token(item.request.all_token_ids)]
-                   for item in plan.scheduled if item.samples}
+        sampled = {
+            item.request.request_id: [next_token(item.request.all_token_ids)]
+            for item in plan.scheduled
+            if item.samples
+        }
         return self.path.apply(plan, StepResult(sampled))
 
     @property
@@ -139,7 +142,9 @@ class ConnectorSim:
         slots = []
         for item in plan.scheduled:
             table, start = self.kv.block_ids(item.request), item.request.num_computed_tokens
-            slots += [table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + item.num_new_tokens)]
+            slots += [
+                table[p // BLOCK] * BLOCK + p % BLOCK for p in range(start, start + item.num_new_tokens)
+            ]
         return torch.tensor(slots, dtype=torch.int64)
 
     def _write(self, plan, layer: int, cache: torch.Tensor) -> None:
@@ -150,8 +155,12 @@ class ConnectorSim:
                 cache[:, table[pos // BLOCK], pos % BLOCK] = _expected(value)
 
     def _inject_failures(self, plan, report: KVTransferReport) -> KVTransferReport:
-        landed = [rid for rid in self.recorder.loads if rid in report.finished_loading
-                  or any(item.request.request_id == rid for item in plan.scheduled)]
+        landed = [
+            rid
+            for rid in self.recorder.loads
+            if rid in report.finished_loading
+            or any(item.request.request_id == rid for item in plan.scheduled)
+        ]
         failed = set(report.failed_blocks)
         for rid in landed:
             for block in self.recorder.loads.pop(rid):
@@ -171,8 +180,9 @@ class ConnectorSim:
             for pos in range(request.num_computed_tokens):
                 for layer, cache in enumerate(self.caches):
                     got = cache[:, table[pos // BLOCK], pos % BLOCK]
-                    assert torch.equal(got, _expected(slot_value(request.all_token_ids, pos, layer))), \
+                    assert torch.equal(got, _expected(slot_value(request.all_token_ids, pos, layer))), (
                         f"{request.request_id}: block {table[pos // BLOCK]} holds the wrong K/V at position {pos}"
+                    )
 
 
 class KVConnectorContract:
@@ -183,17 +193,27 @@ class KVConnectorContract:
         """``kv_connector_extra_config`` for the connector; ``folder`` is a fresh directory."""
         return {}
 
-    def make(self, folder: str, num_blocks: int = 16, budget: int = 16, max_num_seqs: int = 4,
-             fail_every: int = 0) -> ConnectorSim:
-        return self.make_sim({"kv_connector": self.connector_name,
-                              "kv_connector_extra_config": self.extra_config(folder)},
-                             num_blocks, budget, max_num_seqs, fail_every)
+    def make(
+        self, folder: str, num_blocks: int = 16, budget: int = 16, max_num_seqs: int = 4, fail_every: int = 0
+    ) -> ConnectorSim:
+        return self.make_sim(
+            {"kv_connector": self.connector_name, "kv_connector_extra_config": self.extra_config(folder)},
+            num_blocks,
+            budget,
+            max_num_seqs,
+            fail_every,
+        )
 
-    def make_sim(self, transfer_config: dict, num_blocks: int, budget: int, max_num_seqs: int,
-                 fail_every: int = 0) -> ConnectorSim:
+    def make_sim(
+        self, transfer_config: dict, num_blocks: int, budget: int, max_num_seqs: int, fail_every: int = 0
+    ) -> ConnectorSim:
         config = EngineConfig.from_kwargs(
-            block_size=BLOCK, max_num_batched_tokens=budget, max_num_seqs=max_num_seqs,
-            kv_transfer_config=transfer_config, scheduler=self.scheduler_name)
+            block_size=BLOCK,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            kv_transfer_config=transfer_config,
+            scheduler=self.scheduler_name,
+        )
         registry = load_plugins()
         kv = registry.get("kv_cache_managers", "default")(config, num_blocks)
         caches = [torch.zeros(2, num_blocks, BLOCK, WIDTH) for _ in range(NUM_LAYERS)]
@@ -217,7 +237,9 @@ class KVConnectorContract:
             first_blocks = list(sim.kv.block_ids(first)) or first_blocks
             sim.step()
         for i in range(3):  # other prompts take the whole pool: the shared prefix is evicted
-            sim.add(Request(f"filler{i}", [(11 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=2)))
+            sim.add(
+                Request(f"filler{i}", [(11 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=2))
+            )
         sim.run()
         assert sim.kv.get_computed_blocks(Request("probe", shared + [5], SamplingParams()))[1] == 0
         hits_before = sim.stats["external_prefix_hits"]
@@ -247,7 +269,9 @@ class KVConnectorContract:
         sim.add(Request("first", shared + [4], SamplingParams(max_tokens=2)))
         sim.run()
         for i in range(3):
-            sim.add(Request(f"filler{i}", [(13 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=2)))
+            sim.add(
+                Request(f"filler{i}", [(13 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=2))
+            )
         sim.run()
         second = Request("second", shared + [8, 8], SamplingParams(max_tokens=5))
         sim.add(second)
@@ -261,9 +285,13 @@ class KVConnectorContract:
         sim.add(Request("seed", shared + [3], SamplingParams(max_tokens=1)))
         sim.run()
         for i in range(3):  # evict the shared prefix from the pool
-            sim.add(Request(f"filler{i}", [(17 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=1)))
+            sim.add(
+                Request(f"filler{i}", [(17 * j + i) % 97 for j in range(40)], SamplingParams(max_tokens=1))
+            )
         sim.run()
-        requests = [Request(f"r{i}", shared + [i + 1] * (4 + 3 * i), SamplingParams(max_tokens=12)) for i in range(4)]
+        requests = [
+            Request(f"r{i}", shared + [i + 1] * (4 + 3 * i), SamplingParams(max_tokens=12)) for i in range(4)
+        ]
         for request in requests:
             sim.add(request)
         sim.run()
@@ -273,10 +301,13 @@ class KVConnectorContract:
             assert request.output_token_ids == alone(request.prompt_token_ids, 12), request
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
-    @given(workload=st.lists(st.tuples(st.integers(0, 2), st.integers(1, 14), st.integers(1, 8)),
-                             min_size=1, max_size=10),
-           aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), max_size=3),
-           fail_every=st.sampled_from([0, 0, 3]))
+    @given(
+        workload=st.lists(
+            st.tuples(st.integers(0, 2), st.integers(1, 14), st.integers(1, 8)), min_size=1, max_size=10
+        ),
+        aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), max_size=3),
+        fail_every=st.sampled_from([0, 0, 3]),
+    )
     def test_random_workloads_leak_no_blocks(self, workload, aborts, fail_every):
         prefixes = [[(7 * j + 1) % 97 for j in range(12)], [(5 * j + 3) % 97 for j in range(8)], []]
         with tempfile.TemporaryDirectory() as folder:
@@ -289,5 +320,6 @@ class KVConnectorContract:
             sim.run(abort_at={step: f"r{index % len(workload)}" for step, index in aborts})
             for request in requests:
                 if request.finish_reason != "abort":
-                    assert request.output_token_ids == alone(request.prompt_token_ids,
-                                                             request.sampling_params.max_tokens), request
+                    assert request.output_token_ids == alone(
+                        request.prompt_token_ids, request.sampling_params.max_tokens
+                    ), request

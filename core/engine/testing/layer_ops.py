@@ -165,7 +165,7 @@ class LayerOpsContract:
     @pytest.mark.parametrize("width", [100, 700])
     def test_rescale_int32(self, platform, out_dtype, tokens, width):
         gen = torch.Generator().manual_seed(tokens)
-        acc = torch.randint(-10 ** 6, 10 ** 6, (tokens, width), generator=gen, dtype=torch.int32)
+        acc = torch.randint(-(10**6), 10**6, (tokens, width), generator=gen, dtype=torch.int32)
         rows, cols = torch.rand(tokens, 1, generator=gen), torch.rand(1, width, generator=gen)
         got = platform.layer_ops(torch.bfloat16).rescale_int32(acc, rows, cols, out_dtype)
         expected = LayerOps().rescale_int32(acc, rows, cols, out_dtype)
@@ -193,8 +193,12 @@ class LayerOpsContract:
         got, w = packed(x), weight.dequantize()
         assert got.dtype == dtype and got.shape == (tokens, 70)
         exact = x.float() @ w.t()
-        torch.testing.assert_close(got.float(), exact, rtol=TOLERANCE[dtype]["rtol"],
-                                   atol=_int8_activation_bound(x.float(), w).max().item() + TOLERANCE[dtype]["atol"])
+        torch.testing.assert_close(
+            got.float(),
+            exact,
+            rtol=TOLERANCE[dtype]["rtol"],
+            atol=_int8_activation_bound(x.float(), w).max().item() + TOLERANCE[dtype]["atol"],
+        )
 
     @pytest.mark.parametrize("dtype", DTYPES)
     @pytest.mark.parametrize("tokens", TOKENS)
@@ -256,13 +260,14 @@ def _head_view(tokens: int, heads: int, head_dim: int, layout: str, gen, dtype) 
 def _cos_sin(head_dim: int, tokens: int, gen, dtype):
     from transformers import LlamaConfig
 
-    config = LlamaConfig(hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim,
-                         max_position_embeddings=512)
+    config = LlamaConfig(
+        hidden_size=4 * head_dim, num_attention_heads=4, head_dim=head_dim, max_position_embeddings=512
+    )
     return RotaryEmbedding(config, 512, dtype)(torch.randint(0, 512, (tokens,), generator=gen))
 
 
 def _affine_weight(rows: int, cols: int, bits: int, group: int, gen, float16_scales=False) -> AffineWeight:
-    q = torch.randint(0, 2 ** bits, (rows, cols), generator=gen, dtype=torch.uint8)
+    q = torch.randint(0, 2**bits, (rows, cols), generator=gen, dtype=torch.uint8)
     scale = torch.rand(rows, cols // group, generator=gen) * 0.05
     offset = -torch.rand(rows, cols // group, generator=gen) * 2 ** (bits - 1) * 0.05
     if float16_scales:

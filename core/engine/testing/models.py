@@ -67,13 +67,18 @@ class ModelContract(_Checkpoints):
     new_tokens = 12
     long_prompt_lengths: tuple[int, ...] = ()  # extra prompts, e.g. longer than a sliding window
 
-
     def _llm(self, folder: str, **options):
         """The engine on ``folder`` in float32, under the chosen backend and platform."""
         from engine import LLM
 
-        llm = LLM(folder, dtype="float32", attention_backend=self.attention_backend, device=self.platform,
-                  plugins=self.plugins, **options)
+        llm = LLM(
+            folder,
+            dtype="float32",
+            attention_backend=self.attention_backend,
+            device=self.platform,
+            plugins=self.plugins,
+            **options,
+        )
         if self.platform is not None:
             assert llm.engine.platform.name == self.platform
         if self.attention_backend is not None:
@@ -98,18 +103,25 @@ class ModelContract(_Checkpoints):
 
         for key, (folder, hf_model) in checkpoints.items():
             llm = self._llm(folder, num_blocks=64, block_size=8, max_num_batched_tokens=24)
-            prompts = reference.random_prompts(hf_model.config.vocab_size,
-                                               [5, 17, 30, 9, *self.long_prompt_lengths], seed=1)
+            prompts = reference.random_prompts(
+                hf_model.config.vocab_size, [5, 17, 30, 9, *self.long_prompt_lengths], seed=1
+            )
             outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0))
             for ids, out in zip(prompts, outs):
                 expected = reference.hf_logprobs(hf_model, ids)
                 assert out.prompt_logprobs[0] is None
                 for pos, entry in enumerate(out.prompt_logprobs[1:], start=1):
                     got = torch.tensor([entry[t].logprob for t in range(len(entry))])
-                    torch.testing.assert_close(got, expected[pos - 1], atol=self.logprob_atol, rtol=0,
-                                               msg=lambda m, key=key, pos=pos: f"{key} position {pos}: {m}")
-            greedy = llm.generate(prompts, SamplingParams(max_tokens=self.new_tokens, temperature=0,
-                                                          ignore_eos=True))
+                    torch.testing.assert_close(
+                        got,
+                        expected[pos - 1],
+                        atol=self.logprob_atol,
+                        rtol=0,
+                        msg=lambda m, key=key, pos=pos: f"{key} position {pos}: {m}",
+                    )
+            greedy = llm.generate(
+                prompts, SamplingParams(max_tokens=self.new_tokens, temperature=0, ignore_eos=True)
+            )
             expected_tokens = reference.hf_greedy(hf_model, prompts, self.new_tokens)
             assert [o.outputs[0].token_ids for o in greedy] == expected_tokens, key
 
@@ -118,10 +130,18 @@ class ModelContract(_Checkpoints):
         8-token blocks, fewer than six running prompts need even when every layer keeps only
         a short window: requests are preempted, recomputed and resumed."""
         for key, (folder, hf_model) in checkpoints.items():
-            llm = self._llm(folder, num_blocks=12, block_size=8, max_num_batched_tokens=24, max_num_seqs=6,
-                            max_model_len=64, enable_prefix_caching=False)
-            prompts = reference.random_prompts(hf_model.config.vocab_size, [3, 41, 17, 8, 33, 25, 5, 12, 29, 19],
-                                               seed=2)
+            llm = self._llm(
+                folder,
+                num_blocks=12,
+                block_size=8,
+                max_num_batched_tokens=24,
+                max_num_seqs=6,
+                max_model_len=64,
+                enable_prefix_caching=False,
+            )
+            prompts = reference.random_prompts(
+                hf_model.config.vocab_size, [3, 41, 17, 8, 33, 25, 5, 12, 29, 19], seed=2
+            )
             assert self._greedy(llm, prompts) == reference.hf_greedy(hf_model, prompts, self.new_tokens), key
             assert llm.engine.stats()["preemptions"] > 0, f"{key}: the pool must be small enough to preempt"
 
@@ -129,8 +149,9 @@ class ModelContract(_Checkpoints):
         """Prompts that share a 19-token prefix (two full 8-token blocks, cached) or all of
         another prompt, sent after the prompt they share it with has run."""
         for key, (folder, hf_model) in checkpoints.items():
-            llm = self._llm(folder, num_blocks=64, block_size=8, max_num_batched_tokens=24,
-                            enable_prefix_caching=True)
+            llm = self._llm(
+                folder, num_blocks=64, block_size=8, max_num_batched_tokens=24, enable_prefix_caching=True
+            )
             vocab = hf_model.config.vocab_size
             shared = reference.random_prompts(vocab, [19], seed=3)[0]
             tails = reference.random_prompts(vocab, [1, 6, 13, 4], seed=4)
@@ -143,7 +164,9 @@ class ModelContract(_Checkpoints):
     def _greedy(self, llm, prompts) -> list[list[int]]:
         from engine import SamplingParams
 
-        outs = llm.generate(prompts, SamplingParams(max_tokens=self.new_tokens, temperature=0, ignore_eos=True))
+        outs = llm.generate(
+            prompts, SamplingParams(max_tokens=self.new_tokens, temperature=0, ignore_eos=True)
+        )
         return [o.outputs[0].token_ids for o in outs]
 
 
@@ -158,7 +181,6 @@ class EmbeddingModelContract(_Checkpoints):
     atol = 1e-4
     min_cosine = 0.9999
 
-
     def test_declares_an_encoder(self, model_cls):
         configs = model_cls.example_configs()
         assert configs, "a model plugin must give the kit at least one tiny config"
@@ -170,12 +192,25 @@ class EmbeddingModelContract(_Checkpoints):
         from engine import LLM, PoolingParams
 
         for folder, hf_model in checkpoints.values():
-            llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8, plugins=self.plugins,
-                      override_pooler_config={"pooling_type": pooling_type, "normalize": False})
+            llm = LLM(
+                folder,
+                dtype="float32",
+                num_blocks=64,
+                block_size=8,
+                plugins=self.plugins,
+                override_pooler_config={"pooling_type": pooling_type, "normalize": False},
+            )
             prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 17, 30, 1, 9], seed=1)
             for normalize in (False, True):
                 outs = llm.embed(prompts, PoolingParams(normalize=normalize))
                 for ids, out in zip(prompts, outs):
-                    reference.assert_pooled_matches(out.outputs.embedding, hf_model, ids, pooling_type, normalize,
-                                                    self.atol, self.min_cosine)
+                    reference.assert_pooled_matches(
+                        out.outputs.embedding,
+                        hf_model,
+                        ids,
+                        pooling_type,
+                        normalize,
+                        self.atol,
+                        self.min_cosine,
+                    )
             assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"

@@ -10,8 +10,14 @@ import torch
 import torch.nn.functional as F
 
 
-def reference_moe(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
-                  top_k: int, renormalize: bool) -> torch.Tensor:
+def reference_moe(
+    x: torch.Tensor,
+    router_logits: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    top_k: int,
+    renormalize: bool,
+) -> torch.Tensor:
     """x [T, H], router_logits [T, E], gate_up [E, 2I, H], down [E, H, I] -> [T, H] in float32:
     softmax, top-k (renormalized if asked), and for each expert the SwiGLU of the tokens that
     chose it, weighted and summed."""
@@ -31,9 +37,17 @@ def reference_moe(x: torch.Tensor, router_logits: torch.Tensor, gate_up: torch.T
     return out
 
 
-def loaded_moe(method, num_experts: int, top_k: int, hidden: int, intermediate: int, renormalize: bool,
-               checkpoint_tensors: Callable[[torch.Tensor], tuple[list[tuple[str, object]], torch.Tensor]] | None = None,
-               local_experts=None, seed: int = 0):
+def loaded_moe(
+    method,
+    num_experts: int,
+    top_k: int,
+    hidden: int,
+    intermediate: int,
+    renormalize: bool,
+    checkpoint_tensors: Callable[[torch.Tensor], tuple[list[tuple[str, object]], torch.Tensor]] | None = None,
+    local_experts=None,
+    seed: int = 0,
+):
     """A :class:`FusedMoE` through ``method`` with random experts loaded one (expert, shard) at
     a time, as a checkpoint would -> (layer, (gate_up [E, 2I, H], down [E, H, I]) the float32
     originals, the same two as the loaded tensors represent by the format's plain math).
@@ -44,10 +58,19 @@ def loaded_moe(method, num_experts: int, top_k: int, hidden: int, intermediate: 
 
     gen = torch.Generator().manual_seed(seed)
     dtype = method.ctx.dtype
-    layer = FusedMoE(num_experts, top_k, hidden, intermediate, renormalize, method, dtype, LayerOps(),
-                     local_experts=local_experts)
-    gate_up = torch.randn(num_experts, 2 * intermediate, hidden, generator=gen) * hidden ** -0.5
-    down = torch.randn(num_experts, hidden, intermediate, generator=gen) * intermediate ** -0.5
+    layer = FusedMoE(
+        num_experts,
+        top_k,
+        hidden,
+        intermediate,
+        renormalize,
+        method,
+        dtype,
+        LayerOps(),
+        local_experts=local_experts,
+    )
+    gate_up = torch.randn(num_experts, 2 * intermediate, hidden, generator=gen) * hidden**-0.5
+    down = torch.randn(num_experts, hidden, intermediate, generator=gen) * intermediate**-0.5
     to_tensors = checkpoint_tensors or (lambda weight: ([("weight", weight.to(dtype))], weight.to(dtype)))
     represented: dict[str, list[torch.Tensor]] = {"w1": [], "w3": [], "w2": []}
     for expert in range(num_experts):

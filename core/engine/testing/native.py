@@ -29,8 +29,12 @@ from engine.native import CFLAGS_VARIABLE, Library, load_source
 
 # -Wmissing-prototypes: an exported function its header does not declare
 WARNING_FLAGS = ("-Wall", "-Wextra", "-Werror", "-Wmissing-prototypes")
-SANITIZER_FLAGS = ("-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-frame-pointer",
-                   "-g")
+SANITIZER_FLAGS = (
+    "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=all",
+    "-fno-omit-frame-pointer",
+    "-g",
+)
 
 
 def build_with_warnings_as_errors(source: Path, portable: bool = False) -> Library:
@@ -44,8 +48,9 @@ def asan_runtime() -> str | None:
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None:
         return None
-    path = subprocess.run([compiler, "-print-file-name=libasan.so"], capture_output=True, text=True,
-                          check=False).stdout.strip()
+    path = subprocess.run(
+        [compiler, "-print-file-name=libasan.so"], capture_output=True, text=True, check=False
+    ).stdout.strip()
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
@@ -55,13 +60,26 @@ def run_under_sanitizers(pytest_args: list[str], timeout: float = 600) -> subpro
     runtime = asan_runtime()
     if runtime is None:
         pytest.skip("the C compiler has no AddressSanitizer runtime (libasan.so)")
-    env = dict(os.environ, LD_PRELOAD=runtime, ASAN_OPTIONS="detect_leaks=0",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1")
+    env = dict(
+        os.environ,
+        LD_PRELOAD=runtime,
+        ASAN_OPTIONS="detect_leaks=0",
+        UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1",
+    )
     env[CFLAGS_VARIABLE] = " ".join(SANITIZER_FLAGS)
     # --capture=sys: a report the sanitizer writes to file descriptor 2 before it exits is not lost
     # in pytest's capture file
-    command = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "--capture=sys",
-               *pytest_args]
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-x",
+        "-p",
+        "no:cacheprovider",
+        "--capture=sys",
+        *pytest_args,
+    ]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
 
 

@@ -42,8 +42,14 @@ class PDSim(ConnectorSim):
 
     def prefill(self, request: Request) -> dict | None:
         """Run the request's prompt on the producer; the params its last output hands on."""
-        self.producer.add(Request(request.request_id, request.prompt_token_ids, SamplingParams(max_tokens=1),
-                                  kv_transfer_params={DO_REMOTE_DECODE: True}))
+        self.producer.add(
+            Request(
+                request.request_id,
+                request.prompt_token_ids,
+                SamplingParams(max_tokens=1),
+                kv_transfer_params={DO_REMOTE_DECODE: True},
+            )
+        )
         deadline = time.monotonic() + RUN_SECONDS
         while request.request_id not in self.handed_on:
             assert time.monotonic() < deadline, f"the producer did not prefill {request.request_id}"
@@ -98,22 +104,34 @@ class PDConnectorContract(KVConnectorContract):
     def extra_config(self, folder: str) -> dict:
         return {"abort_request_timeout": self.abort_request_timeout, "transfer_timeout": 10}
 
-    def make(self, folder: str, num_blocks: int = 16, budget: int = 16, max_num_seqs: int = 4,
-             fail_every: int = 0, **extra) -> PDSim:
+    def make(
+        self,
+        folder: str,
+        num_blocks: int = 16,
+        budget: int = 16,
+        max_num_seqs: int = 4,
+        fail_every: int = 0,
+        **extra,
+    ) -> PDSim:
         if self._sim is not None:  # one pair at a time (a hypothesis example each)
             self._sim.close()
-        config = {"kv_connector": self.connector_name, "kv_ip": "127.0.0.1",
-                  "kv_connector_extra_config": {**self.extra_config(folder), **extra}}
+        config = {
+            "kv_connector": self.connector_name,
+            "kv_ip": "127.0.0.1",
+            "kv_connector_extra_config": {**self.extra_config(folder), **extra},
+        }
         producer = self._producer(config, num_blocks + 4, budget, max_num_seqs)
         producer.add(Request("warm-up", [96] * (3 * BLOCK), SamplingParams(max_tokens=1)))
         producer.run()  # its free queue now starts elsewhere than the consumer's: other block ids
-        consumer = self.make_sim({**config, "kv_role": "kv_consumer", "kv_port": 0},
-                                 num_blocks, budget, max_num_seqs, fail_every)
+        consumer = self.make_sim(
+            {**config, "kv_role": "kv_consumer", "kv_port": 0}, num_blocks, budget, max_num_seqs, fail_every
+        )
         self._sim = PDSim(**attrs.asdict(consumer, recurse=False), producer=producer)
         return self._sim
 
     def _producer(self, config: dict, *args) -> ConnectorSim:
         """The prefill side on a free port; another port when the chosen one was taken first."""
+
         def attempt() -> ConnectorSim:
             return self.make_sim({**config, "kv_role": "kv_producer", "kv_port": free_port()}, *args)
 
@@ -127,8 +145,9 @@ class PDConnectorContract(KVConnectorContract):
 
     def assert_other_blocks(self, request, loaded_into, held_before):
         """The values came from the producer's blocks, which are other ids than the consumer's."""
-        assert loaded_into != request.kv_transfer_params["remote_block_ids"][:len(loaded_into)], \
+        assert loaded_into != request.kv_transfer_params["remote_block_ids"][: len(loaded_into)], (
             "the test meant other block ids on each side"
+        )
 
     # -- what only P/D has -------------------------------------------------------------------
     def test_blocks_land_in_other_block_ids(self, tmp_path):
@@ -154,7 +173,9 @@ class PDConnectorContract(KVConnectorContract):
         sim.path.abort(["gone"])  # before the decode instance admitted it
         started = time.monotonic()
         sim.run()
-        assert time.monotonic() - started < self.abort_request_timeout / 2, "freed by the release, not the timeout"
+        assert time.monotonic() - started < self.abort_request_timeout / 2, (
+            "freed by the release, not the timeout"
+        )
 
     def test_blocks_nobody_reads_are_freed_after_the_timeout(self, tmp_path):
         sim = self.make(str(tmp_path), abort_request_timeout=0.5)
@@ -184,7 +205,9 @@ class PDConnectorContract(KVConnectorContract):
     def test_an_aborted_prefill_hands_nothing_on(self, tmp_path):
         sim = self.make(str(tmp_path))
         prompt = [(13 * j + 7) % 97 for j in range(40)]
-        sim.producer.add(Request("cut", prompt, SamplingParams(max_tokens=1), kv_transfer_params={DO_REMOTE_DECODE: True}))
+        sim.producer.add(
+            Request("cut", prompt, SamplingParams(max_tokens=1), kv_transfer_params={DO_REMOTE_DECODE: True})
+        )
         sim.step()  # its first chunk
         sim.producer.path.abort(["cut"])
         sim.step()

@@ -7,8 +7,12 @@ import os
 
 
 def pytest_addoption(parser):
-    parser.addoption("--engine-conformance", action="store_true", default=False,
-                     help="run the engine's contract tests against every installed plugin")
+    parser.addoption(
+        "--engine-conformance",
+        action="store_true",
+        default=False,
+        help="run the engine's contract tests against every installed plugin",
+    )
 
 
 def pytest_configure(config):

@@ -33,17 +33,34 @@ import torch.nn.functional as F
 from engine.interfaces.quant import QuantContext
 from engine.testing import reference
 
-TINY_LLAMA = dict(model_type="llama", vocab_size=256, hidden_size=256, intermediate_size=512,
-                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                  max_position_embeddings=256, tie_word_embeddings=False, initializer_range=0.05)
+TINY_LLAMA = dict(
+    model_type="llama",
+    vocab_size=256,
+    hidden_size=256,
+    intermediate_size=512,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+    initializer_range=0.05,
+)
 
 
-LINEAR_WEIGHTS = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight",
-                  "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+LINEAR_WEIGHTS = (
+    "q_proj.weight",
+    "k_proj.weight",
+    "v_proj.weight",
+    "o_proj.weight",
+    "gate_proj.weight",
+    "up_proj.weight",
+    "down_proj.weight",
+)
 
 
-def write_quantized_checkpoint(source: str, folder: str, quantize: Callable[[torch.Tensor], dict],
-                               quantization_config: dict) -> None:
+def write_quantized_checkpoint(
+    source: str, folder: str, quantize: Callable[[torch.Tensor], dict], quantization_config: dict
+) -> None:
     """Copy the safetensors folder ``source`` to ``folder`` with every linear weight replaced
     by ``quantize(weight)`` — {parameter name: tensor}, e.g. {"weight": ..., "weight_scale": ...}
     — and ``quantization_config`` added to its config.json, as a real quantized checkpoint."""
@@ -69,10 +86,20 @@ def write_quantized_checkpoint(source: str, folder: str, quantize: Callable[[tor
         json.dump(config, f, indent=2)
 
 
-CHAT_QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Name three primary colors.",
-                  "How do I boil an egg?", "What is 12 times 7?", "Explain gravity to a child.",
-                  "Give me a synonym for happy.", "What is Python used for?", "Tell me a fun fact about cats.",
-                  "Translate 'good morning' to Spanish.", "Why is the sky blue?", "List two planets."]
+CHAT_QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Name three primary colors.",
+    "How do I boil an egg?",
+    "What is 12 times 7?",
+    "Explain gravity to a child.",
+    "Give me a synonym for happy.",
+    "What is Python used for?",
+    "Tell me a fun fact about cats.",
+    "Translate 'good morning' to Spanish.",
+    "Why is the sky blue?",
+    "List two planets.",
+]
 
 
 def greedy_chats(llm, max_tokens: int = 32) -> tuple[list[list[int]], list[list[int]]]:
@@ -90,8 +117,10 @@ def teacher_forced_agreement(llm, prompts: list[list[int]], continuations: list[
     turning every later position into a mismatch."""
     from engine import SamplingParams
 
-    outs = llm.generate([p + c for p, c in zip(prompts, continuations)],
-                        SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))
+    outs = llm.generate(
+        [p + c for p, c in zip(prompts, continuations)],
+        SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1),
+    )
     same = total = 0
     for prompt, continuation, out in zip(prompts, continuations, outs):
         for offset, token in enumerate(continuation):
@@ -171,9 +200,12 @@ class QuantMethodContract:
         """Built once per class, by an instance of its own (a format's overrides are methods)."""
         from engine.layers import Linear
 
-        return cls()._loaded(lambda method, dtype: Linear(cls.input_size, list(cls.output_sizes), False,
-                                                          method, dtype),
-                             registry, platform, cls.output_sizes)
+        return cls()._loaded(
+            lambda method, dtype: Linear(cls.input_size, list(cls.output_sizes), False, method, dtype),
+            registry,
+            platform,
+            cls.output_sizes,
+        )
 
     # -- layer checks ---------------------------------------------------------------------------
 
@@ -192,7 +224,9 @@ class QuantMethodContract:
     @pytest.mark.parametrize("tokens", [1, 5, 64])
     def test_apply_matches_dequantize_then_matmul(self, linear, tokens):
         layer, _, _ = linear
-        x = torch.randn(tokens, self.input_size, generator=torch.Generator().manual_seed(tokens)).to(self.dtype)
+        x = torch.randn(tokens, self.input_size, generator=torch.Generator().manual_seed(tokens)).to(
+            self.dtype
+        )
         got = layer(x)
         assert got.shape == (tokens, sum(self.output_sizes)) and got.dtype == self.dtype
         want = F.linear(x.float(), layer.method.dequantize(layer).float())
@@ -205,7 +239,11 @@ class QuantMethodContract:
         method = self.make_method(registry, platform)
         table, _, _ = self._loaded(
             lambda method, dtype: VocabEmbedding(192, self.input_size, method, dtype),
-            registry, platform, [192], seed=3)
+            registry,
+            platform,
+            [192],
+            seed=3,
+        )
         assert (type(table.method) is type(method)) == type(method).quantizes_embeddings
         ids = torch.tensor([0, 5, 191, 5])
         dense = table.method.dequantize(table).float()
@@ -224,8 +262,16 @@ class QuantMethodContract:
         contract = cls()
         method = contract.make_method(registry, platform)
         quantized = type(method).quantizes_experts  # else experts load as float weights, as vocabulary tables
-        layer, originals, represented = loaded_moe(method, 4, 2, cls.input_size, cls.input_size, True,
-                                                   contract.checkpoint_tensors if quantized else None, seed=5)
+        layer, originals, represented = loaded_moe(
+            method,
+            4,
+            2,
+            cls.input_size,
+            cls.input_size,
+            True,
+            contract.checkpoint_tensors if quantized else None,
+            seed=5,
+        )
         stored = [part.method for part in (layer.gate_up, layer.down)]
         assert all((type(m) is type(method)) == quantized for m in stored)
         return layer, originals, represented
@@ -239,7 +285,9 @@ class QuantMethodContract:
             assert err <= self.reference_atol, f"dequantize_moe differs from the format's math by {err:.2e}"
             # the worst group over ~12x the linear check's weights: its error bound with 1.5x room
             err = (got - original).abs().max() / original.abs().max()
-            assert err <= 1.5 * self.quant_error, f"expert quantization error {err:.3e} > 1.5 x {self.quant_error}"
+            assert err <= 1.5 * self.quant_error, (
+                f"expert quantization error {err:.3e} > 1.5 x {self.quant_error}"
+            )
 
     @pytest.mark.parametrize("tokens", [1, 7, 64])
     def test_moe_layer_matches_the_per_expert_reference(self, moe, tokens):
@@ -275,9 +323,13 @@ class QuantMethodContract:
         prompts = reference.random_prompts(TINY_LLAMA["vocab_size"], [9, 23], seed=5)
         params = SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0)
         common = dict(num_blocks=40, block_size=8, max_model_len=128)
-        quantized = LLM(dtype=str(self.dtype).removeprefix("torch."), **common, **kwargs).generate(prompts, params)
+        quantized = LLM(dtype=str(self.dtype).removeprefix("torch."), **common, **kwargs).generate(
+            prompts, params
+        )
         for ids, out in zip(prompts, quantized):
             want = reference.hf_logprobs(hf_model, ids)[:-1]
-            got = torch.tensor([[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]])
+            got = torch.tensor(
+                [[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]]
+            )
             err = (got - want).abs().mean()
             assert err <= self.logprob_atol, f"mean |Δ logprob| {err:.3e} > {self.logprob_atol}"

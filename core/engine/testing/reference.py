@@ -8,8 +8,14 @@ import os
 import torch
 
 
-def tiny_checkpoint(folder: str, architecture: str, config_kwargs: dict, seed: int = 0,
-                    tokenizer=None, auto_class: str = "AutoModelForCausalLM"):
+def tiny_checkpoint(
+    folder: str,
+    architecture: str,
+    config_kwargs: dict,
+    seed: int = 0,
+    tokenizer=None,
+    auto_class: str = "AutoModelForCausalLM",
+):
     """Build a random ``transformers`` model, save it (config.json + safetensors) to
     ``folder`` and return it. Weights are drawn wider than the default init so logits are
     peaked and greedy choices are not decided by rounding noise. ``auto_class`` builds it
@@ -60,11 +66,15 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
     """Greedy continuation of each prompt, ignoring EOS, one prompt at a time."""
     out = []
     for ids in prompts:
-        generated = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens,
-                                   eos_token_id=None, do_sample=False,
-                                   attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                                   pad_token_id=0)
-        out.append(generated[0, len(ids):].tolist())
+        generated = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=max_new_tokens,
+            eos_token_id=None,
+            do_sample=False,
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            pad_token_id=0,
+        )
+        out.append(generated[0, len(ids) :].tolist())
     return out
 
 
@@ -83,8 +93,15 @@ def hf_pooled(model, ids: list[int], pooling_type: str, normalize: bool) -> torc
     return torch.nn.functional.normalize(vector, dim=-1) if normalize else vector
 
 
-def assert_pooled_matches(vector, hf_model, ids: list[int], pooling_type: str, normalize: bool,
-                          atol: float = 1e-4, min_cosine: float = 0.9999) -> None:
+def assert_pooled_matches(
+    vector,
+    hf_model,
+    ids: list[int],
+    pooling_type: str,
+    normalize: bool,
+    atol: float = 1e-4,
+    min_cosine: float = 0.9999,
+) -> None:
     """An engine's embedding of ``ids`` against :func:`hf_pooled`: cosine and values (float32)."""
     got = torch.as_tensor(vector, dtype=torch.float32)
     expected = hf_pooled(hf_model, ids, pooling_type, normalize)
@@ -98,8 +115,9 @@ def random_prompts(vocab_size: int, lengths: list[int], seed: int = 0) -> list[l
     return [torch.randint(3, vocab_size, (n,), generator=gen).tolist() for n in lengths]
 
 
-def sorted_sampling_probs(logits: torch.Tensor, temperature: list[float], top_k: list[int],
-                          top_p: list[float], min_p: list[float]) -> torch.Tensor:
+def sorted_sampling_probs(
+    logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float]
+) -> torch.Tensor:
     """Plain math of temperature → top-k → top-p → min-p over the whole sorted vocabulary,
     one row at a time (what HF's and vLLM's samplers compute): the reference the engine's
     candidate-based sampler is checked against. ``top_k`` 0 means off."""

@@ -30,10 +30,12 @@ def alone(prompt: list[int], max_tokens: int) -> list[int]:
     tokens = list(prompt)
     for _ in range(max_tokens):
         tokens.append(next_token(tokens))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
-workloads = st.lists(st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 2)), min_size=1, max_size=14)
+workloads = st.lists(
+    st.tuples(st.integers(1, 30), st.integers(1, 12), st.integers(0, 2)), min_size=1, max_size=14
+)
 
 
 class SchedulerContract:
@@ -43,17 +45,24 @@ class SchedulerContract:
 
     def request_path(self, num_blocks: int, **options):
         """(the scheduler's request path, its KV cache manager) over a pool of ``num_blocks``."""
-        config = EngineConfig.from_kwargs(scheduler=self.scheduler_name,
-                                          kv_cache_manager=self.kv_cache_manager_name, **options)
+        config = EngineConfig.from_kwargs(
+            scheduler=self.scheduler_name, kv_cache_manager=self.kv_cache_manager_name, **options
+        )
         registry = load_plugins()
         kv = registry.get("kv_cache_managers", self.kv_cache_manager_name)(config, num_blocks)
         capacity = (num_blocks - 1) * config.cache.block_size
         return request_path(registry, config, kv, None, capacity), kv
 
-    def run(self, workload, num_blocks=12, block_size=4, budget=16, max_num_seqs=4, policy="fcfs",
-            max_steps=3000):
-        path, kv = self.request_path(num_blocks, block_size=block_size, max_num_batched_tokens=budget,
-                                     max_num_seqs=max_num_seqs, policy=policy)
+    def run(
+        self, workload, num_blocks=12, block_size=4, budget=16, max_num_seqs=4, policy="fcfs", max_steps=3000
+    ):
+        path, kv = self.request_path(
+            num_blocks,
+            block_size=block_size,
+            max_num_batched_tokens=budget,
+            max_num_seqs=max_num_seqs,
+            policy=policy,
+        )
         requests = []
         for i, (prompt_len, max_tokens, priority) in enumerate(workload):
             prompt = [(i * 13 + j * 5) % VOCAB for j in range(prompt_len)]
@@ -72,8 +81,11 @@ class SchedulerContract:
                 r = item.request
                 assert item.num_new_tokens > 0
                 assert len(kv.block_ids(r)) * block_size >= r.num_computed_tokens + item.num_new_tokens
-            sampled = {item.request.request_id: [next_token(item.request.all_token_ids)]
-                       for item in plan.scheduled if item.samples}
+            sampled = {
+                item.request.request_id: [next_token(item.request.all_token_ids)]
+                for item in plan.scheduled
+                if item.samples
+            }
             path.apply(plan, StepResult(sampled))
         assert not path.has_unfinished(), "every request must finish"
         assert kv.num_free_blocks == num_blocks - 1, "blocks leaked"
@@ -95,7 +107,9 @@ class SchedulerContract:
         """With one sequence slot, the request the policy orders first runs: the urgent one under
         ``priority``, the first arrival under ``fcfs``."""
         for policy in self.policies:
-            path, _ = self.request_path(32, block_size=4, max_num_batched_tokens=8, max_num_seqs=1, policy=policy)
+            path, _ = self.request_path(
+                32, block_size=4, max_num_batched_tokens=8, max_num_seqs=1, policy=policy
+            )
             path.add(Request("later", [1, 2, 3], SamplingParams(max_tokens=1), priority=5))
             path.add(Request("urgent", [1, 2, 3], SamplingParams(max_tokens=1), priority=0))
             first = "urgent" if policy == "priority" else "later"

@@ -11,14 +11,30 @@ import pytest
 
 from engine.testing import reference
 
-TINY = dict(model_type="llama", vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
+TINY = dict(
+    model_type="llama",
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    tie_word_embeddings=True,
+)
 LENGTHS = [5, 30, 12, 44, 8, 21, 3, 17]
 # shared_step_target_s=0: chunk sizes from the token budget alone, not from measured step times,
 # so two runs schedule alike however loaded the machine is (a seeded request's draws follow
 # its schedule: how many drafts each step verified)
-OPTIONS = dict(dtype="float32", block_size=8, num_blocks=36, max_num_batched_tokens=32, max_num_seqs=6,
-               max_model_len=160, shared_step_target_s=0)
+OPTIONS = dict(
+    dtype="float32",
+    block_size=8,
+    num_blocks=36,
+    max_num_batched_tokens=32,
+    max_num_seqs=6,
+    max_model_len=160,
+    shared_step_target_s=0,
+)
 
 
 def _prompts():
@@ -38,8 +54,10 @@ class DrafterContract:
         return folder
 
     def config(self, model_dir: str) -> dict:
-        return {k: (v.format(model_dir=model_dir) if isinstance(v, str) else v)
-                for k, v in self.speculative_config.items()}
+        return {
+            k: (v.format(model_dir=model_dir) if isinstance(v, str) else v)
+            for k, v in self.speculative_config.items()
+        }
 
     def _generate(self, model_dir, params, **spec):
         from engine import LLM
@@ -64,7 +82,9 @@ class DrafterContract:
     def test_seeded_sampling_runs_to_length(self, model_dir):
         from engine import SamplingParams
 
-        params = SamplingParams(max_tokens=self.new_tokens, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True)
+        params = SamplingParams(
+            max_tokens=self.new_tokens, temperature=0.9, top_p=0.95, seed=3, ignore_eos=True
+        )
         got, _ = self._generate(model_dir, params, speculative_config=self.config(model_dir))
         assert all(len(tokens) == self.new_tokens for tokens in got)
         again, _ = self._generate(model_dir, params, speculative_config=self.config(model_dir))

@@ -41,8 +41,16 @@ def replayed_tokens(llm, prompts, params, sizes: tuple[int, ...]):
     buckets of ``sizes``, and how often each bucket replayed."""
     runner, config = llm.engine.runner, llm.engine.config
     max_blocks = -(-llm.engine.max_model_len // config.cache.block_size)
-    graphs = StepGraphRunner(llm.engine.model, runner.attention, runner.kv_caches, GraphPlan(RerunGraphs(), sizes, ()),
-                             max_blocks, runner.device, llm.engine.hf_config.vocab_size, llm.engine.max_model_len)
+    graphs = StepGraphRunner(
+        llm.engine.model,
+        runner.attention,
+        runner.kv_caches,
+        GraphPlan(RerunGraphs(), sizes, ()),
+        max_blocks,
+        runner.device,
+        llm.engine.hf_config.vocab_size,
+        llm.engine.max_model_len,
+    )
     graphs.capture()
     runner.graphs = graphs
     try:

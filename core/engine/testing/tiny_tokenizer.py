@@ -14,8 +14,36 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 EOS = "<|end|>"
 # Each piece becomes one token (with a token for each of its prefixes, as BPE merges build them).
-PIECES = ("deep", " blue", " sea", "red", "green", "blue", "true", "false", "null", "name", "tags", '{"', '":',
-          '": "', '", "', '"}', '"]', '["', "}, ", "], ", ", ", "ab", "abc", "-1", "12", "(1", "9)", "0.5")
+PIECES = (
+    "deep",
+    " blue",
+    " sea",
+    "red",
+    "green",
+    "blue",
+    "true",
+    "false",
+    "null",
+    "name",
+    "tags",
+    '{"',
+    '":',
+    '": "',
+    '", "',
+    '"}',
+    '"]',
+    '["',
+    "}, ",
+    "], ",
+    ", ",
+    "ab",
+    "abc",
+    "-1",
+    "12",
+    "(1",
+    "9)",
+    "0.5",
+)
 
 
 @cache
@@ -30,7 +58,7 @@ def tiny_tokenizer():
         [(chars, _)] = byte_level.pre_tokenize_str(piece)
         for end in range(2, len(chars) + 1):
             if chars[:end] not in vocab:
-                merges.append((chars[:end - 1], chars[end - 1]))
+                merges.append((chars[: end - 1], chars[end - 1]))
                 vocab[chars[:end]] = len(vocab)
     tokenizer = Tokenizer(models.BPE(vocab, merges))
     tokenizer.pre_tokenizer = byte_level

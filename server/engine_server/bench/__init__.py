@@ -51,35 +51,61 @@ class BenchCommand(Command):
 
 def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     target = p.add_argument_group("server")
-    target.add_argument("--backend", default="openai", choices=("openai", "vllm", "openai-chat"),
-                        help="openai/vllm: /v1/completions with `prompt`; openai-chat: /v1/chat/completions "
-                             "with `messages` (default: from --endpoint)")
-    target.add_argument("--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000 "
-                                                         "(default: http://HOST:PORT)")
+    target.add_argument(
+        "--backend",
+        default="openai",
+        choices=("openai", "vllm", "openai-chat"),
+        help="openai/vllm: /v1/completions with `prompt`; openai-chat: /v1/chat/completions "
+        "with `messages` (default: from --endpoint)",
+    )
+    target.add_argument(
+        "--base-url", default=None, help="server root, e.g. http://127.0.0.1:8000 (default: http://HOST:PORT)"
+    )
     target.add_argument("--host", default="127.0.0.1")
     target.add_argument("--port", type=int, default=8000)
-    target.add_argument("--endpoint", default=None,
-                        help="/v1/completions or /v1/chat/completions (default: the backend's)")
+    target.add_argument(
+        "--endpoint", default=None, help="/v1/completions or /v1/chat/completions (default: the backend's)"
+    )
     target.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
-    target.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"),
-                        help="sent as `Authorization: Bearer KEY` (default: $OPENAI_API_KEY)")
+    target.add_argument(
+        "--api-key",
+        default=os.environ.get("OPENAI_API_KEY"),
+        help="sent as `Authorization: Bearer KEY` (default: $OPENAI_API_KEY)",
+    )
     data = p.add_argument_group("dataset")
-    data.add_argument("--dataset-name", default="random", choices=("random", "sharegpt", "custom"),
-                      help="random: token-exact prompts; sharegpt: a ShareGPT JSON file; custom: JSON lines "
-                           'of {"prompt": ..., "output_len": ...}')
+    data.add_argument(
+        "--dataset-name",
+        default="random",
+        choices=("random", "sharegpt", "custom"),
+        help="random: token-exact prompts; sharegpt: a ShareGPT JSON file; custom: JSON lines "
+        'of {"prompt": ..., "output_len": ...}',
+    )
     data.add_argument("--dataset-path", default=None, help="the file for sharegpt and custom")
-    data.add_argument("--tokenizer", default=None, help="tokenizer folder to count prompt tokens with "
-                      "(default: the server's, over /tokenize)")
+    data.add_argument(
+        "--tokenizer",
+        default=None,
+        help="tokenizer folder to count prompt tokens with (default: the server's, over /tokenize)",
+    )
     data.add_argument("--num-prompts", type=int, default=1000, help="requests to send (default: 1000)")
     data.add_argument("--random-input-len", type=int, default=1024, help="prompt tokens (default: 1024)")
     data.add_argument("--random-output-len", type=int, default=128, help="output tokens (default: 128)")
-    data.add_argument("--random-range-ratio", type=float, default=0.0,
-                      help="lengths uniform in [L·(1−r), L·(1+r)] (default: 0, exact)")
-    data.add_argument("--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by all prompts")
+    data.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=0.0,
+        help="lengths uniform in [L·(1−r), L·(1+r)] (default: 0, exact)",
+    )
+    data.add_argument(
+        "--random-prefix-len", type=int, default=0, help="tokens of a prefix shared by all prompts"
+    )
     data.add_argument("--input-len", type=int, default=None, help="alias of --random-input-len")
     data.add_argument("--output-len", type=int, default=None, help="alias of --random-output-len")
-    data.add_argument("--sharegpt-output-len", type=int, default=None,
-                      help="output tokens for every ShareGPT request (default: the reply's length)")
+    data.add_argument(
+        "--sharegpt-output-len",
+        type=int,
+        default=None,
+        help="output tokens for every ShareGPT request (default: the reply's length)",
+    )
     load = p.add_argument_group("load")
     load.add_argument("--request-rate", type=float, default=float("inf"), help="requests/s (default: inf)")
     load.add_argument("--burstiness", type=float, default=1.0, help="gamma shape of the gaps; 1 is Poisson")
@@ -92,16 +118,28 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
     load.add_argument("--top-k", type=int, default=None)
     load.add_argument("--disable-tqdm", action="store_true")
     out = p.add_argument_group("results")
-    out.add_argument("--percentile-metrics", default="ttft,tpot,itl,e2el",
-                     help="comma-separated of ttft, tpot, itl, e2el (default: all)")
-    out.add_argument("--metric-percentiles", default="99", help="comma-separated, e.g. 50,90,99 (default: 99)")
+    out.add_argument(
+        "--percentile-metrics",
+        default="ttft,tpot,itl,e2el",
+        help="comma-separated of ttft, tpot, itl, e2el (default: all)",
+    )
+    out.add_argument(
+        "--metric-percentiles", default="99", help="comma-separated, e.g. 50,90,99 (default: 99)"
+    )
     out.add_argument("--goodput", nargs="*", default=[], metavar="SLO:MS", help="e.g. ttft:500 tpot:50")
-    out.add_argument("--save-result", nargs="?", const=True, default=None,
-                     help="save the result JSON (to PATH if given, else a name built like vLLM's)")
+    out.add_argument(
+        "--save-result",
+        nargs="?",
+        const=True,
+        default=None,
+        help="save the result JSON (to PATH if given, else a name built like vLLM's)",
+    )
     out.add_argument("--result-dir", default=None)
     out.add_argument("--result-filename", default=None)
     out.add_argument("--label", default=None, help="prefix of the result file name (default: the backend)")
-    out.add_argument("--metadata", nargs="*", default=[], metavar="KEY=VALUE", help="added to the result JSON")
+    out.add_argument(
+        "--metadata", nargs="*", default=[], metavar="KEY=VALUE", help="added to the result JSON"
+    )
 
 
 def resolve_arguments(args) -> None:
@@ -122,11 +160,18 @@ def resolve_arguments(args) -> None:
 
 
 def request_body(args, model: str, request: SampleRequest) -> dict:
-    body = {"model": model, "stream": True, "stream_options": {"include_usage": True},
-            "temperature": args.temperature, "ignore_eos": args.ignore_eos}
+    body = {
+        "model": model,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "temperature": args.temperature,
+        "ignore_eos": args.ignore_eos,
+    }
     body.update({k: v for k, v in (("top_p", args.top_p), ("top_k", args.top_k)) if v is not None})
     if args.chat:  # chat prompts are always text (sample_requests)
-        body.update(messages=[{"role": "user", "content": request.prompt}], max_completion_tokens=request.output_len)
+        body.update(
+            messages=[{"role": "user", "content": request.prompt}], max_completion_tokens=request.output_len
+        )
     else:
         body.update(prompt=request.prompt, max_tokens=request.output_len)
     return body
@@ -151,8 +196,10 @@ async def one_request(client: httpx.AsyncClient, endpoint: str, body: dict, prom
                 if usage := data.get("usage"):
                     output.output_tokens = usage["completion_tokens"]
                     output.prompt_len = usage.get("prompt_tokens") or prompt_len
-                piece = "".join(c.get("text") or (c.get("delta") or {}).get("content") or ""
-                                for c in data.get("choices", []))
+                piece = "".join(
+                    c.get("text") or (c.get("delta") or {}).get("content") or ""
+                    for c in data.get("choices", [])
+                )
                 if piece:
                     now = time.perf_counter()
                     if chunks == 0:
@@ -181,22 +228,29 @@ def arrival_gaps(args, count: int) -> list[float]:
 
 async def benchmark(args) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
-    limits = httpx.Limits(max_connections=args.max_concurrency, max_keepalive_connections=args.max_concurrency)
-    async with httpx.AsyncClient(base_url=args.base_url, headers=headers, timeout=None, limits=limits) as client:
+    limits = httpx.Limits(
+        max_connections=args.max_concurrency, max_keepalive_connections=args.max_concurrency
+    )
+    async with httpx.AsyncClient(
+        base_url=args.base_url, headers=headers, timeout=None, limits=limits
+    ) as client:
         models = await client.get("/v1/models")
         models.raise_for_status()
         model = args.model or models.json()["data"][0]["id"]
         tokens = LocalTokens(args.tokenizer) if args.tokenizer else Tokens(client, model)
         requests = await sample_requests(tokens, args, args.chat)
         for _ in range(args.num_warmups):
-            await one_request(client, args.endpoint, request_body(args, model, requests[0]), requests[0].prompt_len)
+            await one_request(
+                client, args.endpoint, request_body(args, model, requests[0]), requests[0].prompt_len
+            )
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else contextlib.nullcontext()
         bar = tqdm(total=len(requests), desc="requests", unit="req", disable=args.disable_tqdm)
 
         async def limited(request: SampleRequest) -> RequestOutput:
             async with gate:
-                output = await one_request(client, args.endpoint, request_body(args, model, request),
-                                           request.prompt_len)
+                output = await one_request(
+                    client, args.endpoint, request_body(args, model, request), request.prompt_len
+                )
             bar.update()
             return output
 
@@ -208,10 +262,16 @@ async def benchmark(args) -> dict:
         outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         bar.close()
-    result = {"date": datetime.now().strftime("%Y%m%d-%H%M%S"), "endpoint_type": args.backend,
-              "label": args.label, "model_id": model, "num_prompts": len(requests),
-              "request_rate": args.request_rate, "burstiness": args.burstiness,
-              "max_concurrency": args.max_concurrency}
+    result = {
+        "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
+        "endpoint_type": args.backend,
+        "label": args.label,
+        "model_id": model,
+        "num_prompts": len(requests),
+        "request_rate": args.request_rate,
+        "burstiness": args.burstiness,
+        "max_concurrency": args.max_concurrency,
+    }
     result.update(dict(item.split("=", 1) for item in args.metadata))
     result.update(summarize(outputs, duration, args.slos, args.percentile_metrics, args.metric_percentiles))
     return result
@@ -221,8 +281,10 @@ def result_path(args, result: dict) -> str:
     if isinstance(args.save_result, str):
         return args.save_result
     concurrency = f"-concurrency{args.max_concurrency}" if args.max_concurrency is not None else ""
-    name = args.result_filename or (f"{args.label or args.backend}-{args.request_rate}qps{concurrency}-"
-                                    f"{result['model_id'].split('/')[-1]}-{result['date']}.json")
+    name = args.result_filename or (
+        f"{args.label or args.backend}-{args.request_rate}qps{concurrency}-"
+        f"{result['model_id'].split('/')[-1]}-{result['date']}.json"
+    )
     if args.result_dir:
         os.makedirs(args.result_dir, exist_ok=True)
         name = os.path.join(args.result_dir, name)

@@ -14,13 +14,82 @@ import random
 import attrs
 import httpx
 
-_WORDS = ("time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child",
-          "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number",
-          "group", "problem", "fact", "be", "have", "do", "say", "get", "make", "go", "know", "take",
-          "see", "come", "think", "look", "want", "give", "use", "find", "tell", "ask", "seem", "feel",
-          "try", "leave", "call", "good", "new", "first", "last", "long", "great", "little", "own",
-          "other", "old", "right", "big", "high", "different", "small", "large", "next", "early", "young",
-          "important", "few", "public", "bad", "same", "able")
+_WORDS = (
+    "time",
+    "person",
+    "year",
+    "way",
+    "day",
+    "thing",
+    "man",
+    "world",
+    "life",
+    "hand",
+    "part",
+    "child",
+    "eye",
+    "woman",
+    "place",
+    "work",
+    "week",
+    "case",
+    "point",
+    "government",
+    "company",
+    "number",
+    "group",
+    "problem",
+    "fact",
+    "be",
+    "have",
+    "do",
+    "say",
+    "get",
+    "make",
+    "go",
+    "know",
+    "take",
+    "see",
+    "come",
+    "think",
+    "look",
+    "want",
+    "give",
+    "use",
+    "find",
+    "tell",
+    "ask",
+    "seem",
+    "feel",
+    "try",
+    "leave",
+    "call",
+    "good",
+    "new",
+    "first",
+    "last",
+    "long",
+    "great",
+    "little",
+    "own",
+    "other",
+    "old",
+    "right",
+    "big",
+    "high",
+    "different",
+    "small",
+    "large",
+    "next",
+    "early",
+    "young",
+    "important",
+    "few",
+    "public",
+    "bad",
+    "same",
+    "able",
+)
 
 
 @attrs.frozen
@@ -37,8 +106,9 @@ class Tokens:
         self.client, self.model = client, model
 
     async def encode(self, text: str) -> list[int]:
-        response = await self.client.post("/tokenize", json={"model": self.model, "prompt": text,
-                                                             "add_special_tokens": False})
+        response = await self.client.post(
+            "/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False}
+        )
         response.raise_for_status()
         return response.json()["tokens"]
 
@@ -76,17 +146,22 @@ async def random_requests(tokens: Tokens, args, as_text: bool) -> list[SampleReq
     """Prompts of ``--random-input-len`` tokens (±``--random-range-ratio``) after a shared
     ``--random-prefix-len`` prefix, cut from a pool of the server's tokens for English words."""
     rng = random.Random(args.seed)
-    lengths = [(_length(rng, args.random_input_len, args.random_range_ratio),
-                _length(rng, args.random_output_len, args.random_range_ratio)) for _ in range(args.num_prompts)]
+    lengths = [
+        (
+            _length(rng, args.random_input_len, args.random_range_ratio),
+            _length(rng, args.random_output_len, args.random_range_ratio),
+        )
+        for _ in range(args.num_prompts)
+    ]
     needed = args.random_prefix_len + max(n for n, _ in lengths)
     pool = await tokens.encode(" ".join(rng.choice(_WORDS) for _ in range(needed + 16)))
     while len(pool) < needed + 1:
         pool += pool
-    prefix = pool[:args.random_prefix_len]
+    prefix = pool[: args.random_prefix_len]
     requests = []
     for input_len, output_len in lengths:
         start = rng.randrange(0, len(pool) - input_len + 1)
-        ids = prefix + pool[start:start + input_len]
+        ids = prefix + pool[start : start + input_len]
         requests.append(SampleRequest(await tokens.decode(ids) if as_text else ids, len(ids), output_len))
     return requests
 
@@ -95,8 +170,11 @@ async def sharegpt_requests(tokens: Tokens, args) -> list[SampleRequest]:
     """The first human turn of each conversation as the prompt; the first reply's token count
     as the output length (or ``--sharegpt-output-len``). Too-short and too-long pairs are
     skipped as vLLM does (prompt or reply under 4 tokens, prompt over 1024 or the pair over 2048)."""
-    conversations = [c["conversations"] for c in json.loads(_read(args.dataset_path))
-                     if len(c.get("conversations", [])) >= 2]
+    conversations = [
+        c["conversations"]
+        for c in json.loads(_read(args.dataset_path))
+        if len(c.get("conversations", [])) >= 2
+    ]
     random.Random(args.seed).shuffle(conversations)
     requests = []
     for turns in conversations:
@@ -122,7 +200,9 @@ async def custom_requests(tokens: Tokens, args) -> list[SampleRequest]:
     for i in range(args.num_prompts):
         row = rows[i % len(rows)]
         prompt_len = len(await tokens.encode(row["prompt"]))
-        requests.append(SampleRequest(row["prompt"], prompt_len, int(row.get("output_len", args.random_output_len))))
+        requests.append(
+            SampleRequest(row["prompt"], prompt_len, int(row.get("output_len", args.random_output_len)))
+        )
     return requests
 
 

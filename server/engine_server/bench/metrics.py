@@ -70,27 +70,44 @@ def _peaks(done: list[RequestOutput]) -> tuple[float, int]:
     return float(max(buckets.values())), peak
 
 
-def summarize(outputs: list[RequestOutput], duration: float, slos: dict[str, float],
-              percentile_metrics: list[str], percentiles: list[float]) -> dict:
+def summarize(
+    outputs: list[RequestOutput],
+    duration: float,
+    slos: dict[str, float],
+    percentile_metrics: list[str],
+    percentiles: list[float],
+) -> dict:
     done = [o for o in outputs if o.success]
     total_input = sum(o.prompt_len for o in done)
     total_output = sum(o.output_tokens for o in done)
     peak_tokens, peak_requests = _peaks(done)
     result = {
-        "duration": duration, "completed": len(done), "failed": len(outputs) - len(done),
-        "total_input_tokens": total_input, "total_output_tokens": total_output,
+        "duration": duration,
+        "completed": len(done),
+        "failed": len(outputs) - len(done),
+        "total_input_tokens": total_input,
+        "total_output_tokens": total_output,
         "request_throughput": len(done) / duration,
         "request_goodput": sum(_meets(o, slos) for o in done) / duration if slos else None,
         "output_throughput": total_output / duration,
         "total_token_throughput": (total_input + total_output) / duration,
-        "input_lens": [o.prompt_len for o in outputs], "output_lens": [o.output_tokens for o in outputs],
-        "ttfts": [o.ttft for o in outputs], "itls": [o.itl for o in outputs],
-        "latencies": [o.latency for o in outputs], "start_times": [o.start_time for o in outputs],
-        "generated_texts": [o.generated_text for o in outputs], "errors": [o.error for o in outputs],
-        "max_output_tokens_per_s": peak_tokens, "max_concurrent_requests": peak_requests,
+        "input_lens": [o.prompt_len for o in outputs],
+        "output_lens": [o.output_tokens for o in outputs],
+        "ttfts": [o.ttft for o in outputs],
+        "itls": [o.itl for o in outputs],
+        "latencies": [o.latency for o in outputs],
+        "start_times": [o.start_time for o in outputs],
+        "generated_texts": [o.generated_text for o in outputs],
+        "errors": [o.error for o in outputs],
+        "max_output_tokens_per_s": peak_tokens,
+        "max_concurrent_requests": peak_requests,
     }
-    series = {"ttft": [o.ttft for o in done], "tpot": [t for o in done if (t := _tpot(o)) is not None],
-              "itl": [gap for o in done for gap in o.itl], "e2el": [o.latency for o in done]}
+    series = {
+        "ttft": [o.ttft for o in done],
+        "tpot": [t for o in done if (t := _tpot(o)) is not None],
+        "itl": [gap for o in done for gap in o.itl],
+        "e2el": [o.latency for o in done],
+    }
     for name in percentile_metrics:
         values = np.asarray(series[name] or [0.0]) * 1000
         result[f"mean_{name}_ms"] = float(values.mean())
@@ -105,37 +122,52 @@ def _percent_word(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
-_HEADERS = {"ttft": ("TTFT", "Time to First Token"), "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
-            "itl": ("ITL", "Inter-token Latency"), "e2el": ("E2EL", "End-to-end Latency")}
+_HEADERS = {
+    "ttft": ("TTFT", "Time to First Token"),
+    "tpot": ("TPOT", "Time per Output Token (excl. 1st token)"),
+    "itl": ("ITL", "Inter-token Latency"),
+    "e2el": ("E2EL", "End-to-end Latency"),
+}
 
 
 def format_report(result: dict, percentile_metrics: list[str], percentiles: list[float]) -> str:
     def row(label, value, fmt="{:<10}"):
         return f"{label:<40} " + fmt.format(value)
 
-    lines = ["{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
-             row("Successful requests:", result["completed"]), row("Failed requests:", result["failed"])]
+    lines = [
+        "{s:{c}^{n}}".format(s=" Serving Benchmark Result ", n=50, c="="),
+        row("Successful requests:", result["completed"]),
+        row("Failed requests:", result["failed"]),
+    ]
     if result.get("max_concurrency") is not None:
         lines.append(row("Maximum request concurrency:", result["max_concurrency"]))
     if not math.isinf(result.get("request_rate", math.inf)):
         lines.append(row("Request rate configured (RPS):", result["request_rate"], "{:<10.2f}"))
-    lines += [row("Benchmark duration (s):", result["duration"], "{:<10.2f}"),
-              row("Total input tokens:", result["total_input_tokens"]),
-              row("Total generated tokens:", result["total_output_tokens"]),
-              row("Request throughput (req/s):", result["request_throughput"], "{:<10.2f}")]
+    lines += [
+        row("Benchmark duration (s):", result["duration"], "{:<10.2f}"),
+        row("Total input tokens:", result["total_input_tokens"]),
+        row("Total generated tokens:", result["total_output_tokens"]),
+        row("Request throughput (req/s):", result["request_throughput"], "{:<10.2f}"),
+    ]
     if result["request_goodput"] is not None:
         lines.append(row("Request goodput (req/s):", result["request_goodput"], "{:<10.2f}"))
-    lines += [row("Output token throughput (tok/s):", result["output_throughput"], "{:<10.2f}"),
-              row("Peak output token throughput (tok/s):", result["max_output_tokens_per_s"], "{:<10.2f}"),
-              row("Peak concurrent requests:", result["max_concurrent_requests"]),
-              row("Total token throughput (tok/s):", result["total_token_throughput"], "{:<10.2f}")]
+    lines += [
+        row("Output token throughput (tok/s):", result["output_throughput"], "{:<10.2f}"),
+        row("Peak output token throughput (tok/s):", result["max_output_tokens_per_s"], "{:<10.2f}"),
+        row("Peak concurrent requests:", result["max_concurrent_requests"]),
+        row("Total token throughput (tok/s):", result["total_token_throughput"], "{:<10.2f}"),
+    ]
     for name in percentile_metrics:
         short, header = _HEADERS[name]
-        lines += ["{s:{c}^{n}}".format(s=header, n=50, c="-"),
-                  row(f"Mean {short} (ms):", result[f"mean_{name}_ms"], "{:<10.2f}"),
-                  row(f"Median {short} (ms):", result[f"median_{name}_ms"], "{:<10.2f}")]
-        lines += [row(f"P{_percent_word(p)} {short} (ms):", result[f"p{_percent_word(p)}_{name}_ms"], "{:<10.2f}")
-                  for p in percentiles]
+        lines += [
+            "{s:{c}^{n}}".format(s=header, n=50, c="-"),
+            row(f"Mean {short} (ms):", result[f"mean_{name}_ms"], "{:<10.2f}"),
+            row(f"Median {short} (ms):", result[f"median_{name}_ms"], "{:<10.2f}"),
+        ]
+        lines += [
+            row(f"P{_percent_word(p)} {short} (ms):", result[f"p{_percent_word(p)}_{name}_ms"], "{:<10.2f}")
+            for p in percentiles
+        ]
     lines.append("=" * 50)
     errors = sorted({e for e in result["errors"] if e})
     lines += [f"error: {e}" for e in errors[:5]]

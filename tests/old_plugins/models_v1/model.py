@@ -15,8 +15,13 @@ from engine.interfaces.model import KVLayout
 from engine.layers import Attention, Linear, RMSNorm, RotaryEmbedding, silu_and_mul
 
 # checkpoint projection -> (fused parameter, shard index)
-_FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+_FUSED = {
+    "q_proj": ("qkv_proj", 0),
+    "k_proj": ("qkv_proj", 1),
+    "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
 
 
 def _head_dim(cfg) -> int:
@@ -26,8 +31,11 @@ def _head_dim(cfg) -> int:
 class LlamaAttention(nn.Module):
     def __init__(self, cfg, layer: int, method, dtype, rotary: RotaryEmbedding):
         super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = \
-            cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            _head_dim(cfg),
+        )
         qkv_bias = getattr(cfg, "attention_bias", False) or cfg.model_type == "qwen2"
         o_bias = getattr(cfg, "attention_bias", False) and cfg.model_type != "qwen2"
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -80,8 +88,9 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype)
-        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, i, method, dtype, self.rotary)
-                                    for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, i, method, dtype, self.rotary) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype)
 
     def forward(self, input_ids, positions, step):
@@ -108,28 +117,45 @@ class LlamaForCausalLM(Model):
     def supports(cls, hf_config) -> list[str]:
         reasons = []
         if getattr(hf_config, "sliding_window", None) and (
-                hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False)):
+            hf_config.model_type == "mistral" or getattr(hf_config, "use_sliding_window", False)
+        ):
             reasons.append("sliding-window attention is not supported")
         return reasons
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        tiny = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        tiny = dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
         return {
             "LlamaForCausalLM": dict(model_type="llama", **tiny, tie_word_embeddings=False),
             "LlamaForCausalLM-llama3-rope-tied": dict(
-                model_type="llama", **tiny, tie_word_embeddings=True,
-                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+                model_type="llama",
+                **tiny,
+                tie_word_embeddings=True,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
             "MistralForCausalLM": dict(model_type="mistral", **tiny, sliding_window=None),
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),
         }
 
     def kv_layout(self) -> KVLayout:
         cfg = self.cfg
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads,
-                        _head_dim(cfg))
+        return KVLayout(
+            cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, _head_dim(cfg)
+        )
 
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)

@@ -32,21 +32,35 @@ class SdpaAttentionBackend(AttentionBackend):
             reasons.append("no sliding window or logit soft-cap (Gemma's layers get another backend)")
         return reasons
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                kv_cache: torch.Tensor, metadata: BatchLayout) -> torch.Tensor:
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: BatchLayout,
+    ) -> torch.Tensor:
         keys, values = kv_cache[0], kv_cache[1]  # [blocks, block_size, kv_heads, head_dim], views
         keys.view(-1, *keys.shape[2:]).index_copy_(0, metadata.slot_mapping, key)
         values.view(-1, *values.shape[2:]).index_copy_(0, metadata.slot_mapping, value)
         out = torch.empty_like(query)
         start = 0
         for row, (query_len, seq_len) in enumerate(zip(metadata.query_lens, metadata.seq_lens_host)):
-            blocks = metadata.block_table[row, :-(-seq_len // self.spec.block_size)].long()
+            blocks = metadata.block_table[row, : -(-seq_len // self.spec.block_size)].long()
             k = keys[blocks].flatten(0, 1)[:seq_len]  # [seq_len, kv_heads, head_dim]
             v = values[blocks].flatten(0, 1)[:seq_len]
-            q = query[start:start + query_len]
-            causal = torch.ones(query_len, seq_len, dtype=torch.bool, device=query.device).tril(seq_len - query_len)
-            attended = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1),
-                                                      attn_mask=causal, scale=self.spec.scale, enable_gqa=True)
-            out[start:start + query_len] = attended.transpose(0, 1)
+            q = query[start : start + query_len]
+            causal = torch.ones(query_len, seq_len, dtype=torch.bool, device=query.device).tril(
+                seq_len - query_len
+            )
+            attended = F.scaled_dot_product_attention(
+                q.transpose(0, 1),
+                k.transpose(0, 1),
+                v.transpose(0, 1),
+                attn_mask=causal,
+                scale=self.spec.scale,
+                enable_gqa=True,
+            )
+            out[start : start + query_len] = attended.transpose(0, 1)
             start += query_len
         return out

@@ -138,9 +138,12 @@ class NativeAttentionBackend(AttentionBackend):
         """Copies made now, from the host lengths: the layout's tensors may be the runner's
         buffers, which change before a later forward reads them (speculative steps did)."""
         query_start = torch.tensor([0, *itertools.accumulate(layout.query_lens)], dtype=torch.int32)
-        return NativeGroup(torch.tensor(requests, dtype=torch.int32), query_start,
-                           torch.tensor(layout.seq_lens_host, dtype=torch.int32),
-                           layout.block_table.to(torch.int32, copy=True).contiguous())
+        return NativeGroup(
+            torch.tensor(requests, dtype=torch.int32),
+            query_start,
+            torch.tensor(layout.seq_lens_host, dtype=torch.int32),
+            layout.block_table.to(torch.int32, copy=True).contiguous(),
+        )
 
     def _delegated_group(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedGroup:
         rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in requests])
@@ -148,9 +151,12 @@ class NativeAttentionBackend(AttentionBackend):
         index = torch.tensor(requests)
         sub = BatchLayout(
             query_start_loc=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
-            seq_lens=layout.seq_lens[index], block_table=layout.block_table[index],
-            slot_mapping=layout.slot_mapping[rows], query_lens=tuple(lens),
-            seq_lens_host=tuple(layout.seq_lens_host[i] for i in requests))
+            seq_lens=layout.seq_lens[index],
+            block_table=layout.block_table[index],
+            slot_mapping=layout.slot_mapping[rows],
+            query_lens=tuple(lens),
+            seq_lens_host=tuple(layout.seq_lens_host[i] for i in requests),
+        )
         first, last = int(rows[0]), int(rows[-1]) + 1
         contiguous = last - first == len(rows)
         return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))
@@ -165,8 +171,9 @@ class NativeAttentionBackend(AttentionBackend):
             self._attend_native(query, kv_cache, metadata.native, out)
         if metadata.delegated is not None:
             rows = metadata.delegated.rows
-            out[rows] = self._torch.forward(query[rows], key[rows], value[rows], kv_cache,
-                                            metadata.delegated.metadata)
+            out[rows] = self._torch.forward(
+                query[rows], key[rows], value[rows], kv_cache, metadata.delegated.metadata
+            )
         return out
 
     def _write_kv(self, key, value, kv_cache, slot_mapping) -> None:
@@ -176,8 +183,19 @@ class NativeAttentionBackend(AttentionBackend):
             kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
             return
         slots = kv_cache.shape[2] * s.block_size
-        if kv_writer()(key.data_ptr(), value.data_ptr(), key.stride(0), key.stride(1), slot_mapping.data_ptr(),
-                       key.shape[0], s.num_kv_heads, s.head_dim, slots, key.element_size(), kv_cache.data_ptr()):
+        if kv_writer()(
+            key.data_ptr(),
+            value.data_ptr(),
+            key.stride(0),
+            key.stride(1),
+            slot_mapping.data_ptr(),
+            key.shape[0],
+            s.num_kv_heads,
+            s.head_dim,
+            slots,
+            key.element_size(),
+            kv_cache.data_ptr(),
+        ):
             raise IndexError(f"cpu-native attention: a slot outside the cache's {slots}")
 
     def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor) -> None:
@@ -185,11 +203,25 @@ class NativeAttentionBackend(AttentionBackend):
         if query.stride(2) != 1 or query.stride(1) != s.head_dim:
             query = query.contiguous()
         status = self._kernel(
-            query.data_ptr(), query.stride(0), kv_cache.data_ptr(),
+            query.data_ptr(),
+            query.stride(0),
+            kv_cache.data_ptr(),
             kv_cache.data_ptr() + kv_cache.stride(0) * kv_cache.element_size(),
-            kv_cache.stride(1), group.block_table.data_ptr(), group.block_table.stride(0),
-            group.query_start.data_ptr(), group.seq_lens.data_ptr(), group.requests.data_ptr(),
-            group.requests.numel(), s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, s.scale,
-            s.sliding_window or 0, s.logit_softcap or 0.0, out.data_ptr())
+            kv_cache.stride(1),
+            group.block_table.data_ptr(),
+            group.block_table.stride(0),
+            group.query_start.data_ptr(),
+            group.seq_lens.data_ptr(),
+            group.requests.data_ptr(),
+            group.requests.numel(),
+            s.num_heads,
+            s.num_kv_heads,
+            s.head_dim,
+            s.block_size,
+            s.scale,
+            s.sliding_window or 0,
+            s.logit_softcap or 0.0,
+            out.data_ptr(),
+        )
         if status:
             raise MemoryError("cpu-native attention: no memory for the kernel's scratch buffers")

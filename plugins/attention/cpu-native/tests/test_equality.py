@@ -30,11 +30,14 @@ class Portable(NativeAttentionBackend):
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_matches_the_torch_backend(kernel, batch, heads, head_dim, dtype):
-    spec = AttentionSpec(num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype=dtype, block_size=16)
+    spec = AttentionSpec(
+        num_heads=heads[0], num_kv_heads=heads[1], head_dim=head_dim, dtype=dtype, block_size=16
+    )
     platform = CpuPlatform()
     torch_backend = load_plugins().get("attention_backends", "torch")(spec, platform)
-    ours = run_two_calls(kernel(spec, platform, registry=load_plugins()), spec, BATCHES[batch],
-                         num_blocks=128, seed=head_dim)
+    ours = run_two_calls(
+        kernel(spec, platform, registry=load_plugins()), spec, BATCHES[batch], num_blocks=128, seed=head_dim
+    )
     theirs = run_two_calls(torch_backend, spec, BATCHES[batch], num_blocks=128, seed=head_dim)
     tol = TOLERANCE[dtype]
     for (out, expected), (reference_out, _) in zip(ours, theirs):
@@ -43,11 +46,14 @@ def test_matches_the_torch_backend(kernel, batch, heads, head_dim, dtype):
         torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("head_dim, dtype, reason", [
-    (40, torch.float32, "head_dim 40 is not a multiple of 16"),
-    (512, torch.bfloat16, "head_dim 512 is not a multiple of 16 up to 256"),
-    (64, torch.float16, "takes bfloat16 and float32 caches"),
-])
+@pytest.mark.parametrize(
+    "head_dim, dtype, reason",
+    [
+        (40, torch.float32, "head_dim 40 is not a multiple of 16"),
+        (512, torch.bfloat16, "head_dim 512 is not a multiple of 16 up to 256"),
+        (64, torch.float16, "takes bfloat16 and float32 caches"),
+    ],
+)
 def test_says_why_not_so_torch_is_chosen(head_dim, dtype, reason):
     from engine.core.setup import select_attention_backend
 
@@ -81,16 +87,26 @@ def test_short_chunk_reads_a_prefix_written_in_the_same_step(dtype):
     gen = torch.Generator().manual_seed(7)
     q, k, v = (torch.randn(45, h, 64, generator=gen).to(dtype) for h in (8, 2, 2))
     blocks_a, blocks_b = [5, 2, 9], [5, 2, 4]  # B shares A's first 32 tokens, then 5 of its own
-    slots = [blocks_a[p // 16] * 16 + p % 16 for p in range(40)] + [blocks_b[2] * 16 + p % 16 for p in range(32, 37)]
+    slots = [blocks_a[p // 16] * 16 + p % 16 for p in range(40)] + [
+        blocks_b[2] * 16 + p % 16 for p in range(32, 37)
+    ]
     layout = BatchLayout(
-        query_start_loc=torch.tensor([0, 40, 45], dtype=torch.int32), seq_lens=torch.tensor([40, 37], dtype=torch.int32),
-        block_table=torch.tensor([blocks_a, blocks_b], dtype=torch.int32), slot_mapping=torch.tensor(slots),
-        query_lens=(40, 5), seq_lens_host=(40, 37))
+        query_start_loc=torch.tensor([0, 40, 45], dtype=torch.int32),
+        seq_lens=torch.tensor([40, 37], dtype=torch.int32),
+        block_table=torch.tensor([blocks_a, blocks_b], dtype=torch.int32),
+        slot_mapping=torch.tensor(slots),
+        query_lens=(40, 5),
+        seq_lens_host=(40, 37),
+    )
     cache = torch.full(backend.kv_cache_shape(16), float("nan"), dtype=dtype)
     out = backend.forward(q, k, v, cache, backend.build_metadata(layout))
     keys_b, values_b = torch.cat([k[:32], k[40:]]), torch.cat([v[:32], v[40:]])
-    expected = torch.cat([reference_attention(q[:40], k[:40], v[:40], spec.scale),
-                          reference_attention(q[40:], keys_b, values_b, spec.scale)])
+    expected = torch.cat(
+        [
+            reference_attention(q[:40], k[:40], v[:40], spec.scale),
+            reference_attention(q[40:], keys_b, values_b, spec.scale),
+        ]
+    )
     tol = TOLERANCE[dtype] * 2
     torch.testing.assert_close(out.double(), expected, atol=tol, rtol=tol)
 

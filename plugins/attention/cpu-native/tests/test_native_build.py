@@ -19,5 +19,6 @@ def test_builds_with_every_warning_an_error(portable):
 
 def test_the_portable_kernel_runs_clean_under_sanitizers():
     cases = "TestPortableKernel and (window-softcap-scale and batched or matches_reference) or kv_write"
-    native.assert_clean_under_sanitizers([str(TESTS / "test_conformance.py"), str(TESTS / "test_equality.py"),
-                                          "-k", cases])
+    native.assert_clean_under_sanitizers(
+        [str(TESTS / "test_conformance.py"), str(TESTS / "test_equality.py"), "-k", cases]
+    )

@@ -38,7 +38,9 @@ def device_reasons(platform) -> list[str]:
     if not torch.cuda.is_available():
         return ["torch reports no CUDA device"]
     major, minor = torch.cuda.get_device_capability()
-    return [] if major >= 8 else [f"compute capability {major}.{minor} < 8.0 (FlashAttention 2 needs Ampere+)"]
+    return (
+        [] if major >= 8 else [f"compute capability {major}.{minor} < 8.0 (FlashAttention 2 needs Ampere+)"]
+    )
 
 
 def spec_reasons(spec: AttentionSpec) -> list[str]:
@@ -57,8 +59,10 @@ def path_reasons(spec: AttentionSpec) -> dict[str, list[str]]:
     if importlib.util.find_spec("flash_attn") is None:
         package.append("the flash_attn package is not installed")
     if spec.block_size % _PAGE_MULTIPLE:
-        package.append(f"its paged kernels need a block size that is a multiple of {_PAGE_MULTIPLE} "
-                       f"(this is {spec.block_size})")
+        package.append(
+            f"its paged kernels need a block size that is a multiple of {_PAGE_MULTIPLE} "
+            f"(this is {spec.block_size})"
+        )
     bundled = [] if spec.logit_softcap is None else ["it has no logit soft-cap"]
     return {PACKAGE: package, BUNDLED: bundled}
 
@@ -138,8 +142,15 @@ class FlashAttnBackend(AttentionBackend):
         firsts = self.first_keys(layout) if gather else [0] * layout.num_requests
         keys = [n - f for n, f in zip(layout.seq_lens_host, firsts)]
         cu_k = torch.tensor([0, *keys], dtype=torch.int32, device=device).cumsum(0, dtype=torch.int32)
-        return FlashMetadata(layout.slot_mapping, layout.query_start_loc, cu_k, max(layout.query_lens), max(keys),
-                             layout.block_table, key_slots(layout, self.spec.block_size, firsts) if gather else None)
+        return FlashMetadata(
+            layout.slot_mapping,
+            layout.query_start_loc,
+            cu_k,
+            max(layout.query_lens),
+            max(keys),
+            layout.block_table,
+            key_slots(layout, self.spec.block_size, firsts) if gather else None,
+        )
 
     def window_size(self) -> tuple[int, int]:
         window = self.spec.sliding_window
@@ -153,12 +164,33 @@ class FlashAttnBackend(AttentionBackend):
             query = query.contiguous()
         left, right = self.window_size()
         if metadata.key_slots is None:
-            return _varlen_func()(query, kv_cache[0], kv_cache[1], metadata.cu_seqlens_q, metadata.cu_seqlens_k,
-                                  metadata.max_query_len, metadata.max_key_len, softmax_scale=s.scale,
-                                  causal=s.causal, window_size=(left, right), softcap=s.logit_softcap or 0.0,
-                                  block_table=metadata.block_table)
+            return _varlen_func()(
+                query,
+                kv_cache[0],
+                kv_cache[1],
+                metadata.cu_seqlens_q,
+                metadata.cu_seqlens_k,
+                metadata.max_query_len,
+                metadata.max_key_len,
+                softmax_scale=s.scale,
+                causal=s.causal,
+                window_size=(left, right),
+                softcap=s.logit_softcap or 0.0,
+                block_table=metadata.block_table,
+            )
         keys, values = (flat[i].index_select(0, metadata.key_slots) for i in (0, 1))
         window = {} if left < 0 else dict(window_size_left=left, window_size_right=right)
         return torch.ops.aten._flash_attention_forward(
-            query, keys, values, metadata.cu_seqlens_q, metadata.cu_seqlens_k, metadata.max_query_len,
-            metadata.max_key_len, 0.0, s.causal, False, scale=s.scale, **window)[0]
+            query,
+            keys,
+            values,
+            metadata.cu_seqlens_q,
+            metadata.cu_seqlens_k,
+            metadata.max_query_len,
+            metadata.max_key_len,
+            0.0,
+            s.causal,
+            False,
+            scale=s.scale,
+            **window,
+        )[0]

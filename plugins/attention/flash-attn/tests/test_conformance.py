@@ -29,8 +29,10 @@ class TestFlashAttnOnCuda(AttentionBackendContract):
     dtype_tolerances = {torch.bfloat16: 3e-2, torch.float16: 5e-3}
 
 
-@pytest.mark.skipif(not CUDA or importlib.util.find_spec("flash_attn") is None,
-                    reason="needs a CUDA device and the flash_attn package")
+@pytest.mark.skipif(
+    not CUDA or importlib.util.find_spec("flash_attn") is None,
+    reason="needs a CUDA device and the flash_attn package",
+)
 class TestPackagePath(TestFlashAttnOnCuda):
     block_sizes = (256,)
 
@@ -46,9 +48,14 @@ def test_refuses_cuda_without_a_device():
     assert FlashAttnBackend.supports(SPEC, CudaPlatform()) == ["torch reports no CUDA device"]
 
 
-@pytest.mark.parametrize("field, value, reason", [
-    ("dtype", torch.float32, "dtype torch.float32"), ("head_dim", 100, "head size 100"),
-    ("num_kv_heads", 3, "not a multiple")])
+@pytest.mark.parametrize(
+    "field, value, reason",
+    [
+        ("dtype", torch.float32, "dtype torch.float32"),
+        ("head_dim", 100, "head size 100"),
+        ("num_kv_heads", 3, "not a multiple"),
+    ],
+)
 def test_spec_reasons_name_what_it_refuses(field, value, reason):
     reasons = FlashAttnBackend.supports(attrs.evolve(SPEC, **{field: value}), CpuPlatform())
     assert any(reason in r for r in reasons)
@@ -57,8 +64,10 @@ def test_spec_reasons_name_what_it_refuses(field, value, reason):
 @pytest.mark.skipif(importlib.util.find_spec("flash_attn") is not None, reason="flash_attn is installed here")
 def test_path_choice_without_the_package():
     reasons = path_reasons(SPEC)
-    assert reasons[PACKAGE] == ["the flash_attn package is not installed",
-                                "its paged kernels need a block size that is a multiple of 256 (this is 16)"]
+    assert reasons[PACKAGE] == [
+        "the flash_attn package is not installed",
+        "its paged kernels need a block size that is a multiple of 256 (this is 16)",
+    ]
     assert reasons[BUNDLED] == [] and FlashAttnBackend.path(SPEC) == BUNDLED
     softcapped = attrs.evolve(SPEC, logit_softcap=30.0)
     assert FlashAttnBackend.path(softcapped) is None
@@ -72,6 +81,9 @@ def test_key_slots_follow_block_tables_from_the_window_start():
     tables = [[7, 3], [12, 5], [3, 9], [1, 2], [30, 4, 8, 6]]
     layout = paged_layout([(ctx, n) for ctx, n in requests], tables, 16)
     firsts = [0, 4, 0, 10, 20]
-    expected = [tables[b][p // 16] * 16 + p % 16 for b, (ctx, n) in enumerate(requests)
-                for p in range(firsts[b], ctx + n)]
+    expected = [
+        tables[b][p // 16] * 16 + p % 16
+        for b, (ctx, n) in enumerate(requests)
+        for p in range(firsts[b], ctx + n)
+    ]
     assert key_slots(layout, 16, firsts).tolist() == expected

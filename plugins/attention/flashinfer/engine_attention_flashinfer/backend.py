@@ -57,16 +57,19 @@ def page_arguments(layout: BatchLayout, block_size: int) -> PageArguments:
     """From the layout's host lengths (no device sync) and its block table."""
     pages = [-(-n // block_size) for n in layout.seq_lens_host]
     device = layout.block_table.device
-    request = torch.repeat_interleave(torch.arange(len(pages), device=device), torch.tensor(pages, device=device),
-                                      output_size=sum(pages))
+    request = torch.repeat_interleave(
+        torch.arange(len(pages), device=device), torch.tensor(pages, device=device), output_size=sum(pages)
+    )
     first_page = torch.tensor([0, *itertools.accumulate(pages)][:-1], device=device)
     column = torch.arange(sum(pages), device=device) - first_page[request]
     return PageArguments(
         qo_indptr=torch.tensor([0, *itertools.accumulate(layout.query_lens)], dtype=torch.int32),
         kv_indptr=torch.tensor([0, *itertools.accumulate(pages)], dtype=torch.int32),
         kv_indices=layout.block_table[request, column].to(torch.int32),
-        last_page_len=torch.tensor([n - (p - 1) * block_size for n, p in zip(layout.seq_lens_host, pages)],
-                                   dtype=torch.int32))
+        last_page_len=torch.tensor(
+            [n - (p - 1) * block_size for n, p in zip(layout.seq_lens_host, pages)], dtype=torch.int32
+        ),
+    )
 
 
 @attrs.frozen
@@ -112,22 +115,39 @@ class FlashInferBackend(AttentionBackend):
             fi = _flashinfer()
             if "workspace" not in self._wrappers:
                 self._wrappers["workspace"] = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
-            cls = fi.BatchDecodeWithPagedKVCacheWrapper if kind == "decode" else fi.BatchPrefillWithPagedKVCacheWrapper
+            cls = (
+                fi.BatchDecodeWithPagedKVCacheWrapper
+                if kind == "decode"
+                else fi.BatchPrefillWithPagedKVCacheWrapper
+            )
             self._wrappers[kind] = cls(self._wrappers["workspace"], kv_layout="NHD")
         return self._wrappers[kind]
 
     def build_metadata(self, layout: BatchLayout) -> FlashInferMetadata:
         s, args = self.spec, page_arguments(layout, self.spec.block_size)
-        common = dict(sm_scale=s.scale, window_left=-1 if s.sliding_window is None else s.sliding_window - 1,
-                      logits_soft_cap=s.logit_softcap, q_data_type=s.dtype, kv_data_type=s.dtype)
+        common = dict(
+            sm_scale=s.scale,
+            window_left=-1 if s.sliding_window is None else s.sliding_window - 1,
+            logits_soft_cap=s.logit_softcap,
+            q_data_type=s.dtype,
+            kv_data_type=s.dtype,
+        )
         pages = (args.kv_indptr, args.kv_indices, args.last_page_len)
         if all(q == 1 for q in layout.query_lens) and s.causal:
             wrapper = self._wrapper("decode", layout.block_table.device)
             wrapper.plan(*pages, s.num_heads, s.num_kv_heads, s.head_dim, s.block_size, **common)
         else:
             wrapper = self._wrapper("prefill", layout.block_table.device)
-            wrapper.plan(args.qo_indptr, *pages, s.num_heads, s.num_kv_heads, s.head_dim, s.block_size,
-                         causal=s.causal, **common)
+            wrapper.plan(
+                args.qo_indptr,
+                *pages,
+                s.num_heads,
+                s.num_kv_heads,
+                s.head_dim,
+                s.block_size,
+                causal=s.causal,
+                **common,
+            )
         self._plan_id = next(_IDS)
         return FlashInferMetadata(layout.slot_mapping, wrapper, self._plan_id)
 
@@ -135,6 +155,7 @@ class FlashInferBackend(AttentionBackend):
         if metadata.plan_id != self._plan_id:
             raise RuntimeError("FlashInfer metadata from an earlier step: its wrapper has been planned again")
         s = self.spec
-        kv_cache.view(2, -1, s.num_kv_heads, s.head_dim).index_copy_(1, metadata.slot_mapping,
-                                                                     torch.stack([key, value]))
+        kv_cache.view(2, -1, s.num_kv_heads, s.head_dim).index_copy_(
+            1, metadata.slot_mapping, torch.stack([key, value])
+        )
         return metadata.wrapper.run(query.contiguous(), (kv_cache[0], kv_cache[1]))

@@ -33,11 +33,18 @@ def test_reasons_on_the_cpu_platform():
         assert "the flashinfer package is not installed" in reasons
 
 
-@pytest.mark.parametrize("field, value, reason", [
-    ("dtype", torch.float32, "dtype torch.float32"), ("head_dim", 32, "head size 32 (one of 64, 128, 256)"),
-    ("num_kv_heads", 3, "not a multiple")])
+@pytest.mark.parametrize(
+    "field, value, reason",
+    [
+        ("dtype", torch.float32, "dtype torch.float32"),
+        ("head_dim", 32, "head size 32 (one of 64, 128, 256)"),
+        ("num_kv_heads", 3, "not a multiple"),
+    ],
+)
 def test_spec_reasons_name_what_it_refuses(field, value, reason):
-    assert any(reason in r for r in FlashInferBackend.supports(attrs.evolve(SPEC, **{field: value}), CpuPlatform()))
+    assert any(
+        reason in r for r in FlashInferBackend.supports(attrs.evolve(SPEC, **{field: value}), CpuPlatform())
+    )
 
 
 @pytest.mark.parametrize("block_size", [8, 16])

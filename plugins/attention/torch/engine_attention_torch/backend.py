@@ -107,7 +107,7 @@ class TorchAttentionBackend(AttentionBackend):
         groups = []
         for i, (start, q) in enumerate(zip(layout.query_start_loc.tolist(), layout.query_lens)):
             seq_len = layout.seq_lens_host[i]
-            blocks = layout.block_table[i, :-(-seq_len // self.spec.block_size)]
+            blocks = layout.block_table[i, : -(-seq_len // self.spec.block_size)]
             groups.append(PrefillGroup(slice(start, start + q), blocks, seq_len, seq_len - q, None))
         return TorchAttentionMetadata(layout.slot_mapping, tuple(groups))
 
@@ -137,8 +137,13 @@ class TorchAttentionBackend(AttentionBackend):
         """One query row over its first ``context`` positions, as a lone stream whose blocks
         are always gathered (a view of consecutive blocks would give the kernel other strides)."""
         bs, first = self.spec.block_size, self._first_block(context, 1)
-        return DecodeGroup(slice(row, row + 1), table[None, first:-(-context // bs)], None, context - first * bs,
-                           first_key=self._window_start(context) - first * bs)
+        return DecodeGroup(
+            slice(row, row + 1),
+            table[None, first : -(-context // bs)],
+            None,
+            context - first * bs,
+            first_key=self._window_start(context) - first * bs,
+        )
 
     def _decode_group(self, requests: list[int], rows: list[int], layout: BatchLayout) -> DecodeGroup:
         """Each request's blocks from the first its window reaches (all of them without a
@@ -147,8 +152,12 @@ class TorchAttentionBackend(AttentionBackend):
         seq_lens = [layout.seq_lens_host[i] for i in requests]
         firsts = [self._first_block(n, 1) for n in seq_lens]
         num_blocks = max(-(-n // bs) - f for n, f in zip(seq_lens, firsts))
-        table = self._shifted_table(layout.block_table[torch.tensor(requests, device=device)], firsts, num_blocks)
-        positions = torch.tensor(firsts, device=device)[:, None] * bs + torch.arange(num_blocks * bs, device=device)
+        table = self._shifted_table(
+            layout.block_table[torch.tensor(requests, device=device)], firsts, num_blocks
+        )
+        positions = torch.tensor(firsts, device=device)[:, None] * bs + torch.arange(
+            num_blocks * bs, device=device
+        )
         ends = torch.tensor(seq_lens, device=device)[:, None]
         starts = torch.tensor([self._window_start(n) for n in seq_lens], device=device)[:, None]
         inside = (positions < ends) & (positions >= starts)
@@ -161,16 +170,23 @@ class TorchAttentionBackend(AttentionBackend):
         run = torch.arange(first, first + num_blocks, dtype=table.dtype, device=device)
         consecutive = torch.equal(table[0], run)
         offset = firsts[0] * bs
-        return DecodeGroup(row_index, table, bias[None, :, None, :], seq_lens[0] - offset,
-                           slice(first, first + num_blocks) if consecutive else None,
-                           self._window_start(seq_lens[0]) - offset)
+        return DecodeGroup(
+            row_index,
+            table,
+            bias[None, :, None, :],
+            seq_lens[0] - offset,
+            slice(first, first + num_blocks) if consecutive else None,
+            self._window_start(seq_lens[0]) - offset,
+        )
 
     @staticmethod
     def _shifted_table(table: torch.Tensor, firsts: list[int], num_blocks: int) -> torch.Tensor:
         """Row b's ``num_blocks`` entries from column ``firsts[b]`` on (past the table: the null block)."""
         if not any(firsts):
             return table[:, :num_blocks]
-        columns = torch.tensor(firsts, device=table.device)[:, None] + torch.arange(num_blocks, device=table.device)
+        columns = torch.tensor(firsts, device=table.device)[:, None] + torch.arange(
+            num_blocks, device=table.device
+        )
         inside = columns < table.shape[1]
         return table.gather(1, columns.clamp(max=table.shape[1] - 1)).masked_fill_(~inside, 0)
 
@@ -178,7 +194,7 @@ class TorchAttentionBackend(AttentionBackend):
         seq_len, q = layout.seq_lens_host[request], layout.query_lens[request]
         bs, device = self.spec.block_size, layout.block_table.device
         first = self._first_block(seq_len, q)
-        blocks = layout.block_table[request, first:-(-seq_len // bs)]
+        blocks = layout.block_table[request, first : -(-seq_len // bs)]
         offset = first * bs
         prefix = seq_len - q - offset
         if self.spec.sliding_window is not None or self.spec.logit_softcap is not None:
@@ -216,7 +232,7 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = kv_cache[:, :, group.blocks]
         else:
             blocks = kv_cache.index_select(2, group.block_table[0])
-        keys, values = blocks.flatten(2, 3)[:, :, None, group.first_key:group.seq_len].unbind()
+        keys, values = blocks.flatten(2, 3)[:, :, None, group.first_key : group.seq_len].unbind()
         queries = query.view(s.num_kv_heads, 1, s.num_heads // s.num_kv_heads, s.head_dim)
         if s.logit_softcap is not None:
             out = softcapped_attention(queries, keys, values, s.scale, s.logit_softcap)
@@ -227,10 +243,14 @@ class TorchAttentionBackend(AttentionBackend):
     def _decode(self, query, key_cache, value_cache, group: DecodeGroup) -> torch.Tensor:
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
-        keys, values = (_gather_blocks(cache, group.block_table)  # [Hkv, B, L, D]
-                        for cache in (key_cache, value_cache))
+        keys, values = (
+            _gather_blocks(cache, group.block_table)  # [Hkv, B, L, D]
+            for cache in (key_cache, value_cache)
+        )
         q = query.view(batch, s.num_kv_heads, g, s.head_dim).transpose(0, 1)  # [Hkv, B, g, D]
-        scores = softcap(torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale, s.logit_softcap) + group.bias
+        scores = (
+            softcap(torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale, s.logit_softcap) + group.bias
+        )
         probs = scores.softmax(dim=-1).to(values.dtype)
         out = torch.matmul(probs, values)  # [Hkv, B, g, D]
         return out.transpose(0, 1).reshape(batch, s.num_heads, s.head_dim)
@@ -242,23 +262,28 @@ class TorchAttentionBackend(AttentionBackend):
         and its [heads, q, S] scores) was most of a long prompt's time. Query heads stay
         [1, H, q, D] against [1, Hkv, S, D] (grouped-query heads handled by the kernel)."""
         s = self.spec
-        keys, values = (cache.index_select(1, group.blocks).flatten(1, 2)[:, :group.seq_len].unsqueeze(0)
-                        for cache in (key_cache, value_cache))  # [1, Hkv, S, D]
+        keys, values = (
+            cache.index_select(1, group.blocks).flatten(1, 2)[:, : group.seq_len].unsqueeze(0)
+            for cache in (key_cache, value_cache)
+        )  # [1, Hkv, S, D]
         queries = query.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         if not s.causal:
             out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale, enable_gqa=True)
         elif s.logit_softcap is not None:
             grouped = queries.reshape(s.num_kv_heads, s.num_heads // s.num_kv_heads, -1, s.head_dim)
-            out = softcapped_attention(grouped, keys[0, :, None], values[0, :, None], s.scale, s.logit_softcap,
-                                       group.mask).reshape(queries.shape)
+            out = softcapped_attention(
+                grouped, keys[0, :, None], values[0, :, None], s.scale, s.logit_softcap, group.mask
+            ).reshape(queries.shape)
         elif not group.prefix_len and group.mask is None:
-            out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, scale=s.scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                queries, keys, values, is_causal=True, scale=s.scale, enable_gqa=True
+            )
         elif group.mask is None:
             out = later_chunk_split(queries, keys, values, group.prefix_len, s.scale)
         else:  # one [q, S] mask for every head: the fused kernels take it broadcast
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=group.mask, scale=s.scale,
-                                                 enable_gqa=True)
+            out = F.scaled_dot_product_attention(
+                queries, keys, values, attn_mask=group.mask, scale=s.scale, enable_gqa=True
+            )
         return out[0].transpose(0, 1).reshape(query.shape)
 
 
@@ -268,8 +293,9 @@ def later_chunk_split(queries, keys, values, prefix_len: int, scale: float) -> t
     call's log-sum-exp. Skips the chunk's upper triangle, which a masked call computes."""
     flash = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     old_out, old_lse = flash(queries, keys[:, :, :prefix_len], values[:, :, :prefix_len], scale=scale)[:2]
-    new_out, new_lse = flash(queries, keys[:, :, prefix_len:], values[:, :, prefix_len:], is_causal=True,
-                             scale=scale)[:2]
+    new_out, new_lse = flash(
+        queries, keys[:, :, prefix_len:], values[:, :, prefix_len:], is_causal=True, scale=scale
+    )[:2]
     total = torch.logaddexp(old_lse, new_lse)  # [1, H, q] float32
     old_weight, new_weight = ((lse - total).exp().unsqueeze(-1) for lse in (old_lse, new_lse))
     return (old_out * old_weight + new_out * new_weight).to(queries.dtype)
@@ -289,8 +315,9 @@ def softcap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
     return scores if cap is None else torch.tanh(scores / cap) * cap
 
 
-def softcapped_attention(queries, keys, values, scale: float, cap: float, mask: torch.Tensor | None = None,
-                         tile: int = 512) -> torch.Tensor:
+def softcapped_attention(
+    queries, keys, values, scale: float, cap: float, mask: torch.Tensor | None = None, tile: int = 512
+) -> torch.Tensor:
     """Attention with soft-capped logits through explicit float32 scores: queries [Hkv, g, M, D]
     (a KV head's g query heads, M rows each) over keys/values [Hkv, 1, S, D], ``mask`` [M, S]
     bool (None: every key). Rows go ``tile`` at a time, so a long chunk's scores stay

@@ -27,8 +27,14 @@ def test_split_matches_shared_mask(dtype, tol, prefix_len, query_len):
     gen = torch.Generator().manual_seed(prefix_len)
     queries = torch.randn(1, 8, query_len, 32, generator=gen).to(dtype)
     keys, values = (torch.randn(1, 2, prefix_len + query_len, 32, generator=gen).to(dtype) for _ in range(2))
-    split = later_chunk_split(queries, keys, values, prefix_len, 32 ** -0.5)
-    masked = F.scaled_dot_product_attention(queries, keys, values, attn_mask=chunk_mask(prefix_len, query_len, "cpu"),
-                                            scale=32 ** -0.5, enable_gqa=True)
+    split = later_chunk_split(queries, keys, values, prefix_len, 32**-0.5)
+    masked = F.scaled_dot_product_attention(
+        queries,
+        keys,
+        values,
+        attn_mask=chunk_mask(prefix_len, query_len, "cpu"),
+        scale=32**-0.5,
+        enable_gqa=True,
+    )
     assert split.dtype == dtype and split.shape == queries.shape
     torch.testing.assert_close(split.float(), masked.float(), atol=tol, rtol=tol)

@@ -78,7 +78,9 @@ class TritonAttentionBackend(AttentionBackend):
         if spec.dtype not in _DTYPES:
             reasons.append(f"dtype {spec.dtype} (float16, bfloat16 or float32 only)")
         if not _power_of_two(spec.block_size) or spec.block_size < 16:
-            reasons.append(f"block size {spec.block_size}: a power of two of at least 16 (a tl.dot dimension)")
+            reasons.append(
+                f"block size {spec.block_size}: a power of two of at least 16 (a tl.dot dimension)"
+            )
         if spec.head_dim > 256:
             reasons.append(f"head size {spec.head_dim} > 256")
         return reasons + head_layout_reasons(spec)
@@ -88,28 +90,56 @@ class TritonAttentionBackend(AttentionBackend):
         launches = []
         for decode, lanes in ((True, DECODE_LANES), (False, PREFILL_LANES)):
             rows = self.tile_rows(lanes)
-            tiles = [(i, first) for i, q in enumerate(layout.query_lens) if (q == 1) == decode
-                     for first in range(0, q, rows)]
+            tiles = [
+                (i, first)
+                for i, q in enumerate(layout.query_lens)
+                if (q == 1) == decode
+                for first in range(0, q, rows)
+            ]
             if tiles:
                 requests, firsts = zip(*tiles)
-                launches.append(Launch(torch.tensor(requests, dtype=torch.int32, device=device),
-                                       torch.tensor(firsts, dtype=torch.int32, device=device), rows))
+                launches.append(
+                    Launch(
+                        torch.tensor(requests, dtype=torch.int32, device=device),
+                        torch.tensor(firsts, dtype=torch.int32, device=device),
+                        rows,
+                    )
+                )
         return TritonAttentionMetadata(layout, tuple(launches))
 
     def forward(self, query, key, value, kv_cache, metadata: TritonAttentionMetadata) -> torch.Tensor:
         s, layout = self.spec, metadata.layout
-        kv_cache.view(2, -1, s.num_kv_heads, s.head_dim).index_copy_(1, layout.slot_mapping,
-                                                                     torch.stack([key, value]))
+        kv_cache.view(2, -1, s.num_kv_heads, s.head_dim).index_copy_(
+            1, layout.slot_mapping, torch.stack([key, value])
+        )
         if query.stride(-1) != 1:
             query = query.contiguous()
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         table = layout.block_table
         for launch in metadata.launches:
             _kernel()[(launch.tile_request.shape[0], s.num_kv_heads)](
-                out, query, kv_cache, table, layout.seq_lens, layout.query_start_loc, launch.tile_request,
-                launch.tile_row, query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-                kv_cache.stride(0), kv_cache.stride(1), kv_cache.stride(2), kv_cache.stride(3), table.stride(0),
-                s.scale, s.logit_softcap or 0.0, s.sliding_window or 0, **self.constexprs(launch.rows))
+                out,
+                query,
+                kv_cache,
+                table,
+                layout.seq_lens,
+                layout.query_start_loc,
+                launch.tile_request,
+                launch.tile_row,
+                query.stride(0),
+                query.stride(1),
+                out.stride(0),
+                out.stride(1),
+                kv_cache.stride(0),
+                kv_cache.stride(1),
+                kv_cache.stride(2),
+                kv_cache.stride(3),
+                table.stride(0),
+                s.scale,
+                s.logit_softcap or 0.0,
+                s.sliding_window or 0,
+                **self.constexprs(launch.rows),
+            )
         return out
 
     def tile_rows(self, lanes: int) -> int:
@@ -119,10 +149,18 @@ class TritonAttentionBackend(AttentionBackend):
     def constexprs(self, rows: int) -> dict:
         """The kernel's compile-time parameters for a launch of ``rows``-row tiles."""
         s, group = self.spec, self.spec.num_heads // self.spec.num_kv_heads
-        return dict(GROUP=group, GROUP_PAD=triton_next_power_of_2(group), ROWS=rows, HEAD_DIM=s.head_dim,
-                    HEAD_PAD=max(16, triton_next_power_of_2(s.head_dim)), BLOCK_SIZE=s.block_size, CAUSAL=s.causal,
-                    WINDOW=s.sliding_window is not None, SOFTCAP=s.logit_softcap is not None,
-                    F32_DOT=s.dtype == torch.float32 or interpreted())
+        return dict(
+            GROUP=group,
+            GROUP_PAD=triton_next_power_of_2(group),
+            ROWS=rows,
+            HEAD_DIM=s.head_dim,
+            HEAD_PAD=max(16, triton_next_power_of_2(s.head_dim)),
+            BLOCK_SIZE=s.block_size,
+            CAUSAL=s.causal,
+            WINDOW=s.sliding_window is not None,
+            SOFTCAP=s.logit_softcap is not None,
+            F32_DOT=s.dtype == torch.float32 or interpreted(),
+        )
 
 
 def triton_next_power_of_2(n: int) -> int:

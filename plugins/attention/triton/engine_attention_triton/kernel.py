@@ -33,12 +33,37 @@ def _tanh(x):
 
 @triton.jit
 def paged_attention_kernel(
-        out_ptr, q_ptr, cache_ptr, block_table_ptr, seq_lens_ptr, query_start_ptr, tile_request_ptr,
-        tile_row_ptr, stride_qt, stride_qh, stride_ot, stride_oh, stride_kv, stride_block, stride_slot,
-        stride_head, stride_table, scale, softcap, window,
-        GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr,
-        HEAD_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-        SOFTCAP: tl.constexpr, F32_DOT: tl.constexpr):
+    out_ptr,
+    q_ptr,
+    cache_ptr,
+    block_table_ptr,
+    seq_lens_ptr,
+    query_start_ptr,
+    tile_request_ptr,
+    tile_row_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_kv,
+    stride_block,
+    stride_slot,
+    stride_head,
+    stride_table,
+    scale,
+    softcap,
+    window,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    ROWS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    WINDOW: tl.constexpr,
+    SOFTCAP: tl.constexpr,
+    F32_DOT: tl.constexpr,
+):
     tile, kv_head = tl.program_id(0), tl.program_id(1)
     request = tl.load(tile_request_ptr + tile)
     first_row = tl.load(tile_row_ptr + tile)
@@ -54,8 +79,11 @@ def paged_attention_kernel(
     dims = tl.arange(0, HEAD_PAD)
     valid_dim = dims < HEAD_DIM
     token = (query_start + row).to(tl.int64)
-    q = tl.load(q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
-                mask=valid_row[:, None] & valid_dim[None, :], other=0.0)
+    q = tl.load(
+        q_ptr + token[:, None] * stride_qt + head[:, None] * stride_qh + dims[None, :],
+        mask=valid_row[:, None] & valid_dim[None, :],
+        other=0.0,
+    )
     query_pos = context + row
 
     key_end = seq_len
@@ -73,8 +101,13 @@ def paged_attention_kernel(
         physical = tl.load(block_table_ptr + request * stride_table + block).to(tl.int64)
         key_pos = block * BLOCK_SIZE + slots
         valid_key = (key_pos < key_end) & (key_pos >= key_start)
-        where = (cache_ptr + physical * stride_block + slots[:, None] * stride_slot + kv_head * stride_head
-                 + dims[None, :])
+        where = (
+            cache_ptr
+            + physical * stride_block
+            + slots[:, None] * stride_slot
+            + kv_head * stride_head
+            + dims[None, :]
+        )
         kv_mask = valid_key[:, None] & valid_dim[None, :]
         k = tl.load(where, mask=kv_mask, other=0.0)
         v = tl.load(where + stride_kv, mask=kv_mask, other=0.0)
@@ -95,12 +128,16 @@ def paged_attention_kernel(
         alpha = tl.exp(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         if F32_DOT:  # p rounded as the 16-bit dot would take it
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(tl.float32), v.to(tl.float32),
-                                                input_precision="ieee")
+            acc = acc * alpha[:, None] + tl.dot(
+                p.to(v.dtype).to(tl.float32), v.to(tl.float32), input_precision="ieee"
+            )
         else:
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
         m_i = m_new
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
-             out.to(out_ptr.dtype.element_ty), mask=valid_row[:, None] & valid_dim[None, :])
+    tl.store(
+        out_ptr + token[:, None] * stride_ot + head[:, None] * stride_oh + dims[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=valid_row[:, None] & valid_dim[None, :],
+    )

@@ -17,8 +17,14 @@ PARAMS = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in 
 
 
 def _llm(folder, backend: str) -> LLM:
-    llm = LLM(folder, dtype="float32", attention_backend=backend, block_size=16, max_model_len=128,
-              max_num_batched_tokens=16)
+    llm = LLM(
+        folder,
+        dtype="float32",
+        attention_backend=backend,
+        block_size=16,
+        max_model_len=128,
+        max_num_batched_tokens=16,
+    )
     assert llm.engine.runner.attention.name == backend
     return llm
 
@@ -29,7 +35,9 @@ def triton_tokens(tiny_model):
 
 
 def test_greedy_tokens_match_the_torch_backend(tiny_model, triton_tokens):
-    assert triton_tokens == [o.outputs[0].token_ids for o in _llm(tiny_model, "torch").generate(PROMPTS, PARAMS)]
+    assert triton_tokens == [
+        o.outputs[0].token_ids for o in _llm(tiny_model, "torch").generate(PROMPTS, PARAMS)
+    ]
 
 
 def test_decode_replayed_over_static_buffers_gives_the_eager_tokens(tiny_model, triton_tokens):

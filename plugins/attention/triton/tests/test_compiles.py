@@ -25,17 +25,34 @@ def compile_launch(backend: TritonAttentionBackend, rows: int, arch: int):
     signature.update({n: "i32" for n in names[8:17]}, scale="fp32", softcap="fp32", window="i32")
     constexprs = backend.constexprs(rows)
     signature.update({n: "constexpr" for n in constexprs})
-    source = ASTSource(paged_attention_kernel, signature,
-                       constexprs={(names.index(n),): value for n, value in constexprs.items()})
+    source = ASTSource(
+        paged_attention_kernel,
+        signature,
+        constexprs={(names.index(n),): value for n, value in constexprs.items()},
+    )
     return triton.compile(source, target=GPUTarget("cuda", arch, 32))
 
 
 @pytest.mark.skipif(interpreted(), reason="TRITON_INTERPRET=1 replaces the kernel by its interpreted form")
-@pytest.mark.parametrize("spec, arch", [
-    (AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=64, dtype=torch.bfloat16, block_size=16,
-                   sliding_window=32, logit_softcap=30.0), 90),
-    (AttentionSpec(num_heads=4, num_kv_heads=4, head_dim=64, dtype=torch.float32, block_size=32), 80),
-], ids=["bf16-gqa-window-softcap-sm90", "fp32-mha-sm80"])
+@pytest.mark.parametrize(
+    "spec, arch",
+    [
+        (
+            AttentionSpec(
+                num_heads=8,
+                num_kv_heads=2,
+                head_dim=64,
+                dtype=torch.bfloat16,
+                block_size=16,
+                sliding_window=32,
+                logit_softcap=30.0,
+            ),
+            90,
+        ),
+        (AttentionSpec(num_heads=4, num_kv_heads=4, head_dim=64, dtype=torch.float32, block_size=32), 80),
+    ],
+    ids=["bf16-gqa-window-softcap-sm90", "fp32-mha-sm80"],
+)
 def test_kernel_compiles_for_nvidia_gpus(spec, arch):
     backend = TritonAttentionBackend(spec, CpuPlatform())
     for lanes in (DECODE_LANES, PREFILL_LANES):

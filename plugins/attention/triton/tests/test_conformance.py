@@ -21,9 +21,25 @@ HERE = Path(__file__).parent
 
 def test_contract_and_greedy_parity_under_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-                             str(HERE / "interpreted_contract.py"), str(HERE / "interpreted_parity.py")], env=env,
-                            capture_output=True, text=True, timeout=600, check=False, cwd=HERE.parents[3])
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            str(HERE / "interpreted_contract.py"),
+            str(HERE / "interpreted_parity.py"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        cwd=HERE.parents[3],
+    )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     assert " passed" in result.stdout.splitlines()[-1]
 
@@ -42,9 +58,16 @@ def test_refuses_cuda_without_a_device():
     assert any("no CUDA device" in r for r in TritonAttentionBackend.supports(SPEC, CudaPlatform()))
 
 
-@pytest.mark.parametrize("field, value, reason", [
-    ("block_size", 8, "block size 8"), ("block_size", 24, "block size 24"), ("dtype", torch.float64, "dtype"),
-    ("head_dim", 512, "head size 512"), ("num_kv_heads", 3, "not a multiple")])
+@pytest.mark.parametrize(
+    "field, value, reason",
+    [
+        ("block_size", 8, "block size 8"),
+        ("block_size", 24, "block size 24"),
+        ("dtype", torch.float64, "dtype"),
+        ("head_dim", 512, "head size 512"),
+        ("num_kv_heads", 3, "not a multiple"),
+    ],
+)
 def test_reasons_name_what_it_refuses(monkeypatch, field, value, reason):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     reasons = TritonAttentionBackend.supports(attrs.evolve(SPEC, **{field: value}), CpuPlatform())

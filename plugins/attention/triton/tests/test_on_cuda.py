@@ -22,8 +22,15 @@ class TestTritonOnCuda(AttentionBackendContract):
 def _generate(folder, **options):
     prompts = reference.random_prompts(256, [5, 40, 16, 3, 70], seed=3)
     params = [SamplingParams(max_tokens=n, temperature=0, ignore_eos=True) for n in (12, 20, 7, 16, 9)]
-    llm = LLM(folder, dtype="float32", device="cuda", block_size=16, max_model_len=128, max_num_batched_tokens=32,
-              **options)
+    llm = LLM(
+        folder,
+        dtype="float32",
+        device="cuda",
+        block_size=16,
+        max_model_len=128,
+        max_num_batched_tokens=32,
+        **options,
+    )
     return llm, [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 

@@ -38,7 +38,9 @@ def connect() -> str:
         return _say("joined the Ray cluster running on this machine")
     except ConnectionError:
         ray.init()
-        return _say("no Ray cluster was running (RAY_ADDRESS unset, none on this machine): started a local one")
+        return _say(
+            "no Ray cluster was running (RAY_ADDRESS unset, none on this machine): started a local one"
+        )
 
 
 def _say(line: str) -> str:
@@ -49,8 +51,10 @@ def _say(line: str) -> str:
 def rank_resources(device_type: str, cpus: int) -> dict[str, float]:
     """One worker rank's bundle: ``cpus`` cores on the CPU, one device elsewhere."""
     if device_type not in RESOURCE_OF_DEVICE:
-        raise ValueError(f"distributed_executor_backend: ray places {', '.join(RESOURCE_OF_DEVICE)} ranks; "
-                         f"the platform's device is {device_type!r}")
+        raise ValueError(
+            f"distributed_executor_backend: ray places {', '.join(RESOURCE_OF_DEVICE)} ranks; "
+            f"the platform's device is {device_type!r}"
+        )
     key = RESOURCE_OF_DEVICE[device_type]
     return {key: float(cpus) if key == "CPU" else 1.0}
 
@@ -58,15 +62,23 @@ def rank_resources(device_type: str, cpus: int) -> dict[str, float]:
 def place(bundle: dict[str, float], count: int, timeout_s: float):
     """A placement group of ``count`` copies of ``bundle``, ready; raises
     :class:`ExecutorFailure` saying what the cluster has when it cannot be placed in time."""
-    group = placement_group([dict(bundle) for _ in range(count)], strategy=STRATEGY,
-                            name=f"engine-tp-{os.getpid()}-{next(_GROUPS)}")
+    group = placement_group(
+        [dict(bundle) for _ in range(count)],
+        strategy=STRATEGY,
+        name=f"engine-tp-{os.getpid()}-{next(_GROUPS)}",
+    )
     if not group.wait(timeout_s):
         remove_placement_group(group)
-        raise ExecutorFailure(f"Ray could not place {count} tensor-parallel rank(s) of {bundle} ({STRATEGY}) "
-                              f"within {timeout_s:g} s; the cluster has {ray.available_resources()} free of "
-                              f"{ray.cluster_resources()} (see `ray status`)")
+        raise ExecutorFailure(
+            f"Ray could not place {count} tensor-parallel rank(s) of {bundle} ({STRATEGY}) "
+            f"within {timeout_s:g} s; the cluster has {ray.available_resources()} free of "
+            f"{ray.cluster_resources()} (see `ray status`)"
+        )
     nodes = set(placement_group_table(group)["bundles_to_node_id"].values())
     if len(nodes) > 1:
-        logger.warning("ray executor: the tensor-parallel ranks span %d nodes; every layer's all-reduce "
-                       "then crosses the network", len(nodes))
+        logger.warning(
+            "ray executor: the tensor-parallel ranks span %d nodes; every layer's all-reduce "
+            "then crosses the network",
+            len(nodes),
+        )
     return group

@@ -34,7 +34,9 @@ class ActorHandle(WorkerHandle):
         super().__init__(rank)
         self.actor = actor
         # (report kind, or None for a stage that reports only if it fails; its result)
-        self._stages = collections.deque([("joining", actor.prepare.remote(spec)), (None, actor.join.remote())])
+        self._stages = collections.deque(
+            [("joining", actor.prepare.remote(spec)), (None, actor.join.remote())]
+        )
         self._loop = None
         self._death: str | None = None
         self.node: str | None = None
@@ -113,8 +115,13 @@ class RayExecutor(DriverExecutor):
         handles = []
         for index, spec in enumerate(specs):
             actor = actor_class.options(
-                num_cpus=bundle.get("CPU", 0), num_gpus=bundle.get("GPU", 0), max_restarts=0, max_task_retries=0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=index),
+                num_cpus=bundle.get("CPU", 0),
+                num_gpus=bundle.get("GPU", 0),
+                max_restarts=0,
+                max_task_retries=0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement, placement_group_bundle_index=index
+                ),
             ).remote()
             handles.append(ActorHandle(spec.rank, actor, spec))
         return RayWorkers(handles, placement)

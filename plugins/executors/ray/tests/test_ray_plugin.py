@@ -19,7 +19,9 @@ def test_selected_without_ray_installed_it_names_the_missing_package(monkeypatch
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` fails as it does when ray is absent
     for module in [m for m in sys.modules if m.startswith("engine_executors_ray.")]:
         monkeypatch.delitem(sys.modules, module)
-    with pytest.raises(RegistrationError, match=r"executor 'ray' .*needs the PyPI package `ray` \(pip install ray\)"):
+    with pytest.raises(
+        RegistrationError, match=r"executor 'ray' .*needs the PyPI package `ray` \(pip install ray\)"
+    ):
         load_plugins(None).get("executors", "ray")
 
 

@@ -65,15 +65,18 @@ class XGrammarBackend(GrammarBackend):
             raise ValueError("structured outputs with xgrammar need the model's tokenizer")
         # half the cores at most: compilation must leave room for the step loop
         threads = max(1, (os.cpu_count() or 2) // 2)
-        self.compiler = xgr.GrammarCompiler(tokenizer_info(ctx.tokenizer, ctx.vocab_size), max_threads=threads,
-                                            cache_enabled=False)
+        self.compiler = xgr.GrammarCompiler(
+            tokenizer_info(ctx.tokenizer, ctx.vocab_size), max_threads=threads, cache_enabled=False
+        )
         self._cache: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
 
     @classmethod
     def supports(cls, spec: GrammarSpec) -> list[str]:
         kinds = ("json", "json_object", "regex", "grammar", "choice")
-        return [] if spec.kind in kinds else [f"xgrammar does not compile {spec.kind!r} (it compiles {kinds})"]
+        return (
+            [] if spec.kind in kinds else [f"xgrammar does not compile {spec.kind!r} (it compiles {kinds})"]
+        )
 
     def compile(self, spec: GrammarSpec) -> Grammar:
         key = json.dumps([spec.kind, spec.value], sort_keys=True)

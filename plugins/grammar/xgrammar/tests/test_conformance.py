@@ -13,8 +13,16 @@ class TestXGrammar(GrammarBackendContract):
 
     def test_compiled_grammars_are_cached_by_spec(self, tokenizer, vocab_size):
         backend = XGrammarBackend(GrammarContext(tokenizer, vocab_size))
-        nested = {"type": "object", "properties": {f"k{i}": {"type": "object", "properties": {
-            f"j{j}": {"type": "string", "pattern": "[a-z]{2,9}"} for j in range(10)}} for i in range(10)}}
+        nested = {
+            "type": "object",
+            "properties": {
+                f"k{i}": {
+                    "type": "object",
+                    "properties": {f"j{j}": {"type": "string", "pattern": "[a-z]{2,9}"} for j in range(10)},
+                }
+                for i in range(10)
+            },
+        }
         started = time.perf_counter()
         backend.compile(GrammarSpec("json", nested))
         first = time.perf_counter() - started

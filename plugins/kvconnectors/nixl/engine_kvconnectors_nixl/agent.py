@@ -33,8 +33,10 @@ class Agent:
         self._nixl = api.nixl_agent(self.name, config)
         missing = [backend for backend in backends if backend not in self._nixl.backends]
         if missing:
-            raise ValueError(f"kv_connector_extra_config.backends: NIXL could not start {missing} here "
-                             f"(its plugins: {sorted(self._nixl.get_plugin_list())})")
+            raise ValueError(
+                f"kv_connector_extra_config.backends: NIXL could not start {missing} here "
+                f"(its plugins: {sorted(self._nixl.get_plugin_list())})"
+            )
         self._registered = self._nixl.register_memory(list(caches))
         self._local = self._nixl.prep_xfer_dlist(LOCAL, regions.descriptors(), regions.mem_type)
         self._loaded: set[str] = set()  # peer agents whose metadata is loaded
@@ -57,7 +59,10 @@ class Agent:
     def prepare(self, peer: str, regions: Regions) -> None:
         """Prepare every block run of a loaded peer's caches for reads."""
         if peer not in self._peers:
-            self._peers[peer] = (self._nixl.prep_xfer_dlist(peer, regions.descriptors(), regions.mem_type), regions)
+            self._peers[peer] = (
+                self._nixl.prep_xfer_dlist(peer, regions.descriptors(), regions.mem_type),
+                regions,
+            )
 
     def alive(self, peer: str) -> bool:
         """Whether a loaded peer is still there: a notification to it fails once UCX saw its
@@ -82,8 +87,14 @@ class Agent:
         """Start reading the peer's blocks into ours, block i into block i; the peer receives
         ``notification`` once the read is complete. -> (handle, state)."""
         remote, regions = self._peers[peer]
-        handle = self._nixl.make_prepped_xfer("READ", self._local, self.regions.indices(local_blocks),
-                                              remote, regions.indices(remote_blocks), notification)
+        handle = self._nixl.make_prepped_xfer(
+            "READ",
+            self._local,
+            self.regions.indices(local_blocks),
+            remote,
+            regions.indices(remote_blocks),
+            notification,
+        )
         return handle, self._nixl.transfer(handle)
 
     def state(self, handle) -> str:
@@ -104,8 +115,12 @@ class Agent:
 
     def notifications(self) -> list[bytes]:
         """Notifications received since the last call, from any peer (probes left out)."""
-        return [message for messages in self._nixl.get_new_notifs().values() for message in messages
-                if message != PROBE]
+        return [
+            message
+            for messages in self._nixl.get_new_notifs().values()
+            for message in messages
+            if message != PROBE
+        ]
 
     def close(self) -> None:
         """Forget peers and deregister the caches; the agent goes with its last reference, so

@@ -56,7 +56,9 @@ class _Pending:
 
 
 class Reader:
-    def __init__(self, zmq_context, poller, agent: Agent, layout: BlockLayout, timeout: float, results: Results):
+    def __init__(
+        self, zmq_context, poller, agent: Agent, layout: BlockLayout, timeout: float, results: Results
+    ):
         self.zmq, self.poller, self.agent = zmq_context, poller, agent
         self.layout, self.timeout, self.results = layout, timeout, results
         self.links: dict[str, _Link] = {}  # "host:port" -> link
@@ -80,14 +82,21 @@ class Reader:
             return
         link.waiting.append(lease_id)
         if link.state == "idle":
-            link.dealer.send_multipart([wire.HELLO, wire.header(
-                engine_id=read.peer.engine_id, agent=self.agent.name, layout=self.layout.to_dict()),
-                self.agent.metadata()])
+            link.dealer.send_multipart(
+                [
+                    wire.HELLO,
+                    wire.header(
+                        engine_id=read.peer.engine_id, agent=self.agent.name, layout=self.layout.to_dict()
+                    ),
+                    self.agent.metadata(),
+                ]
+            )
             link.state = "hello"
 
     def release(self, peer: Peer, remote_request_id: str) -> None:
-        self._link(peer).dealer.send_multipart([wire.RELEASE, wire.header(
-            engine_id=peer.engine_id, request_id=remote_request_id)])
+        self._link(peer).dealer.send_multipart(
+            [wire.RELEASE, wire.header(engine_id=peer.engine_id, request_id=remote_request_id)]
+        )
 
     def _link(self, peer: Peer) -> _Link:
         address = f"{peer.host}:{peer.port}"
@@ -106,9 +115,18 @@ class Reader:
     def _ask(self, lease_id: str) -> None:
         pending = self.pending[lease_id]
         read = pending.read
-        pending.link.dealer.send_multipart([wire.LEASE, wire.header(
-            id=lease_id, engine_id=read.peer.engine_id, agent=self.agent.name, request_id=read.remote_request_id,
-            block_ids=list(read.remote_block_ids))])
+        pending.link.dealer.send_multipart(
+            [
+                wire.LEASE,
+                wire.header(
+                    id=lease_id,
+                    engine_id=read.peer.engine_id,
+                    agent=self.agent.name,
+                    request_id=read.remote_request_id,
+                    block_ids=list(read.remote_block_ids),
+                ),
+            ]
+        )
 
     # -- the link's messages --------------------------------------------------------------
     def on_ready(self, sock) -> None:
@@ -121,7 +139,9 @@ class Reader:
         try:
             head = wire.parse(frames[1])
         except (ValueError, IndexError):
-            logger.warning("nixl: a reply from %s that is not one (%d frames); ignored", link.address, len(frames))
+            logger.warning(
+                "nixl: a reply from %s that is not one (%d frames); ignored", link.address, len(frames)
+            )
             return
         kind = frames[0]
         if kind == wire.HELLO:
@@ -133,8 +153,12 @@ class Reader:
         elif kind == wire.ERR:
             pending = self.pending.get(str(head.get("id")))
             if pending is not None and pending.handle is None:
-                logger.warning("nixl: reading request %s's KV blocks from %s was refused: %s (it is recomputed)",
-                               pending.read.request_id, link.address, head.get("error"))
+                logger.warning(
+                    "nixl: reading request %s's KV blocks from %s was refused: %s (it is recomputed)",
+                    pending.read.request_id,
+                    link.address,
+                    head.get("error"),
+                )
                 self._finish(pending, False)
 
     def _on_hello(self, link: _Link, head: dict, metadata: bytes) -> None:
@@ -171,11 +195,16 @@ class Reader:
             return  # it timed out meanwhile: the lease runs out on the peer
         read = pending.read
         try:
-            pending.handle, state = self.agent.read(pending.link.agent, read.remote_block_ids,
-                                                    read.local_block_ids, lease_id.encode())
+            pending.handle, state = self.agent.read(
+                pending.link.agent, read.remote_block_ids, read.local_block_ids, lease_id.encode()
+            )
         except Exception as exc:  # noqa: BLE001 - NIXL's errors (a peer gone since its hello) fail the read
-            logger.warning("nixl: reading request %s's KV blocks from %s failed: %s (it is recomputed)",
-                           read.request_id, pending.link.address, exc)
+            logger.warning(
+                "nixl: reading request %s's KV blocks from %s failed: %s (it is recomputed)",
+                read.request_id,
+                pending.link.address,
+                exc,
+            )
             self._finish(pending, False)
             return
         if state != PROC:
@@ -199,13 +228,22 @@ class Reader:
 
     def _settle(self, pending: _Pending, state: str) -> None:
         if state == ERR:
-            logger.warning("nixl: reading request %s's KV blocks from %s failed in NIXL (it is recomputed)",
-                           pending.read.request_id, pending.link.address)
+            logger.warning(
+                "nixl: reading request %s's KV blocks from %s failed in NIXL (it is recomputed)",
+                pending.read.request_id,
+                pending.link.address,
+            )
         self._finish(pending, state == DONE)
 
     def _fail_late(self, pending: _Pending, what: str) -> None:
-        logger.warning("nixl: reading request %s's KV blocks from %s: %s within %g s (transfer_timeout); "
-                       "it is recomputed", pending.read.request_id, pending.link.address, what, self.timeout)
+        logger.warning(
+            "nixl: reading request %s's KV blocks from %s: %s within %g s (transfer_timeout); "
+            "it is recomputed",
+            pending.read.request_id,
+            pending.link.address,
+            what,
+            self.timeout,
+        )
         if pending.handle is not None and not Agent.release(pending.handle):
             pending.cancelling = True  # NIXL cannot cancel it: fail it once it stops
             return
@@ -219,15 +257,22 @@ class Reader:
         if pending.handle is not None:
             Agent.release(pending.handle)
         nbytes = len(pending.read.local_block_ids) * self.agent.regions.block_bytes if ok else 0
-        self.results.read_done(pending.read.request_id, ok, nbytes, time.monotonic() - pending.started if ok else 0.0)
+        self.results.read_done(
+            pending.read.request_id, ok, nbytes, time.monotonic() - pending.started if ok else 0.0
+        )
 
     def _drop(self, link: _Link, reason: str) -> None:
         """Forget a link; its reads not transferring yet fail (those transferring end in NIXL)."""
         lost = [p for p in self.pending.values() if p.link is link and p.handle is None]
         if lost:
-            logger.warning("nixl: cannot read KV blocks from prefill instance %r: %s; %d request(s) recompute "
-                           "their prompt (%s)", link.peer.engine_id, reason, len(lost),
-                           ", ".join(p.read.request_id for p in lost))
+            logger.warning(
+                "nixl: cannot read KV blocks from prefill instance %r: %s; %d request(s) recompute "
+                "their prompt (%s)",
+                link.peer.engine_id,
+                reason,
+                len(lost),
+                ", ".join(p.read.request_id for p in lost),
+            )
         for pending in lost:
             self._finish(pending, False)
         for sock in (link.dealer, link.monitor):
@@ -242,4 +287,3 @@ class Reader:
             self._finish(pending, False)
         for link in list(self.links.values()):
             self._drop(link, "the transport stops")
-

@@ -37,15 +37,22 @@ class Regions:
             if not cache.is_contiguous():
                 raise ValueError(f"the KV cache of layer {layer} is not contiguous")
             if (cache.shape, cache.dtype, cache.device) != (first.shape, first.dtype, first.device):
-                raise ValueError(f"the KV cache of layer {layer} is {tuple(cache.shape)} {cache.dtype} on "
-                                 f"{cache.device}, layer 0's {tuple(first.shape)} {first.dtype} on {first.device}")
+                raise ValueError(
+                    f"the KV cache of layer {layer} is {tuple(cache.shape)} {cache.dtype} on "
+                    f"{cache.device}, layer 0's {tuple(first.shape)} {first.dtype} on {first.device}"
+                )
         shape = tuple(first.shape)
-        if len(caches) * math.prod(shape[:block_dim + 1]) >= 2**31:
+        if len(caches) * math.prod(shape[: block_dim + 1]) >= 2**31:
             raise ValueError("over 2**31 block runs: NIXL's descriptor indices are 32-bit")
         on_gpu = first.device.type != "cpu"
-        return cls(tuple(cache.data_ptr() for cache in caches), shape[block_dim], math.prod(shape[:block_dim]),
-                   math.prod(shape[block_dim + 1:]) * first.element_size(), "VRAM" if on_gpu else "DRAM",
-                   (first.device.index or 0) if on_gpu else 0)
+        return cls(
+            tuple(cache.data_ptr() for cache in caches),
+            shape[block_dim],
+            math.prod(shape[:block_dim]),
+            math.prod(shape[block_dim + 1 :]) * first.element_size(),
+            "VRAM" if on_gpu else "DRAM",
+            (first.device.index or 0) if on_gpu else 0,
+        )
 
     @property
     def num_layers(self) -> int:
@@ -78,12 +85,21 @@ class Regions:
             bases = tuple(int(base) for base in info["bases"])
             if len(bases) != self.num_layers:
                 raise ValueError(f"{len(bases)} layers, {self.num_layers} here")
-            return attrs.evolve(self, bases=bases, num_blocks=int(info["num_blocks"]),
-                                mem_type=str(info["mem_type"]), device=int(info["device"]))
+            return attrs.evolve(
+                self,
+                bases=bases,
+                num_blocks=int(info["num_blocks"]),
+                mem_type=str(info["mem_type"]),
+                device=int(info["device"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a description of KV cache memory: {exc}") from exc
 
     def describe(self) -> dict:
         """What a peer needs to build :meth:`peer` (sent in the hello)."""
-        return {"bases": list(self.bases), "num_blocks": self.num_blocks, "mem_type": self.mem_type,
-                "device": self.device}
+        return {
+            "bases": list(self.bases),
+            "num_blocks": self.num_blocks,
+            "mem_type": self.mem_type,
+            "device": self.device,
+        }

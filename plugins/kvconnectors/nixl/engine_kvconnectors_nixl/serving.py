@@ -51,8 +51,12 @@ class Server:
         self.ctx = ctx
         self.agent = agent
         self.results = results
-        hello = {"engine_id": ctx.engine_id, "agent": agent.name, "layout": ctx.layout.to_dict(),
-                 "regions": agent.regions.describe()}
+        hello = {
+            "engine_id": ctx.engine_id,
+            "agent": agent.name,
+            "layout": ctx.layout.to_dict(),
+            "regions": agent.regions.describe(),
+        }
         self._hello = [wire.HELLO, wire.header(**hello), agent.metadata()]
         self.exposed: dict[str, frozenset[int]] = {}
         self.withdrawn: OrderedDict[str, None] = OrderedDict()
@@ -89,8 +93,11 @@ class Server:
             return
         if head.get("engine_id") != self.ctx.engine_id:
             if kind != wire.RELEASE:  # a release for another instance: nothing of ours to free
-                self._error(identity, str(head.get("id", wire.HELLO_ID)), f"this instance's engine id is "
-                            f"{self.ctx.engine_id!r}, not {head.get('engine_id')!r}")
+                self._error(
+                    identity,
+                    str(head.get("id", wire.HELLO_ID)),
+                    f"this instance's engine id is {self.ctx.engine_id!r}, not {head.get('engine_id')!r}",
+                )
         elif kind == wire.HELLO:
             self._on_hello(identity, head, frames[3].bytes if len(frames) > 3 else b"")
         elif kind == wire.LEASE:
@@ -138,13 +145,18 @@ class Server:
             self.parked.append(_Parked(identity, head, deadline))
             return False
         if exposed is None:
-            self._error(identity, lease_id, f"request {request_id!r}'s blocks were freed "
-                                            "(read already, or abort_request_timeout passed)")
+            self._error(
+                identity,
+                lease_id,
+                f"request {request_id!r}'s blocks were freed (read already, or abort_request_timeout passed)",
+            )
         elif not exposed.issuperset(wanted) or lease_id in self.leases:
             self._error(identity, lease_id, f"request {request_id!r} holds no blocks {wanted} to lease")
         else:
             now = time.monotonic()
-            self.leases[lease_id] = _Lease(request_id, str(head.get("agent")), now + self.ctx.transfer_timeout, now)
+            self.leases[lease_id] = _Lease(
+                request_id, str(head.get("agent")), now + self.ctx.transfer_timeout, now
+            )
             self.router.send_multipart([identity, wire.GRANT, wire.header(id=lease_id)])
         return True
 
@@ -161,7 +173,9 @@ class Server:
 
     def _wake(self, request_id: str) -> None:
         """Let ``withdraw`` return once none of the request's leases is left."""
-        if request_id in self.waiters and all(lease.request_id != request_id for lease in self.leases.values()):
+        if request_id in self.waiters and all(
+            lease.request_id != request_id for lease in self.leases.values()
+        ):
             for event in self.waiters.pop(request_id):
                 event.set()
 
@@ -169,19 +183,30 @@ class Server:
         self._probe_readers(now)
         for p in [p for p in self.parked if p.deadline <= now]:
             self.parked.remove(p)
-            self._error(p.identity, str(p.head.get("id")), f"request {p.head.get('request_id')!r} holds no "
-                        f"blocks here (not within {self.ctx.transfer_timeout:g} s)")
+            self._error(
+                p.identity,
+                str(p.head.get("id")),
+                f"request {p.head.get('request_id')!r} holds no "
+                f"blocks here (not within {self.ctx.transfer_timeout:g} s)",
+            )
         for lease_id, lease in [(k, v) for k, v in self.leases.items() if v.deadline <= now]:
-            logger.warning("nixl: a lease on request %s's KV blocks ran out (%g s, transfer_timeout) "
-                           "without its read completing", lease.request_id, self.ctx.transfer_timeout)
+            logger.warning(
+                "nixl: a lease on request %s's KV blocks ran out (%g s, transfer_timeout) "
+                "without its read completing",
+                lease.request_id,
+                self.ctx.transfer_timeout,
+            )
             del self.leases[lease_id]
             self._wake(lease.request_id)
 
     def _probe_readers(self, now: float) -> None:
         """A withdraw waits on these leases: end those of a reader NIXL finds gone (a killed
         decode instance) instead of waiting out ``transfer_timeout`` with the engine blocked."""
-        readers = {lease.reader for lease in self.leases.values()
-                   if lease.request_id in self.waiters and now - lease.probed >= PROBE_SECONDS}
+        readers = {
+            lease.reader
+            for lease in self.leases.values()
+            if lease.request_id in self.waiters and now - lease.probed >= PROBE_SECONDS
+        }
         for reader in readers:
             held = {lease_id: lease for lease_id, lease in self.leases.items() if lease.reader == reader}
             if self.agent.alive(reader):

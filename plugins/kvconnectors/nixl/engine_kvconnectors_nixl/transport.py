@@ -41,7 +41,9 @@ IDLE_MS = 200
 def _backends(extra: dict) -> list[str]:
     backends = extra.get("backends", list(DEFAULT_BACKENDS))
     if not isinstance(backends, list) or not backends or not all(isinstance(b, str) and b for b in backends):
-        raise ValueError(f"kv_connector_extra_config.backends: a list of NIXL backend names, got {backends!r}")
+        raise ValueError(
+            f"kv_connector_extra_config.backends: a list of NIXL backend names, got {backends!r}"
+        )
     return backends
 
 
@@ -59,7 +61,9 @@ class NixlTransport(Transport):
 
     # -- the step thread ------------------------------------------------------------------
     def start(self, kv_caches, block_dim):
-        agent = Agent(self.ctx.engine_id, self.backends, list(kv_caches), Regions.of(list(kv_caches), block_dim))
+        agent = Agent(
+            self.ctx.engine_id, self.backends, list(kv_caches), Regions.of(list(kv_caches), block_dim)
+        )
         try:
             server = Server(self._listen(), self.ctx, agent, self._results) if self.ctx.serves else None
         except Exception:
@@ -82,8 +86,10 @@ class NixlTransport(Transport):
             router.bind(wire.endpoint(self.ctx.host, self.ctx.port))
         except zmq.ZMQError as exc:
             router.close()
-            raise ValueError(f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
-                             f"(kv_ip, kv_port): {exc}") from None
+            raise ValueError(
+                f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
+                f"(kv_ip, kv_port): {exc}"
+            ) from None
         return router
 
     def expose(self, request_id, block_ids):
@@ -141,8 +147,14 @@ class _Loop:
         self.poller.register(inbox, zmq.POLLIN)
         if server is not None:
             self.poller.register(server.router, zmq.POLLIN)
-        self.reader = Reader(transport._zmq, self.poller, agent, transport.ctx.layout,
-                             transport.ctx.transfer_timeout, transport._results)
+        self.reader = Reader(
+            transport._zmq,
+            self.poller,
+            agent,
+            transport.ctx.layout,
+            transport.ctx.transfer_timeout,
+            transport._results,
+        )
         self.running = True
 
     def run(self) -> None:

@@ -41,6 +41,8 @@ def parse(frame) -> dict:
 def block_ids(head: dict) -> list[int]:
     """The header's ``block_ids``; ValueError unless a list of block ids."""
     ids = head.get("block_ids")
-    if not isinstance(ids, list) or not all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in ids):
+    if not isinstance(ids, list) or not all(
+        isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in ids
+    ):
         raise ValueError("block_ids: not a list of block ids")
     return ids

@@ -29,9 +29,20 @@ MAX_TOKENS = [5, 7, 4, 9, 6, 8, 5, 7]
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("tiny"))
-    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
-        model_type="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
+    reference.tiny_checkpoint(
+        folder,
+        "LlamaForCausalLM",
+        dict(
+            model_type="llama",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+    )
     return folder
 
 
@@ -39,17 +50,30 @@ def disaggregated(producer: LLM, consumer: LLM, prompts) -> list[list[int]]:
     """Every prompt prefilled on ``producer``, each decoded on ``consumer`` once its prefill hands
     its params on; both engines step until every block is free again."""
     for i, prompt in enumerate(prompts):
-        producer.engine.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=1, temperature=0),
-                                            kv_transfer_params={"do_remote_decode": True}))
+        producer.engine.add_request(
+            Request(
+                f"r{i}",
+                prompt,
+                SamplingParams(max_tokens=1, temperature=0),
+                kv_transfer_params={"do_remote_decode": True},
+            )
+        )
     tokens: dict[str, list[int]] = {}
     deadline = time.monotonic() + 120
-    while len(tokens) < len(prompts) or any(e.has_unfinished() or e.has_pending_transfers()
-                                            for e in (producer.engine, consumer.engine)):
+    while len(tokens) < len(prompts) or any(
+        e.has_unfinished() or e.has_pending_transfers() for e in (producer.engine, consumer.engine)
+    ):
         assert time.monotonic() < deadline, "P/D did not finish"
         for out in (o for o in producer.engine.step() if o.finished):
             i = int(out.request_id[1:])
-            consumer.engine.add_request(Request(out.request_id, prompts[i], SamplingParams(
-                max_tokens=MAX_TOKENS[i], temperature=0, ignore_eos=True), kv_transfer_params=out.kv_transfer_params))
+            consumer.engine.add_request(
+                Request(
+                    out.request_id,
+                    prompts[i],
+                    SamplingParams(max_tokens=MAX_TOKENS[i], temperature=0, ignore_eos=True),
+                    kv_transfer_params=out.kv_transfer_params,
+                )
+            )
             tokens[out.request_id] = []
         for out in consumer.engine.step():
             tokens[out.request_id] += out.new_token_ids
@@ -57,17 +81,29 @@ def disaggregated(producer: LLM, consumer: LLM, prompts) -> list[list[int]]:
     return [tokens[f"r{i}"] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("options", [{"dtype": "float32"}, {"dtype": "bfloat16", "batch_invariant": True}],
-                         ids=["float32", "bf16-batch-invariant"])
+@pytest.mark.parametrize(
+    "options",
+    [{"dtype": "float32"}, {"dtype": "bfloat16", "batch_invariant": True}],
+    ids=["float32", "bf16-batch-invariant"],
+)
 def test_pd_over_nixl_gives_the_tokens_of_one_engine(tiny_model, options):
     prompts = reference.random_prompts(VOCAB, LENGTHS, seed=5)
     common = dict(block_size=BLOCK, num_blocks=96, max_model_len=192, **options)
     alone = LLM(tiny_model, **common)
-    want = [o.outputs[0].token_ids for o in alone.generate(
-        prompts, [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in MAX_TOKENS])]
-    producer = LLM(tiny_model, kv_transfer_config={"kv_connector": "nixl", "kv_role": "kv_producer",
-                                                   "kv_port": free_port()}, **common)
-    consumer = LLM(tiny_model, kv_transfer_config={"kv_connector": "nixl", "kv_role": "kv_consumer"}, **common)
+    want = [
+        o.outputs[0].token_ids
+        for o in alone.generate(
+            prompts, [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in MAX_TOKENS]
+        )
+    ]
+    producer = LLM(
+        tiny_model,
+        kv_transfer_config={"kv_connector": "nixl", "kv_role": "kv_producer", "kv_port": free_port()},
+        **common,
+    )
+    consumer = LLM(
+        tiny_model, kv_transfer_config={"kv_connector": "nixl", "kv_role": "kv_consumer"}, **common
+    )
     try:
         assert disaggregated(producer, consumer, prompts) == want
         stats = consumer.engine.stats()

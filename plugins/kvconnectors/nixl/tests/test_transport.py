@@ -28,18 +28,32 @@ BLOCK_DIM = 2  # the torch attention backend's [2, kv_heads, blocks, block_size,
 SEED = 7
 
 
-def caches(num_blocks: int, kv_heads: int = 2, block_size: int = 4, dtype=torch.bfloat16, fill: bool = False,
-           layers: int = 3):
+def caches(
+    num_blocks: int,
+    kv_heads: int = 2,
+    block_size: int = 4,
+    dtype=torch.bfloat16,
+    fill: bool = False,
+    layers: int = 3,
+):
     """Paged caches, one per layer: random (the prefill side's, reproducible) or zeros."""
     generator = torch.Generator().manual_seed(SEED)
     shape = (2, kv_heads, num_blocks, block_size, 8)
-    return [torch.randn(shape, generator=generator).to(dtype) if fill else torch.zeros(shape, dtype=dtype)
-            for _ in range(layers)]
+    return [
+        torch.randn(shape, generator=generator).to(dtype) if fill else torch.zeros(shape, dtype=dtype)
+        for _ in range(layers)
+    ]
 
 
 def transport(engine_id: str, kv_caches, serves: bool, port: int = 0, timeout: float = 10.0):
-    ctx = TransportContext(engine_id, "127.0.0.1", port, serves, BlockLayout.of(kv_caches, BLOCK_DIM, kv_caches[0].shape[3]),
-                           timeout)
+    ctx = TransportContext(
+        engine_id,
+        "127.0.0.1",
+        port,
+        serves,
+        BlockLayout.of(kv_caches, BLOCK_DIM, kv_caches[0].shape[3]),
+        timeout,
+    )
     made = NixlTransport(ctx)
     made.start(kv_caches, BLOCK_DIM)
     return made
@@ -57,8 +71,12 @@ def wait_for_read(reader, request_id: str, timeout: float = 20.0) -> bool:
 
 def child(source: str) -> subprocess.Popen:
     """A Python process running ``source``."""
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(source)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(source)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def said(process: subprocess.Popen, word: str, timeout: float = 60.0) -> None:
@@ -121,12 +139,20 @@ def test_a_prefill_process_blocks_land_in_other_block_ids_bit_for_bit(tmp_path):
         assert not mine.index_select(BLOCK_DIM, torch.tensor(untouched)).any(), "a block not read was written"
 
 
-@pytest.mark.parametrize(("decode_kv", "peer_id", "named"), [
-    (lambda: caches(12, block_size=8), "prefill", "block_size: 4 here vs 8 there"),
-    (lambda: caches(12, kv_heads=1, dtype=torch.float32), "prefill", "dtype: 'bfloat16' here vs 'float32' there"),
-    (lambda: caches(12, layers=2), "prefill", "num_layers: 3 here vs 2 there"),
-    (lambda: caches(12), "another-prefill", "engine id is 'prefill', not 'another-prefill'"),
-], ids=["block_size", "heads-and-dtype", "layers", "engine_id"])
+@pytest.mark.parametrize(
+    ("decode_kv", "peer_id", "named"),
+    [
+        (lambda: caches(12, block_size=8), "prefill", "block_size: 4 here vs 8 there"),
+        (
+            lambda: caches(12, kv_heads=1, dtype=torch.float32),
+            "prefill",
+            "dtype: 'bfloat16' here vs 'float32' there",
+        ),
+        (lambda: caches(12, layers=2), "prefill", "num_layers: 3 here vs 2 there"),
+        (lambda: caches(12), "another-prefill", "engine id is 'prefill', not 'another-prefill'"),
+    ],
+    ids=["block_size", "heads-and-dtype", "layers", "engine_id"],
+)
 def test_a_mismatch_is_refused_naming_it(decode_kv, peer_id, named, caplog):
     port = free_port()
     prefill = transport("prefill", caches(16, fill=True), serves=True, port=port)
@@ -186,14 +212,18 @@ def test_a_killed_readers_lease_does_not_hold_up_withdraw():
         prefill.close()
 
 
-@pytest.mark.parametrize(("backends", "named"), [
-    ("UCX", "kv_connector_extra_config.backends: a list of NIXL backend names"),
-    (["NO_SUCH_BACKEND"], "NIXL could not start ['NO_SUCH_BACKEND']"),
-])
+@pytest.mark.parametrize(
+    ("backends", "named"),
+    [
+        ("UCX", "kv_connector_extra_config.backends: a list of NIXL backend names"),
+        (["NO_SUCH_BACKEND"], "NIXL could not start ['NO_SUCH_BACKEND']"),
+    ],
+)
 def test_unusable_backends_are_refused_naming_the_key(backends, named):
     kv = caches(4)
-    ctx = TransportContext("decode", "127.0.0.1", 0, False, BlockLayout.of(kv, BLOCK_DIM, 4), 10.0,
-                           {"backends": backends})
+    ctx = TransportContext(
+        "decode", "127.0.0.1", 0, False, BlockLayout.of(kv, BLOCK_DIM, 4), 10.0, {"backends": backends}
+    )
     with pytest.raises(ValueError, match=named.replace("[", r"\[").replace("]", r"\]")):
         NixlTransport(ctx).start(kv, BLOCK_DIM)
 

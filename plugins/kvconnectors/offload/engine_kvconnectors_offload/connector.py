@@ -49,8 +49,9 @@ class Capacity:
     def of(cls, extra: dict, block_bytes: int) -> Capacity:
         unknown = sorted(set(extra) - set(EXTRA_KEYS))
         if unknown:
-            raise ValueError(f"kv_connector_extra_config: unknown key(s) {unknown} for offload; "
-                             f"known: {list(EXTRA_KEYS)}")
+            raise ValueError(
+                f"kv_connector_extra_config: unknown key(s) {unknown} for offload; known: {list(EXTRA_KEYS)}"
+            )
         cpu_bytes = _bytes(extra, "cpu_bytes", DEFAULT_CPU_BYTES)
         disk_path = extra.get("disk_path")
         disk_bytes = _bytes(extra, "disk_bytes", 0)
@@ -58,8 +59,10 @@ class Capacity:
             raise ValueError("kv_connector_extra_config.disk_bytes: needs disk_path")
         cpu_blocks = cpu_bytes // block_bytes
         if cpu_blocks < 1:
-            raise ValueError(f"kv_connector_extra_config.cpu_bytes: {cpu_bytes} holds no block "
-                             f"(one block is {block_bytes} bytes)")
+            raise ValueError(
+                f"kv_connector_extra_config.cpu_bytes: {cpu_bytes} holds no block "
+                f"(one block is {block_bytes} bytes)"
+            )
         return cls(cpu_blocks, disk_bytes // block_bytes if disk_path else 0, disk_path)
 
 
@@ -93,7 +96,7 @@ class OffloadConnector(KVConnector):
     # -- scheduler half ---------------------------------------------------------------
     def get_num_new_matched_tokens(self, request, num_computed_tokens):
         hits = 0
-        for key in request.block_hashes[num_computed_tokens // self.ctx.block_size:]:
+        for key in request.block_hashes[num_computed_tokens // self.ctx.block_size :]:
             if key not in self.index:
                 break
             hits += 1
@@ -146,8 +149,13 @@ class OffloadConnector(KVConnector):
         self.caches, self.block_dim = kv_caches, block_dim
         block = kv_caches[0].select(block_dim, 0)
         cuda = kv_caches[0].device.type == "cuda"
-        self.store = BlockStore(self.capacity.cpu_blocks, (len(kv_caches), *block.shape), block.dtype,
-                                self.capacity.disk_path, pin=cuda)
+        self.store = BlockStore(
+            self.capacity.cpu_blocks,
+            (len(kv_caches), *block.shape),
+            block.dtype,
+            self.capacity.disk_path,
+            pin=cuda,
+        )
         if cuda:
             self._side = torch.cuda.Stream(device=kv_caches[0].device)
 
@@ -231,5 +239,9 @@ class _ReportBuilder:
         self.load_seconds = 0.0
 
     def build(self) -> KVTransferReport:
-        return KVTransferReport(failed_blocks=frozenset(self.failed), loaded_bytes=self.loaded_bytes,
-                                load_seconds=self.load_seconds, saved_bytes=self.saved_bytes)
+        return KVTransferReport(
+            failed_blocks=frozenset(self.failed),
+            loaded_bytes=self.loaded_bytes,
+            load_seconds=self.load_seconds,
+            saved_bytes=self.saved_bytes,
+        )

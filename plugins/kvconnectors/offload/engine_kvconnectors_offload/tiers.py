@@ -13,8 +13,14 @@ import torch
 
 
 class BlockStore:
-    def __init__(self, num_cpu_blocks: int, block_shape: tuple[int, ...], dtype: torch.dtype,
-                 disk_path: str | None, pin: bool):
+    def __init__(
+        self,
+        num_cpu_blocks: int,
+        block_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        disk_path: str | None,
+        pin: bool,
+    ):
         self.slab = torch.empty((num_cpu_blocks, *block_shape), dtype=dtype, pin_memory=pin)
         self.block_shape, self.dtype = tuple(block_shape), dtype
         self.nbytes = self.slab[0].nbytes if num_cpu_blocks else 0

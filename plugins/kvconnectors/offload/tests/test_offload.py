@@ -19,9 +19,20 @@ OPTIONS = dict(dtype="float32", block_size=BLOCK, num_blocks=26, max_model_len=1
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("tiny"))
-    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
-        model_type="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
+    reference.tiny_checkpoint(
+        folder,
+        "LlamaForCausalLM",
+        dict(
+            model_type="llama",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+    )
     return folder
 
 
@@ -51,7 +62,9 @@ def expected(tiny_model, workload):
 
 
 def _offload(folder, **extra):
-    return LLM(folder, kv_transfer_config={"kv_connector": "offload", "kv_connector_extra_config": extra}, **OPTIONS)
+    return LLM(
+        folder, kv_transfer_config={"kv_connector": "offload", "kv_connector_extra_config": extra}, **OPTIONS
+    )
 
 
 def test_evicted_prefix_reloads_from_the_cpu_tier(tiny_model, workload, expected):

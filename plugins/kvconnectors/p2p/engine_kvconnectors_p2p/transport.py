@@ -93,8 +93,10 @@ class ZmqTransport(Transport):
                 router.bind(f"tcp://{_bracketed(self.ctx.host)}:{self.ctx.port}")
             except zmq.ZMQError as exc:
                 router.close()
-                raise ValueError(f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
-                                 f"(kv_ip, kv_port): {exc}") from None
+                raise ValueError(
+                    f"kv_transfer_config: cannot listen on {self.ctx.host}:{self.ctx.port} "
+                    f"(kv_ip, kv_port): {exc}"
+                ) from None
         inbox = self._zmq.socket(zmq.PULL)
         inbox.bind(self._wake_address)
         self._wake = self._zmq.socket(zmq.PUSH)
@@ -207,8 +209,9 @@ class _Loop:
                 self._start_read(command[1])
             elif kind == "release":
                 _, peer, remote_request_id = command
-                self._dealer(peer).send_multipart([wire.RELEASE, wire.header(
-                    engine_id=peer.engine_id, request_id=remote_request_id)])
+                self._dealer(peer).send_multipart(
+                    [wire.RELEASE, wire.header(engine_id=peer.engine_id, request_id=remote_request_id)]
+                )
             elif kind == "stop":
                 self.running = False
                 return
@@ -218,9 +221,18 @@ class _Loop:
         now = time.monotonic()
         address = _address(read.peer)
         self.pending[read_id] = _Pending(read, address, now + self.t.ctx.transfer_timeout, now)
-        self._dealer(read.peer).send_multipart([wire.READ, wire.header(
-            id=read_id, engine_id=read.peer.engine_id, request_id=read.remote_request_id,
-            block_ids=list(read.remote_block_ids), layout=self.layout.to_dict())])
+        self._dealer(read.peer).send_multipart(
+            [
+                wire.READ,
+                wire.header(
+                    id=read_id,
+                    engine_id=read.peer.engine_id,
+                    request_id=read.remote_request_id,
+                    block_ids=list(read.remote_block_ids),
+                    layout=self.layout.to_dict(),
+                ),
+            ]
+        )
 
     def _dealer(self, peer: Peer):
         address = _address(peer)
@@ -247,16 +259,28 @@ class _Loop:
         if pending is None:
             return  # a read already failed (timeout, dead peer): nothing may be written now
         if frames[0].bytes != wire.OK:
-            logger.warning("p2p: reading request %s's KV blocks from %s failed: %s (it is recomputed)",
-                           pending.read.request_id, pending.address, head.get("error"))
+            logger.warning(
+                "p2p: reading request %s's KV blocks from %s failed: %s (it is recomputed)",
+                pending.read.request_id,
+                pending.address,
+                head.get("error"),
+            )
             self._finish(pending, False)
             return
         try:
-            wire.write_blocks(self.t.caches, self.t.block_dim, pending.read.local_block_ids,
-                              [frame.buffer for frame in frames[2:]])
+            wire.write_blocks(
+                self.t.caches,
+                self.t.block_dim,
+                pending.read.local_block_ids,
+                [frame.buffer for frame in frames[2:]],
+            )
         except ValueError as exc:
-            logger.warning("p2p: request %s: a malformed reply from %s: %s (it is recomputed)",
-                           pending.read.request_id, pending.address, exc)
+            logger.warning(
+                "p2p: request %s: a malformed reply from %s: %s (it is recomputed)",
+                pending.read.request_id,
+                pending.address,
+                exc,
+            )
             self._finish(pending, False)
             return
         self._finish(pending, True, sum(len(frame.buffer) for frame in frames[2:]))
@@ -266,8 +290,9 @@ class _Loop:
         address = self.monitors[monitor]
         lost = [read_id for read_id, pending in self.pending.items() if pending.address == address]
         if lost:
-            logger.warning("p2p: the connection to %s is down; %d read(s) from it fail (recomputed)",
-                           address, len(lost))
+            logger.warning(
+                "p2p: the connection to %s is down; %d read(s) from it fail (recomputed)", address, len(lost)
+            )
         for read_id in lost:
             self._finish(self.pending.pop(read_id), False)
 
@@ -283,15 +308,23 @@ class _Loop:
         now = time.monotonic()
         for read_id, pending in list(self.pending.items()):
             if pending.deadline <= now:
-                logger.warning("p2p: reading request %s's KV blocks from %s took over %g s "
-                               "(transfer_timeout); it is recomputed", pending.read.request_id,
-                               pending.address, self.t.ctx.transfer_timeout)
+                logger.warning(
+                    "p2p: reading request %s's KV blocks from %s took over %g s "
+                    "(transfer_timeout); it is recomputed",
+                    pending.read.request_id,
+                    pending.address,
+                    self.t.ctx.transfer_timeout,
+                )
                 del self.pending[read_id]
                 self._finish(pending, False)
         for parked in [p for p in self.parked if p.deadline <= now]:
             self.parked.remove(parked)
-            self._reply_error(parked.identity, parked.head, f"request {parked.head.get('request_id')!r} holds no "
-                              f"blocks here (not within {self.t.ctx.transfer_timeout:g} s)")
+            self._reply_error(
+                parked.identity,
+                parked.head,
+                f"request {parked.head.get('request_id')!r} holds no "
+                f"blocks here (not within {self.t.ctx.transfer_timeout:g} s)",
+            )
 
     # -- the prefill side: serving reads --------------------------------------------------------
     def _serve(self, frames) -> None:
@@ -338,7 +371,9 @@ class _Loop:
             exposed = self.t._exposed.get(request_id)
             if exposed is None:
                 if request_id in self.t._withdrawn:
-                    error = f"request {request_id!r}'s blocks were freed (read, or abort_request_timeout passed)"
+                    error = (
+                        f"request {request_id!r}'s blocks were freed (read, or abort_request_timeout passed)"
+                    )
                     frames = None
                 else:
                     self.parked.append(_Parked(identity, head, deadline))
@@ -350,7 +385,9 @@ class _Loop:
         if frames is None:
             self._reply_error(identity, head, error)
         else:
-            self.router.send_multipart([identity, wire.OK, wire.header(id=head.get("id")), *frames], copy=False)
+            self.router.send_multipart(
+                [identity, wire.OK, wire.header(id=head.get("id")), *frames], copy=False
+            )
         return True
 
     def _serve_parked(self) -> None:

@@ -25,9 +25,20 @@ MAX_TOKENS = [5, 7, 4, 9, 6, 8, 5, 7]
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     folder = str(tmp_path_factory.mktemp("tiny"))
-    reference.tiny_checkpoint(folder, "LlamaForCausalLM", dict(
-        model_type="llama", vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256))
+    reference.tiny_checkpoint(
+        folder,
+        "LlamaForCausalLM",
+        dict(
+            model_type="llama",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        ),
+    )
     return folder
 
 
@@ -38,8 +49,11 @@ def prompts():
 
 def engines(folder: str, **options):
     common = dict(block_size=BLOCK, num_blocks=96, max_model_len=192, **options)
-    producer = LLM(folder, kv_transfer_config={"kv_connector": "p2p", "kv_role": "kv_producer",
-                                               "kv_port": free_port()}, **common)
+    producer = LLM(
+        folder,
+        kv_transfer_config={"kv_connector": "p2p", "kv_role": "kv_producer", "kv_port": free_port()},
+        **common,
+    )
     consumer = LLM(folder, kv_transfer_config={"kv_connector": "p2p", "kv_role": "kv_consumer"}, **common)
     return LLM(folder, **common), producer, consumer
 
@@ -49,19 +63,31 @@ def disaggregated(producer: LLM, consumer: LLM, prompts, max_tokens) -> list[lis
     prefill hands its params on; both engines step until every block is free again."""
     tokens: dict[str, list[int]] = {}
     for i, prompt in enumerate(prompts):
-        producer.engine.add_request(Request(f"r{i}", prompt, SamplingParams(max_tokens=1, temperature=0),
-                                            kv_transfer_params={"do_remote_decode": True}))
+        producer.engine.add_request(
+            Request(
+                f"r{i}",
+                prompt,
+                SamplingParams(max_tokens=1, temperature=0),
+                kv_transfer_params={"do_remote_decode": True},
+            )
+        )
     deadline = time.monotonic() + 120
-    while len(tokens) < len(prompts) or any(e.has_unfinished() or e.has_pending_transfers()
-                                            for e in (producer.engine, consumer.engine)):
+    while len(tokens) < len(prompts) or any(
+        e.has_unfinished() or e.has_pending_transfers() for e in (producer.engine, consumer.engine)
+    ):
         assert time.monotonic() < deadline, "P/D did not finish"
         for out in producer.engine.step():
             if out.finished:
                 index = int(out.request_id[1:])
                 assert out.kv_transfer_params is not None, out
-                consumer.engine.add_request(Request(out.request_id, prompts[index], SamplingParams(
-                    max_tokens=max_tokens[index], temperature=0, ignore_eos=True),
-                    kv_transfer_params=out.kv_transfer_params))
+                consumer.engine.add_request(
+                    Request(
+                        out.request_id,
+                        prompts[index],
+                        SamplingParams(max_tokens=max_tokens[index], temperature=0, ignore_eos=True),
+                        kv_transfer_params=out.kv_transfer_params,
+                    )
+                )
                 tokens[out.request_id] = []
         for out in consumer.engine.step():
             tokens[out.request_id] += out.new_token_ids
@@ -69,8 +95,11 @@ def disaggregated(producer: LLM, consumer: LLM, prompts, max_tokens) -> list[lis
     return [tokens[f"r{i}"] for i in range(len(prompts))]
 
 
-@pytest.mark.parametrize("options", [{"dtype": "float32"}, {"dtype": "bfloat16", "batch_invariant": True}],
-                         ids=["float32", "bf16-batch-invariant"])
+@pytest.mark.parametrize(
+    "options",
+    [{"dtype": "float32"}, {"dtype": "bfloat16", "batch_invariant": True}],
+    ids=["float32", "bf16-batch-invariant"],
+)
 def test_pd_gives_the_tokens_of_one_engine(tiny_model, prompts, options):
     alone, producer, consumer = engines(tiny_model, **options)
     try:

@@ -41,8 +41,13 @@ def pair():
     """A prefill transport serving random bf16 caches and a decode transport with empty ones."""
     port = free_port()
     source, sink = caches(dtype=torch.bfloat16, fill=True), caches(dtype=torch.bfloat16)
-    made = SimpleNamespace(source=source, producer=transport(source, "prefill-1", port),
-                           peer=Peer("prefill-1", "127.0.0.1", port), sink=sink, consumer=transport(sink, "decode-1"))
+    made = SimpleNamespace(
+        source=source,
+        producer=transport(source, "prefill-1", port),
+        peer=Peer("prefill-1", "127.0.0.1", port),
+        sink=sink,
+        consumer=transport(sink, "decode-1"),
+    )
     yield made
     made.producer.close()
     made.consumer.close()
@@ -99,7 +104,12 @@ def test_refused_reads_fail_with_the_reason(pair, case, caplog):
         if consumer is not pair.consumer:
             consumer.close()
     assert time.monotonic() - started < 4, "refused at once, not after the timeout"
-    reason = {"layout": "block_shape", "engine id": "prefill-1", "withdrawn": "freed", "not held": "does not hold"}
+    reason = {
+        "layout": "block_shape",
+        "engine id": "prefill-1",
+        "withdrawn": "freed",
+        "not held": "does not hold",
+    }
     assert reason[case] in caplog.text
     assert not sink[0].any(), "a refused read writes nothing"
 
@@ -133,20 +143,36 @@ class _Connector(PDConnector):
     transport_class = ZmqTransport
 
 
-@pytest.mark.parametrize(("transfer", "extra", "message"), [
-    ({"kv_role": "kv_producer", "kv_port": 0}, {}, "kv_port"),
-    ({}, {"abort_request_timeout": 0}, "abort_request_timeout"),
-    ({}, {"transfer_timeout": "soon"}, "transfer_timeout"),
-    ({}, {"cpu_bytes": 1}, "unknown key"),
-])
+@pytest.mark.parametrize(
+    ("transfer", "extra", "message"),
+    [
+        ({"kv_role": "kv_producer", "kv_port": 0}, {}, "kv_port"),
+        ({}, {"abort_request_timeout": 0}, "abort_request_timeout"),
+        ({}, {"transfer_timeout": "soon"}, "transfer_timeout"),
+        ({}, {"cpu_bytes": 1}, "unknown key"),
+    ],
+)
 def test_bad_configuration_is_refused_naming_the_key(transfer, extra, message):
     from engine.config import EngineConfig
     from engine.core.kv_connectors import connector_spec
     from engine.interfaces import SCHEDULER_ROLE, KVConnectorContext
 
-    config = EngineConfig.from_kwargs(kv_transfer_config={"kv_connector": "p2p", **transfer,
-                                                          "kv_connector_extra_config": extra})
+    config = EngineConfig.from_kwargs(
+        kv_transfer_config={"kv_connector": "p2p", **transfer, "kv_connector_extra_config": extra}
+    )
     spec = connector_spec(config)
     with pytest.raises(ValueError, match=message):
-        _Connector(KVConnectorContext(config, SCHEDULER_ROLE, 4, 2, 96, spec.kv_role, spec.extra_config,
-                                      "e", spec.kv_ip, spec.kv_port))
+        _Connector(
+            KVConnectorContext(
+                config,
+                SCHEDULER_ROLE,
+                4,
+                2,
+                96,
+                spec.kv_role,
+                spec.extra_config,
+                "e",
+                spec.kv_ip,
+                spec.kv_port,
+            )
+        )

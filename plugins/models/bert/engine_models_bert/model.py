@@ -42,7 +42,9 @@ class BertEmbeddings(Layer):
 
     def forward(self, input_ids, positions):
         token_type = self.token_type_embeddings(torch.zeros_like(input_ids[:1]))  # every token is type 0
-        return self.LayerNorm(self.word_embeddings(input_ids) + self.position_embeddings(positions) + token_type)
+        return self.LayerNorm(
+            self.word_embeddings(input_ids) + self.position_embeddings(positions) + token_type
+        )
 
 
 class BertSelfAttention(Layer):
@@ -132,8 +134,17 @@ class BertModel(Model):
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        return {"BertModel": dict(model_type="bert", vocab_size=256, hidden_size=64, intermediate_size=128,
-                                  num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=128)}
+        return {
+            "BertModel": dict(
+                model_type="bert",
+                vocab_size=256,
+                hidden_size=64,
+                intermediate_size=128,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=128,
+            )
+        }
 
     def kv_layout(self) -> KVLayout:
         cfg = self.cfg

@@ -66,8 +66,11 @@ class GemmaAttention(Layer):
     def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
         self.ops = ops
-        self.num_heads, self.num_kv_heads, self.head_dim = \
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
         bias = getattr(cfg, "attention_bias", False)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = Linear(cfg.hidden_size, [q_size, kv_size, kv_size], bias, method, dtype)
@@ -126,16 +129,23 @@ class GemmaModel(Layer):
     def __init__(self, cfg, method, dtype, ops: LayerOps):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
-        self.embed_scale = cfg.hidden_size ** 0.5
-        self.rotary = nn.ModuleDict({kind: RotaryEmbedding(rope_config(cfg, kind), cfg.max_position_embeddings, dtype)
-                                     for kind in dict.fromkeys(layer_types(cfg))})
-        self.layers = nn.ModuleList(GemmaDecoderLayer(cfg, i, method, dtype, ops)
-                                    for i in range(cfg.num_hidden_layers))
+        self.embed_scale = cfg.hidden_size**0.5
+        self.rotary = nn.ModuleDict(
+            {
+                kind: RotaryEmbedding(rope_config(cfg, kind), cfg.max_position_embeddings, dtype)
+                for kind in dict.fromkeys(layer_types(cfg))
+            }
+        )
+        self.layers = nn.ModuleList(
+            GemmaDecoderLayer(cfg, i, method, dtype, ops) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = GemmaRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
     def embed(self, input_ids):
         embedded = self.embed_tokens(input_ids)
-        return embedded * torch.tensor(self.embed_scale, dtype=embedded.dtype)  # rounded first, as in transformers
+        return embedded * torch.tensor(
+            self.embed_scale, dtype=embedded.dtype
+        )  # rounded first, as in transformers
 
     def forward(self, input_ids, positions, step):
         hidden, residual = self.embed(input_ids), None
@@ -166,40 +176,75 @@ class GemmaForCausalLM(Model):
         reasons = []
         if getattr(hf_config, "use_bidirectional_attention", False):
             reasons.append("bidirectional attention (an embedding model) is not supported")
-        if getattr(hf_config, "hidden_activation", "gelu_pytorch_tanh") not in ("gelu_pytorch_tanh", "gelu_tanh"):
+        if getattr(hf_config, "hidden_activation", "gelu_pytorch_tanh") not in (
+            "gelu_pytorch_tanh",
+            "gelu_tanh",
+        ):
             reasons.append(f"hidden_activation {hf_config.hidden_activation!r} is not supported")
         return reasons
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        tiny = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=16, max_position_embeddings=256, sliding_window=16,
-                    query_pre_attn_scalar=24, attn_implementation="eager")
+        tiny = dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            max_position_embeddings=256,
+            sliding_window=16,
+            query_pre_attn_scalar=24,
+            attn_implementation="eager",
+        )
         return {
-            "Gemma2ForCausalLM": dict(model_type="gemma2", **tiny, num_hidden_layers=4,
-                                      attn_logit_softcapping=5.0, final_logit_softcapping=3.0),
-            "Gemma2ForCausalLM-untied-mha": dict(model_type="gemma2", **{**tiny, "num_key_value_heads": 4},
-                                                 num_hidden_layers=2, tie_word_embeddings=False,
-                                                 attn_logit_softcapping=5.0, final_logit_softcapping=None),
-            "Gemma3ForCausalLM": dict(model_type="gemma3_text", **tiny, num_hidden_layers=3,
-                                      layer_types=[SLIDING, SLIDING, "full_attention"],
-                                      rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0,
-                                                                          "rope_theta": 1e6},
-                                                       SLIDING: {"rope_type": "default", "rope_theta": 1e4}},
-                                      final_logit_softcapping=3.0),
-            "Gemma3ForCausalLM-untied": dict(model_type="gemma3_text", **tiny, num_hidden_layers=2,
-                                             layer_types=[SLIDING, "full_attention"], tie_word_embeddings=False,
-                                             final_logit_softcapping=None),
+            "Gemma2ForCausalLM": dict(
+                model_type="gemma2",
+                **tiny,
+                num_hidden_layers=4,
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=3.0,
+            ),
+            "Gemma2ForCausalLM-untied-mha": dict(
+                model_type="gemma2",
+                **{**tiny, "num_key_value_heads": 4},
+                num_hidden_layers=2,
+                tie_word_embeddings=False,
+                attn_logit_softcapping=5.0,
+                final_logit_softcapping=None,
+            ),
+            "Gemma3ForCausalLM": dict(
+                model_type="gemma3_text",
+                **tiny,
+                num_hidden_layers=3,
+                layer_types=[SLIDING, SLIDING, "full_attention"],
+                rope_parameters={
+                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                    SLIDING: {"rope_type": "default", "rope_theta": 1e4},
+                },
+                final_logit_softcapping=3.0,
+            ),
+            "Gemma3ForCausalLM-untied": dict(
+                model_type="gemma3_text",
+                **tiny,
+                num_hidden_layers=2,
+                layer_types=[SLIDING, "full_attention"],
+                tie_word_embeddings=False,
+                final_logit_softcapping=None,
+            ),
         }
 
     def kv_layout(self) -> KVLayout:
         cfg = self.cfg
         softcap = getattr(cfg, "attn_logit_softcapping", None)
-        scale = cfg.query_pre_attn_scalar ** -0.5
-        kinds = tuple(AttentionKind(cfg.sliding_window if kind == SLIDING else None, softcap, scale)
-                      for kind in layer_types(cfg))
-        return KVLayout(cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim,
-                        kinds)
+        scale = cfg.query_pre_attn_scalar**-0.5
+        kinds = tuple(
+            AttentionKind(cfg.sliding_window if kind == SLIDING else None, softcap, scale)
+            for kind in layer_types(cfg)
+        )
+        return KVLayout(
+            cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, kinds
+        )
 
     def forward(self, input_ids, positions, step):
         return self.model(input_ids, positions, step)

@@ -32,8 +32,16 @@ def prompts_for(vocab_size: int) -> list[list[int]]:
 def test_greedy_matches_transformers_under_preemption_and_prefix_caching(checkpoint):
     folder, hf_model = checkpoint
     prompts = prompts_for(hf_model.config.vocab_size)
-    llm = LLM(folder, dtype="float32", max_num_batched_tokens=24, max_num_seqs=6, block_size=8, num_blocks=20,
-              max_model_len=128, enable_prefix_caching=True)
+    llm = LLM(
+        folder,
+        dtype="float32",
+        max_num_batched_tokens=24,
+        max_num_seqs=6,
+        block_size=8,
+        num_blocks=20,
+        max_model_len=128,
+        enable_prefix_caching=True,
+    )
     outs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
     stats = llm.engine.stats()
     assert stats["preemptions"] > 0, "the pool must be small enough to force preemption"
@@ -50,8 +58,16 @@ def test_long_run_keeps_only_the_window_in_sliding_layers(checkpoint, backend):
     folder, hf_model = checkpoint
     window, block_size, new_tokens = hf_model.config.sliding_window, 8, 16
     prompts = reference.random_prompts(hf_model.config.vocab_size, [6 * window, 6 * window + 5], seed=5)
-    llm = LLM(folder, dtype="float32", max_num_batched_tokens=24, max_num_seqs=2, block_size=block_size,
-              num_blocks=64, max_model_len=128, attention_backend=backend)
+    llm = LLM(
+        folder,
+        dtype="float32",
+        max_num_batched_tokens=24,
+        max_num_seqs=2,
+        block_size=block_size,
+        num_blocks=64,
+        max_model_len=128,
+        attention_backend=backend,
+    )
     outs = llm.generate(prompts, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, new_tokens)
 
@@ -72,5 +88,10 @@ def test_long_run_keeps_only_the_window_in_sliding_layers(checkpoint, backend):
 def test_speculative_decoding_is_refused_with_the_reason(checkpoint):
     folder, _ = checkpoint
     with pytest.raises(ValueError, match="speculative_config: not supported for a model whose layers attend"):
-        LLM(folder, dtype="float32", num_blocks=64, block_size=8,
-            speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+        LLM(
+            folder,
+            dtype="float32",
+            num_blocks=64,
+            block_size=8,
+            speculative_config={"method": "ngram", "num_speculative_tokens": 2},
+        )

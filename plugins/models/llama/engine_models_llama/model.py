@@ -16,8 +16,12 @@ class LlamaForCausalLM(DecoderForCausalLM):
     def decoder_layer(self, cfg, index, method, dtype, ops):
         bias = getattr(cfg, "attention_bias", False)
         qwen2 = cfg.model_type == "qwen2"  # q/k/v biased, o not
-        attention = DecoderAttention(cfg, index, method, dtype, ops, qkv_bias=bias or qwen2, o_bias=bias and not qwen2)
-        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False), method, dtype, ops)
+        attention = DecoderAttention(
+            cfg, index, method, dtype, ops, qkv_bias=bias or qwen2, o_bias=bias and not qwen2
+        )
+        mlp = GatedMLP(
+            cfg.hidden_size, cfg.intermediate_size, getattr(cfg, "mlp_bias", False), method, dtype, ops
+        )
         return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
     def layer_kinds(self) -> tuple[AttentionKind, ...]:
@@ -30,19 +34,36 @@ class LlamaForCausalLM(DecoderForCausalLM):
     def supports(cls, hf_config) -> list[str]:
         reasons = []
         if hf_config.model_type != "mistral" and getattr(hf_config, "use_sliding_window", False):
-            reasons.append("sliding-window attention on some layers (Qwen2's use_sliding_window) is not supported")
+            reasons.append(
+                "sliding-window attention on some layers (Qwen2's use_sliding_window) is not supported"
+            )
         return reasons
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        tiny = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+        tiny = dict(
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
         return {
             "LlamaForCausalLM": dict(model_type="llama", **tiny, tie_word_embeddings=False),
             "LlamaForCausalLM-llama3-rope-tied": dict(
-                model_type="llama", **tiny, tie_word_embeddings=True,
-                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-                              "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+                model_type="llama",
+                **tiny,
+                tie_word_embeddings=True,
+                rope_scaling={
+                    "rope_type": "llama3",
+                    "factor": 8.0,
+                    "low_freq_factor": 1.0,
+                    "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                },
+            ),
             "MistralForCausalLM": dict(model_type="mistral", **tiny, sliding_window=None),
             "MistralForCausalLM-sliding-window": dict(model_type="mistral", **tiny, sliding_window=16),
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),

@@ -42,9 +42,11 @@ class Family:
         return getattr(cfg, "norm_topk_prob", True)  # Mixtral always renormalizes (and has no such key)
 
     def is_sparse(self, cfg, layer: int) -> bool:
-        return (layer not in (getattr(cfg, "mlp_only_layers", None) or [])
-                and getattr(cfg, self.num_experts_key) > 0
-                and (layer + 1) % getattr(cfg, "decoder_sparse_step", 1) == 0)
+        return (
+            layer not in (getattr(cfg, "mlp_only_layers", None) or [])
+            and getattr(cfg, self.num_experts_key) > 0
+            and (layer + 1) % getattr(cfg, "decoder_sparse_step", 1) == 0
+        )
 
 
 FAMILIES = {
@@ -61,8 +63,16 @@ class SparseMoeBlock(Layer):
         super().__init__()
         num_experts = getattr(cfg, family.num_experts_key)
         self.gate = router_linear(cfg.hidden_size, num_experts, method, dtype)
-        self.experts = FusedMoE(num_experts, cfg.num_experts_per_tok, cfg.hidden_size,
-                                getattr(cfg, family.expert_size_key), family.renormalize(cfg), method, dtype, ops)
+        self.experts = FusedMoE(
+            num_experts,
+            cfg.num_experts_per_tok,
+            cfg.hidden_size,
+            getattr(cfg, family.expert_size_key),
+            family.renormalize(cfg),
+            method,
+            dtype,
+            ops,
+        )
         shared = getattr(cfg, "shared_expert_intermediate_size", 0)
         if shared:
             self.shared_expert = GatedMLP(cfg.hidden_size, shared, False, method, dtype, ops)
@@ -81,8 +91,16 @@ class MoeForCausalLM(DecoderForCausalLM):
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         family = FAMILIES[cfg.model_type]
         bias = getattr(cfg, "attention_bias", False)
-        attention = DecoderAttention(cfg, index, method, dtype, ops, qkv_bias=family.qkv_bias or bias, o_bias=bias,
-                                     qk_norm=family.qk_norm)
+        attention = DecoderAttention(
+            cfg,
+            index,
+            method,
+            dtype,
+            ops,
+            qkv_bias=family.qkv_bias or bias,
+            o_bias=bias,
+            qk_norm=family.qk_norm,
+        )
         if family.is_sparse(cfg, index):
             mlp = SparseMoeBlock(cfg, family, method, dtype, ops)
         else:
@@ -90,7 +108,9 @@ class MoeForCausalLM(DecoderForCausalLM):
         return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        super().load_weights((name.replace(".block_sparse_moe.", ".mlp."), tensor) for name, tensor in weights)
+        super().load_weights(
+            (name.replace(".block_sparse_moe.", ".mlp."), tensor) for name, tensor in weights
+        )
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
@@ -99,31 +119,74 @@ class MoeForCausalLM(DecoderForCausalLM):
         reasons = []
         if getattr(hf_config, "hidden_act", "silu") != "silu":
             reasons.append(f"hidden_act {hf_config.hidden_act!r}: the experts are SwiGLU (silu) only")
-        windowed = (getattr(hf_config, "use_sliding_window", False) if hf_config.model_type != "mixtral"
-                    else getattr(hf_config, "sliding_window", None))
+        windowed = (
+            getattr(hf_config, "use_sliding_window", False)
+            if hf_config.model_type != "mixtral"
+            else getattr(hf_config, "sliding_window", None)
+        )
         if windowed:
             reasons.append("sliding-window attention is not supported")
         return reasons
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        tiny = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, max_position_embeddings=256)
+        tiny = dict(
+            vocab_size=256,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=256,
+        )
         return {
-            "MixtralForCausalLM": dict(model_type="mixtral", **tiny, intermediate_size=96, num_local_experts=4,
-                                       num_experts_per_tok=2, tie_word_embeddings=False),
-            "MixtralForCausalLM-top1-tied": dict(model_type="mixtral", **tiny, intermediate_size=96,
-                                                 num_local_experts=8, num_experts_per_tok=1,
-                                                 tie_word_embeddings=True),
-            "Qwen3MoeForCausalLM": dict(model_type="qwen3_moe", **(tiny | dict(num_hidden_layers=3)), head_dim=32,
-                                        intermediate_size=128, moe_intermediate_size=48, num_experts=8,
-                                        num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1],
-                                        tie_word_embeddings=False),
+            "MixtralForCausalLM": dict(
+                model_type="mixtral",
+                **tiny,
+                intermediate_size=96,
+                num_local_experts=4,
+                num_experts_per_tok=2,
+                tie_word_embeddings=False,
+            ),
+            "MixtralForCausalLM-top1-tied": dict(
+                model_type="mixtral",
+                **tiny,
+                intermediate_size=96,
+                num_local_experts=8,
+                num_experts_per_tok=1,
+                tie_word_embeddings=True,
+            ),
+            "Qwen3MoeForCausalLM": dict(
+                model_type="qwen3_moe",
+                **(tiny | dict(num_hidden_layers=3)),
+                head_dim=32,
+                intermediate_size=128,
+                moe_intermediate_size=48,
+                num_experts=8,
+                num_experts_per_tok=2,
+                norm_topk_prob=False,
+                mlp_only_layers=[1],
+                tie_word_embeddings=False,
+            ),
             "Qwen3MoeForCausalLM-renormalized-sparse-step": dict(
-                model_type="qwen3_moe", **tiny, head_dim=16, intermediate_size=128, moe_intermediate_size=48,
-                num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2,
-                tie_word_embeddings=True),
-            "Qwen2MoeForCausalLM": dict(model_type="qwen2_moe", **tiny, intermediate_size=128,
-                                        moe_intermediate_size=48, shared_expert_intermediate_size=80,
-                                        num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False),
+                model_type="qwen3_moe",
+                **tiny,
+                head_dim=16,
+                intermediate_size=128,
+                moe_intermediate_size=48,
+                num_experts=4,
+                num_experts_per_tok=2,
+                norm_topk_prob=True,
+                decoder_sparse_step=2,
+                tie_word_embeddings=True,
+            ),
+            "Qwen2MoeForCausalLM": dict(
+                model_type="qwen2_moe",
+                **tiny,
+                intermediate_size=128,
+                moe_intermediate_size=48,
+                shared_expert_intermediate_size=80,
+                num_experts=4,
+                num_experts_per_tok=2,
+                tie_word_embeddings=False,
+            ),
         }

@@ -17,7 +17,9 @@ def test_example_configs_are_served():
 
 def test_unsupported_configs_name_the_reason():
     assert "sliding-window" in MoeForCausalLM.supports(config("mixtral", sliding_window=4096))[0]
-    assert "sliding-window" in MoeForCausalLM.supports(config("qwen3_moe", use_sliding_window=True,
-                                                              sliding_window=4096))[0]
+    assert (
+        "sliding-window"
+        in MoeForCausalLM.supports(config("qwen3_moe", use_sliding_window=True, sliding_window=4096))[0]
+    )
     assert "hidden_act 'gelu'" in MoeForCausalLM.supports(config("mixtral", hidden_act="gelu"))[0]
     assert "is not one of" in MoeForCausalLM.supports(config("llama"))[0]

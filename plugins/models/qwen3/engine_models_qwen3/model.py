@@ -30,13 +30,27 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
         """Qwen3's own shape (head_dim wider than hidden / heads, GQA, tied head as the
         small Qwen3 checkpoints have), an untied one with 4 q heads per KV head, and one
         without GQA whose head_dim is hidden / heads."""
-        tiny = dict(model_type="qwen3", vocab_size=256, hidden_size=64, intermediate_size=128,
-                    num_hidden_layers=2, max_position_embeddings=256)
+        tiny = dict(
+            model_type="qwen3",
+            vocab_size=256,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            max_position_embeddings=256,
+        )
         return {
-            "Qwen3ForCausalLM": dict(**tiny, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                                     tie_word_embeddings=True),
-            "Qwen3ForCausalLM-untied-gqa4": dict(**tiny, num_attention_heads=8, num_key_value_heads=2,
-                                                 head_dim=16, tie_word_embeddings=False),
-            "Qwen3ForCausalLM-mha-narrow-heads": dict(**tiny, num_attention_heads=4, num_key_value_heads=4,
-                                                      head_dim=16, tie_word_embeddings=False, rope_theta=10000.0),
+            "Qwen3ForCausalLM": dict(
+                **tiny, num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
+            ),
+            "Qwen3ForCausalLM-untied-gqa4": dict(
+                **tiny, num_attention_heads=8, num_key_value_heads=2, head_dim=16, tie_word_embeddings=False
+            ),
+            "Qwen3ForCausalLM-mha-narrow-heads": dict(
+                **tiny,
+                num_attention_heads=4,
+                num_key_value_heads=4,
+                head_dim=16,
+                tie_word_embeddings=False,
+                rope_theta=10000.0,
+            ),
         }

@@ -84,12 +84,22 @@ class PackedAffine(Layer):
         sz = torch.empty(tiles, self.in_features // GROUP, 2, TILE)
         q, scale, offset = (t.contiguous() for t in (weight.q, weight.scale.float(), weight.offset.float()))
         bound = kernels(portable)
-        bound["pack_affine"](q.data_ptr(), scale.data_ptr(), offset.data_ptr(), self.out_features,
-                                 self.in_features, self.storage_bits, qw.data_ptr(), sz.data_ptr())
+        bound["pack_affine"](
+            q.data_ptr(),
+            scale.data_ptr(),
+            offset.data_ptr(),
+            self.out_features,
+            self.in_features,
+            self.storage_bits,
+            qw.data_ptr(),
+            sz.data_ptr(),
+        )
         half = sz.half()
         self.half = bool(torch.equal(half.float(), sz))
         # offset = −2^(bits−1) · scale (Q4_0, Q8_0, int8 rows): the kernel multiplies signed values
-        self.signed = bool(torch.equal(weight.offset.float(), weight.scale.float() * -(2 ** (weight.bits - 1))))
+        self.signed = bool(
+            torch.equal(weight.offset.float(), weight.scale.float() * -(2 ** (weight.bits - 1)))
+        )
         self.register_buffer("qw", qw)
         self.register_buffer("sz", half if self.half else sz)
         suffix = _SUFFIX[dtype]
@@ -107,20 +117,47 @@ class PackedAffine(Layer):
         if x.stride(-1) != 1:
             x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
-        self._matmul(x.data_ptr(), x.stride(0), x.shape[0], self.in_features, self.qw.data_ptr(),
-                     self.sz.data_ptr(), self.half, self.storage_bits, self.signed, self.out_features, out.data_ptr())
+        self._matmul(
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            self.in_features,
+            self.qw.data_ptr(),
+            self.sz.data_ptr(),
+            self.half,
+            self.storage_bits,
+            self.signed,
+            self.out_features,
+            out.data_ptr(),
+        )
         return out
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         flat = ids.reshape(-1).to(torch.int64).contiguous()
         out = torch.empty(flat.shape[0], self.in_features, dtype=self.dtype)
-        if self._rows(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
-                      self.out_features, flat.data_ptr(), flat.shape[0], out.data_ptr()):
+        if self._rows(
+            self.qw.data_ptr(),
+            self.sz.data_ptr(),
+            self.half,
+            self.storage_bits,
+            self.in_features,
+            self.out_features,
+            flat.data_ptr(),
+            flat.shape[0],
+            out.data_ptr(),
+        ):
             raise IndexError(f"row ids must lie in [0, {self.out_features})")
         return out.view(*ids.shape, self.in_features)
 
     def dequantize(self) -> torch.Tensor:
         out = torch.empty(self.out_features, self.in_features, dtype=self.dtype)
-        self._dequantize(self.qw.data_ptr(), self.sz.data_ptr(), self.half, self.storage_bits, self.in_features,
-                         self.out_features, out.data_ptr())
+        self._dequantize(
+            self.qw.data_ptr(),
+            self.sz.data_ptr(),
+            self.half,
+            self.storage_bits,
+            self.in_features,
+            self.out_features,
+            out.data_ptr(),
+        )
         return out

@@ -21,8 +21,15 @@ from engine.native.tape import bind
 from engine_platforms_cpu_native import affine
 
 # each <name>_bf16 and <name>_f32 in kernels.h
-_TYPED_KERNELS = ("add_rms_norm", "rms_norm", "rotary", "qk_norm_rotary", "quantize_rows_int8",
-                  "rescale_int32", "silu_and_mul")
+_TYPED_KERNELS = (
+    "add_rms_norm",
+    "rms_norm",
+    "rotary",
+    "qk_norm_rotary",
+    "quantize_rows_int8",
+    "rescale_int32",
+    "silu_and_mul",
+)
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
 
@@ -33,8 +40,11 @@ class NativeLayerOps(LayerOps):
     def __init__(self, library: Library, dtype: torch.dtype):
         self.dtype = dtype
         self.max_rotary_dim = library.max_rotary_dim()
-        self._kernels = {(name, dtype): bind(library, f"{name}_{suffix}")
-                         for name in _TYPED_KERNELS for dtype, suffix in _SUFFIX.items()}
+        self._kernels = {
+            (name, dtype): bind(library, f"{name}_{suffix}")
+            for name in _TYPED_KERNELS
+            for dtype, suffix in _SUFFIX.items()
+        }
         self._gather = bind(library, "gather_rows")
 
     def pack_affine(self, weight):
@@ -58,19 +68,29 @@ class NativeLayerOps(LayerOps):
             return super().rms_norm(norm, x, residual)
         if residual is None:
             out = torch.empty(x.shape, dtype=x.dtype)
-            self._kernels["rms_norm", self.dtype](x.data_ptr(), norm.weight.data_ptr(), x.shape[0], x.shape[1],
-                                                  norm.eps, out.data_ptr())
+            self._kernels["rms_norm", self.dtype](
+                x.data_ptr(), norm.weight.data_ptr(), x.shape[0], x.shape[1], norm.eps, out.data_ptr()
+            )
             return out
-        self._kernels["add_rms_norm", self.dtype](x.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(),
-                                                   x.shape[0], x.shape[1], norm.eps)
+        self._kernels["add_rms_norm", self.dtype](
+            x.data_ptr(), residual.data_ptr(), norm.weight.data_ptr(), x.shape[0], x.shape[1], norm.eps
+        )
         return x, residual
 
     def gather_rows(self, table, ids):
-        if not (table.is_contiguous() and ids.dtype == torch.int64 and ids.dim() == 1 and ids.is_contiguous()):
+        if not (
+            table.is_contiguous() and ids.dtype == torch.int64 and ids.dim() == 1 and ids.is_contiguous()
+        ):
             return super().gather_rows(table, ids)
         out = torch.empty((ids.shape[0], *table.shape[1:]), dtype=table.dtype)
-        if self._gather(table.data_ptr(), table.shape[0], table[0].numel() * table.element_size(), ids.data_ptr(),
-                        ids.shape[0], out.data_ptr()):
+        if self._gather(
+            table.data_ptr(),
+            table.shape[0],
+            table[0].numel() * table.element_size(),
+            ids.data_ptr(),
+            ids.shape[0],
+            out.data_ptr(),
+        ):
             raise IndexError(f"row ids must lie in [0, {table.shape[0]})")
         return out
 
@@ -78,27 +98,53 @@ class NativeLayerOps(LayerOps):
         """Rows [T, width] of contiguous heads (the row stride may be padded), with cos/sin
         tables [T, 1, D] as the rotary gives."""
         cos, sin = cos_sin
-        return (qkv.dtype == self.dtype and qkv.dim() == 2 and qkv.stride(-1) == 1
-                and head_dim <= self.max_rotary_dim and cos.is_contiguous() and sin.is_contiguous())
+        return (
+            qkv.dtype == self.dtype
+            and qkv.dim() == 2
+            and qkv.stride(-1) == 1
+            and head_dim <= self.max_rotary_dim
+            and cos.is_contiguous()
+            and sin.is_contiguous()
+        )
 
     def rotary_qkv(self, qkv, num_heads, num_kv_heads, head_dim, cos_sin):
         if not self._takes_rotary(qkv, head_dim, cos_sin):
             return super().rotary_qkv(qkv, num_heads, num_kv_heads, head_dim, cos_sin)
         cos, sin = cos_sin
         rotary = self._kernels["rotary", self.dtype]
-        rotary(qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads + num_kv_heads, head_dim,
-               cos.data_ptr(), sin.data_ptr())
+        rotary(
+            qkv.data_ptr(),
+            qkv.shape[0],
+            qkv.stride(0),
+            num_heads + num_kv_heads,
+            head_dim,
+            cos.data_ptr(),
+            sin.data_ptr(),
+        )
         return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
 
     def qk_norm_rotary(self, qkv, q_norm, k_norm, num_heads, num_kv_heads, head_dim, cos_sin):
         weights = (q_norm.weight, k_norm.weight)
-        if not (self._takes_rotary(qkv, head_dim, cos_sin)
-                and all(w.dtype == self.dtype and w.is_contiguous() for w in weights)):
+        if not (
+            self._takes_rotary(qkv, head_dim, cos_sin)
+            and all(w.dtype == self.dtype and w.is_contiguous() for w in weights)
+        ):
             return super().qk_norm_rotary(qkv, q_norm, k_norm, num_heads, num_kv_heads, head_dim, cos_sin)
         cos, sin = cos_sin
         self._kernels["qk_norm_rotary", self.dtype](
-            qkv.data_ptr(), qkv.shape[0], qkv.stride(0), num_heads, num_kv_heads, head_dim,
-            q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), q_norm.eps, k_norm.eps, cos.data_ptr(), sin.data_ptr())
+            qkv.data_ptr(),
+            qkv.shape[0],
+            qkv.stride(0),
+            num_heads,
+            num_kv_heads,
+            head_dim,
+            q_norm.weight.data_ptr(),
+            k_norm.weight.data_ptr(),
+            q_norm.eps,
+            k_norm.eps,
+            cos.data_ptr(),
+            sin.data_ptr(),
+        )
         return qkv.view(qkv.shape[0], -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
 
     def silu_and_mul(self, x):
@@ -106,7 +152,9 @@ class NativeLayerOps(LayerOps):
             return super().silu_and_mul(x)
         width = x.shape[1] // 2
         out = torch.empty(x.shape[0], width, dtype=x.dtype)
-        self._kernels["silu_and_mul", self.dtype](x.data_ptr(), x.shape[0], x.stride(0), width, out.data_ptr())
+        self._kernels["silu_and_mul", self.dtype](
+            x.data_ptr(), x.shape[0], x.stride(0), width, out.data_ptr()
+        )
         return out
 
     def quantize_rows_int8(self, x, outlier_threshold):
@@ -116,14 +164,24 @@ class NativeLayerOps(LayerOps):
         xq, scale = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows, 1)
         flagged = torch.empty(cols, dtype=torch.uint8)
         count = self._kernels["quantize_rows_int8", self.dtype](
-            x.data_ptr(), rows, cols, outlier_threshold, xq.data_ptr(), scale.data_ptr(), flagged.data_ptr())
+            x.data_ptr(), rows, cols, outlier_threshold, xq.data_ptr(), scale.data_ptr(), flagged.data_ptr()
+        )
         return xq, scale, (flagged.nonzero().flatten() if count else _NO_OUTLIERS)
 
     def rescale_int32(self, acc, row_scale, col_scale, dtype):
-        if (dtype not in _SUFFIX or not acc.is_contiguous()
-                or not (row_scale.is_contiguous() and col_scale.is_contiguous())):
+        if (
+            dtype not in _SUFFIX
+            or not acc.is_contiguous()
+            or not (row_scale.is_contiguous() and col_scale.is_contiguous())
+        ):
             return super().rescale_int32(acc, row_scale, col_scale, dtype)
         out = torch.empty(acc.shape, dtype=dtype)
-        self._kernels["rescale_int32", dtype](acc.data_ptr(), acc.shape[0], acc.shape[1],
-                                              row_scale.data_ptr(), col_scale.data_ptr(), out.data_ptr())
+        self._kernels["rescale_int32", dtype](
+            acc.data_ptr(),
+            acc.shape[0],
+            acc.shape[1],
+            row_scale.data_ptr(),
+            col_scale.data_ptr(),
+            out.data_ptr(),
+        )
         return out

@@ -26,10 +26,19 @@ class TestCpuNativeLayerOps(LayerOpsContract):
     platform_name = "cpu-native"
 
 
-TINY = dict(vocab_size=256, hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256)
-ARCHITECTURES = {"LlamaForCausalLM": dict(model_type="llama"),
-                 "Qwen3ForCausalLM": dict(model_type="qwen3", head_dim=64)}  # the q/k-norm kernel
+TINY = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=256,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+ARCHITECTURES = {
+    "LlamaForCausalLM": dict(model_type="llama"),
+    "Qwen3ForCausalLM": dict(model_type="qwen3", head_dim=64),
+}  # the q/k-norm kernel
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +52,10 @@ def tiny_models(tmp_path_factory):
 
 # Qwen3 in float32 only: in bfloat16 its q/k norm sums in another order than torch's layer
 # norm (the contract's tolerance holds), and a random tiny model's near-ties then flip tokens.
-@pytest.mark.parametrize(("arch", "dtype"), [("LlamaForCausalLM", "float32"), ("LlamaForCausalLM", "bfloat16"),
-                                             ("Qwen3ForCausalLM", "float32")])
+@pytest.mark.parametrize(
+    ("arch", "dtype"),
+    [("LlamaForCausalLM", "float32"), ("LlamaForCausalLM", "bfloat16"), ("Qwen3ForCausalLM", "float32")],
+)
 def test_same_greedy_tokens_as_the_plain_cpu_platform(tiny_models, arch, dtype):
     tiny_model = tiny_models[arch]
     prompts = random_prompts(256, [5, 17, 30], seed=3)
@@ -66,9 +77,11 @@ def test_chosen_over_cpu_when_installed():
 def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
     with pytest.raises(BuildError, match="no C compiler"):
         load_source(kernels.SOURCE, "no-such-compiler")
-    script = ("import json; from engine.testing import select_platform;"
-              "from engine_platforms_cpu_native.platform import NativeCpuPlatform as P;"
-              "print(json.dumps([P.unavailable_reasons(), select_platform().name]))")
+    script = (
+        "import json; from engine.testing import select_platform;"
+        "from engine_platforms_cpu_native.platform import NativeCpuPlatform as P;"
+        "print(json.dumps([P.unavailable_reasons(), select_platform().name]))"
+    )
     env = dict(os.environ, CC="no-such-compiler", XDG_CACHE_HOME=str(tmp_path))
     out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
     reasons, chosen = json.loads(out.stdout.strip().splitlines()[-1])
@@ -78,8 +91,10 @@ def test_missing_compiler_is_a_reason_and_cpu_is_chosen(tmp_path):
 @pytest.fixture(scope="module")
 def portable_ops():
     """The layer ops on the plain-C build: what a CPU without AVX-512 runs."""
-    return {dtype: NativeLayerOps(load_source(kernels.SOURCE, portable=True), dtype)
-            for dtype in (torch.float32, torch.bfloat16)}
+    return {
+        dtype: NativeLayerOps(load_source(kernels.SOURCE, portable=True), dtype)
+        for dtype in (torch.float32, torch.bfloat16)
+    }
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -93,10 +108,12 @@ def test_w8a8_passes_agree_with_the_portable_build(portable_ops, dtype, rows):
     portable = portable_ops[dtype].quantize_rows_int8(x, 6.0)
     assert torch.equal(native[0], portable[0]) and torch.equal(native[1], portable[1])
     assert native[2].tolist() == portable[2].tolist() == [3]
-    acc = torch.randint(-10 ** 6, 10 ** 6, (rows, 700), generator=gen, dtype=torch.int32)
+    acc = torch.randint(-(10**6), 10**6, (rows, 700), generator=gen, dtype=torch.int32)
     row_scale, col_scale = torch.rand(rows, 1, generator=gen), torch.rand(1, 700, generator=gen)
-    assert torch.equal(_native_ops(dtype).rescale_int32(acc, row_scale, col_scale, dtype),
-                       portable_ops[dtype].rescale_int32(acc, row_scale, col_scale, dtype))
+    assert torch.equal(
+        _native_ops(dtype).rescale_int32(acc, row_scale, col_scale, dtype),
+        portable_ops[dtype].rescale_int32(acc, row_scale, col_scale, dtype),
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -108,15 +125,19 @@ def test_norm_and_rotary_agree_with_the_portable_build(portable_ops, dtype, rows
     norm = RMSNorm(100, 1e-6, dtype)
     norm.weight.data = (torch.rand(100, generator=gen) + 0.5).to(dtype)
     x, residual = (torch.randn(rows, 100, generator=gen).to(dtype) for _ in range(2))
-    results = [ops[dtype].rms_norm(norm, x.clone(), residual.clone()) + (ops[dtype].rms_norm(norm, x),)
-               for ops in ({dtype: _native_ops(dtype)}, portable_ops)]
+    results = [
+        ops[dtype].rms_norm(norm, x.clone(), residual.clone()) + (ops[dtype].rms_norm(norm, x),)
+        for ops in ({dtype: _native_ops(dtype)}, portable_ops)
+    ]
     for native, portable in zip(*results):
         torch.testing.assert_close(native, portable, rtol=1e-5 if dtype == torch.float32 else 8e-3, atol=1e-5)
     qkv = torch.randn(rows, 8 * 64, generator=gen).to(dtype)
     angles = torch.rand(rows, 1, 32, generator=gen) * 6
     cos_sin = (angles.cos().repeat(1, 1, 2).to(dtype), torch.cat([-angles.sin(), angles.sin()], -1).to(dtype))
-    rotated = [torch.cat(ops.rotary_qkv(qkv.clone(), 4, 2, 64, cos_sin), dim=1)
-               for ops in (_native_ops(dtype), portable_ops[dtype])]
+    rotated = [
+        torch.cat(ops.rotary_qkv(qkv.clone(), 4, 2, 64, cos_sin), dim=1)
+        for ops in (_native_ops(dtype), portable_ops[dtype])
+    ]
     assert torch.equal(*rotated)
 
 
@@ -125,7 +146,7 @@ def test_norm_and_rotary_agree_with_the_portable_build(portable_ops, dtype, rows
 def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, rows):
     """The vector exp against libm's expf and torch's; large gates (exp overflow) included."""
     gen = torch.Generator().manual_seed(rows)
-    x = (torch.randn(rows, 2 * 1003, generator=gen) * 4)
+    x = torch.randn(rows, 2 * 1003, generator=gen) * 4
     x[:, :4] = torch.tensor([-200.0, -90.0, 90.0, 0.0])
     x = x.to(dtype)
     native, portable = _native_ops(dtype).silu_and_mul(x), portable_ops[dtype].silu_and_mul(x)
@@ -166,7 +187,7 @@ def test_a_row_is_the_same_in_any_batch(dtype, bits):
     k = weight.shape[1]
     packed = PackedAffine(weight, dtype)
     x = torch.randn(53, k, generator=gen).to(dtype)
-    assert torch.equal(packed(x), torch.cat([packed(x[i:i + 8]) for i in range(0, 53, 8)]))
+    assert torch.equal(packed(x), torch.cat([packed(x[i : i + 8]) for i in range(0, 53, 8)]))
 
 
 @pytest.mark.parametrize("bits", [4, 8])
@@ -191,7 +212,7 @@ def test_long_chunks_multiply_the_dequantized_weight(bits):
 
 def _random_affine(bits: int, gen, float16_scales: bool = False, n: int = 75, k: int = 160) -> AffineWeight:
     """n × k random ``bits``-bit values in 32-input groups (75 outputs: no tile multiple)."""
-    q = torch.randint(0, 2 ** bits, (n, k), generator=gen, dtype=torch.uint8)
+    q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
     scale, offset = torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3
     if float16_scales:
         scale, offset = scale.half().float(), offset.half().float()

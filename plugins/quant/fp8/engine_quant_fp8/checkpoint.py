@@ -31,7 +31,7 @@ def dequantize(tensors: dict[str, torch.Tensor], block: int = 128) -> torch.Tens
     if "weight_scale" in tensors:
         return q * tensors["weight_scale"].float().reshape(-1, 1).expand(q.shape[0], 1)
     scale = tensors["weight_scale_inv"].float()
-    return q * scale.repeat_interleave(block, 0).repeat_interleave(block, 1)[:q.shape[0], :q.shape[1]]
+    return q * scale.repeat_interleave(block, 0).repeat_interleave(block, 1)[: q.shape[0], : q.shape[1]]
 
 
 def quantization_config(scheme: str) -> dict:

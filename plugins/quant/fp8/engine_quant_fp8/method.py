@@ -91,13 +91,17 @@ class Fp8LinearMethod(QuantMethod):
             scale = weight.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / FP8_MAX
             return (weight.float() / scale).to(FP8), scale
         if weight.dtype != FP8:
-            raise ValueError(f"quantization: fp8 checkpoint holds a {weight.dtype} weight, expected float8_e4m3fn")
+            raise ValueError(
+                f"quantization: fp8 checkpoint holds a {weight.dtype} weight, expected float8_e4m3fn"
+            )
         scale = shard[self.scale_name].float()
         rows, cols = weight.shape
         if self.block:
             block_rows, block_cols = self.block
             if cols % block_cols:
-                raise ValueError(f"quantization: input size {cols} is not a multiple of the block {block_cols}")
+                raise ValueError(
+                    f"quantization: input size {cols} is not a multiple of the block {block_cols}"
+                )
             return weight, scale.repeat_interleave(block_rows, dim=0)[:rows]
         return weight, scale.reshape(-1, 1).expand(rows, 1).contiguous()  # per-tensor or per-channel
 

@@ -29,14 +29,20 @@ class Fp8CheckpointContract(QuantMethodContract):
         return list(tensors.items()), dequantize(tensors)
 
     def write_model(self, folder, hf_model, hf_folder):
-        write_quantized_checkpoint(hf_folder, folder, lambda w: quantize(w, self.scheme),
-                                   quantization_config(self.scheme))
+        write_quantized_checkpoint(
+            hf_folder, folder, lambda w: quantize(w, self.scheme), quantization_config(self.scheme)
+        )
         return {"model": folder}
 
     def refusals(self):
-        return [lambda: Fp8LinearMethod(QuantContext({"quant_method": "fp8", "fmt": "e5m2"}, torch.bfloat16, FakeCpu())),
-                lambda: Fp8LinearMethod(QuantContext({"quant_method": "fp8", "weight_block_size": [128]},
-                                                     torch.bfloat16, FakeCpu()))]
+        return [
+            lambda: Fp8LinearMethod(
+                QuantContext({"quant_method": "fp8", "fmt": "e5m2"}, torch.bfloat16, FakeCpu())
+            ),
+            lambda: Fp8LinearMethod(
+                QuantContext({"quant_method": "fp8", "weight_block_size": [128]}, torch.bfloat16, FakeCpu())
+            ),
+        ]
 
 
 class TestPerTensor(Fp8CheckpointContract):

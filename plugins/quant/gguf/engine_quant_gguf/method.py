@@ -48,8 +48,10 @@ class GGUFLinearMethod(QuantMethod):
     @classmethod
     def describe(cls, platform) -> str:
         if platform.device_type == "cpu" and hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-            return ("32-group formats on the platform's packed kernel or int4pack planes, "
-                    "Q6_K dequantized per step")
+            return (
+                "32-group formats on the platform's packed kernel or int4pack planes, "
+                "Q6_K dequantized per step"
+            )
         return "dequantize per step (int4pack planes are a CPU kernel)"
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
@@ -63,8 +65,10 @@ class GGUFLinearMethod(QuantMethod):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         shards = layer.gguf_shards
         if any(s is None for s in shards):
-            raise ValueError(f"{type(layer).__name__}: GGUF shards {[i for i, s in enumerate(shards) if s is None]} "
-                             "were never loaded")
+            raise ValueError(
+                f"{type(layer).__name__}: GGUF shards {[i for i, s in enumerate(shards) if s is None]} "
+                "were never loaded"
+            )
         del layer.weight, layer.gguf_shards
         vocab = isinstance(layer, VocabEmbedding)
         if vocab:  # a tensor-parallel rank's vocabulary rows; the last rank's padded with zero rows
@@ -76,12 +80,14 @@ class GGUFLinearMethod(QuantMethod):
         shard with the outputs concatenated (e.g. a Q6_K v_proj beside Q4_K q/k)."""
         for shard, rows in zip(shards, output_sizes):
             if shard.shape[0] != rows or input_size not in (None, shard.shape[1]):
-                raise ValueError(f"GGUF tensor part is {tuple(shard.shape)}, the layer expects "
-                                 f"({rows}, {input_size})")
+                raise ValueError(
+                    f"GGUF tensor part is {tuple(shard.shape)}, the layer expects ({rows}, {input_size})"
+                )
         kinds = {(s.qtype if isinstance(s, GGUFBlocks) else "float") for s in shards}
         if len(kinds) > 1:
-            return Stacked([self._kernel([s], vocab, [rows], input_size)
-                            for s, rows in zip(shards, output_sizes)])
+            return Stacked(
+                [self._kernel([s], vocab, [rows], input_size) for s, rows in zip(shards, output_sizes)]
+            )
         dtype = self.ctx.dtype
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))
@@ -100,11 +106,14 @@ class GGUFLinearMethod(QuantMethod):
         out = layer.kernel(x)
         return out if bias is None else out + bias
 
-    def create_moe_weights(self, layer: nn.Module, num_experts: int, input_size: int,
-                           output_sizes: list[int]) -> None:
+    def create_moe_weights(
+        self, layer: nn.Module, num_experts: int, input_size: int, output_sizes: list[int]
+    ) -> None:
         shards = [[None] * len(output_sizes) for _ in range(num_experts)]
         placeholder = nn.Parameter(torch.empty(0, dtype=torch.uint8), requires_grad=False)
-        placeholder.expert_weight_loader = lambda param, tensor, expert, shard: shards[expert].__setitem__(shard, tensor)
+        placeholder.expert_weight_loader = lambda param, tensor, expert, shard: shards[expert].__setitem__(
+            shard, tensor
+        )
         layer.register_parameter("weight", placeholder)
         layer.gguf_expert_shards = shards
 
@@ -184,7 +193,9 @@ class VocabTable(AffineBuffers):
     def forward(self, x):
         if self.head is None:
             fast = not int4pack_unavailable(self.weight, self.device)
-            self.head = Int4Planes(self.weight, self.dtype) if fast else AffineReference(self.weight, self.dtype)
+            self.head = (
+                Int4Planes(self.weight, self.dtype) if fast else AffineReference(self.weight, self.dtype)
+            )
         return self.head(x)
 
 

@@ -38,7 +38,7 @@ class GGUFSlice(CheckpointSlice):
 
     def narrow(self, dim: int, start: int, length: int):
         if dim == 0:
-            data = self.tensor.data[start:start + length]
+            data = self.tensor.data[start : start + length]
             return self._finish(data, start, length, 0, self.shape[-1])
         if dim != 1 or len(self.shape) != 2:
             raise ValueError(f"GGUF tensor {self.tensor.name}: no slices along dim {dim} of {self.shape}")
@@ -49,8 +49,9 @@ class GGUFSlice(CheckpointSlice):
                 f"GGUF tensor {self.tensor.name} ({self.tensor.tensor_type.name}, {block}-value blocks): columns "
                 f"[{start}, {start + length}) of {self.shape[1]} do not fall on block boundaries, so a "
                 "tensor-parallel rank cannot keep its part quantized; choose a tensor_parallel_size that splits "
-                f"this layer on {block}-value boundaries, or dequantize at load (--quantization unquantized)")
-        data = self.tensor.data[:, first // block * units:end // block * units]
+                f"this layer on {block}-value boundaries, or dequantize at load (--quantization unquantized)"
+            )
+        data = self.tensor.data[:, first // block * units : end // block * units]
         return self._finish(data, 0, self.shape[0], start - first, length)
 
     def _block(self) -> tuple[int, int]:
@@ -69,7 +70,7 @@ class GGUFSlice(CheckpointSlice):
             return GGUFBlocks(torch.from_numpy(self._unpermute(data, row, rows)), self.tensor.tensor_type)
         values = dequantize(data, self.tensor.tensor_type)
         if values.ndim == 2:
-            values = values[:, column:column + columns]
+            values = values[:, column : column + columns]
         return torch.from_numpy(np.require(self._unpermute(values, row, rows), requirements=["C", "W"]))
 
     def _unpermute(self, rows_data: np.ndarray, row: int, rows: int) -> np.ndarray:
@@ -78,7 +79,8 @@ class GGUFSlice(CheckpointSlice):
             return rows_data
         head_rows = self.shape[0] // self.heads
         if row % head_rows or rows % head_rows:
-            raise ValueError(f"GGUF tensor {self.tensor.name}: rows [{row}, {row + rows}) split a head of "
-                             f"{head_rows} rows")
+            raise ValueError(
+                f"GGUF tensor {self.tensor.name}: rows [{row}, {row + rows}) split a head of {head_rows} rows"
+            )
         split = rows_data.reshape(rows // head_rows, head_rows // 2, 2, *rows_data.shape[1:])
         return split.swapaxes(1, 2).reshape(rows_data.shape)

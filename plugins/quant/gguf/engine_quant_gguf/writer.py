@@ -70,8 +70,11 @@ def quantize_q6_k(w):
     q = (np.clip(np.round(sub / step[..., None]), -32, 31) + 32).astype(np.uint8).reshape(*d.shape, 256)
     ql, qh = [], []
     for half in range(2):
-        part = q[..., 128 * half:128 * half + 128].reshape(*d.shape, 4, 32)
-        ql += [(part[..., 0, :] & 15) | ((part[..., 2, :] & 15) << 4), (part[..., 1, :] & 15) | ((part[..., 3, :] & 15) << 4)]
+        part = q[..., 128 * half : 128 * half + 128].reshape(*d.shape, 4, 32)
+        ql += [
+            (part[..., 0, :] & 15) | ((part[..., 2, :] & 15) << 4),
+            (part[..., 1, :] & 15) | ((part[..., 3, :] & 15) << 4),
+        ]
         qh.append(sum(((part[..., i, :] >> 4) & 3) << (2 * i) for i in range(4)).astype(np.uint8))
     blocks = np.concatenate(ql + qh + [sc.view(np.uint8), _f16(d)], -1)
     return blocks.reshape(w.shape[0], -1)

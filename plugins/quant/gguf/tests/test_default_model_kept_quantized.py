@@ -38,6 +38,8 @@ def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32):
     assert forced >= 0.9
 
     kept_bytes, bf16_bytes = weight_bytes(kept_bf16), weight_bytes(bf16)
-    print(f"weights: kept-quantized {kept_bytes / 2**20:.1f} MiB, bf16 {bf16_bytes / 2**20:.1f} MiB "
-          f"({kept_bytes / bf16_bytes:.1%})")
+    print(
+        f"weights: kept-quantized {kept_bytes / 2**20:.1f} MiB, bf16 {bf16_bytes / 2**20:.1f} MiB "
+        f"({kept_bytes / bf16_bytes:.1%})"
+    )
     assert kept_bytes < 0.4 * bf16_bytes

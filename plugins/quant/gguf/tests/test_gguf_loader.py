@@ -14,9 +14,18 @@ from engine_quant_gguf.writer import write_gguf
 
 gguf = pytest.importorskip("gguf")
 
-TINY = dict(model_type="llama", vocab_size=49152, hidden_size=64, intermediate_size=128,
-            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=512, rms_norm_eps=1e-5, tie_word_embeddings=False)
+TINY = dict(
+    model_type="llama",
+    vocab_size=49152,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -64,8 +73,10 @@ def test_default_model_greedy_matches_transformers():
     hf_model = reference.hf_from_loader(GGUFLoader(path))
     llm = LLM(dtype="float32", quantization="unquantized")
     assert llm.config.model.model == path
-    prompts = [llm.apply_chat_template([{"role": "user", "content": q}])
-               for q in ("What is the capital of France?", "Write a haiku about the sea.")]
+    prompts = [
+        llm.apply_chat_template([{"role": "user", "content": q}])
+        for q in ("What is the capital of France?", "Write a haiku about the sea.")
+    ]
     outs = llm.generate(prompts, SamplingParams(max_tokens=24, temperature=0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 24)
 
@@ -83,4 +94,8 @@ def test_generation_config_from_sampling_metadata(tmp_path, tiny_gguf):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert GGUFLoader(path).generation_config() == {"temperature": 0.25, "top_k": 7, "repetition_penalty": 1.5}
+    assert GGUFLoader(path).generation_config() == {
+        "temperature": 0.25,
+        "top_k": 7,
+        "repetition_penalty": 1.5,
+    }

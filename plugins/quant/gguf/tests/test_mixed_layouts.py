@@ -31,7 +31,9 @@ def _shard(rows, qtype, gen):
     if qtype is None:
         return weight, weight
     raw = quantize(weight.numpy(), qtype)
-    return GGUFBlocks(torch.from_numpy(raw), qtype), torch.from_numpy(dequantize(raw, qtype).reshape(rows, IN))
+    return GGUFBlocks(torch.from_numpy(raw), qtype), torch.from_numpy(
+        dequantize(raw, qtype).reshape(rows, IN)
+    )
 
 
 def _load(layer, shards):
@@ -90,4 +92,6 @@ def test_vocabulary_table_on_the_platforms_packed_kernel():
     torch.testing.assert_close(table(ids), plain[ids], atol=1e-6, rtol=1e-6)
     hidden = torch.randn(2, IN, generator=gen)
     expected = F.linear(hidden, plain)
-    torch.testing.assert_close(table.logits(hidden), expected, atol=0.02 * expected.abs().max().item(), rtol=0)
+    torch.testing.assert_close(
+        table.logits(hidden), expected, atol=0.02 * expected.abs().max().item(), rtol=0
+    )

@@ -85,14 +85,25 @@ def test_affine_readers_match_ggml_dequantize_on_random_blocks():
     from engine_quant_gguf.formats import READERS, to_affine
 
     rng = np.random.default_rng(0)
-    scale_offsets = {T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
-                     T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208]}
+    scale_offsets = {
+        T.Q4_0: [0],
+        T.Q4_1: [0, 2],
+        T.Q5_0: [0],
+        T.Q5_1: [0, 2],
+        T.Q8_0: [0],
+        T.Q4_K: [0, 2],
+        T.Q5_K: [0, 2],
+        T.Q6_K: [208],
+    }
     for qtype in READERS:
         block, size = GGML_QUANT_SIZES[qtype]
         raw = rng.integers(0, 256, (6, 512 // block, size), dtype=np.uint8)
         for offset in scale_offsets[qtype]:
-            raw[..., offset:offset + 2] = rng.uniform(-0.05, 0.05, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+            raw[..., offset : offset + 2] = (
+                rng.uniform(-0.05, 0.05, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
+            )
         raw = raw.reshape(6, -1)
         expected = dequantize(raw, qtype).reshape(6, 512)
-        np.testing.assert_array_equal(to_affine(torch.from_numpy(raw), qtype).dequantize().numpy(), expected,
-                                      err_msg=qtype.name)
+        np.testing.assert_array_equal(
+            to_affine(torch.from_numpy(raw), qtype).dequantize().numpy(), expected, err_msg=qtype.name
+        )

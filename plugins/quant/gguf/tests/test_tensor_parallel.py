@@ -31,11 +31,21 @@ from engine.testing.quant import greedy_chats, teacher_forced_agreement
 from engine_quant_gguf.loader import GGUFLoader
 from engine_quant_gguf.writer import write_gguf
 
-TINY = dict(model_type="llama", vocab_size=251, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5,
-            tie_word_embeddings=False)
-SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40,
-                max_model_len=256)
+TINY = dict(
+    model_type="llama",
+    vocab_size=251,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+)
+SQUEEZED = dict(
+    dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40, max_model_len=256
+)
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
 
@@ -50,12 +60,19 @@ def shard_bytes(path: str, rank: int, ranks: int) -> int:
     every 2-D tensor (q rows and o_proj columns by its q heads, k/v rows by its kv heads, the
     rest evenly, the vocabulary by ⌈V/N⌉ rows), every 1-D tensor whole."""
     config = GGUFLoader(path).hf_config()
-    heads = attention_heads(config.num_attention_heads, config.num_key_value_heads, TensorParallel(rank, ranks))
+    heads = attention_heads(
+        config.num_attention_heads, config.num_key_value_heads, TensorParallel(rank, ranks)
+    )
     per_rank = -(-config.vocab_size // ranks)
     vocab_rows = max(0, min(config.vocab_size, (rank + 1) * per_rank) - rank * per_rank)
-    share = {"attn_q": (heads.q, config.num_attention_heads), "attn_output": (heads.q, config.num_attention_heads),
-             "attn_k": (heads.kv, config.num_key_value_heads), "attn_v": (heads.kv, config.num_key_value_heads),
-             "token_embd": (vocab_rows, config.vocab_size), "output": (vocab_rows, config.vocab_size)}
+    share = {
+        "attn_q": (heads.q, config.num_attention_heads),
+        "attn_output": (heads.q, config.num_attention_heads),
+        "attn_k": (heads.kv, config.num_key_value_heads),
+        "attn_v": (heads.kv, config.num_key_value_heads),
+        "token_embd": (vocab_rows, config.vocab_size),
+        "output": (vocab_rows, config.vocab_size),
+    }
     total = 0
     for name, size, dims in file_tensors(path):
         part, whole = (1, 1) if dims == 1 else share.get(name.split(".")[-2], (1, ranks))
@@ -73,8 +90,16 @@ def build_rank(path: str, rank: int, ranks: int, quantization: str | None = None
     registry = load_plugins(None)
     platform = setup.select_platform(registry, None)
     loader, _ = setup.select_loader(registry, path, None)
-    model = setup.build_model(registry, loader, loader.hf_config(), torch.float32, platform, quantization, False,
-                              TensorParallel(rank, ranks))
+    model = setup.build_model(
+        registry,
+        loader,
+        loader.hf_config(),
+        torch.float32,
+        platform,
+        quantization,
+        False,
+        TensorParallel(rank, ranks),
+    )
     return model, loader.bytes_read
 
 
@@ -94,15 +119,21 @@ def test_default_model_kept_quantized_tp2_agrees_with_tp1(kept):
     prompts, continuations = greedy_chats(kept[0], max_tokens=16)
     agreement = teacher_forced_agreement(kept[1], prompts, continuations)
     tp2 = [o.outputs[0].token_ids for o in kept[1].generate(prompts, GREEDY)]
-    print(f"kept-quantized TP=2 vs TP=1, float32, teacher forced: {agreement:.1%} of greedy tokens; free running: "
-          f"{sum(a == b for a, b in zip(tp2, continuations))} of {len(prompts)} chats identical")
+    print(
+        f"kept-quantized TP=2 vs TP=1, float32, teacher forced: {agreement:.1%} of greedy tokens; free running: "
+        f"{sum(a == b for a, b in zip(tp2, continuations))} of {len(prompts)} chats identical"
+    )
     assert agreement >= 0.85
 
 
 def _linears(model):
     layer = model.model.layers[0]
-    return {"qkv_proj": layer.self_attn.qkv_proj, "o_proj": layer.self_attn.o_proj,
-            "gate_up_proj": layer.mlp.gate_up_proj, "down_proj": layer.mlp.down_proj}
+    return {
+        "qkv_proj": layer.self_attn.qkv_proj,
+        "o_proj": layer.self_attn.o_proj,
+        "gate_up_proj": layer.mlp.gate_up_proj,
+        "down_proj": layer.mlp.down_proj,
+    }
 
 
 @pytest.mark.slow
@@ -122,11 +153,15 @@ def test_default_model_ranks_hold_tp1s_blocks_and_add_up_to_its_products(kept):
             assert type(part.kernel) is type(full.kernel)
             if name in ("o_proj", "down_proj"):
                 start, length = part.input_shard
-                assert torch.equal(part.method.dequantize(part), weight[:, start:start + length])
-                partial += part.matmul(x[:, start:start + length].contiguous(), None)
+                assert torch.equal(part.method.dequantize(part), weight[:, start : start + length])
+                partial += part.matmul(x[:, start : start + length].contiguous(), None)
                 continue
-            rows = torch.cat([torch.arange(sum(full.output_sizes[:i]) + s, sum(full.output_sizes[:i]) + s + n)
-                              for i, (s, n) in enumerate(part.output_shards)])
+            rows = torch.cat(
+                [
+                    torch.arange(sum(full.output_sizes[:i]) + s, sum(full.output_sizes[:i]) + s + n)
+                    for i, (s, n) in enumerate(part.output_shards)
+                ]
+            )
             assert torch.equal(part.method.dequantize(part), weight[rows])
             assert torch.equal(part.matmul(x, None), out[:, rows])
         if name in ("o_proj", "down_proj"):
@@ -145,7 +180,9 @@ def test_default_model_ranks_read_and_hold_their_share(kept, default_path):
     assert sum(expected) == sum(size for _, size, _ in tensors) + replicated
     held_one = weight_bytes(kept[0].engine.model)
     held = [weight_bytes(kept[1].engine.model), weight_bytes(kept[2][0])]
-    print(f"weights held: TP=1 {held_one / 2**20:.1f} MiB, TP=2 ranks {[round(h / 2**20, 1) for h in held]} MiB")
+    print(
+        f"weights held: TP=1 {held_one / 2**20:.1f} MiB, TP=2 ranks {[round(h / 2**20, 1) for h in held]} MiB"
+    )
     assert all(0.4 < h / held_one < 0.6 for h in held)
 
 
@@ -187,12 +224,16 @@ def test_a_split_inside_a_block_is_refused_kept_quantized_and_read_by_blocks_deq
     quantized it is refused, naming the tensor and the way out; dequantized, each rank reads
     the blocks around its columns and TP=2 gives TP=1's greedy tokens."""
     path = _tiny_gguf(tmp_path, 96)
-    with pytest.raises(ValueError, match=r"blk\.0\.ffn_down\.weight \(Q4_0, 32-value blocks\): columns \[0, 48\) "
-                                         r"of 96 do not fall on block boundaries.*--quantization unquantized"):
+    with pytest.raises(
+        ValueError,
+        match=r"blk\.0\.ffn_down\.weight \(Q4_0, 32-value blocks\): columns \[0, 48\) "
+        r"of 96 do not fall on block boundaries.*--quantization unquantized",
+    ):
         LLM(path, tensor_parallel_size=2, **SQUEEZED)
     one, two, engine = _tp2_against_tp1(path, quantization="unquantized")
     assert two == one
     # each rank reads 2 of down_proj's 3 blocks a row: a sixth of it more than its share
     down = [size for name, size, _ in file_tensors(path) if name.endswith("ffn_down.weight")]
-    assert engine.engine.executor.weight_bytes_read() == [shard_bytes(path, rank, 2) + sum(down) // 6
-                                                          for rank in range(2)]
+    assert engine.engine.executor.weight_bytes_read() == [
+        shard_bytes(path, rank, 2) + sum(down) // 6 for rank in range(2)
+    ]

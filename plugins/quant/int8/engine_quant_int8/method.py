@@ -29,14 +29,20 @@ class Int8WeightOnly(QuantMethod):
 
     @classmethod
     def supports(cls, platform) -> list[str]:
-        return [] if platform.device_type == "cpu" else [f"int8 kernels are wired for the CPU, not {platform.device_type}"]
+        return (
+            []
+            if platform.device_type == "cpu"
+            else [f"int8 kernels are wired for the CPU, not {platform.device_type}"]
+        )
 
     @classmethod
     def describe(cls, platform) -> str:
         return "torch._weight_int8pack_mm (weight-only int8, per-channel scales)"
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
-        weight = nn.Parameter(torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False)
+        weight = nn.Parameter(
+            torch.empty(sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False
+        )
         weight.output_dim, weight.input_dim = 0, 1
         layer.register_parameter("weight", weight)
 
@@ -59,7 +65,9 @@ class Int8WeightOnly(QuantMethod):
 
     def process_moe_weights_after_loading(self, layer: nn.Module) -> None:
         ops = self.ctx.platform.layer_ops(self.ctx.dtype)
-        layer.int8_experts = nn.ModuleList(Int8Rows.from_float(w, self.ctx.dtype, ops) for w in layer.weight.data)
+        layer.int8_experts = nn.ModuleList(
+            Int8Rows.from_float(w, self.ctx.dtype, ops) for w in layer.weight.data
+        )
         del layer.weight
 
     def apply_moe(self, layer, x, segments) -> torch.Tensor:
@@ -82,13 +90,17 @@ class Int8Dynamic(Int8WeightOnly):
 
     @classmethod
     def describe(cls, platform) -> str:
-        return ("the platform's packed group-affine kernel where it has one (int8 activations per 32 "
-                "inputs), else torch._int_mm (dynamic per-token activation scales, outlier channels in float)")
+        return (
+            "the platform's packed group-affine kernel where it has one (int8 activations per 32 "
+            "inputs), else torch._int_mm (dynamic per-token activation scales, outlier channels in float)"
+        )
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         super().process_weights_after_loading(layer)
         affine = layer.int8.as_affine()
-        packed = self.ctx.platform.layer_ops(self.ctx.dtype).pack_affine(affine) if affine is not None else None
+        packed = (
+            self.ctx.platform.layer_ops(self.ctx.dtype).pack_affine(affine) if affine is not None else None
+        )
         if packed is not None:
             del layer.int8
             layer.packed = packed

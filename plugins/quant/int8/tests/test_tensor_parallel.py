@@ -20,10 +20,20 @@ from engine import LLM, SamplingParams
 from engine.testing import reference
 from engine.testing.quant import teacher_forced_agreement
 
-CONFIG = dict(model_type="llama", vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=True)
-SQUEEZED = dict(dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40,
-                max_model_len=256)
+CONFIG = dict(
+    model_type="llama",
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
+SQUEEZED = dict(
+    dtype="float32", max_num_batched_tokens=32, max_num_seqs=8, block_size=8, num_blocks=40, max_model_len=256
+)
 LENGTHS = [3, 41, 17, 8, 60, 25, 5, 33, 12, 50, 2, 29, 19, 44, 9, 37]
 GREEDY = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
 
@@ -52,8 +62,11 @@ def w8a16(folder):
 def _scored(llm, sequences: list[list[int]]) -> list[float]:
     """The log-prob of each next token of ``sequences``, teacher forced."""
     outs = llm.generate(sequences, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=1))
-    return [entry[token].logprob for out, seq in zip(outs, sequences)
-            for entry, token in zip(out.prompt_logprobs[1:], seq[1:])]
+    return [
+        entry[token].logprob
+        for out, seq in zip(outs, sequences)
+        for entry, token in zip(out.prompt_logprobs[1:], seq[1:])
+    ]
 
 
 def _mean_gap(a: list[float], b: list[float]) -> float:
@@ -80,14 +93,18 @@ def test_each_rank_holds_tp1s_int8_values_and_whole_row_scales(w8a16):
     one, two = (llm.engine.model.model.layers[0] for llm in w8a16)
     for name in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
         whole, part = one.get_submodule(name), two.get_submodule(name)
-        rows = torch.cat([whole.int8.q[sum(whole.output_sizes[:i]):][start:start + length]
-                          for i, (start, length) in enumerate(part.output_shards)])
+        rows = torch.cat(
+            [
+                whole.int8.q[sum(whole.output_sizes[:i]) :][start : start + length]
+                for i, (start, length) in enumerate(part.output_shards)
+            ]
+        )
         assert torch.equal(part.int8.q, rows)
     for name in ("self_attn.o_proj", "mlp.down_proj"):
         whole, part = one.get_submodule(name), two.get_submodule(name)
         start, length = part.input_shard
         assert torch.equal(part.int8.scale, whole.int8.scale)
-        assert torch.equal(part.int8.q, whole.int8.q[:, start:start + length])
+        assert torch.equal(part.int8.q, whole.int8.q[:, start : start + length])
 
 
 def test_w8a8_tp2_is_as_accurate_as_tp1(folder, prompts, w8a16):
@@ -100,7 +117,9 @@ def test_w8a8_tp2_is_as_accurate_as_tp1(folder, prompts, w8a16):
         unrounded, tp1, tp2 = (_scored(llm, sequences) for llm in (w8a16[0], one, two))
     finally:
         two.engine.shutdown()
-    print(f"W8A8 TP=2 picks TP=1's greedy token at {agreement:.1%} of positions; mean |Δ log-prob| against "
-          f"W8A16: TP=1 {_mean_gap(tp1, unrounded):.4f}, TP=2 {_mean_gap(tp2, unrounded):.4f}")
+    print(
+        f"W8A8 TP=2 picks TP=1's greedy token at {agreement:.1%} of positions; mean |Δ log-prob| against "
+        f"W8A16: TP=1 {_mean_gap(tp1, unrounded):.4f}, TP=2 {_mean_gap(tp2, unrounded):.4f}"
+    )
     assert agreement >= 0.9
     assert _mean_gap(tp2, unrounded) <= 1.1 * _mean_gap(tp1, unrounded)

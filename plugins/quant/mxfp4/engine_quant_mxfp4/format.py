@@ -40,7 +40,7 @@ def quantize(weight: torch.Tensor) -> dict[str, torch.Tensor]:
     floor(log2(amax)) − 2, nearest code (tests, benchmarks)."""
     rows, cols = weight.shape
     w = weight.float().view(rows, cols // BLOCK, BLOCK)
-    amax = w.abs().amax(-1).clamp(min=2.0 ** -126)
+    amax = w.abs().amax(-1).clamp(min=2.0**-126)
     exponent = (torch.floor(torch.log2(amax)) - 2).clamp(-127, 127)
     scaled = w / torch.exp2(exponent)[..., None]
     magnitude = (scaled.abs()[..., None] - E2M1[:8]).abs().argmin(-1)

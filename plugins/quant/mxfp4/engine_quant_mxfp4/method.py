@@ -19,9 +19,11 @@ from engine.interfaces import QuantMethod
 from engine.layers.group_affine import Int4Planes, int4pack_unavailable
 from engine_quant_mxfp4.format import BLOCK, dequantize, to_affine
 
-PATHS = {"int4pack": "the platform's packed kernel or int4pack planes (doubled e2m1 values, exact power-of-two scales)",
-         "triton": "Triton kernel decoding e2m1 and E8M0 inside the matmul",
-         "dequantize": "dequantize per step"}
+PATHS = {
+    "int4pack": "the platform's packed kernel or int4pack planes (doubled e2m1 values, exact power-of-two scales)",
+    "triton": "Triton kernel decoding e2m1 and E8M0 inside the matmul",
+    "dequantize": "dequantize per step",
+}
 
 
 def kernel_path(platform) -> str:
@@ -55,10 +57,14 @@ class Mxfp4LinearMethod(QuantMethod):
     def _register(self, layer, experts: tuple[int, ...], input_size: int, output_sizes: list[int]) -> None:
         """``weight_blocks`` [*experts, N, K/32, 16] and ``weight_scales`` [*experts, N, K/32]."""
         if input_size % BLOCK:
-            raise ValueError(f"quantization: mxfp4 needs input sizes in multiples of {BLOCK}, got {input_size}")
+            raise ValueError(
+                f"quantization: mxfp4 needs input sizes in multiples of {BLOCK}, got {input_size}"
+            )
         rows = sum(output_sizes)
-        for name, shape in (("weight_blocks", (rows, input_size // BLOCK, BLOCK // 2)),
-                            ("weight_scales", (rows, input_size // BLOCK))):
+        for name, shape in (
+            ("weight_blocks", (rows, input_size // BLOCK, BLOCK // 2)),
+            ("weight_scales", (rows, input_size // BLOCK)),
+        ):
             param = nn.Parameter(torch.empty(*experts, *shape, dtype=torch.uint8), requires_grad=False)
             param.output_dim = 0
             layer.register_parameter(name, param)
@@ -76,7 +82,9 @@ class Mxfp4LinearMethod(QuantMethod):
 
     def apply_moe(self, layer, x, segments):
         experts = layer.experts
-        return segments.per_expert(x, sum(layer.output_sizes), lambda e, rows: self.apply(experts[e], rows, None))
+        return segments.per_expert(
+            x, sum(layer.output_sizes), lambda e, rows: self.apply(experts[e], rows, None)
+        )
 
     def dequantize_moe(self, layer):
         return torch.stack([self.dequantize(expert) for expert in layer.experts])

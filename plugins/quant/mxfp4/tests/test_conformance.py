@@ -32,7 +32,9 @@ class TestMxfp4(QuantMethodContract):
 
 
 def test_codes_follow_the_specification():
-    blocks = torch.tensor([[[0x10 | 0x0, 0x98] + [0x72] * 14]], dtype=torch.uint8)  # codes 0,1 | 8,9 | 2,7 ...
+    blocks = torch.tensor(
+        [[[0x10 | 0x0, 0x98] + [0x72] * 14]], dtype=torch.uint8
+    )  # codes 0,1 | 8,9 | 2,7 ...
     values = dequantize(blocks, torch.tensor([[127]], dtype=torch.uint8))[0]
     assert values[:6].tolist() == [0.0, 0.5, -0.0, -0.5, 1.0, 6.0]
     doubled = dequantize(blocks, torch.tensor([[128]], dtype=torch.uint8))[0]

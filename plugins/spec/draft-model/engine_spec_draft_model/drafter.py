@@ -32,8 +32,10 @@ class DraftModelDrafter(Drafter):
         elif cfg.get("model"):
             self.model = ctx.load_model(cfg["model"])
             self.attention = ctx.make_attention(self.model)
-            self.kv_caches = [torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype,
-                                          device=ctx.device) for _ in range(self.model.kv_layout().num_layers)]
+            self.kv_caches = [
+                torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype, device=ctx.device)
+                for _ in range(self.model.kv_layout().num_layers)
+            ]
             self.shared = False
         else:
             raise ValueError('speculative_config for draft_model needs "model" or "self_draft_layers"')
@@ -46,8 +48,14 @@ class DraftModelDrafter(Drafter):
         chunks = [self._catch_up(r) for r in requests]
         live = list(range(len(requests)))
         for step in range(max(r.max_tokens for r in requests)):
-            hidden, rows = run_chunks(self.model, self.attention, self.kv_caches, [chunks[i] for i in live],
-                                      self.block_size, self.ctx.device)
+            hidden, rows = run_chunks(
+                self.model,
+                self.attention,
+                self.kv_caches,
+                [chunks[i] for i in live],
+                self.block_size,
+                self.ctx.device,
+            )
             logits = self.model.compute_logits(hidden[rows])
             next_live = []
             for row, i in enumerate(live):
@@ -79,8 +87,9 @@ class DraftModelDrafter(Drafter):
         dist = (logits.float() / params.temperature).softmax(dim=-1)
         generator = self._generators.get(request.request_id)
         if generator is None:
-            generator = torch.Generator().manual_seed(params.seed if params.seed is not None else
-                                                      int(torch.randint(2**31, ())))
+            generator = torch.Generator().manual_seed(
+                params.seed if params.seed is not None else int(torch.randint(2**31, ()))
+            )
             self._generators[request.request_id] = generator
         return int(torch.multinomial(dist.cpu(), 1, generator=generator)), dist
 

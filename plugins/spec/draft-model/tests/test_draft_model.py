@@ -37,8 +37,11 @@ def test_a_draft_identical_to_the_target_is_always_accepted(tmp_path):
 
     folder = str(tmp_path / "same")
     reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY, seed=5)
-    llm = LLM(folder, **OPTIONS, speculative_config={"method": "draft_model", "num_speculative_tokens": 3,
-                                                     "model": folder})
+    llm = LLM(
+        folder,
+        **OPTIONS,
+        speculative_config={"method": "draft_model", "num_speculative_tokens": 3, "model": folder},
+    )
     llm.generate([[5, 6, 7, 8]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
     stats = llm.engine.stats()
     assert stats["spec_draft_tokens"] > 0 and stats["spec_accepted_tokens"] == stats["spec_draft_tokens"]

@@ -33,8 +33,9 @@ class EagleDrafter(Drafter):
                 module.process_weights_after_loading()
         self.head.eval()
         self.attention = ctx.make_attention(self.head)
-        self.kv_caches = [torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype,
-                                      device=ctx.device)]
+        self.kv_caches = [
+            torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype, device=ctx.device)
+        ]
         self.block_size = ctx.config.cache.block_size
 
     @staticmethod
@@ -59,13 +60,19 @@ class EagleDrafter(Drafter):
         for i in ready:
             r = requests[i]
             n, count = len(r.token_ids), len(r.hidden_states)
-            chunks[i] = Chunk(list(r.token_ids[n - count:]), n - 1 - count, r.block_ids)
+            chunks[i] = Chunk(list(r.token_ids[n - count :]), n - 1 - count, r.block_ids)
             features[i] = r.hidden_states
         live = ready
         for step in range(max(requests[i].max_tokens for i in ready)):
-            hidden, rows = run_chunks(self.head, self.attention, self.kv_caches, [chunks[i] for i in live],
-                                      self.block_size, self.ctx.device,
-                                      features=torch.cat([features[i] for i in live]))
+            hidden, rows = run_chunks(
+                self.head,
+                self.attention,
+                self.kv_caches,
+                [chunks[i] for i in live],
+                self.block_size,
+                self.ctx.device,
+                features=torch.cat([features[i] for i in live]),
+            )
             tokens = self.head.compute_logits(hidden[rows]).argmax(dim=-1).tolist()
             next_live = []
             for row, i, token in zip(rows, live, tokens):
@@ -73,7 +80,7 @@ class EagleDrafter(Drafter):
                 r = requests[i]
                 if step + 1 < r.max_tokens:
                     chunks[i] = Chunk([token], len(r.token_ids) - 1 + step, r.block_ids)
-                    features[i] = hidden[row:row + 1]
+                    features[i] = hidden[row : row + 1]
                     next_live.append(i)
             live = next_live
             if not live:

@@ -58,13 +58,17 @@ class _Head(nn.Module):
         return KVLayout(1, self.heads, self.kv_heads, self.head_dim)
 
     def _attend(self, x, positions, step):
-        q, k, v = self.ops.rotary_qkv(self.qkv_proj(x), self.heads, self.kv_heads, self.head_dim,
-                                      self.rotary(positions))
+        q, k, v = self.ops.rotary_qkv(
+            self.qkv_proj(x), self.heads, self.kv_heads, self.head_dim, self.rotary(positions)
+        )
         out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.heads * self.head_dim))
 
     def _mlp(self, hidden):
-        return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(hidden)))) + hidden
+        return (
+            self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(self.post_attention_layernorm(hidden))))
+            + hidden
+        )
 
     def load(self, tensors: dict[str, torch.Tensor]) -> None:
         def rename(name: str) -> str | None:
@@ -80,7 +84,9 @@ class Eagle1Head(_Head):
 
     def __init__(self, cfg, target, method, dtype):
         super().__init__(cfg, target, method, dtype, cfg.hidden_size)
-        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=getattr(cfg, "bias", True), dtype=dtype)
+        self.fc = nn.Linear(
+            2 * cfg.hidden_size, cfg.hidden_size, bias=getattr(cfg, "bias", True), dtype=dtype
+        )
 
     def forward(self, input_ids, positions, step, features):
         x = self.fc(torch.cat([self._target[0].embed(input_ids), features.to(self.fc.weight.dtype)], dim=-1))

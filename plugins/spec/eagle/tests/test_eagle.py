@@ -18,20 +18,33 @@ def write_random_eagle_head(folder, hidden=64, heads=4, kv_heads=2, inter=128, s
     def w(*shape):
         return torch.randn(*shape, generator=gen) * 0.1
 
-    tensors = {"fc.weight": w(hidden, 2 * hidden), "fc.bias": w(hidden),
-               "layers.0.self_attn.q_proj.weight": w(heads * head_dim, hidden),
-               "layers.0.self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
-               "layers.0.self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
-               "layers.0.self_attn.o_proj.weight": w(hidden, heads * head_dim),
-               "layers.0.mlp.gate_proj.weight": w(inter, hidden), "layers.0.mlp.up_proj.weight": w(inter, hidden),
-               "layers.0.mlp.down_proj.weight": w(hidden, inter),
-               "layers.0.post_attention_layernorm.weight": torch.ones(hidden),
-               "embed_tokens.weight": w(TINY["vocab_size"], hidden)}
+    tensors = {
+        "fc.weight": w(hidden, 2 * hidden),
+        "fc.bias": w(hidden),
+        "layers.0.self_attn.q_proj.weight": w(heads * head_dim, hidden),
+        "layers.0.self_attn.k_proj.weight": w(kv_heads * head_dim, hidden),
+        "layers.0.self_attn.v_proj.weight": w(kv_heads * head_dim, hidden),
+        "layers.0.self_attn.o_proj.weight": w(hidden, heads * head_dim),
+        "layers.0.mlp.gate_proj.weight": w(inter, hidden),
+        "layers.0.mlp.up_proj.weight": w(inter, hidden),
+        "layers.0.mlp.down_proj.weight": w(hidden, inter),
+        "layers.0.post_attention_layernorm.weight": torch.ones(hidden),
+        "embed_tokens.weight": w(TINY["vocab_size"], hidden),
+    }
     save_file(tensors, str(folder / "model.safetensors"))
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "hidden_size": hidden,
-              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": inter,
-              "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
-              "vocab_size": TINY["vocab_size"], "bias": True}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "vocab_size": TINY["vocab_size"],
+        "bias": True,
+    }
     (folder / "config.json").write_text(json.dumps(config))
 
 
@@ -43,24 +56,38 @@ def write_random_eagle3_head(folder, hidden=64, heads=4, kv_heads=2, inter=128, 
         return torch.randn(*shape, generator=gen) * 0.1
 
     prefix = "midlayer."
-    tensors = {"fc.weight": w(hidden, 3 * hidden),
-               prefix + "self_attn.q_proj.weight": w(heads * head_dim, 2 * hidden),
-               prefix + "self_attn.k_proj.weight": w(kv_heads * head_dim, 2 * hidden),
-               prefix + "self_attn.v_proj.weight": w(kv_heads * head_dim, 2 * hidden),
-               prefix + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
-               prefix + "mlp.gate_proj.weight": w(inter, hidden), prefix + "mlp.up_proj.weight": w(inter, hidden),
-               prefix + "mlp.down_proj.weight": w(hidden, inter),
-               prefix + "input_layernorm.weight": torch.ones(hidden), prefix + "hidden_norm.weight": torch.ones(hidden),
-               prefix + "post_attention_layernorm.weight": torch.ones(hidden), "norm.weight": torch.ones(hidden),
-               "lm_head.weight": w(draft_vocab, hidden),
-               # draft id i is target id 2 * i: d2t holds the offsets
-               "d2t": torch.arange(draft_vocab) * 2 % TINY["vocab_size"] - torch.arange(draft_vocab),
-               "t2d": torch.zeros(TINY["vocab_size"], dtype=torch.bool)}
+    tensors = {
+        "fc.weight": w(hidden, 3 * hidden),
+        prefix + "self_attn.q_proj.weight": w(heads * head_dim, 2 * hidden),
+        prefix + "self_attn.k_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+        prefix + "self_attn.v_proj.weight": w(kv_heads * head_dim, 2 * hidden),
+        prefix + "self_attn.o_proj.weight": w(hidden, heads * head_dim),
+        prefix + "mlp.gate_proj.weight": w(inter, hidden),
+        prefix + "mlp.up_proj.weight": w(inter, hidden),
+        prefix + "mlp.down_proj.weight": w(hidden, inter),
+        prefix + "input_layernorm.weight": torch.ones(hidden),
+        prefix + "hidden_norm.weight": torch.ones(hidden),
+        prefix + "post_attention_layernorm.weight": torch.ones(hidden),
+        "norm.weight": torch.ones(hidden),
+        "lm_head.weight": w(draft_vocab, hidden),
+        # draft id i is target id 2 * i: d2t holds the offsets
+        "d2t": torch.arange(draft_vocab) * 2 % TINY["vocab_size"] - torch.arange(draft_vocab),
+        "t2d": torch.zeros(TINY["vocab_size"], dtype=torch.bool),
+    }
     save_file(tensors, str(folder / "model.safetensors"))
-    config = {"model_type": "llama", "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": hidden,
-              "num_attention_heads": heads, "num_key_value_heads": kv_heads, "intermediate_size": inter,
-              "num_hidden_layers": 1, "rms_norm_eps": 1e-6, "max_position_embeddings": 512,
-              "vocab_size": TINY["vocab_size"], "draft_vocab_size": draft_vocab}
+    config = {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": hidden,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "intermediate_size": inter,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 512,
+        "vocab_size": TINY["vocab_size"],
+        "draft_vocab_size": draft_vocab,
+    }
     (folder / "config.json").write_text(json.dumps(config))
 
 
@@ -78,8 +105,11 @@ def test_eagle3_drafts_map_through_d2t(eagle3_dir, tmp_path):
 
     target = tmp_path / "t"
     reference.tiny_checkpoint(str(target), "LlamaForCausalLM", TINY)
-    llm = LLM(str(target), **OPTIONS, speculative_config={"method": "eagle", "model": eagle3_dir,
-                                                            "num_speculative_tokens": 3})
+    llm = LLM(
+        str(target),
+        **OPTIONS,
+        speculative_config={"method": "eagle", "model": eagle3_dir, "num_speculative_tokens": 3},
+    )
     drafter = llm.engine.speculator.drafter
     assert drafter.hidden_state_layers() == (0, 1, 2)  # low, middle, high of a 3-layer target
     seen = []

@@ -17,7 +17,7 @@ def lookup(tokens: np.ndarray, n_min: int, n_max: int, k: int) -> list[int]:
         hits = np.flatnonzero((windows == pattern).all(axis=1))
         if len(hits):
             start = hits[-1] + n
-            return tokens[start:start + k].tolist()
+            return tokens[start : start + k].tolist()
     return []
 
 
@@ -30,5 +30,7 @@ class NgramDrafter(Drafter):
             raise ValueError("speculative_config: need 1 <= prompt_lookup_min <= prompt_lookup_max")
 
     def propose(self, requests):
-        return [Draft(lookup(np.asarray(r.token_ids, dtype=np.int64), self.n_min, self.n_max, r.max_tokens))
-                for r in requests]
+        return [
+            Draft(lookup(np.asarray(r.token_ids, dtype=np.int64), self.n_min, self.n_max, r.max_tokens))
+            for r in requests
+        ]

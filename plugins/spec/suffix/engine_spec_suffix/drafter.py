@@ -29,18 +29,18 @@ class SuffixDrafter(Drafter):
 
     def _draft(self, request_id: str, tokens, max_tokens: int) -> list[int]:
         automaton = self._requests.setdefault(request_id, SuffixAutomaton())
-        for token in tokens[len(automaton.tokens):]:
+        for token in tokens[len(automaton.tokens) :]:
             automaton.extend(token)
         length, end = automaton.earlier_match()
         source = automaton.tokens
         if self.corpus is not None and self.corpus.tokens:
-            corpus_length, corpus_end = self.corpus.match(list(tokens[-self.window:]))
+            corpus_length, corpus_end = self.corpus.match(list(tokens[-self.window :]))
             if corpus_length > length:
                 length, end, source = corpus_length, corpus_end, self.corpus.tokens
         if length < self.min_match:
             return []
         count = min(max_tokens, max(1, int(length * self.draft_ratio)))
-        return [t for t in source[end + 1:end + 1 + count] if t != SEPARATOR][:count]
+        return [t for t in source[end + 1 : end + 1 + count] if t != SEPARATOR][:count]
 
     def finished(self, request_ids) -> None:
         for rid in request_ids:

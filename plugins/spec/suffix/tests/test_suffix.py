@@ -8,9 +8,9 @@ from engine_spec_suffix.automaton import SuffixAutomaton
 def brute_earlier_match(tokens):
     n = len(tokens)
     for length in range(n - 1, 0, -1):
-        suffix = tokens[n - length:]
+        suffix = tokens[n - length :]
         for end in range(length - 1, n - 1):
-            if tokens[end - length + 1:end + 1] == suffix:
+            if tokens[end - length + 1 : end + 1] == suffix:
                 return length, end
     return 0, -1
 
@@ -21,7 +21,7 @@ def test_earlier_match_agrees_with_brute_force(tokens):
     automaton = SuffixAutomaton()
     for i, token in enumerate(tokens):
         automaton.extend(token)
-        assert automaton.earlier_match() == brute_earlier_match(tokens[:i + 1])
+        assert automaton.earlier_match() == brute_earlier_match(tokens[: i + 1])
 
 
 def test_match_against_a_corpus():
