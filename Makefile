@@ -65,9 +65,13 @@ llama-cpp: install
 bench-quant: install
 	$(PY) benchmarks/quant.py
 
+# The gate CI runs before the tests: ruff's rules and format at the configured width, and mypy on
+# what plugin authors read and run (the interfaces and the conformance kit, [tool.mypy]).
 lint: install
-	$(PY) -m pip install -q --disable-pip-version-check ruff
+	$(PIP) ruff==0.17.6 mypy==2.4.1
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(LMEVAL_VENV)
