@@ -113,8 +113,9 @@ def main() -> None:
             "computed)"
         )
         print(
-            f"offload: {stats['external_prefix_hits']} tokens loaded, {stats['kv_load_bytes'] / 2**20:.0f} MiB "
-            f"in {stats['kv_load_seconds']:.3f} s, {stats['kv_load_failures']} failed loads"
+            f"offload: {stats['external_prefix_hits']} tokens loaded, "
+            f"{stats['kv_load_bytes'] / 2**20:.0f} MiB in {stats['kv_load_seconds']:.3f} s, "
+            f"{stats['kv_load_failures']} failed loads"
         )
 
 

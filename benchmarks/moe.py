@@ -112,9 +112,9 @@ def main():
                     times[key].append(timed(fn, layer, x, logits))
             med = {key: statistics.median(t) * 1e3 for key, t in times.items()}
             print(
-                f"{name:>15} {batch:>5} {med['per-token']:>10.2f} {med['per-expert']:>11.2f} {med['grouped']:>9.2f} "
-                f"{med['per-token'] / med['grouped']:>13.2f}× {med['per-expert'] / med['grouped']:>18.2f}× "
-                f"{diff:>8.1e}"
+                f"{name:>15} {batch:>5} {med['per-token']:>10.2f} {med['per-expert']:>11.2f} "
+                f"{med['grouped']:>9.2f} {med['per-token'] / med['grouped']:>13.2f}× "
+                f"{med['per-expert'] / med['grouped']:>18.2f}× {diff:>8.1e}"
             )
 
 

@@ -148,9 +148,9 @@ def main() -> int:
     if args.streams:
         gaps, rate = gaps_under_prefill(llm, prompt, args.streams)
         print(
-            f"{args.streams} streams decoding while it prefills: inter-token gap p50 {percentile(gaps, 50):.3f} s"
-            f"  p99 {percentile(gaps, 99):.3f} s  max {max(gaps):.3f} s ({len(gaps)} gaps);"
-            f" the prompt's prefill {rate:.1f} tok/s"
+            f"{args.streams} streams decoding while it prefills: inter-token gap"
+            f" p50 {percentile(gaps, 50):.3f} s  p99 {percentile(gaps, 99):.3f} s  max {max(gaps):.3f} s"
+            f" ({len(gaps)} gaps); the prompt's prefill {rate:.1f} tok/s"
         )
     return 0
 

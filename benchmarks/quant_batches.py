@@ -9,10 +9,10 @@ For each batch size B every engine generates for the same B prompts (16–255 to
 ignored), alternating (bf16, default, int8-w8a8, bf16, …). Decode-step time is the median of 8
 engine steps timed one by one with all B requests decoding (after their prefill; prefix caching
 off); throughput is B × output-len over a whole run. Each figure is the best of ``--repeats``
-(this shared machine's run-to-run spread is ±10 %). ``--threads`` sets the engine's
-thread count (torch's and the kernels' OpenMP pool, ``ENGINE_NUM_THREADS``): on a machine busier than its cores, threads that
-wait at barriers for preempted peers make every figure several times slower, one thread
-keeps the comparison fair.
+(this shared machine's run-to-run spread is ±10 %). ``--threads`` sets the engine's thread
+count (torch's and the kernels' OpenMP pool, ``ENGINE_NUM_THREADS``): on a machine busier than
+its cores, threads that wait at barriers for preempted peers make every figure several times
+slower, one thread keeps the comparison fair.
 """
 
 from __future__ import annotations

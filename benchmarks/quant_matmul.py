@@ -59,7 +59,8 @@ def main():
         torch.set_num_threads(args.threads)
     gen = torch.Generator().manual_seed(0)
     print(
-        f"threads {torch.get_num_threads()}; µs per call, median of {args.repeats}; ratios: bf16 time / kernel time"
+        f"threads {torch.get_num_threads()}; µs per call, median of {args.repeats};"
+        " ratios: bf16 time / kernel time"
     )
     print(
         f"{'shape':>8} {'N×K':>10} {'M':>4} {'int4pack':>10} {'bf16':>10} {'vnni':>10} "
@@ -83,7 +84,8 @@ def main():
             med = {key: statistics.median(t) * 1e6 for key, t in times.items()}
             print(
                 f"{name:>8} {f'{n}×{k}':>10} {m:>4} {med['int4pack']:>10.1f} {med['bf16']:>10.1f} "
-                f"{med['vnni']:>10.1f} {med['int4pack'] / med['vnni']:>13.2f}× {med['bf16'] / med['vnni']:>9.2f}×"
+                f"{med['vnni']:>10.1f} {med['int4pack'] / med['vnni']:>13.2f}× "
+                f"{med['bf16'] / med['vnni']:>9.2f}×"
             )
 
 

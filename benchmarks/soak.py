@@ -197,8 +197,10 @@ class Sampler:
         minutes, seconds = divmod(int(now - self.start), 60)
         print(
             f"[{minutes:3d}:{seconds:02d}] {self.tally.requests} requests done, {self.tally.tokens} tokens "
-            f"(server: {rate:.0f} tok/s), {len(self.tally.errors)} errors | running {engine.get('num_requests_running', 0):.0f}"
-            f" waiting {engine.get('num_requests_waiting', 0):.0f} KV {engine.get('kv_cache_usage_perc', 0):.0%}"
+            f"(server: {rate:.0f} tok/s), {len(self.tally.errors)} errors"
+            f" | running {engine.get('num_requests_running', 0):.0f}"
+            f" waiting {engine.get('num_requests_waiting', 0):.0f}"
+            f" KV {engine.get('kv_cache_usage_perc', 0):.0%}"
             f" | RSS API {api:.0f} MiB, core {core:.0f} MiB",
             flush=True,
         )

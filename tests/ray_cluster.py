@@ -1,7 +1,8 @@
 """A local Ray cluster for the tests: ``ray start --head --block`` on free ports in a short
 temporary folder of its own, with a token of its own (Ray's token authentication, so that a
 token file a user's earlier Ray run left in ``~/.ray`` cannot make the head and its clients
-disagree); ``RAY_ADDRESS`` and the token point this process and the servers it starts at it. Stopping it ends the processes that ``ray start`` started (never ``ray stop``, which ends
+disagree); ``RAY_ADDRESS`` and the token point this process and the servers it starts at it.
+Stopping it ends the processes that ``ray start`` started (never ``ray stop``, which ends
 every Ray process on the machine)."""
 
 from __future__ import annotations

@@ -161,13 +161,19 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         # 10k-deep nesting in schemas, tool parameters, messages and prompt lists
         (
             CHAT,
-            f'{HI}, "response_format": {{"type": "json_schema", "json_schema": {{"schema": {deep_object()}}}}}}}',
+            (
+                f'{HI}, "response_format": {{"type": "json_schema", '
+                f'"json_schema": {{"schema": {deep_object()}}}}}}}'
+            ),
             400,
             None,
         ),
         (
             CHAT,
-            f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object()}}}}}]}}',
+            (
+                f'{HI}, "tools": [{{"type": "function", '
+                f'"function": {{"name": "f", "parameters": {deep_object()}}}}}]}}'
+            ),
             400,
             None,
         ),
@@ -185,7 +191,10 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         (C, f'{{"prompt": {deep_list(100)}}}', 400, "prompt"),
         (
             CHAT,
-            f'{HI}, "tools": [{{"type": "function", "function": {{"name": "f", "parameters": {deep_object(100)}}}}}]}}',
+            (
+                f'{HI}, "tools": [{{"type": "function", '
+                f'"function": {{"name": "f", "parameters": {deep_object(100)}}}}}]}}'
+            ),
             400,
             "tools",
         ),

@@ -64,7 +64,8 @@ def test_streams_keep_flowing_while_a_long_prompt_prefills():
     assert len(gaps) > 20, "the streams got hardly any tokens while the prompt prefilled"
     p99 = statistics.quantiles(gaps, n=100, method="inclusive")[98]
     print(
-        f"\np99 inter-token gap {p99:.2f} s over {len(gaps)} gaps; {PROMPT_TOKENS}-token prefill {finished - started:.1f} s"
+        f"\np99 inter-token gap {p99:.2f} s over {len(gaps)} gaps; "
+        f"{PROMPT_TOKENS}-token prefill {finished - started:.1f} s"
     )
     assert p99 < P99_BOUND_S, (
         f"p99 inter-token gap {p99:.2f} s over {len(gaps)} gaps, prefill {finished - started:.1f} s"

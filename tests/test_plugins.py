@@ -272,7 +272,8 @@ try:
 except RuntimeError as exc:
     explicit = str(exc)
 print(json.dumps({"platform": llm.engine.platform.name, "attention": llm.engine.attention.name,
-                  "first": list(first), "banned": list(banned[0].outputs[0].token_ids), "explicit": explicit}))
+                  "first": list(first), "banned": list(banned[0].outputs[0].token_ids),
+                  "explicit": explicit}))
 """
 
 

@@ -93,9 +93,9 @@ class EngineHookSpecs:
         class for its ``model_type``); build it from ``engine.layers``. Interface v2 is the
         ``engine.layers`` of this release (v1 models, built on release 1's, are refused).
         Layers that attend differently (a sliding window, soft-capped logits) say so in
-        ``KVLayout.layer_kinds``; the engine builds one attention backend per kind. The pooling runner (embeddings)
-        pools what ``forward`` returns; an encoder without an LM head sets
-        ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
+        ``KVLayout.layer_kinds``; the engine builds one attention backend per kind. The
+        pooling runner (embeddings) pools what ``forward`` returns; an encoder without an LM
+        head sets ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
 
     @hookspec
     def register_model_loaders(self, register):

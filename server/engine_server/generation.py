@@ -283,7 +283,8 @@ class Generation:
         self._deltas = self.handle.deltas()
 
     def _log(self) -> None:
-        """``--enable-log-requests``: each engine request's prompt (cut to ``--max-log-len``) and parameters."""
+        """``--enable-log-requests``: each engine request's prompt (cut to ``--max-log-len``)
+        and parameters."""
         limit = self.state.max_log_len
         for (rid, ids, params), (text, _) in zip(
             self.children, [p for p in self.prompts for _ in range(self.body.n)]

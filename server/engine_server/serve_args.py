@@ -128,7 +128,10 @@ def add_server_arguments(parser) -> None:
         "--uvicorn-log-level",
         default="warning",
         choices=UVICORN_LOG_LEVELS,
-        help="uvicorn's log level; info and below also log each HTTP request (the access log); default: warning",
+        help=(
+            "uvicorn's log level; info and below also log each HTTP request (the access log); "
+            "default: warning"
+        ),
     )
     add("--disable-uvicorn-access-log", action="store_true", help="no access log, whatever the log level")
     add(

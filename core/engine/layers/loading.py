@@ -38,8 +38,9 @@ def load_checkpoint(
     :class:`FusedMoE` at ``<moe>.experts`` (experts on other ranks skipped), other Linear
     parameters through ``load_shard`` (so the quant method's storage is used, and a
     tensor-parallel layer reads only its rank's part of a lazy
-    :class:`engine.layers.checkpoint.CheckpointSlice`), everything else by name, read whole. ``rename`` maps a checkpoint name to the module's (None skips it). Unknown
-    names and parameters left unloaded raise ValueError naming them."""
+    :class:`engine.layers.checkpoint.CheckpointSlice`), everything else by name, read whole.
+    ``rename`` maps a checkpoint name to the module's (None skips it). Unknown names and
+    parameters left unloaded raise ValueError naming them."""
     modules = dict(module.named_modules())
     state = dict(module.named_parameters()) | dict(module.named_buffers())
     missing = set(module.state_dict())

@@ -6,9 +6,9 @@
 experts in the activation dtype, as vocabulary tables). A forward routes each token to its
 top-k experts, sorts the (token, expert) pairs by expert so each expert's rows are one
 contiguous segment of a single gathered buffer, runs each projection as one grouped matmul
-over those segments (:func:`engine.layers.experts.grouped_matmul`: ``torch._grouped_mm`` on the CPU, else a loop
-over the experts that received rows — never over tokens), and scatter-adds the weighted rows
-back to their tokens.
+over those segments (:func:`engine.layers.experts.grouped_matmul`: ``torch._grouped_mm`` on the
+CPU, else a loop over the experts that received rows — never over tokens), and scatter-adds
+the weighted rows back to their tokens.
 
 Expert parallelism: a layer is told which experts live on this rank (``local_experts``,
 default all). It stores only those, and routing drops the (token, expert) pairs of the

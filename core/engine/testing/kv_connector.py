@@ -181,7 +181,8 @@ class ConnectorSim:
                 for layer, cache in enumerate(self.caches):
                     got = cache[:, table[pos // BLOCK], pos % BLOCK]
                     assert torch.equal(got, _expected(slot_value(request.all_token_ids, pos, layer))), (
-                        f"{request.request_id}: block {table[pos // BLOCK]} holds the wrong K/V at position {pos}"
+                        f"{request.request_id}: block {table[pos // BLOCK]} holds the wrong K/V"
+                        f" at position {pos}"
                     )
 
 

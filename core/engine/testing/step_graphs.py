@@ -3,11 +3,11 @@
 :func:`replayed_tokens` runs the engine's step-graph runner with the recording replaced by a
 CPU stand-in (:class:`RerunGraphs`): replaying reruns the recorded forward over the same static
 buffers, through the metadata the backend built for them once at capture
-(``build_graph_metadata``), into the same output tensor — what a graph's kernels do. A backend whose metadata does not survive its
-layout's tensors being overwritten in place gives other tokens under it than eagerly
-(:func:`replayed_tokens` against a plain ``generate``). Only the recording is emulated: that
-the backend's forward launches no host sync and allocates nothing outside a capture is for a
-device to show."""
+(``build_graph_metadata``), into the same output tensor — what a graph's kernels do. A backend
+whose metadata does not survive its layout's tensors being overwritten in place gives other
+tokens under it than eagerly (:func:`replayed_tokens` against a plain ``generate``). Only the
+recording is emulated: that the backend's forward launches no host sync and allocates nothing
+outside a capture is for a device to show."""
 
 from __future__ import annotations
 

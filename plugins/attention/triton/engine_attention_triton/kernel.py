@@ -8,8 +8,8 @@ float32. The key range is bounded per tile on the device (from ``seq_lens`` and
 ``query_start_loc``), so a captured CUDA graph replays correctly over new contents of the
 same tensors. ``F32_DOT``: both matmuls in float32 without TF32 (a float32 cache; and under
 the interpreter, whose ``tl.dot`` misreads 16-bit floats, on 16-bit values widened exactly,
-the probabilities rounded as a 16-bit dot takes them). Masked keys get probability exactly 0 and are loaded as 0, so a window's null
-block may hold anything.
+the probabilities rounded as a 16-bit dot takes them). Masked keys get probability exactly 0
+and are loaded as 0, so a window's null block may hold anything.
 
 Triton reads ``TRITON_INTERPRET`` when a kernel is decorated: set it before this module is
 first imported to run the kernel on CPU tensors (the tests do, in a child process).

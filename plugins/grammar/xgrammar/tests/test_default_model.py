@@ -26,8 +26,9 @@ SCHEMAS = {
                 **STRICT,
                 "required": ["name", "email"],
                 "properties": {
-                    # no optional group: xgrammar lets "^[A-Z][a-z]{1,12}( [A-Z][a-z]{1,12})?$" take "A" and 13-25
-                    # lower-case letters without the space (upstream bug, see the package README)
+                    # no optional group: xgrammar lets "^[A-Z][a-z]{1,12}( [A-Z][a-z]{1,12})?$" take
+                    # "A" and 13-25 lower-case letters without the space (upstream bug, see the
+                    # package README)
                     "name": {"type": "string", "pattern": "^[A-Z][a-z]{1,12}$"},
                     "email": {"type": "string", "pattern": "^[a-z]{1,10}@[a-z]{1,10}\\.com$"},
                 },

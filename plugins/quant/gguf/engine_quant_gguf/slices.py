@@ -46,10 +46,11 @@ class GGUFSlice(CheckpointSlice):
         first, end = start // block * block, -(-(start + length) // block) * block
         if self.keep and (first, end) != (start, start + length):
             raise ValueError(
-                f"GGUF tensor {self.tensor.name} ({self.tensor.tensor_type.name}, {block}-value blocks): columns "
-                f"[{start}, {start + length}) of {self.shape[1]} do not fall on block boundaries, so a "
-                "tensor-parallel rank cannot keep its part quantized; choose a tensor_parallel_size that splits "
-                f"this layer on {block}-value boundaries, or dequantize at load (--quantization unquantized)"
+                f"GGUF tensor {self.tensor.name} ({self.tensor.tensor_type.name}, {block}-value blocks): "
+                f"columns [{start}, {start + length}) of {self.shape[1]} do not fall on block boundaries, "
+                "so a tensor-parallel rank cannot keep its part quantized; choose a tensor_parallel_size "
+                f"that splits this layer on {block}-value boundaries, or dequantize at load "
+                "(--quantization unquantized)"
             )
         data = self.tensor.data[:, first // block * units : end // block * units]
         return self._finish(data, 0, self.shape[0], start - first, length)

@@ -120,8 +120,8 @@ def test_default_model_kept_quantized_tp2_agrees_with_tp1(kept):
     agreement = teacher_forced_agreement(kept[1], prompts, continuations)
     tp2 = [o.outputs[0].token_ids for o in kept[1].generate(prompts, GREEDY)]
     print(
-        f"kept-quantized TP=2 vs TP=1, float32, teacher forced: {agreement:.1%} of greedy tokens; free running: "
-        f"{sum(a == b for a, b in zip(tp2, continuations))} of {len(prompts)} chats identical"
+        f"kept-quantized TP=2 vs TP=1, float32, teacher forced: {agreement:.1%} of greedy tokens; "
+        f"free running: {sum(a == b for a, b in zip(tp2, continuations))} of {len(prompts)} chats identical"
     )
     assert agreement >= 0.85
 

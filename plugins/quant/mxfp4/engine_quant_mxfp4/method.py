@@ -20,7 +20,9 @@ from engine.layers.group_affine import Int4Planes, int4pack_unavailable
 from engine_quant_mxfp4.format import BLOCK, dequantize, to_affine
 
 PATHS = {
-    "int4pack": "the platform's packed kernel or int4pack planes (doubled e2m1 values, exact power-of-two scales)",
+    "int4pack": (
+        "the platform's packed kernel or int4pack planes (doubled e2m1 values, exact power-of-two scales)"
+    ),
     "triton": "Triton kernel decoding e2m1 and E8M0 inside the matmul",
     "dequantize": "dequantize per step",
 }
