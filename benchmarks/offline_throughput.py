@@ -95,8 +95,10 @@ def decoding(engine) -> list:
 
 
 def prefill_all(engine, count: int) -> None:
-    """Step until all ``count`` requests added to ``engine`` have prefilled and decode."""
+    """Step until all ``count`` requests added to ``engine`` have prefilled and decode (an
+    AssertionError if one finishes first: the step loop would otherwise wait for it forever)."""
     while len(decoding(engine)) < count:
+        assert len(engine.lifecycle.requests) == count, "a request finished before all were prefilled"
         engine.step()
 
 
