@@ -5,20 +5,15 @@ test written for its bug."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
-import xml.etree.ElementTree as ET
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("engine_grammar_xgrammar", reason="the xgrammar plugin is not installed")
 
+from tests.kit_mutations import Outcomes, failed, run_kit
 from tests.plugins.grammar_mutants import MUTANTS  # needs the xgrammar plugin
 
-ROOT = Path(__file__).resolve().parent.parent
 KIT = textwrap.dedent("""
     from engine.plugins import add_plugin
     from engine.testing.grammar import GrammarBackendContract
@@ -42,42 +37,8 @@ CAUGHT_BY = {  # mutant -> the kit test written for its bug
 
 
 @pytest.fixture(scope="module")
-def outcomes(tmp_path_factory) -> dict[str, dict[str, str]]:
-    """{backend: {kit test: "passed" | "failed" | "skipped"}} from one child pytest run."""
-    folder = tmp_path_factory.mktemp("grammar-kit")
-    (folder / "test_kit.py").write_text(KIT)
-    report = folder / "report.xml"
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pytest",
-            "-q",
-            "-p",
-            "no:cacheprovider",
-            f"--junitxml={report}",
-            "-W",
-            "error::pytest.PytestRemovedIn10Warning",
-            str(folder / "test_kit.py"),
-        ],
-        check=False,
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert report.exists(), run.stdout + run.stderr
-    results: dict[str, dict[str, str]] = {}
-    for case in ET.parse(report).iter("testcase"):
-        backend = case.get("classname").rsplit(".Test_", 1)[1].replace("_", "-")
-        tags = {child.tag for child in case}
-        outcome = "failed" if tags & {"failure", "error"} else "skipped" if "skipped" in tags else "passed"
-        results.setdefault(backend, {})[case.get("name")] = outcome
-    return results
+def outcomes(tmp_path_factory) -> Outcomes:
+    return run_kit(tmp_path_factory.mktemp("grammar-kit"), KIT)
 
 
 def test_the_kit_covers_every_mutant():
@@ -91,5 +52,4 @@ def test_xgrammar_passes_every_kit_test(outcomes):
 
 @pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))
 def test_each_planted_bug_fails_the_kit(outcomes, mutant):
-    failed = sorted(test for test, outcome in outcomes[mutant].items() if outcome == "failed")
-    assert CAUGHT_BY[mutant] in failed, f"{mutant} failed only {failed}"
+    assert CAUGHT_BY[mutant] in failed(outcomes, mutant), f"{mutant} failed only {failed(outcomes, mutant)}"
