@@ -3,8 +3,13 @@ serves and states its tolerances; the kit checks, against plain math,
 
 * dequantization of what a checkpoint stores equals the format's reference dequantizer,
   and stays within the stated quantization error of the original weight;
-* ``apply`` equals dequantize-then-matmul, for one token, a few, and a batch;
-* fused projections (q|k|v) loaded shard by shard;
+* ``apply`` equals dequantize-then-matmul, for one token, a few, and a batch, and adds the
+  bias it is given (Qwen2's q/k/v have one);
+* fused projections (q|k|v) loaded shard by shard, in any order (a checkpoint's is its
+  files', not q, k, v);
+* an online method's own rounding (``checkpoint_config`` None) keeps each row's precision on
+  rows of very different magnitudes (a scale per row or group, not one per tensor) and is to
+  nearest (truncating casts shrink nearly every weight toward zero);
 * vocabulary tables (``embed``, LM-head ``apply``) when the method quantizes them;
 * mixture-of-experts layers when it sets ``quantizes_experts``: experts loaded one (expert,
   shard) at a time dequantize (``dequantize_moe``) to the format's math and within the
@@ -130,6 +135,18 @@ def teacher_forced_agreement(llm, prompts: list[list[int]], continuations: list[
     return same / total
 
 
+def _fused_linear(input_size: int, output_sizes, bias: bool = False):
+    """The layer class :meth:`QuantMethodContract._loaded` builds: a fused projection."""
+    from engine.layers import Linear
+
+    return lambda method, dtype: Linear(input_size, list(output_sizes), bias, method, dtype)
+
+
+def _row_factors(rows: int) -> torch.Tensor:
+    """Row magnitudes 1, 1/4, 1/16, 1, ... (powers of two: exact in every scale format)."""
+    return 0.25 ** (torch.arange(rows) % 3).float()
+
+
 class QuantMethodContract:
     method: str  # the registered quant-method name
     checkpoint_config: dict | None = None  # what a checkpoint declares; None: online quantization
@@ -176,21 +193,29 @@ class QuantMethodContract:
         cls = registry.get("quant_methods", self.method)
         return cls(QuantContext(self.checkpoint_config, self.dtype, platform))
 
-    def _loaded(self, layer_cls, registry, platform, sizes, seed=0, **kwargs):
+    def _loaded(self, layer_cls, registry, platform, sizes, seed=0, order=None, row_scales=None, **kwargs):
+        """``layer_cls(method, dtype)`` with random shards of ``sizes`` rows loaded, in ``order``
+        (default: shard by shard), each row times ``row_scales(rows)`` when given; a bias, if
+        the layer has one, loaded too -> (layer, original weight, the weight its loaded
+        tensors represent)."""
         method = self.make_method(registry, platform)
         gen = torch.Generator().manual_seed(seed)
         layer = layer_cls(method=method, dtype=self.dtype, **kwargs)
-        originals, references = [], []
-        for shard, rows in enumerate(sizes):
-            weight = torch.randn(rows, self.input_size, generator=gen) * 0.05
+        originals = [torch.randn(rows, self.input_size, generator=gen) * 0.05 for rows in sizes]
+        if row_scales is not None:
+            originals = [weight * row_scales(len(weight))[:, None] for weight in originals]
+        references = [None] * len(sizes)
+        for shard in range(len(sizes)) if order is None else order:
+            weight = originals[shard]
             if layer.method is method:
                 tensors, represented = self.checkpoint_tensors(weight)
             else:  # a vocabulary table the method leaves unquantized
                 tensors, represented = [("weight", weight.to(self.dtype))], weight
             for name, tensor in tensors:
                 layer.load_shard(name, tensor, shard)
-            originals.append(weight)
-            references.append(represented.float())
+            if getattr(layer, "bias", None) is not None:
+                layer.load_shard("bias", torch.randn(len(weight), generator=gen).to(self.dtype), shard)
+            references[shard] = represented.float()
         layer.process_weights_after_loading()
         return layer, torch.cat(originals), torch.cat(references)
 
@@ -198,13 +223,8 @@ class QuantMethodContract:
     @classmethod
     def linear(cls, registry, platform):
         """Built once per class, by an instance of its own (a format's overrides are methods)."""
-        from engine.layers import Linear
-
         return cls()._loaded(
-            lambda method, dtype: Linear(cls.input_size, list(cls.output_sizes), False, method, dtype),
-            registry,
-            platform,
-            cls.output_sizes,
+            _fused_linear(cls.input_size, cls.output_sizes), registry, platform, cls.output_sizes
         )
 
     # -- layer checks ---------------------------------------------------------------------------
@@ -232,6 +252,56 @@ class QuantMethodContract:
         want = F.linear(x.float(), layer.method.dequantize(layer).float())
         err = (got.float() - want).abs().max() / want.abs().max()
         assert err <= self.apply_rtol, f"apply differs from dequantize-then-matmul by {err:.2e}"
+
+    def test_apply_adds_the_bias(self, registry, platform):
+        """Llama's projections have no bias and Qwen2's q/k/v have one: ``apply`` must add the
+        ``bias`` it is given, which a method written against Llama alone can drop."""
+        linear = _fused_linear(self.input_size, self.output_sizes, bias=True)
+        layer, _, _ = self._loaded(linear, registry, platform, self.output_sizes, seed=7)
+        x = torch.randn(5, self.input_size, generator=torch.Generator().manual_seed(7)).to(self.dtype)
+        want = F.linear(x.float(), layer.method.dequantize(layer).float(), layer.bias.float())
+        err = (layer(x).float() - want).abs().max() / want.abs().max()
+        assert err <= self.apply_rtol, (
+            f"apply with a bias differs from dequantize-then-matmul + bias by {err:.2e}"
+        )
+
+    def test_fused_shards_load_in_any_order(self, registry, platform):
+        """A checkpoint's tensors come in its files' order (k_proj sorts before q_proj): each
+        shard must land at its own offset, whatever order the shards arrive in."""
+        last_first = reversed(range(len(self.output_sizes)))
+        linear = _fused_linear(self.input_size, self.output_sizes)
+        layer, _, represented = self._loaded(linear, registry, platform, self.output_sizes, order=last_first)
+        got = layer.method.dequantize(layer).float()
+        assert got.shape == represented.shape
+        err = (got - represented).abs().max() / represented.abs().max()
+        assert err <= self.reference_atol, f"shards loaded last to first dequantize off by {err:.2e}"
+
+    def test_small_rows_keep_their_precision(self, registry, platform):
+        """Real weights have rows of very different magnitudes. An online method's scales must
+        follow them (per row or group): one scale for the whole tensor rounds a row 16x
+        smaller than the largest on a grid 16x too coarse for it. The error of each row,
+        divided by the row's factor, stays within ``quant_error`` as on even rows."""
+        if self.checkpoint_config is not None:
+            pytest.skip("a checkpoint's scales are its format's (test_dequantize_matches_plain_math)")
+        linear = _fused_linear(self.input_size, self.output_sizes)
+        layer, original, _ = self._loaded(
+            linear, registry, platform, self.output_sizes, seed=9, row_scales=_row_factors
+        )
+        factors = torch.cat([_row_factors(rows) for rows in self.output_sizes])[:, None]
+        error = (layer.method.dequantize(layer).float() - original).abs() / factors
+        err = error.max() / (original.abs() / factors).max()
+        assert err <= self.quant_error, f"rows 16x smaller: quantization error {err:.3e} > {self.quant_error}"
+
+    def test_rounding_is_to_nearest(self, linear):
+        """A cast to an integer type truncates: nearly every weight shrinks toward zero, where
+        rounding to nearest shrinks about half of them (two thirds at most when a bf16 scale
+        rounds every row's step down by its largest error, 2^-8; truncation with every step
+        rounded up still shrinks seven eighths). At most three quarters may shrink."""
+        if self.checkpoint_config is not None:
+            pytest.skip("a checkpoint's rounding is its writer's, not the method's")
+        layer, original, _ = linear
+        shrunk = (layer.method.dequantize(layer).float().abs() < original.abs()).float().mean()
+        assert shrunk <= 0.75, f"{shrunk:.0%} of the weights shrink toward zero: truncated, not rounded"
 
     def test_vocabulary_tables(self, registry, platform):
         from engine.layers import VocabEmbedding
