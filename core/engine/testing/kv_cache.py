@@ -2,16 +2,21 @@
 prefixes that grow, hit the prefix cache and are freed. Checked after every operation:
 no block leaked, double-owned or handed out as the null block; a failed allocation
 changes nothing; and every prefix-cache hit returns blocks whose written contents are
-exactly the request's tokens. With KV cache groups (a full-attention group beside a
-sliding-window one) the same holds in every group, and a sliding-window group holds no block
-its window has passed (its table entries there, and a hit's, are the null block). A manager
-that publishes KV events reports a consistent stream: a block is stored once until removed,
-removed only once stored, and a reset clears everything."""
+exactly the request's tokens, each written after the same whole prefix (a slot's K/V depends
+on every token before it). With KV cache groups (a full-attention group beside a
+sliding-window one) the same holds in every group, and a sliding-window group holds exactly
+the blocks its window still reaches (its table entries before them, and a hit's, are the null
+block). A manager that publishes KV events reports a consistent stream: a block is stored once
+until removed, removed only once stored, and a reset clears everything. Beside the random
+workloads, one small test per bug manager authors make: a failed allocation that keeps what it
+took, a block freed while another request's prefix hit holds it, a hash of a block's own tokens
+only, a block cached before it is computed, a window that drops a block it still reads or keeps
+one it passed."""
 
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
@@ -31,20 +36,26 @@ def _first_in_window(window: int | None, num_computed: int) -> int:
     return 0 if window is None else max(0, num_computed - window + 1) // BLOCK
 
 
+def _written(request: Request, pos: int) -> tuple[int, ...]:
+    """What the slot of position ``pos`` holds once computed: its token's K/V, which attention
+    computed from every token up to it, so the model records that whole prefix."""
+    return tuple(request.all_token_ids[: pos + 1])
+
+
 class _Sim:
     """Drives a manager like the scheduler does and records what each group's blocks hold."""
 
     def __init__(self, manager, num_blocks, windows=(None,)):
         self.kv, self.num_blocks, self.windows = manager, num_blocks, windows
         self.live: dict[str, Request] = {}
-        self.content = [{} for _ in windows]  # per group: block -> offset -> token
+        self.content = [{} for _ in windows]  # per group: block -> offset -> what its slot holds
         self.allocated_at: dict[str, int] = {}  # tokens computed at a request's last allocation
 
     def admit(self, request: Request, chunk: int) -> bool:
         blocks, cached = self.kv.get_computed_blocks(request)
         assert cached == len(blocks) * BLOCK and cached < request.num_tokens
         for i, entry in enumerate(blocks):
-            want = {o: request.all_token_ids[i * BLOCK + o] for o in range(BLOCK)}
+            want = {o: _written(request, i * BLOCK + o) for o in range(BLOCK)}
             for group, block in enumerate(entry if len(self.windows) > 1 else (entry,)):
                 if i < _first_in_window(self.windows[group], cached):
                     assert block == 0, "a hit holds a block its window has passed"
@@ -83,7 +94,7 @@ class _Sim:
             assert len(table) * BLOCK >= request.num_computed_tokens + chunk
             for pos in range(request.num_computed_tokens, request.num_computed_tokens + chunk):
                 assert table[pos // BLOCK] != 0, "a token to write has no block"
-                content.setdefault(table[pos // BLOCK], {})[pos % BLOCK] = request.all_token_ids[pos]
+                content.setdefault(table[pos // BLOCK], {})[pos % BLOCK] = _written(request, pos)
         request.num_computed_tokens += chunk
 
     def free(self, rid: str) -> None:
@@ -102,11 +113,11 @@ class _Sim:
         for request in self.live.values():
             table = self.kv.group_block_ids(request)[group]
             held = [(i, b) for i, b in enumerate(table) if b != 0]
-            assert [i for i, _ in held] == list(range(len(table) - len(held), len(table))), (
-                "the null block was handed out (or a window's passed blocks are not leading)"
-            )
             passed = _first_in_window(window, self.allocated_at[request.request_id])
             assert all(i >= passed for i, _ in held), "a block the window has passed is kept"
+            assert [i for i, _ in held] == list(range(passed, len(table))), (
+                "the null block was handed out, or a block the window still reaches was dropped"
+            )
             assert len({b for _, b in held}) == len(held)
             for i, block in held:
                 owned.setdefault(block, []).append((request, i))
@@ -138,6 +149,9 @@ class _EventCheck:
                 self.held.clear()
 
 
+# one contract class per manager (a plugin's, the built-in's) runs the same methods; each class's
+# examples are deterministic in its own attributes, so hypothesis' differing-executors check is off
+ONE_CLASS_EACH = [HealthCheck.differing_executors]
 operations = st.lists(
     st.tuples(st.sampled_from(["add", "grow", "free"]), st.integers(0, 10**6)), min_size=1, max_size=40
 )
@@ -160,18 +174,18 @@ class KVCacheManagerContract:
         groups = tuple(KVCacheGroup((i,), num_blocks, w) for i, w in enumerate(windows))
         return cls(config, num_blocks, groups=groups)
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=60, deadline=None, suppress_health_check=ONE_CLASS_EACH)
     @given(ops=operations, num_blocks=st.integers(4, 24), caching=st.booleans())
     def test_random_workload_accounting(self, ops, num_blocks, caching):
         self._run_workload(_Sim(self.make(num_blocks, caching), num_blocks), ops)
 
-    @settings(max_examples=60, deadline=None)
+    @settings(max_examples=60, deadline=None, suppress_health_check=ONE_CLASS_EACH)
     @given(ops=operations, num_blocks=st.integers(4, 24), caching=st.booleans())
     def test_random_workload_with_a_sliding_window_group(self, ops, num_blocks, caching):
         windows = (None, WINDOW)
         self._run_workload(_Sim(self.make(num_blocks, caching, windows), num_blocks, windows), ops)
 
-    @settings(max_examples=40, deadline=None)
+    @settings(max_examples=40, deadline=None, suppress_health_check=ONE_CLASS_EACH)
     @given(ops=operations, num_blocks=st.integers(4, 24))
     def test_kv_events_tell_what_the_cache_holds(self, ops, num_blocks):
         sim = _Sim(self.make(num_blocks, events=True), num_blocks)
@@ -226,3 +240,47 @@ class KVCacheManagerContract:
         assert sim.kv.get_computed_blocks(other) == ([], 0)
         same = Request("c", list(range(1, 11)), SamplingParams(), cache_salt="tenant-1")
         assert sim.kv.get_computed_blocks(same)[1] == 8
+
+    # one test per bug manager authors make (tests/test_kv_cache_kit_mutations.py plants each)
+    def test_a_failed_allocation_keeps_nothing_it_took(self):
+        sim = _Sim(self.make(6), 6)
+        assert sim.admit(Request("a", list(range(1, 9)), SamplingParams()), chunk=8)
+        assert not sim.admit(Request("b", list(range(20, 36)), SamplingParams()), chunk=16)
+        sim.check()
+
+    def test_a_block_stays_while_another_request_holds_it(self):
+        """The first owner of a prefix is freed while a request that hit it still reads it."""
+        sim = _Sim(self.make(16), 16)
+        assert sim.admit(Request("a", list(range(1, 11)), SamplingParams()), chunk=10)
+        assert sim.admit(Request("b", list(range(1, 11)) + [42], SamplingParams()), chunk=11)
+        sim.free("a")
+        sim.check()
+        assert sim.admit(Request("c", list(range(50, 80)), SamplingParams()), chunk=9)
+        sim.check()
+
+    def test_equal_blocks_after_different_prefixes_do_not_hit(self):
+        """``b`` starts with the block ``a`` has second, and repeats it: neither is a hit."""
+        sim = _Sim(self.make(16), 16)
+        assert sim.admit(Request("a", [9, 9, 9, 9, 1, 2, 3, 4, 5], SamplingParams()), chunk=9)
+        assert sim.admit(Request("b", [1, 2, 3, 4, 1, 2, 3, 4, 5], SamplingParams()), chunk=9)
+        sim.check()
+
+    def test_blocks_a_chunk_has_not_computed_do_not_hit(self):
+        """``a`` computes 6 of its 10 tokens: its second block is not written yet."""
+        sim = _Sim(self.make(16), 16)
+        assert sim.admit(Request("a", list(range(1, 11)), SamplingParams()), chunk=6)
+        assert sim.admit(Request("b", list(range(1, 12)), SamplingParams()), chunk=9)
+        sim.check()
+
+    def test_a_sliding_window_drops_exactly_the_blocks_it_passed(self):
+        """Computing from position 10, the window (6) reads from position 5: block 1 on."""
+        windows = (None, WINDOW)
+        sim = _Sim(self.make(16, windows=windows), 16, windows)
+        request = Request("a", list(range(1, 15)), SamplingParams())
+        assert sim.admit(request, chunk=10)
+        sim.grow(request, [7])
+        sim.check()
+        sim.free("a")
+        again = Request("b", list(range(1, 15)) + [7, 8], SamplingParams())
+        assert sim.admit(again, chunk=2)
+        sim.check()
