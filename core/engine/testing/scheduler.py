@@ -2,10 +2,15 @@
 pool small enough to force preemption, driven by a deterministic stand-in for the model
 (the next token is a function of the whole sequence, as greedy decoding is) and the core's
 request lifecycle (:func:`engine.core.lifecycle.request_path`, which applies each step's
-result), so only the scheduler's policy is under test. Checked: the budget and sequence limit
-hold every step, blocks cover every scheduled token, every request finishes, no block leaks,
-and each request's tokens equal what it would generate alone — preemption and recompute change
-nothing."""
+result), so only the scheduler's policy is under test. With ``drafts`` a stand-in drafter
+proposes (its slots reserved as the core's speculator reserves them), right for a while and then
+wrong, and the stand-in model verifies the drafts greedily. Checked: the budget and sequence
+limit hold every step, slots cover every scheduled token and draft, a preempted request starts
+over (no blocks, nothing computed), every request finishes, no block leaks, and each request's
+tokens equal what it would generate alone: preemption, recompute and drafts change nothing.
+Beside the random workloads, one small test per bug scheduler authors make: decode or draft
+tokens left out of the budget, one request too many admitted, a preempted request dropped or
+resumed from its stale count, an aborted waiting request left queued."""
 
 from __future__ import annotations
 
@@ -14,7 +19,7 @@ from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.lifecycle import request_path
-from engine.messages.request import Request
+from engine.messages.request import Request, RequestStatus
 from engine.messages.sampling_params import SamplingParams
 from engine.messages.step import StepResult
 from engine.plugins import load_plugins
@@ -31,6 +36,29 @@ def alone(prompt: list[int], max_tokens: int) -> list[int]:
     for _ in range(max_tokens):
         tokens.append(next_token(tokens))
     return tokens[len(prompt) :]
+
+
+def verify(request: Request, drafts) -> list[int]:
+    """Greedy verification: the drafts the model agrees with, then its own next token."""
+    tokens, sampled = list(request.all_token_ids), []
+    for draft in [*drafts, None]:
+        sampled.append(next_token(tokens))
+        tokens.append(sampled[-1])
+        if sampled[-1] != draft:
+            break
+    return sampled
+
+
+def propose(request: Request, num_drafts: int) -> list[int]:
+    """A drafter right for a few tokens (how many depends on the sequence), then wrong."""
+    tokens = list(request.all_token_ids)
+    for _ in range(num_drafts):
+        tokens.append(next_token(tokens))
+    drafts = tokens[request.num_tokens :]
+    wrong = request.num_tokens % (num_drafts + 1)
+    if wrong < num_drafts:
+        drafts[wrong] = (drafts[wrong] + 1) % VOCAB
+    return drafts
 
 
 workloads = st.lists(
@@ -54,7 +82,15 @@ class SchedulerContract:
         return request_path(registry, config, kv, None, capacity), kv
 
     def run(
-        self, workload, num_blocks=12, block_size=4, budget=16, max_num_seqs=4, policy="fcfs", max_steps=3000
+        self,
+        workload,
+        num_blocks=12,
+        block_size=4,
+        budget=16,
+        max_num_seqs=4,
+        policy="fcfs",
+        drafts=0,
+        max_steps=3000,
     ):
         path, kv = self.request_path(
             num_blocks,
@@ -77,16 +113,27 @@ class SchedulerContract:
             preemptions += len(plan.preempted)
             assert plan.num_tokens <= budget
             assert len(plan.scheduled) <= max_num_seqs
+            scheduled = {item.request.request_id for item in plan.scheduled}
+            for r in requests:
+                if r.request_id in plan.preempted and r.request_id not in scheduled:
+                    assert r.status is RequestStatus.PREEMPTED and r.num_computed_tokens == 0, (
+                        "a preempted request starts over"
+                    )
+                    assert not kv.block_ids(r), "a preempted request's blocks are freed"
             for item in plan.scheduled:
                 r = item.request
                 assert item.num_new_tokens > 0
-                assert len(kv.block_ids(r)) * block_size >= r.num_computed_tokens + item.num_new_tokens
+                assert len(kv.block_ids(r)) * block_size >= (
+                    r.num_computed_tokens + item.num_new_tokens + len(item.spec_token_ids)
+                ), "a scheduled token (or draft) has no slot"
             sampled = {
-                item.request.request_id: [next_token(item.request.all_token_ids)]
+                item.request.request_id: verify(item.request, item.spec_token_ids)
                 for item in plan.scheduled
                 if item.samples
             }
             path.apply(plan, StepResult(sampled))
+            if drafts:
+                self._propose(path, plan, drafts, capacity=(num_blocks - 1) * block_size)
         assert not path.has_unfinished(), "every request must finish"
         assert kv.num_free_blocks == num_blocks - 1, "blocks leaked"
         for request, (_, max_tokens, _) in zip(requests, workload):
@@ -94,11 +141,25 @@ class SchedulerContract:
             assert request.output_token_ids == alone(request.prompt_token_ids, max_tokens), request
         return preemptions
 
+    @staticmethod
+    def _propose(path, plan, drafts: int, capacity: int) -> None:
+        """Drafts for each running request that decodes, as the core's speculator asks for them."""
+        for request in path.running(plan):
+            if request.num_computed_tokens != request.num_tokens - 1:  # still prefilling
+                continue
+            room = min(
+                drafts,
+                capacity - request.num_tokens - 1,
+                request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
+            )
+            if room > 0 and path.reserve_lookahead(request, room):
+                request.spec_token_ids = propose(request, room)
+
     # one contract class per scheduler (a plugin's, the built-in's) runs this same method
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
-    @given(workload=workloads, choice=st.integers(0, 1))
-    def test_random_workloads(self, workload, choice):
-        self.run(workload, policy=self.policies[choice % len(self.policies)])
+    @given(workload=workloads, choice=st.integers(0, 1), drafts=st.sampled_from([0, 0, 1, 3]))
+    def test_random_workloads(self, workload, choice, drafts):
+        self.run(workload, policy=self.policies[choice % len(self.policies)], drafts=drafts)
 
     def test_small_pool_forces_preemption_without_changing_outputs(self):
         workload = [(30, 12, 0), (25, 12, 0), (20, 12, 0), (35, 10, 0), (12, 12, 0)]
@@ -126,3 +187,24 @@ class SchedulerContract:
         assert request.finish_reason == "abort" and kv.num_free_blocks == 15
         assert not path.has_unfinished()
         assert not path.schedule().scheduled, "an aborted request must leave the queues"
+
+    # one test per bug scheduler authors make (tests/test_scheduler_kit_mutations.py plants each)
+    def test_decode_tokens_count_against_the_budget(self):
+        """``r0`` decodes while ``r1``'s prompt is prefilled in chunks: one budget holds both."""
+        self.run([(3, 6, 0), (30, 2, 0)], budget=8)
+
+    def test_draft_tokens_count_against_the_budget(self):
+        """``r0`` and ``r1`` decode with 3 drafts each while ``r2``'s prompt waits for budget."""
+        self.run([(3, 12, 0), (3, 12, 0), (30, 2, 0)], budget=8, drafts=3)
+
+    def test_no_more_requests_run_than_max_num_seqs(self):
+        self.run([(2, 4, 0)] * 6, budget=64, max_num_seqs=2)
+
+    def test_an_aborted_waiting_request_leaves_the_queue(self):
+        path, kv = self.request_path(16, block_size=4, max_num_batched_tokens=8, max_num_seqs=1)
+        path.add(Request("running", [1, 2, 3], SamplingParams(max_tokens=5)))
+        path.add(Request("waiting", [4, 5, 6], SamplingParams(max_tokens=5)))
+        assert [s.request.request_id for s in path.schedule().scheduled] == ["running"]
+        path.abort(["waiting", "running"])
+        assert not path.schedule().scheduled, "an aborted request must leave the queues"
+        assert kv.num_free_blocks == 15
