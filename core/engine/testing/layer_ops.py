@@ -1,11 +1,11 @@
 """Platform layer-ops contract: the :class:`engine.layers.LayerOps` a platform returns
 against the plain-torch ones on random inputs — RMSNorm with and without the residual
-add, rotary embedding of fused q|k|v rows, the per-head q/k RMSNorm + rotary of Qwen3,
-SwiGLU, W8A8's int8 activation quantization (with and without an outlier channel) and
-int32 rescale — for batch 1, small batches and a prefill-sized batch, in float32 and
-bfloat16, within the dtype's rounding; and packed group-affine weights (``pack_affine``):
-exact rows, and a matmul within the bound that rounding activations to int8 per 32 inputs
-allows. A platform without overrides passes trivially.
+add (also of rows near eps and a zero row), rotary embedding of fused q|k|v rows, the per-head
+q/k RMSNorm + rotary of Qwen3, SwiGLU, W8A8's int8 activation quantization (rounded to
+nearest, with and without an outlier channel) and int32 rescale — for batch 1, small batches
+and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding; and packed
+group-affine weights (``pack_affine``): exact rows, and a matmul within the bound that rounding
+activations to int8 per 32 inputs allows. A platform without overrides passes trivially.
 
 Inputs come as models hand them over, not only as fresh contiguous rows: views of a fused
 projection whose rows are padded (a wider matmul output), and 3-D head views [T, H, D]
@@ -24,6 +24,7 @@ from engine.layers.group_affine import AffineWeight
 from engine.plugins import load_plugins
 
 DTYPES = [torch.float32, torch.bfloat16]
+DTYPE_IDS = ["fp32", "bf16"]
 TOKENS = [1, 5, 800]  # 800: a prefill chunk, enough values that a kernel may split its rows over threads
 HEAD_LAYOUTS = ["contiguous", "padded-rows", "scattered-heads"]  # see _head_view
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
@@ -48,7 +49,7 @@ class LayerOpsContract:
         norm.process_weights_after_loading()
         return norm
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("with_residual", [True, False])
     @pytest.mark.parametrize("hidden", [96, 100])  # 100: not a multiple of a 16-float vector
@@ -63,7 +64,22 @@ class LayerOpsContract:
             got, expected = got[0], expected[0]
         torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    @pytest.mark.parametrize("with_residual", [True, False])
+    def test_rms_norm_of_small_and_zero_rows(self, platform, dtype, with_residual):
+        """Rows whose mean square is near eps (1e-6) or under it, where an eps added outside the
+        root or left out shows (the random rows above are far larger than eps), and an all-zero
+        row, as a padded batch holds: normalized to zeros, not NaN."""
+        gen = torch.Generator().manual_seed(0)
+        magnitudes = torch.tensor([1.0, 1e-3, 1e-4, 1e-5, 0.0])[:, None]
+        x, residual = (torch.randn(5, 100, generator=gen).mul(magnitudes).to(dtype) for _ in range(2))
+        args = (x, residual) if with_residual else (x,)
+        expected = self._norm(100, dtype, LayerOps())(*(a.clone() for a in args))
+        got = self._norm(100, dtype, platform.layer_ops(dtype))(*(a.clone() for a in args))
+        for g, e in zip(got, expected) if with_residual else [(got, expected)]:
+            torch.testing.assert_close(g, e, **TOLERANCE[dtype])
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     def test_gather_rows(self, platform, dtype, tokens):
         """The rotary tables' lookup: exact rows, repeats allowed, an id out of range refused."""
@@ -76,7 +92,7 @@ class LayerOpsContract:
             with pytest.raises(IndexError):
                 ops.gather_rows(table, torch.tensor([0, bad]))
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("layout", HEAD_LAYOUTS)
     def test_rms_norm_of_head_views(self, platform, dtype, tokens, layout):
@@ -89,7 +105,7 @@ class LayerOpsContract:
         torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
         assert torch.equal(x, before), "rms_norm without a residual must leave x as it is"
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     def test_rms_norm_with_residual_of_padded_rows(self, platform, dtype, tokens):
         gen = torch.Generator().manual_seed(tokens)
@@ -100,7 +116,7 @@ class LayerOpsContract:
         for g, e in zip(got, expected):
             torch.testing.assert_close(g, e, **TOLERANCE[dtype])
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("row_padding", [0, 64])
     @pytest.mark.parametrize("head_dim", [64, 48])  # 48: halves not a multiple of a 16-float vector
@@ -113,7 +129,7 @@ class LayerOpsContract:
         got = platform.layer_ops(dtype).rotary_qkv(_padded_copy(rows), heads, kv_heads, head_dim, cos_sin)
         _assert_qkv_close(got, expected, dtype)
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("row_padding", [0, 64])
     @pytest.mark.parametrize("head_dim", [64, 48])  # 48: not a multiple of a 16-float vector
@@ -131,7 +147,7 @@ class LayerOpsContract:
         got = ops.qk_norm_rotary(_padded_copy(rows), q_norm, k_norm, heads, kv_heads, head_dim, cos_sin)
         _assert_qkv_close(got, expected, dtype)
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("row_padding", [0, 64])
     def test_silu_and_mul(self, platform, dtype, tokens, row_padding):
@@ -140,7 +156,7 @@ class LayerOpsContract:
         got = platform.layer_ops(dtype).silu_and_mul(_padded_copy(x))
         torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("outlier", [False, True])
     @pytest.mark.parametrize("cols", [100, 700])  # not a multiple of a vector; big enough to split
@@ -159,8 +175,12 @@ class LayerOpsContract:
         assert outliers.tolist() == ref_outliers.tolist() and (7 in outliers.tolist()) == outlier
         torch.testing.assert_close(scale, ref_scale, rtol=1e-6, atol=0)
         assert (xq.int() - ref_q.int()).abs().max() <= 1  # a tie may round the other way
+        assert not xq[:, outliers].any(), "outlier channels are zero in xq"
+        kept = torch.ones(cols, dtype=torch.bool).index_fill_(0, outliers, False)
+        rounding = (xq[:, kept].double() - x[:, kept].double() / scale.double()).abs().max().item()
+        assert rounding <= 0.5 + 1e-3, f"x / scale rounded {rounding} away: not to nearest"
 
-    @pytest.mark.parametrize("out_dtype", DTYPES)
+    @pytest.mark.parametrize("out_dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("width", [100, 700])
     def test_rescale_int32(self, platform, out_dtype, tokens, width):
@@ -171,7 +191,7 @@ class LayerOpsContract:
         expected = LayerOps().rescale_int32(acc, rows, cols, out_dtype)
         torch.testing.assert_close(got, expected, **TOLERANCE[out_dtype])
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("bits", [4, 5, 8])
     @pytest.mark.parametrize("float16_scales", [False, True])  # as GGUF's legacy formats store them
@@ -200,7 +220,7 @@ class LayerOpsContract:
             atol=_int8_activation_bound(x.float(), w).max().item() + TOLERANCE[dtype]["atol"],
         )
 
-    @pytest.mark.parametrize("dtype", DTYPES)
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     def test_pack_dense(self, platform, dtype, tokens):
         """A prepacked plain weight computes exactly what ``F.linear`` does (or is declined)."""
