@@ -8,13 +8,18 @@ writes into real cache tensors a value at each slot that depends on the whole pr
 Checked every step: before a request computes, every block holding its computed tokens, loaded
 or local, holds exactly that prefix's values in every layer (a round trip through the connector
 into other block ids is exact). Checked per workload: prefixes evicted from the pool come back
-through the connector; a failed load (injected: the block is garbled and reported failed) is
-recomputed and changes no output; preemption beside loads changes no output; under random
-workloads with preemption, aborts and failures no block leaks or is freed twice, and every
-request's tokens equal what it generates alone.
+through the connector; a prefix whose head is still in the pool loads only its tail, into the
+blocks after the local hit, offering no block the connector does not hold; blocks a request
+computes into right after a finish freed them were saved before it; a failed load (injected:
+the block is garbled and reported failed) is recomputed and changes no output; preemption beside
+loads changes no output; under random workloads with preemption, aborts and failures no block
+leaks or is freed twice, and every request's tokens equal what it generates alone. A run fails
+after ``stall_steps`` steps in a row that compute nothing and free no block (a load never
+reported finished, blocks never reported sent), not by hanging.
 
 A plugin's test subclasses :class:`KVConnectorContract`, sets ``connector_name`` and, if its
-connector needs it, overrides :meth:`KVConnectorContract.extra_config` (e.g. a disk path).
+connector needs it, overrides :meth:`KVConnectorContract.extra_config` (e.g. a disk path). The
+mutants in ``tests/plugins/kv_connector_mutants.py`` are the bugs it is checked to catch.
 """
 
 from __future__ import annotations
@@ -81,6 +86,7 @@ class ConnectorSim:
     caches: list[torch.Tensor]
     num_blocks: int
     fail_every: int = 0  # garble and report failed every n-th block loaded (0: none)
+    stall_steps: int = 100  # steps in a row without progress before a run fails
     loaded: int = 0
     failures: int = 0
     steps: int = 0
@@ -129,13 +135,23 @@ class ConnectorSim:
         self.worker.shutdown()
 
     def run(self, max_steps: int = 3000, abort_at: dict[int, str] | None = None) -> None:
-        """Step until every request finished and the connector released every delayed block."""
+        """Step until every request finished and the connector released every delayed block;
+        fail once ``stall_steps`` steps in a row computed nothing and freed no block (a load that
+        never lands, blocks held forever) rather than step on to ``max_steps``."""
+        stalled = 0
         for _ in range(max_steps):
             if abort_at and self.steps in abort_at:
                 self.path.abort([abort_at[self.steps]])
             if self.drained():
                 return
+            free = self.kv.num_free_blocks
             self.step()
+            stalled = 0 if self.last_computed or self.kv.num_free_blocks != free else stalled + 1
+            if stalled >= self.stall_steps:
+                raise AssertionError(
+                    f"{stalled} steps in a row computed nothing and freed no block: a load the connector"
+                    " never reports finished, or blocks it never reports sent"
+                )
         raise AssertionError("requests did not finish, or the connector held blocks forever")
 
     def _slots(self, plan) -> torch.Tensor:
@@ -189,6 +205,7 @@ class ConnectorSim:
 class KVConnectorContract:
     connector_name: str = ""
     scheduler_name: str = "default"  # the connector's protocol must hold under any scheduler
+    stall_steps: int = 100  # raise it for a connector whose own threads may take longer to land a load
 
     def extra_config(self, folder: str) -> dict:
         """``kv_connector_extra_config`` for the connector; ``folder`` is a fresh directory."""
@@ -222,7 +239,7 @@ class KVConnectorContract:
         worker.register_kv_caches(caches, BLOCK_DIM)
         recorder = _Recorder(scheduler_half)
         path = request_path(registry, config, kv, recorder, (num_blocks - 1) * BLOCK)
-        return ConnectorSim(path, kv, recorder, worker, caches, num_blocks, fail_every)
+        return ConnectorSim(path, kv, recorder, worker, caches, num_blocks, fail_every, self.stall_steps)
 
     def assert_other_blocks(self, request: Request, loaded_into: list[int], held_before: list[int]) -> None:
         """The round trip's blocks were not where the loaded values were before."""
@@ -263,6 +280,44 @@ class KVConnectorContract:
         sim.run()
         assert sim.stats["external_prefix_hits"] == hits_before
         assert sim.kv.stats["prefix_hits"] == 16
+
+    def test_a_prefix_partly_in_the_pool_loads_only_the_rest(self, tmp_path):
+        sim = self.make(str(tmp_path))
+        shared = [(7 * j + 5) % 97 for j in range(24)]
+        sim.add(Request("seed", shared + [1], SamplingParams(max_tokens=1)))
+        sim.run()
+        # 11 blocks: the 8 never used, then the seed's last three (freed tail first)
+        sim.add(Request("filler", [(11 * j + 2) % 97 for j in range(44)], SamplingParams(max_tokens=1)))
+        sim.run()
+        probe = Request("probe", shared + [5], SamplingParams())
+        assert sim.kv.get_computed_blocks(probe)[1] == 16, "the test meant the prefix's head left in the pool"
+        local_before, failures_before = sim.kv.stats["prefix_hits"], sim.stats["kv_load_failures"]
+        external_before = sim.stats["external_prefix_hits"]
+        # longer than what the connector holds: an offer counted from the prompt's start shows
+        second = Request("second", shared + [9] * 12, SamplingParams(max_tokens=4))
+        sim.add(second)
+        sim.run()
+        assert sim.kv.stats["prefix_hits"] - local_before == 16
+        assert sim.stats["external_prefix_hits"] - external_before >= 8, "the evicted blocks did not load"
+        assert sim.stats["kv_load_failures"] == failures_before, "it offered blocks it does not hold"
+        assert second.output_token_ids == alone(second.prompt_token_ids, 4)
+
+    def test_blocks_reused_right_after_a_finish_were_saved_first(self, tmp_path):
+        sim = self.make(str(tmp_path), num_blocks=8)
+        shared = [(13 * j + 6) % 97 for j in range(24)]
+        sim.add(Request("seed", shared, SamplingParams(max_tokens=1)))
+        sim.run()
+        # the very next step computes this one in the seed's freed blocks (the one never used first)
+        sim.add(Request("filler", [(3 * j + 8) % 97 for j in range(16)], SamplingParams(max_tokens=1)))
+        sim.run()
+        probe = Request("probe", shared + [5], SamplingParams())
+        assert sim.kv.get_computed_blocks(probe)[1] == 12, "the test meant the seed's blocks reused"
+        hits_before = sim.stats["external_prefix_hits"]
+        second = Request("second", shared + [2], SamplingParams(max_tokens=3))
+        sim.add(second)
+        sim.run()
+        assert sim.stats["external_prefix_hits"] - hits_before == 12, "the reused blocks did not load"
+        assert second.output_token_ids == alone(second.prompt_token_ids, 3)
 
     def test_failed_loads_recompute_to_the_same_output(self, tmp_path):
         sim = self.make(str(tmp_path), fail_every=2)

@@ -8,8 +8,9 @@ carries are given to the request, which then runs on the consumer: its prompt bl
 into the consumer's own (other) block ids. So every check of the contract holds across instances:
 each block a request computes on holds exactly its prefix's values (the round trip through the
 transport is exact), failed loads recompute to the same output, preemption and aborts leak no
-block on either side. The tests here add what only P/D has: a request aborted on the decode side
-before its pull, or one never sent there, frees the producer's blocks; params of another prompt
+block on either side. The tests here add what only P/D has: the producer frees a request's blocks
+as soon as the decode side pulled them (not when its timeout runs out), and so does a request
+aborted on the decode side before its pull, or one never sent there; params of another prompt
 are not pulled; a dead producer fails the pull and the request recomputes.
 
 For connectors built on :class:`engine.kv_transfer.PDConnector`; a plugin's test subclasses
@@ -164,6 +165,23 @@ class PDConnectorContract(KVConnectorContract):
         sim.run()
         assert sim.stats["external_prefix_hits"] == 20  # 5 full blocks before the last token
         assert request.output_token_ids == alone(prompt, 6)
+
+    def test_the_producer_frees_the_blocks_once_they_are_pulled(self, tmp_path):
+        timeout = 6.0  # short, so that blocks freed by it alone fail in seconds
+        sim = self.make(str(tmp_path), abort_request_timeout=timeout)
+        prompt = [(23 * j + 9) % 97 for j in range(18)]
+        request = Request("pulled", prompt, SamplingParams(max_tokens=3))
+        sim.add(request)
+        assert not sim.producer.drained(), "the producer holds the blocks until they are pulled"
+        started = time.monotonic()
+        while not sim.producer.drained():
+            assert time.monotonic() - started < timeout / 2, (
+                "the producer still holds blocks the decode instance pulled: only the timeout frees them"
+            )
+            sim.step()
+        sim.run()
+        assert sim.stats["external_prefix_hits"] == 16
+        assert request.output_token_ids == alone(prompt, 3)
 
     def test_abort_before_the_pull_frees_the_producers_blocks(self, tmp_path):
         sim = self.make(str(tmp_path))
