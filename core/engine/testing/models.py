@@ -1,7 +1,9 @@
 """Model contract: for every architecture a model plugin claims (``example_configs``), a tiny
 random ``transformers`` model is saved as a safetensors folder, loaded by the engine, and
 compared: log-probabilities at every prompt position, and greedy tokens, in float32. The engine
-runs with 8-token blocks and 24-token prefill chunks; a model class with sliding-window layers
+runs with 8-token blocks and 24-token prefill chunks; config fields an example config leaves
+at their default, which a model could hard-code unnoticed, are set to values no family
+defaults to (:data:`UNUSUAL_CONFIG`); a model class with sliding-window layers
 sets ``long_prompt_lengths`` (prompts longer than its example configs' window) so that prompts
 outgrow the window and chunks cross its edge.
 :class:`EmbeddingModelContract` is the same for a model that only pools (an encoder): its
@@ -9,11 +11,37 @@ embeddings for each pooling type, normalised or not."""
 
 from __future__ import annotations
 
+import json
+import os
+
 import pytest
 import torch
 
 from engine.plugins import Registration
 from engine.testing import reference
+
+# Values no family defaults to, for config fields a model reads and could instead hard-code (Llama's
+# rope base 10000, its eps 1e-6): set where an example config leaves the field unset, so the
+# checkpoint's value differs from any default. rms_norm_eps 1e-3 is ~2 % of the tiny models'
+# embedding mean square, which moves log-probs by far more than the kit's tolerance.
+UNUSUAL_CONFIG = {"rope_theta": 5000.0, "rms_norm_eps": 1e-3}
+
+
+def with_unusual_values(config_kwargs: dict) -> dict:
+    """``config_kwargs`` (an example config) with :data:`UNUSUAL_CONFIG`'s value for each field
+    the config has and the example leaves unset; ``rope_theta`` only where the config has one
+    rope base (not one per layer type, as Gemma 3's ``rope_parameters``)."""
+    from transformers import AutoConfig
+
+    kwargs = dict(config_kwargs)
+    fields = {k: v for k, v in kwargs.items() if k != "model_type"}
+    default = AutoConfig.for_model(kwargs["model_type"], **fields)
+    rope = getattr(default, "rope_parameters", None)
+    if "rope_theta" not in kwargs and "rope_parameters" not in kwargs and "rope_theta" in (rope or {}):
+        kwargs["rope_theta"] = UNUSUAL_CONFIG["rope_theta"]
+    if "rms_norm_eps" not in kwargs and hasattr(default, "rms_norm_eps"):
+        kwargs["rms_norm_eps"] = UNUSUAL_CONFIG["rms_norm_eps"]
+    return kwargs
 
 
 class _Checkpoints:
@@ -39,11 +67,58 @@ class _Checkpoints:
         out = {}
         for key, kwargs in model_cls.example_configs().items():
             folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
-            model = reference.tiny_checkpoint(folder, key.split("-")[0], kwargs, auto_class=cls.auto_class)
+            kwargs = with_unusual_values(kwargs)
+            architecture = key.split("-")[0]
+            model = reference.tiny_checkpoint(folder, architecture, kwargs, auto_class=cls.auto_class)
             if cls.random_norms:
                 reference.randomize_norms(model, folder)
+            _claim(folder, architecture)
             out[key] = (folder, model)
         return out
+
+    def _assert_serves_model_class(self, llm) -> None:
+        """The engine serves the checkpoints with the class under test (or the base a subclass
+        that only picks example configs stands for), not another plugin's registration of the
+        architecture: leave that plugin out with ``plugins``."""
+        served = type(llm.engine.model)
+        wanted = Registration("models", "", self.model_class, "").load()
+        assert _stands_for(wanted, served), (
+            f"the engine served {served.__module__}.{served.__qualname__}, not {self.model_class}"
+        )
+
+
+# what a subclass that only picks other example configs of a model class defines
+_CONFIGS_ONLY = {
+    "__module__",
+    "__qualname__",
+    "__doc__",
+    "__firstlineno__",
+    "__static_attributes__",
+    "__abstractmethods__",
+    "_abc_impl",
+    "example_configs",
+}
+
+
+def _stands_for(model_cls: type, served: type) -> bool:
+    """Whether ``served`` is ``model_cls`` or a base of it that differs in example configs only."""
+    for cls in model_cls.__mro__:
+        if cls is served:
+            return True
+        if set(vars(cls)) - _CONFIGS_ONLY:
+            return False
+    return False
+
+
+def _claim(folder: str, architecture: str) -> None:
+    """Write ``architecture`` as the checkpoint's, which selects the model class: transformers'
+    ``save_pretrained`` writes its own class's name (LlamaForCausalLM for any llama-type model)."""
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["architectures"] = [architecture]
+    with open(path, "w") as f:
+        json.dump(config, f, indent=2)
 
 
 class ModelContract(_Checkpoints):
@@ -79,6 +154,7 @@ class ModelContract(_Checkpoints):
             plugins=self.plugins,
             **options,
         )
+        self._assert_serves_model_class(llm)
         if self.platform is not None:
             assert llm.engine.platform.name == self.platform
         if self.attention_backend is not None:
@@ -200,6 +276,7 @@ class EmbeddingModelContract(_Checkpoints):
                 plugins=self.plugins,
                 override_pooler_config={"pooling_type": pooling_type, "normalize": False},
             )
+            self._assert_serves_model_class(llm)
             prompts = reference.random_prompts(hf_model.config.vocab_size, [5, 17, 30, 1, 9], seed=1)
             for normalize in (False, True):
                 outs = llm.embed(prompts, PoolingParams(normalize=normalize))
