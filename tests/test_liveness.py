@@ -169,9 +169,11 @@ def plugin(tmp_path_factory):
 
 class RawStream:
     """A streaming completion read line by line on a thread, each line with its arrival time,
-    so a test sees the SSE comments the ``openai`` client skips."""
+    so a test sees the SSE comments the ``openai`` client skips; returns once a line starting
+    with ``wait_for`` came (by default: a data frame, i.e. the stream is mid-generation)."""
 
-    def __init__(self, server, **body):
+    def __init__(self, server, wait_for: str = "data: ", **body):
+        self.wait_for = wait_for
         self.lines: list[tuple[float, str]] = []
         self.started = threading.Event()
         body = {"model": server.model(), "prompt": "Hello", "ignore_eos": True, "stream": True, **body}
@@ -184,7 +186,7 @@ class RawStream:
             with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
                 for line in response.iter_lines():
                     self.lines.append((time.monotonic(), line))
-                    if line.startswith("data: "):
+                    if line.startswith(self.wait_for):
                         self.started.set()
         finally:
             self.started.set()
@@ -240,12 +242,16 @@ def test_a_stopped_core_turns_health_503_keeps_streams_alive_and_recovers(tiny_l
             assert "sent no heartbeat for" in error["message"], error
             assert "1 request is in flight" in error["message"], error
             assert stream.keepalives_since(since) >= 2
+            late = RawStream(server, wait_for=": keep-alive", max_tokens=20)  # headers, then keep-alives
+            assert not any(line.startswith("data: ") for _, line in late.lines)
         resumed = time.monotonic()
         wait_health(server, 200, timeout=3)
         assert time.monotonic() - resumed < 2
         frames = stream.frames()
         assert frames[-1] == "[DONE]" and not error_codes(frames), frames[-3:]
         assert json.loads(frames[-2])["usage"]["completion_tokens"] == 200
+        frames = late.frames()
+        assert frames[-1] == "[DONE]" and not error_codes(frames), frames[-3:]
 
 
 def test_the_step_timeout_fails_a_stopped_cores_requests_and_exits_nonzero(tiny_llama, plugin):
