@@ -236,7 +236,8 @@ def test_a_stopped_core_turns_health_503_keeps_streams_alive_and_recovers(tiny_l
         with stopped(core) as since:
             unhealthy = wait_health(server, 503, timeout=5)
             after = time.monotonic() - since
-            assert 1.4 < after < 3.5, after  # the limit (2 s) less the last beat's age, plus a look
+            # the limit (2 s) less the age of the last beat and of its round (a beat interval and a step)
+            assert 0.8 < after < 4, after
             error = unhealthy.json()["error"]
             assert error["code"] == "engine_unresponsive"
             assert "sent no heartbeat for" in error["message"], error
@@ -281,7 +282,7 @@ def test_the_step_timeout_fails_a_stopped_cores_requests_and_exits_nonzero(tiny_
             for _ in chunks:
                 pass
         assert streamed.value.code == "engine_stalled", streamed.value
-        assert time.monotonic() - since < 4
+        assert time.monotonic() - since < 6  # the 2 s timeout, a look, and a loaded machine's delivery
         thread.join(30)
         assert outcome["error"].status_code == 500 and outcome["error"].code == "engine_stalled"
         assert server.process.wait(15) == 1
@@ -305,7 +306,7 @@ def test_a_step_that_never_finishes_is_seen_by_its_heartbeats_and_ends_the_serve
             assert "in one step for" in error["message"] and "heartbeats still come" in error["message"]
             frames = stream.frames()
             assert error_codes(frames) == ["engine_stalled"] and frames[-1] == "[DONE]", frames[-3:]
-            assert 3.5 < time.monotonic() - hung < 7
+            assert 3.5 < time.monotonic() - hung < 9  # the 4 s timeout counts from the hung step's start
             assert server.process.wait(15) == 1
             assert gone(core)
     finally:
