@@ -107,6 +107,21 @@ def error_codes(frames: list[str]) -> list[str | None]:
     return [p["error"]["code"] for p in payloads if "error" in p]
 
 
+def gone(pid: int, timeout: float = 5) -> bool:
+    """Whether process ``pid`` exits within ``timeout`` (a zombie left to a non-reaping init
+    counts as exited)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @contextlib.contextmanager
 def serve(
     model: str | None,
@@ -115,15 +130,22 @@ def serve(
     timeout: float = 240,
     new_session: bool = False,
     port: int | None = None,
+    env: dict[str, str] | None = None,
 ):
     """``new_session``: the server leads its own process group, for signals sent to the group.
-    ``port``: where it listens (default: a free port), for a test that must name it before it starts."""
+    ``port``: where it listens (default: a free port), for a test that must name it before it starts.
+    ``env``: the server's environment (default: this process's), e.g. with a plugin on its path."""
     port = port or free_port()
     command = [ENGINE, "serve", "--port", str(port), *(["--model", model] if model else []), *args]
     if api_key:
         command += ["--api-key", api_key]
     process = subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=new_session
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=new_session,
+        env=env,
     )
     server = Server(process, port, api_key)
     deadline = time.monotonic() + timeout

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.plugin_packages import pip_install, pip_uninstall, write_plugin
-from tests.serving import Streams, error_codes, serve
+from tests.serving import Streams, error_codes, gone, serve
 
 FAULT_PLUGIN = '''\
 """test-fault: a logits processor that paces every step by {pace} s (so tiny-model streams
@@ -69,21 +69,6 @@ def fault_trigger(tmp_path_factory):
     )
     yield trigger
     pip_uninstall("tessellm-logits-test-fault")
-
-
-def gone(pid: int, timeout: float = 5) -> bool:
-    """Whether process ``pid`` exits within ``timeout`` (a zombie left to a non-reaping init
-    counts as exited)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                    return True
-        except FileNotFoundError:
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.mark.slow

@@ -53,6 +53,8 @@ class ServerState:
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
     log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
+    heartbeat_timeout: float = 30.0  # --engine-heartbeat-timeout: /health's limit on a busy core's silence
+    keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: SSE comments while no token comes
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )
@@ -164,8 +166,14 @@ async def detokenize(request: Request):
 
 
 async def health(request: Request):
-    if request.app.state.server.client.dead:
+    """200 while the engine core runs and, when it has requests in flight, shows progress
+    within ``--engine-heartbeat-timeout``; a 503 naming the reason otherwise."""
+    state = request.app.state.server
+    if state.client.dead:
         return APIError(503, "the engine core is not running", code="engine_dead").response()
+    problem = state.client.unresponsive(state.heartbeat_timeout)
+    if problem:
+        return APIError(503, problem, code="engine_unresponsive").response()
     return Response(status_code=200)
 
 
@@ -188,7 +196,11 @@ _PATHS = {
     "/tokenize": ("post", "TokenizeRequest", "Token ids of a prompt or chat"),
     "/detokenize": ("post", "DetokenizeRequest", "Text of token ids"),
     "/v1/models": ("get", None, "The served model"),
-    "/health": ("get", None, "200 while the engine core runs, 503 otherwise"),
+    "/health": (
+        "get",
+        None,
+        "200 while the engine core runs and makes progress, 503 (naming the reason) otherwise",
+    ),
     "/version": ("get", None, "Server version"),
     "/metrics": ("get", None, "Prometheus metrics"),
 }

@@ -1,7 +1,8 @@
 """`/v1/completions` and `/v1/chat/completions`: read the body, validate and tokenize it off
-the event loop, fan out one engine request per prompt and sample, then stream SSE chunks or
-collect one response. Every way out of a request (an error, a 500, a client that leaves
-while queued, in prefill or in decode) aborts its unfinished engine requests."""
+the event loop, fan out one engine request per prompt and sample, then stream SSE chunks (with
+keep-alive comments while no token comes) or collect one response. Every way out of a request
+(an error, a 500, a client that leaves while queued, in prefill or in decode) aborts its
+unfinished engine requests."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from engine_server.errors import (
     internal_error,
     overloaded,
 )
+from engine_server.keepalive import KEEPALIVE_FRAME, QUIET, Ticker
 from engine_server.logprobs import LogprobFormat
 from engine_server.prompts import chat_prompt, check_fanout, check_prompt, completion_prompts
 from engine_server.schemas import INT64_MAX, ChatCompletionRequest, CompletionRequest
@@ -190,18 +192,18 @@ async def unless_disconnected(request: Request, coroutine):
 
 
 class EngineStream(StreamingResponse):
-    """An SSE response that aborts its engine requests however it ends, even when the
-    client leaves before the first frame is produced."""
+    """An SSE response that aborts its engine requests however it ends (``close``), even when
+    the client leaves before the first frame is produced."""
 
-    def __init__(self, frames, handle):
+    def __init__(self, frames, close):
         super().__init__(frames, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self.handle = handle
+        self.close = close
 
     async def __call__(self, scope, receive, send):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self.handle.close()
+            self.close()
 
 
 class Generation:
@@ -244,23 +246,30 @@ class Generation:
         self.timers = {}
         self.handle = None
         self._first = None
+        self._answered = None  # the engine's first delta, once one came
         self.refused: str | None = None  # admission control refused one of the samples
 
     async def run(self, request: Request) -> Response:
         """Submit, wait for the engine's first answer (so a request it refuses, such as an
-        invalid grammar, still gets a 4xx), then answer. The handle is closed on every way
-        out here, except a stream handed to starlette, which closes it when it ends."""
+        invalid grammar, still gets a 4xx), then answer. A stream waits for it one keep-alive
+        interval at most, then starts without it. We close on every way out here, except a
+        stream handed to starlette, which closes when it ends."""
         self._submit()
         streaming = False
         try:
             await unless_disconnected(request, self._start())
             if self.body.stream:
                 streaming = True
-                return EngineStream(self._frames(), self.handle)
+                return EngineStream(self._frames(), self.close)
             return await self._collect(request)
         finally:
             if not streaming:
-                self.handle.close()
+                self.close()
+
+    def close(self) -> None:
+        """Stop waiting for deltas and abort the engine requests still open."""
+        self._deltas.close()
+        self.handle.close()
 
     def _submit(self) -> None:
         if self.state.log_requests:
@@ -280,7 +289,8 @@ class Generation:
             for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n)
         ]
         self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
-        self._deltas = self.handle.deltas()
+        interval = self.state.keepalive_interval if self.body.stream else None
+        self._deltas = Ticker(self.handle.deltas(), interval)  # QUIET only in a stream, to send keep-alives
 
     def _log(self) -> None:
         """``--enable-log-requests``: each engine request's prompt (cut to ``--max-log-len``)
@@ -300,15 +310,26 @@ class Generation:
 
     async def _start(self) -> None:
         try:
-            self._first = await anext(self._deltas)
+            first = await anext(self._deltas)
         except StopAsyncIteration:
             return
         except EngineDead as exc:
             raise self._engine_dead(exc) from None
-        if self._first.finish_reason == "error":
-            if self._first.error_code == "overloaded":
-                raise overloaded(self._first.error)
-            raise bad_request(self._first.error or "the engine rejected this request")
+        if first is QUIET:  # a stream that waited a keep-alive interval: it starts without it
+            return
+        self._first = self._answered = first
+        refusal = self._refusal(first)
+        if refusal is not None:
+            raise refusal
+
+    @staticmethod
+    def _refusal(first) -> APIError | None:
+        """The error for an engine that refused the request in its first answer, or None."""
+        if first.finish_reason != "error":
+            return None
+        if first.error_code == "overloaded":
+            return overloaded(first.error)
+        return bad_request(first.error or "the engine rejected this request")
 
     async def deltas(self):
         if self._first is not None:
@@ -482,6 +503,15 @@ class Generation:
                     unechoed.discard(choice.request_id)
                     yield self._chunks(choice, self._echo(choice), [])[0]
             async for delta in self.deltas():
+                if delta is QUIET:
+                    yield KEEPALIVE_FRAME
+                    continue
+                if self._answered is None:  # the first answer came after the stream started
+                    self._answered = delta
+                    refusal = self._refusal(delta)
+                    if refusal is not None:
+                        yield "data: " + json.dumps(refusal.body()) + "\n\n"
+                        break
                 choice, text, entries = self.feed(delta)
                 if self.refused is not None:
                     yield "data: " + json.dumps(overloaded(self.refused).body()) + "\n\n"

@@ -43,14 +43,17 @@ class ReplicaSet:
         num_replicas: int = 1,
         routing: str = "prefix",
         on_death: Callable[[str], None] | None = None,
+        step_timeout: float | None = None,
     ):
+        """``step_timeout``: seconds a core may go without progress while it has requests in
+        flight before it counts as dead (``--engine-step-timeout``; None: never)."""
         if num_replicas < 1:
             raise ValueError(f"data_parallel_size must be at least 1, got {num_replicas}")
         self.routing = routing
         self.events = KVEventsConfig.from_dict(engine_options.get("kv_events_config"))
         self._feeds: list[asyncio.Task] = []
         self.replicas = [
-            AsyncEngine(engine_options, self._one_died, cpus=cpus, rank=rank)
+            AsyncEngine(engine_options, self._one_died, cpus=cpus, rank=rank, step_timeout=step_timeout)
             for rank, cpus in enumerate(core_shares(num_replicas))
         ]
         self.on_death = on_death
@@ -64,6 +67,15 @@ class ReplicaSet:
     @property
     def dead(self) -> str | None:
         return next((replica.dead for replica in self.replicas if replica.dead), None)
+
+    def unresponsive(self, limit: float) -> str | None:
+        """Why a core with requests in flight shows no progress within ``limit`` seconds (the
+        first such core, named when there are several), or None."""
+        for rank, replica in enumerate(self.replicas):
+            problem = replica.unresponsive(limit)
+            if problem:
+                return problem if len(self.replicas) == 1 else f"data-parallel core {rank}: {problem}"
+        return None
 
     def add_stats_listener(self, make_listener: Callable[[int], Callable[[EngineStats], None]]) -> None:
         """``make_listener(i)`` is called once per replica; what it returns gets replica i's stats."""

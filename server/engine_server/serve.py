@@ -109,7 +109,13 @@ class ServeCommand(Command):
         reasoning_parser = (
             registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
         )
-        client = ReplicaSet(options, args.data_parallel_size, args.data_parallel_routing, on_death)
+        client = ReplicaSet(
+            options,
+            args.data_parallel_size,
+            args.data_parallel_routing,
+            on_death,
+            step_timeout=args.engine_step_timeout,
+        )
         metrics = Metrics(name, args.metrics_prefix)
         client.add_stats_listener(
             lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine, engine=engine))
@@ -131,6 +137,8 @@ class ServeCommand(Command):
             enable_prompt_tokens_details=args.enable_prompt_tokens_details,
             return_tokens_as_token_ids=args.return_tokens_as_token_ids,
             max_log_len=args.max_log_len,
+            heartbeat_timeout=args.engine_heartbeat_timeout,
+            keepalive_interval=args.stream_keepalive_interval or None,
         )
 
         @contextlib.asynccontextmanager

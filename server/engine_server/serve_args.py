@@ -9,10 +9,12 @@ import json
 import logging
 import os
 
+from engine.client.protocol import HEARTBEAT_INTERVAL
 from engine.entrypoints.tokenizer import load_tokenizer
 from engine_server.router import ROUTING
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+MIN_LIVENESS_LIMIT = 2 * HEARTBEAT_INTERVAL  # a shorter limit would take one late beat for a hang
 
 
 def add_server_arguments(parser) -> None:
@@ -83,6 +85,7 @@ def add_server_arguments(parser) -> None:
         help="seconds in-flight requests get to finish after SIGTERM; those still running then end with an "
         "error (code shutdown) and the exit status is 1; default: 10",
     )
+    add_liveness_arguments(add)
     add(
         "--allow-unknown-fields",
         action="store_true",
@@ -165,6 +168,56 @@ def add_server_arguments(parser) -> None:
         "the longest prefix of its prompt, unless that core is much busier than the least busy one) or "
         "round-robin; default: prefix",
     )
+
+
+def add_liveness_arguments(add) -> None:
+    """The flags that make a hung engine core visible (docs/decisions.md, "Liveness")."""
+    add(
+        "--engine-heartbeat-timeout",
+        type=_liveness_limit,
+        default=30.0,
+        metavar="SECONDS",
+        help="/health answers 503 (naming the reason) while the engine core has requests in flight and "
+        "shows no progress for this long: no heartbeat (its process sends one every "
+        f"{HEARTBEAT_INTERVAL:g} s from a thread apart from the step loop: none means the process is stopped "
+        "or frozen), or one step running this long (a hung or deadlocked step); 200 again once it moves; "
+        "an idle core is never judged; default: 30",
+    )
+    add(
+        "--engine-step-timeout",
+        type=_liveness_limit,
+        default=None,
+        metavar="SECONDS",
+        help="watchdog: when the engine core, with requests in flight, shows no progress for this long (as "
+        "--engine-heartbeat-timeout judges it), its requests fail (a stream gets an error frame, any other "
+        "request a 500, code engine_stalled), the core is killed and the server exits with status 1, for a "
+        "supervisor to restart it; set it above the longest step you expect; default: off",
+    )
+    add(
+        "--stream-keepalive-interval",
+        type=_non_negative_float,
+        default=15.0,
+        metavar="SECONDS",
+        help="a stream that waits this long for its next token gets an SSE comment line (': keep-alive'), "
+        "which clients skip and which keeps proxies from closing the idle connection; a stream whose first "
+        "token takes this long starts without it (later errors come as error frames); 0: off; default: 15",
+    )
+
+
+def _liveness_limit(text: str) -> float:
+    value = float(text)
+    if not value >= MIN_LIVENESS_LIMIT:  # NaN too
+        raise argparse.ArgumentTypeError(
+            f"must be at least {MIN_LIVENESS_LIMIT:g} s (two heartbeat intervals), got {text}"
+        )
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:

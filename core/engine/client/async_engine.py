@@ -1,7 +1,9 @@
 """An asyncio front end's engine (vLLM's ``AsyncLLM``): one engine core in its own process
 (:class:`AsyncMPClient`), each front-end request's deltas routed to its own
 :class:`RequestHandle`, and the core's death noticed (every open request then gets
-:class:`EngineDead`)."""
+:class:`EngineDead`). With a step timeout, a core that stops making progress is treated as
+dead too (:class:`EngineStalled`), so that a supervisor can restart what would otherwise hold
+its requests forever."""
 
 from __future__ import annotations
 
@@ -16,12 +18,22 @@ from engine.messages.stats import EngineStats
 
 logger = logging.getLogger(__name__)
 
+WATCHDOG_PERIOD = 0.25  # seconds between the step-timeout watchdog's looks (at most)
+LOOP_LAG_ALLOWANCE = 0.5  # a look this late means this event loop stalled: the heartbeats may wait unread
+
 
 class ShutdownCut(EngineDead):
     """The front end's shutdown reached its deadline (the server's ``--graceful-timeout``)
     before this request finished."""
 
     code, what = "shutdown", "the server is shutting down"
+
+
+class EngineStalled(EngineDead):
+    """The engine core made no progress for longer than the step timeout while requests were
+    in flight: stopped, hung in a step, or deadlocked. It is killed as a dead one is."""
+
+    code, what = "engine_stalled", "the engine core stopped making progress"
 
 
 class RequestHandle:
@@ -61,11 +73,14 @@ class AsyncEngine:
         on_death: Callable[[str], None] | None = None,
         cpus: set[int] | None = None,
         rank: int = 0,
+        step_timeout: float | None = None,
     ):
         """``cpus``: the CPUs the core is pinned to (None: this process's); ``rank``: its place
-        among the front end's data-parallel cores."""
+        among the front end's data-parallel cores; ``step_timeout``: seconds without progress
+        (while requests are in flight) after which the core counts as dead (None: never)."""
         self.core = AsyncMPClient(engine_options, cpus, rank)
         self.on_death = on_death
+        self.step_timeout = step_timeout
         self.dead: str | None = None
         self.stats_listeners: list[Callable[[EngineStats], None]] = []
         self._routes: dict[str, RequestHandle] = {}
@@ -78,6 +93,8 @@ class AsyncEngine:
     async def start(self, timeout: float = 900) -> Ready:
         ready = await self.core.start(timeout)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]
+        if self.step_timeout:
+            self._tasks.append(asyncio.create_task(self._watchdog(self.step_timeout)))
         return ready
 
     def submit(
@@ -103,6 +120,11 @@ class AsyncEngine:
     def open_requests(self) -> int:
         """Engine requests sent and not yet finished."""
         return len(self._routes)
+
+    def unresponsive(self, limit: float) -> str | None:
+        """Why the core shows no progress within ``limit`` seconds while it has requests in
+        flight, or None (:meth:`engine.client.liveness.Liveness.problem`)."""
+        return self.core.liveness.problem(limit, self.open_requests)
 
     def routes(self, request_id: str) -> bool:
         """Whether ``request_id`` is one of this core's open requests."""
@@ -141,16 +163,31 @@ class AsyncEngine:
         code = await self.core.exited()
         self._die(f"engine core exited unexpectedly with code {code}")
 
+    async def _watchdog(self, limit: float) -> None:
+        """Fails the core once it is unresponsive for ``limit`` seconds. A look that comes late
+        is skipped: this event loop was blocked, and heartbeats may be waiting unread."""
+        period = min(WATCHDOG_PERIOD, limit / 4)
+        loop = asyncio.get_running_loop()
+        last = loop.time()
+        while True:
+            await asyncio.sleep(period)
+            now = loop.time()
+            lagged, last = now - last > period + LOOP_LAG_ALLOWANCE, now
+            problem = None if lagged else self.unresponsive(limit)
+            if problem:
+                self._die(f"{problem}; the step timeout is {limit:g} s", EngineStalled)
+                return
+
     def fail(self, reason: str) -> None:
         """Treat the core as dead for ``reason`` (it may still run: shutdown kills it)."""
         self._die(reason)
 
-    def _die(self, reason: str) -> None:
+    def _die(self, reason: str, kind: type[EngineDead] = EngineDead) -> None:
         if self.dead:
             return
         self.dead = reason
         logger.error("%s", reason)
-        self._fail_all(EngineDead, reason)
+        self._fail_all(kind, reason)
         if self.on_death is not None:
             self.on_death(reason)
 

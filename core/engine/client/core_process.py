@@ -5,7 +5,9 @@ requests, PUSH for outputs).
     python -m engine.client.core_process --input ADDR --output ADDR --options JSON --parent-pid PID
                                          [--data-parallel-rank N]
 
-It ignores SIGINT/SIGTERM (a signal to the whole process group must not cut the front end's
+A thread of its own sends a heartbeat every half second, saying whether the step loop still
+goes round (:mod:`engine.client.heartbeat`), so that the front end can tell a hung core from a
+busy one. It ignores SIGINT/SIGTERM (a signal to the whole process group must not cut the front end's
 drain short: the front end says when to stop) and exits by itself when the front end's
 process dies, so no orphan core survives it.
 """
@@ -24,6 +26,7 @@ import traceback
 import zmq
 
 from engine.client import protocol
+from engine.client.heartbeat import HeartbeatThread, LoopClock
 from engine.client.inproc import InProcessClient
 from engine.client.kv_events import ZmqEventPublisher
 from engine.config import EngineConfig
@@ -70,6 +73,8 @@ class CoreServer:
         self.output.connect(output_addr)
         self.running = True
         self._last_stats = 0.0
+        self.clock = LoopClock()
+        self.heartbeat = HeartbeatThread(self.context, output_addr, self.clock)
 
     def send(self, message) -> None:
         try:
@@ -121,7 +126,9 @@ class CoreServer:
 
     def loop(self) -> None:
         idle_stats_sent = False
+        self.heartbeat.start()
         while self.running:
+            self.clock.round()
             if os.getppid() != self.parent_pid:
                 raise APIGone("the API process exited")
             self.core.check_health()  # a tensor-parallel worker that died fails the engine, idle or not
@@ -129,7 +136,9 @@ class CoreServer:
             if not self.running:
                 break
             if self.core.has_unfinished() or self.core.has_pending_transfers():
+                self.clock.step_started()
                 deltas += self.client.step()
+                self.clock.step_finished()
                 idle_stats_sent = False
             if self.events is not None:
                 self.events.publish(self.core.take_kv_events())
@@ -155,6 +164,7 @@ class CoreServer:
         return IDLE_WAIT_MS
 
     def close(self) -> None:
+        self.heartbeat.stop()  # before term(), which waits for its socket
         if self.events is not None:
             self.events.close()
         self.input.close(linger=0)

@@ -23,6 +23,7 @@ import zmq.asyncio
 
 from engine.client import protocol
 from engine.client.base import Child, EngineCoreClient
+from engine.client.liveness import Liveness
 from engine.messages.pooling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ class AsyncMPClient(EngineCoreClient):
         self.ready: protocol.Ready | None = None
         self._dir = tempfile.mkdtemp(prefix="engine-ipc-")
         self.process: subprocess.Popen | None = None
+        self.liveness = Liveness()  # the core's heartbeats, counted from its Ready
 
     async def start(self, timeout: float = 900) -> protocol.Ready:
         self._ctx = zmq.asyncio.Context()
@@ -92,6 +94,7 @@ class AsyncMPClient(EngineCoreClient):
                     raise EngineDead(message.message)
                 if isinstance(message, protocol.Ready):
                     self.ready = message
+                    self.liveness = Liveness()
         return self.ready
 
     def add(
@@ -135,11 +138,16 @@ class AsyncMPClient(EngineCoreClient):
         return True
 
     async def get_output(self) -> protocol.Outputs:
-        """The core's next outputs; :class:`EngineDead` when it reports its failure."""
-        message = protocol.decode_from_core(await self._recv.recv())
-        if isinstance(message, protocol.Fatal):
-            raise EngineDead(f"engine core failed: {message.message.strip().splitlines()[-1]}")
-        return message
+        """The core's next outputs; :class:`EngineDead` when it reports its failure. Heartbeats
+        on the way are recorded in :attr:`liveness`."""
+        while True:
+            message = protocol.decode_from_core(await self._recv.recv())
+            if isinstance(message, protocol.Heartbeat):
+                self.liveness.record(message)
+                continue
+            if isinstance(message, protocol.Fatal):
+                raise EngineDead(f"engine core failed: {message.message.strip().splitlines()[-1]}")
+            return message
 
     async def exited(self) -> int:
         """Returns the core process's exit code once it has exited."""

@@ -78,8 +78,21 @@ class Fatal(msgspec.Struct, tag=True):
     message: str
 
 
+HEARTBEAT_INTERVAL = 0.5  # seconds between a running core's Heartbeat messages, busy or idle
+
+
+class Heartbeat(msgspec.Struct, tag=True):
+    """Sent every :data:`HEARTBEAT_INTERVAL` by a thread of the core process apart from its step
+    loop, so a long step does not silence it; what it reports is whether that loop still goes
+    round. Its absence means the whole process is stopped (or a native call holds the GIL)."""
+
+    round_age: float  # seconds since the step loop began its current round (a healthy one: 0.2 s or a step)
+    steps: int  # steps run so far
+    stepping: bool  # whether that round is inside a step now (False: receiving, sending, waiting)
+
+
 ToCore = AddRequest | AddBatch | Abort | Shutdown
-FromCore = Ready | Outputs | Fatal
+FromCore = Ready | Outputs | Fatal | Heartbeat
 
 _encoder = msgspec.msgpack.Encoder()
 _to_core = msgspec.msgpack.Decoder(ToCore)
