@@ -21,7 +21,7 @@ from engine_server.errors import bad_request, engine_dead, engine_unavailable, o
 from engine_server.generation import check_model, check_runner, unless_disconnected
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import EmbeddingRequest
-from engine_server.validation import decode_body, read_body
+from engine_server.validation import decode_body
 
 
 class Embedding:
@@ -100,6 +100,6 @@ def prepare_embedding(state, data: bytes) -> Embedding:
 
 async def embeddings(request: Request) -> JSONResponse:
     state = request.app.state.server
-    data = await read_body(request, state.max_body_bytes)
+    data = await state.read(request)
     embedding = await state.offload(prepare_embedding, state, data)
     return await embedding.run(request)
