@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from engine_server import embeddings, generation
+from engine_server.bounds import encode
 from engine_server.errors import APIError, bad_request, internal_error
 from engine_server.guard import Guard
 from engine_server.openapi import spec as openapi_spec
@@ -117,14 +118,21 @@ def _detokenize(state: ServerState, data: bytes) -> dict:
     return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
-async def tokenize(request: Request):
+async def _on_worker(request: Request, answer) -> Response:
+    """``answer(state, body)`` and its JSON both on a worker thread: the token list of a 4 MB
+    prompt is megabytes of JSON too."""
     state = request.app.state.server
-    return JSONResponse(await state.offload(_tokenize, state, await state.read(request)))
+    data = await state.read(request)
+    body = await state.offload(lambda: encode(answer(state, data), state.max_response_bytes))
+    return Response(body, media_type="application/json")
+
+
+async def tokenize(request: Request):
+    return await _on_worker(request, _tokenize)
 
 
 async def detokenize(request: Request):
-    state = request.app.state.server
-    return JSONResponse(await state.offload(_detokenize, state, await state.read(request)))
+    return await _on_worker(request, _detokenize)
 
 
 async def health(request: Request):
