@@ -13,8 +13,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from engine.config import AUTO_QUEUE
-from engine.entrypoints.cli import Command, add_engine_arguments, engine_options
+from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
 from engine.plugins import load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.guard import default_allowed_hosts

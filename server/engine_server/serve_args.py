@@ -9,7 +9,7 @@ import json
 import logging
 import os
 
-from engine.entrypoints.cli_args import parse_count, parse_size
+from engine.entrypoints.cli import parse_count, parse_size
 from engine.entrypoints.tokenizer import load_tokenizer
 from engine_server.router import ROUTING
 
