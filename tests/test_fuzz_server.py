@@ -367,6 +367,28 @@ def test_issue_cases_are_4xx_and_leave_nothing_running(server):
     _assert_healthy(server, canary)
 
 
+def _response_checks() -> list:
+    """schemathesis' checks of an answer against /openapi.json: no 5xx, a declared status,
+    content type, headers and body shape, and a 4xx for every request that breaks the schema."""
+    from schemathesis.checks import not_a_server_error
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        negative_data_rejection,
+        response_headers_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
+
+    return [
+        not_a_server_error,
+        status_code_conformance,
+        content_type_conformance,
+        response_headers_conformance,
+        response_schema_conformance,
+        negative_data_rejection,
+    ]
+
+
 def test_schemathesis_examples(server):
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
@@ -379,6 +401,8 @@ def test_schemathesis_examples(server):
         schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE)
     )
     seen: dict[int, int] = {}
+    failures: list[tuple] = []
+    checks = _response_checks()
 
     with Canary(server) as canary:
 
@@ -401,11 +425,16 @@ def test_schemathesis_examples(server):
 
                 assert seconds < SLOW, (case.method, case.path, case.body, seconds)
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
+                try:
+                    case.validate_response(response, checks=checks)
+                except Exception as exc:  # noqa: BLE001 - every check's failure, reported together below
+                    failures.append((case.method, case.path, repr(case.body)[:200], str(exc)[:600]))
                 if response.status_code >= 400:
                     assert settled(server, before) == before, (case.path, case.body)
 
         examples()
     assert sum(seen.values()) >= 100 and 200 in seen and 400 in seen, seen
+    assert not failures, f"{len(failures)} responses failed schemathesis' checks: {failures[:5]}"
     _assert_healthy(server, canary)
     assert settled(server, (0.0, 0.0), calm=0.5) == (0.0, 0.0)
 

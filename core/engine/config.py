@@ -21,6 +21,26 @@ def _non_negative(instance, attribute, value):
         raise ValueError(f"{attribute.name} must be non-negative, got {value}")
 
 
+AUTO_QUEUE = -1  # max_queued_requests: derived from max_num_seqs and the KV cache (engine serve's default)
+MIN_AUTO_QUEUE = 64  # the least an automatic queue bound allows
+
+
+def _queue_bound(instance, attribute, value):
+    if value < 0 and value != AUTO_QUEUE:
+        raise ValueError(f"{attribute.name} must be non-negative or auto ({AUTO_QUEUE}), got {value}")
+
+
+def auto_queue_bound(max_num_seqs: int, kv_tokens: int, max_model_len: int) -> int:
+    """The waiting requests a server admits by default: two batches' worth, where a batch is
+    what can run at once (``max_num_seqs``, and no more than the KV cache holds at full
+    context, which every running request may grow to), and at least :data:`MIN_AUTO_QUEUE`
+    (a small cache must still queue one request's fan-out). A request refused at once with
+    a 503 and Retry-After can go to another replica; one queued behind hundreds waits
+    minutes and then times out anyway."""
+    batch = min(max_num_seqs, max(1, kv_tokens // max_model_len))
+    return max(MIN_AUTO_QUEUE, 2 * batch)
+
+
 @attrs.frozen
 class ModelConfig:
     model: str | None = None  # None: the default model a loader plugin ships
@@ -66,7 +86,8 @@ class SchedulerConfig:
     shared_step_target_s: float = attrs.field(default=0.25, validator=attrs.validators.ge(0))
     policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
     # admission control: beyond these a new request is refused as overloaded (0: no limit)
-    max_queued_requests: int = attrs.field(default=0, validator=_non_negative)  # waiting requests
+    # waiting requests; AUTO_QUEUE: auto_queue_bound() once the KV cache is sized
+    max_queued_requests: int = attrs.field(default=0, validator=_queue_bound)
     max_queue_wait: float = attrs.field(
         default=0.0, validator=_non_negative
     )  # seconds before first scheduled

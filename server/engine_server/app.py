@@ -1,32 +1,32 @@
-"""The starlette app: routes, the guard in front of them (API key, content type, declared body
-size), OpenAI-shaped errors, and the worker threads that do the heavy per-request work."""
+"""The starlette app: routes, the guard in front of them (:mod:`engine_server.guard`),
+OpenAI-shaped errors, and the worker threads that do the heavy per-request work."""
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import importlib.metadata
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import attrs
-import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route, get_route_path
+from starlette.routing import Route
 
 from engine_server import embeddings, generation
+from engine_server.bounds import encode
 from engine_server.errors import APIError, bad_request, internal_error
+from engine_server.guard import Guard
+from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
-from engine_server.schemas import BODIES, DetokenizeRequest, TokenizeRequest
+from engine_server.schemas import DetokenizeRequest, TokenizeRequest
 from engine_server.validation import ClientGone, decode_body, read_body
 
 logger = logging.getLogger("engine_server")
 
-OPEN_PATHS = ("/health",)  # everything else needs the API key when one is set
 PREPARE_THREADS = 2  # tokenizing and templating run here, off the event loop
 
 
@@ -40,8 +40,13 @@ class ServerState:
     metrics: object  # Metrics
     tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
     reasoning_parser: type | None = None  # ReasoningParser class (--reasoning-parser)
-    api_key: str | None = None
+    api_keys: tuple[str, ...] = ()  # any of them is accepted; none: no key needed
+    api_key_cache_salt: bool = True  # each key's requests get their own prefix-cache salt
+    allowed_hosts: list[str] | None = None  # Host header names accepted; None: any
     max_body_bytes: int = 4 * 2**20
+    body_timeout: float = 60.0  # seconds a request body may take to arrive (slowloris)
+    max_response_bytes: int = 64 * 2**20  # a larger response is refused (413); 0: no limit
+    max_request_budget: int = 4 * 2**20  # n x (prompt + max_tokens) x (logprobs + 1); 0: no limit
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
     default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
     runner: str = "generate"  # the engine's runner: "pooling" serves /v1/embeddings instead of completions
@@ -64,47 +69,9 @@ class ServerState:
         stall every other client's stream."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
-
-class Guard:
-    """Pure ASGI middleware (so streaming and disconnects pass untouched): the API key on
-    every route but /health, JSON-only POST bodies, and the declared body size."""
-
-    def __init__(self, app, state: ServerState):
-        self.app, self.state = app, state
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http":
-            error = self.refusal(scope)
-            if error is not None:
-                return await error.response()(scope, receive, send)
-        await self.app(scope, receive, send)
-
-    def refusal(self, scope) -> APIError | None:
-        headers = dict(scope["headers"])
-        key = self.state.api_key
-        if key and get_route_path(scope) not in OPEN_PATHS:  # the path past --root-path
-            given = headers.get(b"authorization", b"")
-            if not hmac.compare_digest(given, f"Bearer {key}".encode()):
-                return APIError(401, "invalid or missing API key", code="invalid_api_key")
-        if scope["method"] != "POST":
-            return None
-        length = headers.get(b"content-length", b"0")
-        if not length.isdigit():
-            return bad_request("invalid Content-Length header")
-        if int(length) > self.state.max_body_bytes:
-            return APIError(
-                413,
-                f"the request body of {int(length)} bytes exceeds the limit of {self.state.max_body_bytes}",
-            )
-        # a web page can send text/plain or form bodies cross-origin without a CORS preflight
-        media_type = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-        if media_type != b"application/json":
-            return APIError(
-                415,
-                "request bodies must be JSON (Content-Type: application/json)",
-                code="unsupported_media_type",
-            )
-        return None
+    async def read(self, request) -> bytes:
+        """The request's body, within the size and time limits (:func:`read_body`)."""
+        return await read_body(request, self.max_body_bytes, self.body_timeout)
 
 
 async def models(request: Request):
@@ -153,16 +120,21 @@ def _detokenize(state: ServerState, data: bytes) -> dict:
     return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
-async def tokenize(request: Request):
+async def _on_worker(request: Request, answer) -> Response:
+    """``answer(state, body)`` and its JSON both on a worker thread: the token list of a 4 MB
+    prompt is megabytes of JSON too."""
     state = request.app.state.server
-    return JSONResponse(await state.offload(_tokenize, state, await read_body(request, state.max_body_bytes)))
+    data = await state.read(request)
+    body = await state.offload(lambda: encode(answer(state, data), state.max_response_bytes))
+    return Response(body, media_type="application/json")
+
+
+async def tokenize(request: Request):
+    return await _on_worker(request, _tokenize)
 
 
 async def detokenize(request: Request):
-    state = request.app.state.server
-    return JSONResponse(
-        await state.offload(_detokenize, state, await read_body(request, state.max_body_bytes))
-    )
+    return await _on_worker(request, _detokenize)
 
 
 async def health(request: Request):
@@ -185,54 +157,8 @@ async def metrics(request: Request):
     return Response(request.app.state.server.metrics.render(), media_type="text/plain; version=0.0.4")
 
 
-_PATHS = {
-    "/v1/completions": ("post", "CompletionRequest", "Create a completion (stream with `stream: true`)"),
-    "/v1/chat/completions": ("post", "ChatCompletionRequest", "Create a chat completion"),
-    "/v1/embeddings": (
-        "post",
-        "EmbeddingRequest",
-        "Embeddings of the inputs (a server started with --runner pooling)",
-    ),
-    "/tokenize": ("post", "TokenizeRequest", "Token ids of a prompt or chat"),
-    "/detokenize": ("post", "DetokenizeRequest", "Text of token ids"),
-    "/v1/models": ("get", None, "The served model"),
-    "/health": (
-        "get",
-        None,
-        "200 while the engine core runs and makes progress, 503 (naming the reason) otherwise",
-    ),
-    "/version": ("get", None, "Server version"),
-    "/metrics": ("get", None, "Prometheus metrics"),
-}
-
-
 async def openapi(request: Request):
-    _, components = msgspec.json.schema_components(
-        list(BODIES.values()), ref_template="#/components/schemas/{name}"
-    )
-    if not request.app.state.server.allow_unknown_fields:
-        for name in BODIES:
-            components[name]["additionalProperties"] = False
-    paths = {}
-    for path, (method, body, summary) in _PATHS.items():
-        operation = {
-            "summary": summary,
-            "responses": {"200": {"description": "OK"}, "4XX": {"description": "OpenAI-shaped error"}},
-        }
-        if body:
-            operation["requestBody"] = {
-                "required": True,
-                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{body}"}}},
-            }
-        paths[path] = {method: operation}
-    return JSONResponse(
-        {
-            "openapi": "3.1.0",
-            "info": {"title": "engine", "version": "0.1.0"},
-            "paths": paths,
-            "components": {"schemas": components},
-        }
-    )
+    return JSONResponse(openapi_spec(request.app.state.server))
 
 
 async def _api_error(request, exc: APIError):
@@ -244,7 +170,10 @@ async def _client_gone(request, exc: ClientGone):
 
 
 async def _http_error(request, exc: HTTPException):
-    return APIError(exc.status_code, exc.detail or "error", code=str(exc.status_code)).response()
+    """Starlette's own refusals (404, 405 with its ``Allow`` header) in the OpenAI shape."""
+    return APIError(
+        exc.status_code, exc.detail or "error", code=str(exc.status_code), headers=exc.headers
+    ).response()
 
 
 async def _unexpected(request, exc: Exception):
@@ -279,7 +208,8 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         },
     )
     app.state.server = state
-    app.add_middleware(Guard, state=state)
+    body_paths = frozenset(route.path for route in routes if "POST" in route.methods)
+    app.add_middleware(Guard, state=state, body_paths=body_paths)
     for cls, options in outer_middleware:
         app.add_middleware(cls, **options)
     return app

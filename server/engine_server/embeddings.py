@@ -12,16 +12,17 @@ import uuid
 
 import numpy as np
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import Response
 
 from engine.client import EngineDead
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import InvalidParam
+from engine_server.bounds import json_response
 from engine_server.errors import bad_request, engine_dead, engine_unavailable, overloaded
 from engine_server.generation import check_model, check_runner, unless_disconnected
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import EmbeddingRequest
-from engine_server.validation import decode_body, read_body
+from engine_server.validation import decode_body
 
 
 class Embedding:
@@ -44,7 +45,7 @@ class Embedding:
             check_prompt(state, ids, None, "input", generates=False)
         self.children = [(f"{self.id}-{i}", ids, params) for i, ids in enumerate(prompts)]
 
-    async def run(self, request: Request) -> JSONResponse:
+    async def run(self, request: Request) -> Response:
         try:
             handle = self.state.client.submit(self.children, self.body.priority)
         except EngineDead:
@@ -59,7 +60,8 @@ class Embedding:
             raise engine_dead(exc, self.id) from None
         finally:
             handle.close()
-        return JSONResponse(self._body(vectors))
+        entries = len(self.children) * max(1, self.state.embedding_size)
+        return await json_response(self.state, lambda: self._body(vectors), entries)
 
     async def _collect(self, handle, vectors: dict[str, bytes], timers: dict) -> None:
         """Each input's vector; its request metrics (count, prompt tokens, latency) as it finishes."""
@@ -98,8 +100,8 @@ def prepare_embedding(state, data: bytes) -> Embedding:
     return Embedding(state, decode_body(data, EmbeddingRequest, state.allow_unknown_fields))
 
 
-async def embeddings(request: Request) -> JSONResponse:
+async def embeddings(request: Request) -> Response:
     state = request.app.state.server
-    data = await read_body(request, state.max_body_bytes)
+    data = await state.read(request)
     embedding = await state.offload(prepare_embedding, state, data)
     return await embedding.run(request)

@@ -11,8 +11,10 @@ _TYPES = {
     401: "AuthenticationError",
     404: "NotFoundError",
     405: "BadRequestError",
+    408: "BadRequestError",
     413: "BadRequestError",
     415: "BadRequestError",
+    421: "BadRequestError",
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }

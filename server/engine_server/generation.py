@@ -7,6 +7,7 @@ unfinished engine requests."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -15,12 +16,13 @@ import uuid
 import attrs
 import msgspec
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from engine.client import EngineDead, OutputProcessor, SequenceOutput
 from engine.interfaces import GrammarSpec
 from engine.kv_transfer import check_kv_transfer_params
 from engine.messages.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
+from engine_server.bounds import check_budget, json_response, salted, too_large
 from engine_server.errors import (
     APIError,
     bad_request,
@@ -35,7 +37,7 @@ from engine_server.prompts import chat_prompt, check_fanout, check_prompt, compl
 from engine_server.schemas import INT64_MAX, ChatCompletionRequest, CompletionRequest
 from engine_server.structured import structured_spec
 from engine_server.tools import ChatOutput, check_tools, tool_grammar
-from engine_server.validation import ClientGone, decode_body, read_body
+from engine_server.validation import ClientGone, decode_body
 
 logger = logging.getLogger("engine_server")
 
@@ -236,6 +238,7 @@ class Generation:
             else body.return_tokens_as_token_ids
         )
         self.format = LogprobFormat(state.tokenizer, tokens_as_ids)
+        self._check_budget(max_tokens, logprobs, first.prompt_logprobs)
         for p, (text, ids) in enumerate(prompts):
             check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
             request, children = self.processor.add(f"{self.id}-{p}", text, ids, first, len(self.choices))
@@ -248,6 +251,21 @@ class Generation:
         self._first = None
         self._answered = None  # the engine's first delta, once one came
         self.refused: str | None = None  # admission control refused one of the samples
+        self.cache_salt = body.cache_salt  # under the API key's salt: see :func:`bounds.salted`
+        self._echoed: dict[str, dict] = {}  # request id -> its echoed prompt's log-probs
+
+    def _check_budget(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None) -> None:
+        """``--max-request-budget``, charged at the most alternatives any position asks for."""
+        top_n = max(logprobs or 0, prompt_logprobs or 0)
+        param = "max_tokens"
+        if top_n:
+            param = "prompt_logprobs" if top_n == (prompt_logprobs or 0) else self._logprobs_param
+        lengths = [len(ids) for _, ids in self.prompts]
+        check_budget(self.state, self.body.n, lengths, max_tokens, top_n, param)
+
+    @property
+    def _logprobs_param(self) -> str:
+        return "top_logprobs" if self.chat else "logprobs"
 
     async def run(self, request: Request) -> Response:
         """Submit, wait for the engine's first answer (so a request it refuses, such as an
@@ -276,7 +294,7 @@ class Generation:
             self._log()
         try:
             self.handle = self.state.client.submit(
-                self.children, self.body.priority, self.body.cache_salt, self.body.kv_transfer_params
+                self.children, self.body.priority, self.cache_salt, self.body.kv_transfer_params
             )
         except EngineDead:
             raise engine_unavailable() from None
@@ -380,7 +398,7 @@ class Generation:
         return self.state.tokenizer.decode(request.prompt_token_ids)
 
     # -- one response ------------------------------------------------------------------
-    async def _collect(self, request: Request) -> JSONResponse:
+    async def _collect(self, request: Request) -> Response:
         async def pump():
             async for delta in self.deltas():
                 self.feed(delta)
@@ -396,6 +414,28 @@ class Generation:
         errors = [c for c in self.choices if c.finish_reason == "error"]
         if errors:
             raise bad_request(str(errors[0].stop_reason))
+        return await json_response(self.state, self._response, self._entries())
+
+    def _entries(self) -> int:
+        """About how many tokens and log-probs the response holds (what its size scales with)."""
+        top_n = (self._top_n or 0) + 1
+        tokens = sum(len(c.token_ids) for c in self.choices) * top_n
+        prompt = sum(len(ids) for _, ids in self.prompts)
+        if self.body.prompt_logprobs is not None:
+            tokens += prompt * (self.body.prompt_logprobs + 1)
+        if not self.chat and self.body.echo:
+            tokens += prompt * self.body.n * top_n
+        return tokens
+
+    @property
+    def _top_n(self) -> int | None:
+        """Alternatives per generated token (None: no log-probs)."""
+        if self.chat:
+            return (self.body.top_logprobs or 0) if self.body.logprobs else None
+        return self.body.logprobs
+
+    def _response(self) -> dict:
+        """The whole response (on a worker thread when large: see :func:`bounds.json_response`)."""
         response = {
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
@@ -410,7 +450,7 @@ class Generation:
             self.body.kv_transfer_params is not None
         ):  # P/D: where a decode instance finds the blocks (or null)
             response["kv_transfer_params"] = self.choices[0].kv_transfer_params
-        return JSONResponse(response)
+        return response
 
     def _choice_body(self, c: SequenceOutput) -> dict:
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
@@ -426,7 +466,7 @@ class Generation:
         prefix = self._echo(c) if self.body.echo else ""
         logprobs = self._logprobs(c.logprobs, len(prefix))
         if prefix and logprobs is not None:
-            echoed = self.format.echo_logprobs(c.request)
+            echoed = self._echo_logprobs(c)
             logprobs = {key: echoed[key] + logprobs[key] for key in logprobs}
         body = {
             "index": c.index,
@@ -436,8 +476,21 @@ class Generation:
             "stop_reason": stop_reason,
         }
         if self.body.prompt_logprobs is not None:
-            body["prompt_logprobs"] = self.format.prompt_logprobs(c.request)
+            body["prompt_logprobs"] = self._prompt_logprobs(c)
         return body
+
+    def _prompt_logprobs(self, c: SequenceOutput) -> list | None:
+        """A prompt's log-probs in its first sample's choice only (null in the others): they
+        are the same for every sample, and vLLM's copy in each of the ``n`` choices made a
+        12 KB request answer 87 MB."""
+        return self.format.prompt_logprobs(c.request) if c is c.request.sequences[0] else None
+
+    def _echo_logprobs(self, c: SequenceOutput) -> dict:
+        """The echoed prompt's log-probs, formatted once per prompt for its ``n`` choices."""
+        rid = c.request.request_id
+        if rid not in self._echoed:
+            self._echoed[rid] = self.format.echo_logprobs(c.request)
+        return self._echoed[rid]
 
     # -- a stream ----------------------------------------------------------------------
     def _chunks(self, choice: SequenceOutput, text: str, entries: list, first: bool = False) -> list[str]:
@@ -493,6 +546,19 @@ class Generation:
         )
 
     async def _frames(self):
+        """The SSE frames, ended with an error frame (code ``response_too_large``) once they
+        pass ``--max-response-bytes`` in all; the stream's end then aborts the samples."""
+        sent, limit = 0, self.state.max_response_bytes
+        async with contextlib.aclosing(self._stream_frames()) as frames:
+            async for frame in frames:
+                sent += len(frame.encode())
+                if limit and sent > limit:
+                    yield "data: " + json.dumps(too_large(sent, limit).body()) + "\n\n"
+                    yield "data: [DONE]\n\n"
+                    return
+                yield frame
+
+    async def _stream_frames(self):
         try:
             # echo with logprobs waits for the prompt's log-probs, all in before the first token
             unechoed = {c.request_id for c in self.choices} if not self.chat and self.body.echo else set()
@@ -617,8 +683,9 @@ def prepare_chat(state, data: bytes) -> Generation:
 async def _generate(request: Request, prepare) -> Response:
     state = request.app.state.server
     check_runner(state, "generate")
-    data = await read_body(request, state.max_body_bytes)
+    data = await state.read(request)
     generation = await state.offload(prepare, state, data)
+    generation.cache_salt = salted(request.scope.get("state", {}).get("tenant_salt"), generation.cache_salt)
     return await generation.run(request)
 
 

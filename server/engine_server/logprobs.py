@@ -57,7 +57,7 @@ class LogprobFormat:
         prompt's token and the top alternatives, by token id."""
         return [None] + [
             {
-                str(t): {"logprob": lp, "rank": rank, "decoded_token": self._token_text(t)}
+                str(t): {"logprob": _finite(lp), "rank": rank, "decoded_token": self._token_text(t)}
                 for t, lp, rank in zip(ids, lps, ranks)
             }
             for ids, lps, ranks in request.prompt_logprobs

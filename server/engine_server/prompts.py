@@ -54,6 +54,8 @@ def completion_prompts(state, prompt, n: int, param: str = "prompt") -> list[tup
             f"{param} must be a string, a list of strings, a list of token ids or a list of such lists", param
         )
     check_fanout(state, len(texts), n, param)
+    if not all(texts):  # whether a tokenizer would make a token of it (a BOS) is no business of the client
+        raise bad_request(f"{param} must not be empty", param)
     return [(text, state.tokenizer.encode(text)) for text in texts]
 
 

@@ -56,7 +56,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: Int64 = 0
-    cache_salt: str | None = None
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None  # vLLM's bounds
     prompt_logprobs: Logprobs | None = None  # log-probs of every prompt token (top-n alternatives)
     structured_outputs: dict[str, Any] | None = None
     guided_json: dict[str, Any] | str | None = None

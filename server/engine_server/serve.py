@@ -13,14 +13,16 @@ from collections.abc import Callable
 
 import uvicorn
 
-from engine.entrypoints.cli import Command, add_engine_arguments, engine_options
+from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
 from engine.plugins import load_plugins
 from engine_server.app import ServerState, build_app
+from engine_server.guard import default_allowed_hosts
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 from engine_server.replicas import ReplicaSet
 from engine_server.serve_args import (
     add_server_arguments,
+    api_keys,
     configure_request_log,
     load_serving_tokenizer,
     middleware,
@@ -82,6 +84,8 @@ class ServeCommand(Command):
             options["model"] = args.model_tag
         if args.plugins:
             options["plugins"] = args.plugins
+        # a server refuses (503) rather than queue without end; offline use queues everything
+        options.setdefault("max_queued_requests", AUTO_QUEUE)
         model_path, tokenizer = load_serving_tokenizer(args, options)
         options["model"] = model_path
         configure_request_log(args)
@@ -129,8 +133,13 @@ class ServeCommand(Command):
             metrics,
             tool_parser,
             reasoning_parser,
-            args.api_key,
+            api_keys=api_keys(args),
+            api_key_cache_salt=not args.disable_api_key_cache_salt,
+            allowed_hosts=default_allowed_hosts(args.host, args.allowed_hosts),
             max_body_bytes=args.max_request_body_bytes,
+            body_timeout=args.request_body_timeout,
+            max_response_bytes=args.max_response_bytes,
+            max_request_budget=args.max_request_budget,
             max_request_sequences=args.max_request_sequences,
             log_requests=args.enable_log_requests,
             allow_unknown_fields=args.allow_unknown_fields,

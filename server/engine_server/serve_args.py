@@ -10,6 +10,7 @@ import logging
 import os
 
 from engine.client.protocol import HEARTBEAT_INTERVAL
+from engine.entrypoints.cli import parse_count, parse_size
 from engine.entrypoints.tokenizer import load_tokenizer
 from engine_server.router import ROUTING
 
@@ -35,8 +36,29 @@ def add_server_arguments(parser) -> None:
     add("--port", type=int, default=8000, help="default: 8000")
     add(
         "--api-key",
-        default=os.environ.get("ENGINE_API_KEY"),
-        help="require `Authorization: Bearer KEY` on all routes but /health; default: $ENGINE_API_KEY",
+        nargs="+",
+        action="extend",
+        metavar="KEY",
+        default=None,
+        help="require `Authorization: Bearer KEY` (any of the keys given) on all routes but /health; each "
+        "key's requests get their own prefix cache (see --disable-api-key-cache-salt); default: "
+        "$ENGINE_API_KEY (keys separated by commas); may be given more than once",
+    )
+    add(
+        "--disable-api-key-cache-salt",
+        action="store_true",
+        help="let requests under different API keys share prefix-cache blocks; by default each key's "
+        "requests are salted apart (a cache_salt derived from the key, under any the request gives), "
+        "so that no tenant can time another's prompts through prefix-cache hits",
+    )
+    add(
+        "--allowed-hosts",
+        type=_names,
+        default=None,
+        metavar="NAMES",
+        help="Host header names the server answers to (others get a 421: DNS-rebinding protection), comma-"
+        "separated or as JSON; *.example.com: its subdomains; *: any; default: localhost, 127.0.0.1 and ::1 "
+        "when --host is a loopback address, any otherwise",
     )
     add(
         "--served-model-name",
@@ -72,6 +94,32 @@ def add_server_arguments(parser) -> None:
         "plugin: deepseek_r1, qwen3 ...); default: none",
     )
     add("--max-request-body-bytes", type=int, default=4 * 2**20, help="unit: bytes; default: 4 MiB")
+    add(
+        "--request-body-timeout",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="a request body must arrive within this long after its headers, else a 408 and the "
+        "connection is closed (a client trickling its body must not hold a connection forever); "
+        "0: no limit; default: 60",
+    )
+    add(
+        "--max-response-bytes",
+        type=parse_size,
+        default=64 * 2**20,
+        metavar="BYTES",
+        help="a response larger than this is refused with a 413 (code response_too_large; a stream ends with "
+        "that error frame); sizes take units (64MiB); 0: no limit; default: 64 MiB",
+    )
+    add(
+        "--max-request-budget",
+        type=parse_count,
+        default=4 * 2**20,
+        metavar="N",
+        help="n x (prompt + max_tokens) x (logprobs + 1), summed over a request's prompts (logprobs: the "
+        "most of logprobs, top_logprobs and prompt_logprobs it asks for): more is a 400 naming the product; "
+        "0: no limit; default: 4M (4,194,304: 256 sequences of 16k tokens, or 128 of 32k)",
+    )
     add(
         "--max-request-sequences",
         type=int,
@@ -218,6 +266,23 @@ def _non_negative_float(text: str) -> float:
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
+
+
+def api_keys(args) -> tuple[str, ...]:
+    """``--api-key``'s keys, else ``$ENGINE_API_KEY``'s (comma-separated)."""
+    return tuple(args.api_key or _env_keys() or ())
+
+
+def _env_keys() -> list[str] | None:
+    keys = [key for key in os.environ.get("ENGINE_API_KEY", "").split(",") if key]
+    return keys or None
+
+
+def _names(text: str) -> list[str]:
+    """``a.example,b.example`` or ``["a.example", "b.example"]``."""
+    if text.lstrip().startswith("["):
+        return [str(name) for name in json.loads(text)]
+    return [name.strip() for name in text.split(",") if name.strip()]
 
 
 def _positive_int(text: str) -> int:

@@ -5,6 +5,8 @@ meta-schema so an invalid one is a 400 at once instead of waiting for the busy e
 
 from __future__ import annotations
 
+import asyncio
+
 import jsonschema
 import msgspec
 from starlette.requests import ClientDisconnect, Request
@@ -18,18 +20,29 @@ class ClientGone(Exception):
     """The client disconnected before its answer was ready."""
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
+async def read_body(request: Request, max_bytes: int, timeout: float | None = None) -> bytes:
     """The whole body, cut off with a 413 as soon as it passes ``max_bytes`` (a chunked
-    body is never buffered beyond the limit)."""
+    body is never buffered beyond the limit), and with a 408 that closes the connection when
+    it has not all arrived ``timeout`` seconds after the headers: the HTTP server (uvicorn)
+    waits for a body forever, so a client trickling bytes below its Content-Length
+    (slowloris) would otherwise hold a connection and a task as long as it likes."""
     chunks, size = [], 0
     try:
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > max_bytes:
-                raise APIError(413, f"the request body exceeds the limit of {max_bytes} bytes")
-            chunks.append(chunk)
+        async with asyncio.timeout(timeout or None):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > max_bytes:
+                    raise APIError(413, f"the request body exceeds the limit of {max_bytes} bytes")
+                chunks.append(chunk)
     except ClientDisconnect:
         raise ClientGone() from None
+    except TimeoutError:
+        raise APIError(
+            408,
+            f"the request body did not arrive within {timeout:g} s (received {size} bytes)",
+            code="body_timeout",
+            headers={"Connection": "close"},
+        ) from None
     return b"".join(chunks)
 
 

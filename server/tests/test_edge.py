@@ -86,7 +86,7 @@ class _Client:
 
 
 def test_500_body_is_a_request_id_and_the_log_has_the_details(caplog):
-    state = ServerState(_Client(), _FailingTokenizer(), "m", 64, 100, metrics=None, api_key="k")
+    state = ServerState(_Client(), _FailingTokenizer(), "m", 64, 100, metrics=None, api_keys=("k",))
     with (
         TestClient(build_app(state), raise_server_exceptions=False) as http,
         caplog.at_level(logging.ERROR, logger="engine_server"),

@@ -14,9 +14,12 @@ import logging
 import os
 import shutil
 import signal
+import socket
+import stat
 import subprocess
 import sys
 import tempfile
+import time
 
 import zmq
 import zmq.asyncio
@@ -40,13 +43,78 @@ class EngineDead(RuntimeError):
     code, what = "engine_dead", "the engine core died"
 
 
+IPC_PREFIX = "engine-ipc-"  # + the front end's pid + "-": the folder of its sockets to the core
+LEGACY_GRACE_SECONDS = 60.0  # an unnamed folder younger than this may not have bound its sockets yet
+
+
+def remove_stale_ipc_dirs(root: str | None = None) -> list[str]:
+    """Remove the socket folders of front ends that died without cleaning up (killed, or
+    the machine lost power): they pile up in the temp folder otherwise. Only folders of this
+    user whose process no longer runs go; -> the paths removed."""
+    root = root or tempfile.gettempdir()
+    removed = []
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return removed
+    for name in names:
+        path = os.path.join(root, name)
+        if name.startswith(IPC_PREFIX) and _ours(path) and _stale(path, name[len(IPC_PREFIX) :]):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+    return removed
+
+
+def _ours(path: str) -> bool:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid()
+
+
+def _stale(path: str, suffix: str) -> bool:
+    """``<pid>-<random>``: its process is gone. A folder named before the pid was part of the
+    name: older than a minute and none of its sockets has a listener."""
+    pid, dash, _ = suffix.partition("-")
+    if dash and pid.isdigit():
+        return not _alive(int(pid))
+    try:
+        if time.time() - os.lstat(path).st_mtime < LEGACY_GRACE_SECONDS:
+            return False
+        sockets = [os.path.join(path, entry) for entry in os.listdir(path)]
+    except OSError:
+        return False
+    return not any(_listening(sock) for sock in sockets)
+
+
+def _listening(path: str) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(path)
+        except OSError:
+            return False
+    return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: running
+        return True
+    return True
+
+
 class AsyncMPClient(EngineCoreClient):
     def __init__(self, engine_options: dict, cpus: set[int] | None = None, rank: int = 0):
         self.options = engine_options
         self.cpus = cpus  # the CPUs the core is pinned to (None: this process's)
         self.rank = rank  # among the front end's data-parallel cores
         self.ready: protocol.Ready | None = None
-        self._dir = tempfile.mkdtemp(prefix="engine-ipc-")
+        remove_stale_ipc_dirs()
+        self._dir = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
         self.process: subprocess.Popen | None = None
         self.liveness = Liveness()  # the core's heartbeats, counted from its Ready
 

@@ -107,6 +107,7 @@ class EngineCore:
                 "lower max_model_len or raise kv_cache_memory / num_blocks"
             )
         kv_caches = setup.allocate_kv_caches(layers, groups, dtype, self.platform.device)
+        self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
         self.connector, kv_worker = kv_connectors.build_halves(
             registry, config, kv_caches, layers.first.block_dim

@@ -11,6 +11,7 @@ import attrs
 import torch
 from torch import nn
 
+from engine.config import AUTO_QUEUE, auto_queue_bound
 from engine.distributed import SINGLE, TensorParallel, tensor_parallel
 from engine.interfaces import AttentionSpec, ExecutorContext, KVCacheGroup, attention
 from engine.interfaces.model import ModelContext
@@ -362,6 +363,17 @@ def batch_invariant_config(config):
         cache=attrs.evolve(config.cache, enable_prefix_caching=False),
         scheduler=attrs.evolve(config.scheduler, enable_chunked_prefill=False, max_num_batched_tokens=budget),
     )
+
+
+def queue_bound_config(config, num_blocks: int, max_model_len: int):
+    """``max_queued_requests`` = auto resolved, now that the KV cache is sized
+    (:func:`engine.config.auto_queue_bound`)."""
+    if config.scheduler.max_queued_requests != AUTO_QUEUE:
+        return config
+    kv_tokens = num_blocks * config.cache.block_size
+    bound = auto_queue_bound(config.scheduler.max_num_seqs, kv_tokens, max_model_len)
+    logger.info("max_queued_requests: %d (auto: from max_num_seqs and the KV cache)", bound)
+    return attrs.evolve(config, scheduler=attrs.evolve(config.scheduler, max_queued_requests=bound))
 
 
 def kv_group_of_layers(layout) -> tuple[tuple[int | None, ...], tuple[int, ...]]:

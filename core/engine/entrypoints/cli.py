@@ -8,15 +8,27 @@ import logging
 import sys
 from abc import ABC, abstractmethod
 
+from engine.config import AUTO_QUEUE
 from engine.entrypoints.cli_args import (
     ArgumentParser,
     add_engine_arguments,
     engine_options,
     expand_config_files,
+    parse_count,
+    parse_size,
 )
 from engine.plugins import RegistrationError, kind_label, load_plugins, one_line
 
-__all__ = ["Command", "add_engine_arguments", "engine_options", "main"]
+# AUTO_QUEUE: a front end's default max_queued_requests; parse_count / parse_size: its own flags' units
+__all__ = [
+    "AUTO_QUEUE",
+    "Command",
+    "add_engine_arguments",
+    "engine_options",
+    "main",
+    "parse_count",
+    "parse_size",
+]
 
 # kinds whose default, when the user names none, is the registry's rule (PluginRegistry.default)
 DEFAULTED_KINDS = ("grammar_backends",)

@@ -18,7 +18,7 @@ import sys
 
 import attrs
 
-from engine.config import EngineConfig
+from engine.config import AUTO_QUEUE, EngineConfig
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
 
@@ -52,6 +52,13 @@ _DTYPES = {
     "float": "float32",
     "float32": "float32",
 }
+
+
+def parse_queue_bound(text: str) -> int:
+    """``auto`` (:data:`engine.config.AUTO_QUEUE`) or a count."""
+    if text.strip().lower() == "auto":
+        return AUTO_QUEUE
+    return parse_count(text)
 
 
 def parse_dtype(text: str) -> str:
@@ -164,8 +171,10 @@ OPTIONS: dict[str, Option] = {
     ),
     "max_queued_requests": Option(
         ("--max-queued-requests",),
-        "requests that may wait to run; a request "
-        "beyond them is refused (HTTP 503 with Retry-After); 0: no cap",
+        "requests that may wait to run; a request beyond them is refused (HTTP 503 with Retry-After); "
+        "0: no cap; auto: twice what can run at once (--max-num-seqs, and no more than the KV cache "
+        "holds at --max-model-len), at least 64; default: auto for engine serve, 0 offline",
+        parse_queue_bound,
     ),
     "max_queue_wait": Option(
         ("--max-queue-wait",),

@@ -1,0 +1,147 @@
+"""``/openapi.json``: the request bodies with every bound the server enforces, including those
+known only once the model is loaded (the vocabulary, the context, the fan-out cap), and the
+response shapes (:mod:`engine_server.responses`), so that a schema-driven fuzzer such as
+schemathesis can tell a wrong answer from a right one: a request that breaks the schema must
+get a 4xx, and every response must match its declared shape."""
+
+from __future__ import annotations
+
+import msgspec
+
+from engine_server.responses import RESPONSES
+from engine_server.schemas import BODIES, MAX_N
+
+REF = "#/components/schemas/{name}"
+ERROR = {
+    "description": "OpenAI-shaped error",
+    "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}},
+}
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+
+# path: (method, request body, response body or media type, summary)
+PATHS = {
+    "/v1/completions": (
+        "post",
+        "CompletionRequest",
+        "CompletionResponse",
+        "Create a completion (stream with `stream: true`)",
+    ),
+    "/v1/chat/completions": (
+        "post",
+        "ChatCompletionRequest",
+        "ChatCompletionResponse",
+        "Create a chat completion",
+    ),
+    "/v1/embeddings": (
+        "post",
+        "EmbeddingRequest",
+        "EmbeddingResponse",
+        "Embeddings of the inputs (a server started with --runner pooling)",
+    ),
+    "/tokenize": ("post", "TokenizeRequest", "TokenizeResponse", "Token ids of a prompt or chat"),
+    "/detokenize": ("post", "DetokenizeRequest", "DetokenizeResponse", "Text of token ids"),
+    "/v1/models": ("get", None, "ModelList", "The served model"),
+    "/health": (
+        "get",
+        None,
+        None,
+        "200 while the engine core runs and makes progress, 503 (naming the reason) otherwise",
+    ),
+    "/version": ("get", None, "Version", "Server version"),
+    "/metrics": ("get", None, "text/plain", "Prometheus metrics"),
+}
+
+
+def spec(state) -> dict:
+    _, components = msgspec.json.schema_components(list(BODIES.values()) + RESPONSES, ref_template=REF)
+    if not state.allow_unknown_fields:
+        for name in BODIES:
+            components[name]["additionalProperties"] = False
+    runtime_bounds(components, state)
+    return {
+        "openapi": "3.1.0",
+        "info": {"title": "engine", "version": "0.1.0"},
+        "paths": {path: {method: operation(path, *rest)} for path, (method, *rest) in PATHS.items()},
+        "components": {"schemas": components},
+    }
+
+
+def operation(path: str, body: str | None, answer: str | None, summary: str) -> dict:
+    responses = {"200": _ok(path, answer), "4XX": ERROR, "5XX": ERROR}
+    result = {"summary": summary, "responses": responses}
+    if body:
+        result["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": {"$ref": REF.format(name=body)}}},
+        }
+    return result
+
+
+def _ok(path: str, answer: str | None) -> dict:
+    if answer is None:
+        return {"description": "OK (no body)"}
+    if "/" in answer:
+        return {"description": "OK", "content": {answer: {"schema": {"type": "string"}}}}
+    content = {"application/json": {"schema": {"$ref": REF.format(name=answer)}}}
+    if path in GENERATION_ROUTES:  # stream: true
+        content["text/event-stream"] = {"schema": {"type": "string"}}
+    return {"description": "OK", "content": content}
+
+
+def runtime_bounds(components: dict, state) -> None:
+    """The bounds that depend on the loaded model and the server's flags."""
+    vocab_max = max(0, state.vocab_size - 1)
+    context = state.max_model_len
+    sequences = state.max_request_sequences
+    for name in ("CompletionRequest", "ChatCompletionRequest"):
+        props = components[name]["properties"]
+        for field in ("stop_token_ids", "allowed_token_ids"):
+            _bound_integers(props[field], maximum=vocab_max)
+        _bound_integers(props["n"], maximum=min(MAX_N, sequences))
+        for field in ("max_tokens", "max_completion_tokens"):
+            if field in props:  # the prompt takes at least one token of the context
+                _bound_integers(props[field], maximum=max(1, context - 1))
+        _bound_integers(props["truncate_prompt_tokens"], maximum=context)
+    components["CompletionRequest"]["properties"]["prompt"] = prompt_schema(vocab_max, context, sequences)
+    for name in ("ChatCompletionRequest", "TokenizeRequest"):
+        _min_items(components[name]["properties"]["messages"], 1)
+    _bound_integers(components["DetokenizeRequest"]["properties"]["tokens"], maximum=vocab_max)
+
+
+def prompt_schema(vocab_max: int, context: int, sequences: int) -> dict:
+    """What ``prompt`` takes (msgspec's types cannot say it: ``list[Any]``): a text, texts, token
+    ids, or lists of token ids; at most ``--max-request-sequences`` prompts, each at least one
+    token and leaving room for one more in the context."""
+    ids = {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": vocab_max},
+        "minItems": 1,
+        "maxItems": max(1, context - 1),
+    }
+    text = {"type": "string", "minLength": 1}
+    return {
+        "anyOf": [
+            text,
+            {"type": "array", "items": text, "minItems": 1, "maxItems": sequences},
+            ids,
+            {"type": "array", "items": ids, "minItems": 1, "maxItems": sequences},
+        ]
+    }
+
+
+def _bound_integers(schema: dict, maximum: int) -> None:
+    """Lower the ``maximum`` of every integer in ``schema`` (a field's, or its items')."""
+    if schema.get("type") == "integer":
+        schema["maximum"] = min(schema.get("maximum", maximum), maximum)
+    for key in ("anyOf", "oneOf"):
+        for option in schema.get(key, ()):
+            _bound_integers(option, maximum)
+    if isinstance(schema.get("items"), dict):
+        _bound_integers(schema["items"], maximum)
+
+
+def _min_items(schema: dict, count: int) -> None:
+    if schema.get("type") == "array":
+        schema["minItems"] = max(schema.get("minItems", 0), count)
+    for option in schema.get("anyOf", ()):
+        _min_items(option, count)

@@ -1,0 +1,175 @@
+"""The shapes of the server's JSON responses, for ``/openapi.json`` only (the routes build
+plain dicts): declared so that a client generator, or schemathesis checking every answer,
+knows what comes back. Fields a response carries only in some cases (``prompt_logprobs``,
+``tool_calls`` ...) have defaults, so they are optional; every other one is required."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+
+class Usage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    completion_tokens: int = 0
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None  # --enable-prompt-tokens-details
+
+
+class PromptLogprob(msgspec.Struct, kw_only=True):
+    logprob: float
+    rank: int | None
+    decoded_token: str
+
+
+# vLLM's prompt_logprobs: per prompt position (the first null), token id -> its log-prob
+PromptLogprobs = list[dict[str, PromptLogprob] | None]
+
+
+class CompletionLogprobs(msgspec.Struct, kw_only=True):
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class CompletionChoice(msgspec.Struct, kw_only=True):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+    # a prompt's log-probs, in its first sample's choice only (null in the others)
+    prompt_logprobs: PromptLogprobs | None = None
+
+
+class CompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+class TopLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(msgspec.Struct, kw_only=True):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(msgspec.Struct, kw_only=True):
+    content: list[TokenLogprob]
+
+
+class ToolCallFunction(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["function"]
+    function: ToolCallFunction
+
+
+class AssistantMessage(msgspec.Struct, kw_only=True):
+    role: Literal["assistant"]
+    content: str | None
+    reasoning_content: str | None = None  # --reasoning-parser
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChatChoice(msgspec.Struct, kw_only=True):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+    stop_reason: int | str | None
+
+
+class ChatCompletionResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    prompt_logprobs: PromptLogprobs | None = None  # once per response, as vLLM's chat route
+    kv_transfer_params: dict[str, Any] | None = None
+
+
+class Embedding(msgspec.Struct, kw_only=True):
+    object: Literal["embedding"]
+    index: int
+    embedding: list[float] | str  # str: base64 of little-endian float32
+
+
+class EmbeddingResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Embedding]
+    usage: Usage
+
+
+class TokenizeResponse(msgspec.Struct, kw_only=True):
+    tokens: list[int]
+    count: int
+    max_model_len: int
+
+
+class DetokenizeResponse(msgspec.Struct, kw_only=True):
+    prompt: str
+
+
+class Model(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    root: str
+    max_model_len: int
+    default_sampling_params: dict[str, Any]
+
+
+class ModelList(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class Version(msgspec.Struct, kw_only=True):
+    version: str
+
+
+class ErrorDetail(msgspec.Struct, kw_only=True):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(msgspec.Struct, kw_only=True):
+    error: ErrorDetail
+
+
+RESPONSES = [
+    CompletionResponse,
+    ChatCompletionResponse,
+    EmbeddingResponse,
+    TokenizeResponse,
+    DetokenizeResponse,
+    ModelList,
+    Version,
+    ErrorResponse,
+]
