@@ -4,10 +4,14 @@ runs wrong. The v1 attention backend serves plain attention (the attention contr
 contract through it pass) and is never chosen for what v1 did not promise: Gemma 2's soft-capped
 and sliding-window layers, Gemma 3's sliding-window ones (its global layers it serves, the query
 scale equal to the default dropped exactly). The v1 model and KV connector are refused in one
-line, and naming them says so."""
+line, and naming them says so. The v2 scheduler, a version in its release of deprecation warnings
+(``engine.interfaces.DEPRECATED``), loads and runs; registering it logs one warning naming the
+release that drops it, and ``engine plugins`` marks it."""
 
 from __future__ import annotations
 
+import argparse
+import logging
 import sys
 
 import attrs
@@ -17,7 +21,8 @@ import torch
 from engine import LLM, SamplingParams, hookimpl, plugins
 from engine.builtin.platforms import CpuPlatform
 from engine.core import setup
-from engine.interfaces import AttentionSpec
+from engine.entrypoints.cli import PluginsCommand
+from engine.interfaces import DEPRECATED, INTERFACE_VERSIONS, STILL_LOADED, AttentionSpec
 from engine.interfaces.attention import backend_reasons
 from engine.plugins import load_plugins
 from engine.testing import reference
@@ -25,7 +30,7 @@ from engine.testing.attention import BATCHES, KINDS, AttentionBackendContract, r
 from engine.testing.models import ModelContract
 from engine_models_gemma.model import GemmaForCausalLM
 from engine_models_llama.model import LlamaForCausalLM
-from tests.old_plugins import OLD_PLUGINS
+from tests.old_plugins import OLD_PLUGINS, scheduler_v2
 from tests.old_plugins.attention_v1 import NaiveAttention
 
 
@@ -81,6 +86,7 @@ ASKED = {**KINDS, "bidirectional": dict(causal=False)}
 LABELS = {
     "window": "sliding window",
     "softcap": "logit soft-capping",
+    "scale": "query scale",
     "window-softcap-scale": "sliding window, logit soft-capping, query scale",
     "bidirectional": "bidirectional attention",
 }
@@ -259,3 +265,75 @@ def test_the_v1_grammar_backend_is_refused_and_naming_it_says_so(tiny_llama):
             max_model_len=128,
             structured_outputs_backend="choice-v1",
         )
+
+
+# -- a deprecated version: the v2 scheduler ----------------------------------------------------------
+
+V2_WARNING = (
+    "plugin 'old-scheduler-v2' ((in-process) -): scheduler 'old-fcfs' is built for schedulers interface "
+    'v2, deprecated: release 3 stops loading it (this core provides v3; how to port: "Interface '
+    "versions\" in the plugin authors' guide)"
+)
+
+
+def deprecation_warnings(caplog) -> list[str]:
+    return [r.message for r in caplog.records if r.name == "engine.plugins" and "deprecated" in r.message]
+
+
+@pytest.fixture
+def scheduler_v2_added(monkeypatch):
+    """The frozen v2 scheduler as an in-process plugin, and no registry cached yet: the next load
+    registers it (and logs)."""
+    monkeypatch.setitem(plugins._local, "old-scheduler-v2", scheduler_v2)
+    monkeypatch.setattr(plugins, "_loaded", {})
+
+
+def test_every_deprecated_version_still_loads_and_is_not_the_current_one():
+    for kind, versions in DEPRECATED.items():
+        for version, release in versions.items():
+            assert version in STILL_LOADED[kind] and version != INTERFACE_VERSIONS[kind], (kind, version)
+            assert release.startswith("release "), release
+
+
+def test_a_v2_scheduler_runs_and_its_registration_warns_in_one_line_which_release_drops_it(
+    scheduler_v2_added, caplog, tiny_llama
+):
+    with caplog.at_level(logging.WARNING, logger="engine.plugins"):
+        llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, block_size=16, scheduler="old-fcfs")
+    try:
+        outs = llm.generate([[1, 5, 9, 13]], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+        assert type(llm.engine.lifecycle).__name__ == "SchedulerV2Lifecycle"
+        assert len(outs[0].outputs[0].token_ids) == 4
+    finally:
+        llm.engine.shutdown()
+    assert deprecation_warnings(caplog) == [V2_WARNING]
+
+
+def test_engine_plugins_marks_a_deprecated_registration(scheduler_v2_added, capsys):
+    assert PluginsCommand().run(argparse.Namespace(plugins=["old-scheduler-v2"])) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "    scheduler: old-fcfs  (interface v2 of v3; deprecated: release 3 stops loading it)" in lines
+    assert "    scheduler: default" in lines
+
+
+def test_an_older_version_not_deprecated_logs_and_shows_no_deprecation(caplog, capsys):
+    """The v1 attention backend still loads and is in no release of warnings; the current
+    versions never are."""
+    with caplog.at_level(logging.WARNING, logger="engine.plugins"):
+        registry = plugins.PluginRegistry(["old-attention-v1"])
+    assert registry.registration("attention_backends", "naive-v1").dropped_in is None
+    assert deprecation_warnings(caplog) == []
+    assert PluginsCommand().run(argparse.Namespace(plugins=["old-attention-v1"])) == 0
+    assert "deprecated" not in capsys.readouterr().out
+
+
+def test_the_table_alone_decides_which_versions_warn(monkeypatch, caplog):
+    """Any kind's loaded version put in ``DEPRECATED`` warns: here the v1 attention backend."""
+    monkeypatch.setitem(DEPRECATED, "attention_backends", {1: "release 9"})
+    with caplog.at_level(logging.WARNING, logger="engine.plugins"):
+        plugins.PluginRegistry(["old-attention-v1"])
+    [warning] = deprecation_warnings(caplog)
+    assert warning.startswith(
+        "plugin 'old-attention-v1' ((in-process) -): attention backend 'naive-v1' is built for "
+        "attention_backends interface v1, deprecated: release 9 stops loading it"
+    )

@@ -9,9 +9,11 @@ a hook that raises or registers something malformed — no ``api=``, another int
 version, a bad name, a target that is not a class of its kind — (``refused``, with none of
 its registrations kept); a second distribution whose entry point has a name already taken
 (``refused`` before its module is imported); a hook implementation whose name matches no
-hook (reported, the plugin's other hooks load). A registered target is imported only when
-selected; :meth:`Registration.load` turns a failure there into one :class:`RegistrationError`
-naming the registration, and automatic selection (``engine.core.setup``) skips it.
+hook (reported, the plugin's other hooks load). A registration for a deprecated interface
+version (``engine.interfaces.DEPRECATED``) loads, with one warning naming the release that
+stops loading it. A registered target is imported only when selected; :meth:`Registration.load`
+turns a failure there into one :class:`RegistrationError` naming the registration, and
+automatic selection (``engine.core.setup``) skips it.
 
 Everything is ordered so that nothing depends on install order: entry points by name (a name
 two distributions use is kept by the one whose folder comes first on ``sys.path``, as imports
@@ -38,7 +40,7 @@ import attrs
 import pluggy
 
 from engine import builtin, hookspecs, interfaces
-from engine.interfaces import INTERFACE_VERSIONS, STILL_LOADED
+from engine.interfaces import DEPRECATED, INTERFACE_VERSIONS, STILL_LOADED
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,18 @@ def loaded_versions(kind: str) -> tuple[int, ...]:
     return tuple(sorted({*STILL_LOADED.get(kind, ()), INTERFACE_VERSIONS[kind]}))
 
 
+def deprecation_warning(registration: Registration, origin: str) -> str:
+    """The one line logged for a registration of a deprecated interface version: who, what, the
+    release that stops loading it, and where to read how to port."""
+    return (
+        f"plugin {registration.plugin!r} ({origin}): {kind_label(registration.kind)} {registration.name!r} "
+        f"is built for {registration.kind} interface v{registration.api}, deprecated: "
+        f"{registration.dropped_in} stops loading it (this core provides "
+        f'v{INTERFACE_VERSIONS[registration.kind]}; how to port: "Interface versions" in the plugin '
+        "authors' guide)"
+    )
+
+
 class RegistrationError(RuntimeError):
     """A registration cannot be used: its target fails to import or is not a class of its kind."""
 
@@ -116,6 +130,12 @@ class Registration:
     def qualified_name(self) -> str:
         """``"<plugin>:<name>"``: this registration even where another of its name wins."""
         return f"{self.plugin}:{self.name}"
+
+    @property
+    def dropped_in(self) -> str | None:
+        """The release that stops loading this registration's interface version, where it is in
+        its release of deprecation warnings (``engine.interfaces.DEPRECATED``); else None."""
+        return DEPRECATED.get(self.kind, {}).get(self.api)
 
     def load(self):
         """The registered class, importing a lazy ``"module:Attr"`` target (importlib caches
@@ -332,7 +352,16 @@ class PluginRegistry:
         for kind in INTERFACE_VERSIONS:  # a name stays in _refused_names only where no loaded plugin has it
             self._refused_names[kind] = {n: p for n, p in self._refused_names[kind].items() if p in refused}
         ordered = sorted((p for p in pending if p not in refused), key=lambda p: (p != BUILTIN, p))
-        self._rank([r for plugin in ordered for r in pending[plugin]])
+        kept = [r for plugin in ordered for r in pending[plugin]]
+        self._rank(kept)
+        self._warn_deprecated(kept)
+
+    def _warn_deprecated(self, registrations: list[Registration]) -> None:
+        """One warning per registration of a deprecated interface version, so that its author
+        hears of the drop a release before it happens; refused plugins' registrations never get here."""
+        for registration in registrations:
+            if registration.dropped_in is not None:
+                logger.warning("%s", deprecation_warning(registration, self._origin(registration.plugin)))
 
     def _rank(self, registrations: list[Registration]) -> None:
         """Keep, per kind and name, the winner (:func:`_precedence`) and the others shadowed, in

@@ -77,8 +77,9 @@ class PluginsCommand(Command):
 
 
 def _version_note(registration) -> str:
-    """For a registration built for an older interface version than the core's: which, and
-    what the engine therefore never hands it (attention kinds a v1-v3 backend never knew)."""
+    """For a registration built for an older interface version than the core's: which, what
+    the engine therefore never hands it (attention kinds a v1-v3 backend never knew), and the
+    release that stops loading it where that version is deprecated."""
     from engine.interfaces import INTERFACE_VERSIONS, attention
 
     current = INTERFACE_VERSIONS[registration.kind]
@@ -86,7 +87,8 @@ def _version_note(registration) -> str:
         return ""
     unknown = attention.unknown_to(registration.api) if registration.kind == "attention_backends" else []
     never = f": never handed {', '.join(label for label, _ in unknown)}" if unknown else ""
-    return f"  (interface v{registration.api} of v{current}{never})"
+    dropped = f"; deprecated: {registration.dropped_in} stops loading it" if registration.dropped_in else ""
+    return f"  (interface v{registration.api} of v{current}{never}{dropped})"
 
 
 def _precedence_note(registry, registration) -> str:

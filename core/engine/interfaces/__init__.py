@@ -89,6 +89,15 @@ STILL_LOADED = {
     "schedulers": (2,),
 }
 
+# Loaded older versions in their one release of deprecation warnings: kind -> {version: the release
+# that stops loading it}. Registering for one logs a warning naming that release, and ``engine plugins``
+# marks it, so that an author hears of the drop a whole release before it ("Interface versions" in
+# the plugin authors' guide). Schedulers v2: v3 is another contract, not a superset, so v2 runs
+# through an adapter (engine.core.scheduler_v2) and a context field (kv_connector) kept for it alone.
+DEPRECATED: dict[str, dict[int, str]] = {
+    "schedulers": {2: "release 3"},
+}
+
 __all__ = [
     "INTERFACE_VERSIONS",
     "SCHEDULER_ROLE",

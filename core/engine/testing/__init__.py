@@ -7,10 +7,15 @@ Subclass a contract in your plugin's tests and name what you register::
     class TestMyBackend(AttentionBackendContract):
         backend_name = "mykernel"
 
-or run ``pytest --engine-conformance`` to check every installed plugin's registrations.
-Contracts: ``attention.AttentionBackendContract``, ``models.ModelContract``,
-``kv_cache.KVCacheManagerContract``, ``scheduler.SchedulerContract``,
-``grammar.GrammarBackendContract``.
+or run ``pytest --engine-conformance`` to check every installed plugin's registrations of the
+kinds it covers (attention backends, models, KV cache managers, KV connectors, grammar backends,
+schedulers, platforms' layer ops). Contracts: ``attention.AttentionBackendContract``,
+``models.ModelContract``, ``models.EmbeddingModelContract``, ``kv_cache.KVCacheManagerContract``,
+``kv_connector.KVConnectorContract``, ``pd_connector.PDConnectorContract`` (connectors built on
+``engine.kv_transfer.PDConnector``), ``scheduler.SchedulerContract``,
+``grammar.GrammarBackendContract``, ``layer_ops.LayerOpsContract``, and, subclassed in the
+plugin's own tests since their settings are its own, ``quant.QuantMethodContract`` and
+``spec.DrafterContract``.
 """
 
 

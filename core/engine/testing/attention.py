@@ -34,17 +34,15 @@ BATCHES = {
 }
 
 
-# attention kinds beside the plain one: AttentionSpec fields
+# attention kinds beside the plain one: AttentionSpec fields. "scale" alone because beside a
+# soft-cap a backend may serve it through explicit scores, leaving its fused kernel calls (SDPA,
+# flash), which take 1/√head_dim unless handed a scale, unchecked.
 KINDS = {
     "window": dict(sliding_window=12),
     "softcap": dict(logit_softcap=2.0),
+    "scale": dict(query_scale=0.3),
     "window-softcap-scale": dict(sliding_window=7, logit_softcap=1.5, query_scale=0.3),
 }
-# and a query scale alone: above it comes only beside a soft-cap, which a backend may serve through
-# explicit scores, so its fused kernel calls (SDPA, flash), which take 1/√head_dim unless handed
-# a scale, go unchecked. Kept apart from KINDS, whose every entry a v1 backend is checked to
-# refuse by name (tests/test_old_plugins.py).
-SCALE_ALONE = {"scale": dict(query_scale=0.3)}
 
 
 def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None, causal: bool = True):
@@ -256,7 +254,7 @@ class AttentionBackendContract:
     platform_cls = CpuPlatform
     dtype_tolerances = {torch.float32: 2e-4, torch.bfloat16: 3e-2}
     batches: tuple[str, ...] = tuple(sorted(BATCHES))
-    kinds: tuple[str, ...] = tuple(sorted(KINDS)) + tuple(SCALE_ALONE)
+    kinds: tuple[str, ...] = tuple(sorted(KINDS))
     block_sizes: tuple[int, ...] = (8, 16)
     dtypes: tuple[torch.dtype, ...] = (torch.float32, torch.bfloat16)
 
@@ -345,7 +343,7 @@ class AttentionBackendContract:
             dtype=dtype,
             block_size=min(self.block_sizes),
             batch_invariant=invariant,
-            **{**KINDS, **SCALE_ALONE}[kind],
+            **KINDS[kind],
         )
         if invariant and not backend_cls.batch_invariant_capable:
             pytest.skip(f"{self.backend_name} has no batch-invariant mode")
