@@ -36,6 +36,7 @@ CAUGHT_BY = {  # mutant -> the kit test written for its bug
     "per-tensor-int8": "test_quantize_rows_int8[0-100-False-5-fp32]",
     "outliers-in-the-scale": "test_quantize_rows_int8[0-100-True-1-bf16]",
     "truncating-int8": "test_quantize_rows_int8[0-700-False-5-fp32]",
+    "exact-group-sums": "test_pack_affine_rounding_meets_the_weight[4]",
 }
 
 

@@ -121,6 +121,35 @@ class TruncatingInt8(LayerOps):
         return (x.float() / scale).index_fill(1, outliers, 0).to(torch.int8), scale, outliers
 
 
+class ExactGroupSums(LayerOps):
+    """A group-affine matmul with int8 activations per 32 inputs that keeps each group's exact
+    float sum for the offset term, rounding only the scale term: the rounding error then meets
+    q · scale instead of the weight (what this project's own kernel did until issue 24)."""
+
+    def pack_affine(self, weight):
+        return _ExactSumsAffine(weight)
+
+
+class _ExactSumsAffine(torch.nn.Module):
+    def __init__(self, weight):
+        super().__init__()
+        self.weight = weight
+
+    def forward(self, x):
+        w = self.weight
+        groups = x.float().view(x.shape[0], -1, w.group)  # [M, G, 32]
+        step = (groups.abs().amax(-1, keepdim=True) / 127).clamp(min=1e-30)
+        rounded = ((groups / step).round() * step).view_as(x.float())
+        scaled = rounded @ (w.q.float() * w.scale.repeat_interleave(w.group, 1)).t()
+        return (scaled + groups.sum(-1) @ w.offset.t()).to(x.dtype)
+
+    def rows(self, ids):
+        return self.weight.rows(ids.flatten(), torch.float32).view(*ids.shape, -1)
+
+    def dequantize(self):
+        return self.weight.dequantize()
+
+
 def _platform(name: str, ops_cls: type[LayerOps]) -> type[CpuPlatform]:
     """The CPU platform handing out ``ops_cls`` layer ops, ranked below every real one."""
     ops = ops_cls()
@@ -142,6 +171,7 @@ MUTANTS = {
     "per-tensor-int8": PerTensorInt8,
     "outliers-in-the-scale": OutliersInTheScale,
     "truncating-int8": TruncatingInt8,
+    "exact-group-sums": ExactGroupSums,
 }
 
 

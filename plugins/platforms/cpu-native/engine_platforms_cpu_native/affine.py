@@ -3,9 +3,10 @@
 
 :class:`PackedAffine` is what :meth:`NativeLayerOps.pack_affine` returns: the weight repacked
 once into the kernel's layout, a matmul (``forward``) and row lookups (``rows``) in one module.
-Activations are rounded to int8 per row and per 32 inputs (llama.cpp's q8 activations), the
-group's float sum kept exact for the offset term, so results differ from the exact float
-matmul by that rounding only (relative error ~0.4 % of a row's magnitude per group).
+Activations are rounded to int8 per row and per 32 inputs (llama.cpp's q8_1 activations, the
+group's sum taken from the rounded values, as ``quant_gemm.c`` explains), so results are the
+rounded activations times the exact weight (relative error ~0.4 % of a row's magnitude per
+group).
 
 Long prefill chunks on a CPU with AMX tiles go another way: from ``DENSE_ROWS`` rows the weight
 is dequantized into bfloat16 (``affine_dequantize``, one pass in packed order) and multiplied by
@@ -96,10 +97,6 @@ class PackedAffine(Layer):
         )
         half = sz.half()
         self.half = bool(torch.equal(half.float(), sz))
-        # offset = −2^(bits−1) · scale (Q4_0, Q8_0, int8 rows): the kernel multiplies signed values
-        self.signed = bool(
-            torch.equal(weight.offset.float(), weight.scale.float() * -(2 ** (weight.bits - 1)))
-        )
         self.register_buffer("qw", qw)
         self.register_buffer("sz", half if self.half else sz)
         suffix = _SUFFIX[dtype]
@@ -126,7 +123,6 @@ class PackedAffine(Layer):
             self.sz.data_ptr(),
             self.half,
             self.storage_bits,
-            self.signed,
             self.out_features,
             out.data_ptr(),
         )

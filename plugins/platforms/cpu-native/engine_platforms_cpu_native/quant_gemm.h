@@ -13,11 +13,11 @@ int64_t affine_vnni_available(void);
 void pack_affine(const uint8_t *q, const float *scale, const float *offset, int64_t n, int64_t k, int64_t bits,
                  uint8_t *qw, float *sz);
 
-/* out [m, n] = x [m, k] (row stride ldx) · wᵀ; signed_sums: offset = −2^(bits−1) · scale */
+/* out [m, n] = x [m, k] (row stride ldx) · wᵀ */
 void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                        int64_t half, int64_t bits, int64_t signed_sums, int64_t n, uint16_t *out);
+                        int64_t half, int64_t bits, int64_t n, uint16_t *out);
 void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                       int64_t half, int64_t bits, int64_t signed_sums, int64_t n, float *out);
+                       int64_t half, int64_t bits, int64_t n, float *out);
 
 /* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
 engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,

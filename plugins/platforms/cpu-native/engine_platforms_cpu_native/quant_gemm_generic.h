@@ -4,7 +4,8 @@
  * than a macro, so that compiler messages and debuggers see its own lines. */
 
 /* ---- activation quantization: a row's groups of 32 inputs to int8 ---------------------- */
-/* d[g] = absmax / 127, xq = round(x / d[g]), s[g] = the group's float sum */
+/* d[g] = absmax / 127, xq = round(x / d[g]), s[g] = d[g] · Σ xq: the sum of the group as rounded,
+ * so the offset term sees the same rounded activations as the scale term (quant_gemm.c) */
 
 #if HAVE_VNNI
 static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, float *s) {
@@ -15,28 +16,26 @@ static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, flo
                                                        _mm512_andnot_ps(sign, b)));
         float inv = top > 0.f ? 127.f / top : 0.f;
         d[g] = top / 127.f;
-        s[g] = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
         __m512 scale = _mm512_set1_ps(inv);
-        __m128i qa = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, scale)));
-        __m128i qb = _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, scale)));
-        _mm_storeu_si128((void *)(xq + g * GROUP), qa);
-        _mm_storeu_si128((void *)(xq + g * GROUP + 16), qb);
+        __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(a, scale)), ib = _mm512_cvtps_epi32(_mm512_mul_ps(b, scale));
+        s[g] = d[g] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib));
+        _mm_storeu_si128((void *)(xq + g * GROUP), _mm512_cvtsepi32_epi8(ia));
+        _mm_storeu_si128((void *)(xq + g * GROUP + 16), _mm512_cvtsepi32_epi8(ib));
     }
 }
 #else
 static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, float *s) {
     for (int64_t g = 0; g < k / GROUP; g++) {
-        float top = 0.f, sum = 0.f;
-        for (int64_t i = 0; i < GROUP; i++) {
-            float v = LOAD(x[g * GROUP + i]);
-            top = fmaxf(top, fabsf(v));
-            sum += v;
-        }
+        float top = 0.f;
+        for (int64_t i = 0; i < GROUP; i++) top = fmaxf(top, fabsf(LOAD(x[g * GROUP + i])));
         float inv = top > 0.f ? 127.f / top : 0.f;
-        d[g] = top / 127.f;
-        s[g] = sum;
-        for (int64_t i = 0; i < GROUP; i++)
+        int32_t sum = 0;
+        for (int64_t i = 0; i < GROUP; i++) {
             xq[g * GROUP + i] = (int8_t)nearbyintf(LOAD(x[g * GROUP + i]) * inv);
+            sum += xq[g * GROUP + i];
+        }
+        d[g] = top / 127.f;
+        s[g] = d[g] * (float)sum;
     }
 }
 #endif
@@ -45,9 +44,9 @@ static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, flo
 
 /* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
 void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                          int64_t half, int64_t bits, int64_t signed_sums, int64_t n, T *out) {
-    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, half, bits, signed_sums,
-        n, OUT_BF16, out);
+                          int64_t half, int64_t bits, int64_t n, T *out) {
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, half, bits, n, OUT_BF16,
+        out);
 }
 
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
