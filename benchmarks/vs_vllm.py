@@ -1,9 +1,16 @@
-"""This engine against vLLM's CPU build, side by side in one run, on the embedded default model.
+"""This engine against vLLM's CPU build, side by side in one run, on the embedded default model or
+the 1B-class one.
 
     python benchmarks/vs_vllm.py offline [--vllm-python PATH] [--num-prompts 64 256] [--output-len 128]
-                                         [--repeats 1] [--configs default bf16]
+                                         [--repeats 1] [--configs default bf16] [--model default|1b]
     python benchmarks/vs_vllm.py online  [--vllm-python PATH] [--input-len 128] [--output-len 128]
                                          [--num-prompts 64] [--request-rate inf] [--configs default]
+                                         [--model default|1b]
+
+``--model 1b`` runs Llama-3.2-1B's shape with random bf16 weights and the default model's tokenizer
+(``random_llama.py``, built once and cached): vLLM and the engine's bf16, int8 and bf16-invariant
+configs load its bf16 HF folder; the ``default`` config (and ``dp2``) its GGUF Q4_1 file of the same
+weights, kept quantized.
 
 offline: the same token-id prompts (16–255 tokens, deterministic; ``offline_throughput.py``'s),
 greedy, EOS ignored, through ``LLM()`` for each engine config (``default``: the GGUF kept quantized,
@@ -60,7 +67,8 @@ SERVE_FLAGS = {
     "bf16-invariant": ["--quantization", "unquantized", "--batch-invariant"],
     "dp2": ["--data-parallel-size", "2"],
 }  # online only: two engine cores, one per CPU share
-SERVED_NAME = "smollm2"
+SERVED_NAME = {"default": "smollm2", "1b": "llama-3.2-1b-shape"}
+GGUF_CONFIGS = ("default", "dp2")  # the configs that load the GGUF file; the others the HF folder
 VLLM_MEMORY_UTILIZATION = 0.3  # of the NUMA node's memory: see the module docstring
 VLLM_OFFLINE = """
 import json, sys, time
@@ -83,10 +91,15 @@ if __name__ == "__main__":
 """
 
 
-def hf_folder() -> str:
-    """The default GGUF dequantized to bf16 and saved as an HF folder (cached): what vLLM loads."""
+def hf_folder(model: str = "default") -> str:
+    """What vLLM loads: the default GGUF dequantized to bf16 and saved as an HF folder (cached), or
+    the 1B-class model's bf16 folder."""
     import torch
 
+    if model == "1b":
+        import random_llama
+
+        return random_llama.build().folder
     from engine.testing.reference import hf_from_loader
     from engine_quant_gguf.loader import GGUFLoader, cache_dir, default_model_path
 
@@ -100,13 +113,24 @@ def hf_folder() -> str:
     return folder
 
 
-def engine_offline(config: str, prompts_file: str, output_len: int) -> dict:
+def engine_model(model: str, config: str) -> str | None:
+    """The path a config of this engine loads (None: the embedded default model): for the 1B-class
+    model, its GGUF Q4_1 file for the GGUF configs and its bf16 HF folder for the others."""
+    if model == "default":
+        return None
+    import random_llama
+
+    built = random_llama.build()
+    return built.gguf["Q4_1"] if config in GGUF_CONFIGS else built.folder
+
+
+def engine_offline(config: str, prompts_file: str, output_len: int, model: str = "default") -> dict:
     """Run in a fresh process (``--worker``): one generate of every prompt, timed after a warm-up."""
     from engine import LLM, SamplingParams
 
     with open(prompts_file) as f:
         prompts = json.load(f)
-    llm = LLM(**CONFIGS[config])
+    llm = LLM(engine_model(model, config), **CONFIGS[config])
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.perf_counter()
@@ -128,8 +152,8 @@ def offline(args) -> None:
 
     from engine_quant_gguf.loader import GGUFLoader, default_model_path
 
-    tokenizer = GGUFLoader(default_model_path()).tokenizer()
-    folder = hf_folder() if args.vllm_python else None
+    tokenizer = GGUFLoader(default_model_path()).tokenizer()  # the 1B-class model's too
+    folder = hf_folder(args.model) if args.vllm_python else None
     rows = []
     for num in args.num_prompts:
         prompts = make_prompts(tokenizer, num)
@@ -154,7 +178,7 @@ def offline(args) -> None:
                     )
                 else:
                     result = _run_result(
-                        [sys.executable, __file__, "--worker", name, f.name, str(args.output_len)]
+                        [sys.executable, __file__, "--worker", name, f.name, str(args.output_len), args.model]
                     )
                 rate = result["tokens"] / result["seconds"]
                 print(
@@ -163,7 +187,10 @@ def offline(args) -> None:
                 )
                 best[name] = max(best.get(name, 0.0), rate)
         rows.append((num, best))
-    print(f"\nOffline, output tok/s (best of {args.repeats} round(s)); ratio = this engine / vLLM bf16")
+    print(
+        f"\nOffline, {args.model} model, output tok/s (best of {args.repeats} round(s));"
+        " ratio = this engine / vLLM bf16"
+    )
     for num, best in rows:
         line = f"{num:4d} x {args.output_len}: " + "  ".join(f"{k} {v:.1f}" for k, v in best.items())
         if "vllm" in best:
@@ -197,7 +224,7 @@ def _server_command(name: str, args, folder: str, port: int) -> list[str]:
             "--port",
             str(port),
             "--served-model-name",
-            SERVED_NAME,
+            SERVED_NAME[args.model],
             "--dtype",
             "bfloat16",
             "--max-model-len",
@@ -206,7 +233,17 @@ def _server_command(name: str, args, folder: str, port: int) -> list[str]:
             str(VLLM_MEMORY_UTILIZATION),
         ]
     engine = os.path.join(os.path.dirname(sys.executable), "engine")
-    return [engine, "serve", "--port", str(port), "--served-model-name", SERVED_NAME, *SERVE_FLAGS[name]]
+    path = engine_model(args.model, name)
+    return [
+        engine,
+        "serve",
+        *(["--model", path] if path else []),
+        "--port",
+        str(port),
+        "--served-model-name",
+        SERVED_NAME[args.model],
+        *SERVE_FLAGS[name],
+    ]
 
 
 def _client_command(args, folder: str, url: str, result_file: str) -> list[str]:
@@ -225,7 +262,7 @@ def _client_command(args, folder: str, url: str, result_file: str) -> list[str]:
         "--base-url",
         url,
         "--model",
-        SERVED_NAME,
+        SERVED_NAME[args.model],
         "--tokenizer",
         folder,
         "--dataset-name",
@@ -277,7 +314,7 @@ def online_one(name: str, args, folder: str) -> dict:
 def online(args) -> None:
     if args.client == "vllm" and not args.vllm_python:
         sys.exit("online needs vLLM's client: pass --vllm-python (or --client engine)")
-    folder = hf_folder()
+    folder = hf_folder(args.model)  # vLLM's model, and the bench clients' tokenizer
     names = [*args.configs, *(["vllm"] if args.vllm_python else [])]
     results = {}
     for name in names:
@@ -290,8 +327,8 @@ def online(args) -> None:
             flush=True,
         )
     print(
-        f"\nOnline, {args.client} bench serve, random {args.input_len}/{args.output_len}, "
-        f"{args.num_prompts} prompts, rate {args.request_rate}"
+        f"\nOnline, {args.model} model, {args.client} bench serve, random {args.input_len}/"
+        f"{args.output_len}, {args.num_prompts} prompts, rate {args.request_rate}"
     )
     if "vllm" in results:
         base = results["vllm"]
@@ -311,13 +348,20 @@ def online(args) -> None:
 
 def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        config, prompts_file, output_len = sys.argv[2:5]
-        print("RESULT", json.dumps(engine_offline(config, prompts_file, int(output_len))))
+        config, prompts_file, output_len, model = sys.argv[2:6]
+        print("RESULT", json.dumps(engine_offline(config, prompts_file, int(output_len), model)))
         return
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("mode", choices=["offline", "online"])
+    parser.add_argument(
+        "--model",
+        choices=["default", "1b"],
+        default="default",
+        help="default: the embedded SmolLM2-135M; 1b: Llama-3.2-1B's shape, random weights (built once, "
+        "cached; see above)",
+    )
     parser.add_argument(
         "--vllm-python",
         default=os.environ.get("VLLM_PYTHON"),

@@ -1,0 +1,238 @@
+"""Single-stream decode as a fraction of the bandwidth floor, in one run: this machine's memory
+bandwidth, and the decode tokens/s of the default model and the 1B-class model (GGUF Q4 kept
+quantized, and bf16).
+
+    python benchmarks/bandwidth_floor.py [--only NAME ...] [--threads N] [--repeats 3] [--output-len 128]
+
+A decode step of one stream reads every weight once, so it cannot run faster than the weight
+bytes it reads ÷ the memory bandwidth: the floor on its time, here given as a ceiling on tokens/s
+(bandwidth ÷ bytes read per token). The bandwidth is measured in this run, before the decode runs
+and again after them (both printed; the floor uses the better), with the engine's thread count:
+
+- triad: STREAM's a = b + s·c over three float32 arrays of 256 MiB each (8× this kind of
+  machine's 32 MiB L3), counted as STREAM counts it, 12 bytes an element (two reads, one write);
+- read: a sum and a max over one 768 MiB array (the faster), 4 bytes an element.
+
+The floor uses the larger of the two (each the better of before and after), and prints which.
+The floor bounds how fast decode could go, so it takes the most this memory delivered in the run:
+the smaller figure would flatter the fraction. Decode's weight traffic is reads only, which argues
+for the read sweep; but a triad's three streams a thread keep more misses in flight than one read
+stream, and its count leaves out the write-allocate reads of ``a``, so on some machines it shows
+the higher figure (on the shared 2-core AMD EPYC this was written on, either came out ahead by up to
+~20 % from run to run).
+
+Bytes read per token are the model's parameter and buffer bytes that one decode step reads:
+every projection and norm whole, the LM head's table whole, but one row of a table that only serves
+lookups (an untied input embedding, or the plain copy a tied bf16 table keeps for lookups beside
+its prepacked head) and one row of the rotary cos/sin tables. The K/V cache the step also reads is
+left out of the floor; its size at the run's mean context is printed (well under 5 % of the weights
+here). Decode tokens/s are measured as ``quant.py``'s single stream: (n − 1) tokens over the time a
+n-token run takes beyond a 1-token run, each the best of ``--repeats``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+ARRAY_BYTES = 256 << 20  # per triad array: far beyond the last-level cache
+BANDWIDTH_REPEATS = 10
+MODELS = ("default-q4_1", "default-bf16", "1b-q4_1", "1b-q4_0", "1b-bf16")
+
+
+def triad_bandwidth(repeats: int = BANDWIDTH_REPEATS, array_bytes: int = ARRAY_BYTES) -> float:
+    """Bytes/s of a = b + s·c on torch's threads (one fused loop), best of ``repeats``."""
+    import torch
+
+    n = array_bytes // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    torch.add(b, c, alpha=3.0, out=a)  # pages touched before the clock starts
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best = min(best, time.perf_counter() - start)
+    return 3 * n * 4 / best
+
+
+def read_bandwidth(repeats: int = BANDWIDTH_REPEATS, array_bytes: int = 3 * ARRAY_BYTES) -> float:
+    """Bytes/s of reductions over one array on torch's threads (a sum and a max, whichever streams
+    faster: neither is bound by its arithmetic, but their loops differ), best of ``repeats`` each."""
+    import torch
+
+    x = torch.rand(array_bytes // 4)
+    best = float("inf")
+    for reduce in (torch.sum, torch.amax):
+        reduce(x)
+        for _ in range(repeats):
+            start = time.perf_counter()
+            reduce(x)
+            best = min(best, time.perf_counter() - start)
+    return x.numel() * 4 / best
+
+
+def measure_bandwidth() -> dict[str, float]:
+    return {"triad": triad_bandwidth(), "read": read_bandwidth()}
+
+
+def _tensors(module, recurse: bool = True) -> list:
+    return [*module.parameters(recurse=recurse), *module.buffers(recurse=recurse)]
+
+
+def _table_reads(table) -> dict[int, int]:
+    """Bytes a decode step reads of each tensor of a vocabulary table (``VocabEmbedding``): its
+    logits tensors whole when it is the LM head; of its lookup tensors, when they are others, one
+    row. The unquantized method keeps lookups on the plain ``weight`` and logits on a prepacked
+    ``dense`` child; a quantized table serves both from one kernel."""
+    own = _tensors(table, recurse=False)
+    nested = [t for t in _tensors(table) if all(t is not o for o in own)]
+    head = (nested or own) if table.serves_logits else []
+    lookup = (own or nested) if table.serves_lookups else []
+    reads = {id(t): t.numel() * t.element_size() for t in head}
+    for t in lookup:
+        reads.setdefault(id(t), t.numel() * t.element_size() // table.vocab_rows)
+    return reads
+
+
+def bytes_read_per_token(model) -> int:
+    """The weight bytes one decode step of one stream reads (see the module docstring)."""
+    from engine.layers.embedding import VocabEmbedding
+    from engine.layers.rotary import RotaryEmbedding
+
+    reads: dict[int, int] = {}
+    for module in model.modules():
+        if isinstance(module, VocabEmbedding):
+            reads.update(_table_reads(module))
+        elif isinstance(module, RotaryEmbedding):
+            reads.update({id(t): t.numel() * t.element_size() // t.shape[0] for t in _tensors(module)})
+    return sum(reads.get(id(t), t.numel() * t.element_size()) for t in _tensors(model))
+
+
+def resident_bytes(model) -> int:
+    """Every parameter and buffer, as ``quant.py``'s ``weight_mib`` counts them."""
+    return sum(t.numel() * t.element_size() for t in _tensors(model))
+
+
+def floor_tokens_per_s(bandwidth: float, bytes_per_token: int) -> float:
+    """The fastest decode the bandwidth allows: every step streams its weight bytes once."""
+    return bandwidth / bytes_per_token
+
+
+def kv_bytes_per_context_token(hf_config, element_size: int = 2) -> int:
+    """K and V of one context token over all layers (bf16 unless told)."""
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return 2 * hf_config.num_hidden_layers * hf_config.num_key_value_heads * head_dim * element_size
+
+
+def model_paths(name: str) -> tuple[str | None, dict]:
+    """``LLM``'s model argument and options for one row: the default model's GGUF (kept quantized,
+    or dequantized to bf16) or the 1B-class model's GGUF file or bf16 HF folder."""
+    if name.startswith("default"):
+        return None, {} if name.endswith("q4_1") else {"quantization": "unquantized"}
+    import random_llama
+
+    built = random_llama.build()
+    if name.endswith("bf16"):
+        return built.folder, {}
+    return built.gguf[name.split("-")[1].upper()], {}
+
+
+def decode_row(name: str, output_len: int, repeats: int) -> dict:
+    """Load one model, measure its single-stream decode, count what a step reads."""
+    from quant import PROMPT, engine_single
+
+    from engine import LLM
+
+    path, options = model_paths(name)
+    llm = LLM(path, dtype="bfloat16", max_model_len=2048, **options)
+    model = llm.engine.model
+    prompt_len = len(llm.apply_chat_template([{"role": "user", "content": PROMPT}]))  # token ids
+    row = {
+        "name": name,
+        "tokens_per_s": engine_single(llm, output_len, repeats),
+        "read": bytes_read_per_token(model),
+        "resident": resident_bytes(model),
+        "kv": kv_bytes_per_context_token(model.cfg) * (prompt_len + output_len / 2),
+    }
+    del llm, model
+    gc.collect()
+    return row
+
+
+def print_table(rows: list[dict], bandwidth: float) -> None:
+    print(
+        f"\n{'model':>13} | resident MiB | read/token MiB | K/V at mean ctx MiB | floor tok/s | "
+        "measured tok/s | of floor"
+    )
+    for r in rows:
+        floor = floor_tokens_per_s(bandwidth, r["read"])
+        print(
+            f"{r['name']:>13} | {r['resident'] / 2**20:12.1f} | {r['read'] / 2**20:14.1f} | "
+            f"{r['kv'] / 2**20:19.1f} | {floor:11.1f} | {r['tokens_per_s']:14.1f} | "
+            f"{r['tokens_per_s'] / floor:8.0%}"
+        )
+
+
+def print_bandwidth(label: str, figures: dict[str, float]) -> None:
+    print(
+        f"bandwidth {label}: triad {figures['triad'] / 1e9:.2f} GB/s, read {figures['read'] / 1e9:.2f} GB/s"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only",
+        nargs="+",
+        choices=MODELS,
+        default=list(MODELS),
+        help="models to decode (default: all): default-q4_1 / default-bf16, the embedded SmolLM2-135M "
+        "GGUF kept quantized / dequantized to bf16; 1b-q4_1, 1b-q4_0, 1b-bf16, the 1B-class model's "
+        "GGUF files (kept quantized) and bf16 HF folder, built on first use (random_llama.py)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="threads of the bandwidth kernels and of the engine (default: the engine's, every core "
+        "this process may run on)",
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="runs of each decode length; the fastest counts (default 3)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=128, help="tokens of the long decode run (default 128)"
+    )
+    args = parser.parse_args()
+    threads = args.threads or len(os.sched_getaffinity(0))
+    os.environ["ENGINE_NUM_THREADS"] = str(threads)  # the CPU platform sets torch's threads from it
+    import torch
+
+    torch.set_num_threads(threads)
+    print(f"threads: {threads}")
+    before = measure_bandwidth()
+    print_bandwidth("before", before)
+    rows = []
+    for name in args.only:
+        rows.append(decode_row(name, args.output_len, args.repeats))
+        print(f"  {name}: {rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
+    torch.set_num_threads(threads)
+    after = measure_bandwidth()
+    print_bandwidth("after", after)
+    best = {k: max(before[k], after[k]) for k in before}
+    print_bandwidth("best of before and after", best)
+    kind = max(best, key=best.get)
+    print(f"the floor uses {kind}, the larger: {best[kind] / 1e9:.2f} GB/s")
+    print_table(rows, best[kind])
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

