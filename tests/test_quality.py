@@ -19,9 +19,10 @@ TINY = dict(
     num_key_value_heads=2,
     max_position_embeddings=256,
 )
-# The default path (GGUF Q4_1 kept quantized, int8 activations per 32 inputs) measured 0.0149
-# mean KL and 92.1 % top-1 on 8 windows x 128 tokens; the bounds leave room for bf16 noise.
-MAX_MEAN_KL, MIN_TOP1 = 0.02, 0.90
+# The default path (GGUF Q4_1 kept quantized, int8 activations per 32 inputs, bf16) measured
+# mean KL 0.0042 and top-1 95.9 % on these windows (llama.cpp on the file: 0.0032 on 8 x 128);
+# rounding met q·scale instead of the weight before issue 24 (0.0163, 93.1 %), which these fail.
+MAX_MEAN_KL, MIN_TOP1 = 0.006, 0.93
 
 
 @pytest.fixture(scope="module")
