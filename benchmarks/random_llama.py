@@ -22,7 +22,6 @@ and generates a few tokens from each. Building the 1B model takes a few minutes 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -150,39 +149,14 @@ def _save_folder(model, folder: str) -> None:
     os.replace(tmp, folder)
 
 
-def _save_gguf(model, path: str, qtype: str) -> None:
+def _save_gguf(model, path: str, qtype: str, tokenizer_source) -> None:
     import gguf
 
-    from engine_quant_gguf.loader import default_model_path
     from engine_quant_gguf.writer import write_gguf
 
     tmp = f"{path}.tmp{os.getpid()}"
-    write_gguf(tmp, _TiedView(model), default_model_path(), getattr(gguf.GGMLQuantizationType, qtype))
+    write_gguf(tmp, _TiedView(model), tokenizer_source, getattr(gguf.GGMLQuantizationType, qtype))
     os.replace(tmp, path)
-
-
-@contextlib.contextmanager
-def _default_file_parsed_once():
-    """``gguf``'s reader takes seconds to parse the default file's 49k-token vocabulary, and a build
-    reads it for the tokenizer and again in every ``write_gguf``: while building, a reader of that
-    file is made once and shared (both look ``gguf.GGUFReader`` up when they run)."""
-    import gguf
-
-    from engine_quant_gguf.loader import default_model_path
-
-    original, path, parsed = gguf.GGUFReader, default_model_path(), []
-
-    def reader(source, *args, **kwargs):
-        if source != path or args or kwargs:
-            return original(source, *args, **kwargs)
-        parsed[:] = parsed or [original(source)]
-        return parsed[0]
-
-    gguf.GGUFReader = reader
-    try:
-        yield
-    finally:
-        gguf.GGUFReader = original
 
 
 def build(shape: Shape = LLAMA_3_2_1B, seed: int = 0, root: str | None = None, qtypes=QTYPES) -> Built:
@@ -196,11 +170,16 @@ def build(shape: Shape = LLAMA_3_2_1B, seed: int = 0, root: str | None = None, q
         return built
     os.makedirs(root, exist_ok=True)
     model = random_model(shape, seed) if missing_folder else _load_folder(built.folder)
-    with _default_file_parsed_once():
-        if missing_folder:
-            _save_folder(model, built.folder)
+    if missing_folder:
+        _save_folder(model, built.folder)
+    if missing:
+        import gguf
+
+        from engine_quant_gguf.loader import default_model_path
+
+        vocabulary = gguf.GGUFReader(default_model_path())  # parsed once for every file
         for qtype in missing:
-            _save_gguf(model, built.gguf[qtype], qtype)
+            _save_gguf(model, built.gguf[qtype], qtype, vocabulary)
     return built
 
 

@@ -88,8 +88,10 @@ def quantize(w: np.ndarray, qtype: T) -> np.ndarray:
     return K_QUANTIZERS[qtype](w) if qtype in K_QUANTIZERS else gguf.quants.quantize(w, qtype)
 
 
-def write_gguf(path: str, model, tokenizer_source: str | None, qtype: T | None = None) -> None:
-    """Without ``tokenizer_source`` the file has no tokenizer (prompts are token ids)."""
+def write_gguf(path: str, model, tokenizer_source, qtype: T | None = None) -> None:
+    """``tokenizer_source``: a GGUF file's path, or its parsed ``gguf.GGUFReader`` (parsing a
+    large vocabulary takes seconds: writers of several files parse it once). Without one the
+    file has no tokenizer (prompts are token ids)."""
     cfg = model.config
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(cfg.num_hidden_layers)
@@ -102,7 +104,9 @@ def write_gguf(path: str, model, tokenizer_source: str | None, qtype: T | None =
     writer.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
     writer.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     writer.add_vocab_size(cfg.vocab_size)
-    fields = gguf.GGUFReader(tokenizer_source).fields if tokenizer_source else {}
+    if isinstance(tokenizer_source, str):
+        tokenizer_source = gguf.GGUFReader(tokenizer_source)
+    fields = tokenizer_source.fields if tokenizer_source else {}
     for key, field in fields.items():
         if key.startswith("tokenizer."):
             value = field.contents()
