@@ -16,7 +16,8 @@ from engine.config import EngineConfig
 from engine.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventsConfig
 from engine.testing import reference
 from tests.conftest import TINY_LLAMA
-from tests.serving import free_port, serve
+from engine_server.guard import tenant_salt
+from tests.serving import API_KEY, free_port, serve
 
 BLOCK = 16
 EVENTS = {"enable_kv_cache_events": True}
@@ -146,8 +147,9 @@ def test_engine_serve_publishes_vllms_wire_format_per_core_with_replay(tiny_llam
                 batches = _receive(sub, lambda got: bool(_stored(got)))
                 assert {batch["rank"] for _, batch in batches} == {rank}
                 stored = _stored(batches)
+                # the server salts each API key's requests apart, and the events carry that salt
                 assert [h for e in stored for h in e["block_hashes"]] == [
-                    int.from_bytes(h, "big") & (2**64 - 1) for h in chain(prompts[rank])
+                    int.from_bytes(h, "big") & (2**64 - 1) for h in chain(prompts[rank], tenant_salt(API_KEY))
                 ]
                 assert [t for e in stored for t in e["token_ids"]] == prompts[rank][
                     : len(chain(prompts[rank])) * BLOCK
