@@ -50,6 +50,8 @@ ARGS = (
     str(RESPONSE_LIMIT),
     "--request-body-timeout",
     "1",
+    "--request-header-timeout",
+    "1",
     "--enable-prompt-tokens-details",
     "--api-key",
     OTHER_KEY,  # serve() adds API_KEY: two tenants
@@ -240,6 +242,29 @@ def test_a_stalled_body_gets_a_408_and_loses_its_connection(server):
     seconds = time.monotonic() - started
     assert received.startswith(b"HTTP/1.1 408") and b"body_timeout" in received, received[:300]
     assert 0.9 < seconds < 5, seconds
+
+
+def test_stalled_headers_get_a_408_and_lose_their_connection(server):
+    """Headers trickling in are cut off (--request-header-timeout 1) on a fresh connection and on
+    one that already served a request; a request whose headers came in time is not."""
+    fresh = socket.create_connection(("127.0.0.1", server.port))
+    fresh.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+    used = socket.create_connection(("127.0.0.1", server.port))
+    used.sendall(
+        f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {API_KEY}\r\n\r\n".encode()
+    )
+    assert used.recv(65536).startswith(b"HTTP/1.1 200")
+    used.sendall(b"GET /health HTTP/1.1\r\n")
+    started = time.monotonic()
+    for sock in (fresh, used):
+        sock.settimeout(10)
+        received = b""
+        with contextlib.closing(sock):
+            while chunk := sock.recv(65536):  # until the server closes the connection
+                received += chunk
+        assert received.startswith(b"HTTP/1.1 408") and b"header_timeout" in received, received[:300]
+    assert time.monotonic() - started < 5
+    assert httpx.get(f"{server.url}/health").status_code == 200
 
 
 def test_stale_ipc_folders_are_removed_at_start_up(server, stale_ipc_dir):

@@ -17,6 +17,7 @@ from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, en
 from engine.plugins import load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.guard import default_allowed_hosts
+from engine_server.header_timeout import with_header_timeout
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 from engine_server.replicas import ReplicaSet
@@ -179,6 +180,11 @@ class ServeCommand(Command):
             access_log=not args.disable_uvicorn_access_log,
             root_path=args.root_path,
             timeout_graceful_shutdown=args.graceful_timeout + CUT_FLUSH_SECONDS,
+            **(
+                {"http": with_header_timeout(args.request_header_timeout)}
+                if args.request_header_timeout
+                else {}
+            ),
         )
         server = _Server(config, on_drain)
         server.run()

@@ -104,6 +104,15 @@ def add_server_arguments(parser) -> None:
         "0: no limit; default: 60",
     )
     add(
+        "--request-header-timeout",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="a request's headers must arrive within this long of the connection opening or of the "
+        "previous response, else a 408 and the connection is closed (slowloris); 0: no limit; "
+        "default: 30",
+    )
+    add(
         "--max-response-bytes",
         type=parse_size,
         default=64 * 2**20,
