@@ -3,15 +3,18 @@ script starts, checking that nothing fails and nothing leaks.
 
     python benchmarks/soak.py [--model M] [--concurrency 64] [--duration 1800] [--max-tokens 128]
 
-Each of the N workers streams one completion after another (random prompts from
+Most of the N clients stream one completion after another (random prompts from
 `engine bench serve`'s generator, EOS ignored, so every request must return exactly its
-`max_tokens`). Every ~30 s a progress line reports requests, tokens, errors, the engine's
-running count and KV usage, and the resident memory of the API and engine-core processes.
-At the end the workers finish their last request, the engine must drop to 0 running
-requests and 0 KV usage, each process's RSS must not have grown by more than
---max-rss-growth-mib since the first progress sample taken after every worker finished a
-request (warm-up allocations done), and the server must exit 0 on SIGTERM. Exit status 1
-on any error or leak. Linux only (RSS from /proc).
+`max_tokens`); among them (`soak_roles.py`) greedy canaries whose every answer, tokens and
+log-probs, must equal their first, clients that hang up after a few frames, and clients that
+send malformed requests and must each get a 4xx with an OpenAI-shaped error. Every ~30 s a
+progress line reports requests, tokens, errors, the engine's running count and KV usage, and
+the resident memory of the API and engine-core processes. At the end the clients finish their
+last request, the engine must drop to 0 running requests and 0 KV usage, each process's RSS
+must not have grown by more than --max-rss-growth-mib since the first progress sample taken
+after every plain stream finished a request (warm-up allocations done), every canary answer
+must equal its first, and the server must exit 0 on SIGTERM. Exit status 1 on any error or
+leak. Linux only (RSS from /proc).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import tempfile
 import time
 
 import httpx
+from soak_roles import Mix, bad_input, canary, disconnecter
 
 from engine.testing.ports import free_port
 from engine_server.bench import one_request
@@ -40,7 +44,14 @@ MIB = 2**20
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="default: the embedded default model")
-    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument(
+        "--concurrency", type=int, default=64, help="clients in all, the roles below included"
+    )
+    parser.add_argument("--canaries", type=int, default=4, help="greedy chat canaries among the clients")
+    parser.add_argument(
+        "--disconnecters", type=int, default=4, help="clients that abandon their streams after a few frames"
+    )
+    parser.add_argument("--bad-inputs", type=int, default=4, help="clients sending malformed requests")
     parser.add_argument("--duration", type=float, default=1800, help="seconds of load (default 30 min)")
     parser.add_argument("--input-len", type=int, default=64, help="prompt words, varied by ±50%%")
     parser.add_argument("--max-tokens", type=int, default=128, help="output tokens, varied by ±50%%")
@@ -56,8 +67,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="",
         help="more `engine serve` arguments as one string: --serve-args='--max-num-seqs 64'",
     )
-    parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args(argv)
+    parser.add_argument("--seed", type=int, default=0, help="of the random prompts")
+    args = parser.parse_args(argv)
+    if plain_streams(args) < 1:
+        parser.error("--concurrency must leave at least one plain stream beside the roles")
+    return args
+
+
+def plain_streams(args) -> int:
+    return args.concurrency - args.canaries - args.disconnecters - args.bad_inputs
 
 
 def rss_mib(pid: int) -> float:
@@ -241,16 +259,19 @@ async def soak(args, server: Server) -> list[str]:
         await sampler.sample()
         deadline = time.monotonic() + args.duration
         sampling = asyncio.create_task(sampler.run(args.report_every))
+        streams = plain_streams(args)
+        mix = Mix()
         await asyncio.gather(
-            *(
-                worker(client, model, pool, i, args.concurrency, tally, deadline)
-                for i in range(args.concurrency)
-            )
+            *(worker(client, model, pool, i, streams, tally, deadline) for i in range(streams)),
+            *(canary(client, model, i, mix, deadline) for i in range(args.canaries)),
+            *(disconnecter(client, model, args.max_tokens, mix, deadline) for _ in range(args.disconnecters)),
+            *(bad_input(client, model, i, mix, deadline) for i in range(args.bad_inputs)),
         )
         sampling.cancel()
         engine = await wait_idle(client)
         await sampler.sample()
-    return verdict(args, tally, engine, sampler.samples)
+    print(mix.summary())
+    return mix.failures() + verdict(args, tally, engine, sampler.samples)
 
 
 def verdict(args, tally: Tally, engine: dict[str, float], samples: list) -> list[str]:
@@ -260,7 +281,7 @@ def verdict(args, tally: Tally, engine: dict[str, float], samples: list) -> list
     if any(engine.values()):
         failures.append(f"engine not idle after the load: {engine}")
     # warmed up: every worker has finished a request, so every batch shape has been seen
-    baseline = next((s for s in samples[:-1] if s[1] >= args.concurrency), samples[0])
+    baseline = next((s for s in samples[:-1] if s[1] >= plain_streams(args)), samples[0])
     end = samples[-1]
     print(
         f"RSS (MiB)       API    core\n  start    {samples[0][2]:8.0f}{samples[0][3]:8.0f}\n"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -25,6 +26,7 @@ are still running when a test acts) and raises on every call once {trigger} exis
 fault no single request explains, which the engine core treats as fatal."""
 
 import os
+import re
 import time
 
 from engine import hookimpl
@@ -210,6 +212,12 @@ def test_soak_benchmark_short_run_passes(tiny_llama):
             "6",
             "--concurrency",
             "8",
+            "--canaries",
+            "2",
+            "--disconnecters",
+            "1",
+            "--bad-inputs",
+            "1",
             "--input-len",
             "8",
             "--max-tokens",
@@ -229,4 +237,8 @@ def test_soak_benchmark_short_run_passes(tiny_llama):
         lines[-1] == "PASS"
         and ", 0 errors; engine after the load: running 0, waiting 0, KV 0.0%" in lines[-2]
     )
-    assert int(lines[-2].split()[0]) >= 8  # every worker finished at least one request
+    assert int(lines[-2].split()[0]) >= 4  # every plain stream finished at least one request
+    canaries, disconnects, refused = (
+        int(n) for n in re.findall(r"(\d+) (?:answers|disconnects|bad)", lines[-4])
+    )
+    assert canaries >= 2 and disconnects >= 1 and refused >= 1 and ", 0 differing;" in lines[-4], lines[-4]
