@@ -87,6 +87,19 @@ class QuantMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out]."""
 
+    def apply_batch_invariant(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``apply`` under ``--batch-invariant``: each row's result must not depend on how many
+        rows share the call (nor on where in it the row sits). This default runs ``apply`` on
+        tiles of exactly :data:`~engine.layers.batch_invariant.ROWS` rows, right for any kernel
+        whose rows do not interact; a method whose kernel gives a row the same bits at other
+        row counts overrides it to run fewer, bigger calls
+        (:func:`engine.layers.batch_invariant.in_row_buckets` finds such counts by probing)."""
+        from engine.layers.batch_invariant import in_row_tiles
+
+        return in_row_tiles(lambda rows: self.apply(layer, rows, bias), x)
+
     @abstractmethod
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The layer's weight [out, in] in the activation dtype, by plain math: the reference
