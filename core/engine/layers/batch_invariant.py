@@ -16,8 +16,8 @@ choice between two close tokens. Two ways to make every row meet the same sums:
   *probed* to give every row the same bits as 16-row tiles do. Which sizes those are depends
   on the library's kernel choice (oneDNN's blocking, the thread split), not on the values, so
   each (matmul kind, weight shape) is probed once per process, a size the first time a batch
-  needs it, on random rows; a size that fails is never used, and when none holds a batch the
-  rows go in 16-row tiles. Bigger calls run the GEMM at its full rate: this is what brings
+  needs it (with the sizes below it), on random rows; a size that fails is never used, and a
+  batch no passing size holds goes in calls of the largest one that passed. Bigger calls run the GEMM at its full rate: this is what brings
   ``--batch-invariant`` near bf16 throughput.
 """
 
@@ -66,12 +66,15 @@ def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable) -> torch.Tens
 
 
 def _bucket(matmul: Matmul, key: Hashable, rows: torch.Tensor, count: int) -> int:
-    """The smallest bucket of at least ``count`` rows that ``matmul`` passed its probe at, or
-    ``ROWS`` (tiles) when none did."""
+    """The smallest bucket of at least ``count`` rows that ``matmul`` passed its probe at, else
+    the largest smaller one that passed (the call then takes that many rows), else ``ROWS``."""
+    passed = ROWS
     for size in CANDIDATE_BUCKETS:
-        if size >= count and _row_invariant_at(key, size, matmul, rows.shape[1], rows.dtype, rows.device):
-            return size
-    return ROWS
+        if _row_invariant_at(key, size, matmul, rows.shape[1], rows.dtype, rows.device):
+            if size >= count:
+                return size
+            passed = size
+    return passed
 
 
 _probed: dict[tuple[Hashable, int], bool] = {}

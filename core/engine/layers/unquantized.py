@@ -46,12 +46,9 @@ class UnquantizedLinearMethod(QuantMethod):
     ) -> torch.Tensor:
         """One call padded to a row count at which this weight's GEMM was probed to give each
         row the bits 16-row tiles give it (:func:`~engine.layers.batch_invariant.in_row_buckets`):
-        the probes are shared by the layers of one weight shape."""
-        dense = layer._modules.get("dense")
-        weight = layer.weight if dense is None else None
-        kind = "linear" if dense is None else type(dense).__name__
-        shape = (layer.input_size, sum(layer.output_sizes)) if weight is None else tuple(weight.shape)
-        key = (kind, shape, self.ctx.dtype, bias is not None)
+        the probes are shared by the layers of one kernel and weight shape."""
+        kind = type(layer._modules.get("dense")).__name__  # NoneType: F.linear
+        key = (kind, layer.input_size, sum(layer.output_sizes), self.ctx.dtype, bias is not None)
         return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, key)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
