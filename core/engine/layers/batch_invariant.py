@@ -17,8 +17,8 @@ choice between two close tokens. Two ways to make every row meet the same sums:
   on the library's kernel choice (oneDNN's blocking, the thread split), not on the values, so
   each (matmul kind, weight shape) is probed once per process, a size the first time a batch
   needs it (with the sizes below it), on random rows; a size that fails is never used, and a
-  batch no passing size holds goes in calls of the largest one that passed. Bigger calls run the GEMM at its full rate: this is what brings
-  ``--batch-invariant`` near bf16 throughput.
+  batch no passing size holds goes in calls of the largest one that passed. Bigger calls run
+  the GEMM at its full rate: this is what brings ``--batch-invariant`` near bf16 throughput.
 """
 
 from __future__ import annotations
