@@ -5,7 +5,8 @@ them the order in which each output's K products are summed, so the same token's
 differ in their last bits between a batch of 1 and a batch of 64 — enough to flip a greedy
 choice between two close tokens. Two ways to make every row meet the same sums:
 
-- :func:`in_row_tiles`, the safe one any kernel takes: tiles of exactly ``ROWS`` rows (the
+- :func:`in_row_tiles` (defined with ``QuantMethod.apply_batch_invariant``, whose default it
+  is), the safe one any kernel takes: tiles of exactly ``ROWS`` rows (the
   last one padded with zeros), so every row of every step meets the same kernel on the same
   shape. Rows do not interact inside a tile (a row's outputs read only that row), so padding
   changes nothing but the time. ``ROWS`` = 16: a bf16 GEMM of 16 rows on this CPU runs at
@@ -28,23 +29,15 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-ROWS = 16
+from engine.interfaces.quant import ROWS, in_row_tiles
+
+__all__ = ["CANDIDATE_BUCKETS", "ROWS", "in_row_buckets", "in_row_tiles"]
+
 # padded row counts a call may run at, each used only once probed (up to 1024 rows: a step's
 # bigger matmuls are split into calls of the largest size that passed)
 CANDIDATE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
-
-
-def in_row_tiles(matmul: Matmul, x: torch.Tensor) -> torch.Tensor:
-    """``matmul`` applied to ``x`` [..., K] in tiles of exactly ``ROWS`` rows."""
-    rows = x.reshape(-1, x.shape[-1])
-    count = rows.shape[0]
-    if count == 0:
-        return matmul(rows).reshape(*x.shape[:-1], -1)
-    padded = -(-count // ROWS) * ROWS
-    out = torch.cat([matmul(tile) for tile in _padded(rows, padded).split(ROWS)])
-    return out[:count].reshape(*x.shape[:-1], out.shape[-1])
 
 
 def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable) -> torch.Tensor:
