@@ -28,7 +28,8 @@ class UnquantizedLinearMethod(QuantMethod):
         (1.7× faster at 64 rows on the CPU), and keeps its plain rows too when it also serves
         lookups (a tied table: held twice). Batch-invariant engines pack too: their row
         buckets are probed on the kernel that runs (oneDNN's packed GEMM passed at every bucket
-        up to 1024 rows on an AMD EPYC without AMX, and is 1.1-1.8x ``F.linear``)."""
+        up to 1024 rows on an AMD EPYC without AMX, and beat ``F.linear`` on all but the down
+        projection: docs/decisions.md, "Batch-invariant mode")."""
         if not layer.serves_logits:
             return
         packed = self.ctx.platform.layer_ops(self.ctx.dtype).pack_dense(layer.weight.data)
