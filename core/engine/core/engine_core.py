@@ -144,7 +144,7 @@ class EngineCore:
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
         logger.info(
-            "engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
+            "engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens, determinism=%s",
             time.perf_counter() - started,
             model_path,
             self.platform.name,
@@ -152,6 +152,7 @@ class EngineCore:
             self.attention.name,
             num_blocks,
             config.cache.block_size,
+            self.determinism(),
         )
         if self.default_sampling_params:
             logger.warning(
