@@ -2,7 +2,9 @@
 as a backend's tests run it, on the torch backend and on each mutant of it in
 ``tests/plugins/attention_mutants.py``, each of which must fail the test written for its bug.
 To stay fast the child runs only those tests: each mutant its own, the torch backend every one
-of them, which it must pass (its whole kit runs in the torch plugin's tests)."""
+of them, which it must pass (its whole kit runs in the torch plugin's tests) — but the
+``chunk_invariant`` test, which the torch backend (not declaring it) skips: the cpu-native
+backend, which declares it, must pass that one."""
 
 from __future__ import annotations
 
@@ -11,18 +13,20 @@ import textwrap
 import pytest
 
 pytest.importorskip("engine_attention_torch", reason="the torch attention plugin is not installed")
+pytest.importorskip("engine_attention_cpu_native", reason="the cpu-native attention plugin is not installed")
 
 from tests.kit_mutations import Outcomes, class_name, failed, run_kit
 from tests.plugins.attention_mutants import MUTANTS  # needs the torch attention plugin
 
 CORRECT = "torch"
+CHUNK_INVARIANT = "cpu-native"  # the correct backend for the chunk_invariant test
 KIT = textwrap.dedent("""
     from engine.plugins import add_plugin
     from engine.testing.attention import AttentionBackendContract
     from tests.plugins import attention_mutants
 
     add_plugin(attention_mutants, "attention-mutants")
-    for _name in ["torch", *attention_mutants.MUTANTS]:
+    for _name in ["torch", "cpu-native", *attention_mutants.MUTANTS]:
         _cls = "Test_" + _name.replace("-", "_")
         globals()[_cls] = type(_cls, (AttentionBackendContract,), {"backend_name": _name})
     """)
@@ -36,13 +40,18 @@ CAUGHT_BY = {  # mutant -> the kit test written for its bug
     "default-scale": "test_attention_kinds_match_reference[prefill-scale-fp32-batched]",
     "gather-once-per-step": "test_layers_share_one_steps_metadata[8-fp32-decode]",
     "always-causal": "test_bidirectional[fp32-prefill]",
+    "claims-chunk-invariance": "test_chunk_invariant[8-fp32]",
 }
+
+
+def correct_for(test: str) -> str:
+    return CHUNK_INVARIANT if test.startswith("test_chunk_invariant") else CORRECT
 
 
 @pytest.fixture(scope="module")
 def outcomes(tmp_path_factory) -> Outcomes:
     own = [f"({class_name(mutant)} and {test})" for mutant, test in CAUGHT_BY.items()]
-    correct = [f"({class_name(CORRECT)} and {test})" for test in set(CAUGHT_BY.values())]
+    correct = [f"({class_name(correct_for(test))} and {test})" for test in set(CAUGHT_BY.values())]
     return run_kit(tmp_path_factory.mktemp("attention-kit"), KIT, "-k", " or ".join(own + correct))
 
 
@@ -50,9 +59,11 @@ def test_the_kit_covers_every_mutant():
     assert set(CAUGHT_BY) == set(MUTANTS)
 
 
-def test_the_torch_backend_passes_every_test_a_mutant_fails(outcomes):
-    assert set(outcomes[CORRECT]) == set(CAUGHT_BY.values()), "a test in CAUGHT_BY is not the kit's"
-    assert set(outcomes[CORRECT].values()) == {"passed"}, outcomes[CORRECT]
+def test_the_correct_backends_pass_every_test_a_mutant_fails(outcomes):
+    ran = {test for backend in (CORRECT, CHUNK_INVARIANT) for test in outcomes[backend]}
+    assert ran == set(CAUGHT_BY.values()), "a test in CAUGHT_BY is not the kit's"
+    for backend in (CORRECT, CHUNK_INVARIANT):
+        assert set(outcomes[backend].values()) == {"passed"}, outcomes[backend]
 
 
 @pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))

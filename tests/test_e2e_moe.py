@@ -26,10 +26,11 @@ def test_tiny_moe_matches_transformers_under_preemption(config, tmp_path):
 @pytest.mark.slow  # ~3 engine runs of 40 prompts
 def test_tiny_moe_is_batch_invariant_in_bf16(tmp_path):
     """Under batch_invariant a request's tokens and log-probs through the MoE layers are bit for
-    bit the same alone, in a batch of 40 and under ngram speculation."""
+    bit the same alone, in a batch of 40, under ngram speculation, from the prefix cache and
+    prefilled in chunks."""
     from engine import LLM
     from engine_models_moe.model import MoeForCausalLM
-    from tests.test_batch_invariant import _runs
+    from tests.test_batch_invariant import _differing, _runs
 
     kwargs = MoeForCausalLM.example_configs()["Qwen3MoeForCausalLM"]
     reference.tiny_checkpoint(str(tmp_path), "Qwen3MoeForCausalLM", kwargs, seed=5)
@@ -40,5 +41,4 @@ def test_tiny_moe_is_batch_invariant_in_bf16(tmp_path):
             str(tmp_path), dtype="bfloat16", num_blocks=512, block_size=16, batch_invariant=True, **options
         )
 
-    alone, batched, spec = _runs(factory, prompts, [0, 13, 27, 39], 16)
-    assert alone == batched == spec
+    assert not _differing(_runs(factory, prompts, [0, 13, 27, 39], 16))

@@ -185,6 +185,7 @@ def test_utility_routes_and_metrics(server, default_tokenizer):
     with server.http() as http:
         models = http.get("/v1/models").json()
         assert models["object"] == "list" and models["data"][0]["max_model_len"] == 512
+        assert models["data"][0]["determinism"] == "chunk-invariant"  # cpu-native attention, default mode
         tokens = http.post("/tokenize", json={"prompt": "héllo wörld"}).json()
         assert tokens["tokens"] == default_tokenizer.encode("héllo wörld") and tokens["count"] == len(
             tokens["tokens"]

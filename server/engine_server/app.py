@@ -49,6 +49,9 @@ class ServerState:
     max_request_budget: int = 4 * 2**20  # n x (prompt + max_tokens) x (logprobs + 1); 0: no limit
     max_request_sequences: int = 256  # engine requests one HTTP request may create (prompts × n)
     default_sampling_params: dict = attrs.Factory(dict)  # the model's generation config (--generation-config)
+    # the guarantee temperature-0 output has (EngineCore.determinism): "batch-invariant",
+    # "chunk-invariant" or "none"
+    determinism: str = "none"
     runner: str = "generate"  # the engine's runner: "pooling" serves /v1/embeddings instead of completions
     embedding_size: int = 0  # with the pooling runner: the vectors' length, and whether
     matryoshka: bool = False  # ... `dimensions` may cut them (to one of these, when listed)
@@ -88,6 +91,7 @@ async def models(request: Request):
                     "root": state.model_name,
                     "max_model_len": state.max_model_len,
                     "default_sampling_params": state.default_sampling_params,
+                    "determinism": state.determinism,
                 }
             ],
         }

@@ -141,6 +141,9 @@ class Model(msgspec.Struct, kw_only=True):
     root: str
     max_model_len: int
     default_sampling_params: dict[str, Any]
+    # the guarantee temperature-0 output has: "batch-invariant" (alone, batched, speculated,
+    # cached or chunked), "chunk-invariant" (cached or chunked), "none"
+    determinism: Literal["batch-invariant", "chunk-invariant", "none"]
 
 
 class ModelList(msgspec.Struct, kw_only=True):

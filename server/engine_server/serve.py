@@ -156,6 +156,7 @@ class ServeCommand(Command):
             ready = await client.start()
             state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
             state.default_sampling_params = ready.default_sampling_params
+            state.determinism = ready.determinism
             state.runner, state.embedding_size = ready.runner, ready.embedding_size
             state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
             metrics.engine_ready(ready.cache_info, args.data_parallel_size)

@@ -137,6 +137,14 @@ class AlwaysCausal(TorchAttentionBackend):
         super().__init__(attrs.evolve(spec, causal=True), platform, registry)
 
 
+class ClaimsChunkInvariance(TorchAttentionBackend):
+    """Declares ``chunk_invariant`` though a prompt's row is summed in another order by the call
+    it comes in: a whole prompt through the causal flash kernel, a later chunk through one masked
+    call, a decode row through batched matmuls (matching the reference every time)."""
+
+    chunk_invariant = True
+
+
 MUTANTS = {
     "top-left-causal": TopLeftCausal,
     "modulo-heads": ModuloHeads,
@@ -147,6 +155,7 @@ MUTANTS = {
     "default-scale": DefaultScale,
     "gather-once-per-step": GatherOncePerStep,
     "always-causal": AlwaysCausal,
+    "claims-chunk-invariance": ClaimsChunkInvariance,
 }
 
 

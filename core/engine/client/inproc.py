@@ -47,6 +47,7 @@ class InProcessClient(EngineCoreClient):
             core.embedding_size,
             matryoshka,
             list(dimensions) if dimensions else None,
+            core.determinism(),
         )
 
     def validate(self, prompt_token_ids: list[int], params, priority: int = 0) -> None:

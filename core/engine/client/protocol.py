@@ -47,6 +47,7 @@ class Ready(msgspec.Struct, tag=True):
     embedding_size: int = 0  # the pooled vector's length (the model's hidden size)
     matryoshka: bool = False  # whether embeddings may be cut to ``dimensions``
     matryoshka_dimensions: list[int] | None = None  # ... to one of these (None: any up to embedding_size)
+    determinism: str = "none"  # EngineCore.determinism(): the guarantee temperature-0 output has
 
 
 class Delta(msgspec.Struct, array_like=True):

@@ -59,7 +59,6 @@ class EngineCore:
         self.config = config = setup.with_resolved_model(
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len
         )
-        self.config = config = setup.batch_invariant_config(config)
         torch.manual_seed(config.model.seed)
         self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
         self.model = setup.build_model(
@@ -91,6 +90,7 @@ class EngineCore:
             layer_group,
         )
         self.attention, self.layer_attention = layers.first, layers
+        self.config = config = setup.batch_invariant_config(config, layers.chunk_invariant)
         graph_plan = step_graphs.graph_plan(config, self.platform, layers, self.runner_kind)
         self.kv_groups = groups = setup.kv_cache_groups(
             config,
@@ -144,7 +144,7 @@ class EngineCore:
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
         logger.info(
-            "engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens",
+            "engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens, determinism=%s",
             time.perf_counter() - started,
             model_path,
             self.platform.name,
@@ -152,6 +152,7 @@ class EngineCore:
             self.attention.name,
             num_blocks,
             config.cache.block_size,
+            self.determinism(),
         )
         if self.default_sampling_params:
             logger.warning(
@@ -246,6 +247,22 @@ class EngineCore:
     @property
     def max_model_len(self) -> int:
         return self.config.model.max_model_len
+
+    def determinism(self) -> str:
+        """The guarantee in force for temperature-0 output (``/v1/models``' ``determinism``):
+
+        - ``"batch-invariant"`` (``--batch-invariant``): a request's tokens and log-probs are
+          bit for bit the same alone, batched with any others, under speculation, cold or from
+          the prefix cache, whole or chunked;
+        - ``"chunk-invariant"``: every attention backend declares ``chunk_invariant``, so a
+          row's attention does not depend on the prefix cache or the chunking; the linear
+          layers are the quant method's kernels, whose sums may still depend on how many rows
+          share a call (bf16 GEMMs do, the int8 kernel of the default model on the cpu-native
+          platform does not: there repeats agree, cached, chunked and batched alike);
+        - ``"none"``: an attention backend in use promises neither."""
+        if self.config.batch_invariant:
+            return "batch-invariant"
+        return "chunk-invariant" if self.layer_attention.chunk_invariant else "none"
 
     @property
     def embedding_size(self) -> int:

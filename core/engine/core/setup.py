@@ -351,11 +351,13 @@ def _spans(layers: list[int]) -> str:
     return ", ".join(f"{s[0]}-{s[-1]}" if len(s) > 1 else f"{s[0]}" for s in spans)
 
 
-def batch_invariant_config(config):
-    """``batch_invariant``: every prompt prefilled whole in one step (no chunking, so the step
-    budget grows to the longest prompt) and never from cached blocks, whose K/V another
-    request's chunking computed."""
-    if not config.batch_invariant:
+def batch_invariant_config(config, chunk_invariant: bool):
+    """``batch_invariant`` over attention backends that are not all ``chunk_invariant``: every
+    prompt prefilled whole in one step (no chunking, so the step budget grows to the longest
+    prompt) and never from cached blocks, whose K/V another request's chunking computed. Over
+    chunk-invariant ones the config stands: a row's attention is the same in any chunk, and the
+    layers' matmuls are row-invariant in this mode (``QuantMethod.apply_batch_invariant``)."""
+    if not config.batch_invariant or chunk_invariant:
         return config
     budget = max(config.scheduler.max_num_batched_tokens, config.model.max_model_len)
     return attrs.evolve(

@@ -13,6 +13,7 @@ Interface v4 made the spec's attention kinds (``sliding_window``, ``logit_softca
 ``query_scale``, ``causal=False``) part of the contract, and constructs a backend with the
 engine's plugin registry (``registry=``). The engine never hands a backend registered for an
 older version a spec that asks for one of them (:func:`spec_for_version`): it would ignore it.
+``chunk_invariant`` is a declaration with a default ("not promised"), so it bumped nothing.
 """
 
 from __future__ import annotations
@@ -175,6 +176,14 @@ class AttentionBackend(ABC):
     block_dim: ClassVar[int] = 1  # which dimension of ``kv_cache_shape`` indexes blocks
     # honours AttentionSpec.batch_invariant; a backend that does not is never chosen for it
     batch_invariant_capable: ClassVar[bool] = False
+    # (optional, defaulted: no version bump) for every spec it serves, a query row's output is
+    # bit for bit the same whatever call it arrives in: the whole prompt at once or a later
+    # chunk of any start and length, its prefix written by an earlier call of its own or by
+    # another request's (prefix caching), other requests beside it or not. The attention kit
+    # checks it where declared; batch-invariant engines keep prefix caching and chunked prefill
+    # only when every backend they use declares it, and default-mode greedy output is
+    # reproducible only then (``EngineCore.determinism``).
+    chunk_invariant: ClassVar[bool] = False
     # (interface v2) which steps a platform's step graphs (CUDA graphs on cuda, native tapes on
     # cpu-native: ``Platform.step_graphs``) may record with this backend. "decode-only": the
     # metadata ``build_graph_metadata`` builds for a batch of B requests of one query row each

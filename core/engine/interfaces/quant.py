@@ -41,12 +41,31 @@ per-output-row statistic over whole rows (an int8 scale) comes from
 """
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import attrs
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# rows per call of a matmul under ``--batch-invariant`` when the method knows no better
+# (``engine.layers.batch_invariant`` says why 16)
+ROWS = 16
+
+
+def in_row_tiles(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``matmul`` applied to ``x`` [..., K] in tiles of exactly ``ROWS`` rows, the last one
+    padded with zero rows: every row meets the same kernel on the same shape, whatever the batch."""
+    rows = x.reshape(-1, x.shape[-1])
+    count = rows.shape[0]
+    if count == 0:
+        return matmul(rows).reshape(*x.shape[:-1], -1)
+    padded = -(-count // ROWS) * ROWS
+    if padded != count:
+        rows = torch.cat([rows, rows.new_zeros(padded - count, rows.shape[1])])
+    out = torch.cat([matmul(tile) for tile in rows.split(ROWS)])
+    return out[:count].reshape(*x.shape[:-1], out.shape[-1])
 
 
 @attrs.frozen
@@ -86,6 +105,17 @@ class QuantMethod(ABC):
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out]."""
+
+    def apply_batch_invariant(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``apply`` under ``--batch-invariant``: each row's result must not depend on how many
+        rows share the call (nor on where in it the row sits). This default runs ``apply`` on
+        tiles of exactly :data:`ROWS` rows (:func:`in_row_tiles`), right for any kernel
+        whose rows do not interact; a method whose kernel gives a row the same bits at other
+        row counts overrides it to run fewer, bigger calls
+        (:func:`engine.layers.batch_invariant.in_row_buckets` finds such counts by probing)."""
+        return in_row_tiles(lambda rows: self.apply(layer, rows, bias), x)
 
     @abstractmethod
     def dequantize(self, layer: nn.Module) -> torch.Tensor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from engine.layers.batch_invariant import in_row_tiles
 from engine.layers.checkpoint import materialize
 from engine.layers.module import Layer
 
@@ -65,5 +64,5 @@ class Linear(Layer):
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if getattr(self.method.ctx, "batch_invariant", False):
-            return in_row_tiles(lambda rows: self.method.apply(self, rows, bias), x)
+            return self.method.apply_batch_invariant(self, x, bias)
         return self.method.apply(self, x, bias)

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.interfaces import QuantMethod
+from engine.layers.batch_invariant import in_row_buckets
 from engine.layers.experts import grouped_matmul
 
 
@@ -25,9 +26,11 @@ class UnquantizedLinearMethod(QuantMethod):
         """Hand a projection's weight to the platform's prepacked matmul where it has one
         (``LayerOps.pack_dense``). A vocabulary table is packed only when it computes logits
         (1.7× faster at 64 rows on the CPU), and keeps its plain rows too when it also serves
-        lookups (a tied table: held twice). Batch-invariant engines keep ``F.linear`` (its
-        tiles are what the mode measured)."""
-        if not layer.serves_logits or getattr(self.ctx, "batch_invariant", False):
+        lookups (a tied table: held twice). Batch-invariant engines pack too: their row
+        buckets are probed on the kernel that runs (oneDNN's packed GEMM passed at every bucket
+        up to 1024 rows on an AMD EPYC without AMX, and beat ``F.linear`` on all but the down
+        projection: docs/decisions.md, "Batch-invariant mode")."""
+        if not layer.serves_logits:
             return
         packed = self.ctx.platform.layer_ops(self.ctx.dtype).pack_dense(layer.weight.data)
         if packed is not None:
@@ -38,6 +41,16 @@ class UnquantizedLinearMethod(QuantMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         dense = layer._modules.get("dense")  # not getattr: a miss would raise and catch per call
         return F.linear(x, layer.weight, bias) if dense is None else dense(x, bias)
+
+    def apply_batch_invariant(
+        self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """One call padded to a row count at which this weight's GEMM was probed to give each
+        row the bits 16-row tiles give it (:func:`~engine.layers.batch_invariant.in_row_buckets`):
+        the probes are shared by the layers of one kernel and weight shape."""
+        kind = type(layer._modules.get("dense")).__name__  # NoneType: F.linear
+        key = (kind, layer.input_size, sum(layer.output_sizes), self.ctx.dtype, bias is not None)
+        return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, key)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         dense = layer._modules.get("dense")

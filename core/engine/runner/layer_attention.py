@@ -29,6 +29,12 @@ class LayerAttention:
         return self.backends[self.layer_backend[0]]
 
     @property
+    def chunk_invariant(self) -> bool:
+        """Whether every backend declares ``chunk_invariant`` (a row's attention is the same in
+        any chunk, from cached blocks or not)."""
+        return all(backend.chunk_invariant for backend in self.backends)
+
+    @property
     def uniform(self) -> bool:
         return len(self.backends) == 1 and not any(self.layer_group)
 

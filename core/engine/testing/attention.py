@@ -7,7 +7,8 @@ leaves them) holding garbage. As the engine runs a step: q, k and v are strided 
 one fused projection, several layers (each with its own cache) run through one step's metadata,
 and block tables may start with another request's blocks (prefix caching). The context a batch
 attends over is written by the backend itself in an earlier call, so any cache layout passes
-that reads back what it wrote through the slot mapping."""
+that reads back what it wrote through the slot mapping. A backend declaring ``chunk_invariant``
+is held to it bit for bit (``test_chunk_invariant``)."""
 
 from __future__ import annotations
 
@@ -234,6 +235,69 @@ def _on_device(layout: BatchLayout, device) -> BatchLayout:
     )
 
 
+# How one prompt of CHUNKED_LEN tokens reaches the backend, for ``chunk_invariant``: per call,
+# the (request, first position, rows) it attends. Request 0 is the prompt; 1 is another request
+# whose prompt starts with the same PREFIX_BLOCKS blocks of tokens (its K/V); 2 has nothing in
+# common. "prefix-cached": the prompt's table starts with request 1's blocks, which request 1
+# wrote (a prefix-cache hit), and only its rows after them are attended.
+CHUNKED_LEN, PREFIX_BLOCKS = 70, 2
+CHUNKINGS = {
+    "whole": [[(0, 0, 70)]],
+    "odd-chunks": [[(0, 0, 3)], [(0, 3, 17)], [(0, 20, 29)], [(0, 49, 21)]],
+    "decode-rows": [[(0, 0, 40)], *[[(0, p, 1)] for p in range(40, 46)], [(0, 46, 24)]],
+    "beside-others": [[(2, 0, 9), (0, 0, 30)], [(0, 30, 40), (2, 9, 1)]],
+    "prefix-cached": [[(1, 0, 37)], [(0, "prefix", 70)]],
+}
+
+
+def _chunking_sequences(spec: AttentionSpec, gen):
+    """q, k, v [tokens, heads, D] of requests 0-2 of :data:`CHUNKINGS`; request 1's first
+    PREFIX_BLOCKS blocks of tokens are request 0's."""
+    lengths = (CHUNKED_LEN, 37, 10)
+    seqs = [
+        [
+            torch.randn(n, h, spec.head_dim, generator=gen).to(spec.dtype)
+            for h in (spec.num_heads, *[spec.num_kv_heads] * 2)
+        ]
+        for n in lengths
+    ]
+    shared = PREFIX_BLOCKS * spec.block_size
+    for part in range(3):
+        seqs[1][part][:shared] = seqs[0][part][:shared]
+    return seqs
+
+
+def attend_in_chunks(backend, spec: AttentionSpec, calls, seed: int = 0) -> dict[int, torch.Tensor]:
+    """Request 0's output rows {position: [H, D]} when :data:`CHUNKINGS`' ``calls`` bring its
+    prompt to ``backend``, each call building its metadata and attending in a fresh cache
+    shared by the calls; a start of "prefix" is the first position after request 1's shared
+    blocks, through a table that starts with them."""
+    gen = torch.Generator().manual_seed(seed)
+    device, bs = backend.platform.device, spec.block_size
+    seqs = _chunking_sequences(spec, gen)
+    free = (torch.randperm(63, generator=gen) + 1).tolist()
+    own = [[free.pop() for _ in range(-(-len(seq[0]) // bs))] for seq in seqs]
+    cached_table = own[1][:PREFIX_BLOCKS] + own[0][PREFIX_BLOCKS:]
+    cache = torch.zeros(backend.kv_cache_shape(64), dtype=spec.dtype, device=device)
+    rows: dict[int, torch.Tensor] = {}
+    for call in calls:
+        spans, tables = [], []
+        for request, start, count in call:
+            cached = start == "prefix"
+            first = PREFIX_BLOCKS * bs if cached else start
+            spans.append((request, first, (count - first) if cached else count))
+            tables.append(cached_table if cached else own[request])
+        layout = _on_device(paged_layout([(a, n) for _, a, n in spans], tables, bs), device)
+        q, k, v = (torch.cat([seqs[r][part][a : a + n] for r, a, n in spans]).to(device) for part in range(3))
+        out = backend.forward(*fused_projection_views(q, k, v), cache, backend.build_metadata(layout)).cpu()
+        offset = 0
+        for request, first, count in spans:
+            if request == 0:
+                rows.update({first + i: out[offset + i] for i in range(count)})
+            offset += count
+    return rows
+
+
 DTYPE_IDS = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -358,6 +422,21 @@ class AttentionBackendContract:
             num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=16, causal=False
         )
         self._check(self._backend(backend_cls, spec), spec, BATCHES[batch])
+
+    def test_chunk_invariant(self, backend_cls, block_size, dtype):
+        """A backend declaring ``chunk_invariant``: each row of a prompt bit for bit the same
+        whether the prompt comes whole, in chunks of other starts and lengths, with decode rows
+        among them, beside other requests, or after a prefix another request wrote
+        (:data:`CHUNKINGS`)."""
+        if not backend_cls.chunk_invariant:
+            pytest.skip(f"{self.backend_name} does not declare chunk_invariant")
+        spec = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=dtype, block_size=block_size)
+        backend = self._backend(backend_cls, spec)
+        whole = attend_in_chunks(backend, spec, CHUNKINGS["whole"])
+        for name, calls in CHUNKINGS.items():
+            rows = attend_in_chunks(backend, spec, calls)
+            differ = [p for p, row in sorted(rows.items()) if not torch.equal(row, whole[p])]
+            assert not differ, f"{name}: rows {differ} differ from the whole prompt's"
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):
         spec = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)

@@ -2,7 +2,7 @@
  *
  * Cache layout (the torch backend's): [2, kv_heads, blocks, block_size, head_dim], so one
  * (kv head, block) is block_size x head_dim contiguous values. One work item is one
- * (request, kv head): its n query rows x g grouped query heads (M = n·g query vectors)
+ * (request, kv head, tile of query rows): its n query rows x g grouped query heads (M = n·g query vectors)
  * walk the request's blocks once; each block is read (converted to float32 for bf16) once
  * and used by all M vectors, with an online softmax per vector (float32 running max and
  * sum, the accumulator rescaled when the max grows). Query row i of a request sits at
@@ -12,7 +12,9 @@
  * null block) and each row skips its block's keys before its window. softcap > 0 caps each
  * score as softcap · tanh(score / softcap) before the softmax (Gemma 2).
  *
- * Work items are spread over torch's OpenMP pool when the call is big enough to split.
+ * A work item is ROW_TILE query rows of one (request, kv head); items are spread over torch's
+ * OpenMP pool when the call is big enough to split. A row's math depends on its own query and
+ * context only: never on the chunk it came in, its start or length, or the other requests.
  * Each storage type (bf16, f32) gets two symbols: paged_attention_<type> on AVX-512 where
  * the compiler targets it, and paged_attention_<type>_scalar, portable C, which the tests
  * also run (on a CPU without AVX-512 both are the portable one). attention.h declares them.
@@ -33,6 +35,9 @@
 /* below this many multiply-adds (query vectors x context tokens x head_dim, summed over
  * items) a call stays on one thread: waking the pool costs more than it saves */
 #define MIN_PARALLEL_WORK (1 << 16)
+/* query rows of a request per work item: a long prompt splits over the threads, and a
+ * thread's scratch stays ROW_TILE x group vectors whatever the chunk's length */
+#define ROW_TILE 16
 
 int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }

@@ -52,36 +52,49 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const T *key_ca
 }
 
 /* Attends requests[0..num_requests) of the batch; out [tokens, heads, dim] contiguous (rows
- * of other requests untouched). query rows are q_stride apart, heads dim apart. Returns 0,
- * or -1 when scratch memory cannot be allocated. */
+ * of other requests untouched). query rows are q_stride apart, heads dim apart. A work item is
+ * one (request, kv head, tile of ROW_TILE query rows): a tile is attended as a chunk of its own
+ * that ends at its last row, which changes nothing for a row (each row walks its own keys), so
+ * however a prompt is chunked every row meets the same code in the same order. Returns 0, or -1
+ * when scratch memory cannot be allocated. */
 engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,
                                      int64_t head_stride, const int32_t *block_table, int64_t table_stride,
                                      const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,
                                      int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,
                                      int64_t block_size, float scale, int64_t window, float softcap, T *out) {
-    int64_t group = heads / kv_heads, max_rows = 0, work = 0, failed = 0;
+    int64_t group = heads / kv_heads, work = 0, failed = 0;
+    int64_t *first_tile = malloc(sizeof(int64_t) * (num_requests + 1));
+    if (!first_tile) return -1;
+    first_tile[0] = 0;
     for (int64_t r = 0; r < num_requests; r++) {
         int64_t b = requests[r], n = query_start[b + 1] - query_start[b];
-        max_rows = n > max_rows ? n : max_rows;
+        first_tile[r + 1] = first_tile[r] + (n + ROW_TILE - 1) / ROW_TILE;
         work += n * group * kv_heads * seq_lens[b] * dim;
     }
-    int64_t items = num_requests * kv_heads;
+    int64_t items = first_tile[num_requests] * kv_heads;
 #pragma omp parallel if(work >= MIN_PARALLEL_WORK && items > 1) reduction(|: failed)
     {
         Workspace w = {0};
-        int ok = workspace_alloc(&w, max_rows * group, dim, block_size);
+        int ok = workspace_alloc(&w, ROW_TILE * group, dim, block_size);
         failed |= !ok;
+        int64_t r = 0;  /* the request of this thread's last item: items come in rising order */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t item = 0; item < items; item++) {
             if (!ok) continue;
-            int64_t b = requests[item / kv_heads];
+            int64_t tile = item / kv_heads;
+            if (first_tile[r] > tile) r = 0;
+            while (first_tile[r + 1] <= tile) r++;
+            int64_t b = requests[r], n = query_start[b + 1] - query_start[b];
+            int64_t row = (tile - first_tile[r]) * ROW_TILE, rows = n - row < ROW_TILE ? n - row : ROW_TILE;
+            int64_t context = seq_lens[b] - (n - row - rows);  /* keys up to the tile's last row */
             TYPED(attend_item)(query, q_stride, key_cache, value_cache, head_stride,
-                               block_table + b * table_stride, query_start[b],
-                               query_start[b + 1] - query_start[b], seq_lens[b], item % kv_heads, heads,
-                               group, dim, block_size, scale, window, softcap, out, &w);
+                               block_table + b * table_stride, query_start[b] + row, rows, context,
+                               item % kv_heads, heads, group, dim, block_size, scale, window, softcap, out,
+                               &w);
         }
         if (ok) free(w.acc);
     }
+    free(first_tile);
     return failed ? -1 : 0;
 }
 

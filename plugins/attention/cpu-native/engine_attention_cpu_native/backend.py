@@ -2,11 +2,14 @@
 
 The cache layout is the torch backend's — [2, kv_heads, blocks, block_size, head_dim] —
 so a (KV head, block) is one contiguous block_size × head_dim tile the kernel reads where
-it lies, and long prefill chunks can go to the torch backend's fused (flash) path over the
-same cache without converting anything. Per step, requests with at most
-``max_native_query_len`` query rows (decode rows, speculative verification, short chunks)
-are attended by one C call (``attention.c``); longer chunks are handed to the torch backend,
-obtained through the plugin registry, as a batch of their own.
+it lies, and chunks can go to the torch backend's fused (flash) path over the same cache
+without converting anything. By default every query row of a step — decode rows, speculative
+verification, prompt chunks of any length — is attended by one C call (``attention.c``), whose
+work items are fixed tiles of 16 rows: a row's result then depends on its own query and context
+only, never on how its prompt was chunked, whether its prefix came from the prefix cache, or
+what else shares the step (``chunk_invariant``, ``batch_invariant_capable``). A subclass that
+sets ``max_native_query_len`` hands longer chunks to the torch backend, obtained through the
+plugin registry, as a batch of their own, and gives those guarantees up.
 """
 
 from __future__ import annotations
@@ -76,11 +79,14 @@ class NativeAttentionMetadata:
 class NativeAttentionBackend(AttentionBackend):
     name = "cpu-native"
     block_dim = 2
-    # requests with more query rows than this go to the torch backend's flash path. One
-    # thread, bf16, SmolLM2's heads: C against flash 1.46x (4 rows) and 1.02x (8) after 1000
-    # cached tokens, 0.92x for 16 rows after 200; whole prompts of 16-64 rows 1.9-1.4x. One
-    # request is only kv_heads work items, which two threads split less evenly than flash does.
-    max_native_query_len = 8
+    # None: every row in C. An int: requests with more query rows go to the torch backend's
+    # flash path, which sums in another order, so a row's bits would depend on its chunk's
+    # length (a subclass that sets it must declare chunk_invariant and batch_invariant_capable
+    # False). Flash was ahead for chunks over 8 rows when a request was one C work item; with
+    # 16-row tiles the C kernel splits a prompt over the threads as well.
+    max_native_query_len: int | None = None
+    chunk_invariant = True
+    batch_invariant_capable = True
     portable = False  # the portable C kernel even where the AVX-512 one is built (tests)
     # decode steps read the layout's lengths and block table when the kernel runs
     # (build_graph_metadata), and attend in C alone: the cpu-native platform tapes them
@@ -110,15 +116,18 @@ class NativeAttentionBackend(AttentionBackend):
     def __init__(self, spec: AttentionSpec, platform, registry=None):
         super().__init__(spec, platform, registry)
         self._kernel = kernel(spec.dtype, self.portable)
-        self._torch = build_backend(registry, "torch", spec, platform)
+        self._torch = (
+            None if self.max_native_query_len is None else build_backend(registry, "torch", spec, platform)
+        )
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
         s = self.spec
         return (2, s.num_kv_heads, num_blocks, s.block_size, s.head_dim)
 
     def build_metadata(self, layout: BatchLayout) -> NativeAttentionMetadata:
-        short = [i for i, q in enumerate(layout.query_lens) if q <= self.max_native_query_len]
-        long = [i for i, q in enumerate(layout.query_lens) if q > self.max_native_query_len]
+        limit = self.max_native_query_len
+        short = [i for i, q in enumerate(layout.query_lens) if limit is None or q <= limit]
+        long = [i for i, q in enumerate(layout.query_lens) if limit is not None and q > limit]
         native = self._native_group(layout, short) if short else None
         delegated = self._delegated_group(layout, long, layout.query_start_loc.tolist()) if long else None
         return NativeAttentionMetadata(layout.slot_mapping.to(torch.int64).contiguous(), native, delegated)

@@ -1,5 +1,6 @@
-"""attention-cpu-native against the core's attention contract, with its AVX-512 kernel,
-its portable C kernel, and with every prefill chunk in C (none handed to the torch backend)."""
+"""attention-cpu-native against the core's attention contract, with its AVX-512 kernel (every
+row in C, the default), its portable C kernel, and with chunks over 8 rows handed to the torch
+backend (``max_native_query_len``)."""
 
 import pytest
 
@@ -22,12 +23,14 @@ class TestPortableKernel(AttentionBackendContract):
         return Portable
 
 
-class TestEveryChunkInC(AttentionBackendContract):
+class TestLongChunksDelegated(AttentionBackendContract):
     backend_name = "cpu-native"
 
     @pytest.fixture
     def backend_cls(self):
-        class AllNative(NativeAttentionBackend):
-            max_native_query_len = 1 << 30
+        class Delegating(NativeAttentionBackend):
+            max_native_query_len = 8
+            chunk_invariant = False
+            batch_invariant_capable = False
 
-        return AllNative
+        return Delegating

@@ -1,7 +1,7 @@
 """cpu-native against the torch backend and plain math on the same random paged inputs:
 bf16 and float32, GQA ratios 1, 3 and 4, head_dim 64 and 128, contexts that are not block
 multiples, block tables shuffled over the pool; decode batches and mixed prefill + decode,
-with the AVX-512 and the portable C kernels, short chunks in C and long ones delegated."""
+with the AVX-512 and the portable C kernels (every row in C, a prompt in 16-row tiles)."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ from engine_attention_cpu_native.backend import NativeAttentionBackend
 
 BATCHES = {
     "decode": [(3, 1), (47, 1), (16, 1), (200, 1), (0, 1), (95, 1), (31, 1)],
-    # short chunks (<= max_native_query_len, in C) and long ones (the torch backend) with decode rows
+    # chunks shorter and longer than a 16-row tile beside decode rows
     "mixed": [(70, 1), (0, 23), (9, 1), (40, 5), (0, 3), (130, 1), (21, 40)],
 }
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
@@ -76,7 +76,7 @@ def test_the_cpu_native_platform_prefers_it():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_short_chunk_reads_a_prefix_written_in_the_same_step(dtype):
-    """A prompt prefilled by the torch backend (40 rows) and, in the same step, a short chunk
+    """A prompt prefilled in the same step (40 rows, three tiles) as a short chunk
     in C whose first two blocks are that prompt's (a prefix shared within the step): the
     chunk must see the prompt's K/V, so every row is written before anything attends."""
     from engine.interfaces import BatchLayout

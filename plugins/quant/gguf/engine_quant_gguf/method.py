@@ -35,6 +35,7 @@ from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers import Layer, VocabEmbedding
+from engine.layers.batch_invariant import in_row_buckets
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
 from engine_quant_gguf.formats import GGUFBlocks
 
@@ -105,6 +106,14 @@ class GGUFLinearMethod(QuantMethod):
     def apply(self, layer, x, bias):
         out = layer.kernel(x)
         return out if bias is None else out + bias
+
+    def apply_batch_invariant(self, layer, x, bias):
+        """Calls padded to probed row buckets (:func:`engine.layers.batch_invariant.in_row_buckets`)
+        rather than 16-row tiles: the packed kernel rounds and sums each row on its own, so its
+        rows pass the probe at every bucket, and a prompt runs at the kernel's full rate."""
+        kernel = layer.kernel
+        key = ("gguf", type(kernel).__name__, layer.input_size, sum(layer.output_sizes), self.ctx.dtype)
+        return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, (*key, bias is not None))
 
     def create_moe_weights(
         self, layer: nn.Module, num_experts: int, input_size: int, output_sizes: list[int]

@@ -1,0 +1,44 @@
+"""Reproducible greedy output in the default mode: the same temperature-0 request gives the same
+tokens and log-probs, bit for bit, whether its prompt is prefilled cold, from the prefix cache,
+split across chunked-prefill chunks, or batched beside other requests (issue 32: repeats served
+from the cache used to answer differently). On the default model, in the default configuration."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import LLM, SamplingParams
+
+PROMPT = (
+    "You are a careful assistant. Answer in full sentences. Name three colors of the rainbow, "
+    "then explain in a few words why the sky looks blue on a clear afternoon."
+)
+OTHERS = ["Tell me a short story about a cat.", "What is the capital of France?", "1 2 3 4 5 6 7 8"]
+PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+
+
+def _answer(llm: LLM, prompts: list[str], index: int = 0):
+    """(token ids, chosen-token log-probs) of ``prompts[index]`` generated beside the rest."""
+    out = llm.generate(prompts, PARAMS)[index].outputs[0]
+    return out.token_ids, [next(iter(step.values())).logprob for step in out.logprobs]
+
+
+@pytest.fixture(scope="module")
+def default_llm(default_tokenizer):
+    return LLM()
+
+
+def test_the_same_request_five_ways_gives_the_same_answer(default_llm):
+    cold = _answer(default_llm, [PROMPT])
+    warm = _answer(default_llm, [PROMPT])  # the prompt's whole blocks from the prefix cache
+    batched = _answer(default_llm, [OTHERS[0], PROMPT, *OTHERS[1:]], index=1)
+    # 5-token steps: the prompt prefilled in chunks that are not tiles, cold
+    chunked = _answer(LLM(max_num_batched_tokens=5, enable_prefix_caching=False), [PROMPT])
+    again = _answer(default_llm, [PROMPT])
+    assert len(cold[0]) == PARAMS.max_tokens
+    for name, answer in {"warm": warm, "batched": batched, "chunked": chunked, "again": again}.items():
+        assert answer == cold, f"{name}: tokens or log-probs differ from the cold run's"
+
+
+def test_the_engine_says_greedy_output_is_reproducible(default_llm):
+    assert default_llm.engine.determinism() == "chunk-invariant"
