@@ -1,0 +1,329 @@
+"""LoRA adapters against ``transformers`` + ``peft``: tiny random Llama and Qwen3 checkpoints,
+four random PEFT adapters of ranks 8/16/32 over different target sets (one rsLoRA), served in
+one mixed batch with base-model rows: each request's greedy tokens equal the merged model's and
+its prompt log-probs agree within float32 rounding — with room to spare, with prompts split by
+chunked prefill, and with a KV pool small enough to preempt. Then the prefix cache (adapters
+never share blocks), the scheduler's ``max_loras`` limit and LRU, and the adapters refused."""
+
+from __future__ import annotations
+
+import shutil
+
+import attrs
+import pytest
+import torch
+
+from engine import LLM, LoRARequest, SamplingParams
+from engine.config import EngineConfig
+from engine.testing import reference
+
+peft = pytest.importorskip("peft")
+
+ALL_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = [  # (LoraConfig fields, seed)
+    (dict(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]), 1),
+    (dict(r=16, lora_alpha=32, target_modules=ALL_TARGETS), 2),
+    (dict(r=32, lora_alpha=16, target_modules=["k_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]), 3),
+    (
+        dict(
+            r=16,
+            lora_alpha=8,
+            use_rslora=True,
+            target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "down_proj"],
+        ),
+        4,
+    ),
+]
+TINY_LLAMA = dict(
+    model_type="llama",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    tie_word_embeddings=False,
+)
+TINY_QWEN3 = dict(  # head_dim wider than hidden / heads: q_proj's output is not the hidden size
+    model_type="qwen3",
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    max_position_embeddings=256,
+    tie_word_embeddings=True,
+)
+FAMILIES = {"llama": ("LlamaForCausalLM", TINY_LLAMA), "qwen3": ("Qwen3ForCausalLM", TINY_QWEN3)}
+LENGTHS = [21, 7, 40, 13, 33, 5, 26, 18, 37, 11]
+ADAPTER_OF_PROMPT = [None, 1, 2, 3, 4, None, 2, 4, 1, 3]  # base rows and four adapters interleaved
+NEW_TOKENS = 8
+
+
+def save_adapter(base_folder: str, folder: str, seed: int, **lora_config):
+    """A PEFT adapter over the checkpoint at ``base_folder`` with random non-zero A and B (PEFT
+    starts B at zero), saved as ``save_pretrained`` writes it; returns the merged model."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
+    model = peft.get_peft_model(base, peft.LoraConfig(**lora_config))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+    model.save_pretrained(folder)
+    return model.merge_and_unload().eval()
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request, tmp_path_factory):
+    """(base folder, base model, {adapter id: (LoRARequest, merged model)})."""
+    architecture, config = FAMILIES[request.param]
+    root = tmp_path_factory.mktemp(f"lora-{request.param}")
+    base_folder = str(root / "base")
+    base = reference.tiny_checkpoint(base_folder, architecture, config, seed=7)
+    adapters = {}
+    for lora_id, (fields, seed) in enumerate(ADAPTERS, start=1):
+        folder = str(root / f"adapter-{lora_id}")
+        merged = save_adapter(base_folder, folder, seed, **fields)
+        adapters[lora_id] = (LoRARequest(f"adapter-{lora_id}", lora_id, folder), merged)
+    return base_folder, base, adapters
+
+
+def hf_prompt_logprobs(model, prompt: list[int]) -> list[float]:
+    """log p(prompt[i] | prompt[:i]) for i >= 1."""
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].float()
+    logprobs = logits.log_softmax(-1)[:-1]
+    return logprobs.gather(1, torch.tensor(prompt[1:])[:, None]).flatten().tolist()
+
+
+def engine_prompt_logprobs(output) -> list[float]:
+    return [
+        position[token].logprob
+        for token, position in zip(output.prompt_token_ids[1:], output.prompt_logprobs[1:])
+    ]
+
+
+def lora_llm(base_folder: str, **options) -> LLM:
+    options = {"max_loras": 4, "max_lora_rank": 32, "num_blocks": 256, "block_size": 8, **options}
+    return LLM(base_folder, dtype="float32", enable_lora=True, max_model_len=128, **options)
+
+
+SQUEEZES = {
+    "roomy": {},
+    "chunked": dict(max_num_batched_tokens=16),  # every prompt over 16 tokens is split
+    "preempted": dict(max_num_batched_tokens=32, num_blocks=24, max_num_seqs=8),  # 184 tokens of KV
+}
+
+
+@pytest.mark.parametrize("squeeze", sorted(SQUEEZES))
+def test_mixed_batch_matches_peft(family, squeeze):
+    base_folder, base, adapters = family
+    prompts = reference.random_prompts(256, LENGTHS, seed=5)
+    requests = [None if i is None else adapters[i][0] for i in ADAPTER_OF_PROMPT]
+    llm = lora_llm(base_folder, **SQUEEZES[squeeze])
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, prompt_logprobs=0)
+    outs = llm.generate(prompts, params, lora_request=requests)
+    if squeeze == "preempted":
+        assert llm.engine.stats()["preemptions"] > 0, "the KV pool must be small enough to preempt"
+    for prompt, lora_id, out in zip(prompts, ADAPTER_OF_PROMPT, outs):
+        model = base if lora_id is None else adapters[lora_id][1]
+        expected = reference.hf_greedy(model, [prompt], NEW_TOKENS)[0]
+        assert out.outputs[0].token_ids == expected, f"adapter {lora_id}"
+        if squeeze != "preempted":  # a preempted prompt's log-probs repeat, with or without LoRA
+            torch.testing.assert_close(
+                engine_prompt_logprobs(out), hf_prompt_logprobs(model, prompt), rtol=0, atol=2e-4
+            )
+
+
+def test_adapters_change_the_output(family):
+    """The four adapters and the base model all continue the same prompt differently, so
+    matching peft above is not matching the base model."""
+    _, base, adapters = family
+    prompt = reference.random_prompts(256, [24], seed=9)[0]
+    answers = {
+        tuple(reference.hf_greedy(m, [prompt], NEW_TOKENS)[0])
+        for m in [base] + [m for _, m in adapters.values()]
+    }
+    assert len(answers) == 5
+
+
+@pytest.fixture(scope="module")
+def llama(family):
+    if "llama" not in family[0]:
+        pytest.skip("once, on the Llama checkpoint")
+    return family
+
+
+def test_at_most_max_loras_adapters_per_step_and_others_wait_without_blocking(llama):
+    """max_loras=1: a step never mixes two adapters (the runner refuses one that does), base
+    rows run beside the adapter's, and an adapter that must wait holds up nobody behind it."""
+    base_folder, base, adapters = llama
+    llm = lora_llm(base_folder, max_loras=1, max_cpu_loras=2)
+    steps: list[set] = []
+    prepare = llm.engine.runner.lora.prepare
+    llm.engine.runner.lora.prepare = lambda rows: (
+        steps.append({r and r.lora_int_id for r, _ in rows}),
+        prepare(rows),
+    )[1]
+    prompts = reference.random_prompts(256, [12, 9, 10, 8], seed=13)
+    order = [1, 2, None, 1]
+    requests = [adapters[1][0], adapters[2][0], None, adapters[1][0]]
+    outs = llm.generate(
+        prompts, SamplingParams(max_tokens=4, temperature=0, ignore_eos=True), lora_request=requests
+    )
+    assert all(len(step - {None}) <= 1 for step in steps)
+    assert steps[0] == {1, None}, "the base request and adapter 1's second request pass the waiting adapter 2"
+    for prompt, lora_id, out in zip(prompts, order, outs):
+        model = base if lora_id is None else adapters[lora_id][1]
+        assert out.outputs[0].token_ids == reference.hf_greedy(model, [prompt], 4)[0]
+
+
+def test_loaded_adapters_beyond_max_cpu_loras_are_dropped_least_recent_first(llama):
+    base_folder, _, adapters = llama
+    llm = lora_llm(base_folder, max_loras=1, max_cpu_loras=2)
+    prompt = reference.random_prompts(256, [10], seed=17)[0]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    for lora_id in (1, 2, 3):
+        llm.generate([prompt], params, lora_request=adapters[lora_id][0])
+    assert llm.engine.lora.loaded == (2, 3)
+    out = llm.generate([prompt], params, lora_request=adapters[1][0])[0]  # read again from its folder
+    assert llm.engine.lora.loaded == (3, 1)
+    assert out.outputs[0].token_ids == reference.hf_greedy(adapters[1][1], [prompt], 4)[0]
+
+
+def test_prefix_cache_never_shares_blocks_across_adapters(llama):
+    base_folder, _, adapters = llama
+    llm = lora_llm(base_folder)
+    prompt = reference.random_prompts(256, [40], seed=19)[0]
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+
+    def cached(lora_id):
+        lora = None if lora_id is None else adapters[lora_id][0]
+        return llm.generate([prompt], params, lora_request=lora)[0].num_cached_tokens
+
+    assert cached(1) == 0
+    assert cached(2) == 0, "adapter 2 must not hit adapter 1's blocks"
+    assert cached(None) == 0, "the base model must not hit an adapter's blocks"
+    assert cached(1) == 32, "the same adapter hits its own full blocks"
+    assert cached(None) == 32
+
+
+def test_kv_events_carry_the_adapter_id():
+    from engine.builtin.kv_cache_manager import PrefixCachingKVCacheManager
+    from engine.client.kv_events import wire_event
+    from engine.messages.kv_events import BlockStored, block_hashes
+    from engine.messages.request import Request
+
+    config = EngineConfig.from_kwargs(block_size=4, kv_events_config={"enable_kv_cache_events": True})
+    manager = PrefixCachingKVCacheManager(config, 16)
+    lora = LoRARequest("a", 7, "unused")
+    tokens = list(range(1, 10))
+    for rid, adapter in (("with", lora), ("without", None)):
+        request = Request(rid, tokens, SamplingParams(), lora_request=adapter)
+        assert manager.allocate_slots(request, len(tokens))
+    with_adapter, without = [e for e in manager.take_events() if isinstance(e, BlockStored)]
+    assert with_adapter.lora_id == 7 and without.lora_id is None
+    assert set(with_adapter.block_hashes).isdisjoint(without.block_hashes)
+    assert wire_event(with_adapter, "CPU").lora_id == 7
+    same = Request("again", tokens, SamplingParams(), lora_request=lora)
+    assert block_hashes(same, 4) == list(with_adapter.block_hashes)
+
+
+# --- what is refused, each with its reason; the engine keeps serving -------------------------
+
+
+@pytest.fixture(scope="module")
+def refusing(llama, tmp_path_factory):
+    """An engine with max_lora_rank 16, and a folder to write bad adapters in."""
+    return lora_llm(llama[0], max_lora_rank=16), tmp_path_factory.mktemp("bad-adapters"), llama
+
+
+def _refused(llm, lora: LoRARequest, match: str):
+    with pytest.raises(ValueError, match=match):
+        llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), lora_request=lora)
+    assert not llm.engine.has_unfinished(), "nothing is queued for a refused adapter"
+
+
+def test_rank_above_max_lora_rank_is_refused(refusing):
+    llm, _, (_, _, adapters) = refusing
+    _refused(llm, adapters[3][0], r"rank 32, above max_lora_rank=16")
+
+
+@pytest.mark.parametrize("target", ["embed_tokens", "lm_head"])
+def test_vocabulary_targets_are_refused(refusing, target):
+    llm, root, (base_folder, _, _) = refusing
+    folder = str(root / target)
+    save_adapter(base_folder, folder, 5, r=8, lora_alpha=8, target_modules=["q_proj", target])
+    _refused(llm, LoRARequest(target, 50, folder), "token embeddings or the LM head.*not supported")
+
+
+def test_an_adapter_for_another_shape_is_refused(refusing, tmp_path):
+    llm, root, _ = refusing
+    other = str(tmp_path / "wider")
+    reference.tiny_checkpoint(other, "LlamaForCausalLM", {**TINY_LLAMA, "hidden_size": 96}, seed=1)
+    save_adapter(other, str(root / "wider"), 5, r=8, lora_alpha=8, target_modules=["q_proj"])
+    _refused(
+        llm, LoRARequest("wider", 51, str(root / "wider")), r"does not match the base model's \[64 x 64\]"
+    )
+
+
+def test_a_target_the_model_lacks_is_refused(refusing, tmp_path):
+    llm, root, _ = refusing
+    deeper = str(tmp_path / "deeper")
+    reference.tiny_checkpoint(deeper, "LlamaForCausalLM", {**TINY_LLAMA, "num_hidden_layers": 3}, seed=1)
+    save_adapter(deeper, str(root / "deeper"), 5, r=8, lora_alpha=8, target_modules=["down_proj"])
+    _refused(
+        llm,
+        LoRARequest("deeper", 52, str(root / "deeper")),
+        r"layers\.2\.mlp\.down_proj, which the base model lacks",
+    )
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_corrupt_safetensors_file_is_refused(refusing, damage):
+    llm, root, (_, _, adapters) = refusing
+    folder = root / damage
+    shutil.copytree(adapters[1][0].lora_path, folder)
+    weights = folder / "adapter_model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2] if damage == "truncated" else b"\x08" + data[1:64])
+    _refused(llm, LoRARequest(damage, 53, str(folder)), "adapter_model.safetensors is corrupt or truncated")
+
+
+def test_missing_folders_and_reused_ids_are_refused(refusing, tmp_path):
+    llm, _, (_, _, adapters) = refusing
+    _refused(llm, LoRARequest("nowhere", 54, str(tmp_path / "nowhere")), "no adapter_config.json")
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=1), lora_request=adapters[1][0])
+    other = attrs.evolve(adapters[2][0], lora_int_id=1)
+    _refused(llm, other, "lora_int_id 1 is adapter 'adapter-1'.*needs an id of its own")
+
+
+def test_the_engine_serves_after_refusals(refusing):
+    llm, _, (_, base, adapters) = refusing
+    prompt = [5, 6, 7, 8]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    outs = llm.generate([prompt, prompt], params, lora_request=[adapters[2][0], None])
+    assert outs[0].outputs[0].token_ids == reference.hf_greedy(adapters[2][1], [prompt], 3)[0]
+    assert outs[1].outputs[0].token_ids == reference.hf_greedy(base, [prompt], 3)[0]
+
+
+def test_requests_without_enable_lora_or_with_a_wrong_count_are_refused(llama):
+    base_folder, _, adapters = llama
+    llm = LLM(base_folder, dtype="float32", num_blocks=64, max_model_len=128)
+    with pytest.raises(ValueError, match="LoRA is not enabled; start the engine with enable_lora=True"):
+        llm.generate([[5, 6]], SamplingParams(max_tokens=1), lora_request=adapters[1][0])
+    with pytest.raises(ValueError, match="lora_request: 1 given for 2 prompts"):
+        llm.generate([[5, 6], [7, 8]], SamplingParams(max_tokens=1), lora_request=[adapters[1][0]])
+
+
+def test_lora_options_are_checked():
+    with pytest.raises(ValueError, match=r"max_cpu_loras \(1\) must be at least max_loras \(2\)"):
+        EngineConfig.from_kwargs(enable_lora=True, max_loras=2, max_cpu_loras=1)
+    with pytest.raises(ValueError, match="lora_int_id must be a positive integer"):
+        LoRARequest("a", 0, "path")
