@@ -327,3 +327,58 @@ def test_lora_options_are_checked():
         EngineConfig.from_kwargs(enable_lora=True, max_loras=2, max_cpu_loras=1)
     with pytest.raises(ValueError, match="lora_int_id must be a positive integer"):
         LoRARequest("a", 0, "path")
+
+
+def test_the_engine_core_process_carries_adapters_over_zmq(llama, tmp_path):
+    """The client the server uses: requests with adapters cross the socket to the engine-core
+    process and come back as peft's tokens; a refused adapter fails that request alone."""
+    import asyncio
+
+    from engine.client.async_engine import AsyncEngine
+
+    base_folder, base, adapters = llama
+    prompt = reference.random_prompts(256, [12], seed=23)[0]
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    options = dict(
+        model=base_folder, dtype="float32", enable_lora=True, max_loras=2, max_lora_rank=32, num_blocks=64
+    )
+
+    async def run() -> dict[str, object]:
+        engine = AsyncEngine(options)
+        await engine.start()
+        try:
+            handles = {
+                rid: engine.submit([(rid, prompt, params)], lora_request=lora)
+                for rid, lora in [
+                    ("base", None),
+                    ("a2", adapters[2][0]),
+                    ("a4", adapters[4][0]),
+                    ("missing", LoRARequest("missing", 9, str(tmp_path / "missing"))),
+                ]
+            }
+            return {rid: [d async for d in handle.deltas()] for rid, handle in handles.items()}
+        finally:
+            await engine.shutdown()
+
+    deltas = asyncio.run(run())
+    for rid, model in [("base", base), ("a2", adapters[2][1]), ("a4", adapters[4][1])]:
+        tokens = [t for d in deltas[rid] for t in d.token_ids]
+        assert tokens == reference.hf_greedy(model, [prompt], 4)[0], rid
+    [failed] = deltas["missing"]
+    assert failed.finish_reason == "error" and "no adapter_config.json" in failed.error
+
+
+def test_lora_flags_are_engine_options():
+    from engine.entrypoints.cli_args import ArgumentParser, add_engine_arguments, engine_options
+
+    parser = ArgumentParser(prog="engine")
+    add_engine_arguments(parser)
+    argv = ["--enable-lora", "--max-loras", "4", "--max-lora-rank", "32", "--max-cpu-loras", "8"]
+    options = engine_options(parser.parse_args(argv))
+    assert options == dict(enable_lora=True, max_loras=4, max_lora_rank=32, max_cpu_loras=8)
+    lora = EngineConfig.from_kwargs(**options).lora
+    assert (lora.enable_lora, lora.max_loras, lora.max_lora_rank, lora.cpu_loras) == (True, 4, 32, 8)
+    text = parser.format_help()
+    for flag in ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras"):
+        assert flag in text
+    assert "higher is refused" in text and "default: 16" in text
