@@ -382,3 +382,12 @@ def test_lora_flags_are_engine_options():
     for flag in ("--enable-lora", "--max-loras", "--max-lora-rank", "--max-cpu-loras"):
         assert flag in text
     assert "higher is refused" in text and "default: 16" in text
+
+
+def test_a_scheduler_that_does_not_serve_lora_is_refused(llama):
+    from engine.plugins import add_plugin
+    from tests.plugins import fcfs_scheduler
+
+    add_plugin(fcfs_scheduler, "test-fcfs")
+    with pytest.raises(ValueError, match="scheduler 'test-fcfs' does not keep a step within max_loras"):
+        lora_llm(llama[0], scheduler="test-fcfs")

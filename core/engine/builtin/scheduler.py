@@ -48,6 +48,8 @@ PARKED = (RequestStatus.WAITING_FOR_GRAMMAR, RequestStatus.WAITING_FOR_KV)
 
 
 class DefaultScheduler(Scheduler):
+    serves_lora = True
+
     def __init__(self, ctx: SchedulerContext):
         super().__init__(ctx)
         self.cfg = ctx.config.scheduler

@@ -188,6 +188,13 @@ def request_path(registry, config, kv_cache_manager, connector, max_model_len: i
     for a scheduler built for interface v2 the adapter that lets it apply results itself."""
     registration = registry.registration("schedulers", config.scheduler.scheduler)
     cls = registration.load()
+    if config.lora.enable_lora and not (
+        registration.api >= INTERFACE_VERSIONS["schedulers"] and cls.serves_lora
+    ):
+        raise ValueError(
+            f"enable_lora: scheduler {config.scheduler.scheduler!r} does not keep a step within "
+            "max_loras adapters (Scheduler.serves_lora)"
+        )
     if registration.api < INTERFACE_VERSIONS["schedulers"]:
         scheduler = cls(
             SchedulerContext(config, kv_cache_manager, None, max_model_len, kv_connector=connector)
