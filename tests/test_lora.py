@@ -391,3 +391,37 @@ def test_a_scheduler_that_does_not_serve_lora_is_refused(llama):
     add_plugin(fcfs_scheduler, "test-fcfs")
     with pytest.raises(ValueError, match="scheduler 'test-fcfs' does not keep a step within max_loras"):
         lora_llm(llama[0], scheduler="test-fcfs")
+
+
+@pytest.mark.parametrize("quantization", ["gguf-q8_0", "int8-w8a16"])
+def test_adapters_run_on_a_base_kept_quantized(llama, tmp_path, quantization):
+    """The base matmul stays the quant method's; the adapters' deltas are added to it. Measured
+    teacher-forced, as quantized paths are: each prompt's log-probs under an adapter are as near
+    transformers + peft on the float weights as the quantized base model is to the float one
+    (the quantization error, and no more), and far from the model without the adapter."""
+    base_folder, base, adapters = llama
+    if quantization.startswith("gguf"):
+        from gguf import GGMLQuantizationType
+
+        from engine_quant_gguf.writer import write_gguf
+
+        path = str(tmp_path / "base.gguf")
+        write_gguf(path, base, None, GGMLQuantizationType.Q8_0)
+        llm = lora_llm(path)
+    else:
+        llm = lora_llm(base_folder, quantization=quantization)
+    prompts = reference.random_prompts(256, [30] * 3, seed=29)
+    chosen = [2, 3, 4]
+    params = SamplingParams(max_tokens=1, prompt_logprobs=0)
+    requests = [adapters[lora_id][0] for lora_id in chosen] + [None] * 3
+    outs = llm.generate(prompts * 2, params, lora_request=requests)
+    for prompt, lora_id, with_adapter, without in zip(prompts, chosen, outs, outs[3:]):
+        merged = torch.tensor(hf_prompt_logprobs(adapters[lora_id][1], prompt))
+        float_base = torch.tensor(hf_prompt_logprobs(base, prompt))
+        got = torch.tensor(engine_prompt_logprobs(with_adapter))
+        quantization_error = (torch.tensor(engine_prompt_logprobs(without)) - float_base).abs().mean().item()
+        error = (got - merged).abs().mean().item()
+        assert error < 2 * quantization_error + 0.01, (
+            f"adapter {lora_id}: {error:.4f} ({quantization_error:.4f})"
+        )
+        assert (got - float_base).abs().mean().item() > 5 * error, f"adapter {lora_id} is barely applied"
