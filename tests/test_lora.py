@@ -425,3 +425,21 @@ def test_adapters_run_on_a_base_kept_quantized(llama, tmp_path, quantization):
             f"adapter {lora_id}: {error:.4f} ({quantization_error:.4f})"
         )
         assert (got - float_base).abs().mean().item() > 5 * error, f"adapter {lora_id} is barely applied"
+
+
+def test_an_id_given_to_other_files_once_dropped_is_refilled_in_its_slot(llama):
+    """Adapter 1 holds a slot but has left the loaded set; a request naming id 1 with adapter 4's
+    files then runs adapter 4's weights, not the slot's stale ones. (The id is the adapter's
+    identity in the prefix cache too, so the prompts differ: blocks cached under id 1 would be
+    reused.)"""
+    base_folder, _, adapters = llama
+    llm = lora_llm(base_folder, max_loras=2, max_cpu_loras=2)
+    prompt, other_prompt = reference.random_prompts(256, [10, 10], seed=31)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    llm.generate([prompt, prompt], params, lora_request=[adapters[1][0], adapters[2][0]])
+    for lora_id in (3, 4):  # checked and loaded, never run: the slots keep adapters 1 and 2
+        llm.client.validate(prompt, params, 0, adapters[lora_id][0])
+    assert llm.engine.lora.loaded == (3, 4)
+    renamed = LoRARequest("renamed", 1, adapters[4][0].lora_path)
+    out = llm.generate([other_prompt], params, lora_request=renamed)[0]
+    assert out.outputs[0].token_ids == reference.hf_greedy(adapters[4][1], [other_prompt], 4)[0]

@@ -50,6 +50,7 @@ class LoRAManager:
         self.targets = {name: (slots.a.shape[-1], slots.output_sizes) for name, slots in self.layers.items()}
         self._loaded: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()
         self._slot_of: dict[int, int] = {}  # adapter id -> its slot
+        self._in_slot: dict[int, LoRARequest] = {}  # slot -> the adapter whose weights it holds
         self._last_used: dict[int, int] = {}  # adapter id -> the step that last used its slot
         self._steps = itertools.count()
 
@@ -92,8 +93,11 @@ class LoRAManager:
             )
         step = next(self._steps)
         for lora_id, request in requests.items():
-            if lora_id not in self._slot_of:
+            slot = self._slot_of.get(lora_id)
+            if slot is None:
                 self._fill(self._free_slot(set(requests)), request)
+            elif self._in_slot[slot] != request:  # the id now names another adapter's files
+                self._fill(slot, request)
             self._last_used[lora_id] = step
         slots = [-1 if r is None else self._slot_of[r.lora_int_id] for r, _ in rows]
         counts = [n for _, n in rows]
@@ -121,3 +125,4 @@ class LoRAManager:
             else:
                 slots.load(slot, shards)
         self._slot_of[request.lora_int_id] = slot
+        self._in_slot[slot] = request

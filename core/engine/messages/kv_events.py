@@ -40,10 +40,10 @@ def chain_hashes(
 
 
 def chain_seed(salt: str | None, lora_id: int | None) -> bytes:
-    """What the first block's hash starts from: the salt, and ``\0lora:<id>`` for an adapter
-    (the NUL keeps it apart from any salt a client could send)."""
+    """What the first block's hash starts from: the salt, then ``\\0lora:<id>`` for an adapter
+    (so base-model hashes stay as they were, and routers that know no adapters agree with them)."""
     seed = (salt or "").encode()
-    return seed if lora_id is None else seed + f"\0lora:{lora_id}".encode()
+    return seed if lora_id is None else seed + b"\0lora:%d" % lora_id
 
 
 def block_hashes(request, block_size: int) -> list[bytes]:
