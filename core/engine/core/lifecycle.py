@@ -76,6 +76,8 @@ class RequestLifecycle:
             self.finish(request, "stop")
             return EngineOutput(rid, [], finish_reason="stop", pooled=result.pooled[rid])
         prompt_logprobs = result.prompt_logprobs.get(rid)
+        if prompt_logprobs:
+            request.num_prompt_logprobs += len(prompt_logprobs)
         tokens = result.sampled.get(rid)
         if tokens is None:
             return EngineOutput(rid, [], new_prompt_logprobs=prompt_logprobs) if prompt_logprobs else None

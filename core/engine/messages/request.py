@@ -64,6 +64,9 @@ class Request:
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first admission
         self.num_preemptions = 0
+        # prompt positions (from 1) whose log-probs were sent: a prompt recomputed after
+        # preemption does not send them again
+        self.num_prompt_logprobs = 0
         self.spec_token_ids: list[int] = []
         self.spec_probs = None  # [len(spec_token_ids), vocab] draft distribution, or None: deterministic
         self.num_draft_tokens = 0  # verified drafts, and how many of them were accepted
