@@ -442,3 +442,15 @@ def test_an_id_given_to_other_files_once_dropped_is_refilled_in_its_slot(llama):
     renamed = LoRARequest("renamed", 1, adapters[4][0].lora_path)
     out = llm.generate([other_prompt], params, lora_request=renamed)[0]
     assert out.outputs[0].token_ids == reference.hf_greedy(adapters[4][1], [other_prompt], 4)[0]
+
+
+def test_a_rank_64_adapter_under_max_lora_rank_64(llama, tmp_path):
+    base_folder, _, adapters = llama
+    folder = str(tmp_path / "rank-64")
+    merged = save_adapter(base_folder, folder, 6, r=64, lora_alpha=32, target_modules=ALL_TARGETS)
+    llm = lora_llm(base_folder, max_lora_rank=64, max_loras=2)
+    prompts = reference.random_prompts(256, [15, 15], seed=37)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params, lora_request=[LoRARequest("rank-64", 64, folder), adapters[1][0]])
+    assert outs[0].outputs[0].token_ids == reference.hf_greedy(merged, prompts[:1], 6)[0]
+    assert outs[1].outputs[0].token_ids == reference.hf_greedy(adapters[1][1], prompts[1:], 6)[0]
