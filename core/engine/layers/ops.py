@@ -153,10 +153,17 @@ class LayerOps:
         are zero); ``scale`` [S, n] float32; ``indices`` int64 [T], each row's slot in [0, S) or
         -1 for none -> h [T, n, R] in x's dtype: scale[s, i] · A[s, i] · x for a row of slot s,
         zero for a row of none. Rows are grouped by slot, one matmul per slot in the batch."""
-        h = x.new_zeros(x.shape[0], a.shape[1], a.shape[2])
-        for slot, rows in _slot_rows(indices):
-            part = torch.einsum("tk,nrk->tnr", x.index_select(0, rows), a[slot])
-            h.index_copy_(0, rows, part * scale[slot].to(x.dtype)[:, None])
+        n, rank = a.shape[1:3]
+
+        def shrink(part: torch.Tensor, slot: int) -> torch.Tensor:
+            return (part @ a[slot].flatten(0, 1).T).view(-1, n, rank).mul_(scale[slot].to(x.dtype)[:, None])
+
+        groups = list(_slot_rows(indices))
+        if len(groups) == 1 and groups[0][1] is None:  # one slot has every row
+            return shrink(x, groups[0][0])
+        h = x.new_zeros(x.shape[0], n, rank)
+        for slot, rows in groups:
+            h.index_copy_(0, rows, shrink(x.index_select(0, rows), slot))
         return h
 
     def lora_expand(
@@ -175,6 +182,10 @@ class LayerOps:
         bounds = list(itertools.accumulate(output_sizes, initial=0))
         shards = list(enumerate(itertools.pairwise(bounds)))
         for slot, rows in _slot_rows(indices):
+            if rows is None:  # every row: add in place, shard by shard
+                for i, (lo, hi) in shards:
+                    y[:, lo:hi].addmm_(h[:, i], b[slot, lo:hi].T)
+                return y
             part = h.index_select(0, rows)
             delta = torch.cat([part[:, i] @ b[slot, lo:hi].T for i, (lo, hi) in shards], dim=1)
             y.index_add_(0, rows, delta.to(y.dtype))
@@ -182,8 +193,15 @@ class LayerOps:
 
 
 def _slot_rows(indices: torch.Tensor):
-    """(slot, int64 row numbers) for each slot some row uses; rows of none (-1) are skipped."""
-    for slot in torch.unique(indices).tolist():
+    """(slot, int64 row numbers) for each slot some row uses, rows of none (-1) skipped; the
+    rows are None when one slot has them all (no gather or scatter needed)."""
+    slots = torch.unique(indices).tolist()
+    if slots == [-1]:
+        return
+    if len(slots) == 1:
+        yield slots[0], None
+        return
+    for slot in slots:
         if slot >= 0:
             yield slot, (indices == slot).nonzero().flatten()
 

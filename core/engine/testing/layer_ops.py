@@ -269,15 +269,17 @@ class LayerOpsContract:
         if packed is not None:
             assert torch.equal(packed.dequantize(), weight.dequantize())
 
+    @pytest.mark.parametrize("rows", ["mixed", "one-slot"])
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
     @pytest.mark.parametrize("tokens", TOKENS)
     @pytest.mark.parametrize("output_sizes", [(96,), (64, 32, 32)], ids=["one-shard", "qkv"])
-    def test_lora_shrink_expand(self, platform, dtype, tokens, output_sizes):
+    def test_lora_shrink_expand(self, platform, dtype, tokens, output_sizes, rows):
         """LoRA's two grouped ops on a mixed batch: rows of three slots and of none (-1)
         interleaved, the last slot in use (a -1 read as a Python index lands there), one slot
         idle, one adapter of a rank below the slots' (zero rows past it), a fused shard left
-        out (scale 0). y + scale·B·A·x per row against plain float64 math; x is left as it
-        is and rows of none keep y exactly."""
+        out (scale 0); or every row of one slot (one adapter for the whole batch). y +
+        scale·B·A·x per row against plain float64 math; x is left as it is and rows of none
+        keep y exactly."""
         gen = torch.Generator().manual_seed(tokens + len(output_sizes))
         slots, rank, size, n = 4, 16, 80, len(output_sizes)
         a = torch.randn(slots, n, rank, size, generator=gen) * 0.2
@@ -286,7 +288,8 @@ class LayerOpsContract:
         scale = torch.rand(slots, n, generator=gen) + 0.5
         scale[2, 0] = 0  # slot 2 leaves its first shard out
         a, b = a.to(dtype), b.to(dtype)
-        indices = torch.tensor([(-1, 0, 3, 2, -1, 3)[i % 6] for i in range(tokens)])  # slot 1 idle
+        pattern = (-1, 0, 3, 2, -1, 3) if rows == "mixed" else (2,)  # slot 1 idle
+        indices = torch.tensor([pattern[i % len(pattern)] for i in range(tokens)])
         x, y = (
             torch.randn(tokens, size, generator=gen).to(dtype),
             torch.randn(tokens, sum(output_sizes), generator=gen).to(dtype),
