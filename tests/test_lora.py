@@ -454,3 +454,24 @@ def test_a_rank_64_adapter_under_max_lora_rank_64(llama, tmp_path):
     outs = llm.generate(prompts, params, lora_request=[LoRARequest("rank-64", 64, folder), adapters[1][0]])
     assert outs[0].outputs[0].token_ids == reference.hf_greedy(merged, prompts[:1], 6)[0]
     assert outs[1].outputs[0].token_ids == reference.hf_greedy(adapters[1][1], prompts[1:], 6)[0]
+
+
+def test_adapters_on_the_attention_of_a_mixture_of_experts_model(tmp_path):
+    """Qwen3-MoE: adapters of q/k/v/o run on its attention layers (the experts take none)."""
+    from engine_models_moe.model import MoeForCausalLM
+
+    config = MoeForCausalLM.example_configs()["Qwen3MoeForCausalLM"]
+    base_folder = str(tmp_path / "base")
+    base = reference.tiny_checkpoint(base_folder, "Qwen3MoeForCausalLM", config, seed=5)
+    folder = str(tmp_path / "adapter")
+    merged = save_adapter(
+        base_folder, folder, 8, r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]
+    )
+    llm = lora_llm(base_folder, max_loras=1)
+    prompts = reference.random_prompts(config["vocab_size"], [14, 9], seed=41)
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    outs = llm.generate(prompts, params, lora_request=[LoRARequest("moe", 1, folder), None])
+    adapted = reference.hf_greedy(merged, prompts[:1], 6)[0]
+    assert adapted != reference.hf_greedy(base, prompts[:1], 6)[0], "the adapter must matter"
+    assert outs[0].outputs[0].token_ids == adapted
+    assert outs[1].outputs[0].token_ids == reference.hf_greedy(base, prompts[1:], 6)[0]
