@@ -79,11 +79,9 @@ def save_adapter(base_folder: str, folder: str, seed: int, **lora_config):
     return model.merge_and_unload().eval()
 
 
-@pytest.fixture(scope="module", params=sorted(FAMILIES))
-def family(request, tmp_path_factory):
+def build_family(name: str, root) -> tuple:
     """(base folder, base model, {adapter id: (LoRARequest, merged model)})."""
-    architecture, config = FAMILIES[request.param]
-    root = tmp_path_factory.mktemp(f"lora-{request.param}")
+    architecture, config = FAMILIES[name]
     base_folder = str(root / "base")
     base = reference.tiny_checkpoint(base_folder, architecture, config, seed=7)
     adapters = {}
@@ -92,6 +90,21 @@ def family(request, tmp_path_factory):
         merged = save_adapter(base_folder, folder, seed, **fields)
         adapters[lora_id] = (LoRARequest(f"adapter-{lora_id}", lora_id, folder), merged)
     return base_folder, base, adapters
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    return build_family("llama", tmp_path_factory.mktemp("lora-llama"))
+
+
+@pytest.fixture(scope="module")
+def qwen3(tmp_path_factory):
+    return build_family("qwen3", tmp_path_factory.mktemp("lora-qwen3"))
+
+
+@pytest.fixture(params=sorted(FAMILIES))
+def family(request):
+    return request.getfixturevalue(request.param)
 
 
 def hf_prompt_logprobs(model, prompt: list[int]) -> list[float]:
@@ -150,13 +163,6 @@ def test_adapters_change_the_output(family):
         for m in [base] + [m for _, m in adapters.values()]
     }
     assert len(answers) == 5
-
-
-@pytest.fixture(scope="module")
-def llama(family):
-    if "llama" not in family[0]:
-        pytest.skip("once, on the Llama checkpoint")
-    return family
 
 
 def test_at_most_max_loras_adapters_per_step_and_others_wait_without_blocking(llama):
