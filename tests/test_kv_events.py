@@ -15,8 +15,8 @@ from engine import LLM, SamplingParams
 from engine.config import EngineConfig
 from engine.messages.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventsConfig
 from engine.testing import reference
-from tests.conftest import TINY_LLAMA
 from engine_server.guard import tenant_salt
+from tests.conftest import TINY_LLAMA
 from tests.serving import API_KEY, free_port, serve
 
 BLOCK = 16

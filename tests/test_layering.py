@@ -33,7 +33,7 @@ FLOORS = (
     ("engine.config", "engine.distributed"),  # the engine's configuration; tensor-parallel groups
     ("engine.interfaces",),  # the plugin contract
     ("engine.layers", "engine.native", "engine.kv_transfer", "engine.runner"),  # what plugins build on
-    ("engine.builtin",),  # the core's own plugins
+    ("engine.builtin", "engine.lora"),  # the core's own plugins; LoRA adapters and their slots
     ("engine.plugins",),  # discovery and the registry
     ("engine.core",),  # the engine loop and the request lifecycle
     ("engine.executors",),  # where the runner's steps run

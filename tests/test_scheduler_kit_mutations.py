@@ -30,6 +30,8 @@ CAUGHT_BY = {  # mutant -> the kit test written for its bug
     "drops-preempted": "test_small_pool_forces_preemption_without_changing_outputs",
     "preempt-keeps-count": "test_small_pool_forces_preemption_without_changing_outputs",
     "abort-forgets-waiting": "test_an_aborted_waiting_request_leaves_the_queue",
+    "lora-unlimited": "test_lora_steps_stay_within_max_loras",
+    "lora-blocks-the-queue": "test_a_request_whose_adapter_must_wait_holds_up_no_one",
 }
 
 

@@ -20,6 +20,7 @@ _LAZY = {
     "GrammarSpec": "engine.messages.sampling_params",
     "INTERFACE_VERSIONS": "engine.interfaces",
     "load_tokenizer": "engine.entrypoints.tokenizer",
+    "LoRARequest": "engine.messages.lora",
 }
 
 __all__ = [
@@ -30,6 +31,7 @@ __all__ = [
     "EmbeddingRequestOutput",
     "EngineConfig",
     "GrammarSpec",
+    "LoRARequest",
     "Logprob",
     "PoolingParams",
     "RequestOutput",
@@ -50,6 +52,7 @@ PUBLIC_MODULES = (
     "engine.entrypoints.tokenizer",
     "engine.interfaces",  # the plugin interfaces
     "engine.kv_transfer",  # P/D disaggregation: ``kv_transfer_params`` and the connector kit
+    "engine.lora",  # LoRARequest: the adapter a request runs with
     "engine.messages.kv_events",  # KV events, and the prefix cache's block hashes as a router computes them
     "engine.messages.outputs",  # the offline API's results
     "engine.messages.pooling_params",

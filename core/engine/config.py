@@ -107,6 +107,29 @@ class ParallelConfig:
 
 
 @attrs.frozen
+class LoRAConfig:
+    """vLLM's LoRA options: ``max_loras`` adapters may run in one step (each in a fixed slot of
+    rank ``max_lora_rank``), ``max_cpu_loras`` stay loaded in memory (None: ``max_loras``),
+    the least recently used beyond that are dropped and read again when asked for."""
+
+    enable_lora: bool = False
+    max_loras: int = attrs.field(default=1, validator=_positive)
+    max_lora_rank: int = attrs.field(default=16, validator=_positive)
+    max_cpu_loras: int | None = attrs.field(default=None, validator=_positive)
+
+    def __attrs_post_init__(self):
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise ValueError(
+                f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras ({self.max_loras})"
+            )
+
+    @property
+    def cpu_loras(self) -> int:
+        """How many adapters stay loaded in memory."""
+        return self.max_cpu_loras or self.max_loras
+
+
+@attrs.frozen
 class ObservabilityConfig:
     log_stats: bool = False
 
@@ -118,6 +141,7 @@ class EngineConfig:
     scheduler: SchedulerConfig = SchedulerConfig()
     parallel: ParallelConfig = ParallelConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
+    lora: LoRAConfig = LoRAConfig()
     speculative_config: dict[str, Any] | None = None  # {"method": NAME, "num_speculative_tokens": K, ...}
     plugins: tuple[str, ...] | None = None  # allow-list of entry-point names; None: all installed
     device: str | None = None  # platform name; None: the best available
@@ -148,6 +172,7 @@ class EngineConfig:
             "scheduler": SchedulerConfig,
             "parallel": ParallelConfig,
             "observability": ObservabilityConfig,
+            "lora": LoRAConfig,
         }
         parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
         top: dict[str, Any] = {}

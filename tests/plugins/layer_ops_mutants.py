@@ -150,6 +150,22 @@ class _ExactSumsAffine(torch.nn.Module):
         return self.weight.dequantize()
 
 
+class NoneIsTheLastSlot(LayerOps):
+    """Gathers each row's adapter by ``indices`` straight away, one batched matmul and no
+    grouping: a row of no adapter (-1) indexes from the end and gets the last slot's delta."""
+
+    def lora_shrink(self, x, a, scale, indices):
+        return torch.einsum("tk,tnrk->tnr", x, a[indices]) * scale[indices].to(x.dtype)[..., None]
+
+    def lora_expand(self, y, h, b, indices, output_sizes):
+        start = 0
+        for shard, size in enumerate(output_sizes):
+            rows = b[indices, start : start + size]  # [T, size, R]
+            y[:, start : start + size] += torch.einsum("tr,tnr->tn", h[:, shard], rows)
+            start += size
+        return y
+
+
 def _platform(name: str, ops_cls: type[LayerOps]) -> type[CpuPlatform]:
     """The CPU platform handing out ``ops_cls`` layer ops, ranked below every real one."""
     ops = ops_cls()
@@ -172,6 +188,7 @@ MUTANTS = {
     "outliers-in-the-scale": OutliersInTheScale,
     "truncating-int8": TruncatingInt8,
     "exact-group-sums": ExactGroupSums,
+    "none-is-the-last-slot": NoneIsTheLastSlot,
 }
 
 

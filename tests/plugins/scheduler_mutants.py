@@ -105,6 +105,27 @@ class AbortForgetsWaiting(DefaultScheduler):
         self.running = [r for r in self.running if r.request_id not in ids]
 
 
+class LoRAUnlimited(DefaultScheduler):
+    """Says it serves LoRA but admits every adapter: more than ``max_loras`` in a step."""
+
+    def _adapter_fits(self, request):
+        return True
+
+
+class LoRABlocksTheQueue(DefaultScheduler):
+    """Treats a request whose adapter does not fit like one that cannot get blocks: admission
+    stops there, and the requests behind it wait for nothing."""
+
+    def _adapter_fits(self, request):
+        return True
+
+    def _admit(self, request, budget):
+        active = {r.lora_id for r in self.running} - {None}
+        if request.lora_id is not None and request.lora_id not in active and len(active) >= self.max_loras:
+            return None
+        return super()._admit(request, budget)
+
+
 MUTANTS = {
     "decodes-off-budget": DecodesOffBudget,
     "drafts-off-budget": DraftsOffBudget,
@@ -112,6 +133,8 @@ MUTANTS = {
     "drops-preempted": DropsPreempted,
     "preempt-keeps-count": PreemptKeepsCount,
     "abort-forgets-waiting": AbortForgetsWaiting,
+    "lora-unlimited": LoRAUnlimited,
+    "lora-blocks-the-queue": LoRABlocksTheQueue,
 }
 
 

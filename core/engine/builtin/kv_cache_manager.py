@@ -235,7 +235,11 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             tokens = request.all_token_ids[run[0] * bs : (run[-1] + 1) * bs]
             self._events.append(
                 BlockStored(
-                    tuple(hashes[i] for i in run), hashes[run[0] - 1] if run[0] else None, tuple(tokens), bs
+                    tuple(hashes[i] for i in run),
+                    hashes[run[0] - 1] if run[0] else None,
+                    tuple(tokens),
+                    bs,
+                    request.lora_id,
                 )
             )
 

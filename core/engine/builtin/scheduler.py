@@ -15,6 +15,10 @@ is refused (``Overloaded``); with ``max_queue_wait`` one still unscheduled that 
 it arrived is dropped and listed in ``StepPlan.refused`` (the core finishes it). A request that ran
 once (preempted since) or waits for its grammar to compile is never refused.
 
+LoRA: with ``enable_lora`` a step holds at most ``max_loras`` distinct adapters. Running
+requests' adapters are the ones a step may use; a waiting request of another adapter is passed
+over, keeping its place, while requests that fit are admitted behind it.
+
 Prefix hits and KV connector loads come through the context's
 :class:`~engine.interfaces.KVAdmission`: a request whose prefix loads asynchronously is parked
 (``WAITING_FOR_KV``) holding its blocks, skipped like one waiting for its grammar, and admitted
@@ -44,6 +48,8 @@ PARKED = (RequestStatus.WAITING_FOR_GRAMMAR, RequestStatus.WAITING_FOR_KV)
 
 
 class DefaultScheduler(Scheduler):
+    serves_lora = True
+
     def __init__(self, ctx: SchedulerContext):
         super().__init__(ctx)
         self.cfg = ctx.config.scheduler
@@ -56,6 +62,8 @@ class DefaultScheduler(Scheduler):
         self._deadlines: collections.deque[tuple[float, Request]] = collections.deque()  # arrival order
         self._rejected = {"rejected_queue_full": 0, "rejected_queue_wait": 0}
         self._share = PrefillShare(self.cfg.shared_step_target_s, self.cfg.max_num_batched_tokens)
+        lora = ctx.config.lora
+        self.max_loras = lora.max_loras if lora.enable_lora else None
 
     def _order(self, request: Request) -> tuple[int, int]:
         priority = request.priority if self.cfg.policy == "priority" else 0
@@ -151,7 +159,7 @@ class DefaultScheduler(Scheduler):
         parked = []
         while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
             request = self.waiting.pop(0)
-            if request.status in PARKED or request.request_id in resumed:
+            if request.status in PARKED or request.request_id in resumed or not self._adapter_fits(request):
                 parked.append(request)
                 continue
             item = self._admit(request, budget)
@@ -175,6 +183,8 @@ class DefaultScheduler(Scheduler):
         for request in resumed:
             if budget <= 0 or len(self.running) >= self.cfg.max_num_seqs:
                 break
+            if not self._adapter_fits(request):
+                continue
             item = self._admit(request, budget)
             if item is None:
                 if not self.running:
@@ -184,6 +194,14 @@ class DefaultScheduler(Scheduler):
             admitted.append(item)
             budget -= item.num_new_tokens
         return admitted
+
+    def _adapter_fits(self, request: Request) -> bool:
+        """Whether ``request`` may run beside the running requests: it uses no adapter, or one
+        of theirs, or they use fewer than ``max_loras``."""
+        if request.lora_id is None or self.max_loras is None:
+            return True
+        active = {r.lora_id for r in self.running} - {None}
+        return request.lora_id in active or len(active) < self.max_loras
 
     def _admit(self, request: Request, budget: int) -> ScheduledRequest | Request | None:
         """The request's first chunk, or the request itself when it parked for an asynchronous

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Callable
 from engine.client.base import Child
 from engine.client.mp_client import AsyncMPClient, EngineDead
 from engine.client.protocol import Delta, Ready
+from engine.messages.lora import LoRARequest
 from engine.messages.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -103,6 +104,7 @@ class AsyncEngine:
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestHandle:
         if self.dead:
             raise EngineDead(self.dead)
@@ -110,7 +112,7 @@ class AsyncEngine:
         for rid, _, _ in children:
             self._routes[rid] = handle
         try:
-            self.core.add(children, priority, cache_salt, kv_transfer_params)
+            self.core.add(children, priority, cache_salt, kv_transfer_params, lora_request)
         except EngineDead:
             self.release(handle)
             raise

@@ -9,6 +9,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 
 from engine.client.protocol import Ready
+from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
 
@@ -26,9 +27,11 @@ class EngineCoreClient(ABC):
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Queue the engine requests of one front-end request (its prompts and samples), all
-        before the core's next step, so they start together."""
+        before the core's next step, so they start together; ``lora_request``: the LoRA adapter
+        they all run with (None: the base model)."""
 
     @abstractmethod
     def abort(self, request_ids: list[str]) -> None:

@@ -33,6 +33,7 @@ from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
 from engine.lifetime import exit_with_parent
+from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
 from engine.messages.step import Overloaded
@@ -97,7 +98,10 @@ class CoreServer:
             try:
                 kind = PoolingParams if message.pooling else SamplingParams
                 child = (message.request_id, message.prompt_token_ids, kind.from_dict(message.params))
-                self.client.add([child], message.priority, message.cache_salt, message.kv_transfer_params)
+                lora = None if message.lora_request is None else LoRARequest.from_dict(message.lora_request)
+                self.client.add(
+                    [child], message.priority, message.cache_salt, message.kv_transfer_params, lora
+                )
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
                 failed.append(
                     protocol.Delta(

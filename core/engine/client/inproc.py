@@ -15,6 +15,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.speculation import ACCEPTED_AT
 from engine.core.step_stats import PREFIX as STEP_TOKENS
 from engine.core.step_stats import step_token_buckets
+from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import matryoshka_of
 from engine.messages.request import Request
 from engine.messages.stats import EngineStats, TokensPerStep
@@ -50,9 +51,11 @@ class InProcessClient(EngineCoreClient):
             core.determinism(),
         )
 
-    def validate(self, prompt_token_ids: list[int], params, priority: int = 0) -> None:
+    def validate(
+        self, prompt_token_ids: list[int], params, priority: int = 0, lora_request: LoRARequest | None = None
+    ) -> None:
         """What :meth:`add` would refuse, raised before anything is queued."""
-        self.core.validate(prompt_token_ids, params, priority)
+        self.core.validate(prompt_token_ids, params, priority, lora_request)
 
     def add(
         self,
@@ -60,6 +63,7 @@ class InProcessClient(EngineCoreClient):
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Raises what the core refuses (ValueError, :class:`engine.messages.step.Overloaded`) for the
         first child it refuses; the children before it stay queued."""
@@ -72,6 +76,7 @@ class InProcessClient(EngineCoreClient):
                     priority=priority,
                     cache_salt=cache_salt,
                     kv_transfer_params=kv_transfer_params,
+                    lora_request=lora_request,
                 )
             )
             self._prompt_lengths[request_id] = len(prompt)

@@ -60,6 +60,7 @@ def wire_event(event, medium: str):
             parent,
             list(event.token_ids),
             event.block_size,
+            event.lora_id,
             medium=medium,
         )
     if isinstance(event, kv_events.BlockRemoved):

@@ -27,6 +27,7 @@ import zmq.asyncio
 from engine.client import protocol
 from engine.client.base import Child, EngineCoreClient
 from engine.client.liveness import Liveness
+from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
@@ -171,6 +172,7 @@ class AsyncMPClient(EngineCoreClient):
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> None:
         """Raises :class:`EngineDead` when no core is connected (it died, or we shut down)."""
         batch = protocol.AddBatch(
@@ -183,6 +185,7 @@ class AsyncMPClient(EngineCoreClient):
                     cache_salt,
                     pooling=isinstance(params, PoolingParams),
                     kv_transfer_params=kv_transfer_params,
+                    lora_request=None if lora_request is None else lora_request.to_dict(),
                 )
                 for rid, prompt, params in children
             ]

@@ -19,6 +19,7 @@ class AddRequest(msgspec.Struct, tag=True):
     cache_salt: str | None = None
     pooling: bool = False  # an embedding request (the engine runs the pooling runner)
     kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation, for the KV connector
+    lora_request: dict[str, Any] | None = None  # LoRARequest.to_dict(): the adapter it runs with
 
 
 class AddBatch(msgspec.Struct, tag=True):

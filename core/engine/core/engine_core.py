@@ -20,7 +20,9 @@ from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
+from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
+from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import PoolingParams, matryoshka_of
 from engine.messages.request import Request
 from engine.messages.request_path import check_prompt
@@ -127,6 +129,8 @@ class EngineCore:
             kv_worker,
             Pooler(self.pooler_config) if self.pooler_config else None,
         )
+        self.lora = self._lora_manager(config, dtype)
+        self.runner.lora = self.lora
         self.runner.graphs = step_graphs.start(
             self.model,
             layers.first,
@@ -174,6 +178,21 @@ class EngineCore:
         if kv_connectors.connector_spec(config) is not None:
             raise ValueError("kv_connector: not supported for a model with sliding-window layers")
         return cls(config, groups[0].num_blocks, groups=groups)
+
+    def _lora_manager(self, config, dtype) -> LoRAManager | None:
+        """The adapters' slots on rank 0's model, when ``enable_lora``; what does not run with
+        adapters yet is refused here, at start."""
+        if not config.lora.enable_lora:
+            return None
+        for refused, what in (
+            (config.parallel.tensor_parallel_size > 1, "tensor parallelism"),
+            (bool(config.speculative_config), "speculative decoding"),
+            (self.runner_kind == "pooling", "the pooling runner"),
+        ):
+            if refused:
+                raise ValueError(f"enable_lora: LoRA adapters do not run with {what} yet")
+        ops = self.platform.layer_ops(dtype)
+        return LoRAManager(self.model, config.lora, dtype, self.platform.device, ops)
 
     def _build_speculator(self, config, loader, dtype, kv_caches, num_blocks) -> Speculator | None:
         if not config.speculative_config:
@@ -268,12 +287,17 @@ class EngineCore:
     def embedding_size(self) -> int:
         return self.hf_config.hidden_size
 
-    def validate(self, prompt_token_ids: list[int], params, priority: int = 0) -> None:
+    def validate(
+        self, prompt_token_ids: list[int], params, priority: int = 0, lora_request: LoRARequest | None = None
+    ) -> None:
         """Raise ValueError naming the field before any work is queued. With
         ``SamplingParams``' own checks this covers everything the step indexes with: a
         request that passes cannot make the sampler raise. ``PoolingParams`` are for an
-        engine with the pooling runner, ``SamplingParams`` for one that generates."""
+        engine with the pooling runner, ``SamplingParams`` for one that generates. A
+        ``lora_request``'s adapter is read and checked here (then kept loaded)."""
         check_int64(priority, "priority")
+        if lora_request is not None:
+            self._check_lora(lora_request)
         vocab = self.hf_config.vocab_size
         if isinstance(params, PoolingParams):
             if self.runner_kind != "pooling":
@@ -305,9 +329,23 @@ class EngineCore:
                 "structured_outputs", "structured_outputs: no grammar backend plugin is installed"
             )
 
+    def _check_lora(self, lora_request) -> None:
+        if not isinstance(lora_request, LoRARequest):
+            raise InvalidParam(
+                "lora_request", f"lora_request must be a LoRARequest, got {type(lora_request).__name__}"
+            )
+        if self.lora is None:
+            raise InvalidParam(
+                "lora_request", "lora_request: LoRA is not enabled; start the engine with enable_lora=True"
+            )
+        self.lora.load(lora_request)
+
     def add_request(self, request: Request) -> None:
         self.validate(
-            request.prompt_token_ids, request.pooling_params or request.sampling_params, request.priority
+            request.prompt_token_ids,
+            request.pooling_params or request.sampling_params,
+            request.priority,
+            request.lora_request,
         )
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
         request.queued_time = time.monotonic()

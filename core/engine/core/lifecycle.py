@@ -76,6 +76,8 @@ class RequestLifecycle:
             self.finish(request, "stop")
             return EngineOutput(rid, [], finish_reason="stop", pooled=result.pooled[rid])
         prompt_logprobs = result.prompt_logprobs.get(rid)
+        if prompt_logprobs:
+            request.num_prompt_logprobs += len(prompt_logprobs)
         tokens = result.sampled.get(rid)
         if tokens is None:
             return EngineOutput(rid, [], new_prompt_logprobs=prompt_logprobs) if prompt_logprobs else None
@@ -188,6 +190,13 @@ def request_path(registry, config, kv_cache_manager, connector, max_model_len: i
     for a scheduler built for interface v2 the adapter that lets it apply results itself."""
     registration = registry.registration("schedulers", config.scheduler.scheduler)
     cls = registration.load()
+    if config.lora.enable_lora and not (
+        registration.api >= INTERFACE_VERSIONS["schedulers"] and cls.serves_lora
+    ):
+        raise ValueError(
+            f"enable_lora: scheduler {config.scheduler.scheduler!r} does not keep a step within "
+            "max_loras adapters (Scheduler.serves_lora)"
+        )
     if registration.api < INTERFACE_VERSIONS["schedulers"]:
         scheduler = cls(
             SchedulerContext(config, kv_cache_manager, None, max_model_len, kv_connector=connector)

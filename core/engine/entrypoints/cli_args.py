@@ -212,6 +212,23 @@ OPTIONS: dict[str, Option] = {
         unit="seconds",
     ),
     "log_stats": Option(("--log-stats",), "log engine statistics"),
+    "enable_lora": Option(
+        ("--enable-lora",),
+        "serve LoRA adapters (PEFT folders) over the base model, mixed in every step; "
+        "a request names its adapter (offline: lora_request=LoRARequest(name, id, path))",
+    ),
+    "max_loras": Option(
+        ("--max-loras",), "most distinct LoRA adapters in one step (each holds a slot of --max-lora-rank)"
+    ),
+    "max_lora_rank": Option(
+        ("--max-lora-rank",), "highest LoRA rank an adapter may have (the slots' rank); higher is refused"
+    ),
+    "max_cpu_loras": Option(
+        ("--max-cpu-loras",),
+        "LoRA adapters kept loaded in memory, least recently used dropped beyond it; "
+        "at least --max-loras; default: --max-loras",
+        int,
+    ),
     "speculative_config": Option(
         ("--speculative-config",),
         'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',

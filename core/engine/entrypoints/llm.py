@@ -1,5 +1,7 @@
 """The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``, and
-``LLM(model, runner="pooling").embed(prompts)`` for embeddings."""
+``LLM(model, runner="pooling").embed(prompts)`` for embeddings. With ``enable_lora=True``,
+``generate(..., lora_request=LoRARequest(name, int_id, path))`` runs PEFT adapters, one for
+all prompts or one per prompt (None: the base model), mixed in the same steps."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from engine.client.output_processor import OutputProcessor, RequestState, reques
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.entrypoints.chat_template import conversation, template_options
+from engine.messages.lora import LoRARequest
 from engine.messages.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
@@ -61,6 +64,7 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         priority: Sequence[int] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         prompts = self._as_list(prompts)
         params = sampling_params or self.get_default_sampling_params()
@@ -70,13 +74,15 @@ class LLM:
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         if len(priorities) != len(prompts):
             raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
+        adapters = _per_prompt(lora_request, len(prompts))
         encoded, params = self._prepare(prompts, params)
-        for (_, ids), p, prio in zip(encoded, params, priorities):  # every check before any work starts
-            self.client.validate(ids, p, prio)
+        checks = zip(encoded, params, priorities, adapters)
+        for (_, ids), p, prio, lora in checks:  # every check before any work starts
+            self.client.validate(ids, p, prio, lora)
         processor = OutputProcessor(self.tokenizer)
         order = [
-            self._add(processor, text, ids, p, prio).request_id
-            for (text, ids), p, prio in zip(encoded, params, priorities)
+            self._add(processor, text, ids, p, prio, lora).request_id
+            for (text, ids), p, prio, lora in zip(encoded, params, priorities, adapters)
         ]
         return self._run(processor, order, use_tqdm)
 
@@ -162,10 +168,12 @@ class LLM:
         use_tqdm: bool = False,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """``continue_final_message`` continues the last message instead of opening a new
         turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
-        for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names)."""
+        for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names); ``lora_request``
+        as :meth:`generate` takes it."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             self.apply_chat_template(
@@ -173,7 +181,12 @@ class LLM:
             )
             for c in conversations
         ]
-        return self.generate([{"prompt_token_ids": ids} for ids in prompts], sampling_params, use_tqdm)
+        return self.generate(
+            [{"prompt_token_ids": ids} for ids in prompts],
+            sampling_params,
+            use_tqdm,
+            lora_request=lora_request,
+        )
 
     def apply_chat_template(
         self,
@@ -211,11 +224,17 @@ class LLM:
         return self.tokenizer
 
     def _add(
-        self, processor: OutputProcessor, text, ids, params: SamplingParams, priority: int
+        self,
+        processor: OutputProcessor,
+        text,
+        ids,
+        params: SamplingParams,
+        priority: int,
+        lora_request: LoRARequest | None = None,
     ) -> RequestState:
         """Queue the prompt's samples (they share its blocks through the prefix cache)."""
         request, children = processor.add(str(next(self._ids)), text, ids, params)
-        self.client.add(children, priority)
+        self.client.add(children, priority, lora_request=lora_request)
         return request
 
     def _step(self, processor: OutputProcessor) -> list[RequestState]:
@@ -235,3 +254,13 @@ class LLM:
                     done[request.request_id] = request_output(request, self.tokenizer)
                     bar.update()
         return [done[rid] for rid in order]
+
+
+def _per_prompt(lora_request, num_prompts: int) -> list[LoRARequest | None]:
+    """One adapter (or None) per prompt: a single request applies to every prompt."""
+    if lora_request is None or isinstance(lora_request, LoRARequest):
+        return [lora_request] * num_prompts
+    adapters = list(lora_request)
+    if len(adapters) != num_prompts:
+        raise ValueError(f"lora_request: {len(adapters)} given for {num_prompts} prompts")
+    return adapters

@@ -66,8 +66,9 @@ class KVConnectorContext:
 @attrs.frozen
 class KVRequest:
     """The scheduler half's view of a request. ``block_hashes[i]`` is the chained hash of full
-    block ``i`` (it covers every token before it and the ``cache_salt``, so equal hashes mean equal
-    prefixes under equal salts); a connector keys stored blocks by it and need not re-hash."""
+    block ``i`` (it covers every token before it, the ``cache_salt`` and the LoRA adapter, so equal
+    hashes mean equal prefixes under equal salts and adapters); a connector keys stored blocks by
+    it and need not re-hash."""
 
     request_id: str
     token_ids: tuple[int, ...]  # the prompt and the tokens generated so far

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import attrs
 
@@ -99,7 +99,15 @@ class SchedulerStats:
 
 
 class Scheduler(ABC):
-    """Constructed with a :class:`SchedulerContext`."""
+    """Constructed with a :class:`SchedulerContext`.
+
+    ``serves_lora``: True for a scheduler that keeps every step within
+    ``config.lora.max_loras`` distinct LoRA adapters (``Request.lora_id``; None is the base
+    model), passing over a waiting request whose adapter does not fit without holding up the
+    requests behind it. The engine refuses ``enable_lora`` with a scheduler that does not say so
+    (the kit's ``test_lora_steps_stay_within_max_loras`` checks one that does)."""
+
+    serves_lora: ClassVar[bool] = False
 
     def __init__(self, ctx: SchedulerContext):
         self.ctx = ctx

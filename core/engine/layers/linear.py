@@ -63,6 +63,12 @@ class Linear(Layer):
         return self.matmul(x, self.bias)
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x · wᵀ (+ bias), plus the step's LoRA deltas where adapters may run on this layer (a
+        submodule ``lora``, :class:`engine.layers.lora.LoRASlots`; a tensor-parallel layer adds
+        them before its all-reduce)."""
         if getattr(self.method.ctx, "batch_invariant", False):
-            return self.method.apply_batch_invariant(self, x, bias)
-        return self.method.apply(self, x, bias)
+            out = self.method.apply_batch_invariant(self, x, bias)
+        else:
+            out = self.method.apply(self, x, bias)
+        lora = self._modules.get("lora")  # not getattr: a miss would raise and catch per call
+        return out if lora is None else lora.add(out, x)

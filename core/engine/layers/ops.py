@@ -17,9 +17,15 @@ the form GGUF blocks take) in its own kernel: :meth:`LayerOps.pack_affine`. The 
 none, and quant methods then keep their own path (torch's int4pack planes). Plain weights may
 be prepacked too (:meth:`LayerOps.pack_dense`): on the CPU, bfloat16 weights go into oneDNN's
 blocked layout.
+
+LoRA adapters run as two grouped ops over a batch whose rows belong to different adapter slots
+(punica's shrink and expand, :meth:`LayerOps.lora_shrink`, :meth:`LayerOps.lora_expand`), added
+to whatever the base matmul computed (:mod:`engine.layers.lora`).
 """
 
 from __future__ import annotations
+
+import itertools
 
 import torch
 import torch.nn.functional as F
@@ -138,6 +144,66 @@ class LayerOps:
         """An int32 matmul result [M, N] times row_scale [M, 1] and col_scale [1, N]
         (float32), in ``dtype``."""
         return acc.float().mul_(row_scale).mul_(col_scale).to(dtype)
+
+    def lora_shrink(
+        self, x: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor
+    ) -> torch.Tensor:
+        """The first half of a batch of LoRA deltas. x [T, K] (not consumed); ``a`` [S, n, R, K]:
+        per slot, the A of each of the layer's n fused output shards (rows past an adapter's rank
+        are zero); ``scale`` [S, n] float32; ``indices`` int64 [T], each row's slot in [0, S) or
+        -1 for none -> h [T, n, R] in x's dtype: scale[s, i] · A[s, i] · x for a row of slot s,
+        zero for a row of none. Rows are grouped by slot, one matmul per slot in the batch."""
+        n, rank = a.shape[1:3]
+
+        def shrink(part: torch.Tensor, slot: int) -> torch.Tensor:
+            return (part @ a[slot].flatten(0, 1).T).view(-1, n, rank).mul_(scale[slot].to(x.dtype)[:, None])
+
+        groups = list(_slot_rows(indices))
+        if len(groups) == 1 and groups[0][1] is None:  # one slot has every row
+            return shrink(x, groups[0][0])
+        h = x.new_zeros(x.shape[0], n, rank)
+        for slot, rows in groups:
+            h.index_copy_(0, rows, shrink(x.index_select(0, rows), slot))
+        return h
+
+    def lora_expand(
+        self,
+        y: torch.Tensor,
+        h: torch.Tensor,
+        b: torch.Tensor,
+        indices: torch.Tensor,
+        output_sizes: tuple[int, ...],
+    ) -> torch.Tensor:
+        """The second half: y [T, N] (a matmul's output, consumed: added to in place) plus
+        B[s, i] · h[:, i] on each fused shard i's columns (``output_sizes`` their widths, N in
+        all) for a row of slot s; ``b`` [S, N, R], each output row's B against its shard's
+        rank; h [T, n, R] from :meth:`lora_shrink`; rows of none (-1) are left as they are.
+        Returns y."""
+        bounds = list(itertools.accumulate(output_sizes, initial=0))
+        shards = list(enumerate(itertools.pairwise(bounds)))
+        for slot, rows in _slot_rows(indices):
+            if rows is None:  # every row: add in place, shard by shard
+                for i, (lo, hi) in shards:
+                    y[:, lo:hi].addmm_(h[:, i], b[slot, lo:hi].T)
+                return y
+            part = h.index_select(0, rows)
+            delta = torch.cat([part[:, i] @ b[slot, lo:hi].T for i, (lo, hi) in shards], dim=1)
+            y.index_add_(0, rows, delta.to(y.dtype))
+        return y
+
+
+def _slot_rows(indices: torch.Tensor):
+    """(slot, int64 row numbers) for each slot some row uses, rows of none (-1) skipped; the
+    rows are None when one slot has them all (no gather or scatter needed)."""
+    slots = torch.unique(indices).tolist()
+    if slots == [-1]:
+        return
+    if len(slots) == 1:
+        yield slots[0], None
+        return
+    for slot in slots:
+        if slot >= 0:
+            yield slot, (indices == slot).nonzero().flatten()
 
 
 def _rotate(heads: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -19,13 +19,18 @@ PUBLISHERS = ("null", "zmq")
 
 
 def chain_hashes(
-    tokens: Sequence[int], block_size: int, salt: str | None = None, parent: bytes | None = None
+    tokens: Sequence[int],
+    block_size: int,
+    salt: str | None = None,
+    parent: bytes | None = None,
+    lora_id: int | None = None,
 ) -> list[bytes]:
     """The prefix cache's hashes of the full blocks of ``tokens``: block i's is sha256(block
-    i-1's hash — ``parent`` before the first, else the cache salt — + its token ids as int64).
-    Equal hashes mean equal whole prefixes (and salts), so a router can compute what an engine
-    will report."""
-    hashes, previous = [], (salt or "").encode() if parent is None else parent
+    i-1's hash — ``parent`` before the first, else the chain's seed — + its token ids as int64).
+    The seed is the cache salt, followed by the LoRA adapter's id when there is one (the same
+    tokens under another adapter have other keys and values). Equal hashes mean equal whole
+    prefixes, salts and adapters, so a router can compute what an engine will report."""
+    hashes, previous = [], chain_seed(salt, lora_id) if parent is None else parent
     for start in range(0, len(tokens) - block_size + 1, block_size):
         previous = hashlib.sha256(
             previous + array("q", tokens[start : start + block_size]).tobytes()
@@ -34,9 +39,16 @@ def chain_hashes(
     return hashes
 
 
+def chain_seed(salt: str | None, lora_id: int | None) -> bytes:
+    """What the first block's hash starts from: the salt, then ``\\0lora:<id>`` for an adapter
+    (so base-model hashes stay as they were, and routers that know no adapters agree with them)."""
+    seed = (salt or "").encode()
+    return seed if lora_id is None else seed + b"\0lora:%d" % lora_id
+
+
 def block_hashes(request, block_size: int) -> list[bytes]:
     """Extend ``request.block_hashes`` to every full block of its known tokens
-    (:func:`chain_hashes`)."""
+    (:func:`chain_hashes`, under the request's cache salt and adapter)."""
     hashes = request.block_hashes
     start, end = len(hashes) * block_size, request.num_tokens // block_size * block_size
     if end > start:
@@ -46,6 +58,7 @@ def block_hashes(request, block_size: int) -> list[bytes]:
                 block_size,
                 request.cache_salt,
                 hashes[-1] if hashes else None,
+                request.lora_id,
             )
         )
     return hashes
@@ -60,12 +73,14 @@ def external_hash(block_hash: bytes) -> int:
 class BlockStored:
     """Consecutive full blocks entered the prefix cache: ``block_hashes`` in prefix order,
     ``parent_block_hash`` the hash of the block before the first (None: the prompt's start),
-    ``token_ids`` all their tokens."""
+    ``token_ids`` all their tokens, ``lora_id`` the adapter they were computed under (None:
+    the base model)."""
 
     block_hashes: tuple[bytes, ...]
     parent_block_hash: bytes | None
     token_ids: tuple[int, ...]
     block_size: int
+    lora_id: int | None = None
 
 
 @attrs.frozen

@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
 
@@ -29,7 +30,8 @@ class RequestStatus(enum.Enum):
 class Request:
     """Public read-only fields for plugins: ``request_id``, ``sampling_params``,
     ``pooling_params``, ``prompt_token_ids``, ``output_token_ids``, ``all_token_ids``,
-    ``num_computed_tokens``, ``kv_transfer_params`` (vLLM's P/D field, for the KV connector).
+    ``num_computed_tokens``, ``kv_transfer_params`` (vLLM's P/D field, for the KV connector),
+    ``lora_request`` (the LoRA adapter it runs with, or None: the base model).
 
     Given :class:`PoolingParams` the request pools: ``pooling_params`` holds them, it runs
     its whole prompt in one step and finishes with a vector, never a token."""
@@ -43,6 +45,7 @@ class Request:
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ):
         self.request_id = request_id
         self.pooling_params = params if isinstance(params, PoolingParams) else None
@@ -55,11 +58,15 @@ class Request:
         self.priority = priority
         self.cache_salt = cache_salt
         self.kv_transfer_params = kv_transfer_params
+        self.lora_request = lora_request
         self.arrival = next(_arrivals)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_tokens = -1  # prompt tokens found in the prefix cache at first admission
         self.num_preemptions = 0
+        # prompt positions (from 1) whose log-probs were sent: a prompt recomputed after
+        # preemption does not send them again
+        self.num_prompt_logprobs = 0
         self.spec_token_ids: list[int] = []
         self.spec_probs = None  # [len(spec_token_ids), vocab] draft distribution, or None: deterministic
         self.num_draft_tokens = 0  # verified drafts, and how many of them were accepted
@@ -74,6 +81,11 @@ class Request:
         self.queued_time: float | None = None
         self.scheduled_time: float | None = None
         self.first_token_time: float | None = None
+
+    @property
+    def lora_id(self) -> int | None:
+        """The adapter's ``lora_int_id``, or None for the base model."""
+        return None if self.lora_request is None else self.lora_request.lora_int_id
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -57,9 +57,10 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
             sample_drafts += [tuple(drafts[:j]) for j in range(len(drafts) + 1)]
         if request.sampling_params.prompt_logprobs is not None:
             last = min(start + n, request.num_prompt_tokens - 1)
-            prompt_rows += range(offset, offset + max(0, last - start))
-            prompt_targets += request.prompt_token_ids[start + 1 : last + 1]
-            prompt_owners += [request] * max(0, last - start)
+            first = max(start, request.num_prompt_logprobs)  # positions sent before are not scored again
+            prompt_rows += range(offset + first - start, offset + max(0, last - start))
+            prompt_targets += request.prompt_token_ids[first + 1 : last + 1]
+            prompt_owners += [request] * max(0, last - first)
 
     positions, layout = token_layout(query_lens, seq_lens, group_tables[0], block_size, device)
     layouts = (

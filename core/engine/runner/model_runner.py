@@ -75,6 +75,7 @@ class ModelRunner:
         # how execute runs a step's forward: a multi-rank executor wraps it (broadcast first)
         self.forward_step = self.forward
         self.graphs = None  # an engine.runner.step_graphs.StepGraphRunner when decode steps replay
+        self.lora = None  # an engine.lora.manager.LoRAManager when adapters may run: sets each step's slots
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -89,6 +90,9 @@ class ModelRunner:
         """``group_tables``: per KV cache group, each scheduled request's block table.
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
         batch = flatten(plan, group_tables, self.block_size, self.device)
+        if self.lora is not None:
+            spans = zip(plan.scheduled, batch.spans)
+            self.lora.prepare([(item.request.lora_request, end - start) for item, (_, start, end) in spans])
         rows = batch.sample_rows + batch.prompt_rows
         with kv_transfer.connector_step(self.connector, kv_meta):
             hidden, aux, logits = self.forward_step(

@@ -154,6 +154,8 @@ def graph_plan(config, platform, layers, runner_kind: str) -> GraphPlan:
             reasons.append(f"{why} is configured")
     if runner_kind == "pooling":
         reasons.append("the pooling runner samples nothing to decode")
+    if config.lora.enable_lora:
+        reasons.append("LoRA adapters are enabled (a step's slots and rows change around the replay)")
     max_num_seqs = config.scheduler.max_num_seqs
     defaults = graphs.default_sizes(max_num_seqs) if graphs is not None else ()
     sizes = capture_sizes(config.cuda_graph_sizes, defaults, max_num_seqs)

@@ -3,7 +3,8 @@ against the plain-torch ones on random inputs — RMSNorm with and without the r
 add (also of rows near eps and a zero row), rotary embedding of fused q|k|v rows, the per-head
 q/k RMSNorm + rotary of Qwen3, SwiGLU, W8A8's int8 activation quantization (rounded to
 nearest, with and without an outlier channel) and int32 rescale — for batch 1, small batches
-and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding; and packed
+and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding; LoRA's
+shrink and expand over a batch of mixed adapter slots (and rows of none); and packed
 group-affine weights (``pack_affine``): exact rows, and a matmul within the bound that rounding
 activations to int8 per 32 inputs allows. A platform without overrides passes trivially.
 
@@ -28,6 +29,8 @@ DTYPE_IDS = ["fp32", "bf16"]
 TOKENS = [1, 5, 800]  # 800: a prefill chunk, enough values that a kernel may split its rows over threads
 HEAD_LAYOUTS = ["contiguous", "padded-rows", "scattered-heads"]  # see _head_view
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
+# LoRA's delta rounds twice in the activation dtype (the rank-R intermediate, then the sum)
+LORA_TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=6e-2)}
 
 
 class LayerOpsContract:
@@ -265,6 +268,50 @@ class LayerOpsContract:
         packed = platform.layer_ops(torch.float32).pack_affine(weight)
         if packed is not None:
             assert torch.equal(packed.dequantize(), weight.dequantize())
+
+    @pytest.mark.parametrize("rows", ["mixed", "one-slot"])
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("output_sizes", [(96,), (64, 32, 32)], ids=["one-shard", "qkv"])
+    def test_lora_shrink_expand(self, platform, dtype, tokens, output_sizes, rows):
+        """LoRA's two grouped ops on a mixed batch: rows of three slots and of none (-1)
+        interleaved, the last slot in use (a -1 read as a Python index lands there), one slot
+        idle, one adapter of a rank below the slots' (zero rows past it), a fused shard left
+        out (scale 0); or every row of one slot (one adapter for the whole batch). y +
+        scale·B·A·x per row against plain float64 math; x is left as it is and rows of none
+        keep y exactly."""
+        gen = torch.Generator().manual_seed(tokens + len(output_sizes))
+        slots, rank, size, n = 4, 16, 80, len(output_sizes)
+        a = torch.randn(slots, n, rank, size, generator=gen) * 0.2
+        b = torch.randn(slots, sum(output_sizes), rank, generator=gen) * 0.2
+        a[0, :, 8:], b[0, :, 8:] = 0, 0  # slot 0: an adapter of rank 8
+        scale = torch.rand(slots, n, generator=gen) + 0.5
+        scale[2, 0] = 0  # slot 2 leaves its first shard out
+        a, b = a.to(dtype), b.to(dtype)
+        pattern = (-1, 0, 3, 2, -1, 3) if rows == "mixed" else (2,)  # slot 1 idle
+        indices = torch.tensor([pattern[i % len(pattern)] for i in range(tokens)])
+        x, y = (
+            torch.randn(tokens, size, generator=gen).to(dtype),
+            torch.randn(tokens, sum(output_sizes), generator=gen).to(dtype),
+        )
+        ops, x_given = platform.layer_ops(dtype), x.clone()
+        h = ops.lora_shrink(x, a, scale, indices)
+        got = ops.lora_expand(y.clone(), h, b, indices, output_sizes)
+        assert torch.equal(x, x_given), "lora_shrink wrote into x"
+        none = indices < 0
+        assert torch.equal(got[none], y[none]), "rows of no adapter changed"
+        torch.testing.assert_close(
+            got, _lora_reference(x, y, a, b, scale, indices, output_sizes).to(dtype), **LORA_TOLERANCE[dtype]
+        )
+
+
+def _lora_reference(x, y, a, b, scale, indices, output_sizes) -> torch.Tensor:
+    """y + scale[s, i] · B[s, shard i rows] · A[s, i] · x in float64, row by row's slot s."""
+    slot = indices.clamp(min=0)
+    h = torch.einsum("tk,tnrk->tnr", x.double(), a.double()[slot]) * scale.double()[slot][..., None]
+    shard_of_row = torch.repeat_interleave(torch.arange(len(output_sizes)), torch.tensor(output_sizes))
+    delta = (b.double()[slot] * h[:, shard_of_row]).sum(-1)
+    return y.double() + delta * (indices >= 0).double()[:, None]
 
 
 def _padded_rows(tokens: int, width: int, padding: int, gen, dtype) -> torch.Tensor:

@@ -10,15 +10,19 @@ over (no blocks, nothing computed), every request finishes, no block leaks, and 
 tokens equal what it would generate alone: preemption, recompute and drafts change nothing.
 Beside the random workloads, one small test per bug scheduler authors make: decode or draft
 tokens left out of the budget, one request too many admitted, a preempted request dropped or
-resumed from its stale count, an aborted waiting request left queued."""
+resumed from its stale count, an aborted waiting request left queued; and for a scheduler that
+serves LoRA (``Scheduler.serves_lora``), more than ``max_loras`` adapters in a step, or a
+request whose adapter must wait holding up the requests behind it."""
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.config import EngineConfig
 from engine.core.lifecycle import request_path
+from engine.messages.lora import LoRARequest
 from engine.messages.request import Request, RequestStatus
 from engine.messages.sampling_params import SamplingParams
 from engine.messages.step import StepResult
@@ -91,18 +95,25 @@ class SchedulerContract:
         policy="fcfs",
         drafts=0,
         max_steps=3000,
+        adapters=(),
+        max_loras=1,
     ):
+        """``adapters``: each request's LoRA adapter id (None: the base model; none given: no
+        LoRA); then no step may hold more than ``max_loras`` of them."""
+        lora = {"enable_lora": True, "max_loras": max_loras} if adapters else {}
         path, kv = self.request_path(
             num_blocks,
             block_size=block_size,
             max_num_batched_tokens=budget,
             max_num_seqs=max_num_seqs,
             policy=policy,
+            **lora,
         )
         requests = []
         for i, (prompt_len, max_tokens, priority) in enumerate(workload):
             prompt = [(i * 13 + j * 5) % VOCAB for j in range(prompt_len)]
-            request = Request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens), priority=priority)
+            params = SamplingParams(max_tokens=max_tokens)
+            request = Request(f"r{i}", prompt, params, priority=priority, lora_request=_adapter(adapters, i))
             path.add(request)
             requests.append(request)
         preemptions = 0
@@ -113,6 +124,8 @@ class SchedulerContract:
             preemptions += len(plan.preempted)
             assert plan.num_tokens <= budget
             assert len(plan.scheduled) <= max_num_seqs
+            in_step = {item.request.lora_id for item in plan.scheduled} - {None}
+            assert len(in_step) <= max_loras or not adapters, f"adapters {in_step} in one step"
             scheduled = {item.request.request_id for item in plan.scheduled}
             for r in requests:
                 if r.request_id in plan.preempted and r.request_id not in scheduled:
@@ -200,6 +213,37 @@ class SchedulerContract:
     def test_no_more_requests_run_than_max_num_seqs(self):
         self.run([(2, 4, 0)] * 6, budget=64, max_num_seqs=2)
 
+    def _serves_lora(self) -> None:
+        if not load_plugins().get("schedulers", self.scheduler_name).serves_lora:
+            pytest.skip(f"{self.scheduler_name} does not serve LoRA (Scheduler.serves_lora)")
+
+    def test_lora_steps_stay_within_max_loras(self):
+        """Requests of four adapters and of the base model interleaved, ``max_loras=2``, a pool
+        small enough to preempt: no step holds three adapters, every request finishes as alone."""
+        self._serves_lora()
+        workload = [(20, 8, 0), (12, 8, 0), (25, 6, 0), (9, 10, 0), (16, 8, 0), (7, 8, 0), (30, 4, 0)]
+        self.run(workload, num_blocks=16, budget=16, adapters=[1, 2, None, 3, 1, 4, None], max_loras=2)
+
+    def test_a_request_whose_adapter_must_wait_holds_up_no_one(self):
+        """``max_loras=1``: adapter 2's request waits while adapter 1's run, and the base and
+        adapter-1 requests queued behind it start in the first step."""
+        self._serves_lora()
+        workload = [(6, 4, 0), (6, 4, 0), (6, 4, 0), (6, 4, 0)]
+        adapters = [1, 2, None, 1]
+        path, _ = self.request_path(32, block_size=4, max_num_batched_tokens=64, enable_lora=True)
+        for i, (prompt_len, max_tokens, _) in enumerate(workload):
+            path.add(
+                Request(
+                    f"r{i}",
+                    [i + 1] * prompt_len,
+                    SamplingParams(max_tokens=max_tokens),
+                    lora_request=_adapter(adapters, i),
+                )
+            )
+        first = {item.request.request_id for item in path.schedule().scheduled}
+        assert first == {"r0", "r2", "r3"}, f"scheduled {sorted(first)}: r1 waits, and only r1"
+        self.run(workload, budget=64, adapters=adapters)
+
     def test_an_aborted_waiting_request_leaves_the_queue(self):
         path, kv = self.request_path(16, block_size=4, max_num_batched_tokens=8, max_num_seqs=1)
         path.add(Request("running", [1, 2, 3], SamplingParams(max_tokens=5)))
@@ -208,3 +252,9 @@ class SchedulerContract:
         path.abort(["waiting", "running"])
         assert not path.schedule().scheduled, "an aborted request must leave the queues"
         assert kv.num_free_blocks == 15
+
+
+def _adapter(adapters, index: int) -> LoRARequest | None:
+    """Request ``index``'s adapter: a LoRA request of that id (its files are never read here)."""
+    lora_id = adapters[index] if adapters else None
+    return None if lora_id is None else LoRARequest(f"adapter-{lora_id}", lora_id, f"adapter-{lora_id}")
