@@ -1,13 +1,16 @@
 """Quantized paths side by side, one run, on the embedded default model: single-stream decode
 tokens/s and 64-request batched throughput for bf16, int8 (W8A16 and W8A8), GGUF kept
-quantized, and llama.cpp (``llama-cpp-python``, built from source by ``make llama-cpp``) on
-the same GGUF file when it is installed.
+quantized, AWQ and GPTQ checkpoints of the same weights, and llama.cpp (``llama-cpp-python``,
+built from source by ``make llama-cpp``) on the same GGUF file when it is installed.
 
     python benchmarks/quant.py [--num-prompts 64] [--output-len 128] [--single-len 128]
                                [--repeats 3] [--batched-repeats 2] [--only NAME ...] [--threads N]
 
 bf16 and int8 start from the GGUF weights dequantized (``quantization="unquantized"`` / the
-int8 methods quantize those online); "gguf" keeps the file's Q4_1/Q8_0 blocks. Single-stream
+int8 methods quantize those online); "gguf" keeps the file's Q4_1/Q8_0 blocks; "awq" and
+"gptq" load those dequantized weights exported as 4-bit group-32 checkpoints (AWQ GEMM, GPTQ v1
+symmetric; the tied embedding stays bf16 as such checkpoints keep it), written once and cached
+beside the GGUF cache (``awq_gptq_export.py``). Single-stream
 decode speed excludes the prompt: (tokens − 1) / (time to last token − time to first), the
 fastest of ``--repeats`` runs for every engine alike (this machine's run-to-run spread is ±10 %);
 batched throughput of the engine configs the fastest of ``--batched-repeats`` (llama.cpp's
@@ -24,6 +27,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+import awq_gptq_export
 from offline_throughput import make_prompts
 
 CONFIGS = {
@@ -32,6 +36,8 @@ CONFIGS = {
     "int8-w8a8": dict(quantization="int8-w8a8"),
     "gguf": dict(),
     "gguf-eager": dict(enforce_eager=True),
+    "awq": dict(export=awq_gptq_export.AWQ),
+    "gptq": dict(export=awq_gptq_export.GPTQ),
 }
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
@@ -126,6 +132,8 @@ def main() -> int:
     for name, kwargs in CONFIGS.items():
         if args.only and name not in args.only:
             continue
+        if "export" in kwargs:  # a checkpoint folder of the default model's weights
+            kwargs = dict(model=awq_gptq_export.build(kwargs["export"]))
         llm = LLM(dtype="bfloat16", max_model_len=2048, **kwargs)
         prompts = make_prompts(llm.tokenizer, args.num_prompts)
         rows[name] = (
