@@ -1,5 +1,6 @@
-"""Bad AWQ/GPTQ checkpoints are refused at start-up, each with one line naming what is wrong:
-real checkpoint folders whose ``quantization_config`` (or tensors) were edited."""
+"""Starting an engine on AWQ/GPTQ checkpoints: named as vLLM command lines name them
+(``--quantization awq``) or not, they load; bad ones are refused at start-up, each with one
+line naming what is wrong (real checkpoint folders whose ``quantization_config`` was edited)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import shutil
 
 import pytest
 
-from engine import LLM
+from engine import LLM, SamplingParams
 from engine.testing import reference
 from engine.testing.quant import TINY_LLAMA, write_quantized_checkpoint
 from engine_quant_awq_gptq import checkpoint
@@ -65,6 +66,17 @@ def _edited(source: str, folder: str, quantization_config: dict) -> str:
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump(config, f)
     return folder
+
+
+@pytest.mark.parametrize("method", ["awq", "gptq"])
+def test_naming_the_checkpoints_method_serves_it_as_declared(method, folders):
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    named, declared = (LLM(folders[method], **kwargs, **COMMON) for kwargs in ({"quantization": method}, {}))
+    prompt = [[5, 17, 99, 3]]
+    assert (
+        named.generate(prompt, params)[0].outputs[0].token_ids
+        == declared.generate(prompt, params)[0].outputs[0].token_ids
+    )
 
 
 @pytest.mark.parametrize("case", list(BAD_CONFIGS))
