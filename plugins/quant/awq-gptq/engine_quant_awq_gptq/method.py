@@ -6,7 +6,9 @@ the checkpoint, fused here), unpacked into one group-affine weight
 (:mod:`engine_quant_awq_gptq.formats`) and repacked for the fastest kernel that holds it
 (:mod:`engine_quant_awq_gptq.kernels`). A fused GPTQ act-order layer whose shards reorder their
 inputs differently cannot share one activation order: it is dequantized at load instead (real
-checkpoints quantize q/k/v and gate/up from the same inputs, so their orders agree).
+checkpoints quantize q/k/v and gate/up from the same inputs, so their orders agree). A module the
+checkpoint leaves unquantized (``modules_to_not_convert``) arrives as a float ``weight`` and is kept
+as it is.
 
 Vocabulary tables stay in the activation dtype (AWQ and GPTQ checkpoints store them unquantized),
 as do mixture-of-experts layers. Tensor parallelism is refused: the packed dims (AWQ's outputs,
@@ -20,7 +22,6 @@ from abc import abstractmethod
 from typing import ClassVar
 
 import torch
-from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers.group_affine import AffineWeight
@@ -34,6 +35,7 @@ PATHS = {
     "packed": "the platform's packed group-affine kernel (as GGUF Q4_1; groups of 64/128 split into 32)",
     "int4pack": "int4pack planes (torch's CPU int4 matmul)",
     "dense": "dequantized at load to the activation dtype (no group-affine kernel here)",
+    "float": "the checkpoint's float weight (a module it leaves unquantized)",
 }
 
 
@@ -73,26 +75,46 @@ class PackedIntLinearMethod(QuantMethod):
         layer.packed_int_group = self.config.group_for(input_size)
         self.check_packing(input_size, output_sizes)
         shards: list[dict] = [dict() for _ in output_sizes]
-        for name in self.tensor_names:
-            param = nn.Parameter(torch.empty(0), requires_grad=False)
-            param.weight_loader = lambda p, tensor, shard, name=name: shards[shard].__setitem__(name, tensor)
-            layer.register_parameter(name, param)
+        for name in (*self.tensor_names, "weight"):
+            setattr(layer, name, ShardSink(shards, name))
         layer.packed_int_shards = shards
 
     def process_weights_after_loading(self, layer):
-        group, tensors = layer.packed_int_group, layer.packed_int_shards
-        for index, part in enumerate(tensors):
+        parts, group = layer.packed_int_shards, layer.packed_int_group
+        for name in (*self.tensor_names, "weight", "packed_int_shards", "packed_int_group"):
+            delattr(layer, name)
+        self._check_loaded(parts)
+        if any("weight" in part for part in parts):
+            dense = torch.cat(
+                [
+                    part["weight"].float()
+                    if "weight" in part
+                    else self.shard(part, rows, layer.input_size, group).dequantize_in_input_order()
+                    for part, rows in zip(parts, layer.output_sizes)
+                ]
+            )
+            layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
+            layer.register_buffer("input_order", None)
+        else:
+            shards = [
+                self.shard(part, rows, layer.input_size, group)
+                for part, rows in zip(parts, layer.output_sizes)
+            ]
+            self._build_kernel(layer, shards)
+        if layer.kernel_path != "packed":
+            shape = (sum(layer.output_sizes), layer.input_size)
+            logger.info("%s: a %s layer runs %s", self.name, shape, PATHS[layer.kernel_path])
+
+    def _check_loaded(self, parts: list[dict]) -> None:
+        for index, part in enumerate(parts):
             missing = [name for name in self.tensor_names if name not in part]
-            if missing:
+            if missing and "weight" not in part:
                 raise ValueError(
                     f"quantization: {self.name} checkpoint lacks {missing} of shard {index} of a layer"
                 )
-        shards = [
-            self.shard(part, rows, layer.input_size, group) for part, rows in zip(tensors, layer.output_sizes)
-        ]
-        for name in self.tensor_names:
-            delattr(layer, name)
-        del layer.packed_int_shards, layer.packed_int_group
+
+    def _build_kernel(self, layer, shards: list[Shard]) -> None:
+        """One kernel for the fused layer; dequantized when its shards' input orders differ."""
         orders = [shard.input_order for shard in shards]
         if all(_same_order(order, orders[0]) for order in orders):
             weight = AffineWeight.cat([shard.weight for shard in shards])
@@ -102,9 +124,6 @@ class PackedIntLinearMethod(QuantMethod):
             dense = torch.cat([shard.dequantize_in_input_order() for shard in shards])
             layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "dense"
             layer.register_buffer("input_order", None)
-        if layer.kernel_path != "packed":
-            shape = (sum(layer.output_sizes), layer.input_size)
-            logger.info("%s: a %s layer runs %s", self.name, shape, PATHS[layer.kernel_path])
 
     def apply(self, layer, x, bias):
         if layer.input_order is not None:
@@ -119,6 +138,20 @@ class PackedIntLinearMethod(QuantMethod):
             natural[:, layer.input_order] = w
             w = natural
         return w.to(self.ctx.dtype)
+
+
+class ShardSink:
+    """Where ``Linear.load_shard`` hands the shards of one checkpoint tensor name. Not a
+    parameter: a layer's checkpoint holds either the packed tensors or, for a module it leaves
+    unquantized (``modules_to_not_convert``), a float ``weight``, and which is known only once
+    loaded — so the core's check for unloaded parameters cannot apply, and the method checks
+    (:meth:`PackedIntLinearMethod.process_weights_after_loading`)."""
+
+    def __init__(self, shards: list[dict], name: str):
+        self.shards, self.name = shards, name
+
+    def weight_loader(self, param, tensor, shard: int) -> None:
+        self.shards[shard][self.name] = tensor
 
 
 def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:

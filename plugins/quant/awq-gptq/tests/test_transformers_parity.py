@@ -43,6 +43,11 @@ FORMATS = {
         lambda t: checkpoint.dequantize_gptq(t, 8),
         checkpoint.gptq_config(8, 32, desc_act=True),
     ),
+    "awq-down-proj-not-converted": (  # down_proj, the only projection of 512 inputs, stays float
+        lambda w: {"weight": w} if w.shape[1] == 512 else checkpoint.awq_tensors(w, 32),
+        lambda t: t["weight"] if "weight" in t else checkpoint.dequantize_awq(t, 32),
+        checkpoint.awq_config(32) | {"modules_to_not_convert": ["down_proj"]},
+    ),
 }
 COMMON = dict(dtype="float32", num_blocks=40, block_size=8, max_model_len=128)
 
