@@ -1,18 +1,28 @@
 """Quantized paths side by side, one run, on the embedded default model: single-stream decode
 tokens/s and 64-request batched throughput for bf16, int8 (W8A16 and W8A8), GGUF kept
-quantized, and llama.cpp (``llama-cpp-python``, built from source by ``make llama-cpp``) on
-the same GGUF file when it is installed.
+quantized, AWQ and GPTQ checkpoints of the same weights, and llama.cpp (``llama-cpp-python``,
+built from source by ``make llama-cpp``) on the same GGUF file when it is installed.
 
     python benchmarks/quant.py [--num-prompts 64] [--output-len 128] [--single-len 128]
                                [--repeats 3] [--batched-repeats 2] [--only NAME ...] [--threads N]
+                               [--interleaved]
 
 bf16 and int8 start from the GGUF weights dequantized (``quantization="unquantized"`` / the
-int8 methods quantize those online); "gguf" keeps the file's Q4_1/Q8_0 blocks. Single-stream
+int8 methods quantize those online); "gguf" keeps the file's Q4_1/Q8_0 blocks; "awq" and
+"gptq" load those dequantized weights exported as 4-bit group-32 checkpoints (AWQ GEMM, GPTQ v1
+symmetric; the tied embedding stays bf16 as such checkpoints keep it), and "gguf-float-vocab" the
+same weights as GGUF Q4_1 with that table in float, all written once and cached beside the GGUF
+cache (``awq_gptq_export.py``). Single-stream
 decode speed excludes the prompt: (tokens − 1) / (time to last token − time to first), the
 fastest of ``--repeats`` runs for every engine alike (this machine's run-to-run spread is ±10 %);
 batched throughput of the engine configs the fastest of ``--batched-repeats`` (llama.cpp's
 sequential batch runs once: it takes a minute and is not a goal).
 Resident weight memory is the bytes of the model's parameters and buffers.
+
+``--interleaved`` measures single-stream decode only, with every engine config loaded at once
+and each run in turn, round after round (``--repeats`` rounds; the fastest round of each
+counts): on a shared machine the load changes over minutes, and configs measured one after
+another compare different moments.
 """
 
 from __future__ import annotations
@@ -24,6 +34,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
+import awq_gptq_export
 from offline_throughput import make_prompts
 
 CONFIGS = {
@@ -32,6 +43,9 @@ CONFIGS = {
     "int8-w8a8": dict(quantization="int8-w8a8"),
     "gguf": dict(),
     "gguf-eager": dict(enforce_eager=True),
+    "gguf-float-vocab": dict(export=awq_gptq_export.GGUF_FLOAT_VOCAB),
+    "awq": dict(export=awq_gptq_export.AWQ),
+    "gptq": dict(export=awq_gptq_export.GPTQ),
 }
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
@@ -51,6 +65,26 @@ def engine_single(llm, output_len, repeats):
             llm.generate([prompt], SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
             elapsed[n] = min(elapsed.get(n, float("inf")), time.perf_counter() - start)
     return (output_len - 1) / (elapsed[output_len] - elapsed[1])
+
+
+def _engine_kwargs(name: str) -> dict:
+    kwargs = CONFIGS[name]
+    if "export" in kwargs:  # a checkpoint folder of the default model's weights
+        return dict(model=awq_gptq_export.build(kwargs["export"]))
+    return kwargs
+
+
+def interleaved_single(names: list[str], output_len: int, rounds: int) -> dict[str, float]:
+    """Single-stream decode tokens/s of each config, all loaded at once and run in turn."""
+    from engine import LLM
+
+    llms = {name: LLM(dtype="bfloat16", max_model_len=2048, **_engine_kwargs(name)) for name in names}
+    best = dict.fromkeys(names, 0.0)
+    for round_ in range(rounds):
+        for name, llm in llms.items():
+            best[name] = max(best[name], engine_single(llm, output_len, 1))
+        print(f"round {round_ + 1}: " + "  ".join(f"{n} {t:.1f}" for n, t in best.items()), flush=True)
+    return best
 
 
 def engine_batched(llm, prompts, output_len, repeats):
@@ -108,6 +142,9 @@ def main() -> int:
         "--only", nargs="*", default=None, help="subset of: " + " ".join([*CONFIGS, "llama.cpp"])
     )
     parser.add_argument(
+        "--interleaved", action="store_true", help="single-stream only, every config loaded at once, in turn"
+    )
+    parser.add_argument(
         "--threads",
         type=int,
         default=None,
@@ -122,11 +159,18 @@ def main() -> int:
     from engine_quant_gguf.loader import default_model_path
 
     torch.manual_seed(0)
+    if args.interleaved:
+        names = [name for name in CONFIGS if not args.only or name in args.only]
+        best = interleaved_single(names, args.single_len, args.repeats)
+        print(f"\n{'config':>11} | single tok/s | ÷ {names[0]}")
+        for name, single in best.items():
+            print(f"{name:>11} | {single:12.1f} | {single / best[names[0]]:.2f}")
+        return 0
     rows = {}
-    for name, kwargs in CONFIGS.items():
+    for name in CONFIGS:
         if args.only and name not in args.only:
             continue
-        llm = LLM(dtype="bfloat16", max_model_len=2048, **kwargs)
+        llm = LLM(dtype="bfloat16", max_model_len=2048, **_engine_kwargs(name))
         prompts = make_prompts(llm.tokenizer, args.num_prompts)
         rows[name] = (
             engine_single(llm, args.single_len, args.repeats),

@@ -154,12 +154,17 @@ def quant_method_name(name: str | None, checkpoint_config: dict | None) -> str:
 def select_quant_method(
     registry, name: str | None, checkpoint_config: dict | None, dtype, platform, batch_invariant: bool = False
 ):
+    """The method ``name`` selects (default: the one the checkpoint declares). It reads the
+    checkpoint's ``quantization_config`` when it is the declared one, named or not (vLLM command
+    lines name it: ``--quantization awq`` on an AWQ checkpoint); another quantizes online."""
     method_name = quant_method_name(name, checkpoint_config)
     cls = registry.get("quant_methods", method_name)
     reasons = reasons_of(cls.supports, platform)
     if reasons:
         raise ValueError(f"quantization: {method_name} cannot run on {platform.name}: {'; '.join(reasons)}")
-    return cls(QuantContext(checkpoint_config if name is None else None, dtype, platform, batch_invariant))
+    declared = (checkpoint_config or {}).get("quant_method")
+    config = checkpoint_config if method_name == declared else None
+    return cls(QuantContext(config, dtype, platform, batch_invariant))
 
 
 def build_model(

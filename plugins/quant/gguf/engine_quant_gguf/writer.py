@@ -88,10 +88,11 @@ def quantize(w: np.ndarray, qtype: T) -> np.ndarray:
     return K_QUANTIZERS[qtype](w) if qtype in K_QUANTIZERS else gguf.quants.quantize(w, qtype)
 
 
-def write_gguf(path: str, model, tokenizer_source, qtype: T | None = None) -> None:
+def write_gguf(path: str, model, tokenizer_source, qtype: T | None = None, float_tensors=()) -> None:
     """``tokenizer_source``: a GGUF file's path, or its parsed ``gguf.GGUFReader`` (parsing a
     large vocabulary takes seconds: writers of several files parse it once). Without one the
-    file has no tokenizer (prompts are token ids)."""
+    file has no tokenizer (prompts are token ids). ``float_tensors``: Hugging Face names of 2-D
+    tensors kept in float32 (e.g. the vocabulary table, as AWQ/GPTQ checkpoints keep it)."""
     cfg = model.config
     writer = gguf.GGUFWriter(path, "llama")
     writer.add_block_count(cfg.num_hidden_layers)
@@ -127,7 +128,7 @@ def write_gguf(path: str, model, tokenizer_source, qtype: T | None = None) -> No
         elif base.endswith("k_proj"):
             data = _llama_cpp_permute(data, cfg.num_key_value_heads)
         name = f"{names.get_name(base)}.{suffix}"
-        if qtype is not None and data.ndim == 2:
+        if qtype is not None and data.ndim == 2 and hf_name not in float_tensors:
             writer.add_tensor(name, quantize(data, qtype), raw_dtype=qtype)
         else:
             writer.add_tensor(name, data)

@@ -1,0 +1,194 @@
+"""The ``awq`` and ``gptq`` quant methods: checkpoints whose ``quantization_config.quant_method``
+is ``awq`` (GEMM packing) or ``gptq`` (4/8-bit, act-order, v1/v2 zero points).
+
+A layer's tensors are collected shard by shard (q/k/v and gate/up are separate projections in
+the checkpoint, fused here), unpacked into one group-affine weight
+(:mod:`engine_quant_awq_gptq.formats`) and repacked for the fastest kernel that holds it
+(:mod:`engine_quant_awq_gptq.kernels`). A fused GPTQ act-order layer whose shards reorder their
+inputs differently cannot share one activation order: it is dequantized at load instead (real
+checkpoints quantize q/k/v and gate/up from the same inputs, so their orders agree). A module the
+checkpoint leaves unquantized (``modules_to_not_convert``) arrives as a float ``weight`` and is kept
+as it is.
+
+Vocabulary tables stay in the activation dtype (AWQ and GPTQ checkpoints store them unquantized),
+as do mixture-of-experts layers. Tensor parallelism is refused: the packed dims (AWQ's outputs,
+GPTQ's inputs) are not yet split per rank.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from typing import ClassVar
+
+import torch
+
+from engine.interfaces import QuantMethod
+from engine.layers.group_affine import AffineWeight
+from engine_quant_awq_gptq.config import PackedIntConfig, awq_config, gptq_config
+from engine_quant_awq_gptq.formats import Shard, awq_shard, gptq_shard
+from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
+
+logger = logging.getLogger(__name__)
+
+PATHS = {
+    "packed": "the platform's packed group-affine kernel (as GGUF Q4_1; groups of 64/128 split into 32)",
+    "int4pack": "int4pack planes (torch's CPU int4 matmul)",
+    "dense": "dequantized at load to the activation dtype (no group-affine kernel here)",
+    "float": "the checkpoint's float weight (a module it leaves unquantized)",
+}
+
+
+class PackedIntLinearMethod(QuantMethod):
+    """What AWQ and GPTQ share: per-shard tensors -> :class:`Shard` -> one kernel per layer."""
+
+    tensor_names: ClassVar[tuple[str, ...]]
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        if ctx.quant_config is None:
+            raise ValueError(
+                f"quantization: {self.name} reads {self.name} checkpoints; it does not quantize online"
+            )
+        self.config = self.read_config(ctx.quant_config)
+
+    @staticmethod
+    @abstractmethod
+    def read_config(quant_config: dict) -> PackedIntConfig:
+        """The checkpoint's settings, checked (ValueError naming a bad one)."""
+
+    @abstractmethod
+    def check_packing(self, input_size: int, output_sizes: list[int]) -> None:
+        """Refuse sizes the format's int32 words cannot hold."""
+
+    @abstractmethod
+    def shard(self, tensors: dict, rows: int, inputs: int, group: int) -> Shard:
+        """One projection's checkpoint tensors ({name: tensor}) as a :class:`Shard`."""
+
+    @classmethod
+    def describe(cls, platform) -> str:
+        path = probe_path(platform)
+        fallback = "" if path == "dense" else "; groups not a multiple of 32 dequantized at load"
+        return f"{PATHS[path]}{fallback}"
+
+    def create_weights(self, layer, input_size, output_sizes):
+        layer.packed_int_group = self.config.group_for(input_size)
+        self.check_packing(input_size, output_sizes)
+        shards: list[dict] = [dict() for _ in output_sizes]
+        for name in (*self.tensor_names, "weight"):
+            setattr(layer, name, ShardSink(shards, name))
+        layer.packed_int_shards = shards
+
+    def process_weights_after_loading(self, layer):
+        parts, group = layer.packed_int_shards, layer.packed_int_group
+        for name in (*self.tensor_names, "weight", "packed_int_shards", "packed_int_group"):
+            delattr(layer, name)
+        self._check_loaded(parts)
+        if any("weight" in part for part in parts):
+            dense = torch.cat(
+                [
+                    part["weight"].float()
+                    if "weight" in part
+                    else self.shard(part, rows, layer.input_size, group).dequantize_in_input_order()
+                    for part, rows in zip(parts, layer.output_sizes)
+                ]
+            )
+            layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
+            layer.register_buffer("input_order", None)
+        else:
+            shards = [
+                self.shard(part, rows, layer.input_size, group)
+                for part, rows in zip(parts, layer.output_sizes)
+            ]
+            self._build_kernel(layer, shards)
+        if layer.kernel_path != "packed":
+            shape = (sum(layer.output_sizes), layer.input_size)
+            logger.info("%s: a %s layer runs %s", self.name, shape, PATHS[layer.kernel_path])
+
+    def _check_loaded(self, parts: list[dict]) -> None:
+        for index, part in enumerate(parts):
+            missing = [name for name in self.tensor_names if name not in part]
+            if missing and "weight" not in part:
+                raise ValueError(
+                    f"quantization: {self.name} checkpoint lacks {missing} of shard {index} of a layer"
+                )
+
+    def _build_kernel(self, layer, shards: list[Shard]) -> None:
+        """One kernel for the fused layer; dequantized when its shards' input orders differ."""
+        orders = [shard.input_order for shard in shards]
+        if all(_same_order(order, orders[0]) for order in orders):
+            weight = AffineWeight.cat([shard.weight for shard in shards])
+            layer.kernel, layer.kernel_path = group_affine_kernel(weight, self.ctx.platform, self.ctx.dtype)
+            layer.register_buffer("input_order", orders[0])
+        else:
+            dense = torch.cat([shard.dequantize_in_input_order() for shard in shards])
+            layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "dense"
+            layer.register_buffer("input_order", None)
+
+    def apply(self, layer, x, bias):
+        if layer.input_order is not None:
+            x = x.index_select(-1, layer.input_order)
+        out = layer.kernel(x)
+        return out if bias is None else out + bias
+
+    def dequantize(self, layer):
+        w = layer.kernel.dequantize().float()
+        if layer.input_order is not None:
+            natural = torch.empty_like(w)
+            natural[:, layer.input_order] = w
+            w = natural
+        return w.to(self.ctx.dtype)
+
+
+class ShardSink:
+    """Where ``Linear.load_shard`` hands the shards of one checkpoint tensor name. Not a
+    parameter: a layer's checkpoint holds either the packed tensors or, for a module it leaves
+    unquantized (``modules_to_not_convert``), a float ``weight``, and which is known only once
+    loaded — so the core's check for unloaded parameters cannot apply, and the method checks
+    (:meth:`PackedIntLinearMethod.process_weights_after_loading`)."""
+
+    def __init__(self, shards: list[dict], name: str):
+        self.shards, self.name = shards, name
+
+    def weight_loader(self, param, tensor, shard: int) -> None:
+        self.shards[shard][self.name] = tensor
+
+
+def _same_order(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+    return (a is None and b is None) or (a is not None and b is not None and torch.equal(a, b))
+
+
+class AwqLinearMethod(PackedIntLinearMethod):
+    name = "awq"
+    tensor_names = ("qweight", "qzeros", "scales")
+
+    @staticmethod
+    def read_config(quant_config):
+        return awq_config(quant_config)
+
+    def check_packing(self, input_size, output_sizes):
+        if any(rows % 8 for rows in output_sizes):
+            raise ValueError(f"quantization: awq packs 8 outputs a word; output sizes {output_sizes} do not")
+
+    def shard(self, tensors, rows, inputs, group):
+        return awq_shard(tensors, self.config, rows, inputs, group)
+
+
+class GptqLinearMethod(PackedIntLinearMethod):
+    name = "gptq"
+    tensor_names = ("qweight", "qzeros", "scales", "g_idx")
+
+    @staticmethod
+    def read_config(quant_config):
+        return gptq_config(quant_config)
+
+    def check_packing(self, input_size, output_sizes):
+        per_word = 32 // self.config.bits
+        if input_size % per_word or any(rows % per_word for rows in output_sizes):
+            raise ValueError(
+                f"quantization: gptq packs {per_word} values a word; input size {input_size} "
+                f"or output sizes {output_sizes} do not"
+            )
+
+    def shard(self, tensors, rows, inputs, group):
+        return gptq_shard(tensors, self.config, rows, inputs, group)
