@@ -13,8 +13,9 @@ the resident memory of the API and engine-core processes. At the end the clients
 last request, the engine must drop to 0 running requests and 0 KV usage, each process's RSS
 must not have grown by more than --max-rss-growth-mib since the first progress sample taken
 after every plain stream finished a request (warm-up allocations done), every canary answer
-must equal its first, and the server must exit 0 on SIGTERM. Exit status 1 on any error or
-leak. Linux only (RSS from /proc).
+must equal its first (a guarantee the default model gives in default mode and any model gives
+under `--batch-invariant`: `/v1/models` says which holds), and the server must exit 0 on
+SIGTERM. Exit status 1 on any error or leak. Linux only (RSS from /proc).
 """
 
 from __future__ import annotations
