@@ -55,6 +55,7 @@ WELL_KNOWN = {
     "flashinfer-python",
     "ray",
     "nixl-cu12",
+    "peft",
 }
 
 
