@@ -45,18 +45,8 @@ TINY_LLAMA = dict(
     max_position_embeddings=256,
     tie_word_embeddings=False,
 )
-TINY_QWEN3 = dict(  # head_dim wider than hidden / heads: q_proj's output is not the hidden size
-    model_type="qwen3",
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=32,
-    max_position_embeddings=256,
-    tie_word_embeddings=True,
-)
+# head_dim wider than hidden / heads: q_proj's output is not the hidden size
+TINY_QWEN3 = {**TINY_LLAMA, "model_type": "qwen3", "head_dim": 32, "tie_word_embeddings": True}
 FAMILIES = {"llama": ("LlamaForCausalLM", TINY_LLAMA), "qwen3": ("Qwen3ForCausalLM", TINY_QWEN3)}
 LENGTHS = [21, 7, 40, 13, 33, 5, 26, 18, 37, 11]
 ADAPTER_OF_PROMPT = [None, 1, 2, 3, 4, None, 2, 4, 1, 3]  # base rows and four adapters interleaved
