@@ -13,7 +13,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
-.PHONY: install lm-eval test test-fast lint serve bench bench-quant llama-cpp clean
+.PHONY: install lm-eval browser test test-fast lint serve bench bench-quant llama-cpp clean
 
 install: $(VENV)/.installed
 
@@ -38,7 +38,15 @@ $(LMEVAL_VENV)/.installed:
 	$(LMEVAL_VENV)/bin/python -m pip install -q --disable-pip-version-check "lm-eval[api,hf]==0.4.13"
 	touch $@
 
-test: install lm-eval
+# Headless Chromium and its driver for the web console's browser test: Debian's packages (about
+# 30 s), where apt-get runs as root; elsewhere that test skips and says why.
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || \
+	  { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } || \
+	  echo "no Chromium installed: tests/test_web_console.py will skip"
+
+test: install lm-eval browser
 	LM_EVAL=$(abspath $(LMEVAL_VENV))/bin/lm_eval $(PY) -m pytest -q
 
 test-fast: install

@@ -51,6 +51,7 @@ WELL_KNOWN = {
     "jsonschema",
     "pyyaml",
     "schemathesis",
+    "selenium",
     "flash-attn",
     "flashinfer-python",
     "ray",

@@ -16,10 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from engine_server import embeddings, generation
+from engine_server import console, embeddings, generation
 from engine_server.bounds import encode
 from engine_server.errors import APIError, bad_request, internal_error
-from engine_server.guard import Guard
+from engine_server.guard import OPEN_PATHS, Guard
 from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
 from engine_server.schemas import DetokenizeRequest, TokenizeRequest
@@ -63,6 +63,7 @@ class ServerState:
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     heartbeat_timeout: float = 30.0  # --engine-heartbeat-timeout: /health's limit on a busy core's silence
     keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: SSE comments while no token comes
+    web_ui: bool = True  # the console at /ui/ (--disable-web-ui: off)
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )
@@ -200,6 +201,7 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/version", version),
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),
+        *(console.routes() if state.web_ui else ()),
     ]
     app = Starlette(
         routes=routes,
@@ -213,7 +215,8 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
     )
     app.state.server = state
     body_paths = frozenset(route.path for route in routes if "POST" in route.methods)
-    app.add_middleware(Guard, state=state, body_paths=body_paths)
+    open_paths = OPEN_PATHS + (console.PATHS if state.web_ui else ())
+    app.add_middleware(Guard, state=state, body_paths=body_paths, open_paths=frozenset(open_paths))
     for cls, options in outer_middleware:
         app.add_middleware(cls, **options)
     return app

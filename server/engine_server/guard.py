@@ -13,7 +13,7 @@ from starlette.routing import get_route_path
 
 from engine_server.errors import APIError, bad_request
 
-OPEN_PATHS = ("/health",)  # everything else needs the API key when one is set
+OPEN_PATHS = ("/health",)  # with the console's pages, all that needs no API key when one is set
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
 LOOPBACK_NAMES = ["localhost", "127.0.0.1", "::1"]
 
@@ -53,10 +53,12 @@ def tenant_salt(key: str) -> str:
 
 
 class Guard:
-    def __init__(self, app, state, body_paths: frozenset[str]):
+    def __init__(
+        self, app, state, body_paths: frozenset[str], open_paths: frozenset[str] = frozenset(OPEN_PATHS)
+    ):
         """``body_paths``: the routes that take a POST body; a POST elsewhere is the router's
-        to answer (404, or 405 with ``Allow``)."""
-        self.app, self.state, self.body_paths = app, state, body_paths
+        to answer (404, or 405 with ``Allow``). ``open_paths``: the routes that need no key."""
+        self.app, self.state, self.body_paths, self.open_paths = app, state, body_paths, open_paths
         self.salts = {f"Bearer {key}".encode(): tenant_salt(key) for key in state.api_keys}
 
     async def __call__(self, scope, receive, send):
@@ -88,7 +90,7 @@ class Guard:
         )
 
     def _key(self, scope, headers: dict, path: str) -> APIError | None:
-        if not self.salts or path in OPEN_PATHS:
+        if not self.salts or path in self.open_paths:
             return None
         given = headers.get(b"authorization", b"")
         # compare with every key, so the time taken does not tell which one nearly matched

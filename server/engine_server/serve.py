@@ -149,6 +149,7 @@ class ServeCommand(Command):
             max_log_len=args.max_log_len,
             heartbeat_timeout=args.engine_heartbeat_timeout,
             keepalive_interval=args.stream_keepalive_interval or None,
+            web_ui=not args.disable_web_ui,
         )
 
         @contextlib.asynccontextmanager
@@ -165,7 +166,8 @@ class ServeCommand(Command):
             )
             print(
                 f"engine: serving {name}{replicas} at http://{args.host}:{args.port}/v1 (max_model_len "
-                f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}",
+                f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}"
+                + (f"\n  or the web console: http://{args.host}:{args.port}/ui/" if state.web_ui else ""),
                 flush=True,
             )
             try:

@@ -40,9 +40,10 @@ def add_server_arguments(parser) -> None:
         action="extend",
         metavar="KEY",
         default=None,
-        help="require `Authorization: Bearer KEY` (any of the keys given) on all routes but /health; each "
-        "key's requests get their own prefix cache (see --disable-api-key-cache-salt); default: "
-        "$ENGINE_API_KEY (keys separated by commas); may be given more than once",
+        help="require `Authorization: Bearer KEY` (any of the keys given) on all routes but /health and "
+        "the web console's page; each key's requests get their own prefix cache (see "
+        "--disable-api-key-cache-salt); default: $ENGINE_API_KEY (keys separated by commas); may be given "
+        "more than once",
     )
     add(
         "--disable-api-key-cache-salt",
@@ -184,6 +185,12 @@ def add_server_arguments(parser) -> None:
         help='CORS headers; default: ["*"]',
     )
     add("--allow-credentials", action="store_true", help="CORS: allow credentials")
+    add(
+        "--disable-web-ui",
+        action="store_true",
+        help="do not serve the web console (a chat playground and a live dashboard of /metrics) at /ui/; "
+        "the page itself needs no API key, it asks for one and sends it with the calls it makes",
+    )
     add(
         "--uvicorn-log-level",
         default="warning",
