@@ -52,6 +52,8 @@ WELL_KNOWN = {
     "pyyaml",
     "schemathesis",
     "selenium",
+    "opentelemetry-sdk",
+    "opentelemetry-exporter-otlp-proto-http",
     "flash-attn",
     "flashinfer-python",
     "ray",

@@ -64,6 +64,7 @@ class ServerState:
     heartbeat_timeout: float = 30.0  # --engine-heartbeat-timeout: /health's limit on a busy core's silence
     keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: SSE comments while no token comes
     web_ui: bool = True  # the console at /ui/ (--disable-web-ui: off)
+    tracing: object | None = None  # Tracing, with --otlp-traces-endpoint
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )

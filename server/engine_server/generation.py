@@ -253,6 +253,7 @@ class Generation:
         self.refused: str | None = None  # admission control refused one of the samples
         self.cache_salt = body.cache_salt  # under the API key's salt: see :func:`bounds.salted`
         self._echoed: dict[str, dict] = {}  # request id -> its echoed prompt's log-probs
+        self.trace = None  # a RequestTrace with --otlp-traces-endpoint
 
     def _check_budget(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None) -> None:
         """``--max-request-budget``, charged at the most alternatives any position asks for."""
@@ -288,6 +289,8 @@ class Generation:
         """Stop waiting for deltas and abort the engine requests still open."""
         self._deltas.close()
         self.handle.close()
+        if self.trace is not None:
+            self.trace.finished(self)
 
     def _submit(self) -> None:
         if self.state.log_requests:
@@ -301,6 +304,8 @@ class Generation:
         except Exception:
             self.state.client.abort([rid for rid, _, _ in self.children])  # those sent before the failure
             raise
+        if self.trace is not None:
+            self.trace.submitted = time.monotonic()
         timers = [
             t
             for _, ids in self.prompts
@@ -361,7 +366,13 @@ class Generation:
             self.refused = delta.error  # one sample refused: the whole response is a 503 / an error frame
         timer = self.timers[delta.request_id]
         timer.tokens(len(delta.token_ids), delta.timing)
-        choice, text, entries = self.processor.feed(delta)
+        if self.trace is None:
+            choice, text, entries = self.processor.feed(delta)
+        else:
+            self.trace.token_delta(delta.request_id, len(delta.token_ids))
+            began = time.monotonic()
+            choice, text, entries = self.processor.feed(delta)
+            self.trace.detokenize += time.monotonic() - began
         aborts = self.processor.take_aborts()  # a stop string: the engine does not know them
         if aborts:
             self.handle.abort(aborts)
@@ -682,9 +693,16 @@ def prepare_chat(state, data: bytes) -> Generation:
 
 async def _generate(request: Request, prepare) -> Response:
     state = request.app.state.server
-    check_runner(state, "generate")
-    data = await state.read(request)
-    generation = await state.offload(prepare, state, data)
+    trace = state.tracing.start(request, request.url.path) if state.tracing is not None else None
+    try:
+        check_runner(state, "generate")
+        data = await state.read(request)
+        generation = await state.offload(prepare, state, data)
+    except BaseException as exc:
+        if trace is not None:
+            trace.refused(exc)
+        raise
+    generation.trace = trace
     generation.cache_salt = salted(request.scope.get("state", {}).get("tenant_salt"), generation.cache_salt)
     return await generation.run(request)
 

@@ -28,6 +28,7 @@ from engine_server.serve_args import (
     load_serving_tokenizer,
     middleware,
 )
+from engine_server.tracing import Tracing
 
 logger = logging.getLogger("engine_server")
 
@@ -114,6 +115,13 @@ class ServeCommand(Command):
         reasoning_parser = (
             registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
         )
+        if args.collect_detailed_traces and not args.otlp_traces_endpoint:
+            raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
+        tracing = (
+            Tracing(name, args.otlp_traces_endpoint, bool(args.collect_detailed_traces))
+            if args.otlp_traces_endpoint
+            else None
+        )
         client = ReplicaSet(
             options,
             args.data_parallel_size,
@@ -150,6 +158,7 @@ class ServeCommand(Command):
             heartbeat_timeout=args.engine_heartbeat_timeout,
             keepalive_interval=args.stream_keepalive_interval or None,
             web_ui=not args.disable_web_ui,
+            tracing=tracing,
         )
 
         @contextlib.asynccontextmanager
@@ -174,6 +183,8 @@ class ServeCommand(Command):
                 yield
             finally:
                 await client.shutdown()
+                if tracing is not None:
+                    tracing.shutdown()  # exports the spans still batched
 
         config = uvicorn.Config(
             build_app(state, lifespan, middleware(args)),

@@ -13,6 +13,7 @@ from engine.client.protocol import HEARTBEAT_INTERVAL
 from engine.entrypoints.cli import parse_count, parse_size
 from engine.entrypoints.tokenizer import load_tokenizer
 from engine_server.router import ROUTING
+from engine_server.tracing import DETAIL_LEVELS
 
 UVICORN_LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 MIN_LIVENESS_LIMIT = 2 * HEARTBEAT_INTERVAL  # a shorter limit would take one late beat for a hang
@@ -186,6 +187,23 @@ def add_server_arguments(parser) -> None:
     )
     add("--allow-credentials", action="store_true", help="CORS: allow credentials")
     add(
+        "--otlp-traces-endpoint",
+        default=None,
+        metavar="URL",
+        help="export a trace of every request to this OpenTelemetry collector (OTLP over HTTP/protobuf, "
+        "e.g. http://localhost:4318/v1/traces; OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=grpc for gRPC): an "
+        "llm_request span per request, a child of the caller's `traceparent`, with its queue, prefill, "
+        "decode and API phases; needs the server's `tracing` extra",
+    )
+    add(
+        "--collect-detailed-traces",
+        type=_detail_levels,
+        default=None,
+        metavar="LEVELS",
+        help="with --otlp-traces-endpoint, also record when each token delta arrived (an event per delta "
+        "on the decode spans); vLLM's values, comma-separated: model, worker, all (each turns this on)",
+    )
+    add(
         "--disable-web-ui",
         action="store_true",
         help="do not serve the web console (a chat playground and a live dashboard of /metrics) at /ui/; "
@@ -299,6 +317,15 @@ def _names(text: str) -> list[str]:
     if text.lstrip().startswith("["):
         return [str(name) for name in json.loads(text)]
     return [name.strip() for name in text.split(",") if name.strip()]
+
+
+def _detail_levels(text: str) -> list[str]:
+    """vLLM's ``--collect-detailed-traces`` values: ``model,worker`` or ``all``."""
+    levels = [level.strip() for level in text.split(",") if level.strip()]
+    unknown = [level for level in levels if level not in DETAIL_LEVELS]
+    if unknown or not levels:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more of {', '.join(DETAIL_LEVELS)}")
+    return levels
 
 
 def _positive_int(text: str) -> int:
