@@ -302,3 +302,25 @@ def test_api_key_is_required_on_v1_routes(server):
     assert httpx.get(f"{server.url}/health").status_code == 200  # health stays open
     with pytest.raises(openai.AuthenticationError):
         server.openai().__class__(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_timings_when_asked_as_llama_cpp_gives_them(server):
+    """``"timings": true``: llama.cpp's object, consistent with the usage; absent by default."""
+    client = server.openai()
+    plain = client.chat.completions.create(model="tiny-llama", messages=MESSAGES, max_tokens=8, temperature=0)
+    assert getattr(plain, "timings", None) is None
+    reply = client.chat.completions.create(
+        model="tiny-llama", messages=MESSAGES, max_tokens=8, temperature=0, extra_body={"timings": True}
+    )
+    timings = reply.timings
+    assert timings["prompt_n"] + timings["cache_n"] == reply.usage.prompt_tokens
+    assert timings["predicted_n"] == reply.usage.completion_tokens == 8
+    assert 0 < timings["prompt_ms"] <= timings["ttft_ms"] and timings["queue_ms"] >= 0
+    assert timings["predicted_per_second"] == pytest.approx(8 / (timings["predicted_ms"] / 1e3))
+    chunks = list(
+        client.completions.create(
+            model="tiny-llama", prompt="Hi", max_tokens=5, n=2, stream=True, extra_body={"timings": True}
+        )
+    )
+    last = chunks[-1]
+    assert last.choices == [] and last.timings["predicted_n"] == 10

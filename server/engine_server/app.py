@@ -65,6 +65,7 @@ class ServerState:
     keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: SSE comments while no token comes
     web_ui: bool = True  # the console at /ui/ (--disable-web-ui: off)
     tracing: object | None = None  # Tracing, with --otlp-traces-endpoint
+    request_timings: bool = False  # --enable-request-timings: "timings" in every response
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )

@@ -36,6 +36,7 @@ from engine_server.logprobs import LogprobFormat
 from engine_server.prompts import chat_prompt, check_fanout, check_prompt, completion_prompts
 from engine_server.schemas import INT64_MAX, ChatCompletionRequest, CompletionRequest
 from engine_server.structured import structured_spec
+from engine_server.timings import request_timings
 from engine_server.tools import ChatOutput, check_tools, tool_grammar
 from engine_server.validation import ClientGone, decode_body
 
@@ -461,7 +462,13 @@ class Generation:
             self.body.kv_transfer_params is not None
         ):  # P/D: where a decode instance finds the blocks (or null)
             response["kv_transfer_params"] = self.choices[0].kv_transfer_params
+        if self._timings_wanted:
+            response["timings"] = request_timings(self)
         return response
+
+    @property
+    def _timings_wanted(self) -> bool:
+        return self.state.request_timings if self.body.timings is None else self.body.timings
 
     def _choice_body(self, c: SequenceOutput) -> dict:
         stop_reason = c.stop_reason if c.finish_reason == "stop" else None
@@ -610,8 +617,15 @@ class Generation:
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):
                         yield frame
-            if self.body.stream_options is not None and self.body.stream_options.include_usage:
-                yield self._frame({"choices": [], "usage": self.usage()})
+            usage = self.body.stream_options is not None and self.body.stream_options.include_usage
+            if usage or self._timings_wanted:
+                yield self._frame(
+                    {
+                        "choices": [],
+                        **({"usage": self.usage()} if usage else {}),
+                        **({"timings": request_timings(self)} if self._timings_wanted else {}),
+                    }
+                )
         except EngineDead as exc:
             yield "data: " + json.dumps(self._engine_dead(exc).body()) + "\n\n"
         except Exception:

@@ -44,6 +44,23 @@ class CompletionChoice(msgspec.Struct, kw_only=True):
     prompt_logprobs: PromptLogprobs | None = None
 
 
+class Timings(msgspec.Struct, kw_only=True):
+    """``"timings": true`` (or --enable-request-timings): llama.cpp's object plus the queue
+    time and the time to the first token, in milliseconds."""
+
+    queue_ms: float
+    ttft_ms: float
+    cache_n: int
+    prompt_n: int
+    prompt_ms: float
+    prompt_per_token_ms: float
+    prompt_per_second: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_token_ms: float
+    predicted_per_second: float
+
+
 class CompletionResponse(msgspec.Struct, kw_only=True):
     id: str
     object: Literal["text_completion"]
@@ -52,6 +69,7 @@ class CompletionResponse(msgspec.Struct, kw_only=True):
     choices: list[CompletionChoice]
     usage: Usage
     kv_transfer_params: dict[str, Any] | None = None
+    timings: Timings | None = None
 
 
 class TopLogprob(msgspec.Struct, kw_only=True):
@@ -106,6 +124,7 @@ class ChatCompletionResponse(msgspec.Struct, kw_only=True):
     usage: Usage
     prompt_logprobs: PromptLogprobs | None = None  # once per response, as vLLM's chat route
     kv_transfer_params: dict[str, Any] | None = None
+    timings: Timings | None = None
 
 
 class Embedding(msgspec.Struct, kw_only=True):

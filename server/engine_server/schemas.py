@@ -74,6 +74,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
         None  # keep the last k; -1: context
     )
     return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"; None: the server's flag
+    timings: bool | None = None  # llama.cpp's timings object in the response; None: the server's flag
     kv_transfer_params: dict[str, Any] | None = (
         None  # P/D disaggregation (vLLM's field): see engine.kv_transfer
     )

@@ -159,6 +159,7 @@ class ServeCommand(Command):
             keepalive_interval=args.stream_keepalive_interval or None,
             web_ui=not args.disable_web_ui,
             tracing=tracing,
+            request_timings=args.enable_request_timings,
         )
 
         @contextlib.asynccontextmanager

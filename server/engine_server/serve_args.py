@@ -204,6 +204,13 @@ def add_server_arguments(parser) -> None:
         "on the decode spans); vLLM's values, comma-separated: model, worker, all (each turns this on)",
     )
     add(
+        "--enable-request-timings",
+        action="store_true",
+        help='put llama.cpp\'s "timings" object (queue, time to first token, prompt and decode times and '
+        "rates) in every completion and chat response (a stream's last frame); without it a request asks "
+        'with "timings": true',
+    )
+    add(
         "--disable-web-ui",
         action="store_true",
         help="do not serve the web console (a chat playground and a live dashboard of /metrics) at /ui/; "
