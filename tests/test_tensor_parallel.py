@@ -473,3 +473,21 @@ def test_rank_zero_failing_mid_forward_is_fatal_and_stops_the_worker(engines):
     workers = [handle.pid for handle in engine.executor.workers.handles]
     engine.shutdown()
     assert _wait_gone(workers)
+
+
+def test_a_script_without_a_main_guard_runs_tp2(tp1, tiny_llama, tmp_path):
+    """The ranks start from the engine's own entry module, so a plain script (no ``if __name__
+    == "__main__":``) is not re-run in each of them: it just works, and equals TP=1."""
+    script = tmp_path / "no_guard.py"
+    script.write_text(
+        "from engine import LLM, SamplingParams\n"
+        f"llm = LLM({tiny_llama[0]!r}, tensor_parallel_size=2, **{SQUEEZED!r})\n"
+        "out = llm.generate(['The robot said'], SamplingParams(max_tokens=6, temperature=0))\n"
+        "print('TOKENS', list(out[0].outputs[0].token_ids))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    expected = tp1.generate(["The robot said"], SamplingParams(max_tokens=6, temperature=0))[0].outputs[0]
+    assert f"TOKENS {list(expected.token_ids)}" in result.stdout

@@ -1,15 +1,23 @@
 """MultiprocExecutor (``mp``): N tensor-parallel ranks on this machine. The engine core's
 process is rank 0, the driver (:class:`engine.executors.driver.DriverExecutor`: the store,
-the step broadcast, keep-alives, faults); ranks 1..N-1 are spawned worker processes
+the step broadcast, keep-alives, faults); ranks 1..N-1 are worker processes
 (:func:`engine.executors.worker.run_worker`) reporting over a pipe each, meeting the driver
-on loopback."""
+on loopback.
+
+The workers start as ``python -m engine.executors.worker`` — the engine's own entry module,
+handed its end of a socket pair — not through multiprocessing's ``spawn``, which re-imports
+the user's main script in every child: a script that builds ``LLM(tensor_parallel_size=2)``
+without an ``if __name__ == "__main__":`` guard then ran again in each rank and failed. Their
+:class:`WorkerSpec` is the first message on the pipe."""
 
 from __future__ import annotations
 
-import multiprocessing
+import socket
+import subprocess
+import sys
+from multiprocessing.connection import Connection
 
 from engine.executors.driver import STOP_GRACE_S, DriverExecutor, WorkerGroup, WorkerHandle
-from engine.executors.worker import run_worker
 
 
 class ProcessHandle(WorkerHandle):
@@ -30,20 +38,22 @@ class ProcessHandle(WorkerHandle):
         self.conn.send(kv_groups)
 
     def exit_note(self) -> str | None:
-        if self.process.is_alive():
-            return None
-        return f"(pid {self.process.pid}) exited with code {self.process.exitcode}"
+        code = self.process.poll()
+        return None if code is None else f"(pid {self.process.pid}) exited with code {code}"
 
     def wait_stopped(self, timeout_s: float) -> None:
-        self.process.join(timeout_s)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass  # the driver's caller decides what a worker that will not stop means
 
 
 class LocalWorkers(WorkerGroup):
     def release(self) -> None:
         for handle in self.handles:
-            if handle.process.is_alive():
+            if handle.process.poll() is None:
                 handle.process.kill()
-                handle.process.join(STOP_GRACE_S)
+                handle.wait_stopped(STOP_GRACE_S)
         for handle in self.handles:
             handle.conn.close()
 
@@ -52,15 +62,15 @@ class MultiprocExecutor(DriverExecutor):
     name = "mp"
 
     def launch(self, specs) -> LocalWorkers:
-        spawn = multiprocessing.get_context("spawn")
         handles = []
         for spec in specs:
-            ours, theirs = spawn.Pipe()
-            process = spawn.Process(
-                target=run_worker, args=(spec, theirs), name=f"engine-tp-rank-{spec.rank}", daemon=True
+            ours, theirs = socket.socketpair()
+            process = subprocess.Popen(
+                [sys.executable, "-m", "engine.executors.worker", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
             )
-            process.start()
             theirs.close()
-            handles.append(ProcessHandle(spec.rank, process, ours))
-        self._workers = [handle.process for handle in handles]
+            conn = Connection(ours.detach())
+            conn.send(spec)
+            handles.append(ProcessHandle(spec.rank, process, conn))
         return LocalWorkers(handles)

@@ -13,7 +13,8 @@ keep-alive between steps, :data:`STOP` the end. Plugins registered in the driver
 only (``engine.plugins.add_plugin``) do not exist here: an allow-list naming one fails the
 worker's start, reported to the driver.
 
-:func:`run_worker` is ``mp``'s process: the stages reported over a pipe as
+:func:`run_worker` is ``mp``'s process (started as ``python -m engine.executors.worker FD``,
+its spec the first message on the pipe at FD): the stages reported over that pipe as
 ``("joining", None)``, ``("ready", bytes read)`` or ``("failed", traceback)``; it dies with
 the driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()``).
 """
@@ -21,7 +22,9 @@ the driver (Linux ``PR_SET_PDEATHSIG``, and a watchdog comparing ``os.getppid()`
 from __future__ import annotations
 
 import os
+import sys
 import traceback
+from multiprocessing.connection import Connection
 
 import attrs
 
@@ -128,3 +131,13 @@ def _report(conn, message: str) -> None:
         conn.send(("failed", message))
     except OSError:
         pass  # the driver is gone
+
+
+def main(argv: list[str]) -> None:
+    """``python -m engine.executors.worker FD``: receive the spec on the pipe at FD, run it."""
+    conn = Connection(int(argv[0]))
+    run_worker(conn.recv(), conn)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
