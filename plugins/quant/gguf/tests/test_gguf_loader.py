@@ -99,3 +99,28 @@ def test_generation_config_from_sampling_metadata(tmp_path, tiny_gguf):
         "top_k": 7,
         "repetition_penalty": 1.5,
     }
+
+
+def test_fast_reader_gives_what_ggufs_reader_gives():
+    """Every tensor (name, type, shape, bytes, the same data) and every metadata scalar and
+    string of the default model; arrays by their type and length."""
+    from gguf import GGUFReader
+
+    from engine_quant_gguf.loader import default_model_path
+    from engine_quant_gguf.reader import Array, GGUFFile
+
+    path = default_model_path()
+    ours, theirs = GGUFFile(path), GGUFReader(path)
+    assert [t.name for t in ours.tensors] == [t.name for t in theirs.tensors]
+    for a, b in zip(ours.tensors, theirs.tensors):
+        assert (a.tensor_type, a.n_bytes, a.n_elements) == (b.tensor_type, b.n_bytes, b.n_elements)
+        assert a.shape == tuple(b.shape.tolist()) and a.data.dtype == b.data.dtype
+        assert np.array_equal(a.data, b.data), a.name
+    fields = {k: f for k, f in theirs.fields.items() if not k.startswith("GGUF.")}  # the reader's own
+    assert set(ours.fields) == set(fields)
+    for key, field in fields.items():
+        value = ours.fields[key]
+        if isinstance(value, Array):
+            assert (value.item_type, value.count) == (field.types[-1], len(field.data)), key
+        else:
+            assert value == field.contents(), key
