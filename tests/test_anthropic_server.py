@@ -7,6 +7,7 @@ input gets an Anthropic-shaped 4xx without disturbing the server."""
 from __future__ import annotations
 
 import json
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import httpx
@@ -119,6 +120,20 @@ def test_stream_events_build_the_same_message(client, model):
     assert _text(final) == _text(whole) and final.stop_reason == whole.stop_reason == "max_tokens"
     assert final.usage.output_tokens == whole.usage.output_tokens == 30
     assert final.usage.input_tokens == whole.usage.input_tokens
+
+
+def test_concurrent_streams_each_end_whole(client, model):
+    def one(i: int):
+        turns = [{"role": "user", "content": f"Tell me about the number {i}."}]
+        with client.messages.stream(model=model, max_tokens=20, messages=turns, extra_body=GREEDY) as stream:
+            kinds = [e.type for e in stream if e.type in RAW_EVENTS]
+            return kinds[-1], stream.get_final_message()
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    for last, message in results:
+        assert last == "message_stop" and message.stop_reason == "max_tokens"
+        assert message.usage.output_tokens == 20 and _text(message)
 
 
 def test_prefilled_assistant_turn_is_continued(server, client, model):
@@ -278,6 +293,17 @@ BAD = [
         400,
         "invalid_request_error",
         "image content blocks are not supported",
+    ),
+    (
+        {
+            "messages": [
+                TURNS[0],
+                {"role": "assistant", "content": [{"type": "tool_use", "id": "c", "name": "f"}]},
+            ]
+        },
+        400,
+        "invalid_request_error",
+        "messages[1].content[0]",
     ),
     ({"temperature": 1.5}, 400, "invalid_request_error", "temperature"),
     ({"max_tokens": 4096}, 400, "invalid_request_error", "max"),

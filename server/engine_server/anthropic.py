@@ -75,6 +75,14 @@ def _user_turn(index: int, content) -> list[dict]:
     return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
 
 
+def _is_call(block: dict) -> bool:
+    return (
+        isinstance(block.get("id"), str)
+        and isinstance(block.get("name"), str)
+        and isinstance(block.get("input"), dict)
+    )
+
+
 def _assistant_turn(index: int, content) -> dict:
     """An assistant turn as one chat message: its text, and its ``tool_use`` blocks as tool
     calls. Thinking blocks are left out: earlier reasoning is not read again, as on the chat
@@ -87,18 +95,9 @@ def _assistant_turn(index: int, content) -> dict:
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
-        elif (
-            kind == "tool_use" and isinstance(block.get("name"), str) and isinstance(block.get("input"), dict)
-        ):
-            arguments = json.dumps(block["input"])
-            call_id = str(block.get("id", f"call_{index}_{i}"))
-            calls.append(
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": block["name"], "arguments": arguments},
-                }
-            )
+        elif kind == "tool_use" and _is_call(block):
+            function = {"name": block["name"], "arguments": json.dumps(block["input"])}
+            calls.append({"id": block["id"], "type": "function", "function": function})
         elif kind not in ("thinking", "redacted_thinking"):
             raise bad_request(
                 f"{where}: an assistant turn's blocks are text, tool_use ({{'type': 'tool_use', 'id': ..., "
