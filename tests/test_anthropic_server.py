@@ -242,7 +242,14 @@ def test_messages_show_in_openapi_and_metrics(server, client, model):
     reply = client.messages.create(model=model, max_tokens=4, messages=TURNS[:1])
     assert server.metric("vllm:prompt_tokens_total") == before + reply.usage.input_tokens
     with server.http() as http:
-        paths = http.get("/openapi.json").json()["paths"]
+        spec = http.get("/openapi.json").json()
+    paths = spec["paths"]
+    declared = {"$ref": "#/components/schemas/AnthropicMessage", "components": spec["components"]}
+    for extra in ({}, {"tools": TOOLS, "tool_choice": {"type": "tool", "name": "get_weather"}}):
+        raw = client.messages.with_raw_response.create(
+            model=model, max_tokens=80, messages=TURNS[:1], **extra
+        )
+        jsonschema.validate(json.loads(raw.text()), declared)  # the answer as sent, not as the SDK reads it
     assert paths["/v1/messages"]["post"]["responses"]["200"]["content"]["application/json"]["schema"][
         "$ref"
     ].endswith("/AnthropicMessage")
