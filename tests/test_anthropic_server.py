@@ -370,36 +370,69 @@ def test_api_key_from_x_api_key_or_bearer(server, model):
     assert "type" not in openai_shaped and openai_shaped["error"]["code"] == "invalid_api_key"
 
 
-def test_reasoning_parser_gives_thinking_blocks(tiny_llama):
+@pytest.fixture(scope="module")
+def narrow_server(tiny_llama):
+    """A server with a reasoning parser, one sequence at a time and room for one more queued."""
+    args = ("--reasoning-parser", "deepseek_r1", "--max-num-seqs", "1", "--max-queued-requests", "1")
+    with serve(tiny_llama[0], *SERVE_ARGS, *args, api_key=None) as s:
+        yield s
+
+
+def test_reasoning_parser_gives_thinking_blocks(narrow_server):
     """With --reasoning-parser, the chat route's reasoning_content is a thinking block (here
     all of the output: deepseek_r1 reads it as reasoning until a </think> the random model
     never writes), streamed as thinking_delta events."""
-    with serve(tiny_llama[0], *SERVE_ARGS, "--reasoning-parser", "deepseek_r1", api_key=None) as server:
-        model = server.model()
-        client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
-        kwargs = dict(
-            model=model,
-            max_tokens=20,
-            messages=TURNS,
-            thinking={"type": "enabled", "budget_tokens": 1024},
-            extra_body=GREEDY,
-        )
-        reply = client.messages.create(**kwargs)
-        with client.messages.stream(**kwargs) as stream:
-            deltas = {e.delta.type for e in stream if e.type == "content_block_delta"}
-            streamed = stream.get_final_message()
-        chat = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={
-                "model": model,
-                "max_tokens": 20,
-                "temperature": 0,
-                "messages": TURNS,
-                "chat_template_kwargs": {"enable_thinking": True},
-            },
-        ).json()
+    server = narrow_server
+    model = server.model()
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    kwargs = dict(
+        model=model,
+        max_tokens=20,
+        messages=TURNS,
+        thinking={"type": "enabled", "budget_tokens": 1024},
+        extra_body=GREEDY,
+    )
+    reply = client.messages.create(**kwargs)
+    with client.messages.stream(**kwargs) as stream:
+        deltas = {e.delta.type for e in stream if e.type == "content_block_delta"}
+        streamed = stream.get_final_message()
+    chat = httpx.post(
+        f"{server.url}/v1/chat/completions",
+        json={
+            "model": model,
+            "max_tokens": 20,
+            "temperature": 0,
+            "messages": TURNS,
+            "chat_template_kwargs": {"enable_thinking": True},
+        },
+    ).json()
     thought = chat["choices"][0]["message"]["reasoning_content"]
     assert (
         thought and [b.type for b in reply.content] == ["thinking"] and reply.content[0].thinking == thought
     )
     assert deltas == {"thinking_delta"} and streamed.content[0].thinking == thought
+
+
+def test_admission_refusal_is_anthropic_overloaded(narrow_server):
+    """A burst past one running and one queued request: the rest are refused as Anthropic
+    refuses by load (529 overloaded_error, the SDK's OverloadedError, with Retry-After);
+    the admitted ones finish."""
+    server = narrow_server
+    client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    long = dict(model=server.model(), max_tokens=200, messages=TURNS[:1])
+
+    def one(_):
+        try:
+            return client.messages.create(**long)
+        except anthropic.OverloadedError as exc:
+            return exc
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(8)))
+    refused = [r for r in results if isinstance(r, anthropic.OverloadedError)]
+    answered = [r for r in results if not isinstance(r, anthropic.OverloadedError)]
+    assert refused and len(answered) >= 2
+    for error in refused:
+        assert error.status_code == 529 and error.body["error"]["type"] == "overloaded_error"
+        assert error.response.headers["Retry-After"]
+    assert all(message.usage.output_tokens > 0 for message in answered)

@@ -29,9 +29,10 @@ _ANTHROPIC_TYPES = {
     404: "not_found_error",
     413: "request_too_large",
     429: "rate_limit_error",
-    503: "overloaded_error",
     504: "timeout_error",
+    529: "overloaded_error",
 }
+ANTHROPIC_OVERLOADED = 529  # Anthropic's status for a refusal by load, where OpenAI's clients get 503
 ANTHROPIC_PATH_PREFIX = "/v1/messages"
 
 
@@ -60,16 +61,21 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
+    @property
+    def anthropic_status(self) -> int:
+        return ANTHROPIC_OVERLOADED if self.code == "overloaded" else self.status
+
     def anthropic_body(self) -> dict:
         fallback = "invalid_request_error" if self.status < 500 else "api_error"
-        return {
-            "type": "error",
-            "error": {"type": _ANTHROPIC_TYPES.get(self.status, fallback), "message": self.message},
-        }
+        kind = _ANTHROPIC_TYPES.get(self.anthropic_status, fallback)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
 
     def response(self, anthropic: bool = False) -> JSONResponse:
-        body = self.anthropic_body() if anthropic else self.body()
-        return JSONResponse(body, status_code=self.status, headers=self.headers)
+        if anthropic:
+            body, status = self.anthropic_body(), self.anthropic_status
+        else:
+            body, status = self.body(), self.status
+        return JSONResponse(body, status_code=status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
