@@ -312,6 +312,7 @@ BAD = [
         "invalid_request_error",
         "messages[1].content[0]",
     ),
+    ({"system": [{"type": "image", "source": {}}]}, 400, "invalid_request_error", "system[0]: image"),
     ({"temperature": 1.5}, 400, "invalid_request_error", "temperature"),
     ({"max_tokens": 4096}, 400, "invalid_request_error", "max"),
 ]

@@ -28,7 +28,7 @@ from engine_server.validation import check_json_schema, decode_body
 UNSUPPORTED_MEDIA = ("image", "document", "search_result")
 
 
-def _text(blocks, where: str) -> str:
+def _text(blocks, where: str, param: str) -> str:
     """The text of a string or of a list of text blocks (``system``, a tool result)."""
     if isinstance(blocks, str):
         return blocks
@@ -36,17 +36,16 @@ def _text(blocks, where: str) -> str:
     for i, block in enumerate(blocks):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind in UNSUPPORTED_MEDIA:
-            raise _no_media(kind, f"{where}[{i}]")
+            raise _no_media(kind, f"{where}[{i}]", param)
         if kind != "text" or not isinstance(block.get("text"), str):
-            raise bad_request(f"{where}[{i}] must be a text block {{'type': 'text', 'text': ...}}", where)
+            raise bad_request(f"{where}[{i}] must be a text block {{'type': 'text', 'text': ...}}", param)
         parts.append(block["text"])
     return "\n".join(parts)
 
 
-def _no_media(kind: str, where: str):
+def _no_media(kind: str, where: str, param: str = "messages"):
     return bad_request(
-        f"{where}: {kind} content blocks are not supported: this server's model reads text only",
-        "messages",
+        f"{where}: {kind} content blocks are not supported: this server's model reads text only", param
     )
 
 
@@ -62,7 +61,7 @@ def _user_turn(index: int, content) -> list[dict]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_result" and isinstance(block.get("tool_use_id"), str):
-            result = _text(block.get("content") or "", f"{where}.content")
+            result = _text(block.get("content") or "", f"{where}.content", "messages")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
         elif kind in UNSUPPORTED_MEDIA:
             raise _no_media(kind, where)
@@ -113,7 +112,7 @@ def chat_messages(body: AnthropicCountTokensRequest) -> list[dict]:
         raise bad_request("messages: at least one message is required", "messages")
     if body.messages[0].role != "user":
         raise bad_request("messages: the first message must use the user role", "messages")
-    system = _text(body.system, "system") if body.system is not None else ""
+    system = _text(body.system, "system", "system") if body.system is not None else ""
     messages = [{"role": "system", "content": system}] if system else []
     for i, message in enumerate(body.messages):
         if message.role == "user":
