@@ -45,6 +45,7 @@ WELL_KNOWN = {
     "prometheus-client",
     "httpx",
     "openai",
+    "anthropic",
     "pytest",
     "hypothesis",
     "setuptools",

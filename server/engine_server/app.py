@@ -1,5 +1,6 @@
 """The starlette app: routes, the guard in front of them (:mod:`engine_server.guard`),
-OpenAI-shaped errors, and the worker threads that do the heavy per-request work."""
+errors in each route's shape (OpenAI's; Anthropic's on ``/v1/messages``), and the worker
+threads that do the heavy per-request work."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, get_route_path
 
-from engine_server import console, embeddings, generation
+from engine_server import anthropic, console, embeddings, generation
 from engine_server.bounds import encode
-from engine_server.errors import APIError, bad_request, internal_error
+from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
 from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
@@ -168,8 +169,13 @@ async def openapi(request: Request):
     return JSONResponse(openapi_spec(request.app.state.server))
 
 
+def _shaped(request, error: APIError) -> Response:
+    """The error in the shape the route's clients expect (OpenAI's, or Anthropic's)."""
+    return error.response(anthropic=anthropic_route(get_route_path(request.scope)))
+
+
 async def _api_error(request, exc: APIError):
-    return exc.response()
+    return _shaped(request, exc)
 
 
 async def _client_gone(request, exc: ClientGone):
@@ -177,16 +183,17 @@ async def _client_gone(request, exc: ClientGone):
 
 
 async def _http_error(request, exc: HTTPException):
-    """Starlette's own refusals (404, 405 with its ``Allow`` header) in the OpenAI shape."""
-    return APIError(
-        exc.status_code, exc.detail or "error", code=str(exc.status_code), headers=exc.headers
-    ).response()
+    """Starlette's own refusals (404, 405 with its ``Allow`` header) in the route's shape."""
+    return _shaped(
+        request,
+        APIError(exc.status_code, exc.detail or "error", code=str(exc.status_code), headers=exc.headers),
+    )
 
 
 async def _unexpected(request, exc: Exception):
     request_id = f"err-{uuid.uuid4().hex}"
     logger.error("request %s: unhandled error on %s", request_id, request.url.path, exc_info=exc)
-    return internal_error(request_id).response()
+    return _shaped(request, internal_error(request_id))
 
 
 def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlette:
@@ -195,6 +202,8 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
     routes = [
         Route("/v1/completions", generation.completions, methods=["POST"]),
         Route("/v1/chat/completions", generation.chat_completions, methods=["POST"]),
+        Route("/v1/messages", anthropic.messages, methods=["POST"]),
+        Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
         Route("/v1/models", models),
         Route("/tokenize", tokenize, methods=["POST"]),

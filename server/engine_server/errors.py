@@ -1,4 +1,6 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with a 4xx/5xx."""
+"""Errors in the shape each route's clients expect: OpenAI's ``{"error": {"message", "type",
+"param", "code"}}``, and Anthropic's ``{"type": "error", "error": {"type", "message"}}`` on
+the Anthropic routes (``/v1/messages...``), whose SDK reads the type to pick its exception."""
 
 from __future__ import annotations
 
@@ -18,6 +20,25 @@ _TYPES = {
     500: "InternalServerError",
     503: "ServiceUnavailableError",
 }
+
+
+# Anthropic's error types by HTTP status (any other 4xx: invalid_request_error, 5xx: api_error)
+_ANTHROPIC_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    504: "timeout_error",
+    529: "overloaded_error",
+}
+ANTHROPIC_OVERLOADED = 529  # Anthropic's status for a refusal by load, where OpenAI's clients get 503
+ANTHROPIC_PATH_PREFIX = "/v1/messages"
+
+
+def anthropic_route(path: str) -> bool:
+    """Whether the route at ``path`` (past any root path) answers in Anthropic's shape."""
+    return path == ANTHROPIC_PATH_PREFIX or path.startswith(ANTHROPIC_PATH_PREFIX + "/")
 
 
 class APIError(Exception):
@@ -40,8 +61,21 @@ class APIError(Exception):
     def body(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+    @property
+    def anthropic_status(self) -> int:
+        return ANTHROPIC_OVERLOADED if self.code == "overloaded" else self.status
+
+    def anthropic_body(self) -> dict:
+        fallback = "invalid_request_error" if self.status < 500 else "api_error"
+        kind = _ANTHROPIC_TYPES.get(self.anthropic_status, fallback)
+        return {"type": "error", "error": {"type": kind, "message": self.message}}
+
+    def response(self, anthropic: bool = False) -> JSONResponse:
+        if anthropic:
+            body, status = self.anthropic_body(), self.anthropic_status
+        else:
+            body, status = self.body(), self.status
+        return JSONResponse(body, status_code=status, headers=self.headers)
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:

@@ -563,6 +563,32 @@ class Generation:
             + "\n\n"
         )
 
+    # what a stream sends while no token comes, and after its last frame (None: nothing)
+    keepalive_frame = KEEPALIVE_FRAME
+    done_frame: str | None = "data: [DONE]\n\n"
+
+    def _error_frame(self, error: APIError) -> str:
+        return "data: " + json.dumps(error.body()) + "\n\n"
+
+    def _opening_frames(self) -> list[str]:
+        """What a stream sends before the first token: each chat choice's role."""
+        return [self._chunks(choice, "", [], first=True)[0] for choice in self.choices] if self.chat else []
+
+    def _closing_frames(self, failed: bool) -> list[str]:
+        """What a stream sends after the last token (``failed``: after an error frame)."""
+        usage = self.body.stream_options is not None and self.body.stream_options.include_usage
+        if not (usage or self._timings_wanted):
+            return []
+        return [
+            self._frame(
+                {
+                    "choices": [],
+                    **({"usage": self.usage()} if usage else {}),
+                    **({"timings": request_timings(self)} if self._timings_wanted else {}),
+                }
+            )
+        ]
+
     async def _frames(self):
         """The SSE frames, ended with an error frame (code ``response_too_large``) once they
         pass ``--max-response-bytes`` in all; the stream's end then aborts the samples."""
@@ -571,34 +597,38 @@ class Generation:
             async for frame in frames:
                 sent += len(frame.encode())
                 if limit and sent > limit:
-                    yield "data: " + json.dumps(too_large(sent, limit).body()) + "\n\n"
-                    yield "data: [DONE]\n\n"
+                    yield self._error_frame(too_large(sent, limit))
+                    if self.done_frame:
+                        yield self.done_frame
                     return
                 yield frame
 
     async def _stream_frames(self):
+        failed = False
         try:
+            for frame in self._opening_frames():
+                yield frame
             # echo with logprobs waits for the prompt's log-probs, all in before the first token
             unechoed = {c.request_id for c in self.choices} if not self.chat and self.body.echo else set()
             for choice in self.choices:
-                if self.chat:
-                    yield self._chunks(choice, "", [], first=True)[0]
-                elif self.body.echo and self.body.logprobs is None:
+                if not self.chat and self.body.echo and self.body.logprobs is None:
                     unechoed.discard(choice.request_id)
                     yield self._chunks(choice, self._echo(choice), [])[0]
             async for delta in self.deltas():
                 if delta is QUIET:
-                    yield KEEPALIVE_FRAME
+                    yield self.keepalive_frame
                     continue
                 if self._answered is None:  # the first answer came after the stream started
                     self._answered = delta
                     refusal = self._refusal(delta)
                     if refusal is not None:
-                        yield "data: " + json.dumps(refusal.body()) + "\n\n"
+                        failed = True
+                        yield self._error_frame(refusal)
                         break
                 choice, text, entries = self.feed(delta)
                 if self.refused is not None:
-                    yield "data: " + json.dumps(overloaded(self.refused).body()) + "\n\n"
+                    failed = True
+                    yield self._error_frame(overloaded(self.refused))
                     break
                 if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
                     unechoed.discard(choice.request_id)
@@ -617,21 +647,15 @@ class Generation:
                 if text or entries or choice.finish_reason:
                     for frame in self._chunks(choice, text, entries):
                         yield frame
-            usage = self.body.stream_options is not None and self.body.stream_options.include_usage
-            if usage or self._timings_wanted:
-                yield self._frame(
-                    {
-                        "choices": [],
-                        **({"usage": self.usage()} if usage else {}),
-                        **({"timings": request_timings(self)} if self._timings_wanted else {}),
-                    }
-                )
+            for frame in self._closing_frames(failed):
+                yield frame
         except EngineDead as exc:
-            yield "data: " + json.dumps(self._engine_dead(exc).body()) + "\n\n"
+            yield self._error_frame(self._engine_dead(exc))
         except Exception:
             logger.exception("request %s: internal error while streaming", self.id)
-            yield "data: " + json.dumps(internal_error(self.id).body()) + "\n\n"
-        yield "data: [DONE]\n\n"
+            yield self._error_frame(internal_error(self.id))
+        if self.done_frame:
+            yield self.done_frame
 
 
 def prepare_completion(state, data: bytes) -> Generation:
@@ -651,6 +675,29 @@ def prepare_chat(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, template."""
     body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest, state.allow_unknown_fields)
     check_model(state, body.model)
+    return chat_generation(state, body)
+
+
+def chat_prompt_ids(state, body: ChatCompletionRequest, mode: str) -> list[int]:
+    """The conversation's token ids as the model reads them: the tools (in the template, or
+    as the tool parser's instructions), the chat template, ``truncate_prompt_tokens``."""
+    tool_list = list(body.tools or []) if mode != "none" else None
+    tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
+    ids = chat_prompt(
+        state.tokenizer,
+        body.messages,
+        body.add_generation_prompt,
+        tool_list,
+        tool_prompt,
+        body.continue_final_message,
+        body.chat_template_kwargs,
+    )
+    return truncated(state, ids, body)
+
+
+def chat_generation(state, body: ChatCompletionRequest, cls: type[Generation] = Generation) -> Generation:
+    """A chat request (decoded, its model checked) made ready to submit; ``cls`` renders
+    the answer (another API's shape, on the same request path)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -665,18 +712,7 @@ def prepare_chat(state, data: bytes) -> Generation:
         )
     check_fanout(state, 1, body.n)
     parser_cls = state.tool_parser if mode == "auto" else None
-    tool_list = list(body.tools or []) if mode != "none" else None
-    tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
-    ids = chat_prompt(
-        state.tokenizer,
-        body.messages,
-        body.add_generation_prompt,
-        tool_list,
-        tool_prompt,
-        body.continue_final_message,
-        body.chat_template_kwargs,
-    )
-    ids = truncated(state, ids, body)
+    ids = chat_prompt_ids(state, body, mode)
     if max_tokens is None:
         max_tokens = default_max_tokens(state, len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -693,7 +729,7 @@ def prepare_chat(state, data: bytes) -> Generation:
             reasoning_cls(state.tokenizer) if reasoning_cls else None,
         )
 
-    return Generation(
+    return cls(
         state,
         body,
         [(None, ids)],
@@ -705,7 +741,9 @@ def prepare_chat(state, data: bytes) -> Generation:
     )
 
 
-async def _generate(request: Request, prepare) -> Response:
+async def generate(request: Request, prepare) -> Response:
+    """A generation route: ``prepare(state, body bytes)`` on a worker thread makes the
+    :class:`Generation`, which runs here."""
     state = request.app.state.server
     trace = state.tracing.start(request, request.url.path) if state.tracing is not None else None
     try:
@@ -722,8 +760,8 @@ async def _generate(request: Request, prepare) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, prepare_completion)
+    return await generate(request, prepare_completion)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, prepare_chat)
+    return await generate(request, prepare_chat)

@@ -11,7 +11,7 @@ import hmac
 
 from starlette.routing import get_route_path
 
-from engine_server.errors import APIError, bad_request
+from engine_server.errors import APIError, anthropic_route, bad_request
 
 OPEN_PATHS = ("/health",)  # with the console's pages, all that needs no API key when one is set
 LOOPBACK_BINDS = ("127.0.0.1", "localhost", "::1")
@@ -65,7 +65,7 @@ class Guard:
         if scope["type"] == "http":
             error = self.refusal(scope)
             if error is not None:
-                return await error.response()(scope, receive, send)
+                return await error.response(anthropic_route(get_route_path(scope)))(scope, receive, send)
         await self.app(scope, receive, send)
 
     def refusal(self, scope) -> APIError | None:
@@ -92,9 +92,12 @@ class Guard:
     def _key(self, scope, headers: dict, path: str) -> APIError | None:
         if not self.salts or path in self.open_paths:
             return None
-        given = headers.get(b"authorization", b"")
+        # ``Authorization: Bearer KEY`` (OpenAI's clients) or ``x-api-key: KEY`` (Anthropic's)
+        given = [headers.get(b"authorization", b""), b"Bearer " + headers.get(b"x-api-key", b"")]
         # compare with every key, so the time taken does not tell which one nearly matched
-        matches = [salt for token, salt in self.salts.items() if hmac.compare_digest(given, token)]
+        matches = [
+            salt for token, salt in self.salts.items() for value in given if hmac.compare_digest(value, token)
+        ]
         if not matches:
             return APIError(401, "invalid or missing API key", code="invalid_api_key")
         if self.state.api_key_cache_salt:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
+from engine_server.errors import anthropic_route
 from engine_server.responses import RESPONSES
 from engine_server.schemas import BODIES, MAX_N
 
@@ -16,7 +17,11 @@ ERROR = {
     "description": "OpenAI-shaped error",
     "content": {"application/json": {"schema": {"$ref": REF.format(name="ErrorResponse")}}},
 }
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions")
+ANTHROPIC_ERROR = {
+    "description": "Anthropic-shaped error",
+    "content": {"application/json": {"schema": {"$ref": REF.format(name="AnthropicError")}}},
+}
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
 
 # path: (method, request body, response body or media type, summary)
 PATHS = {
@@ -31,6 +36,18 @@ PATHS = {
         "ChatCompletionRequest",
         "ChatCompletionResponse",
         "Create a chat completion",
+    ),
+    "/v1/messages": (
+        "post",
+        "AnthropicMessagesRequest",
+        "AnthropicMessage",
+        "Create a message (Anthropic's Messages API; stream with `stream: true`)",
+    ),
+    "/v1/messages/count_tokens": (
+        "post",
+        "AnthropicCountTokensRequest",
+        "AnthropicTokenCount",
+        "Tokens in an Anthropic Messages prompt",
     ),
     "/v1/embeddings": (
         "post",
@@ -67,7 +84,8 @@ def spec(state) -> dict:
 
 
 def operation(path: str, body: str | None, answer: str | None, summary: str) -> dict:
-    responses = {"200": _ok(path, answer), "4XX": ERROR, "5XX": ERROR}
+    error = ANTHROPIC_ERROR if anthropic_route(path) else ERROR
+    responses = {"200": _ok(path, answer), "4XX": error, "5XX": error}
     result = {"summary": summary, "responses": responses}
     if body:
         result["requestBody"] = {
@@ -103,7 +121,15 @@ def runtime_bounds(components: dict, state) -> None:
                 _bound_integers(props[field], maximum=max(1, context - 1))
         _bound_integers(props["truncate_prompt_tokens"], maximum=context)
     components["CompletionRequest"]["properties"]["prompt"] = prompt_schema(vocab_max, context, sequences)
-    for name in ("ChatCompletionRequest", "TokenizeRequest"):
+    _bound_integers(
+        components["AnthropicMessagesRequest"]["properties"]["max_tokens"], maximum=max(1, context - 1)
+    )
+    for name in (
+        "ChatCompletionRequest",
+        "TokenizeRequest",
+        "AnthropicMessagesRequest",
+        "AnthropicCountTokensRequest",
+    ):
         _min_items(components[name]["properties"]["messages"], 1)
     _bound_integers(components["DetokenizeRequest"]["properties"]["tokens"], maximum=vocab_max)
 

@@ -185,6 +185,51 @@ class ErrorResponse(msgspec.Struct, kw_only=True):
     error: ErrorDetail
 
 
+class AnthropicTextBlock(msgspec.Struct, kw_only=True, tag_field="type", tag="text"):
+    text: str
+
+
+class AnthropicThinkingBlock(msgspec.Struct, kw_only=True, tag_field="type", tag="thinking"):
+    thinking: str  # the --reasoning-parser's reasoning
+    signature: str
+
+
+class AnthropicToolUseBlock(msgspec.Struct, kw_only=True, tag_field="type", tag="tool_use"):
+    id: str
+    name: str
+    input: dict[str, Any]
+
+
+class AnthropicUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    output_tokens: int
+
+
+class AnthropicMessage(msgspec.Struct, kw_only=True):
+    id: str
+    type: Literal["message"]
+    role: Literal["assistant"]
+    model: str
+    content: list[AnthropicTextBlock | AnthropicThinkingBlock | AnthropicToolUseBlock]
+    stop_reason: Literal["end_turn", "max_tokens", "stop_sequence", "tool_use"]
+    stop_sequence: str | None
+    usage: AnthropicUsage
+
+
+class AnthropicTokenCount(msgspec.Struct, kw_only=True):
+    input_tokens: int
+
+
+class AnthropicErrorDetail(msgspec.Struct, kw_only=True):
+    type: str
+    message: str
+
+
+class AnthropicError(msgspec.Struct, kw_only=True):
+    type: Literal["error"]
+    error: AnthropicErrorDetail
+
+
 RESPONSES = [
     CompletionResponse,
     ChatCompletionResponse,
@@ -194,4 +239,7 @@ RESPONSES = [
     ModelList,
     Version,
     ErrorResponse,
+    AnthropicMessage,
+    AnthropicTokenCount,
+    AnthropicError,
 ]

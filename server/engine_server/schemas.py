@@ -1,7 +1,8 @@
-"""Request bodies of the OpenAI routes, decoded and type-checked by msgspec (a wrong type or
-a value out of range becomes a 400 naming the field). Field names follow the OpenAI API plus
-vLLM's extras. Every integer is bounded to what the engine and its wire format can hold
-(signed 64-bit), and the bounds are part of the schema, so ``/openapi.json`` carries them."""
+"""Request bodies of the OpenAI routes (field names as the OpenAI API, plus vLLM's extras) and
+of the Anthropic ones (``/v1/messages``, as Anthropic's Messages API), decoded and type-checked
+by msgspec (a wrong type or a value out of range becomes a 400 naming the field). Every integer
+is bounded to what the engine and its wire format can hold (signed 64-bit), and the bounds are
+part of the schema, so ``/openapi.json`` carries them."""
 
 from __future__ import annotations
 
@@ -135,10 +136,40 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     priority: Int64 = 0
 
 
+class AnthropicInputMessage(msgspec.Struct, kw_only=True):
+    role: Literal["user", "assistant"]
+    # a string, or content blocks (text, tool_use, tool_result ...: checked as they are translated)
+    content: str | list[dict[str, Any]]
+
+
+class AnthropicCountTokensRequest(msgspec.Struct, kw_only=True):
+    """What makes an Anthropic prompt: ``/v1/messages/count_tokens`` takes these fields,
+    ``/v1/messages`` these and the sampling ones."""
+
+    model: str
+    messages: list[AnthropicInputMessage]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None  # {"type": "enabled" | "adaptive" | "disabled", ...}
+
+
+class AnthropicMessagesRequest(AnthropicCountTokensRequest, kw_only=True):
+    max_tokens: Count  # required, as Anthropic requires it
+    stop_sequences: Annotated[list[StopString], Meta(max_length=MAX_STOP_STRINGS)] | None = None
+    stream: bool = False
+    temperature: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None  # Anthropic's range
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    top_k: Annotated[int, Meta(ge=0, le=INT64_MAX)] | None = None
+    metadata: dict[str, Any] | None = None  # {"user_id": ...}: accepted, as OpenAI's `user`
+
+
 BODIES = {
     "CompletionRequest": CompletionRequest,
     "ChatCompletionRequest": ChatCompletionRequest,
     "TokenizeRequest": TokenizeRequest,
     "DetokenizeRequest": DetokenizeRequest,
     "EmbeddingRequest": EmbeddingRequest,
+    "AnthropicMessagesRequest": AnthropicMessagesRequest,
+    "AnthropicCountTokensRequest": AnthropicCountTokensRequest,
 }
