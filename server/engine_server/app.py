@@ -20,6 +20,7 @@ from engine_server import embeddings, generation
 from engine_server.bounds import encode
 from engine_server.errors import APIError, bad_request, internal_error
 from engine_server.guard import Guard
+from engine_server.lora import LoRAAdapters, load_lora_adapter, unload_lora_adapter
 from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
 from engine_server.schemas import DetokenizeRequest, TokenizeRequest
@@ -63,6 +64,7 @@ class ServerState:
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     heartbeat_timeout: float = 30.0  # --engine-heartbeat-timeout: /health's limit on a busy core's silence
     keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: SSE comments while no token comes
+    lora: LoRAAdapters | None = None  # with --enable-lora: the adapters served by name
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )
@@ -79,23 +81,19 @@ class ServerState:
 
 async def models(request: Request):
     state = request.app.state.server
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "engine",
-                    "root": state.model_name,
-                    "max_model_len": state.max_model_len,
-                    "default_sampling_params": state.default_sampling_params,
-                    "determinism": state.determinism,
-                }
-            ],
-        }
-    )
+    base = {
+        "id": state.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "engine",
+        "root": state.model_name,
+        "parent": None,
+        "max_model_len": state.max_model_len,
+        "default_sampling_params": state.default_sampling_params,
+        "determinism": state.determinism,
+    }
+    adapters = state.lora.cards(base) if state.lora is not None else []
+    return JSONResponse({"object": "list", "data": [base, *adapters]})
 
 
 def _tokenize(state: ServerState, data: bytes) -> dict:
@@ -201,6 +199,11 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),
     ]
+    if state.lora is not None and state.lora.runtime:  # else a 404, as vLLM without runtime updating
+        routes += [
+            Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
+        ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,
