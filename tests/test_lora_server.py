@@ -7,6 +7,7 @@ bad input a clear 4xx with the server still serving. Then a server without runti
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import os
@@ -21,6 +22,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from engine import LLM, LoRARequest, SamplingParams
+from engine_server.lora import LoRAModulePath, parse_lora_module
+from tests.plugin_packages import environ_with, write_distribution
 from tests.serving import ENGINE, Streams, serve
 
 peft = pytest.importorskip("peft")
@@ -70,8 +73,29 @@ def _damaged(allowed) -> None:
     (allowed / "truncated" / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
 
 
+FAILING_RESOLVER = """
+    from engine import hookimpl
+    from engine.interfaces import LoRAResolver
+
+
+    class Failing(LoRAResolver):
+        def resolve(self, base_model_name, lora_name):
+            raise RuntimeError("the adapter store is down")
+
+
+    @hookimpl
+    def register_lora_resolvers(register):
+        register("failing", Failing, api=1)
+    """
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llama, folders):
+    """With a resolver that always raises, asked before the filesystem one (entry points by name)."""
+    site = folders / "site"
+    write_distribution(
+        site, "tessellm-loraresolvers-broken", "loraresolvers-broken", "engine_broken", FAILING_RESOLVER
+    )
     modules = [
         f"sql={folders / 'allowed' / 'sql'}",
         json.dumps({"name": "chat", "path": str(folders / "allowed" / "chat")}),
@@ -87,6 +111,7 @@ def server(tiny_llama, folders):
         str(folders / "allowed"),
         "--lora-resolver-cache-dir",
         str(folders / "cache"),
+        env=environ_with(site),
     ) as s:
         yield s
 
@@ -131,6 +156,15 @@ def completion(server, model: str, prompt: str = PROMPTS[0]) -> str:
 def post(server, route: str, body: dict) -> httpx.Response:
     with server.http() as http:
         return http.post(route, json=body)
+
+
+def test_lora_modules_take_both_spellings():
+    assert parse_lora_module("sql=/a/b=c") == LoRAModulePath("sql", "/a/b=c")
+    spelled = parse_lora_module('{"name": "chat", "path": "/a", "base_model_name": "base"}')
+    assert spelled == LoRAModulePath("chat", "/a", "base")
+    for bad in ["sql", "=path", "sql=", '{"name": "x"}', '{"name": "x", "path": "p", "rank": 8}', "{oops"]:
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_lora_module(bad)
 
 
 def test_models_lists_each_adapter_under_its_base(server, folders):
@@ -253,6 +287,7 @@ def test_malformed_load_requests_are_400s(server):
 
 
 def test_the_resolver_serves_an_adapter_from_its_folder(server, offline, folders):
+    """The failing resolver, asked first, is passed over."""
     assert completion(server, "found") == offline_texts(offline, folders, [PROMPTS[0]], ["found"])[0]
     assert {m.id: m.root for m in server.openai().models.list().data}["found"] == str(
         folders / "cache" / "found"

@@ -172,9 +172,13 @@ class LoRAAdapters:
     async def resolve(self, client, name: str) -> LoRARequest:
         """Ask the resolvers for ``name`` (each on a thread of its own, not the request-preparing
         pool: a resolver may download) and load the first folder one returns; a 404 when none
-        has it."""
+        has it. A resolver that raises is logged and counts as not having it."""
         for resolver in self.resolvers:
-            path = await asyncio.to_thread(resolver.resolve, self.base_model_name, name)
+            try:
+                path = await asyncio.to_thread(resolver.resolve, self.base_model_name, name)
+            except Exception:  # a failing resolver is logged and passed over, as one without the name
+                logger.exception("LoRA resolver %s failed on %r", type(resolver).__name__, name)
+                continue
             if path is None:
                 continue
             logger.info("LoRA adapter %r resolved by %s: %s", name, type(resolver).__name__, path)
