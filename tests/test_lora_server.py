@@ -280,6 +280,25 @@ def test_a_bad_adapter_is_a_400_with_the_reason(server, folders, path):
     assert completion(server, "sql")  # still serving
 
 
+def test_an_adapter_failing_at_request_time_fails_that_request_alone(server, folders):
+    """An adapter whose files vanish after it was loaded, and which the core's memory then drops
+    (four adapters loaded after it, --max-cpu-loras 4), is read again by its next request: that
+    request is a 400 with the loader's reason, and the others are served."""
+    fragile = folders / "allowed" / "fragile"
+    shutil.copytree(folders / "allowed" / "late", fragile)
+    assert (
+        post(server, "/v1/load_lora_adapter", {"lora_name": "fragile", "lora_path": "fragile"}).status_code
+        == 200
+    )
+    shutil.rmtree(fragile)
+    for i in range(4):
+        body = {"lora_name": f"filler-{i}", "lora_path": "late"}
+        assert post(server, "/v1/load_lora_adapter", body).status_code == 200
+    with pytest.raises(openai.BadRequestError, match="no adapter_config.json"):
+        completion(server, "fragile")
+    assert completion(server, "sql") and completion(server, server.model())
+
+
 def test_malformed_load_requests_are_400s(server):
     for body in [{"lora_name": "x"}, {"lora_path": "sql"}, {"lora_name": server.model(), "lora_path": "sql"}]:
         assert post(server, "/v1/load_lora_adapter", body).status_code == 400, body
