@@ -1,12 +1,12 @@
 """FilesystemResolver: the adapter named NAME is the folder ``DIR/NAME``, where DIR is the
 server's ``--lora-resolver-cache-dir`` (else ``$VLLM_LORA_RESOLVER_CACHE_DIR``), as vLLM's
-filesystem resolver reads it.
+filesystem resolver reads it; NAME may name a folder below DIR (``org/adapter``), as vLLM's.
 
-A name is one folder name: empty names, ``.``, ``..`` and names holding a path separator are
-never looked up, and a folder whose real path (symlinks followed) is not directly inside DIR is
-refused, so no request can make the server read outside the folder its operator chose. The
-folder must hold a PEFT LoRA adapter (``adapter_config.json`` with ``peft_type`` LORA, and
-``adapter_model.safetensors``); the engine checks the rest when it loads it."""
+The folder's real path (``..`` and symlinks resolved) must lie inside DIR, and an absolute
+NAME is never looked up, so no request can make the server read outside the folder its
+operator chose. The folder must hold a PEFT LoRA adapter (``adapter_config.json`` with
+``peft_type`` LORA, and ``adapter_model.safetensors``); the engine checks the rest when it loads
+it."""
 
 from __future__ import annotations
 
@@ -21,19 +21,13 @@ WEIGHTS_FILE = "adapter_model.safetensors"
 
 class FilesystemResolver(LoRAResolver):
     def resolve(self, base_model_name: str, lora_name: str) -> str | None:
-        if self.context.cache_dir is None or not is_folder_name(lora_name):
+        if self.context.cache_dir is None or not lora_name or os.path.isabs(lora_name) or "\0" in lora_name:
             return None
         root = os.path.realpath(self.context.cache_dir)
         folder = os.path.realpath(os.path.join(root, lora_name))
-        if os.path.dirname(folder) != root or not is_lora_folder(folder):
+        if folder == root or os.path.commonpath([root, folder]) != root or not is_lora_folder(folder):
             return None
         return folder
-
-
-def is_folder_name(name: str) -> bool:
-    """One path component, not ``.`` or ``..``."""
-    separators = {os.sep, os.altsep or os.sep, "\0"}
-    return bool(name) and name not in (".", "..") and not any(s in name for s in separators)
 
 
 def is_lora_folder(folder: str) -> bool:

@@ -1,5 +1,6 @@
-"""The filesystem resolver runs the LoRA resolver kit, and what is its own: symlinks inside the
-folder are followed, symlinks out of it are not, and without a folder it resolves nothing."""
+"""The filesystem resolver runs the LoRA resolver kit, and what is its own: names of folders
+below the folder (vLLM's ``org/adapter``), symlinks inside the folder followed and out of it not,
+and without a folder nothing resolves."""
 
 import os
 
@@ -21,6 +22,13 @@ def test_a_symlink_inside_the_folder_is_followed_and_one_out_of_it_is_not(tmp_pa
     resolver = FilesystemResolver(LoRAResolverContext("base", str(store)))
     assert same_files(resolver.resolve("base", "alias"), inside)
     assert resolver.resolve("base", "escape") is None
+
+
+def test_a_name_may_name_a_folder_below(tmp_path):
+    nested = write_adapter(tmp_path / "org" / "sql", 1)
+    resolver = FilesystemResolver(LoRAResolverContext("base", str(tmp_path)))
+    assert same_files(resolver.resolve("base", "org/sql"), nested)
+    assert resolver.resolve("base", "org") is None  # a folder of adapters is not one
 
 
 def test_without_a_folder_nothing_resolves(tmp_path):
