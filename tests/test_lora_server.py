@@ -303,6 +303,8 @@ def test_malformed_load_requests_are_400s(server):
     for body in [{"lora_name": "x"}, {"lora_path": "sql"}, {"lora_name": server.model(), "lora_path": "sql"}]:
         assert post(server, "/v1/load_lora_adapter", body).status_code == 400, body
     assert post(server, "/v1/unload_lora_adapter", {}).status_code == 400
+    anonymous = httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": "late"})
+    assert anonymous.status_code == 401  # behind --api-key, as every route but /health
 
 
 def test_the_resolver_serves_an_adapter_from_its_folder(server, offline, folders):
