@@ -38,6 +38,7 @@ SHIPPED = (
     "quant-int8",
     "quant-fp8",
     "quant-mxfp4",
+    "loraresolvers-filesystem",
 )
 
 
@@ -82,6 +83,7 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
         and "model loader: gguf" in out
     )
     assert "scheduler: default" in out and "kv cache manager: default" in out
+    assert "lora resolver: filesystem" in out
     # quant methods say which path they take here, and why
     assert (
         "quant method: gguf  [runs here: 32-group formats on the platform's packed kernel or int4pack" in out

@@ -186,3 +186,11 @@ class EngineHookSpecs:
         ``distributed_executor_backend=NAME`` (default: ``uni`` for one rank, ``mp`` for
         ``tensor_parallel_size > 1``). Built in: ``uni`` (this process) and ``mp`` (local
         worker processes joined by ``torch.distributed``); ``ray`` is a plugin's name."""
+
+    @hookspec
+    def register_lora_resolvers(self, register):
+        """Register :class:`engine.interfaces.LoRAResolver` subclasses (server side), constructed
+        once per server with an :class:`engine.interfaces.LoRAResolverContext`. With runtime
+        adapter loading allowed, a request naming a model the server does not serve asks every
+        registered resolver, in registry order (built-ins, then plugins by entry-point name),
+        for the adapter's folder; the first answer is loaded and served under that name."""

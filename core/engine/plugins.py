@@ -66,6 +66,7 @@ _INTERFACES = {
     "reasoning_parsers": "ReasoningParser",
     "commands": "engine.entrypoints.cli:Command",
     "executors": "Executor",
+    "lora_resolvers": "LoRAResolver",
 }
 _LAZY_TARGET = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _BAD_NAME_CHARS = re.compile(r"[\s,]")

@@ -191,7 +191,7 @@ def chat_request(body: AnthropicCountTokensRequest, **sampling) -> ChatCompletio
 
 def prepare_messages(state, data: bytes) -> AnthropicGeneration:
     body = decode_body(data, AnthropicMessagesRequest, state.allow_unknown_fields)
-    generation.check_model(state, body.model)
+    lora = generation.check_model(state, body.model)  # a LoRA adapter's name selects it here too
     chat = chat_request(
         body,
         max_tokens=body.max_tokens,
@@ -201,7 +201,7 @@ def prepare_messages(state, data: bytes) -> AnthropicGeneration:
         top_k=body.top_k,
         stream=body.stream,
     )
-    return generation.chat_generation(state, chat, AnthropicGeneration)
+    return generation.chat_generation(state, chat, AnthropicGeneration, lora)
 
 
 def _count(state, data: bytes) -> dict:

@@ -21,6 +21,7 @@ from engine_server import anthropic, console, embeddings, generation
 from engine_server.bounds import encode
 from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
+from engine_server.lora import LoRAAdapters, load_lora_adapter, unload_lora_adapter
 from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
 from engine_server.schemas import DetokenizeRequest, TokenizeRequest
@@ -67,6 +68,7 @@ class ServerState:
     web_ui: bool = True  # the console at /ui/ (--disable-web-ui: off)
     tracing: object | None = None  # Tracing, with --otlp-traces-endpoint
     request_timings: bool = False  # --enable-request-timings: "timings" in every response
+    lora: LoRAAdapters | None = None  # with --enable-lora: the adapters served by name
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )
@@ -83,23 +85,19 @@ class ServerState:
 
 async def models(request: Request):
     state = request.app.state.server
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": state.model_name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "engine",
-                    "root": state.model_name,
-                    "max_model_len": state.max_model_len,
-                    "default_sampling_params": state.default_sampling_params,
-                    "determinism": state.determinism,
-                }
-            ],
-        }
-    )
+    base = {
+        "id": state.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "engine",
+        "root": state.model_name,
+        "parent": None,
+        "max_model_len": state.max_model_len,
+        "default_sampling_params": state.default_sampling_params,
+        "determinism": state.determinism,
+    }
+    adapters = state.lora.cards(base) if state.lora is not None else []
+    return JSONResponse({"object": "list", "data": [base, *adapters]})
 
 
 def _tokenize(state: ServerState, data: bytes) -> dict:
@@ -214,6 +212,11 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/openapi.json", openapi),
         *(console.routes() if state.web_ui else ()),
     ]
+    if state.lora is not None and state.lora.runtime:  # else a 404, as vLLM without runtime updating
+        routes += [
+            Route("/v1/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+            Route("/v1/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
+        ]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

@@ -21,6 +21,7 @@ from starlette.responses import Response, StreamingResponse
 from engine.client import EngineDead, OutputProcessor, SequenceOutput
 from engine.interfaces import GrammarSpec
 from engine.kv_transfer import check_kv_transfer_params
+from engine.lora import LoRARequest
 from engine.messages.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
 from engine_server.bounds import check_budget, json_response, salted, too_large
 from engine_server.errors import (
@@ -33,6 +34,7 @@ from engine_server.errors import (
 )
 from engine_server.keepalive import KEEPALIVE_FRAME, QUIET, Ticker
 from engine_server.logprobs import LogprobFormat
+from engine_server.lora import UnknownModel
 from engine_server.prompts import chat_prompt, check_fanout, check_prompt, completion_prompts
 from engine_server.schemas import INT64_MAX, ChatCompletionRequest, CompletionRequest
 from engine_server.structured import structured_spec
@@ -43,9 +45,15 @@ from engine_server.validation import ClientGone, decode_body
 logger = logging.getLogger("engine_server")
 
 
-def check_model(state, name: str | None) -> None:
-    if name is not None and name != state.model_name:
-        raise APIError(404, f"The model `{name}` does not exist.", "model", "model_not_found")
+def check_model(state, name: str | None) -> LoRARequest | None:
+    """The LoRA adapter a request's ``model`` names (None: the base model); a 404 for a name the
+    server does not serve (:class:`UnknownModel`)."""
+    if name is None or name == state.model_name:
+        return None
+    lora = state.lora.get(name) if state.lora is not None else None
+    if lora is None:
+        raise UnknownModel(name)
+    return lora
 
 
 def check_runner(state, wanted: str) -> None:
@@ -223,10 +231,15 @@ class Generation:
         chat: bool,
         spec: GrammarSpec | None = None,
         make_output=None,
+        lora: LoRARequest | None = None,
     ):
+        """``lora``: the adapter every sample runs with (None: the base model)."""
         check_sampling(state, body)
         check_kv_transfer(body, len(prompts))
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
+        self.lora = lora
+        self.lora_name = None if lora is None else lora.lora_name
+        self.model_name = self.lora_name or state.model_name
         self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
         self.processor = OutputProcessor(state.tokenizer)
@@ -290,6 +303,8 @@ class Generation:
         """Stop waiting for deltas and abort the engine requests still open."""
         self._deltas.close()
         self.handle.close()
+        for timer in self.timers.values():
+            timer.released()
         if self.trace is not None:
             self.trace.finished(self)
 
@@ -298,7 +313,7 @@ class Generation:
             self._log()
         try:
             self.handle = self.state.client.submit(
-                self.children, self.body.priority, self.cache_salt, self.body.kv_transfer_params
+                self.children, self.body.priority, self.cache_salt, self.body.kv_transfer_params, self.lora
             )
         except EngineDead:
             raise engine_unavailable() from None
@@ -310,7 +325,7 @@ class Generation:
         timers = [
             t
             for _, ids in self.prompts
-            for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n)
+            for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n, self.lora_name)
         ]
         self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         interval = self.state.keepalive_interval if self.body.stream else None
@@ -452,7 +467,7 @@ class Generation:
             "id": self.id,
             "object": "chat.completion" if self.chat else "text_completion",
             "created": self.created,
-            "model": self.state.model_name,
+            "model": self.model_name,
             "choices": [self._choice_body(c) for c in self.choices],
             "usage": self.usage(),
         }
@@ -556,7 +571,7 @@ class Generation:
                     "id": self.id,
                     "object": kind,
                     "created": self.created,
-                    "model": self.state.model_name,
+                    "model": self.model_name,
                     **payload,
                 }
             )
@@ -661,21 +676,20 @@ class Generation:
 def prepare_completion(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, tokenize."""
     body: CompletionRequest = decode_body(data, CompletionRequest, state.allow_unknown_fields)
-    check_model(state, body.model)
+    lora = check_model(state, body.model)
     max_tokens = 16 if body.max_tokens is None else body.max_tokens
     spec = structured_spec(body, chat=False)
     prompts = [
         (text, ids) if len(cut := truncated(state, ids, body)) == len(ids) else (None, cut)
         for text, ids in completion_prompts(state, body.prompt, body.n)
     ]  # an echo shows what was read
-    return Generation(state, body, prompts, max_tokens, body.logprobs, chat=False, spec=spec)
+    return Generation(state, body, prompts, max_tokens, body.logprobs, chat=False, spec=spec, lora=lora)
 
 
 def prepare_chat(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, template."""
     body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest, state.allow_unknown_fields)
-    check_model(state, body.model)
-    return chat_generation(state, body)
+    return chat_generation(state, body, lora=check_model(state, body.model))
 
 
 def chat_prompt_ids(state, body: ChatCompletionRequest, mode: str) -> list[int]:
@@ -695,9 +709,11 @@ def chat_prompt_ids(state, body: ChatCompletionRequest, mode: str) -> list[int]:
     return truncated(state, ids, body)
 
 
-def chat_generation(state, body: ChatCompletionRequest, cls: type[Generation] = Generation) -> Generation:
-    """A chat request (decoded, its model checked) made ready to submit; ``cls`` renders
-    the answer (another API's shape, on the same request path)."""
+def chat_generation(
+    state, body: ChatCompletionRequest, cls: type[Generation] = Generation, lora: LoRARequest | None = None
+) -> Generation:
+    """A chat request (decoded, its model checked: ``lora`` the adapter its name selects) made
+    ready to submit; ``cls`` renders the answer (another API's shape, on the same request path)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -738,7 +754,21 @@ def chat_generation(state, body: ChatCompletionRequest, cls: type[Generation] = 
         chat=True,
         spec=forced or spec,
         make_output=make_output,
+        lora=lora,
     )
+
+
+async def _prepared(state, prepare, data: bytes) -> Generation:
+    """``prepare(state, data)`` on a worker thread; a model name no one serves yet is asked of
+    the LoRA resolvers (with runtime loading on), and the request prepared again once one
+    loaded it (a 404 if none has it)."""
+    try:
+        return await state.offload(prepare, state, data)
+    except UnknownModel as exc:
+        if state.lora is None or not state.lora.can_resolve:
+            raise
+        await state.lora.resolve(state.client, exc.name)
+        return await state.offload(prepare, state, data)
 
 
 async def generate(request: Request, prepare) -> Response:
@@ -749,7 +779,7 @@ async def generate(request: Request, prepare) -> Response:
     try:
         check_runner(state, "generate")
         data = await state.read(request)
-        generation = await state.offload(prepare, state, data)
+        generation = await _prepared(state, prepare, data)
     except BaseException as exc:
         if trace is not None:
             trace.refused(exc)

@@ -8,10 +8,11 @@ histogram come from the :class:`~engine.messages.stats.EngineStats` the core sen
 
 from __future__ import annotations
 
+import collections
 import time
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from engine.messages.stats import EngineStats
@@ -120,6 +121,12 @@ class Metrics:
         self._engine_metrics()
         self._stats: dict[str, EngineStats] = {}
         self.registry.register(_StepTokens(self))
+        self.lora: LoRAActivity | None = None
+
+    def enable_lora(self, max_loras: int) -> None:
+        """Publish ``lora_requests_info`` (vLLM's) and the per-adapter request counter."""
+        self.lora = LoRAActivity(self, max_loras)
+        self.registry.register(self.lora)
 
     def _name(self, name: str) -> str:
         return f"{self.prefix}:{name}"
@@ -263,14 +270,18 @@ class Metrics:
         """The latest stats of each engine core, by its ``engine`` label."""
         return self._stats
 
-    def start_request(self, num_prompt_tokens: int, max_tokens: int | None, n: int) -> list[RequestTimer]:
-        """One prompt with its ``n`` samples (vLLM's parent request): a timer per sample."""
+    def start_request(
+        self, num_prompt_tokens: int, max_tokens: int | None, n: int, lora_name: str | None = None
+    ) -> list[RequestTimer]:
+        """One prompt with its ``n`` samples (vLLM's parent request): a timer per sample;
+        ``lora_name``: the LoRA adapter they run with (None: the base model)."""
         group = _SampleGroup(self, n)
         self.params_n.observe(n)
         if max_tokens is not None:
             self.params_max_tokens.observe(max_tokens)
         self.prompt_tokens.inc(num_prompt_tokens * n)
-        return [RequestTimer(self, num_prompt_tokens, group) for _ in range(n)]
+        lora = None if lora_name is None or self.lora is None else (self.lora, lora_name)
+        return [RequestTimer(self, num_prompt_tokens, group, lora) for _ in range(n)]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -315,11 +326,72 @@ class _SampleGroup:
             self.metrics.max_generation_tokens.observe(self.longest)
 
 
-class RequestTimer:
-    """One engine request's latencies, measured as its tokens arrive."""
+class LoRAActivity(Collector):
+    """vLLM's ``lora_requests_info`` gauge: its labels name the adapters with requests running
+    (``running_lora_adapters``: the engine has produced a token of them) and waiting (queued or
+    in prefill), comma-separated, and ``max_lora`` (``--max-loras``); its value is the time of the
+    last change, as vLLM's. Beside it ``lora_requests_total``: engine requests (samples) started
+    per adapter."""
 
-    def __init__(self, metrics: Metrics, num_prompt_tokens: int, group: _SampleGroup):
+    def __init__(self, metrics: Metrics, max_loras: int):
+        self.metrics, self.max_loras = metrics, max_loras
+        self.waiting: collections.Counter[str] = collections.Counter()
+        self.running: collections.Counter[str] = collections.Counter()
+        self.updated = time.time()
+        self.requests = Counter(
+            metrics._name("lora_requests"),
+            "Engine requests (samples) started, by LoRA adapter",
+            ["model_name", "lora_name"],
+            registry=metrics.registry,
+        )
+
+    def submitted(self, name: str) -> None:
+        self.requests.labels(**self.metrics._labels, lora_name=name).inc()
+        self._move(name, None, self.waiting)
+
+    def started(self, name: str) -> None:
+        self._move(name, self.waiting, self.running)
+
+    def ended(self, name: str, started: bool) -> None:
+        self._move(name, self.running if started else self.waiting, None)
+
+    def _move(self, name: str, source, target) -> None:
+        if source is not None:
+            source[name] -= 1
+        if target is not None:
+            target[name] += 1
+        self.updated = time.time()
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            self.metrics._name("lora_requests_info"),
+            "Running stats on LoRA requests",
+            labels=["max_lora", "waiting_lora_adapters", "running_lora_adapters"],
+        )
+        family.add_metric([str(self.max_loras), _names(self.waiting), _names(self.running)], self.updated)
+        yield family
+
+
+def _names(counts: collections.Counter[str]) -> str:
+    """The adapters with requests, comma-separated, as vLLM's label."""
+    return ",".join(sorted(name for name, count in counts.items() if count > 0))
+
+
+class RequestTimer:
+    """One engine request's latencies, measured as its tokens arrive; ``lora``: (the LoRA
+    activity, the adapter's name) when it runs with an adapter."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        num_prompt_tokens: int,
+        group: _SampleGroup,
+        lora: tuple[LoRAActivity, str] | None = None,
+    ):
         self.metrics, self.num_prompt_tokens, self.group = metrics, num_prompt_tokens, group
+        self.lora = lora
+        if lora is not None:
+            lora[0].submitted(lora[1])
         self.start = self.last = time.monotonic()
         self.first_token: float | None = None
         self.num_tokens = 0
@@ -339,6 +411,8 @@ class RequestTimer:
         if self.first_token is None:
             m.ttft.observe(now - self.start)
             self.first_token = now
+            if self.lora is not None:
+                self.lora[0].started(self.lora[1])
         else:
             interval = (now - self.last) / count
             for _ in range(count):
@@ -346,7 +420,15 @@ class RequestTimer:
                 m.tpot.observe(interval)
         self.last = now
 
+    def released(self) -> None:
+        """The request ended, however (finished, aborted, failed): it leaves the LoRA activity."""
+        if self.lora is not None:
+            activity, name = self.lora
+            self.lora = None
+            activity.ended(name, started=self.first_token is not None)
+
     def finished(self, reason: str) -> None:
+        self.released()
         m = self.metrics
         m.e2e.observe(time.monotonic() - self.start)
         m.finished.labels(**m._labels, finished_reason=reason).inc()

@@ -18,6 +18,7 @@ from collections.abc import Callable
 import zmq.asyncio
 
 from engine.client import AsyncEngine, RequestHandle, kv_events
+from engine.lora import LoRARequest
 from engine.messages.kv_events import KVEventsConfig
 from engine.messages.stats import EngineStats
 from engine_server.router import Router
@@ -124,10 +125,11 @@ class ReplicaSet:
         priority: int = 0,
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
+        lora_request: LoRARequest | None = None,
     ) -> RequestHandle:
         loads = [replica.open_requests for replica in self.replicas]
         index = self.router.choose(children[0][1], loads, cache_salt) if len(self.replicas) > 1 else 0
-        return self.replicas[index].submit(children, priority, cache_salt, kv_transfer_params)
+        return self.replicas[index].submit(children, priority, cache_salt, kv_transfer_params, lora_request)
 
     def abort(self, request_ids) -> None:
         request_ids = list(request_ids)

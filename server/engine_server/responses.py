@@ -157,7 +157,8 @@ class Model(msgspec.Struct, kw_only=True):
     object: Literal["model"]
     created: int
     owned_by: str
-    root: str
+    root: str  # a LoRA adapter's: its folder
+    parent: str | None = None  # a LoRA adapter's: the base model's id (vLLM's)
     max_model_len: int
     default_sampling_params: dict[str, Any]
     # the guarantee temperature-0 output has: "batch-invariant" (alone, batched, speculated,

@@ -173,3 +173,16 @@ BODIES = {
     "AnthropicMessagesRequest": AnthropicMessagesRequest,
     "AnthropicCountTokensRequest": AnthropicCountTokensRequest,
 }
+
+
+class LoadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/load_lora_adapter`` (vLLM's)."""
+
+    lora_name: str = ""
+    lora_path: str = ""
+
+
+class UnloadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
+    """``POST /v1/unload_lora_adapter`` (vLLM's)."""
+
+    lora_name: str = ""

@@ -14,10 +14,13 @@ from collections.abc import Callable
 import uvicorn
 
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
-from engine.plugins import load_plugins
+from engine.interfaces import LoRAResolverContext
+from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
+from engine_server.errors import APIError
 from engine_server.guard import default_allowed_hosts
 from engine_server.header_timeout import with_header_timeout
+from engine_server.lora import RESOLVER_CACHE_ENV, LoRAAdapters, runtime_updating_allowed
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 from engine_server.replicas import ReplicaSet
@@ -130,6 +133,9 @@ class ServeCommand(Command):
             step_timeout=args.engine_step_timeout,
         )
         metrics = Metrics(name, args.metrics_prefix)
+        adapters = lora_adapters(args, options, name, registry)
+        if adapters is not None:
+            metrics.enable_lora(options.get("max_loras", 1))
         client.add_stats_listener(
             lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine, engine=engine))
         )
@@ -160,6 +166,7 @@ class ServeCommand(Command):
             web_ui=not args.disable_web_ui,
             tracing=tracing,
             request_timings=args.enable_request_timings,
+            lora=adapters,
         )
 
         @contextlib.asynccontextmanager
@@ -171,6 +178,7 @@ class ServeCommand(Command):
             state.runner, state.embedding_size = ready.runner, ready.embedding_size
             state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
             metrics.engine_ready(ready.cache_info, args.data_parallel_size)
+            await _load_lora_modules(client, adapters, args.lora_modules or ())
             replicas = (
                 f" on {args.data_parallel_size} data-parallel cores" if args.data_parallel_size > 1 else ""
             )
@@ -209,6 +217,34 @@ class ServeCommand(Command):
         if client.dead:
             _exit_now(outcome["exit_code"])
         return outcome["exit_code"]
+
+
+def lora_adapters(args, options: dict, name: str, registry: PluginRegistry) -> LoRAAdapters | None:
+    """The server's adapters with ``--enable-lora`` (None without), its resolvers constructed;
+    a ValueError for a LoRA flag given without it."""
+    runtime = runtime_updating_allowed(args.allow_runtime_lora_updating)
+    if not options.get("enable_lora"):
+        given = [flag for flag, value in [("--lora-modules", args.lora_modules)] if value]
+        given += ["--allow-runtime-lora-updating"] if args.allow_runtime_lora_updating else []
+        if given:
+            raise ValueError(f"{', '.join(given)} needs --enable-lora")
+        return None
+    cache_dir = args.lora_resolver_cache_dir or os.environ.get(RESOLVER_CACHE_ENV) or None
+    context = LoRAResolverContext(name, cache_dir)
+    resolvers = [r.load()(context) for r in registry.registrations("lora_resolvers")] if runtime else []
+    return LoRAAdapters(name, runtime, args.lora_allowed_dir, resolvers)
+
+
+async def _load_lora_modules(client, adapters: LoRAAdapters | None, modules) -> None:
+    """Load ``--lora-modules`` into the started engine; one the engine refuses stops the server
+    here, with one line naming it and the reason."""
+    for module in modules:
+        try:
+            await adapters.add(client, module.name, module.path, module.base_model_name)
+        except APIError as exc:
+            print(f"engine serve: --lora-modules {module.name}={module.path}: {exc.message}", file=sys.stderr)
+            await client.shutdown()
+            _exit_now(1)
 
 
 def _example_call(args, name: str, runner: str) -> str:

@@ -12,6 +12,7 @@ import os
 from engine.client.protocol import HEARTBEAT_INTERVAL
 from engine.entrypoints.cli import parse_count, parse_size
 from engine.entrypoints.tokenizer import load_tokenizer
+from engine_server.lora import RESOLVER_CACHE_ENV, RUNTIME_UPDATING_ENV, parse_lora_module
 from engine_server.router import ROUTING
 from engine_server.tracing import DETAIL_LEVELS
 
@@ -145,6 +146,7 @@ def add_server_arguments(parser) -> None:
         "error (code shutdown) and the exit status is 1; default: 10",
     )
     add_liveness_arguments(add)
+    add_lora_arguments(parser.add_argument_group("LoRA adapters (with --enable-lora)").add_argument)
     add(
         "--allow-unknown-fields",
         action="store_true",
@@ -290,6 +292,44 @@ def add_liveness_arguments(add) -> None:
         help="a stream that waits this long for its next token gets an SSE comment line (': keep-alive'), "
         "which clients skip and which keeps proxies from closing the idle connection; a stream whose first "
         "token takes this long starts without it (later errors come as error frames); 0: off; default: 15",
+    )
+
+
+def add_lora_arguments(add) -> None:
+    """The server's LoRA flags (the engine's own, --enable-lora --max-loras --max-lora-rank
+    --max-cpu-loras, are with the engine options)."""
+    add(
+        "--lora-modules",
+        nargs="+",
+        action="extend",
+        type=parse_lora_module,
+        metavar="NAME=PATH",
+        default=None,
+        help="LoRA adapters served from the start, each selected by a request's model: NAME; PATH a PEFT "
+        'folder; or vLLM\'s JSON form \'{"name": ..., "path": ..., "base_model_name": ...}\'. Each is '
+        "checked against the model at start: one the engine would refuse stops the server with its reason",
+    )
+    add(
+        "--allow-runtime-lora-updating",
+        action="store_true",
+        help="serve POST /v1/load_lora_adapter {lora_name, lora_path} and /v1/unload_lora_adapter "
+        "{lora_name}, and ask the LoRA resolver plugins for adapter names nobody loaded; also on with "
+        f"${RUNTIME_UPDATING_ENV}=True, as vLLM; default: off (those routes answer 404)",
+    )
+    add(
+        "--lora-allowed-dir",
+        default=None,
+        metavar="DIR",
+        help="runtime loads may only read adapters inside DIR (a relative lora_path is taken inside it; "
+        "'..' and symlinks may not leave it); default: none, any folder the server can read, as vLLM "
+        "(set it on a server whose clients you do not trust with the file system)",
+    )
+    add(
+        "--lora-resolver-cache-dir",
+        default=None,
+        metavar="DIR",
+        help="the folder LoRA resolvers read adapters from (the filesystem resolver: DIR/NAME for model "
+        f"NAME); default: ${RESOLVER_CACHE_ENV}",
     )
 
 

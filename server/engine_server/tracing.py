@@ -168,7 +168,7 @@ def _attributes(generation, detokenize: float) -> dict:
     """vLLM's ``gen_ai.*`` attributes of the request span (latencies of its first sample)."""
     body = generation.body
     attributes = {
-        "gen_ai.response.model": generation.state.model_name,
+        "gen_ai.response.model": generation.model_name,  # an adapter's name when one was asked for
         "gen_ai.request.id": generation.id,
         "gen_ai.request.n": body.n,
         "gen_ai.usage.prompt_tokens": sum(len(ids) for _, ids in generation.prompts),

@@ -164,7 +164,18 @@ class AsyncMPClient(EngineCoreClient):
                 if isinstance(message, protocol.Ready):
                     self.ready = message
                     self.liveness = Liveness()
+        await self._wait_connected(deadline)
         return self.ready
+
+    async def _wait_connected(self, deadline: float) -> None:
+        """Until our sending socket has its peer: the core connects to it just before it sends
+        Ready, and ZMQ completes that connection on its own time, so a request sent the moment
+        Ready arrives (a server checking its LoRA adapters) could find no peer yet."""
+        loop = asyncio.get_running_loop()
+        while not self._send.poll(0, zmq.POLLOUT):
+            if self.process.poll() is not None or loop.time() > deadline:
+                raise EngineDead("engine core did not connect after it became ready")
+            await asyncio.sleep(0.005)
 
     def add(
         self,

@@ -215,7 +215,8 @@ OPTIONS: dict[str, Option] = {
     "enable_lora": Option(
         ("--enable-lora",),
         "serve LoRA adapters (PEFT folders) over the base model, mixed in every step; "
-        "a request names its adapter (offline: lora_request=LoRARequest(name, id, path))",
+        "a request names its adapter (offline: lora_request=LoRARequest(name, id, path); "
+        "engine serve: --lora-modules NAME=PATH, and model: NAME in the request)",
     ),
     "max_loras": Option(
         ("--max-loras",), "most distinct LoRA adapters in one step (each holds a slot of --max-lora-rank)"

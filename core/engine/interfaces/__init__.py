@@ -19,6 +19,7 @@ from engine.interfaces.kv_connector import (
 )
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
+from engine.interfaces.lora_resolver import LoRAResolver, LoRAResolverContext
 from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
 from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
@@ -76,6 +77,7 @@ INTERFACE_VERSIONS = {
     "reasoning_parsers": 1,
     "commands": 1,
     "executors": 1,
+    "lora_resolvers": 1,
 }
 
 # Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
@@ -127,6 +129,8 @@ __all__ = [
     "KVLayout",
     "KVRequest",
     "KVTransferReport",
+    "LoRAResolver",
+    "LoRAResolverContext",
     "LogitsProcessor",
     "Model",
     "ModelContext",

@@ -9,11 +9,12 @@ Subclass a contract in your plugin's tests and name what you register::
 
 or run ``pytest --engine-conformance`` to check every installed plugin's registrations of the
 kinds it covers (attention backends, models, KV cache managers, KV connectors, grammar backends,
-schedulers, platforms' layer ops). Contracts: ``attention.AttentionBackendContract``,
+schedulers, platforms' layer ops, LoRA resolvers). Contracts: ``attention.AttentionBackendContract``,
 ``models.ModelContract``, ``models.EmbeddingModelContract``, ``kv_cache.KVCacheManagerContract``,
 ``kv_connector.KVConnectorContract``, ``pd_connector.PDConnectorContract`` (connectors built on
 ``engine.kv_transfer.PDConnector``), ``scheduler.SchedulerContract``,
-``grammar.GrammarBackendContract``, ``layer_ops.LayerOpsContract``, and, subclassed in the
+``grammar.GrammarBackendContract``, ``layer_ops.LayerOpsContract``,
+``lora_resolver.LoRAResolverContract``, and, subclassed in the
 plugin's own tests since their settings are its own, ``quant.QuantMethodContract`` and
 ``spec.DrafterContract``.
 """

@@ -12,6 +12,7 @@ from engine.testing.grammar import GrammarBackendContract
 from engine.testing.kv_cache import KVCacheManagerContract
 from engine.testing.kv_connector import KVConnectorContract
 from engine.testing.layer_ops import LayerOpsContract
+from engine.testing.lora_resolver import LoRAResolverContract
 from engine.testing.models import ModelContract
 from engine.testing.pd_connector import PDConnectorContract
 from engine.testing.scheduler import SchedulerContract
@@ -82,3 +83,5 @@ for _r in _registry.registrations("schedulers", shadowed=True):
     _contract("scheduler", _r, SchedulerContract, "scheduler_name")
 for _r in _registry.registrations("platforms", shadowed=True):
     _contract("layer_ops", _r, LayerOpsContract, "platform_name")
+for _r in _registry.registrations("lora_resolvers", shadowed=True):
+    _contract("lora_resolver", _r, LoRAResolverContract, "resolver_name")
