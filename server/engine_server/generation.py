@@ -311,6 +311,7 @@ class Generation:
     def _submit(self) -> None:
         if self.state.log_requests:
             self._log()
+        submitted = time.monotonic()  # the timers start here: TTFT includes the hand-over to the core
         try:
             self.handle = self.state.client.submit(
                 self.children, self.body.priority, self.cache_salt, self.body.kv_transfer_params, self.lora
@@ -321,11 +322,12 @@ class Generation:
             self.state.client.abort([rid for rid, _, _ in self.children])  # those sent before the failure
             raise
         if self.trace is not None:
-            self.trace.submitted = time.monotonic()
+            self.trace.submitted = submitted
+        metrics = self.state.metrics
         timers = [
             t
             for _, ids in self.prompts
-            for t in self.state.metrics.start_request(len(ids), self.max_tokens, self.body.n, self.lora_name)
+            for t in metrics.start_request(len(ids), self.max_tokens, self.body.n, self.lora_name, submitted)
         ]
         self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         interval = self.state.keepalive_interval if self.body.stream else None

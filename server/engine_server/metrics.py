@@ -271,17 +271,23 @@ class Metrics:
         return self._stats
 
     def start_request(
-        self, num_prompt_tokens: int, max_tokens: int | None, n: int, lora_name: str | None = None
+        self,
+        num_prompt_tokens: int,
+        max_tokens: int | None,
+        n: int,
+        lora_name: str | None = None,
+        submitted: float | None = None,
     ) -> list[RequestTimer]:
         """One prompt with its ``n`` samples (vLLM's parent request): a timer per sample;
-        ``lora_name``: the LoRA adapter they run with (None: the base model)."""
+        ``lora_name``: the LoRA adapter they run with (None: the base model); ``submitted``:
+        when they were sent to the engine (``time.monotonic()``; None: now)."""
         group = _SampleGroup(self, n)
         self.params_n.observe(n)
         if max_tokens is not None:
             self.params_max_tokens.observe(max_tokens)
         self.prompt_tokens.inc(num_prompt_tokens * n)
         lora = None if lora_name is None or self.lora is None else (self.lora, lora_name)
-        return [RequestTimer(self, num_prompt_tokens, group, lora) for _ in range(n)]
+        return [RequestTimer(self, num_prompt_tokens, group, lora, submitted) for _ in range(n)]
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -387,12 +393,13 @@ class RequestTimer:
         num_prompt_tokens: int,
         group: _SampleGroup,
         lora: tuple[LoRAActivity, str] | None = None,
+        submitted: float | None = None,
     ):
         self.metrics, self.num_prompt_tokens, self.group = metrics, num_prompt_tokens, group
         self.lora = lora
         if lora is not None:
             lora[0].submitted(lora[1])
-        self.start = self.last = time.monotonic()
+        self.start = self.last = time.monotonic() if submitted is None else submitted
         self.first_token: float | None = None
         self.num_tokens = 0
         self.timing: tuple[float, float] | None = None  # (queue, prefill) seconds from the engine core
