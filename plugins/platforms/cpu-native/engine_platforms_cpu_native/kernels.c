@@ -24,7 +24,7 @@
 #define MAX_DIM 1024
 #define PARALLEL_VALUES (1 << 16) /* values from which a kernel's rows are split over threads */
 #define PARALLEL_WORK (1 << 18)   /* multiply-adds from which LoRA's tiles are split over threads */
-#define LORA_TILE_ROWS 4          /* rows of one adapter that share each weight row loaded */
+#define LORA_TILE_ROWS 8          /* rows of one adapter that share each weight row loaded */
 #define LORA_MAX_RANK 512
 
 int64_t max_rotary_dim(void) { return MAX_DIM; }
