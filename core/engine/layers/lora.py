@@ -21,7 +21,8 @@ from engine.layers.ops import LayerOps
 
 class LoRABatch:
     """This step's slot per flattened row (int64 [T], -1: the base model), or None when no row
-    runs an adapter, so the layers skip LoRA entirely."""
+    runs an adapter, so the layers skip LoRA entirely. While a decode step is recorded
+    (:mod:`engine.runner.step_graphs`) it is the bucket's static buffer, which each replay fills."""
 
     def __init__(self):
         self.indices: torch.Tensor | None = None
