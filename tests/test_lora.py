@@ -143,6 +143,36 @@ def test_mixed_batch_matches_peft(family, squeeze):
         )
 
 
+def test_decode_steps_replay_native_tapes_with_adapters(llama, tmp_path):
+    """On a base whose decode step is C kernels alone (GGUF Q8_0 on cpu-native), steps of mixed
+    adapters replay the recorded tapes — the LoRA kernels read the step's slots from the bucket's
+    static buffer — and give the tokens of the same engine run eagerly; a later batch without
+    adapters replays with every row back on the base model."""
+    from gguf import GGMLQuantizationType
+
+    from engine_quant_gguf.writer import write_gguf
+
+    _, base, adapters = llama
+    path = str(tmp_path / "base.gguf")
+    write_gguf(path, base, None, GGMLQuantizationType.Q8_0)
+    llm = lora_llm(path)
+    graphs = llm.engine.runner.graphs
+    if graphs is None:
+        pytest.skip("this platform records no step graphs")
+    replayed = []
+    replay = graphs.replay
+    graphs.replay = lambda batch: replayed.append(hidden := replay(batch)) or hidden
+    prompts = reference.random_prompts(256, [9, 14, 6, 11, 17], seed=31)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
+    eager = lora_llm(path, enforce_eager=True)
+    for lora_ids in ([None, 1, 2, 3, 4], [None] * 5):
+        requests = [i and adapters[i][0] for i in lora_ids]
+        assert [o.outputs[0].token_ids for o in llm.generate(prompts, params, lora_request=requests)] == [
+            o.outputs[0].token_ids for o in eager.generate(prompts, params, lora_request=requests)
+        ], lora_ids
+    assert sum(hidden is not None for hidden in replayed) >= 2 * (NEW_TOKENS - 1)
+
+
 def test_adapters_change_the_output(family):
     """The four adapters and the base model all continue the same prompt differently, so
     matching peft above is not matching the base model."""

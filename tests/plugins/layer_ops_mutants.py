@@ -160,8 +160,8 @@ class NoneIsTheLastSlot(LayerOps):
     def lora_expand(self, y, h, b, indices, output_sizes):
         start = 0
         for shard, size in enumerate(output_sizes):
-            rows = b[indices, start : start + size]  # [T, size, R]
-            y[:, start : start + size] += torch.einsum("tr,tnr->tn", h[:, shard], rows)
+            cols = b[indices, :, start : start + size]  # [T, R, size]
+            y[:, start : start + size] += torch.einsum("tr,trn->tn", h[:, shard], cols)
             start += size
         return y
 

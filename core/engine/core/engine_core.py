@@ -140,6 +140,7 @@ class EngineCore:
             self.platform,
             self.hf_config.vocab_size,
             max_len,
+            self.lora.batch if self.lora is not None else None,
         )
         self.executor.start(self.runner, groups)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)

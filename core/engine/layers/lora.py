@@ -2,8 +2,9 @@
 preallocated tensors, and the delta they add to the base matmul's output.
 
 A layer with n fused output shards (q|k|v: 3, gate|up: 2, o_proj and down_proj: 1) holds, for
-``max_loras`` slots of rank ``max_rank``: ``a`` [S, n, R, K], ``b`` [S, N, R] (output row j's B
-against its shard's rank) and ``scale`` [S, n] (lora_alpha / r, or / √r with rsLoRA; zero where
+``max_loras`` slots of rank ``max_rank``: ``a`` [S, n, R, K], ``b`` [S, R, N] (B transposed:
+column j holds output j's B row against its shard's rank, so a kernel adding the delta reads
+each rank's row of outputs contiguously) and ``scale`` [S, n] (lora_alpha / r, or / √r with rsLoRA; zero where
 an adapter leaves a shard out). Loading an adapter into a slot copies into these tensors: a step
 never allocates them. Which row runs which slot is the step's :class:`LoRABatch`, one object
 every layer of the model shares and the engine sets before each forward; the delta is computed
@@ -20,7 +21,8 @@ from engine.layers.ops import LayerOps
 
 class LoRABatch:
     """This step's slot per flattened row (int64 [T], -1: the base model), or None when no row
-    runs an adapter, so the layers skip LoRA entirely."""
+    runs an adapter, so the layers skip LoRA entirely. While a decode step is recorded
+    (:mod:`engine.runner.step_graphs`) it is the bucket's static buffer, which each replay fills."""
 
     def __init__(self):
         self.indices: torch.Tensor | None = None
@@ -43,7 +45,7 @@ class LoRASlots(Layer):
         self.batch, self.ops = batch, ops
         n, like = len(output_sizes), {"dtype": dtype, "device": device}
         self.register_buffer("a", torch.zeros(max_loras, n, max_rank, input_size, **like))
-        self.register_buffer("b", torch.zeros(max_loras, sum(output_sizes), max_rank, **like))
+        self.register_buffer("b", torch.zeros(max_loras, max_rank, sum(output_sizes), **like))
         self.register_buffer("scale", torch.zeros(max_loras, n, device=device))
 
     def load(self, slot: int, shards) -> None:
@@ -56,7 +58,7 @@ class LoRASlots(Layer):
                 a, b, scale = shard
                 rank = a.shape[0]
                 self.a[slot, index, :rank].copy_(a)
-                self.b[slot, start : start + size, :rank].copy_(b)
+                self.b[slot, :rank, start : start + size].copy_(b.T)
                 self.scale[slot, index] = scale
             start += size
 

@@ -176,18 +176,18 @@ class LayerOps:
     ) -> torch.Tensor:
         """The second half: y [T, N] (a matmul's output, consumed: added to in place) plus
         B[s, i] · h[:, i] on each fused shard i's columns (``output_sizes`` their widths, N in
-        all) for a row of slot s; ``b`` [S, N, R], each output row's B against its shard's
-        rank; h [T, n, R] from :meth:`lora_shrink`; rows of none (-1) are left as they are.
-        Returns y."""
+        all) for a row of slot s; ``b`` [S, R, N]: B transposed, column j output j's B against
+        its shard's rank; h [T, n, R] from :meth:`lora_shrink`; rows of none (-1) are left as
+        they are. Returns y."""
         bounds = list(itertools.accumulate(output_sizes, initial=0))
         shards = list(enumerate(itertools.pairwise(bounds)))
         for slot, rows in _slot_rows(indices):
             if rows is None:  # every row: add in place, shard by shard
                 for i, (lo, hi) in shards:
-                    y[:, lo:hi].addmm_(h[:, i], b[slot, lo:hi].T)
+                    y[:, lo:hi].addmm_(h[:, i], b[slot, :, lo:hi])
                 return y
             part = h.index_select(0, rows)
-            delta = torch.cat([part[:, i] @ b[slot, lo:hi].T for i, (lo, hi) in shards], dim=1)
+            delta = torch.cat([part[:, i] @ b[slot, :, lo:hi] for i, (lo, hi) in shards], dim=1)
             y.index_add_(0, rows, delta.to(y.dtype))
         return y
 

@@ -14,6 +14,12 @@ serves a request, one replay of random inputs is compared with the eager forward
 inputs (:meth:`StepGraphRunner.check`): a recording that does not reproduce it is dropped.
 ``enforce_eager`` turns all of this off, and it is off wherever :func:`graph_plan` gives a reason.
 
+LoRA adapters run inside the recordings: each bucket has a static row -> slot buffer that the
+layers' LoRA ops read (:class:`engine.layers.lora.LoRABatch` points at it while recording), and a
+replay copies the step's slots into it (-1, no adapter, for padding rows and for a step without
+adapters). The slot weights are fixed buffers an adapter is copied into, so what a recording
+addresses never moves.
+
 CUDA graphs have not yet run on a GPU: their capture and replay are written to the CUDA graph
 API as documented; the bucket choice, padding and reasons are tested on the CPU, where native
 tapes run the same runner.
@@ -154,8 +160,6 @@ def graph_plan(config, platform, layers, runner_kind: str) -> GraphPlan:
             reasons.append(f"{why} is configured")
     if runner_kind == "pooling":
         reasons.append("the pooling runner samples nothing to decode")
-    if config.lora.enable_lora:
-        reasons.append("LoRA adapters are enabled (a step's slots and rows change around the replay)")
     max_num_seqs = config.scheduler.max_num_seqs
     defaults = graphs.default_sizes(max_num_seqs) if graphs is not None else ()
     sizes = capture_sizes(config.cuda_graph_sizes, defaults, max_num_seqs)
@@ -188,16 +192,18 @@ def start(
     platform,
     vocab_size: int,
     max_positions: int,
+    lora=None,
 ) -> StepGraphRunner | None:
     """The recorded decode steps of ``plan``, or None (decode runs eagerly; the reasons are
     logged, and a recording that fails — a forward that syncs with the host, or one a tape
-    cannot replay — or does not reproduce the eager forward falls back to eager)."""
+    cannot replay — or does not reproduce the eager forward falls back to eager). ``lora``: the
+    model's :class:`engine.layers.lora.LoRABatch` when adapters may run."""
     if not plan.sizes:
         log = logger.info if platform.device_type == "cuda" else logger.debug
         log("decode steps run eagerly: %s", "; ".join(plan.reasons))
         return None
     runner = StepGraphRunner(
-        model, attention, kv_caches, plan, max_blocks, platform.device, vocab_size, max_positions
+        model, attention, kv_caches, plan, max_blocks, platform.device, vocab_size, max_positions, lora
     )
     try:
         runner.capture()
@@ -230,29 +236,45 @@ class StepGraphRunner:
         device: torch.device,
         vocab_size: int,
         max_positions: int,
+        lora=None,
     ):
         self.model, self.attention, self.kv_caches = model, attention, kv_caches
+        self.lora = lora  # the LoRABatch the layers read, or None
+        self.lora_rows: dict[int, torch.Tensor] = {}  # per bucket: the static row -> slot buffer
         self.recorder, self.sizes = plan.graphs, plan.sizes
         self.max_blocks, self.device = max_blocks, device
         self.vocab_size, self.max_positions = vocab_size, max_positions  # what check() may feed
         self.graphs: dict[int, RecordedDecode] = {}
 
-    def _forward(self, inputs: DecodeInputs, metadata):
+    def _forward(self, inputs: DecodeInputs, metadata, lora_rows: torch.Tensor | None = None):
+        if self.lora is not None:
+            self.lora.indices = lora_rows
         step = StepContext(self.attention, metadata, self.kv_caches, (), [], ())
         return self.model(inputs.input_ids, inputs.positions, step)
+
+    def _no_adapters(self, size: int) -> torch.Tensor | None:
+        """A row -> slot buffer of ``size`` rows of no adapter (-1), or None without LoRA."""
+        if self.lora is None:
+            return None
+        return torch.full((size,), -1, dtype=torch.int64, device=self.device)
 
     @torch.inference_mode()
     def capture(self) -> None:
         for size in sorted(self.sizes, reverse=True):  # the largest first: the smaller fit its memory
             inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
             metadata = self.attention.build_graph_metadata(inputs.layout)
+            lora_rows = self._no_adapters(size)
 
-            def forward(inputs=inputs, metadata=metadata):
-                return self._forward(inputs, metadata)
+            def forward(inputs=inputs, metadata=metadata, lora_rows=lora_rows):
+                return self._forward(inputs, metadata, lora_rows)
 
             forward()  # warm-up: kernels compiled, allocator settled
             graph, hidden = self.recorder.record(forward)
             self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
+            if lora_rows is not None:
+                self.lora_rows[size] = lora_rows
+        if self.lora is not None:
+            self.lora.indices = None
         logger.info(
             "recorded %s of decode steps for batches of %s",
             self.recorder.name,
@@ -279,7 +301,11 @@ class StepGraphRunner:
                 seq_lens_host=tuple(lens.tolist()),
             ),
         )
-        eager = self._forward(inputs, self.attention.build_metadata(inputs.layout)).clone()
+        eager = self._forward(
+            inputs, self.attention.build_metadata(inputs.layout), self._no_adapters(size)
+        ).clone()
+        if self.lora is not None:
+            self.lora.indices = None
         recorded = self.graphs[size]
         recorded.inputs.copy_(inputs)
         recorded.graph.replay()
@@ -301,5 +327,10 @@ class StepGraphRunner:
         recorded.inputs.copy_(
             pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks)
         )
+        lora_rows = self.lora_rows.get(size)
+        if lora_rows is not None:  # this step's slots (set by the LoRA manager), -1 past them
+            lora_rows.fill_(-1)
+            if self.lora.indices is not None:
+                lora_rows[: batch.layout.num_requests].copy_(self.lora.indices)
         recorded.graph.replay()
         return recorded.hidden[: batch.layout.num_requests]

@@ -283,8 +283,8 @@ class LayerOpsContract:
         gen = torch.Generator().manual_seed(tokens + len(output_sizes))
         slots, rank, size, n = 4, 16, 80, len(output_sizes)
         a = torch.randn(slots, n, rank, size, generator=gen) * 0.2
-        b = torch.randn(slots, sum(output_sizes), rank, generator=gen) * 0.2
-        a[0, :, 8:], b[0, :, 8:] = 0, 0  # slot 0: an adapter of rank 8
+        b = torch.randn(slots, rank, sum(output_sizes), generator=gen) * 0.2
+        a[0, :, 8:], b[0, 8:] = 0, 0  # slot 0: an adapter of rank 8
         scale = torch.rand(slots, n, generator=gen) + 0.5
         scale[2, 0] = 0  # slot 2 leaves its first shard out
         a, b = a.to(dtype), b.to(dtype)
@@ -306,11 +306,11 @@ class LayerOpsContract:
 
 
 def _lora_reference(x, y, a, b, scale, indices, output_sizes) -> torch.Tensor:
-    """y + scale[s, i] · B[s, shard i rows] · A[s, i] · x in float64, row by row's slot s."""
+    """y + scale[s, i] · B[s, :, shard i's outputs] · A[s, i] · x in float64, row by row's slot s."""
     slot = indices.clamp(min=0)
     h = torch.einsum("tk,tnrk->tnr", x.double(), a.double()[slot]) * scale.double()[slot][..., None]
     shard_of_row = torch.repeat_interleave(torch.arange(len(output_sizes)), torch.tensor(output_sizes))
-    delta = (b.double()[slot] * h[:, shard_of_row]).sum(-1)
+    delta = (b.double()[slot] * h[:, shard_of_row].transpose(1, 2)).sum(1)
     return y.double() + delta * (indices >= 0).double()[:, None]
 
 

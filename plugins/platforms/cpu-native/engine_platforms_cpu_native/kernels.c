@@ -1,6 +1,7 @@
 /* Fused layer ops for the CPU: (residual add +) RMSNorm, rotary tables looked up by position, rotary embedding (alone or after a
  * per-head RMSNorm of q and k, Qwen3's) in place, W8A8's activation quantization and int32
- * rescale in one pass each, SwiGLU (silu(gate) · up) in one pass.
+ * rescale in one pass each, SwiGLU (silu(gate) · up) in one pass, and LoRA's grouped shrink
+ * and expand over a batch of mixed adapters (lora_generic.h).
  *
  * Each replaces several torch calls that, at small batches, cost more than their arithmetic.
  * Rounding follows the torch path step by step (bfloat16 results rounded to nearest even
@@ -14,6 +15,7 @@
 #include "engine_exp.h"
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #ifdef __AVX512F__
 #include <immintrin.h>
@@ -21,8 +23,12 @@
 
 #define MAX_DIM 1024
 #define PARALLEL_VALUES (1 << 16) /* values from which a kernel's rows are split over threads */
+#define PARALLEL_WORK (1 << 18)   /* multiply-adds from which LoRA's tiles are split over threads */
+#define LORA_TILE_ROWS 8          /* rows of one adapter that share each weight row loaded */
+#define LORA_MAX_RANK 512
 
 int64_t max_rotary_dim(void) { return MAX_DIM; }
+int64_t lora_max_rank(void) { return LORA_MAX_RANK; }
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 static inline __m512 vload_f32(const float *p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
@@ -60,3 +66,40 @@ engine_status gather_rows(const char *table, int64_t rows, int64_t row_bytes, co
 #define LOAD f32_load
 #define STORE f32_store
 #include "kernels_generic.h"
+
+/* LoRA's rows in order of their slot (counting sort: rows of none, -1, left out) and the tiles
+ * over that order: runs of up to LORA_TILE_ROWS rows of one slot, tile t being
+ * order[tiles[t]:tiles[t + 1]]. One allocation, freed with free(*order). Refused (1) when an
+ * index is outside [-1, slots); 2 without memory. */
+static engine_status lora_tiles(const int64_t *indices, int64_t rows, int64_t slots, int64_t **order,
+                                int64_t **tiles, int64_t *count) {
+    for (int64_t r = 0; r < rows; r++)
+        if (indices[r] < -1 || indices[r] >= slots) return 1;
+    int64_t *memory = malloc((size_t)(2 * rows + 2 * slots + 2) * sizeof(int64_t));
+    if (!memory) return 2;
+    int64_t *start = memory + rows, *tile = start + slots + 1;
+    memset(start, 0, (size_t)(slots + 1) * sizeof(int64_t));
+    for (int64_t r = 0; r < rows; r++)
+        if (indices[r] >= 0) start[indices[r] + 1]++;
+    for (int64_t s = 0; s < slots; s++) start[s + 1] += start[s];
+    int64_t n = 0;
+    for (int64_t s = 0; s < slots; s++)
+        for (int64_t at = start[s]; at < start[s + 1]; at += LORA_TILE_ROWS) tile[n++] = at;
+    tile[n] = start[slots];
+    for (int64_t r = 0; r < rows; r++)
+        if (indices[r] >= 0) memory[start[indices[r]]++] = r;
+    *order = memory, *tiles = tile, *count = n;
+    return 0;
+}
+
+#define SUFFIX bf16
+#define T uint16_t
+#define LOAD bf16_load
+#define STORE bf16_store
+#include "lora_generic.h"
+
+#define SUFFIX f32
+#define T float
+#define LOAD f32_load
+#define STORE f32_store
+#include "lora_generic.h"

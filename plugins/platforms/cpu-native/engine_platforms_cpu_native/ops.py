@@ -1,6 +1,7 @@
 """LayerOps on the fused C kernels: (residual add +) RMSNorm, the rotary tables' lookup by
 position, rotary embedding and Qwen3's per-head q/k RMSNorm + rotary in place, W8A8's activation
-quantization and int32 rescale and SwiGLU in one pass each, and group-affine weights (GGUF's
+quantization and int32 rescale and SwiGLU in one pass each, LoRA's grouped shrink and expand
+(one call each per layer, whatever the mix of adapters), and group-affine weights (GGUF's
 32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several torch
@@ -12,6 +13,9 @@ batch; dtypes or layouts they do not take go to the torch path.
 """
 
 from __future__ import annotations
+
+import functools
+import itertools
 
 import torch
 
@@ -29,6 +33,8 @@ _TYPED_KERNELS = (
     "quantize_rows_int8",
     "rescale_int32",
     "silu_and_mul",
+    "lora_shrink",
+    "lora_expand",
 )
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
@@ -40,6 +46,7 @@ class NativeLayerOps(LayerOps):
     def __init__(self, library: Library, dtype: torch.dtype):
         self.dtype = dtype
         self.max_rotary_dim = library.max_rotary_dim()
+        self.max_lora_rank = library.lora_max_rank()
         self._kernels = {
             (name, dtype): bind(library, f"{name}_{suffix}")
             for name in _TYPED_KERNELS
@@ -185,3 +192,63 @@ class NativeLayerOps(LayerOps):
             out.data_ptr(),
         )
         return out
+
+    def _takes_lora(self, indices, rows, *weights) -> bool:
+        """``rows`` (x or y) [T, width] with unit column stride, contiguous weights, all in this
+        ops' dtype; int64 indices."""
+        return (
+            indices.dtype == torch.int64
+            and indices.is_contiguous()
+            and rows.dim() == 2
+            and rows.stride(-1) == 1
+            and all(t.dtype == self.dtype for t in (rows, *weights))
+            and all(w.is_contiguous() for w in weights)
+        )
+
+    def lora_shrink(self, x, a, scale, indices):
+        slots, shards, rank, cols = a.shape
+        if not (self._takes_lora(indices, x, a) and scale.dtype == torch.float32 and scale.is_contiguous()):
+            return super().lora_shrink(x, a, scale, indices)
+        h = torch.empty(x.shape[0], shards, rank, dtype=x.dtype)
+        if self._kernels["lora_shrink", self.dtype](
+            x.data_ptr(),
+            x.shape[0],
+            x.stride(0),
+            cols,
+            a.data_ptr(),
+            slots,
+            shards,
+            rank,
+            scale.data_ptr(),
+            indices.data_ptr(),
+            h.data_ptr(),
+        ):
+            raise IndexError(f"LoRA slots must lie in [-1, {slots})")
+        return h
+
+    def lora_expand(self, y, h, b, indices, output_sizes):
+        slots, rank, width = b.shape
+        if rank > self.max_lora_rank or not self._takes_lora(indices, y, h, b):
+            return super().lora_expand(y, h, b, indices, output_sizes)
+        if self._kernels["lora_expand", self.dtype](
+            y.data_ptr(),
+            y.shape[0],
+            y.stride(0),
+            h.data_ptr(),
+            b.data_ptr(),
+            slots,
+            len(output_sizes),
+            rank,
+            width,
+            _bounds(tuple(output_sizes)).data_ptr(),
+            indices.data_ptr(),
+        ):
+            raise IndexError(f"LoRA slots must lie in [-1, {slots})")
+        return y
+
+
+@functools.cache
+def _bounds(output_sizes: tuple[int, ...]) -> torch.Tensor:
+    """The fused shards' column bounds, int64 [n + 1], made once per layer shape (a layer's
+    first call is an eager warm-up, before any native tape records it)."""
+    return torch.tensor([0, *itertools.accumulate(output_sizes)], dtype=torch.int64)

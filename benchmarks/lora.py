@@ -1,0 +1,242 @@
+"""Multi-LoRA offline throughput on the embedded default model: the base model alone against the
+same prompts under 1, 4 and 16 random PEFT adapters, every engine loaded at once and run in
+turn, round after round (on a shared machine the load drifts over minutes: configs measured
+one after another would compare different moments), with each config's ratio to the base.
+
+    python benchmarks/lora.py [--num-prompts 16] [--prompt-len 64] [--output-len 64]
+                              [--rank 16] [--repeats 3] [--configs base lora1 lora4 lora16]
+                              [--threads N] [--enforce-eager] [--profile CONFIG]
+    python benchmarks/lora.py --ops [--rank 16] [--threads N]
+
+Configs (each its own ``LLM``; prompt i runs adapter i mod the config's adapter count):
+
+- ``base``: no ``enable_lora`` — the target every ratio is taken against;
+- ``lora0``: ``enable_lora=True``, every prompt on the base model (what enabling costs);
+- ``lora1``: every prompt on one adapter (``max_loras=4``);
+- ``lora4``: four adapters mixed in every batch (``max_loras=4``);
+- ``lora16``: sixteen adapters mixed (``max_loras=16``);
+- ``lora16-max4``: sixteen adapters under ``max_loras=4`` (the scheduler holds the others back).
+
+``--ops`` times the two LoRA ops alone instead, on one gate|up layer of the default model's
+shapes (576 -> 2 x 1536), four adapters mixed row by row: the torch reference against
+cpu-native's C kernels, interleaved call by call, at 1, 4, 16 and 256 rows.
+
+The adapters are random PEFT adapters (``peft.get_peft_model`` on the default model's config,
+A and B random, alternating ranks --rank and --rank / 2, every target module: q, k, v, o, gate,
+up, down), saved once to a temporary folder. Online serving (``engine serve --lora-modules``)
+and vLLM's CPU build are not measured here: neither is set up on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+
+CONFIGS = {  # name: (adapters, max_loras; None: no enable_lora)
+    "base": (0, None),
+    "lora0": (0, 4),
+    "lora1": (1, 4),
+    "lora4": (4, 4),
+    "lora16": (16, 16),
+    "lora16-max4": (16, 4),
+}
+BLOCK = 16
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def save_adapters(folder: str, count: int, rank: int) -> list[str]:
+    """``count`` random PEFT adapters over the default model's architecture, ranks alternating
+    ``rank`` and ``rank // 2``; their folders."""
+    import peft
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine_quant_gguf.loader import GGUFLoader, default_model_path
+
+    hf_config = GGUFLoader(default_model_path()).hf_config()
+    base = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+    paths, models = [], {}
+    gen = torch.Generator().manual_seed(0)
+    for i in range(count):
+        r = rank if i % 2 == 0 else max(1, rank // 2)
+        if r not in models:
+            config = peft.LoraConfig(r=r, lora_alpha=2 * r, target_modules=TARGETS)
+            models[r] = peft.get_peft_model(base, config, adapter_name=f"r{r}")
+            base = models[r].get_base_model()
+        model = models[r]
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if f"lora_A.r{r}." in name or f"lora_B.r{r}." in name:
+                    param.copy_(torch.randn(param.shape, generator=gen) * 0.02)
+        path = os.path.join(folder, f"adapter-{i}")
+        model.save_pretrained(path, selected_adapters=[f"r{r}"])
+        nested = os.path.join(path, f"r{r}")  # peft saves a named adapter in its own subfolder
+        paths.append(nested if os.path.isdir(nested) else path)
+    return paths
+
+
+def build_engines(names: list[str], rank: int, enforce_eager: bool, tokens: int, prompts: int) -> dict:
+    """One engine per config, each with a KV cache just big enough for the batch (several
+    engines share the machine's memory)."""
+    from engine import LLM
+
+    engines = {}
+    blocks = prompts * -(-tokens // BLOCK) + 16
+    for name in names:
+        max_loras = CONFIGS[name][1]
+        options = dict(
+            seed=0, enforce_eager=enforce_eager, max_model_len=tokens, block_size=BLOCK, num_blocks=blocks
+        )
+        if max_loras is not None:
+            options.update(enable_lora=True, max_loras=max_loras, max_lora_rank=rank, max_cpu_loras=16)
+        engines[name] = LLM(**options)
+    return engines
+
+
+def requests_of(name: str, paths: list[str], count: int) -> list | None:
+    from engine import LoRARequest
+
+    adapters = CONFIGS[name][0]
+    if adapters == 0:
+        return None
+    return [
+        LoRARequest(f"adapter-{i % adapters}", i % adapters + 1, paths[i % adapters]) for i in range(count)
+    ]
+
+
+def run_once(llm, prompts, params, lora) -> float:
+    """Generated tokens per second of one ``generate`` of every prompt."""
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+    elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def prompts_of(count: int, length: int) -> list[dict]:
+    import torch
+
+    gen = torch.Generator().manual_seed(1)
+    return [
+        {"prompt_token_ids": torch.randint(100, 20000, (length,), generator=gen).tolist()}
+        for _ in range(count)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--num-prompts", type=int, default=16, help="prompts per generate (the batch) (default 16)"
+    )
+    parser.add_argument(
+        "--prompt-len", type=int, default=64, help="tokens per prompt, random ids (default 64)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=64, help="tokens generated per prompt, EOS ignored (default 64)"
+    )
+    parser.add_argument(
+        "--rank", type=int, default=16, help="the adapters' largest rank and --max-lora-rank (default 16)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="rounds over every config; the median counts (default 3)"
+    )
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=["base", "lora1", "lora4", "lora16"],
+        choices=list(CONFIGS),
+        help="engines to measure; ratios are taken against the first (default: base lora1 lora4 lora16)",
+    )
+    parser.add_argument("--threads", type=int, help="threads of every engine (default: all cores)")
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="no native tapes for decode steps, in every engine"
+    )
+    parser.add_argument(
+        "--profile",
+        metavar="CONFIG",
+        help="after the rounds, one more generate of CONFIG under torch's profiler: its top ops",
+    )
+    parser.add_argument("--ops", action="store_true", help="time the two LoRA ops alone (see above) and exit")
+    args = parser.parse_args()
+    if args.threads:
+        os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # the CPU platform sets torch's threads
+    if args.ops:
+        time_ops(args.rank)
+        return
+    from engine import SamplingParams
+
+    params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
+    prompts = prompts_of(args.num_prompts, args.prompt_len)
+    with tempfile.TemporaryDirectory() as folder:
+        paths = save_adapters(folder, max(CONFIGS[n][0] for n in args.configs) or 1, args.rank)
+        tokens = args.prompt_len + args.output_len
+        engines = build_engines(args.configs, args.rank, args.enforce_eager, tokens, len(prompts))
+        lora = {name: requests_of(name, paths, len(prompts)) for name in engines}
+        for name, llm in engines.items():  # warm-up: adapters read, kernels built, slots filled
+            run_once(
+                llm, prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True), lora[name] and lora[name][:4]
+            )
+        rates: dict[str, list[float]] = {name: [] for name in engines}
+        for round_ in range(args.repeats):
+            for name, llm in engines.items():
+                rates[name].append(run_once(llm, prompts, params, lora[name]))
+            print(
+                f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()), flush=True
+            )
+        if args.profile:
+            profile(engines[args.profile], prompts, params, lora[args.profile])
+    first = args.configs[0]
+    reference = statistics.median(rates[first])
+    shape = f"{args.num_prompts} prompts x {args.output_len} tokens, rank {args.rank}"
+    print(f"\n{shape}; median of {args.repeats} rounds")
+    print(f"{'config':>12} | tok/s  | / {first}")
+    for name, values in rates.items():
+        median = statistics.median(values)
+        print(f"{name:>12} | {median:6.1f} | {median / reference:.2f}")
+
+
+def time_ops(rank: int) -> None:
+    """Microseconds per shrink + expand of one layer, the torch ops against the platform's."""
+    import timeit
+
+    import torch
+
+    from engine.layers import LayerOps
+    from engine_platforms_cpu_native.platform import NativeCpuPlatform
+
+    platform_ops = NativeCpuPlatform().layer_ops(torch.bfloat16)
+    slots, cols, sizes = 4, 576, (1536, 1536)
+    a = torch.randn(slots, len(sizes), rank, cols).bfloat16() * 0.02
+    b = torch.randn(slots, rank, sum(sizes)).bfloat16() * 0.02
+    scale = torch.ones(slots, len(sizes))
+    print(f"rank {rank}, 576 -> 2 x 1536, 4 adapters; us per shrink + expand ({platform_ops.name} vs torch)")
+    for rows in (1, 4, 16, 256):
+        x, y = torch.randn(rows, cols).bfloat16(), torch.randn(rows, sum(sizes)).bfloat16()
+        indices = torch.arange(rows) % slots
+        times: dict[str, list[float]] = {"torch": [], platform_ops.name: []}
+        for _ in range(5):
+            for ops in (LayerOps(), platform_ops):
+
+                def run(ops=ops, x=x, y=y, indices=indices):
+                    return ops.lora_expand(y, ops.lora_shrink(x, a, scale, indices), b, indices, sizes)
+
+                times[ops.name].append(min(timeit.repeat(run, number=20, repeat=3)) / 20 * 1e6)
+        best = {name: min(values) for name, values in times.items()}
+        ours, theirs = best[platform_ops.name], best["torch"]
+        print(f"{rows:>4} rows: torch {theirs:8.1f}  {platform_ops.name} {ours:8.1f}  ({theirs / ours:.1f}x)")
+
+
+def profile(llm, prompts, params, lora) -> None:
+    import torch
+
+    with torch.profiler.profile() as prof:
+        llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""LoRA's grouped shrink and expand in C, AVX-512 and portable builds, against the torch
+reference ops on random segmented batches: ranks 8 to 64, odd row counts (tiles of 4 rows
+with a remainder), rows of no adapter, every slot's rows in runs and interleaved, a shard an
+adapter leaves out, and padded input rows."""
+
+import pytest
+import torch
+
+from engine.layers import LayerOps
+from engine.native import load_source
+from engine_platforms_cpu_native import kernels
+from engine_platforms_cpu_native.ops import NativeLayerOps
+from engine_platforms_cpu_native.platform import _native_ops
+
+TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-4), torch.bfloat16: dict(rtol=2e-2, atol=6e-2)}
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.fixture(scope="module")
+def portable():
+    library = load_source(kernels.SOURCE, portable=True)
+    return {dtype: NativeLayerOps(library, dtype) for dtype in DTYPES}
+
+
+def _batch(rows: int, rank: int, slots: int, output_sizes, layout: str, dtype, seed: int):
+    """x (rows of a wider buffer), y, a, b, scale and indices of a random mixed batch."""
+    gen = torch.Generator().manual_seed(seed)
+    cols, n = 72, len(output_sizes)
+    a = (torch.randn(slots, n, rank, cols, generator=gen) * 0.2).to(dtype)
+    b = (torch.randn(slots, rank, sum(output_sizes), generator=gen) * 0.2).to(dtype)
+    a[1, :, rank // 2 :], b[1, rank // 2 :] = 0, 0  # slot 1: an adapter of half the slots' rank
+    scale = torch.rand(slots, n, generator=gen) + 0.5
+    scale[0, -1] = 0  # slot 0 leaves its last shard out
+    if layout == "runs":  # requests' rows in runs, as a prefill batch flattens them
+        indices = torch.repeat_interleave(torch.tensor([-1, 2, 0, -1, 1, 2]), rows // 6 + 1)[:rows]
+    else:
+        indices = torch.randint(-1, slots, (rows,), generator=gen)
+    x = torch.randn(rows, cols + 8, generator=gen).to(dtype)[:, :cols]
+    y = torch.randn(rows, sum(output_sizes), generator=gen).to(dtype)
+    return x, y, a, b, scale, indices
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("rank", [8, 16, 32, 64])
+@pytest.mark.parametrize("rows", [1, 7, 33])
+@pytest.mark.parametrize("layout", ["runs", "interleaved"])
+def test_kernels_match_the_torch_ops(portable, dtype, rank, rows, layout):
+    output_sizes = (48, 16, 16)
+    x, y, a, b, scale, indices = _batch(rows, rank, 3, output_sizes, layout, dtype, rank * rows)
+    torch_ops = LayerOps()
+    h_ref = torch_ops.lora_shrink(x, a, scale, indices)
+    expected = torch_ops.lora_expand(y.clone(), h_ref, b, indices, output_sizes)
+    for ops in (_native_ops(dtype), portable[dtype]):
+        h = ops.lora_shrink(x, a, scale, indices)
+        torch.testing.assert_close(h, h_ref, **TOLERANCE[dtype])
+        got = ops.lora_expand(y.clone(), h, b, indices, output_sizes)
+        torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+        none = indices < 0
+        assert torch.equal(got[none], y[none]), "rows of no adapter changed"
+        assert torch.equal(h[none], torch.zeros_like(h[none]))
+
+
+def test_a_big_batch_splits_over_threads_and_agrees_row_by_row():
+    """A prefill-sized batch (threads split its tiles) gives each row what it gets alone."""
+    ops, output_sizes = _native_ops(torch.bfloat16), (256, 64, 64)
+    x, y, a, b, scale, indices = _batch(515, 16, 4, output_sizes, "interleaved", torch.bfloat16, 0)
+    whole = ops.lora_expand(y.clone(), ops.lora_shrink(x, a, scale, indices), b, indices, output_sizes)
+    for row in (0, 257, 514):
+        one = slice(row, row + 1)
+        alone = ops.lora_expand(
+            y[one].clone(), ops.lora_shrink(x[one], a, scale, indices[one]), b, indices[one], output_sizes
+        )
+        assert torch.equal(whole[one], alone)
+
+
+def test_a_slot_outside_the_slots_is_refused():
+    ops = _native_ops(torch.float32)
+    x, _, a, _, scale, _ = _batch(4, 8, 3, (16,), "runs", torch.float32, 0)
+    with pytest.raises(IndexError):
+        ops.lora_shrink(x, a, scale, torch.tensor([0, 3, -1, 1]))
