@@ -227,7 +227,7 @@ class Generation:
         check_sampling(state, body)
         check_kv_transfer(body, len(prompts))
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = self._new_id()
         self.created = int(time.time())
         self.processor = OutputProcessor(state.tokenizer)
         self.choices: list[SequenceOutput] = []
@@ -255,6 +255,9 @@ class Generation:
         self.cache_salt = body.cache_salt  # under the API key's salt: see :func:`bounds.salted`
         self._echoed: dict[str, dict] = {}  # request id -> its echoed prompt's log-probs
         self.trace = None  # a RequestTrace with --otlp-traces-endpoint
+
+    def _new_id(self) -> str:
+        return f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
 
     def _check_budget(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None) -> None:
         """``--max-request-budget``, charged at the most alternatives any position asks for."""
@@ -571,10 +574,37 @@ class Generation:
             async for frame in frames:
                 sent += len(frame.encode())
                 if limit and sent > limit:
-                    yield "data: " + json.dumps(too_large(sent, limit).body()) + "\n\n"
-                    yield "data: [DONE]\n\n"
+                    yield self._error_frame(too_large(sent, limit))
+                    if self._end_frame():
+                        yield self._end_frame()
                     return
                 yield frame
+
+    def _error_frame(self, error: APIError) -> str:
+        return "data: " + json.dumps(error.body()) + "\n\n"
+
+    def _end_frame(self) -> str:
+        return "data: [DONE]\n\n"
+
+    async def _stream_steps(self):
+        """A stream's engine deltas, fed: :data:`QUIET` when a keep-alive is due, else
+        ``(choice, text, entries)``; a refusal (the engine's first answer, or admission control
+        refusing one sample) comes as the :class:`APIError` that ends the stream."""
+        async for delta in self.deltas():
+            if delta is QUIET:
+                yield delta
+                continue
+            if self._answered is None:  # the first answer came after the stream started
+                self._answered = delta
+                refusal = self._refusal(delta)
+                if refusal is not None:
+                    yield refusal
+                    return
+            step = self.feed(delta)
+            if self.refused is not None:
+                yield overloaded(self.refused)
+                return
+            yield step
 
     async def _stream_frames(self):
         try:
@@ -586,21 +616,15 @@ class Generation:
                 elif self.body.echo and self.body.logprobs is None:
                     unechoed.discard(choice.request_id)
                     yield self._chunks(choice, self._echo(choice), [])[0]
-            async for delta in self.deltas():
-                if delta is QUIET:
+            async for step in self._stream_steps():
+                if step is QUIET:
                     yield KEEPALIVE_FRAME
                     continue
-                if self._answered is None:  # the first answer came after the stream started
-                    self._answered = delta
-                    refusal = self._refusal(delta)
-                    if refusal is not None:
-                        yield "data: " + json.dumps(refusal.body()) + "\n\n"
-                        break
-                choice, text, entries = self.feed(delta)
-                if self.refused is not None:
-                    yield "data: " + json.dumps(overloaded(self.refused).body()) + "\n\n"
+                if isinstance(step, APIError):
+                    yield self._error_frame(step)
                     break
-                if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
+                choice, text, entries = step
+                if choice.request_id in unechoed and (choice.token_ids or choice.finish_reason):
                     unechoed.discard(choice.request_id)
                     yield self._frame(
                         {
@@ -627,11 +651,11 @@ class Generation:
                     }
                 )
         except EngineDead as exc:
-            yield "data: " + json.dumps(self._engine_dead(exc).body()) + "\n\n"
+            yield self._error_frame(self._engine_dead(exc))
         except Exception:
             logger.exception("request %s: internal error while streaming", self.id)
-            yield "data: " + json.dumps(internal_error(self.id).body()) + "\n\n"
-        yield "data: [DONE]\n\n"
+            yield self._error_frame(internal_error(self.id))
+        yield self._end_frame()
 
 
 def prepare_completion(state, data: bytes) -> Generation:
@@ -651,6 +675,12 @@ def prepare_chat(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, template."""
     body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest, state.allow_unknown_fields)
     check_model(state, body.model)
+    return chat_generation(state, body)
+
+
+def chat_generation(state, body: ChatCompletionRequest, make=Generation) -> Generation:
+    """A chat request's generation: tools, structured outputs, the template. ``make`` builds
+    it (a :class:`Generation`, or a subclass that answers in another API's shape)."""
     if body.top_logprobs is not None and not body.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true", "top_logprobs")
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -693,7 +723,7 @@ def prepare_chat(state, data: bytes) -> Generation:
             reasoning_cls(state.tokenizer) if reasoning_cls else None,
         )
 
-    return Generation(
+    return make(
         state,
         body,
         [(None, ids)],
@@ -705,7 +735,8 @@ def prepare_chat(state, data: bytes) -> Generation:
     )
 
 
-async def _generate(request: Request, prepare) -> Response:
+async def generate(request: Request, prepare) -> Response:
+    """A generation route: ``prepare(state, body bytes)`` makes the :class:`Generation`."""
     state = request.app.state.server
     trace = state.tracing.start(request, request.url.path) if state.tracing is not None else None
     try:
@@ -722,8 +753,8 @@ async def _generate(request: Request, prepare) -> Response:
 
 
 async def completions(request: Request) -> Response:
-    return await _generate(request, prepare_completion)
+    return await generate(request, prepare_completion)
 
 
 async def chat_completions(request: Request) -> Response:
-    return await _generate(request, prepare_chat)
+    return await generate(request, prepare_chat)

@@ -21,6 +21,7 @@ from engine_server.header_timeout import with_header_timeout
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 from engine_server.replicas import ReplicaSet
+from engine_server.responses_store import ResponseStore
 from engine_server.serve_args import (
     add_server_arguments,
     api_keys,
@@ -160,6 +161,7 @@ class ServeCommand(Command):
             web_ui=not args.disable_web_ui,
             tracing=tracing,
             request_timings=args.enable_request_timings,
+            responses=ResponseStore(args.responses_store_size, args.responses_store_ttl),
         )
 
         @contextlib.asynccontextmanager
