@@ -307,6 +307,8 @@ BAD = [
     ({"model": MODEL, "input": "x", "background": True}, 400, "background"),
     ({"model": MODEL, "input": "x", "truncation": "auto"}, 400, "truncation"),
     ({"model": MODEL, "input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
+    ({"model": MODEL, "input": "x", "max_output_tokens": 600}, 400, "max_output_tokens"),
+    ({"model": MODEL, "input": "robot " * 600}, 400, "input"),
     ({"model": MODEL, "input": "x", "include": ["reasoning.encrypted_content"]}, 400, "include"),
 ]
 

@@ -32,6 +32,14 @@ from engine_server.validation import decode_body
 logger = logging.getLogger("engine_server")
 
 MAX_LIST_LIMIT = 100  # input items per page, as OpenAI
+# the chat fields a refusal from the chat route's checks may name, and what this route calls them
+CHAT_PARAMS = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "response_format": "text",
+    "chat_template_kwargs": "reasoning",
+}
 
 
 @attrs.frozen
@@ -58,7 +66,13 @@ def prepare_response(state, data: bytes) -> ResponsesGeneration:
         previous = state.responses.get(body.previous_response_id, "previous_response_id")
         history = previous.history + previous.response["output"] + items
     turn = Turn(body, items, history)
-    return chat_generation(state, chat_request(body, history), functools.partial(ResponsesGeneration, turn))
+    try:
+        return chat_generation(
+            state, chat_request(body, history), functools.partial(ResponsesGeneration, turn)
+        )
+    except APIError as exc:  # the chat route's checks name chat's fields
+        exc.param = CHAT_PARAMS.get(exc.param or "", exc.param)
+        raise
 
 
 class ResponsesGeneration(Generation):
