@@ -14,6 +14,7 @@ import jsonschema
 import openai
 import pytest
 
+from engine_server.errors import APIError
 from engine_server.responses_store import ResponseStore, StoredResponse
 from tests.serving import serve
 
@@ -189,7 +190,7 @@ def test_store_forgets_after_its_ttl():
     now[0] = 5
     store.put(StoredResponse({"id": "resp_b"}, [], []))
     now[0] = 12
-    with pytest.raises(Exception, match="not found"):
+    with pytest.raises(APIError, match="not found"):
         store.get("resp_a")
     assert store.get("resp_b").response["id"] == "resp_b"
 
@@ -214,7 +215,8 @@ def test_text_format_json_schema_and_json_object(client):
         temperature=0,
         max_output_tokens=200,
     )
-    if anything.status == "completed":
+    assert anything.text.format.type == "json_object"
+    if anything.status == "completed":  # not cut off by max_output_tokens
         assert isinstance(json.loads(anything.output_text), dict)
 
 
