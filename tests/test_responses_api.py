@@ -7,6 +7,7 @@ client leaving mid-stream, and bad input answered with OpenAI-shaped 4xx."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import httpx
@@ -139,6 +140,27 @@ def test_stream_event_sequence(client):
     assert [e.type for e in raw] == [e.type for e in events]
     # a streamed response is stored as any other
     assert client.responses.retrieve(final.id).output_text == whole.output_text
+
+
+def test_concurrent_streamed_conversations_keep_apart(server):
+    """Four conversations at once, each streamed and then continued: every stream numbers its
+    own events from 0, and each continuation reads its own conversation."""
+
+    async def conversation(client, i: int) -> tuple[list[int], str, str]:
+        async with client.responses.stream(input=f"Story number {i}.", **GREEDY) as stream:
+            events = [event async for event in stream]
+        first = events[-1].response
+        second = await client.responses.create(previous_response_id=first.id, input="More.", **GREEDY)
+        items = await client.responses.input_items.list(second.id)
+        assert [i.content[0].text for i in items.data] == ["More."]
+        return [e.sequence_number for e in events], first.id, second.previous_response_id
+
+    async def main():
+        client = server.openai(openai.AsyncOpenAI)
+        return await asyncio.gather(*(conversation(client, i) for i in range(4)))
+
+    for numbers, first_id, continued in asyncio.run(main()):
+        assert numbers == list(range(len(numbers))) and continued == first_id
 
 
 def test_previous_response_id_continues_the_conversation(client):
