@@ -327,6 +327,22 @@ BAD = [
         400,
         "text",
     ),
+    # a schema the grammar compiler refuses: the engine's first answer, a 400 even for a stream
+    (
+        {
+            "model": MODEL,
+            "input": "x",
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "n",
+                    "schema": {"type": "string", "pattern": "([a-z"},
+                }
+            },
+        },
+        400,
+        None,
+    ),
     ({"model": MODEL, "input": "x", "reasoning": {"effort": "maximal"}}, 400, "reasoning"),
     ({"model": MODEL, "input": "x", "background": True}, 400, "background"),
     ({"model": MODEL, "input": "x", "truncation": "auto"}, 400, "truncation"),
