@@ -21,6 +21,7 @@ from tests.serving import serve
 
 MODEL = "tiny"
 STORE_SIZE = 8
+RESPONSE_LIMIT = 32 * 1024  # --max-response-bytes: a long stream passes it, the other answers do not
 SERVE_ARGS = (
     "--served-model-name",
     MODEL,
@@ -34,6 +35,8 @@ SERVE_ARGS = (
     "512",
     "--responses-store-size",
     str(STORE_SIZE),
+    "--max-response-bytes",
+    str(RESPONSE_LIMIT),
 )
 WEATHER = {
     "type": "object",
@@ -299,6 +302,19 @@ def test_client_leaving_a_stream_aborts_its_request(server):
         lines = response.iter_lines()
         assert any("response.output_text.delta" in line for line in lines)
     server.wait_for_metric("vllm:num_requests_running", lambda running: running == 0, timeout=10)
+
+
+def test_a_stream_that_fails_midway_ends_with_an_error_event(client):
+    """Past --max-response-bytes the stream ends with an `error` event (OpenAI's shape, next
+    sequence number, no response.completed); the response is not stored."""
+    with client.responses.stream(input="Write a long story.", model=MODEL, max_output_tokens=400) as stream:
+        events = list(stream)
+    assert events[-1].type == "error" and events[-1].code == "response_too_large" and events[-1].message
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "response.output_text.delta" in {e.type for e in events[:-1]}
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(events[0].response.id)
+    assert client.responses.create(input="Still there?", **GREEDY).status in ("completed", "incomplete")
 
 
 BAD = [

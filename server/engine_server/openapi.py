@@ -122,6 +122,7 @@ def runtime_bounds(components: dict, state) -> None:
     sequences = state.max_request_sequences
     _bound_integers(components["ResponsesRequest"]["properties"]["max_output_tokens"], max(1, context - 1))
     responses = components["ResponsesRequest"]
+    # `input` is optional to msgspec only so that its absence is a 400 naming it
     responses["required"] = ["input"]
     responses["properties"]["input"] = {
         "anyOf": [

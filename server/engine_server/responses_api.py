@@ -80,7 +80,8 @@ class ResponsesGeneration(Generation):
 
     def __init__(self, turn: Turn, *args, **kwargs):
         self.turn = turn
-        self._sequence = 0
+        self._sequence = 0  # events built
+        self._sent = 0  # events sent
         super().__init__(*args, **kwargs)
 
     def _new_id(self) -> str:
@@ -158,13 +159,20 @@ class ResponsesGeneration(Generation):
         return f"event: {event['type']}\ndata: {json.dumps(event)}\n\n"
 
     def _error_frame(self, error: APIError) -> str:
-        """An ``error`` event ends a stream that fails after it started."""
+        """An ``error`` event ends a stream that fails after it started. It follows the last
+        event sent: one built but too large to send (``--max-response-bytes``) left no gap."""
+        self._sequence = self._sent
         return self._event(
             {"type": "error", "code": error.code, "message": error.message, "param": error.param}
         )
 
     def _end_frame(self) -> str:
         return ""  # the last event says it all; there is no [DONE]
+
+    async def _frames(self):
+        async for frame in super()._frames():
+            self._sent += frame.startswith("event: ")
+            yield frame
 
     async def _stream_frames(self):
         started = self._object("in_progress", [], None)
