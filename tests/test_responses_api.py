@@ -93,7 +93,11 @@ def test_instructions_and_items_equal_the_chat_route(client):
         {"role": "user", "content": "What is your name?"},
     ]
     response = client.responses.create(
-        input=items, instructions="You are a robot.", metadata={"k": "v"}, **GREEDY
+        input=items,
+        instructions="You are a robot.",
+        metadata={"k": "v"},
+        reasoning={"effort": "low", "summary": "auto"},  # the template's reasoning_effort: unused by this one
+        **GREEDY,
     )
     messages = [
         {"role": "system", "content": "You are a robot."},
@@ -104,6 +108,7 @@ def test_instructions_and_items_equal_the_chat_route(client):
     ]
     assert response.output_text == chat_text(client, messages)
     assert response.instructions == "You are a robot." and response.metadata == {"k": "v"}
+    assert response.reasoning.effort == "low"
 
 
 def test_max_output_tokens_makes_it_incomplete(client):
