@@ -39,7 +39,7 @@ COMMON_ARGS = (
 FUZZ_ARGS = (*COMMON_ARGS, "--max-model-len", "64", "--max-num-seqs", "4")
 # long requests and two rows: requests that stay running or waiting while a test looks at them
 BUSY_ARGS = (*COMMON_ARGS, "--max-model-len", "512", "--max-num-seqs", "2")
-C, CHAT = "/v1/completions", "/v1/chat/completions"
+C, CHAT, RESP = "/v1/completions", "/v1/chat/completions", "/v1/responses"
 MSG = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 DEEP = 10_000
@@ -239,6 +239,37 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         (CHAT, j({"messages": MSG, "guided_grammar": "root ::= ???", "n": 2}), 400, None),
         # masks and a grammar that leave no token: the step's fault isolation fails this request alone
         (C, j({"prompt": "hi", "guided_choice": ["apple"], "allowed_token_ids": [5]}), 400, None),
+    ]
+    fc = {"type": "function", "name": "f", "parameters": {"type": "object"}}
+    cases += [  # /v1/responses: its own fields, and those it hands to the chat route's checks
+        (RESP, f'{{"input": {deep_list()}}}', 400, None),
+        (RESP, f'{{"input": [{{"role": "user", "content": {deep_list(100)}}}]}}', 400, "input"),
+        (RESP, j({"input": [5]}), 400, "input"),
+        (RESP, j({"input": [{"role": "user", "content": [5]}]}), 400, "input"),
+        (RESP, j({"input": [{"type": "function_call_output", "call_id": 1, "output": "x"}]}), 400, "input"),
+        (RESP, j({"input": "hi", "tools": [{**fc, "parameters": deep_object(100)}]}), 400, "tools"),
+        (
+            RESP,
+            j({"input": "hi", "text": {"format": {"type": "json_schema", "name": "s", "schema": []}}}),
+            400,
+            "text",
+        ),
+        (RESP, j({"input": "hi", "metadata": {str(i): "v" for i in range(17)}}), 400, "metadata"),
+        (RESP, j({"input": "hi", "seed": 2**70}), 400, "seed"),
+        (RESP, j({"input": "hi", "previous_response_id": "x" * 10_000}), 404, "previous_response_id"),
+        (
+            RESP,
+            j(
+                {
+                    "input": "hi",
+                    "tools": [fc],
+                    "tool_choice": "required",
+                    "text": {"format": {"type": "json_object"}},
+                }
+            ),
+            400,
+            "tool_choice",
+        ),
     ]
     return cases
 

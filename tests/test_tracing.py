@@ -151,6 +151,19 @@ def test_completion_with_two_samples_has_an_engine_span_each(server, receiver):
     )
 
 
+def test_a_responses_request_is_traced_as_chat_is(server, receiver):
+    response = server.openai().responses.create(model="tiny", input="Hi", max_output_tokens=4, temperature=0)
+    span = request_span(receiver, response.id)
+    facts = attributes(span)
+    assert facts["http.route"] == "/v1/responses"
+    assert facts["gen_ai.usage.completion_tokens"] == response.usage.output_tokens
+    assert sorted(p.name for p in children(receiver, span)) == [
+        "api.prepare",
+        "api.respond",
+        "engine_request",
+    ]
+
+
 def test_a_refused_request_has_an_error_span(server, receiver):
     started = time.time_ns()
     refused = httpx.post(

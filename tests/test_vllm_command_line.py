@@ -86,6 +86,19 @@ def test_a_vllm_serve_line_works_unchanged(tiny_llama, tmp_path):
         ).json()["choices"][0]["message"]
         # --reasoning-parser deepseek_r1: without </think> the whole output is reasoning
         assert reply["reasoning_content"] and not reply["content"]
+        # ... and on /v1/responses a reasoning item, streamed as reasoning_text events
+        body = {"model": "qwen", "input": "hi", "max_output_tokens": 6, "temperature": 0}
+        response = httpx.post(f"{server.url}/v1/responses", headers=headers, json=body).json()
+        [item] = response["output"]
+        assert item["type"] == "reasoning" and reply["reasoning_content"].startswith(
+            item["content"][0]["text"]
+        )
+        assert response["usage"]["output_tokens_details"]["reasoning_tokens"] > 0
+        with httpx.stream(
+            "POST", f"{server.url}/v1/responses", headers=headers, json={**body, "stream": True}
+        ) as stream:
+            events = [line[7:] for line in stream.iter_lines() if line.startswith("event: ")]
+        assert "response.reasoning_text.delta" in events and "response.output_text.delta" not in events
         info = next(
             line
             for line in httpx.get(f"{server.url}/metrics", headers=headers).text.splitlines()

@@ -129,7 +129,7 @@ class AnthropicGeneration(Generation):
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
-            "model": self.state.model_name,
+            "model": self.model_name,
             "content": blocks,
             **stop,
             "usage": {"input_tokens": len(self.prompts[0][1]), "output_tokens": output_tokens},

@@ -17,13 +17,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, get_route_path
 
-from engine_server import anthropic, console, embeddings, generation
+from engine_server import anthropic, console, embeddings, generation, responses_api
 from engine_server.bounds import encode
 from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
 from engine_server.lora import LoRAAdapters, load_lora_adapter, unload_lora_adapter
 from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
+from engine_server.responses_store import ResponseStore
 from engine_server.schemas import DetokenizeRequest, TokenizeRequest
 from engine_server.validation import ClientGone, decode_body, read_body
 
@@ -69,6 +70,7 @@ class ServerState:
     tracing: object | None = None  # Tracing, with --otlp-traces-endpoint
     request_timings: bool = False  # --enable-request-timings: "timings" in every response
     lora: LoRAAdapters | None = None  # with --enable-lora: the adapters served by name
+    responses: ResponseStore = attrs.Factory(ResponseStore)  # /v1/responses stored (--responses-store-*)
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
     )
@@ -210,6 +212,7 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/version", version),
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),
+        *responses_api.routes(),
         *(console.routes() if state.web_ui else ()),
     ]
     if state.lora is not None and state.lora.runtime:  # else a 404, as vLLM without runtime updating

@@ -240,7 +240,7 @@ class Generation:
         self.lora = lora
         self.lora_name = None if lora is None else lora.lora_name
         self.model_name = self.lora_name or state.model_name
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = self._new_id()
         self.created = int(time.time())
         self.processor = OutputProcessor(state.tokenizer)
         self.choices: list[SequenceOutput] = []
@@ -268,6 +268,10 @@ class Generation:
         self.cache_salt = body.cache_salt  # under the API key's salt: see :func:`bounds.salted`
         self._echoed: dict[str, dict] = {}  # request id -> its echoed prompt's log-probs
         self.trace = None  # a RequestTrace with --otlp-traces-endpoint
+
+    def _new_id(self) -> str:
+        """The response's ``id``; a subclass answering in another API's shape names its own."""
+        return f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
 
     def _check_budget(self, max_tokens: int, logprobs: int | None, prompt_logprobs: int | None) -> None:
         """``--max-request-budget``, charged at the most alternatives any position asks for."""
@@ -620,6 +624,26 @@ class Generation:
                     return
                 yield frame
 
+    async def _stream_steps(self):
+        """A stream's engine deltas, fed: :data:`QUIET` when a keep-alive is due, else
+        ``(choice, text, entries)``; a refusal (the engine's first answer, or admission control
+        refusing one sample) comes as the :class:`APIError` that ends the stream."""
+        async for delta in self.deltas():
+            if delta is QUIET:
+                yield delta
+                continue
+            if self._answered is None:  # the first answer came after the stream started
+                self._answered = delta
+                refusal = self._refusal(delta)
+                if refusal is not None:
+                    yield refusal
+                    return
+            step = self.feed(delta)
+            if self.refused is not None:
+                yield overloaded(self.refused)
+                return
+            yield step
+
     async def _stream_frames(self):
         failed = False
         try:
@@ -631,23 +655,16 @@ class Generation:
                 if not self.chat and self.body.echo and self.body.logprobs is None:
                     unechoed.discard(choice.request_id)
                     yield self._chunks(choice, self._echo(choice), [])[0]
-            async for delta in self.deltas():
-                if delta is QUIET:
+            async for step in self._stream_steps():
+                if step is QUIET:
                     yield self.keepalive_frame
                     continue
-                if self._answered is None:  # the first answer came after the stream started
-                    self._answered = delta
-                    refusal = self._refusal(delta)
-                    if refusal is not None:
-                        failed = True
-                        yield self._error_frame(refusal)
-                        break
-                choice, text, entries = self.feed(delta)
-                if self.refused is not None:
+                if isinstance(step, APIError):
                     failed = True
-                    yield self._error_frame(overloaded(self.refused))
+                    yield self._error_frame(step)
                     break
-                if choice.request_id in unechoed and (delta.token_ids or choice.finish_reason):
+                choice, text, entries = step
+                if choice.request_id in unechoed and (choice.token_ids or choice.finish_reason):
                     unechoed.discard(choice.request_id)
                     yield self._frame(
                         {

@@ -21,7 +21,7 @@ ANTHROPIC_ERROR = {
     "description": "Anthropic-shaped error",
     "content": {"application/json": {"schema": {"$ref": REF.format(name="AnthropicError")}}},
 }
-GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/messages")
+GENERATION_ROUTES = ("/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses")
 
 # path: (method, request body, response body or media type, summary)
 PATHS = {
@@ -55,6 +55,12 @@ PATHS = {
         "EmbeddingResponse",
         "Embeddings of the inputs (a server started with --runner pooling)",
     ),
+    "/v1/responses": (
+        "post",
+        "ResponsesRequest",
+        "ResponseObject",
+        "Create a response (OpenAI's Responses API; stream its events with `stream: true`)",
+    ),
     "/tokenize": ("post", "TokenizeRequest", "TokenizeResponse", "Token ids of a prompt or chat"),
     "/detokenize": ("post", "DetokenizeRequest", "DetokenizeResponse", "Text of token ids"),
     "/v1/models": ("get", None, "ModelList", "The served model"),
@@ -68,6 +74,18 @@ PATHS = {
     "/metrics": ("get", None, "text/plain", "Prometheus metrics"),
 }
 
+# routes of a stored response, by its id: path -> [(method, response body, summary)]
+RESPONSE_ID_PATHS = {
+    "/v1/responses/{response_id}": [
+        ("get", "ResponseObject", "A stored response (404 once deleted or past --responses-store-ttl)"),
+        ("delete", "ResponseDeleted", "Delete a stored response"),
+    ],
+    "/v1/responses/{response_id}/input_items": [
+        ("get", "ResponseInputItems", "A stored response's input items (query: limit, order, after)"),
+    ],
+}
+RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": {"type": "string"}}
+
 
 def spec(state) -> dict:
     _, components = msgspec.json.schema_components(list(BODIES.values()) + RESPONSES, ref_template=REF)
@@ -78,7 +96,16 @@ def spec(state) -> dict:
     return {
         "openapi": "3.1.0",
         "info": {"title": "engine", "version": "0.1.0"},
-        "paths": {path: {method: operation(path, *rest)} for path, (method, *rest) in PATHS.items()},
+        "paths": {
+            **{path: {method: operation(path, *rest)} for path, (method, *rest) in PATHS.items()},
+            **{
+                path: {
+                    method: {**operation(path, None, answer, summary), "parameters": [RESPONSE_ID]}
+                    for method, answer, summary in operations
+                }
+                for path, operations in RESPONSE_ID_PATHS.items()
+            },
+        },
         "components": {"schemas": components},
     }
 
@@ -111,6 +138,16 @@ def runtime_bounds(components: dict, state) -> None:
     vocab_max = max(0, state.vocab_size - 1)
     context = state.max_model_len
     sequences = state.max_request_sequences
+    _bound_integers(components["ResponsesRequest"]["properties"]["max_output_tokens"], max(1, context - 1))
+    responses = components["ResponsesRequest"]
+    # `input` is optional to msgspec only so that its absence is a 400 naming it
+    responses["required"] = ["input"]
+    responses["properties"]["input"] = {
+        "anyOf": [
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "object"}, "minItems": 1},
+        ]
+    }
     for name in ("CompletionRequest", "ChatCompletionRequest"):
         props = components[name]["properties"]
         for field in ("stop_token_ids", "allowed_token_ids"):

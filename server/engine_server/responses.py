@@ -231,6 +231,57 @@ class AnthropicError(msgspec.Struct, kw_only=True):
     error: AnthropicErrorDetail
 
 
+class ResponseUsage(msgspec.Struct, kw_only=True):
+    input_tokens: int
+    input_tokens_details: dict[str, int]  # cached_tokens
+    output_tokens: int
+    output_tokens_details: dict[str, int]  # reasoning_tokens
+    total_tokens: int
+
+
+class ResponseObject(msgspec.Struct, kw_only=True):
+    """``/v1/responses``: ``output`` holds ``message``, ``reasoning`` and ``function_call`` items."""
+
+    id: str
+    object: Literal["response"]
+    created_at: int
+    status: Literal["completed", "incomplete", "in_progress"]
+    background: bool
+    error: dict[str, Any] | None
+    incomplete_details: dict[str, str] | None
+    instructions: str | None
+    max_output_tokens: int | None
+    metadata: dict[str, str]
+    model: str
+    output: list[dict[str, Any]]
+    parallel_tool_calls: bool
+    previous_response_id: str | None
+    reasoning: dict[str, Any]
+    store: bool
+    temperature: float
+    text: dict[str, Any]
+    tool_choice: str | dict[str, Any]
+    tools: list[dict[str, Any]]
+    top_p: float
+    truncation: Literal["disabled"]
+    usage: ResponseUsage | None
+    user: str | None
+
+
+class ResponseDeleted(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["response.deleted"]
+    deleted: bool
+
+
+class ResponseInputItems(msgspec.Struct, kw_only=True):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None
+    last_id: str | None
+    has_more: bool
+
+
 RESPONSES = [
     CompletionResponse,
     ChatCompletionResponse,
@@ -243,4 +294,7 @@ RESPONSES = [
     AnthropicMessage,
     AnthropicTokenCount,
     AnthropicError,
+    ResponseObject,
+    ResponseDeleted,
+    ResponseInputItems,
 ]

@@ -164,6 +164,40 @@ class AnthropicMessagesRequest(AnthropicCountTokensRequest, kw_only=True):
     metadata: dict[str, Any] | None = None  # {"user_id": ...}: accepted, as OpenAI's `user`
 
 
+MetadataKey = Annotated[str, Meta(max_length=64)]
+MetadataValue = Annotated[str, Meta(max_length=512)]
+
+
+class ResponsesRequest(msgspec.Struct, kw_only=True):
+    """OpenAI's Responses API (``/v1/responses``); ``input`` items, ``tools``, ``tool_choice``
+    and ``text`` are checked field by field where they are translated (responses_api.py),
+    so the errors name the item. ``truncation`` "auto" and ``background`` are refused."""
+
+    model: str | None = None
+    input: str | list[dict[str, Any]] | None = None  # required: a 400 naming it when missing
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool = True
+    text: dict[str, Any] | None = None
+    reasoning: dict[str, Any] | None = None
+    max_output_tokens: Count | None = None
+    temperature: Annotated[float, Meta(ge=0.0)] | None = None
+    top_p: Annotated[float, Meta(gt=0.0, le=1.0)] | None = None
+    store: bool = True
+    metadata: Annotated[dict[MetadataKey, MetadataValue], Meta(max_length=16)] | None = None
+    stream: bool = False
+    background: bool = False
+    truncation: Literal["disabled"] | None = None
+    user: str | None = None
+    # vLLM extensions
+    top_k: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = None
+    seed: Int64 | None = None
+    priority: Int64 = 0
+    cache_salt: Annotated[str, Meta(min_length=1, max_length=1024)] | None = None
+
+
 BODIES = {
     "CompletionRequest": CompletionRequest,
     "ChatCompletionRequest": ChatCompletionRequest,
@@ -172,6 +206,7 @@ BODIES = {
     "EmbeddingRequest": EmbeddingRequest,
     "AnthropicMessagesRequest": AnthropicMessagesRequest,
     "AnthropicCountTokensRequest": AnthropicCountTokensRequest,
+    "ResponsesRequest": ResponsesRequest,
 }
 
 

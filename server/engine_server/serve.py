@@ -24,6 +24,7 @@ from engine_server.lora import RESOLVER_CACHE_ENV, LoRAAdapters, runtime_updatin
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
 from engine_server.replicas import ReplicaSet
+from engine_server.responses_store import ResponseStore
 from engine_server.serve_args import (
     add_server_arguments,
     api_keys,
@@ -167,6 +168,7 @@ class ServeCommand(Command):
             tracing=tracing,
             request_timings=args.enable_request_timings,
             lora=adapters,
+            responses=ResponseStore(args.responses_store_size, args.responses_store_ttl),
         )
 
         @contextlib.asynccontextmanager

@@ -13,6 +13,7 @@ from engine.client.protocol import HEARTBEAT_INTERVAL
 from engine.entrypoints.cli import parse_count, parse_size
 from engine.entrypoints.tokenizer import load_tokenizer
 from engine_server.lora import RESOLVER_CACHE_ENV, RUNTIME_UPDATING_ENV, parse_lora_module
+from engine_server.responses_store import DEFAULT_SIZE, DEFAULT_TTL
 from engine_server.router import ROUTING
 from engine_server.tracing import DETAIL_LEVELS
 
@@ -211,6 +212,23 @@ def add_server_arguments(parser) -> None:
         help='put llama.cpp\'s "timings" object (queue, time to first token, prompt and decode times and '
         "rates) in every completion and chat response (a stream's last frame); without it a request asks "
         'with "timings": true',
+    )
+    add(
+        "--responses-store-size",
+        type=int,
+        default=DEFAULT_SIZE,
+        metavar="N",
+        help="/v1/responses keeps the last N responses made with store: true (the default) in memory, for "
+        "previous_response_id and GET /v1/responses/{id}; the oldest goes first; 0: keep none; "
+        f"default: {DEFAULT_SIZE}",
+    )
+    add(
+        "--responses-store-ttl",
+        type=_non_negative_float,
+        default=DEFAULT_TTL,
+        metavar="SECONDS",
+        help="a stored response is forgotten this long after it was made (then a 404, as for an unknown "
+        f"id); default: {DEFAULT_TTL:g}",
     )
     add(
         "--disable-web-ui",
