@@ -420,7 +420,9 @@ def test_admission_refusal_is_anthropic_overloaded(narrow_server):
     the admitted ones finish."""
     server = narrow_server
     client = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
-    long = dict(model=server.model(), max_tokens=200, messages=TURNS[:1])
+    # greedy: every admitted request runs all 200 tokens (the random model writes no EOS in
+    # them), so the burst always finds the one running and the one queued slot taken
+    long = dict(model=server.model(), max_tokens=200, messages=TURNS[:1], extra_body=GREEDY)
 
     def one(_):
         try:
@@ -436,4 +438,4 @@ def test_admission_refusal_is_anthropic_overloaded(narrow_server):
     for error in refused:
         assert error.status_code == 529 and error.body["error"]["type"] == "overloaded_error"
         assert error.response.headers["Retry-After"]
-    assert all(message.usage.output_tokens > 0 for message in answered)
+    assert all(message.usage.output_tokens == 200 for message in answered)
