@@ -23,6 +23,7 @@
  * type: paged_attention_<type>_<fp8>[_scalar]. Keys are widened to float32 in registers as the
  * scores read them, a block of values once into the float32 scratch bf16 values go to; the key
  * scale is folded into the score scale and the value scale into each output row's 1 / sum.
+ * The AVX-512 e4m3 widening leaves out a constant 2^8, which UNIT puts back in both scales.
  * write_kv_fp8 stores a step's K/V divided by the scales, as the core's quantize_kv does.
  */
 #include "attention.h"
@@ -242,7 +243,7 @@ static void scores_f32_simd(const float *q, const float *keys, int64_t count, in
 }
 
 /* fp8 keys widened in registers, 16 at a time, against a query row widened the same way */
-#define DEFINE_SCORES_FP8_SIMD(SUFFIX, T, LOAD16, FP8)                                               \
+#define DEFINE_SCORES_FP8_SIMD(SUFFIX, T, LOAD16, FP8, OVER)                                               \
 static void scores_##SUFFIX##_simd(const T *q, const uint8_t *keys, int64_t count, int64_t dim,      \
                                    float scale, float *scores) {                                     \
     for (int64_t t0 = 0; t0 < count; t0 += 16) {                                                     \
@@ -253,23 +254,24 @@ static void scores_##SUFFIX##_simd(const T *q, const uint8_t *keys, int64_t coun
             if (t >= n) continue;                                                                    \
             const uint8_t *k = keys + (t0 + t) * dim;                                                \
             for (int64_t d = 0; d < dim; d += 16)                                                    \
-                acc[t] = _mm512_fmadd_ps(LOAD16(q + d), FP8##x16_load(k + d), acc[t]);              \
+                acc[t] = _mm512_fmadd_ps(LOAD16(q + d), FP8##x16_load_##OVER(k + d), acc[t]);      \
         }                                                                                            \
         _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale))); \
     }                                                                                                \
 }
-DEFINE_SCORES_FP8_SIMD(bf16_e4m3, uint16_t, bf16x16_load, e4m3)
-DEFINE_SCORES_FP8_SIMD(bf16_e5m2, uint16_t, bf16x16_load, e5m2)
-DEFINE_SCORES_FP8_SIMD(f32_e4m3, float, _mm512_loadu_ps, e4m3)
-DEFINE_SCORES_FP8_SIMD(f32_e5m2, float, _mm512_loadu_ps, e5m2)
+DEFINE_SCORES_FP8_SIMD(bf16_e4m3, uint16_t, bf16x16_load, e4m3, over256)
+DEFINE_SCORES_FP8_SIMD(bf16_e5m2, uint16_t, bf16x16_load, e5m2, over1)
+DEFINE_SCORES_FP8_SIMD(f32_e4m3, float, _mm512_loadu_ps, e4m3, over256)
+DEFINE_SCORES_FP8_SIMD(f32_e5m2, float, _mm512_loadu_ps, e5m2, over1)
 
-#define DEFINE_BLOCK_FP8_SIMD(FP8)                                                                   \
+#define DEFINE_BLOCK_FP8_SIMD(FP8, OVER)                                                             \
 static inline const float *block_##FP8##_simd(const uint8_t *src, int64_t count, float *scratch) {   \
-    for (int64_t i = 0; i < count; i += 16) _mm512_storeu_ps(scratch + i, FP8##x16_load(src + i));   \
+    for (int64_t i = 0; i < count; i += 16)                                                          \
+        _mm512_storeu_ps(scratch + i, FP8##x16_load_##OVER(src + i));                                \
     return scratch;                                                                                  \
 }
-DEFINE_BLOCK_FP8_SIMD(e4m3)
-DEFINE_BLOCK_FP8_SIMD(e5m2)
+DEFINE_BLOCK_FP8_SIMD(e4m3, over256)
+DEFINE_BLOCK_FP8_SIMD(e5m2, over1)
 
 static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
     __m512 top = _mm512_set1_ps(-INFINITY);
@@ -333,6 +335,7 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
 #define scores_f32_e5m2_simd scores_f32_e5m2_scalar
 #define block_e4m3_simd block_e4m3
 #define block_e5m2_simd block_e5m2
+#define E4M3_SIMD_UNIT 1.f
 #define softmax_step_simd softmax_step_scalar
 #define accumulate_simd accumulate_scalar
 #endif
@@ -379,6 +382,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
@@ -389,6 +393,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"
 
@@ -399,6 +404,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_e4m3_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT E4M3_SIMD_UNIT
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
@@ -409,6 +415,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_e4m3_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"
 
@@ -419,6 +426,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_e5m2_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
@@ -429,6 +437,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_e5m2_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"
 
@@ -439,6 +448,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
@@ -449,6 +459,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"
 
@@ -459,6 +470,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e4m3_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT E4M3_SIMD_UNIT
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
@@ -469,6 +481,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e4m3_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"
 
@@ -479,6 +492,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e5m2_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
@@ -489,5 +503,6 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e5m2_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"

@@ -1,6 +1,7 @@
 /* attention.c's driver for one (activation type, cache type, math variant): included once per
  * triple, with SUFFIX (bf16, bf16_scalar, f32_e4m3 ...), T (the query's and output's C type), C
- * (the cache's: T, or uint8_t for an fp8 cache), BLOCK (a block as float32 rows),
+ * (the cache's: T, or uint8_t for an fp8 cache), UNIT (what BLOCK's and SCORES' widened cache
+ * values must be multiplied by: 1, or 256 for AVX-512 e4m3), BLOCK (a block as float32 rows),
  * STORE_ROW (an output row from float32) and the math SCORES, SOFTMAX_STEP and ACCUMULATE
  * defined, which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a macro,
  * so that compiler messages and debuggers see its own lines. */
@@ -36,8 +37,8 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
             if (visible <= skip) continue;
             for (int64_t j = 0; j < group; j++) {
                 int64_t m = i * group + j;
-                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim, scale,
-                       w->scores);
+                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim,
+                       scale * UNIT, w->scores);
                 if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);
                 float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m);
                 ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim);
@@ -48,7 +49,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
         for (int64_t j = 0; j < group; j++) {
             int64_t m = i * group + j;
             STORE_ROW(out + ((q_begin + i) * heads + kv_head * group + j) * dim, w->acc + m * dim,
-                      v_scale / w->sum[m], dim);
+                      v_scale * UNIT / w->sum[m], dim);
         }
 }
 
@@ -109,3 +110,4 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *
 #undef SCORES
 #undef SOFTMAX_STEP
 #undef ACCUMULATE
+#undef UNIT

@@ -67,12 +67,16 @@ static inline __m512 e5m2x16_load(const uint8_t *p) {
     return _mm512_cvtph_ps(_mm256_slli_epi16(bytes, 8));
 }
 
-static inline __m512 e4m3x16_load(const uint8_t *p) {
+/* 16 e4m3 values times 2^-8 (exact): the caller folds the 256 into its scales (E4M3_SIMD_UNIT) */
+static inline __m512 e4m3x16_load_over256(const uint8_t *p) {
     __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
     __m256i magnitude = _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x7F)), 7);
     __m256i sign = _mm256_slli_epi16(_mm256_and_si256(bytes, _mm256_set1_epi16(0x80)), 8);
-    return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(magnitude, sign)), _mm512_set1_ps(256.f));
+    return _mm512_cvtph_ps(_mm256_or_si256(magnitude, sign));
 }
+#define E4M3_SIMD_UNIT 256.f
+
+static inline __m512 e5m2x16_load_over1(const uint8_t *p) { return e5m2x16_load(p); }
 #endif
 
 #endif
