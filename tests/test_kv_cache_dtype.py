@@ -166,3 +166,17 @@ def test_transfers_between_fp8_and_bf16_caches_are_refused_by_dtype():
     assert fp8.mismatch(bf16) == ["dtype: 'float8_e4m3fn' here vs 'bfloat16' there"]
     assert fp8.layer_block_bytes * 2 == bf16.layer_block_bytes
     assert BlockLayout.from_dict(fp8.to_dict()) == fp8
+
+
+def test_p2p_frames_carry_fp8_blocks_byte_for_byte():
+    """The P/D transport's frames of an fp8 cache are its bytes, written back bit for bit."""
+    wire = pytest.importorskip("engine_kvconnectors_p2p.wire")
+    gen = torch.Generator().manual_seed(0)
+    shape = (2, 2, 8, 16, 32)
+    source = [torch.randn(shape, generator=gen).to(torch.float8_e4m3fn) for _ in range(2)]
+    target = [torch.zeros(shape, dtype=torch.float8_e4m3fn) for _ in range(2)]
+    frames = wire.block_frames(source, 2, [1, 5, 6])
+    assert sum(len(f) for f in frames) == 2 * 3 * 2 * 2 * 16 * 32  # one byte a value
+    wire.write_blocks(target, 2, (7, 2, 3), frames)
+    for src, dst in zip(source, target):
+        assert torch.equal(src[:, :, [1, 5, 6]].view(torch.uint8), dst[:, :, [7, 2, 3]].view(torch.uint8))
