@@ -20,7 +20,7 @@ from engine.entrypoints.cli_args import add_engine_arguments
 from engine.interfaces import KV_CACHE_DTYPES, KVScale
 from engine.kv_transfer.layout import BlockLayout
 from engine.layers.attention import Attention
-from engine.plugins import add_plugin
+from engine.plugins import add_plugin, remove_plugin
 from engine_attention_torch.backend import TorchAttentionBackend
 
 PROMPTS = [
@@ -49,9 +49,6 @@ class _Bf16Only(TorchAttentionBackend):
 @hookimpl
 def register_attention_backends(register):
     register("test-bf16-only", _Bf16Only, api=4)
-
-
-add_plugin(types.SimpleNamespace(register_attention_backends=register_attention_backends), "test-bf16-only")
 
 
 def _llm(folder: str, kv_cache_dtype: str, **kwargs) -> LLM:
@@ -142,7 +139,16 @@ def test_checkpoint_kv_scales_load_into_the_attention_layers(tiny_llama, tmp_pat
     assert len(_greedy_one(llm, PROMPTS[0])) == 8
 
 
-def test_a_backend_that_cannot_read_fp8_is_refused_naming_both(tiny_llama):
+@pytest.fixture
+def bf16_only():
+    """``test-bf16-only`` registered for one test (other tests' automatic selection never sees it)."""
+    plugin = types.SimpleNamespace(register_attention_backends=register_attention_backends)
+    add_plugin(plugin, "test-bf16-only")
+    yield
+    remove_plugin("test-bf16-only")
+
+
+def test_a_backend_that_cannot_read_fp8_is_refused_naming_both(tiny_llama, bf16_only):
     with pytest.raises(RuntimeError, match=r"'test-bf16-only'.*cannot read a float8_e4m3fn KV cache"):
         _llm(tiny_llama[0], "fp8", attention_backend="test-bf16-only")
 
