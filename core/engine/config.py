@@ -9,6 +9,15 @@ import attrs
 from engine.messages.kv_events import KVEventsConfig
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
+KV_CACHE_DTYPE_NAMES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # engine.interfaces.attention maps them
+
+
+def _one_of(choices: tuple[str, ...]):
+    def check(instance, attribute, value):
+        if value not in choices:
+            raise ValueError(f"{attribute.name}: {value!r} is not one of {', '.join(choices)}")
+
+    return check
 
 
 def _positive(instance, attribute, value):
@@ -72,6 +81,10 @@ class CacheConfig:
     )
     num_blocks: int | None = attrs.field(default=None, validator=_positive)  # overrides both
     enable_prefix_caching: bool = True
+    # vLLM's --kv-cache-dtype: "auto" (the activation dtype) or an 8-bit float the KV cache is
+    # stored in ("fp8" = "fp8_e4m3"; engine.interfaces.attention.KV_CACHE_DTYPES), scaled per
+    # layer by the checkpoint's k_scale / v_scale, else 1.0
+    kv_cache_dtype: str = attrs.field(default="auto", validator=_one_of(KV_CACHE_DTYPE_NAMES))
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
 
 

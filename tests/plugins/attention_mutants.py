@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from engine import hookimpl
+from engine.interfaces import KVScale
 from engine_attention_torch.backend import TorchAttentionBackend, _gather_blocks, softcap
 
 
@@ -32,11 +33,11 @@ class TopLeftCausal(TorchAttentionBackend):
     """Attends every causal chunk with SDPA's ``is_causal``, which aligns the mask top-left: a
     later chunk's query i sees keys 0..i, not the cached prefix and the chunk up to itself."""
 
-    def _prefill(self, query, key_cache, value_cache, group):
+    def _prefill(self, query, key_cache, value_cache, group, read):
         s = self.spec
         if not s.causal or s.logit_softcap is not None or s.sliding_window is not None:
-            return super()._prefill(query, key_cache, value_cache, group)
-        keys, values = _cached(key_cache, value_cache, group)
+            return super()._prefill(query, key_cache, value_cache, group, read)
+        keys, values = read(*_cached(key_cache, value_cache, group))
         queries = query.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
             queries, keys, values, is_causal=True, scale=s.scale, enable_gqa=True
@@ -48,10 +49,10 @@ class ModuloHeads(TorchAttentionBackend):
     """Decodes query head h against KV head h % Hkv (K/V expanded with ``repeat``), not h // group
     (``repeat_interleave``): the same wherever every head has its own KV head."""
 
-    def _decode(self, query, key_cache, value_cache, group):
+    def _decode(self, query, key_cache, value_cache, group, read):
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
-        keys, values = (_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache))
+        keys, values = read(*(_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache)))
         q = query.view(batch, g, s.num_kv_heads, s.head_dim).permute(2, 0, 1, 3)  # [Hkv, B, g, D]
         out = _decode_rows(q, keys, values, s.scale, group.bias, s.logit_softcap)
         return out.permute(1, 2, 0, 3).reshape(batch, s.num_heads, s.head_dim)
@@ -61,9 +62,11 @@ class ConsecutiveBlocks(TorchAttentionBackend):
     """Reads a lone decode stream's blocks as the run starting at its first one: blocks were
     consecutive in every cache the author tried, fresh ones."""
 
-    def _decode_one(self, query, kv_cache, group):
+    def _decode_one(self, query, kv_cache, group, read):
         first, count = int(group.block_table[0, 0]), group.block_table.shape[1]
-        return super()._decode_one(query, kv_cache, attrs.evolve(group, blocks=slice(first, first + count)))
+        return super()._decode_one(
+            query, kv_cache, attrs.evolve(group, blocks=slice(first, first + count)), read
+        )
 
 
 class WindowByBlocks(TorchAttentionBackend):
@@ -87,10 +90,10 @@ class WindowOneWider(TorchAttentionBackend):
 class DecodeWithoutSoftcap(TorchAttentionBackend):
     """Soft-caps the logits of prefill chunks and lone streams but not of a batch of decode rows."""
 
-    def _decode(self, query, key_cache, value_cache, group):
+    def _decode(self, query, key_cache, value_cache, group, read):
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
-        keys, values = (_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache))
+        keys, values = read(*(_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache)))
         q = query.view(batch, s.num_kv_heads, g, s.head_dim).transpose(0, 1)
         out = _decode_rows(q, keys, values, s.scale, group.bias)
         return out.transpose(0, 1).reshape(batch, s.num_heads, s.head_dim)
@@ -100,11 +103,11 @@ class DefaultScale(TorchAttentionBackend):
     """Calls SDPA on a whole prompt without ``scale=``: its default 1/√head_dim, not the spec's
     query scale (the two are equal unless a model sets one)."""
 
-    def _prefill(self, query, key_cache, value_cache, group):
+    def _prefill(self, query, key_cache, value_cache, group, read):
         s = self.spec
         if not s.causal or s.logit_softcap is not None or group.prefix_len or group.mask is not None:
-            return super()._prefill(query, key_cache, value_cache, group)
-        keys, values = _cached(key_cache, value_cache, group)
+            return super()._prefill(query, key_cache, value_cache, group, read)
+        keys, values = read(*_cached(key_cache, value_cache, group))
         queries = query.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, enable_gqa=True)
         return out[0].transpose(0, 1).reshape(query.shape)
@@ -118,12 +121,12 @@ class GatherOncePerStep(TorchAttentionBackend):
         self._gathered = {}
         return super().build_metadata(layout)
 
-    def _decode(self, query, key_cache, value_cache, group):
+    def _decode(self, query, key_cache, value_cache, group, read):
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
         if id(group) not in self._gathered:
             caches = (key_cache, value_cache)
-            self._gathered[id(group)] = [_gather_blocks(cache, group.block_table) for cache in caches]
+            self._gathered[id(group)] = read(*(_gather_blocks(cache, group.block_table) for cache in caches))
         keys, values = self._gathered[id(group)]
         q = query.view(batch, s.num_kv_heads, g, s.head_dim).transpose(0, 1)
         out = _decode_rows(q, keys, values, s.scale, group.bias, s.logit_softcap)
@@ -135,6 +138,20 @@ class AlwaysCausal(TorchAttentionBackend):
 
     def __init__(self, spec, platform, registry=None):
         super().__init__(attrs.evolve(spec, causal=True), platform, registry)
+
+
+class IgnoresKVScale(TorchAttentionBackend):
+    """Stores fp8 K/V divided by the layer's scales but reads them back unscaled: right while
+    every scale is 1.0, as in a checkpoint without KV scales."""
+
+    def forward(self, query, key, value, kv_cache, metadata, kv_scale=None):
+        read = self._write(key, value, kv_cache, metadata.slot_mapping, kv_scale)
+        if read.scale is not None:
+            read = attrs.evolve(read, scale=KVScale())
+        out = torch.empty_like(query)
+        for group in metadata.groups:
+            out[group.rows] = self._attend(query[group.rows], kv_cache, group, read)
+        return out
 
 
 class ClaimsChunkInvariance(TorchAttentionBackend):
@@ -156,6 +173,7 @@ MUTANTS = {
     "gather-once-per-step": GatherOncePerStep,
     "always-causal": AlwaysCausal,
     "claims-chunk-invariance": ClaimsChunkInvariance,
+    "ignores-kv-scale": IgnoresKVScale,
 }
 
 

@@ -20,6 +20,7 @@ from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
+from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
 from engine.messages.lora import LoRARequest
@@ -90,6 +91,7 @@ class EngineCore:
             self.platform,
             config.batch_invariant,
             layer_group,
+            setup.kv_cache_dtype(config),
         )
         self.attention, self.layer_attention = layers.first, layers
         self.config = config = setup.batch_invariant_config(config, layers.chunk_invariant)
@@ -108,7 +110,7 @@ class EngineCore:
                 f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
                 "lower max_model_len or raise kv_cache_memory / num_blocks"
             )
-        kv_caches = setup.allocate_kv_caches(layers, groups, dtype, self.platform.device)
+        kv_caches = setup.allocate_kv_caches(layers, groups, self.platform.device)
         self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
         self.connector, kv_worker = kv_connectors.build_halves(
@@ -149,12 +151,15 @@ class EngineCore:
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
         logger.info(
-            "engine ready in %.1fs: %s on %s, %s, attention=%s, %d KV blocks of %d tokens, determinism=%s",
+            "engine ready in %.1fs: %s on %s, %s, attention=%s, KV cache %s: %d tokens "
+            "(%d blocks of %d tokens), determinism=%s",
             time.perf_counter() - started,
             model_path,
             self.platform.name,
             dtype,
             self.attention.name,
+            kv_dtype_name(self.attention.spec.cache_dtype),
+            capacity,
             num_blocks,
             config.cache.block_size,
             self.determinism(),

@@ -16,6 +16,7 @@ from engine.distributed import SINGLE, TensorParallel, tensor_parallel
 from engine.interfaces import AttentionSpec, ExecutorContext, KVCacheGroup, attention
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
+from engine.layers.kv_scales import KVScales
 from engine.layers.ops import LayerOps
 from engine.plugins import RegistrationError, one_line
 from engine.runner.layer_attention import LayerAttention
@@ -181,7 +182,8 @@ def build_model(
     kernels may take small batches only and hand big ones to torch, and the two agree only up
     to summation order. With ``tp`` of several ranks the model holds rank ``tp.rank``'s share,
     read through the loader's slices (``iter_weight_slices``); ``weight_bytes_read`` on the
-    model is what the loader counted (None where it does not count)."""
+    model is what the loader counted (None where it does not count). The checkpoint's KV cache
+    scales go to the attention layers (:mod:`engine.layers.kv_scales`), not to the model."""
     cls = select_model_class(registry, hf_config)
     checkpoint_config = loader.quant_config()
     method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform, batch_invariant)
@@ -192,14 +194,18 @@ def build_model(
         check_tensor_parallel(cls, type(method), tp.size)
     with torch.device(platform.device), tensor_parallel(tp):
         model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
+    scales = KVScales()
     if tp.size > 1:  # keep_quantized only when set: a v2 loader's iter_weight_slices lacks it
         model.load_weights(
-            loader.iter_weight_slices(hf_config, keep_quantized=True)
-            if keep_quantized
-            else loader.iter_weight_slices(hf_config)
+            scales.strip(
+                loader.iter_weight_slices(hf_config, keep_quantized=True)
+                if keep_quantized
+                else loader.iter_weight_slices(hf_config)
+            )
         )
     else:
-        model.load_weights(loader.iter_weights(hf_config, keep_quantized=keep_quantized))
+        model.load_weights(scales.strip(loader.iter_weights(hf_config, keep_quantized=keep_quantized)))
+    scales.apply(model)
     model.weight_bytes_read = getattr(loader, "bytes_read", None)
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):
@@ -246,12 +252,20 @@ def select_executor(registry, config, platform, loader, hf_config):
     return cls(ExecutorContext(config, platform))
 
 
-def allocate_kv_caches(layers: LayerAttention, groups, dtype, device) -> list[torch.Tensor]:
-    """One zeroed KV cache per layer, sized for its group's blocks."""
-    return [
-        torch.zeros(layers.backends[b].kv_cache_shape(groups[g].num_blocks), dtype=dtype, device=device)
-        for b, g in zip(layers.layer_backend, layers.layer_group)
-    ]
+def allocate_kv_caches(layers: LayerAttention, groups, device) -> list[torch.Tensor]:
+    """One zeroed KV cache per layer, sized for its group's blocks, in its backend's cache
+    dtype (the activation dtype, or the quantized one --kv-cache-dtype asks)."""
+    out = []
+    for b, g in zip(layers.layer_backend, layers.layer_group):
+        backend = layers.backends[b]
+        shape = backend.kv_cache_shape(groups[g].num_blocks)
+        out.append(torch.zeros(shape, dtype=backend.spec.cache_dtype, device=device))
+    return out
+
+
+def kv_cache_dtype(config) -> torch.dtype | None:
+    """The quantized KV cache dtype ``--kv-cache-dtype`` asks (None: auto, the activation dtype)."""
+    return attention.KV_CACHE_DTYPES[config.cache.kv_cache_dtype]
 
 
 def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):
@@ -298,14 +312,15 @@ def layer_attention(
     platform,
     batch_invariant: bool = False,
     layer_group: tuple[int, ...] | None = None,
+    kv_cache_dtype: torch.dtype | None = None,
 ) -> LayerAttention:
     """One attention backend per distinct attention kind of ``model``'s layers; ``layer_group``:
-    each layer's KV cache group (None: all in one). A kind no backend can serve is an error
-    naming its layers."""
+    each layer's KV cache group (None: all in one); ``kv_cache_dtype``: a quantized cache
+    (None: the activation dtype). A kind no backend can serve is an error naming its layers."""
     layout = model.kv_layout()
     kinds = [layout.kind(i) for i in range(layout.num_layers)]
     distinct = list(dict.fromkeys(kinds))
-    cache = (dtype, block_size, batch_invariant)
+    cache = (dtype, block_size, batch_invariant, kv_cache_dtype)
     backends = tuple(_kind_backend(registry, name, layout, kinds, kind, cache, platform) for kind in distinct)
     return LayerAttention(
         backends, tuple(distinct.index(k) for k in kinds), layer_group or (0,) * layout.num_layers
@@ -314,12 +329,16 @@ def layer_attention(
 
 def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platform):
     """The backend for the layers that attend as ``kind`` (``kinds``: each layer's); ``cache``:
-    (dtype, block size, batch invariance)."""
+    (dtype, block size, batch invariance, quantized KV dtype)."""
+    dtype, block_size, batch_invariant, quantized = cache
     spec = AttentionSpec(
         layout.num_heads,
         layout.num_kv_heads,
         layout.head_dim,
-        *cache,
+        dtype,
+        block_size,
+        batch_invariant,
+        kv_cache_dtype=quantized,
         sliding_window=kind.sliding_window,
         logit_softcap=kind.logit_softcap,
         query_scale=kind.query_scale,
@@ -424,7 +443,7 @@ def kv_cache_groups(
 
 def _layer_block_bytes(layers: LayerAttention, layer: int) -> int:
     backend = layers.backends[layers.layer_backend[layer]]
-    return backend.spec.dtype.itemsize * _prod(backend.kv_cache_shape(1))
+    return backend.spec.cache_dtype.itemsize * _prod(backend.kv_cache_shape(1))
 
 
 def _window_blocks(config, window: int) -> int:

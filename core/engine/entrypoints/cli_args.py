@@ -18,7 +18,7 @@ import sys
 
 import attrs
 
-from engine.config import AUTO_QUEUE, EngineConfig
+from engine.config import AUTO_QUEUE, KV_CACHE_DTYPE_NAMES, EngineConfig
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([kKmMgGtT]?)(i?)([bB]?)\s*$")
 
@@ -153,6 +153,13 @@ OPTIONS: dict[str, Option] = {
     ),
     "num_blocks": Option(
         ("--num-gpu-blocks-override", "--num-blocks"), "KV cache blocks; overrides the memory options"
+    ),
+    "kv_cache_dtype": Option(
+        ("--kv-cache-dtype",),
+        "the KV cache's storage: auto = the model's dtype; fp8 (= fp8_e4m3) or fp8_e5m2 hold "
+        "about twice the tokens in the same memory, scaled per layer by the checkpoint's "
+        "k_scale/v_scale (else 1.0); the attention backend must read it",
+        choices=KV_CACHE_DTYPE_NAMES,
     ),
     "enable_prefix_caching": Option(
         ("--enable-prefix-caching",), "reuse KV blocks of shared prompt prefixes"

@@ -4,7 +4,16 @@ processor is handed, and the scheduler's step messages. Plugins import from here
 ``engine``, ``engine.layers``, ``engine.runner.drafting``, ``engine.testing``), never deeper."""
 
 from engine.distributed import Communicator, ExecutorFailure
-from engine.interfaces.attention import AttentionBackend, AttentionSpec, BatchLayout, head_layout_reasons
+from engine.interfaces.attention import (
+    KV_CACHE_DTYPES,
+    AttentionBackend,
+    AttentionSpec,
+    BatchLayout,
+    KVScale,
+    dequantize_kv,
+    head_layout_reasons,
+    quantize_kv,
+)
 from engine.interfaces.drafter import Draft, Drafter, DrafterContext, DraftRequest
 from engine.interfaces.executor import Executor, ExecutorContext
 from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
@@ -102,6 +111,7 @@ DEPRECATED: dict[str, dict[int, str]] = {
 
 __all__ = [
     "INTERFACE_VERSIONS",
+    "KV_CACHE_DTYPES",
     "SCHEDULER_ROLE",
     "WORKER_ROLE",
     "AttentionBackend",
@@ -128,6 +138,7 @@ __all__ = [
     "KVConnectorContext",
     "KVLayout",
     "KVRequest",
+    "KVScale",
     "KVTransferReport",
     "LoRAResolver",
     "LoRAResolverContext",
@@ -154,5 +165,7 @@ __all__ = [
     "TokenLogprobs",
     "ToolCall",
     "ToolParser",
+    "dequantize_kv",
     "head_layout_reasons",
+    "quantize_kv",
 ]

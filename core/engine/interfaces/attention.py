@@ -14,6 +14,14 @@ Interface v4 made the spec's attention kinds (``sliding_window``, ``logit_softca
 engine's plugin registry (``registry=``). The engine never hands a backend registered for an
 older version a spec that asks for one of them (:func:`spec_for_version`): it would ignore it.
 ``chunk_invariant`` is a declaration with a default ("not promised"), so it bumped nothing.
+
+A quantized KV cache (``AttentionSpec.kv_cache_dtype``: vLLM's ``--kv-cache-dtype fp8``) is
+a declaration with a default too: a backend lists the cache dtypes it reads beside the activation
+dtype in ``kv_cache_dtypes`` (default none, so an older backend is read as "activation dtype
+only" and never handed such a spec). Stored values are ``x / scale`` saturated to the dtype's
+finite range and rounded to nearest (:func:`quantize_kv`); a backend reads ``stored · scale``
+(:func:`dequantize_kv`), the layer's per-tensor :class:`KVScale` handed to ``forward`` as
+``kv_scale=`` when the cache is quantized.
 """
 
 from __future__ import annotations
@@ -50,10 +58,55 @@ class AttentionSpec:
     # models such as BERT, whose pooling requests run their whole prompt in one step); a backend
     # that cannot do this lists it in ``supports``
     causal: bool = True
+    # the KV cache's storage dtype when it differs from ``dtype`` (a quantized cache, one of
+    # :data:`KV_CACHE_DTYPES`' values); None: the activation dtype. Only a backend listing it in
+    # ``kv_cache_dtypes`` is handed such a spec.
+    kv_cache_dtype: torch.dtype | None = None
 
     @property
     def scale(self) -> float:
         return self.head_dim**-0.5 if self.query_scale is None else self.query_scale
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """The dtype of the cache tensors: ``kv_cache_dtype``, else the activation dtype."""
+        return self.kv_cache_dtype or self.dtype
+
+
+# vLLM's --kv-cache-dtype values -> the cache's storage dtype (None: the activation dtype).
+# "fp8" is e4m3, as in vLLM on CUDA and the CPU.
+KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
+    "auto": None,
+    "fp8": torch.float8_e4m3fn,
+    "fp8_e4m3": torch.float8_e4m3fn,
+    "fp8_e5m2": torch.float8_e5m2,
+}
+
+
+@attrs.frozen
+class KVScale:
+    """A layer's per-tensor KV cache scales: the cache holds ``k / k`` and ``v / v``. From the
+    checkpoint's ``k_scale`` / ``v_scale`` (or one ``kv_scale``) of that layer when present,
+    else 1.0, as vLLM does."""
+
+    k: float = 1.0
+    v: float = 1.0
+
+
+def quantize_kv(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """``x / scale`` in the quantized cache ``dtype``: saturated to its largest finite value
+    (a plain cast would turn an outlier into NaN or inf), rounded to nearest even."""
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-limit, limit).to(dtype)
+
+
+def dequantize_kv(x: torch.Tensor, dtype: torch.dtype, scale: float) -> torch.Tensor:
+    """Stored cache values ``x`` read back as ``x · scale`` in the activation ``dtype``."""
+    return (x.float() * scale).to(dtype)
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 @attrs.frozen
@@ -126,6 +179,12 @@ def backend_reasons(
         reasons.append(f"{cls.supports.__qualname__} raised {type(exc).__name__}: {error}")
     if spec.batch_invariant and not cls.batch_invariant_capable:
         reasons.append("it has no batch-invariant mode")
+    if spec.kv_cache_dtype is not None and spec.kv_cache_dtype not in cls.kv_cache_dtypes:
+        reads = ", ".join(kv_dtype_name(d) for d in cls.kv_cache_dtypes) or "none"
+        reasons.append(
+            f"it cannot read a {kv_dtype_name(spec.kv_cache_dtype)} KV cache "
+            f"(quantized KV dtypes it reads: {reads})"
+        )
     return handed, reasons
 
 
@@ -194,6 +253,10 @@ class AttentionBackend(ABC):
     # of a fixed number of tokens (the graph runner records decode steps only, for now);
     # "none": always eager
     cuda_graph_support: ClassVar[str] = "none"
+    # (optional, defaulted: no version bump) the quantized KV cache dtypes (values of
+    # KV_CACHE_DTYPES) this backend reads beside the activation dtype; a spec asking another is
+    # never handed to it. A backend listing any takes ``kv_scale=`` in ``forward``.
+    kv_cache_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
 
     def __init__(self, spec: AttentionSpec, platform: Platform, registry: Any = None):
         self.spec = spec
@@ -240,4 +303,6 @@ class AttentionBackend(ABC):
         kv_cache: torch.Tensor,
         metadata: object,
     ) -> torch.Tensor:
-        """query [T, H, D], key/value [T, H_kv, D] -> output [T, H, D]."""
+        """query [T, H, D], key/value [T, H_kv, D] -> output [T, H, D]. With a quantized cache
+        (``spec.kv_cache_dtype``) the engine also passes ``kv_scale=`` (:class:`KVScale`): K/V
+        are written as :func:`quantize_kv` stores them and read back multiplied by it."""

@@ -8,7 +8,11 @@ one fused projection, several layers (each with its own cache) run through one s
 and block tables may start with another request's blocks (prefix caching). The context a batch
 attends over is written by the backend itself in an earlier call, so any cache layout passes
 that reads back what it wrote through the slot mapping. A backend declaring ``chunk_invariant``
-is held to it bit for bit (``test_chunk_invariant``)."""
+is held to it bit for bit (``test_chunk_invariant``). A backend listing quantized KV dtypes
+(``kv_cache_dtypes``) is checked on each, with K and V scales far from 1 and from each other
+(:data:`KV_SCALE`), against the reference attending over K/V quantized and dequantized the
+way the contract stores them (:func:`engine.interfaces.quantize_kv`), within the activation
+dtype's tolerance (``test_quantized_kv_cache``)."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ import pytest
 import torch
 
 from engine.builtin.platforms import CpuPlatform
-from engine.interfaces import AttentionSpec, BatchLayout
+from engine.interfaces import AttentionSpec, BatchLayout, KVScale, dequantize_kv, quantize_kv
 from engine.interfaces.attention import backend_reasons, construct
 from engine.plugins import load_plugins
 from engine.runner.step_graphs import DecodeInputs, pad_decode
@@ -34,6 +38,11 @@ BATCHES = {
     "long-later-chunk": [(5, 1), (301, 150), (12, 1)],
 }
 
+
+# a layer's KV scales in the quantized-cache tests: ~N(0, 1) keys stored ×20, values ×0.5, so a
+# backend reading stored values unscaled, or with the other tensor's scale, is far off
+KV_SCALE = KVScale(k=0.05, v=2.0)
+QUANTIZED_KV = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 # attention kinds beside the plain one: AttentionSpec fields. "scale" alone because beside a
 # soft-cap a backend may serve it through explicit scores, leaving its fused kernel calls (SDPA,
@@ -149,6 +158,7 @@ def run_two_calls(
     shares: dict[int, tuple[int, int]] | None = None,
     device: torch.device | str = "cpu",
     graph: bool = False,
+    kv_scale: KVScale = KV_SCALE,
 ):
     """Call 1 writes every request's context (a prefill, itself checked); call 2 runs the
     batch under test over it. Blocks are scattered over the pool; ``shares`` (request ->
@@ -159,16 +169,19 @@ def run_two_calls(
     The cache layout is the backend's own: only outputs are compared. Inputs, caches and the
     layout live on ``device``; outputs come back to the CPU. ``graph``: call 2 (a decode batch)
     runs through metadata built by ``build_graph_metadata`` over static buffers holding padding,
-    which are overwritten in place with the batch afterwards, as a recorded step's are.
+    which are overwritten in place with the batch afterwards, as a recorded step's are. With a
+    quantized cache (``spec.kv_cache_dtype``) each forward gets ``kv_scale=`` and the reference
+    attends over K/V as the cache holds them (:func:`_as_stored`).
     -> [(output, expected)] per call and layer."""
     gen = torch.Generator().manual_seed(seed)
     bs, shares = spec.block_size, shares or {}
     caches = [
-        torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.dtype, device=device)
+        torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.cache_dtype, device=device)
         for _ in range(num_layers)
     ]
     tables = _tables(requests, shares, bs, num_blocks, gen)
     layers = [_sequences(requests, shares, spec, bs, gen) for _ in range(num_layers)]
+    scaled = {"kv_scale": kv_scale} if spec.kv_cache_dtype is not None else {}
     results = []
     for first in (True, False):
         written = [ctx - shares.get(i, (0, 0))[1] * bs if first else n for i, (ctx, n) in enumerate(requests)]
@@ -193,14 +206,14 @@ def run_two_calls(
                 torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3)
             )
             out = backend.forward(
-                *fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata
+                *fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata, **scaled
             )
             expected = torch.cat(
                 [
                     reference_attention(
                         seqs[i][0][a:b],
-                        seqs[i][1][:b],
-                        seqs[i][2][:b],
+                        _as_stored(seqs[i][1][:b], spec, kv_scale.k),
+                        _as_stored(seqs[i][2][:b], spec, kv_scale.v),
                         spec.scale,
                         spec.sliding_window,
                         spec.logit_softcap,
@@ -211,6 +224,13 @@ def run_two_calls(
             )
             results.append((out.cpu(), expected))
     return results
+
+
+def _as_stored(x: torch.Tensor, spec: AttentionSpec, scale: float) -> torch.Tensor:
+    """Keys or values as a quantized cache gives them back (in float64); as they are otherwise."""
+    if spec.kv_cache_dtype is None:
+        return x
+    return dequantize_kv(quantize_kv(x, spec.kv_cache_dtype, scale), torch.float64, scale)
 
 
 def _graph_metadata(backend, layout: BatchLayout):
@@ -278,7 +298,7 @@ def attend_in_chunks(backend, spec: AttentionSpec, calls, seed: int = 0) -> dict
     free = (torch.randperm(63, generator=gen) + 1).tolist()
     own = [[free.pop() for _ in range(-(-len(seq[0]) // bs))] for seq in seqs]
     cached_table = own[1][:PREFIX_BLOCKS] + own[0][PREFIX_BLOCKS:]
-    cache = torch.zeros(backend.kv_cache_shape(64), dtype=spec.dtype, device=device)
+    cache = torch.zeros(backend.kv_cache_shape(64), dtype=spec.cache_dtype, device=device)
     rows: dict[int, torch.Tensor] = {}
     for call in calls:
         spans, tables = [], []
@@ -437,6 +457,33 @@ class AttentionBackendContract:
             rows = attend_in_chunks(backend, spec, calls)
             differ = [p for p, row in sorted(rows.items()) if not torch.equal(row, whole[p])]
             assert not differ, f"{name}: rows {differ} differ from the whole prompt's"
+
+    @pytest.mark.parametrize("kv_dtype", sorted(QUANTIZED_KV))
+    @pytest.mark.parametrize("batch", ["prefill", "decode", "mixed", "long-later-chunk", "reused-blocks"])
+    def test_quantized_kv_cache(self, backend_cls, batch, kv_dtype, dtype):
+        """A quantized KV cache the backend declares it reads (``kv_cache_dtypes``; skipped for
+        one it does not): K/V stored with the layer's scales and read back through them, on
+        prefill, decode, a mixed batch, a long later chunk and prefix-cached blocks, two layers
+        deep; a backend that reads none must refuse the spec with a reason."""
+        spec = AttentionSpec(
+            num_heads=8,
+            num_kv_heads=2,
+            head_dim=32,
+            dtype=dtype,
+            block_size=min(self.block_sizes),
+            kv_cache_dtype=QUANTIZED_KV[kv_dtype],
+        )
+        if spec.kv_cache_dtype not in backend_cls.kv_cache_dtypes:
+            api = load_plugins().registration("attention_backends", self.backend_name).api
+            platform = self.platform_cls()
+            assert any("KV cache" in r for r in backend_reasons(backend_cls, api, spec, platform)[1])
+            pytest.skip(f"{self.backend_name} does not read a {kv_dtype} KV cache")
+        backend = self._backend(backend_cls, spec)
+        if batch == "reused-blocks":
+            requests, shares = prefix_sharing(spec.block_size)
+            self._check(backend, spec, requests, shares=shares, num_layers=2)
+        else:
+            self._check(backend, spec, BATCHES[batch], num_layers=2)
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):
         spec = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)

@@ -18,10 +18,18 @@
  * Each storage type (bf16, f32) gets two symbols: paged_attention_<type> on AVX-512 where
  * the compiler targets it, and paged_attention_<type>_scalar, portable C, which the tests
  * also run (on a CPU without AVX-512 both are the portable one). attention.h declares them.
+ *
+ * An fp8 cache (e4m3 or e5m2 bytes, kv_fp8.h) is read in place the same way, per activation
+ * type: paged_attention_<type>_<fp8>[_scalar]. Keys are widened to float32 in registers as the
+ * scores read them, a block of values once into the float32 scratch bf16 values go to; the key
+ * scale is folded into the score scale and the value scale into each output row's 1 / sum.
+ * The AVX-512 e4m3 widening leaves out a constant 2^8, which UNIT puts back in both scales.
+ * write_kv_fp8 stores a step's K/V divided by the scales, as the core's quantize_kv does.
  */
 #include "attention.h"
 #include "engine_bf16.h"
 #include "engine_exp.h"
+#include "kv_fp8.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -63,6 +71,36 @@ engine_status write_kv(const char *key, const char *value, int64_t row_stride, i
     return 0;
 }
 
+/* write_kv's counterpart for an fp8 cache [2, kv_heads, slots, head_dim] of bytes: each value
+ * of key (value) divided by k_scale (v_scale), then saturated and rounded to e4m3 or e5m2. */
+engine_status write_kv_fp8(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
+                           const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
+                           int64_t slots, int64_t source_bf16, int64_t e5m2, float k_scale, float v_scale,
+                           uint8_t *cache) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= slots) return 1;
+    int64_t plane = slots * head_dim, elem = source_bf16 ? 2 : 4;
+    for (int64_t t = 0; t < tokens; t++) {
+        uint8_t *k_dst = cache + slot_mapping[t] * head_dim, *v_dst = k_dst + kv_heads * plane;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            int64_t at = (t * row_stride + h * head_stride) * elem;
+            for (int64_t d = 0; d < head_dim; d++) {
+                float k, v;
+                if (source_bf16) {
+                    k = bf16_load(((const uint16_t *)(key + at))[d]);
+                    v = bf16_load(((const uint16_t *)(value + at))[d]);
+                } else {
+                    k = ((const float *)(key + at))[d];
+                    v = ((const float *)(value + at))[d];
+                }
+                k_dst[h * plane + d] = e5m2 ? e5m2_store(k / k_scale) : e4m3_store(k / k_scale);
+                v_dst[h * plane + d] = e5m2 ? e5m2_store(v / v_scale) : e4m3_store(v / v_scale);
+            }
+        }
+    }
+    return 0;
+}
+
 /* A block as float32 rows: bf16 converted into `scratch`, f32 read where it lies. */
 static inline const float *block_bf16(const uint16_t *src, int64_t count, float *scratch) {
     for (int64_t i = 0; i < count; i++) scratch[i] = bf16_load(src[i]);
@@ -74,6 +112,15 @@ static inline const float *block_f32(const float *src, int64_t count, float *scr
     return src;
 }
 
+/* an fp8 block widened into `scratch`: byte by byte (portable), 16 lanes at a time (AVX-512) */
+#define DEFINE_BLOCK_FP8(FP8)                                                                        \
+static inline const float *block_##FP8(const uint8_t *src, int64_t count, float *scratch) {          \
+    for (int64_t i = 0; i < count; i++) scratch[i] = FP8##_load(src[i]);                            \
+    return scratch;                                                                                  \
+}
+DEFINE_BLOCK_FP8(e4m3)
+DEFINE_BLOCK_FP8(e5m2)
+
 static inline void store_row_bf16(uint16_t *dst, const float *src, float inv, int64_t dim) {
     for (int64_t d = 0; d < dim; d++) dst[d] = bf16_store(src[d] * inv);
 }
@@ -84,18 +131,22 @@ static inline void store_row_f32(float *dst, const float *src, float inv, int64_
 
 /* ---- the per-block math, portable ---------------------------------------------------- */
 
-/* scores[t] = scale · q · keys[t], t < count; q and keys in the cache's storage type */
-#define DEFINE_SCORES_SCALAR(SUFFIX, T, LOAD)                                                     \
-static void scores_##SUFFIX##_scalar(const T *q, const T *keys, int64_t count, int64_t dim,       \
+/* scores[t] = scale · q · keys[t], t < count; q in the activation type, keys in the cache's */
+#define DEFINE_SCORES_SCALAR(SUFFIX, T, LOAD, C, LOAD_C)                                          \
+static void scores_##SUFFIX##_scalar(const T *q, const C *keys, int64_t count, int64_t dim,       \
                                     float scale, float *scores) {                                 \
     for (int64_t t = 0; t < count; t++) {                                                         \
         float sum = 0.f;                                                                          \
-        for (int64_t d = 0; d < dim; d++) sum += LOAD(q[d]) * LOAD(keys[t * dim + d]);            \
+        for (int64_t d = 0; d < dim; d++) sum += LOAD(q[d]) * LOAD_C(keys[t * dim + d]);          \
         scores[t] = sum * scale;                                                                  \
     }                                                                                             \
 }
-DEFINE_SCORES_SCALAR(bf16, uint16_t, bf16_load)
-DEFINE_SCORES_SCALAR(f32, float, f32_load)
+DEFINE_SCORES_SCALAR(bf16, uint16_t, bf16_load, uint16_t, bf16_load)
+DEFINE_SCORES_SCALAR(f32, float, f32_load, float, f32_load)
+DEFINE_SCORES_SCALAR(bf16_e4m3, uint16_t, bf16_load, uint8_t, e4m3_load)
+DEFINE_SCORES_SCALAR(bf16_e5m2, uint16_t, bf16_load, uint8_t, e5m2_load)
+DEFINE_SCORES_SCALAR(f32_e4m3, float, f32_load, uint8_t, e4m3_load)
+DEFINE_SCORES_SCALAR(f32_e5m2, float, f32_load, uint8_t, e5m2_load)
 
 /* Online softmax step: scores -> exp(score - new max) in place; updates *max and *sum;
  * returns the factor the accumulator must be scaled by (exp(old max - new max)). */
@@ -191,6 +242,37 @@ static void scores_f32_simd(const float *q, const float *keys, int64_t count, in
     }
 }
 
+/* fp8 keys widened in registers, 16 at a time, against a query row widened the same way */
+#define DEFINE_SCORES_FP8_SIMD(SUFFIX, T, LOAD16, FP8, OVER)                                               \
+static void scores_##SUFFIX##_simd(const T *q, const uint8_t *keys, int64_t count, int64_t dim,      \
+                                   float scale, float *scores) {                                     \
+    for (int64_t t0 = 0; t0 < count; t0 += 16) {                                                     \
+        __m512 acc[16];                                                                              \
+        int64_t n = count - t0 < 16 ? count - t0 : 16;                                               \
+        for (int64_t t = 0; t < 16; t++) {                                                           \
+            acc[t] = _mm512_setzero_ps();                                                            \
+            if (t >= n) continue;                                                                    \
+            const uint8_t *k = keys + (t0 + t) * dim;                                                \
+            for (int64_t d = 0; d < dim; d += 16)                                                    \
+                acc[t] = _mm512_fmadd_ps(LOAD16(q + d), FP8##x16_load_##OVER(k + d), acc[t]);      \
+        }                                                                                            \
+        _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale))); \
+    }                                                                                                \
+}
+DEFINE_SCORES_FP8_SIMD(bf16_e4m3, uint16_t, bf16x16_load, e4m3, over256)
+DEFINE_SCORES_FP8_SIMD(bf16_e5m2, uint16_t, bf16x16_load, e5m2, over1)
+DEFINE_SCORES_FP8_SIMD(f32_e4m3, float, _mm512_loadu_ps, e4m3, over256)
+DEFINE_SCORES_FP8_SIMD(f32_e5m2, float, _mm512_loadu_ps, e5m2, over1)
+
+#define DEFINE_BLOCK_FP8_SIMD(FP8, OVER)                                                             \
+static inline const float *block_##FP8##_simd(const uint8_t *src, int64_t count, float *scratch) {   \
+    for (int64_t i = 0; i < count; i += 16)                                                          \
+        _mm512_storeu_ps(scratch + i, FP8##x16_load_##OVER(src + i));                                \
+    return scratch;                                                                                  \
+}
+DEFINE_BLOCK_FP8_SIMD(e4m3, over256)
+DEFINE_BLOCK_FP8_SIMD(e5m2, over1)
+
 static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
     __m512 top = _mm512_set1_ps(-INFINITY);
     for (int64_t t = 0; t < count; t += 16) {
@@ -247,6 +329,13 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
 #else
 #define scores_bf16_simd scores_bf16_scalar
 #define scores_f32_simd scores_f32_scalar
+#define scores_bf16_e4m3_simd scores_bf16_e4m3_scalar
+#define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
+#define scores_f32_e4m3_simd scores_f32_e4m3_scalar
+#define scores_f32_e5m2_simd scores_f32_e5m2_scalar
+#define block_e4m3_simd block_e4m3
+#define block_e5m2_simd block_e5m2
+#define E4M3_SIMD_UNIT 1.f
 #define softmax_step_simd softmax_step_scalar
 #define accumulate_simd accumulate_scalar
 #endif
@@ -288,36 +377,132 @@ static void soft_cap(float *scores, int64_t count, float cap) {
  * paged_attention_<type>_scalar on the portable math (attention_generic.h) */
 #define SUFFIX bf16
 #define T uint16_t
+#define C uint16_t
 #define BLOCK block_bf16
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
 #define SUFFIX bf16_scalar
 #define T uint16_t
+#define C uint16_t
 #define BLOCK block_bf16
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX bf16_e4m3
+#define T uint16_t
+#define C uint8_t
+#define BLOCK block_e4m3_simd
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_e4m3_simd
+#define SOFTMAX_STEP softmax_step_simd
+#define UNIT E4M3_SIMD_UNIT
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX bf16_e4m3_scalar
+#define T uint16_t
+#define C uint8_t
+#define BLOCK block_e4m3
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_e4m3_scalar
+#define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX bf16_e5m2
+#define T uint16_t
+#define C uint8_t
+#define BLOCK block_e5m2_simd
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_e5m2_simd
+#define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX bf16_e5m2_scalar
+#define T uint16_t
+#define C uint8_t
+#define BLOCK block_e5m2
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_e5m2_scalar
+#define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"
 
 #define SUFFIX f32
 #define T float
+#define C float
 #define BLOCK block_f32
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_simd
 #define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
 #define ACCUMULATE accumulate_simd
 #include "attention_generic.h"
 
 #define SUFFIX f32_scalar
 #define T float
+#define C float
 #define BLOCK block_f32
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_scalar
 #define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX f32_e4m3
+#define T float
+#define C uint8_t
+#define BLOCK block_e4m3_simd
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_e4m3_simd
+#define SOFTMAX_STEP softmax_step_simd
+#define UNIT E4M3_SIMD_UNIT
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX f32_e4m3_scalar
+#define T float
+#define C uint8_t
+#define BLOCK block_e4m3
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_e4m3_scalar
+#define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX f32_e5m2
+#define T float
+#define C uint8_t
+#define BLOCK block_e5m2_simd
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_e5m2_simd
+#define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX f32_e5m2_scalar
+#define T float
+#define C uint8_t
+#define BLOCK block_e5m2
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_e5m2_scalar
+#define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
 #include "attention_generic.h"

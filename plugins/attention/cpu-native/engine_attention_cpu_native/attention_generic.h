@@ -1,30 +1,32 @@
-/* attention.c's driver for one (storage type, math variant): included once per pair, with SUFFIX
- * (bf16, bf16_scalar, f32, f32_scalar), T (the cache's C type), BLOCK (a block as float32 rows),
+/* attention.c's driver for one (activation type, cache type, math variant): included once per
+ * triple, with SUFFIX (bf16, bf16_scalar, f32_e4m3 ...), T (the query's and output's C type), C
+ * (the cache's: T, or uint8_t for an fp8 cache), UNIT (what BLOCK's and SCORES' widened cache
+ * values must be multiplied by: 1, or 256 for AVX-512 e4m3), BLOCK (a block as float32 rows),
  * STORE_ROW (an output row from float32) and the math SCORES, SOFTMAX_STEP and ACCUMULATE
  * defined, which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a macro,
  * so that compiler messages and debuggers see its own lines. */
 
-static void TYPED(attend_item)(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,
+static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_cache, const C *value_cache,
                                int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,
                                int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,
                                int64_t dim, int64_t block_size, float scale, int64_t window, float softcap,
-                               T *out, Workspace *w) {
+                               float v_scale, T *out, Workspace *w) {
     int64_t vectors = n * group, block_len = block_size * dim;
     memset(w->acc, 0, sizeof(float) * vectors * dim);
     for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;
-    const T *keys_base = key_cache + kv_head * head_stride;
-    const T *values_base = value_cache + kv_head * head_stride;
+    const C *keys_base = key_cache + kv_head * head_stride;
+    const C *values_base = value_cache + kv_head * head_stride;
     const T *first_query = query + q_begin * q_stride + kv_head * group * dim;
     int64_t first_position = seq_len - n;
     int64_t first_key = window > 0 && first_position - window + 1 > 0 ? first_position - window + 1 : 0;
     for (int64_t start = first_key / block_size * block_size; start < seq_len; start += block_size) {
         int64_t count = seq_len - start < block_size ? seq_len - start : block_size;
         int64_t offset = (int64_t)table[start / block_size] * block_len;
-        const T *keys = keys_base + offset;
+        const C *keys = keys_base + offset;
         if (start + block_size < seq_len)  /* the next block's lines, while this one is used */
             prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,
                            values_base + (int64_t)table[start / block_size + 1] * block_len,
-                           block_len * (int64_t)sizeof(T));
+                           block_len * (int64_t)sizeof(C));
         const float *values = BLOCK(values_base + offset, count * dim, w->values);
         for (int64_t i = 0; i < n; i++) {
             int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */
@@ -35,8 +37,8 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const T *key_ca
             if (visible <= skip) continue;
             for (int64_t j = 0; j < group; j++) {
                 int64_t m = i * group + j;
-                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim, scale,
-                       w->scores);
+                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim,
+                       scale * UNIT, w->scores);
                 if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);
                 float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m);
                 ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim);
@@ -47,7 +49,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const T *key_ca
         for (int64_t j = 0; j < group; j++) {
             int64_t m = i * group + j;
             STORE_ROW(out + ((q_begin + i) * heads + kv_head * group + j) * dim, w->acc + m * dim,
-                      1.f / w->sum[m], dim);
+                      v_scale * UNIT / w->sum[m], dim);
         }
 }
 
@@ -55,13 +57,15 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const T *key_ca
  * of other requests untouched). query rows are q_stride apart, heads dim apart. A work item is
  * one (request, kv head, tile of ROW_TILE query rows): a tile is attended as a chunk of its own
  * that ends at its last row, which changes nothing for a row (each row walks its own keys), so
- * however a prompt is chunked every row meets the same code in the same order. Returns 0, or -1
- * when scratch memory cannot be allocated. */
-engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const T *key_cache, const T *value_cache,
+ * however a prompt is chunked every row meets the same code in the same order. Each row's output
+ * is multiplied by v_scale (an fp8 cache's value scale; 1 otherwise, which changes no bit): the
+ * key scale comes folded into `scale`. Returns 0, or -1 when scratch memory cannot be allocated. */
+engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *key_cache, const C *value_cache,
                                      int64_t head_stride, const int32_t *block_table, int64_t table_stride,
                                      const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,
                                      int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,
-                                     int64_t block_size, float scale, int64_t window, float softcap, T *out) {
+                                     int64_t block_size, float scale, int64_t window, float softcap,
+                                     float v_scale, T *out) {
     int64_t group = heads / kv_heads, work = 0, failed = 0;
     int64_t *first_tile = malloc(sizeof(int64_t) * (num_requests + 1));
     if (!first_tile) return -1;
@@ -89,8 +93,8 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const T *
             int64_t context = seq_lens[b] - (n - row - rows);  /* keys up to the tile's last row */
             TYPED(attend_item)(query, q_stride, key_cache, value_cache, head_stride,
                                block_table + b * table_stride, query_start[b] + row, rows, context,
-                               item % kv_heads, heads, group, dim, block_size, scale, window, softcap, out,
-                               &w);
+                               item % kv_heads, heads, group, dim, block_size, scale, window, softcap,
+                               v_scale, out, &w);
         }
         if (ok) free(w.acc);
     }
@@ -100,8 +104,10 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const T *
 
 #undef SUFFIX
 #undef T
+#undef C
 #undef BLOCK
 #undef STORE_ROW
 #undef SCORES
 #undef SOFTMAX_STEP
 #undef ACCUMULATE
+#undef UNIT

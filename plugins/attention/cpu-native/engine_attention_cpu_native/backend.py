@@ -10,6 +10,10 @@ only, never on how its prompt was chunked, whether its prefix came from the pref
 what else shares the step (``chunk_invariant``, ``batch_invariant_capable``). A subclass that
 sets ``max_native_query_len`` hands longer chunks to the torch backend, obtained through the
 plugin registry, as a batch of their own, and gives those guarantees up.
+
+An fp8 cache (``--kv-cache-dtype fp8``, ``fp8_e5m2``) is read in place by the same kernel built
+for its bytes, widening them to float32 in registers, and written by ``write_kv_fp8``, which
+stores K/V divided by the layer's scales, byte for byte as ``engine.interfaces.quantize_kv``.
 """
 
 from __future__ import annotations
@@ -21,13 +25,14 @@ from pathlib import Path
 import attrs
 import torch
 
-from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout, KVScale, quantize_kv
 from engine.interfaces.attention import build_backend
 from engine.native import Library, load_source
 from engine.native.tape import NativeKernel, bind
 
 SOURCE = Path(__file__).with_name("attention.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+_FP8 = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # the quantized caches it reads
 
 
 @functools.cache
@@ -45,10 +50,18 @@ def kv_writer() -> NativeKernel:
 
 
 @functools.cache
-def kernel(dtype: torch.dtype, portable: bool = False) -> NativeKernel:
-    """The C entry point for a cache of ``dtype``: AVX-512 where built for it, or the
-    portable C one (``portable``). Both are recordable onto native tapes."""
-    return bind(library(), f"paged_attention_{_SUFFIX[dtype]}{'_scalar' if portable else ''}")
+def fp8_writer() -> NativeKernel:
+    """The C scatter of a step's K/V into an fp8 cache, quantizing as it goes."""
+    return bind(library(), "write_kv_fp8")
+
+
+@functools.cache
+def kernel(dtype: torch.dtype, portable: bool = False, cache: torch.dtype | None = None) -> NativeKernel:
+    """The C entry point for activations of ``dtype`` over a cache of ``cache`` (None: the
+    same dtype; or an fp8 one): AVX-512 where built for it, or the portable C one
+    (``portable``). Both are recordable onto native tapes."""
+    stored = f"_{_FP8[cache]}" if cache is not None else ""
+    return bind(library(), f"paged_attention_{_SUFFIX[dtype]}{stored}{'_scalar' if portable else ''}")
 
 
 @attrs.frozen
@@ -91,6 +104,7 @@ class NativeAttentionBackend(AttentionBackend):
     # decode steps read the layout's lengths and block table when the kernel runs
     # (build_graph_metadata), and attend in C alone: the cpu-native platform tapes them
     cuda_graph_support = "decode-only"
+    kv_cache_dtypes = tuple(_FP8)
 
     @classmethod
     def supports(cls, spec: AttentionSpec, platform) -> list[str]:
@@ -115,7 +129,7 @@ class NativeAttentionBackend(AttentionBackend):
 
     def __init__(self, spec: AttentionSpec, platform, registry=None):
         super().__init__(spec, platform, registry)
-        self._kernel = kernel(spec.dtype, self.portable)
+        self._kernel = kernel(spec.dtype, self.portable, spec.kv_cache_dtype)
         self._torch = (
             None if self.max_native_query_len is None else build_backend(registry, "torch", spec, platform)
         )
@@ -170,44 +184,76 @@ class NativeAttentionBackend(AttentionBackend):
         contiguous = last - first == len(rows)
         return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))
 
-    def forward(self, query, key, value, kv_cache, metadata: NativeAttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, query, key, value, kv_cache, metadata: NativeAttentionMetadata, kv_scale: KVScale | None = None
+    ) -> torch.Tensor:
         """Every row's K/V is written before anything attends: a request may read blocks that
         another request of the same step writes (a prompt prefix shared within the step). The
         torch backend writes the delegated rows again (the same values; those steps prefill)."""
-        self._write_kv(key, value, kv_cache, metadata.slot_mapping)
+        scale = kv_scale or KVScale()
+        self._write_kv(key, value, kv_cache, metadata.slot_mapping, scale)
         out = torch.empty(query.shape, dtype=query.dtype)
         if metadata.native is not None:
-            self._attend_native(query, kv_cache, metadata.native, out)
+            self._attend_native(query, kv_cache, metadata.native, out, scale)
         if metadata.delegated is not None:
             rows = metadata.delegated.rows
+            quantized = {"kv_scale": scale} if self.spec.kv_cache_dtype is not None else {}
             out[rows] = self._torch.forward(
-                query[rows], key[rows], value[rows], kv_cache, metadata.delegated.metadata
+                query[rows], key[rows], value[rows], kv_cache, metadata.delegated.metadata, **quantized
             )
         return out
 
-    def _write_kv(self, key, value, kv_cache, slot_mapping) -> None:
-        s = self.spec
+    def _write_kv(self, key, value, kv_cache, slot_mapping, scale: KVScale | None = None) -> None:
+        s, scale = self.spec, scale or KVScale()
         if key.stride() != value.stride() or key.stride(2) != 1 or not kv_cache.is_contiguous():
-            new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
-            kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
+            self._write_kv_torch(key, value, kv_cache, slot_mapping, scale)
             return
         slots = kv_cache.shape[2] * s.block_size
-        if kv_writer()(
-            key.data_ptr(),
-            value.data_ptr(),
-            key.stride(0),
-            key.stride(1),
-            slot_mapping.data_ptr(),
-            key.shape[0],
-            s.num_kv_heads,
-            s.head_dim,
-            slots,
-            key.element_size(),
-            kv_cache.data_ptr(),
-        ):
+        if s.kv_cache_dtype is not None:
+            status = fp8_writer()(
+                key.data_ptr(),
+                value.data_ptr(),
+                key.stride(0),
+                key.stride(1),
+                slot_mapping.data_ptr(),
+                key.shape[0],
+                s.num_kv_heads,
+                s.head_dim,
+                slots,
+                int(key.dtype == torch.bfloat16),
+                int(s.kv_cache_dtype == torch.float8_e5m2),
+                scale.k,
+                scale.v,
+                kv_cache.data_ptr(),
+            )
+        else:
+            status = kv_writer()(
+                key.data_ptr(),
+                value.data_ptr(),
+                key.stride(0),
+                key.stride(1),
+                slot_mapping.data_ptr(),
+                key.shape[0],
+                s.num_kv_heads,
+                s.head_dim,
+                slots,
+                key.element_size(),
+                kv_cache.data_ptr(),
+            )
+        if status:
             raise IndexError(f"cpu-native attention: a slot outside the cache's {slots}")
 
-    def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor) -> None:
+    def _write_kv_torch(self, key, value, kv_cache, slot_mapping, scale: KVScale) -> None:
+        """The write for K/V views the C scatter does not take (or a cache not contiguous)."""
+        s, stored = self.spec, self.spec.kv_cache_dtype
+        if stored is not None:  # fp8 has no index_copy_ on the CPU: its bytes do
+            key = quantize_kv(key, stored, scale.k).view(torch.uint8)
+            value = quantize_kv(value, stored, scale.v).view(torch.uint8)
+            kv_cache = kv_cache.view(torch.uint8)
+        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
+        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
+
+    def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor, scale: KVScale) -> None:
         s = self.spec
         if query.stride(2) != 1 or query.stride(1) != s.head_dim:
             query = query.contiguous()
@@ -227,9 +273,10 @@ class NativeAttentionBackend(AttentionBackend):
             s.num_kv_heads,
             s.head_dim,
             s.block_size,
-            s.scale,
+            s.scale * scale.k,
             s.sliding_window or 0,
             s.logit_softcap or 0.0,
+            scale.v,
             out.data_ptr(),
         )
         if status:

@@ -1,6 +1,6 @@
 """attention.c checked beyond its results: built with every warning an error (both builds), and
 the portable kernel's contract cases (every attention kind at once; GQA, block sizes, scattered
-blocks) and the KV write's tests run under AddressSanitizer and UndefinedBehaviorSanitizer."""
+blocks; fp8 caches) and the KV writes' tests run under AddressSanitizer and UndefinedBehaviorSanitizer."""
 
 from pathlib import Path
 
@@ -18,7 +18,8 @@ def test_builds_with_every_warning_an_error(portable):
 
 
 def test_the_portable_kernel_runs_clean_under_sanitizers():
-    cases = "TestPortableKernel and (window-softcap-scale and batched or matches_reference) or kv_write"
+    kernel = "window-softcap-scale and batched or matches_reference or quantized"
+    cases = f"TestPortableKernel and ({kernel}) or kv_write"
     native.assert_clean_under_sanitizers(
         [str(TESTS / "test_conformance.py"), str(TESTS / "test_equality.py"), "-k", cases]
     )

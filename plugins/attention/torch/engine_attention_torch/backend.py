@@ -26,6 +26,10 @@ holding the first key its earliest query sees (blocks before it may be the null 
 cache manager frees them), and a prefill chunk under a window is attended with a [q, S] mask.
 Soft-capped logits (``spec.logit_softcap``) have no fused kernel: they go through explicit
 scores (``softcapped_attention``), in float32.
+
+A quantized (fp8) cache is the reference path: K/V are written as ``quantize_kv`` stores them
+(through a byte view: torch has no fp8 ``index_copy_`` on the CPU), and the blocks a group
+gathers are dequantized to the activation dtype before the same attention runs on them.
 """
 
 from __future__ import annotations
@@ -34,7 +38,14 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout
+from engine.interfaces import (
+    AttentionBackend,
+    AttentionSpec,
+    BatchLayout,
+    KVScale,
+    dequantize_kv,
+    quantize_kv,
+)
 
 
 @attrs.frozen
@@ -67,6 +78,7 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     block_dim = 2
     batch_invariant_capable = True
+    kv_cache_dtypes = (torch.float8_e4m3fn, torch.float8_e5m2)
     # a later chunk of this many queries or more is split on the CPU (prefix, then the chunk
     # causally, merged by log-sum-exp): 1.49 against 1.87 s a layer in one masked call for
     # 2048 queries at 8k context; under it, one masked call (0.41 against 0.47 s for 512),
@@ -204,25 +216,38 @@ class TorchAttentionBackend(AttentionBackend):
             mask = chunk_mask(prefix, q, device) if prefix and not split else None
         return PrefillGroup(rows, blocks, seq_len - offset, prefix, mask)
 
-    def forward(self, query, key, value, kv_cache, metadata: TorchAttentionMetadata) -> torch.Tensor:
-        s = self.spec
-        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
-        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, metadata.slot_mapping, new_kv)
+    def forward(
+        self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, kv_scale: KVScale | None = None
+    ) -> torch.Tensor:
+        read = self._write(key, value, kv_cache, metadata.slot_mapping, kv_scale)
         if len(metadata.groups) == 1 and isinstance(metadata.groups[0].rows, slice):
-            return self._attend(query, kv_cache, metadata.groups[0])
+            return self._attend(query, kv_cache, metadata.groups[0], read)
         out = torch.empty_like(query)
         for group in metadata.groups:
-            out[group.rows] = self._attend(query[group.rows], kv_cache, group)
+            out[group.rows] = self._attend(query[group.rows], kv_cache, group, read)
         return out
 
-    def _attend(self, query, kv_cache, group) -> torch.Tensor:
-        if isinstance(group, PrefillGroup):
-            return self._prefill(query, kv_cache[0], kv_cache[1], group)
-        if group.seq_len is not None:
-            return self._decode_one(query, kv_cache, group)
-        return self._decode(query, kv_cache[0], kv_cache[1], group)
+    def _write(self, key, value, kv_cache, slot_mapping, kv_scale: KVScale | None) -> _Reader:
+        """This step's K/V into the cache (quantized with ``kv_scale`` for a quantized one);
+        -> how the attention reads the blocks back."""
+        s, stored = self.spec, self.spec.kv_cache_dtype
+        scale = None if stored is None else kv_scale or KVScale()
+        if scale is not None and stored is not None:
+            key, value = quantize_kv(key, stored, scale.k), quantize_kv(value, stored, scale.v)
+        new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
+        if stored is not None:  # fp8 has no index_copy_ on the CPU: its bytes do
+            kv_cache, new_kv = kv_cache.view(torch.uint8), new_kv.view(torch.uint8)
+        kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
+        return _Reader(s.dtype, scale)
 
-    def _decode_one(self, query, kv_cache, group: DecodeGroup) -> torch.Tensor:
+    def _attend(self, query, kv_cache, group, read: _Reader) -> torch.Tensor:
+        if isinstance(group, PrefillGroup):
+            return self._prefill(query, kv_cache[0], kv_cache[1], group, read)
+        if group.seq_len is not None:
+            return self._decode_one(query, kv_cache, group, read)
+        return self._decode(query, kv_cache[0], kv_cache[1], group, read)
+
+    def _decode_one(self, query, kv_cache, group: DecodeGroup, read: _Reader) -> torch.Tensor:
         """One stream: K and V read in one op (a view when its blocks are consecutive, else a
         gather), exactly its context, the fused kernel with a KV head's g query heads as g
         query rows (one position, so no mask) — 16 µs where broadcasting K/V over a head axis
@@ -232,7 +257,7 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = kv_cache[:, :, group.blocks]
         else:
             blocks = kv_cache.index_select(2, group.block_table[0])
-        keys, values = blocks.flatten(2, 3)[:, :, None, group.first_key : group.seq_len].unbind()
+        keys, values = read(*blocks.flatten(2, 3)[:, :, None, group.first_key : group.seq_len].unbind())
         queries = query.view(s.num_kv_heads, 1, s.num_heads // s.num_kv_heads, s.head_dim)
         if s.logit_softcap is not None:
             out = softcapped_attention(queries, keys, values, s.scale, s.logit_softcap)
@@ -240,13 +265,12 @@ class TorchAttentionBackend(AttentionBackend):
             out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale)  # [Hkv, 1, g, D]
         return out.reshape(1, s.num_heads, s.head_dim)
 
-    def _decode(self, query, key_cache, value_cache, group: DecodeGroup) -> torch.Tensor:
+    def _decode(self, query, key_cache, value_cache, group: DecodeGroup, read: _Reader) -> torch.Tensor:
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
-        keys, values = (
-            _gather_blocks(cache, group.block_table)  # [Hkv, B, L, D]
-            for cache in (key_cache, value_cache)
-        )
+        keys, values = read(
+            *(_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache))
+        )  # [Hkv, B, L, D]
         q = query.view(batch, s.num_kv_heads, g, s.head_dim).transpose(0, 1)  # [Hkv, B, g, D]
         scores = (
             softcap(torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale, s.logit_softcap) + group.bias
@@ -255,16 +279,18 @@ class TorchAttentionBackend(AttentionBackend):
         out = torch.matmul(probs, values)  # [Hkv, B, g, D]
         return out.transpose(0, 1).reshape(batch, s.num_heads, s.head_dim)
 
-    def _prefill(self, query, key_cache, value_cache, group: PrefillGroup) -> torch.Tensor:
+    def _prefill(self, query, key_cache, value_cache, group: PrefillGroup, read: _Reader) -> torch.Tensor:
         """A prefill chunk through the fused kernel, never with a mask: SDPA with a mask
         on the CPU computes every query × key tile, and a mask repeated per query head (or
         K/V broadcast over a head axis, which sent whole-sequence chunks to the math path
         and its [heads, q, S] scores) was most of a long prompt's time. Query heads stay
         [1, H, q, D] against [1, Hkv, S, D] (grouped-query heads handled by the kernel)."""
         s = self.spec
-        keys, values = (
-            cache.index_select(1, group.blocks).flatten(1, 2)[:, : group.seq_len].unsqueeze(0)
-            for cache in (key_cache, value_cache)
+        keys, values = read(
+            *(
+                cache.index_select(1, group.blocks).flatten(1, 2)[:, : group.seq_len].unsqueeze(0)
+                for cache in (key_cache, value_cache)
+            )
         )  # [1, Hkv, S, D]
         queries = query.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         if not s.causal:
@@ -285,6 +311,20 @@ class TorchAttentionBackend(AttentionBackend):
                 queries, keys, values, attn_mask=group.mask, scale=s.scale, enable_gqa=True
             )
         return out[0].transpose(0, 1).reshape(query.shape)
+
+
+@attrs.frozen
+class _Reader:
+    """Gathered K/V as the attention math takes them: as they are from an activation-dtype
+    cache (``scale`` None), dequantized to ``dtype`` from a quantized one."""
+
+    dtype: torch.dtype
+    scale: KVScale | None
+
+    def __call__(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.scale is None:
+            return keys, values
+        return dequantize_kv(keys, self.dtype, self.scale.k), dequantize_kv(values, self.dtype, self.scale.v)
 
 
 def later_chunk_split(queries, keys, values, prefix_len: int, scale: float) -> torch.Tensor:

@@ -63,4 +63,6 @@ def write_blocks(caches: list[torch.Tensor], block_dim: int, block_ids: tuple[in
         tensors.append(raw.view(cache.dtype).view(shape))
     index = torch.tensor(block_ids, dtype=torch.int64, device=caches[0].device)
     for cache, data in zip(caches, tensors):
+        if cache.element_size() == 1:  # an fp8 cache: torch has no fp8 index_copy_ on the CPU
+            cache, data = cache.view(torch.uint8), data.view(torch.uint8)
         cache.index_copy_(block_dim, index, data.to(cache.device))

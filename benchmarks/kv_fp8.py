@@ -1,0 +1,157 @@
+"""An fp8 KV cache (``--kv-cache-dtype fp8``) against the bf16 cache on the default model, side
+by side in one run.
+
+    python benchmarks/kv_fp8.py [--kv-cache-dtype fp8] [--windows 8] [--prompt-len 64]
+                                [--length 64] [--batch 64] [--context 2048] [--steps 5]
+                                [--repeats 15] [--threads N] [--skip-quality] [--skip-e2e]
+
+Quality: the held text's windows (``engine.testing.divergence``) teacher-forced through
+``LLM()`` with each cache — the share of positions whose most likely next token agrees and the
+mean and largest absolute difference of the text's own token's log-prob — and free-running:
+greedy tokens from each window's prompt, the share equal position by position and the mean
+length before the first difference. Speed: one layer's cpu-native decode attention at
+``--batch`` requests of ``--context`` tokens on the default model's shape, bf16 against fp8
+pages, calls interleaved; then one decode step of ``LLM()`` with each cache at that batch and
+context (every prompt prefilled first, steps of the two engines interleaved), median of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+
+import attrs
+import torch
+from attention import SPEC, decode_inputs, time_calls
+from offline_throughput import prefill_all
+
+from engine import LLM, SamplingParams
+from engine.builtin.platforms import CpuPlatform
+from engine.interfaces import KV_CACHE_DTYPES, KVScale
+from engine.messages.request import Request
+from engine.plugins import load_plugins
+from engine.testing import divergence
+
+
+def teacher_forced(llm: LLM, sequences) -> tuple[list[int], torch.Tensor]:
+    """Each position's most likely next token and the log-prob of the sequence's own."""
+    params = SamplingParams(max_tokens=1, prompt_logprobs=1, temperature=0.0)
+    outs = llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+    top, logprobs = [], []
+    for seq, out in zip(sequences, outs):
+        for token, entry in zip(seq[1:], out.prompt_logprobs[1:]):
+            top.append(min(entry.items(), key=lambda item: item[1].rank)[0])
+            logprobs.append(entry[token].logprob)
+    return top, torch.tensor(logprobs)
+
+
+def greedy(llm: LLM, prompts, length: int) -> list[list[int]]:
+    params = SamplingParams(max_tokens=length, temperature=0.0, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return [list(out.outputs[0].token_ids) for out in outs]
+
+
+def quality(kv_dtype: str, windows: int, prompt_len: int, length: int) -> None:
+    engines = {name: LLM(kv_cache_dtype=name) for name in ("auto", kv_dtype)}
+    held = divergence.held_windows(engines["auto"].tokenizer, windows, prompt_len, length)
+    sequences = [prompt + forced for prompt, forced in held]
+    (base_top, base), (top, logprobs) = (teacher_forced(engines[n], sequences) for n in ("auto", kv_dtype))
+    drift = (base - logprobs).abs()
+    agree = sum(a == b for a, b in zip(base_top, top)) / len(top)
+    print(f"teacher-forced, {windows} held windows of {prompt_len}+{length} tokens ({len(top)} positions):")
+    print(f"  next-token agreement {agree:.3f}; |log-prob difference| mean {drift.mean():.4f}", end="")
+    print(f", max {drift.max():.3f}")
+    print(f"  mean log-prob of the text: bf16 cache {base.mean():.4f}, {kv_dtype} {logprobs.mean():.4f}")
+    prompts = [prompt for prompt, _ in held]
+    runs = [greedy(engines[n], prompts, length) for n in ("auto", kv_dtype)]
+    same = sum(a == b for x, y in zip(*runs) for a, b in zip(x, y)) / sum(len(x) for x in runs[0])
+    first = [next((i for i, (a, b) in enumerate(zip(x, y)) if a != b), len(x)) for x, y in zip(*runs)]
+    print(f"free-running, {length} greedy tokens from each window's prompt:")
+    print(f"  tokens equal position by position {same:.3f}; first difference at {first}", end="")
+    print(f" (mean {statistics.mean(first):.1f})")
+
+
+def attention(kv_dtype: str, batch: int, context: int, repeats: int) -> None:
+    """One layer's cpu-native decode attention over bf16 and fp8 pages, interleaved."""
+    registry, platform = load_plugins(), CpuPlatform()
+    cls = registry.get("attention_backends", "cpu-native")
+    specs = {"bf16": SPEC, kv_dtype: attrs.evolve(SPEC, kv_cache_dtype=KV_CACHE_DTYPES[kv_dtype])}
+    gen = torch.Generator().manual_seed(0)
+    layout, pool, (q, k, v) = decode_inputs(batch, context, gen)
+    calls = {}
+    for name, spec in specs.items():
+        backend = cls(spec, platform, registry=registry)
+        cache = torch.randn(backend.kv_cache_shape(pool), generator=gen).to(spec.cache_dtype)
+        quantized = {"kv_scale": KVScale()} if spec.kv_cache_dtype is not None else {}
+        calls[name] = functools.partial(
+            backend.forward, q, k, v, cache, backend.build_metadata(layout), **quantized
+        )
+    medians = time_calls(calls, repeats)
+    base, new = medians["bf16"] * 1e6, medians[kv_dtype] * 1e6
+    print(f"one layer's cpu-native decode attention, batch {batch} x context {context}, median of {repeats}:")
+    print(f"  bf16 pages {base:.0f} µs, {kv_dtype} pages {new:.0f} µs, bf16/{kv_dtype} {base / new:.2f}x")
+
+
+def end_to_end(kv_dtype: str, batch: int, context: int, steps: int) -> None:
+    """One decode step of ``LLM()`` with each cache at ``batch`` requests of ``context`` tokens."""
+    max_tokens = steps * 4 + 64
+    blocks = batch * -(-(context + max_tokens) // 16) + 2  # the same blocks for both: room for every token
+    engines = {}
+    for name in ("auto", kv_dtype):
+        # whole-budget prefill chunks: no request decodes (and finishes) before all are prefilled
+        engine = LLM(kv_cache_dtype=name, num_blocks=blocks, block_size=16, shared_step_target_s=0).engine
+        for i in range(batch):
+            prompt = [(7 * i + j) % 1000 + 10 for j in range(context)]
+            params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+            engine.add_request(Request(f"{name}-{i}", prompt, params))
+        prefill_all(engine, batch)
+        engines[name] = engine
+    medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
+    base, new = medians["auto"] * 1e3, medians[kv_dtype] * 1e3
+    print(f"LLM() decode step at batch {batch} x context {context}, median of {steps}:")
+    print(f"  bf16 cache {base:.1f} ms, {kv_dtype} cache {new:.1f} ms, bf16/{kv_dtype} {base / new:.2f}x")
+
+
+def main():
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--kv-cache-dtype",
+        default="fp8",
+        choices=[n for n in KV_CACHE_DTYPES if n != "auto"],
+        help="the quantized cache compared with the bf16 one (default fp8, i.e. e4m3)",
+    )
+    parser.add_argument(
+        "--windows", type=int, default=8, help="held-text windows for the quality figures (default 8)"
+    )
+    parser.add_argument("--prompt-len", type=int, default=64, help="prompt tokens of a window (default 64)")
+    parser.add_argument(
+        "--length", type=int, default=64, help="tokens forced, or generated, after it (default 64)"
+    )
+    parser.add_argument(
+        "--batch", type=int, default=64, help="decoding requests for the speed figures (default 64)"
+    )
+    parser.add_argument("--context", type=int, default=2048, help="their context in tokens (default 2048)")
+    parser.add_argument("--steps", type=int, default=5, help="decode steps timed per engine (default 5)")
+    parser.add_argument(
+        "--repeats", type=int, default=15, help="attention calls timed per cache (default 15)"
+    )
+    parser.add_argument("--threads", type=int, help="torch (and OpenMP) threads; default: torch's")
+    parser.add_argument("--skip-quality", action="store_true", help="no quality figures")
+    parser.add_argument(
+        "--skip-e2e", action="store_true", help="no LLM() decode step (the attention call only)"
+    )
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if not args.skip_quality:
+        quality(args.kv_cache_dtype, args.windows, args.prompt_len, args.length)
+    attention(args.kv_cache_dtype, args.batch, args.context, args.repeats)
+    if not args.skip_e2e:
+        end_to_end(args.kv_cache_dtype, args.batch, args.context, args.steps)
+
+
+if __name__ == "__main__":
+    main()
