@@ -142,6 +142,8 @@ def grammar_text(spec: GrammarSpec) -> str:
     """``spec`` as an llguidance grammar; ValueError for a spec no grammar can come from."""
     if spec.kind in ("json", "json_object"):
         schema = ANY_OBJECT if spec.kind == "json_object" else spec.value
+        if schema is True:  # any value; llguidance applies its options to object schemas only
+            schema = {}
         text = schema if isinstance(schema, str) else json.dumps(schema)
         try:
             return llg.LLMatcher.grammar_from_json_schema(text, defaults=JSON_LAYOUT)  # type: ignore[arg-type]
