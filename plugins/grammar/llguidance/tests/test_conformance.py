@@ -1,13 +1,11 @@
 """grammar-llguidance against the core's grammar contract (on the kit's tiny tokenizer: no model
 needed), its compile cache, and what it reads beyond the contract (Lark grammars)."""
 
-import time
-
 import pytest
 
 from engine.interfaces import GrammarContext, GrammarSpec
 from engine.testing.grammar import GrammarBackendContract
-from engine_grammar_llguidance.backend import LLGuidanceBackend
+from engine_grammar_llguidance.backend import CACHE_SIZE, LLGuidanceBackend
 
 LARK = 'start: "(" DIGIT DIGIT? ")"\nDIGIT: /[0-9]/'
 
@@ -16,23 +14,18 @@ class TestLLGuidance(GrammarBackendContract):
     backend_name = "llguidance"
 
     def test_compiled_grammars_are_cached_by_spec(self, tokenizer, vocab_size):
+        """Equal specs (a dict in any key order, or its copy) compile once; the least recently
+        used falls out past CACHE_SIZE. (llguidance compiles lazily, in about a millisecond
+        here, so the cache is checked by its entries, not by the time a compile saves.)"""
         backend = LLGuidanceBackend(GrammarContext(tokenizer, vocab_size))
-        nested = {
-            "type": "object",
-            "properties": {
-                f"k{i}": {
-                    "type": "object",
-                    "properties": {f"j{j}": {"type": "string", "pattern": "[a-z]{2,9}"} for j in range(10)},
-                }
-                for i in range(10)
-            },
-        }
-        started = time.perf_counter()
-        backend.compile(GrammarSpec("json", nested))
-        first = time.perf_counter() - started
-        started = time.perf_counter()
-        backend.compile(GrammarSpec("json", dict(nested)))
-        assert time.perf_counter() - started < first / 5
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "string"}}}
+        backend.compile(GrammarSpec("json", schema))
+        backend.compile(GrammarSpec("json", dict(reversed(schema.items()))))
+        assert len(backend._cache) == 1
+        for i in range(CACHE_SIZE):
+            backend.compile(GrammarSpec("choice", [f"c{i}"]))
+        assert len(backend._cache) == CACHE_SIZE
+        assert not any('"json"' in key for key in backend._cache), "the oldest entry must go first"
 
     def test_lark_grammars_are_read_as_lark(self, backend, tokenizer):
         eos = tokenizer.eos_token_id
@@ -46,6 +39,13 @@ class TestLLGuidance(GrammarBackendContract):
         assert backend.compile(GrammarSpec("regex", r"\d\w")).accept_tokens(tokenizer.encode("7x") + [eos])
         assert not backend.compile(GrammarSpec("regex", r"\d")).accept_tokens(tokenizer.encode("٣") + [eos])
         assert not backend.compile(GrammarSpec("regex", r"\w")).accept_tokens(tokenizer.encode("é") + [eos])
+
+    def test_the_true_schema_is_any_json_value(self, backend, tokenizer):
+        eos = tokenizer.eos_token_id
+        for text in ['{"a": [1]}', "[true, null]", '"text"', "12"]:
+            assert backend.compile(GrammarSpec("json", True)).accept_tokens(tokenizer.encode(text) + [eos]), (
+                text
+            )
 
     @pytest.mark.parametrize(
         "spec",
