@@ -15,6 +15,7 @@ import pytest
 
 from engine import LLM, GrammarSpec, SamplingParams
 from engine.config import EngineConfig
+from engine.entrypoints.cli_args import ArgumentParser, add_engine_arguments, engine_options
 
 pytest.importorskip("engine_grammar_xgrammar", reason="the xgrammar plugin is not installed")
 pytest.importorskip("engine_grammar_llguidance", reason="the llguidance plugin is not installed")
@@ -135,6 +136,26 @@ def test_auto_fails_a_request_no_backend_compiles_with_every_reason(auto_llm):
     ],
 )
 def test_vllm_spellings_select_the_backend(options, backend):
+    assert EngineConfig.from_kwargs(**options).structured_outputs_backend == backend
+
+
+@pytest.mark.parametrize(
+    "argv, backend",
+    [
+        (["--structured-outputs-config", '{"backend": "llguidance"}'], "llguidance"),
+        (
+            ["--structured-outputs-config", '{"backend": "guidance", "disable_any_whitespace": true}'],
+            "llguidance",
+        ),
+        (["--guided-decoding-backend", "llguidance"], "llguidance"),
+        (["--grammar-backend", "xgrammar"], "xgrammar"),
+        (["--structured-outputs-backend", "auto"], "auto"),
+    ],
+)
+def test_vllm_and_sglang_flags_select_the_backend(argv, backend):
+    parser = ArgumentParser()
+    add_engine_arguments(parser)
+    options = engine_options(parser.parse_args(argv))
     assert EngineConfig.from_kwargs(**options).structured_outputs_backend == backend
 
 
