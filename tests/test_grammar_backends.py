@@ -148,6 +148,7 @@ def test_vllm_spellings_select_the_backend(options, backend):
             "llguidance",
         ),
         (["--guided-decoding-backend", "llguidance"], "llguidance"),
+        (["--structured-outputs-config.backend", "guidance"], "llguidance"),
         (["--grammar-backend", "xgrammar"], "xgrammar"),
         (["--structured-outputs-backend", "auto"], "auto"),
     ],

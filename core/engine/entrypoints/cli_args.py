@@ -241,7 +241,12 @@ OPTIONS: dict[str, Option] = {
         ("--attention-backend",), "attention backend plugin; default: the platform's preference"
     ),
     "structured_outputs_backend": Option(
-        ("--structured-outputs-backend", "--guided-decoding-backend", "--grammar-backend"),
+        (
+            "--structured-outputs-backend",
+            "--structured-outputs-config.backend",  # vLLM's dotted form of the JSON flag's key
+            "--guided-decoding-backend",
+            "--grammar-backend",
+        ),
         "grammar backend plugin (xgrammar, llguidance ...; guidance is vLLM's name for llguidance), "
         "or auto: per request the first installed backend that compiles it, in the order "
         "`engine plugins` lists; default: the highest-priority one (xgrammar)",
