@@ -16,6 +16,7 @@ import pytest
 from engine import LLM, GrammarSpec, SamplingParams
 from engine.config import EngineConfig
 from engine.entrypoints.cli_args import ArgumentParser, add_engine_arguments, engine_options
+from engine.interfaces import GrammarBackend
 
 pytest.importorskip("engine_grammar_xgrammar", reason="the xgrammar plugin is not installed")
 pytest.importorskip("engine_grammar_llguidance", reason="the llguidance plugin is not installed")
@@ -171,3 +172,30 @@ def test_vllm_and_sglang_flags_select_the_backend(argv, backend):
 def test_bad_structured_outputs_options_are_refused(options, message):
     with pytest.raises(ValueError, match=message):
         EngineConfig.from_kwargs(**options)
+
+
+def test_auto_leaves_out_a_backend_that_cannot_be_built(tiny_llama, caplog):
+    """A backend whose constructor refuses the model (llguidance with a slow tokenizer) is left
+    out of auto with a warning; the others still serve. Named alone, its error stands."""
+    from engine import load_tokenizer
+    from engine.core.structured import StructuredOutputs
+    from engine.interfaces import GrammarContext
+    from engine.plugins import load_plugins
+
+    class Unbuildable(GrammarBackend):
+        def __init__(self, ctx):
+            raise ValueError("needs a fast tokenizer")
+
+        def compile(self, spec):
+            raise AssertionError("never built")
+
+    _, tokenizer = load_tokenizer(tiny_llama[0])
+    ctx = GrammarContext(tokenizer, len(tokenizer))
+    xgrammar = load_plugins().get("grammar_backends", "xgrammar")
+    with caplog.at_level(logging.WARNING, logger="engine.core.structured"):
+        structured = StructuredOutputs({"unbuildable": Unbuildable, "xgrammar": xgrammar}, ctx)
+    assert list(structured.backends) == ["xgrammar"]
+    assert any("unbuildable left out of auto: needs a fast tokenizer" in m for m in caplog.messages)
+    structured.shutdown()
+    with pytest.raises(ValueError, match="fast tokenizer"):
+        StructuredOutputs({"unbuildable": Unbuildable}, ctx)

@@ -32,8 +32,19 @@ logger = logging.getLogger(__name__)
 
 class StructuredOutputs:
     def __init__(self, backends: dict[str, type[GrammarBackend]], ctx: GrammarContext):
-        """``backends``: name -> class, in the order to try them (one, unless ``auto``)."""
-        self.backends = {name: cls(ctx) for name, cls in backends.items()}
+        """``backends``: name -> class, in the order to try them (one, unless ``auto``). Under
+        ``auto`` a backend that cannot be built for this model (ValueError: llguidance reads
+        fast tokenizers only) is left out, with a warning; one alone raises."""
+        self.backends = {}
+        for name, cls in backends.items():
+            try:
+                self.backends[name] = cls(ctx)
+            except ValueError as error:
+                if len(backends) == 1:
+                    raise
+                logger.warning("grammar backend %s left out of auto: %s", name, error)
+        if not self.backends:
+            raise ValueError("no grammar backend can be built for this model")
         self.vocab_size = ctx.vocab_size
         self._pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
