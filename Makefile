@@ -6,7 +6,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/attention/flash-attn plugins/attention/flashinfer plugins/models/llama \
            plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert \
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/quant/awq-gptq \
-           plugins/grammar/xgrammar \
+           plugins/grammar/xgrammar plugins/grammar/llguidance \
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \
            plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/kvconnectors/nixl \
            plugins/executors/ray plugins/loraresolvers/filesystem

@@ -1,7 +1,7 @@
 """The grammar kit catches the bugs grammar backend authors make: it runs, in a child pytest as
-a plugin's tests run it, on the xgrammar backend (which must pass every test, none skipped)
-and on each mutant of it in ``tests/plugins/grammar_mutants.py``, each of which must fail the
-test written for its bug."""
+a plugin's tests run it, on the xgrammar and llguidance backends (which must pass every test,
+none skipped) and on each mutant in ``tests/plugins/grammar_mutants.py``, each of which must
+fail the test written for its bug."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import textwrap
 import pytest
 
 pytest.importorskip("engine_grammar_xgrammar", reason="the xgrammar plugin is not installed")
+pytest.importorskip("engine_grammar_llguidance", reason="the llguidance plugin is not installed")
 
 from tests.kit_mutations import Outcomes, failed, run_kit
-from tests.plugins.grammar_mutants import MUTANTS  # needs the xgrammar plugin
+from tests.plugins.grammar_mutants import MUTANTS  # needs the xgrammar and llguidance plugins
 
 KIT = textwrap.dedent("""
     from engine.plugins import add_plugin
@@ -20,7 +21,7 @@ KIT = textwrap.dedent("""
     from tests.plugins import grammar_mutants
 
     add_plugin(grammar_mutants, "grammar-mutants")
-    for _name in ["xgrammar", *grammar_mutants.MUTANTS]:
+    for _name in ["xgrammar", "llguidance", *grammar_mutants.MUTANTS]:
         _cls = "Test_" + _name.replace("-", "_")
         globals()[_cls] = type(_cls, (GrammarBackendContract,), {"backend_name": _name})
     """)
@@ -33,6 +34,7 @@ CAUGHT_BY = {  # mutant -> the kit test written for its bug
     "reset-keeps-state": "test_reset_returns_to_the_start",
     "eos-flag": "test_rollback_restores_the_mask_also_past_eos",
     "shared-grammar": "test_each_compile_is_a_grammar_of_its_own",
+    "eos-never-recorded": "test_rollback_of_eos_where_the_output_could_go_on",
 }
 
 
@@ -45,9 +47,10 @@ def test_the_kit_covers_every_mutant():
     assert set(CAUGHT_BY) == set(MUTANTS)
 
 
-def test_xgrammar_passes_every_kit_test(outcomes):
-    assert outcomes["xgrammar"], "the kit ran no test"
-    assert set(outcomes["xgrammar"].values()) == {"passed"}, outcomes["xgrammar"]
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_the_real_backends_pass_every_kit_test(outcomes, backend):
+    assert outcomes[backend], "the kit ran no test"
+    assert set(outcomes[backend].values()) == {"passed"}, outcomes[backend]
 
 
 @pytest.mark.parametrize("mutant", sorted(CAUGHT_BY))

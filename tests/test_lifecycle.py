@@ -211,7 +211,7 @@ def test_bitmask_rows_after_a_draft_eos_stay_all_allowed():
         def compile(self, spec):
             return EndsAtTwo()
 
-    structured = StructuredOutputs(Backend, GrammarContext(None, 64))
+    structured = StructuredOutputs({"test": Backend}, GrammarContext(None, 64))
     request = Request("r", [1, 3], SamplingParams(max_tokens=5))
     request.grammar = EndsAtTwo()
     mask = structured.bitmask(StepPlan((ScheduledRequest(request, 2, (5, 2, 7)),)))

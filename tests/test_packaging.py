@@ -38,6 +38,7 @@ WELL_KNOWN = {
     "pluggy",
     "attrs",
     "xgrammar",
+    "llguidance",
     "starlette",
     "uvicorn",
     "pyzmq",

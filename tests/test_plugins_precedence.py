@@ -247,11 +247,15 @@ def test_the_default_grammar_backend_is_chosen_by_rule_not_install_order(monkeyp
         monkeypatch, grammar_b=grammar_plugin("alpha", priority=1), grammar_a=grammar_plugin("zeta")
     )
     assert ranked.default("grammar_backends") == "alpha"
+    assert ranked.by_preference("grammar_backends") == ["alpha", "zeta"]  # the order auto tries them
     monkeypatch.setattr(plugins, "_loaded", {frozenset(["grammar-b", "grammar-a"]): ranked})
     PluginsCommand().run(argparse.Namespace(plugins=["grammar-b", "grammar-a"]))
     out = capsys.readouterr().out.splitlines()
-    assert "    grammar backend: alpha  [default (highest priority, then the first name)]" in out
-    assert "    grammar backend: zeta" in out
+    assert (
+        "    grammar backend: alpha  [default (highest priority, then the first name); auto tries it 1 of 2]"
+        in out
+    )
+    assert "    grammar backend: zeta  [auto tries it 2 of 2]" in out
 
 
 # -- refused, not absent -------------------------------------------------------------------------

@@ -1,11 +1,13 @@
-"""Speculation composes with structured outputs, penalties and seeds: greedy constrained
-output with drafts equals the output without, and sampled constrained output stays valid."""
+"""Speculation composes with structured outputs (each grammar backend), penalties and seeds:
+greedy constrained output with drafts equals the output without, and sampled constrained
+output stays valid."""
 
 from __future__ import annotations
 
 import json
 
 import jsonschema
+import pytest
 
 from engine import LLM, GrammarSpec, SamplingParams
 
@@ -19,9 +21,12 @@ SCHEMA = {
 }
 
 
-def test_grammar_with_drafts_equals_grammar_without(tiny_llama):
+@pytest.mark.parametrize("backend", ["xgrammar", "llguidance"])
+def test_grammar_with_drafts_equals_grammar_without(tiny_llama, backend):
+    """Each backend's accept and rollback of drafts, in the engine: drafts change nothing."""
+    pytest.importorskip(f"engine_grammar_{backend}", reason=f"the {backend} plugin is not installed")
     folder = tiny_llama[0]
-    options = dict(dtype="float32", num_blocks=128, max_model_len=512, structured_outputs_backend="xgrammar")
+    options = dict(dtype="float32", num_blocks=128, max_model_len=512, structured_outputs_backend=backend)
     example = 'Example: {"items": ["apple", "pear", "plum", "apple"]}. '
     prompts = [example + "List fruit:", example + "Fruit basket:", example + "More fruit please:"]
     greedy = SamplingParams(

@@ -34,6 +34,57 @@ AUTO_QUEUE = -1  # max_queued_requests: derived from max_num_seqs and the KV cac
 MIN_AUTO_QUEUE = 64  # the least an automatic queue bound allows
 
 
+AUTO_GRAMMAR = "auto"  # structured_outputs_backend: per request, the first installed backend that compiles it
+# vLLM's names of grammar backends registered here under another name
+VLLM_GRAMMAR_NAMES = {"guidance": "llguidance"}
+# vLLM's StructuredOutputsConfig keys that change nothing here, and why
+STRUCTURED_OUTPUTS_NO_EFFECT = {
+    "disable_any_whitespace": "JSON is always generated in json.dumps's layout, with no free whitespace",
+    "disable_additional_properties": "a schema's additionalProperties is followed as written",
+    "reasoning_parser": "the server's --reasoning-parser is the one in use",
+    "enable_in_reasoning": "the grammar applies to the whole output",
+}
+
+
+def grammar_backend_option(kwargs: dict[str, Any]) -> None:
+    """Fold vLLM's spellings of the grammar backend into ``structured_outputs_backend``, in place:
+    ``structured_outputs_config`` (a dict or its JSON text: ``backend``, ``disable_fallback``
+    and keys of no effect here), ``guided_decoding_backend`` (vLLM's older flag) and vLLM's
+    backend names (``guidance`` is ``llguidance``). ValueError for an unknown key or for two
+    spellings naming different backends."""
+    import json
+    import logging
+
+    config = kwargs.pop("structured_outputs_config", None) or {}
+    if isinstance(config, str):
+        config = json.loads(config)
+    if not isinstance(config, dict):
+        raise ValueError(f"structured_outputs_config must be a JSON object, got {config!r}")  # noqa: TRY004
+    unknown = set(config) - {"backend", "disable_fallback", *STRUCTURED_OUTPUTS_NO_EFFECT}
+    if unknown:
+        raise ValueError(f"structured_outputs_config: unknown key(s) {', '.join(sorted(unknown))}")
+    for key in set(config) & set(STRUCTURED_OUTPUTS_NO_EFFECT):
+        logging.getLogger(__name__).warning(
+            "structured_outputs_config.%s has no effect: %s", key, STRUCTURED_OUTPUTS_NO_EFFECT[key]
+        )
+    given = {
+        spelling: VLLM_GRAMMAR_NAMES.get(name, name)
+        for spelling, name in (
+            ("structured_outputs_backend", kwargs.pop("structured_outputs_backend", None)),
+            ("guided_decoding_backend", kwargs.pop("guided_decoding_backend", None)),
+            ("structured_outputs_config.backend", config.get("backend")),
+        )
+        if name is not None
+    }
+    if len(set(given.values())) > 1:
+        raise ValueError(f"conflicting grammar backends: {given}")
+    name = next(iter(given.values()), None)
+    if config.get("disable_fallback") and name == AUTO_GRAMMAR:
+        raise ValueError("structured_outputs_config: disable_fallback with backend auto: name one backend")
+    if name is not None:
+        kwargs["structured_outputs_backend"] = name
+
+
 def _queue_bound(instance, attribute, value):
     if value < 0 and value != AUTO_QUEUE:
         raise ValueError(f"{attribute.name} must be non-negative or auto ({AUTO_QUEUE}), got {value}")
@@ -159,6 +210,8 @@ class EngineConfig:
     plugins: tuple[str, ...] | None = None  # allow-list of entry-point names; None: all installed
     device: str | None = None  # platform name; None: the best available
     attention_backend: str | None = None
+    # a grammar backend's name, "auto" (AUTO_GRAMMAR) or None: the registry's default; from_kwargs
+    # also takes vLLM's structured_outputs_config and guided_decoding_backend (grammar_backend_option)
     structured_outputs_backend: str | None = None
     kv_connector: str | None = None
     # vLLM's --kv-events-config: {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", ...}
@@ -187,6 +240,8 @@ class EngineConfig:
             "observability": ObservabilityConfig,
             "lora": LoRAConfig,
         }
+        kwargs = dict(kwargs)
+        grammar_backend_option(kwargs)
         parts: dict[str, dict[str, Any]] = {name: {} for name in sections}
         top: dict[str, Any] = {}
         top_fields = {f.name for f in attrs.fields(cls)} - set(sections)

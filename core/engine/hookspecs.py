@@ -128,7 +128,8 @@ class EngineHookSpecs:
         outputs, constructed with an :class:`engine.interfaces.GrammarContext` when the first
         structured request arrives, selected with ``structured_outputs_backend=NAME``
         (default: the registration of highest ``priority``, on a tie the first name — built-ins,
-        then plugins by entry-point name; ``engine plugins`` marks it)."""
+        then plugins by entry-point name; ``engine plugins`` marks it), or ``"auto"``: every
+        one, each request compiled by the first in that order that accepts it."""
 
     @hookspec
     def register_drafters(self, register):

@@ -492,8 +492,13 @@ class PluginRegistry:
         """The name a kind selects when the user names none (the grammar backend): the
         registration of highest ``priority``, on a tie the first of :meth:`names` (built-ins,
         then plugins by entry-point name); None when nothing is registered."""
-        winners = self.registrations(kind)
-        return min(winners, key=lambda r: -r.priority).name if winners else None
+        preferred = self.by_preference(kind)
+        return preferred[0] if preferred else None
+
+    def by_preference(self, kind: str) -> list[str]:
+        """The names of ``kind`` by ``priority``, highest first, ties in :meth:`names`' order:
+        :meth:`default` is the first, and ``auto`` grammar backends are tried in this order."""
+        return [r.name for r in sorted(self.registrations(kind), key=lambda r: -r.priority)]
 
 
 def _distribution(ep) -> str:

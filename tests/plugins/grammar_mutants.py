@@ -1,4 +1,5 @@
-"""Planted bugs: the xgrammar backend with one mistake each, the mistakes grammar backend
+"""Planted bugs: the xgrammar backend (and, for a mistake of its own kind, the llguidance
+backend) with one mistake each, the mistakes grammar backend
 authors make (several were made, and shipped, while the kit passed). Not registered by the
 suite's conftest: ``tests/test_grammar_kit_mutations.py`` registers them in a child pytest
 that runs the grammar kit on each, and checks that it fails."""
@@ -11,6 +12,7 @@ import attrs
 import torch
 
 from engine import hookimpl
+from engine_grammar_llguidance.backend import LLGuidanceBackend, LLGuidanceGrammar
 from engine_grammar_xgrammar.backend import XGrammar, XGrammarBackend
 
 
@@ -82,6 +84,24 @@ class EosFlag(Mutant):
         self.ended = False
 
 
+class EosNeverRecorded(LLGuidanceGrammar):
+    """On llguidance, which keeps no history entry for EOS taken once the grammar has stopped,
+    treats every EOS so: rolling back an EOS taken where the output could go on ("deep") rolls
+    back nothing, and the grammar stays at its end."""
+
+    def accept_tokens(self, token_ids):
+        accepted = super().accept_tokens(token_ids)
+        if accepted and token_ids and token_ids[-1] == self.eos:
+            self.eos_unrecorded = True
+        return accepted
+
+
+class EosNeverRecordedBackend(LLGuidanceBackend):
+    def compile(self, spec):
+        grammar = super().compile(spec)
+        return EosNeverRecorded(grammar.matcher, grammar.eos)
+
+
 def _backend(grammar_cls) -> type:
     """The xgrammar backend handing out ``grammar_cls`` grammars."""
 
@@ -134,6 +154,7 @@ MUTANTS = {
     "reset-keeps-state": _backend(ResetKeepsState),
     "eos-flag": _backend(EosFlag),
     "shared-grammar": SharedGrammarBackend,
+    "eos-never-recorded": EosNeverRecordedBackend,
 }
 
 

@@ -13,7 +13,7 @@ import time
 import attrs
 import torch
 
-from engine.config import EngineConfig
+from engine.config import AUTO_GRAMMAR, EngineConfig
 from engine.core import faults, kv_connectors, setup
 from engine.core.lifecycle import request_path
 from engine.core.speculation import Speculator
@@ -255,11 +255,24 @@ class EngineCore:
 
     def _grammar_backend(self, name: str | None) -> str | None:
         """The grammar backend structured requests will use: the one named (checked now, so a
-        refused or missing one stops the engine at start), else the registry's default."""
+        refused or missing one stops the engine at start), ``auto`` (every installed one, see
+        :mod:`engine.core.structured`; None when there is none), else the registry's default."""
         if name is None:
             return self.registry.default("grammar_backends")
+        if name == AUTO_GRAMMAR:
+            return AUTO_GRAMMAR if self.registry.names("grammar_backends") else None
         self.registry.registration("grammar_backends", name)
         return name
+
+    def _grammar_backends(self) -> dict[str, type]:
+        """Name -> class of the backends to try, in order: for ``auto``, every installed one by
+        the registry's preference (the default first, as :meth:`PluginRegistry.default` ranks)."""
+        if self.grammar_backend != AUTO_GRAMMAR:
+            names = [self.grammar_backend]
+        else:
+            names = self.registry.by_preference("grammar_backends")
+            logger.info("structured outputs: backend auto tries %s in this order", ", ".join(names))
+        return {name: self.registry.get("grammar_backends", name) for name in names}
 
     def _eos_token_id(self) -> int | None:
         eos = getattr(self.hf_config, "eos_token_id", None)
@@ -362,9 +375,8 @@ class EngineCore:
     @property
     def structured(self) -> StructuredOutputs:
         if self._structured is None:
-            backend = self.registry.get("grammar_backends", self.grammar_backend)
             self._structured = StructuredOutputs(
-                backend, GrammarContext(self.tokenizer, self.hf_config.vocab_size)
+                self._grammar_backends(), GrammarContext(self.tokenizer, self.hf_config.vocab_size)
             )
         return self._structured
 

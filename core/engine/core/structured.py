@@ -6,26 +6,45 @@ tokens it appends, :mod:`engine.core.lifecycle`).
 The compile thread runs at a lower CPU priority (nice 5: about a quarter of a normal
 thread's share; threads a backend starts from it inherit that on Linux), so a grammar
 that takes seconds to compile slows the step loop little, yet still progresses while the
-engine is busy (at nice 19 it would get ~1.5% and could wait minutes)."""
+engine is busy (at nice 19 it would get ~1.5% and could wait minutes).
+
+With ``structured_outputs_backend="auto"`` (vLLM's fallback) it holds every installed backend,
+in the registry's order of preference, and a request's grammar is compiled by the first that
+supports its spec and compiles it; each refusal is logged and, when none compiles it, the
+request fails with every backend's reason."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from engine.interfaces.grammar import GrammarContext
+from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
 from engine.messages.request import Request, RequestStatus
 from engine.messages.step import EngineOutput, StepPlan
 
 COMPILE_NICENESS = 5
+logger = logging.getLogger(__name__)
 
 
 class StructuredOutputs:
-    def __init__(self, backend_cls, ctx: GrammarContext):
-        self.backend = backend_cls(ctx)
+    def __init__(self, backends: dict[str, type[GrammarBackend]], ctx: GrammarContext):
+        """``backends``: name -> class, in the order to try them (one, unless ``auto``). Under
+        ``auto`` a backend that cannot be built for this model (ValueError: llguidance reads
+        fast tokenizers only) is left out, with a warning; one alone raises."""
+        self.backends = {}
+        for name, cls in backends.items():
+            try:
+                self.backends[name] = cls(ctx)
+            except ValueError as error:
+                if len(backends) == 1:
+                    raise
+                logger.warning("grammar backend %s left out of auto: %s", name, error)
+        if not self.backends:
+            raise ValueError("no grammar backend can be built for this model")
         self.vocab_size = ctx.vocab_size
         self._pool = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="grammar-compile", initializer=_background_priority
@@ -34,14 +53,40 @@ class StructuredOutputs:
 
     def submit(self, request: Request) -> None:
         spec = request.sampling_params.structured_outputs
-        reasons = self.backend.supports(spec)
+        able = {name: b for name, b in self.backends.items() if not b.supports(spec)}
         future: Future = Future()
-        if reasons:
-            future.set_exception(ValueError("; ".join(reasons)))
+        if able:
+            future = self._pool.submit(self._compile, request.request_id, spec, able)
         else:
-            future = self._pool.submit(self.backend.compile, spec)
+            reasons = [reason for b in self.backends.values() for reason in b.supports(spec)]
+            future.set_exception(ValueError("; ".join(reasons)))
         request.status = RequestStatus.WAITING_FOR_GRAMMAR
         self._pending[request.request_id] = (request, future)
+
+    def _compile(self, request_id: str, spec: GrammarSpec, backends: dict[str, GrammarBackend]) -> Grammar:
+        """The grammar of the first of ``backends`` that compiles ``spec`` (on the compile thread)."""
+        errors: list[str] = []
+        for name, backend in backends.items():
+            try:
+                grammar = backend.compile(spec)
+            except ValueError as error:
+                if len(backends) == 1:
+                    raise
+                errors.append(f"{name}: {error}")
+                logger.info(
+                    "request %s: grammar backend %s cannot compile its %s: %s",
+                    request_id,
+                    name,
+                    spec.kind,
+                    error,
+                )
+                continue
+            if errors:
+                logger.info(
+                    "request %s: its %s grammar compiled by %s (fallback)", request_id, spec.kind, name
+                )
+            return grammar
+        raise ValueError("no grammar backend compiles it: " + "; ".join(errors))
 
     def poll(self, lifecycle) -> list[EngineOutput]:
         """Release compiled requests to the queue; fail those whose grammar is invalid."""

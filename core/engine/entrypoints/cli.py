@@ -99,7 +99,15 @@ def _precedence_note(registry, registration) -> str:
         and registry.shadowing(registration) is None
     ):
         note = "; ".join(filter(None, ["default (highest priority, then the first name)", note]))
+    if registration.kind == "grammar_backends" and registry.shadowing(registration) is None:
+        note = "; ".join(filter(None, [note, _auto_place(registry, registration)]))
     return f"  [{note}]" if note else ""
+
+
+def _auto_place(registry, registration) -> str:
+    """Where ``--structured-outputs-backend auto`` tries this grammar backend (by priority)."""
+    order = registry.by_preference("grammar_backends")
+    return f"auto tries it {order.index(registration.name) + 1} of {len(order)}"
 
 
 def _runnable(registration, platform) -> str:

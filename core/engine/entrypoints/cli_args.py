@@ -248,7 +248,17 @@ OPTIONS: dict[str, Option] = {
     "attention_backend": Option(
         ("--attention-backend",), "attention backend plugin; default: the platform's preference"
     ),
-    "structured_outputs_backend": Option(("--structured-outputs-backend",), "grammar backend plugin"),
+    "structured_outputs_backend": Option(
+        (
+            "--structured-outputs-backend",
+            "--structured-outputs-config.backend",  # vLLM's dotted form of the JSON flag's key
+            "--guided-decoding-backend",
+            "--grammar-backend",
+        ),
+        "grammar backend plugin (xgrammar, llguidance ...; guidance is vLLM's name for llguidance), "
+        "or auto: per request the first installed backend that compiles it, in the order "
+        "`engine plugins` lists; default: the highest-priority one (xgrammar)",
+    ),
     "kv_connector": Option(
         ("--kv-connector",), "KV connector plugin (the short form of --kv-transfer-config)"
     ),
@@ -334,6 +344,15 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             metavar=metavar if option.choices is None else "{" + ",".join(option.choices) + "}",
         )
     group.add_argument(
+        "--structured-outputs-config",
+        dest="structured_outputs_config",
+        type=json.loads,
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s structured-outputs options, e.g. \'{"backend": "llguidance"}\' '
+        "(backend as --structured-outputs-backend; disable_fallback refuses auto)",
+    )
+    group.add_argument(
         "--config",
         metavar="FILE.yaml",
         help="flags from a YAML mapping (max-num-seqs: 8); flags after --config override the file's",
@@ -362,7 +381,7 @@ def engine_options(args: argparse.Namespace) -> dict:
     for flag, (_, reason) in NO_EFFECT.items():
         if getattr(args, _no_effect_dest(flag), None) is not None:
             print(f"engine: {flag} has no effect: {reason}", file=sys.stderr)
-    names = set(EngineConfig.option_names()) - _SKIP
+    names = (set(EngineConfig.option_names()) - _SKIP) | {"structured_outputs_config"}
     return {k: v for k, v in vars(args).items() if k in names and v is not None}
 
 

@@ -34,7 +34,8 @@ it must match, nothing before or after:
   ``|``; no backreferences or lookaround.
 - ``grammar``: text in the language of ``value``, GBNF (llama.cpp's EBNF, as xgrammar reads
   it): ``name ::= ...`` rules starting at ``root``, double-quoted literals, ``[...]`` classes,
-  ``( )``, ``|``, ``* + ?`` and ``{m,n}``.
+  ``( )``, ``|``, ``* + ?`` and ``{m,n}``. A backend may read other syntaxes besides (the
+  llguidance backend reads Lark, as vLLM's ``guided_grammar`` does with llguidance).
 - ``choice``: exactly one of the strings of ``value`` (a non-empty list of non-empty strings).
 
 ``engine.testing.grammar.GrammarBackendContract`` checks all of this on a tiny tokenizer.

@@ -249,6 +249,19 @@ class GrammarBackendContract:
         assert torch.equal(start, engine_row(grammar, vocab_size))
         self._force(grammar, tokenizer, vocab_size, "deep blue sea")
 
+    def test_rollback_of_eos_where_the_output_could_go_on(self, backend, tokenizer, vocab_size):
+        """EOS after "deep" (which may end or become "deep blue sea") rolls back like any token:
+        a backend whose library records EOS only in some states must count it in each."""
+        grammar = backend.compile(self._supported(backend, CASES["choice"][0]))
+        self._force(grammar, tokenizer, vocab_size, "deep")
+        open_end = engine_row(grammar, vocab_size)
+        self._accept(grammar, tokenizer.eos_token_id, tokenizer.eos_token_id)
+        grammar.rollback(1)
+        assert not grammar.is_terminated(), "rolling EOS back must un-terminate the grammar"
+        assert torch.equal(open_end, engine_row(grammar, vocab_size)), "rollback(1) past EOS changed the mask"
+        self._force(grammar, tokenizer, vocab_size, " blue sea")
+        self._accept(grammar, tokenizer.eos_token_id, tokenizer.eos_token_id)
+
     def test_tokens_after_eos_are_refused(self, backend, tokenizer):
         grammar = backend.compile(self._supported(backend, CASES["choice"][0]))
         assert grammar.accept_tokens(tokenizer.encode("red") + [tokenizer.eos_token_id])

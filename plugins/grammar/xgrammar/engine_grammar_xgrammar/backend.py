@@ -96,6 +96,15 @@ class XGrammarBackend(GrammarBackend):
         try:
             if spec.kind == "json":
                 schema = spec.value if isinstance(spec.value, str) else json.dumps(spec.value)
+                try:
+                    ignored = ignored_keywords(json.loads(schema))
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"invalid json: the schema is not JSON ({exc})") from None
+                if ignored:
+                    raise ValueError(
+                        f"invalid json: xgrammar would not enforce {', '.join(ignored)} "
+                        "(its output could break the schema)"
+                    )
                 return self.compiler.compile_json_schema(schema, any_whitespace=False)
             if spec.kind == "json_object":  # an object, as OpenAI's; xgrammar's builtin JSON takes any value
                 return self.compiler.compile_json_schema(ANY_OBJECT, any_whitespace=False)
@@ -109,6 +118,38 @@ class XGrammarBackend(GrammarBackend):
             return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
         except (RuntimeError, TypeError) as exc:  # xgrammar reports bad specs as RuntimeError
             raise ValueError(f"invalid {spec.kind}: {_first_line(exc)}") from None
+
+
+# keywords xgrammar 0.2.9 compiles without enforcing them (its grammars accept [1, 1] under
+# uniqueItems, "a" under {"not": {"type": "string"}}, 0.3 under multipleOf 0.5 ...)
+IGNORED = ("not", "if", "then", "else", "dependentRequired", "dependentSchemas")
+SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+SUBSCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
+SUBSCHEMAS = ("items", "additionalProperties", "contains", "propertyNames")
+
+
+def ignored_keywords(schema) -> list[str]:
+    """The keywords of ``schema`` and its subschemas that xgrammar would silently not enforce
+    (a grammar looser than the schema, which the interface forbids), sorted; ``[]``: none."""
+    found: set[str] = set()
+    stack = [schema]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, list):  # draft-4 tuple items
+            stack += node
+        if not isinstance(node, dict):
+            continue
+        found.update(k for k in IGNORED if k in node)
+        if node.get("uniqueItems") is True:
+            found.add("uniqueItems")
+        if "multipleOf" in node and node.get("type") != "integer":
+            found.add("multipleOf (on non-integers)")
+        stack += [
+            sub for key in SUBSCHEMA_MAPS if isinstance(node.get(key), dict) for sub in node[key].values()
+        ]
+        stack += [sub for key in SUBSCHEMA_LISTS if isinstance(node.get(key), list) for sub in node[key]]
+        stack += [node[key] for key in SUBSCHEMAS if key in node]
+    return sorted(found)
 
 
 def _first_line(exc: Exception) -> str:
