@@ -354,8 +354,8 @@ def _wait_gone(pids, timeout_s: float = 5) -> bool:
 @pytest.mark.slow
 def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama, backend):
     """``engine serve -tp 2 --distributed-executor-backend mp|ray``: the engine-core process is
-    the driver. The official client gets TP=1's greedy text; a worker (a spawned process, a
-    Ray actor) killed mid-stream errors the stream, turns /health to 503 and ends the server
+    the driver. The official client gets TP=1's greedy text; a worker (``python -m
+    engine.executors.worker``, a Ray actor) killed mid-stream errors the stream, turns /health to 503 and ends the server
     non-zero within 10 s, leaving no process behind (nor, with Ray, its placement group)."""
     prompt = [1, 450, 3200, 77, 9]
     expected = tp1.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
@@ -374,9 +374,9 @@ def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama
     actors_before = _ray_workers()
     with serve(tiny_llama[0], *args, api_key=None) as server:
         core = server.core_pid()
-        children = _children(core)  # mp: the worker, and multiprocessing's resource tracker
+        children = _children(core)  # mp: the worker process
         if backend == "mp":
-            workers = [p for p in children if "spawn_main" in _cmdline(p)]
+            workers = [p for p in children if "engine.executors.worker" in _cmdline(p)]
         else:
             workers = sorted(_ray_workers() - actors_before)
         assert len(workers) == 1
