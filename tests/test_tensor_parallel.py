@@ -355,8 +355,9 @@ def _wait_gone(pids, timeout_s: float = 5) -> bool:
 def test_serve_tp2_with_openai_and_a_killed_worker_fails_cleanly(tp1, tiny_llama, backend):
     """``engine serve -tp 2 --distributed-executor-backend mp|ray``: the engine-core process is
     the driver. The official client gets TP=1's greedy text; a worker (``python -m
-    engine.executors.worker``, a Ray actor) killed mid-stream errors the stream, turns /health to 503 and ends the server
-    non-zero within 10 s, leaving no process behind (nor, with Ray, its placement group)."""
+    engine.executors.worker``, a Ray actor) killed mid-stream errors the stream, turns /health
+    to 503 and ends the server non-zero within 10 s, leaving no process behind (nor, with Ray,
+    its placement group)."""
     prompt = [1, 450, 3200, 77, 9]
     expected = tp1.generate([prompt], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
     args = (
