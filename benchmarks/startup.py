@@ -11,9 +11,9 @@ it. ``cold`` runs give the engine an empty cache folder (``XDG_CACHE_HOME``: its
 kernels and its converted GGUF config, tokenizer and tensor names), ``warm`` runs the cache the
 cold run filled; the other servers have no such cache and run warm only (the OS page cache is warm
 for every server after its first run). The model is the embedded default (SmolLM2-135M Q4_1 GGUF)
-unless ``--model`` names another; vLLM loads the same weights as a bf16 HF folder
-(``vs_vllm.py``'s, built once), llama.cpp the GGUF file. Medians print with each server's ratio to
-this engine's warm time.
+unless ``--model`` names another (which every server then loads); for the default, vLLM loads
+the same weights as a bf16 HF folder (``vs_vllm.py``'s, built once), llama.cpp the GGUF file.
+Medians print with each server's ratio to this engine's warm time.
 
 ``--vllm-python``: vLLM's CPU build in its own venv (``vs_vllm.py --help`` has the set-up);
 ``--llama-server``: a command that serves a GGUF file given as ``--model PATH --port N`` (e.g.
@@ -135,28 +135,13 @@ def run_others(args) -> dict[str, list[dict]]:
     if args.vllm_python:
         import vs_vllm
 
-        folder = vs_vllm.hf_folder()
-        vllm = os.path.join(os.path.dirname(args.vllm_python), "vllm")
+        # vs_vllm's own `vllm serve` line; its folder unless --model names what every server loads
+        folder = args.model or vs_vllm.hf_folder()
+        settings = argparse.Namespace(vllm_python=args.vllm_python, model="default")
         for _ in range(args.runs):
             port = free_port()
-            command = [
-                vllm,
-                "serve",
-                folder,
-                "--port",
-                str(port),
-                "--served-model-name",
-                "m",
-                "--dtype",
-                "bfloat16",
-            ]
-            command += [
-                "--max-model-len",
-                "2048",
-                "--gpu-memory-utilization",
-                str(vs_vllm.VLLM_MEMORY_UTILIZATION),
-            ]
-            results.setdefault("vllm", []).append(one_run(command, port, "m"))
+            command = vs_vllm._server_command("vllm", settings, folder, port)
+            results.setdefault("vllm", []).append(one_run(command, port, vs_vllm.SERVED_NAME["default"]))
     if args.llama_server:
         from engine_quant_gguf.loader import default_model_path
 

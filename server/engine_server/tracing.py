@@ -129,7 +129,6 @@ class RequestTrace:
             name, context=context, start_time=self._ns(start), attributes=attributes
         )
         span.end(self._ns(max(start, end)))
-        return span
 
     def _engine_request(self, context, generation, choice) -> float:
         """The ``engine_request`` span of one sample and its phases; -> when it ended."""

@@ -209,37 +209,22 @@ class NativeAttentionBackend(AttentionBackend):
             self._write_kv_torch(key, value, kv_cache, slot_mapping, scale)
             return
         slots = kv_cache.shape[2] * s.block_size
+        rows = (
+            key.data_ptr(),
+            value.data_ptr(),
+            key.stride(0),
+            key.stride(1),
+            slot_mapping.data_ptr(),
+            key.shape[0],
+            s.num_kv_heads,
+            s.head_dim,
+            slots,
+        )
         if s.kv_cache_dtype is not None:
-            status = fp8_writer()(
-                key.data_ptr(),
-                value.data_ptr(),
-                key.stride(0),
-                key.stride(1),
-                slot_mapping.data_ptr(),
-                key.shape[0],
-                s.num_kv_heads,
-                s.head_dim,
-                slots,
-                int(key.dtype == torch.bfloat16),
-                int(s.kv_cache_dtype == torch.float8_e5m2),
-                scale.k,
-                scale.v,
-                kv_cache.data_ptr(),
-            )
+            bf16, e5m2 = int(key.dtype == torch.bfloat16), int(s.kv_cache_dtype == torch.float8_e5m2)
+            status = fp8_writer()(*rows, bf16, e5m2, scale.k, scale.v, kv_cache.data_ptr())
         else:
-            status = kv_writer()(
-                key.data_ptr(),
-                value.data_ptr(),
-                key.stride(0),
-                key.stride(1),
-                slot_mapping.data_ptr(),
-                key.shape[0],
-                s.num_kv_heads,
-                s.head_dim,
-                slots,
-                key.element_size(),
-                kv_cache.data_ptr(),
-            )
+            status = kv_writer()(*rows, key.element_size(), kv_cache.data_ptr())
         if status:
             raise IndexError(f"cpu-native attention: a slot outside the cache's {slots}")
 

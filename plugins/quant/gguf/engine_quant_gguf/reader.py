@@ -65,7 +65,6 @@ class Tensor:
 class GGUFFile:
     def __init__(self, path: str):
         self.data = np.memmap(path, dtype=np.uint8, mode="r")
-        self._offset = 0
         if bytes(self.data[:4]) != b"GGUF":
             raise ValueError(f"{path!r} has no GGUF magic")
         self._offset = 4
