@@ -227,6 +227,8 @@ class EngineConfig:
     # recorded (None: the platform's default list up to max_num_seqs)
     enforce_eager: bool = False
     cuda_graph_sizes: tuple[int, ...] | None = None
+    # /sleep and /wake_up (engine.core.sleep): the KV cache and weights given back while asleep
+    enable_sleep_mode: bool = False
 
     @classmethod
     def from_kwargs(cls, **kwargs) -> EngineConfig:

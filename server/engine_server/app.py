@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, get_route_path
 
-from engine_server import anthropic, console, embeddings, generation, responses_api
+from engine_server import anthropic, console, embeddings, generation, responses_api, sleep
 from engine_server.bounds import encode
 from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
@@ -70,6 +70,7 @@ class ServerState:
     tracing: object | None = None  # Tracing, with --otlp-traces-endpoint
     request_timings: bool = False  # --enable-request-timings: "timings" in every response
     lora: LoRAAdapters | None = None  # with --enable-lora: the adapters served by name
+    sleep_mode: bool = False  # --enable-sleep-mode: /sleep, /wake_up, /is_sleeping, /update_weights_from_disk
     responses: ResponseStore = attrs.Factory(ResponseStore)  # /v1/responses stored (--responses-store-*)
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
@@ -213,6 +214,7 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/metrics", metrics),
         Route("/openapi.json", openapi),
         *responses_api.routes(),
+        *sleep.routes(state.sleep_mode),
         *(console.routes() if state.web_ui else ()),
     ]
     if state.lora is not None and state.lora.runtime:  # else a 404, as vLLM without runtime updating
@@ -231,7 +233,7 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         },
     )
     app.state.server = state
-    body_paths = frozenset(route.path for route in routes if "POST" in route.methods)
+    body_paths = frozenset(route.path for route in routes if "POST" in route.methods) - sleep.BODILESS
     open_paths = OPEN_PATHS + (console.PATHS if state.web_ui else ())
     app.add_middleware(Guard, state=state, body_paths=body_paths, open_paths=frozenset(open_paths))
     for cls, options in outer_middleware:

@@ -10,7 +10,7 @@ import msgspec
 
 from engine_server.errors import anthropic_route
 from engine_server.responses import RESPONSES
-from engine_server.schemas import BODIES, MAX_N
+from engine_server.schemas import BODIES, MAX_N, OPTIONAL_BODIES
 
 REF = "#/components/schemas/{name}"
 ERROR = {
@@ -74,6 +74,34 @@ PATHS = {
     "/metrics": ("get", None, "text/plain", "Prometheus metrics"),
 }
 
+RESET_PREFIX_CACHE = {
+    "/reset_prefix_cache": ("post", None, None, "Forget every cached prompt block (409 while in use)"),
+}
+RUNTIME_LORA_PATHS = {
+    "/v1/load_lora_adapter": ("post", "LoadLoRAAdapterRequest", "text/plain", "Load a LoRA adapter by name"),
+    "/v1/unload_lora_adapter": ("post", "UnloadLoRAAdapterRequest", "text/plain", "Unload a LoRA adapter"),
+}
+SLEEP_PATHS = {
+    "/sleep": (
+        "post",
+        None,
+        None,
+        (
+            "Wait for the requests in flight, then give the KV cache (query level=1) and the weights "
+            "(level=2) back; requests get 503 until /wake_up"
+        ),
+    ),
+    "/wake_up": ("post", None, None, "Wake from /sleep"),
+    "/is_sleeping": ("get", None, "IsSleeping", "Whether the engine sleeps"),
+    "/update_weights_from_disk": (
+        "post",
+        "UpdateWeightsRequest",
+        "UpdateWeightsResult",
+        "Serve the weights of a checkpoint folder of the same architecture (after the requests in flight)",
+    ),
+}
+LEVEL = {"name": "level", "in": "query", "required": False, "schema": {"type": "integer", "enum": [1, 2]}}
+
 # routes of a stored response, by its id: path -> [(method, response body, summary)]
 RESPONSE_ID_PATHS = {
     "/v1/responses/{response_id}": [
@@ -88,16 +116,23 @@ RESPONSE_ID = {"name": "response_id", "in": "path", "required": True, "schema": 
 
 
 def spec(state) -> dict:
-    _, components = msgspec.json.schema_components(list(BODIES.values()) + RESPONSES, ref_template=REF)
+    bodies = {**BODIES, **OPTIONAL_BODIES}
+    _, components = msgspec.json.schema_components(list(bodies.values()) + RESPONSES, ref_template=REF)
     if not state.allow_unknown_fields:
-        for name in BODIES:
+        for name in bodies:
             components[name]["additionalProperties"] = False
     runtime_bounds(components, state)
+    paths = {**PATHS, **RESET_PREFIX_CACHE}
+    paths |= RUNTIME_LORA_PATHS if state.lora is not None and state.lora.runtime else {}
+    paths |= SLEEP_PATHS if state.sleep_mode else {}
+    described = {path: {method: operation(path, *rest)} for path, (method, *rest) in paths.items()}
+    if "/sleep" in described:
+        described["/sleep"]["post"]["parameters"] = [LEVEL]
     return {
         "openapi": "3.1.0",
         "info": {"title": "engine", "version": "0.1.0"},
         "paths": {
-            **{path: {method: operation(path, *rest)} for path, (method, *rest) in PATHS.items()},
+            **described,
             **{
                 path: {
                     method: {**operation(path, None, answer, summary), "parameters": [RESPONSE_ID]}

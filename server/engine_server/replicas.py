@@ -136,6 +136,11 @@ class ReplicaSet:
         for replica in self.replicas:
             replica.abort([rid for rid in request_ids if replica.routes(rid)])
 
+    async def control(self, method: str, **arguments) -> list:
+        """Call a control method on every engine core (:meth:`AsyncEngine.control`); their results."""
+        calls = (replica.control(method, **arguments) for replica in self.replicas)
+        return list(await asyncio.gather(*calls))
+
     def cut_open_requests(self) -> int:
         return sum(replica.cut_open_requests() for replica in self.replicas)
 

@@ -282,6 +282,15 @@ class ResponseInputItems(msgspec.Struct, kw_only=True):
     has_more: bool
 
 
+class IsSleeping(msgspec.Struct):
+    is_sleeping: bool
+
+
+class UpdateWeightsResult(msgspec.Struct):
+    success: bool
+    message: str
+
+
 RESPONSES = [
     CompletionResponse,
     ChatCompletionResponse,
@@ -297,4 +306,6 @@ RESPONSES = [
     ResponseObject,
     ResponseDeleted,
     ResponseInputItems,
+    IsSleeping,
+    UpdateWeightsResult,
 ]

@@ -221,3 +221,17 @@ class UnloadLoRAAdapterRequest(msgspec.Struct, kw_only=True):
     """``POST /v1/unload_lora_adapter`` (vLLM's)."""
 
     lora_name: str = ""
+
+
+class UpdateWeightsRequest(msgspec.Struct, kw_only=True):
+    """``POST /update_weights_from_disk`` (SGLang's): the checkpoint folder to serve from now on."""
+
+    model_path: str = ""
+
+
+# the routes a server has only with a flag (--allow-runtime-lora-updating, --enable-sleep-mode)
+OPTIONAL_BODIES = {
+    "LoadLoRAAdapterRequest": LoadLoRAAdapterRequest,
+    "UnloadLoRAAdapterRequest": UnloadLoRAAdapterRequest,
+    "UpdateWeightsRequest": UpdateWeightsRequest,
+}

@@ -168,6 +168,7 @@ class ServeCommand(Command):
             tracing=tracing,
             request_timings=args.enable_request_timings,
             lora=adapters,
+            sleep_mode=bool(options.get("enable_sleep_mode")),
             responses=ResponseStore(args.responses_store_size, args.responses_store_ttl),
         )
 

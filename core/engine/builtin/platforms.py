@@ -1,6 +1,7 @@
 """The built-in platforms: cpu (always available) and cuda."""
 
 import os
+import sys
 
 import torch
 
@@ -26,6 +27,13 @@ class CpuPlatform(Platform):
         with open("/proc/self/statm") as f:
             resident = int(f.read().split()[1]) * page
         return resident, os.sysconf("SC_PHYS_PAGES") * page
+
+    def release_memory(self, storages: list[torch.UntypedStorage]) -> int:
+        if not sys.platform.startswith("linux"):
+            return super().release_memory(storages)
+        from engine.builtin import pages  # ctypes and /proc: only when sleeping
+
+        return pages.release(storages)
 
     def configure(self) -> None:
         threads = int(os.environ.get("ENGINE_NUM_THREADS", len(os.sched_getaffinity(0))))

@@ -137,6 +137,12 @@ class AsyncEngine:
         if not self.dead:
             self.core.abort(request_ids)
 
+    async def control(self, method: str, **arguments):
+        """Call one of the core's control methods (sleep mode, weight updates, the prefix cache)."""
+        if self.dead:
+            raise EngineDead(self.dead)
+        return await self.core.control(method, **arguments)
+
     def cut_open_requests(self) -> int:
         """End every open request with :class:`ShutdownCut` (its stream gets an error frame,
         a response waiting for it a 503); returns how many front-end requests were cut."""
@@ -190,6 +196,7 @@ class AsyncEngine:
         self.dead = reason
         logger.error("%s", reason)
         self._fail_all(kind, reason)
+        self.core.fail_calls(reason)
         if self.on_death is not None:
             self.on_death(reason)
 

@@ -36,7 +36,7 @@ from engine.lifetime import exit_with_parent
 from engine.messages.lora import LoRARequest
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
-from engine.messages.step import Overloaded
+from engine.messages.step import Asleep, Overloaded
 from engine.plugins import load_plugins
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
@@ -73,6 +73,7 @@ class CoreServer:
         self.output.setsockopt(zmq.SNDTIMEO, OUTPUT_SEND_TIMEOUT_MS)
         self.output.connect(output_addr)
         self.running = True
+        self.waiting: list[protocol.Control] = []  # controls that run once no request is in flight
         self._last_stats = 0.0
         self.clock = LoopClock()
         self.heartbeat = HeartbeatThread(self.context, output_addr, self.clock)
@@ -96,6 +97,8 @@ class CoreServer:
                 self.handle(request, failed)
         elif isinstance(message, protocol.AddRequest):
             try:
+                if self.waiting:
+                    raise Asleep(f"the engine is about to {self.waiting[0].method.replace('_', ' ')}")
                 kind = PoolingParams if message.pooling else SamplingParams
                 child = (message.request_id, message.prompt_token_ids, kind.from_dict(message.params))
                 lora = None if message.lora_request is None else LoRARequest.from_dict(message.lora_request)
@@ -116,6 +119,26 @@ class CoreServer:
             self.client.abort(message.request_ids)
         elif isinstance(message, protocol.Shutdown):
             self.running = False
+        elif isinstance(message, protocol.Control):
+            if message.method in protocol.WAITS_FOR_IDLE and (self.waiting or self._busy()):
+                self.waiting.append(message)
+            else:
+                self.run_control(message)
+
+    def run_control(self, message: protocol.Control) -> None:
+        try:
+            result = self.client.control(message.method, **message.arguments)
+        except (ValueError, TypeError, OSError) as exc:  # the call fails, the engine goes on
+            self.send(protocol.ControlResult(message.call_id, error=str(exc)))
+        else:
+            self.send(protocol.ControlResult(message.call_id, result))
+
+    def run_waiting_controls(self) -> None:
+        while self.waiting and not self._busy():
+            self.run_control(self.waiting.pop(0))
+
+    def _busy(self) -> bool:
+        return self.core.has_unfinished() or self.core.has_pending_transfers()
 
     def drain(self, wait_ms: int) -> list[protocol.Delta]:
         failed: list[protocol.Delta] = []
@@ -139,7 +162,7 @@ class CoreServer:
             deltas = self.drain(self._wait_ms())
             if not self.running:
                 break
-            if self.core.has_unfinished() or self.core.has_pending_transfers():
+            if self._busy():
                 self.clock.step_started()
                 deltas += self.client.step()
                 self.clock.step_finished()
@@ -156,6 +179,7 @@ class CoreServer:
                 if send_stats:
                     self._last_stats = now
                 idle_stats_sent = idle_stats_sent or idle
+            self.run_waiting_controls()  # after the outputs of the step that ended the last request
 
     def _wait_ms(self) -> int:
         """How long to wait for requests before the next step: none while steps compute; a

@@ -9,7 +9,7 @@ from __future__ import annotations
 import attrs
 
 from engine.client.base import Child, EngineCoreClient
-from engine.client.protocol import Delta, Ready
+from engine.client.protocol import CONTROL_METHODS, Delta, Ready
 from engine.client.stats_logger import StatsLogger
 from engine.core.engine_core import EngineCore
 from engine.core.speculation import ACCEPTED_AT
@@ -50,6 +50,13 @@ class InProcessClient(EngineCoreClient):
             list(dimensions) if dimensions else None,
             core.determinism(),
         )
+
+    def control(self, method: str, **arguments):
+        """Call one of the core's :data:`~engine.client.protocol.CONTROL_METHODS` (sleep mode,
+        weight updates, the prefix cache) and return what it returns."""
+        if method not in CONTROL_METHODS:
+            raise ValueError(f"no engine control {method!r} (known: {', '.join(CONTROL_METHODS)})")
+        return getattr(self.core, method)(**arguments)
 
     def validate(
         self, prompt_token_ids: list[int], params, priority: int = 0, lora_request: LoRARequest | None = None

@@ -9,6 +9,7 @@ core a bounded time to exit before killing it."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import os
@@ -118,6 +119,8 @@ class AsyncMPClient(EngineCoreClient):
         self._dir = tempfile.mkdtemp(prefix=f"{IPC_PREFIX}{os.getpid()}-")
         self.process: subprocess.Popen | None = None
         self.liveness = Liveness()  # the core's heartbeats, counted from its Ready
+        self._calls: dict[int, asyncio.Future] = {}  # control calls awaiting their result
+        self._call_ids = itertools.count()
 
     async def start(self, timeout: float = 900) -> protocol.Ready:
         self._ctx = zmq.asyncio.Context()
@@ -208,6 +211,26 @@ class AsyncMPClient(EngineCoreClient):
         if request_ids:
             self._post(protocol.Abort(request_ids))
 
+    async def control(self, method: str, **arguments):
+        """Call one of the core's :data:`~engine.client.protocol.CONTROL_METHODS` and await what it
+        returns (those that wait for idle run once no request is in flight); ValueError if it raised.
+        Results arrive through :meth:`get_output`, so its reader must be running."""
+        if method not in protocol.CONTROL_METHODS:
+            raise ValueError(f"no engine control {method!r} (known: {', '.join(protocol.CONTROL_METHODS)})")
+        call_id = next(self._call_ids)
+        future = self._calls[call_id] = asyncio.get_running_loop().create_future()
+        if not self._post(protocol.Control(call_id, method, arguments)):
+            del self._calls[call_id]
+            raise EngineDead("the engine core is not connected")
+        return await future
+
+    def fail_calls(self, reason: str) -> None:
+        """End every control call still awaiting its result with :class:`EngineDead`."""
+        for future in self._calls.values():
+            if not future.done():
+                future.set_exception(EngineDead(reason))
+        self._calls.clear()
+
     def _post(self, message) -> bool:
         """Queue ``message`` for the core without blocking. The socket has no high-water mark,
         so the only refusal (False) is no connected core: it died, or we shut down."""
@@ -229,7 +252,19 @@ class AsyncMPClient(EngineCoreClient):
                 continue
             if isinstance(message, protocol.Fatal):
                 raise EngineDead(f"engine core failed: {message.message.strip().splitlines()[-1]}")
+            if isinstance(message, protocol.ControlResult):
+                self._resolve(message)
+                continue
             return message
+
+    def _resolve(self, message: protocol.ControlResult) -> None:
+        future = self._calls.pop(message.call_id, None)
+        if future is None or future.done():  # its caller gave up waiting
+            return
+        if message.error is not None:
+            future.set_exception(ValueError(message.error))
+        else:
+            future.set_result(message.result)
 
     async def exited(self) -> int:
         """Returns the core process's exit code once it has exited."""

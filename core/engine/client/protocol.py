@@ -37,6 +37,20 @@ class Shutdown(msgspec.Struct, tag=True):
     pass
 
 
+# EngineCore methods a front end may call between steps (sleep mode, weight updates, the prefix
+# cache); the ones that change what requests compute wait until no request is in flight
+CONTROL_METHODS = ("reset_prefix_cache", "sleep", "wake_up", "is_sleeping", "update_weights_from_disk")
+WAITS_FOR_IDLE = ("sleep", "update_weights_from_disk")
+
+
+class Control(msgspec.Struct, tag=True):
+    """Call EngineCore.``method(**arguments)``; answered by a :class:`ControlResult` with ``call_id``."""
+
+    call_id: int
+    method: str
+    arguments: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
 class Ready(msgspec.Struct, tag=True):
     model: str
     max_model_len: int
@@ -76,6 +90,12 @@ class Outputs(msgspec.Struct, tag=True):
     stats: EngineStats | None = None
 
 
+class ControlResult(msgspec.Struct, tag=True):
+    call_id: int
+    result: Any = None
+    error: str | None = None  # the call raised: its message
+
+
 class Fatal(msgspec.Struct, tag=True):
     message: str
 
@@ -93,8 +113,8 @@ class Heartbeat(msgspec.Struct, tag=True):
     stepping: bool  # whether that round is inside a step now (False: receiving, sending, waiting)
 
 
-ToCore = AddRequest | AddBatch | Abort | Shutdown
-FromCore = Ready | Outputs | Fatal | Heartbeat
+ToCore = AddRequest | AddBatch | Abort | Shutdown | Control
+FromCore = Ready | Outputs | Fatal | Heartbeat | ControlResult
 
 _encoder = msgspec.msgpack.Encoder()
 _to_core = msgspec.msgpack.Decoder(ToCore)

@@ -16,6 +16,7 @@ import torch
 from engine.config import AUTO_GRAMMAR, EngineConfig
 from engine.core import faults, kv_connectors, setup
 from engine.core.lifecycle import request_path
+from engine.core.sleep import SleepMode
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
@@ -30,6 +31,7 @@ from engine.messages.request_path import check_prompt
 from engine.messages.sampling_params import InvalidParam, SamplingParams, check_int64
 from engine.messages.step import (
     OVERLOADED,
+    Asleep,
     EngineOutput,
     RequestTiming,
     StepPlan,
@@ -145,6 +147,9 @@ class EngineCore:
             self.lora.batch if self.lora is not None else None,
         )
         self.executor.start(self.runner, groups)
+        self._sleep: SleepMode | None = None  # built at the first sleep or weight update
+        if config.enable_sleep_mode:
+            setup.check_sleep_mode(config, self.platform, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
@@ -360,6 +365,8 @@ class EngineCore:
         self.lora.load(lora_request)
 
     def add_request(self, request: Request) -> None:
+        if self.is_sleeping():
+            raise Asleep("the engine is asleep: wake it up first (POST /wake_up)")
         self.validate(
             request.prompt_token_ids,
             request.pooling_params or request.sampling_params,
@@ -516,6 +523,62 @@ class EngineCore:
             "kv_cache_memory_bytes": str(cache.kv_cache_memory),
             "kv_cache_manager": self.config.scheduler.kv_cache_manager,
         }
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block (vLLM's ``/reset_prefix_cache``); False while requests hold blocks."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def sleep(self, level: int = 1) -> int:
+        """Give the KV cache back, and the weights by ``level`` (:mod:`engine.core.sleep`), until
+        :meth:`wake_up`; requests meanwhile are refused as overloaded. Returns the bytes released."""
+        if not self.config.enable_sleep_mode:
+            raise ValueError("sleep: the engine was started without enable_sleep_mode (--enable-sleep-mode)")
+        if level == 2 and self.lora is not None:
+            raise ValueError("sleep: level 2 would discard the LoRA adapters' slots; use level 1")
+        self._require_idle("sleep")
+        self.reset_prefix_cache()
+        return self._sleep_mode().sleep(level)
+
+    def wake_up(self) -> None:
+        if self._sleep is not None:
+            self._sleep.wake_up()
+
+    def is_sleeping(self) -> bool:
+        return self._sleep is not None and self._sleep.level > 0
+
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """Load the weights of the checkpoint at ``model_path`` in place (SGLang's call; an RL
+        trainer's sync). The architecture must match; the prefix cache is forgotten."""
+        if self.config.parallel.tensor_parallel_size > 1 or self.connector is not None:
+            raise ValueError("update_weights_from_disk: not with tensor parallelism or a KV connector yet")
+        self._require_idle("update_weights_from_disk")
+        self._sleep_mode().load(model_path)
+        self.reset_prefix_cache()
+
+    def _require_idle(self, what: str) -> None:
+        if self.has_unfinished() or self.has_pending_transfers():
+            raise ValueError(f"{what}: requests are in flight; wait for them to finish")
+
+    def _sleep_mode(self) -> SleepMode:
+        if self._sleep is None:
+            config = self.config
+
+            def rebuild(path: str):
+                loader, _ = setup.select_loader(self.registry, path, config.model.load_format)
+                hf_config = loader.hf_config()
+                return setup.build_model(
+                    self.registry,
+                    loader,
+                    hf_config,
+                    setup.resolve_dtype(config.model.dtype, hf_config, self.platform),
+                    self.platform,
+                    config.model.quantization,
+                    config.batch_invariant,
+                )
+
+            caches = self.runner.kv_caches
+            self._sleep = SleepMode(self.platform, self.model, caches, rebuild, config.model.model)
+        return self._sleep
 
     def check_health(self) -> None:
         """Raise :class:`engine.interfaces.ExecutorFailure` if a tensor-parallel rank is gone."""

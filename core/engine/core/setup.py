@@ -252,6 +252,18 @@ def select_executor(registry, config, platform, loader, hf_config):
     return cls(ExecutorContext(config, platform))
 
 
+def check_sleep_mode(config, platform, connector) -> None:
+    """Refuse ``enable_sleep_mode`` where sleeping cannot work, naming why."""
+    if config.parallel.tensor_parallel_size > 1:
+        raise ValueError("enable_sleep_mode: sleep mode is not tensor-parallel yet")
+    if connector is not None:
+        raise ValueError("enable_sleep_mode: not with a KV connector (its blocks would outlive the sleep)")
+    try:
+        platform.release_memory([])
+    except NotImplementedError as exc:
+        raise ValueError(f"enable_sleep_mode: {exc}") from None
+
+
 def allocate_kv_caches(layers: LayerAttention, groups, device) -> list[torch.Tensor]:
     """One zeroed KV cache per layer, sized for its group's blocks, in its backend's cache
     dtype (the activation dtype, or the quantized one --kv-cache-dtype asks)."""

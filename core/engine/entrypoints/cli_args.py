@@ -290,6 +290,13 @@ OPTIONS: dict[str, Option] = {
         "never record decode steps as step graphs (CUDA graphs on "
         "the cuda platform, native tapes on cpu-native); run every step eagerly",
     ),
+    "enable_sleep_mode": Option(
+        ("--enable-sleep-mode",),
+        "allow the engine to sleep (engine serve: POST /sleep?level=1|2, /wake_up, GET "
+        "/is_sleeping): level 1 gives the KV cache back and moves the weights to a temporary "
+        "file, level 2 discards them (waking reloads the checkpoint); for a trainer sharing "
+        "the machine",
+    ),
     "cuda_graph_sizes": Option(
         ("--cuda-graph-sizes",),
         "decode batch sizes to record as step graphs, "

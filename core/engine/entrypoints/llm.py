@@ -159,6 +159,22 @@ class LLM:
         default; ``"vllm"`` ignores it; a folder reads its ``generation_config.json``)."""
         return SamplingParams(**self.engine.default_sampling_params)
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached prompt block (False while requests hold blocks), as vLLM's."""
+        return self.client.control("reset_prefix_cache")
+
+    def sleep(self, level: int = 1) -> None:
+        """Give the KV cache back, and the weights (level 1: to a temporary file; level 2:
+        discarded), until :meth:`wake_up`; needs ``enable_sleep_mode=True``, as in vLLM."""
+        self.client.control("sleep", level=level)
+
+    def wake_up(self) -> None:
+        self.client.control("wake_up")
+
+    def update_weights_from_disk(self, model_path: str) -> None:
+        """Serve the weights of the checkpoint at ``model_path`` (same architecture) from now on."""
+        self.client.control("update_weights_from_disk", model_path=model_path)
+
     def chat(
         self,
         messages: list[dict] | list[list[dict]],

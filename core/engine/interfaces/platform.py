@@ -7,7 +7,10 @@ builds the collectives parallel layers call, by default a ``torch.distributed`` 
 
 Interface v2 adds ``step_graphs`` (default: none; v1 platforms still load): how the platform
 records a decode step's forward once per batch size and replays it — CUDA graphs on ``cuda``,
-native tapes (``engine.native.tape``) on ``cpu-native``."""
+native tapes (``engine.native.tape``) on ``cpu-native``.
+
+Sleep mode (added with a default, so v2 is unchanged): ``release_memory`` gives a storage's
+memory back while keeping its address; a platform that cannot refuses ``--enable-sleep-mode``."""
 
 from __future__ import annotations
 
@@ -88,6 +91,12 @@ class Platform(ABC):
         """(interface v2) How this platform records and replays decode steps, or None: they
         run eagerly. Called once per engine."""
         return None
+
+    def release_memory(self, storages: list[torch.UntypedStorage]) -> int:
+        """Give the memory of ``storages`` back to the system while keeping their addresses (so
+        recorded step graphs stay valid); their contents are undefined until rewritten. Returns
+        the bytes released. For sleep mode (``/sleep``); the default cannot."""
+        raise NotImplementedError(f"platform {self.name} cannot release memory in place (sleep mode)")
 
     def layer_ops(self, dtype: torch.dtype):
         """The :class:`engine.layers.LayerOps` models and quant kernels use for the small ops

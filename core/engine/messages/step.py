@@ -18,6 +18,11 @@ class Overloaded(Exception):
     code = OVERLOADED
 
 
+class Asleep(Overloaded):
+    """Raised by the engine core for a request that comes while it sleeps (sleep mode): refused
+    as an overloaded one is, so that a client retries after the wake-up."""
+
+
 @attrs.frozen
 class ScheduledRequest:
     request: Request

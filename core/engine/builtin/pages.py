@@ -1,0 +1,54 @@
+"""Giving a CPU storage's memory back to the system while keeping its address, as vLLM's CuMem
+allocator does on CUDA: ``madvise(MADV_DONTNEED)`` drops the physical pages of the whole pages
+inside the storage, the mapping stays, and the next touch reads zeros. Whatever recorded the
+address (a native tape, a KV connector) stays valid; the owner refills the contents before use.
+
+Only anonymous memory is released: a page of a file mapping (weights read in place from a
+checkpoint) is left alone, since writing it back later could fault."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import torch
+
+MADV_DONTNEED = 4  # linux/mman.h
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+
+
+def release(storages: list[torch.UntypedStorage]) -> int:
+    """Release the whole pages inside each storage's bytes; returns the bytes released."""
+    files = _file_mappings()
+    released = 0
+    for storage in storages:
+        start, end = _whole_pages(storage)
+        if end <= start or any(lo < end and start < hi for lo, hi in files):
+            continue
+        if _libc.madvise(start, end - start, MADV_DONTNEED) != 0:
+            raise OSError(ctypes.get_errno(), f"madvise: {os.strerror(ctypes.get_errno())}")
+        released += end - start
+    return released
+
+
+def _whole_pages(storage: torch.UntypedStorage) -> tuple[int, int]:
+    """The page-aligned range inside ``storage``'s bytes (it may share its edge pages)."""
+    start = storage.data_ptr()
+    end = start + storage.nbytes()
+    page = mmap.PAGESIZE
+    return -(-start // page) * page, end // page * page
+
+
+def _file_mappings() -> list[tuple[int, int]]:
+    """Address ranges of this process that map a file (``/proc/self/maps`` lines with an inode)."""
+    ranges = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            if len(fields) >= 6 and fields[4] != "0":
+                lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((lo, hi))
+    return ranges

@@ -1,0 +1,139 @@
+"""Sleep mode and weight updates on a real `engine serve`: ``/sleep`` waits for the streams in
+flight (they finish whole) while new requests get 503 with ``Retry-After``, the engine core's
+resident memory drops, ``/wake_up`` serves the same tokens again; a trainer in another process
+saves new weights and posts ``/update_weights_from_disk``, after which the server's greedy tokens
+are the new checkpoint's in ``transformers``; ``/reset_prefix_cache``; bad calls are 400s."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+
+import httpx
+import pytest
+
+from engine.testing import reference
+from tests.conftest import TINY_LLAMA
+from tests.serving import Streams, error_codes, serve
+
+pytestmark = pytest.mark.slow
+
+ARGS = ("--dtype", "float32", "--kv-cache-memory-bytes", "96MiB", "--max-model-len", "512")
+PROMPT = [1, 9, 300, 41, 7, 7, 1200]
+MiB = 1 << 20
+HI = {"prompt": "Hi", "max_tokens": 2}
+
+TRAINER = """
+import sys, httpx, torch
+from transformers import AutoModelForCausalLM
+url, key, source, target = sys.argv[1:]
+model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+with torch.no_grad():  # one "training step": every weight moves
+    for p in model.parameters():
+        p.mul_(-1.5)
+model.save_pretrained(target, safe_serialization=True)
+reply = httpx.post(url + "/update_weights_from_disk", json={"model_path": target},
+                   headers={"Authorization": "Bearer " + key}, timeout=120)
+print(reply.status_code, reply.text)
+"""
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, default_tokenizer):
+    folder = str(tmp_path_factory.mktemp("served"))
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY_LLAMA, tokenizer=default_tokenizer)
+    with serve(folder, *ARGS, "--enable-sleep-mode", "--enable-prompt-tokens-details") as s:
+        s.folder = folder
+        yield s
+
+
+def greedy(server, prompt=PROMPT, max_tokens=8) -> dict:
+    body = {"model": server.model(), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+    with server.http() as http:
+        reply = http.post("/v1/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def core_resident(server) -> int:
+    with open(f"/proc/{server.core_pid()}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_sleep_lets_streams_finish_refuses_new_requests_and_wakes_to_the_same_tokens(server):
+    before_text = greedy(server)["choices"][0]["text"]
+    streams = Streams(server, 2, max_tokens=150)
+    streams.wait_started()
+    resident = core_resident(server)
+    slept: list[httpx.Response] = []
+    sleeper = threading.Thread(
+        target=lambda: slept.append(server.http().post("/sleep", params={"level": 1})), daemon=True
+    )
+    sleeper.start()
+    with server.http() as http:
+        refused = None
+        while sleeper.is_alive() and refused is None:  # the sleep waits for the two streams
+            reply = http.post("/v1/completions", json=HI | {"model": server.model()})
+            refused = reply if reply.status_code == 503 else None
+        sleeper.join(60)
+        assert slept and slept[0].status_code == 200, slept
+        for frames in streams.join():
+            assert frames[-1] == "[DONE]" and not error_codes(frames), frames[-3:]
+        assert refused is not None and refused.headers["Retry-After"] and "about to sleep" in refused.text
+        assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+        assert resident - core_resident(server) > 80 * MiB  # the 96 MiB KV pool and the weights
+        asleep = http.post("/v1/completions", json=HI | {"model": server.model()})
+        assert asleep.status_code == 503 and "asleep" in asleep.text and asleep.headers["Retry-After"]
+        assert http.post("/wake_up").status_code == 200
+        assert http.get("/is_sleeping").json() == {"is_sleeping": False}
+    assert greedy(server)["choices"][0]["text"] == before_text
+
+
+def test_a_trainer_process_updates_the_weights(server, tmp_path):
+    target = str(tmp_path / "step-1")
+    trainer = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(TRAINER), server.url, server.api_key, server.folder, target],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert trainer.stdout.startswith("200"), trainer.stdout + trainer.stderr
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(target).eval()
+    want = reference.hf_greedy(trained, [PROMPT], 8)[0]
+    body = {"model": server.model(), "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0}
+    with server.http() as http:
+        choice = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}).json()
+        assert http.post("/update_weights_from_disk", json={"model_path": server.folder}).status_code == 200
+    tokens = choice["choices"][0]["logprobs"]["tokens"]
+    assert [int(t.removeprefix("token_id:")) for t in tokens] == want
+
+
+def test_reset_prefix_cache_forgets_cached_prompts(server):
+    prompt = list(range(1, 80))
+    greedy(server, prompt, 1)
+    assert greedy(server, prompt, 1)["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    with server.http() as http:
+        assert http.post("/reset_prefix_cache").status_code == 200
+    assert greedy(server, prompt, 1)["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    "path, params, body, words",
+    [
+        ("/sleep", {"level": "3"}, None, "level must be 1 or 2"),
+        ("/update_weights_from_disk", None, {}, "'model_path' must be provided"),
+        ("/update_weights_from_disk", None, {"model_path": "/nonexistent/ckpt"}, "nonexistent"),
+    ],
+)
+def test_bad_calls_are_400s_and_change_nothing(server, path, params, body, words):
+    before = greedy(server)["choices"][0]["text"]
+    with server.http() as http:
+        reply = http.post(path, params=params, json=body)
+    assert reply.status_code == 400 and words in reply.json()["error"]["message"], reply.text
+    assert greedy(server)["choices"][0]["text"] == before
