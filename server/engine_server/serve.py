@@ -4,15 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 
 import uvicorn
 
+from engine.client import EngineDead
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
 from engine.interfaces import LoRAResolverContext
 from engine.plugins import PluginRegistry, load_plugins
@@ -92,6 +95,7 @@ class ServeCommand(Command):
             options["plugins"] = args.plugins
         # a server refuses (503) rather than queue without end; offline use queues everything
         options.setdefault("max_queued_requests", AUTO_QUEUE)
+        listener = listening_socket(args.host, args.port)  # a port taken fails now, not after loading
         model_path, tokenizer = load_serving_tokenizer(args, options)
         options["model"] = model_path
         configure_request_log(args)
@@ -174,7 +178,12 @@ class ServeCommand(Command):
 
         @contextlib.asynccontextmanager
         async def lifespan(app):
-            ready = await client.start()
+            try:
+                ready = await client.start()
+            except EngineDead as exc:  # one line naming the cause, not uvicorn's traceback
+                print(f"engine serve: {exc}", file=sys.stderr)
+                await client.shutdown()
+                _exit_now(1)
             state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
             state.default_sampling_params = ready.default_sampling_params
             state.determinism = ready.determinism
@@ -213,13 +222,32 @@ class ServeCommand(Command):
             ),
         )
         server = _Server(config, on_drain)
-        server.run()
+        server.run(sockets=[listener])
         if not server.started:
             print("engine serve: the server did not start (see the error above)", file=sys.stderr)
             return 1
         if client.dead:
             _exit_now(outcome["exit_code"])
         return outcome["exit_code"]
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before anything loads, so that a port taken (another server
+    still running) or an address not of this machine is one line at once."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ValueError(
+                f"--port {port}: {host}:{port} is already in use (another server?); stop it or pick "
+                "another --port"
+            ) from None
+        raise ValueError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
+    return sock
 
 
 def lora_adapters(args, options: dict, name: str, registry: PluginRegistry) -> LoRAAdapters | None:

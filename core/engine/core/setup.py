@@ -448,9 +448,27 @@ def kv_cache_groups(
             raise ValueError(
                 f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of {sum(per_block)} bytes"
             )
-    return tuple(
+    groups = tuple(
         KVCacheGroup(m, blocks if c is None else min(blocks, c), w) for m, c, w in zip(members, caps, windows)
     )
+    _check_fits(sum(g.num_blocks * b for g, b in zip(groups, per_block)), platform)
+    return groups
+
+
+def _check_fits(kv_bytes: int, platform) -> None:
+    """Refuse a KV cache larger than the device's memory beside what this process holds: it
+    could never be allocated (on the CPU the kernel would kill the engine after swapping)."""
+    try:
+        used, total = platform.memory_in_use()
+    except NotImplementedError:
+        return
+    if kv_bytes > total - used:
+        raise ValueError(
+            f"kv_cache_memory: a KV cache of {kv_bytes / 2**30:.1f} GiB does not fit in the "
+            f"{(total - used) / 2**30:.1f} GiB of {platform.name} memory beside the {used / 2**30:.1f} GiB "
+            "this process holds; lower --kv-cache-memory-bytes, --gpu-memory-utilization or "
+            "--num-gpu-blocks-override"
+        )
 
 
 def _layer_block_bytes(layers: LayerAttention, layer: int) -> int:

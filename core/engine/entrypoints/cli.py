@@ -186,14 +186,16 @@ class GenerateCommand(Command):
         return 0
 
 
+PLUGINS_HELP = "comma-separated allow-list of plugins (default: all installed)"
+
+
+def _plugin_names(text: str) -> list[str]:
+    return [p for p in text.split(",") if p]
+
+
 def build_parser(registry) -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="engine", description="LLM inference engine (tessellm)")
-    parser.add_argument(
-        "--plugins",
-        type=lambda s: [p for p in s.split(",") if p],
-        default=None,
-        help="comma-separated allow-list of plugins (default: all installed)",
-    )
+    parser.add_argument("--plugins", type=_plugin_names, default=None, help=PLUGINS_HELP)
     parser.add_argument("--log-level", default="WARNING")
     sub = parser.add_subparsers(dest="command", required=True)
     for registration in registry.registrations("commands"):
@@ -207,6 +209,10 @@ def build_parser(registry) -> argparse.ArgumentParser:
             )
             continue
         command_parser = sub.add_parser(registration.name, help=command.help)
+        # after the command too (`engine serve --plugins ...`); SUPPRESS keeps one given before it
+        command_parser.add_argument(
+            "--plugins", type=_plugin_names, default=argparse.SUPPRESS, help=PLUGINS_HELP
+        )
         command.add_arguments(command_parser)
         command_parser.set_defaults(handler=command)
     return parser
@@ -214,7 +220,7 @@ def build_parser(registry) -> argparse.ArgumentParser:
 
 def _pre_parse_plugins(argv: list[str]) -> list[str] | None:
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--plugins", type=lambda s: [p for p in s.split(",") if p], default=None)
+    pre.add_argument("--plugins", type=_plugin_names, default=None)
     known, _ = pre.parse_known_args(argv)
     return known.plugins
 
