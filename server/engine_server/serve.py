@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from engine.client import EngineDead
+from engine.client import EngineDead, startup_plan
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
 from engine.interfaces import LoRAResolverContext
 from engine.plugins import PluginRegistry, load_plugins
@@ -95,6 +95,9 @@ class ServeCommand(Command):
             options["plugins"] = args.plugins
         # a server refuses (503) rather than queue without end; offline use queues everything
         options.setdefault("max_queued_requests", AUTO_QUEUE)
+        if args.dry_run:
+            print(startup_plan(options))
+            return 0
         listener = listening_socket(args.host, args.port)  # a port taken fails now, not after loading
         model_path, tokenizer = load_serving_tokenizer(args, options)
         options["model"] = model_path
@@ -194,6 +197,7 @@ class ServeCommand(Command):
             replicas = (
                 f" on {args.data_parallel_size} data-parallel cores" if args.data_parallel_size > 1 else ""
             )
+            print(ready.startup, flush=True)
             print(
                 f"engine: serving {name}{replicas} at http://{args.host}:{args.port}/v1 (max_model_len "
                 f"{ready.max_model_len}); try:\n  {_example_call(args, name, ready.runner)}"

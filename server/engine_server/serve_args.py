@@ -231,6 +231,12 @@ def add_server_arguments(parser) -> None:
         f"id); default: {DEFAULT_TTL:g}",
     )
     add(
+        "--dry-run",
+        action="store_true",
+        help="print the start-up plan (the parts chosen, memory by use: weights, KV cache in bytes and "
+        "tokens, step graphs, activations) and exit without loading the weights or listening",
+    )
+    add(
         "--disable-web-ui",
         action="store_true",
         help="do not serve the web console (a chat playground and a live dashboard of /metrics) at /ui/; "

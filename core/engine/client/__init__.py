@@ -22,6 +22,7 @@ _LAZY = {
     "Delta": "engine.client.protocol",
     "Outputs": "engine.client.protocol",
     "Ready": "engine.client.protocol",
+    "startup_plan": "engine.client.plan",
 }
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "SequenceOutput",
     "ShutdownCut",
     "request_output",
+    "startup_plan",
 ]  # the names _LAZY serves
 
 

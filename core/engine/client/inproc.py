@@ -49,6 +49,7 @@ class InProcessClient(EngineCoreClient):
             matryoshka,
             list(dimensions) if dimensions else None,
             core.determinism(),
+            core.startup.render(),
         )
 
     def control(self, method: str, **arguments):

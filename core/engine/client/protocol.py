@@ -63,6 +63,7 @@ class Ready(msgspec.Struct, tag=True):
     matryoshka: bool = False  # whether embeddings may be cut to ``dimensions``
     matryoshka_dimensions: list[int] | None = None  # ... to one of these (None: any up to embedding_size)
     determinism: str = "none"  # EngineCore.determinism(): the guarantee temperature-0 output has
+    startup: str = ""  # the start-up summary (engine.core.startup), for the front end to print
 
 
 class Delta(msgspec.Struct, array_like=True):

@@ -14,9 +14,9 @@ import attrs
 import torch
 
 from engine.config import AUTO_GRAMMAR, EngineConfig
-from engine.core import faults, kv_connectors, setup
+from engine.core import faults, kv_connectors, setup, startup
 from engine.core.lifecycle import request_path
-from engine.core.sleep import SleepMode
+from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
@@ -50,6 +50,8 @@ class EngineCore:
         """``registry``: the plugins the engine selects its parts from; whoever builds the
         engine loads them (:func:`engine.plugins.load_plugins` with ``config.plugins``)."""
         started = time.perf_counter()
+        self.startup = report = startup.StartupReport()
+        runtime = startup.resident_bytes()
         self.registry = registry
         self.platform = setup.select_platform(registry, config.device)
         self.platform.configure()
@@ -65,6 +67,7 @@ class EngineCore:
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len
         )
         torch.manual_seed(config.model.seed)
+        report.lap("config")
         self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
         self.model = setup.build_model(
             registry,
@@ -76,6 +79,7 @@ class EngineCore:
             config.batch_invariant,
             self.executor.tensor_parallel,
         )
+        report.lap("weights")
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
         self.pooler_config = None
         if self.runner_kind == "pooling":
@@ -113,6 +117,7 @@ class EngineCore:
                 "lower max_model_len or raise kv_cache_memory / num_blocks"
             )
         kv_caches = setup.allocate_kv_caches(layers, groups, self.platform.device)
+        report.lap("KV cache")
         self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
         self.connector, kv_worker = kv_connectors.build_halves(
@@ -146,15 +151,21 @@ class EngineCore:
             max_len,
             self.lora.batch if self.lora is not None else None,
         )
+        report.lap("step graphs")
         self.executor.start(self.runner, groups)
+        if config.parallel.tensor_parallel_size > 1:
+            report.lap("other ranks")
         self._sleep: SleepMode | None = None  # built at the first sleep or weight update
         if config.enable_sleep_mode:
             setup.check_sleep_mode(config, self.platform, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
+        if self.speculator is not None:
+            report.lap("drafter")
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
+        self._describe_startup(runtime, layers, graph_plan, groups, dtype)
         logger.info(
             "engine ready in %.1fs: %s on %s, %s, attention=%s, KV cache %s: %d tokens "
             "(%d blocks of %d tokens), determinism=%s",
@@ -176,6 +187,30 @@ class EngineCore:
                 config.model.generation_config,
                 self.default_sampling_params,
             )
+
+    def _describe_startup(self, runtime: int, layers, graph_plan, groups, dtype) -> None:
+        """The parts chosen and the memory by use in :attr:`startup` (the front ends print it)."""
+        report, model, config = self.startup, self.model, self.config
+        startup.describe(
+            report,
+            self.platform,
+            type(model),
+            model.ctx.linear_method,
+            layers,
+            graph_plan,
+            config,
+            self.hf_config,
+            dtype,
+        )
+        graph_bytes = step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype)
+        weights = startup.tensor_bytes(t for _, t in named_tensors(model))
+        startup.describe_memory(
+            report, weights, groups, layers, graph_bytes, config, self.hf_config, dtype, runtime
+        )
+        resident = startup.resident_bytes() / 2**20
+        report.notes.append(
+            f"resident now {resident:.0f} MiB; the KV cache's pages become resident as it fills"
+        )
 
     def _kv_cache_manager(self, config, groups):
         cls = self.registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)

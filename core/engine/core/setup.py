@@ -432,7 +432,7 @@ def kv_cache_groups(
     members = [
         tuple(i for i, g in enumerate(layers.layer_group) if g == group) for group in range(len(windows))
     ]
-    per_block = [sum(_layer_block_bytes(layers, i) for i in m) for m in members]
+    per_block = [sum(layer_block_bytes(layers, i) for i in m) for m in members]
     caps = [_window_blocks(config, w) if w is not None and None in windows else None for w in windows]
     if config.cache.num_blocks is not None:
         blocks = config.cache.num_blocks
@@ -471,7 +471,7 @@ def _check_fits(kv_bytes: int, platform) -> None:
         )
 
 
-def _layer_block_bytes(layers: LayerAttention, layer: int) -> int:
+def layer_block_bytes(layers: LayerAttention, layer: int) -> int:
     backend = layers.backends[layers.layer_backend[layer]]
     return backend.spec.cache_dtype.itemsize * _prod(backend.kv_cache_shape(1))
 
