@@ -116,7 +116,7 @@ class EngineCore:
                 f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
                 "lower max_model_len or raise kv_cache_memory / num_blocks"
             )
-        kv_caches = setup.allocate_kv_caches(layers, groups, self.platform.device)
+        kv_caches = setup.allocate_kv_caches(layers, groups, self.platform)
         report.lap("KV cache")
         self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)

@@ -264,14 +264,14 @@ def check_sleep_mode(config, platform, connector) -> None:
         raise ValueError(f"enable_sleep_mode: {exc}") from None
 
 
-def allocate_kv_caches(layers: LayerAttention, groups, device) -> list[torch.Tensor]:
-    """One zeroed KV cache per layer, sized for its group's blocks, in its backend's cache
-    dtype (the activation dtype, or the quantized one --kv-cache-dtype asks)."""
+def allocate_kv_caches(layers: LayerAttention, groups, platform) -> list[torch.Tensor]:
+    """One zeroed KV cache per layer (``platform.allocate_zeroed``), sized for its group's blocks,
+    in its backend's cache dtype (the activation dtype, or the quantized one --kv-cache-dtype asks)."""
     out = []
     for b, g in zip(layers.layer_backend, layers.layer_group):
         backend = layers.backends[b]
         shape = backend.kv_cache_shape(groups[g].num_blocks)
-        out.append(torch.zeros(shape, dtype=backend.spec.cache_dtype, device=device))
+        out.append(platform.allocate_zeroed(tuple(shape), backend.spec.cache_dtype))
     return out
 
 

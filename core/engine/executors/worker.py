@@ -93,7 +93,7 @@ class Worker:
         read for its weights (None: its loader does not count)."""
         from engine.runner.model_runner import ModelRunner
 
-        caches = setup.allocate_kv_caches(self.layers, kv_groups, self.platform.device)
+        caches = setup.allocate_kv_caches(self.layers, kv_groups, self.platform)
         self.runner = ModelRunner(self.model, self.layers, caches, self.block_size, self.platform.device)
         return getattr(self.model, "weight_bytes_read", None)
 

@@ -10,7 +10,8 @@ records a decode step's forward once per batch size and replays it — CUDA grap
 native tapes (``engine.native.tape``) on ``cpu-native``.
 
 Sleep mode (added with a default, so v2 is unchanged): ``release_memory`` gives a storage's
-memory back while keeping its address; a platform that cannot refuses ``--enable-sleep-mode``."""
+memory back while keeping its address; a platform that cannot refuses ``--enable-sleep-mode``.
+``allocate_zeroed`` (default: ``torch.zeros``) makes the KV cache's tensors."""
 
 from __future__ import annotations
 
@@ -91,6 +92,12 @@ class Platform(ABC):
         """(interface v2) How this platform records and replays decode steps, or None: they
         run eagerly. Called once per engine."""
         return None
+
+    def allocate_zeroed(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A zero-filled tensor for the KV cache (gigabytes). A platform may map fresh zero pages
+        instead of writing zeros (cpu), so that the pool costs neither start-up time nor memory
+        until it fills."""
+        return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def release_memory(self, storages: list[torch.UntypedStorage]) -> int:
         """Give the memory of ``storages`` back to the system while keeping their addresses (so

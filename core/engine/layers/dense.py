@@ -7,19 +7,29 @@ bit for bit and, measured interleaved in one process, 2–3.6× at a few rows an
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from engine.layers.module import Layer
 
 
 def packable(weight: torch.Tensor) -> bool:
+    """oneDNN packs bfloat16 only where the CPU computes it (AVX-512 or AVX-NE-CONVERT; an
+    AVX2-only EPYC does not): elsewhere the weight stays as it is, for torch's own matmul."""
     return (
         weight.device.type == "cpu"
         and weight.dtype == torch.bfloat16
         and weight.dim() == 2
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and _bf16_supported()
     )
+
+
+@functools.cache
+def _bf16_supported() -> bool:
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 class PackedDense(Layer):
