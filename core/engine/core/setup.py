@@ -139,7 +139,7 @@ def choose_model_class(registry, hf_config, model_impl: str = "auto") -> tuple[t
 
     archs = list(getattr(hf_config, "architectures", None) or [])
     fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_config.model_type)
-    archs += [fallback] if fallback else []
+    archs = list(dict.fromkeys(archs + ([fallback] if fallback else [])))
     if model_impl == "transformers":
         return _fallback_class(registry, hf_config, archs, None)
     import_failures: dict[str, list[str]] = {}
@@ -147,7 +147,8 @@ def choose_model_class(registry, hf_config, model_impl: str = "auto") -> tuple[t
     for arch, cls in importable(registry, "models", registered, import_failures):
         reasons = reasons_of(cls.supports, hf_config)
         if reasons:
-            raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}{_FALLBACK_HINT}")
+            hint = _FALLBACK_HINT if FALLBACK_ARCHITECTURE in registry.names("models") else ""
+            raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}{hint}")
         return cls, f"native {arch} (plugin {registry.registration('models', arch).plugin})"
     if import_failures:
         raise ValueError(f"model: no model plugin for {archs} can be used ({_detail(import_failures)})")
@@ -159,12 +160,14 @@ def choose_model_class(registry, hf_config, model_impl: str = "auto") -> tuple[t
         f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
         f"(installed: {', '.join(native) or 'none'})"
     )
-    if model_impl == "native" or FALLBACK_ARCHITECTURE not in registry.names("models"):
+    if FALLBACK_ARCHITECTURE not in registry.names("models"):
         raise ValueError(unserved)
+    if model_impl == "native":
+        raise ValueError(f"{unserved}{_FALLBACK_HINT}")
     return _fallback_class(registry, hf_config, archs, unserved)
 
 
-_FALLBACK_HINT = " (--model-impl transformers runs transformers' own modelling code instead)"
+_FALLBACK_HINT = "; --model-impl transformers runs it through transformers' own modelling code"
 
 
 def _fallback_class(registry, hf_config, archs: list[str], unserved: str | None) -> tuple[type, str]:
