@@ -1,6 +1,5 @@
-"""``engine serve`` on a GPT-2 checkpoint (no model plugin claims it: the transformers fallback
-serves it), spoken to over a real socket with the official ``openai`` client: greedy completions
-are transformers' greedy tokens."""
+"""``engine serve --model-impl transformers`` on a GPT-2 checkpoint, spoken to over a real socket
+with the official ``openai`` client: greedy completions are transformers' greedy tokens."""
 
 from __future__ import annotations
 
@@ -19,7 +18,8 @@ def test_engine_serve_gives_transformers_greedy_tokens(tmp_path):
     )
     hf_model = reference.tiny_checkpoint(str(tmp_path), "GPT2LMHeadModel", config, tokenizer=tokenizer)
     prompts = ["deep blue sea", '{"name": "abc", "tags": ["red", "green"]}']
-    args = ("--dtype", "float32", "--num-blocks", "64", "--block-size", "8", "--return-tokens-as-token-ids")
+    args = ("--model-impl", "transformers", "--dtype", "float32", "--num-blocks", "64", "--block-size", "8")
+    args += ("--return-tokens-as-token-ids",)  # logprob tokens as "token_id:N": exact ids to compare
     with serve(str(tmp_path), *args) as server:
         client = server.openai()
         model = client.models.list().data[0].id
