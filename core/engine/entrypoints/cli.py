@@ -81,8 +81,10 @@ class PluginsCommand(Command):
                 )
             for duplicate in (d for d in registry.duplicates if d.name == name):
                 print(duplicate.describe())
-        if args.model:
-            print(f"model {args.model}: {_model_implementation(registry, args.model, args.model_impl)}")
+        model = getattr(args, "model", None)  # a caller building its own Namespace may leave it out
+        if model:
+            impl = _model_implementation(registry, model, getattr(args, "model_impl", "auto"))
+            print(f"model {model}: {impl}")
         return 0
 
 
