@@ -7,6 +7,7 @@ import pytest
 
 from engine import LLM, SamplingParams
 from engine.entrypoints.cli import main
+from engine.interfaces import AttentionKind
 from engine.testing import reference
 
 TINY_LLAMA = dict(
@@ -52,6 +53,44 @@ def test_model_impl_transformers_runs_llama_through_the_fallback_with_the_native
     got = _greedy(fallback, prompts)
     assert got == _greedy(native, prompts)
     assert got == reference.hf_greedy(hf_model, prompts, 10)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "config", "kinds"),
+    [
+        (
+            "MistralForCausalLM",
+            dict(model_type="mistral", sliding_window=16),
+            [AttentionKind(sliding_window=16)] * 2,
+        ),
+        (  # a sliding-window layer and a global one, both with query_pre_attn_scalar's scale
+            "Gemma3ForCausalLM",
+            dict(
+                model_type="gemma3_text",
+                head_dim=16,
+                sliding_window=16,
+                layer_types=["sliding_attention", "full_attention"],
+                query_pre_attn_scalar=32,
+            ),
+            [AttentionKind(sliding_window=16, query_scale=32**-0.5), AttentionKind(query_scale=32**-0.5)],
+        ),
+    ],
+)
+def test_attention_kinds_probed_from_the_model_attend_as_transformers(tmp_path, architecture, config, kinds):
+    """Each layer's sliding window and query scale come from the probe; prompts longer than the
+    window, in chunks that cross its edge, give transformers' greedy tokens."""
+    hf_model = reference.tiny_checkpoint(str(tmp_path), architecture, {**TINY_LLAMA, **config})
+    llm = LLM(
+        str(tmp_path),
+        model_impl="transformers",
+        dtype="float32",
+        num_blocks=64,
+        block_size=8,
+        max_num_batched_tokens=24,
+    )
+    assert list(llm.engine.model.kv_layout().layer_kinds) == kinds
+    prompts = reference.random_prompts(256, [5, 40, 57, 9], seed=1)
+    assert _greedy(llm, prompts) == reference.hf_greedy(hf_model, prompts, 10)
 
 
 def test_model_impl_native_refuses_an_architecture_no_plugin_claims(gpt2):
