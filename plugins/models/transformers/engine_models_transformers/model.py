@@ -146,12 +146,15 @@ class TransformersForCausalLM(Model):
     def __init__(self, ctx):
         super().__init__(ctx)
         from transformers import AutoModelForCausalLM
+        from transformers.initialization import no_init_weights
 
         method = getattr(ctx.linear_method, "name", "unquantized")
         if method != "unquantized":
             raise ValueError(f"quantization: {method} is not supported by the transformers fallback")
         config = copy.deepcopy(ctx.hf_config)  # the engine's config keeps its own attention setting
-        self.hf = AutoModelForCausalLM.from_config(config, dtype=ctx.dtype, attn_implementation=ATTENTION)
+        with no_init_weights():  # load_weights overwrites every parameter: drawing them first is wasted time
+            self.hf = AutoModelForCausalLM.from_config(config, dtype=ctx.dtype, attn_implementation=ATTENTION)
+        self.hf.tie_weights()  # skipped with the initialisation: a tied LM head shares the embeddings
         self.hf.eval().requires_grad_(False)
         name = type(self.hf).__name__
         try:
