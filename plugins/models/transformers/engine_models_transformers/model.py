@@ -13,7 +13,7 @@ travels in a context variable set for one forward (:func:`attending_through`), n
 keyword: some families (Falcon) do not hand their keywords down to the attention call.
 
 What the KV cache must hold (layers, heads, head size, each layer's query scale, sliding window
-and soft-cap) is read by running one token through the model with a recording attention
+and soft-cap) is read by running two tokens through the model with a recording attention
 function (:func:`probe_layers`), not from config fields that differ per family."""
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import contextlib
 import contextvars
 import copy
 import functools
-import logging
 import math
 import re
 from collections.abc import Callable, Iterable
@@ -30,11 +29,10 @@ from collections.abc import Callable, Iterable
 import attrs
 import torch
 from torch import nn
+from transformers import AttentionInterface
 
 from engine.interfaces import FALLBACK_ARCHITECTURE, AttentionKind, KVLayout, Model, StepContext
 from engine.layers import Attention
-
-logger = logging.getLogger(__name__)
 
 ATTENTION = "engine_paged"  # the attn_implementation name registered with transformers
 # config fields by which a family's CausalLM head changes the logits after the LM head matmul,
@@ -69,13 +67,7 @@ def paged_attention(module, query, key, value, attention_mask, scaling=None, dro
     return attend(module, query, key, value, scaling, kwargs), None
 
 
-def _register_attention() -> None:
-    from transformers import AttentionInterface
-
-    AttentionInterface.register(ATTENTION, paged_attention)
-
-
-_register_attention()
+AttentionInterface.register(ATTENTION, paged_attention)
 
 
 @attrs.frozen
