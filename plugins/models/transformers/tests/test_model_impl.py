@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from engine import LLM, SamplingParams
+from engine import LLM, EngineConfig, SamplingParams
 from engine.entrypoints.cli import main
+from engine.entrypoints.cli_args import ArgumentParser, add_engine_arguments, engine_options
 from engine.interfaces import AttentionKind
 from engine.testing import reference
 
@@ -39,6 +40,16 @@ def gpt2(tmp_path_factory):
 def _greedy(llm, prompts, tokens=10):
     outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
     return [o.outputs[0].token_ids for o in outs]
+
+
+def test_the_model_impl_flag_takes_vllms_values():
+    parser = ArgumentParser(prog="engine")
+    add_engine_arguments(parser)
+    options = engine_options(parser.parse_args(["--model-impl", "vllm"]))
+    assert EngineConfig.from_kwargs(**options).model.model_impl == "native"  # vLLM's name for native
+    assert EngineConfig.from_kwargs(model_impl="transformers").model.model_impl == "transformers"
+    with pytest.raises(ValueError, match="model_impl"):
+        EngineConfig.from_kwargs(model_impl="hf")
 
 
 def test_model_impl_transformers_runs_llama_through_the_fallback_with_the_native_tokens(llama):
