@@ -119,6 +119,15 @@ class ModelConfig:
     )
     # vLLM's --pooler-config: {"pooling_type": "LAST" | "CLS" | "MEAN", "normalize": bool}
     override_pooler_config: dict[str, Any] | None = None
+    # vLLM's --model-impl: "native" (vLLM spells it "vllm") runs the model plugin that claims the
+    # architecture; "transformers" runs transformers' own modelling code through the registered
+    # fallback (engine.interfaces.FALLBACK_ARCHITECTURE); "auto": native where a plugin claims
+    # the architecture, else the fallback
+    model_impl: str = attrs.field(
+        default="auto",
+        converter=lambda value: "native" if value == "vllm" else value,
+        validator=attrs.validators.in_(("auto", "native", "transformers")),
+    )
 
 
 @attrs.frozen

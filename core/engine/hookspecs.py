@@ -95,7 +95,11 @@ class EngineHookSpecs:
         Layers that attend differently (a sliding window, soft-capped logits) say so in
         ``KVLayout.layer_kinds``; the engine builds one attention backend per kind. The
         pooling runner (embeddings) pools what ``forward`` returns; an encoder without an LM
-        head sets ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``."""
+        head sets ``generative = False``, ``default_pooling_type`` and ``KVLayout(causal=False)``.
+        A class registered as ``engine.interfaces.FALLBACK_ARCHITECTURE`` (``"*"``) is a
+        fallback: ``model_impl="auto"`` (vLLM's --model-impl) runs it for an architecture no
+        other registration claims, ``"transformers"`` for every one, ``"native"`` never; its
+        ``supports(hf_config)`` refuses what it cannot run (models-transformers is the one shipped)."""
 
     @hookspec
     def register_model_loaders(self, register):

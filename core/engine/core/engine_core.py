@@ -78,6 +78,7 @@ class EngineCore:
             config.model.quantization,
             config.batch_invariant,
             self.executor.tensor_parallel,
+            config.model.model_impl,
         )
         report.lap("weights")
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
@@ -167,10 +168,11 @@ class EngineCore:
         self.eos_token_id = self._eos_token_id()
         self._describe_startup(runtime, layers, graph_plan, groups, dtype)
         logger.info(
-            "engine ready in %.1fs: %s on %s, %s, attention=%s, KV cache %s: %d tokens "
+            "engine ready in %.1fs: %s (%s) on %s, %s, attention=%s, KV cache %s: %d tokens "
             "(%d blocks of %d tokens), determinism=%s",
             time.perf_counter() - started,
             model_path,
+            self.model.implementation,
             self.platform.name,
             dtype,
             self.attention.name,

@@ -13,7 +13,7 @@ from torch import nn
 
 from engine.config import AUTO_QUEUE, auto_queue_bound
 from engine.distributed import SINGLE, TensorParallel, tensor_parallel
-from engine.interfaces import AttentionSpec, ExecutorContext, KVCacheGroup, attention
+from engine.interfaces import FALLBACK_ARCHITECTURE, AttentionSpec, ExecutorContext, KVCacheGroup, attention
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
 from engine.layers.kv_scales import KVScales
@@ -124,28 +124,69 @@ def resolve_max_model_len(requested: int | None, hf_config) -> int:
     return requested
 
 
-def select_model_class(registry, hf_config):
+def select_model_class(registry, hf_config, model_impl: str = "auto"):
+    """The model class for ``hf_config`` under ``model_impl`` (:func:`choose_model_class`)."""
+    return choose_model_class(registry, hf_config, model_impl)[0]
+
+
+def choose_model_class(registry, hf_config, model_impl: str = "auto") -> tuple[type, str]:
+    """(model class, which implementation runs, in words). ``model_impl`` (vLLM's --model-impl):
+    ``native`` the plugin that claims one of the checkpoint's ``architectures`` (then transformers'
+    causal-LM class for its ``model_type``); ``transformers`` the class registered as
+    :data:`FALLBACK_ARCHITECTURE` (models-transformers: transformers' own modelling code), even
+    where a plugin claims the architecture; ``auto`` native where a plugin claims it, else the fallback."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     archs = list(getattr(hf_config, "architectures", None) or [])
     fallback = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(hf_config.model_type)
-    archs += [fallback] if fallback else []
+    archs = list(dict.fromkeys(archs + ([fallback] if fallback else [])))
+    if model_impl == "transformers":
+        return _fallback_class(registry, hf_config, archs, None)
     import_failures: dict[str, list[str]] = {}
     registered = [arch for arch in archs if arch in registry.names("models")]
     for arch, cls in importable(registry, "models", registered, import_failures):
         reasons = reasons_of(cls.supports, hf_config)
         if reasons:
-            raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}")
-        return cls
+            hint = _FALLBACK_HINT if FALLBACK_ARCHITECTURE in registry.names("models") else ""
+            raise ValueError(f"model: {arch} cannot serve this config: {'; '.join(reasons)}{hint}")
+        return cls, f"native {arch} (plugin {registry.registration('models', arch).plugin})"
     if import_failures:
         raise ValueError(f"model: no model plugin for {archs} can be used ({_detail(import_failures)})")
     refusals = [refusal for arch in dict.fromkeys(archs) if (refusal := registry.refusal("models", arch))]
     if refusals:
         raise ValueError(f"model: {'; '.join(refusals)}")
-    raise ValueError(
+    native = [name for name in registry.names("models") if name != FALLBACK_ARCHITECTURE]
+    unserved = (
         f"model: no installed model plugin serves {archs or hf_config.model_type!r} "
-        f"(installed: {', '.join(registry.names('models')) or 'none'})"
+        f"(installed: {', '.join(native) or 'none'})"
     )
+    if FALLBACK_ARCHITECTURE not in registry.names("models"):
+        raise ValueError(unserved)
+    if model_impl == "native":
+        raise ValueError(f"{unserved}{_FALLBACK_HINT}")
+    return _fallback_class(registry, hf_config, archs, unserved)
+
+
+_FALLBACK_HINT = "; --model-impl transformers runs it through transformers' own modelling code"
+
+
+def _fallback_class(registry, hf_config, archs: list[str], unserved: str | None) -> tuple[type, str]:
+    """The registered fallback model class, for ``--model-impl transformers`` or, with
+    ``unserved`` (why no native plugin serves it), for ``auto``."""
+    if FALLBACK_ARCHITECTURE not in registry.names("models"):
+        raise ValueError(
+            "model_impl: transformers needs the transformers fallback (install tessellm-models-transformers)"
+        )
+    registration = registry.registration("models", FALLBACK_ARCHITECTURE)
+    cls = registration.load()
+    reasons = reasons_of(cls.supports, hf_config)
+    if reasons:
+        why = f"{unserved}, and " if unserved else "model: "
+        raise ValueError(
+            f"{why}the transformers fallback cannot run {archs[0] if archs else hf_config.model_type}: "
+            f"{'; '.join(reasons)}"
+        )
+    return cls, f"transformers fallback (plugin {registration.plugin})"
 
 
 def quant_method_name(name: str | None, checkpoint_config: dict | None) -> str:
@@ -177,14 +218,18 @@ def build_model(
     quantization: str | None,
     batch_invariant: bool = False,
     tp: TensorParallel = SINGLE,
+    model_impl: str = "auto",
 ) -> nn.Module:
     """With ``batch_invariant`` the layer ops are the plain torch ones: a platform's fused
     kernels may take small batches only and hand big ones to torch, and the two agree only up
     to summation order. With ``tp`` of several ranks the model holds rank ``tp.rank``'s share,
     read through the loader's slices (``iter_weight_slices``); ``weight_bytes_read`` on the
     model is what the loader counted (None where it does not count). The checkpoint's KV cache
-    scales go to the attention layers (:mod:`engine.layers.kv_scales`), not to the model."""
-    cls = select_model_class(registry, hf_config)
+    scales go to the attention layers (:mod:`engine.layers.kv_scales`), not to the model.
+    ``model_impl``: vLLM's --model-impl (:func:`choose_model_class`); ``implementation`` on the
+    model says in words which one runs (the start-up log names it)."""
+    cls, implementation = choose_model_class(registry, hf_config, model_impl)
+    logger.info("model: %s", implementation)
     checkpoint_config = loader.quant_config()
     method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform, batch_invariant)
     layer_ops = LayerOps() if batch_invariant else platform.layer_ops(dtype)
@@ -207,6 +252,7 @@ def build_model(
         model.load_weights(scales.strip(loader.iter_weights(hf_config, keep_quantized=keep_quantized)))
     scales.apply(model)
     model.weight_bytes_read = getattr(loader, "bytes_read", None)
+    model.implementation = implementation
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
@@ -234,7 +280,8 @@ def select_executor(registry, config, platform, loader, hf_config):
         method = registry.get(
             "quant_methods", quant_method_name(config.model.quantization, loader.quant_config())
         )
-        check_tensor_parallel(select_model_class(registry, hf_config), method, parallel.tensor_parallel_size)
+        model_cls = select_model_class(registry, hf_config, config.model.model_impl)
+        check_tensor_parallel(model_cls, method, parallel.tensor_parallel_size)
     name = parallel.distributed_executor_backend or ("mp" if parallel.tensor_parallel_size > 1 else "uni")
     if name not in registry.names("executors"):
         refusal = registry.refusal("executors", name)

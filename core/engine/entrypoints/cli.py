@@ -17,6 +17,7 @@ from engine.entrypoints.cli_args import (
     parse_count,
     parse_size,
 )
+from engine.interfaces.model import FALLBACK_ARCHITECTURE
 from engine.plugins import RegistrationError, kind_label, load_plugins, one_line
 
 # AUTO_QUEUE: a front end's default max_queued_requests; parse_count / parse_size: its own flags' units
@@ -48,14 +49,21 @@ class PluginsCommand(Command):
     help = "list installed plugins, what they register, and whether it can run here"
 
     def add_arguments(self, parser):
-        pass
+        parser.add_argument("--model", help="also say which model implementation would serve this checkpoint")
+        parser.add_argument(
+            "--model-impl",
+            default="auto",
+            choices=("auto", "native", "vllm", "transformers"),
+            help="as for serve: which implementation --model's line considers",
+        )
 
     def run(self, args) -> int:
         """One line per plugin (refused and failed ones say why; a distribution refused for an
         entry-point name already taken follows the one that has it), then one per registration:
         whether it runs here, the interface version it was built for where older than the core's,
-        and which of two registrations of one name wins and why. A broken plugin is reported
-        here, never an error: the command exits 0."""
+        and which of two registrations of one name wins and why. With ``--model``, a last line
+        says which implementation serves it (a native plugin or the transformers fallback) or why
+        none can. A broken plugin is reported here, never an error: the command exits 0."""
         from engine.core.setup import select_platform
 
         registry = load_plugins(args.plugins)
@@ -73,7 +81,26 @@ class PluginsCommand(Command):
                 )
             for duplicate in (d for d in registry.duplicates if d.name == name):
                 print(duplicate.describe())
+        model = getattr(args, "model", None)  # a caller building its own Namespace may leave it out
+        if model:
+            impl = _model_implementation(registry, model, getattr(args, "model_impl", "auto"))
+            print(f"model {model}: {impl}")
         return 0
+
+
+def _model_implementation(registry, model: str, model_impl: str) -> str:
+    """Which model class would serve ``model`` under ``model_impl``, in words, or why none can
+    (read from its config: no weights are loaded)."""
+    from engine.config import ModelConfig
+    from engine.core.setup import choose_model_class, select_loader
+
+    try:
+        loader, _ = select_loader(registry, model, None)
+        return choose_model_class(
+            registry, loader.hf_config(), ModelConfig(model_impl=model_impl).model_impl
+        )[1]
+    except (ValueError, RegistrationError) as exc:
+        return f"cannot be served: {exc}"
 
 
 def _version_note(registration) -> str:
@@ -93,6 +120,11 @@ def _version_note(registration) -> str:
 
 def _precedence_note(registry, registration) -> str:
     note = registry.precedence(registration)
+    if registration.kind == "models" and registration.name == FALLBACK_ARCHITECTURE:
+        fallback = (
+            "the fallback: any architecture no model plugin claims; every one with --model-impl transformers"
+        )
+        note = "; ".join(filter(None, [fallback, note]))
     if (
         registration.kind in DEFAULTED_KINDS
         and registry.default(registration.kind) == registration.name

@@ -129,6 +129,13 @@ OPTIONS: dict[str, Option] = {
         "vLLM's older spelling of --runner: embed = pooling; default: --runner's",
         choices=("auto", "generate", "embed"),
     ),
+    "model_impl": Option(
+        ("--model-impl",),
+        "native: the model plugin that claims the architecture (vllm is an alias); transformers: "
+        "transformers' own modelling code on the engine's paged KV cache (slower; any causal LM); "
+        "auto: native where a plugin claims the architecture, else transformers",
+        choices=("auto", "native", "vllm", "transformers"),
+    ),
     "override_pooler_config": Option(
         ("--pooler-config", "--override-pooler-config"),
         'how a pooling model pools, as JSON: \'{"pooling_type": "MEAN", '

@@ -29,7 +29,14 @@ from engine.interfaces.kv_connector import (
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.lora_resolver import LoRAResolver, LoRAResolverContext
-from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
+from engine.interfaces.model import (
+    FALLBACK_ARCHITECTURE,
+    AttentionKind,
+    KVLayout,
+    Model,
+    ModelContext,
+    StepContext,
+)
 from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
@@ -110,6 +117,7 @@ DEPRECATED: dict[str, dict[int, str]] = {
 }
 
 __all__ = [
+    "FALLBACK_ARCHITECTURE",
     "INTERFACE_VERSIONS",
     "KV_CACHE_DTYPES",
     "SCHEDULER_ROLE",

@@ -10,6 +10,12 @@ import attrs
 import torch
 from torch import nn
 
+# The name a fallback model class registers under (``register(FALLBACK_ARCHITECTURE, ...)``): it
+# serves any architecture no model plugin claims (``model_impl="auto"``), or every one
+# (``model_impl="transformers"``, vLLM's spelling). models-transformers runs transformers' own
+# modelling code this way.
+FALLBACK_ARCHITECTURE = "*"
+
 
 @attrs.frozen
 class AttentionKind:
