@@ -19,11 +19,12 @@ from engine.core.lifecycle import request_path
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
-from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
+from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext, MultiModalProcessor
 from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem, check_mm_items
 from engine.messages.pooling_params import PoolingParams, matryoshka_of
 from engine.messages.request import Request
 from engine.messages.request_path import check_prompt
@@ -37,6 +38,7 @@ from engine.messages.step import (
 )
 from engine.plugins import PluginRegistry
 from engine.runner import step_graphs
+from engine.runner.encoder_cache import EncoderCache
 from engine.runner.model_runner import ModelRunner
 from engine.runner.pooling import Pooler, PoolerConfig, resolve_runner
 
@@ -53,12 +55,15 @@ class EngineCore:
         self.platform.configure()
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
+        # the language model's facts (vocabulary, hidden size, context): a multimodal checkpoint
+        # nests them in its text_config, a text-only one is its own text config
+        self.text_config = self.hf_config.get_text_config()
         self.tokenizer = loader.tokenizer()
         self.default_sampling_params = generation_config.default_sampling_params(
             config.model.generation_config, loader
         )
         dtype = setup.resolve_dtype(config.model.dtype, self.hf_config, self.platform)
-        max_len = setup.resolve_max_model_len(config.model.max_model_len, self.hf_config)
+        max_len = setup.resolve_max_model_len(config.model.max_model_len, self.text_config)
         self.config = config = setup.with_resolved_model(
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len
         )
@@ -101,7 +106,7 @@ class EngineCore:
             layers,
             windows,
             self.platform,
-            step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype),
+            step_graphs.graph_memory_estimate(graph_plan, self.text_config, dtype),
         )
         self.num_blocks = num_blocks = groups[0].num_blocks
         capacity = (num_blocks - 1) * config.cache.block_size
@@ -133,6 +138,9 @@ class EngineCore:
         )
         self.lora = self._lora_manager(config, dtype)
         self.runner.lora = self.lora
+        self.mm_processor = self._multimodal_processor(model_path)
+        if self.mm_processor is not None:
+            self.runner.encoder_cache = EncoderCache(config.multimodal.mm_encoder_cache_bytes)
         self.runner.graphs = step_graphs.start(
             self.model,
             layers.first,
@@ -140,7 +148,7 @@ class EngineCore:
             graph_plan,
             -(-max_len // config.cache.block_size),
             self.platform,
-            self.hf_config.vocab_size,
+            self.text_config.vocab_size,
             max_len,
             self.lora.batch if self.lora is not None else None,
         )
@@ -184,6 +192,12 @@ class EngineCore:
         if kv_connectors.connector_spec(config) is not None:
             raise ValueError("kv_connector: not supported for a model with sliding-window layers")
         return cls(config, groups[0].num_blocks, groups=groups)
+
+    def _multimodal_processor(self, model_path: str) -> MultiModalProcessor | None:
+        """The model's image processor (None for a text-only model): the front end turns a
+        prompt's images into tensors and placeholder spans with it."""
+        processor_class = type(self.model).multimodal_processor
+        return None if processor_class is None else processor_class(model_path, self.hf_config)
 
     def _lora_manager(self, config, dtype) -> LoRAManager | None:
         """The adapters' slots on rank 0's model, when ``enable_lora``; what does not run with
@@ -275,7 +289,7 @@ class EngineCore:
         return {name: self.registry.get("grammar_backends", name) for name in names}
 
     def _eos_token_id(self) -> int | None:
-        eos = getattr(self.hf_config, "eos_token_id", None)
+        eos = getattr(self.text_config, "eos_token_id", None)
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         if eos is None and self.tokenizer is not None:
@@ -304,10 +318,15 @@ class EngineCore:
 
     @property
     def embedding_size(self) -> int:
-        return self.hf_config.hidden_size
+        return self.text_config.hidden_size
 
     def validate(
-        self, prompt_token_ids: list[int], params, priority: int = 0, lora_request: LoRARequest | None = None
+        self,
+        prompt_token_ids: list[int],
+        params,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> None:
         """Raise ValueError naming the field before any work is queued. With
         ``SamplingParams``' own checks this covers everything the step indexes with: a
@@ -317,7 +336,14 @@ class EngineCore:
         check_int64(priority, "priority")
         if lora_request is not None:
             self._check_lora(lora_request)
-        vocab = self.hf_config.vocab_size
+        if mm_items:
+            check_mm_items(
+                mm_items,
+                len(prompt_token_ids),
+                self.mm_processor is not None,
+                self.config.multimodal.limit_mm_per_prompt,
+            )
+        vocab = self.text_config.vocab_size
         if isinstance(params, PoolingParams):
             if self.runner_kind != "pooling":
                 raise InvalidParam(
@@ -326,7 +352,7 @@ class EngineCore:
                     "start it with runner='pooling' to embed",
                 )
             check_prompt(prompt_token_ids, vocab, self.max_model_len, generates=False)
-            params.check_dimensions(self.embedding_size, *matryoshka_of(self.hf_config))
+            params.check_dimensions(self.embedding_size, *matryoshka_of(self.text_config))
             return
         if not isinstance(params, SamplingParams):
             raise InvalidParam(
@@ -365,6 +391,7 @@ class EngineCore:
             request.pooling_params or request.sampling_params,
             request.priority,
             request.lora_request,
+            request.mm_items,
         )
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
         request.queued_time = time.monotonic()
@@ -376,7 +403,7 @@ class EngineCore:
     def structured(self) -> StructuredOutputs:
         if self._structured is None:
             self._structured = StructuredOutputs(
-                self._grammar_backends(), GrammarContext(self.tokenizer, self.hf_config.vocab_size)
+                self._grammar_backends(), GrammarContext(self.tokenizer, self.text_config.vocab_size)
             )
         return self._structured
 

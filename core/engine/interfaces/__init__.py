@@ -29,7 +29,15 @@ from engine.interfaces.kv_connector import (
 from engine.interfaces.loader import ModelLoader
 from engine.interfaces.logits_processor import LogitsProcessor
 from engine.interfaces.lora_resolver import LoRAResolver, LoRAResolverContext
-from engine.interfaces.model import AttentionKind, KVLayout, Model, ModelContext, StepContext
+from engine.interfaces.model import (
+    AttentionKind,
+    KVLayout,
+    Model,
+    ModelContext,
+    MultiModalProcessor,
+    ProcessedImage,
+    StepContext,
+)
 from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningParser
@@ -146,9 +154,11 @@ __all__ = [
     "Model",
     "ModelContext",
     "ModelLoader",
+    "MultiModalProcessor",
     "Overloaded",
     "Platform",
     "PrefixHit",
+    "ProcessedImage",
     "QuantContext",
     "QuantMethod",
     "ReasoningParser",
