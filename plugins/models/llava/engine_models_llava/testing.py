@@ -1,0 +1,57 @@
+"""For tests: a tiny random LLaVA checkpoint with its processor (CLIP image processor + a byte-level
+tokenizer with the ``<image>`` token), and images to feed it."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from engine.testing.tiny_tokenizer import tiny_tokenizer
+from engine_models_llava.model import example_config
+
+IMAGE_TOKEN = "<image>"
+
+
+def save_tiny_llava(folder: str, seed: int = 0):
+    """Save model, config and processor to ``folder``; return the ``transformers`` model and
+    processor (the parity reference)."""
+    from transformers import (
+        AutoTokenizer,
+        CLIPImageProcessor,
+        LlavaConfig,
+        LlavaForConditionalGeneration,
+        LlavaProcessor,
+    )
+
+    tiny_tokenizer().save_pretrained(folder)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
+    config = LlavaConfig(
+        **{k: v for k, v in example_config(len(tokenizer), image_token_id).items() if k != "model_type"}
+    )
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    with torch.no_grad():  # random norms: a dropped or swapped norm must show
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+    model.save_pretrained(folder)
+    image_processor = CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    processor = LlavaProcessor(
+        image_processor=image_processor,
+        tokenizer=tokenizer,
+        patch_size=14,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        image_token=IMAGE_TOKEN,
+    )
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+def random_image(seed: int, size: tuple[int, int] = (64, 48)):
+    from PIL import Image
+
+    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    return Image.fromarray(pixels)
