@@ -1,9 +1,8 @@
-"""For tests: a tiny random LLaVA checkpoint with its processor (CLIP image processor + a byte-level
-tokenizer with the ``<image>`` token), and images to feed it."""
+"""For tests: a tiny random LLaVA checkpoint with its processor (CLIP image processor + the
+kit's byte-level tokenizer with the ``<image>`` token)."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 
 from engine.testing.tiny_tokenizer import tiny_tokenizer
@@ -48,10 +47,3 @@ def save_tiny_llava(folder: str, seed: int = 0):
     )
     processor.save_pretrained(folder)
     return model, processor
-
-
-def random_image(seed: int, size: tuple[int, int] = (64, 48)):
-    from PIL import Image
-
-    pixels = np.random.default_rng(seed).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    return Image.fromarray(pixels)
