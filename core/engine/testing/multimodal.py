@@ -163,6 +163,41 @@ class MultiModalContract:
                 self._prompt("deep <image> blue", [random_image(1), random_image(2)]), SamplingParams()
             )
 
+    @pytest.mark.slow  # starts an engine-core process
+    def test_images_cross_the_engine_core_process(self, checkpoint):
+        """The server's client: the items (pixel tensors) cross the ZMQ socket to the
+        engine-core process and the tokens come back as ``transformers``' own."""
+        import asyncio
+
+        from transformers import AutoConfig
+
+        from engine import SamplingParams
+        from engine.client.async_engine import AsyncEngine
+        from engine.messages.multimodal import expand_placeholders
+
+        folder, _, hf_processor = checkpoint
+        model_cls = Registration("models", "", self.model_class, "").load()
+        processor = model_cls.multimodal_processor(folder, AutoConfig.from_pretrained(folder))
+        images = [random_image(9), random_image(10, (30, 90))]
+        template = "deep <image> blue <image> sea"
+        ids = hf_processor.tokenizer(self._text(template))["input_ids"]
+        ids, items = expand_placeholders(ids, images, processor)
+        params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0)
+        options = dict(
+            model=folder, dtype="float32", plugins=self.plugins, num_blocks=96, block_size=BLOCK_SIZE
+        )
+
+        async def run() -> list[int]:
+            engine = AsyncEngine({**options, "max_model_len": 256})
+            await engine.start()
+            try:
+                handle = engine.submit([("mm", ids, params)], mm_items=items)
+                return [token async for delta in handle.deltas() for token in delta.token_ids]
+            finally:
+                await engine.shutdown()
+
+        assert asyncio.run(run()) == self._reference(checkpoint, template, images)[0]
+
 
 def _items(llm, prompt_token_ids: list[int], images: list):
     """The items the engine made of ``images`` in a prompt (their spans)."""
