@@ -1,19 +1,24 @@
 """The core's multimodal path without a model: placeholder expansion, the encoder cache's
-byte-bounded LRU, images as prefix-cache keys, the items' trip over the ZMQ protocol, and the
-checks that refuse bad images."""
+byte-bounded LRU, images as prefix-cache keys, the items' trip over the ZMQ protocol, the
+checks that refuse bad images, and images in chat messages (data URLs read and bounded)."""
 
 from __future__ import annotations
+
+import base64
+import io
 
 import attrs
 import pytest
 import torch
 
 from engine.client import protocol
+from engine.entrypoints.chat_template import conversation
+from engine.entrypoints.images import load_image_url, split_images
 from engine.interfaces import ProcessedImage
 from engine.messages.kv_events import block_hashes, chain_hashes
 from engine.messages.multimodal import MultiModalItem, check_mm_items, expand_placeholders, images_of
 from engine.messages.request import Request
-from engine.messages.sampling_params import SamplingParams
+from engine.messages.sampling_params import InvalidParam, SamplingParams
 from engine.messages.step import ScheduledRequest
 from engine.runner.encoder_cache import EncoderCache, step_embeddings
 
@@ -139,3 +144,65 @@ def test_items_survive_the_protocol(dtype):
     assert (got.modality, got.offset, got.length, got.mm_hash) == ("image", 3, 16, "abc")
     assert got.data["pixel_values"].dtype == dtype
     assert torch.equal(got.data["pixel_values"], data["pixel_values"])
+
+
+def _png(width: int, height: int) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (10, 20, 30)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def _data_url(raw: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(raw).decode()
+
+
+def test_data_urls_decode_to_images():
+    image = load_image_url(_data_url(_png(4, 3)))
+    assert image.size == (4, 3) and image.getpixel((0, 0)) == (10, 20, 30)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("http://example.com/cat.png", "only base64 data: URLs are accepted, got a 'http' URL"),
+        ("file:///etc/passwd", "got a 'file' URL"),
+        ("data:image/png,rawbytes", "must be base64"),
+        ("data:image/png;base64,***", "not valid base64"),
+        (_data_url(b"not an image at all"), "not an image PIL can read"),
+        (_data_url(_png(64, 64)[:60]), "broken"),
+    ],
+)
+def test_bad_image_urls_are_refused_by_name(url, message):
+    with pytest.raises(InvalidParam, match=message):
+        load_image_url(url)
+
+
+def test_an_image_over_the_pixel_limit_is_refused_before_decoding():
+    raw = _png(100, 100)
+    assert load_image_url(_data_url(raw), max_pixels=10_000).size == (100, 100)
+    with pytest.raises(InvalidParam, match="a 100x100 image \\(10000 pixels\\) exceeds the limit of 9999"):
+        load_image_url(_data_url(raw), max_pixels=9_999)
+
+
+def test_image_parts_leave_their_messages_in_order():
+    url = _data_url(_png(2, 2))
+    messages = [
+        {"role": "system", "content": "be brief"},
+        {
+            "role": "user",
+            "content": [{"type": "image_pil", "image_pil": "first"}, {"type": "text", "text": "hi"}],
+        },
+        {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
+    ]
+    out, images = split_images(messages)
+    assert images[0] == "first" and images[1].size == (2, 2)
+    assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "hi"}]
+    assert conversation(out, image_parts=True)[2]["content"] == [{"type": "image"}]
+    text = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
+    assert conversation(text, image_parts=True)[0]["content"] == "a"
+    with pytest.raises(InvalidParam, match="unsupported content part 'video_url' \\(text, image_url"):
+        conversation([{"role": "user", "content": [{"type": "video_url"}]}], image_parts=True)
+    with pytest.raises(InvalidParam, match="unsupported content part 'image' \\(only text parts here\\)"):
+        conversation(out)  # the server's chat route takes no images yet

@@ -18,6 +18,7 @@ from engine.client.output_processor import OutputProcessor, RequestState, reques
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.entrypoints.chat_template import conversation, template_options
+from engine.entrypoints.images import split_images
 from engine.messages.lora import LoRARequest
 from engine.messages.multimodal import MultiModalItem, expand_placeholders, images_of
 from engine.messages.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
@@ -179,16 +180,19 @@ class LLM:
         """``continue_final_message`` continues the last message instead of opening a new
         turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
         for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names); ``lora_request``
-        as :meth:`generate` takes it."""
+        as :meth:`generate` takes it. A multimodal model's messages may hold image parts:
+        ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` or
+        ``{"type": "image_pil", "image_pil": image}`` (:mod:`engine.entrypoints.images`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            self.apply_chat_template(
+        prompts = []
+        for c in conversations:
+            c, images = split_images(c)
+            ids = self.apply_chat_template(
                 c, chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs
             )
-            for c in conversations
-        ]
+            prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
         return self.generate(
-            [{"prompt_token_ids": ids} for ids in prompts],
+            prompts,
             sampling_params,
             use_tqdm,
             lora_request=lora_request,
@@ -205,7 +209,7 @@ class LLM:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
-        messages = conversation(messages)
+        messages = conversation(messages, image_parts=True)
         options = template_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
         ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, **options)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)

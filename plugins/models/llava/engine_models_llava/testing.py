@@ -9,6 +9,14 @@ from engine.testing.tiny_tokenizer import tiny_tokenizer
 from engine_models_llava.model import example_config
 
 IMAGE_TOKEN = "<image>"
+# renders an image part as the placeholder, as LLaVA checkpoints' templates do
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: "
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for p in m['content'] %}"
+    "{% if p['type'] == 'text' %}{{ p['text'] }}{% else %}<image>{% endif %}{% endfor %}{% endif %}"
+    "{{ '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}"
+)
 
 
 def save_tiny_llava(folder: str, seed: int = 0):
@@ -25,6 +33,7 @@ def save_tiny_llava(folder: str, seed: int = 0):
     tiny_tokenizer().save_pretrained(folder)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    tokenizer.chat_template = CHAT_TEMPLATE
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
     config = LlavaConfig(
         **{k: v for k, v in example_config(len(tokenizer), image_token_id).items() if k != "model_type"}

@@ -1,7 +1,13 @@
 """models-llava against the core's multimodal model contract: ``transformers``'
 LlavaForConditionalGeneration on a tiny random checkpoint (CLIP tower, Llama text model)."""
 
-from engine.testing.multimodal import MultiModalContract
+import base64
+import io
+
+import pytest
+
+from engine import LLM, SamplingParams
+from engine.testing.multimodal import MultiModalContract, random_image
 from engine_models_llava.testing import save_tiny_llava
 
 
@@ -12,3 +18,61 @@ class TestLlava(MultiModalContract):
     @classmethod
     def save_checkpoint(cls, folder: str):
         return save_tiny_llava(folder)
+
+
+def _data_url(image) -> str:
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory):
+    folder = str(tmp_path_factory.mktemp("llava-chat"))
+    save_tiny_llava(folder)
+    return LLM(
+        folder, dtype="float32", plugins=TestLlava.plugins, num_blocks=96, block_size=8, max_model_len=256
+    )
+
+
+def test_chat_image_parts_equal_the_rendered_prompt(llava):
+    """vLLM's chat shapes: a base64 image_url part and an image_pil part become the template's
+    placeholders, in order, and generate what the rendered prompt with those images does."""
+    first, second = random_image(11), random_image(12, (50, 30))
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "deep "},
+                {"type": "image_url", "image_url": {"url": _data_url(first)}},
+                {"type": "text", "text": " blue"},
+                {"type": "image_pil", "image_pil": second},
+            ],
+        }
+    ]
+    params = SamplingParams(max_tokens=8, temperature=0)
+    [chat] = llava.chat(messages, params)
+    rendered = {
+        "prompt": "user: deep <image> blue<image>\nassistant: ",
+        "multi_modal_data": {"image": [first, second]},
+    }
+    [plain] = llava.generate(rendered, params)
+    assert chat.prompt_token_ids == plain.prompt_token_ids
+    assert chat.outputs[0].token_ids == plain.outputs[0].token_ids
+
+
+def test_chat_refuses_bad_image_parts(llava):
+    def ask(part):
+        return llava.chat([{"role": "user", "content": [part]}], SamplingParams(max_tokens=1))
+
+    with pytest.raises(ValueError, match="not valid base64"):
+        ask({"type": "image_url", "image_url": {"url": "data:image/png;base64,@@@"}})
+    with pytest.raises(ValueError, match="not an image"):
+        ask(
+            {
+                "type": "image_url",
+                "image_url": {"url": "data:image/png;base64," + base64.b64encode(b"hi").decode()},
+            }
+        )
+    with pytest.raises(ValueError, match="unsupported content part 'input_audio'"):
+        ask({"type": "input_audio", "input_audio": {}})
