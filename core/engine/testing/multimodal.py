@@ -127,6 +127,23 @@ class MultiModalContract:
         cuts = [cut for cut in range(5, len(output.prompt_token_ids), 5) if item.offset < cut < item.end]
         assert cuts, f"no chunk boundary inside the image span [{item.offset}, {item.end})"
 
+    def test_greedy_under_preemption_matches_transformers(self, checkpoint):
+        """Four image requests in a pool of 6 8-token blocks that cannot hold them all: requests
+        are preempted and their prompts, images included, recomputed (the encoder output
+        comes from the cache, or is encoded again after eviction)."""
+        llm = self._llm(
+            checkpoint[0],
+            num_blocks=7,
+            max_num_batched_tokens=24,
+            max_model_len=48,
+            enable_prefix_caching=False,
+            mm_encoder_cache_bytes=1,  # nothing kept: a recomputed image is encoded again
+        )
+        cases = [(text, [random_image(20 + i)]) for i, text in enumerate(["deep <image>", "<image> sea"] * 2)]
+        self._check_parity(checkpoint, llm, cases)
+        assert llm.engine.stats()["preemptions"] > 0, "the pool must be small enough to preempt"
+        assert llm.engine.runner.encoder_cache.encoder_runs > len(cases)
+
     def test_same_image_reuses_encoder_and_prefix_cache(self, checkpoint):
         llm = self._llm(checkpoint[0])
         from engine import SamplingParams
