@@ -74,14 +74,14 @@ def test_multi_modal_data_takes_vllms_shapes():
 
 def test_checks_refuse_bad_items():
     with pytest.raises(ValueError, match="takes no images"):
-        check_mm_items([item("a", 0, 2)], 4, False, None)
+        check_mm_items([item("a", 0, 2)], 4, "this model takes no images (text only)", None)
     with pytest.raises(ValueError, match="2 image\\(s\\) exceed the limit of 1"):
-        check_mm_items([item("a", 0, 1), item("b", 1, 1)], 4, True, {"image": 1})
+        check_mm_items([item("a", 0, 1), item("b", 1, 1)], 4, None, {"image": 1})
     with pytest.raises(ValueError, match="not inside the 4-token prompt"):
-        check_mm_items([item("a", 3, 2)], 4, True, None)
+        check_mm_items([item("a", 3, 2)], 4, None, None)
     with pytest.raises(ValueError, match="overlaps another"):
-        check_mm_items([item("a", 0, 2), item("b", 1, 2)], 4, True, None)
-    check_mm_items([item("a", 0, 2), item("b", 2, 2)], 4, True, {"image": 2})
+        check_mm_items([item("a", 0, 2), item("b", 1, 2)], 4, None, None)
+    check_mm_items([item("a", 0, 2), item("b", 2, 2)], 4, None, {"image": 2})
 
 
 def test_encoder_cache_is_a_byte_bounded_lru():

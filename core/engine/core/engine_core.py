@@ -78,6 +78,7 @@ class EngineCore:
             config.model.quantization,
             config.batch_invariant,
             self.executor.tensor_parallel,
+            config.multimodal.limit_mm_per_prompt,
         )
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
         self.pooler_config = None
@@ -197,7 +198,19 @@ class EngineCore:
         """The model's image processor (None for a text-only model): the front end turns a
         prompt's images into tensors and placeholder spans with it."""
         processor_class = type(self.model).multimodal_processor
-        return None if processor_class is None else processor_class(model_path, self.hf_config)
+        if processor_class is None or self.no_images_reason() is not None:
+            return None
+        return processor_class(model_path, self.hf_config)
+
+    def no_images_reason(self) -> str | None:
+        """Why this engine takes no images (None: it takes them)."""
+        if type(self.model).multimodal_processor is None:
+            return "this model takes no images (text only)"
+        if (self.config.multimodal.limit_mm_per_prompt or {}).get("image") == 0:
+            return (
+                "images are off: limit_mm_per_prompt allows 0 per prompt (the vision encoder is not loaded)"
+            )
+        return None
 
     def _lora_manager(self, config, dtype) -> LoRAManager | None:
         """The adapters' slots on rank 0's model, when ``enable_lora``; what does not run with
@@ -340,7 +353,7 @@ class EngineCore:
             check_mm_items(
                 mm_items,
                 len(prompt_token_ids),
-                self.mm_processor is not None,
+                self.no_images_reason(),
                 self.config.multimodal.limit_mm_per_prompt,
             )
         vocab = self.text_config.vocab_size

@@ -235,7 +235,7 @@ class LLM:
         if not images:
             return ids, ()
         if self.engine.mm_processor is None:
-            raise ValueError("multi_modal_data: this model takes no images (text only)")
+            raise ValueError(f"multi_modal_data: {self.engine.no_images_reason()}")
         return expand_placeholders(ids, images, self.engine.mm_processor)
 
     def _require_tokenizer(self, what: str):

@@ -73,6 +73,7 @@ class Worker:
             config.model.quantization,
             config.batch_invariant,
             tp,
+            config.multimodal.limit_mm_per_prompt,
         )
         _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
         self.layers = setup.layer_attention(

@@ -43,13 +43,20 @@ class KVLayout:
 class ModelContext:
     """Everything a model constructor gets. ``linear_method`` builds each linear layer's
     storage and matmul (the selected :class:`QuantMethod`); ``layer_ops`` runs the small ops
-    between matmuls (an :class:`engine.layers.LayerOps`, from the platform; None: plain torch)."""
+    between matmuls (an :class:`engine.layers.LayerOps`, from the platform; None: plain torch).
+    ``limit_mm_per_prompt``: vLLM's per-modality item limit (None: none); a multimodal model
+    builds and loads no encoder for a modality limited to 0."""
 
     hf_config: Any
     dtype: torch.dtype
     device: torch.device
     linear_method: Any
     layer_ops: Any = None
+    limit_mm_per_prompt: dict[str, int] | None = None
+
+    def takes(self, modality: str) -> bool:
+        """Whether requests may carry items of ``modality`` (its limit is not 0)."""
+        return (self.limit_mm_per_prompt or {}).get(modality) != 0
 
 
 @attrs.frozen

@@ -128,13 +128,13 @@ def block_extra_keys(items: Sequence[MultiModalItem], start: int, end: int) -> b
 
 
 def check_mm_items(
-    items: Sequence[MultiModalItem], num_prompt_tokens: int, takes_images: bool, limits: dict | None
+    items: Sequence[MultiModalItem], num_prompt_tokens: int, no_images: str | None, limits: dict | None
 ) -> None:
     """Raise :class:`InvalidParam` (``multi_modal_data``) for images the engine cannot take:
-    a text-only model, more than ``limits`` allows per modality, spans outside the prompt or
-    overlapping each other."""
-    if not takes_images:
-        raise InvalidParam("multi_modal_data", "multi_modal_data: this model takes no images (text only)")
+    ``no_images`` (why it takes none: a text-only model ...), more than ``limits`` allows per
+    modality, spans outside the prompt or overlapping each other."""
+    if no_images is not None:
+        raise InvalidParam("multi_modal_data", f"multi_modal_data: {no_images}")
     counts = Counter(item.modality for item in items)
     for modality, count in counts.items():
         limit = (limits or {}).get(modality)

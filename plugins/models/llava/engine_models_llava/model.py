@@ -81,9 +81,12 @@ class LlavaForConditionalGeneration(Model):
 
         cfg = self.cfg = ctx.hf_config
         self.language_model = LlavaTextModel(attrs.evolve(ctx, hf_config=cfg.text_config))
-        # CLIPVisionModel / SiglipVisionModel (older checkpoints nest it in ``vision_model.``)
-        self.vision_tower = AutoModel.from_config(cfg.vision_config).to(ctx.dtype)
-        self.multi_modal_projector = LlavaProjector(cfg, ctx.dtype)
+        # text only (limit_mm_per_prompt {"image": 0}): no vision tower built, its weights skipped
+        self.vision_tower = self.multi_modal_projector = None
+        if ctx.takes("image"):
+            # CLIPVisionModel / SiglipVisionModel (older checkpoints nest it in ``vision_model.``)
+            self.vision_tower = AutoModel.from_config(cfg.vision_config).to(ctx.dtype)
+            self.multi_modal_projector = LlavaProjector(cfg, ctx.dtype)
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
@@ -114,6 +117,8 @@ class LlavaForConditionalGeneration(Model):
         ``vision_feature_layer`` (or several, concatenated), CLS dropped by the ``default``
         strategy."""
         cfg = self.cfg
+        if self.vision_tower is None or self.multi_modal_projector is None:
+            raise ValueError("images are off (limit_mm_per_prompt): no vision tower was loaded")
         pixels = data["pixel_values"].to(self.ctx.dtype)
         states = self.vision_tower(pixels, output_hidden_states=True).hidden_states
         layers = (
@@ -138,8 +143,9 @@ class LlavaForConditionalGeneration(Model):
                     parts[part][inner.removeprefix("vision_model.")] = tensor
 
         self.language_model.load_weights(text_weights())
-        _load_all(self.vision_tower, parts["vision"], "vision tower")
-        _load_all(self.multi_modal_projector, parts["projector"], "projector")
+        if self.vision_tower is not None and self.multi_modal_projector is not None:
+            _load_all(self.vision_tower, parts["vision"], "vision tower")
+            _load_all(self.multi_modal_projector, parts["projector"], "projector")
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:

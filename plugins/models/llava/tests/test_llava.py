@@ -76,3 +76,29 @@ def test_chat_refuses_bad_image_parts(llava):
         )
     with pytest.raises(ValueError, match="unsupported content part 'input_audio'"):
         ask({"type": "input_audio", "input_audio": {}})
+
+
+def test_limit_of_zero_images_serves_text_without_the_vision_tower(tmp_path):
+    """--limit-mm-per-prompt '{"image": 0}': the vision tower is neither built nor loaded, text
+    prompts run as transformers' text model does, and an image is refused naming the limit."""
+    model, processor = save_tiny_llava(str(tmp_path))
+    llm = LLM(
+        str(tmp_path),
+        dtype="float32",
+        plugins=TestLlava.plugins,
+        num_blocks=96,
+        block_size=8,
+        max_model_len=256,
+        limit_mm_per_prompt={"image": 0},
+    )
+    assert llm.engine.model.vision_tower is None and llm.engine.mm_processor is None
+    assert not any("vision" in name for name, _ in llm.engine.model.named_parameters())
+    prompt = "deep blue sea, red green"
+    ids = processor.tokenizer(prompt, return_tensors="pt")["input_ids"]
+    expected = model.generate(input_ids=ids, max_new_tokens=8, do_sample=False)[0, ids.shape[1] :].tolist()
+    [out] = llm.generate(prompt, SamplingParams(max_tokens=8, temperature=0))
+    assert out.outputs[0].token_ids == expected
+    with pytest.raises(ValueError, match="images are off: limit_mm_per_prompt allows 0"):
+        llm.generate(
+            {"prompt": "deep <image>", "multi_modal_data": {"image": random_image(1)}}, SamplingParams()
+        )
