@@ -206,3 +206,13 @@ def test_image_parts_leave_their_messages_in_order():
         conversation([{"role": "user", "content": [{"type": "video_url"}]}], image_parts=True)
     with pytest.raises(InvalidParam, match="unsupported content part 'image' \\(only text parts here\\)"):
         conversation(out)  # the server's chat route takes no images yet
+
+
+def test_a_text_only_model_refuses_images(tiny_llm):
+    """Offline and at the core (the path a server's request takes): named, and nothing queued."""
+    image = FakeImage(b"abc")
+    with pytest.raises(ValueError, match="multi_modal_data: this model takes no images \\(text only\\)"):
+        tiny_llm.generate({"prompt_token_ids": [1, 2], "multi_modal_data": {"image": image}})
+    with pytest.raises(InvalidParam, match="this model takes no images"):
+        tiny_llm.engine.add_request(Request("mm", [1, 2, 3], SamplingParams(), mm_items=(item("a", 1, 2),)))
+    assert not tiny_llm.engine.has_unfinished()

@@ -19,9 +19,10 @@ CHAT_TEMPLATE = (
 )
 
 
-def save_tiny_llava(folder: str, seed: int = 0):
+def save_tiny_llava(folder: str, seed: int = 0, text: dict | None = None, vision: dict | None = None):
     """Save model, config and processor to ``folder``; return the ``transformers`` model and
-    processor (the parity reference)."""
+    processor (the parity reference). ``text`` / ``vision``: config fields over the tiny ones
+    (a benchmark's larger shapes)."""
     from transformers import (
         AutoTokenizer,
         CLIPImageProcessor,
@@ -35,9 +36,10 @@ def save_tiny_llava(folder: str, seed: int = 0):
     tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
     tokenizer.chat_template = CHAT_TEMPLATE
     image_token_id = tokenizer.convert_tokens_to_ids(IMAGE_TOKEN)
-    config = LlavaConfig(
-        **{k: v for k, v in example_config(len(tokenizer), image_token_id).items() if k != "model_type"}
-    )
+    kwargs = {k: v for k, v in example_config(len(tokenizer), image_token_id).items() if k != "model_type"}
+    kwargs["text_config"].update(text or {})
+    kwargs["vision_config"].update(vision or {})
+    config = LlavaConfig(**kwargs)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
     with torch.no_grad():  # random norms: a dropped or swapped norm must show
@@ -45,11 +47,14 @@ def save_tiny_llava(folder: str, seed: int = 0):
             if "norm" in name and name.endswith("weight"):
                 param.uniform_(0.5, 1.5)
     model.save_pretrained(folder)
-    image_processor = CLIPImageProcessor(size={"shortest_edge": 56}, crop_size={"height": 56, "width": 56})
+    side, patch = config.vision_config.image_size, config.vision_config.patch_size
+    image_processor = CLIPImageProcessor(
+        size={"shortest_edge": side}, crop_size={"height": side, "width": side}
+    )
     processor = LlavaProcessor(
         image_processor=image_processor,
         tokenizer=tokenizer,
-        patch_size=14,
+        patch_size=patch,
         vision_feature_select_strategy="default",
         num_additional_image_tokens=1,
         image_token=IMAGE_TOKEN,
