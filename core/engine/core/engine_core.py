@@ -56,8 +56,10 @@ class EngineCore:
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
         # the language model's facts (vocabulary, hidden size, context): a multimodal checkpoint
-        # nests them in its text_config, a text-only one is its own text config
-        self.text_config = self.hf_config.get_text_config()
+        # nests them in its text_config, a text-only one is its own text config (as is a
+        # loader's config that is no transformers PretrainedConfig)
+        text_config = getattr(self.hf_config, "get_text_config", None)
+        self.text_config = text_config() if callable(text_config) else self.hf_config
         self.tokenizer = loader.tokenizer()
         self.default_sampling_params = generation_config.default_sampling_params(
             config.model.generation_config, loader
