@@ -102,3 +102,13 @@ def test_limit_of_zero_images_serves_text_without_the_vision_tower(tmp_path):
         llm.generate(
             {"prompt": "deep <image>", "multi_modal_data": {"image": random_image(1)}}, SamplingParams()
         )
+
+
+def test_an_image_past_max_model_len_is_refused(tmp_path):
+    """Placeholder tokens count toward the prompt: 16 image tokens + text exceed 16."""
+    save_tiny_llava(str(tmp_path))
+    llm = LLM(str(tmp_path), dtype="float32", plugins=TestLlava.plugins, num_blocks=8, max_model_len=16)
+    prompt = {"prompt": "deep <image>", "multi_modal_data": {"image": random_image(1)}}
+    with pytest.raises(ValueError, match="max_model_len"):
+        llm.generate(prompt, SamplingParams())
+    assert not llm.engine.has_unfinished()
