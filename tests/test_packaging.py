@@ -29,6 +29,7 @@ WELL_KNOWN = {
     "torch",
     "triton",
     "numpy",
+    "pillow",
     "safetensors",
     "transformers",
     "tokenizers",

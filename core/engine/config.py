@@ -203,6 +203,17 @@ class LoRAConfig:
 
 
 @attrs.frozen
+class MultiModalConfig:
+    """Images for a multimodal model. ``limit_mm_per_prompt`` (vLLM's flag): most items of
+    each modality one prompt may carry, e.g. ``{"image": 2}`` (None: no limit).
+    ``mm_encoder_cache_bytes``: the encoder cache's size (``engine.runner.encoder_cache``); vLLM
+    sizes its encoder cache in tokens from the scheduler's budget and has no flag for it."""
+
+    limit_mm_per_prompt: dict[str, int] | None = None
+    mm_encoder_cache_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=_non_negative)
+
+
+@attrs.frozen
 class ObservabilityConfig:
     log_stats: bool = False
 
@@ -215,6 +226,7 @@ class EngineConfig:
     parallel: ParallelConfig = ParallelConfig()
     observability: ObservabilityConfig = ObservabilityConfig()
     lora: LoRAConfig = LoRAConfig()
+    multimodal: MultiModalConfig = MultiModalConfig()
     speculative_config: dict[str, Any] | None = None  # {"method": NAME, "num_speculative_tokens": K, ...}
     plugins: tuple[str, ...] | None = None  # allow-list of entry-point names; None: all installed
     device: str | None = None  # platform name; None: the best available
@@ -250,6 +262,7 @@ class EngineConfig:
             "parallel": ParallelConfig,
             "observability": ObservabilityConfig,
             "lora": LoRAConfig,
+            "multimodal": MultiModalConfig,
         }
         kwargs = dict(kwargs)
         grammar_backend_option(kwargs)

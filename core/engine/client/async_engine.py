@@ -15,6 +15,7 @@ from engine.client.base import Child
 from engine.client.mp_client import AsyncMPClient, EngineDead
 from engine.client.protocol import Delta, Ready
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.stats import EngineStats
 
 logger = logging.getLogger(__name__)
@@ -105,6 +106,7 @@ class AsyncEngine:
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> RequestHandle:
         if self.dead:
             raise EngineDead(self.dead)
@@ -112,7 +114,7 @@ class AsyncEngine:
         for rid, _, _ in children:
             self._routes[rid] = handle
         try:
-            self.core.add(children, priority, cache_salt, kv_transfer_params, lora_request)
+            self.core.add(children, priority, cache_salt, kv_transfer_params, lora_request, mm_items)
         except EngineDead:
             self.release(handle)
             raise

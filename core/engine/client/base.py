@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from engine.client.protocol import Ready
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
 
@@ -28,10 +29,12 @@ class EngineCoreClient(ABC):
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> None:
         """Queue the engine requests of one front-end request (its prompts and samples), all
         before the core's next step, so they start together; ``lora_request``: the LoRA adapter
-        they all run with (None: the base model)."""
+        they all run with (None: the base model); ``mm_items``: the prompt's images
+        (:func:`engine.messages.multimodal.expand_placeholders`)."""
 
     @abstractmethod
     def abort(self, request_ids: list[str]) -> None:

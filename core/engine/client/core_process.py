@@ -34,6 +34,7 @@ from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
 from engine.lifetime import exit_with_parent
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
 from engine.messages.step import Asleep, Overloaded
@@ -102,8 +103,9 @@ class CoreServer:
                 kind = PoolingParams if message.pooling else SamplingParams
                 child = (message.request_id, message.prompt_token_ids, kind.from_dict(message.params))
                 lora = None if message.lora_request is None else LoRARequest.from_dict(message.lora_request)
+                mm_items = tuple(MultiModalItem.from_dict(item) for item in message.mm_items)
                 self.client.add(
-                    [child], message.priority, message.cache_salt, message.kv_transfer_params, lora
+                    [child], message.priority, message.cache_salt, message.kv_transfer_params, lora, mm_items
                 )
             except (ValueError, TypeError, Overloaded) as exc:  # this request alone fails
                 failed.append(

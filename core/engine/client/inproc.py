@@ -16,6 +16,7 @@ from engine.core.speculation import ACCEPTED_AT
 from engine.core.step_stats import PREFIX as STEP_TOKENS
 from engine.core.step_stats import step_token_buckets
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import matryoshka_of
 from engine.messages.request import Request
 from engine.messages.stats import EngineStats, TokensPerStep
@@ -35,7 +36,7 @@ class InProcessClient(EngineCoreClient):
 
     @property
     def ready(self) -> Ready:
-        core, hf = self.core, self.core.hf_config
+        core, hf = self.core, self.core.text_config
         matryoshka, dimensions = matryoshka_of(hf)
         return Ready(
             core.config.model.model,
@@ -60,10 +61,15 @@ class InProcessClient(EngineCoreClient):
         return getattr(self.core, method)(**arguments)
 
     def validate(
-        self, prompt_token_ids: list[int], params, priority: int = 0, lora_request: LoRARequest | None = None
+        self,
+        prompt_token_ids: list[int],
+        params,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> None:
         """What :meth:`add` would refuse, raised before anything is queued."""
-        self.core.validate(prompt_token_ids, params, priority, lora_request)
+        self.core.validate(prompt_token_ids, params, priority, lora_request, mm_items)
 
     def add(
         self,
@@ -72,6 +78,7 @@ class InProcessClient(EngineCoreClient):
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> None:
         """Raises what the core refuses (ValueError, :class:`engine.messages.step.Overloaded`) for the
         first child it refuses; the children before it stay queued."""
@@ -85,6 +92,7 @@ class InProcessClient(EngineCoreClient):
                     cache_salt=cache_salt,
                     kv_transfer_params=kv_transfer_params,
                     lora_request=lora_request,
+                    mm_items=mm_items,
                 )
             )
             self._prompt_lengths[request_id] = len(prompt)

@@ -29,6 +29,7 @@ from engine.client import protocol
 from engine.client.base import Child, EngineCoreClient
 from engine.client.liveness import Liveness
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import PoolingParams
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ class AsyncMPClient(EngineCoreClient):
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> None:
         """Raises :class:`EngineDead` when no core is connected (it died, or we shut down)."""
         batch = protocol.AddBatch(
@@ -200,6 +202,7 @@ class AsyncMPClient(EngineCoreClient):
                     pooling=isinstance(params, PoolingParams),
                     kv_transfer_params=kv_transfer_params,
                     lora_request=None if lora_request is None else lora_request.to_dict(),
+                    mm_items=[item.to_dict() for item in mm_items],
                 )
                 for rid, prompt, params in children
             ]

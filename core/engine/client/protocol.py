@@ -20,6 +20,7 @@ class AddRequest(msgspec.Struct, tag=True):
     pooling: bool = False  # an embedding request (the engine runs the pooling runner)
     kv_transfer_params: dict[str, Any] | None = None  # P/D disaggregation, for the KV connector
     lora_request: dict[str, Any] | None = None  # LoRARequest.to_dict(): the adapter it runs with
+    mm_items: list[dict[str, Any]] = msgspec.field(default_factory=list)  # MultiModalItem.to_dict() each
 
 
 class AddBatch(msgspec.Struct, tag=True):

@@ -20,11 +20,12 @@ from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
-from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext
+from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext, MultiModalProcessor
 from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem, check_mm_items
 from engine.messages.pooling_params import PoolingParams, matryoshka_of
 from engine.messages.request import Request
 from engine.messages.request_path import check_prompt
@@ -39,6 +40,7 @@ from engine.messages.step import (
 )
 from engine.plugins import PluginRegistry
 from engine.runner import step_graphs
+from engine.runner.encoder_cache import EncoderCache
 from engine.runner.model_runner import ModelRunner
 from engine.runner.pooling import Pooler, PoolerConfig, resolve_runner
 
@@ -57,12 +59,17 @@ class EngineCore:
         self.platform.configure()
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
+        # the language model's facts (vocabulary, hidden size, context): a multimodal checkpoint
+        # nests them in its text_config, a text-only one is its own text config (as is a
+        # loader's config that is no transformers PretrainedConfig)
+        text_config = getattr(self.hf_config, "get_text_config", None)
+        self.text_config = text_config() if callable(text_config) else self.hf_config
         self.tokenizer = loader.tokenizer()
         self.default_sampling_params = generation_config.default_sampling_params(
             config.model.generation_config, loader
         )
         dtype = setup.resolve_dtype(config.model.dtype, self.hf_config, self.platform)
-        max_len = setup.resolve_max_model_len(config.model.max_model_len, self.hf_config)
+        max_len = setup.resolve_max_model_len(config.model.max_model_len, self.text_config)
         self.config = config = setup.with_resolved_model(
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len
         )
@@ -78,7 +85,8 @@ class EngineCore:
             config.model.quantization,
             config.batch_invariant,
             self.executor.tensor_parallel,
-            config.model.model_impl,
+            model_impl=config.model.model_impl,
+            limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
         )
         report.lap("weights")
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
@@ -108,7 +116,7 @@ class EngineCore:
             layers,
             windows,
             self.platform,
-            step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype),
+            step_graphs.graph_memory_estimate(graph_plan, self.text_config, dtype),
         )
         self.num_blocks = num_blocks = groups[0].num_blocks
         capacity = (num_blocks - 1) * config.cache.block_size
@@ -141,6 +149,9 @@ class EngineCore:
         )
         self.lora = self._lora_manager(config, dtype)
         self.runner.lora = self.lora
+        self.mm_processor = self._multimodal_processor(model_path)
+        if self.mm_processor is not None:
+            self.runner.encoder_cache = EncoderCache(config.multimodal.mm_encoder_cache_bytes)
         self.runner.graphs = step_graphs.start(
             self.model,
             layers.first,
@@ -148,7 +159,7 @@ class EngineCore:
             graph_plan,
             -(-max_len // config.cache.block_size),
             self.platform,
-            self.hf_config.vocab_size,
+            self.text_config.vocab_size,
             max_len,
             self.lora.batch if self.lora is not None else None,
         )
@@ -196,7 +207,7 @@ class EngineCore:
         startup.describe(
             report,
             self.platform,
-            type(model),
+            model.implementation,
             model.ctx.linear_method,
             layers,
             graph_plan,
@@ -226,6 +237,24 @@ class EngineCore:
         if kv_connectors.connector_spec(config) is not None:
             raise ValueError("kv_connector: not supported for a model with sliding-window layers")
         return cls(config, groups[0].num_blocks, groups=groups)
+
+    def _multimodal_processor(self, model_path: str) -> MultiModalProcessor | None:
+        """The model's image processor (None for a text-only model): the front end turns a
+        prompt's images into tensors and placeholder spans with it."""
+        processor_class = type(self.model).multimodal_processor
+        if processor_class is None or self.no_images_reason() is not None:
+            return None
+        return processor_class(model_path, self.hf_config)
+
+    def no_images_reason(self) -> str | None:
+        """Why this engine takes no images (None: it takes them)."""
+        if type(self.model).multimodal_processor is None:
+            return "this model takes no images (text only)"
+        if (self.config.multimodal.limit_mm_per_prompt or {}).get("image") == 0:
+            return (
+                "images are off: limit_mm_per_prompt allows 0 per prompt (the vision encoder is not loaded)"
+            )
+        return None
 
     def _lora_manager(self, config, dtype) -> LoRAManager | None:
         """The adapters' slots on rank 0's model, when ``enable_lora``; what does not run with
@@ -317,7 +346,7 @@ class EngineCore:
         return {name: self.registry.get("grammar_backends", name) for name in names}
 
     def _eos_token_id(self) -> int | None:
-        eos = getattr(self.hf_config, "eos_token_id", None)
+        eos = getattr(self.text_config, "eos_token_id", None)
         if isinstance(eos, list):
             eos = eos[0] if eos else None
         if eos is None and self.tokenizer is not None:
@@ -346,10 +375,15 @@ class EngineCore:
 
     @property
     def embedding_size(self) -> int:
-        return self.hf_config.hidden_size
+        return self.text_config.hidden_size
 
     def validate(
-        self, prompt_token_ids: list[int], params, priority: int = 0, lora_request: LoRARequest | None = None
+        self,
+        prompt_token_ids: list[int],
+        params,
+        priority: int = 0,
+        lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> None:
         """Raise ValueError naming the field before any work is queued. With
         ``SamplingParams``' own checks this covers everything the step indexes with: a
@@ -359,7 +393,14 @@ class EngineCore:
         check_int64(priority, "priority")
         if lora_request is not None:
             self._check_lora(lora_request)
-        vocab = self.hf_config.vocab_size
+        if mm_items:
+            check_mm_items(
+                mm_items,
+                len(prompt_token_ids),
+                self.no_images_reason(),
+                self.config.multimodal.limit_mm_per_prompt,
+            )
+        vocab = self.text_config.vocab_size
         if isinstance(params, PoolingParams):
             if self.runner_kind != "pooling":
                 raise InvalidParam(
@@ -368,7 +409,7 @@ class EngineCore:
                     "start it with runner='pooling' to embed",
                 )
             check_prompt(prompt_token_ids, vocab, self.max_model_len, generates=False)
-            params.check_dimensions(self.embedding_size, *matryoshka_of(self.hf_config))
+            params.check_dimensions(self.embedding_size, *matryoshka_of(self.text_config))
             return
         if not isinstance(params, SamplingParams):
             raise InvalidParam(
@@ -409,6 +450,7 @@ class EngineCore:
             request.pooling_params or request.sampling_params,
             request.priority,
             request.lora_request,
+            request.mm_items,
         )
         request.eos_token_id = self.eos_token_id if request.eos_token_id is None else request.eos_token_id
         request.queued_time = time.monotonic()
@@ -420,7 +462,7 @@ class EngineCore:
     def structured(self) -> StructuredOutputs:
         if self._structured is None:
             self._structured = StructuredOutputs(
-                self._grammar_backends(), GrammarContext(self.tokenizer, self.hf_config.vocab_size)
+                self._grammar_backends(), GrammarContext(self.tokenizer, self.text_config.vocab_size)
             )
         return self._structured
 
@@ -611,6 +653,8 @@ class EngineCore:
                     self.platform,
                     config.model.quantization,
                     config.batch_invariant,
+                    model_impl=config.model.model_impl,
+                    limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
                 )
 
             caches = self.runner.kv_caches

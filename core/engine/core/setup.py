@@ -219,6 +219,7 @@ def build_model(
     batch_invariant: bool = False,
     tp: TensorParallel = SINGLE,
     model_impl: str = "auto",
+    limit_mm_per_prompt: dict[str, int] | None = None,
 ) -> nn.Module:
     """With ``batch_invariant`` the layer ops are the plain torch ones: a platform's fused
     kernels may take small batches only and hand big ones to torch, and the two agree only up
@@ -238,7 +239,7 @@ def build_model(
     if tp.size > 1:
         check_tensor_parallel(cls, type(method), tp.size)
     with torch.device(platform.device), tensor_parallel(tp):
-        model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops))
+        model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops, limit_mm_per_prompt))
     scales = KVScales()
     if tp.size > 1:  # keep_quantized only when set: a v2 loader's iter_weight_slices lacks it
         model.load_weights(

@@ -107,13 +107,21 @@ def plan(config, registry) -> StartupReport:
     dtype = setup.resolve_dtype(config.model.dtype, hf_config, platform)
     max_len = setup.resolve_max_model_len(config.model.max_model_len, hf_config)
     config = setup.with_resolved_model(config, model=path, dtype=str(dtype).removeprefix("torch."))
-    cls = setup.select_model_class(registry, hf_config)
+    cls, implementation = setup.choose_model_class(registry, hf_config, config.model.model_impl)
     checkpoint = loader.quant_config()
     method = setup.select_quant_method(
         registry, config.model.quantization, checkpoint, dtype, platform, config.batch_invariant
     )
     with torch.device("meta"):
-        model = cls(ModelContext(hf_config, dtype, torch.device("meta"), method, platform.layer_ops(dtype)))
+        context = ModelContext(
+            hf_config,
+            dtype,
+            torch.device("meta"),
+            method,
+            platform.layer_ops(dtype),
+            config.multimodal.limit_mm_per_prompt,
+        )
+        model = cls(context)
     weights = _planned_weights(model, path)
     windows, layer_group = setup.kv_group_of_layers(model.kv_layout())
     layers = setup.layer_attention(
@@ -131,7 +139,7 @@ def plan(config, registry) -> StartupReport:
     graph_bytes = step_graphs.graph_memory_estimate(graphs, hf_config, dtype)
     groups = setup.kv_cache_groups(config, layers, windows, _AfterLoading(platform, weights), graph_bytes)
     report.lap("plan")
-    describe(report, platform, cls, method, layers, graphs, config, hf_config, dtype)
+    describe(report, platform, implementation, method, layers, graphs, config, hf_config, dtype)
     describe_memory(report, weights, groups, layers, graph_bytes, config, hf_config, dtype, runtime)
     report.notes.append(f"max_model_len {max_len}")
     return report
@@ -146,11 +154,12 @@ def _planned_weights(model, path: str) -> int:
     return built if built >= on_disk // 10 else on_disk
 
 
-def describe(report, platform, cls, method, layers, graphs, config, hf_config, dtype) -> None:
+def describe(report, platform, implementation: str, method, layers, graphs, config, hf_config, dtype) -> None:
+    """``implementation``: which model runs, in words (:func:`engine.core.setup.choose_model_class`)."""
     backends = ", ".join(dict.fromkeys(b.name for b in layers.backends))
     report.parts.update(
         platform=platform.name,
-        model=f"{cls.__name__} ({hf_config.model_type})",
+        model=implementation,
         dtype=str(dtype).removeprefix("torch."),
         weights=type(method).name,
         attention=backends,

@@ -60,14 +60,20 @@ def template_options(
     }
 
 
-def conversation(messages) -> list[dict]:
+def conversation(messages, image_parts: bool = False) -> list[dict]:
     """The messages as a template reads them, or InvalidParam naming the first bad one: each a
     dict with a role of :data:`ROLES` (``developer`` becomes ``system``) and content that is a
-    string, None (empty) or a list of text parts (joined); its other fields that are set pass."""
-    return [_message(i, message) for i, message in enumerate(messages)]
+    string, None (empty) or a list of text parts (joined), or of text and ``{"type": "image"}``
+    parts when ``image_parts`` (kept as a list: :func:`engine.entrypoints.images.split_images`
+    made them, and the caller hands the images on); its other fields that are set pass."""
+    return [_message(i, message, image_parts) for i, message in enumerate(messages)]
 
 
-def _message(index: int, message) -> dict:
+def _is_text(part) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+def _message(index: int, message, image_parts: bool) -> dict:
     role = message.get("role") if isinstance(message, dict) else None
     if role not in ROLES:
         raise InvalidParam(
@@ -75,11 +81,14 @@ def _message(index: int, message) -> dict:
         )
     content = message.get("content")
     if isinstance(content, list):
-        if not all(
-            isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
-            for part in content
-        ):
-            raise InvalidParam("messages", f"messages[{index}].content: only text parts are supported")
-        content = "".join(part["text"] for part in content)
+        for part in content:
+            if not (_is_text(part) or (image_parts and part == {"type": "image"})):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                supported = "text, image_url, image_pil" if image_parts else "only text parts here"
+                raise InvalidParam(
+                    "messages", f"messages[{index}].content: unsupported content part {kind!r} ({supported})"
+                )
+        if all(_is_text(part) for part in content):  # a template that reads strings only
+            content = "".join(part["text"] for part in content)
     entry = {key: value for key, value in message.items() if value is not None}
     return {**entry, "role": "system" if role == "developer" else role, "content": content or ""}

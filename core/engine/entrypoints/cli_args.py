@@ -244,6 +244,18 @@ OPTIONS: dict[str, Option] = {
         "at least --max-loras; default: --max-loras",
         int,
     ),
+    "limit_mm_per_prompt": Option(
+        ("--limit-mm-per-prompt",),
+        "most items per modality one prompt may carry, JSON, e.g. '{\"image\": 2}'; default: no limit",
+        json.loads,
+    ),
+    "mm_encoder_cache_bytes": Option(
+        ("--mm-encoder-cache-bytes",),
+        "a multimodal model's encoder outputs kept by image hash, least recently used evicted "
+        "(vLLM sizes its encoder cache in tokens and has no flag)",
+        parse_size,
+        unit="bytes",
+    ),
     "speculative_config": Option(
         ("--speculative-config",),
         'speculative decoding as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4}\'',

@@ -1,7 +1,9 @@
 """The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``, and
 ``LLM(model, runner="pooling").embed(prompts)`` for embeddings. With ``enable_lora=True``,
 ``generate(..., lora_request=LoRARequest(name, int_id, path))`` runs PEFT adapters, one for
-all prompts or one per prompt (None: the base model), mixed in the same steps."""
+all prompts or one per prompt (None: the base model), mixed in the same steps. A multimodal
+model takes vLLM's ``{"prompt": "... <image> ...", "multi_modal_data": {"image": pil_image}}``
+(or ``prompt_token_ids``; a list of images for several placeholders)."""
 
 from __future__ import annotations
 
@@ -16,7 +18,9 @@ from engine.client.output_processor import OutputProcessor, RequestState, reques
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.entrypoints.chat_template import conversation, template_options
+from engine.entrypoints.images import split_images
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem, expand_placeholders, images_of
 from engine.messages.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
@@ -76,13 +80,16 @@ class LLM:
             raise ValueError(f"priority: {len(priorities)} given for {len(prompts)} prompts")
         adapters = _per_prompt(lora_request, len(prompts))
         encoded, params = self._prepare(prompts, params)
-        checks = zip(encoded, params, priorities, adapters)
-        for (_, ids), p, prio, lora in checks:  # every check before any work starts
-            self.client.validate(ids, p, prio, lora)
+        expanded = [self._with_images(prompt, ids) for prompt, (_, ids) in zip(prompts, encoded)]
+        encoded = [(text, ids) for (text, _), (ids, _) in zip(encoded, expanded)]
+        images = [items for _, items in expanded]
+        checks = zip(encoded, params, priorities, adapters, images)
+        for (_, ids), p, prio, lora, items in checks:  # every check before any work starts
+            self.client.validate(ids, p, prio, lora, items)
         processor = OutputProcessor(self.tokenizer)
         order = [
-            self._add(processor, text, ids, p, prio, lora).request_id
-            for (text, ids), p, prio, lora in zip(encoded, params, priorities, adapters)
+            self._add(processor, text, ids, p, prio, lora, items).request_id
+            for (text, ids), p, prio, lora, items in zip(encoded, params, priorities, adapters, images)
         ]
         return self._run(processor, order, use_tqdm)
 
@@ -189,16 +196,19 @@ class LLM:
         """``continue_final_message`` continues the last message instead of opening a new
         turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
         for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names); ``lora_request``
-        as :meth:`generate` takes it."""
+        as :meth:`generate` takes it. A multimodal model's messages may hold image parts:
+        ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` or
+        ``{"type": "image_pil", "image_pil": image}`` (:mod:`engine.entrypoints.images`)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
-            self.apply_chat_template(
+        prompts = []
+        for c in conversations:
+            c, images = split_images(c)
+            ids = self.apply_chat_template(
                 c, chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs
             )
-            for c in conversations
-        ]
+            prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
         return self.generate(
-            [{"prompt_token_ids": ids} for ids in prompts],
+            prompts,
             sampling_params,
             use_tqdm,
             lora_request=lora_request,
@@ -215,7 +225,7 @@ class LLM:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
-        messages = conversation(messages)
+        messages = conversation(messages, image_parts=True)
         options = template_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
         ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, **options)
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
@@ -234,6 +244,16 @@ class LLM:
             return self._encode(prompt["prompt"])
         return None, list(prompt)
 
+    def _with_images(self, prompt: Prompt, ids: list[int]) -> tuple[list[int], tuple[MultiModalItem, ...]]:
+        """vLLM's ``{"prompt" | "prompt_token_ids", "multi_modal_data": {"image": ...}}``: the
+        token ids with each image placeholder widened to its tokens, and the images' items."""
+        images = images_of(prompt.get("multi_modal_data")) if isinstance(prompt, dict) else []
+        if not images:
+            return ids, ()
+        if self.engine.mm_processor is None:
+            raise ValueError(f"multi_modal_data: {self.engine.no_images_reason()}")
+        return expand_placeholders(ids, images, self.engine.mm_processor)
+
     def _require_tokenizer(self, what: str):
         if self.tokenizer is None:
             raise ValueError(f"prompt: {what} need a tokenizer and this model has none; pass token ids")
@@ -247,10 +267,11 @@ class LLM:
         params: SamplingParams,
         priority: int,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> RequestState:
         """Queue the prompt's samples (they share its blocks through the prefix cache)."""
         request, children = processor.add(str(next(self._ids)), text, ids, params)
-        self.client.add(children, priority, lora_request=lora_request)
+        self.client.add(children, priority, lora_request=lora_request, mm_items=mm_items)
         return request
 
     def _step(self, processor: OutputProcessor) -> list[RequestState]:

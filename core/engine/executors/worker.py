@@ -73,7 +73,8 @@ class Worker:
             config.model.quantization,
             config.batch_invariant,
             tp,
-            config.model.model_impl,
+            model_impl=config.model.model_impl,
+            limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
         )
         _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
         self.layers = setup.layer_attention(

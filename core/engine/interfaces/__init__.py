@@ -35,6 +35,8 @@ from engine.interfaces.model import (
     KVLayout,
     Model,
     ModelContext,
+    MultiModalProcessor,
+    ProcessedImage,
     StepContext,
 )
 from engine.interfaces.platform import Platform, StepGraphs
@@ -154,9 +156,11 @@ __all__ = [
     "Model",
     "ModelContext",
     "ModelLoader",
+    "MultiModalProcessor",
     "Overloaded",
     "Platform",
     "PrefixHit",
+    "ProcessedImage",
     "QuantContext",
     "QuantMethod",
     "ReasoningParser",

@@ -49,13 +49,20 @@ class KVLayout:
 class ModelContext:
     """Everything a model constructor gets. ``linear_method`` builds each linear layer's
     storage and matmul (the selected :class:`QuantMethod`); ``layer_ops`` runs the small ops
-    between matmuls (an :class:`engine.layers.LayerOps`, from the platform; None: plain torch)."""
+    between matmuls (an :class:`engine.layers.LayerOps`, from the platform; None: plain torch).
+    ``limit_mm_per_prompt``: vLLM's per-modality item limit (None: none); a multimodal model
+    builds and loads no encoder for a modality limited to 0."""
 
     hf_config: Any
     dtype: torch.dtype
     device: torch.device
     linear_method: Any
     layer_ops: Any = None
+    limit_mm_per_prompt: dict[str, int] | None = None
+
+    def takes(self, modality: str) -> bool:
+        """Whether requests may carry items of ``modality`` (its limit is not 0)."""
+        return (self.limit_mm_per_prompt or {}).get(modality) != 0
 
 
 @attrs.frozen
@@ -81,10 +88,50 @@ class StepContext:
     layers: tuple[tuple[Any, object], ...] = ()
     kv_connector: Any = None  # the KV connector's worker half, or None
     slot_mapping: torch.Tensor | None = None  # [T] cache slots of this step's tokens (with kv_connector)
+    # a multimodal model's image rows this step: the token embeddings of rows ``mm_rows`` [N] are
+    # replaced by ``mm_embeds`` [N, hidden] (its encoder's output, sliced to this step's chunk)
+    mm_rows: torch.Tensor | None = None
+    mm_embeds: torch.Tensor | None = None
 
     def layer_attention(self, layer: int) -> tuple[Any, object]:
         """(backend, metadata) of ``layer``."""
         return self.layers[layer] if self.layers else (self.attention, self.attn_metadata)
+
+    def merge_multimodal(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """``embeddings`` [T, hidden] of the step's tokens with the image rows replaced by
+        their encoder output (unchanged for a text-only step)."""
+        if self.mm_rows is None or self.mm_embeds is None:
+            return embeddings
+        merged = embeddings.clone()
+        merged[self.mm_rows] = self.mm_embeds.to(embeddings.dtype)
+        return merged
+
+
+@attrs.frozen
+class ProcessedImage:
+    """One image as the model takes it: ``data`` the tensors its ``encode_multimodal`` reads
+    (``pixel_values`` ...), ``num_tokens`` the placeholder tokens it takes in the prompt (the
+    rows of its encoder output)."""
+
+    data: dict[str, torch.Tensor]
+    num_tokens: int
+
+
+class MultiModalProcessor(ABC):
+    """How a multimodal model's images become its inputs, built once per engine from the
+    checkpoint folder (usually around its ``transformers`` processor, which owns resizing and
+    normalization). Supplied by the model class as ``Model.multimodal_processor``: the token
+    count it reports must be the rows its model's encoder returns, so both live together."""
+
+    placeholder_token_id: int  # the token a prompt marks each image with (LLaVA's ``<image>``)
+
+    def __init__(self, model_path: str, hf_config: Any):
+        self.model_path = model_path
+        self.hf_config = hf_config
+
+    @abstractmethod
+    def process_image(self, image: Any) -> ProcessedImage:
+        """A PIL image -> its tensors and placeholder token count."""
 
 
 class Model(nn.Module, ABC):
@@ -99,6 +146,8 @@ class Model(nn.Module, ABC):
     # share (its layers are the parallel ones of ``engine.layers``, its ``kv_layout`` the
     # rank's heads, ``compute_logits`` None off rank 0); False: tensor_parallel_size must be 1
     tensor_parallel_capable: ClassVar[bool] = False
+    # a multimodal model's processor class (images -> tensors, placeholder counts); None: text only
+    multimodal_processor: ClassVar[type[MultiModalProcessor] | None] = None
 
     def __init__(self, ctx: ModelContext):
         super().__init__()
@@ -132,6 +181,12 @@ class Model(nn.Module, ABC):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [T, hidden] (EAGLE-style drafters feed them to their head)."""
         raise NotImplementedError(f"{type(self).__name__} does not expose its embeddings")
+
+    def encode_multimodal(self, data: dict[str, torch.Tensor]) -> torch.Tensor:
+        """One image's processed inputs (:attr:`ProcessedImage.data`, on this model's device)
+        -> its embeddings [num_tokens, hidden], which ``forward`` receives through
+        :meth:`StepContext.merge_multimodal`. Required with ``multimodal_processor``."""
+        raise NotImplementedError(f"{type(self).__name__} takes no images")
 
     def draft_view(self, num_layers: int) -> Model | None:
         """A model that runs only the first ``num_layers`` layers and the LM head, sharing

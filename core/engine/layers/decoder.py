@@ -130,7 +130,7 @@ class DecoderModel(Layer):
     def forward(self, input_ids, positions, step, num_layers: int | None = None):
         """Hidden states after the first ``num_layers`` layers (all when None) and the final
         norm; the residual stream after each of ``step.aux_layers`` goes to ``step.aux_hidden``."""
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = step.merge_multimodal(self.embed_tokens(input_ids)), None
         cos_sin = self.rotary(positions)
         layers = (
             self.layers if num_layers is None else self.layers[:num_layers]

@@ -15,6 +15,8 @@ from typing import Any
 
 import attrs
 
+from engine.messages.multimodal import block_extra_keys
+
 PUBLISHERS = ("null", "zmq")
 
 
@@ -24,16 +26,20 @@ def chain_hashes(
     salt: str | None = None,
     parent: bytes | None = None,
     lora_id: int | None = None,
+    block_extras: Sequence[bytes] = (),
 ) -> list[bytes]:
     """The prefix cache's hashes of the full blocks of ``tokens``: block i's is sha256(block
     i-1's hash — ``parent`` before the first, else the chain's seed — + its token ids as int64).
     The seed is the cache salt, followed by the LoRA adapter's id when there is one (the same
     tokens under another adapter have other keys and values). Equal hashes mean equal whole
-    prefixes, salts and adapters, so a router can compute what an engine will report."""
+    prefixes, salts and adapters, so a router can compute what an engine will report.
+    ``block_extras``: per block, bytes hashed between the parent and the tokens (the ``mm_hash``
+    of the images it overlaps); a block without them hashes as a text-only one."""
     hashes, previous = [], chain_seed(salt, lora_id) if parent is None else parent
-    for start in range(0, len(tokens) - block_size + 1, block_size):
+    for index, start in enumerate(range(0, len(tokens) - block_size + 1, block_size)):
+        extra = block_extras[index] if index < len(block_extras) else b""
         previous = hashlib.sha256(
-            previous + array("q", tokens[start : start + block_size]).tobytes()
+            previous + extra + array("q", tokens[start : start + block_size]).tobytes()
         ).digest()
         hashes.append(previous)
     return hashes
@@ -48,9 +54,14 @@ def chain_seed(salt: str | None, lora_id: int | None) -> bytes:
 
 def block_hashes(request, block_size: int) -> list[bytes]:
     """Extend ``request.block_hashes`` to every full block of its known tokens
-    (:func:`chain_hashes`, under the request's cache salt and adapter)."""
+    (:func:`chain_hashes`, under the request's cache salt and adapter, each block keyed by the
+    images it overlaps)."""
     hashes = request.block_hashes
     start, end = len(hashes) * block_size, request.num_tokens // block_size * block_size
+    items = getattr(request, "mm_items", ())
+    extras = (
+        [block_extra_keys(items, s, s + block_size) for s in range(start, end, block_size)] if items else ()
+    )
     if end > start:
         hashes.extend(
             chain_hashes(
@@ -59,6 +70,7 @@ def block_hashes(request, block_size: int) -> list[bytes]:
                 request.cache_salt,
                 hashes[-1] if hashes else None,
                 request.lora_id,
+                extras,
             )
         )
     return hashes

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from engine.messages.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams
 
@@ -31,7 +32,8 @@ class Request:
     """Public read-only fields for plugins: ``request_id``, ``sampling_params``,
     ``pooling_params``, ``prompt_token_ids``, ``output_token_ids``, ``all_token_ids``,
     ``num_computed_tokens``, ``kv_transfer_params`` (vLLM's P/D field, for the KV connector),
-    ``lora_request`` (the LoRA adapter it runs with, or None: the base model).
+    ``lora_request`` (the LoRA adapter it runs with, or None: the base model), ``mm_items``
+    (its images: placeholder spans, content hashes, processed inputs; empty for text).
 
     Given :class:`PoolingParams` the request pools: ``pooling_params`` holds them, it runs
     its whole prompt in one step and finishes with a vector, never a token."""
@@ -46,6 +48,7 @@ class Request:
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ):
         self.request_id = request_id
         self.pooling_params = params if isinstance(params, PoolingParams) else None
@@ -59,6 +62,7 @@ class Request:
         self.cache_salt = cache_salt
         self.kv_transfer_params = kv_transfer_params
         self.lora_request = lora_request
+        self.mm_items = tuple(mm_items)
         self.arrival = next(_arrivals)
         self.status = RequestStatus.WAITING
         self.num_computed_tokens = 0

@@ -10,19 +10,23 @@ from engine.interfaces import StepContext
 from engine.messages.step import StepPlan, StepResult, TokenLogprobs
 from engine.runner import kv_transfer, sampler
 from engine.runner.batch import FlatBatch, flatten
+from engine.runner.encoder_cache import EncoderCache, step_embeddings
 from engine.runner.layer_attention import LayerAttention
 
 
 @attrs.frozen
 class StepInput:
     """What every tensor-parallel rank needs to run one step's forward: the flattened tokens,
-    their positions, each KV cache group's attention layout and the rows to score (sampled
-    rows, then prompt-logprob rows). Picklable: a multi-rank executor broadcasts it."""
+    their positions, each KV cache group's attention layout, the rows to score (sampled
+    rows, then prompt-logprob rows) and the image rows' encoder output (rank 0 runs the
+    encoder: :mod:`engine.runner.encoder_cache`). Picklable: a multi-rank executor broadcasts it."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
     layouts: tuple
     logits_rows: tuple[int, ...]
+    mm_rows: torch.Tensor | None = None
+    mm_embeds: torch.Tensor | None = None
 
     @property
     def layout(self):
@@ -38,6 +42,8 @@ class StepInput:
             self.positions.to(device),
             tuple(_layout_to(layout, device) for layout in self.layouts),
             self.logits_rows,
+            None if self.mm_rows is None else self.mm_rows.to(device),
+            None if self.mm_embeds is None else self.mm_embeds.to(device),
         )
 
 
@@ -76,6 +82,7 @@ class ModelRunner:
         self.forward_step = self.forward
         self.graphs = None  # an engine.runner.step_graphs.StepGraphRunner when decode steps replay
         self.lora = None  # an engine.lora.manager.LoRAManager when adapters may run: sets each step's slots
+        self.encoder_cache: EncoderCache | None = None  # set for a multimodal model
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -94,9 +101,10 @@ class ModelRunner:
             spans = zip(plan.scheduled, batch.spans)
             self.lora.prepare([(item.request.lora_request, end - start) for item, (_, start, end) in spans])
         rows = batch.sample_rows + batch.prompt_rows
+        mm_rows, mm_embeds = self._image_rows(plan, batch)
         with kv_transfer.connector_step(self.connector, kv_meta):
             hidden, aux, logits = self.forward_step(
-                StepInput(batch.input_ids, batch.positions, batch.layouts, tuple(rows))
+                StepInput(batch.input_ids, batch.positions, batch.layouts, tuple(rows), mm_rows, mm_embeds)
             )
         result = StepResult({})
         if batch.pool_spans:
@@ -111,6 +119,18 @@ class ModelRunner:
         if self.keep_hidden_states:
             self._keep_hidden(torch.cat(aux, dim=-1) if aux else hidden, batch, plan, result)
         return result
+
+    def _image_rows(
+        self, plan: StepPlan, batch: FlatBatch
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """The step's image rows and their encoder output (None, None: no image row)."""
+        if self.encoder_cache is None:
+            return None, None
+        offsets = [start for _, start, _ in batch.spans]
+        return step_embeddings(plan.scheduled, offsets, self.encoder_cache, self._encode, self.device)
+
+    def _encode(self, item) -> torch.Tensor:
+        return self.model.encode_multimodal({name: t.to(self.device) for name, t in item.data.items()})
 
     @staticmethod
     def _keep_hidden(hidden, batch: FlatBatch, plan: StepPlan, result: StepResult) -> None:
@@ -134,7 +154,8 @@ class ModelRunner:
         )
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        if self.graphs is not None and (hidden := self.graphs.replay(batch)) is not None:
+        text_only = batch.mm_rows is None  # a recorded step has no image rows
+        if self.graphs is not None and text_only and (hidden := self.graphs.replay(batch)) is not None:
             return hidden, []
         aux: list[torch.Tensor] = []
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)
@@ -148,6 +169,8 @@ class ModelRunner:
             layers,
             self.connector,
             batch.layout.slot_mapping if self.connector is not None else None,
+            batch.mm_rows,
+            batch.mm_embeds,
         )
         return self.model(batch.input_ids, batch.positions, step), aux
 

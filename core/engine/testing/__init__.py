@@ -15,8 +15,8 @@ schedulers, platforms' layer ops, LoRA resolvers). Contracts: ``attention.Attent
 ``engine.kv_transfer.PDConnector``), ``scheduler.SchedulerContract``,
 ``grammar.GrammarBackendContract``, ``layer_ops.LayerOpsContract``,
 ``lora_resolver.LoRAResolverContract``, and, subclassed in the
-plugin's own tests since their settings are its own, ``quant.QuantMethodContract`` and
-``spec.DrafterContract``.
+plugin's own tests since their settings are its own, ``quant.QuantMethodContract``,
+``spec.DrafterContract`` and ``multimodal.MultiModalContract`` (a model that reads images).
 """
 
 
