@@ -16,7 +16,7 @@ from engine.layers.decoder import (
 )
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
-from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint
+from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint, split_fused
 from engine.layers.module import Layer
 from engine.layers.moe import FusedMoE, router_linear
 from engine.layers.norm import RMSNorm
@@ -42,4 +42,5 @@ __all__ = [
     "head_dim",
     "load_checkpoint",
     "router_linear",
+    "split_fused",
 ]

@@ -35,9 +35,10 @@ class DecoderAttention(Layer):
     """Self-attention over a fused q|k|v projection (``qkv_proj``; the checkpoint's ``q_proj``,
     ``k_proj``, ``v_proj`` load into its shards): rotary embedding of q and k — after a
     per-head RMSNorm of each (``q_norm``, ``k_norm`` of size head_dim) when ``qk_norm`` is
-    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``. Built for a
-    tensor-parallel group, a rank holds its heads (``num_heads``, ``num_kv_heads`` are the
-    rank's) and ``o_proj`` all-reduces."""
+    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``. Rotary
+    tables narrower than a head (``partial_rotary_factor``) rotate only the head's first
+    dims. Built for a tensor-parallel group, a rank holds its heads (``num_heads``,
+    ``num_kv_heads`` are the rank's) and ``o_proj`` all-reduces."""
 
     def __init__(
         self,
@@ -73,11 +74,16 @@ class DecoderAttention(Layer):
     def forward(self, cos_sin, hidden, step):
         qkv, heads = self.qkv_proj(hidden), (self.num_heads, self.num_kv_heads, self.head_dim)
         if self.q_norm is None:
-            q, k, v = self.ops.rotary_qkv(qkv, *heads, cos_sin)
+            q, k, v = self._rotary(qkv, heads, cos_sin)
         else:
             q, k, v = self.ops.qk_norm_rotary(qkv, self.q_norm, self.k_norm, *heads, cos_sin)
         out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def _rotary(self, qkv, heads, cos_sin):
+        if cos_sin[0].shape[-1] < self.head_dim:
+            return self.ops.partial_rotary_qkv(qkv, *heads, cos_sin)
+        return self.ops.rotary_qkv(qkv, *heads, cos_sin)
 
 
 class GatedMLP(Layer):

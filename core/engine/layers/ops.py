@@ -98,6 +98,23 @@ class LayerOps:
         q, k = _rotate(qk, cos_sin).split([num_heads, num_kv_heads], dim=1)
         return q, k, v
 
+    def partial_rotary_qkv(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+    ):
+        """:meth:`rotary_qkv` where the rotation covers only the first R dims of each q and k
+        head, R the tables' width (``partial_rotary_factor``: Phi-4-mini, GLM-4); the other
+        dims pass through. qkv [T, (H + 2·H_kv)·D] is consumed (rotated in place) -> q [T, H, D],
+        k [T, H_kv, D], v [T, H_kv, D]."""
+        heads = qkv.view(qkv.shape[0], -1, head_dim)
+        rotated = heads[:, : num_heads + num_kv_heads, : cos_sin[0].shape[-1]]
+        rotated.copy_(_rotate(rotated, cos_sin))
+        return heads.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+
     def qk_norm_rotary(
         self,
         qkv: torch.Tensor,
