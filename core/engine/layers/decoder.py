@@ -104,31 +104,49 @@ class GatedMLP(Layer):
 class DecoderLayer(Layer):
     """One pre-norm block. ``self_attn(cos_sin, hidden, step)`` and ``mlp(hidden)`` map
     [T, hidden] to [T, hidden]; the residual stream is returned beside the output, so the
-    next layer's input norm adds it in one op."""
+    next layer's input norm adds it in one op. ``residual_multiplier`` (Granite) scales the
+    attention's and the MLP's outputs before they join the stream."""
 
-    def __init__(self, self_attn: Layer, mlp: Layer, hidden_size: int, eps: float, dtype, ops: LayerOps):
+    def __init__(
+        self,
+        self_attn: Layer,
+        mlp: Layer,
+        hidden_size: int,
+        eps: float,
+        dtype,
+        ops: LayerOps,
+        residual_multiplier: float = 1.0,
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
         self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
         self.mlp = mlp
+        self.residual_multiplier = residual_multiplier
 
     def forward(self, cos_sin, hidden, residual, step):
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(cos_sin, hidden, step)
+        hidden = self._scaled(self.self_attn(cos_sin, hidden, step))
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self._scaled(self.mlp(hidden)), residual
+
+    def _scaled(self, out):
+        return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
 class DecoderModel(Layer):
-    """Embedding, the layers and the final norm (HF's ``model.*``)."""
+    """Embedding, the layers and the final norm (HF's ``model.*``); embeddings are multiplied
+    by ``embedding_multiplier`` where it is not 1 (Granite)."""
 
-    def __init__(self, cfg, layers: Iterable[Layer], method, dtype, ops: LayerOps):
+    def __init__(
+        self, cfg, layers: Iterable[Layer], method, dtype, ops: LayerOps, embedding_multiplier: float = 1.0
+    ):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
+        self.embedding_multiplier = embedding_multiplier
         self.rotary = RotaryEmbedding(cfg, cfg.max_position_embeddings, dtype, ops)
         self.layers = nn.ModuleList(layers)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
@@ -136,7 +154,7 @@ class DecoderModel(Layer):
     def forward(self, input_ids, positions, step, num_layers: int | None = None):
         """Hidden states after the first ``num_layers`` layers (all when None) and the final
         norm; the residual stream after each of ``step.aux_layers`` goes to ``step.aux_hidden``."""
-        hidden, residual = self.embed_tokens(input_ids), None
+        hidden, residual = self.embed(input_ids), None
         cos_sin = self.rotary(positions)
         layers = (
             self.layers if num_layers is None else self.layers[:num_layers]
@@ -147,6 +165,10 @@ class DecoderModel(Layer):
                 step.aux_hidden.append(hidden + residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def embed(self, input_ids):
+        embedded = self.embed_tokens(input_ids)
+        return embedded if self.embedding_multiplier == 1.0 else embedded * self.embedding_multiplier
 
 
 class DecoderForCausalLM(Model):
@@ -165,7 +187,9 @@ class DecoderForCausalLM(Model):
             self.decoder_layer(cfg, index, ctx.linear_method, ctx.dtype, ops)
             for index in range(cfg.num_hidden_layers)
         )
-        self.model = DecoderModel(cfg, layers, ctx.linear_method, ctx.dtype, ops)
+        self.model = DecoderModel(
+            cfg, layers, ctx.linear_method, ctx.dtype, ops, self.embedding_multiplier(cfg)
+        )
         self.tied = getattr(cfg, "tie_word_embeddings", False)
         if not self.tied:
             self.lm_head = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, ctx.linear_method, ctx.dtype)
@@ -175,6 +199,10 @@ class DecoderForCausalLM(Model):
     @abstractmethod
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         """Layer ``index``, usually a :class:`DecoderLayer` of the family's attention and MLP."""
+
+    def embedding_multiplier(self, cfg) -> float:
+        """What token embeddings are multiplied by (Granite's ``embedding_multiplier``); default 1."""
+        return 1.0
 
     def layer_kinds(self) -> tuple[AttentionKind, ...]:
         """How each layer attends (:attr:`KVLayout.layer_kinds`); default: all alike, plain."""
@@ -190,7 +218,7 @@ class DecoderForCausalLM(Model):
         return self.model(input_ids, positions, step)
 
     def embed(self, input_ids):
-        return self.model.embed_tokens(input_ids)
+        return self.model.embed(input_ids)
 
     def draft_view(self, num_layers: int):
         if not 0 < num_layers < self.cfg.num_hidden_layers:
