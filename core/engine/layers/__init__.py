@@ -12,6 +12,7 @@ from engine.layers.decoder import (
     DecoderLayer,
     DecoderModel,
     GatedMLP,
+    PostNormDecoderLayer,
     head_dim,
 )
 from engine.layers.embedding import VocabEmbedding
@@ -35,6 +36,7 @@ __all__ = [
     "Layer",
     "LayerOps",
     "Linear",
+    "PostNormDecoderLayer",
     "RMSNorm",
     "RotaryEmbedding",
     "VocabEmbedding",

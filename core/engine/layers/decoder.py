@@ -35,10 +35,12 @@ class DecoderAttention(Layer):
     """Self-attention over a fused q|k|v projection (``qkv_proj``; the checkpoint's ``q_proj``,
     ``k_proj``, ``v_proj`` load into its shards): rotary embedding of q and k — after a
     per-head RMSNorm of each (``q_norm``, ``k_norm`` of size head_dim) when ``qk_norm`` is
-    set, as Qwen3 does — the paged attention of layer ``layer``, then ``o_proj``. Rotary
-    tables narrower than a head (``partial_rotary_factor``) rotate only the head's first
-    dims. Built for a tensor-parallel group, a rank holds its heads (``num_heads``,
-    ``num_kv_heads`` are the rank's) and ``o_proj`` all-reduces."""
+    set, as Qwen3 does, or after one RMSNorm over the whole projected q and one over the whole
+    k with ``qk_projection_norm`` (OLMo 2) — the paged attention of layer ``layer``, then
+    ``o_proj``. Rotary tables narrower than a head (``partial_rotary_factor``) rotate only
+    the head's first dims. Built for a tensor-parallel group, a rank holds its heads
+    (``num_heads``, ``num_kv_heads`` are the rank's) and ``o_proj`` all-reduces; a norm over
+    the whole projection needs every head, so ``qk_projection_norm`` takes one rank."""
 
     def __init__(
         self,
@@ -50,10 +52,14 @@ class DecoderAttention(Layer):
         qkv_bias: bool = False,
         o_bias: bool = False,
         qk_norm: bool = False,
+        qk_projection_norm: bool = False,
     ):
         super().__init__()
         self.ops = ops
-        heads = attention_heads(cfg.num_attention_heads, cfg.num_key_value_heads, current_tensor_parallel())
+        tp = current_tensor_parallel()
+        if qk_projection_norm and tp.size > 1:
+            raise ValueError("a q/k norm over the whole projection needs every head on one rank")
+        heads = attention_heads(cfg.num_attention_heads, cfg.num_key_value_heads, tp)
         self.num_heads, self.num_kv_heads, self.head_dim = heads.q, heads.kv, head_dim(cfg)
         q_size, kv_size = cfg.num_attention_heads * self.head_dim, cfg.num_key_value_heads * self.head_dim
         self.qkv_proj = ColumnParallelLinear(
@@ -67,18 +73,29 @@ class DecoderAttention(Layer):
         self.o_proj = RowParallelLinear(
             q_size, cfg.hidden_size, o_bias, method, dtype, heads.o_shard(self.head_dim)
         )
-        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps, dtype, ops) if qk_norm else None
+        q_norm_size, k_norm_size = (q_size, kv_size) if qk_projection_norm else (self.head_dim, self.head_dim)
+        with_norms = qk_norm or qk_projection_norm
+        self.q_norm = RMSNorm(q_norm_size, cfg.rms_norm_eps, dtype, ops) if with_norms else None
+        self.k_norm = RMSNorm(k_norm_size, cfg.rms_norm_eps, dtype, ops) if with_norms else None
+        self.qk_projection_norm = qk_projection_norm
         self.attn = Attention(layer)
 
     def forward(self, cos_sin, hidden, step):
         qkv, heads = self.qkv_proj(hidden), (self.num_heads, self.num_kv_heads, self.head_dim)
-        if self.q_norm is None:
-            q, k, v = self._rotary(qkv, heads, cos_sin)
-        else:
+        if self.q_norm is not None and not self.qk_projection_norm:
             q, k, v = self.ops.qk_norm_rotary(qkv, self.q_norm, self.k_norm, *heads, cos_sin)
+        else:
+            if self.qk_projection_norm:
+                qkv = self._norm_projections(qkv)
+            q, k, v = self._rotary(qkv, heads, cos_sin)
         out = self.attn(q, k, v, step)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+
+    def _norm_projections(self, qkv):
+        """q|k|v with q and k each RMS-normed as a whole (the norms' sizes: H·D, H_kv·D)."""
+        q_size, kv_size = self.q_norm.weight.shape[0], self.k_norm.weight.shape[0]
+        q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+        return torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
 
     def _rotary(self, qkv, heads, cos_sin):
         if cos_sin[0].shape[-1] < self.head_dim:
@@ -135,6 +152,25 @@ class DecoderLayer(Layer):
 
     def _scaled(self, out):
         return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
+
+
+class PostNormDecoderLayer(Layer):
+    """One post-norm block (OLMo 2): attention and MLP read the residual stream as it is, and
+    their outputs are normed (``post_attention_layernorm``, ``post_feedforward_layernorm``)
+    before they join it. Takes and returns (hidden, residual) as :class:`DecoderLayer` does,
+    the stream being their sum."""
+
+    def __init__(self, self_attn: Layer, mlp: Layer, hidden_size: int, eps: float, dtype, ops: LayerOps):
+        super().__init__()
+        self.self_attn = self_attn
+        self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+        self.mlp = mlp
+        self.post_feedforward_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+
+    def forward(self, cos_sin, hidden, residual, step):
+        stream = hidden if residual is None else hidden + residual
+        stream = stream + self.post_attention_layernorm(self.self_attn(cos_sin, stream, step))
+        return self.post_feedforward_layernorm(self.mlp(stream)), stream
 
 
 class DecoderModel(Layer):
