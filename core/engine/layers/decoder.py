@@ -38,9 +38,10 @@ class DecoderAttention(Layer):
     set, as Qwen3 does, or after one RMSNorm over the whole projected q and one over the whole
     k with ``qk_projection_norm`` (OLMo 2) — the paged attention of layer ``layer``, then
     ``o_proj``. Rotary tables narrower than a head (``partial_rotary_factor``) rotate only
-    the head's first dims. Built for a tensor-parallel group, a rank holds its heads
-    (``num_heads``, ``num_kv_heads`` are the rank's) and ``o_proj`` all-reduces; a norm over
-    the whole projection needs every head, so ``qk_projection_norm`` takes one rank."""
+    the head's first dims; ``interleaved_rotary`` turns pairs of neighbouring dims (GLM-4).
+    Built for a tensor-parallel group, a rank holds its heads (``num_heads``, ``num_kv_heads``
+    are the rank's) and ``o_proj`` all-reduces; a norm over the whole projection needs every
+    head, so ``qk_projection_norm`` takes one rank."""
 
     def __init__(
         self,
@@ -53,6 +54,7 @@ class DecoderAttention(Layer):
         o_bias: bool = False,
         qk_norm: bool = False,
         qk_projection_norm: bool = False,
+        interleaved_rotary: bool = False,
     ):
         super().__init__()
         self.ops = ops
@@ -77,7 +79,7 @@ class DecoderAttention(Layer):
         with_norms = qk_norm or qk_projection_norm
         self.q_norm = RMSNorm(q_norm_size, cfg.rms_norm_eps, dtype, ops) if with_norms else None
         self.k_norm = RMSNorm(k_norm_size, cfg.rms_norm_eps, dtype, ops) if with_norms else None
-        self.qk_projection_norm = qk_projection_norm
+        self.qk_projection_norm, self.interleaved_rotary = qk_projection_norm, interleaved_rotary
         self.attn = Attention(layer)
 
     def forward(self, cos_sin, hidden, step):
@@ -98,8 +100,8 @@ class DecoderAttention(Layer):
         return torch.cat([self.q_norm(q), self.k_norm(k), v], dim=-1)
 
     def _rotary(self, qkv, heads, cos_sin):
-        if cos_sin[0].shape[-1] < self.head_dim:
-            return self.ops.partial_rotary_qkv(qkv, *heads, cos_sin)
+        if self.interleaved_rotary or cos_sin[0].shape[-1] < self.head_dim:
+            return self.ops.partial_rotary_qkv(qkv, *heads, cos_sin, interleaved=self.interleaved_rotary)
         return self.ops.rotary_qkv(qkv, *heads, cos_sin)
 
 
@@ -122,7 +124,8 @@ class DecoderLayer(Layer):
     """One pre-norm block. ``self_attn(cos_sin, hidden, step)`` and ``mlp(hidden)`` map
     [T, hidden] to [T, hidden]; the residual stream is returned beside the output, so the
     next layer's input norm adds it in one op. ``residual_multiplier`` (Granite) scales the
-    attention's and the MLP's outputs before they join the stream."""
+    attention's and the MLP's outputs before they join the stream; ``post_norms`` (GLM-4's
+    sandwich) RMS-norms them first (``post_self_attn_layernorm``, ``post_mlp_layernorm``)."""
 
     def __init__(
         self,
@@ -133,6 +136,7 @@ class DecoderLayer(Layer):
         dtype,
         ops: LayerOps,
         residual_multiplier: float = 1.0,
+        post_norms: bool = False,
     ):
         super().__init__()
         self.input_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
@@ -140,17 +144,24 @@ class DecoderLayer(Layer):
         self.post_attention_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
         self.mlp = mlp
         self.residual_multiplier = residual_multiplier
+        if post_norms:
+            self.post_self_attn_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+            self.post_mlp_layernorm = RMSNorm(hidden_size, eps, dtype, ops)
+        self.post_norms = post_norms
 
     def forward(self, cos_sin, hidden, residual, step):
         if residual is None:
             hidden, residual = self.input_layernorm(hidden), hidden
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self._scaled(self.self_attn(cos_sin, hidden, step))
+        hidden = self._joining(self.self_attn(cos_sin, hidden, step), "post_self_attn_layernorm")
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self._scaled(self.mlp(hidden)), residual
+        return self._joining(self.mlp(hidden), "post_mlp_layernorm"), residual
 
-    def _scaled(self, out):
+    def _joining(self, out, post_norm: str):
+        """A block's output as it joins the residual stream: normed, scaled."""
+        if self.post_norms:
+            out = getattr(self, post_norm)(out)
         return out if self.residual_multiplier == 1.0 else out * self.residual_multiplier
 
 
