@@ -62,3 +62,41 @@ def test_qk_norm_rotary_matches_transformers_qwen3(tokens):
     torch.testing.assert_close(q, want_q[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k, want_k[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     assert torch.equal(v, hf_v[0])
+
+
+@pytest.mark.parametrize("family", ["phi3", "glm4"])  # rotate-half and interleaved pairs
+@pytest.mark.parametrize("tokens", [1, 9])
+def test_partial_rotary_qkv_matches_transformers(family, tokens):
+    """``LayerOps.partial_rotary_qkv`` rotates the first partial_rotary_factor of each q and k
+    head as transformers' Phi-3 (halves) and GLM-4 (neighbouring pairs) ``apply_rotary_pos_emb``
+    do, and leaves the other dims and v as they are."""
+    from transformers import AutoConfig
+    from transformers.models.glm4 import modeling_glm4
+    from transformers.models.phi3 import modeling_phi3
+
+    hf = {"phi3": modeling_phi3, "glm4": modeling_glm4}[family]
+    heads, kv_heads, head_dim = 4, 2, 32
+    config = AutoConfig.for_model(
+        family,
+        hidden_size=heads * head_dim,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        partial_rotary_factor=0.5,
+        max_position_embeddings=128,
+    )
+    gen = torch.Generator().manual_seed(tokens)
+    positions = torch.randint(0, 128, (tokens,), generator=gen)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen)
+    cos_sin = RotaryEmbedding(config, 128, torch.float32)(positions)
+    interleaved = family == "glm4"
+    q, k, v = LayerOps().partial_rotary_qkv(qkv.clone(), heads, kv_heads, head_dim, cos_sin, interleaved)
+
+    hf_q, hf_k, hf_v = qkv.view(1, tokens, -1, head_dim).split([heads, kv_heads, kv_heads], dim=2)
+    rotary = {"phi3": modeling_phi3.Phi3RotaryEmbedding, "glm4": modeling_glm4.Glm4RotaryEmbedding}[family]
+    cos, sin = rotary(config)(qkv, positions[None])
+    assert cos.shape[-1] == head_dim // 2
+    want_q, want_k = hf.apply_rotary_pos_emb(hf_q.transpose(1, 2), hf_k.transpose(1, 2), cos, sin)
+    torch.testing.assert_close(q, want_q[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(k, want_k[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
+    assert torch.equal(v, hf_v[0])
