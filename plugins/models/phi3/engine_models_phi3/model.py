@@ -3,7 +3,7 @@
 Llama's blocks, with the checkpoint's fused ``qkv_proj`` and ``gate_up_proj`` cut into the
 projections the shared layers load, a rotation over part of each head (``partial_rotary_factor``,
 Phi-4-mini), LongRoPE's short and long frequencies (the 128k checkpoints) and a sliding window
-on every layer (``sliding_window``, Phi-3-mini-4k)."""
+on every layer (``sliding_window``, Phi-3-mini)."""
 
 from __future__ import annotations
 
@@ -50,10 +50,11 @@ class Phi3ForCausalLM(DecoderForCausalLM):
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        """Phi-4-mini's shape (GQA, tied head, a rotation over half of each head with LongRoPE
-        factors: every test sequence stays within ``original_max_position_embeddings``, where
-        the short factors and the attention factor of a 4x extension apply) and Phi-3-mini-4k's
-        (MHA, untied, plain rope, a 16-token window on every layer)."""
+        """Phi-3-mini-128k's and Phi-4-mini's quirks at once (GQA, tied head, half of each head
+        rotated, LongRoPE factors, a 32-token window on every layer; every test sequence stays
+        within ``original_max_position_embeddings``, where the short factors and the attention
+        factor of a 4x extension apply), and Phi-4's plain shape (MHA, untied, full rotary,
+        default rope, no window)."""
         tiny = dict(
             model_type="phi3",
             vocab_size=256,
@@ -71,6 +72,7 @@ class Phi3ForCausalLM(DecoderForCausalLM):
                 **tiny,
                 num_key_value_heads=2,
                 tie_word_embeddings=True,
+                sliding_window=32,
                 partial_rotary_factor=0.5,
                 original_max_position_embeddings=64,
                 rope_scaling={
@@ -79,7 +81,5 @@ class Phi3ForCausalLM(DecoderForCausalLM):
                     "long_factor": [1.1, 2.5, 6.0, 11.0],
                 },
             ),
-            "Phi3ForCausalLM-sliding-window": dict(
-                **tiny, num_key_value_heads=4, tie_word_embeddings=False, sliding_window=16
-            ),
+            "Phi3ForCausalLM-plain": dict(**tiny, num_key_value_heads=4, tie_word_embeddings=False),
         }
