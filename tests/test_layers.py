@@ -100,3 +100,51 @@ def test_partial_rotary_qkv_matches_transformers(family, tokens):
     torch.testing.assert_close(q, want_q[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(k, want_k[0].transpose(0, 1), atol=1e-5, rtol=1e-5)
     assert torch.equal(v, hf_v[0])
+
+
+def test_split_fused_cuts_lazy_slices_reading_only_the_rows_asked_for(tmp_path):
+    """``split_fused`` turns a fused q|k|v and gate|up into their parts' names, as tensors or,
+    over a loader's lazy slices, as lazy parts: a rank narrowing a part reads only those rows."""
+    from safetensors.torch import save_file
+
+    from engine.builtin.safetensors_loader import SafetensorsLoader
+    from engine.layers import split_fused
+    from engine.layers.checkpoint import materialize
+
+    qkv, gate_up = torch.randn(8 + 4 + 4, 6), torch.randn(2 * 5, 6)
+    save_file(
+        {"l.attn.qkv_proj.weight": qkv, "l.mlp.gate_up_proj.weight": gate_up}, tmp_path / "w.safetensors"
+    )
+    parts = {
+        "qkv_proj": [("q_proj", 8), ("k_proj", 4), ("v_proj", 4)],
+        "gate_up_proj": [("gate_proj", 5), ("up_proj", 5)],
+    }
+    loader = SafetensorsLoader(str(tmp_path))
+    cut = dict(split_fused(loader.iter_weight_slices(None), parts))
+    assert loader.bytes_read == 0
+    expected = {
+        "l.attn.q_proj.weight": qkv[:8],
+        "l.attn.k_proj.weight": qkv[8:12],
+        "l.attn.v_proj.weight": qkv[12:],
+        "l.mlp.gate_proj.weight": gate_up[:5],
+        "l.mlp.up_proj.weight": gate_up[5:],
+    }
+    assert set(cut) == set(expected)
+    torch.testing.assert_close(cut["l.attn.k_proj.weight"].narrow(0, 1, 2), qkv[9:11], rtol=0, atol=0)
+    assert loader.bytes_read == 2 * 6 * 4  # two rows of six float32
+    plain = dict(
+        split_fused([("l.attn.qkv_proj.weight", qkv), ("l.mlp.gate_up_proj.weight", gate_up)], parts)
+    )
+    for name, rows in expected.items():
+        torch.testing.assert_close(materialize(cut[name]), rows, rtol=0, atol=0)
+        torch.testing.assert_close(plain[name], rows, rtol=0, atol=0)
+
+
+def test_split_fused_refuses_a_fused_tensor_it_cannot_cut():
+    """A quantized checkpoint's packed tensor (here GPTQ's ``qweight``, [in / 8, out]) is refused
+    by name rather than cut along the wrong axis."""
+    from engine.layers import split_fused
+
+    packed = [("l.attn.qkv_proj.qweight", torch.zeros(1, 16, dtype=torch.int32))]
+    with pytest.raises(ValueError, match="qkv_proj.qweight"):
+        list(split_fused(packed, {"qkv_proj": [("q_proj", 8), ("k_proj", 4), ("v_proj", 4)]}))
