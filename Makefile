@@ -4,7 +4,8 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attention/cpu-native plugins/attention/triton \
            plugins/attention/flash-attn plugins/attention/flashinfer plugins/models/llama \
-           plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert \
+           plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert plugins/models/phi3 \
+           plugins/models/granite plugins/models/olmo2 plugins/models/glm4 \
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/quant/awq-gptq \
            plugins/grammar/xgrammar plugins/grammar/llguidance \
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \

@@ -31,6 +31,7 @@ CAUGHT_BY = {  # mutant -> the kit test written for its bug
     "norm-in-place": "test_rms_norm_of_head_views[scattered-heads-5-bf16]",
     "rotate-half-twice": "test_rotary_qkv[64-0-5-bf16]",
     "unstrided-rotary": "test_rotary_qkv[64-64-5-fp32]",
+    "pairs-as-halves": "test_partial_rotary_qkv[pairs-0-5-fp32]",
     "shared-qk-norm": "test_qk_norm_rotary[64-0-5-fp32]",
     "swapped-swiglu": "test_silu_and_mul[0-5-bf16]",
     "per-tensor-int8": "test_quantize_rows_int8[0-100-False-5-fp32]",

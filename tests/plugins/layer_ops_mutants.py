@@ -76,6 +76,14 @@ class UnstridedRotary(LayerOps):
         return qkv.view(tokens, -1, head_dim).split([num_heads, num_kv_heads, num_kv_heads], dim=1)
 
 
+class PairsAsHalves(LayerOps):
+    """Rotates a partial head's halves whatever ``interleaved`` says: a kernel written for
+    Phi-3's layout, handed GLM's."""
+
+    def partial_rotary_qkv(self, qkv, num_heads, num_kv_heads, head_dim, cos_sin, interleaved=False):
+        return super().partial_rotary_qkv(qkv, num_heads, num_kv_heads, head_dim, cos_sin)
+
+
 class SharedQkNorm(LayerOps):
     """Normalizes the k heads with ``q_norm``'s weight: the two are equal in a freshly
     initialized model."""
@@ -182,6 +190,7 @@ MUTANTS = {
     "norm-in-place": NormInPlace,
     "rotate-half-twice": RotateHalfTwice,
     "unstrided-rotary": UnstridedRotary,
+    "pairs-as-halves": PairsAsHalves,
     "shared-qk-norm": SharedQkNorm,
     "swapped-swiglu": SwappedSwiGLU,
     "per-tensor-int8": PerTensorInt8,

@@ -12,11 +12,12 @@ from engine.layers.decoder import (
     DecoderLayer,
     DecoderModel,
     GatedMLP,
+    PostNormDecoderLayer,
     head_dim,
 )
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
-from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint
+from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint, split_fused
 from engine.layers.module import Layer
 from engine.layers.moe import FusedMoE, router_linear
 from engine.layers.norm import RMSNorm
@@ -35,6 +36,7 @@ __all__ = [
     "Layer",
     "LayerOps",
     "Linear",
+    "PostNormDecoderLayer",
     "RMSNorm",
     "RotaryEmbedding",
     "VocabEmbedding",
@@ -42,4 +44,5 @@ __all__ = [
     "head_dim",
     "load_checkpoint",
     "router_linear",
+    "split_fused",
 ]

@@ -33,3 +33,32 @@ class CheckpointSlice(ABC):
 def materialize(tensor) -> torch.Tensor:
     """A torch tensor as it is; a :class:`CheckpointSlice` read whole."""
     return tensor.full() if isinstance(tensor, CheckpointSlice) else tensor
+
+
+class RowRange(CheckpointSlice):
+    """Rows [start, start + rows) of a lazy checkpoint tensor, still lazy: a fused projection's
+    part (:func:`engine.layers.loading.split_fused`)."""
+
+    def __init__(self, tensor: CheckpointSlice, start: int, rows: int):
+        self.tensor, self.start, self.rows = tensor, start, rows
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.rows, *self.tensor.shape[1:])
+
+    def narrow(self, dim: int, start: int, length: int) -> torch.Tensor:
+        if dim == 0:
+            return self.tensor.narrow(0, self.start + start, length)
+        return self.full().narrow(dim, start, length)
+
+    def full(self) -> torch.Tensor:
+        return self.tensor.narrow(0, self.start, self.rows)
+
+
+def narrow_rows(tensor, start: int, rows: int):
+    """Rows [start, start + rows) of a torch tensor, or of a :class:`CheckpointSlice` (lazily)."""
+    return (
+        RowRange(tensor, start, rows)
+        if isinstance(tensor, CheckpointSlice)
+        else tensor.narrow(0, start, rows)
+    )

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
 
-from engine.layers.checkpoint import materialize
+from engine.layers.checkpoint import materialize, narrow_rows
 from engine.layers.linear import Linear
 from engine.layers.moe import EXPERT_PROJECTIONS, FusedMoE
 
@@ -25,6 +26,32 @@ def decoder_rename(tied: bool) -> Callable[[str], str | None]:
     """The ``rename`` of a Hugging Face decoder: rotary tables are not parameters here, and a
     model with tied embeddings has no LM head of its own to load."""
     return lambda name: None if "rotary_emb" in name or (tied and name == "lm_head.weight") else name
+
+
+def split_fused(
+    weights: Iterable[tuple[str, torch.Tensor]], parts: dict[str, list[tuple[str, int]]]
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``weights`` with each projection a checkpoint stores fused (Phi-3's ``qkv_proj``, GLM-4's
+    ``gate_up_proj``: ``parts`` maps its name to its parts' (name, rows), in order) cut along its
+    output rows into the parts' names, so that each loads into its shard as a separate
+    projection would (a tensor-parallel rank then reads only its rows). Only a ``weight`` or
+    ``bias`` with those rows is cut: any other (a quantized checkpoint's packed tensors)
+    raises ValueError naming it."""
+    for name, tensor in weights:
+        module_path, _, param = name.rpartition(".")
+        parent, _, projection = module_path.rpartition(".")
+        if projection not in parts:
+            yield name, tensor
+            continue
+        rows = [size for _, size in parts[projection]]
+        if param not in ("weight", "bias") or tensor.shape[0] != sum(rows):
+            raise ValueError(
+                f"checkpoint tensor {name!r} {tuple(tensor.shape)}: a fused projection is cut into "
+                f"{parts[projection]} for a weight or bias of {sum(rows)} rows only"
+            )
+        prefix = f"{parent}." if parent else ""
+        for (part, size), start in zip(parts[projection], itertools.accumulate(rows, initial=0)):
+            yield f"{prefix}{part}.{param}", narrow_rows(tensor, start, size)
 
 
 def load_checkpoint(

@@ -98,6 +98,25 @@ class LayerOps:
         q, k = _rotate(qk, cos_sin).split([num_heads, num_kv_heads], dim=1)
         return q, k, v
 
+    def partial_rotary_qkv(
+        self,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        interleaved: bool = False,
+    ):
+        """:meth:`rotary_qkv` where the rotation covers only the first R dims of each q and k
+        head, R the tables' width (``partial_rotary_factor``: Phi-4-mini, GLM-4); the other
+        dims pass through. ``interleaved``: R/2 pairs (x[2i], x[2i+1]) turn by angle i (GLM's
+        GPT-J layout) rather than the halves' pairs (x[i], x[i + R/2]). qkv [T, (H + 2·H_kv)·D]
+        is consumed (rotated in place) -> q [T, H, D], k [T, H_kv, D], v [T, H_kv, D]."""
+        heads = qkv.view(qkv.shape[0], -1, head_dim)
+        rotated = heads[:, : num_heads + num_kv_heads, : cos_sin[0].shape[-1]]
+        rotated.copy_(_rotate_pairs(rotated, cos_sin) if interleaved else _rotate(rotated, cos_sin))
+        return heads.split([num_heads, num_kv_heads, num_kv_heads], dim=1)
+
     def qk_norm_rotary(
         self,
         qkv: torch.Tensor,
@@ -210,3 +229,12 @@ def _rotate(heads: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> 
     """Rotate-half RoPE of heads [T, N, D] with ([cos, cos], [−sin, sin]) [T, 1, D]."""
     cos, sin = cos_sin
     return torch.addcmul(heads * cos, heads.roll(heads.shape[-1] // 2, -1), sin)
+
+
+def _rotate_pairs(heads: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Interleaved RoPE of heads [T, N, R]: pair i, (x[2i], x[2i + 1]), turned by angle i of
+    the rotate-half tables ([cos, cos], [−sin, sin]) [T, 1, R]."""
+    half = heads.shape[-1] // 2
+    cos, sin = cos_sin[0][..., :half], cos_sin[1][..., half:]
+    even, odd = heads[..., 0::2], heads[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)

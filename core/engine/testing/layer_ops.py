@@ -1,8 +1,9 @@
 """Platform layer-ops contract: the :class:`engine.layers.LayerOps` a platform returns
 against the plain-torch ones on random inputs — RMSNorm with and without the residual
-add (also of rows near eps and a zero row), rotary embedding of fused q|k|v rows, the per-head
-q/k RMSNorm + rotary of Qwen3, SwiGLU, W8A8's int8 activation quantization (rounded to
-nearest, with and without an outlier channel) and int32 rescale — for batch 1, small batches
+add (also of rows near eps and a zero row), rotary embedding of fused q|k|v rows (also over
+part of each head, in halves or interleaved pairs), the per-head q/k RMSNorm + rotary of
+Qwen3, SwiGLU, W8A8's int8 activation quantization (rounded to nearest, with and without an
+outlier channel) and int32 rescale — for batch 1, small batches
 and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding; LoRA's
 shrink and expand over a batch of mixed adapter slots (and rows of none); and packed
 group-affine weights (``pack_affine``): exact rows, and a matmul within the bound that rounding
@@ -130,6 +131,21 @@ class LayerOpsContract:
         rows = _padded_rows(tokens, (heads + 2 * kv_heads) * head_dim, row_padding, gen, dtype)
         expected = LayerOps().rotary_qkv(rows.clone(), heads, kv_heads, head_dim, cos_sin)
         got = platform.layer_ops(dtype).rotary_qkv(_padded_copy(rows), heads, kv_heads, head_dim, cos_sin)
+        _assert_qkv_close(got, expected, dtype)
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("row_padding", [0, 64])
+    @pytest.mark.parametrize("interleaved", [False, True], ids=["halves", "pairs"])
+    def test_partial_rotary_qkv(self, platform, dtype, tokens, row_padding, interleaved):
+        """Tables half a head wide (``partial_rotary_factor`` 0.5): the rest of each head passes."""
+        heads, kv_heads, head_dim = 4, 2, 64
+        gen = torch.Generator().manual_seed(tokens)
+        cos_sin = _cos_sin(head_dim // 2, tokens, gen, dtype)
+        rows = _padded_rows(tokens, (heads + 2 * kv_heads) * head_dim, row_padding, gen, dtype)
+        args = (heads, kv_heads, head_dim, cos_sin, interleaved)
+        expected = LayerOps().partial_rotary_qkv(rows.clone(), *args)
+        got = platform.layer_ops(dtype).partial_rotary_qkv(_padded_copy(rows), *args)
         _assert_qkv_close(got, expected, dtype)
 
     @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)

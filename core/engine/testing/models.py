@@ -55,6 +55,9 @@ class _Checkpoints:
     plugins: tuple[str, ...] | None = None
     auto_class = "AutoModelForCausalLM"  # the transformers class the checkpoints are built with
     random_norms = True  # norm weights drawn at random (all-ones would hide a dropped or swapped norm)
+    # the example configs to check, by key (None: every one): e.g. the main config in a fast
+    # class and the variants in a slow one
+    config_keys: tuple[str, ...] | None = None
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -70,9 +73,14 @@ class _Checkpoints:
     @pytest.fixture(scope="class")
     @classmethod
     def checkpoints(cls, model_cls, tmp_path_factory):
-        """(folder, transformers model) per example config."""
+        """(folder, transformers model) per example config (those of ``config_keys``)."""
+        configs = model_cls.example_configs()
+        keys = list(configs) if cls.config_keys is None else list(cls.config_keys)
+        unknown = set(keys) - set(configs)
+        assert not unknown, f"config_keys {sorted(unknown)} are not example configs of {model_cls.__name__}"
         out = {}
-        for key, kwargs in model_cls.example_configs().items():
+        for key in keys:
+            kwargs = configs[key]
             folder = str(tmp_path_factory.mktemp(key.replace("/", "_")))
             kwargs = with_unusual_values(kwargs)
             architecture = key.split("-")[0]

@@ -1,12 +1,26 @@
 """Llama and the families with its shape: fused QKV and gate|up projections over the
 flattened token axis, GQA, RoPE (incl. llama3 scaling), optional QKV bias (Qwen2) and
-tied embeddings, on the core's pre-norm decoder (:class:`engine.layers.DecoderForCausalLM`).
+tied embeddings, sliding windows (Mistral's on every layer, Qwen2's on the layers from
+``max_window_layers`` on), on the core's pre-norm decoder (:class:`engine.layers.DecoderForCausalLM`).
 Parameter names follow Hugging Face's so checkpoints load as they are."""
 
 from __future__ import annotations
 
 from engine.interfaces import AttentionKind
 from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP
+
+SLIDING = "sliding_attention"
+
+
+def qwen2_layer_types(cfg) -> list[str]:
+    """Each layer's attention: the config's ``layer_types``, else ``transformers``' rule for
+    Qwen2 — with ``use_sliding_window``, the layers from ``max_window_layers`` on slide."""
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return list(types)
+    slides = getattr(cfg, "use_sliding_window", False) and getattr(cfg, "sliding_window", None)
+    first = getattr(cfg, "max_window_layers", cfg.num_hidden_layers)
+    return [SLIDING if slides and i >= first else "full_attention" for i in range(cfg.num_hidden_layers)]
 
 
 class LlamaForCausalLM(DecoderForCausalLM):
@@ -25,19 +39,18 @@ class LlamaForCausalLM(DecoderForCausalLM):
         return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
     def layer_kinds(self) -> tuple[AttentionKind, ...]:
-        """Mistral's ``sliding_window``, when set, applies to every layer."""
+        """Mistral's ``sliding_window``, when set, applies to every layer; Qwen2's to the layers
+        its ``layer_types`` mark ``sliding_attention``."""
         cfg = self.cfg
-        window = getattr(cfg, "sliding_window", None) if cfg.model_type == "mistral" else None
-        return (AttentionKind(sliding_window=window),) * cfg.num_hidden_layers if window else ()
-
-    @classmethod
-    def supports(cls, hf_config) -> list[str]:
-        reasons = []
-        if hf_config.model_type != "mistral" and getattr(hf_config, "use_sliding_window", False):
-            reasons.append(
-                "sliding-window attention on some layers (Qwen2's use_sliding_window) is not supported"
-            )
-        return reasons
+        window = getattr(cfg, "sliding_window", None)
+        if not window or cfg.model_type not in ("mistral", "qwen2"):
+            return ()
+        if cfg.model_type == "mistral":
+            return (AttentionKind(sliding_window=window),) * cfg.num_hidden_layers
+        return tuple(
+            AttentionKind(sliding_window=window if kind == SLIDING else None)
+            for kind in qwen2_layer_types(cfg)
+        )
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
@@ -67,4 +80,12 @@ class LlamaForCausalLM(DecoderForCausalLM):
             "MistralForCausalLM": dict(model_type="mistral", **tiny, sliding_window=None),
             "MistralForCausalLM-sliding-window": dict(model_type="mistral", **tiny, sliding_window=16),
             "Qwen2ForCausalLM": dict(model_type="qwen2", **tiny, tie_word_embeddings=False),
+            "Qwen2ForCausalLM-sliding-window-layers": dict(
+                model_type="qwen2",
+                **{**tiny, "num_hidden_layers": 3},
+                tie_word_embeddings=True,
+                use_sliding_window=True,
+                sliding_window=16,
+                max_window_layers=1,
+            ),
         }

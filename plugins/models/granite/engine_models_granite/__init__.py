@@ -1,0 +1,8 @@
+"""models-granite: IBM Granite 3.x dense decoders."""
+
+from engine import hookimpl
+
+
+@hookimpl
+def register_models(register):
+    register("GraniteForCausalLM", "engine_models_granite.model:GraniteForCausalLM", api=2)
