@@ -152,7 +152,7 @@ class EngineCore:
         self.eos_token_id = self._eos_token_id()
         logger.info(
             "engine ready in %.1fs: %s on %s, %s, attention=%s, KV cache %s: %d tokens "
-            "(%d blocks of %d tokens), determinism=%s",
+            "(%d blocks of %d tokens, %d bytes per token), determinism=%s",
             time.perf_counter() - started,
             model_path,
             self.platform.name,
@@ -162,6 +162,7 @@ class EngineCore:
             capacity,
             num_blocks,
             config.cache.block_size,
+            setup.kv_bytes_per_token(layers, config.cache.block_size),
             self.determinism(),
         )
         if self.default_sampling_params:
