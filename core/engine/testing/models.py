@@ -54,6 +54,9 @@ class _Checkpoints:
     plugins: tuple[str, ...] | None = None
     auto_class = "AutoModelForCausalLM"  # the transformers class the checkpoints are built with
     random_norms = True  # norm weights drawn at random (all-ones would hide a dropped or swapped norm)
+    # more parameters or buffers drawn at random, by name suffix (with random_norms): those
+    # transformers initialises to a constant that would hide their misuse, e.g. a router's bias
+    random_parameters: tuple[str, ...] = ()
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -71,7 +74,7 @@ class _Checkpoints:
             architecture = key.split("-")[0]
             model = reference.tiny_checkpoint(folder, architecture, kwargs, auto_class=cls.auto_class)
             if cls.random_norms:
-                reference.randomize_norms(model, folder)
+                reference.randomize_norms(model, folder, also=cls.random_parameters)
             _claim(folder, architecture)
             out[key] = (folder, model)
         return out
