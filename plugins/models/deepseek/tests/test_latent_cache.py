@@ -76,3 +76,22 @@ def test_multi_token_prediction_layers_are_skipped_when_loading(checkpoint):
     llm.engine.model.load_weights([*weights.items(), *mtp.items()])
     loaded = llm.engine.model.model.layers[1].self_attn.kv_b_proj.weight
     torch.testing.assert_close(loaded, weights["model.layers.1.self_attn.kv_b_proj.weight"])
+
+
+def test_speculative_verification_is_exact_on_the_latent_cache(checkpoint):
+    """n-gram drafts verified as multi-row chunks after a cached prefix (the naive path, with
+    a mask): greedy tokens equal those decoded one at a time (the absorbed path)."""
+    prompts = [[5, 6, 7, 8, 9] * 6, [40, 41, 42] * 7 + [40]]
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    plain = LLM(checkpoint, dtype="float32", num_blocks=64, block_size=8).generate(prompts, params)
+    spec = LLM(
+        checkpoint,
+        dtype="float32",
+        num_blocks=64,
+        block_size=8,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3},
+    )
+    drafted = spec.generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in drafted] == [o.outputs[0].token_ids for o in plain]
+    rows = spec.engine.attention.path_rows
+    assert rows["naive"] > sum(len(p) for p in prompts), rows  # verified drafts beside the prompts
