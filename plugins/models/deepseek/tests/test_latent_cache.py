@@ -4,6 +4,8 @@ without a backend that reads the layout the model is refused naming it."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -47,10 +49,13 @@ def test_decode_runs_absorbed_and_equals_the_naive_path(checkpoint):
             assert got[token].logprob == pytest.approx(want[token].logprob, abs=1e-4)
 
 
-def test_pool_is_sized_at_the_latent_bytes_per_token(checkpoint):
+def test_pool_is_sized_at_the_latent_bytes_per_token(checkpoint, caplog):
     block_size, blocks = 16, 40
     per_block = LAYERS * block_size * ENTRY * 4  # float32
-    llm = LLM(checkpoint, dtype="float32", block_size=block_size, kv_cache_memory=blocks * per_block + 100)
+    budget = blocks * per_block + per_block // 2  # half a block over: it stays unused
+    with caplog.at_level(logging.INFO, logger="engine"):
+        llm = LLM(checkpoint, dtype="float32", block_size=block_size, kv_cache_memory=budget)
+    assert f"({blocks} blocks of {block_size} tokens, {LAYERS * ENTRY * 4} bytes per token)" in caplog.text
     engine = llm.engine
     assert engine.num_blocks == blocks
     assert setup.kv_bytes_per_token(engine.layer_attention, block_size) == LAYERS * ENTRY * 4
