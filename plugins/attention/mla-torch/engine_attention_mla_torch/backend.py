@@ -18,8 +18,8 @@ step the requests split in two paths, as vLLM's MLA backends split them:
 computed another way: the model tests compare the two). ``path_rows`` counts the query rows
 each path was given, per step's metadata. Both paths compute in float32 whatever the cache's
 dtype: this is the reference backend, and on CPUs without bf16 matmul units float32 is also the
-faster (bf16 ``bmm`` was 6-7x slower than converting and multiplying in float32 on the 2-core
-development machine).
+faster (bf16 ``bmm`` was 6-7x slower than converting and multiplying in float32 on an AVX2
+machine).
 """
 
 from __future__ import annotations
