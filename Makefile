@@ -3,7 +3,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attention/cpu-native plugins/attention/triton \
-           plugins/attention/flash-attn plugins/attention/flashinfer plugins/models/llama \
+           plugins/attention/flash-attn plugins/attention/flashinfer plugins/attention/mla-torch \
+           plugins/models/llama plugins/models/deepseek \
            plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert plugins/models/phi3 \
            plugins/models/granite plugins/models/olmo2 plugins/models/glm4 \
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/quant/awq-gptq \

@@ -58,3 +58,6 @@ def test_engine_conformance_flag_collects_every_registration():
     out = result.stdout
     assert "Test_attention_torch" in out and "Test_scheduler_default" in out and "Test_kv_default" in out
     assert "Test_model_engine_models_llama_model_LlamaForCausalLM" in out
+    # each cache layout a backend reads gets its contract, and only those
+    assert "Test_latent_attention_mla_torch" in out and "Test_attention_mla_torch" not in out
+    assert "Test_latent_attention_torch" not in out

@@ -28,7 +28,7 @@ ACME_QWEN3 = """
 
     @hookimpl
     def register_models(register):
-        register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=2)
+        register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=3)
     """
 
 

@@ -180,7 +180,7 @@ class EngineCore:
         self._describe_startup(runtime, layers, graph_plan, groups, dtype)
         logger.info(
             "engine ready in %.1fs: %s (%s) on %s, %s, attention=%s, KV cache %s: %d tokens "
-            "(%d blocks of %d tokens), determinism=%s",
+            "(%d blocks of %d tokens, %d bytes per token), determinism=%s",
             time.perf_counter() - started,
             model_path,
             self.model.implementation,
@@ -191,6 +191,7 @@ class EngineCore:
             capacity,
             num_blocks,
             config.cache.block_size,
+            setup.kv_bytes_per_token(layers, config.cache.block_size),
             self.determinism(),
         )
         if self.default_sampling_params:

@@ -403,6 +403,7 @@ def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platf
         logit_softcap=kind.logit_softcap,
         query_scale=kind.query_scale,
         causal=layout.causal,
+        latent=kind.latent,
     )
     try:
         return select_attention_backend(registry, name, spec, platform)
@@ -420,6 +421,7 @@ def _describe_kind(kind) -> str:
         f"sliding window {kind.sliding_window}" if kind.sliding_window is not None else "",
         f"soft-cap {kind.logit_softcap}" if kind.logit_softcap is not None else "",
         f"query scale {kind.query_scale:.4g}" if kind.query_scale is not None else "",
+        f"paged latent cache of {kind.latent.entry_dim} per token" if kind.latent is not None else "",
     ]
     return ", ".join(p for p in parts if p) or "plain attention"
 
@@ -517,6 +519,12 @@ def _check_fits(kv_bytes: int, platform) -> None:
             "this process holds; lower --kv-cache-memory-bytes, --gpu-memory-utilization or "
             "--num-gpu-blocks-override"
         )
+
+
+def kv_bytes_per_token(layers: LayerAttention, block_size: int) -> int:
+    """KV cache bytes one token takes over all layers, each in its backend's layout (per-head
+    K/V, a paged latent vector ...) and cache dtype: what the pool is sized by."""
+    return sum(layer_block_bytes(layers, i) for i in range(len(layers.layer_backend))) // block_size
 
 
 def layer_block_bytes(layers: LayerAttention, layer: int) -> int:

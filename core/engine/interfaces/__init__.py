@@ -6,10 +6,14 @@ processor is handed, and the scheduler's step messages. Plugins import from here
 from engine.distributed import Communicator, ExecutorFailure
 from engine.interfaces.attention import (
     KV_CACHE_DTYPES,
+    PAGED_KV,
+    PAGED_LATENT,
     AttentionBackend,
     AttentionSpec,
     BatchLayout,
     KVScale,
+    LatentUpProjection,
+    PagedLatent,
     dequantize_kv,
     head_layout_reasons,
     quantize_kv,
@@ -62,12 +66,17 @@ INTERFACE_VERSIONS = {
     # 4: AttentionSpec's sliding_window, logit_softcap, query_scale and causal=False are part of the
     #    contract (older backends still load and are never handed a spec that sets one); constructed
     #    with registry= (the engine's plugins)
-    "attention_backends": 4,
+    # 5: cache layouts — AttentionSpec.latent (the paged latent layout, MLA), cache_layouts,
+    #    forward_latent (v4 backends still load, declare per-head K/V only, and are never handed a
+    #    latent spec)
+    "attention_backends": 5,
     # 2: the engine.layers of this release — RotaryEmbedding(positions) returns the cos/sin tables and
     #    LayerOps.rotary_qkv rotates, silu_and_mul is a LayerOps method — and StepContext.kv_connector
     #    (a model attending without engine.layers.Attention calls the connector's per-layer hooks).
     #    v1 models, built on the release-1 layers, are refused
-    "models": 2,
+    # 3: per-layer cache layouts — AttentionKind.latent declares a layer's paged latent cache (MLA),
+    #    attended through engine.layers.LatentAttention (additive: v2 models still load)
+    "models": 3,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
@@ -101,7 +110,8 @@ INTERFACE_VERSIONS = {
 # Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
 # the core adapts the old contract exactly.
 STILL_LOADED = {
-    "attention_backends": (1, 2, 3),
+    "attention_backends": (1, 2, 3, 4),
+    "models": (2,),
     "platforms": (1,),
     "model_loaders": (2,),
     "quant_methods": (2,),
@@ -122,6 +132,8 @@ __all__ = [
     "FALLBACK_ARCHITECTURE",
     "INTERFACE_VERSIONS",
     "KV_CACHE_DTYPES",
+    "PAGED_KV",
+    "PAGED_LATENT",
     "SCHEDULER_ROLE",
     "WORKER_ROLE",
     "AttentionBackend",
@@ -150,6 +162,7 @@ __all__ = [
     "KVRequest",
     "KVScale",
     "KVTransferReport",
+    "LatentUpProjection",
     "LoRAResolver",
     "LoRAResolverContext",
     "LogitsProcessor",
@@ -158,6 +171,7 @@ __all__ = [
     "ModelLoader",
     "MultiModalProcessor",
     "Overloaded",
+    "PagedLatent",
     "Platform",
     "PrefixHit",
     "ProcessedImage",

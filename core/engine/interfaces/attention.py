@@ -22,6 +22,12 @@ only" and never handed such a spec). Stored values are ``x / scale`` saturated t
 finite range and rounded to nearest (:func:`quantize_kv`); a backend reads ``stored · scale``
 (:func:`dequantize_kv`), the layer's per-tensor :class:`KVScale` handed to ``forward`` as
 ``kv_scale=`` when the cache is quantized.
+
+Interface v5 added cache layouts beyond per-head K/V. A spec with ``latent`` set
+(:class:`PagedLatent`: MLA's one ``kv_lora_rank + rope_dim`` vector per token, no separate V)
+asks the paged latent layout; a backend lists the layouts it reads in ``cache_layouts`` (default:
+per-head K/V only) and attends over latent pages in ``forward_latent``, handed the layer's
+up-projection (:class:`LatentUpProjection`). Older backends are never handed a latent spec.
 """
 
 from __future__ import annotations
@@ -34,6 +40,34 @@ import attrs
 import torch
 
 from engine.interfaces.platform import Platform
+
+# the cache layouts a backend may read (``AttentionBackend.cache_layouts``)
+PAGED_KV = "paged-kv"  # per-head K and V of every token, in blocks
+PAGED_LATENT = "paged-latent"  # one compressed vector per token, in blocks (MLA)
+
+
+@attrs.frozen
+class PagedLatent:
+    """The paged latent layout of a multi-head latent attention (MLA) layer: per token one
+    vector, the normalized KV latent (``kv_lora_rank``) followed by the rotated key part shared
+    by every head (``rope_dim``); keys and values of each head are up-projections of it."""
+
+    kv_lora_rank: int
+    rope_dim: int
+
+    @property
+    def entry_dim(self) -> int:
+        """Cache elements per token and layer."""
+        return self.kv_lora_rank + self.rope_dim
+
+
+@attrs.frozen
+class LatentUpProjection:
+    """A latent layer's per-head up-projections (``kv_b_proj`` split): a head's key without
+    rotary part is ``key @ latent`` and its value ``value @ latent``."""
+
+    key: torch.Tensor  # [H, qk_nope_head_dim, kv_lora_rank]
+    value: torch.Tensor  # [H, v_head_dim, kv_lora_rank]
 
 
 @attrs.frozen
@@ -62,6 +96,14 @@ class AttentionSpec:
     # :data:`KV_CACHE_DTYPES`' values); None: the activation dtype. Only a backend listing it in
     # ``kv_cache_dtypes`` is handed such a spec.
     kv_cache_dtype: torch.dtype | None = None
+    # (interface v5) the paged latent layout (MLA); None: per-head K/V. ``num_kv_heads`` is then 1
+    # and ``head_dim`` the query/key head size (nope + rope) the default scale is taken from.
+    latent: PagedLatent | None = None
+
+    @property
+    def cache_layout(self) -> str:
+        """:data:`PAGED_LATENT` for a latent spec, else :data:`PAGED_KV`."""
+        return PAGED_KV if self.latent is None else PAGED_LATENT
 
     @property
     def scale(self) -> float:
@@ -137,6 +179,7 @@ ADDED_FIELDS: tuple[tuple[str, int, Callable[[AttentionSpec], bool]], ...] = (
     ("logit soft-capping", 4, lambda spec: spec.logit_softcap is not None),
     ("query scale", 4, lambda spec: spec.query_scale is not None),
     ("bidirectional attention", 4, lambda spec: not spec.causal),
+    ("the paged latent cache layout", 5, lambda spec: spec.latent is not None),
 )
 REGISTRY_SINCE = 4  # backends registered for this version on are constructed with ``registry=``
 
@@ -177,6 +220,11 @@ def backend_reasons(
     except Exception as exc:  # noqa: BLE001 - any error in the plugin's check
         error = " ".join(str(exc).split())
         reasons.append(f"{cls.supports.__qualname__} raised {type(exc).__name__}: {error}")
+    if spec.cache_layout not in cls.cache_layouts:
+        reasons.append(
+            f"it does not read the {spec.cache_layout} cache layout (layouts it reads: "
+            f"{', '.join(cls.cache_layouts)})"
+        )
     if spec.batch_invariant and not cls.batch_invariant_capable:
         reasons.append("it has no batch-invariant mode")
     if spec.kv_cache_dtype is not None and spec.kv_cache_dtype not in cls.kv_cache_dtypes:
@@ -257,6 +305,10 @@ class AttentionBackend(ABC):
     # KV_CACHE_DTYPES) this backend reads beside the activation dtype; a spec asking another is
     # never handed to it. A backend listing any takes ``kv_scale=`` in ``forward``.
     kv_cache_dtypes: ClassVar[tuple[torch.dtype, ...]] = ()
+    # (interface v5) the cache layouts this backend reads (:data:`PAGED_KV`, :data:`PAGED_LATENT`);
+    # a spec asking another is never handed to it. One reading PAGED_LATENT implements
+    # ``forward_latent``.
+    cache_layouts: ClassVar[tuple[str, ...]] = (PAGED_KV,)
 
     def __init__(self, spec: AttentionSpec, platform: Platform, registry: Any = None):
         self.spec = spec
@@ -306,3 +358,21 @@ class AttentionBackend(ABC):
         """query [T, H, D], key/value [T, H_kv, D] -> output [T, H, D]. With a quantized cache
         (``spec.kv_cache_dtype``) the engine also passes ``kv_scale=`` (:class:`KVScale`): K/V
         are written as :func:`quantize_kv` stores them and read back multiplied by it."""
+
+    def forward_latent(
+        self,
+        q_nope: torch.Tensor,
+        q_rope: torch.Tensor,
+        latent: torch.Tensor,
+        k_rope: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: object,
+        up: LatentUpProjection,
+    ) -> torch.Tensor:
+        """(interface v5, a backend reading :data:`PAGED_LATENT`) q_nope [T, H, Dn] and q_rope
+        [T, H, Dr] (rotated) of the queries; latent [T, kv_lora_rank] (normalized) and k_rope
+        [T, Dr] (rotated) of this step's tokens, written to the cache through the slot mapping as
+        one ``entry_dim`` vector each; -> output [T, H, Dv]: softmax(q·k · scale) · v per head
+        over each request's context, where a head's k is ``[up.key @ latent, k_rope]`` and its v
+        ``up.value @ latent`` (how it computes that, decompressed or absorbed, is the backend's)."""
+        raise NotImplementedError(f"attention backend {self.name!r} does not read the paged latent layout")

@@ -10,6 +10,8 @@ import attrs
 import torch
 from torch import nn
 
+from engine.interfaces.attention import PagedLatent
+
 # The name a fallback model class registers under (``register(FALLBACK_ARCHITECTURE, ...)``): it
 # serves any architecture no model plugin claims (``model_impl="auto"``), or every one
 # (``model_impl="transformers"``, vLLM's spelling). models-transformers runs transformers' own
@@ -25,6 +27,9 @@ class AttentionKind:
     sliding_window: int | None = None  # a query sees this many keys ending at its own; None: all
     logit_softcap: float | None = None  # logits become cap · tanh(logits / cap); None: not capped
     query_scale: float | None = None  # None: head_dim ** -0.5
+    # (models v3) the layer caches one latent vector per token (MLA), attended through
+    # engine.layers.LatentAttention; None: per-head K/V (engine.layers.Attention)
+    latent: PagedLatent | None = None
 
 
 @attrs.frozen
@@ -32,7 +37,10 @@ class KVLayout:
     """What the KV cache must hold for this model. ``layer_kinds`` (one per layer; empty: every
     layer the plain kind) lets layers attend differently — Gemma's sliding-window and global
     layers: the engine builds one attention backend per distinct kind, and the KV cache keeps
-    sliding-window layers' blocks only while a window reaches them."""
+    sliding-window layers' blocks only while a window reaches them. A layer whose kind sets
+    ``latent`` (models v3) caches a :class:`PagedLatent` vector per token instead of per-head
+    K/V; its backend reads that layout, and the pool is sized from each layer's own bytes per
+    token (``num_kv_heads`` 1 and ``head_dim`` the query/key head size for such a layer)."""
 
     num_layers: int
     num_heads: int

@@ -5,7 +5,7 @@ small ops between matmuls (:class:`LayerOps`, which a platform may replace with 
 mixture-of-experts layers (:mod:`engine.layers.moe`) and checkpoint loading. The modules
 are :class:`Layer` s (called without hooks)."""
 
-from engine.layers.attention import Attention
+from engine.layers.attention import Attention, LatentAttention
 from engine.layers.decoder import (
     DecoderAttention,
     DecoderForCausalLM,
@@ -33,6 +33,7 @@ __all__ = [
     "DecoderModel",
     "FusedMoE",
     "GatedMLP",
+    "LatentAttention",
     "Layer",
     "LayerOps",
     "Linear",

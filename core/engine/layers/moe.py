@@ -161,7 +161,12 @@ class FusedMoE(Layer):
         return True
 
     def forward(self, x: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        weights, ids = select_experts(router_logits, self.top_k, self.renormalize)
+        return self.apply_routing(x, *select_experts(router_logits, self.top_k, self.renormalize))
+
+    def apply_routing(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The experts over a routing chosen by the caller — ``weights`` [T, top_k] (any float
+        dtype) and expert ``ids`` [T, top_k] — for routers other than softmax top-k (DeepSeek's
+        group-limited, biased sigmoid ones)."""
         local = self.local_index[ids.flatten()]  # one entry per (token, choice); -1: another rank
         order = torch.argsort(local, stable=True)
         if len(self.local_experts) < self.num_experts:

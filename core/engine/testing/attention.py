@@ -21,7 +21,15 @@ import pytest
 import torch
 
 from engine.builtin.platforms import CpuPlatform
-from engine.interfaces import AttentionSpec, BatchLayout, KVScale, dequantize_kv, quantize_kv
+from engine.interfaces import (
+    PAGED_LATENT,
+    AttentionSpec,
+    BatchLayout,
+    KVScale,
+    PagedLatent,
+    dequantize_kv,
+    quantize_kv,
+)
 from engine.interfaces.attention import backend_reasons, construct
 from engine.plugins import load_plugins
 from engine.runner.step_graphs import DecodeInputs, pad_decode
@@ -484,6 +492,24 @@ class AttentionBackendContract:
             self._check(backend, spec, requests, shares=shares, num_layers=2)
         else:
             self._check(backend, spec, BATCHES[batch], num_layers=2)
+
+    def test_refuses_a_layout_it_does_not_read(self, backend_cls):
+        """A backend not listing the paged latent layout (MLA) in ``cache_layouts`` is never
+        handed a latent spec, and the reason names the layout (latent backends:
+        :mod:`engine.testing.latent_attention`)."""
+        if PAGED_LATENT in backend_cls.cache_layouts:
+            pytest.skip(f"{self.backend_name} reads the paged latent layout")
+        spec = AttentionSpec(
+            num_heads=8,
+            num_kv_heads=1,
+            head_dim=24,
+            dtype=torch.float32,
+            block_size=16,
+            latent=PagedLatent(32, 8),
+        )
+        api = load_plugins().registration("attention_backends", self.backend_name).api
+        reasons = backend_reasons(backend_cls, api, spec, self.platform_cls())[1]
+        assert any(PAGED_LATENT in r or "paged latent" in r for r in reasons), reasons
 
     def test_reports_reasons_for_unsupported_heads(self, backend_cls):
         spec = AttentionSpec(num_heads=6, num_kv_heads=4, head_dim=32, dtype=torch.float32, block_size=16)

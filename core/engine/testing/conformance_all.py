@@ -3,14 +3,18 @@ distinct target where several names register the same class, e.g. a connector al
 under vLLM's name), those another plugin's registration of the same name shadows included: they
 are selected as ``"<plugin>:<name>"``, a shadowed model with the plugins that shadow it left out
 of the engine's allow-list. KV connectors built on the P/D seam (``engine.kv_transfer.PDConnector``)
-get the P/D contract, every other one the plain KV connector contract."""
+get the P/D contract, every other one the plain KV connector contract. An attention backend gets
+the contract of each cache layout it reads: per-head K/V (``attention``), the paged latent layout
+(``latent_attention``)."""
 
+from engine.interfaces import PAGED_KV, PAGED_LATENT
 from engine.kv_transfer import PDConnector
 from engine.plugins import RegistrationError, load_plugins
 from engine.testing.attention import AttentionBackendContract
 from engine.testing.grammar import GrammarBackendContract
 from engine.testing.kv_cache import KVCacheManagerContract
 from engine.testing.kv_connector import KVConnectorContract
+from engine.testing.latent_attention import LatentAttentionContract
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.lora_resolver import LoRAResolverContract
 from engine.testing.models import ModelContract
@@ -33,6 +37,20 @@ def kv_connector_contract(registration) -> type:
     except RegistrationError:
         return KVConnectorContract
     return PDConnectorContract if issubclass(connector, PDConnector) else KVConnectorContract
+
+
+def attention_contracts(registration) -> list[tuple[str, type]]:
+    """(prefix, contract) per cache layout the backend reads. One that cannot load gets the
+    per-head contract, whose tests fail naming why."""
+    try:
+        layouts = registration.load().cache_layouts
+    except RegistrationError:
+        layouts = (PAGED_KV,)
+    contracts: dict[str, tuple[str, type]] = {
+        PAGED_KV: ("attention", AttentionBackendContract),
+        PAGED_LATENT: ("latent_attention", LatentAttentionContract),
+    }
+    return [contracts[layout] for layout in layouts if layout in contracts]
 
 
 def selecting_name(registration) -> str:
@@ -62,7 +80,8 @@ def _by_target(kind: str) -> dict[object, list]:
 
 
 for _r in _registry.registrations("attention_backends", shadowed=True):
-    _contract("attention", _r, AttentionBackendContract, "backend_name")
+    for _prefix, _base in attention_contracts(_r):
+        _contract(_prefix, _r, _base, "backend_name")
 for _target, _regs in _by_target("models").items():
     if isinstance(_target, str):
         globals()[_name("model", _target)] = type(

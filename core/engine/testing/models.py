@@ -58,6 +58,9 @@ class _Checkpoints:
     # the example configs to check, by key (None: every one): e.g. the main config in a fast
     # class and the variants in a slow one
     config_keys: tuple[str, ...] | None = None
+    # more parameters or buffers drawn at random, by name suffix (with random_norms): those
+    # transformers initialises to a constant that would hide their misuse, e.g. a router's bias
+    random_parameters: tuple[str, ...] = ()
 
     @pytest.fixture(scope="class")
     @classmethod
@@ -86,7 +89,7 @@ class _Checkpoints:
             architecture = key.split("-")[0]
             model = reference.tiny_checkpoint(folder, architecture, kwargs, auto_class=cls.auto_class)
             if cls.random_norms:
-                reference.randomize_norms(model, folder)
+                reference.randomize_norms(model, folder, also=cls.random_parameters)
             _claim(folder, architecture)
             out[key] = (folder, model)
         return out

@@ -36,14 +36,16 @@ def tiny_checkpoint(
     return model
 
 
-def randomize_norms(model, folder: str, seed: int = 0) -> None:
+def randomize_norms(model, folder: str, seed: int = 0, also: tuple[str, ...] = ()) -> None:
     """Draw ``model``'s norm weights (1-D parameters whose name ends in ``norm.weight``) around
     their init and save it to ``folder`` again: ``transformers`` initialises them to ones (or
-    zeros, for a ``(1 + w)`` norm), which a model that drops, swaps or misreads one matches."""
+    zeros, for a ``(1 + w)`` norm), which a model that drops, swaps or misreads one matches.
+    Parameters and buffers whose name ends in one of ``also`` are moved the same way (a router's
+    bias ``transformers`` initialises to zeros, say)."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") and param.dim() == 1:
+        for name, param in [*model.named_parameters(), *model.named_buffers()]:
+            if (name.endswith("norm.weight") and param.dim() == 1) or name.endswith(also):
                 param.add_(torch.rand(param.shape, generator=gen) * 0.5 - 0.25)
     model.save_pretrained(folder, safe_serialization=True)
 
