@@ -91,7 +91,7 @@ class Int4Planes(Layer):
     def __init__(self, weight: AffineWeight, dtype: torch.dtype):
         super().__init__()
         self.group, (self.out_features, self.in_features) = weight.group, weight.shape
-        weight = _pad_rows(weight, -self.out_features % _TILE)  # the packing wants N % 16 == 0
+        weight = _pad_rows(weight, -self.out_features % _PAD)  # whole tiles of every known layout
         self.num_planes = math.ceil(weight.bits / 4)
         nibbles, scales = [], []
         zero = weight.offset + 8 * weight.scale  # plane 0's zero; higher planes' constants fold in
@@ -134,9 +134,9 @@ class Int4Planes(Layer):
         core, bf16's matmul 18 µs): from :data:`DENSE_ROWS` rows, unpacking (9 ms) and
         multiplying in bf16 is faster — a 2048-token prefill chunk's matmuls 2.3× (4-bit) to
         5× (two planes)."""
-        rows, width = self.packed.shape[0], self.num_planes * self.in_features
-        tiles = self.packed.view(rows // _TILE, width, _TILE // 2)
-        q4 = torch.stack([tiles & 15, tiles >> 4], dim=1).transpose(2, 3)  # [tiles, 2, 32, width]
+        rows, width, tile = self.packed.shape[0], self.num_planes * self.in_features, int4_tile()
+        tiles = self.packed.view(rows // tile, width, tile // 2)
+        q4 = torch.stack([tiles & 15, tiles >> 4], dim=1).transpose(2, 3)  # [tiles, 2, tile/2, width]
         q4 = q4.reshape(rows, width // self.group, self.group).to(self.scales_zeros.dtype) - 8
         scales, zeros = (t.t()[..., None] for t in self.scales_zeros.unbind(-1))  # [rows, planes·G, 1]
         w = torch.addcmul(zeros, q4, scales).reshape(rows, self.num_planes, self.in_features)
@@ -157,27 +157,35 @@ def _pad_rows(weight: AffineWeight, pad: int) -> AffineWeight:
 
 DENSE_ROWS = 512  # rows of input from which Int4Planes unpacks its weight and multiplies densely
 
-# torch's CPU int4 packing (observed on x86 with AVX-512; checked at run time, never assumed):
-# the [N, K/2] bytes are tiles of 64 output rows, each [K, 32]: row n's value k sits at
-# tile n // 64, line k, column n % 32, in the low nibble for n % 64 < 32, else the high one.
-_TILE = 64
+# torch's CPU int4 packing (checked at run time, never assumed): the [N, K/2] bytes are tiles
+# of T output rows, each [K, T/2]: row n's value k sits at tile n // T, line k, column n % (T/2),
+# in the low nibble for n % T < T/2, else the high one. T follows the CPU's vector width: 64
+# with AVX-512, 32 with AVX2 (observed on EPYC).
+_TILES = (64, 32, 16)
+_PAD = 64  # rows are padded to whole tiles of any of them
 
 
-def _unpack_rows(packed: torch.Tensor, ids: torch.Tensor, in_features: int) -> torch.Tensor:
-    tiles = packed.view(-1, in_features, _TILE // 2)
-    picked = tiles[ids // _TILE, :, ids % (_TILE // 2)]  # [M, K]
-    high = ((ids % _TILE) >= _TILE // 2)[:, None]
+def _unpack_rows(packed: torch.Tensor, ids: torch.Tensor, in_features: int, tile: int | None = None):
+    tile = tile or int4_tile()
+    tiles = packed.view(-1, in_features, tile // 2)
+    picked = tiles[ids // tile, :, ids % (tile // 2)]  # [M, K]
+    high = ((ids % tile) >= tile // 2)[:, None]
     return torch.where(high, picked >> 4, picked & 15)
 
 
 @functools.cache
-def packed_rows_readable() -> bool:
-    """Whether this torch/CPU packs int4 weights in the layout :func:`_unpack_rows` reads."""
+def int4_tile() -> int | None:
+    """The tile height T of this torch/CPU's int4 packing, or None when it packs otherwise."""
     if not hasattr(torch, "_convert_weight_to_int4pack_for_cpu"):
-        return False
-    q = torch.randint(0, 16, (2 * _TILE, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+        return None
+    q = torch.randint(0, 16, (2 * _PAD, 64), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
     packed = torch._convert_weight_to_int4pack_for_cpu(q, 2)
     if packed.numel() * 2 != q.numel():
-        return False
+        return None
     ids = torch.arange(q.shape[0])
-    return bool((_unpack_rows(packed, ids, 64).to(torch.int32) == q).all())
+    return next((t for t in _TILES if (_unpack_rows(packed, ids, 64, t).to(torch.int32) == q).all()), None)
+
+
+def packed_rows_readable() -> bool:
+    """Whether rows and the dense weight can be read back from this CPU's int4 packing."""
+    return int4_tile() is not None
