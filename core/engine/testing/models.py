@@ -314,3 +314,27 @@ class EmbeddingModelContract(_Checkpoints):
                         self.min_cosine,
                     )
             assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"
+
+
+def tensor_parallel_greedy_matches_transformers(model_cls: type, architecture: str, folder: str) -> None:
+    """``model_cls``'s example config for ``architecture`` on two ``mp`` ranks gives
+    ``transformers``' greedy tokens (a tiny random checkpoint saved to ``folder``)."""
+    from engine import LLM, SamplingParams
+
+    kwargs = model_cls.example_configs()[architecture]
+    hf_model = reference.tiny_checkpoint(folder, architecture, kwargs)
+    prompts = reference.random_prompts(kwargs["vocab_size"], [5, 19, 2, 33], seed=7)
+    llm = LLM(
+        folder,
+        dtype="float32",
+        tensor_parallel_size=2,
+        distributed_executor_backend="mp",
+        num_blocks=40,
+        block_size=8,
+        max_model_len=64,
+    )
+    try:
+        outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
+    finally:
+        llm.engine.shutdown()
+    assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 12)

@@ -5,13 +5,13 @@ of q, k, v, gate and up out of ``qkv_proj`` and ``gate_up_proj``."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import AutoConfig
 from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-from engine import LLM, SamplingParams
 from engine.layers import RotaryEmbedding
-from engine.testing import reference
+from engine.testing.models import tensor_parallel_greedy_matches_transformers
 from engine_models_phi3.model import Phi3ForCausalLM
 
 
@@ -36,21 +36,6 @@ def test_longrope_tables_take_the_long_factors_past_the_original_length():
     assert not torch.allclose(short_cos[0, 1:], long_cos[0, 1:original])  # the two sets differ
 
 
+@pytest.mark.slow  # a worker process's start and a second engine
 def test_tensor_parallel_ranks_cut_the_fused_projections(tmp_path):
-    kwargs = Phi3ForCausalLM.example_configs()["Phi3ForCausalLM"]
-    hf_model = reference.tiny_checkpoint(str(tmp_path), "Phi3ForCausalLM", kwargs)
-    prompts = reference.random_prompts(kwargs["vocab_size"], [5, 19, 2, 33], seed=7)
-    llm = LLM(
-        str(tmp_path),
-        dtype="float32",
-        tensor_parallel_size=2,
-        distributed_executor_backend="mp",
-        num_blocks=40,
-        block_size=8,
-        max_model_len=64,
-    )
-    try:
-        outs = llm.generate(prompts, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
-    finally:
-        llm.engine.shutdown()
-    assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 12)
+    tensor_parallel_greedy_matches_transformers(Phi3ForCausalLM, "Phi3ForCausalLM", str(tmp_path))
