@@ -11,9 +11,15 @@ import time
 
 import pytest
 
+from tests.conftest import native_affine_missing
 from tests.serving import serve
 
-pytestmark = pytest.mark.slow
+# the bound was measured with the cpu-native C kernels; without them (an AVX2-only CPU) the 8k
+# prefill alone outlasts the client's timeout (over 10 minutes): issue 24
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(bool(native_affine_missing()), reason=native_affine_missing()),
+]
 
 PROMPT_TOKENS = 8000  # the acceptance case: an 8k-token prompt beside decoding streams
 STREAMS = 3

@@ -18,6 +18,7 @@ from engine_attention_cpu_native.backend import NativeAttentionBackend
 from engine_platforms_cpu_native import kernels
 from engine_quant_gguf.loader import default_model_path
 from engine_quant_gguf.writer import write_gguf
+from tests.conftest import native_affine_missing
 
 pytestmark = pytest.mark.skipif(
     bool(tape.unavailable_reasons()), reason="; ".join(tape.unavailable_reasons())
@@ -146,6 +147,10 @@ def _generate(llm, prompts, lengths):
     return [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
 
 
+NEEDS_NATIVE_AFFINE = pytest.mark.skipif(bool(native_affine_missing()), reason=native_affine_missing())
+
+
+@NEEDS_NATIVE_AFFINE
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype, monkeypatch):
     """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1 (above 8
@@ -166,6 +171,7 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     assert len(replays) >= 40  # the last request alone decodes 5 steps per output length gap, and so on
 
 
+@NEEDS_NATIVE_AFFINE
 def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf):
     """A backend whose graph metadata copies the lengths it saw at capture (as eager metadata
     does) records fine, but its replay attends one key a row: the start-up check's random batch

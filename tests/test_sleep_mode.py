@@ -58,7 +58,8 @@ def llm(request, checkpoints):
 def test_sleep_gives_memory_back_and_waking_gives_the_same_tokens(llm, checkpoints):
     want = reference.hf_greedy(checkpoints[1]["a"], PROMPTS, GREEDY.max_tokens)
     assert greedy(llm) == want
-    for level, at_least in ((1, 60 * MiB), (2, 60 * MiB)):
+    at_least = 0.9 * llm.engine.startup.memory["weights"]  # ~55 MiB; the KV pages written add to it
+    for level in (1, 2):
         before = resident()
         llm.sleep(level=level)
         released = before - resident()

@@ -5,6 +5,7 @@ the masks hold under ngram speculation, and bad values are InvalidParam naming t
 
 from __future__ import annotations
 
+import bisect
 import math
 
 import pytest
@@ -39,17 +40,29 @@ def _contains(tokens, sequence) -> bool:
 
 def test_logit_bias_makes_greedy_emit_the_token_and_logprobs_stay_raw(tiny_llm):
     plain = tiny_llm.generate(PROMPT, SamplingParams(**GREEDY))[0].outputs[0]
-    target = next(t for t in range(100, 1000) if t not in plain.token_ids)
+    # raw logprobs: the first position's distribution is the model's own, bias or not
+    first = tiny_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=1, logprobs=-1))[0].outputs[0]
+    values = sorted(entry.logprob for entry in first.logprobs[0].values())
+    target = next(
+        t
+        for t in range(100, 1000)
+        if t not in plain.token_ids and _alone(first.logprobs[0][t].logprob, values)
+    )
     biased = tiny_llm.generate(PROMPT, SamplingParams(**GREEDY, logprobs=0, logit_bias={target: 100}))[
         0
     ].outputs[0]
     assert biased.token_ids == [target] * GREEDY["max_tokens"]
-    # raw logprobs: the first position's distribution is the model's own, bias or not
-    first = tiny_llm.generate(PROMPT, SamplingParams(temperature=0, max_tokens=1, logprobs=-1))[0].outputs[0]
     assert biased.logprobs[0][target].logprob == pytest.approx(first.logprobs[0][target].logprob, abs=1e-5)
     assert biased.logprobs[0][target].rank == first.logprobs[0][target].rank > 1
     pushed_down = _tokens(tiny_llm, SamplingParams(**GREEDY, logit_bias={plain.token_ids[0]: -100}))
     assert pushed_down[0] != plain.token_ids[0]
+
+
+def _alone(logprob: float, values: list[float]) -> bool:
+    """No other token's logprob within float noise of this one: its rank is then the same in any
+    batch (a tie's order may flip with the summation order of another kernel path)."""
+    i = bisect.bisect_left(values, logprob - 1e-4)
+    return bisect.bisect_right(values, logprob + 1e-4) - i == 1
 
 
 def test_allowed_token_ids_restrict_every_sampled_token(tiny_llm):

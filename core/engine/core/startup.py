@@ -161,7 +161,7 @@ def describe(report, platform, implementation: str, method, layers, graphs, conf
         platform=platform.name,
         model=implementation,
         dtype=str(dtype).removeprefix("torch."),
-        weights=type(method).name,
+        weights=getattr(type(method), "name", type(method).__name__),
         attention=backends,
         kv_dtype=str(layers.first.spec.cache_dtype).removeprefix("torch."),
     )
