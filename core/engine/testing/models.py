@@ -316,7 +316,7 @@ class EmbeddingModelContract(_Checkpoints):
             assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"
 
 
-def tensor_parallel_greedy_matches_transformers(model_cls: type, architecture: str, folder: str) -> None:
+def tensor_parallel_greedy_matches_transformers(model_cls, architecture: str, folder: str) -> None:
     """``model_cls``'s example config for ``architecture`` on two ``mp`` ranks gives
     ``transformers``' greedy tokens (a tiny random checkpoint saved to ``folder``)."""
     from engine import LLM, SamplingParams
