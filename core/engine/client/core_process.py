@@ -174,7 +174,7 @@ class CoreServer:
                 self.events.serve_replay()
             now = time.monotonic()
             due = now - self._last_stats > STATS_INTERVAL
-            idle = not self.core.has_unfinished() and not self.core.has_pending_transfers()
+            idle = not self._busy()
             if deltas or due or (idle and not idle_stats_sent):
                 send_stats = due or idle
                 self.send(protocol.Outputs(deltas, self.client.stats() if send_stats else None))

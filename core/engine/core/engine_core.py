@@ -629,8 +629,7 @@ class EngineCore:
     def update_weights_from_disk(self, model_path: str) -> None:
         """Load the weights of the checkpoint at ``model_path`` in place (SGLang's call; an RL
         trainer's sync). The architecture must match; the prefix cache is forgotten."""
-        if self.config.parallel.tensor_parallel_size > 1 or self.connector is not None:
-            raise ValueError("update_weights_from_disk: not with tensor parallelism or a KV connector yet")
+        setup.check_in_place("update_weights_from_disk", self.config, self.connector)
         self._require_idle("update_weights_from_disk")
         self._sleep_mode().load(model_path)
         self.reset_prefix_cache()

@@ -300,12 +300,18 @@ def select_executor(registry, config, platform, loader, hf_config):
     return cls(ExecutorContext(config, platform))
 
 
+def check_in_place(what: str, config, connector) -> None:
+    """Refuse ``what`` (sleep mode, a weight update), which changes the weights and the KV cache
+    in place, where that cannot work yet, naming why."""
+    if config.parallel.tensor_parallel_size > 1:
+        raise ValueError(f"{what}: not with tensor parallelism yet (the other ranks' memory)")
+    if connector is not None:
+        raise ValueError(f"{what}: not with a KV connector (its blocks would outlive the change)")
+
+
 def check_sleep_mode(config, platform, connector) -> None:
     """Refuse ``enable_sleep_mode`` where sleeping cannot work, naming why."""
-    if config.parallel.tensor_parallel_size > 1:
-        raise ValueError("enable_sleep_mode: sleep mode is not tensor-parallel yet")
-    if connector is not None:
-        raise ValueError("enable_sleep_mode: not with a KV connector (its blocks would outlive the sleep)")
+    check_in_place("enable_sleep_mode", config, connector)
     try:
         platform.release_memory([])
     except NotImplementedError as exc:
