@@ -134,8 +134,8 @@ def test_default_model_is_batch_invariant(default_tokenizer):
 @pytest.mark.slow
 def test_default_model_is_batch_invariant_in_bf16(default_tokenizer):
     """The mode's fast path: the default model's weights in bf16, GEMMs in probed row buckets."""
-    prompts = _prompts(default_tokenizer, 64)
+    prompts = _prompts(default_tokenizer, 32)  # bf16 GEMMs without AVX-512 are slow: a smaller batch
     runs = _runs(
-        lambda **o: LLM(quantization="unquantized", batch_invariant=True, **o), prompts, [5, 30, 63], 32
+        lambda **o: LLM(quantization="unquantized", batch_invariant=True, **o), prompts, [5, 19, 31], 24
     )
     assert not _differing(runs)

@@ -118,11 +118,7 @@ def kept(default_path, default_kept_float32, kept_settings):
 def test_default_model_kept_quantized_tp2_agrees_with_tp1(kept):
     prompts, continuations = greedy_chats(kept[0], max_tokens=16)
     agreement = teacher_forced_agreement(kept[1], prompts, continuations)
-    tp2 = [o.outputs[0].token_ids for o in kept[1].generate(prompts, GREEDY)]
-    print(
-        f"kept-quantized TP=2 vs TP=1, float32, teacher forced: {agreement:.1%} of greedy tokens; "
-        f"free running: {sum(a == b for a, b in zip(tp2, continuations))} of {len(prompts)} chats identical"
-    )
+    print(f"kept-quantized TP=2 vs TP=1, float32, teacher forced: {agreement:.1%} of greedy tokens")
     assert agreement >= 0.85
 
 
