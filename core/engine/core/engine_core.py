@@ -258,17 +258,12 @@ class EngineCore:
         return None
 
     def _lora_manager(self, config, dtype) -> LoRAManager | None:
-        """The adapters' slots on rank 0's model, when ``enable_lora``; what does not run with
-        adapters yet is refused here, at start."""
+        """The adapters' slots on rank 0's model (each worker rank builds its own), when
+        ``enable_lora``; the pooling runner is refused here, at start."""
         if not config.lora.enable_lora:
             return None
-        for refused, what in (
-            (config.parallel.tensor_parallel_size > 1, "tensor parallelism"),
-            (bool(config.speculative_config), "speculative decoding"),
-            (self.runner_kind == "pooling", "the pooling runner"),
-        ):
-            if refused:
-                raise ValueError(f"enable_lora: LoRA adapters do not run with {what} yet")
+        if self.runner_kind == "pooling":
+            raise ValueError("enable_lora: LoRA adapters do not run with the pooling runner yet")
         ops = self.platform.layer_ops(dtype)
         return LoRAManager(self.model, config.lora, dtype, self.platform.device, ops)
 

@@ -31,6 +31,7 @@ import attrs
 from engine.core import setup
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
 from engine.lifetime import exit_with_parent, watch_parent
+from engine.lora.manager import LoRAManager
 from engine.plugins import load_plugins
 
 STOP = "stop"
@@ -97,6 +98,10 @@ class Worker:
 
         caches = setup.allocate_kv_caches(self.layers, kv_groups, self.platform)
         self.runner = ModelRunner(self.model, self.layers, caches, self.block_size, self.platform.device)
+        lora = self.spec.config.lora
+        if lora.enable_lora:  # this rank's part of each adapter, in the slots rank 0 chooses
+            ops = self.platform.layer_ops(self.dtype)
+            self.runner.lora = LoRAManager(self.model, lora, self.dtype, self.platform.device, ops)
         return getattr(self.model, "weight_bytes_read", None)
 
     def loop(self) -> None:

@@ -19,6 +19,8 @@ class Linear(Layer):
         super().__init__()
         self.input_size = input_size
         self.output_sizes = list(output_sizes)
+        # the checkpoint's sizes, of which a tensor-parallel layer holds a part
+        self.full_input_size, self.full_output_sizes = input_size, list(output_sizes)
         self.method = method
         method.create_weights(self, input_size, self.output_sizes)
         self.bias = (
@@ -48,6 +50,11 @@ class Linear(Layer):
         """The part of checkpoint tensor ``tensor`` (a torch tensor, or a lazy
         :class:`engine.layers.loading.CheckpointSlice`) this rank holds: all of it here."""
         return materialize(tensor)
+
+    def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The part of a LoRA adapter's A [r, in] and B [out, r] for fused projection ``shard``
+        that this rank adds: all of it here (a tensor-parallel layer cuts it as its weight)."""
+        return a, b
 
     def full_row_max(self, values: torch.Tensor) -> torch.Tensor:
         """Per-row ``values`` (e.g. each row's largest magnitude) a quant method computed on the

@@ -64,6 +64,13 @@ class ColumnParallelLinear(Linear):
             return materialize(tensor)
         return _proportional(tensor, dim, self.full_output_sizes[shard], *self.output_shards[shard])
 
+    def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A whole, B's rows of this rank's outputs: the delta of this rank's rows."""
+        if self.output_shards is None:
+            return a, b
+        start, length = self.output_shards[shard]
+        return a, b[start : start + length]
+
 
 class RowParallelLinear(Linear):
     """[T, this rank's input columns] -> [T, output_size], all-reduced; ``shard``: (first
@@ -90,6 +97,14 @@ class RowParallelLinear(Linear):
         if self.input_shard is None or dim is None:
             return materialize(tensor)
         return _proportional(tensor, dim, self.full_input_size, *self.input_shard)
+
+    def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A's columns of this rank's inputs, B whole: each rank adds B·(A_r·x_r) before the
+        all-reduce, which sums them to B·(A·x)."""
+        if self.input_shard is None:
+            return a, b
+        start, length = self.input_shard
+        return a[:, start : start + length], b
 
     def full_row_max(self, values: torch.Tensor) -> torch.Tensor:
         """The ranks' per-row ``values`` maxed over the group: each rank holds a part of every row."""

@@ -2,8 +2,10 @@
 least recently used dropped beyond that and read again when asked for), ``max_loras`` slots
 on the model's layers, and each step's row -> slot mapping.
 
-Built over rank 0's model after its weights load: every :class:`engine.layers.Linear` named
-``qkv_proj``, ``o_proj``, ``gate_up_proj`` or ``down_proj`` gets :class:`LoRASlots`. An
+Built over each rank's model after its weights load: every :class:`engine.layers.Linear` named
+``qkv_proj``, ``o_proj``, ``gate_up_proj`` or ``down_proj`` gets :class:`LoRASlots`, holding
+the rank's part of each adapter (:meth:`engine.layers.Linear.lora_part`). Every rank runs
+:meth:`LoRAManager.prepare` on the same rows, step after step, so their slots agree. An
 adapter enters a slot when a step first needs it: free slots first, else the one whose
 adapter went longest unused and is not in this step. The scheduler keeps a step within
 ``max_loras`` distinct adapters; a step beyond them is an error here, not a silent mix."""
@@ -31,6 +33,7 @@ class LoRAManager:
         self.device = device
         self.batch = LoRABatch()
         self.layers: dict[str, LoRASlots] = {}
+        self.linears: dict[str, Linear] = {}
         for name, layer in model.named_modules():
             if isinstance(layer, Linear) and name.rpartition(".")[2] in LORA_LAYERS:
                 slots = LoRASlots(
@@ -44,10 +47,14 @@ class LoRAManager:
                     ops,
                 )
                 layer.lora = slots
-                self.layers[name] = slots
+                self.layers[name], self.linears[name] = slots, layer
         if not self.layers:
             raise ValueError(f"enable_lora: {type(model).__name__} has no layer LoRA can run on")
-        self.targets = {name: (slots.a.shape[-1], slots.output_sizes) for name, slots in self.layers.items()}
+        # adapters are checked against the checkpoint's shapes, whatever part this rank holds
+        self.targets = {
+            name: (layer.full_input_size, tuple(layer.full_output_sizes))
+            for name, layer in self.linears.items()
+        }
         self._loaded: collections.OrderedDict[int, LoRAAdapter] = collections.OrderedDict()
         self._slot_of: dict[int, int] = {}  # adapter id -> its slot
         self._in_slot: dict[int, LoRARequest] = {}  # slot -> the adapter whose weights it holds
@@ -123,6 +130,14 @@ class LoRAManager:
             if shards is None:
                 slots.clear(slot)
             else:
-                slots.load(slot, shards)
+                slots.load(slot, self._rank_parts(name, shards))
         self._slot_of[request.lora_int_id] = slot
         self._in_slot[slot] = request
+
+    def _rank_parts(self, name: str, shards):
+        """An adapter's shards of layer ``name`` cut to the part this rank holds."""
+        layer = self.linears[name]
+        return [
+            None if shard is None else (*layer.lora_part(index, shard[0], shard[1]), shard[2])
+            for index, shard in enumerate(shards)
+        ]

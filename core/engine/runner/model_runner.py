@@ -18,8 +18,11 @@ from engine.runner.layer_attention import LayerAttention
 class StepInput:
     """What every tensor-parallel rank needs to run one step's forward: the flattened tokens,
     their positions, each KV cache group's attention layout, the rows to score (sampled
-    rows, then prompt-logprob rows) and the image rows' encoder output (rank 0 runs the
-    encoder: :mod:`engine.runner.encoder_cache`). Picklable: a multi-rank executor broadcasts it."""
+    rows, then prompt-logprob rows), the image rows' encoder output (rank 0 runs the
+    encoder: :mod:`engine.runner.encoder_cache`) and, when a row runs a LoRA adapter, each
+    scheduled request's (``LoRARequest`` or None, row count), from which every rank's
+    :class:`engine.lora.manager.LoRAManager` sets the same slots. Picklable: a multi-rank
+    executor broadcasts it."""
 
     input_ids: torch.Tensor
     positions: torch.Tensor
@@ -27,6 +30,7 @@ class StepInput:
     logits_rows: tuple[int, ...]
     mm_rows: torch.Tensor | None = None
     mm_embeds: torch.Tensor | None = None
+    lora_rows: tuple = ()
 
     @property
     def layout(self):
@@ -44,7 +48,16 @@ class StepInput:
             self.logits_rows,
             None if self.mm_rows is None else self.mm_rows.to(device),
             None if self.mm_embeds is None else self.mm_embeds.to(device),
+            self.lora_rows,
         )
+
+
+def _lora_rows(plan: StepPlan, batch: FlatBatch) -> tuple:
+    """Each scheduled request's (adapter, row count); empty when no row runs an adapter."""
+    adapters = [item.request.lora_request for item in plan.scheduled]
+    if not any(adapters):
+        return ()
+    return tuple((adapter, end - start) for adapter, (_, start, end) in zip(adapters, batch.spans))
 
 
 def _layout_to(layout, device):
@@ -97,15 +110,19 @@ class ModelRunner:
         """``group_tables``: per KV cache group, each scheduled request's block table.
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
         batch = flatten(plan, group_tables, self.block_size, self.device)
-        if self.lora is not None:
-            spans = zip(plan.scheduled, batch.spans)
-            self.lora.prepare([(item.request.lora_request, end - start) for item, (_, start, end) in spans])
         rows = batch.sample_rows + batch.prompt_rows
         mm_rows, mm_embeds = self._image_rows(plan, batch)
+        step = StepInput(
+            batch.input_ids,
+            batch.positions,
+            batch.layouts,
+            tuple(rows),
+            mm_rows,
+            mm_embeds,
+            _lora_rows(plan, batch),
+        )
         with kv_transfer.connector_step(self.connector, kv_meta):
-            hidden, aux, logits = self.forward_step(
-                StepInput(batch.input_ids, batch.positions, batch.layouts, tuple(rows), mm_rows, mm_embeds)
-            )
+            hidden, aux, logits = self.forward_step(step)
         result = StepResult({})
         if batch.pool_spans:
             result.pooled.update(self.pooler(hidden, batch.pool_spans))
@@ -144,6 +161,8 @@ class ModelRunner:
     def forward(self, step: StepInput) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
         """(hidden states, the drafter's inner-layer states, logits of ``step.logits_rows``;
         None when there are none, and on a tensor-parallel rank other than 0)."""
+        if self.lora is not None:
+            self.lora.prepare(list(step.lora_rows))
         hidden, aux = self._forward(step)
         if not step.logits_rows:
             return hidden, aux, None
