@@ -75,13 +75,13 @@ def ray_cluster():
 
 def native_affine_missing() -> str:
     """Why the cpu-native platform's GGUF matmuls are not its own C kernels on this CPU ("" when
-    they are): without AVX512-VNNI they are torch's int4 kernel, which a native tape cannot record
-    and which prefills the default model an order of magnitude slower (issue 24)."""
+    they are): without AVX512-VNNI or AVX2 they are torch's int4 kernel, which a native tape
+    cannot record and which prefills the default model an order of magnitude slower (issue 24)."""
     from engine.native import BuildError
     from engine_platforms_cpu_native import affine
 
     try:
-        available = affine.kernels()["affine_vnni_available"]()
+        available = affine.kernels()["affine_simd_width"]()
     except (BuildError, OSError) as exc:
         return f"the cpu-native affine kernels did not build: {exc}"
-    return "" if available else "this CPU has no AVX512-VNNI: GGUF matmuls run torch's int4 kernel"
+    return "" if available else "no AVX512-VNNI and no AVX2 here: GGUF matmuls run torch's int4 kernel"

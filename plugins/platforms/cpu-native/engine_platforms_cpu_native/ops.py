@@ -2,7 +2,7 @@
 position, rotary embedding and Qwen3's per-head q/k RMSNorm + rotary in place, W8A8's activation
 quantization and int32 rescale and SwiGLU in one pass each, LoRA's grouped shrink and expand
 (one call each per layer, whatever the mix of adapters), and group-affine weights (GGUF's
-32-group formats) on the VNNI kernel of :mod:`engine_platforms_cpu_native.affine`.
+32-group formats) on the VNNI or AVX2 kernel of :mod:`engine_platforms_cpu_native.affine`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several torch
 calls, typed by the prototypes of ``kernels.h``. The kernels are bound with
@@ -56,12 +56,12 @@ class NativeLayerOps(LayerOps):
 
     def pack_affine(self, weight):
         """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has
-        AVX512_VNNI and the weight has 32-element groups of at most 8 bits; else None (the
-        portable C path is slower than torch's int4pack, so it is not offered)."""
+        AVX512_VNNI or AVX2 and the weight has 32-element groups of at most 8 bits; else None
+        (the portable C path is slower than torch's int4pack, so it is not offered)."""
         if affine.unpackable(weight, self.dtype):
             return None
         try:
-            if not affine.kernels()["affine_vnni_available"]():
+            if not affine.kernels()["affine_simd_width"]():
                 return None
         except (BuildError, OSError):
             return None

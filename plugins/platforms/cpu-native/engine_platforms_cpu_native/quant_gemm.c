@@ -21,9 +21,15 @@
  * Columns past N (the last tile's padding) hold q = 0, scale = offset = 0.
  *
  * The GEMM is register-blocked 4 rows × 32 columns and split over OpenMP threads by column
- * tiles (work big enough to split only). Built without AVX512_VNNI, the same entry points
- * compute the same integers in plain C (the tests compare both builds). quant_gemm.h declares
- * the entry points; quant_gemm_generic.h holds those written once for both activation types.
+ * tiles (work big enough to split only). On AVX2 without AVX512_VNNI (AMD EPYC before Zen 4,
+ * Intel before Ice Lake), the same layout runs on vpmaddubsw: one 32-byte half of a step holds
+ * 8 columns, each multiply-add pair of u8 × s8 lands in int16 lanes, and a whole group of 32
+ * inputs is summed in int16 before one vpmaddwd widens it (4-bit: at most 4 steps × 2 × 2 ×
+ * 15 × 127 = 30480; 8-bit values are split into nibbles, q = 16·hi + lo, each summed so, which
+ * bounds them alike) — the same exact integers, then the same float combination, as VNNI.
+ * Built without either, the entry points compute the same integers in plain C (the tests
+ * compare the builds). quant_gemm.h declares the entry points; quant_gemm_generic.h holds those
+ * written once for both activation types.
  */
 #include "quant_gemm.h"
 #include "engine_bf16.h"
@@ -31,14 +37,19 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 #define HAVE_VNNI 1
+#define HAVE_AVX2 0
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define HAVE_VNNI 0
+#define HAVE_AVX2 1
 #else
 #define HAVE_VNNI 0
+#define HAVE_AVX2 0
 #endif
 
 #define GROUP 32
@@ -50,7 +61,7 @@
  * saved (0.85x). */
 #define PARALLEL_WORK (1 << 18)
 
-int64_t affine_vnni_available(void) { return HAVE_VNNI; }
+int64_t affine_simd_width(void) { return HAVE_VNNI ? 512 : HAVE_AVX2 ? 256 : 0; }
 
 /* A float16 bit pattern as float (the scalar paths). */
 static inline float half_to_float(uint16_t h) {
@@ -109,7 +120,7 @@ static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 
 /* ---- the GEMM ---------------------------------------------------------------------------- */
 
-#if !HAVE_VNNI
+#if !HAVE_VNNI && !HAVE_AVX2
 /* Plain C: the same int32 group sums, the same float combination. */
 static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
                         const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
@@ -132,6 +143,8 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
         }
 }
 
+#elif HAVE_AVX2
+#include "quant_gemm_avx2.h"
 #else
 static inline __m512 load16_sz(const void *sz, int64_t half, int64_t index) {
     return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)sz + index)))
@@ -292,6 +305,8 @@ static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_b
 
 #if HAVE_VNNI
 #define GEMM gemm_avx
+#elif HAVE_AVX2
+#define GEMM gemm_avx2
 #else
 #define GEMM gemm_scalar
 #endif

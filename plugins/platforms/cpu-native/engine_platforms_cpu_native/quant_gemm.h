@@ -6,8 +6,8 @@
 
 #include "engine_native.h"
 
-/* 1 where this build multiplies on AVX512_VNNI, 0 for the plain-C build */
-int64_t affine_vnni_available(void);
+/* the vector width this build multiplies with: 512 (AVX512_VNNI), 256 (AVX2), 0 (plain C) */
+int64_t affine_simd_width(void);
 
 /* q uint8 [n, k] (< 2**bits), scale and offset float32 [n, k / 32] into the packed qw and sz */
 void pack_affine(const uint8_t *q, const float *scale, const float *offset, int64_t n, int64_t k, int64_t bits,

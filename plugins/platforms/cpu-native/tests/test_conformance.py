@@ -177,6 +177,21 @@ def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16
     assert torch.equal(native.dequantize(), portable.rows(torch.arange(n)))  # the whole weight, exact
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+def test_extreme_groups_sum_exactly(bits):
+    """The largest values times activations of ±127 (AVX2 sums a whole group in int16 lanes,
+    at most 30480 of 32767): exactly the portable build's integers and the float product."""
+    n, k = 40, 256
+    q = torch.full((n, k), 2**bits - 1, dtype=torch.uint8)
+    q[5], q[7, ::2] = 0, 0
+    weight = AffineWeight(q, torch.ones(n, k // 32), torch.zeros(n, k // 32), 32, bits)
+    x = torch.ones(3, k)
+    x[1, ::3], x[2] = -1.0, -1.0
+    native = PackedAffine(weight, torch.float32)(x)
+    assert torch.equal(native, PackedAffine(weight, torch.float32, portable=True)(x))
+    assert torch.equal(native, x @ q.float().T)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_row_is_the_same_in_any_batch(dtype, bits):
