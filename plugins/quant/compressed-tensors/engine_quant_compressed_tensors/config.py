@@ -114,6 +114,9 @@ def read_scheme(config: dict) -> Scheme:
         )
     if config.get("sparsity_config"):
         raise _refuse("sparsity_config is not supported (only dense weights)")
+    top_format = config.get("format", "mixed-precision")
+    if top_format not in (*FORMATS, "mixed-precision"):
+        raise _refuse(f"format {top_format!r} is not supported (only {', '.join(FORMATS)})")
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise _refuse(f"config_groups must name at least one group, got {groups!r}")
@@ -122,7 +125,7 @@ def read_scheme(config: dict) -> Scheme:
         if not isinstance(group, dict):
             raise _refuse(f"config_groups.{name} must be an object, got {group!r}")
         schemes[name] = Scheme(
-            str(group.get("format") or config.get("format")),
+            str(group.get("format") or top_format),
             read_weights(group.get("weights"), f"config_groups.{name}.weights"),
             read_activations(group.get("input_activations"), f"config_groups.{name}.input_activations"),
         )

@@ -74,23 +74,13 @@ class TestW4A16Group(CompressedTensorsContract):
         return [*super().refusals(), _method(_with_weights(self.checkpoint_config, num_bits=3)), group_96]
 
 
-class TestW4A16AsymmetricGroup128(CompressedTensorsContract):
-    checkpoint_config = checkpoint.config("pack-quantized", checkpoint.int_weights(4, 128, symmetric=False))
-
-    def quantize(self, weight):
-        return checkpoint.packed_tensors(weight, 4, 128, symmetric=False)
-
-    def dequantize_plain(self, tensors):
-        return checkpoint.dequantize_packed(tensors, 4)
-
-
-class TestW8A16Channel(CompressedTensorsContract):
-    checkpoint_config = checkpoint.config("pack-quantized", checkpoint.int_weights(8, None))
+class TestW8A16AsymmetricChannel(CompressedTensorsContract):
+    checkpoint_config = checkpoint.config("pack-quantized", checkpoint.int_weights(8, None, symmetric=False))
     quant_error = 0.01  # half a step is 1/255 of a row's range
     logprob_atol = 0.05
 
     def quantize(self, weight):
-        return checkpoint.packed_tensors(weight, 8, None)
+        return checkpoint.packed_tensors(weight, 8, None, symmetric=False)
 
     def dequantize_plain(self, tensors):
         return checkpoint.dequantize_packed(tensors, 8)
@@ -120,22 +110,12 @@ class TestW8A8Static(TestW8A8Dynamic):
         return checkpoint.int8_tensors(weight, input_scale=4 / 127)
 
 
-class TestFp8Channel(CompressedTensorsContract):
+class TestFp8Block(CompressedTensorsContract):
     checkpoint_config = checkpoint.config(
-        "float-quantized", checkpoint.float_weights("channel"), checkpoint.activations("float", dynamic=True)
+        "float-quantized", checkpoint.float_weights("block"), checkpoint.activations("float", dynamic=True)
     )
     quant_error = 0.07  # e4m3: 3 mantissa bits
     logprob_atol = 0.1
-
-    def quantize(self, weight):
-        return checkpoint.fp8_tensors(weight, "channel")
-
-    def dequantize_plain(self, tensors):
-        return checkpoint.dequantize_fp8(tensors, "channel")
-
-
-class TestFp8Block(TestFp8Channel):
-    checkpoint_config = checkpoint.config("float-quantized", checkpoint.float_weights("block"))
 
     def quantize(self, weight):
         return checkpoint.fp8_tensors(weight, "block")
