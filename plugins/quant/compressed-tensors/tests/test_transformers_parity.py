@@ -15,7 +15,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.testing import reference
-from engine.testing.quant import TINY_LLAMA, write_quantized_checkpoint
+from engine.testing.quant import TINY_LLAMA, prompt_logprobs, write_quantized_checkpoint
 from engine_quant_compressed_tensors import checkpoint
 
 
@@ -102,18 +102,10 @@ def served(request, tiny, tmp_path_factory):
     return folder, reference_model(hf_model, quantize, dequantize, request.param == "w8a8-static")
 
 
-def engine_logprobs(llm) -> list[torch.Tensor]:
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0))
-    return [
-        torch.tensor([[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]])
-        for out in outs
-    ]
-
-
 def test_logprobs_and_greedy_equal_transformers_on_the_reference_math(served):
     folder, hf_model = served
     llm = LLM(folder, **COMMON)
-    for ids, got in zip(PROMPTS, engine_logprobs(llm)):
+    for ids, got in zip(PROMPTS, prompt_logprobs(llm, PROMPTS)):
         want = reference.hf_logprobs(hf_model, ids)[:-1]
         torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)
     greedy = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
