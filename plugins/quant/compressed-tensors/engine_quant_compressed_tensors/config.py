@@ -17,8 +17,11 @@ Modules the scheme does not cover (``ignore``d, or not targeted) are stored as f
 
 from __future__ import annotations
 
+import re
+
 import attrs
 
+LM_HEAD = "lm_head"  # a tied model's shares the embedding's tensor; no vocabulary table is quantized here
 FORMATS = ("pack-quantized", "int-quantized", "float-quantized", "nvfp4-pack-quantized")
 NVFP4_GROUP = 16
 
@@ -168,3 +171,36 @@ def _checked(scheme: Scheme) -> Scheme:
     if scheme.format == "nvfp4-pack-quantized" and w.group != NVFP4_GROUP:
         raise _refuse(f"nvfp4 group_size {w.group} is not supported (NVFP4 scales blocks of {NVFP4_GROUP})")
     return scheme
+
+
+def read_ignore(config: dict) -> tuple[str, ...]:
+    """The ``ignore`` entries: module names, ``re:``-prefixed patterns, or class names."""
+    ignore = config.get("ignore", [])
+    if not isinstance(ignore, list) or not all(isinstance(entry, str) and entry for entry in ignore):
+        raise _refuse(f"ignore must be a list of module names, got {ignore!r}")
+    for entry in ignore:
+        if entry.startswith("re:"):
+            try:
+                re.compile(entry[3:])
+            except re.error as error:
+                raise _refuse(f"ignore entry {entry!r} is not a regular expression: {error}") from None
+    return tuple(ignore)
+
+
+def check_ignore(ignore: tuple[str, ...], modules: set[str]) -> None:
+    """Refuse an ``ignore`` entry that names none of the checkpoint's ``modules``."""
+    for entry in ignore:
+        if not _names_a_module(entry, modules):
+            raise _refuse(f"ignore entry {entry!r} names no module of the checkpoint")
+
+
+def _names_a_module(entry: str, modules: set[str]) -> bool:
+    """Whether an ``ignore`` entry matches one of the checkpoint's ``modules`` as compressed-tensors
+    matches it (a name, or ``re:`` and a pattern matched from the start). A class name
+    (``LlamaDecoderLayer``) names no path the checkpoint spells, so it counts as found, as does
+    the LM head."""
+    if entry.startswith("re:"):
+        pattern = re.compile(entry[3:])
+        return any(pattern.match(module) for module in modules)
+    is_class_name = entry.isidentifier() and entry[0].isupper()
+    return is_class_name or entry == LM_HEAD or entry in modules

@@ -31,7 +31,7 @@ from engine.layers.group_affine import AffineWeight
 from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
 from engine_quant_awq_gptq.method import ShardSink
 from engine_quant_compressed_tensors import formats
-from engine_quant_compressed_tensors.config import read_scheme
+from engine_quant_compressed_tensors.config import check_ignore, read_ignore, read_scheme
 from engine_quant_compressed_tensors.kernels import DynamicInt8, Fp8Layer, int8_rows, static_int8
 
 logger = logging.getLogger(__name__)
@@ -73,11 +73,10 @@ class CompressedTensorsLinearMethod(QuantMethod):
                 "quantization: compressed-tensors reads its checkpoints; it does not quantize online"
             )
         self.scheme = read_scheme(ctx.quant_config)
-        ignore = ctx.quant_config.get("ignore", [])
-        if not isinstance(ignore, list) or not all(isinstance(entry, str) and entry for entry in ignore):
-            raise ValueError(
-                f"quantization: compressed-tensors ignore must be a list of module names, got {ignore!r}"
-            )
+        self.ignore = read_ignore(ctx.quant_config)
+
+    def check_checkpoint_modules(self, modules):
+        check_ignore(self.ignore, modules)
 
     @classmethod
     def describe(cls, platform) -> str:

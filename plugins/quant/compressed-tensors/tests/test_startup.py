@@ -33,6 +33,15 @@ BAD_CONFIGS = {
     "tensors of another group size": (_weights(group_size=64), "weight_scale has shape (256, 8)"),
     "act-order groups": (_weights(actorder="group"), "actorder 'group' is not supported"),
     "ignore not a list": (W4A16 | {"ignore": "lm_head"}, "ignore must be a list of module names"),
+    "ignore entry naming no module": (
+        W4A16 | {"ignore": ["lm_head", "model.layers.0.mlp.gate"]},
+        "ignore entry 'model.layers.0.mlp.gate' names no module of the checkpoint",
+    ),
+    "ignore pattern matching nothing": (
+        W4A16 | {"ignore": ["re:.*vision_tower.*"]},
+        "ignore entry 're:.*vision_tower.*' names no module of the checkpoint",
+    ),
+    "ignore pattern malformed": (W4A16 | {"ignore": ["re:(mlp"]}, "ignore entry 're:(mlp' is not a regular"),
     "mixed groups": (
         W4A16
         | {
