@@ -45,20 +45,24 @@ def quantize_int(weight: torch.Tensor, bits: int, group: int | None, symmetric: 
     return q.reshape(weight.shape).to(torch.int8), scale, zero.to(torch.int8)
 
 
+def _bit_offsets(bits: int) -> torch.Tensor:
+    """Where each of a word's values starts: value ``i`` of a row at bit ``i·bits`` (4 and 8
+    bits: whole values per word, so word ``c`` holds values ``c·32/bits`` on)."""
+    return torch.arange(0, 32, bits, dtype=torch.int64)
+
+
 def pack_to_int32(values: torch.Tensor, bits: int) -> torch.Tensor:
     """int8 [R, C] -> int32 [R, C·bits/32]: ``v + 2^(bits−1)``, value ``i`` at bit ``i·bits``."""
-    unsigned = values.long() + 2 ** (bits - 1)
     rows, cols = values.shape
-    packed = torch.zeros(rows, cols * bits // 32, dtype=torch.int64)
-    for i in range(cols):
-        packed[:, i * bits // 32] |= unsigned[:, i] << (i * bits % 32)
+    unsigned = (values.long() + 2 ** (bits - 1)).reshape(rows, cols * bits // 32, 32 // bits)
+    packed = (unsigned << _bit_offsets(bits)).sum(-1)
     return (packed - ((packed >> 31) << 32)).to(torch.int32)  # the words' bits as signed int32
 
 
 def unpack_from_int32(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
     words = packed.long() & 0xFFFFFFFF
-    values = [(words[:, i * bits // 32] >> (i * bits % 32)) & (2**bits - 1) for i in range(cols)]
-    return torch.stack(values, 1) - 2 ** (bits - 1)
+    values = (words[..., None] >> _bit_offsets(bits)) & (2**bits - 1)
+    return values.reshape(packed.shape[0], -1)[:, :cols] - 2 ** (bits - 1)
 
 
 def packed_tensors(weight: torch.Tensor, bits: int, group: int | None, symmetric: bool = True) -> dict:
