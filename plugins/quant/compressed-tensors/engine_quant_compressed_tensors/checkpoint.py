@@ -116,17 +116,34 @@ def dequantize_fp8(tensors: dict, strategy: str) -> torch.Tensor:
     return fp8_checkpoint.dequantize({"weight": tensors["weight"], name: tensors["weight_scale"]})
 
 
-def nvfp4_tensors(weight: torch.Tensor) -> dict:
+def _nearest_e2m1(x: torch.Tensor) -> torch.Tensor:
+    """The e2m1 code nearest each value of ``x`` (already within ±6)."""
+    magnitude = (x.abs()[..., None] - E2M1[:8]).abs().argmin(-1)
+    return magnitude | ((x < 0).long() << 3)
+
+
+def nvfp4_tensors(weight: torch.Tensor, input_global_scale: float | None = None) -> dict:
     """``nvfp4-pack-quantized``: ``weight_packed`` uint8 [N, K/2], ``weight_scale`` e4m3
-    [N, K/16], ``weight_global_scale`` [1]."""
+    [N, K/16], ``weight_global_scale`` [1] (and, for W4A4, a calibrated ``input_global_scale``)."""
     w = _groups(weight, 16)
     global_scale = (448.0 * 6.0 / w.abs().amax()).reshape(1)
     scale = (w.abs().amax(-1) / 6.0 * global_scale).to(FP8)
     scaled = w / (scale.float() / global_scale)[..., None]
-    magnitude = (scaled.abs().clamp(max=6.0)[..., None] - E2M1[:8]).abs().argmin(-1)
-    codes = (magnitude | ((scaled < 0).long() << 3)).reshape(weight.shape[0], -1, 2)
+    codes = _nearest_e2m1(scaled.clamp(-6, 6)).reshape(weight.shape[0], -1, 2)
     packed = (codes[..., 0] | (codes[..., 1] << 4)).to(torch.uint8)
-    return {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": global_scale}
+    tensors = {"weight_packed": packed, "weight_scale": scale, "weight_global_scale": global_scale}
+    if input_global_scale is not None:
+        tensors["input_global_scale"] = torch.tensor([input_global_scale])
+    return tensors
+
+
+def fake_quantize_nvfp4(x: torch.Tensor, global_scale: float) -> torch.Tensor:
+    """Activations as compressed-tensors' forward rounds NVFP4 inputs: per 16 values a float8
+    scale ``max|x| / 6 · g`` (0 replaced by 0.125), divided by ``g``; values to the nearest e2m1."""
+    blocks = x.float().reshape(*x.shape[:-1], -1, 16)
+    scale = (blocks.abs().amax(-1, keepdim=True) / 6 * global_scale).to(FP8).float()
+    scale = torch.where(scale == 0, torch.tensor(0.125), scale) / global_scale
+    return (E2M1[_nearest_e2m1((blocks / scale).clamp(-6, 6))] * scale).reshape(x.shape).to(x.dtype)
 
 
 def dequantize_nvfp4(tensors: dict) -> torch.Tensor:
@@ -170,6 +187,16 @@ NVFP4_WEIGHTS = {
     "type": "float",
     "strategy": "tensor_group",
     "group_size": 16,
+    "symmetric": True,
+}
+
+
+NVFP4_ACTIVATIONS = {
+    "num_bits": 4,
+    "type": "float",
+    "strategy": "tensor_group",
+    "group_size": 16,
+    "dynamic": "local",
     "symmetric": True,
 }
 

@@ -40,14 +40,24 @@ class Weights:
     symmetric: bool = True
 
 
+# (input_activations' dynamic, strategy) -> where an activation's scales come from
+ACTIVATION_SCALES = {
+    (True, "token"): "per-token",  # each row's own, computed per step
+    (False, "tensor"): "static",  # the checkpoint's input_scale
+    (
+        "local",
+        "tensor_group",
+    ): "nvfp4",  # per 16 inputs, computed per step, over the checkpoint's input_global_scale
+}
+
+
 @attrs.frozen
 class Activations:
-    """The ``input_activations`` arguments: ``dynamic`` per-token scales, or a static
-    per-tensor ``input_scale`` from the checkpoint."""
+    """The ``input_activations`` arguments; ``scales`` a value of :data:`ACTIVATION_SCALES`."""
 
     bits: int
     kind: str
-    dynamic: bool
+    scales: str
 
 
 @attrs.frozen
@@ -99,14 +109,14 @@ def read_activations(args: object, where: str) -> Activations | None:
         raise _refuse(f"{where} must be an object or null, got {args!r}")
     if args.get("symmetric", True) is not True:
         raise _refuse(f"{where}: asymmetric activations are not supported")
-    dynamic = args.get("dynamic", False)
-    strategy = args.get("strategy")
-    if dynamic is True and strategy != "token" or dynamic is False and strategy != "tensor":
+    dynamic, strategy = args.get("dynamic", False), args.get("strategy")
+    scales = ACTIVATION_SCALES.get((dynamic, strategy))
+    if scales is None or scales == "nvfp4" and args.get("group_size") != NVFP4_GROUP:
         raise _refuse(
-            f"{where}: only dynamic per-token or static per-tensor scales are supported, "
+            f"{where}: only dynamic per-token, static per-tensor or NVFP4 scales are supported, "
             f"got strategy {strategy!r} with dynamic {dynamic!r}"
         )
-    return Activations(_field(args, where, "num_bits", int), _field(args, where, "type", str), dynamic)
+    return Activations(_field(args, where, "num_bits", int), _field(args, where, "type", str), scales)
 
 
 def read_scheme(config: dict) -> Scheme:
@@ -149,7 +159,7 @@ def _checked(scheme: Scheme) -> Scheme:
         "pack-quantized": ("int", (4, 8), ("group", "channel"), (None,)),
         "int-quantized": ("int", (8,), ("group", "channel", "tensor"), (None, ("int", 8))),
         "float-quantized": ("float", (8,), ("tensor", "channel", "block"), (None, ("float", 8))),
-        "nvfp4-pack-quantized": ("float", (4,), ("tensor_group",), (None,)),
+        "nvfp4-pack-quantized": ("float", (4,), ("tensor_group",), (None, ("float", 4))),
     }
     if scheme.format not in expected:
         raise _refuse(f"format {scheme.format!r} is not supported (only {', '.join(FORMATS)})")

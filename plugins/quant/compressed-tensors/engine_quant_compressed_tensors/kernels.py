@@ -1,6 +1,7 @@
 """The kernels a compressed-tensors layer runs that the sibling plugins do not already hold as
 one module: W8A8 over the core's int8 rows (dynamic per-token or static per-tensor activation
-scales), and an FP8 layer served by the fp8 plugin's own method.
+scales), NVFP4 activations rounded before the weight's kernel, and an FP8 layer served by the
+fp8 plugin's own method.
 
 Group-affine weights (``pack-quantized``, weight-only ``int-quantized``, NVFP4) go to
 ``engine_quant_awq_gptq.kernels.group_affine_kernel``, the path AWQ and GPTQ take."""
@@ -14,7 +15,10 @@ from engine.interfaces import QuantContext
 from engine.layers import Layer
 from engine.layers.group_affine import AffineWeight
 from engine.layers.int8 import Int8Rows
-from engine_quant_fp8.method import Fp8LinearMethod
+from engine_quant_awq_gptq.kernels import group_affine_kernel
+from engine_quant_compressed_tensors.config import NVFP4_GROUP
+from engine_quant_fp8.method import FP8, FP8_MAX, Fp8LinearMethod
+from engine_quant_mxfp4.format import E2M1
 
 
 def int8_rows(weight: AffineWeight, dtype: torch.dtype, ops) -> Int8Rows:
@@ -71,13 +75,65 @@ class Concat(Layer):
         return torch.cat([part.dequantize() for part in self.parts])
 
 
-def static_int8(parts: list[tuple[AffineWeight, float]], dtype: torch.dtype, ops) -> Layer:
-    """Shards with one activation scale run as one matmul; shards whose scales differ (each
-    projection's own observer) each with its own, as the reference quantizes them."""
+def per_input_scale(parts: list[tuple[AffineWeight, float]], build) -> Layer:
+    """``build(weight, scale)`` for shards that round their inputs on one scale, as one matmul;
+    shards whose scales differ (each projection's own observer) each on its own, as the
+    reference rounds them."""
     scales = {scale for _, scale in parts}
     if len(scales) == 1:
-        return StaticInt8(int8_rows(AffineWeight.cat([w for w, _ in parts]), dtype, ops), scales.pop())
-    return Concat([StaticInt8(int8_rows(w, dtype, ops), scale) for w, scale in parts])
+        return build(AffineWeight.cat([w for w, _ in parts]), scales.pop())
+    return Concat([build(w, scale) for w, scale in parts])
+
+
+def static_int8(parts: list[tuple[AffineWeight, float]], dtype: torch.dtype, ops) -> Layer:
+    return per_input_scale(parts, lambda w, scale: StaticInt8(int8_rows(w, dtype, ops), scale))
+
+
+# compressed-tensors' cast_to_fp4: the nearest e2m1 magnitude, a tie to the even code (the
+# bound's side: True rounds it up)
+E2M1_BOUNDS = (
+    (0.25, False),
+    (0.75, True),
+    (1.25, False),
+    (1.75, True),
+    (2.5, False),
+    (3.5, True),
+    (5.0, False),
+)
+
+
+def round_to_e2m1(x: torch.Tensor) -> torch.Tensor:
+    magnitude = x.abs()
+    code = sum(((magnitude >= b) if up else (magnitude > b)).long() for b, up in E2M1_BOUNDS)
+    return E2M1[:8][code] * x.sign()
+
+
+class Nvfp4Inputs(Layer):
+    """NVFP4 activations (W4A4) as compressed-tensors rounds them: per 16 inputs a float8 scale
+    ``max|x| / 6 · g`` (0 -> 0.125) over the checkpoint's ``input_global_scale`` g, then
+    ``e2m1(x / (scale / g)) · scale / g`` — before the weight's own kernel."""
+
+    def __init__(self, kernel: Layer, global_scale: float):
+        super().__init__()
+        self.kernel, self.global_scale = kernel, global_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        blocks = x.float().unflatten(-1, (-1, NVFP4_GROUP))
+        scale = (blocks.abs().amax(-1, keepdim=True) / 6 * self.global_scale).clamp(max=FP8_MAX)
+        scale = scale.to(FP8).float()
+        scale = torch.where(scale == 0, 0.125, scale) / self.global_scale
+        rounded = round_to_e2m1((blocks / scale).clamp(-6, 6)) * scale
+        return self.kernel(rounded.flatten(-2).to(x.dtype))
+
+    def dequantize(self) -> torch.Tensor:
+        return self.kernel.dequantize()
+
+
+def nvfp4_activations(parts: list[tuple[AffineWeight, float]], platform, dtype: torch.dtype) -> Layer:
+    """NVFP4 weights (dequantized at load: no kernel holds blocks of 16) behind NVFP4-rounded inputs."""
+    return per_input_scale(
+        parts, lambda w, scale: Nvfp4Inputs(group_affine_kernel(w, platform, dtype)[0], scale)
+    )
 
 
 class Fp8Layer(Layer):

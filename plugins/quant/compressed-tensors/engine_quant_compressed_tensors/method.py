@@ -11,9 +11,9 @@ and turned into one kernel, by the checkpoint's scheme (:mod:`engine_quant_compr
   (dynamic; the platform's packed kernel where it has one, as the int8 plugin does) or by the
   checkpoint's per-tensor ``input_scale`` (static);
 * ``float-quantized`` FP8: the fp8 plugin's method runs the layer;
-* ``nvfp4-pack-quantized`` (NVFP4A16): e2m1 values with float8 block scales and a global
-  scale, as a group-affine weight — its blocks of 16 fit no packed kernel, so it is
-  dequantized at load.
+* ``nvfp4-pack-quantized`` (NVFP4A16, and W4A4 with its activations rounded to NVFP4 as the
+  checkpoint says): e2m1 values with float8 block scales and a global scale, as a group-affine
+  weight — its blocks of 16 fit no packed kernel, so it is dequantized at load.
 
 A module the checkpoint leaves unquantized (``ignore``, or not targeted) arrives as a float
 ``weight`` and stays float. Tensor parallelism is refused by name (the packed dims are not
@@ -32,7 +32,13 @@ from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, pro
 from engine_quant_awq_gptq.method import ShardSink
 from engine_quant_compressed_tensors import formats
 from engine_quant_compressed_tensors.config import check_ignore, read_ignore, read_scheme
-from engine_quant_compressed_tensors.kernels import DynamicInt8, Fp8Layer, int8_rows, static_int8
+from engine_quant_compressed_tensors.kernels import (
+    DynamicInt8,
+    Fp8Layer,
+    int8_rows,
+    nvfp4_activations,
+    static_int8,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +50,7 @@ TENSOR_NAMES = (
     "weight_zero_point",
     "weight_global_scale",
     "input_scale",
+    "input_global_scale",
 )
 REQUIRED = {
     "pack-quantized": ("weight_packed", "weight_scale", "weight_shape"),
@@ -59,6 +66,7 @@ PATHS = {
     "w8a8-dynamic": "torch._int_mm, dynamic per-token int8 activations",
     "w8a8-static": "torch._int_mm, the checkpoint's static per-tensor activation scale",
     "fp8": "the fp8 plugin's method",
+    "nvfp4-w4a4": "dequantized at load, activations rounded to NVFP4 per 16 inputs as the checkpoint says",
     "float": "the checkpoint's float weight (a module it leaves unquantized)",
 }
 
@@ -82,7 +90,8 @@ class CompressedTensorsLinearMethod(QuantMethod):
     def describe(cls, platform) -> str:
         return (
             f"pack-quantized and weight-only int: {PATHS[probe_path(platform)]}; int W8A8: torch._int_mm "
-            "or the platform's packed kernel; FP8: the fp8 plugin's path; NVFP4: dequantized at load"
+            "or the platform's packed kernel; FP8: the fp8 plugin's path; NVFP4: dequantized at load "
+            "(W4A4: activations rounded to NVFP4 first)"
         )
 
     def create_weights(self, layer, input_size, output_sizes):
@@ -130,9 +139,8 @@ class CompressedTensorsLinearMethod(QuantMethod):
         required = REQUIRED[self.scheme.format]
         if not self.scheme.weights.symmetric:
             required += ("weight_zero_point",)
-        activations = self.scheme.activations
-        if activations is not None and not activations.dynamic:
-            required += ("input_scale",)
+        scales = getattr(self.scheme.activations, "scales", None)
+        required += {"static": ("input_scale",), "nvfp4": ("input_global_scale",)}.get(scales, ())
         for index, part in enumerate(parts):
             missing = [name for name in required if name not in part]
             if missing and not _is_float(part):
@@ -158,8 +166,11 @@ class CompressedTensorsLinearMethod(QuantMethod):
         ops = ctx.platform.layer_ops(ctx.dtype)
         if scheme.activations is None:
             return group_affine_kernel(AffineWeight.cat(shards), ctx.platform, ctx.dtype)
-        if not scheme.activations.dynamic:
-            scales = [float(part["input_scale"].float().reshape(-1)[0]) for part in parts]
+        if scheme.activations.scales == "nvfp4":
+            scales = [_scalar(part["input_global_scale"]) for part in parts]
+            return nvfp4_activations(list(zip(shards, scales)), ctx.platform, ctx.dtype), "nvfp4-w4a4"
+        if scheme.activations.scales == "static":
+            scales = [_scalar(part["input_scale"]) for part in parts]
             return static_int8(list(zip(shards, scales)), ctx.dtype, ops), "w8a8-static"
         rows = int8_rows(AffineWeight.cat(shards), ctx.dtype, ops)
         affine = rows.as_affine()
@@ -172,6 +183,10 @@ class CompressedTensorsLinearMethod(QuantMethod):
 
     def dequantize(self, layer):
         return layer.kernel.dequantize().to(self.ctx.dtype)
+
+
+def _scalar(tensor: torch.Tensor) -> float:
+    return float(tensor.float().reshape(-1)[0])
 
 
 def _is_float(part: dict) -> bool:

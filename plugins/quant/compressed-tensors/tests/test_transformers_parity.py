@@ -1,9 +1,9 @@
 """A tiny random Llama written as compressed-tensors checkpoints, served by the engine, against
 ``transformers`` running the same checkpoint by the format's reference math in float32: every
 linear weight dequantized by plain torch (:mod:`engine_quant_compressed_tensors.checkpoint`), and
-for static W8A8 each projection's input rounded to int8 on its ``input_scale`` first, as
-compressed-tensors' forward does. (transformers' own compressed-tensors integration needs the
-``compressed-tensors`` library, which this environment does not carry.)
+where the checkpoint quantizes activations (static W8A8, NVFP4 W4A4) each projection's input
+rounded first, as compressed-tensors' forward rounds it. (transformers' own compressed-tensors
+integration needs the ``compressed-tensors`` library, which this environment does not carry.)
 
 On the plain ``cpu`` platform the log-probabilities agree within float tolerance and the greedy
 tokens are the same."""
@@ -19,10 +19,11 @@ from engine.testing.quant import TINY_LLAMA, prompt_logprobs, write_quantized_ch
 from engine_quant_compressed_tensors import checkpoint
 
 
-def _static_scale(weight: torch.Tensor) -> float:
-    """A stand-in calibrated input scale that differs between q_proj (256 rows) and k/v (128),
-    as each projection's own observer makes it: fused layers must keep each shard's."""
-    return (2 + weight.shape[0] / 128) / 127
+def _calibrated_max(weight: torch.Tensor) -> float:
+    """A stand-in for the largest input magnitude calibration saw, which the checkpoint's input
+    scales come from: it differs between q_proj (256 rows) and k/v (128), as each projection's
+    own observer makes it, so fused layers must keep each shard's."""
+    return 2 + weight.shape[0] / 128
 
 
 FORMATS = {
@@ -43,7 +44,7 @@ FORMATS = {
         ),
     ),
     "w8a8-static": (
-        lambda w: checkpoint.int8_tensors(w, _static_scale(w)),
+        lambda w: checkpoint.int8_tensors(w, _calibrated_max(w) / 127),
         checkpoint.dequantize_int8,
         checkpoint.config(
             "int-quantized", checkpoint.int_weights(8, None), checkpoint.activations("int", dynamic=False)
@@ -53,6 +54,11 @@ FORMATS = {
         lambda w: checkpoint.fp8_tensors(w, "channel"),
         lambda t: checkpoint.dequantize_fp8(t, "channel"),
         checkpoint.config("float-quantized", checkpoint.float_weights("channel")),
+    ),
+    "nvfp4-w4a4": (
+        lambda w: checkpoint.nvfp4_tensors(w, 448 * 6 / _calibrated_max(w)),
+        checkpoint.dequantize_nvfp4,
+        checkpoint.config("nvfp4-pack-quantized", checkpoint.NVFP4_WEIGHTS, checkpoint.NVFP4_ACTIVATIONS),
     ),
     "nvfp4a16": (
         checkpoint.nvfp4_tensors,
@@ -70,24 +76,38 @@ def tiny(tmp_path_factory):
     return folder, reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY_LLAMA, seed=4)
 
 
-def reference_model(hf_model, quantize, dequantize, static_activations: bool):
-    """``hf_model`` with every projection's weight replaced by its plain dequantization (and, for
-    static W8A8, its input fake-quantized on the checkpoint's ``input_scale``)."""
+def _round_int8(scale: float):
+    return lambda x: (x / scale).round().clamp(-128, 127) * scale
+
+
+def _round_nvfp4(global_scale: float):
+    return lambda x: checkpoint.fake_quantize_nvfp4(x, global_scale)
+
+
+# checkpoint tensor of the calibrated input scale -> how the reference rounds a projection's input
+INPUT_ROUNDING = {"input_scale": _round_int8, "input_global_scale": _round_nvfp4}
+
+
+def reference_model(hf_model, quantize, dequantize):
+    """``hf_model`` with every projection's weight replaced by its plain dequantization, and its
+    input rounded as compressed-tensors' forward rounds it where the checkpoint quantizes
+    activations (static int8 on ``input_scale``, NVFP4 over ``input_global_scale``)."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_config(hf_model.config, dtype=torch.float32).eval()
     state = hf_model.state_dict()
-    scales = {}
+    rounding = {}
     for name, value in state.items():
         if name.endswith("_proj.weight"):
             tensors = quantize(value)
             state[name] = dequantize(tensors)
-            if static_activations:
-                scales[name.removesuffix(".weight")] = float(tensors["input_scale"])
+            for scale_name, round_input in INPUT_ROUNDING.items():
+                if scale_name in tensors:
+                    rounding[name.removesuffix(".weight")] = round_input(float(tensors[scale_name]))
     model.load_state_dict(state)
-    for name, scale in scales.items():
+    for name, round_input in rounding.items():
         model.get_submodule(name).register_forward_pre_hook(
-            lambda module, args, scale=scale: ((args[0] / scale).round().clamp(-128, 127) * scale,)
+            lambda module, args, round_input=round_input: (round_input(args[0]),)
         )
     return model
 
@@ -99,7 +119,7 @@ def served(request, tiny, tmp_path_factory):
     hf_folder, hf_model = tiny
     folder = str(tmp_path_factory.mktemp(request.param))
     write_quantized_checkpoint(hf_folder, folder, quantize, config)
-    return folder, reference_model(hf_model, quantize, dequantize, request.param == "w8a8-static")
+    return folder, reference_model(hf_model, quantize, dequantize)
 
 
 def test_logprobs_and_greedy_equal_transformers_on_the_reference_math(served):
