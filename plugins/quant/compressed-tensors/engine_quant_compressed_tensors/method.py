@@ -122,9 +122,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
         if any(_is_float(part) for part in parts):
             dense = torch.cat(
                 [
-                    part["weight"].float()
-                    if _is_float(part)
-                    else self._affine(part, rows, layer.input_size).dequantize()
+                    self._dequantized(part, rows, layer.input_size)
                     for part, rows in zip(parts, layer.output_sizes)
                 ]
             )
@@ -156,6 +154,14 @@ class CompressedTensorsLinearMethod(QuantMethod):
             "nvfp4-pack-quantized": formats.nvfp4,
         }[self.scheme.format]
         return read(part, self.scheme.weights, rows, inputs)
+
+    def _dequantized(self, part: dict, rows: int, inputs: int) -> torch.Tensor:
+        """A shard's weight in float32 (for a fused layer of which the checkpoint left part float)."""
+        if _is_float(part):
+            return part["weight"].float()
+        if self.scheme.format == "float-quantized":
+            return Fp8Layer(self.ctx, self.scheme.weights.block, [part], [rows]).dequantize().float()
+        return self._affine(part, rows, inputs).dequantize()
 
     def _kernel(self, parts: list[dict], output_sizes: list[int], inputs: int):
         """-> (the module computing x · wᵀ, its path's name)."""

@@ -3,9 +3,12 @@ written as the library writes them (:mod:`engine_quant_compressed_tensors.checkp
 class per scheme. The kit's layer checks run on the plain ``cpu`` platform; its model check on
 the best platform here."""
 
+import pytest
 import torch
 
 from engine.interfaces import QuantContext
+from engine.layers import Linear
+from engine.testing import select_platform
 from engine.testing.quant import QuantMethodContract, write_quantized_checkpoint
 from engine_quant_compressed_tensors import checkpoint
 from engine_quant_compressed_tensors.method import CompressedTensorsLinearMethod
@@ -137,3 +140,25 @@ class TestNvfp4(CompressedTensorsContract):
 
     def refusals(self):
         return [*super().refusals(), _method(_with_weights(self.checkpoint_config, group_size=32))]
+
+
+@pytest.mark.parametrize("contract", [TestW4A16Group, TestFp8Block, TestNvfp4])
+def test_a_fused_layer_partly_left_float_is_joined_dequantized(contract):
+    """q/k/v of which the checkpoint left one float (an ``ignore`` entry naming one projection):
+    the layer holds the float shard as it is and the others dequantized by the format's math."""
+    method = CompressedTensorsLinearMethod(
+        QuantContext(contract.checkpoint_config, torch.float32, select_platform("cpu"))
+    )
+    layer = Linear(256, [96, 32, 32], False, method, torch.float32)
+    gen = torch.Generator().manual_seed(0)
+    weights = [torch.randn(rows, 256, generator=gen) * 0.05 for rows in (96, 32, 32)]
+    represented = []
+    for shard, weight in enumerate(weights):
+        tensors, plain = (
+            ([("weight", weight)], weight) if shard == 1 else contract().checkpoint_tensors(weight)
+        )
+        for name, tensor in tensors:
+            layer.load_shard(name, tensor, shard)
+        represented.append(plain.float())
+    layer.process_weights_after_loading()
+    torch.testing.assert_close(method.dequantize(layer), torch.cat(represented), atol=1e-6, rtol=1e-5)
