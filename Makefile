@@ -8,6 +8,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert plugins/models/phi3 \
            plugins/models/granite plugins/models/olmo2 plugins/models/glm4 \
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/quant/awq-gptq \
+           plugins/quant/compressed-tensors \
            plugins/grammar/xgrammar plugins/grammar/llguidance \
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \
            plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/kvconnectors/nixl \

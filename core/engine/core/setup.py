@@ -240,17 +240,17 @@ def build_model(
         check_tensor_parallel(cls, type(method), tp.size)
     with torch.device(platform.device), tensor_parallel(tp):
         model = cls(ModelContext(hf_config, dtype, platform.device, method, layer_ops, limit_mm_per_prompt))
-    scales = KVScales()
+    scales, names = KVScales(), set[str]()
     if tp.size > 1:  # keep_quantized only when set: a v2 loader's iter_weight_slices lacks it
-        model.load_weights(
-            scales.strip(
-                loader.iter_weight_slices(hf_config, keep_quantized=True)
-                if keep_quantized
-                else loader.iter_weight_slices(hf_config)
-            )
+        weights = (
+            loader.iter_weight_slices(hf_config, keep_quantized=True)
+            if keep_quantized
+            else loader.iter_weight_slices(hf_config)
         )
     else:
-        model.load_weights(scales.strip(loader.iter_weights(hf_config, keep_quantized=keep_quantized)))
+        weights = loader.iter_weights(hf_config, keep_quantized=keep_quantized)
+    model.load_weights(scales.strip(_recording_names(weights, names)))
+    method.check_checkpoint_modules({name.rpartition(".")[0] for name in names})
     scales.apply(model)
     model.weight_bytes_read = getattr(loader, "bytes_read", None)
     model.implementation = implementation
@@ -258,6 +258,13 @@ def build_model(
         if module is not model and hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
     return model.eval()
+
+
+def _recording_names(weights, names: set[str]):
+    """``weights`` as they are, each name added to ``names`` on the way."""
+    for name, tensor in weights:
+        names.add(name)
+        yield name, tensor
 
 
 def check_tensor_parallel(model_cls, method_cls, size: int) -> None:

@@ -102,6 +102,12 @@ class QuantMethod(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or quantize once all weights are loaded."""
 
+    def check_checkpoint_modules(self, modules: set[str]) -> None:
+        """Called once the checkpoint is read, before any layer is processed, with the module
+        names its tensors belong to (each tensor's name less its last part, as the checkpoint
+        spells it): raise ValueError naming a setting of ``quant_config`` that names a module
+        the checkpoint lacks (a skip list entry matching nothing). This default checks nothing."""
+
     @abstractmethod
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out]."""

@@ -107,6 +107,18 @@ CHAT_QUESTIONS = [
 ]
 
 
+def prompt_logprobs(llm, prompts: list[list[int]]) -> list[torch.Tensor]:
+    """``llm``'s log-probabilities of every prompt token after the first, [len − 1, vocab] a
+    prompt: what :func:`engine.testing.reference.hf_logprobs` gives ``transformers``' (less its last row)."""
+    from engine import SamplingParams
+
+    outs = llm.generate(prompts, SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0))
+    return [
+        torch.tensor([[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]])
+        for out in outs
+    ]
+
+
 def greedy_chats(llm, max_tokens: int = 32) -> tuple[list[list[int]], list[list[int]]]:
     """(prompt ids, greedy continuation) for each of :data:`CHAT_QUESTIONS` as a user turn."""
     from engine import SamplingParams
@@ -385,21 +397,15 @@ class QuantMethodContract:
     # -- model check ----------------------------------------------------------------------------
 
     def test_tiny_model_logprobs_close_to_unquantized(self, tmp_path_factory):
-        from engine import LLM, SamplingParams
+        from engine import LLM
 
         hf_folder = str(tmp_path_factory.mktemp("hf"))
         hf_model = reference.tiny_checkpoint(hf_folder, "LlamaForCausalLM", TINY_LLAMA, seed=4)
         kwargs = self.write_model(str(tmp_path_factory.mktemp(self.method)), hf_model, hf_folder)
         prompts = reference.random_prompts(TINY_LLAMA["vocab_size"], [9, 23], seed=5)
-        params = SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0)
         common = dict(num_blocks=40, block_size=8, max_model_len=128)
-        quantized = LLM(dtype=str(self.dtype).removeprefix("torch."), **common, **kwargs).generate(
-            prompts, params
-        )
-        for ids, out in zip(prompts, quantized):
+        llm = LLM(dtype=str(self.dtype).removeprefix("torch."), **common, **kwargs)
+        for ids, got in zip(prompts, prompt_logprobs(llm, prompts)):
             want = reference.hf_logprobs(hf_model, ids)[:-1]
-            got = torch.tensor(
-                [[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]]
-            )
             err = (got - want).abs().mean()
             assert err <= self.logprob_atol, f"mean |Δ logprob| {err:.3e} > {self.logprob_atol}"

@@ -14,7 +14,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.testing import reference
-from engine.testing.quant import TINY_LLAMA, write_quantized_checkpoint
+from engine.testing.quant import TINY_LLAMA, prompt_logprobs, write_quantized_checkpoint
 from engine_quant_awq_gptq import checkpoint
 
 FORMATS = {
@@ -84,18 +84,10 @@ def served(request, tiny, tmp_path_factory):
 PROMPTS = reference.random_prompts(TINY_LLAMA["vocab_size"], [9, 23], seed=5)
 
 
-def engine_logprobs(llm) -> list[torch.Tensor]:
-    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=1, prompt_logprobs=-1, temperature=0))
-    return [
-        torch.tensor([[entry[t].logprob for t in range(len(entry))] for entry in out.prompt_logprobs[1:]])
-        for out in outs
-    ]
-
-
 def test_exact_path_equals_transformers_on_the_dequantized_checkpoint(served):
     folder, hf_model = served
     llm = LLM(folder, device="cpu", **COMMON)
-    for ids, got in zip(PROMPTS, engine_logprobs(llm)):
+    for ids, got in zip(PROMPTS, prompt_logprobs(llm, PROMPTS)):
         want = reference.hf_logprobs(hf_model, ids)[:-1]
         torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)
     greedy = llm.generate(PROMPTS, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True))
@@ -104,6 +96,6 @@ def test_exact_path_equals_transformers_on_the_dequantized_checkpoint(served):
 
 def test_packed_kernel_is_within_its_activation_rounding(served):
     folder, hf_model = served
-    for ids, got in zip(PROMPTS, engine_logprobs(LLM(folder, **COMMON))):
+    for ids, got in zip(PROMPTS, prompt_logprobs(LLM(folder, **COMMON), PROMPTS)):
         want = reference.hf_logprobs(hf_model, ids)[:-1]
         assert (got - want).abs().mean() <= 0.02

@@ -1,0 +1,101 @@
+"""One projection's compressed-tensors tensors -> the forms the engine's kernels run.
+
+* ``pack-quantized`` (compressed-tensors' ``pack_to_int32``): signed ``bits``-bit values
+  ``q`` stored as ``q + 2^(bits−1)``, densely packed along the inputs — value ``i`` of a row at
+  bit ``i·bits`` of the row's int32 words, so for 4 and 8 bits word ``c`` holds values
+  ``c·32/bits …``, the lowest first; ``weight_scale`` [N, K/group] (group) or [N, 1]
+  (channel); asymmetric weights add ``weight_zero_point``, signed values packed the same way
+  along the *outputs* [N·bits/32, K/group]; ``weight_shape`` [N, K]. ``w = (q − z) · s``.
+* ``int-quantized``: ``weight`` int8 [N, K] as it is, ``weight_scale`` per tensor, row or group.
+* ``nvfp4-pack-quantized``: ``weight_packed`` uint8 [N, K/2], two e2m1 codes a byte (the even
+  element in the low nibble), ``weight_scale`` float8_e4m3 [N, K/16], ``weight_global_scale``
+  float32 [1]: ``w = e2m1 · weight_scale / weight_global_scale``.
+
+Each becomes :class:`~engine.layers.group_affine.AffineWeight` (``q · scale + offset`` with an
+unsigned ``q``): a packed value's unsigned storage ``u = q + 2^(bits−1)`` is that ``q`` with
+offset ``−(z + 2^(bits−1)) · s``; e2m1 values doubled are integers −12…12 (the MXFP4 plugin's
+table), so NVFP4 is ``u = 2v + 12`` with scale ``s/2`` and offset ``−12 · s/2``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from engine.layers.group_affine import AffineWeight
+from engine_quant_awq_gptq.formats import unpack_words
+from engine_quant_compressed_tensors.config import NVFP4_GROUP, Weights
+from engine_quant_mxfp4.format import E2M1
+
+
+def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(tensor.shape) != shape:
+        raise ValueError(
+            f"quantization: compressed-tensors {name} has shape {tuple(tensor.shape)}, "
+            f"the layer expects {shape}"
+        )
+
+
+def scale_groups(weights: Weights, inputs: int) -> int:
+    """How many scales a row holds (refusing a group size that does not divide the inputs)."""
+    if weights.strategy in ("group", "tensor_group"):
+        if inputs % weights.group:
+            raise ValueError(
+                f"quantization: compressed-tensors group_size {weights.group} does not divide "
+                f"a layer's input size {inputs}"
+            )
+        return inputs // weights.group
+    return 1
+
+
+def _row_scales(scale: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
+    """A checkpoint's per-tensor, per-row or per-group scale as float32 [rows, groups]."""
+    scale = scale.float()
+    if scale.numel() == 1:
+        return scale.reshape(1, 1).expand(rows, groups).contiguous()
+    _expect("weight_scale", scale, (rows, groups))
+    return scale
+
+
+def packed_int(tensors: dict, weights: Weights, rows: int, inputs: int) -> AffineWeight:
+    """``pack-quantized``: ``weight_packed``, ``weight_scale``, ``weight_shape`` and, for
+    asymmetric weights, ``weight_zero_point``."""
+    bits, per_word, groups = weights.bits, 32 // weights.bits, scale_groups(weights, inputs)
+    _expect("weight_shape", tensors["weight_shape"], (2,))
+    if tuple(tensors["weight_shape"].tolist()) != (rows, inputs):
+        raise ValueError(
+            f"quantization: compressed-tensors weight_shape {tensors['weight_shape'].tolist()} "
+            f"is not the layer's {[rows, inputs]}"
+        )
+    _expect("weight_packed", tensors["weight_packed"], (rows, inputs // per_word))
+    u = unpack_words(tensors["weight_packed"], bits).reshape(rows, inputs)
+    scale = _row_scales(tensors["weight_scale"], rows, groups)
+    zero = torch.zeros(rows, groups)
+    if not weights.symmetric:
+        _expect("weight_zero_point", tensors["weight_zero_point"], (rows // per_word, groups))
+        stored = unpack_words(tensors["weight_zero_point"].t(), bits).reshape(groups, rows).t()
+        zero = (stored - 2 ** (bits - 1)).float()
+    offset = -(zero + 2 ** (bits - 1)) * scale
+    return AffineWeight(u.to(torch.uint8), scale, offset, inputs // groups, bits)
+
+
+def int8_values(tensors: dict, weights: Weights, rows: int, inputs: int) -> AffineWeight:
+    """``int-quantized``: ``weight`` int8 and ``weight_scale``."""
+    q = tensors["weight"]
+    if q.dtype != torch.int8:
+        raise ValueError(f"quantization: compressed-tensors int-quantized weight is {q.dtype}, expected int8")
+    _expect("weight", q, (rows, inputs))
+    groups = scale_groups(weights, inputs)
+    scale = _row_scales(tensors["weight_scale"], rows, groups)
+    return AffineWeight((q.to(torch.int16) + 128).to(torch.uint8), scale, -128 * scale, inputs // groups, 8)
+
+
+def nvfp4(tensors: dict, weights: Weights, rows: int, inputs: int) -> AffineWeight:
+    """``nvfp4-pack-quantized``: ``weight_packed``, ``weight_scale``, ``weight_global_scale``."""
+    packed, groups = tensors["weight_packed"], scale_groups(weights, inputs)
+    _expect("weight_packed", packed, (rows, inputs // 2))
+    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(rows, inputs).long()
+    u = ((E2M1 * 2).to(torch.int16)[codes] + 12).to(torch.uint8)
+    global_scale = tensors["weight_global_scale"].float()
+    _expect("weight_global_scale", global_scale.reshape(-1), (1,))
+    half_scale = _row_scales(tensors["weight_scale"], rows, groups) / global_scale.reshape(()) / 2
+    return AffineWeight(u, half_scale, -12 * half_scale, NVFP4_GROUP, 5)
