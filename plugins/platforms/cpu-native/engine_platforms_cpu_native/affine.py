@@ -1,5 +1,5 @@
-"""Group-affine weights on the VNNI kernel (``quant_gemm.c``): int8 activations × 4-bit or
-8-bit unsigned weights, one scale and offset per 32 inputs.
+"""Group-affine weights on the VNNI or AVX2 kernel (``quant_gemm.c``): int8 activations ×
+4-bit or 8-bit unsigned weights, one scale and offset per 32 inputs.
 
 :class:`PackedAffine` is what :meth:`NativeLayerOps.pack_affine` returns: the weight repacked
 once into the kernel's layout, a matmul (``forward``) and row lookups (``rows``) in one module.
@@ -72,7 +72,8 @@ class PackedAffine(Layer):
     w[ids], both in ``dtype``. 4-bit values take half a byte, 5- to 8-bit ones a byte; the
     scales and offsets are float16 where that holds them exactly (GGUF's Q4_0…Q8_0 store d
     and m as float16: 0.125 B a parameter), else float32 (K-quants' d · 6-bit scale).
-    ``portable=True`` runs the plain-C build (what a CPU without AVX512_VNNI gets), for tests."""
+    ``portable=True`` runs the plain-C build (what a CPU without AVX512_VNNI or AVX2 gets), for
+    tests."""
 
     def __init__(self, weight: AffineWeight, dtype: torch.dtype, portable: bool = False):
         super().__init__()
