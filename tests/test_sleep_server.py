@@ -2,7 +2,9 @@
 flight (they finish whole) while new requests get 503 with ``Retry-After``, the engine core's
 resident memory drops, ``/wake_up`` serves the same tokens again; a trainer in another process
 saves new weights and posts ``/update_weights_from_disk``, after which the server's greedy tokens
-are the new checkpoint's in ``transformers``; ``/reset_prefix_cache``; bad calls are 400s."""
+are the new checkpoint's in ``transformers``; another broadcasts them over a gloo group
+(``/init_weights_update_group``, ``/update_weights_from_distributed``), with the same result;
+``/reset_prefix_cache``; bad calls are 400s."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import httpx
 import pytest
 
 from engine.testing import reference
+from engine.testing.ports import free_port
 from tests.conftest import TINY_LLAMA
 from tests.serving import Streams, error_codes, serve
 
@@ -25,6 +28,7 @@ ARGS = ("--dtype", "float32", "--kv-cache-memory-bytes", "96MiB", "--max-model-l
 PROMPT = [1, 9, 300, 41, 7, 7, 1200]
 MiB = 1 << 20
 HI = {"prompt": "Hi", "max_tokens": 2}
+GROUP = {"master_address": "127.0.0.1", "master_port": 1, "rank_offset": 1, "world_size": 2}
 
 TRAINER = """
 import sys, httpx, torch
@@ -38,6 +42,41 @@ model.save_pretrained(target, safe_serialization=True)
 reply = httpx.post(url + "/update_weights_from_disk", json={"model_path": target},
                    headers={"Authorization": "Bearer " + key}, timeout=120)
 print(reply.status_code, reply.text)
+"""
+
+
+TRAINER_OVER_GLOO = """
+import datetime, os, sys, threading, httpx, torch, torch.distributed as dist
+from safetensors import safe_open
+from transformers import AutoModelForCausalLM
+url, key, source, port, target = sys.argv[1:]
+model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+with torch.no_grad():  # one "training step": every weight moves
+    for p in model.parameters():
+        p.mul_(-1.5)
+state = model.state_dict()
+with safe_open(os.path.join(source, "model.safetensors"), "pt") as f:
+    names = sorted(f.keys())  # the checkpoint's names (a tied LM head is not among them)
+headers, replies = {"Authorization": "Bearer " + key}, []
+def post(path, body):
+    replies.append(httpx.post(url + path, json=body, headers=headers, timeout=120))
+timeout = datetime.timedelta(seconds=60)
+store = dist.TCPStore("127.0.0.1", int(port), 2, True, timeout=timeout, wait_for_workers=False)
+join = {"master_address": "127.0.0.1", "master_port": int(port), "rank_offset": 1, "world_size": 2,
+        "group_name": "sync", "backend": "gloo"}
+joining = threading.Thread(target=post, args=("/init_weights_update_group", join))
+joining.start()
+group = dist.ProcessGroupGloo(dist.PrefixStore("sync", store), 0, 2, timeout)
+joining.join()
+update = {"names": names, "dtypes": ["float32"] * len(names), "shapes": [list(state[n].shape) for n in names]}
+updating = threading.Thread(target=post, args=("/update_weights_from_distributed", update))
+updating.start()
+for name in names:
+    group.broadcast(state[name].contiguous(), 0).wait()
+updating.join()
+post("/destroy_weights_update_group", None)
+model.save_pretrained(target, safe_serialization=True)  # for the test to compare
+print(*(r.status_code for r in replies), *(r.text for r in replies))
 """
 
 
@@ -118,6 +157,42 @@ def test_a_trainer_process_updates_the_weights(server, tmp_path):
     assert [int(t.removeprefix("token_id:")) for t in tokens] == want
 
 
+def test_a_trainer_broadcasts_new_weights_over_gloo(server, tmp_path):
+    target = str(tmp_path / "broadcast")
+    script = textwrap.dedent(TRAINER_OVER_GLOO)
+    trainer = subprocess.run(
+        [sys.executable, "-c", script, server.url, server.api_key, server.folder, str(free_port()), target],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert trainer.stdout.startswith("200 200 200"), trainer.stdout + trainer.stderr
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(target).eval()
+    try:
+        assert greedy(server)["choices"][0]["text"] != ""
+        with server.http() as http:
+            body = {
+                "model": server.model(),
+                "prompt": PROMPT,
+                "max_tokens": 8,
+                "temperature": 0,
+                "logprobs": 0,
+            }
+            choice = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}).json()
+        tokens = choice["choices"][0]["logprobs"]["tokens"]
+        assert [int(t.removeprefix("token_id:")) for t in tokens] == reference.hf_greedy(
+            trained, [PROMPT], 8
+        )[0]
+    finally:
+        with server.http() as http:
+            assert (
+                http.post("/update_weights_from_disk", json={"model_path": server.folder}).status_code == 200
+            )
+
+
 def test_reset_prefix_cache_forgets_cached_prompts(server):
     prompt = list(range(1, 80))
     greedy(server, prompt, 1)
@@ -133,6 +208,15 @@ def test_reset_prefix_cache_forgets_cached_prompts(server):
         ("/sleep", {"level": "3"}, None, "level must be 1 or 2"),
         ("/update_weights_from_disk", None, {}, "'model_path' must be provided"),
         ("/update_weights_from_disk", None, {"model_path": "/nonexistent/ckpt"}, "nonexistent"),
+        (
+            "/update_weights_from_distributed",
+            None,
+            {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]]},
+            "first",
+        ),
+        ("/update_weights_from_distributed", None, {}, "'names'"),
+        ("/init_weights_update_group", None, GROUP | {"rank_offset": 0}, "rank_offset 0"),
+        ("/init_weights_update_group", None, GROUP | {"backend": "nccl"}, "backend 'nccl'"),
     ],
 )
 def test_bad_calls_are_400s_and_change_nothing(server, path, params, body, words):

@@ -99,6 +99,19 @@ SLEEP_PATHS = {
         "UpdateWeightsResult",
         "Serve the weights of a checkpoint folder of the same architecture (after the requests in flight)",
     ),
+    "/init_weights_update_group": (
+        "post",
+        "InitWeightsUpdateGroupRequest",
+        "UpdateWeightsResult",
+        "Join a trainer's torch.distributed group (gloo) to receive weights from it",
+    ),
+    "/update_weights_from_distributed": (
+        "post",
+        "UpdateWeightsFromDistributedRequest",
+        "UpdateWeightsResult",
+        "Receive the named tensors the trainer broadcasts and serve them (after the requests in flight)",
+    ),
+    "/destroy_weights_update_group": ("post", None, "UpdateWeightsResult", "Leave the trainer's group"),
 }
 LEVEL = {"name": "level", "in": "query", "required": False, "schema": {"type": "integer", "enum": [1, 2]}}
 

@@ -229,9 +229,38 @@ class UpdateWeightsRequest(msgspec.Struct, kw_only=True):
     model_path: str = ""
 
 
+class InitWeightsUpdateGroupRequest(msgspec.Struct, kw_only=True):
+    """``POST /init_weights_update_group`` (SGLang's): join a trainer's ``torch.distributed`` group,
+    whose TCP store the trainer (rank 0) hosts at ``master_address:master_port``."""
+
+    master_address: str
+    master_port: int
+    rank_offset: int
+    world_size: int
+    group_name: str = "weight_update_group"
+    backend: str = "gloo"
+
+
+class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True):
+    """``POST /update_weights_from_distributed`` (SGLang's): the tensors the trainer broadcasts
+    next, in order, by checkpoint name — ``names``/``dtypes``/``shapes``, or one ``name``/``dtype``/
+    ``shape`` as SGLang's first version took them."""
+
+    names: list[str] = []
+    dtypes: list[str] = []
+    shapes: list[list[int]] = []
+    name: str | None = None
+    dtype: str | None = None
+    shape: list[int] | None = None
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+
+
 # the routes a server has only with a flag (--allow-runtime-lora-updating, --enable-sleep-mode)
 OPTIONAL_BODIES = {
     "LoadLoRAAdapterRequest": LoadLoRAAdapterRequest,
     "UnloadLoRAAdapterRequest": UnloadLoRAAdapterRequest,
     "UpdateWeightsRequest": UpdateWeightsRequest,
+    "InitWeightsUpdateGroupRequest": InitWeightsUpdateGroupRequest,
+    "UpdateWeightsFromDistributedRequest": UpdateWeightsFromDistributedRequest,
 }

@@ -40,8 +40,17 @@ class Shutdown(msgspec.Struct, tag=True):
 
 # EngineCore methods a front end may call between steps (sleep mode, weight updates, the prefix
 # cache); the ones that change what requests compute wait until no request is in flight
-CONTROL_METHODS = ("reset_prefix_cache", "sleep", "wake_up", "is_sleeping", "update_weights_from_disk")
-WAITS_FOR_IDLE = ("sleep", "update_weights_from_disk")
+CONTROL_METHODS = (
+    "reset_prefix_cache",
+    "sleep",
+    "wake_up",
+    "is_sleeping",
+    "update_weights_from_disk",
+    "init_weights_update_group",
+    "update_weights_from_distributed",
+    "destroy_weights_update_group",
+)
+WAITS_FOR_IDLE = ("sleep", "update_weights_from_disk", "update_weights_from_distributed")
 
 
 class Control(msgspec.Struct, tag=True):

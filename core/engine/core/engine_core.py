@@ -7,6 +7,7 @@ next drafts.
 
 from __future__ import annotations
 
+import datetime
 import logging
 import time
 
@@ -20,6 +21,7 @@ from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
+from engine.core.weight_sync import UpdatedLoader, WeightUpdateGroup
 from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext, MultiModalProcessor
 from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
@@ -168,6 +170,7 @@ class EngineCore:
         if config.parallel.tensor_parallel_size > 1:
             report.lap("other ranks")
         self._sleep: SleepMode | None = None  # built at the first sleep or weight update
+        self._weight_group: WeightUpdateGroup | None = None  # a trainer's, once joined
         if config.enable_sleep_mode:
             setup.check_sleep_mode(config, self.platform, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
@@ -629,6 +632,48 @@ class EngineCore:
         self._sleep_mode().load(model_path)
         self.reset_prefix_cache()
 
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+    ) -> None:
+        """Join a trainer's ``torch.distributed`` group as rank ``rank_offset`` (SGLang's call:
+        :mod:`engine.core.weight_sync`); waits for the trainer, at most ``distributed_timeout``."""
+        setup.check_in_place("init_weights_update_group", self.config, self.connector)
+        if self._weight_group is not None:
+            raise ValueError("init_weights_update_group: a group is open; destroy_weights_update_group first")
+        loader, _ = setup.select_loader(
+            self.registry, self._sleep_mode().checkpoint, self.config.model.load_format
+        )
+        if loader.quant_config():
+            raise ValueError(
+                "init_weights_update_group: the served checkpoint is quantized; a trainer's float "
+                "tensors cannot replace its blocks (serve a float checkpoint, quantized at load if need be)"
+            )
+        timeout = datetime.timedelta(seconds=self.config.parallel.distributed_timeout)
+        self._weight_group = WeightUpdateGroup(
+            master_address, master_port, rank_offset, world_size, group_name, backend, timeout
+        )
+
+    def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]]
+    ) -> None:
+        """Receive ``names`` from the trainer (its broadcasts, in this order) and serve the
+        checkpoint with them in place of its own tensors; the prefix cache is forgotten."""
+        setup.check_in_place("update_weights_from_distributed", self.config, self.connector)
+        if self._weight_group is None:
+            raise ValueError("update_weights_from_distributed: no group; init_weights_update_group first")
+        self._require_idle("update_weights_from_distributed")
+        self._sleep_mode().load_tensors(self._weight_group.receive(names, dtypes, shapes))
+        self.reset_prefix_cache()
+
+    def destroy_weights_update_group(self) -> None:
+        self._weight_group = None
+
     def _require_idle(self, what: str) -> None:
         if self.has_unfinished() or self.has_pending_transfers():
             raise ValueError(f"{what}: requests are in flight; wait for them to finish")
@@ -637,8 +682,10 @@ class EngineCore:
         if self._sleep is None:
             config = self.config
 
-            def rebuild(path: str):
+            def rebuild(path: str, tensors: dict):
                 loader, _ = setup.select_loader(self.registry, path, config.model.load_format)
+                if tensors:
+                    loader = UpdatedLoader(loader, tensors)
                 hf_config = loader.hf_config()
                 return setup.build_model(
                     self.registry,

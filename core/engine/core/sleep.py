@@ -1,6 +1,6 @@
 """Sleep mode and weight updates: what an RL trainer sharing the machine needs (vLLM's
 ``--enable-sleep-mode`` with ``/sleep?level=`` and ``/wake_up``; SGLang's
-``update_weights_from_disk``).
+``update_weights_from_disk`` and ``update_weights_from_distributed``).
 
 Memory is given back in place (:meth:`engine.interfaces.Platform.release_memory`): every
 tensor keeps its address, so the recorded step graphs, the runner and the KV connector keep
@@ -9,11 +9,13 @@ their references and nothing is rebuilt on waking.
 - Level 1: the KV cache is released (its prefix cache forgotten) and the weights are written to
   an unlinked temporary file (``TMPDIR``) before theirs is released; waking reads them back.
 - Level 2: the weights are discarded too; waking reads them from the checkpoint (the one the
-  engine started with, or the last ``update_weights_from_disk``).
+  engine started with, or the last ``update_weights_from_disk``) with the tensors a trainer sent
+  since (kept for this, as the trainer sent them).
 
-A weight update builds the new checkpoint's model like the served one, checks that every tensor
-matches in name, shape and dtype (nothing changes otherwise), copies them in place and forgets
-the prefix cache, whose blocks the old weights computed.
+A weight update builds the new weights' model like the served one — from a checkpoint, or from
+the served checkpoint with a trainer's tensors in place of its own (:mod:`engine.core.weight_sync`)
+— checks that every tensor matches in name, shape and dtype (nothing changes otherwise), copies
+them in place and forgets the prefix cache, whose blocks the old weights computed.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ LEVELS = (1, 2)
 
 
 class SleepMode:
-    """``rebuild(path)``: a fresh model from the checkpoint at ``path``, built as the served one."""
+    """``rebuild(path, tensors)``: a fresh model from the checkpoint at ``path``, ``tensors`` (checkpoint
+    name -> tensor) in place of its own, built as the served one."""
 
     def __init__(self, platform, model: nn.Module, kv_caches: list[torch.Tensor], rebuild: Callable, path):
         self.platform, self.model, self.kv_caches = platform, model, kv_caches
         self.rebuild = rebuild
         self.checkpoint = path
+        self.received: dict[str, torch.Tensor] = {}  # a trainer's tensors since the checkpoint's
         self.level = 0  # 0: awake
         self._stash = None  # the weights' bytes while asleep at level 1, in storage order
         self._discarded = False  # the weights were released without a copy (level 2)
@@ -62,26 +66,36 @@ class SleepMode:
             _read(self._stash, _storages(t for _, t in named_tensors(self.model)))
             self._drop_stash()
         elif self._discarded:
-            self.load(self.checkpoint)
+            self._copy_in(self.rebuild(self.checkpoint, self.received), "the weights")
+            self._discarded = False
         self.level = 0
 
     def load(self, path: str) -> None:
         """Copy the weights of the checkpoint at ``path`` into the served model, in place
         (asleep too: waking then keeps them)."""
-        fresh = dict(named_tensors(self.rebuild(path)))
+        self._copy_in(self.rebuild(path, {}), f"weights at {path}")
+        self.checkpoint, self.received = path, {}
+
+    def load_tensors(self, tensors: dict[str, torch.Tensor]) -> None:
+        """Serve the checkpoint with ``tensors`` (and those sent before) in place of its own."""
+        received = {**self.received, **tensors}
+        self._copy_in(self.rebuild(self.checkpoint, received), "the trainer's weights")
+        self.received = received
+
+    def _copy_in(self, model: nn.Module, what: str) -> None:
+        fresh = dict(named_tensors(model))
         served = dict(named_tensors(self.model))
         for name, tensor in fresh.items():
             old = served.get(name)
             if old is None or old.shape != tensor.shape or old.dtype != tensor.dtype:
                 found = "missing" if old is None else f"{tuple(old.shape)} {old.dtype}"
                 raise ValueError(
-                    f"weights at {path} do not fit the served model: {name} is "
+                    f"{what} do not fit the served model: {name} is "
                     f"{tuple(tensor.shape)} {tensor.dtype} there, {found} here"
                 )
         with torch.no_grad():
             for name, tensor in fresh.items():
                 served[name].copy_(tensor)
-        self.checkpoint = path
         self._drop_stash()
         self._discarded = False
 

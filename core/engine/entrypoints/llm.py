@@ -182,6 +182,37 @@ class LLM:
         """Serve the weights of the checkpoint at ``model_path`` (same architecture) from now on."""
         self.client.control("update_weights_from_disk", model_path=model_path)
 
+    def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        group_name: str = "weight_update_group",
+        backend: str = "gloo",
+    ) -> None:
+        """Join a trainer's ``torch.distributed`` group (SGLang's call; the trainer is rank 0 and
+        hosts the group's store: :mod:`engine.core.weight_sync`); waits for the trainer."""
+        self.client.control(
+            "init_weights_update_group",
+            master_address=master_address,
+            master_port=master_port,
+            rank_offset=rank_offset,
+            world_size=world_size,
+            group_name=group_name,
+            backend=backend,
+        )
+
+    def update_weights_from_distributed(
+        self, names: list[str], dtypes: list[str], shapes: list[list[int]]
+    ) -> None:
+        """Receive the tensors the trainer broadcasts, in this order, by checkpoint name, and
+        serve the checkpoint with them in place of its own."""
+        self.client.control("update_weights_from_distributed", names=names, dtypes=dtypes, shapes=shapes)
+
+    def destroy_weights_update_group(self) -> None:
+        self.client.control("destroy_weights_update_group")
+
     def chat(
         self,
         messages: list[dict] | list[list[dict]],
