@@ -13,7 +13,7 @@ import torch
 
 from engine.client import protocol
 from engine.entrypoints.chat_template import conversation
-from engine.entrypoints.images import load_image_url, split_images
+from engine.entrypoints.images import MediaPolicy, load_image_url, split_images
 from engine.interfaces import ProcessedImage
 from engine.messages.kv_events import block_hashes, chain_hashes
 from engine.messages.multimodal import MultiModalItem, check_mm_items, expand_placeholders, images_of
@@ -166,8 +166,9 @@ def test_data_urls_decode_to_images():
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("http://example.com/cat.png", "only base64 data: URLs are accepted, got a 'http' URL"),
-        ("file:///etc/passwd", "got a 'file' URL"),
+        ("http://example.com/cat.png", "fetching from 'example.com' is not allowed"),
+        ("file:///etc/passwd", "file: URLs are off"),
+        ("ftp://example.com/cat.png", "a 'ftp' URL is not accepted"),
         ("data:image/png,rawbytes", "must be base64"),
         ("data:image/png;base64,***", "not valid base64"),
         (_data_url(b"not an image at all"), "not an image PIL can read"),
@@ -181,9 +182,9 @@ def test_bad_image_urls_are_refused_by_name(url, message):
 
 def test_an_image_over_the_pixel_limit_is_refused_before_decoding():
     raw = _png(100, 100)
-    assert load_image_url(_data_url(raw), max_pixels=10_000).size == (100, 100)
+    assert load_image_url(_data_url(raw), MediaPolicy(max_pixels=10_000)).size == (100, 100)
     with pytest.raises(InvalidParam, match="a 100x100 image \\(10000 pixels\\) exceeds the limit of 9999"):
-        load_image_url(_data_url(raw), max_pixels=9_999)
+        load_image_url(_data_url(raw), MediaPolicy(max_pixels=9_999))
 
 
 def test_image_parts_leave_their_messages_in_order():
@@ -205,7 +206,7 @@ def test_image_parts_leave_their_messages_in_order():
     with pytest.raises(InvalidParam, match="unsupported content part 'video_url' \\(text, image_url"):
         conversation([{"role": "user", "content": [{"type": "video_url"}]}], image_parts=True)
     with pytest.raises(InvalidParam, match="unsupported content part 'image' \\(only text parts here\\)"):
-        conversation(out)  # the server's chat route takes no images yet
+        conversation(out)  # a front end that takes no images
 
 
 def test_a_text_only_model_refuses_images(tiny_llm):
