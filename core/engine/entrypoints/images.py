@@ -188,7 +188,12 @@ def decode_image(raw: bytes, max_pixels: int | None = None):
     limit = max_pixels if max_pixels is not None else Image.MAX_IMAGE_PIXELS
     try:
         image = Image.open(io.BytesIO(raw))
-    except (UnidentifiedImageError, OSError, Image.DecompressionBombError):
+    except Image.DecompressionBombError:
+        raise InvalidParam(
+            "messages",
+            f"image_url: the image's header claims more than twice {limit} pixels (a decompression bomb)",
+        ) from None
+    except (UnidentifiedImageError, OSError):
         raise InvalidParam("messages", "image_url: the data is not an image PIL can read") from None
     width, height = image.size
     if limit is not None and width * height > limit:
