@@ -217,3 +217,28 @@ def test_a_text_only_model_refuses_images(tiny_llm):
     with pytest.raises(InvalidParam, match="this model takes no images"):
         tiny_llm.engine.add_request(Request("mm", [1, 2, 3], SamplingParams(), mm_items=(item("a", 1, 2),)))
     assert not tiny_llm.engine.has_unfinished()
+
+
+def test_encoder_budget_cuts_a_chunk_before_an_image_that_does_not_fit():
+    """An image is charged whole to the step that first reaches it; a chunk stops before the
+    first one the step's budget no longer holds; a lone image longer than the whole budget
+    gets a step of its own; a preempted request's images are charged again."""
+    from engine.builtin.encoder_budget import EncoderBudget
+
+    first, second = (
+        MultiModalItem("image", offset, length, str(offset), {}) for offset, length in ((5, 16), (25, 10))
+    )
+    request = Request("r", list(range(40)), SamplingParams(), mm_items=(first, second))
+    budget = EncoderBudget(20)
+    charge = budget.fit(request, 0, 40)
+    assert (charge.num_new, charge.tokens) == (25, 16)  # the second image waits
+    budget.charge(request, charge)
+    budget.begin()
+    assert (budget.fit(request, 25, 15).num_new, budget.fit(request, 25, 15).tokens) == (15, 10)
+    assert budget.fit(request, 10, 5).tokens == 0  # the first image's later rows: charged already
+    budget.forget("r")  # preempted
+    assert budget.fit(request, 10, 5).tokens == 16
+    small = EncoderBudget(8)
+    assert (small.fit(request, 0, 40).num_new, small.fit(request, 0, 40).tokens) == (25, 16)  # alone
+    small.left = 7
+    assert small.fit(request, 0, 40).num_new == 5  # not alone: waits for a step of its own
