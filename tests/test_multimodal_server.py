@@ -15,6 +15,7 @@ import json
 import os
 import socket
 import threading
+import time
 
 import httpx
 import torch
@@ -142,11 +143,21 @@ def test_file_urls_only_inside_the_allowed_folder(llava_server, tmp_path):
 
 
 class _Images(http.server.BaseHTTPRequestHandler):
-    """/cat.png: a PNG; /moved: a redirect; /big: more than --max-media-bytes."""
+    """/cat.png: a PNG; /moved: a redirect; /big: more than --max-media-bytes; /slow: a byte
+    every 0.2 s for 2.4 s (each read within the socket timeout, the whole past the fetch's)."""
 
     body = b""
 
     def do_GET(self):
+        if self.path == "/slow":
+            self.send_response(200)
+            self.send_header("Content-Length", "1000")
+            self.end_headers()
+            for _ in range(12):
+                self.wfile.write(b"\0")
+                self.wfile.flush()
+                time.sleep(0.2)
+            return
         if self.path == "/moved":
             self.send_response(302)
             self.send_header("Location", "/cat.png")
@@ -194,4 +205,10 @@ def test_http_urls_only_from_allowed_hosts_without_redirects_within_limits(llava
         )
         status, message = error_of(server, f"http://127.0.0.1:{silent.getsockname()[1]}/cat.png")
         assert status == 400 and "timed out" in message, message
+        started = time.monotonic()
+        assert error_of(server, f"http://127.0.0.1:{port}/slow") == (
+            400,
+            "image_url: fetching the URL timed out",
+        )
+        assert time.monotonic() - started < 2.0  # --media-fetch-timeout 1 bounds the whole fetch
     assert error_of(server, f"http://127.0.0.1:{port}/cat.png")[0] == 400  # gone: refused, not hung

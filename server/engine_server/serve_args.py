@@ -381,7 +381,7 @@ def _add_media_arguments(add) -> None:
         type=_positive_float,
         default=5.0,
         metavar="SECONDS",
-        help="an http(s) image fetch gives up after this long without progress (a 400); default: 5",
+        help="an http(s) image fetch (connecting and reading) gives up after this long (a 400); default: 5",
     )
     add(
         "--max-media-bytes",

@@ -8,9 +8,9 @@ Where an ``image_url`` may point is the :class:`MediaPolicy`'s to say: a base64 
 always; a ``file:`` URL only inside ``allowed_local_media_path`` (vLLM's flag; the path's
 symlinks resolved before the check, so none leads out); an ``http(s):`` URL only on a host of
 ``allowed_media_domains`` (vLLM's flag; off by default), fetched without redirects, within a
-timeout and a byte cap. Every image is bounded by its pixel count, read from its header before
-any pixel is decoded (PIL's ``MAX_IMAGE_PIXELS``), so a decompression bomb costs nothing. Each
-refusal is an :class:`InvalidParam` naming what is wrong (a 400 on the server)."""
+timeout (the whole fetch) and a byte cap. Every image is bounded by its pixel count, read from
+its header before any pixel is decoded (PIL's ``MAX_IMAGE_PIXELS``), so a decompression bomb
+costs nothing. Each refusal is an :class:`InvalidParam` naming what is wrong (a 400 on the server)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import base64
 import binascii
 import io
 import os
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -28,6 +29,7 @@ from engine.messages.sampling_params import InvalidParam
 
 IMAGE_PART = {"type": "image"}  # what a template sees where an image was
 IMAGE_PART_TYPES = ("image_url", "image_pil")
+FETCH_CHUNK = 64 * 1024  # bytes read at a time from a fetched image
 
 
 @attrs.frozen
@@ -168,16 +170,33 @@ def _fetched_bytes(url: str, policy: MediaPolicy) -> bytes:
             "the hosts of --allowed-media-domains (allowed_media_domains)",
         )
     opener = urllib.request.build_opener(_NoRedirects)
+    deadline = time.monotonic() + policy.fetch_timeout
     try:
         with opener.open(url, timeout=policy.fetch_timeout) as response:
-            return response.read(policy.max_bytes + 1)
-    except InvalidParam:  # a redirect refused
+            return _read_until(response, policy.max_bytes + 1, deadline)
+    except InvalidParam:  # a redirect refused, the deadline passed
         raise
     except urllib.error.HTTPError as exc:
         raise InvalidParam("messages", f"image_url: fetching the URL failed with HTTP {exc.code}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         reason = getattr(exc, "reason", exc)
         raise InvalidParam("messages", f"image_url: fetching the URL failed ({reason})") from None
+
+
+def _read_until(response, limit: int, deadline: float) -> bytes:
+    """At most ``limit`` bytes of the body, refused once ``deadline`` passed (a server that
+    trickles bytes cannot hold a fetch past it by more than one socket timeout)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        if time.monotonic() > deadline:
+            raise InvalidParam("messages", "image_url: fetching the URL timed out")
+        chunk = response.read1(min(FETCH_CHUNK, limit - size))  # what arrived: read() waits for all
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def decode_image(raw: bytes, max_pixels: int | None = None):
