@@ -327,6 +327,7 @@ def _image_cases() -> list[tuple[str, str, int, str | None, str]]:
         (png_header_url(10_000, 10_000), "(100000000 pixels) exceeds the limit"),  # before decoding
         (png_header_url(100_000, 100_000), "decompression bomb"),  # PIL's own check, past twice that
         (png_url(64, 64, cut=60), "broken"),  # a truncated PNG
+        (png_header_url(60_000, 1), "more than 200 times as long as it is wide"),  # resized: 3.4M x 56
         ("ftp://127.0.0.1/cat.png", "a 'ftp' URL is not accepted"),
         ("http://example.com/cat.png", "fetching from 'example.com' is not allowed"),
         ("file:///etc/passwd", "the file: URL leads outside allowed_local_media_path"),
@@ -362,6 +363,13 @@ def _image_cases() -> list[tuple[str, str, int, str | None, str]]:
             400,
             "messages",
             "1 image(s) but the prompt has 2 image placeholder(s)",
+        ),
+        (
+            CHAT,
+            j({"messages": [user([{"type": "image_pil", "image_pil": "x"}])]}),
+            400,
+            "messages",
+            "image_pil: give a PIL image",
         ),
         (C, j({"prompt": "hi", "multi_modal_data": {"image": good}}), 400, None, "multi_modal_data"),
     ]

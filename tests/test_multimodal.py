@@ -188,17 +188,22 @@ def test_an_image_over_the_pixel_limit_is_refused_before_decoding():
 
 
 def test_image_parts_leave_their_messages_in_order():
+    from PIL import Image
+
     url = _data_url(_png(2, 2))
+    first = Image.new("RGB", (3, 1))
     messages = [
         {"role": "system", "content": "be brief"},
         {
             "role": "user",
-            "content": [{"type": "image_pil", "image_pil": "first"}, {"type": "text", "text": "hi"}],
+            "content": [{"type": "image_pil", "image_pil": first}, {"type": "text", "text": "hi"}],
         },
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
     ]
     out, images = split_images(messages)
-    assert images[0] == "first" and images[1].size == (2, 2)
+    assert images[0] is first and images[1].size == (2, 2)
+    with pytest.raises(InvalidParam, match="image_pil: give a PIL image"):
+        split_images([{"role": "user", "content": [{"type": "image_pil", "image_pil": "first"}]}])
     assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "hi"}]
     assert conversation(out, image_parts=True)[2]["content"] == [{"type": "image"}]
     text = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]

@@ -10,7 +10,8 @@ symlinks resolved before the check, so none leads out); an ``http(s):`` URL only
 ``allowed_media_domains`` (vLLM's flag; off by default), fetched without redirects, within a
 timeout (the whole fetch) and a byte cap. Every image is bounded by its pixel count, read from
 its header before any pixel is decoded (PIL's ``MAX_IMAGE_PIXELS``), so a decompression bomb
-costs nothing. Each refusal is an :class:`InvalidParam` naming what is wrong (a 400 on the server)."""
+costs nothing, and by its aspect ratio (a strip resized for the model would be huge). Each
+refusal is an :class:`InvalidParam` naming what is wrong (a 400 on the server)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ from engine.messages.sampling_params import InvalidParam
 IMAGE_PART = {"type": "image"}  # what a template sees where an image was
 IMAGE_PART_TYPES = ("image_url", "image_pil")
 FETCH_CHUNK = 64 * 1024  # bytes read at a time from a fetched image
+# a processor resizes the shorter side up to its size: a 1-pixel-high strip within the pixel
+# limit would become a huge tensor (Qwen2-VL's processor refuses the same ratio)
+MAX_ASPECT_RATIO = 200
 
 
 @attrs.frozen
@@ -85,7 +89,12 @@ def count_images(messages: list) -> int:
 def _image_of(part, policy: MediaPolicy):
     kind = part.get("type") if isinstance(part, dict) else None
     if kind == "image_pil":
-        return part["image_pil"]
+        from PIL import Image
+
+        image = part.get("image_pil")
+        if not isinstance(image, Image.Image):  # what JSON sends: image_pil is LLM.chat's
+            raise InvalidParam("messages", "image_pil: give a PIL image (over HTTP: an image_url part)")
+        return image
     if kind == "image_url":
         url = part.get("image_url")
         url = url.get("url") if isinstance(url, dict) else url
@@ -219,6 +228,12 @@ def decode_image(raw: bytes, max_pixels: int | None = None):
         raise InvalidParam(
             "messages",
             f"image_url: a {width}x{height} image ({width * height} pixels) exceeds the limit of {limit}",
+        )
+    if max(width, height) > MAX_ASPECT_RATIO * max(1, min(width, height)):
+        raise InvalidParam(
+            "messages",
+            f"image_url: a {width}x{height} image is more than {MAX_ASPECT_RATIO} times as long as "
+            "it is wide",
         )
     try:
         image.load()
