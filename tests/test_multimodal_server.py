@@ -18,6 +18,7 @@ import threading
 import time
 
 import httpx
+import pytest
 import torch
 
 from engine.testing.multimodal import random_image
@@ -77,15 +78,23 @@ def transformers_greedy(server, tiny_llava, messages: list[dict], image) -> list
     return out[0, len(prompt) :].tolist()
 
 
+@pytest.fixture(scope="module")
+def client(llava_server):
+    """The official client, closed before the server stops (an open keep-alive connection
+    holds a graceful shutdown)."""
+    with llava_server[0].openai() as client:
+        yield client
+
+
 def stream_text(frames: list[str]) -> str:
     chunks = [json.loads(frame) for frame in frames if frame.startswith("{")]
     assert chunks[-1]["choices"][0]["finish_reason"] == "length", frames[-3:]
     return "".join(chunk["choices"][0]["text"] for chunk in chunks)
 
 
-def test_base64_images_beside_text_streams_match_transformers(llava_server, tiny_llava):
+def test_base64_images_beside_text_streams_match_transformers(llava_server, client, tiny_llava):
     server, _ = llava_server
-    client, model = server.openai(), server.model()
+    model = server.model()
     text_body = {"prompt": "Hello", "max_tokens": 30, "temperature": 0}
     alone = stream_text(Streams(server, 1, **text_body).join()[0])
     images = [random_image(21), random_image(22, (40, 70))]
@@ -101,9 +110,9 @@ def test_base64_images_beside_text_streams_match_transformers(llava_server, tiny
         assert usage.prompt_tokens > 16  # the image's 16 placeholder tokens are prompt tokens
 
 
-def test_the_same_image_again_hits_the_prefix_cache_and_runs_no_encoder(llava_server):
+def test_the_same_image_again_hits_the_prefix_cache_and_runs_no_encoder(llava_server, client):
     server, _ = llava_server
-    client, model = server.openai(), server.model()
+    model = server.model()
     messages = image_message(data_url(random_image(31)), "again and ")
     first, first_usage = chat_token_ids(client, model, messages)
     runs = server.metric("vllm:mm_encoder_runs_total")
@@ -120,14 +129,14 @@ def error_of(server, url: str) -> tuple[int, str]:
     return response.status_code, response.json()["error"]["message"] if response.status_code != 200 else ""
 
 
-def test_file_urls_only_inside_the_allowed_folder(llava_server, tmp_path):
+def test_file_urls_only_inside_the_allowed_folder(llava_server, client, tmp_path):
     server, media = llava_server
     image = random_image(41)
     (media / "cat.png").write_bytes(png(image))
     outside = tmp_path / "secret.png"
     outside.write_bytes(png(image))
     os.symlink(outside, media / "link.png")
-    client, model = server.openai(), server.model()
+    model = server.model()
     as_file = chat_token_ids(client, model, image_message(f"file://{media}/cat.png"))[0]
     assert as_file == chat_token_ids(client, model, image_message(data_url(image)))[0]
     for url in (
@@ -185,11 +194,11 @@ def local_http(body: bytes):
             httpd.shutdown()
 
 
-def test_http_urls_only_from_allowed_hosts_without_redirects_within_limits(llava_server):
+def test_http_urls_only_from_allowed_hosts_without_redirects_within_limits(llava_server, client):
     """127.0.0.1 is in --allowed-media-domains; localhost (the same server) is not."""
     server, _ = llava_server
     image = random_image(51)
-    client, model = server.openai(), server.model()
+    model = server.model()
     with local_http(png(image)) as port, socket.create_server(("127.0.0.1", 0)) as silent:
         fetched = chat_token_ids(client, model, image_message(f"http://127.0.0.1:{port}/cat.png"))[0]
         assert fetched == chat_token_ids(client, model, image_message(data_url(image)))[0]
