@@ -85,3 +85,47 @@ def native_affine_missing() -> str:
     except (BuildError, OSError) as exc:
         return f"the cpu-native affine kernels did not build: {exc}"
     return "" if available else "no AVX512-VNNI and no AVX2 here: GGUF matmuls run torch's int4 kernel"
+
+
+@pytest.fixture(scope="session")
+def tiny_llava(tmp_path_factory):
+    """(folder, transformers model, processor) of a tiny random LLaVA (CLIP tower: 16 tokens
+    an image; the kit's byte-level tokenizer)."""
+    testing = pytest.importorskip("engine_models_llava.testing", reason="models-llava is not installed")
+    folder = str(tmp_path_factory.mktemp("tiny-llava"))
+    model, processor = testing.save_tiny_llava(folder)
+    return folder, model, processor
+
+
+LLAVA_SERVER_ARGS = (
+    "--plugins",
+    "models-llava,attention-torch,server",
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "96",
+    "--block-size",
+    "8",
+    "--max-model-len",
+    "72",
+    "--limit-mm-per-prompt",
+    '{"image": 2}',
+    "--enable-prompt-tokens-details",
+    "--allowed-media-domains",
+    "127.0.0.1",
+    "--media-fetch-timeout",
+    "1",
+    "--max-media-bytes",
+    "64KiB",
+)
+
+
+@pytest.fixture(scope="session")
+def llava_server(tiny_llava, tmp_path_factory):
+    """(a real ``engine serve`` of the tiny LLaVA, the folder its file: URLs may read), for
+    every test of images over HTTP: one start per session."""
+    from tests.serving import serve
+
+    media = tmp_path_factory.mktemp("media")
+    with serve(tiny_llava[0], *LLAVA_SERVER_ARGS, "--allowed-local-media-path", str(media)) as server:
+        yield server, media

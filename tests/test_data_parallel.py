@@ -14,7 +14,11 @@ import openai
 import pytest
 
 from engine.client.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from engine.messages.kv_events import block_hashes as engine_block_hashes
 from engine.messages.kv_events import chain_hashes, external_hash
+from engine.messages.multimodal import MultiModalItem
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
 from engine_server.router import BALANCE_ABS, Router, block_hashes
 from tests.conftest import TINY_LLAMA
 from tests.serving import free_port, serve
@@ -69,6 +73,23 @@ def test_the_router_hashes_blocks_as_the_engine_does():
         external_hash(h) for h in chain_hashes(prompt, BLOCK, "salt")
     ]
     assert len(block_hashes(prompt, BLOCK)) == 2
+
+
+def test_the_router_keys_image_blocks_by_the_image():
+    """The router hashes an image's blocks as the engine's prefix cache does (its ``mm_hash``
+    in every block it overlaps), so the same text over another image is another prefix."""
+    prompt = list(range(3 * BLOCK))
+    cat, dog = (MultiModalItem("image", BLOCK + 2, 4, name, {}) for name in ("cat", "dog"))
+    text, with_cat, with_dog = (block_hashes(prompt, BLOCK, None, items) for items in ((), [cat], [dog]))
+    assert with_cat[0] == with_dog[0] == text[0]  # the block before the image
+    assert len({with_cat[1], with_dog[1], text[1]}) == 3
+    request = Request("r", prompt, SamplingParams(), mm_items=(cat,))
+    assert with_cat == [external_hash(h) for h in engine_block_hashes(request, BLOCK)]
+    router = Router("prefix", 2, BLOCK, capacity_blocks=100)
+    assert router.choose(prompt, [0, 0], None, [cat]) == 0
+    assert router.choose(prompt, [1, 0], None, [cat]) == 0  # all three blocks are on replica 0
+    at_start = MultiModalItem("image", 0, 4, "dog", {})
+    assert router.choose(prompt, [1, 0], None, [at_start]) == 1  # nothing of it on 0: the idler one
 
 
 def test_round_robin_takes_turns():

@@ -8,11 +8,15 @@ and the edge checks what needs the key, the content type and the body size."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import json
 import socket
+import struct
 import threading
 import time
+import zlib
 from typing import ClassVar
 
 import httpx
@@ -240,6 +244,10 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         # masks and a grammar that leave no token: the step's fault isolation fails this request alone
         (C, j({"prompt": "hi", "guided_choice": ["apple"], "allowed_token_ids": [5]}), 400, None),
     ]
+    cases += [  # images for a text-only model, and a content part no route takes
+        (CHAT, j({"messages": image_messages(png_url(2, 2))}), 400, "messages"),
+        (CHAT, j({"messages": [user([{"type": "input_audio", "input_audio": {}}])]}), 400, "messages"),
+    ]
     fc = {"type": "function", "name": "f", "parameters": {"type": "object"}}
     cases += [  # /v1/responses: its own fields, and those it hands to the chat route's checks
         (RESP, f'{{"input": {deep_list()}}}', 400, None),
@@ -272,6 +280,99 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
         ),
     ]
     return cases
+
+
+def user(content: list) -> dict:
+    return {"role": "user", "content": content}
+
+
+def image_part(url) -> dict:
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
+def image_messages(*urls, text: str = "look ") -> list[dict]:
+    return [user([{"type": "text", "text": text}, *(image_part(url) for url in urls)])]
+
+
+def png_url(width: int, height: int, cut: int | None = None) -> str:
+    """A data URL of a ``width`` x ``height`` PNG (its first ``cut`` bytes only: a broken one)."""
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), (9, 9, 9)).save(buffer, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()[:cut]).decode()
+
+
+def png_header_url(width: int, height: int) -> str:
+    """A PNG whose header claims ``width`` x ``height`` pixels over a few bytes of data: a
+    decompression bomb as the decoder first sees one."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+    png = b"\x89PNG\r\n\x1a\n" + header + chunk(b"IDAT", zlib.compress(b"\0" * 10)) + chunk(b"IEND", b"")
+    return "data:image/png;base64," + base64.b64encode(png).decode()
+
+
+def _image_cases() -> list[tuple[str, str, int, str | None, str]]:
+    """Bad images for the tiny LLaVA server (tests/conftest.py: at most 2 images a prompt,
+    --max-model-len 72, 16 tokens an image, file: and http(s) URLs as its flags allow), each
+    with what its error message must say."""
+    j = json.dumps
+    good = png_url(8, 8)
+    bad_urls = [
+        ("data:image/png;base64,***", "not valid base64"),
+        ("data:image/png;base64," + base64.b64encode(b"no image here").decode(), "not an image"),
+        (png_header_url(10_000, 10_000), "(100000000 pixels) exceeds the limit"),  # before decoding
+        (png_header_url(100_000, 100_000), "decompression bomb"),  # PIL's own check, past twice that
+        (png_url(64, 64, cut=60), "broken"),  # a truncated PNG
+        (png_header_url(60_000, 1), "more than 200 times as long as it is wide"),  # resized: 3.4M x 56
+        ("ftp://127.0.0.1/cat.png", "a 'ftp' URL is not accepted"),
+        ("http://example.com/cat.png", "fetching from 'example.com' is not allowed"),
+        ("file:///etc/passwd", "the file: URL leads outside allowed_local_media_path"),
+        (5, "image_url: give {'url'"),
+    ]
+    cases = [(CHAT, j({"messages": image_messages(url)}), 400, "messages", said) for url, said in bad_urls]
+    return [
+        *cases,
+        (
+            CHAT,
+            j({"messages": image_messages(good, good, good)}),
+            400,
+            "messages",
+            "3 image(s) exceed the limit of 2",
+        ),
+        (
+            CHAT,
+            j({"messages": image_messages(good, good, text="x" * 30)}),
+            400,
+            "messages",
+            "(32 of its tokens are image placeholders)",
+        ),
+        (
+            CHAT,
+            j({"messages": [user([{"type": "video_url", "video_url": {"url": good}}])]}),
+            400,
+            "messages",
+            "unsupported content part 'video_url'",
+        ),
+        (
+            CHAT,
+            j({"messages": image_messages(good, text="<image> twice ")}),
+            400,
+            "messages",
+            "1 image(s) but the prompt has 2 image placeholder(s)",
+        ),
+        (
+            CHAT,
+            j({"messages": [user([{"type": "image_pil", "image_pil": "x"}])]}),
+            400,
+            "messages",
+            "image_pil: give a PIL image",
+        ),
+        (C, j({"prompt": "hi", "multi_modal_data": {"image": good}}), 400, None, "multi_modal_data"),
+    ]
 
 
 def within_slow(server) -> httpx.Client:
@@ -376,8 +477,17 @@ def _assert_healthy(server, canary: Canary) -> None:
 
 
 def test_issue_cases_are_4xx_and_leave_nothing_running(server):
+    _run_cases(server, _cases())
+
+
+def test_bad_images_are_4xx_and_leave_nothing_running(llava_server):
+    """Each bad image a 400 on ``messages`` naming it, and no effect on the canary's text."""
+    _run_cases(llava_server[0], _image_cases())
+
+
+def _run_cases(server, cases) -> None:
     with within_slow(server) as http, Canary(server) as canary:
-        for route, body, status, param in _cases():
+        for route, body, status, param, *said in cases:
             with canary.paused():
                 before = settled(server, (0.0, 0.0))
                 started = time.monotonic()
@@ -391,6 +501,7 @@ def test_issue_cases_are_4xx_and_leave_nothing_running(server):
                     response.status_code,
                     error,
                 )
+                assert all(words in error["message"] for words in said), (said, error["message"])
                 assert settled(server, before, calm=0.3) == before, (
                     "an engine request outlived its 4xx",
                     body[:120],

@@ -13,7 +13,7 @@ import torch
 
 from engine.client import protocol
 from engine.entrypoints.chat_template import conversation
-from engine.entrypoints.images import load_image_url, split_images
+from engine.entrypoints.images import MediaPolicy, load_image_url, split_images
 from engine.interfaces import ProcessedImage
 from engine.messages.kv_events import block_hashes, chain_hashes
 from engine.messages.multimodal import MultiModalItem, check_mm_items, expand_placeholders, images_of
@@ -166,8 +166,9 @@ def test_data_urls_decode_to_images():
 @pytest.mark.parametrize(
     ("url", "message"),
     [
-        ("http://example.com/cat.png", "only base64 data: URLs are accepted, got a 'http' URL"),
-        ("file:///etc/passwd", "got a 'file' URL"),
+        ("http://example.com/cat.png", "fetching from 'example.com' is not allowed"),
+        ("file:///etc/passwd", "file: URLs are off"),
+        ("ftp://example.com/cat.png", "a 'ftp' URL is not accepted"),
         ("data:image/png,rawbytes", "must be base64"),
         ("data:image/png;base64,***", "not valid base64"),
         (_data_url(b"not an image at all"), "not an image PIL can read"),
@@ -181,23 +182,28 @@ def test_bad_image_urls_are_refused_by_name(url, message):
 
 def test_an_image_over_the_pixel_limit_is_refused_before_decoding():
     raw = _png(100, 100)
-    assert load_image_url(_data_url(raw), max_pixels=10_000).size == (100, 100)
+    assert load_image_url(_data_url(raw), MediaPolicy(max_pixels=10_000)).size == (100, 100)
     with pytest.raises(InvalidParam, match="a 100x100 image \\(10000 pixels\\) exceeds the limit of 9999"):
-        load_image_url(_data_url(raw), max_pixels=9_999)
+        load_image_url(_data_url(raw), MediaPolicy(max_pixels=9_999))
 
 
 def test_image_parts_leave_their_messages_in_order():
+    from PIL import Image
+
     url = _data_url(_png(2, 2))
+    first = Image.new("RGB", (3, 1))
     messages = [
         {"role": "system", "content": "be brief"},
         {
             "role": "user",
-            "content": [{"type": "image_pil", "image_pil": "first"}, {"type": "text", "text": "hi"}],
+            "content": [{"type": "image_pil", "image_pil": first}, {"type": "text", "text": "hi"}],
         },
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]},
     ]
     out, images = split_images(messages)
-    assert images[0] == "first" and images[1].size == (2, 2)
+    assert images[0] is first and images[1].size == (2, 2)
+    with pytest.raises(InvalidParam, match="image_pil: give a PIL image"):
+        split_images([{"role": "user", "content": [{"type": "image_pil", "image_pil": "first"}]}])
     assert out[1]["content"] == [{"type": "image"}, {"type": "text", "text": "hi"}]
     assert conversation(out, image_parts=True)[2]["content"] == [{"type": "image"}]
     text = [{"role": "user", "content": [{"type": "text", "text": "a"}]}]
@@ -205,7 +211,7 @@ def test_image_parts_leave_their_messages_in_order():
     with pytest.raises(InvalidParam, match="unsupported content part 'video_url' \\(text, image_url"):
         conversation([{"role": "user", "content": [{"type": "video_url"}]}], image_parts=True)
     with pytest.raises(InvalidParam, match="unsupported content part 'image' \\(only text parts here\\)"):
-        conversation(out)  # the server's chat route takes no images yet
+        conversation(out)  # a front end that takes no images
 
 
 def test_a_text_only_model_refuses_images(tiny_llm):
@@ -216,3 +222,28 @@ def test_a_text_only_model_refuses_images(tiny_llm):
     with pytest.raises(InvalidParam, match="this model takes no images"):
         tiny_llm.engine.add_request(Request("mm", [1, 2, 3], SamplingParams(), mm_items=(item("a", 1, 2),)))
     assert not tiny_llm.engine.has_unfinished()
+
+
+def test_encoder_budget_cuts_a_chunk_before_an_image_that_does_not_fit():
+    """An image is charged whole to the step that first reaches it; a chunk stops before the
+    first one the step's budget no longer holds; a lone image longer than the whole budget
+    gets a step of its own; a preempted request's images are charged again."""
+    from engine.builtin.encoder_budget import EncoderBudget
+
+    first, second = (
+        MultiModalItem("image", offset, length, str(offset), {}) for offset, length in ((5, 16), (25, 10))
+    )
+    request = Request("r", list(range(40)), SamplingParams(), mm_items=(first, second))
+    budget = EncoderBudget(20)
+    charge = budget.fit(request, 0, 40)
+    assert (charge.num_new, charge.tokens) == (25, 16)  # the second image waits
+    budget.charge(request, charge)
+    budget.begin()
+    assert (budget.fit(request, 25, 15).num_new, budget.fit(request, 25, 15).tokens) == (15, 10)
+    assert budget.fit(request, 10, 5).tokens == 0  # the first image's later rows: charged already
+    budget.forget("r")  # preempted
+    assert budget.fit(request, 10, 5).tokens == 16
+    small = EncoderBudget(8)
+    assert (small.fit(request, 0, 40).num_new, small.fit(request, 0, 40).tokens) == (25, 16)  # alone
+    small.left = 7
+    assert small.fit(request, 0, 40).num_new == 5  # not alone: waits for a step of its own

@@ -225,6 +225,7 @@ def test_each_engine_stat_becomes_its_series():
         spec_drafts=2,
         spec_accepted_per_pos=(3, 1),
         kv_load_bytes=64,
+        mm_encoder_runs=2,
         tokens_per_step=TokensPerStep((("1", 2), ("8", 5), ("+Inf", 6)), 30),
     )
     metrics.update_engine(stats, engine=1)
@@ -242,6 +243,7 @@ def test_each_engine_stat_becomes_its_series():
     assert value(series, "vllm:num_requests_rejected_total", reason="queue_full", engine="0") == 0
     assert value(series, "vllm:spec_decode_num_accepted_tokens_per_pos_total", position="1", **one) == 1
     assert value(series, "vllm:kv_connector_load_bytes_total", **one) == 64
+    assert value(series, "vllm:mm_encoder_runs_total", **one) == 2
     assert value(series, "vllm:iteration_tokens_total_count", **one) == 6
     assert value(series, "vllm:iteration_tokens_total_sum", **one) == 30
 

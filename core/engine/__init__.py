@@ -54,6 +54,7 @@ PUBLIC_MODULES = (
     "engine.interfaces",  # the plugin interfaces
     "engine.kv_transfer",  # P/D disaggregation: ``kv_transfer_params`` and the connector kit
     "engine.lora",  # LoRARequest: the adapter a request runs with
+    "engine.messages.multimodal",  # a request's images: their items, placeholders widened, limits checked
     "engine.messages.kv_events",  # KV events, and the prefix cache's block hashes as a router computes them
     "engine.messages.outputs",  # the offline API's results
     "engine.messages.pooling_params",

@@ -152,6 +152,9 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_batched_tokens: int = attrs.field(default=2048, validator=_positive)
     max_num_seqs: int = attrs.field(default=256, validator=_positive)
+    # vLLM's: image tokens a step may encode (a multimodal model's encoder budget); None:
+    # max_num_batched_tokens
+    max_num_encoder_input_tokens: int | None = attrs.field(default=None, validator=_positive)
     enable_chunked_prefill: bool = True
     long_prefill_token_threshold: int = 0  # 0: a prefill chunk may use the whole budget
     # while some request decodes, prefill chunks together are sized (measured online) so that

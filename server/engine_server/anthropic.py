@@ -209,7 +209,7 @@ def _count(state, data: bytes) -> dict:
     generation.check_model(state, body.model)
     chat = chat_request(body)
     mode, _ = check_tools(chat.tools, chat.tool_choice)
-    return {"input_tokens": len(generation.chat_prompt_ids(state, chat, mode))}
+    return {"input_tokens": len(generation.chat_prompt_ids(state, chat, mode)[0])}
 
 
 async def messages(request: Request) -> Response:

@@ -21,6 +21,7 @@ from engine_server import anthropic, console, embeddings, generation, responses_
 from engine_server.bounds import encode
 from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
+from engine_server.images import ImageInput
 from engine_server.lora import LoRAAdapters, load_lora_adapter, unload_lora_adapter
 from engine_server.openapi import spec as openapi_spec
 from engine_server.prompts import chat_prompt
@@ -71,6 +72,7 @@ class ServerState:
     request_timings: bool = False  # --enable-request-timings: "timings" in every response
     lora: LoRAAdapters | None = None  # with --enable-lora: the adapters served by name
     sleep_mode: bool = False  # --enable-sleep-mode: /sleep, /wake_up, /is_sleeping, /update_weights_from_disk
+    images: ImageInput = attrs.Factory(ImageInput)  # a multimodal model's processor, --allowed-media-*
     responses: ResponseStore = attrs.Factory(ResponseStore)  # /v1/responses stored (--responses-store-*)
     executor: ThreadPoolExecutor = attrs.field(
         factory=lambda: ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix="engine-prepare")
@@ -111,12 +113,13 @@ def _tokenize(state: ServerState, data: bytes) -> dict:
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
     else:
-        ids = chat_prompt(
+        ids, _ = chat_prompt(
             state.tokenizer,
             body.messages,
             body.add_generation_prompt,
             continue_final_message=body.continue_final_message,
             template_kwargs=body.chat_template_kwargs,
+            images=state.images,
         )
     return {"tokens": ids, "count": len(ids), "max_model_len": state.max_model_len}
 

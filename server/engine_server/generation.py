@@ -22,6 +22,7 @@ from engine.client import EngineDead, OutputProcessor, SequenceOutput
 from engine.interfaces import GrammarSpec
 from engine.kv_transfer import check_kv_transfer_params
 from engine.lora import LoRARequest
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.sampling_params import InvalidParam, SamplingParams, tokenize_bad_words, truncate_prompt
 from engine_server.bounds import check_budget, json_response, salted, too_large
 from engine_server.errors import (
@@ -232,12 +233,14 @@ class Generation:
         spec: GrammarSpec | None = None,
         make_output=None,
         lora: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ):
-        """``lora``: the adapter every sample runs with (None: the base model)."""
+        """``lora``: the adapter every sample runs with (None: the base model); ``mm_items``:
+        the images of the one prompt (a chat's)."""
         check_sampling(state, body)
         check_kv_transfer(body, len(prompts))
         self.state, self.body, self.prompts, self.chat = state, body, prompts, chat
-        self.lora = lora
+        self.lora, self.mm_items = lora, mm_items
         self.lora_name = None if lora is None else lora.lora_name
         self.model_name = self.lora_name or state.model_name
         self.id = self._new_id()
@@ -253,8 +256,9 @@ class Generation:
         )
         self.format = LogprobFormat(state.tokenizer, tokens_as_ids)
         self._check_budget(max_tokens, logprobs, first.prompt_logprobs)
+        image_tokens = sum(item.length for item in mm_items)
         for p, (text, ids) in enumerate(prompts):
-            check_prompt(state, ids, max_tokens, "messages" if chat else "prompt")
+            check_prompt(state, ids, max_tokens, "messages" if chat else "prompt", image_tokens=image_tokens)
             request, children = self.processor.add(f"{self.id}-{p}", text, ids, first, len(self.choices))
             self.choices += request.sequences
             self.children += children
@@ -318,7 +322,12 @@ class Generation:
         submitted = time.monotonic()  # the timers start here: TTFT includes the hand-over to the core
         try:
             self.handle = self.state.client.submit(
-                self.children, self.body.priority, self.cache_salt, self.body.kv_transfer_params, self.lora
+                self.children,
+                self.body.priority,
+                self.cache_salt,
+                self.body.kv_transfer_params,
+                self.lora,
+                self.mm_items,
             )
         except EngineDead:
             raise engine_unavailable() from None
@@ -711,12 +720,15 @@ def prepare_chat(state, data: bytes) -> Generation:
     return chat_generation(state, body, lora=check_model(state, body.model))
 
 
-def chat_prompt_ids(state, body: ChatCompletionRequest, mode: str) -> list[int]:
-    """The conversation's token ids as the model reads them: the tools (in the template, or
-    as the tool parser's instructions), the chat template, ``truncate_prompt_tokens``."""
+def chat_prompt_ids(
+    state, body: ChatCompletionRequest, mode: str
+) -> tuple[list[int], tuple[MultiModalItem, ...]]:
+    """The conversation's token ids as the model reads them, and its images' items: the tools
+    (in the template, or as the tool parser's instructions), the chat template, the images'
+    placeholders widened, ``truncate_prompt_tokens`` (which may not cut a prompt with images)."""
     tool_list = list(body.tools or []) if mode != "none" else None
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
-    ids = chat_prompt(
+    ids, items = chat_prompt(
         state.tokenizer,
         body.messages,
         body.add_generation_prompt,
@@ -724,8 +736,15 @@ def chat_prompt_ids(state, body: ChatCompletionRequest, mode: str) -> list[int]:
         tool_prompt,
         body.continue_final_message,
         body.chat_template_kwargs,
+        state.images,
     )
-    return truncated(state, ids, body)
+    cut = truncated(state, ids, body)
+    if items and len(cut) < len(ids):
+        raise bad_request(
+            "truncate_prompt_tokens would cut a prompt with images (their placeholders must stay whole)",
+            "truncate_prompt_tokens",
+        )
+    return cut, items
 
 
 def chat_generation(
@@ -747,7 +766,7 @@ def chat_generation(
         )
     check_fanout(state, 1, body.n)
     parser_cls = state.tool_parser if mode == "auto" else None
-    ids = chat_prompt_ids(state, body, mode)
+    ids, items = chat_prompt_ids(state, body, mode)
     if max_tokens is None:
         max_tokens = default_max_tokens(state, len(ids))
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -774,6 +793,7 @@ def chat_generation(
         spec=forced or spec,
         make_output=make_output,
         lora=lora,
+        mm_items=items,
     )
 
 

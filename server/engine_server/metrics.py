@@ -226,6 +226,11 @@ class Metrics:
             "preemptions": counter("num_preemptions", "Requests preempted"),
             "prefix_queries": counter("prefix_cache_queries", "Prompt tokens looked up in the prefix cache"),
             "prefix_hits": counter("prefix_cache_hits", "Prompt tokens found in the prefix cache"),
+            "mm_encoder_runs": counter("mm_encoder_runs", "Images the multimodal encoder encoded"),
+            "mm_encoder_cache_hits": counter(
+                "mm_encoder_cache_hits",
+                "Image encoder outputs the encoder cache served (one per step computing an image's rows)",
+            ),
             **{key: counter(name, doc) for key, (name, doc) in KV_CONNECTOR_COUNTERS.items()},
         }
         self._rejected = counter(

@@ -8,8 +8,10 @@ import msgspec
 
 from engine.entrypoints.chat_template import conversation, template_options
 from engine.messages import request_path
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.sampling_params import InvalidParam
 from engine_server.errors import bad_request
+from engine_server.images import ImageInput, take_images, takes_images, with_images
 
 
 def check_fanout(state, prompts: int, n: int, param: str = "prompt") -> None:
@@ -24,12 +26,16 @@ def check_fanout(state, prompts: int, n: int, param: str = "prompt") -> None:
         )
 
 
-def check_prompt(state, ids: list[int], max_tokens: int | None, param: str, generates: bool = True) -> None:
-    """The core's prompt check (:func:`engine.messages.request_path.check_prompt`) as a 400."""
+def check_prompt(
+    state, ids: list[int], max_tokens: int | None, param: str, generates: bool = True, image_tokens: int = 0
+) -> None:
+    """The core's prompt check (:func:`engine.messages.request_path.check_prompt`) as a 400;
+    ``image_tokens``: how many of ``ids`` are image placeholders (said when the prompt is too long)."""
     try:
         request_path.check_prompt(ids, state.vocab_size, state.max_model_len, max_tokens, param, generates)
     except InvalidParam as exc:
-        raise bad_request(str(exc), exc.param) from None
+        images = f" ({image_tokens} of its tokens are image placeholders)" if image_tokens else ""
+        raise bad_request(f"{exc}{images}", exc.param) from None
 
 
 def _is_ids(value) -> bool:
@@ -67,16 +73,20 @@ def chat_prompt(
     tool_prompt: str | None = None,
     continue_final_message: bool = False,
     template_kwargs: dict | None = None,
-) -> list[int]:
-    """Token ids of the templated conversation. Tools go to the template when it renders
-    them; otherwise ``tool_prompt`` (the tool parser's instructions) joins the system message.
-    ``continue_final_message`` leaves the last message open (no end-of-turn after it), so the
-    model continues it, as ``transformers``' ``apply_chat_template`` does."""
+    images: ImageInput | None = None,
+) -> tuple[list[int], tuple[MultiModalItem, ...]]:
+    """Token ids of the templated conversation, and its images' items. Tools go to the
+    template when it renders them; otherwise ``tool_prompt`` (the tool parser's instructions)
+    joins the system message. ``continue_final_message`` leaves the last message open (no
+    end-of-turn after it), so the model continues it, as ``transformers``'
+    ``apply_chat_template`` does. ``images``: how a multimodal model's image parts are read
+    (None: no image parts, as on routes that take none)."""
     if not messages:
         raise bad_request("messages must contain at least one message", "messages")
+    plain, decoded = take_images(images, [msgspec.structs.asdict(message) for message in messages])
     try:
         options = template_options(add_generation_prompt, continue_final_message, template_kwargs)
-        messages = conversation([msgspec.structs.asdict(message) for message in messages])
+        messages = conversation(plain, image_parts=takes_images(images))
     except InvalidParam as exc:
         raise bad_request(str(exc), exc.param) from None
     if not tokenizer.chat_template:
@@ -94,4 +104,5 @@ def chat_prompt(
         ids = tokenizer.apply_chat_template(messages, tokenize=True, tools=template_tools, **options)
     except Exception as exc:  # noqa: BLE001 - template errors (roles out of order ...) are the caller's
         raise bad_request(f"the chat template rejected these messages: {exc}", "messages") from None
-    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    return with_images(images, ids, decoded) if takes_images(images) else (ids, ())

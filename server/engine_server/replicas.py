@@ -20,6 +20,7 @@ import zmq.asyncio
 from engine.client import AsyncEngine, RequestHandle, kv_events
 from engine.lora import LoRARequest
 from engine.messages.kv_events import KVEventsConfig
+from engine.messages.multimodal import MultiModalItem
 from engine.messages.stats import EngineStats
 from engine_server.router import Router
 
@@ -126,10 +127,13 @@ class ReplicaSet:
         cache_salt: str | None = None,
         kv_transfer_params: dict | None = None,
         lora_request: LoRARequest | None = None,
+        mm_items: tuple[MultiModalItem, ...] = (),
     ) -> RequestHandle:
         loads = [replica.open_requests for replica in self.replicas]
-        index = self.router.choose(children[0][1], loads, cache_salt) if len(self.replicas) > 1 else 0
-        return self.replicas[index].submit(children, priority, cache_salt, kv_transfer_params, lora_request)
+        prompt = children[0][1]
+        index = self.router.choose(prompt, loads, cache_salt, mm_items) if len(self.replicas) > 1 else 0
+        replica = self.replicas[index]
+        return replica.submit(children, priority, cache_salt, kv_transfer_params, lora_request, mm_items)
 
     def abort(self, request_ids) -> None:
         request_ids = list(request_ids)

@@ -22,15 +22,21 @@ from collections.abc import Sequence
 
 from engine.client.kv_events import BlockRemoved, BlockStored
 from engine.messages.kv_events import chain_hashes, external_hash
+from engine.messages.multimodal import MultiModalItem, block_extra_keys
 
 ROUTING = ("prefix", "round-robin")
 BALANCE_ABS = 8  # open requests more than the least loaded replica ...
 BALANCE_REL = 1.5  # ... and this many times as many: affinity gives way to load
 
 
-def block_hashes(prompt: Sequence[int], block_size: int, salt: str | None = None) -> list[int]:
-    """The prompt's full blocks as the engine's KV events name them."""
-    return [external_hash(h) for h in chain_hashes(prompt, block_size, salt)]
+def block_hashes(
+    prompt: Sequence[int], block_size: int, salt: str | None = None, mm_items: Sequence[MultiModalItem] = ()
+) -> list[int]:
+    """The prompt's full blocks as the engine's KV events name them: a block an image overlaps
+    is keyed by the image's hash too, so the same text over another image is another prefix."""
+    starts = range(0, len(prompt) - block_size + 1, block_size)
+    extras = [block_extra_keys(mm_items, s, s + block_size) for s in starts] if mm_items else ()
+    return [external_hash(h) for h in chain_hashes(prompt, block_size, salt, block_extras=extras)]
 
 
 class PrefixRecord:
@@ -70,11 +76,17 @@ class Router:
         self.records = [PrefixRecord(capacity_blocks) for _ in range(num_replicas)]
         self._turns = itertools.cycle(range(num_replicas))
 
-    def choose(self, prompt: Sequence[int], loads: Sequence[int], salt: str | None = None) -> int:
-        """The replica for a prompt, given each replica's open requests."""
+    def choose(
+        self,
+        prompt: Sequence[int],
+        loads: Sequence[int],
+        salt: str | None = None,
+        mm_items: Sequence[MultiModalItem] = (),
+    ) -> int:
+        """The replica for a prompt (and its images), given each replica's open requests."""
         if self.policy == "round-robin":
             return next(self._turns)
-        hashes = block_hashes(prompt, self.block_size, salt)
+        hashes = block_hashes(prompt, self.block_size, salt, mm_items)
         least = min(range(len(loads)), key=loads.__getitem__)
         matches = [record.matched(hashes) for record in self.records]
         # the longest match; among equal matches the least loaded replica, then the one holding

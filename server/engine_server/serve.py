@@ -23,6 +23,7 @@ from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
 from engine_server.guard import default_allowed_hosts
 from engine_server.header_timeout import with_header_timeout
+from engine_server.images import load_image_input
 from engine_server.lora import RESOLVER_CACHE_ENV, LoRAAdapters, runtime_updating_allowed
 from engine_server.metrics import PREFIXES, Metrics
 from engine_server.prefix_window import PrefixCacheWindow
@@ -101,6 +102,7 @@ class ServeCommand(Command):
         listener = listening_socket(args.host, args.port)  # a port taken fails now, not after loading
         model_path, tokenizer = load_serving_tokenizer(args, options)
         options["model"] = model_path
+        images = load_image_input(args, options, model_path)
         configure_request_log(args)
         name = args.served_model_name or os.path.splitext(os.path.basename(model_path.rstrip("/")))[0]
         outcome = {"exit_code": 0}
@@ -176,6 +178,7 @@ class ServeCommand(Command):
             request_timings=args.enable_request_timings,
             lora=adapters,
             sleep_mode=bool(options.get("enable_sleep_mode")),
+            images=images,
             responses=ResponseStore(args.responses_store_size, args.responses_store_ttl),
         )
 

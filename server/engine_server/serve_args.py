@@ -148,6 +148,7 @@ def add_server_arguments(parser) -> None:
     )
     add_liveness_arguments(add)
     add_lora_arguments(parser.add_argument_group("LoRA adapters (with --enable-lora)").add_argument)
+    _add_media_arguments(parser.add_argument_group("images in chat messages (image_url parts)").add_argument)
     add(
         "--allow-unknown-fields",
         action="store_true",
@@ -357,12 +358,53 @@ def add_lora_arguments(add) -> None:
     )
 
 
+def _add_media_arguments(add) -> None:
+    """Where a chat request's ``image_url`` may point besides a base64 ``data:`` URL."""
+    add(
+        "--allowed-local-media-path",
+        default=None,
+        metavar="DIR",
+        help="image_url parts may be file: URLs of files inside DIR ('..' and symlinks may not leave "
+        "it); default: none, file: URLs are refused (a security risk: only in trusted environments)",
+    )
+    add(
+        "--allowed-media-domains",
+        nargs="+",
+        action="extend",
+        default=None,
+        metavar="HOST",
+        help="image_url parts may be http(s): URLs on these hosts, fetched by the server without "
+        "redirects (host names as the URL spells them, any port); default: none, http(s) URLs are refused",
+    )
+    add(
+        "--media-fetch-timeout",
+        type=_positive_float,
+        default=5.0,
+        metavar="SECONDS",
+        help="an http(s) image fetch (connecting and reading) gives up after this long (a 400); default: 5",
+    )
+    add(
+        "--max-media-bytes",
+        type=parse_size,
+        default=20 * 2**20,
+        metavar="BYTES",
+        help="an image file (fetched, read or in a data: URL) larger than this is refused; default: 20 MiB",
+    )
+
+
 def _liveness_limit(text: str) -> float:
     value = float(text)
     if not value >= MIN_LIVENESS_LIMIT:  # NaN too
         raise argparse.ArgumentTypeError(
             f"must be at least {MIN_LIVENESS_LIMIT:g} s (two heartbeat intervals), got {text}"
         )
+    return value
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0, got {text}")
     return value
 
 

@@ -15,6 +15,9 @@ is refused (``Overloaded``); with ``max_queue_wait`` one still unscheduled that 
 it arrived is dropped and listed in ``StepPlan.refused`` (the core finishes it). A request that ran
 once (preempted since) or waits for its grammar to compile is never refused.
 
+Images: a step encodes at most ``max_num_encoder_input_tokens`` image tokens
+(:mod:`engine.builtin.encoder_budget`): a chunk stops before an image that no longer fits.
+
 LoRA: with ``enable_lora`` a step holds at most ``max_loras`` distinct adapters. Running
 requests' adapters are the ones a step may use; a waiting request of another adapter is passed
 over, keeping its place, while requests that fit are admitted behind it.
@@ -33,6 +36,7 @@ import collections
 import time
 
 from engine.builtin.chunking import PrefillShare
+from engine.builtin.encoder_budget import EncoderBudget
 from engine.interfaces import (
     Overloaded,
     Request,
@@ -62,6 +66,9 @@ class DefaultScheduler(Scheduler):
         self._deadlines: collections.deque[tuple[float, Request]] = collections.deque()  # arrival order
         self._rejected = {"rejected_queue_full": 0, "rejected_queue_wait": 0}
         self._share = PrefillShare(self.cfg.shared_step_target_s, self.cfg.max_num_batched_tokens)
+        self._encoder = EncoderBudget(
+            self.cfg.max_num_encoder_input_tokens or self.cfg.max_num_batched_tokens
+        )
         lora = ctx.config.lora
         self.max_loras = lora.max_loras if lora.enable_lora else None
 
@@ -94,6 +101,8 @@ class DefaultScheduler(Scheduler):
 
     def abort(self, request_ids) -> None:
         ids = set(request_ids)
+        for request_id in ids:
+            self._encoder.forget(request_id)
         self.running = [r for r in self.running if r.request_id not in ids]
         self.waiting = [r for r in self.waiting if r.request_id not in ids]
 
@@ -103,6 +112,7 @@ class DefaultScheduler(Scheduler):
         scheduled: list[ScheduledRequest] = []
         preempted: list[str] = []
         self._share.begin(any(r.num_tokens - r.num_computed_tokens == 1 for r in self.running))
+        self._encoder.begin()
         for request in list(self.running):
             if budget <= 0:
                 break
@@ -128,7 +138,9 @@ class DefaultScheduler(Scheduler):
 
     def _schedule_running(self, request, budget, scheduled, preempted) -> ScheduledRequest | None:
         num_new = self._chunk(request.num_tokens - request.num_computed_tokens, budget)
-        if not num_new:  # the step's prefill share is spent
+        charge = self._encoder.fit(request, request.num_computed_tokens, num_new)
+        num_new = charge.num_new
+        if not num_new:  # the step's prefill share or encoder budget is spent
             return None
         drafts: list[int] = []
         if request.num_computed_tokens + num_new == request.num_tokens:
@@ -141,6 +153,7 @@ class DefaultScheduler(Scheduler):
             preempted.append(victim.request_id)
             if victim is request:
                 return None
+        self._encoder.charge(request, charge)
         return ScheduledRequest(request, num_new, tuple(drafts))
 
     def _preempt(self, request: Request) -> None:
@@ -148,6 +161,7 @@ class DefaultScheduler(Scheduler):
         self.kv.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
+        self._encoder.forget(request.request_id)
         request.num_preemptions += 1
         self._preemptions += 1
         bisect.insort(self.waiting, request, key=self._order)
@@ -212,9 +226,13 @@ class DefaultScheduler(Scheduler):
         remaining = request.num_tokens - hit.num_computed
         if not self.cfg.enable_chunked_prefill and remaining > budget:
             return None
-        num_new = self._chunk(remaining, budget)
+        charge = self._encoder.fit(request, hit.num_computed, self._chunk(remaining, budget))
+        if not self.cfg.enable_chunked_prefill and charge.num_new < remaining:
+            return None  # its images do not fit this step's encoder budget
+        num_new = charge.num_new
         if not num_new or not self.admission.allocate(request, hit, num_new):
             return None
+        self._encoder.charge(request, charge)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
         return ScheduledRequest(request, num_new)

@@ -27,7 +27,7 @@ from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
 from engine.messages.lora import LoRARequest
-from engine.messages.multimodal import MultiModalItem, check_mm_items
+from engine.messages.multimodal import MultiModalItem, check_mm_items, no_images_reason
 from engine.messages.pooling_params import PoolingParams, matryoshka_of
 from engine.messages.request import Request
 from engine.messages.request_path import check_prompt
@@ -252,13 +252,7 @@ class EngineCore:
 
     def no_images_reason(self) -> str | None:
         """Why this engine takes no images (None: it takes them)."""
-        if type(self.model).multimodal_processor is None:
-            return "this model takes no images (text only)"
-        if (self.config.multimodal.limit_mm_per_prompt or {}).get("image") == 0:
-            return (
-                "images are off: limit_mm_per_prompt allows 0 per prompt (the vision encoder is not loaded)"
-            )
-        return None
+        return no_images_reason(type(self.model), self.config.multimodal.limit_mm_per_prompt)
 
     def _lora_manager(self, config, dtype) -> LoRAManager | None:
         """The adapters' slots on rank 0's model (each worker rank builds its own), when
@@ -587,7 +581,20 @@ class EngineCore:
     def stats(self) -> dict:
         spec = self.speculator.stats() if self.speculator is not None else {}
         kv = self._kv_counters.stats() if self.connector is not None else {}
-        return {**self.lifecycle.stats(), **spec, **self._step_tokens.stats(), **kv}
+        return {
+            **self.lifecycle.stats(),
+            **spec,
+            **self._step_tokens.stats(),
+            **kv,
+            **self._encoder_stats(),
+        }
+
+    def _encoder_stats(self) -> dict:
+        """A multimodal model's encoder counters (none for a text-only one)."""
+        encoder = self.runner.encoder_cache
+        if encoder is None:
+            return {}
+        return {"mm_encoder_runs": encoder.encoder_runs, "mm_encoder_cache_hits": encoder.hits}
 
     def cache_info(self) -> dict[str, str]:
         """The KV cache's configuration as strings (vLLM's ``cache_config_info`` labels)."""

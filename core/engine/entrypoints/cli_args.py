@@ -176,6 +176,13 @@ OPTIONS: dict[str, Option] = {
         ("--max-num-batched-tokens",), "tokens per step (prefill and decode)", parse_count, unit="tokens"
     ),
     "max_num_seqs": Option(("--max-num-seqs",), "requests running at once"),
+    "max_num_encoder_input_tokens": Option(
+        ("--max-num-encoder-input-tokens",),
+        "image tokens one step may encode (a multimodal model's encoder budget; an image "
+        "longer is encoded in a step of its own); default: --max-num-batched-tokens",
+        parse_count,
+        unit="tokens",
+    ),
     "enable_chunked_prefill": Option(("--enable-chunked-prefill",), "split long prompts over steps"),
     "long_prefill_token_threshold": Option(
         ("--long-prefill-token-threshold",),

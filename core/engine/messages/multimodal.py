@@ -119,12 +119,33 @@ def expand_placeholders(
     return ids, tuple(items)
 
 
+def no_images_reason(model_class, limits: dict | None) -> str | None:
+    """Why an engine of ``model_class`` under ``limit_mm_per_prompt`` = ``limits`` takes no
+    images (None: it takes them): the engine core and a front end in another process say the same."""
+    if getattr(model_class, "multimodal_processor", None) is None:
+        return "this model takes no images (text only)"
+    if (limits or {}).get(IMAGE) == 0:
+        return "images are off: limit_mm_per_prompt allows 0 per prompt (the vision encoder is not loaded)"
+    return None
+
+
 def block_extra_keys(items: Sequence[MultiModalItem], start: int, end: int) -> bytes:
     """The ``mm_hash`` of every image overlapping prompt positions ``[start, end)``: a prefix
     cache block's extra key, so the same tokens over another image never share K/V."""
     return b"".join(
         b"\0mm:" + item.mm_hash.encode() for item in items if item.offset < end and start < item.end
     )
+
+
+def check_item_count(modality: str, count: int, limits: dict | None, param: str) -> None:
+    """InvalidParam (``param``) when ``count`` items of ``modality`` exceed ``limits``
+    (``limit_mm_per_prompt``); a front end checks before it decodes any."""
+    limit = (limits or {}).get(modality)
+    if limit is not None and count > limit:
+        raise InvalidParam(
+            param,
+            f"{param}: {count} {modality}(s) exceed the limit of {limit} per prompt (limit_mm_per_prompt)",
+        )
 
 
 def check_mm_items(
@@ -135,15 +156,8 @@ def check_mm_items(
     modality, spans outside the prompt or overlapping each other."""
     if no_images is not None:
         raise InvalidParam("multi_modal_data", f"multi_modal_data: {no_images}")
-    counts = Counter(item.modality for item in items)
-    for modality, count in counts.items():
-        limit = (limits or {}).get(modality)
-        if limit is not None and count > limit:
-            raise InvalidParam(
-                "multi_modal_data",
-                f"multi_modal_data: {count} {modality}(s) exceed the limit of {limit} per prompt "
-                "(limit_mm_per_prompt)",
-            )
+    for modality, count in Counter(item.modality for item in items).items():
+        check_item_count(modality, count, limits, "multi_modal_data")
     previous_end = 0
     for item in sorted(items, key=lambda i: i.offset):
         if item.offset < previous_end or item.end > num_prompt_tokens or item.length <= 0:

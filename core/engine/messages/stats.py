@@ -41,6 +41,9 @@ class EngineStats:
     spec_accepted_per_pos: tuple[int, ...] = ()  # accepted drafts by draft position (0 = first)
     spec_acceptance_rate: float = 0.0
     spec_mean_accepted_length: float = 0.0  # tokens per verification: accepted drafts + 1
+    # a multimodal model's encoder: images encoded, and a step's image rows the encoder cache served
+    mm_encoder_runs: int = 0
+    mm_encoder_cache_hits: int = 0
     # a KV connector's traffic
     external_prefix_queries: int = 0  # prompt tokens looked up through the connector
     external_prefix_hits: int = 0  # ... and loaded

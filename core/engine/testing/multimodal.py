@@ -2,8 +2,9 @@
 against its ``transformers`` reference on a tiny random checkpoint the plugin builds
 (:meth:`MultiModalContract.save_checkpoint`: its family's processor and config are its own).
 Greedy tokens and their log-probs for one image, two images, an image request batched with
-text-only ones and a prefill chunked through an image span; the encoder runs once per distinct
-image, the same image hits the prefix cache and another image with the same text does not.
+text-only ones, a prefill chunked through an image span and steps held to the encoder budget;
+the encoder runs once per distinct image, the same image hits the prefix cache and another
+image with the same text does not.
 
 Prompts are text with the checkpoint's image placeholder (``image_placeholder``) among
 pieces of the kit's tiny tokenizer (:mod:`engine.testing.tiny_tokenizer`); images are random
@@ -127,6 +128,18 @@ class MultiModalContract:
         cuts = [cut for cut in range(5, len(output.prompt_token_ids), 5) if item.offset < cut < item.end]
         assert cuts, f"no chunk boundary inside the image span [{item.offset}, {item.end})"
 
+    def test_encoder_budget_holds_each_step_to_its_image_tokens(self, checkpoint):
+        """Two requests whose images one step would reach together: with the encoder budget
+        (``max_num_encoder_input_tokens``) at one image's tokens, no step encodes both, and
+        the tokens stay transformers'; with the default budget one step encodes both."""
+        cases = [("deep <image> sea", [random_image(13)]), ("red <image> green", [random_image(14)])]
+        per_image = self._llm(checkpoint[0]).engine.mm_processor.process_image(random_image(13)).num_tokens
+        for budget, most in ((None, 2), (per_image, 1)):
+            llm = self._llm(checkpoint[0], max_num_encoder_input_tokens=budget)
+            encoded = _encoded_per_step(llm)
+            self._check_parity(checkpoint, llm, cases)
+            assert sum(encoded) == 2 and max(encoded) == most, (budget, encoded)
+
     def test_greedy_under_preemption_matches_transformers(self, checkpoint):
         """Four image requests in a pool of 6 8-token blocks that cannot hold them all: requests
         are preempted and their prompts, images included, recomputed (the encoder output
@@ -214,6 +227,21 @@ class MultiModalContract:
                 await engine.shutdown()
 
         assert asyncio.run(run()) == self._reference(checkpoint, template, images)[0]
+
+
+def _encoded_per_step(llm) -> list[int]:
+    """A list that gets, after each engine step of ``llm``, how many images the step encoded."""
+    encoded: list[int] = []
+    cache, step = llm.engine.runner.encoder_cache, llm.engine.step
+
+    def counted():
+        before = cache.encoder_runs
+        outputs = step()
+        encoded.append(cache.encoder_runs - before)
+        return outputs
+
+    llm.engine.step = counted
+    return encoded
 
 
 def _items(llm, prompt_token_ids: list[int], images: list):
