@@ -69,8 +69,8 @@ def main():  # vLLM spawns its engine core: the script must be importable withou
                        max_cpu_loras=max(16, spec["max_loras"]))
     llm = LLM(**options)
     prompts, count, paths = spec["prompts"], spec["adapters"], spec["paths"]
-    lora = [LoRARequest(f"adapter-{i % count}", i % count + 1, paths[i % count]) for i in range(len(prompts))]
-    lora = lora if count else None
+    lora = [LoRARequest(f"adapter-{i % count}", i % count + 1, paths[i % count])
+            for i in range(len(prompts))] if count else None
     params = SamplingParams(max_tokens=spec["output_len"], temperature=0, ignore_eos=True)
     llm.generate(prompts[:4], SamplingParams(max_tokens=4), lora_request=lora and lora[:4], use_tqdm=False)
     rates = []
