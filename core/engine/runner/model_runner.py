@@ -96,7 +96,7 @@ class ModelRunner:
     ) -> StepResult:
         """``group_tables``: per KV cache group, each scheduled request's block table.
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
-        batch = flatten(plan, group_tables, self.block_size, self.device)
+        batch = flatten(plan, group_tables, self.layers.group_block_sizes(self.block_size), self.device)
         if self.lora is not None:
             spans = zip(plan.scheduled, batch.spans)
             self.lora.prepare([(item.request.lora_request, end - start) for item, (_, start, end) in spans])
