@@ -70,7 +70,7 @@ def causal_conv1d(
         states[slots] = window[:, :, 1:]
     for start, end, slot in spans.runs():
         window = torch.cat([states[slot], x[start:end].T.float()], dim=-1)  # [C, K-1+n]
-        conv = F.conv1d(window[None], weight.float()[:, None], None, groups=weight.shape[0])[0]
+        conv = (window.unfold(1, weight.shape[1], 1) * weight.float()[:, None]).sum(-1)  # [C, n]
         out[start:end] = _biased(conv.T, bias).to(x.dtype)
         states[slot] = window[:, window.shape[1] - states.shape[-1] :]
     return F.silu(out)
