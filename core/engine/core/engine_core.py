@@ -518,7 +518,9 @@ class EngineCore:
             result = self._execute(plan)
         except ExecutorFailure:
             raise  # the ranks are out of step: nothing to isolate
-        except Exception as error:  # noqa: BLE001 - attributed to a request, or re-raised: fatal
+        except Exception as error:  # attributed to a request, or re-raised: fatal
+            if self.layer_attention.has_state:
+                raise  # the failed run may have advanced Mamba states in place: a re-run would not repeat it
             plan, result, failed = self._isolate(plan, error)
             outputs += failed
         if self.connector is not None:

@@ -71,3 +71,8 @@ def test_engine_plugins_says_why_prefix_caching_is_off(bamba, capsys):
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith(f"model {bamba}")]
     assert lines[0].endswith("native BambaForCausalLM (plugin models-mamba-hybrid)"), lines
     assert "prefix caching is off: this model's Mamba layers keep one state per request" in lines[1], lines
+
+
+def test_tensor_parallelism_is_refused_by_name(bamba):
+    with pytest.raises(ValueError, match="model BambaForCausalLM is not built of tensor-parallel layers"):
+        LLM(bamba, dtype="float32", num_blocks=14, tensor_parallel_size=2)
