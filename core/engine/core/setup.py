@@ -522,7 +522,8 @@ def kv_cache_groups(
     ]
     per_block = [sum(layer_block_bytes(layers, i) for i in m) for m in members]
     states = [isinstance(layers.backends[layers.layer_backend[m[0]]], StateSlots) for m in members]
-    caps = [_group_cap(config, w, windows, state) for w, state in zip(windows, states)]
+    full = any(w is None and not state for w, state in zip(windows, states))
+    caps = [_group_cap(config, w, full, state) for w, state in zip(windows, states)]
     if config.cache.num_blocks is not None:
         blocks = config.cache.num_blocks
     else:
@@ -545,11 +546,12 @@ def kv_cache_groups(
     return groups
 
 
-def _group_cap(config, window: int | None, windows: tuple[int | None, ...], state: bool) -> int | None:
-    """The most blocks a group can use (None: no bound but the budget)."""
+def _group_cap(config, window: int | None, beside_full: bool, state: bool) -> int | None:
+    """The most blocks a group can use (None: no bound but the budget); ``beside_full``: the
+    model has a full-attention group, which the budget's rest goes to."""
     if state:
         return config.scheduler.max_num_seqs + 1  # one slot per running request, and the null slot
-    return _window_blocks(config, window) if window is not None and None in windows else None
+    return _window_blocks(config, window) if window is not None and beside_full else None
 
 
 def _check_fits(kv_bytes: int, platform) -> None:
