@@ -16,7 +16,7 @@ def register_schedulers(register):
 
 @hookimpl
 def register_kv_cache_managers(register):
-    register("default", "engine.builtin.kv_cache_manager:PrefixCachingKVCacheManager", api=2)
+    register("default", "engine.builtin.kv_cache_manager:PrefixCachingKVCacheManager", api=3)
 
 
 @hookimpl

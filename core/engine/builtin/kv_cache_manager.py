@@ -13,6 +13,11 @@ cached blocks that every full group holds whole and every sliding group holds wi
 of the first token to compute (the blocks before it are not needed), so a hit never lacks K/V a
 query will read.
 
+A state group (Mamba2 layers' per-request state, interface v3) gives each request one block,
+its state slot, at its first allocation and takes it back when the request is freed. A state
+is not kept at block boundaries, so a manager holding a state group finds no prefix hits (the
+engine turns prefix caching off for such a model and says why).
+
 With ``kv_events_config`` enabled the manager records KV events (:mod:`engine.messages.kv_events`) for
 the first group's pool — the blocks a prefix is looked up by: ``BlockStored`` when full blocks
 get their hash, ``BlockRemoved`` when a hashed block is evicted for reuse, ``AllBlocksCleared``
@@ -73,6 +78,7 @@ class _GroupState:
 
     def __init__(self, group: KVCacheGroup, block_size: int, watermark: float, events: list | None = None):
         self.window = group.sliding_window
+        self.state = group.state
         self.block_size = block_size
         self.num_blocks = group.num_blocks
         self.pool = BlockPool(group.num_blocks, events)
@@ -91,7 +97,10 @@ class _GroupState:
         self, table: list[int], computed: list[int], num_computed: int, total: int, watermark: bool
     ) -> tuple[int, bool]:
         """(blocks to take, whether the pool can give them with those it may free now)."""
-        needed = max(0, -(-total // self.block_size) - len(table) - len(computed))
+        if self.state:  # one slot per request, whatever its length
+            needed = 0 if table else 1
+        else:
+            needed = max(0, -(-total // self.block_size) - len(table) - len(computed))
         revived = sum(1 for b in computed if b != NULL_BLOCK and self.pool.ref_cnt[b] == 0)
         released = sum(1 for b in self.out_of_window(table, num_computed) if self.pool.ref_cnt[b] == 1)
         reserve = self.watermark_blocks if watermark else 0
@@ -113,7 +122,9 @@ class _GroupState:
     def cache(self, table: list[int], hashes: list[bytes], start: int, end: int) -> list[int]:
         """Enter blocks start..end of a table; -> the indices of those that became the cached
         block of their hash."""
-        stored = []
+        stored: list[int] = []
+        if self.state:
+            return stored
         for index, (block, h) in enumerate(zip(table[start:end], hashes[start:end]), start):
             if block != NULL_BLOCK and self.pool.block_hash[block] is None:
                 self.pool.block_hash[block] = h
@@ -134,11 +145,12 @@ class _GroupState:
 
 class PrefixCachingKVCacheManager(KVCacheManager):
     supports_groups = True
+    supports_state = True
 
     def __init__(self, config, num_blocks: int, groups: tuple[KVCacheGroup, ...] | None = None):
         super().__init__(config, num_blocks, groups)
         self.block_size = config.cache.block_size
-        self.caching = config.cache.enable_prefix_caching
+        self.caching = config.cache.enable_prefix_caching and not any(g.state for g in self.groups)
         events = getattr(config, "kv_events_config", None)
         self._events: list | None = [] if self.caching and events is not None and events.publishing else None
         self._groups = [

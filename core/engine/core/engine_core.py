@@ -121,7 +121,7 @@ class EngineCore:
             step_graphs.graph_memory_estimate(graph_plan, self.text_config, dtype),
         )
         self.num_blocks = num_blocks = groups[0].num_blocks
-        capacity = (num_blocks - 1) * config.cache.block_size
+        capacity = setup.kv_capacity(groups, config.cache.block_size, max_len)
         if capacity < max_len:
             raise ValueError(
                 f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
@@ -130,6 +130,7 @@ class EngineCore:
         kv_caches = setup.allocate_kv_caches(layers, groups, self.platform)
         report.lap("KV cache")
         self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
+        self.config = config = setup.state_config(config, layers)
         self.kv_cache_manager = self._kv_cache_manager(config, groups)
         self.connector, kv_worker = kv_connectors.build_halves(
             registry, config, kv_caches, layers.first.block_dim
@@ -231,8 +232,10 @@ class EngineCore:
 
     def _kv_cache_manager(self, config, groups):
         cls = self.registry.get("kv_cache_managers", config.scheduler.kv_cache_manager)
-        if len(groups) == 1 and groups[0].sliding_window is None:
+        if len(groups) == 1 and groups[0].sliding_window is None and not groups[0].state:
             return cls(config, groups[0].num_blocks)
+        if any(g.state for g in groups):
+            return self._state_kv_cache_manager(cls, config, groups)
         if not cls.supports_groups:
             raise ValueError(
                 f"kv_cache_manager: {config.scheduler.kv_cache_manager!r} cannot hold KV cache "
@@ -240,6 +243,18 @@ class EngineCore:
             )
         if kv_connectors.connector_spec(config) is not None:
             raise ValueError("kv_connector: not supported for a model with sliding-window layers")
+        return cls(config, groups[0].num_blocks, groups=groups)
+
+    def _state_kv_cache_manager(self, cls, config, groups):
+        """The manager of a model with state layers (Mamba2), refused where it cannot work."""
+        name = config.scheduler.kv_cache_manager
+        if not (cls.supports_groups and getattr(cls, "supports_state", False)):
+            raise ValueError(
+                f"kv_cache_manager: {name!r} cannot hold state groups (one slot per request), "
+                "which this model's Mamba layers need"
+            )
+        if kv_connectors.connector_spec(config) is not None:
+            raise ValueError("kv_connector: not supported for a model with Mamba (state) layers")
         return cls(config, groups[0].num_blocks, groups=groups)
 
     def _multimodal_processor(self, model_path: str) -> MultiModalProcessor | None:
@@ -268,6 +283,11 @@ class EngineCore:
         if not config.speculative_config:
             return None
         spec = dict(config.speculative_config)
+        if self.layer_attention.has_state:
+            raise ValueError(
+                "speculative_config: not supported for a model with Mamba (state) layers: a "
+                "rejected draft would stay in the per-request state"
+            )
         if not self.layer_attention.uniform:
             raise ValueError(
                 "speculative_config: not supported for a model whose layers attend in several ways "
@@ -490,7 +510,9 @@ class EngineCore:
             result = self._execute(plan)
         except ExecutorFailure:
             raise  # the ranks are out of step: nothing to isolate
-        except Exception as error:  # noqa: BLE001 - attributed to a request, or re-raised: fatal
+        except Exception as error:  # attributed to a request, or re-raised: fatal
+            if self.layer_attention.has_state:
+                raise  # the failed run may have advanced Mamba states in place: a re-run would not repeat it
             plan, result, failed = self._isolate(plan, error)
             outputs += failed
         if self.connector is not None:

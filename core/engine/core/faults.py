@@ -16,6 +16,9 @@ Two outcomes stay fatal (the original exception is re-raised): no request fails 
 probe — a one-token request that writes only the null block, greedy or, on a pooling
 engine, pooling as the step's requests do — fails too (the fault is the engine's or a
 plugin's, e.g. a logits processor that raises on every call).
+
+A model with state layers (Mamba) is not isolated: its layers update each request's state in
+place as they run, so a failed run is not safe to repeat, and the engine re-raises (fatal).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from engine.interfaces.quant import QuantContext
 from engine.layers.kv_scales import KVScales
 from engine.layers.ops import LayerOps
 from engine.plugins import RegistrationError, one_line
-from engine.runner.layer_attention import LayerAttention
+from engine.runner.layer_attention import LayerAttention, StateSlots
 
 logger = logging.getLogger(__name__)
 
@@ -404,6 +404,8 @@ def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platf
     """The backend for the layers that attend as ``kind`` (``kinds``: each layer's); ``cache``:
     (dtype, block size, batch invariance, quantized KV dtype)."""
     dtype, block_size, batch_invariant, quantized = cache
+    if kind.state is not None:
+        return StateSlots(kind.state, platform)
     spec = AttentionSpec(
         layout.num_heads,
         layout.num_kv_heads,
@@ -466,6 +468,31 @@ def batch_invariant_config(config, chunk_invariant: bool):
     )
 
 
+# why a model with state layers runs without prefix caching (the start-up log and the report say it)
+STATE_NO_PREFIX_CACHING = (
+    "prefix caching is off: this model's Mamba layers keep one state per request, not one per "
+    "block, so a cached prefix has no state to resume from (vLLM's first answer; checkpointing "
+    "the state at block boundaries is not done yet)"
+)
+
+
+def state_config(config, layers: LayerAttention):
+    """A model with state layers (Mamba2): prefix caching off (:data:`STATE_NO_PREFIX_CACHING`)."""
+    if not layers.has_state or not config.cache.enable_prefix_caching:
+        return config
+    logger.info(STATE_NO_PREFIX_CACHING)
+    return attrs.evolve(config, cache=attrs.evolve(config.cache, enable_prefix_caching=False))
+
+
+def kv_capacity(groups, block_size: int, max_model_len: int) -> int:
+    """Tokens the paged groups hold (the first one's blocks but the null one); a model of state
+    layers only holds any length in a slot: ``max_model_len`` per slot."""
+    paged = [g for g in groups if not g.state]
+    if not paged:
+        return (groups[0].num_blocks - 1) * max_model_len
+    return (paged[0].num_blocks - 1) * block_size
+
+
 def queue_bound_config(config, num_blocks: int, max_model_len: int):
     """``max_queued_requests`` = auto resolved, now that the KV cache is sized
     (:func:`engine.config.auto_queue_bound`)."""
@@ -479,10 +506,13 @@ def queue_bound_config(config, num_blocks: int, max_model_len: int):
 
 def kv_group_of_layers(layout) -> tuple[tuple[int | None, ...], tuple[int, ...]]:
     """(each KV cache group's sliding window, each layer's group): layers grouped by their
-    sliding window, full-attention layers first."""
-    windows = [layout.kind(i).sliding_window for i in range(layout.num_layers)]
-    distinct = sorted(set(windows), key=lambda w: (w is not None, w or 0))
-    return tuple(distinct), tuple(distinct.index(w) for w in windows)
+    sliding window, full-attention layers first; layers keeping per-request state
+    (``AttentionKind.state``) last, in a group of their own (its window None)."""
+    keys = [
+        (layout.kind(i).state is not None, layout.kind(i).sliding_window) for i in range(layout.num_layers)
+    ]
+    distinct = sorted(set(keys), key=lambda k: (k[0], k[1] is not None, k[1] or 0))
+    return tuple(window for _, window in distinct), tuple(distinct.index(k) for k in keys)
 
 
 def kv_cache_groups(
@@ -490,13 +520,17 @@ def kv_cache_groups(
 ) -> tuple[KVCacheGroup, ...]:
     """Each group's layers and blocks. Beside a full-attention group, a sliding-window group
     gets only what ``max_num_seqs`` requests can hold at once (``_window_blocks``); the rest of
-    the budget (or ``num_blocks``, which counts a full group's blocks) goes to the others.
+    the budget (or ``num_blocks``, which counts a full group's blocks) goes to the others. A
+    state group (Mamba2 layers' per-request state) gets at most a slot per sequence beside its
+    null slot: its state bytes are accounted in the same budget as the pages.
     ``reserved_bytes`` (CUDA graphs) come out of a budget taken from the device's memory."""
     members = [
         tuple(i for i, g in enumerate(layers.layer_group) if g == group) for group in range(len(windows))
     ]
     per_block = [sum(layer_block_bytes(layers, i) for i in m) for m in members]
-    caps = [_window_blocks(config, w) if w is not None and None in windows else None for w in windows]
+    states = [isinstance(layers.backends[layers.layer_backend[m[0]]], StateSlots) for m in members]
+    full = any(w is None and not state for w, state in zip(windows, states))
+    caps = [_group_cap(config, w, full, state) for w, state in zip(windows, states)]
     if config.cache.num_blocks is not None:
         blocks = config.cache.num_blocks
     else:
@@ -512,10 +546,19 @@ def kv_cache_groups(
                 f"kv_cache_memory: the KV cache budget holds fewer than 2 blocks of {sum(per_block)} bytes"
             )
     groups = tuple(
-        KVCacheGroup(m, blocks if c is None else min(blocks, c), w) for m, c, w in zip(members, caps, windows)
+        KVCacheGroup(m, blocks if c is None else min(blocks, c), w, state)
+        for m, c, w, state in zip(members, caps, windows, states)
     )
     _check_fits(sum(g.num_blocks * b for g, b in zip(groups, per_block)), platform)
     return groups
+
+
+def _group_cap(config, window: int | None, beside_full: bool, state: bool) -> int | None:
+    """The most blocks a group can use (None: no bound but the budget); ``beside_full``: the
+    model has a full-attention group, which the budget's rest goes to."""
+    if state:
+        return config.scheduler.max_num_seqs + 1  # one slot per running request, and the null slot
+    return _window_blocks(config, window) if window is not None and beside_full else None
 
 
 def _check_fits(kv_bytes: int, platform) -> None:
@@ -535,9 +578,17 @@ def _check_fits(kv_bytes: int, platform) -> None:
 
 
 def kv_bytes_per_token(layers: LayerAttention, block_size: int) -> int:
-    """KV cache bytes one token takes over all layers, each in its backend's layout (per-head
-    K/V, a paged latent vector ...) and cache dtype: what the pool is sized by."""
-    return sum(layer_block_bytes(layers, i) for i in range(len(layers.layer_backend))) // block_size
+    """KV cache bytes one token takes over all paged layers, each in its backend's layout
+    (per-head K/V, a paged latent vector ...) and cache dtype: what the pool is sized by. State
+    layers take :func:`state_bytes_per_request` whatever the length."""
+    paged = [i for i, b in enumerate(layers.layer_backend) if not isinstance(layers.backends[b], StateSlots)]
+    return sum(layer_block_bytes(layers, i) for i in paged) // block_size
+
+
+def state_bytes_per_request(layers: LayerAttention) -> int:
+    """Bytes of per-request state (Mamba2 conv + SSM) over all state layers: one slot each."""
+    state = [i for i, b in enumerate(layers.layer_backend) if isinstance(layers.backends[b], StateSlots)]
+    return sum(layer_block_bytes(layers, i) for i in state)
 
 
 def layer_block_bytes(layers: LayerAttention, layer: int) -> int:

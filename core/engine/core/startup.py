@@ -165,6 +165,8 @@ def describe(report, platform, implementation: str, method, layers, graphs, conf
         attention=backends,
         kv_dtype=str(layers.first.spec.cache_dtype).removeprefix("torch."),
     )
+    if layers.has_state:
+        report.notes.append(setup.STATE_NO_PREFIX_CACHING)
     if graphs.sizes:
         sizes = graphs.sizes
         report.parts["step graphs"] = f"{graphs.graphs.name} for {sizes[0]}..{sizes[-1]} sequences"
@@ -182,5 +184,13 @@ def describe_memory(report, weights, groups, layers, graph_bytes, config, hf_con
         step_graphs=graph_bytes,
         activations=activation_bytes(config, hf_config, dtype),
     )
-    tokens = (groups[0].num_blocks - 1) * block_size
-    report.notes.append(f"KV cache: {tokens} tokens ({groups[0].num_blocks} blocks of {block_size})")
+    paged = [g for g in groups if not g.state]
+    if paged:
+        tokens = (paged[0].num_blocks - 1) * block_size
+        report.notes.append(f"KV cache: {tokens} tokens ({paged[0].num_blocks} blocks of {block_size})")
+    for group in groups:
+        if group.state:
+            report.notes.append(
+                f"Mamba state: {group.num_blocks - 1} slots of "
+                f"{setup.state_bytes_per_request(layers)} bytes (one per running request)"
+            )

@@ -85,6 +85,8 @@ class PluginsCommand(Command):
         if model:
             impl = _model_implementation(registry, model, getattr(args, "model_impl", "auto"))
             print(f"model {model}: {impl}")
+            for note in _cache_notes(registry, model, getattr(args, "model_impl", "auto")):
+                print(f"model {model}: {note}")
         return 0
 
 
@@ -101,6 +103,20 @@ def _model_implementation(registry, model: str, model_impl: str) -> str:
         )[1]
     except (ValueError, RegistrationError) as exc:
         return f"cannot be served: {exc}"
+
+
+def _cache_notes(registry, model: str, model_impl: str) -> list[str]:
+    """What the model's cache layout turns off, and why (a model with Mamba layers runs
+    without prefix caching), from its start-up plan (built on the meta device); none where the
+    plan cannot be made (the line above says why it cannot be served)."""
+    from engine.config import EngineConfig
+    from engine.core import setup, startup
+
+    try:
+        report = startup.plan(EngineConfig.from_kwargs(model=model, model_impl=model_impl), registry)
+    except Exception:  # noqa: BLE001 - the implementation line already reports a model it cannot serve
+        return []
+    return [note for note in report.notes if note == setup.STATE_NO_PREFIX_CACHING]
 
 
 def _version_note(registration) -> str:

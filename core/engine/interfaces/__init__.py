@@ -37,6 +37,7 @@ from engine.interfaces.model import (
     FALLBACK_ARCHITECTURE,
     AttentionKind,
     KVLayout,
+    MambaState,
     Model,
     ModelContext,
     MultiModalProcessor,
@@ -76,7 +77,10 @@ INTERFACE_VERSIONS = {
     #    v1 models, built on the release-1 layers, are refused
     # 3: per-layer cache layouts — AttentionKind.latent declares a layer's paged latent cache (MLA),
     #    attended through engine.layers.LatentAttention (additive: v2 models still load)
-    "models": 3,
+    # 4: fixed-size per-request state — AttentionKind.state declares a Mamba2 layer's conv + SSM
+    #    state (MambaState), one slot per running request; LayerOps.causal_conv1d / ssm_scan
+    #    (additive: v2 and v3 models still load)
+    "models": 4,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
@@ -99,7 +103,9 @@ INTERFACE_VERSIONS = {
     #    (SchedulerContext.kv_admission, typed SchedulerStats, reserve_lookahead, step_done); v2
     #    schedulers still load and run through engine.core.scheduler_v2
     "schedulers": 3,
-    "kv_cache_managers": 2,  # 2: allocate_slots(delay_cache=...)
+    # 2: allocate_slots(delay_cache=...); 3: state groups (KVCacheGroup.state, supports_state: one
+    # slot per request, never prefix-cached); a v2 manager still loads and is never handed one
+    "kv_cache_managers": 3,
     "tool_parsers": 1,
     "reasoning_parsers": 1,
     "commands": 1,
@@ -111,7 +117,8 @@ INTERFACE_VERSIONS = {
 # the core adapts the old contract exactly.
 STILL_LOADED = {
     "attention_backends": (1, 2, 3, 4),
-    "models": (2,),
+    "models": (2, 3),
+    "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),
     "quant_methods": (2,),
@@ -166,6 +173,7 @@ __all__ = [
     "LoRAResolver",
     "LoRAResolverContext",
     "LogitsProcessor",
+    "MambaState",
     "Model",
     "ModelContext",
     "ModelLoader",

@@ -12,11 +12,17 @@ class KVCacheGroup:
     """Layers whose caches share one block table per request. A group with a
     ``sliding_window`` needs only the blocks that window still reaches: the manager frees the
     others, leaving the null block in their table entries. Each group has its own block ids
-    (its layers' cache tensors hold ``num_blocks`` blocks each)."""
+    (its layers' cache tensors hold ``num_blocks`` blocks each).
+
+    (interface v3) A ``state`` group holds fixed-size per-request state (Mamba2 layers' conv and
+    SSM state), not pages: a request takes one block of it — its state slot — when it first
+    allocates, whatever its length, and keeps it until it is freed (finish or preemption: the
+    state is dropped and recomputed). Its blocks are never prefix-cached."""
 
     layers: tuple[int, ...]
     num_blocks: int
     sliding_window: int | None = None
+    state: bool = False
 
 
 class KVCacheManager(ABC):
@@ -31,6 +37,9 @@ class KVCacheManager(ABC):
     ``block_ids`` is the first group's table."""
 
     supports_groups: ClassVar[bool] = False
+    # (interface v3) whether it holds ``state`` groups (one slot per request); a manager without
+    # it is never handed one, and a model with state layers is refused with the reason
+    supports_state: ClassVar[bool] = False
 
     def __init__(self, config: Any, num_blocks: int, groups: tuple[KVCacheGroup, ...] | None = None):
         self.config = config

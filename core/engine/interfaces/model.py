@@ -20,6 +20,42 @@ FALLBACK_ARCHITECTURE = "*"
 
 
 @attrs.frozen
+class MambaState:
+    """(models v4) The fixed-size state a Mamba2 layer keeps per request instead of a KV cache:
+    the last ``conv_kernel - 1`` inputs of its causal depthwise convolution over ``conv_dim``
+    channels, and its SSM state [heads, head_dim, state_size]. Both live in one float32 row per
+    request slot (``elements``), whatever the activation dtype: the recurrence accumulates over
+    the whole sequence, so it is kept in full precision (vLLM's ``mamba_ssm_cache_dtype`` float32)."""
+
+    conv_dim: int
+    conv_kernel: int
+    num_heads: int
+    head_dim: int
+    state_size: int
+
+    @property
+    def conv_shape(self) -> tuple[int, int]:
+        return (self.conv_dim, self.conv_kernel - 1)
+
+    @property
+    def ssm_shape(self) -> tuple[int, int, int]:
+        return (self.num_heads, self.head_dim, self.state_size)
+
+    @property
+    def elements(self) -> int:
+        """float32 elements of one request's state."""
+        conv, ssm = self.conv_shape, self.ssm_shape
+        return conv[0] * conv[1] + ssm[0] * ssm[1] * ssm[2]
+
+    def views(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's state tensor [num_slots, elements] -> its conv states [num_slots, conv_dim,
+        conv_kernel - 1] and SSM states [num_slots, heads, head_dim, state_size], views of it."""
+        conv_elements = self.conv_shape[0] * self.conv_shape[1]
+        conv = slots[:, :conv_elements].view(-1, *self.conv_shape)
+        return conv, slots[:, conv_elements:].view(-1, *self.ssm_shape)
+
+
+@attrs.frozen
 class AttentionKind:
     """How one layer attends, beyond the heads every layer shares: the
     :class:`engine.interfaces.AttentionSpec` fields a model may set per layer."""
@@ -30,6 +66,10 @@ class AttentionKind:
     # (models v3) the layer caches one latent vector per token (MLA), attended through
     # engine.layers.LatentAttention; None: per-head K/V (engine.layers.Attention)
     latent: PagedLatent | None = None
+    # (models v4) the layer attends nothing: it is a Mamba2 mixer keeping this state per request
+    # in a state group (one slot per running request); its ``kv_caches`` entry is the state tensor
+    # [num_slots, state.elements] and its metadata the group's BatchLayout (slot: block_table[:, 0])
+    state: MambaState | None = None
 
 
 @attrs.frozen
@@ -40,7 +80,9 @@ class KVLayout:
     sliding-window layers' blocks only while a window reaches them. A layer whose kind sets
     ``latent`` (models v3) caches a :class:`PagedLatent` vector per token instead of per-head
     K/V; its backend reads that layout, and the pool is sized from each layer's own bytes per
-    token (``num_kv_heads`` 1 and ``head_dim`` the query/key head size for such a layer)."""
+    token (``num_kv_heads`` 1 and ``head_dim`` the query/key head size for such a layer). A
+    layer whose kind sets ``state`` (models v4) holds a :class:`MambaState` per request in a
+    state group; a model of such layers only (Mamba2) sets the head fields to anything positive."""
 
     num_layers: int
     num_heads: int

@@ -18,6 +18,7 @@ from engine.layers.decoder import (
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
 from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint, split_fused
+from engine.layers.mamba import Mamba2Mixer, Mamba2Shape
 from engine.layers.module import Layer
 from engine.layers.moe import FusedMoE, router_linear
 from engine.layers.norm import RMSNorm
@@ -37,6 +38,8 @@ __all__ = [
     "Layer",
     "LayerOps",
     "Linear",
+    "Mamba2Mixer",
+    "Mamba2Shape",
     "PostNormDecoderLayer",
     "RMSNorm",
     "RotaryEmbedding",

@@ -21,15 +21,21 @@ blocked layout.
 LoRA adapters run as two grouped ops over a batch whose rows belong to different adapter slots
 (punica's shrink and expand, :meth:`LayerOps.lora_shrink`, :meth:`LayerOps.lora_expand`), added
 to whatever the base matmul computed (:mod:`engine.layers.lora`).
+
+Mamba2 layers run two ops over the per-request state slots (models v4, :mod:`engine.layers.ssm`):
+:meth:`LayerOps.causal_conv1d` and :meth:`LayerOps.ssm_scan`. Each request of a step continues
+from its slot (a later prefill chunk, a decode step) or starts from zero (its first chunk).
 """
 
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from engine.layers import ssm
 from engine.layers.module import Layer
 
 
@@ -209,6 +215,37 @@ class LayerOps:
             delta = torch.cat([part[:, i] @ b[slot, :, lo:hi] for i, (lo, hi) in shards], dim=1)
             y.index_add_(0, rows, delta.to(y.dtype))
         return y
+
+    def causal_conv1d(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None,
+        conv_states: torch.Tensor,
+        layout: Any,
+    ) -> torch.Tensor:
+        """A Mamba2 layer's causal depthwise convolution and SiLU over a step's rows x [T, C]
+        (weight [C, K]), each request continuing from the last K-1 inputs in its state slot
+        (``conv_states`` [slots, C, K-1], float32: read, then replaced); ``layout`` is the state
+        group's (:class:`engine.runner.layer_attention.StateSlots`). -> [T, C] in x's dtype."""
+        return ssm.causal_conv1d(x, weight, bias, conv_states, layout)
+
+    def ssm_scan(
+        self,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        B: torch.Tensor,
+        C: torch.Tensor,
+        params: ssm.SSMParams,
+        ssm_states: torch.Tensor,
+        layout: Any,
+    ) -> torch.Tensor:
+        """A Mamba2 layer's selective scan with its D skip: x [T, H, P], dt [T, H] (before
+        ``dt_bias`` and softplus), B and C [T, G, N] -> y [T, H, P] in x's dtype, each request
+        continuing from its slot's SSM state (``ssm_states`` [slots, H, P, N], float32: read,
+        then replaced by the state after its last row). Matches ``transformers``' Mamba2 scan:
+        its chunked form for a prefill chunk, its recurrence for one row."""
+        return ssm.ssm_scan(x, dt, B, C, params, ssm_states, layout)
 
 
 def _slot_rows(indices: torch.Tensor):

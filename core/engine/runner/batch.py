@@ -31,8 +31,13 @@ class FlatBatch:
         return self.layouts[0]
 
 
-def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int, device) -> FlatBatch:
-    """``group_tables``: per KV cache group, each scheduled request's block table."""
+def flatten(
+    plan: StepPlan, group_tables: list[list[list[int]]], block_size: int | tuple[int, ...], device
+) -> FlatBatch:
+    """``group_tables``: per KV cache group, each scheduled request's block table; ``block_size``:
+    tokens per block, one for every group or each group's (a state group's block spans a whole
+    sequence: :func:`engine.runner.layer_attention.LayerAttention.group_block_sizes`)."""
+    sizes = (block_size,) * len(group_tables) if isinstance(block_size, int) else block_size
     tokens: list[int] = []
     query_lens, seq_lens = [], []
     sample_rows, sample_owners, prompt_rows, prompt_targets, prompt_owners = [], [], [], [], []
@@ -62,10 +67,13 @@ def flatten(plan: StepPlan, group_tables: list[list[list[int]]], block_size: int
             prompt_targets += request.prompt_token_ids[first + 1 : last + 1]
             prompt_owners += [request] * max(0, last - first)
 
-    positions, layout = token_layout(query_lens, seq_lens, group_tables[0], block_size, device)
+    positions, layout = token_layout(query_lens, seq_lens, group_tables[0], sizes[0], device)
     layouts = (
         layout,
-        *(token_layout(query_lens, seq_lens, tables, block_size, device)[1] for tables in group_tables[1:]),
+        *(
+            token_layout(query_lens, seq_lens, tables, size, device)[1]
+            for tables, size in zip(group_tables[1:], sizes[1:])
+        ),
     )
     return FlatBatch(
         torch.tensor(tokens, dtype=torch.long, device=device),

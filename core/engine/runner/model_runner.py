@@ -109,7 +109,7 @@ class ModelRunner:
     ) -> StepResult:
         """``group_tables``: per KV cache group, each scheduled request's block table.
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
-        batch = flatten(plan, group_tables, self.block_size, self.device)
+        batch = flatten(plan, group_tables, self.layers.group_block_sizes(self.block_size), self.device)
         rows = batch.sample_rows + batch.prompt_rows
         mm_rows, mm_embeds = self._image_rows(plan, batch)
         step = StepInput(

@@ -284,3 +284,28 @@ class KVCacheManagerContract:
         again = Request("b", list(range(1, 15)) + [7, 8], SamplingParams())
         assert sim.admit(again, chunk=2)
         sim.check()
+
+    def test_a_state_group_gives_each_request_one_slot(self):
+        """(interface v3) Beside a paged group, a state group of 4 blocks (3 slots and the null
+        block): each request holds one slot of its own whatever its length, a fourth waits
+        without taking pages, a freed request's slot serves the next, and nothing hits the prefix
+        cache (a state is not kept per block)."""
+        cls = load_plugins().get("kv_cache_managers", self.manager_name)
+        if not getattr(cls, "supports_state", False):
+            pytest.skip(f"{self.manager_name} does not hold state groups")
+        config = EngineConfig.from_kwargs(block_size=BLOCK, enable_prefix_caching=True)
+        kv = cls(config, 16, groups=(KVCacheGroup((0,), 16), KVCacheGroup((1,), 4, state=True)))
+        requests = [Request(f"r{i}", list(range(1, 2 + 5 * i)), SamplingParams()) for i in range(4)]
+        for request in requests[:3]:
+            assert kv.allocate_slots(request, request.num_tokens)
+            request.num_computed_tokens = request.num_tokens
+            assert kv.allocate_slots(request, 1)  # a decode step keeps the one slot
+        slots = [kv.group_block_ids(r)[1] for r in requests[:3]]
+        assert all(len(s) == 1 and s[0] != 0 for s in slots) and len({s[0] for s in slots}) == 3, slots
+        assert not kv.allocate_slots(requests[3], requests[3].num_tokens)
+        assert kv.group_block_ids(requests[3]) == [[], []], "a failed allocation keeps nothing"
+        kv.free(requests[0])
+        assert kv.allocate_slots(requests[3], requests[3].num_tokens)
+        assert kv.group_block_ids(requests[3])[1] == slots[0]
+        again = Request("again", list(requests[1].all_token_ids) + [3], SamplingParams())
+        assert kv.get_computed_blocks(again) == ([], 0)

@@ -7,7 +7,9 @@ outlier channel) and int32 rescale — for batch 1, small batches
 and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding; LoRA's
 shrink and expand over a batch of mixed adapter slots (and rows of none); and packed
 group-affine weights (``pack_affine``): exact rows, and a matmul within the bound that rounding
-activations to int8 per 32 inputs allows. A platform without overrides passes trivially.
+activations to int8 per 32 inputs allows; Mamba2's causal conv and selective scan over state
+slots (a fresh prefill chunk, a later one, decode rows) against a float64 recurrence. A
+platform without overrides passes trivially (the scan's reference is checked all the same).
 
 Inputs come as models hand them over, not only as fresh contiguous rows: views of a fused
 projection whose rows are padded (a wider matmul output), and 3-D head views [T, H, D]
@@ -21,8 +23,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.interfaces import BatchLayout
 from engine.layers import LayerOps, RMSNorm, RotaryEmbedding
 from engine.layers.group_affine import AffineWeight
+from engine.layers.ssm import SSMParams
 from engine.plugins import load_plugins
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -319,6 +323,88 @@ class LayerOpsContract:
         torch.testing.assert_close(
             got, _lora_reference(x, y, a, b, scale, indices, output_sizes).to(dtype), **LORA_TOLERANCE[dtype]
         )
+
+    def test_mamba_conv_and_scan_over_state_slots(self, platform):
+        """One step of four requests in slots 3, 1, 4, 2: a fresh 11-row prefill chunk (the
+        scan's 4-row chunks cross), a 7-row chunk continuing from its slot, a decode row from
+        its slot and a fresh one-row prompt (its slot holds a former owner's state, which must
+        not leak). Outputs and the states left in the slots against a float64 recurrence."""
+        gen = torch.Generator().manual_seed(7)
+        heads, head_dim, groups, size, kernel = 4, 8, 2, 16, 4
+        channels = heads * head_dim + 2 * groups * size
+        query_lens, seq_lens, slots = (11, 7, 1, 1), (11, 20, 30, 1), (3, 1, 4, 2)
+        rows = sum(query_lens)
+        layout = BatchLayout(
+            torch.tensor([0, 11, 18, 19, 20], dtype=torch.int32),
+            torch.tensor(seq_lens, dtype=torch.int32),
+            torch.tensor(slots, dtype=torch.int32)[:, None],
+            torch.zeros(rows, dtype=torch.int64),
+            query_lens,
+            seq_lens,
+        )
+        conv_states = torch.randn(5, channels, kernel - 1, generator=gen)
+        ssm_states = torch.randn(5, heads, head_dim, size, generator=gen)
+        x = torch.randn(rows, channels, generator=gen)
+        weight, bias = torch.randn(channels, kernel, generator=gen), torch.randn(channels, generator=gen)
+        dt, b_c = torch.randn(rows, heads, generator=gen), torch.randn(2, rows, groups, size, generator=gen)
+        params = SSMParams(
+            -torch.rand(heads, generator=gen) - 0.5,
+            torch.randn(heads, generator=gen),
+            torch.randn(heads, generator=gen),
+            (0.0, float("inf")),
+            4,
+        )
+        want_conv, want_conv_states = _conv_reference(x, weight, bias, conv_states, layout)
+        want, want_states = _scan_reference(
+            want_conv[:, : heads * head_dim], dt, b_c, params, ssm_states, layout
+        )
+        ops = platform.layer_ops(torch.float32)
+        conv = ops.causal_conv1d(x, weight, bias, conv_states, layout)
+        got = ops.ssm_scan(
+            conv[:, : heads * head_dim].reshape(rows, heads, head_dim), dt, *b_c, params, ssm_states, layout
+        )
+        tol = dict(rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(conv.double(), want_conv, **tol)
+        torch.testing.assert_close(conv_states[list(slots)].double(), want_conv_states[list(slots)], **tol)
+        torch.testing.assert_close(got.double().flatten(1), want, **tol)
+        torch.testing.assert_close(ssm_states[list(slots)].double(), want_states[list(slots)], **tol)
+
+
+def _spans(layout):
+    start = 0
+    for q, s, slot in zip(layout.query_lens, layout.seq_lens_host, layout.block_table[:, 0].tolist()):
+        yield slice(start, start + q), slot, s == q
+        start += q
+
+
+def _conv_reference(x, weight, bias, states, layout):
+    """silu(depthwise causal conv) row by row in float64, each request from its slot's inputs."""
+    out, states = torch.empty(x.shape, dtype=torch.float64), states.double().clone()
+    for rows, slot, fresh in _spans(layout):
+        window = torch.zeros_like(states[slot]) if fresh else states[slot]
+        for r in range(rows.start, rows.stop):
+            window = torch.cat([window, x[r].double()[:, None]], dim=1)
+            out[r] = F.silu((window * weight.double()).sum(1) + bias.double())
+            window = window[:, 1:]
+        states[slot] = window
+    return out, states
+
+
+def _scan_reference(x, dt, b_c, params, states, layout):
+    """The selective scan as its recurrence, row by row in float64: y [T, H·P], the states."""
+    heads = dt.shape[1]
+    x, states = x.double().view(x.shape[0], heads, -1), states.double().clone()
+    b, c = (t.double().repeat_interleave(heads // t.shape[1], dim=1) for t in b_c)
+    step = F.softplus(dt.double() + params.dt_bias.double())
+    out = torch.empty_like(x)
+    for rows, slot, fresh in _spans(layout):
+        state = torch.zeros_like(states[slot]) if fresh else states[slot]
+        for r in range(rows.start, rows.stop):
+            decay = torch.exp(step[r] * params.A.double())[:, None, None]
+            state = state * decay + (step[r][:, None] * x[r])[..., None] * b[r][:, None, :]
+            out[r] = (state @ c[r][:, :, None])[..., 0] + params.D.double()[:, None] * x[r]
+        states[slot] = state
+    return out.flatten(1), states
 
 
 def _lora_reference(x, y, a, b, scale, indices, output_sizes) -> torch.Tensor:

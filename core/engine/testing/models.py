@@ -148,7 +148,10 @@ class ModelContract(_Checkpoints):
     - log-probs at every prompt position and greedy tokens against ``transformers``;
     - greedy tokens of mixed-length prompts under continuous batching, chunked prefill and a
       KV pool small enough to preempt (it must preempt);
-    - greedy tokens of prompts that share prefixes with prefix caching on (it must hit).
+    - greedy tokens of prompts that share prefixes with prefix caching on (it must hit; a model
+      with state layers, Mamba2, runs with it off and must not).
+
+    A model of state layers only never preempts (a request's one slot is all it ever needs).
 
     ``attention_backend`` and ``platform`` (registered names; None: the engine's choice) run
     it all under a chosen backend and platform, e.g. a subclass per backend a model must
@@ -242,6 +245,8 @@ class ModelContract(_Checkpoints):
                 hf_model.config.vocab_size, [3, 41, 17, 8, 33, 25, 5, 12, 29, 19], seed=2
             )
             assert self._greedy(llm, prompts) == reference.hf_greedy(hf_model, prompts, self.new_tokens), key
+            if all(group.state for group in llm.engine.kv_groups):
+                continue  # state layers only (Mamba2): a running request never needs more, none is preempted
             assert llm.engine.stats()["preemptions"] > 0, f"{key}: the pool must be small enough to preempt"
 
     def test_greedy_with_prefix_caching_matches_transformers(self, checkpoints):
@@ -258,6 +263,10 @@ class ModelContract(_Checkpoints):
             later = [shared + tail for tail in tails[1:]] + [list(shared), shared + tails[0] + tails[1]]
             got = self._greedy(llm, first) + self._greedy(llm, later)
             assert got == reference.hf_greedy(hf_model, first + later, self.new_tokens), key
+            if any(group.state for group in llm.engine.kv_groups):  # Mamba layers: caching is off, said so
+                assert not llm.engine.config.cache.enable_prefix_caching, key
+                assert llm.engine.stats()["prefix_hits"] == 0, key
+                continue
             assert llm.engine.stats()["prefix_hits"] > 0, f"{key}: the shared prefix must come from the cache"
 
     def _greedy(self, llm, prompts) -> list[list[int]]:
