@@ -69,14 +69,18 @@ INTERFACE_VERSIONS = {
     # 5: cache layouts — AttentionSpec.latent (the paged latent layout, MLA), cache_layouts,
     #    forward_latent (v4 backends still load, declare per-head K/V only, and are never handed a
     #    latent spec)
-    "attention_backends": 5,
+    # 6: attention sinks — AttentionSpec.sinks, forward(..., sinks=) (gpt-oss); v1-v5 backends still
+    #    load and are never handed a spec with sinks
+    "attention_backends": 6,
     # 2: the engine.layers of this release — RotaryEmbedding(positions) returns the cos/sin tables and
     #    LayerOps.rotary_qkv rotates, silu_and_mul is a LayerOps method — and StepContext.kv_connector
     #    (a model attending without engine.layers.Attention calls the connector's per-layer hooks).
     #    v1 models, built on the release-1 layers, are refused
     # 3: per-layer cache layouts — AttentionKind.latent declares a layer's paged latent cache (MLA),
     #    attended through engine.layers.LatentAttention (additive: v2 models still load)
-    "models": 3,
+    # 4: AttentionKind.sinks — a layer's learned per-head sink logits, handed to
+    #    engine.layers.Attention as sinks= (additive: v2 and v3 models still load)
+    "models": 4,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
@@ -110,8 +114,8 @@ INTERFACE_VERSIONS = {
 # Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
 # the core adapts the old contract exactly.
 STILL_LOADED = {
-    "attention_backends": (1, 2, 3, 4),
-    "models": (2,),
+    "attention_backends": (1, 2, 3, 4, 5),
+    "models": (2, 3),
     "platforms": (1,),
     "model_loaders": (2,),
     "quant_methods": (2,),

@@ -30,6 +30,10 @@ class AttentionKind:
     # (models v3) the layer caches one latent vector per token (MLA), attended through
     # engine.layers.LatentAttention; None: per-head K/V (engine.layers.Attention)
     latent: PagedLatent | None = None
+    # (models v4) the layer has learned per-head attention sink logits (gpt-oss), which it hands
+    # to engine.layers.Attention as ``sinks=``; only a backend of attention interface v6 or later
+    # that supports them serves it
+    sinks: bool = False
 
 
 @attrs.frozen
