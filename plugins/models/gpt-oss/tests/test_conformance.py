@@ -1,0 +1,13 @@
+"""models-gpt-oss against the core's model contract: a gpt-oss-20b-shaped tiny random checkpoint
+(sinks, alternating sliding-window layers, YaRN, clamped-SwiGLU experts with biases), greedy
+tokens and log-probs against transformers, mixed batches with chunked prefill and preemption,
+prefix caching. Sinks, router and expert biases are drawn at random (transformers zeroes the
+biases), and prompts outgrow the 8-token window."""
+
+from engine.testing.models import ModelContract
+
+
+class TestGptOss(ModelContract):
+    model_class = "engine_models_gpt_oss.model:GptOssForCausalLM"
+    random_parameters = ("sinks", "router.bias", "gate_up_proj_bias", "down_proj_bias")
+    long_prompt_lengths = (40, 57)
