@@ -83,8 +83,8 @@ class GptOssForCausalLM(DecoderForCausalLM):
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
-        """gpt-oss-20b's shape, shrunk: GQA 4:1 heads of 16, alternating sliding and full
-        layers, YaRN with gpt-oss's own parameters (truncate off), top-2 of 4 experts."""
+        """gpt-oss-20b's shape, shrunk: GQA 4:1 heads of 16, a sliding and a full
+        layer, YaRN with gpt-oss's own parameters (truncate off), top-2 of 4 experts."""
         return {
             "GptOssForCausalLM": dict(
                 model_type="gpt_oss",
@@ -92,7 +92,7 @@ class GptOssForCausalLM(DecoderForCausalLM):
                 hidden_size=64,
                 intermediate_size=64,
                 head_dim=16,
-                num_hidden_layers=3,
+                num_hidden_layers=2,
                 num_attention_heads=8,
                 num_key_value_heads=2,
                 num_local_experts=4,
