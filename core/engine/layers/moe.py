@@ -161,7 +161,7 @@ class FusedMoE(Layer):
         bias: bool = False,
     ):
         super().__init__()
-        self.num_experts, self.top_k, self.renormalize, self.ops = num_experts, top_k, renormalize, ops
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.activation = activation or ops.silu_and_mul
         self.local_experts = list(range(num_experts) if local_experts is None else local_experts)
         if not set(self.local_experts) <= set(range(num_experts)) or len(set(self.local_experts)) < len(
