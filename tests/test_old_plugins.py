@@ -89,7 +89,6 @@ LABELS = {  # what each kind asks, and the interface version that made the last 
     "scale": ("query scale", 4),
     "window-softcap-scale": ("sliding window, logit soft-capping, query scale", 4),
     "bidirectional": ("bidirectional attention", 4),
-    "sinks": ("attention sinks", 6),
     "window-sinks": ("sliding window, attention sinks", 6),
 }
 

@@ -60,8 +60,8 @@ KINDS = {
     "softcap": dict(logit_softcap=2.0),
     "scale": dict(query_scale=0.3),
     "window-softcap-scale": dict(sliding_window=7, logit_softcap=1.5, query_scale=0.3),
-    # each head's learned sink logit in the softmax's denominator (gpt-oss), alone and under a window
-    "sinks": dict(sinks=True),
+    # each head's learned sink logit in the softmax's denominator (gpt-oss), under a window: the
+    # sink term is the same on every path, so one kind covers it (the window's paths as well)
     "window-sinks": dict(sliding_window=7, sinks=True),
 }
 
