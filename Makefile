@@ -7,6 +7,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/models/llama plugins/models/deepseek \
            plugins/models/qwen3 plugins/models/moe plugins/models/gemma plugins/models/bert plugins/models/phi3 \
            plugins/models/granite plugins/models/olmo2 plugins/models/glm4 plugins/models/mamba-hybrid \
+           plugins/models/gpt-oss \
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/quant/awq-gptq \
            plugins/quant/compressed-tensors \
            plugins/grammar/xgrammar plugins/grammar/llguidance \

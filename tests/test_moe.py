@@ -186,3 +186,48 @@ def test_batch_invariant_mode_gives_a_row_the_same_bits_in_any_batch():
     torch.testing.assert_close(
         batched.float(), reference_moe(x, logits, gate_up, down, 2, True), atol=3e-2, rtol=3e-2
     )
+
+
+def _clamped(gate_up: torch.Tensor) -> torch.Tensor:
+    """An activation other than SwiGLU (gpt-oss's shape of one): tanh(gate) · (up + 1)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return torch.tanh(gate) * (up + 1)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_biased_experts_with_their_own_activation_match_a_per_expert_loop(batch_invariant):
+    """``bias=True`` and ``activation=``: each row gets its own expert's biases on both
+    projections (loaded as ``<e>.<projection>.bias``), in the grouped and the row-tile path."""
+    gen = torch.Generator().manual_seed(3)
+    layer = FusedMoE(
+        EXPERTS,
+        2,
+        HIDDEN,
+        INTERMEDIATE,
+        False,
+        unquantized(torch.float32, batch_invariant),
+        torch.float32,
+        LayerOps(),
+        activation=_clamped,
+        bias=True,
+    )
+    shapes = {"gate_proj": INTERMEDIATE, "up_proj": INTERMEDIATE, "down_proj": HIDDEN}
+    inputs_of = {"gate_proj": HIDDEN, "up_proj": HIDDEN, "down_proj": INTERMEDIATE}
+    weights = {
+        (e, p, param): torch.randn(shapes[p], *([inputs_of[p]] if param == "weight" else []), generator=gen)
+        for e in range(EXPERTS)
+        for p in shapes
+        for param in ("weight", "bias")
+    }
+    for (e, p, param), tensor in weights.items():
+        layer.load_expert(p, param, e, tensor)
+    x, logits = inputs(9, torch.float32, seed=4)
+    weights_k, ids = torch.softmax(logits, -1).topk(2, dim=-1)
+    want = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for w, e in zip(weights_k[t], ids[t].tolist()):
+            gate = x[t] @ weights[e, "gate_proj", "weight"].t() + weights[e, "gate_proj", "bias"]
+            up = x[t] @ weights[e, "up_proj", "weight"].t() + weights[e, "up_proj", "bias"]
+            hidden = _clamped(torch.cat([gate, up]))
+            want[t] += w * (hidden @ weights[e, "down_proj", "weight"].t() + weights[e, "down_proj", "bias"])
+    torch.testing.assert_close(layer(x, logits), want, atol=2e-4, rtol=1e-4)

@@ -83,12 +83,13 @@ class TestAttentionV1(AttentionBackendContract):
 
 SPEC = AttentionSpec(num_heads=8, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=8)
 ASKED = {**KINDS, "bidirectional": dict(causal=False)}
-LABELS = {
-    "window": "sliding window",
-    "softcap": "logit soft-capping",
-    "scale": "query scale",
-    "window-softcap-scale": "sliding window, logit soft-capping, query scale",
-    "bidirectional": "bidirectional attention",
+LABELS = {  # what each kind asks, and the interface version that made the last of it part of the contract
+    "window": ("sliding window", 4),
+    "softcap": ("logit soft-capping", 4),
+    "scale": ("query scale", 4),
+    "window-softcap-scale": ("sliding window, logit soft-capping, query scale", 4),
+    "bidirectional": ("bidirectional attention", 4),
+    "window-sinks": ("sliding window, attention sinks", 6),
 }
 
 
@@ -96,9 +97,14 @@ LABELS = {
 def test_a_spec_v1_did_not_promise_is_refused_with_the_reason_and_would_attend_wrongly(kind):
     spec = attrs.evolve(SPEC, **ASKED[kind])
     _, reasons = backend_reasons(NaiveAttention, 1, spec, CpuPlatform())
-    assert reasons == [f"built for interface v1: cannot serve {LABELS[kind]} (part of the contract since v4)"]
-    calls = run_two_calls(NaiveAttention(spec, CpuPlatform()), spec, BATCHES["mixed"], num_blocks=64)
-    out, expected = calls[-1]
+    label, since = LABELS[kind]
+    assert reasons == [f"built for interface v1: cannot serve {label} (part of the contract since v{since})"]
+    backend = NaiveAttention(spec, CpuPlatform())
+    if spec.sinks:  # its forward does not even take the sink logits
+        with pytest.raises(TypeError, match="sinks"):
+            run_two_calls(backend, spec, BATCHES["mixed"], num_blocks=64)
+        return
+    out, expected = run_two_calls(backend, spec, BATCHES["mixed"], num_blocks=64)[-1]
     assert not torch.allclose(out.double(), expected, atol=1e-3), "handed anyway, it would attend wrongly"
 
 

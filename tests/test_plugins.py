@@ -133,7 +133,7 @@ def test_wrong_interface_version_is_refused_with_one_line(wrong_version_plugin):
     assert len(mentions) == 1 and "Traceback" not in result.stderr, result.stderr
     line = mentions[0]
     assert "tessellm-attention-future 9.0.0" in line and "refused" in line
-    assert "interface v99" in line and "provides v5" in line and "it loads v1, v2, v3, v4, v5" in line
+    assert "interface v99" in line and "provides v6" in line and "it loads v1, v2, v3, v4, v5, v6" in line
     assert "attention-future  (tessellm-attention-future 9.0.0)  refused:" in result.stdout
     assert "attention backend: future" not in result.stdout
     for name in SHIPPED:
@@ -234,7 +234,7 @@ def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
     assert "Traceback" not in result.stderr, result.stderr
     lines = result.stdout.splitlines()
     noapi = _only(lines, "attention-noapi  (tessellm-attention-noapi 9.0.0)  refused: ")
-    assert "attention backend 'noapi' registered without api=" in noapi and "provides v5" in noapi
+    assert "attention backend 'noapi' registered without api=" in noapi and "provides v6" in noapi
     raising = _only(lines, "models-raising  (tessellm-models-raising 9.0.0)  refused: ")
     assert raising.endswith("register_models raised RuntimeError: config registry unreachable")
     fancy = _only(lines, "attention backend: fancy")
@@ -453,7 +453,7 @@ def test_a_capability_check_that_raises_is_a_reason_not_a_crash(monkeypatch, cap
     class Preferring(CpuPlatform):
         preferred_attention_backends = ("raising", "torch")
 
-    plugin = hooks(register_attention_backends=lambda register: register("raising", RaisingBackend, api=5))
+    plugin = hooks(register_attention_backends=lambda register: register("raising", RaisingBackend, api=6))
     registry = registry_with(monkeypatch, "checks", plugin, "attention-torch")
     spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_dim=32, dtype=torch.float32, block_size=16)
     assert select_attention_backend(registry, None, spec, Preferring()).name == "torch"

@@ -33,10 +33,10 @@ class TopLeftCausal(TorchAttentionBackend):
     """Attends every causal chunk with SDPA's ``is_causal``, which aligns the mask top-left: a
     later chunk's query i sees keys 0..i, not the cached prefix and the chunk up to itself."""
 
-    def _prefill(self, query, key_cache, value_cache, group, read):
+    def _prefill(self, query, key_cache, value_cache, group, read, sinks):
         s = self.spec
         if not s.causal or s.logit_softcap is not None or s.sliding_window is not None:
-            return super()._prefill(query, key_cache, value_cache, group, read)
+            return super()._prefill(query, key_cache, value_cache, group, read, sinks)
         keys, values = read(*_cached(key_cache, value_cache, group))
         queries = query.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(
@@ -49,7 +49,7 @@ class ModuloHeads(TorchAttentionBackend):
     """Decodes query head h against KV head h % Hkv (K/V expanded with ``repeat``), not h // group
     (``repeat_interleave``): the same wherever every head has its own KV head."""
 
-    def _decode(self, query, key_cache, value_cache, group, read):
+    def _decode(self, query, key_cache, value_cache, group, read, sinks):
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
         keys, values = read(*(_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache)))
@@ -62,10 +62,10 @@ class ConsecutiveBlocks(TorchAttentionBackend):
     """Reads a lone decode stream's blocks as the run starting at its first one: blocks were
     consecutive in every cache the author tried, fresh ones."""
 
-    def _decode_one(self, query, kv_cache, group, read):
+    def _decode_one(self, query, kv_cache, group, read, sinks):
         first, count = int(group.block_table[0, 0]), group.block_table.shape[1]
         return super()._decode_one(
-            query, kv_cache, attrs.evolve(group, blocks=slice(first, first + count)), read
+            query, kv_cache, attrs.evolve(group, blocks=slice(first, first + count)), read, sinks
         )
 
 
@@ -90,7 +90,7 @@ class WindowOneWider(TorchAttentionBackend):
 class DecodeWithoutSoftcap(TorchAttentionBackend):
     """Soft-caps the logits of prefill chunks and lone streams but not of a batch of decode rows."""
 
-    def _decode(self, query, key_cache, value_cache, group, read):
+    def _decode(self, query, key_cache, value_cache, group, read, sinks):
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
         keys, values = read(*(_gather_blocks(cache, group.block_table) for cache in (key_cache, value_cache)))
@@ -103,10 +103,10 @@ class DefaultScale(TorchAttentionBackend):
     """Calls SDPA on a whole prompt without ``scale=``: its default 1/√head_dim, not the spec's
     query scale (the two are equal unless a model sets one)."""
 
-    def _prefill(self, query, key_cache, value_cache, group, read):
+    def _prefill(self, query, key_cache, value_cache, group, read, sinks):
         s = self.spec
         if not s.causal or s.logit_softcap is not None or group.prefix_len or group.mask is not None:
-            return super()._prefill(query, key_cache, value_cache, group, read)
+            return super()._prefill(query, key_cache, value_cache, group, read, sinks)
         keys, values = read(*_cached(key_cache, value_cache, group))
         queries = query.transpose(0, 1).unsqueeze(0)
         out = F.scaled_dot_product_attention(queries, keys, values, is_causal=True, enable_gqa=True)
@@ -121,7 +121,7 @@ class GatherOncePerStep(TorchAttentionBackend):
         self._gathered = {}
         return super().build_metadata(layout)
 
-    def _decode(self, query, key_cache, value_cache, group, read):
+    def _decode(self, query, key_cache, value_cache, group, read, sinks):
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
         if id(group) not in self._gathered:
@@ -162,6 +162,13 @@ class ClaimsChunkInvariance(TorchAttentionBackend):
     chunk_invariant = True
 
 
+class DecodeWithoutSinks(TorchAttentionBackend):
+    """Drops the sink logits in batched decode (the prefill path, written first, has them)."""
+
+    def _decode(self, query, key_cache, value_cache, group, read, sinks):
+        return super()._decode(query, key_cache, value_cache, group, read, None)
+
+
 MUTANTS = {
     "top-left-causal": TopLeftCausal,
     "modulo-heads": ModuloHeads,
@@ -174,10 +181,13 @@ MUTANTS = {
     "always-causal": AlwaysCausal,
     "claims-chunk-invariance": ClaimsChunkInvariance,
     "ignores-kv-scale": IgnoresKVScale,
+    "decode-without-sinks": DecodeWithoutSinks,
 }
+# the interface version each mutant registers for (default 4): sinks are handed only from v6 on
+API = {"decode-without-sinks": 6}
 
 
 @hookimpl
 def register_attention_backends(register):
     for name, backend in MUTANTS.items():
-        register(name, backend, api=4)
+        register(name, backend, api=API.get(name, 4))

@@ -419,6 +419,7 @@ def _kind_backend(registry, name, layout, kinds: list, kind, cache: tuple, platf
         query_scale=kind.query_scale,
         causal=layout.causal,
         latent=kind.latent,
+        sinks=kind.sinks,
     )
     try:
         return select_attention_backend(registry, name, spec, platform)
@@ -437,6 +438,7 @@ def _describe_kind(kind) -> str:
         f"soft-cap {kind.logit_softcap}" if kind.logit_softcap is not None else "",
         f"query scale {kind.query_scale:.4g}" if kind.query_scale is not None else "",
         f"paged latent cache of {kind.latent.entry_dim} per token" if kind.latent is not None else "",
+        "attention sinks" if kind.sinks else "",
     ]
     return ", ".join(p for p in parts if p) or "plain attention"
 

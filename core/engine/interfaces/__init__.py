@@ -70,7 +70,9 @@ INTERFACE_VERSIONS = {
     # 5: cache layouts — AttentionSpec.latent (the paged latent layout, MLA), cache_layouts,
     #    forward_latent (v4 backends still load, declare per-head K/V only, and are never handed a
     #    latent spec)
-    "attention_backends": 5,
+    # 6: attention sinks — AttentionSpec.sinks, forward(..., sinks=) (gpt-oss); v1-v5 backends still
+    #    load and are never handed a spec with sinks
+    "attention_backends": 6,
     # 2: the engine.layers of this release — RotaryEmbedding(positions) returns the cos/sin tables and
     #    LayerOps.rotary_qkv rotates, silu_and_mul is a LayerOps method — and StepContext.kv_connector
     #    (a model attending without engine.layers.Attention calls the connector's per-layer hooks).
@@ -79,7 +81,8 @@ INTERFACE_VERSIONS = {
     #    attended through engine.layers.LatentAttention (additive: v2 models still load)
     # 4: fixed-size per-request state — AttentionKind.state declares a Mamba2 layer's conv + SSM
     #    state (MambaState), one slot per running request; LayerOps.causal_conv1d / ssm_scan
-    #    (additive: v2 and v3 models still load)
+    #    — and AttentionKind.sinks, a layer's learned per-head sink logits handed to
+    #    engine.layers.Attention as sinks= (additive: v2 and v3 models still load)
     "models": 4,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
@@ -116,7 +119,7 @@ INTERFACE_VERSIONS = {
 # Older versions a kind still loads: the newer one only added members with defaults, or (schedulers v2)
 # the core adapts the old contract exactly.
 STILL_LOADED = {
-    "attention_backends": (1, 2, 3, 4),
+    "attention_backends": (1, 2, 3, 4, 5),
     "models": (2, 3),
     "kv_cache_managers": (2,),
     "platforms": (1,),

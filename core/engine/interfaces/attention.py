@@ -28,6 +28,11 @@ Interface v5 added cache layouts beyond per-head K/V. A spec with ``latent`` set
 asks the paged latent layout; a backend lists the layouts it reads in ``cache_layouts`` (default:
 per-head K/V only) and attends over latent pages in ``forward_latent``, handed the layer's
 up-projection (:class:`LatentUpProjection`). Older backends are never handed a latent spec.
+
+Interface v6 added attention sinks (``AttentionSpec.sinks``: gpt-oss): each head has a learned
+logit that joins the softmax's denominator only, so a row's weights sum to less than one; the
+layer's values, one per query head, reach ``forward`` as ``sinks=``. Older backends are never
+handed a spec with sinks.
 """
 
 from __future__ import annotations
@@ -99,6 +104,10 @@ class AttentionSpec:
     # (interface v5) the paged latent layout (MLA); None: per-head K/V. ``num_kv_heads`` is then 1
     # and ``head_dim`` the query/key head size (nope + rope) the default scale is taken from.
     latent: PagedLatent | None = None
+    # (interface v6) attention sinks: per query head a learned logit s_h in the softmax's
+    # denominator only, weights exp(score) / (exp(s_h) + Σ exp(score)) (gpt-oss); the values come
+    # to ``forward`` as ``sinks=`` (float32 [num_heads]), only when this is set
+    sinks: bool = False
 
     @property
     def cache_layout(self) -> str:
@@ -180,6 +189,7 @@ ADDED_FIELDS: tuple[tuple[str, int, Callable[[AttentionSpec], bool]], ...] = (
     ("query scale", 4, lambda spec: spec.query_scale is not None),
     ("bidirectional attention", 4, lambda spec: not spec.causal),
     ("the paged latent cache layout", 5, lambda spec: spec.latent is not None),
+    ("attention sinks", 6, lambda spec: spec.sinks),
 )
 REGISTRY_SINCE = 4  # backends registered for this version on are constructed with ``registry=``
 
@@ -357,7 +367,8 @@ class AttentionBackend(ABC):
     ) -> torch.Tensor:
         """query [T, H, D], key/value [T, H_kv, D] -> output [T, H, D]. With a quantized cache
         (``spec.kv_cache_dtype``) the engine also passes ``kv_scale=`` (:class:`KVScale`): K/V
-        are written as :func:`quantize_kv` stores them and read back multiplied by it."""
+        are written as :func:`quantize_kv` stores them and read back multiplied by it. With
+        ``spec.sinks`` (v6) it passes ``sinks=``, the layer's float32 [H] sink logits."""
 
     def forward_latent(
         self,

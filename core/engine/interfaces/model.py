@@ -70,6 +70,10 @@ class AttentionKind:
     # in a state group (one slot per running request); its ``kv_caches`` entry is the state tensor
     # [num_slots, state.elements] and its metadata the group's BatchLayout (slot: block_table[:, 0])
     state: MambaState | None = None
+    # (models v4) the layer has learned per-head attention sink logits (gpt-oss), which it hands
+    # to engine.layers.Attention as ``sinks=``; only a backend of attention interface v6 or later
+    # that supports them serves it
+    sinks: bool = False
 
 
 @attrs.frozen

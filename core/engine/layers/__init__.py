@@ -24,6 +24,7 @@ from engine.layers.moe import FusedMoE, router_linear
 from engine.layers.norm import RMSNorm
 from engine.layers.ops import LayerOps
 from engine.layers.rotary import RotaryEmbedding
+from engine.layers.unquantized import UnquantizedLinearMethod
 
 __all__ = [
     "FUSED_PROJECTIONS",
@@ -43,6 +44,7 @@ __all__ = [
     "PostNormDecoderLayer",
     "RMSNorm",
     "RotaryEmbedding",
+    "UnquantizedLinearMethod",
     "VocabEmbedding",
     "decoder_rename",
     "head_dim",

@@ -1,6 +1,7 @@
 """The attention layer a model places where it attends: it hands q/k/v, this layer's cache
 and the step's metadata to the selected backend, and, when the cache is quantized, this layer's
-KV scales (set from the checkpoint by :mod:`engine.layers.kv_scales`). A layer caching a
+KV scales (set from the checkpoint by :mod:`engine.layers.kv_scales`), and a layer's attention
+sink logits where its kind has them (``AttentionKind.sinks``, models v4). A layer caching a
 latent vector per token (MLA: ``AttentionKind.latent``) places :class:`LatentAttention`."""
 
 from __future__ import annotations
@@ -18,21 +19,35 @@ class Attention(Layer):
         self.layer_index = layer_index
         self.kv_scale = KVScale()
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, step: StepContext) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        step: StepContext,
+        sinks: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """``sinks``: this rank's heads' sink logits (float32 [H]) for a layer whose kind has them."""
         backend, metadata = step.layer_attention(self.layer_index)
         connector, cache = step.kv_connector, step.kv_caches[self.layer_index]
         if connector is None:
-            return self._attend(backend, q, k, v, cache, metadata)
+            return self._attend(backend, q, k, v, cache, metadata, sinks)
         connector.wait_for_layer_load(self.layer_index)
-        out = self._attend(backend, q, k, v, cache, metadata)
+        out = self._attend(backend, q, k, v, cache, metadata, sinks)
         connector.save_kv_layer(self.layer_index, cache, step.slot_mapping)
         return out
 
-    def _attend(self, backend, q, k, v, cache, metadata) -> torch.Tensor:
-        """``kv_scale=`` only for a quantized cache: a backend that reads none never takes it."""
-        if backend.spec.kv_cache_dtype is None:
-            return backend.forward(q, k, v, cache, metadata)
-        return backend.forward(q, k, v, cache, metadata, kv_scale=self.kv_scale)
+    def _attend(self, backend, q, k, v, cache, metadata, sinks) -> torch.Tensor:
+        """``kv_scale=`` only for a quantized cache and ``sinks=`` only for a spec with sinks: a
+        backend that reads neither never takes them."""
+        extra: dict = {}
+        if backend.spec.kv_cache_dtype is not None:
+            extra["kv_scale"] = self.kv_scale
+        if backend.spec.sinks:
+            if sinks is None:
+                raise ValueError(f"layer {self.layer_index} attends with sinks but was handed none")
+            extra["sinks"] = sinks
+        return backend.forward(q, k, v, cache, metadata, **extra)
 
 
 class LatentAttention(Layer):

@@ -41,7 +41,9 @@ class DecoderAttention(Layer):
     the head's first dims; ``interleaved_rotary`` turns pairs of neighbouring dims (GLM-4).
     Built for a tensor-parallel group, a rank holds its heads (``num_heads``, ``num_kv_heads``
     are the rank's) and ``o_proj`` all-reduces; a norm over the whole projection needs every
-    head, so ``qk_projection_norm`` takes one rank."""
+    head, so ``qk_projection_norm`` takes one rank. ``sinks`` (gpt-oss) gives every query head
+    a learned sink logit (``sinks``, float32 [num_attention_heads], of which a rank hands the
+    backend its heads'); the layer's kind must declare ``AttentionKind.sinks``."""
 
     def __init__(
         self,
@@ -55,6 +57,7 @@ class DecoderAttention(Layer):
         qk_norm: bool = False,
         qk_projection_norm: bool = False,
         interleaved_rotary: bool = False,
+        sinks: bool = False,
     ):
         super().__init__()
         self.ops = ops
@@ -80,6 +83,10 @@ class DecoderAttention(Layer):
         self.q_norm = RMSNorm(q_norm_size, cfg.rms_norm_eps, dtype, ops) if with_norms else None
         self.k_norm = RMSNorm(k_norm_size, cfg.rms_norm_eps, dtype, ops) if with_norms else None
         self.qk_projection_norm, self.interleaved_rotary = qk_projection_norm, interleaved_rotary
+        self.sinks: nn.Parameter | None = None
+        if sinks:
+            self.sinks = nn.Parameter(torch.zeros(cfg.num_attention_heads), requires_grad=False)
+        self.q_heads = slice(heads.q_start, heads.q_start + heads.q)
         self.attn = Attention(layer)
 
     def forward(self, cos_sin, hidden, step):
@@ -90,7 +97,8 @@ class DecoderAttention(Layer):
             if self.qk_projection_norm:
                 qkv = self._norm_projections(qkv)
             q, k, v = self._rotary(qkv, heads, cos_sin)
-        out = self.attn(q, k, v, step)
+        sinks = None if self.sinks is None else self.sinks[self.q_heads]
+        out = self.attn(q, k, v, step, sinks)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
     def _norm_projections(self, qkv):

@@ -29,6 +29,11 @@ class ExpertSegments:
         counts[expert] = rows
         return cls.from_counts(counts)
 
+    def expert_of_rows(self, device) -> torch.Tensor:
+        """The local expert of each row, int64 [M] (to gather per-expert biases)."""
+        sizes = torch.tensor(self.sizes, device=device)
+        return torch.repeat_interleave(torch.arange(len(self.sizes), device=device), sizes)
+
     def per_expert(
         self, x: torch.Tensor, out_features: int, matmul: Callable[[int, torch.Tensor], torch.Tensor]
     ) -> torch.Tensor:

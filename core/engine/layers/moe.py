@@ -10,6 +10,10 @@ over those segments (:func:`engine.layers.experts.grouped_matmul`: ``torch._grou
 CPU, else a loop over the experts that received rows — never over tokens), and scatter-adds
 the weighted rows back to their tokens.
 
+A family whose experts differ from plain SwiGLU passes its own ``activation`` (gate|up rows ->
+hidden rows: gpt-oss's clamped SwiGLU) and ``bias=True`` for per-expert biases on both
+projections, added to each row by the expert it went to.
+
 Expert parallelism: a layer is told which experts live on this rank (``local_experts``,
 default all). It stores only those, and routing drops the (token, expert) pairs of the
 others, so each rank's output is its experts' share of the sum; the executor all-reduces.
@@ -17,9 +21,10 @@ others, so each rank's output is its experts' share of the sum; the executor all
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
+from torch import nn
 
 from engine.layers.batch_invariant import ROWS, in_row_tiles
 from engine.layers.experts import ExpertSegments
@@ -50,19 +55,28 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool):
     return weights, ids
 
 
-def router_linear(hidden_size: int, num_experts: int, method, dtype: torch.dtype) -> Linear:
-    """The router's [E, H] projection, kept in the activation dtype whatever the quant method
-    (it only chooses experts and is tiny; vLLM leaves it unquantized too)."""
-    return Linear(hidden_size, [num_experts], False, UnquantizedLinearMethod(method.ctx), dtype)
+def router_linear(
+    hidden_size: int, num_experts: int, method, dtype: torch.dtype, bias: bool = False
+) -> Linear:
+    """The router's [E, H] projection (with a bias: gpt-oss), kept in the activation dtype
+    whatever the quant method (it only chooses experts and is tiny; vLLM leaves it unquantized too)."""
+    return Linear(hidden_size, [num_experts], bias, UnquantizedLinearMethod(method.ctx), dtype)
 
 
 class ExpertLinear(Layer):
     """One projection of every local expert, [E, sum(output_sizes), input_size], stored and
     multiplied by the quant method (its ``*_moe_*`` methods); checkpoint tensors arrive one
-    expert and shard at a time through :meth:`load_shard`."""
+    expert and shard at a time through :meth:`load_shard`. With ``bias`` each expert has a bias
+    [E, sum(output_sizes)] in the activation dtype (whatever the method), loaded as ``bias``."""
 
     def __init__(
-        self, num_experts: int, input_size: int, output_sizes: list[int], method, dtype: torch.dtype
+        self,
+        num_experts: int,
+        input_size: int,
+        output_sizes: list[int],
+        method,
+        dtype: torch.dtype,
+        bias: bool = False,
     ):
         super().__init__()
         if not method.quantizes_experts:
@@ -71,6 +85,12 @@ class ExpertLinear(Layer):
         self.method = method
         self._unloaded = {(e, s) for e in range(num_experts) for s in range(len(output_sizes))}
         method.create_moe_weights(self, num_experts, input_size, self.output_sizes)
+        self.bias: nn.Parameter | None = None
+        if bias:
+            self.bias = nn.Parameter(
+                torch.zeros(num_experts, sum(output_sizes), dtype=dtype), requires_grad=False
+            )
+            self.bias.output_dim = 0  # type: ignore[attr-defined]  # load_shard narrows a shard by it
 
     def load_shard(self, param_name: str, tensor, expert: int, shard: int = 0) -> None:
         """Copy one expert's projection into its slice of the stacked parameter (or hand it to
@@ -87,7 +107,8 @@ class ExpertLinear(Layer):
                 start = sum(self.output_sizes[:shard]) * per_row
                 target = target.narrow(dim, start, self.output_sizes[shard] * per_row)
             target.copy_(tensor)
-        self._unloaded.discard((expert, shard))
+        if param_name != "bias":
+            self._unloaded.discard((expert, shard))
 
     def process_weights_after_loading(self) -> None:
         if self._unloaded:
@@ -99,8 +120,10 @@ class ExpertLinear(Layer):
 
     def forward(self, x: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
         if getattr(self.method.ctx, "batch_invariant", False):
-            return self._in_row_tiles(x, segments)
-        return self.method.apply_moe(self, x, segments)
+            out = self._in_row_tiles(x, segments)
+        else:
+            out = self.method.apply_moe(self, x, segments)
+        return out if self.bias is None else out + self.bias[segments.expert_of_rows(out.device)]
 
     def _in_row_tiles(self, x: torch.Tensor, segments: ExpertSegments) -> torch.Tensor:
         """Batch-invariant mode: each expert's rows in tiles of exactly
@@ -119,7 +142,9 @@ class FusedMoE(Layer):
     -> Σ over the token's top-k experts (those on this rank) of weight × expert(x).
 
     ``local_experts`` are the global ids of the experts this rank holds (default all); a
-    checkpoint's other experts are skipped when loading."""
+    checkpoint's other experts are skipped when loading. ``activation`` maps gate|up rows
+    [M, 2·I] to [M, I] (default the platform's ``silu_and_mul``); ``bias`` gives both
+    projections per-expert biases (checkpoint ``<e>.<projection>.bias``)."""
 
     def __init__(
         self,
@@ -132,9 +157,12 @@ class FusedMoE(Layer):
         dtype: torch.dtype,
         ops,
         local_experts: Sequence[int] | None = None,
+        activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        bias: bool = False,
     ):
         super().__init__()
-        self.num_experts, self.top_k, self.renormalize, self.ops = num_experts, top_k, renormalize, ops
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        self.activation = activation or ops.silu_and_mul
         self.local_experts = list(range(num_experts) if local_experts is None else local_experts)
         if not set(self.local_experts) <= set(range(num_experts)) or len(set(self.local_experts)) < len(
             self.local_experts
@@ -146,9 +174,11 @@ class FusedMoE(Layer):
         local_index[self.local_experts] = torch.arange(len(self.local_experts))
         self.register_buffer("local_index", local_index, persistent=False)
         self.gate_up = ExpertLinear(
-            len(self.local_experts), hidden_size, [intermediate_size] * 2, method, dtype
+            len(self.local_experts), hidden_size, [intermediate_size] * 2, method, dtype, bias
         )
-        self.down = ExpertLinear(len(self.local_experts), intermediate_size, [hidden_size], method, dtype)
+        self.down = ExpertLinear(
+            len(self.local_experts), intermediate_size, [hidden_size], method, dtype, bias
+        )
 
     def load_expert(self, projection: str, param_name: str, expert: int, tensor) -> bool:
         """Load checkpoint expert ``expert``'s ``projection`` (a key of
@@ -174,7 +204,7 @@ class FusedMoE(Layer):
         counts = torch.bincount(local[order], minlength=len(self.local_experts))
         segments = ExpertSegments.from_counts(counts)
         tokens = order // self.top_k
-        hidden = self.ops.silu_and_mul(self.gate_up(x.index_select(0, tokens), segments))
+        hidden = self.activation(self.gate_up(x.index_select(0, tokens), segments))
         rows = self.down(hidden, segments)
         rows = rows * weights.flatten()[order, None].to(rows.dtype)
         return torch.zeros_like(x).index_add_(0, tokens, rows)

@@ -1,8 +1,8 @@
 """Attention backend contract: the backend against plain math on random paged inputs —
 prefill, decode and mixed batches, a long later prefill chunk, GQA, several block sizes,
 lengths that are not block multiples, blocks scattered in the pool; and the attention kinds a
-spec may ask for (a sliding window, soft-capped logits, another query scale), alone and
-together, where a window's out-of-reach blocks are the null block (as the KV cache manager
+spec may ask for (a sliding window, soft-capped logits, another query scale, attention sinks),
+alone and together, where a window's out-of-reach blocks are the null block (as the KV cache manager
 leaves them) holding garbage. As the engine runs a step: q, k and v are strided head views of
 one fused projection, several layers (each with its own cache) run through one step's metadata,
 and block tables may start with another request's blocks (prefix caching). The context a batch
@@ -60,14 +60,26 @@ KINDS = {
     "softcap": dict(logit_softcap=2.0),
     "scale": dict(query_scale=0.3),
     "window-softcap-scale": dict(sliding_window=7, logit_softcap=1.5, query_scale=0.3),
+    # each head's learned sink logit in the softmax's denominator (gpt-oss), under a window: the
+    # sink term is the same on every path, so one kind covers it (the window's paths as well)
+    "window-sinks": dict(sliding_window=7, sinks=True),
 }
 
 
-def reference_attention(q, keys, values, scale, sliding_window=None, logit_softcap=None, causal: bool = True):
+def random_sinks(num_heads: int, gen: torch.Generator) -> torch.Tensor:
+    """Sink logits [num_heads] float32 spread around the scores' range (some heads' sinks take
+    most of the weight, others little), so a backend that drops or misplaces them is far off."""
+    return torch.randn(num_heads, generator=gen) * 2.0
+
+
+def reference_attention(
+    q, keys, values, scale, sliding_window=None, logit_softcap=None, causal: bool = True, sinks=None
+):
     """q [q, H, D] over a sequence's whole keys/values [L, Hkv, D]; causal, last q positions;
     each query sees the ``sliding_window`` keys ending at its own (None: all), logits
     soft-capped as cap · tanh(logits / cap); ``causal=False``: every row over the whole
-    sequence (no window then)."""
+    sequence (no window then); ``sinks`` [H]: head h's weights are exp(score) / (exp(sinks[h]) +
+    Σ exp(score)) (None: no sinks)."""
     group = q.shape[1] // keys.shape[1]
     k = keys.repeat_interleave(group, dim=1).double()
     v = values.repeat_interleave(group, dim=1).double()
@@ -81,7 +93,11 @@ def reference_attention(q, keys, values, scale, sliding_window=None, logit_softc
         if sliding_window is not None:
             allowed &= key_pos > query_pos - sliding_window
         scores = scores.masked_fill(~allowed, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    column = sinks.double()[:, None, None].expand(-1, n, 1)
+    probs = torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 def _beyond_window(tables, requests, block_size: int, window: int | None):
@@ -189,6 +205,7 @@ def run_two_calls(
     ]
     tables = _tables(requests, shares, bs, num_blocks, gen)
     layers = [_sequences(requests, shares, spec, bs, gen) for _ in range(num_layers)]
+    sinks = [random_sinks(spec.num_heads, gen) if spec.sinks else None for _ in range(num_layers)]
     scaled = {"kv_scale": kv_scale} if spec.kv_cache_dtype is not None else {}
     results = []
     for first in (True, False):
@@ -209,12 +226,13 @@ def run_two_calls(
             paged_layout([(a, b - a) for a, b in span], [window_tables[i] for i in active], bs), device
         )
         metadata = _graph_metadata(backend, layout) if graph and not first else backend.build_metadata(layout)
-        for cache, seqs in zip(caches, layers):
+        for cache, seqs, layer_sinks in zip(caches, layers, sinks):
             q, k, v = (
                 torch.cat([seqs[i][part][a:b] for (a, b), i in zip(span, active)]) for part in range(3)
             )
+            extra = scaled if layer_sinks is None else {**scaled, "sinks": layer_sinks.to(device)}
             out = backend.forward(
-                *fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata, **scaled
+                *fused_projection_views(q.to(device), k.to(device), v.to(device)), cache, metadata, **extra
             )
             expected = torch.cat(
                 [
@@ -226,6 +244,7 @@ def run_two_calls(
                         spec.sliding_window,
                         spec.logit_softcap,
                         spec.causal,
+                        layer_sinks,
                     )
                     for (a, b), i in zip(span, active)
                 ]

@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_attention_backends(register):
-    register("cpu-native", "engine_attention_cpu_native.backend:NativeAttentionBackend", api=4)
+    register("cpu-native", "engine_attention_cpu_native.backend:NativeAttentionBackend", api=6)

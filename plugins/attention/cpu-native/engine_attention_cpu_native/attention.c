@@ -10,7 +10,9 @@
  * With a sliding window (window > 0) it sees the window keys ending at its own only: the walk
  * starts at the block of the first key the earliest row sees (earlier table entries may be the
  * null block) and each row skips its block's keys before its window. softcap > 0 caps each
- * score as softcap · tanh(score / softcap) before the softmax (Gemma 2).
+ * score as softcap · tanh(score / softcap) before the softmax (Gemma 2). With `sinks` (not
+ * NULL) each query head h adds exp(sinks[h]) to its rows' softmax denominators (gpt-oss): one
+ * term more in each row's final 1 / sum, so the walk over the keys is the same.
  *
  * A work item is ROW_TILE query rows of one (request, kv head); items are spread over torch's
  * OpenMP pool when the call is big enough to split. A row's math depends on its own query and

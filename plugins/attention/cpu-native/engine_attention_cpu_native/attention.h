@@ -27,66 +27,67 @@ engine_status write_kv_fp8(const char *key, const char *value, int64_t row_strid
 /* Attends requests[0..num_requests) of the batch into out [tokens, heads, dim]; fails when its
  * scratch memory cannot be allocated. paged_attention_<activation>[_<fp8 cache>]: the AVX-512
  * kernel, and the portable one (_scalar). An fp8 cache's key scale comes folded into `scale`;
- * every output row is multiplied by `v_scale` (1 for a bf16 or f32 cache). */
+ * every output row is multiplied by `v_scale` (1 for a bf16 or f32 cache). `sinks`: per query
+ * head a logit in the softmax's denominator only (gpt-oss's attention sinks), or NULL. */
 engine_status paged_attention_bf16(const uint16_t *query, int64_t q_stride,
     const uint16_t *key_cache, const uint16_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, uint16_t *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
 engine_status paged_attention_bf16_scalar(const uint16_t *query, int64_t q_stride,
     const uint16_t *key_cache, const uint16_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, uint16_t *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
 engine_status paged_attention_bf16_e4m3(const uint16_t *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, uint16_t *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
 engine_status paged_attention_bf16_e4m3_scalar(const uint16_t *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, uint16_t *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
 engine_status paged_attention_bf16_e5m2(const uint16_t *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, uint16_t *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
 engine_status paged_attention_bf16_e5m2_scalar(const uint16_t *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, uint16_t *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
 engine_status paged_attention_f32(const float *query, int64_t q_stride,
     const float *key_cache, const float *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, float *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 engine_status paged_attention_f32_scalar(const float *query, int64_t q_stride,
     const float *key_cache, const float *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, float *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 engine_status paged_attention_f32_e4m3(const float *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, float *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 engine_status paged_attention_f32_e4m3_scalar(const float *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, float *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 engine_status paged_attention_f32_e5m2(const float *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, float *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 engine_status paged_attention_f32_e5m2_scalar(const float *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
-    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, float v_scale, float *out);
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 
 #endif

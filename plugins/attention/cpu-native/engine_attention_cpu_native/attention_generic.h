@@ -10,7 +10,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
                                int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,
                                int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,
                                int64_t dim, int64_t block_size, float scale, int64_t window, float softcap,
-                               float v_scale, T *out, Workspace *w) {
+                               const float *sinks, float v_scale, T *out, Workspace *w) {
     int64_t vectors = n * group, block_len = block_size * dim;
     memset(w->acc, 0, sizeof(float) * vectors * dim);
     for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;
@@ -47,9 +47,9 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
     }
     for (int64_t i = 0; i < n; i++)
         for (int64_t j = 0; j < group; j++) {
-            int64_t m = i * group + j;
-            STORE_ROW(out + ((q_begin + i) * heads + kv_head * group + j) * dim, w->acc + m * dim,
-                      v_scale * UNIT / w->sum[m], dim);
+            int64_t m = i * group + j, head = kv_head * group + j;
+            float sum = w->sum[m] + (sinks ? expf(sinks[head] - w->max[m]) : 0.f);
+            STORE_ROW(out + ((q_begin + i) * heads + head) * dim, w->acc + m * dim, v_scale * UNIT / sum, dim);
         }
 }
 
@@ -65,7 +65,7 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *
                                      const int32_t *query_start, const int32_t *seq_lens, const int32_t *requests,
                                      int64_t num_requests, int64_t heads, int64_t kv_heads, int64_t dim,
                                      int64_t block_size, float scale, int64_t window, float softcap,
-                                     float v_scale, T *out) {
+                                     const float *sinks, float v_scale, T *out) {
     int64_t group = heads / kv_heads, work = 0, failed = 0;
     int64_t *first_tile = malloc(sizeof(int64_t) * (num_requests + 1));
     if (!first_tile) return -1;
@@ -94,7 +94,7 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *
             TYPED(attend_item)(query, q_stride, key_cache, value_cache, head_stride,
                                block_table + b * table_stride, query_start[b] + row, rows, context,
                                item % kv_heads, heads, group, dim, block_size, scale, window, softcap,
-                               v_scale, out, &w);
+                               sinks, v_scale, out, &w);
         }
         if (ok) free(w.acc);
     }

@@ -11,6 +11,9 @@ what else shares the step (``chunk_invariant``, ``batch_invariant_capable``). A 
 sets ``max_native_query_len`` hands longer chunks to the torch backend, obtained through the
 plugin registry, as a batch of their own, and gives those guarantees up.
 
+Attention sinks (``spec.sinks``, gpt-oss) cost the kernel one more term in each row's final
+softmax denominator: it takes the layer's per-head sink logits as a float32 array.
+
 An fp8 cache (``--kv-cache-dtype fp8``, ``fp8_e5m2``) is read in place by the same kernel built
 for its bytes, widening them to float32 in registers, and written by ``write_kv_fp8``, which
 stores K/V divided by the layer's scales, byte for byte as ``engine.interfaces.quantize_kv``.
@@ -185,7 +188,14 @@ class NativeAttentionBackend(AttentionBackend):
         return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))
 
     def forward(
-        self, query, key, value, kv_cache, metadata: NativeAttentionMetadata, kv_scale: KVScale | None = None
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata: NativeAttentionMetadata,
+        kv_scale: KVScale | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Every row's K/V is written before anything attends: a request may read blocks that
         another request of the same step writes (a prompt prefix shared within the step). The
@@ -193,13 +203,16 @@ class NativeAttentionBackend(AttentionBackend):
         scale = kv_scale or KVScale()
         self._write_kv(key, value, kv_cache, metadata.slot_mapping, scale)
         out = torch.empty(query.shape, dtype=query.dtype)
+        sinks = None if sinks is None else sinks.to(torch.float32).contiguous()
         if metadata.native is not None:
-            self._attend_native(query, kv_cache, metadata.native, out, scale)
+            self._attend_native(query, kv_cache, metadata.native, out, scale, sinks)
         if metadata.delegated is not None:
             rows = metadata.delegated.rows
-            quantized = {"kv_scale": scale} if self.spec.kv_cache_dtype is not None else {}
+            extra: dict = {"kv_scale": scale} if self.spec.kv_cache_dtype is not None else {}
+            if sinks is not None:
+                extra["sinks"] = sinks
             out[rows] = self._torch.forward(
-                query[rows], key[rows], value[rows], kv_cache, metadata.delegated.metadata, **quantized
+                query[rows], key[rows], value[rows], kv_cache, metadata.delegated.metadata, **extra
             )
         return out
 
@@ -238,7 +251,15 @@ class NativeAttentionBackend(AttentionBackend):
         new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
         kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
 
-    def _attend_native(self, query, kv_cache, group: NativeGroup, out: torch.Tensor, scale: KVScale) -> None:
+    def _attend_native(
+        self,
+        query,
+        kv_cache,
+        group: NativeGroup,
+        out: torch.Tensor,
+        scale: KVScale,
+        sinks: torch.Tensor | None,
+    ) -> None:
         s = self.spec
         if query.stride(2) != 1 or query.stride(1) != s.head_dim:
             query = query.contiguous()
@@ -261,6 +282,7 @@ class NativeAttentionBackend(AttentionBackend):
             s.scale * scale.k,
             s.sliding_window or 0,
             s.logit_softcap or 0.0,
+            0 if sinks is None else sinks.data_ptr(),
             scale.v,
             out.data_ptr(),
         )

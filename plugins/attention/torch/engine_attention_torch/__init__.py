@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_attention_backends(register):
-    register("torch", "engine_attention_torch.backend:TorchAttentionBackend", api=4)
+    register("torch", "engine_attention_torch.backend:TorchAttentionBackend", api=6)

@@ -24,8 +24,9 @@ verified and a token in a batch of 64 meet the same kernel on the same shapes.
 A sliding window (``spec.sliding_window``) starts each request's gathered keys at the block
 holding the first key its earliest query sees (blocks before it may be the null block: the KV
 cache manager frees them), and a prefill chunk under a window is attended with a [q, S] mask.
-Soft-capped logits (``spec.logit_softcap``) have no fused kernel: they go through explicit
-scores (``softcapped_attention``), in float32.
+Soft-capped logits (``spec.logit_softcap``) and attention sinks (``spec.sinks``: a per-head
+logit in the softmax's denominator) have no fused kernel: they go through explicit scores
+(``explicit_attention``), in float32.
 
 A quantized (fp8) cache is the reference path: K/V are written as ``quantize_kv`` stores them
 (through a byte view: torch has no fp8 ``index_copy_`` on the CPU), and the blocks a group
@@ -90,8 +91,10 @@ class TorchAttentionBackend(AttentionBackend):
         reasons = []
         if spec.num_heads % spec.num_kv_heads:
             reasons.append(f"{spec.num_heads} query heads are not a multiple of {spec.num_kv_heads} KV heads")
-        if not spec.causal and (spec.sliding_window is not None or spec.logit_softcap is not None):
-            reasons.append("bidirectional attention with a sliding window or a logit soft-cap")
+        if not spec.causal and (
+            spec.sliding_window is not None or spec.logit_softcap is not None or spec.sinks
+        ):
+            reasons.append("bidirectional attention with a sliding window, a logit soft-cap or sinks")
         return reasons
 
     def kv_cache_shape(self, num_blocks: int) -> tuple[int, ...]:
@@ -209,22 +212,36 @@ class TorchAttentionBackend(AttentionBackend):
         blocks = layout.block_table[request, first : -(-seq_len // bs)]
         offset = first * bs
         prefix = seq_len - q - offset
-        if self.spec.sliding_window is not None or self.spec.logit_softcap is not None:
+        if self._explicit or self.spec.sliding_window is not None:
             mask = chunk_mask(prefix, q, device, self.spec.sliding_window)
         else:
             split = q >= self.split_rows and device.type == "cpu"
             mask = chunk_mask(prefix, q, device) if prefix and not split else None
         return PrefillGroup(rows, blocks, seq_len - offset, prefix, mask)
 
+    @property
+    def _explicit(self) -> bool:
+        """Whether the spec asks what no fused kernel computes (soft-cap, sinks)."""
+        return self.spec.logit_softcap is not None or self.spec.sinks
+
     def forward(
-        self, query, key, value, kv_cache, metadata: TorchAttentionMetadata, kv_scale: KVScale | None = None
+        self,
+        query,
+        key,
+        value,
+        kv_cache,
+        metadata: TorchAttentionMetadata,
+        kv_scale: KVScale | None = None,
+        sinks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         read = self._write(key, value, kv_cache, metadata.slot_mapping, kv_scale)
+        s = self.spec
+        grouped_sinks = None if sinks is None else sinks.float().view(s.num_kv_heads, -1)  # [Hkv, g]
         if len(metadata.groups) == 1 and isinstance(metadata.groups[0].rows, slice):
-            return self._attend(query, kv_cache, metadata.groups[0], read)
+            return self._attend(query, kv_cache, metadata.groups[0], read, grouped_sinks)
         out = torch.empty_like(query)
         for group in metadata.groups:
-            out[group.rows] = self._attend(query[group.rows], kv_cache, group, read)
+            out[group.rows] = self._attend(query[group.rows], kv_cache, group, read, grouped_sinks)
         return out
 
     def _write(self, key, value, kv_cache, slot_mapping, kv_scale: KVScale | None) -> _Reader:
@@ -240,14 +257,15 @@ class TorchAttentionBackend(AttentionBackend):
         kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
         return _Reader(s.dtype, scale)
 
-    def _attend(self, query, kv_cache, group, read: _Reader) -> torch.Tensor:
+    def _attend(self, query, kv_cache, group, read: _Reader, sinks) -> torch.Tensor:
+        """``sinks``: [Hkv, g] float32, a KV head's query heads' sink logits (None: no sinks)."""
         if isinstance(group, PrefillGroup):
-            return self._prefill(query, kv_cache[0], kv_cache[1], group, read)
+            return self._prefill(query, kv_cache[0], kv_cache[1], group, read, sinks)
         if group.seq_len is not None:
-            return self._decode_one(query, kv_cache, group, read)
-        return self._decode(query, kv_cache[0], kv_cache[1], group, read)
+            return self._decode_one(query, kv_cache, group, read, sinks)
+        return self._decode(query, kv_cache[0], kv_cache[1], group, read, sinks)
 
-    def _decode_one(self, query, kv_cache, group: DecodeGroup, read: _Reader) -> torch.Tensor:
+    def _decode_one(self, query, kv_cache, group: DecodeGroup, read: _Reader, sinks) -> torch.Tensor:
         """One stream: K and V read in one op (a view when its blocks are consecutive, else a
         gather), exactly its context, the fused kernel with a KV head's g query heads as g
         query rows (one position, so no mask) — 16 µs where broadcasting K/V over a head axis
@@ -259,13 +277,17 @@ class TorchAttentionBackend(AttentionBackend):
             blocks = kv_cache.index_select(2, group.block_table[0])
         keys, values = read(*blocks.flatten(2, 3)[:, :, None, group.first_key : group.seq_len].unbind())
         queries = query.view(s.num_kv_heads, 1, s.num_heads // s.num_kv_heads, s.head_dim)
-        if s.logit_softcap is not None:
-            out = softcapped_attention(queries, keys, values, s.scale, s.logit_softcap)
+        if self._explicit:
+            # a KV head's g query heads are the rows here
+            column = None if sinks is None else sinks[:, None, :, None]
+            out = explicit_attention(queries, keys, values, s.scale, s.logit_softcap, sinks=column)
         else:
             out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale)  # [Hkv, 1, g, D]
         return out.reshape(1, s.num_heads, s.head_dim)
 
-    def _decode(self, query, key_cache, value_cache, group: DecodeGroup, read: _Reader) -> torch.Tensor:
+    def _decode(
+        self, query, key_cache, value_cache, group: DecodeGroup, read: _Reader, sinks
+    ) -> torch.Tensor:
         s = self.spec
         batch, g = query.shape[0], s.num_heads // s.num_kv_heads
         keys, values = read(
@@ -275,11 +297,13 @@ class TorchAttentionBackend(AttentionBackend):
         scores = (
             softcap(torch.matmul(q, keys.transpose(-1, -2)).float() * s.scale, s.logit_softcap) + group.bias
         )
-        probs = scores.softmax(dim=-1).to(values.dtype)
-        out = torch.matmul(probs, values)  # [Hkv, B, g, D]
+        probs = softmax_with_sinks(scores, None if sinks is None else sinks[:, None, :, None])
+        out = torch.matmul(probs.to(values.dtype), values)  # [Hkv, B, g, D]
         return out.transpose(0, 1).reshape(batch, s.num_heads, s.head_dim)
 
-    def _prefill(self, query, key_cache, value_cache, group: PrefillGroup, read: _Reader) -> torch.Tensor:
+    def _prefill(
+        self, query, key_cache, value_cache, group: PrefillGroup, read: _Reader, sinks
+    ) -> torch.Tensor:
         """A prefill chunk through the fused kernel, never with a mask: SDPA with a mask
         on the CPU computes every query × key tile, and a mask repeated per query head (or
         K/V broadcast over a head axis, which sent whole-sequence chunks to the math path
@@ -295,10 +319,16 @@ class TorchAttentionBackend(AttentionBackend):
         queries = query.transpose(0, 1).unsqueeze(0)  # [1, H, q, D]
         if not s.causal:
             out = F.scaled_dot_product_attention(queries, keys, values, scale=s.scale, enable_gqa=True)
-        elif s.logit_softcap is not None:
+        elif self._explicit:
             grouped = queries.reshape(s.num_kv_heads, s.num_heads // s.num_kv_heads, -1, s.head_dim)
-            out = softcapped_attention(
-                grouped, keys[0, :, None], values[0, :, None], s.scale, s.logit_softcap, group.mask
+            out = explicit_attention(
+                grouped,
+                keys[0, :, None],
+                values[0, :, None],
+                s.scale,
+                s.logit_softcap,
+                group.mask,
+                None if sinks is None else sinks[:, :, None, None],
             ).reshape(queries.shape)
         elif not group.prefix_len and group.mask is None:
             out = F.scaled_dot_product_attention(
@@ -355,13 +385,31 @@ def softcap(scores: torch.Tensor, cap: float | None) -> torch.Tensor:
     return scores if cap is None else torch.tanh(scores / cap) * cap
 
 
-def softcapped_attention(
-    queries, keys, values, scale: float, cap: float, mask: torch.Tensor | None = None, tile: int = 512
+def softmax_with_sinks(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """Softmax over the last dim of float32 ``scores``, with ``sinks`` (broadcast to
+    ``scores[..., :1]``; None: none) one more logit in each row's denominator only — the row's
+    weights then sum to less than one (gpt-oss's sinks)."""
+    if sinks is None:
+        return scores.softmax(-1)
+    column = sinks.expand(*scores.shape[:-1], 1)
+    return torch.cat([scores, column], dim=-1).softmax(-1)[..., :-1]
+
+
+def explicit_attention(
+    queries,
+    keys,
+    values,
+    scale: float,
+    cap: float | None,
+    mask: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    tile: int = 512,
 ) -> torch.Tensor:
-    """Attention with soft-capped logits through explicit float32 scores: queries [Hkv, g, M, D]
-    (a KV head's g query heads, M rows each) over keys/values [Hkv, 1, S, D], ``mask`` [M, S]
-    bool (None: every key). Rows go ``tile`` at a time, so a long chunk's scores stay
-    [Hkv, g, tile, S]."""
+    """Attention through explicit float32 scores, for what fused kernels do not compute:
+    soft-capped logits (``cap``; None: not capped) and sink logits (``sinks``, broadcast to the
+    scores' [Hkv, g, M, 1]; None: none). queries [Hkv, g, M, D] (a KV head's g query heads, M
+    rows each) over keys/values [Hkv, 1, S, D], ``mask`` [M, S] bool (None: every key). Rows go
+    ``tile`` at a time, so a long chunk's scores stay [Hkv, g, tile, S]."""
     q, k, v = queries.float(), keys.float(), values.float()
     out = torch.empty_like(q)
     for start in range(0, q.shape[2], tile):
@@ -369,7 +417,7 @@ def softcapped_attention(
         scores = softcap(torch.matmul(q[:, :, rows], k.transpose(-1, -2)) * scale, cap)
         if mask is not None:
             scores.masked_fill_(~mask[rows], float("-inf"))
-        out[:, :, rows] = torch.matmul(scores.softmax(-1), v)
+        out[:, :, rows] = torch.matmul(softmax_with_sinks(scores, sinks), v)
     return out.to(queries.dtype)
 
 
