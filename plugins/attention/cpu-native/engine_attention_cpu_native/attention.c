@@ -18,8 +18,9 @@
  * OpenMP pool when the call is big enough to split. A row's math depends on its own query and
  * context only: never on the chunk it came in, its start or length, or the other requests.
  * Each storage type (bf16, f32) gets two symbols: paged_attention_<type> on AVX-512 where
- * the compiler targets it, and paged_attention_<type>_scalar, portable C, which the tests
- * also run (on a CPU without AVX-512 both are the portable one). attention.h declares them.
+ * the compiler targets it (else on AVX2 + FMA, attention_avx2.h: 8 lanes, the same order of
+ * operations), and paged_attention_<type>_scalar, portable C, which the tests also run (on a
+ * CPU with neither both are the portable one). attention.h declares them.
  *
  * An fp8 cache (e4m3 or e5m2 bytes, kv_fp8.h) is read in place the same way, per activation
  * type: paged_attention_<type>_<fp8>[_scalar]. Keys are widened to float32 in registers as the
@@ -36,7 +37,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -328,6 +329,19 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
         _mm512_storeu_ps(acc + d, a);
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+#include "attention_avx2.h"
+#define scores_bf16_simd scores_bf16_avx2
+#define scores_f32_simd scores_f32_avx2
+#define scores_bf16_e4m3_simd scores_bf16_e4m3_scalar
+#define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
+#define scores_f32_e4m3_simd scores_f32_e4m3_scalar
+#define scores_f32_e5m2_simd scores_f32_e5m2_scalar
+#define block_e4m3_simd block_e4m3
+#define block_e5m2_simd block_e5m2
+#define E4M3_SIMD_UNIT 1.f
+#define softmax_step_simd softmax_step_avx2
+#define accumulate_simd accumulate_avx2
 #else
 #define scores_bf16_simd scores_bf16_scalar
 #define scores_f32_simd scores_f32_scalar

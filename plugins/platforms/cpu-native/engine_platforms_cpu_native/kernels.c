@@ -17,7 +17,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -43,6 +43,18 @@ static inline __mmask16 tail_mask(int64_t left) {
 #define VECTOR_PASSES 1
 #else
 #define VECTOR_PASSES 0
+#endif
+/* without AVX-512, SwiGLU alone has an AVX2 pass (its exp is what costs: kernels_generic.h) */
+#if !VECTOR_PASSES && defined(__AVX2__) && defined(__FMA__)
+#define AVX2_SILU 1
+static inline __m256 vload8_f32(const float *p) { return _mm256_loadu_ps(p); }
+static inline void vstore8_f32(float *p, __m256 v) { _mm256_storeu_ps(p, v); }
+static inline __m256 vround8_f32(__m256 v) { return v; }
+static inline __m256 vload8_bf16(const uint16_t *p) { return bf16x8_load(p); }
+static inline void vstore8_bf16(uint16_t *p, __m256 v) { bf16x8_store(p, v); }
+static inline __m256 vround8_bf16(__m256 v) { return bf16x8_round(v); }
+#else
+#define AVX2_SILU 0
 #endif
 
 /* out[i] = table[ids[i]], rows of `row_bytes`; refused (nothing written) when an id is outside
