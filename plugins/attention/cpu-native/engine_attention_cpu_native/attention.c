@@ -329,22 +329,20 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
         _mm512_storeu_ps(acc + d, a);
     }
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#else
+#if defined(__AVX2__) && defined(__FMA__)
 #include "attention_avx2.h"
 #define scores_bf16_simd scores_bf16_avx2
 #define scores_f32_simd scores_f32_avx2
-#define scores_bf16_e4m3_simd scores_bf16_e4m3_scalar
-#define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
-#define scores_f32_e4m3_simd scores_f32_e4m3_scalar
-#define scores_f32_e5m2_simd scores_f32_e5m2_scalar
-#define block_e4m3_simd block_e4m3
-#define block_e5m2_simd block_e5m2
-#define E4M3_SIMD_UNIT 1.f
 #define softmax_step_simd softmax_step_avx2
 #define accumulate_simd accumulate_avx2
 #else
 #define scores_bf16_simd scores_bf16_scalar
 #define scores_f32_simd scores_f32_scalar
+#define softmax_step_simd softmax_step_scalar
+#define accumulate_simd accumulate_scalar
+#endif
+/* fp8 caches without AVX-512: the portable math */
 #define scores_bf16_e4m3_simd scores_bf16_e4m3_scalar
 #define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
 #define scores_f32_e4m3_simd scores_f32_e4m3_scalar
@@ -352,8 +350,6 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
 #define block_e4m3_simd block_e4m3
 #define block_e5m2_simd block_e5m2
 #define E4M3_SIMD_UNIT 1.f
-#define softmax_step_simd softmax_step_scalar
-#define accumulate_simd accumulate_scalar
 #endif
 
 /* ---- the driver, once per (storage type, math variant) -------------------------------- */
