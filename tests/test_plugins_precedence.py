@@ -28,8 +28,8 @@ ACME_QWEN3 = """
 
     @hookimpl
     def register_models(register):
-        register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=3)
-    """
+        register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api={api})
+    """.format(api=INTERFACE_VERSIONS["models"])
 
 
 def in_process(monkeypatch, **named_plugins) -> PluginRegistry:
