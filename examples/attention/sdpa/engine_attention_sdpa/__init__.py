@@ -9,4 +9,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_attention_backends(register):
-    register("sdpa", "engine_attention_sdpa.backend:SdpaAttentionBackend", api=5)
+    register("sdpa", "engine_attention_sdpa.backend:SdpaAttentionBackend", api=6)

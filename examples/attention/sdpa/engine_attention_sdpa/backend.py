@@ -30,6 +30,8 @@ class SdpaAttentionBackend(AttentionBackend):
             reasons.append("attends causally only")
         if spec.sliding_window is not None or spec.logit_softcap is not None:
             reasons.append("no sliding window or logit soft-cap (Gemma's layers get another backend)")
+        if spec.sinks:
+            reasons.append("no attention sinks (gpt-oss's layers get another backend)")
         return reasons
 
     def forward(
@@ -39,6 +41,7 @@ class SdpaAttentionBackend(AttentionBackend):
         value: torch.Tensor,
         kv_cache: torch.Tensor,
         metadata: BatchLayout,
+        sinks: torch.Tensor | None = None,  # never given: supports() refuses sinks
     ) -> torch.Tensor:
         keys, values = kv_cache[0], kv_cache[1]  # [blocks, block_size, kv_heads, head_dim], views
         keys.view(-1, *keys.shape[2:]).index_copy_(0, metadata.slot_mapping, key)
