@@ -75,7 +75,9 @@ def test_mxfp4_experts_stay_packed_and_match_transformers(checkpoint):
     from engine import LLM, SamplingParams
 
     folder, hf_model = checkpoint
-    llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8, max_num_batched_tokens=24)
+    # the plain cpu platform: its MXFP4 matmul is exact (cpu-native's packed kernel rounds the
+    # activations to int8, which the quant kit bounds, not this parity)
+    llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8, max_num_batched_tokens=24, device="cpu")
     for projection in _expert_projections(llm.engine.model):
         assert type(projection.method).__name__ == "Mxfp4LinearMethod"
         assert not hasattr(projection, "weight"), "MXFP4 experts are kept packed, never dequantized"
