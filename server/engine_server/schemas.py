@@ -244,7 +244,9 @@ class InitWeightsUpdateGroupRequest(msgspec.Struct, kw_only=True):
 class UpdateWeightsFromDistributedRequest(msgspec.Struct, kw_only=True):
     """``POST /update_weights_from_distributed`` (SGLang's): the tensors the trainer broadcasts
     next, in order, by checkpoint name — ``names``/``dtypes``/``shapes``, or one ``name``/``dtype``/
-    ``shape`` as SGLang's first version took them."""
+    ``shape`` as SGLang's first version took them. ``group_name`` and ``flush_cache`` are taken
+    for SGLang's clients and change nothing: one group is open at a time, and the prefix cache is
+    always forgotten (its blocks were computed with the old weights)."""
 
     names: list[str] = []
     dtypes: list[str] = []

@@ -119,7 +119,7 @@ class ModelRunner:
             tuple(rows),
             mm_rows,
             mm_embeds,
-            _lora_rows(plan, batch),
+            _lora_rows(plan, batch) if self.lora is not None else (),
         )
         with kv_transfer.connector_step(self.connector, kv_meta):
             hidden, aux, logits = self.forward_step(step)
