@@ -84,6 +84,17 @@ class ReplicaSet:
         for index, replica in enumerate(self.replicas):
             replica.stats_listeners.append(make_listener(index))
 
+    def launch(self) -> None:
+        """Spawn every core now, so that they load while the API process does its own start-up;
+        :meth:`start` then waits for them."""
+        for replica in self.replicas:
+            replica.launch()
+
+    def abandon(self) -> None:
+        """Kill the launched cores of a server that failed before it started."""
+        for replica in self.replicas:
+            replica.abandon()
+
     async def start(self):
         readies = await asyncio.gather(
             *(replica.start() for replica in self.replicas), return_exceptions=True

@@ -17,6 +17,7 @@ import uvicorn
 
 from engine.client import EngineDead, startup_plan
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
+from engine.entrypoints.tokenizer import resolve_model
 from engine.interfaces import LoRAResolverContext
 from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
@@ -100,11 +101,11 @@ class ServeCommand(Command):
             print(startup_plan(options))
             return 0
         listener = listening_socket(args.host, args.port)  # a port taken fails now, not after loading
-        model_path, tokenizer = load_serving_tokenizer(args, options)
-        options["model"] = model_path
-        images = load_image_input(args, options, model_path)
-        configure_request_log(args)
-        name = args.served_model_name or os.path.splitext(os.path.basename(model_path.rstrip("/")))[0]
+        registry = load_plugins(args.plugins)
+        options["model"] = resolve_model(options.get("model"), args.plugins, options.get("load_format"))
+        name = args.served_model_name or os.path.splitext(os.path.basename(options["model"].rstrip("/")))[0]
+        tool_parser, reasoning_parser = parsers(args, registry)
+        adapters = lora_adapters(args, options, name, registry)
         outcome = {"exit_code": 0}
         server: _Server | None = None
 
@@ -123,18 +124,6 @@ class ServeCommand(Command):
         def on_drain() -> None:
             asyncio.get_running_loop().call_later(args.graceful_timeout, cut_drain)
 
-        registry = load_plugins(args.plugins)
-        tool_parser = registry.get("tool_parsers", args.tool_call_parser)
-        reasoning_parser = (
-            registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
-        )
-        if args.collect_detailed_traces and not args.otlp_traces_endpoint:
-            raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
-        tracing = (
-            Tracing(name, args.otlp_traces_endpoint, bool(args.collect_detailed_traces))
-            if args.otlp_traces_endpoint
-            else None
-        )
         client = ReplicaSet(
             options,
             args.data_parallel_size,
@@ -142,45 +131,13 @@ class ServeCommand(Command):
             on_death,
             step_timeout=args.engine_step_timeout,
         )
-        metrics = Metrics(name, args.metrics_prefix)
-        adapters = lora_adapters(args, options, name, registry)
-        if adapters is not None:
-            metrics.enable_lora(options.get("max_loras", 1))
-        client.add_stats_listener(
-            lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine, engine=engine))
-        )
-        state = ServerState(
-            client,
-            tokenizer,
-            name,
-            0,
-            0,
-            metrics,
-            tool_parser,
-            reasoning_parser,
-            api_keys=api_keys(args),
-            api_key_cache_salt=not args.disable_api_key_cache_salt,
-            allowed_hosts=default_allowed_hosts(args.host, args.allowed_hosts),
-            max_body_bytes=args.max_request_body_bytes,
-            body_timeout=args.request_body_timeout,
-            max_response_bytes=args.max_response_bytes,
-            max_request_budget=args.max_request_budget,
-            max_request_sequences=args.max_request_sequences,
-            log_requests=args.enable_log_requests,
-            allow_unknown_fields=args.allow_unknown_fields,
-            enable_prompt_tokens_details=args.enable_prompt_tokens_details,
-            return_tokens_as_token_ids=args.return_tokens_as_token_ids,
-            max_log_len=args.max_log_len,
-            heartbeat_timeout=args.engine_heartbeat_timeout,
-            keepalive_interval=args.stream_keepalive_interval or None,
-            web_ui=not args.disable_web_ui,
-            tracing=tracing,
-            request_timings=args.enable_request_timings,
-            lora=adapters,
-            sleep_mode=bool(options.get("enable_sleep_mode")),
-            images=images,
-            responses=ResponseStore(args.responses_store_size, args.responses_store_ttl),
-        )
+        client.launch()  # the cores import and load while this process prepares its own side
+        try:
+            state = server_state(args, options, client, name, tool_parser, reasoning_parser, adapters)
+        except BaseException:
+            client.abandon()
+            raise
+        metrics, tracing = state.metrics, state.tracing
 
         @contextlib.asynccontextmanager
         async def lifespan(app):
@@ -305,3 +262,68 @@ def _exit_now(code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def parsers(args, registry: PluginRegistry) -> tuple[type, type | None]:
+    """The tool and reasoning parser classes the flags name; a ValueError for a flag that names
+    none (checked before the cores launch, as the other flags that need no model)."""
+    if args.collect_detailed_traces and not args.otlp_traces_endpoint:
+        raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
+    tool_parser = registry.get("tool_parsers", args.tool_call_parser)
+    reasoning_parser = (
+        registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
+    )
+    return tool_parser, reasoning_parser
+
+
+def server_state(
+    args, options: dict, client: ReplicaSet, name: str, tool_parser, reasoning_parser, adapters
+) -> ServerState:
+    """The API process's side of a server: the tokenizer and image processor, metrics and every
+    request-handling flag (what needs no checkpoint is checked before the cores launch)."""
+    model_path, tokenizer = load_serving_tokenizer(args, options)
+    images = load_image_input(args, options, model_path)
+    configure_request_log(args)
+    tracing = (
+        Tracing(name, args.otlp_traces_endpoint, bool(args.collect_detailed_traces))
+        if args.otlp_traces_endpoint
+        else None
+    )
+    metrics = Metrics(name, args.metrics_prefix)
+    if adapters is not None:
+        metrics.enable_lora(options.get("max_loras", 1))
+    client.add_stats_listener(
+        lambda engine: PrefixCacheWindow(functools.partial(metrics.update_engine, engine=engine))
+    )
+    return ServerState(
+        client,
+        tokenizer,
+        name,
+        0,
+        0,
+        metrics,
+        tool_parser,
+        reasoning_parser,
+        api_keys=api_keys(args),
+        api_key_cache_salt=not args.disable_api_key_cache_salt,
+        allowed_hosts=default_allowed_hosts(args.host, args.allowed_hosts),
+        max_body_bytes=args.max_request_body_bytes,
+        body_timeout=args.request_body_timeout,
+        max_response_bytes=args.max_response_bytes,
+        max_request_budget=args.max_request_budget,
+        max_request_sequences=args.max_request_sequences,
+        log_requests=args.enable_log_requests,
+        allow_unknown_fields=args.allow_unknown_fields,
+        enable_prompt_tokens_details=args.enable_prompt_tokens_details,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        max_log_len=args.max_log_len,
+        heartbeat_timeout=args.engine_heartbeat_timeout,
+        keepalive_interval=args.stream_keepalive_interval or None,
+        web_ui=not args.disable_web_ui,
+        tracing=tracing,
+        request_timings=args.enable_request_timings,
+        lora=adapters,
+        sleep_mode=bool(options.get("enable_sleep_mode")),
+        images=images,
+        responses=ResponseStore(args.responses_store_size, args.responses_store_ttl),
+    )

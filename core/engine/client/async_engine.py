@@ -92,6 +92,14 @@ class AsyncEngine:
     def ready(self) -> Ready | None:
         return self.core.ready
 
+    def launch(self) -> None:
+        """Spawn the core process now; :meth:`start` waits for it (see AsyncMPClient.launch)."""
+        self.core.launch()
+
+    def abandon(self) -> None:
+        """Kill a launched core that will not be started."""
+        self.core.abandon()
+
     async def start(self, timeout: float = 900) -> Ready:
         ready = await self.core.start(timeout)
         self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._watch())]

@@ -123,7 +123,9 @@ class AsyncMPClient(EngineCoreClient):
         self._calls: dict[int, asyncio.Future] = {}  # control calls awaiting their result
         self._call_ids = itertools.count()
 
-    async def start(self, timeout: float = 900) -> protocol.Ready:
+    def launch(self) -> None:
+        """Spawn the core now, so that it imports and loads its model while this process does
+        its own start-up work (a server's tokenizer and routes); :meth:`start` waits for it."""
         self._ctx = zmq.asyncio.Context()
         self._sync_ctx = zmq.Context()
         to_core, from_core = (f"ipc://{os.path.join(self._dir, n)}" for n in ("to-core", "from-core"))
@@ -147,11 +149,25 @@ class AsyncMPClient(EngineCoreClient):
             ],
             self.cpus,
         )
+
+    async def start(self, timeout: float = 900) -> protocol.Ready:
+        """The core's Ready, launching it first unless :meth:`launch` did."""
+        if self.process is None:
+            self.launch()
         try:
             return await self._wait_ready(timeout)
         except BaseException:
             self.process.kill()  # a core that never became ready must not outlive us
             raise
+
+    def abandon(self) -> None:
+        """Kill a launched core that will not be started (its front end failed to start)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self._ctx.destroy(linger=0)
+            self._sync_ctx.destroy(linger=0)
+        shutil.rmtree(self._dir, ignore_errors=True)
 
     async def _wait_ready(self, timeout: float) -> protocol.Ready:
         loop = asyncio.get_running_loop()

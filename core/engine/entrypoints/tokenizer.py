@@ -5,6 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def resolve_model(
+    model: str | None, plugins: Sequence[str] | None = None, load_format: str | None = None
+) -> str:
+    """The checkpoint path the engine will load for ``model`` (None: the default model a plugin
+    ships), without loading anything: a front end passes it on to the engine core it starts."""
+    from engine.core.setup import select_loader
+    from engine.plugins import load_plugins
+
+    return select_loader(load_plugins(plugins), model, load_format)[1]
+
+
 def load_tokenizer(
     model: str | None = None, plugins: Sequence[str] | None = None, load_format: str | None = None
 ):
