@@ -19,6 +19,7 @@ from engine.client import EngineDead, startup_plan
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
 from engine.entrypoints.tokenizer import resolve_model
 from engine.interfaces import LoRAResolverContext
+from engine.lifetime import exit_now
 from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
@@ -146,7 +147,7 @@ class ServeCommand(Command):
             except EngineDead as exc:  # one line naming the cause, not uvicorn's traceback
                 print(f"engine serve: {exc}", file=sys.stderr)
                 await client.shutdown()
-                _exit_now(1)
+                exit_now(1)
             state.max_model_len, state.vocab_size = ready.max_model_len, ready.vocab_size
             state.default_sampling_params = ready.default_sampling_params
             state.determinism = ready.determinism
@@ -190,9 +191,7 @@ class ServeCommand(Command):
         if not server.started:
             print("engine serve: the server did not start (see the error above)", file=sys.stderr)
             return 1
-        if client.dead:
-            _exit_now(outcome["exit_code"])
-        return outcome["exit_code"]
+        exit_now(outcome["exit_code"])  # the cores and sockets are closed; skip torch's teardown
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -239,7 +238,7 @@ async def _load_lora_modules(client, adapters: LoRAAdapters | None, modules) -> 
         except APIError as exc:
             print(f"engine serve: --lora-modules {module.name}={module.path}: {exc.message}", file=sys.stderr)
             await client.shutdown()
-            _exit_now(1)
+            exit_now(1)
 
 
 def _example_call(args, name: str, runner: str) -> str:
@@ -253,15 +252,6 @@ def _example_call(args, name: str, runner: str) -> str:
         f"curl http://{args.host}:{args.port}/v1/{route} -H 'Content-Type: application/json' "
         f'-d \'{{"model": "{name}", {body}}}\''
     )
-
-
-def _exit_now(code: int) -> None:
-    """Exit without the interpreter's teardown (seconds with torch loaded, on a busy machine)
-    so that a supervisor sees a dead server at once; everything of ours is already closed."""
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
 
 
 def parsers(args, registry: PluginRegistry) -> tuple[type, type | None]:

@@ -32,7 +32,7 @@ from engine.client.kv_events import ZmqEventPublisher
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
-from engine.lifetime import exit_with_parent
+from engine.lifetime import exit_now, exit_with_parent
 from engine.messages.lora import LoRARequest
 from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import PoolingParams
@@ -270,4 +270,4 @@ def _ignore_stop_signals() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())  # everything is closed by now; torch's teardown would only delay the exit
