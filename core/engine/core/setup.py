@@ -249,6 +249,7 @@ def build_model(
         )
     else:
         weights = loader.iter_weights(hf_config, keep_quantized=keep_quantized)
+    weights = ((method.checkpoint_tensor_name(name), tensor) for name, tensor in weights)
     model.load_weights(scales.strip(_recording_names(weights, names)))
     method.check_checkpoint_modules({name.rpartition(".")[0] for name in names})
     scales.apply(model)

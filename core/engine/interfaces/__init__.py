@@ -88,7 +88,9 @@ INTERFACE_VERSIONS = {
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
     # loader's kept-quantized form): v2 methods still load and never shard (the v2 default)
-    "quant_methods": 3,
+    # 4: checkpoint_tensor_name (tensors named below a weight, bitsandbytes'; defaulted: v2 and
+    #    v3 methods still load)
+    "quant_methods": 4,
     # 2: two halves joined by build_connector_meta / bind_connector_metadata, KVRequest (block
     # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
     # 3: KVRequest.kv_transfer_params / finish_reason, request_finished -> (delay, params),
@@ -124,7 +126,7 @@ STILL_LOADED = {
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),
-    "quant_methods": (2,),
+    "quant_methods": (2, 3),
     "kv_connectors": (2,),
     "schedulers": (2,),
 }

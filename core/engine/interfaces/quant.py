@@ -102,6 +102,14 @@ class QuantMethod(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or quantize once all weights are loaded."""
 
+    @classmethod
+    def checkpoint_tensor_name(cls, name: str) -> str:
+        """The name a checkpoint tensor loads under (interface v4). A format whose per-layer
+        tensors hang below the weight's own name (bitsandbytes' ``q_proj.weight.absmax``)
+        renames them to a parameter of the layer (``q_proj.weight_absmax``), so that they reach
+        the layer's weight loaders like any other. This default keeps every name."""
+        return name
+
     def check_checkpoint_modules(self, modules: set[str]) -> None:
         """Called once the checkpoint is read, before any layer is processed, with the module
         names its tensors belong to (each tensor's name less its last part, as the checkpoint
