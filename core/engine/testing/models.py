@@ -348,15 +348,19 @@ class ClassifierModelContract(_Checkpoints):
         from engine.runner.pooling import label_probs
 
         for folder, hf_model in checkpoints.values():
-            llm = LLM(folder, dtype="float32", num_blocks=64, block_size=8, plugins=self.plugins)
+            # the plain cpu platform: exact float32 kernels, for parity
+            llm = LLM(
+                folder, dtype="float32", device="cpu", num_blocks=64, block_size=8, plugins=self.plugins
+            )
             self._assert_serves_model_class(llm)
             prompts, types = self._prompts(hf_model.config)
             outs = llm.classify(prompts)
             for ids, token_types, out in zip(prompts, types, outs):
+                segments = (
+                    {"token_type_ids": torch.tensor([token_types])} if self._paired(hf_model.config) else {}
+                )
                 with torch.no_grad():
-                    logits = hf_model(
-                        input_ids=torch.tensor([ids]), token_type_ids=torch.tensor([token_types])
-                    ).logits
+                    logits = hf_model(input_ids=torch.tensor([ids]), **segments).logits
                 expected = label_probs(logits.float())[0]
                 assert out.outputs.num_classes == hf_model.config.num_labels
                 torch.testing.assert_close(
@@ -375,9 +379,13 @@ class ClassifierModelContract(_Checkpoints):
             ids = [self.cls_id, *first, self.sep_id]
             segment_b = [*second, self.sep_id] if second else []
             prompts.append(ids + segment_b)
-            paired = config.type_vocab_size > 1
+            paired = self._paired(config)
             types.append([0] * len(ids) + [1 if paired else 0] * len(segment_b))
         return prompts, types
+
+    def _paired(self, config) -> bool:
+        """Whether the model tells a pair's segments apart by token type (BERT's)."""
+        return getattr(config, "type_vocab_size", 1) > 1
 
 
 def tensor_parallel_greedy_matches_transformers(model_cls, architecture: str, folder: str) -> None:
