@@ -69,7 +69,7 @@ def check_runner(state, wanted: str) -> None:
             "model",
         )
     raise bad_request(
-        "this server runs a pooling model (--runner pooling) and generates nothing; "
+        "this server runs an embedding model or classifier (--runner pooling) and generates nothing; "
         "use /v1/embeddings, /score, /rerank or /classify",
         "model",
     )
