@@ -1,6 +1,7 @@
 """Scoring offline, against `transformers`: `LLM.score` 1:1, 1:N and N:N with a tiny BERT
 cross-encoder whose pairs its real WordPiece tokenizer builds (`[CLS] A [SEP] B [SEP]`, token
-types recovered by the model); the same model's `LLM.classify`; an embedding model's score
+types recovered by the model); the same model's `LLM.classify`, and a three-label one's
+softmax; an embedding model's score
 as the cosine of its CLS embeddings; a Qwen3 causal LM served as a yes/no reranker through
 vLLM's `hf_overrides` recipe (the softmax of the last position's "no"/"yes" logits); and the
 refusals, each a ValueError naming the field."""
@@ -108,6 +109,22 @@ def test_cross_encoder_classifies_and_refuses(cross_encoder):
         llm.score(QUERY, [])
     with pytest.raises(ValueError, match="sampling_params"):
         llm.generate("paris")  # a classifier generates nothing
+
+
+def test_three_label_classifier_gives_softmax_and_no_score(tmp_path):
+    """A classifier of several labels: `classify` is a softmax over them (vs transformers);
+    it has no single relevance score, so `score` refuses it, as vLLM does."""
+    labels = {0: "negative", 1: "neutral", 2: "positive"}
+    tokenizer, model = cross_encoder_checkpoint(str(tmp_path), num_labels=3, id2label=labels)
+    llm = LLM(str(tmp_path), dtype="float32", device="cpu", num_blocks=32, block_size=16)
+    assert llm.engine.classifier_labels == list(labels.values())
+    outs = llm.classify(DOCUMENTS)
+    for text, out in zip(DOCUMENTS, outs):
+        with torch.no_grad():
+            expected = torch.softmax(model(**tokenizer(text, return_tensors="pt")).logits[0], dim=-1)
+        assert out.outputs.probs == pytest.approx(expected.tolist(), abs=1e-5)
+    with pytest.raises(ValueError, match="3 labels"):
+        llm.score(QUERY, DOCUMENTS)
 
 
 def test_embedding_model_scores_by_cosine(tmp_path):
