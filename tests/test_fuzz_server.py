@@ -279,6 +279,12 @@ def _cases() -> list[tuple[str, str, int, str | None]]:
             "tool_choice",
         ),
     ]
+    # the pooling routes on a server that generates: a 400 naming the model, nothing queued
+    cases += [
+        ("/score", j({"text_1": "a", "text_2": ["b", "c"]}), 400, "model"),
+        ("/v1/rerank", j({"query": "a", "documents": ["b"]}), 400, "model"),
+        ("/classify", j({"input": "a"}), 400, "model"),
+    ]
     return cases
 
 

@@ -13,6 +13,8 @@ _LAZY = {
     "PoolingParams": "engine.messages.pooling_params",
     "EmbeddingRequestOutput": "engine.messages.outputs",
     "EmbeddingOutput": "engine.messages.outputs",
+    "ClassificationRequestOutput": "engine.messages.outputs",
+    "ScoringRequestOutput": "engine.messages.outputs",
     "RequestOutput": "engine.messages.outputs",
     "CompletionOutput": "engine.messages.outputs",
     "Logprob": "engine.messages.outputs",
@@ -26,6 +28,7 @@ _LAZY = {
 __all__ = [
     "INTERFACE_VERSIONS",
     "LLM",
+    "ClassificationRequestOutput",
     "CompletionOutput",
     "EmbeddingOutput",
     "EmbeddingRequestOutput",
@@ -36,6 +39,7 @@ __all__ = [
     "PoolingParams",
     "RequestOutput",
     "SamplingParams",
+    "ScoringRequestOutput",
     "hookimpl",
     "load_tokenizer",
 ]  # the names _LAZY serves, plus hookimpl
@@ -58,6 +62,7 @@ PUBLIC_MODULES = (
     "engine.messages.kv_events",  # KV events, and the prefix cache's block hashes as a router computes them
     "engine.messages.outputs",  # the offline API's results
     "engine.messages.pooling_params",
+    "engine.messages.scoring",  # the score task's pairs and scores (/score, /rerank)
     "engine.messages.request_path",  # a prompt's checks and a request's samples, the same in every front end
     "engine.messages.sampling_params",
     "engine.messages.stats",  # the engine's statistics as one message

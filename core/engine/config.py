@@ -112,13 +112,20 @@ class ModelConfig:
     # default sampling parameters: "auto" (the model's generation config), "vllm" (none), or a folder
     generation_config: str = "auto"
     # vLLM's --runner: "generate" samples tokens, "pooling" returns one vector per prompt
-    # (embeddings); "auto": pooling for a model without an LM head. --task embed is pooling.
+    # (embeddings, classifications); "auto": pooling for a model without an LM head. --task embed,
+    # classify or score is pooling.
     runner: str = attrs.field(default="auto", validator=attrs.validators.in_(("auto", "generate", "pooling")))
     task: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.in_(("auto", "generate", "embed")))
+        default=None,
+        validator=attrs.validators.optional(
+            attrs.validators.in_(("auto", "generate", "embed", "classify", "score"))
+        ),
     )
     # vLLM's --pooler-config: {"pooling_type": "LAST" | "CLS" | "MEAN", "normalize": bool}
     override_pooler_config: dict[str, Any] | None = None
+    # vLLM's --hf-overrides: keys set on the checkpoint's config before the model is chosen
+    # ({"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"]})
+    hf_overrides: dict[str, Any] | None = None
     # vLLM's --model-impl: "native" (vLLM spells it "vllm") runs the model plugin that claims the
     # architecture; "transformers" runs transformers' own modelling code through the registered
     # fallback (engine.interfaces.FALLBACK_ARCHITECTURE); "auto": native where a plugin claims

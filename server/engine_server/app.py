@@ -17,7 +17,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route, get_route_path
 
-from engine_server import anthropic, console, embeddings, generation, responses_api, sleep
+from engine_server import anthropic, classify, console, embeddings, generation, responses_api, scoring, sleep
 from engine_server.bounds import encode
 from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
@@ -60,6 +60,7 @@ class ServerState:
     embedding_size: int = 0  # with the pooling runner: the vectors' length, and whether
     matryoshka: bool = False  # ... `dimensions` may cut them (to one of these, when listed)
     matryoshka_dimensions: list[int] | None = None
+    classifier_labels: list[str] = attrs.Factory(list)  # a classifier's (/classify, cross-encoder /score)
     allow_unknown_fields: bool = False  # --allow-unknown-fields: ignore them instead of a 400
     return_tokens_as_token_ids: bool = False  # --return-tokens-as-token-ids: the request field's default
     enable_prompt_tokens_details: bool = False  # --enable-prompt-tokens-details: usage.prompt_tokens_details
@@ -209,6 +210,9 @@ def build_app(state: ServerState, lifespan=None, outer_middleware=()) -> Starlet
         Route("/v1/messages", anthropic.messages, methods=["POST"]),
         Route("/v1/messages/count_tokens", anthropic.count_tokens, methods=["POST"]),
         Route("/v1/embeddings", embeddings.embeddings, methods=["POST"]),
+        *(Route(path, scoring.score, methods=["POST"]) for path in ("/score", "/v1/score")),
+        *(Route(path, scoring.rerank, methods=["POST"]) for path in ("/rerank", "/v1/rerank", "/v2/rerank")),
+        *(Route(path, classify.classify, methods=["POST"]) for path in ("/classify", "/v1/classify")),
         Route("/v1/models", models),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/detokenize", detokenize, methods=["POST"]),

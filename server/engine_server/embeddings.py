@@ -10,16 +10,15 @@ import base64
 import time
 import uuid
 
-import numpy as np
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.client import EngineDead
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import InvalidParam
 from engine_server.bounds import json_response
-from engine_server.errors import bad_request, engine_dead, engine_unavailable, overloaded
-from engine_server.generation import check_model, check_runner, unless_disconnected
+from engine_server.errors import bad_request
+from engine_server.generation import check_model, check_runner
+from engine_server.pooling import floats, pool, prompt_tokens
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import EmbeddingRequest
 from engine_server.validation import decode_body
@@ -46,34 +45,9 @@ class Embedding:
         self.children = [(f"{self.id}-{i}", ids, params) for i, ids in enumerate(prompts)]
 
     async def run(self, request: Request) -> Response:
-        try:
-            handle = self.state.client.submit(self.children, self.body.priority)
-        except EngineDead:
-            raise engine_unavailable() from None
-        timers = {
-            rid: self.state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in self.children
-        }
-        vectors: dict[str, bytes] = {}
-        try:
-            await unless_disconnected(request, self._collect(handle, vectors, timers))
-        except EngineDead as exc:
-            raise engine_dead(exc, self.id) from None
-        finally:
-            handle.close()
+        vectors = await pool(self.state, request, self.id, self.children, self.body.priority, "input")
         entries = len(self.children) * max(1, self.state.embedding_size)
         return await json_response(self.state, lambda: self._body(vectors), entries)
-
-    async def _collect(self, handle, vectors: dict[str, bytes], timers: dict) -> None:
-        """Each input's vector; its request metrics (count, prompt tokens, latency) as it finishes."""
-        async for delta in handle.deltas():
-            if delta.finish_reason is not None:
-                timers[delta.request_id].finished(delta.finish_reason)
-            if delta.finish_reason == "error":
-                if delta.error_code == "overloaded":
-                    raise overloaded(delta.error)
-                raise bad_request(delta.error or "the engine rejected this input", "input")
-            if delta.embedding is not None:
-                vectors[delta.request_id] = delta.embedding
 
     def _body(self, vectors: dict[str, bytes]) -> dict:
         data = []
@@ -82,10 +56,10 @@ class Embedding:
             value = (
                 base64.b64encode(raw).decode()
                 if self.body.encoding_format == "base64"
-                else np.frombuffer(raw, dtype="<f4").tolist()
+                else floats(raw).tolist()
             )
             data.append({"object": "embedding", "index": index, "embedding": value})
-        tokens = sum(len(ids) for _, ids, _ in self.children)
+        tokens = prompt_tokens(self.children)
         return {
             "id": self.id,
             "object": "list",

@@ -58,17 +58,21 @@ def check_model(state, name: str | None) -> LoRARequest | None:
 
 
 def check_runner(state, wanted: str) -> None:
-    """A 400 when the route needs the other runner: embeddings on a server that generates,
-    completions on one that pools."""
+    """A 400 when the route needs the other runner: embeddings, scores or classifications on a
+    server that generates, completions on one that pools."""
     if state.runner == wanted:
         return
     if wanted == "pooling":
         raise bad_request(
-            "this server generates text and has no embedding model; start one with "
-            "`engine serve MODEL --runner pooling` for /v1/embeddings",
+            "this server generates text and has no pooling model; start one with `engine serve "
+            "MODEL --runner pooling` for /v1/embeddings, /score, /rerank and /classify",
             "model",
         )
-    raise bad_request("this server runs an embedding model (--runner pooling); use /v1/embeddings", "model")
+    raise bad_request(
+        "this server runs an embedding model or classifier (--runner pooling) and generates nothing; "
+        "use /v1/embeddings, /score, /rerank or /classify",
+        "model",
+    )
 
 
 def check_sampling(state, body) -> None:

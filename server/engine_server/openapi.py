@@ -55,6 +55,23 @@ PATHS = {
         "EmbeddingResponse",
         "Embeddings of the inputs (a server started with --runner pooling)",
     ),
+    **dict.fromkeys(
+        ("/score", "/v1/score"),
+        (
+            "post",
+            "ScoreRequest",
+            "ScoreResponse",
+            "Scores of text pairs (a cross-encoder or an embedding model)",
+        ),
+    ),
+    **dict.fromkeys(
+        ("/rerank", "/v1/rerank", "/v2/rerank"),
+        ("post", "RerankRequest", "RerankResponse", "Documents ranked by relevance to the query"),
+    ),
+    **dict.fromkeys(
+        ("/classify", "/v1/classify"),
+        ("post", "ClassificationRequest", "ClassificationResponse", "Label probabilities of the inputs"),
+    ),
     "/v1/responses": (
         "post",
         "ResponsesRequest",

@@ -142,6 +142,59 @@ class EmbeddingResponse(msgspec.Struct, kw_only=True):
     usage: Usage
 
 
+class Score(msgspec.Struct, kw_only=True):
+    index: int
+    object: Literal["score"]
+    score: float
+
+
+class ScoreResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Score]
+    usage: Usage
+
+
+class RerankedDocument(msgspec.Struct, kw_only=True):
+    text: str
+
+
+class RerankResult(msgspec.Struct, kw_only=True):
+    index: int  # the document's position in the request
+    relevance_score: float
+    document: RerankedDocument | None = None  # with return_documents
+
+
+class RerankUsage(msgspec.Struct, kw_only=True):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class RerankResponse(msgspec.Struct, kw_only=True):
+    id: str
+    model: str
+    results: list[RerankResult]  # by relevance, highest first
+    usage: RerankUsage
+
+
+class Classification(msgspec.Struct, kw_only=True):
+    index: int
+    label: str  # the most probable label's name (the config's id2label)
+    probs: list[float]
+    num_classes: int
+
+
+class ClassificationResponse(msgspec.Struct, kw_only=True):
+    id: str
+    object: Literal["list"]
+    created: int
+    model: str
+    data: list[Classification]
+    usage: Usage
+
+
 class TokenizeResponse(msgspec.Struct, kw_only=True):
     tokens: list[int]
     count: int
@@ -295,6 +348,9 @@ RESPONSES = [
     CompletionResponse,
     ChatCompletionResponse,
     EmbeddingResponse,
+    ScoreResponse,
+    RerankResponse,
+    ClassificationResponse,
     TokenizeResponse,
     DetokenizeResponse,
     ModelList,

@@ -136,6 +136,50 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     priority: Int64 = 0
 
 
+Texts = str | list[str]
+
+
+class ScoreRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``/score``: the pairs as ``text_1``/``text_2``, ``queries``/``documents`` or
+    ``data_1``/``data_2`` (one of the three spellings): one first text against every second, or
+    both lists zipped."""
+
+    model: str | None = None
+    text_1: Texts | None = None
+    text_2: Texts | None = None
+    queries: Texts | None = None
+    documents: Texts | None = None
+    data_1: Texts | None = None
+    data_2: Texts | None = None
+    user: str | None = None
+    priority: Int64 = 0
+
+
+class RerankDocument(msgspec.Struct, kw_only=True):
+    text: str
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """``/rerank`` (Jina's and Cohere's shape, as vLLM serves it): ``top_n`` 0 returns every document."""
+
+    query: str
+    documents: list[str | RerankDocument]
+    model: str | None = None
+    top_n: Annotated[int, Meta(ge=0, le=INT64_MAX)] = 0
+    return_documents: bool = True
+    user: str | None = None
+    priority: Int64 = 0
+
+
+class ClassificationRequest(msgspec.Struct, kw_only=True):
+    """vLLM's ``/classify``: ``input`` as ``/v1/embeddings`` takes it (texts or token ids)."""
+
+    input: str | list[Any]
+    model: str | None = None
+    user: str | None = None
+    priority: Int64 = 0
+
+
 class AnthropicInputMessage(msgspec.Struct, kw_only=True):
     role: Literal["user", "assistant"]
     # a string, or content blocks (text, tool_use, tool_result ...: checked as they are translated)
@@ -204,6 +248,9 @@ BODIES = {
     "TokenizeRequest": TokenizeRequest,
     "DetokenizeRequest": DetokenizeRequest,
     "EmbeddingRequest": EmbeddingRequest,
+    "ScoreRequest": ScoreRequest,
+    "RerankRequest": RerankRequest,
+    "ClassificationRequest": ClassificationRequest,
     "AnthropicMessagesRequest": AnthropicMessagesRequest,
     "AnthropicCountTokensRequest": AnthropicCountTokensRequest,
     "ResponsesRequest": ResponsesRequest,

@@ -153,6 +153,7 @@ class ServeCommand(Command):
             state.determinism = ready.determinism
             state.runner, state.embedding_size = ready.runner, ready.embedding_size
             state.matryoshka, state.matryoshka_dimensions = ready.matryoshka, ready.matryoshka_dimensions
+            state.classifier_labels = ready.classifier_labels
             metrics.engine_ready(ready.cache_info, args.data_parallel_size)
             await _load_lora_modules(client, adapters, args.lora_modules or ())
             replicas = (

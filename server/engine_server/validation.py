@@ -6,6 +6,7 @@ meta-schema so an invalid one is a 400 at once instead of waiting for the busy e
 from __future__ import annotations
 
 import asyncio
+import re
 
 import jsonschema
 import msgspec
@@ -67,11 +68,11 @@ def decode_body(data: bytes, body_type, allow_unknown: bool = False):
         return msgspec.convert(raw, type=body_type)
     except msgspec.ValidationError as exc:
         message = str(exc)
-        param = (
-            message.rsplit("at `$.", 1)[-1].rstrip("`").split("[")[0].split(".")[0]
-            if "at `$." in message
-            else None
-        )
+        if "at `$." in message:
+            param = message.rsplit("at `$.", 1)[-1].rstrip("`").split("[")[0].split(".")[0]
+        else:  # a top-level required field left out names itself: "... missing required field `query`"
+            missing = re.fullmatch(r"Object missing required field `(\w+)`", message)
+            param = missing.group(1) if missing else None
         raise bad_request(f"invalid request: {message}", param) from None
 
 

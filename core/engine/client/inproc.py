@@ -51,6 +51,7 @@ class InProcessClient(EngineCoreClient):
             list(dimensions) if dimensions else None,
             core.determinism(),
             core.startup.render(),
+            core.classifier_labels,
         )
 
     def control(self, method: str, **arguments):

@@ -74,6 +74,7 @@ class Ready(msgspec.Struct, tag=True):
     matryoshka_dimensions: list[int] | None = None  # ... to one of these (None: any up to embedding_size)
     determinism: str = "none"  # EngineCore.determinism(): the guarantee temperature-0 output has
     startup: str = ""  # the start-up summary (engine.core.startup), for the front end to print
+    classifier_labels: list[str] = msgspec.field(default_factory=list)  # a classifier's; empty: none
 
 
 class Delta(msgspec.Struct, array_like=True):

@@ -16,6 +16,7 @@ import torch
 
 from engine.config import AUTO_GRAMMAR, EngineConfig
 from engine.core import faults, kv_connectors, setup, startup
+from engine.core.hf_overrides import apply_hf_overrides
 from engine.core.lifecycle import request_path
 from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
@@ -61,12 +62,13 @@ class EngineCore:
         self.platform.configure()
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
+        self.tokenizer = loader.tokenizer()
+        apply_hf_overrides(self.hf_config, config.model.hf_overrides, self.tokenizer)
         # the language model's facts (vocabulary, hidden size, context): a multimodal checkpoint
         # nests them in its text_config, a text-only one is its own text config (as is a
         # loader's config that is no transformers PretrainedConfig)
         text_config = getattr(self.hf_config, "get_text_config", None)
         self.text_config = text_config() if callable(text_config) else self.hf_config
-        self.tokenizer = loader.tokenizer()
         self.default_sampling_params = generation_config.default_sampling_params(
             config.model.generation_config, loader
         )
@@ -148,7 +150,7 @@ class EngineCore:
             self.platform.device,
             processors,
             kv_worker,
-            Pooler(self.pooler_config) if self.pooler_config else None,
+            Pooler(self.pooler_config, self.model.classify) if self.pooler_config else None,
         )
         self.lora = self._lora_manager(config, dtype)
         self.runner.lora = self.lora
@@ -390,6 +392,12 @@ class EngineCore:
     def embedding_size(self) -> int:
         return self.text_config.hidden_size
 
+    @property
+    def classifier_labels(self) -> list[str]:
+        """A classifier's labels in logit order (its config's ``id2label``); empty for any other model."""
+        names = getattr(self.text_config, "id2label", None) or {}
+        return [str(names.get(i, f"LABEL_{i}")) for i in range(self.model.num_labels)]
+
     def validate(
         self,
         prompt_token_ids: list[int],
@@ -422,6 +430,12 @@ class EngineCore:
                     "start it with runner='pooling' to embed",
                 )
             check_prompt(prompt_token_ids, vocab, self.max_model_len, generates=False)
+            if params.task == "classify" and not self.model.num_labels:
+                raise InvalidParam(
+                    "task",
+                    f"task: {type(self.model).__name__} has no classification head; "
+                    "classify and score need a sequence-classification model",
+                )
             params.check_dimensions(self.embedding_size, *matryoshka_of(self.text_config))
             return
         if not isinstance(params, SamplingParams):

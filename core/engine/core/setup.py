@@ -115,8 +115,15 @@ def resolve_dtype(requested: str, hf_config, platform) -> torch.dtype:
     return dtype
 
 
+# model types whose position ids start after the padding index (RoBERTa's), so that
+# max_position_embeddings - padding_idx - 1 tokens fit: XLM-R's 514 position rows hold 512
+_POSITIONS_AFTER_PADDING = ("roberta", "xlm-roberta")
+
+
 def resolve_max_model_len(requested: int | None, hf_config) -> int:
     limit = getattr(hf_config, "max_position_embeddings", None)
+    if limit is not None and getattr(hf_config, "model_type", None) in _POSITIONS_AFTER_PADDING:
+        limit -= hf_config.pad_token_id + 1
     if requested is None:
         return limit or 2048
     if limit is not None and requested > limit:

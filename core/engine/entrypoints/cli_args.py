@@ -120,14 +120,14 @@ OPTIONS: dict[str, Option] = {
     ),
     "runner": Option(
         ("--runner",),
-        "generate: sample tokens; pooling: one embedding per prompt "
-        "(/v1/embeddings); auto: pooling for a model without an LM head",
+        "generate: sample tokens; pooling: one embedding or classification per prompt "
+        "(/v1/embeddings, /score, /rerank, /classify); auto: pooling for a model without an LM head",
         choices=("auto", "generate", "pooling"),
     ),
     "task": Option(
         ("--task",),
-        "vLLM's older spelling of --runner: embed = pooling; default: --runner's",
-        choices=("auto", "generate", "embed"),
+        "vLLM's older spelling of --runner: embed, classify and score = pooling; default: --runner's",
+        choices=("auto", "generate", "embed", "classify", "score"),
     ),
     "model_impl": Option(
         ("--model-impl",),
@@ -140,6 +140,13 @@ OPTIONS: dict[str, Option] = {
         ("--pooler-config", "--override-pooler-config"),
         'how a pooling model pools, as JSON: \'{"pooling_type": "MEAN", '
         "\"normalize\": false}' (LAST, CLS or MEAN); default: the model's pooler",
+        json.loads,
+    ),
+    "hf_overrides": Option(
+        ("--hf-overrides",),
+        "keys set on the checkpoint's config, as JSON: '{\"architectures\": "
+        '["Qwen3ForSequenceClassification"], "classifier_from_token": ["no", "yes"]}\' '
+        "serves a Qwen3 causal LM as a yes/no reranker",
         json.loads,
     ),
     "block_size": Option(("--block-size",), "tokens per KV cache block", unit="tokens"),

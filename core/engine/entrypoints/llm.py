@@ -1,5 +1,6 @@
 """The offline API: ``LLM(model=...).generate(prompts, SamplingParams(...))``, and
-``LLM(model, runner="pooling").embed(prompts)`` for embeddings. With ``enable_lora=True``,
+``LLM(model, runner="pooling").embed(prompts)`` for embeddings, ``.classify(prompts)`` and
+``.score(text_1, text_2)`` for classifiers, cross-encoders and rerankers. With ``enable_lora=True``,
 ``generate(..., lora_request=LoRARequest(name, int_id, path))`` runs PEFT adapters, one for
 all prompts or one per prompt (None: the base model), mixed in the same steps. A multimodal
 model takes vLLM's ``{"prompt": "... <image> ...", "multi_modal_data": {"image": pil_image}}``
@@ -21,9 +22,18 @@ from engine.entrypoints.chat_template import conversation, template_options
 from engine.entrypoints.images import split_images
 from engine.messages.lora import LoRARequest
 from engine.messages.multimodal import MultiModalItem, expand_placeholders, images_of
-from engine.messages.outputs import EmbeddingOutput, EmbeddingRequestOutput, RequestOutput
+from engine.messages.outputs import (
+    ClassificationOutput,
+    ClassificationRequestOutput,
+    EmbeddingOutput,
+    EmbeddingRequestOutput,
+    RequestOutput,
+    ScoringOutput,
+    ScoringRequestOutput,
+)
 from engine.messages.pooling_params import PoolingParams
 from engine.messages.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
+from engine.messages.scoring import cosine, pair_token_ids, score_pairs, scores_by_cross_encoder
 from engine.plugins import load_plugins
 
 Prompt = str | Sequence[int] | dict
@@ -108,9 +118,54 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"pooling_params: {len(params)} given for {len(prompts)} prompts")
         encoded = [ids for _, ids in map(self._encode, prompts)]
+        pooled = self._pool(encoded, params, "embd")
+        return [
+            EmbeddingRequestOutput(rid, EmbeddingOutput(vector), ids)
+            for (rid, vector), ids in zip(pooled, encoded)
+        ]
+
+    def classify(self, prompts: Prompt | Sequence[Prompt]) -> list[ClassificationRequestOutput]:
+        """Each prompt's label probabilities from a sequence-classification model (vLLM's
+        ``LLM.classify``): a softmax over its labels, the sigmoid of a one-label model's logit."""
+        encoded = [ids for _, ids in map(self._encode, self._as_list(prompts))]
+        pooled = self._pool(encoded, [PoolingParams(task="classify")] * len(encoded), "clsf")
+        return [
+            ClassificationRequestOutput(rid, ClassificationOutput(probs), ids)
+            for (rid, probs), ids in zip(pooled, encoded)
+        ]
+
+    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str]) -> list[ScoringRequestOutput]:
+        """vLLM's ``LLM.score``: one score per pair, a single ``text_1`` against every
+        ``text_2`` or the two lists zipped. A cross-encoder (a classifier with one label)
+        scores each pair as one input (:func:`engine.messages.scoring.pair_token_ids`): the
+        sigmoid of its logit; an embedding model scores the cosine similarity of the texts'
+        embeddings."""
+        pairs = score_pairs(text_1, text_2)
+        tokenizer = self._require_tokenizer("score")
+        if scores_by_cross_encoder(self.engine.classifier_labels):
+            encoded = [pair_token_ids(tokenizer, a, b) for a, b in pairs]
+            pooled = self._pool(encoded, [PoolingParams(task="classify")] * len(encoded), "score")
+            return [
+                ScoringRequestOutput(rid, ScoringOutput(probs[0]), ids)
+                for (rid, probs), ids in zip(pooled, encoded)
+            ]
+        texts = list(dict.fromkeys(text for pair in pairs for text in pair))
+        embedded = dict(zip(texts, self.embed(texts)))
+        out = []
+        for a, b in pairs:
+            first, second = embedded[a], embedded[b]
+            similarity = cosine(first.outputs.embedding, second.outputs.embedding)
+            ids = first.prompt_token_ids + second.prompt_token_ids
+            out.append(ScoringRequestOutput(f"score-{next(self._ids)}", ScoringOutput(similarity), ids))
+        return out
+
+    def _pool(
+        self, encoded: list[list[int]], params: list[PoolingParams], kind: str
+    ) -> list[tuple[str, list[float]]]:
+        """(request id, pooled vector) per prompt: every prompt checked first, then all queued."""
         for ids, p in zip(encoded, params):
             self.client.validate(ids, p)
-        order = [f"embd-{next(self._ids)}" for _ in encoded]
+        order = [f"{kind}-{next(self._ids)}" for _ in encoded]
         self.client.add(list(zip(order, encoded, params)))
         done = {}
         while self.client.has_unfinished():
@@ -119,11 +174,7 @@ class LLM:
         if failed:
             index, delta = failed[0]
             raise RuntimeError(f"prompt {index}: {delta.error or delta.finish_reason}")
-        vectors = [np.frombuffer(done[rid].embedding, "<f4").tolist() for rid in order]
-        return [
-            EmbeddingRequestOutput(rid, EmbeddingOutput(vector), ids)
-            for rid, vector, ids in zip(order, vectors, encoded)
-        ]
+        return [(rid, np.frombuffer(done[rid].embedding, "<f4").tolist()) for rid in order]
 
     def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[str]:
         """One prompt's text as it grows (its first sample's), each item the text new since the

@@ -202,6 +202,9 @@ class Model(nn.Module, ABC):
     tensor_parallel_capable: ClassVar[bool] = False
     # a multimodal model's processor class (images -> tensors, placeholder counts); None: text only
     multimodal_processor: ClassVar[type[MultiModalProcessor] | None] = None
+    # a sequence classifier (a cross-encoder, a reranker) sets its number of labels: the pooling
+    # runner's ``classify`` task then runs :meth:`classify` on the pooled hidden states
+    num_labels: int = 0
 
     def __init__(self, ctx: ModelContext):
         super().__init__()
@@ -231,6 +234,12 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only rows that sample) -> logits [N, vocab] in float32."""
+
+    def classify(self, pooled: torch.Tensor) -> torch.Tensor:
+        """A classifier's head: pooled hidden states [N, hidden] (one row per request, pooled as
+        the pooler config says: ``default_pooling_type`` unless overridden) -> logits
+        [N, num_labels]. Required with ``num_labels``."""
+        raise NotImplementedError(f"{type(self).__name__} has no classification head")
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Token embeddings [T, hidden] (EAGLE-style drafters feed them to their head)."""

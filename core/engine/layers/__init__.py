@@ -6,6 +6,7 @@ mixture-of-experts layers (:mod:`engine.layers.moe`) and checkpoint loading. The
 are :class:`Layer` s (called without hooks)."""
 
 from engine.layers.attention import Attention, LatentAttention
+from engine.layers.classifier import DecoderSequenceClassifier
 from engine.layers.decoder import (
     DecoderAttention,
     DecoderForCausalLM,
@@ -33,6 +34,7 @@ __all__ = [
     "DecoderForCausalLM",
     "DecoderLayer",
     "DecoderModel",
+    "DecoderSequenceClassifier",
     "FusedMoE",
     "GatedMLP",
     "LatentAttention",

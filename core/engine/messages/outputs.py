@@ -60,3 +60,38 @@ class EmbeddingRequestOutput:
     outputs: EmbeddingOutput
     prompt_token_ids: list[int]
     finished: bool = True
+
+
+@attrs.define
+class ClassificationOutput:
+    probs: list[float]  # one per label, in the model's label order
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.probs)
+
+
+@attrs.define
+class ClassificationRequestOutput:
+    """One prompt's result of ``LLM.classify`` (vLLM's shape: ``out.outputs.probs``)."""
+
+    request_id: str
+    outputs: ClassificationOutput
+    prompt_token_ids: list[int]
+    finished: bool = True
+
+
+@attrs.define
+class ScoringOutput:
+    score: float
+
+
+@attrs.define
+class ScoringRequestOutput:
+    """One pair's result of ``LLM.score`` (vLLM's shape: ``out.outputs.score``); its prompt
+    tokens are the pair's (a cross-encoder's one input, or both texts' for an embedding model)."""
+
+    request_id: str
+    outputs: ScoringOutput
+    prompt_token_ids: list[int]
+    finished: bool = True

@@ -1,4 +1,5 @@
-"""PoolingParams: what one request that pools (an embedding) asks for, with vLLM's names."""
+"""PoolingParams: what one request that pools (an embedding, a classification) asks for, with
+vLLM's names."""
 
 from __future__ import annotations
 
@@ -8,17 +9,25 @@ import attrs
 
 from engine.messages.sampling_params import InvalidParam, is_int
 
+POOLING_TASKS = ("embed", "classify")
+
 
 @attrs.frozen
 class PoolingParams:
-    """``normalize``: L2-normalise the pooled vector (None: the engine's pooler config says);
+    """``task``: ``embed`` returns the pooled vector, ``classify`` the model's classification
+    head over it as probabilities (a sigmoid for a one-label model such as a cross-encoder's
+    relevance score, else a softmax over the labels), as vLLM's pooling tasks.
+    ``normalize``: L2-normalise the pooled vector (None: the engine's pooler config says);
     ``dimensions``: keep the first ``dimensions`` values (matryoshka models only), normalised
-    after the cut."""
+    after the cut. Both are for ``embed``."""
 
     normalize: bool | None = None
     dimensions: int | None = None
+    task: str = "embed"
 
     def __attrs_post_init__(self):
+        if self.task not in POOLING_TASKS:
+            raise InvalidParam("task", f"task must be one of {', '.join(POOLING_TASKS)}, got {self.task!r}")
         if self.normalize is not None and not isinstance(self.normalize, bool):
             raise InvalidParam("normalize", f"normalize must be a boolean, got {self.normalize!r}")
         if self.dimensions is not None and not (is_int(self.dimensions) and self.dimensions >= 1):

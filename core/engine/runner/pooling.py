@@ -15,6 +15,7 @@ from engine.messages.pooling_params import PoolingParams
 
 POOLING_TYPES = ("LAST", "CLS", "MEAN")
 RUNNERS = ("auto", "generate", "pooling")
+POOLING_TASKS = ("embed", "classify", "score")  # vLLM's --task spellings of the pooling runner
 
 
 @attrs.frozen
@@ -47,12 +48,12 @@ class PoolerConfig:
 
 def resolve_runner(runner: str, task: str | None, generative: bool) -> str:
     """``generate`` or ``pooling`` from vLLM's ``runner`` (auto: pooling for a model without an
-    LM head) and its older ``task`` spelling (``embed`` is pooling)."""
+    LM head) and its older ``task`` spelling (``embed``, ``classify`` and ``score`` are pooling)."""
     if runner not in RUNNERS:
         raise ValueError(f"runner: must be one of {', '.join(RUNNERS)}, got {runner!r}")
-    by_task = {None: None, "auto": None, "generate": "generate", "embed": "pooling"}
+    by_task = {None: None, "auto": None, "generate": "generate"} | dict.fromkeys(POOLING_TASKS, "pooling")
     if task not in by_task:
-        raise ValueError(f"task: must be auto, generate or embed, got {task!r}")
+        raise ValueError(f"task: must be auto, generate, {', '.join(POOLING_TASKS)}, got {task!r}")
     wanted = by_task[task]
     if wanted and runner not in ("auto", wanted):
         raise ValueError(f"task: {task!r} contradicts runner={runner!r}")
@@ -67,11 +68,13 @@ def resolve_runner(runner: str, task: str | None, generative: bool) -> str:
 class Pooler:
     """Pools each finished request's rows of the step's final hidden states into one float32
     vector: LAST (its last prompt token: the one a causal decoder has seen everything by),
-    CLS (its first) or MEAN (over its prompt); then the request's ``dimensions`` cut and
-    L2 normalisation (the request's ``normalize``, else the config's)."""
+    CLS (its first) or MEAN (over its prompt); then, for ``embed``, the request's
+    ``dimensions`` cut and L2 normalisation (the request's ``normalize``, else the config's),
+    or, for ``classify``, the model's ``classify`` head and its activation (:func:`label_probs`)."""
 
-    def __init__(self, config: PoolerConfig):
+    def __init__(self, config: PoolerConfig, classify=None):
         self.config = config
+        self.classify = classify  # the model's classification head, for a classifier
 
     def __call__(self, hidden: torch.Tensor, spans: list[tuple[object, int, int]]) -> dict[str, torch.Tensor]:
         """``spans``: (request, first row, end row) per request whose whole prompt is in this step."""
@@ -84,10 +87,16 @@ class Pooler:
             pooled = hidden[starts].float()
         else:
             pooled = torch.stack([hidden[s:e].float().mean(dim=0) for _, s, e in spans])
-        return {
+        out = {
             request.request_id: self._finish(vector, request.pooling_params)
             for (request, _, _), vector in zip(spans, pooled)
+            if request.pooling_params.task == "embed"
         }
+        rows = [i for i, (request, _, _) in enumerate(spans) if request.pooling_params.task == "classify"]
+        if rows:
+            probs = label_probs(self.classify(pooled[rows].to(hidden.dtype)).float()).cpu()
+            out.update((spans[i][0].request_id, p) for i, p in zip(rows, probs))
+        return out
 
     def _finish(self, vector: torch.Tensor, params: PoolingParams) -> torch.Tensor:
         if params.dimensions is not None:
@@ -96,3 +105,10 @@ class Pooler:
         if normalize:
             vector = F.normalize(vector, dim=-1)
         return vector.cpu()
+
+
+def label_probs(logits: torch.Tensor) -> torch.Tensor:
+    """A classifier's logits [N, labels] as probabilities, as vLLM's classify and score tasks
+    (and sentence-transformers' CrossEncoder) return them: the sigmoid of a one-label model's
+    logit (a relevance score in [0, 1]), a softmax over the labels otherwise."""
+    return torch.sigmoid(logits) if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)

@@ -7,7 +7,8 @@ defaults to (:data:`UNUSUAL_CONFIG`); a model class with sliding-window layers
 sets ``long_prompt_lengths`` (prompts longer than its example configs' window) so that prompts
 outgrow the window and chunks cross its edge.
 :class:`EmbeddingModelContract` is the same for a model that only pools (an encoder): its
-embeddings for each pooling type, normalised or not."""
+embeddings for each pooling type, normalised or not; :class:`ClassifierModelContract` for a
+sequence classifier (a cross-encoder): its label probabilities on single texts and pairs."""
 
 from __future__ import annotations
 
@@ -323,6 +324,68 @@ class EmbeddingModelContract(_Checkpoints):
                         self.min_cosine,
                     )
             assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"
+
+
+class ClassifierModelContract(_Checkpoints):
+    """For a sequence classifier (a cross-encoder: ``num_labels`` set, :meth:`Model.classify`):
+    ``LLM.classify`` on single texts and on pairs laid out as a BERT tokenizer lays them out
+    (``[CLS] A [SEP]``, ``[CLS] A [SEP] B [SEP]``, with its token types where the config has
+    more than one), against the ``transformers`` model's logits under the same activation
+    (sigmoid for one label, else softmax), float32."""
+
+    auto_class = "AutoModelForSequenceClassification"
+    random_norms = False
+    atol = 1e-5
+    cls_id, sep_id = 2, 3  # marker tokens; the texts' tokens are drawn above them
+
+    def test_declares_a_classifier(self, model_cls):
+        configs = model_cls.example_configs()
+        assert {key.split("-")[0] for key in configs} == set(model_cls.architectures)
+        assert not model_cls.generative, "ClassifierModelContract is for models without an LM head"
+
+    def test_probs_match_transformers(self, checkpoints):
+        from engine import LLM
+        from engine.runner.pooling import label_probs
+
+        for folder, hf_model in checkpoints.values():
+            # the plain cpu platform: exact float32 kernels, for parity
+            llm = LLM(
+                folder, dtype="float32", device="cpu", num_blocks=64, block_size=8, plugins=self.plugins
+            )
+            self._assert_serves_model_class(llm)
+            prompts, types = self._prompts(hf_model.config)
+            outs = llm.classify(prompts)
+            for ids, token_types, out in zip(prompts, types, outs):
+                segments = (
+                    {"token_type_ids": torch.tensor([token_types])} if self._paired(hf_model.config) else {}
+                )
+                with torch.no_grad():
+                    logits = hf_model(input_ids=torch.tensor([ids]), **segments).logits
+                expected = label_probs(logits.float())[0]
+                assert out.outputs.num_classes == hf_model.config.num_labels
+                torch.testing.assert_close(
+                    torch.tensor(out.outputs.probs), expected, atol=self.atol, rtol=1e-4
+                )
+            assert llm.engine.kv_cache_manager.usage == 0, "a finished pooling request keeps no KV blocks"
+
+    def _prompts(self, config) -> tuple[list[list[int]], list[list[int]]]:
+        """Single texts and pairs, with the token types a BERT tokenizer gives them."""
+        gen = torch.Generator().manual_seed(3)
+        texts = [
+            torch.randint(4, config.vocab_size, (n,), generator=gen).tolist() for n in (5, 17, 1, 30, 9, 12)
+        ]
+        prompts, types = [], []
+        for first, second in [(texts[0], None), (texts[1], texts[2]), (texts[3], texts[4]), (texts[5], None)]:
+            ids = [self.cls_id, *first, self.sep_id]
+            segment_b = [*second, self.sep_id] if second else []
+            prompts.append(ids + segment_b)
+            paired = self._paired(config)
+            types.append([0] * len(ids) + [1 if paired else 0] * len(segment_b))
+        return prompts, types
+
+    def _paired(self, config) -> bool:
+        """Whether the model tells a pair's segments apart by token type (BERT's)."""
+        return getattr(config, "type_vocab_size", 1) > 1
 
 
 def tensor_parallel_greedy_matches_transformers(model_cls, architecture: str, folder: str) -> None:

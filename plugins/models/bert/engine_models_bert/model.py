@@ -33,17 +33,24 @@ class LayerNorm(Layer):
 
 
 class BertEmbeddings(Layer):
-    def __init__(self, cfg, method, dtype):
+    """Word + absolute position + token type embeddings, LayerNormed. ``position_offset``: the
+    first position's row (RoBERTa's positions start after its padding index)."""
+
+    def __init__(self, cfg, method, dtype, position_offset: int = 0):
         super().__init__()
+        self.position_offset = position_offset
         self.word_embeddings = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, method, dtype)
         self.position_embeddings = VocabEmbedding(cfg.max_position_embeddings, cfg.hidden_size, method, dtype)
         self.token_type_embeddings = VocabEmbedding(cfg.type_vocab_size, cfg.hidden_size, method, dtype)
         self.LayerNorm = LayerNorm(cfg.hidden_size, cfg.layer_norm_eps, dtype)
 
-    def forward(self, input_ids, positions):
-        token_type = self.token_type_embeddings(torch.zeros_like(input_ids[:1]))  # every token is type 0
+    def forward(self, input_ids, positions, token_types=None):
+        """``token_types`` [T] (None: every token is type 0, a single-segment input)."""
+        types = torch.zeros_like(input_ids[:1]) if token_types is None else token_types
         return self.LayerNorm(
-            self.word_embeddings(input_ids) + self.position_embeddings(positions) + token_type
+            self.word_embeddings(input_ids)
+            + self.position_embeddings(positions + self.position_offset)
+            + self.token_type_embeddings(types)
         )
 
 
@@ -108,6 +115,30 @@ class BertEncoder(Layer):
         super().__init__()
         self.layer = nn.ModuleList(BertLayer(cfg, i, method, dtype) for i in range(cfg.num_hidden_layers))
 
+    def forward(self, hidden, step):
+        for layer in self.layer:
+            hidden = layer(hidden, step)
+        return hidden
+
+
+def encoder_reasons(hf_config) -> list[str]:
+    """Why this plugin's encoder layers cannot serve ``hf_config`` (empty: they can)."""
+    reasons = []
+    kind = getattr(hf_config, "position_embedding_type", "absolute")
+    if kind != "absolute":
+        reasons.append(f"position_embedding_type {kind!r} is not supported (absolute only)")
+    if getattr(hf_config, "is_decoder", False):
+        reasons.append("a BERT decoder (is_decoder) is not supported: this plugin serves encoders")
+    if hf_config.hidden_size % hf_config.num_attention_heads:
+        reasons.append("hidden_size is not a multiple of num_attention_heads")
+    return reasons
+
+
+def encoder_kv_layout(cfg) -> KVLayout:
+    """Bidirectional attention over the whole prompt, one K/V head per query head."""
+    heads = cfg.num_attention_heads
+    return KVLayout(cfg.num_hidden_layers, heads, heads, cfg.hidden_size // heads, causal=False)
+
 
 class BertModel(Model):
     architectures = ("BertModel",)
@@ -122,15 +153,7 @@ class BertModel(Model):
 
     @classmethod
     def supports(cls, hf_config) -> list[str]:
-        reasons = []
-        kind = getattr(hf_config, "position_embedding_type", "absolute")
-        if kind != "absolute":
-            reasons.append(f"position_embedding_type {kind!r} is not supported (absolute only)")
-        if getattr(hf_config, "is_decoder", False):
-            reasons.append("a BERT decoder (is_decoder) is not supported: this plugin serves encoders")
-        if hf_config.hidden_size % hf_config.num_attention_heads:
-            reasons.append("hidden_size is not a multiple of num_attention_heads")
-        return reasons
+        return encoder_reasons(hf_config)
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
@@ -147,15 +170,10 @@ class BertModel(Model):
         }
 
     def kv_layout(self) -> KVLayout:
-        cfg = self.cfg
-        heads = cfg.num_attention_heads
-        return KVLayout(cfg.num_hidden_layers, heads, heads, cfg.hidden_size // heads, causal=False)
+        return encoder_kv_layout(self.cfg)
 
     def forward(self, input_ids, positions, step):
-        hidden = self.embeddings(input_ids, positions)
-        for layer in self.encoder.layer:
-            hidden = layer(hidden, step)
-        return hidden
+        return self.encoder(self.embeddings(input_ids, positions), step)
 
     def compute_logits(self, hidden):
         raise NotImplementedError("BertModel has no LM head: it only pools (runner='pooling')")

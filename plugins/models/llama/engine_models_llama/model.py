@@ -2,12 +2,20 @@
 flattened token axis, GQA, RoPE (incl. llama3 scaling), optional QKV bias (Qwen2) and
 tied embeddings, sliding windows (Mistral's on every layer, Qwen2's on the layers from
 ``max_window_layers`` on), on the core's pre-norm decoder (:class:`engine.layers.DecoderForCausalLM`).
-Parameter names follow Hugging Face's so checkpoints load as they are."""
+Parameter names follow Hugging Face's so checkpoints load as they are.
+:class:`LlamaForSequenceClassification` is the same decoder as a classifier
+(:class:`engine.layers.DecoderSequenceClassifier`)."""
 
 from __future__ import annotations
 
 from engine.interfaces import AttentionKind
-from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP
+from engine.layers import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    DecoderLayer,
+    DecoderSequenceClassifier,
+    GatedMLP,
+)
 
 SLIDING = "sliding_attention"
 
@@ -88,4 +96,20 @@ class LlamaForCausalLM(DecoderForCausalLM):
                 sliding_window=16,
                 max_window_layers=1,
             ),
+        }
+
+
+class LlamaForSequenceClassification(DecoderSequenceClassifier, LlamaForCausalLM):
+    """Hugging Face's ``*ForSequenceClassification`` of the Llama shape: a ``score`` head on the
+    last token (or vLLM's ``classifier_from_token`` recipe over the LM head)."""
+
+    architectures = ("LlamaForSequenceClassification", "Qwen2ForSequenceClassification")
+    tensor_parallel_capable = False  # the score head is not sharded
+
+    @classmethod
+    def example_configs(cls) -> dict[str, dict]:
+        causal = LlamaForCausalLM.example_configs()
+        return {
+            "LlamaForSequenceClassification": dict(causal["LlamaForCausalLM"], num_labels=2),
+            "Qwen2ForSequenceClassification": dict(causal["Qwen2ForCausalLM"], num_labels=1),
         }

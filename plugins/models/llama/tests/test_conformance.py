@@ -4,7 +4,7 @@ also under preemption and prefix caching), on the engine's default backend and p
 
 import pytest
 
-from engine.testing.models import ModelContract
+from engine.testing.models import ClassifierModelContract, ModelContract
 
 
 class TestLlamaModels(ModelContract):
@@ -16,3 +16,9 @@ class TestLlamaModels(ModelContract):
 class TestLlamaModelsOnTorchAttention(TestLlamaModels):
     attention_backend = "torch"
     platform = "cpu"
+
+
+class TestLlamaClassifier(ClassifierModelContract):
+    """Llama (two labels, softmax) and Qwen2 (one, sigmoid) ForSequenceClassification."""
+
+    model_class = "engine_models_llama.model:LlamaForSequenceClassification"

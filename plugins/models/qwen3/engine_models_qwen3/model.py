@@ -2,11 +2,18 @@
 Llama's shape (fused QKV and gate|up projections, GQA, RoPE, tied or untied LM head) plus a
 per-head RMSNorm of q and k before the rotation, and a ``head_dim`` of its own (Qwen3's heads
 are usually wider than hidden / heads). Parameter names follow Hugging Face's so checkpoints
-load as they are."""
+load as they are. :class:`Qwen3ForSequenceClassification` is the same decoder as a classifier
+or reranker (:class:`engine.layers.DecoderSequenceClassifier`)."""
 
 from __future__ import annotations
 
-from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP
+from engine.layers import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    DecoderLayer,
+    DecoderSequenceClassifier,
+    GatedMLP,
+)
 
 
 class Qwen3ForCausalLM(DecoderForCausalLM):
@@ -53,4 +60,20 @@ class Qwen3ForCausalLM(DecoderForCausalLM):
                 tie_word_embeddings=False,
                 rope_theta=10000.0,
             ),
+        }
+
+
+class Qwen3ForSequenceClassification(DecoderSequenceClassifier, Qwen3ForCausalLM):
+    """Hugging Face's (a ``score`` head on the last token), or a Qwen3 causal LM scoring with
+    its "no"/"yes" logits under vLLM's ``--hf-overrides`` recipe (the Qwen3 reranker)."""
+
+    architectures = ("Qwen3ForSequenceClassification",)
+    tensor_parallel_capable = False  # the score head is not sharded
+
+    @classmethod
+    def example_configs(cls) -> dict[str, dict]:
+        causal = Qwen3ForCausalLM.example_configs()["Qwen3ForCausalLM-untied-gqa4"]
+        return {
+            "Qwen3ForSequenceClassification": dict(causal, num_labels=1),
+            "Qwen3ForSequenceClassification-3-labels": dict(causal, num_labels=3),
         }

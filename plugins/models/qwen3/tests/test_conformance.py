@@ -6,7 +6,7 @@ platform (its fused q/k-norm kernel) and to the plain torch ones."""
 
 import pytest
 
-from engine.testing.models import ModelContract
+from engine.testing.models import ClassifierModelContract, ModelContract
 
 
 class TestQwen3ModelsOnCpuNative(ModelContract):
@@ -20,3 +20,10 @@ class TestQwen3ModelsOnTorchAttention(ModelContract):
     model_class = "engine_models_qwen3.model:Qwen3ForCausalLM"
     attention_backend = "torch"
     platform = "cpu"
+
+
+class TestQwen3Classifier(ClassifierModelContract):
+    """Hugging Face's Qwen3ForSequenceClassification: the last token's score head, one label
+    (sigmoid) and three (softmax)."""
+
+    model_class = "engine_models_qwen3.model:Qwen3ForSequenceClassification"

@@ -1,0 +1,56 @@
+"""What the pooling routes (``/v1/embeddings``, ``/score``, ``/rerank``, ``/classify``)
+share: one HTTP request's engine requests submitted together, so the engine pools them in the
+same steps, and their vectors (little-endian float32 bytes) collected, each request's metrics
+recorded as it finishes."""
+
+from __future__ import annotations
+
+import numpy as np
+from starlette.requests import Request
+
+from engine.client import EngineDead
+from engine_server.errors import bad_request, engine_dead, engine_unavailable, overloaded
+from engine_server.generation import unless_disconnected
+
+Child = tuple  # (engine request id, prompt token ids, PoolingParams)
+
+
+async def pool(
+    state, request: Request, request_id: str, children: list[Child], priority: int, param: str
+) -> dict:
+    """Engine request id -> its pooled vector's bytes; ``param`` names the input field a
+    request the engine refuses is blamed on (a 400)."""
+    try:
+        handle = state.client.submit(children, priority)
+    except EngineDead:
+        raise engine_unavailable() from None
+    timers = {rid: state.metrics.start_request(len(ids), None, 1)[0] for rid, ids, _ in children}
+    vectors: dict[str, bytes] = {}
+    try:
+        await unless_disconnected(request, _collect(handle, vectors, timers, param))
+    except EngineDead as exc:
+        raise engine_dead(exc, request_id) from None
+    finally:
+        handle.close()
+    return vectors
+
+
+async def _collect(handle, vectors: dict[str, bytes], timers: dict, param: str) -> None:
+    async for delta in handle.deltas():
+        if delta.finish_reason is not None:
+            timers[delta.request_id].finished(delta.finish_reason)
+        if delta.finish_reason == "error":
+            if delta.error_code == "overloaded":
+                raise overloaded(delta.error)
+            raise bad_request(delta.error or "the engine rejected this input", param)
+        if delta.embedding is not None:
+            vectors[delta.request_id] = delta.embedding
+
+
+def floats(raw: bytes) -> np.ndarray:
+    """A pooled vector's bytes as float32 values."""
+    return np.frombuffer(raw, dtype="<f4")
+
+
+def prompt_tokens(children: list[Child]) -> int:
+    return sum(len(ids) for _, ids, _ in children)
