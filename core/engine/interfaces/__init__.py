@@ -46,7 +46,7 @@ from engine.interfaces.model import (
 )
 from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
-from engine.interfaces.reasoning_parser import ReasoningParser
+from engine.interfaces.reasoning_parser import ReasoningMarkers, ReasoningParser
 from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats
 from engine.interfaces.tool_parser import ToolCall, ToolParser
 from engine.messages.request import Request, RequestStatus
@@ -98,7 +98,9 @@ INTERFACE_VERSIONS = {
     #    end, is_terminated exactly once EOS is accepted, rows start all-allowed and span the
     #    model's vocabulary, json_object is an object): v1 backends, written to vaguer docs, are
     #    refused (a v1 backend cannot be told apart from one that cuts "deep blue sea" to "deep")
-    "grammar_backends": 2,
+    # 3: the structural_tag kind (xgrammar's structural tags: free text, tags with JSON inside);
+    #    v2 backends still load and are never handed one
+    "grammar_backends": 3,
     "drafters": 1,
     "logits_processors": 1,
     # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
@@ -110,7 +112,7 @@ INTERFACE_VERSIONS = {
     # slot per request, never prefix-cached); a v2 manager still loads and is never handed one
     "kv_cache_managers": 3,
     "tool_parsers": 1,
-    "reasoning_parsers": 1,
+    "reasoning_parsers": 2,  # 2: grammar_markers (defaulted: v1 still loads, its grammar spans the output)
     "commands": 1,
     "executors": 1,
     "lora_resolvers": 1,
@@ -127,6 +129,8 @@ STILL_LOADED = {
     "quant_methods": (2,),
     "kv_connectors": (2,),
     "schedulers": (2,),
+    "grammar_backends": (2,),
+    "reasoning_parsers": (1,),
 }
 
 # Loaded older versions in their one release of deprecation warnings: kind -> {version: the release
@@ -188,6 +192,7 @@ __all__ = [
     "ProcessedImage",
     "QuantContext",
     "QuantMethod",
+    "ReasoningMarkers",
     "ReasoningParser",
     "Request",
     "RequestStatus",
