@@ -48,7 +48,7 @@ from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningMarkers, ReasoningParser
 from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats
-from engine.interfaces.tool_parser import ToolCall, ToolParser
+from engine.interfaces.tool_parser import MarkedToolParser, ToolCall, ToolParser
 from engine.messages.request import Request, RequestStatus
 from engine.messages.step import (
     EngineOutput,
@@ -111,7 +111,7 @@ INTERFACE_VERSIONS = {
     # 2: allocate_slots(delay_cache=...); 3: state groups (KVCacheGroup.state, supports_state: one
     # slot per request, never prefix-cached); a v2 manager still loads and is never handed one
     "kv_cache_managers": 3,
-    "tool_parsers": 1,
+    "tool_parsers": 2,  # 2: use_tools (defaulted: v1 still loads)
     "reasoning_parsers": 2,  # 2: grammar_markers (defaulted: v1 still loads, its grammar spans the output)
     "commands": 1,
     "executors": 1,
@@ -131,6 +131,7 @@ STILL_LOADED = {
     "schedulers": (2,),
     "grammar_backends": (2,),
     "reasoning_parsers": (1,),
+    "tool_parsers": (1,),
 }
 
 # Loaded older versions in their one release of deprecation warnings: kind -> {version: the release
@@ -181,6 +182,7 @@ __all__ = [
     "LoRAResolverContext",
     "LogitsProcessor",
     "MambaState",
+    "MarkedToolParser",
     "Model",
     "ModelContext",
     "ModelLoader",

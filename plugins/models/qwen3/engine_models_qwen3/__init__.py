@@ -6,3 +6,8 @@ from engine import hookimpl
 @hookimpl
 def register_models(register):
     register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=2)
+
+
+@hookimpl
+def register_tool_parsers(register):
+    register("qwen3_coder", "engine_models_qwen3.tool_parser:Qwen3CoderToolParser", api=2)
