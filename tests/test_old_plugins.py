@@ -256,7 +256,7 @@ def test_the_v1_grammar_backend_is_refused_and_naming_it_says_so(tiny_llama):
     """It fails today's grammar contract (no EOS, terminated as soon as a choice is spelled, so
     "deep blue sea" is cut to "deep"): refused whole, never run."""
     assert load_plugins().plugins["old-grammar-v1"].status == (
-        "refused: built for grammar_backends interface v1, this core provides v2 (it loads v2; what "
+        "refused: built for grammar_backends interface v1, this core provides v3 (it loads v2, v3; what "
         'changed: "Interface versions" in the plugin authors\' guide)'
     )
     with pytest.raises(

@@ -41,15 +41,16 @@ VLLM_GRAMMAR_NAMES = {"guidance": "llguidance"}
 STRUCTURED_OUTPUTS_NO_EFFECT = {
     "disable_any_whitespace": "JSON is always generated in json.dumps's layout, with no free whitespace",
     "disable_additional_properties": "a schema's additionalProperties is followed as written",
-    "reasoning_parser": "the server's --reasoning-parser is the one in use",
-    "enable_in_reasoning": "the grammar applies to the whole output",
 }
+# vLLM's StructuredOutputsConfig keys that are engine options here
+STRUCTURED_OUTPUTS_OPTIONS = ("reasoning_parser", "enable_in_reasoning")
 
 
 def grammar_backend_option(kwargs: dict[str, Any]) -> None:
     """Fold vLLM's spellings of the grammar backend into ``structured_outputs_backend``, in place:
     ``structured_outputs_config`` (a dict or its JSON text: ``backend``, ``disable_fallback``
-    and keys of no effect here), ``guided_decoding_backend`` (vLLM's older flag) and vLLM's
+    and keys of no effect here; ``reasoning_parser`` and ``enable_in_reasoning`` become the
+    engine options of those names), ``guided_decoding_backend`` (vLLM's older flag) and vLLM's
     backend names (``guidance`` is ``llguidance``). ValueError for an unknown key or for two
     spellings naming different backends."""
     import json
@@ -60,13 +61,23 @@ def grammar_backend_option(kwargs: dict[str, Any]) -> None:
         config = json.loads(config)
     if not isinstance(config, dict):
         raise ValueError(f"structured_outputs_config must be a JSON object, got {config!r}")  # noqa: TRY004
-    unknown = set(config) - {"backend", "disable_fallback", *STRUCTURED_OUTPUTS_NO_EFFECT}
+    unknown = set(config) - {
+        "backend",
+        "disable_fallback",
+        *STRUCTURED_OUTPUTS_NO_EFFECT,
+        *STRUCTURED_OUTPUTS_OPTIONS,
+    }
     if unknown:
         raise ValueError(f"structured_outputs_config: unknown key(s) {', '.join(sorted(unknown))}")
     for key in set(config) & set(STRUCTURED_OUTPUTS_NO_EFFECT):
         logging.getLogger(__name__).warning(
             "structured_outputs_config.%s has no effect: %s", key, STRUCTURED_OUTPUTS_NO_EFFECT[key]
         )
+    for key in STRUCTURED_OUTPUTS_OPTIONS:
+        if key in config:
+            if kwargs.get(key) not in (None, config[key]):
+                raise ValueError(f"conflicting {key}: {kwargs[key]!r} and structured_outputs_config's")
+            kwargs[key] = config[key]
     given = {
         spelling: VLLM_GRAMMAR_NAMES.get(name, name)
         for spelling, name in (
@@ -244,6 +255,10 @@ class EngineConfig:
     # a grammar backend's name, "auto" (AUTO_GRAMMAR) or None: the registry's default; from_kwargs
     # also takes vLLM's structured_outputs_config and guided_decoding_backend (grammar_backend_option)
     structured_outputs_backend: str | None = None
+    # the reasoning parser's name (engine serve --reasoning-parser): grammars then apply only after
+    # its reasoning block (engine.core.reasoning_gate), unless enable_in_reasoning
+    reasoning_parser: str | None = None
+    enable_in_reasoning: bool = False
     kv_connector: str | None = None
     # vLLM's --kv-events-config: {"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", ...}
     kv_events_config: KVEventsConfig | None = attrs.field(default=None, converter=KVEventsConfig.from_dict)

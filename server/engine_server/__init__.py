@@ -12,13 +12,13 @@ def register_commands(register):
 
 @hookimpl
 def register_tool_parsers(register):
-    register("hermes", "engine_server.tools:HermesToolParser", api=1)
-    register("llama3_json", "engine_server.tool_parsers:Llama3JsonToolParser", api=1)
-    register("mistral", "engine_server.tool_parsers:MistralToolParser", api=1)
-    register("pythonic", "engine_server.tool_parsers:PythonicToolParser", api=1)
+    register("hermes", "engine_server.tools:HermesToolParser", api=2)
+    register("llama3_json", "engine_server.tool_parsers:Llama3JsonToolParser", api=2)
+    register("mistral", "engine_server.tool_parsers:MistralToolParser", api=2)
+    register("pythonic", "engine_server.tool_parsers:PythonicToolParser", api=2)
 
 
 @hookimpl
 def register_reasoning_parsers(register):
-    register("deepseek_r1", "engine_server.reasoning:DeepSeekR1ReasoningParser", api=1)
-    register("qwen3", "engine_server.reasoning:Qwen3ReasoningParser", api=1)
+    register("deepseek_r1", "engine_server.reasoning:DeepSeekR1ReasoningParser", api=2)
+    register("qwen3", "engine_server.reasoning:Qwen3ReasoningParser", api=2)

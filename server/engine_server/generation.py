@@ -780,9 +780,12 @@ def chat_generation(
         body = msgspec.structs.replace(body, skip_special_tokens=False)  # the markers are special tokens
 
     def make_output() -> ChatOutput:
+        parser = parser_cls(state.tokenizer) if parser_cls else None
+        if parser is not None:
+            parser.use_tools(tools)
         return ChatOutput(
             mode,
-            parser_cls(state.tokenizer) if parser_cls else None,
+            parser,
             body.parallel_tool_calls,
             reasoning_cls(state.tokenizer) if reasoning_cls else None,
         )

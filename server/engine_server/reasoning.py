@@ -5,7 +5,7 @@ reasoning, which ends at ``</think>``) and ``qwen3`` (reasoning only when the ou
 
 from __future__ import annotations
 
-from engine.interfaces import ReasoningParser
+from engine.interfaces import ReasoningMarkers, ReasoningParser
 
 OPEN, CLOSE = "<think>", "</think>"
 
@@ -52,6 +52,14 @@ class ThinkReasoningParser(ReasoningParser):
             self.buffer, self.state = self.buffer[end + len(CLOSE) :], "content"
         content, self.buffer = self.buffer, ""
         return "".join(reasoning), content
+
+    def grammar_markers(self) -> ReasoningMarkers | None:
+        """``<think>`` and ``</think>`` where each is one token of the tokenizer (as in
+        DeepSeek-R1's and Qwen3's)."""
+        start, end = (self.tokenizer.encode(m, add_special_tokens=False) for m in (OPEN, CLOSE))
+        if len(start) != 1 or len(end) != 1:
+            return None
+        return ReasoningMarkers(start[0], end[0], self.starts_inside)
 
     def finish(self) -> tuple[str, str]:
         rest, self.buffer = self.buffer, ""

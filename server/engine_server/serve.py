@@ -96,6 +96,8 @@ class ServeCommand(Command):
             options["model"] = args.model_tag
         if args.plugins:
             options["plugins"] = args.plugins
+        if args.reasoning_parser:  # the engine's grammars then wait out the reasoning
+            options["reasoning_parser"] = args.reasoning_parser
         # a server refuses (503) rather than queue without end; offline use queues everything
         options.setdefault("max_queued_requests", AUTO_QUEUE)
         if args.dry_run:

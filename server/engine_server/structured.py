@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from engine.interfaces import GrammarSpec
 from engine_server.errors import bad_request
+from engine_server.structural_tags import structural_tag_spec
 from engine_server.validation import check_json_schema, parse_json_text
 
 KINDS = ("json", "regex", "choice", "grammar")
@@ -21,11 +22,16 @@ def structured_spec(body, chat: bool) -> GrammarSpec | None:
             found.append(("response_format", spec))
     outputs = body.structured_outputs or {}
     for key in outputs:
-        if key not in (*KINDS, "json_object"):
+        if key not in (*KINDS, "json_object", "structural_tag"):
             raise bad_request(
-                f"structured_outputs.{key} is not one of {', '.join(KINDS)}, json_object",
+                f"structured_outputs.{key} is not one of {', '.join(KINDS)}, json_object, structural_tag",
                 "structured_outputs",
             )
+    if outputs.get("structural_tag") is not None:
+        tag = structural_tag_spec(
+            outputs["structural_tag"], "structured_outputs", "structured_outputs.structural_tag"
+        )
+        found.append(("structured_outputs", tag))
     for kind in KINDS:
         if kind in outputs:
             value, param, where = outputs[kind], "structured_outputs", f"structured_outputs.{kind}"
@@ -62,9 +68,12 @@ def _response_format(response_format: dict) -> GrammarSpec | None:
         return GrammarSpec("json", schema)
     if kind == "json_object":
         return GrammarSpec("json_object", None)
+    if kind == "structural_tag":
+        return structural_tag_spec(response_format, "response_format", "response_format")
     if kind != "text":
         raise bad_request(
-            f"response_format.type must be text, json_object or json_schema; got {kind!r}", "response_format"
+            f"response_format.type must be text, json_object, json_schema or structural_tag; got {kind!r}",
+            "response_format",
         )
     return None
 

@@ -18,6 +18,7 @@ from engine.config import AUTO_GRAMMAR, EngineConfig
 from engine.core import faults, kv_connectors, setup, startup
 from engine.core.hf_overrides import apply_hf_overrides
 from engine.core.lifecycle import request_path
+from engine.core.reasoning_gate import reasoning_markers
 from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
@@ -179,6 +180,8 @@ class EngineCore:
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
+        if config.reasoning_parser is not None:  # a name no plugin registers stops the engine now
+            self.registry.registration("reasoning_parsers", config.reasoning_parser)
         if self.speculator is not None:
             report.lap("drafter")
         self._step_tokens = StepTokenHistogram()
@@ -488,8 +491,13 @@ class EngineCore:
     @property
     def structured(self) -> StructuredOutputs:
         if self._structured is None:
+            backends = self._grammar_backends()
+            apis = {name: self.registry.registration("grammar_backends", name).api for name in backends}
             self._structured = StructuredOutputs(
-                self._grammar_backends(), GrammarContext(self.tokenizer, self.text_config.vocab_size)
+                backends,
+                GrammarContext(self.tokenizer, self.text_config.vocab_size),
+                apis,
+                reasoning_markers(self.registry, self.config, self.tokenizer),
             )
         return self._structured
 

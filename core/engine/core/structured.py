@@ -11,7 +11,9 @@ engine is busy (at nice 19 it would get ~1.5% and could wait minutes).
 With ``structured_outputs_backend="auto"`` (vLLM's fallback) it holds every installed backend,
 in the registry's order of preference, and a request's grammar is compiled by the first that
 supports its spec and compiles it; each refusal is logged and, when none compiles it, the
-request fails with every backend's reason."""
+request fails with every backend's reason. A backend registered for an older grammar interface
+is never handed a kind added after it (``KIND_SINCE``). With the reasoning parser's markers,
+every grammar is wrapped in a :class:`engine.core.reasoning_gate.ReasoningGate`."""
 
 from __future__ import annotations
 
@@ -22,7 +24,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from engine.interfaces.grammar import Grammar, GrammarBackend, GrammarContext, GrammarSpec
+from engine.core.reasoning_gate import ReasoningGate
+from engine.interfaces.grammar import KIND_SINCE, Grammar, GrammarBackend, GrammarContext, GrammarSpec
+from engine.interfaces.reasoning_parser import ReasoningMarkers
 from engine.messages.request import Request, RequestStatus
 from engine.messages.step import EngineOutput, StepPlan
 
@@ -31,10 +35,21 @@ logger = logging.getLogger(__name__)
 
 
 class StructuredOutputs:
-    def __init__(self, backends: dict[str, type[GrammarBackend]], ctx: GrammarContext):
+    def __init__(
+        self,
+        backends: dict[str, type[GrammarBackend]],
+        ctx: GrammarContext,
+        apis: dict[str, int] | None = None,
+        reasoning: ReasoningMarkers | None = None,
+    ):
         """``backends``: name -> class, in the order to try them (one, unless ``auto``). Under
         ``auto`` a backend that cannot be built for this model (ValueError: llguidance reads
-        fast tokenizers only) is left out, with a warning; one alone raises."""
+        fast tokenizers only) is left out, with a warning; one alone raises. ``apis``: the
+        interface version each registered for (default: the current one). ``reasoning``: the
+        markers of the reasoning the grammars wait out (None: grammars span the output)."""
+        self.apis = apis or {}
+        self.reasoning = reasoning
+        self.eos = getattr(ctx.tokenizer, "eos_token_id", None)
         self.backends = {}
         for name, cls in backends.items():
             try:
@@ -53,18 +68,34 @@ class StructuredOutputs:
 
     def submit(self, request: Request) -> None:
         spec = request.sampling_params.structured_outputs
-        able = {name: b for name, b in self.backends.items() if not b.supports(spec)}
+        refusals = {name: self._refusals(name, backend, spec) for name, backend in self.backends.items()}
+        able = {name: b for name, b in self.backends.items() if not refusals[name]}
         future: Future = Future()
         if able:
             future = self._pool.submit(self._compile, request.request_id, spec, able)
         else:
-            reasons = [reason for b in self.backends.values() for reason in b.supports(spec)]
-            future.set_exception(ValueError("; ".join(reasons)))
+            future.set_exception(ValueError("; ".join(r for reasons in refusals.values() for r in reasons)))
         request.status = RequestStatus.WAITING_FOR_GRAMMAR
         self._pending[request.request_id] = (request, future)
 
+    def _refusals(self, name: str, backend: GrammarBackend, spec: GrammarSpec) -> list[str]:
+        since = KIND_SINCE.get(spec.kind)
+        api = self.apis.get(name)
+        if since is not None and api is not None and api < since:
+            return [f"{name} targets grammar interface v{api}, older than {spec.kind!r} (v{since})"]
+        return backend.supports(spec)
+
     def _compile(self, request_id: str, spec: GrammarSpec, backends: dict[str, GrammarBackend]) -> Grammar:
-        """The grammar of the first of ``backends`` that compiles ``spec`` (on the compile thread)."""
+        """The grammar of the first of ``backends`` that compiles ``spec`` (on the compile
+        thread), behind the reasoning gate when there is one."""
+        grammar = self._first_compiled(request_id, spec, backends)
+        if self.reasoning is not None and self.eos is not None:
+            return ReasoningGate(grammar, self.reasoning, self.eos)
+        return grammar
+
+    def _first_compiled(
+        self, request_id: str, spec: GrammarSpec, backends: dict[str, GrammarBackend]
+    ) -> Grammar:
         errors: list[str] = []
         for name, backend in backends.items():
             try:

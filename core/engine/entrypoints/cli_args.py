@@ -350,7 +350,8 @@ NO_EFFECT = {
     "--revision": (True, "models load from local files only; there is no hub revision to pick"),
 }
 
-_SKIP = {"plugins"}  # handled before plugins load
+# plugins: handled before plugins load; reasoning_parser: engine serve's own --reasoning-parser
+_SKIP = {"plugins", "reasoning_parser"}
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

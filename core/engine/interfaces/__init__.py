@@ -46,9 +46,9 @@ from engine.interfaces.model import (
 )
 from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
-from engine.interfaces.reasoning_parser import ReasoningParser
+from engine.interfaces.reasoning_parser import ReasoningMarkers, ReasoningParser
 from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats
-from engine.interfaces.tool_parser import ToolCall, ToolParser
+from engine.interfaces.tool_parser import MarkedToolParser, ToolCall, ToolParser
 from engine.messages.request import Request, RequestStatus
 from engine.messages.step import (
     EngineOutput,
@@ -100,7 +100,9 @@ INTERFACE_VERSIONS = {
     #    end, is_terminated exactly once EOS is accepted, rows start all-allowed and span the
     #    model's vocabulary, json_object is an object): v1 backends, written to vaguer docs, are
     #    refused (a v1 backend cannot be told apart from one that cuts "deep blue sea" to "deep")
-    "grammar_backends": 2,
+    # 3: the structural_tag kind (xgrammar's structural tags: free text, tags with JSON inside);
+    #    v2 backends still load and are never handed one
+    "grammar_backends": 3,
     "drafters": 1,
     "logits_processors": 1,
     # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
@@ -111,8 +113,8 @@ INTERFACE_VERSIONS = {
     # 2: allocate_slots(delay_cache=...); 3: state groups (KVCacheGroup.state, supports_state: one
     # slot per request, never prefix-cached); a v2 manager still loads and is never handed one
     "kv_cache_managers": 3,
-    "tool_parsers": 1,
-    "reasoning_parsers": 1,
+    "tool_parsers": 2,  # 2: use_tools (defaulted: v1 still loads)
+    "reasoning_parsers": 2,  # 2: grammar_markers (defaulted: v1 still loads, its grammar spans the output)
     "commands": 1,
     "executors": 1,
     "lora_resolvers": 1,
@@ -129,6 +131,9 @@ STILL_LOADED = {
     "quant_methods": (2, 3),
     "kv_connectors": (2,),
     "schedulers": (2,),
+    "grammar_backends": (2,),
+    "reasoning_parsers": (1,),
+    "tool_parsers": (1,),
 }
 
 # Loaded older versions in their one release of deprecation warnings: kind -> {version: the release
@@ -179,6 +184,7 @@ __all__ = [
     "LoRAResolverContext",
     "LogitsProcessor",
     "MambaState",
+    "MarkedToolParser",
     "Model",
     "ModelContext",
     "ModelLoader",
@@ -190,6 +196,7 @@ __all__ = [
     "ProcessedImage",
     "QuantContext",
     "QuantMethod",
+    "ReasoningMarkers",
     "ReasoningParser",
     "Request",
     "RequestStatus",

@@ -26,9 +26,10 @@ it must match, nothing before or after:
   not list), never looser.
 - ``json_object``: a JSON object, any members (OpenAI's ``response_format`` ``json_object``):
   never an array, string, number, ``true``, ``false`` or ``null`` at the top.
-- JSON layout, both JSON kinds: ``json.dumps``'s default one, so output does not change with
-  the backend: ``", "`` between items, ``": "`` after keys, no other whitespace outside
-  strings (no newline, no indent, none before or after the value).
+- JSON layout, both JSON kinds and the JSON in structural tags: ``json.dumps``'s default
+  one, so output does not change with the backend: ``", "`` between items, ``": "`` after
+  keys, no other whitespace outside strings (no newline, no indent, none before or after the
+  value).
 - ``regex``: text that ``value`` matches in full (anchored at both ends), in the ECMAScript
   dialect of JSON Schema's ``pattern``: classes, ``\\d \\w \\s``, ``* + ? {m,n}``, groups and
   ``|``; no backreferences or lookaround.
@@ -37,6 +38,17 @@ it must match, nothing before or after:
   ``( )``, ``|``, ``* + ?`` and ``{m,n}``. A backend may read other syntaxes besides (the
   llguidance backend reads Lark, as vLLM's ``guided_grammar`` does with llguidance).
 - ``choice``: exactly one of the strings of ``value`` (a non-empty list of non-empty strings).
+- ``structural_tag`` (since v3): ``value`` is an xgrammar structural tag,
+  ``{"type": "structural_tag", "format": FORMAT}``. Every v3 backend reads at least these
+  formats: ``const_string`` (``value``), ``json_schema`` (``json_schema``: JSON valid under
+  it), ``sequence`` / ``or`` (``elements``), ``tag`` (``begin``, ``content``: a format, ``end``:
+  strings; ``end`` may be a list of them), ``any_text`` (any text) as a tag's content or at
+  the end of the output, and, at the end of the output, ``triggered_tags`` (``triggers``,
+  ``tags``): any text until one of ``triggers`` appears, which must open the ``begin`` of one
+  of ``tags``; that tag follows in full, then any text again, as often as the model likes
+  (the tool calls vLLM's ``structural_tag`` response format describes). A backend refuses,
+  in ``supports``, what else it does not read (xgrammar reads all its formats: ``regex``,
+  ``grammar``, ``tags_with_separator``, ``at_least_one`` ...).
 
 ``engine.testing.grammar.GrammarBackendContract`` checks all of this on a tiny tokenizer.
 """
@@ -48,6 +60,10 @@ import attrs
 import torch
 
 from engine.messages.sampling_params import GrammarSpec
+
+# kinds added after v2, with the interface version that added them: the core never hands a
+# backend registered for an older version a spec of a newer kind
+KIND_SINCE = {"structural_tag": 3}
 
 
 @attrs.frozen

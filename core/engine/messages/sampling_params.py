@@ -87,7 +87,7 @@ def _token_ids_ok(ids) -> bool:
     return isinstance(ids, tuple) and all(is_int(t) and 0 <= t <= INT64_MAX for t in ids)
 
 
-GrammarKind = Literal["json", "json_object", "regex", "grammar", "choice"]
+GrammarKind = Literal["json", "json_object", "regex", "grammar", "choice", "structural_tag"]
 
 
 @attrs.frozen
@@ -96,7 +96,7 @@ class GrammarSpec:
     :class:`engine.interfaces.GrammarBackend` compiles."""
 
     kind: GrammarKind
-    value: Any  # schema (str or dict), regex, EBNF text, or list of choices
+    value: Any  # schema (str or dict), regex, EBNF text, list of choices, or structural tag (dict)
 
 
 @attrs.frozen

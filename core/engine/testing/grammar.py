@@ -9,7 +9,7 @@ random walks that pick any token the mask allows end, at EOS, in output the spec
 in ``json.dumps``'s layout, ``json_object`` an object); a longer match stays reachable after a
 shorter one could end; ``is_terminated`` turns true exactly at EOS; rollback (past EOS too),
 ``reset``, refusal without change, independent grammars per compile, ValueError for bad specs,
-reasons for unsupported kinds."""
+reasons for unsupported kinds; structural tags (v3) give free text with valid tagged JSON."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from engine.interfaces import GrammarContext, GrammarSpec
+from engine.interfaces.grammar import KIND_SINCE
 from engine.plugins import load_plugins
 from engine.testing.tiny_tokenizer import tiny_tokenizer
 
@@ -79,6 +80,34 @@ LONGER = {
     "regex": (GrammarSpec("regex", OPTIONAL_TAIL), "deep", "deep blue sea"),
 }
 NOT_OBJECTS = ["[1, 2]", '"text"', "12", "true", "null"]
+# free text, and a <tool>...</tool> tag holding JSON under SCHEMA wherever "<tool" appears
+STRUCTURAL_TAG = GrammarSpec(
+    "structural_tag",
+    {
+        "type": "structural_tag",
+        "format": {
+            "type": "triggered_tags",
+            "triggers": ["<tool"],
+            "tags": [
+                {
+                    "type": "tag",
+                    "begin": "<tool>",
+                    "content": {"type": "json_schema", "json_schema": SCHEMA},
+                    "end": "</tool>",
+                }
+            ],
+        },
+    },
+)
+TWO_TAGS_TAIL = '<tool>{"name": "c", "n": 0, "tags": []}</tool>'
+TAGGED = re.compile(r"<tool>(.*?)</tool>", re.DOTALL)
+
+
+def tagged_json_ok(text: str) -> bool:
+    """Every ``<tool`` in ``text`` opens a ``<tool>...</tool>`` tag holding JSON valid under
+    SCHEMA, in ``json.dumps``'s layout."""
+    tags = TAGGED.findall(text)
+    return text.count("<tool") == len(tags) and all(_valid_json(tag) and json_layout_ok(tag) for tag in tags)
 
 
 def engine_row(grammar, vocab_size: int) -> torch.Tensor:
@@ -126,6 +155,9 @@ class GrammarBackendContract:
         return backend_cls(GrammarContext(tokenizer, vocab_size))
 
     def _supported(self, backend, spec: GrammarSpec) -> GrammarSpec:
+        api = load_plugins().registration("grammar_backends", self.backend_name).api
+        if api < KIND_SINCE.get(spec.kind, 0):
+            pytest.skip(f"{self.backend_name} targets grammar interface v{api}, before {spec.kind}")
         if backend.supports(spec):
             pytest.skip(f"{self.backend_name} does not compile {spec.kind}")
         return spec
@@ -307,6 +339,44 @@ class GrammarBackendContract:
         self._supported(backend, BAD[kind])
         with pytest.raises(ValueError):
             backend.compile(BAD[kind])
+
+    def test_structural_tag_walks_give_tagged_json(self, backend, tokenizer, vocab_size, closing):
+        """Free text, the trigger: from there the mask holds the walk to the tag's JSON and its
+        end, then the text is free again until EOS."""
+        spec = self._supported(backend, STRUCTURAL_TAG)
+        rng = random.Random(0)
+        for _ in range(4):
+            grammar = backend.compile(spec)
+            self._force(grammar, tokenizer, vocab_size, "Calling it: <tool")
+            tokens = self._walk(grammar, tokenizer, vocab_size, closing, rng)
+            text = "Calling it: <tool" + tokenizer.decode(tokens[:-1])
+            assert tagged_json_ok(text) and "</tool>" in text, f"{text!r} is not free text and tagged JSON"
+
+    @pytest.mark.parametrize(
+        ("text", "ok"),
+        [
+            ("any text at all, {not json} [1, 2 < 3", True),
+            ('a <tool>{"name": "ab", "n": 3, "tags": []}</tool> then <tool>', False),
+            (
+                '<tool>{"name": "ab", "n": 3, "tags": ["red"]}</tool> b ' + TWO_TAGS_TAIL,
+                True,
+            ),
+            ('a <tool>{"name": "ab", "n": 300, "tags": []}</tool>', False),
+            ("a <tooling>", False),
+        ],
+    )
+    def test_structural_tag_frees_text_and_holds_tags(self, backend, tokenizer, text, ok):
+        grammar = backend.compile(self._supported(backend, STRUCTURAL_TAG))
+        assert grammar.accept_tokens(tokenizer.encode(text) + [tokenizer.eos_token_id]) is ok, text
+
+    def test_invalid_structural_tag_raises_value_error(self, backend):
+        bad = GrammarSpec(
+            "structural_tag",
+            {"type": "structural_tag", "format": {"type": "triggered_tags", "triggers": ["<x"], "tags": []}},
+        )
+        self._supported(backend, STRUCTURAL_TAG)
+        with pytest.raises(ValueError):
+            backend.compile(bad)
 
     def test_unsupported_kind_gives_reasons(self, backend):
         reasons = backend.supports(GrammarSpec("bogus", None))

@@ -16,6 +16,8 @@ hands out a ``deep_copy``: ``n > 1`` children and repeated schemas compile once.
 - ``grammar``: GBNF, converted by llguidance's own converter; a grammar in Lark syntax
   (``start: ...``), as vLLM's ``guided_grammar`` also takes it, is read as Lark.
 - ``choice``: a Lark alternation of the strings as JSON string literals.
+- ``structural_tag``: a Lark grammar with lazy trigger lexemes
+  (:mod:`engine_grammar_llguidance.structural_tag`, which says the formats it reads).
 
 A matcher that consumes a token it does not allow enters an error state for good, so
 ``accept_tokens`` validates all its tokens first and consumes only when all pass.
@@ -33,9 +35,10 @@ import llguidance.torch
 from llguidance.gbnf_to_lark import any_to_lark
 
 from engine.interfaces import Grammar, GrammarBackend, GrammarSpec
+from engine_grammar_llguidance import structural_tag
 
 CACHE_SIZE = 256
-KINDS = ("json", "json_object", "regex", "grammar", "choice")
+KINDS = ("json", "json_object", "regex", "grammar", "choice", "structural_tag")
 ANY_OBJECT = {"type": "object"}
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ECMASCRIPT_ASCII = "dw"  # regex_to_lark: \d and \w as JSON Schema's patterns read them
@@ -117,6 +120,8 @@ class LLGuidanceBackend(GrammarBackend):
 
     @classmethod
     def supports(cls, spec: GrammarSpec) -> list[str]:
+        if spec.kind == "structural_tag":
+            return structural_tag.unsupported(spec.value)
         if spec.kind in KINDS:
             return []
         return [f"llguidance does not compile {spec.kind!r} (it compiles {KINDS})"]
@@ -160,6 +165,11 @@ def grammar_text(spec: GrammarSpec) -> str:
             return llg.LLMatcher.grammar_from_lark(any_to_lark(spec.value))
         except Exception as exc:  # noqa: BLE001 - the GBNF converter raises its own kinds
             raise ValueError(f"invalid grammar: {_first_line(str(exc))}") from None
+    if spec.kind == "structural_tag":
+        try:
+            return llg.LLMatcher.grammar_from_lark(structural_tag.to_lark(spec.value, JSON_LAYOUT))
+        except ValueError as exc:
+            raise ValueError(f"invalid structural_tag: {_first_line(str(exc))}") from None
     choices = spec.value
     if not isinstance(choices, list | tuple) or not all(isinstance(c, str) and c for c in choices or [""]):
         raise ValueError("choice needs a non-empty list of non-empty strings")

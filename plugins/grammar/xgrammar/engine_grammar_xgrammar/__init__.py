@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_grammar_backends(register):
-    register("xgrammar", "engine_grammar_xgrammar.backend:XGrammarBackend", api=2)
+    register("xgrammar", "engine_grammar_xgrammar.backend:XGrammarBackend", api=3)

@@ -73,7 +73,7 @@ class XGrammarBackend(GrammarBackend):
 
     @classmethod
     def supports(cls, spec: GrammarSpec) -> list[str]:
-        kinds = ("json", "json_object", "regex", "grammar", "choice")
+        kinds = ("json", "json_object", "regex", "grammar", "choice", "structural_tag")
         return (
             [] if spec.kind in kinds else [f"xgrammar does not compile {spec.kind!r} (it compiles {kinds})"]
         )
@@ -112,12 +112,56 @@ class XGrammarBackend(GrammarBackend):
                 return self.compiler.compile_regex(spec.value)
             if spec.kind == "grammar":
                 return self.compiler.compile_grammar(spec.value)
+            if spec.kind == "structural_tag":
+                return self._structural_tag(spec.value)
             choices = list(spec.value)
             if not choices or not all(isinstance(c, str) and c for c in choices):
                 raise ValueError("choice needs a non-empty list of non-empty strings")
             return self.compiler.compile_grammar("root ::= " + " | ".join(json.dumps(c) for c in choices))
         except (RuntimeError, TypeError) as exc:  # xgrammar reports bad specs as RuntimeError
             raise ValueError(f"invalid {spec.kind}: {_first_line(exc)}") from None
+
+    def _structural_tag(self, tag) -> xgr.CompiledGrammar:
+        """xgrammar's own structural tags; its JSON schemas checked for keywords it would not
+        enforce, as the ``json`` kind's are, and compiled in the ``json`` kind's layout."""
+        if not isinstance(tag, dict) or not isinstance(tag.get("format"), dict):
+            raise ValueError('invalid structural_tag: it is {"type": "structural_tag", "format": {...}}')  # noqa: TRY004 - the interface says ValueError
+        ignored = sorted({k for schema in tag_schemas(tag["format"]) for k in ignored_keywords(schema)})
+        if ignored:
+            raise ValueError(f"invalid structural_tag: xgrammar would not enforce {', '.join(ignored)}")
+        try:
+            laid_out = {**tag, "format": dumps_layout(tag["format"])}
+            return self.compiler.compile_structural_tag(json.dumps(laid_out))
+        except ValueError as exc:  # pydantic's validation of the format
+            raise ValueError(f"invalid structural_tag: {_first_line(exc)}") from None
+
+
+def dumps_layout(node):
+    """``node`` (a structural tag's format) with each JSON-style ``json_schema`` as the
+    grammar of that schema in ``json.dumps``'s layout: xgrammar's structural tags allow free
+    whitespace in JSON, where a sampled document can run on in whitespace to the token limit."""
+    if isinstance(node, list):
+        return [dumps_layout(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and node.get("style", "json") == "json" and not node.get("excludes"):
+        schema = node.get("json_schema")
+        text = json.dumps({} if schema is True else schema)
+        return {"type": "grammar", "grammar": str(xgr.Grammar.from_json_schema(text, any_whitespace=False))}
+    return {key: dumps_layout(value) for key, value in node.items()}
+
+
+def tag_schemas(node):
+    """Every ``json_schema`` of a structural tag's format, nested ones included."""
+    if isinstance(node, list):
+        for item in node:
+            yield from tag_schemas(item)
+    elif isinstance(node, dict):
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            yield node["json_schema"]
+        for value in node.values():
+            if isinstance(value, dict | list):
+                yield from tag_schemas(value)
 
 
 # keywords xgrammar 0.2.9 compiles without enforcing them (its grammars accept [1, 1] under
@@ -154,4 +198,5 @@ def ignored_keywords(schema) -> list[str]:
 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-    return text.split(": ", 1)[-1] if text.startswith("[") else text
+    text = text.split(": ", 1)[-1] if text.startswith("[") else text
+    return text.split(" is false: ", 1)[-1]  # xgrammar's "Check failed: (...) is false: <why>"

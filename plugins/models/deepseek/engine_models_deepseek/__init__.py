@@ -9,3 +9,8 @@ ARCHITECTURES = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 def register_models(register):
     for arch in ARCHITECTURES:
         register(arch, "engine_models_deepseek.model:DeepseekForCausalLM", api=3)
+
+
+@hookimpl
+def register_tool_parsers(register):
+    register("deepseek_v3", "engine_models_deepseek.tool_parser:DeepSeekV3ToolParser", api=2)

@@ -9,3 +9,8 @@ def register_models(register):
     register(
         "Qwen3ForSequenceClassification", "engine_models_qwen3.model:Qwen3ForSequenceClassification", api=2
     )
+
+
+@hookimpl
+def register_tool_parsers(register):
+    register("qwen3_coder", "engine_models_qwen3.tool_parser:Qwen3CoderToolParser", api=2)
