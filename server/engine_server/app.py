@@ -44,6 +44,7 @@ class ServerState:
     metrics: object  # Metrics
     tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
     reasoning_parser: type | None = None  # ReasoningParser class (--reasoning-parser)
+    harmony: bool = False  # a gpt-oss model: chat prompts rendered in harmony (engine_server.harmony)
     api_keys: tuple[str, ...] = ()  # any of them is accepted; none: no key needed
     api_key_cache_salt: bool = True  # each key's requests get their own prefix-cache salt
     allowed_hosts: list[str] | None = None  # Host header names accepted; None: any

@@ -22,6 +22,7 @@ from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
 from engine_server.guard import default_allowed_hosts
+from engine_server.harmony import encoding, is_harmony_model
 from engine_server.header_timeout import with_header_timeout
 from engine_server.images import load_image_input
 from engine_server.lora import RESOLVER_CACHE_ENV, LoRAAdapters, runtime_updating_allowed
@@ -124,10 +125,8 @@ class ServeCommand(Command):
             asyncio.get_running_loop().call_later(args.graceful_timeout, cut_drain)
 
         registry = load_plugins(args.plugins)
-        tool_parser = registry.get("tool_parsers", args.tool_call_parser)
-        reasoning_parser = (
-            registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
-        )
+        harmony = is_harmony_model(model_path)
+        tool_parser, reasoning_parser = chat_parsers(registry, args, harmony)
         if args.collect_detailed_traces and not args.otlp_traces_endpoint:
             raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
         tracing = (
@@ -158,6 +157,7 @@ class ServeCommand(Command):
             metrics,
             tool_parser,
             reasoning_parser,
+            harmony=harmony,
             api_keys=api_keys(args),
             api_key_cache_salt=not args.disable_api_key_cache_salt,
             allowed_hosts=default_allowed_hosts(args.host, args.allowed_hosts),
@@ -255,6 +255,19 @@ def listening_socket(host: str, port: int) -> socket.socket:
             ) from None
         raise ValueError(f"--host {host} --port {port}: cannot listen there ({exc.strerror})") from None
     return sock
+
+
+def chat_parsers(registry: PluginRegistry, args, harmony: bool) -> tuple[type, type | None]:
+    """(tool parser, reasoning parser) classes: the flags', else the model's own. A gpt-oss
+    model speaks harmony: its encoding is loaded now (a missing vocabulary fails at startup)
+    and its parsers are ``openai`` and ``openai_gptoss``, as vLLM picks them."""
+    if harmony:
+        encoding()
+    tool = args.tool_call_parser or ("openai" if harmony else "hermes")
+    reasoning = args.reasoning_parser or ("openai_gptoss" if harmony else None)
+    return registry.get("tool_parsers", tool), registry.get(
+        "reasoning_parsers", reasoning
+    ) if reasoning else None
 
 
 def lora_adapters(args, options: dict, name: str, registry: PluginRegistry) -> LoRAAdapters | None:
