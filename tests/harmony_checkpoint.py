@@ -40,11 +40,8 @@ def _merges(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
     for token, rank in sorted(ranks.items(), key=lambda item: item[1]):
         parts = [token[i : i + 1] for i in range(len(token))]
         pairs = [ranks.get(a + b, rank) for a, b in itertools.pairwise(parts)]
-        while len(parts) > 2:
-            best = min(pairs)
-            if best >= rank:
-                break
-            at = pairs.index(best)
+        while len(parts) > 2 and (best := min(pairs)) < rank:
+            at = pairs.index(best)  # the lowest rank, leftmost first, as tiktoken merges
             parts[at : at + 2] = [parts[at] + parts[at + 1]]
             del pairs[at]
             if at > 0:
@@ -111,7 +108,7 @@ def save_bigram_gpt_oss(folder: str, chain: list[int], hidden_size: int = 32) ->
         layer_types=["full_attention"],
         max_position_embeddings=4096,
         tie_word_embeddings=False,
-        eos_token_id=[200002, 199999, 200012],
+        eos_token_id=199999,  # <|endoftext|> only: the server's harmony stop tokens end the turn
         pad_token_id=199999,
     )
     torch.manual_seed(0)

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 
+import msgspec
 import openai
 import pytest
 
 from engine.plugins import load_plugins
 from engine_server.harmony import encoding, render_chat
 from engine_server.harmony_parsers import HarmonyReasoningParser, HarmonyToolParser
+from engine_server.responses_input import chat_messages, input_items
 from engine_server.serve import chat_parsers
 from engine_server.tools import ChatOutput, HermesToolParser
 from tests.harmony_checkpoint import save_bigram_gpt_oss, save_o200k_tokenizer
@@ -146,6 +148,34 @@ def test_render_puts_effort_instructions_tools_and_history_in_harmony():
     assert "Reasoning: medium" in plain and "developer" not in plain
 
 
+def test_responses_reasoning_item_is_kept_before_the_pending_call():
+    items = input_items(
+        [
+            {"role": "user", "content": "Weather in Paris?"},
+            {
+                "type": "reasoning",
+                "id": "rs_1",
+                "summary": [],
+                "content": [{"type": "reasoning_text", "text": "Use it."}],
+            },
+            {
+                "type": "function_call",
+                "call_id": "call_1",
+                "name": "get_weather",
+                "arguments": '{"city":"Paris"}',
+            },
+            {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        ]
+    )
+    messages = [msgspec.structs.asdict(m) for m in chat_messages(None, items)]
+    text = encoding().decode(render_chat(messages, [WEATHER], None))
+    assert (
+        "<|start|>assistant<|channel|>analysis<|message|>Use it.<|end|>"
+        + CALL_HEADER_FIRST
+        + '{"city":"Paris"}<|call|><|start|>functions.get_weather to=assistant'
+    ) in text
+
+
 @pytest.mark.parametrize(
     ("flags", "harmony", "expected"),
     [
@@ -234,3 +264,33 @@ def test_bad_reasoning_effort_is_a_400_naming_the_field(server, client):
             extra_body={"chat_template_kwargs": {"reasoning_effort": "extreme"}},
         )
     assert caught.value.body["param"] == "reasoning_effort"
+
+
+def test_anthropic_messages_tool_use(server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=server.url, api_key=server.api_key, max_retries=0)
+    message = client.messages.create(
+        model=server.model(),
+        max_tokens=40,
+        extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+        tools=[
+            {
+                "name": "get_weather",
+                "description": "Weather",
+                "input_schema": WEATHER["function"]["parameters"],
+            }
+        ],
+    )
+    [block] = [b for b in message.content if b.type == "tool_use"]
+    assert (
+        block.name == "get_weather" and block.input == {"city": "Paris"} and message.stop_reason == "tool_use"
+    )
+
+
+def test_tokenize_renders_harmony_too(server):
+    messages = [{"role": "user", "content": "Hi"}]
+    with server.http() as http:
+        answer = http.post("/tokenize", json={"messages": messages}).json()
+    assert answer["tokens"] == render_chat(messages, None, None)

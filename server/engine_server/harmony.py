@@ -27,7 +27,8 @@ from engine_server.errors import bad_request
 
 O200K_FILE = "o200k_base.tiktoken"
 O200K_SHA256 = "446a9538cb6c348e3516120d7c08b09f57c36495e2acfffe59a5bf8b0cfb1a2d"
-EFFORTS = ("low", "medium", "high")
+# harmony's level for each effort a client may ask (Responses' none ... xhigh)
+EFFORTS = {"none": "low", "minimal": "low", "low": "low", "medium": "medium", "high": "high", "xhigh": "high"}
 HARMONY_MODEL_TYPES = ("gpt_oss",)
 
 
@@ -103,13 +104,12 @@ def _text(content) -> str:
 def _system(effort: str | None):
     from openai_harmony import Message, ReasoningEffort, Role, SystemContent
 
-    if effort is not None and effort not in EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
         raise bad_request(
-            f"reasoning effort must be one of {', '.join(EFFORTS)}; got {effort!r}", "reasoning_effort"
+            f"reasoning_effort must be one of {', '.join(EFFORTS)}; got {effort!r}", "reasoning_effort"
         )
-    content = SystemContent.new().with_reasoning_effort(
-        ReasoningEffort(effort.capitalize() if effort else "Medium")
-    )
+    level = ReasoningEffort(EFFORTS[effort or "medium"].capitalize())
+    content = SystemContent.new().with_reasoning_effort(level)
     return Message.from_role_and_content(Role.SYSTEM, content)
 
 
@@ -143,6 +143,12 @@ def _turns(messages: list[dict]) -> list:
         if role == "user":
             turns.append(Message.from_role_and_content(Role.USER, text))
         elif role == "assistant":
+            if message.get("reasoning_content"):
+                turns.append(
+                    Message.from_role_and_content(Role.ASSISTANT, message["reasoning_content"]).with_channel(
+                        "analysis"
+                    )
+                )
             if text:
                 turns.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("final"))
             for call in message.get("tool_calls") or []:
