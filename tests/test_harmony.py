@@ -16,6 +16,7 @@ import openai
 import pytest
 
 from engine.plugins import load_plugins
+from engine_server.errors import APIError
 from engine_server.harmony import encoding, render_chat
 from engine_server.harmony_parsers import HarmonyReasoningParser, HarmonyToolParser
 from engine_server.responses_input import chat_messages, input_items
@@ -148,6 +149,20 @@ def test_render_puts_effort_instructions_tools_and_history_in_harmony():
     assert "Reasoning: medium" in plain and "developer" not in plain
 
 
+@pytest.mark.parametrize(
+    ("messages", "kwargs", "param"),
+    [
+        ([{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": ["oops"]}], None, "messages"),
+        ([{"role": "robot", "content": "x"}], None, "messages"),
+        ([{"role": "user", "content": "x"}], {"reasoning_effort": ["high"]}, "reasoning_effort"),
+    ],
+)
+def test_what_harmony_cannot_render_is_a_400_naming_the_field(messages, kwargs, param):
+    with pytest.raises(APIError) as caught:
+        render_chat(messages, None, kwargs)
+    assert caught.value.status == 400 and caught.value.param == param
+
+
 def test_responses_reasoning_item_is_kept_before_the_pending_call():
     items = input_items(
         [
@@ -191,7 +206,18 @@ def test_parsers_are_chosen_for_gpt_oss_and_by_vllm_names(flags, harmony, expect
 
 # ---- a real server -------------------------------------------------------------------------
 
-SERVE_ARGS = ("--dtype", "float32", "--num-blocks", "64", "--block-size", "16", "--max-model-len", "512")
+SERVE_ARGS = (
+    "--plugins",
+    "models-gpt-oss,attention-torch,server",
+    "--dtype",
+    "float32",
+    "--num-blocks",
+    "64",
+    "--block-size",
+    "16",
+    "--max-model-len",
+    "512",
+)
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +280,24 @@ def test_responses_function_call_with_reasoning_effort(server, client):
     [call] = [item for item in response.output if item.type == "function_call"]
     assert call.name == "get_weather" and json.loads(call.arguments) == {"city": "Paris"}
     assert response.status == "completed"
+
+
+def test_responses_function_call_streams(server, client):
+    events = list(
+        client.responses.create(
+            model=server.model(),
+            input="Weather?",
+            tools=[{"type": "function", **WEATHER["function"]}],
+            temperature=0,
+            max_output_tokens=40,
+            stream=True,
+        )
+    )
+    done = [
+        e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"
+    ]
+    assert [(i.name, json.loads(i.arguments)) for i in done] == [("get_weather", {"city": "Paris"})]
+    assert events[-1].type == "response.completed"
 
 
 def test_bad_reasoning_effort_is_a_400_naming_the_field(server, client):

@@ -131,6 +131,17 @@ def _developer(instructions: list[str], tools: list[dict] | None):
     return Message.from_role_and_content(Role.DEVELOPER, content)
 
 
+def _call(call) -> tuple[str, str]:
+    """An earlier assistant tool call's (name, arguments as JSON text)."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise bad_request(
+            "each tool_calls entry must be {'function': {'name': ..., 'arguments': ...}}", "messages"
+        )
+    arguments = function.get("arguments", "")
+    return function["name"], arguments if isinstance(arguments, str) else json.dumps(arguments)
+
+
 def _turns(messages: list[dict]) -> list:
     """The conversation after the instructions: user text, assistant answers (``final``) and
     tool calls (``commentary`` to ``functions.NAME``), tool results from ``functions.NAME``."""
@@ -152,15 +163,12 @@ def _turns(messages: list[dict]) -> list:
             if text:
                 turns.append(Message.from_role_and_content(Role.ASSISTANT, text).with_channel("final"))
             for call in message.get("tool_calls") or []:
-                function = call.get("function") or {}
-                names[call.get("id", "")] = function.get("name", "")
-                arguments = function.get("arguments", "")
+                name, arguments = _call(call)
+                names[call.get("id", "")] = name
                 turns.append(
-                    Message.from_role_and_content(
-                        Role.ASSISTANT, arguments if isinstance(arguments, str) else json.dumps(arguments)
-                    )
+                    Message.from_role_and_content(Role.ASSISTANT, arguments)
                     .with_channel("commentary")
-                    .with_recipient(f"functions.{function.get('name', '')}")
+                    .with_recipient(f"functions.{name}")
                     .with_content_type("<|constrain|>json")
                 )
         elif role == "tool":
@@ -191,6 +199,10 @@ def render_chat(messages: list[dict], tools: list[dict] | None, template_kwargs:
     if instructions or tools:
         rendered.append(_developer(instructions, tools))
     rendered += _turns([m for m in plain if m["role"] != "system"])
-    return list(
-        encoding().render_conversation_for_completion(Conversation.from_messages(rendered), Role.ASSISTANT)
-    )
+    try:
+        ids = encoding().render_conversation_for_completion(
+            Conversation.from_messages(rendered), Role.ASSISTANT
+        )
+    except Exception as exc:  # noqa: BLE001 - what harmony cannot render is the caller's
+        raise bad_request(f"harmony could not render these messages: {exc}", "messages") from None
+    return list(ids)

@@ -265,9 +265,8 @@ def chat_parsers(registry: PluginRegistry, args, harmony: bool) -> tuple[type, t
         encoding()
     tool = args.tool_call_parser or ("openai" if harmony else "hermes")
     reasoning = args.reasoning_parser or ("openai_gptoss" if harmony else None)
-    return registry.get("tool_parsers", tool), registry.get(
-        "reasoning_parsers", reasoning
-    ) if reasoning else None
+    reasoning_cls = registry.get("reasoning_parsers", reasoning) if reasoning else None
+    return registry.get("tool_parsers", tool), reasoning_cls
 
 
 def lora_adapters(args, options: dict, name: str, registry: PluginRegistry) -> LoRAAdapters | None:
