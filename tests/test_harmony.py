@@ -111,6 +111,11 @@ def test_tool_parser_alone_drops_the_analysis_and_finds_the_call():
     ]
 
 
+def test_output_cut_off_in_a_header_adds_nothing():
+    message = _output().message("<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant<|channel|>fin")
+    assert message["reasoning_content"] == "Hm." and message["content"] == ""
+
+
 def test_text_that_only_looks_like_a_marker_is_content():
     output = _output()
     message = output.message("<|channel|>final<|message|>a <|b| c <|end")

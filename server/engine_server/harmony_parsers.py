@@ -85,14 +85,14 @@ class HarmonyStream:
         return events
 
     def finish(self) -> list[Piece | Done]:
-        """End of output: an open message ends (its stop token is not in the text)."""
-        events, rest, self.pending = [], self.pending, ""
-        if self.header_text is not None:
-            events.append(Piece(None, self.header_text + rest))  # never got to its body
-        elif self.header is not None:
+        """End of output: an open message ends (its stop token is not in the text); a header
+        cut off before its body (``max_tokens``) is dropped, as it says nothing."""
+        events: list[Piece | Done] = []
+        rest, self.pending = self.pending, ""
+        if self.header is not None:  # in a body (a header being read has no header yet)
             events += [Piece(self.header, rest)] if rest else []
             events.append(Done(self.header, self.body + rest, CALL if self.header.recipient else RETURN))
-        elif rest:
+        elif self.header_text is None and rest:
             events.append(Piece(None, rest))
         self.header, self.header_text, self.body = None, None, ""
         return events
