@@ -16,9 +16,11 @@ def register_tool_parsers(register):
     register("llama3_json", "engine_server.tool_parsers:Llama3JsonToolParser", api=2)
     register("mistral", "engine_server.tool_parsers:MistralToolParser", api=2)
     register("pythonic", "engine_server.tool_parsers:PythonicToolParser", api=2)
+    register("openai", "engine_server.harmony_parsers:HarmonyToolParser", api=2)
 
 
 @hookimpl
 def register_reasoning_parsers(register):
     register("deepseek_r1", "engine_server.reasoning:DeepSeekR1ReasoningParser", api=2)
     register("qwen3", "engine_server.reasoning:Qwen3ReasoningParser", api=2)
+    register("openai_gptoss", "engine_server.harmony_parsers:HarmonyReasoningParser", api=2)

@@ -11,6 +11,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import attrs
+import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -21,6 +22,7 @@ from engine_server import anthropic, classify, console, embeddings, generation, 
 from engine_server.bounds import encode
 from engine_server.errors import APIError, anthropic_route, bad_request, internal_error
 from engine_server.guard import OPEN_PATHS, Guard
+from engine_server.harmony import render_chat
 from engine_server.images import ImageInput
 from engine_server.lora import LoRAAdapters, load_lora_adapter, unload_lora_adapter
 from engine_server.openapi import spec as openapi_spec
@@ -44,6 +46,7 @@ class ServerState:
     metrics: object  # Metrics
     tool_parser: type | None = None  # ToolParser class for tool_choice="auto"
     reasoning_parser: type | None = None  # ReasoningParser class (--reasoning-parser)
+    harmony: bool = False  # a gpt-oss model: chat prompts rendered in harmony (engine_server.harmony)
     api_keys: tuple[str, ...] = ()  # any of them is accepted; none: no key needed
     api_key_cache_salt: bool = True  # each key's requests get their own prefix-cache salt
     allowed_hosts: list[str] | None = None  # Host header names accepted; None: any
@@ -113,6 +116,9 @@ def _tokenize(state: ServerState, data: bytes) -> dict:
         raise bad_request("give exactly one of prompt or messages", "prompt")
     if body.prompt is not None:
         ids = state.tokenizer.encode(body.prompt, add_special_tokens=body.add_special_tokens)
+    elif state.harmony:  # as /v1/chat/completions renders a gpt-oss conversation
+        messages = [msgspec.structs.asdict(m) for m in body.messages or []]
+        ids = render_chat(messages, None, body.chat_template_kwargs)
     else:
         ids, _ = chat_prompt(
             state.tokenizer,

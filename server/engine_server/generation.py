@@ -33,6 +33,7 @@ from engine_server.errors import (
     internal_error,
     overloaded,
 )
+from engine_server.harmony import render_chat, stop_token_ids
 from engine_server.keepalive import KEEPALIVE_FRAME, QUIET, Ticker
 from engine_server.logprobs import LogprobFormat
 from engine_server.lora import UnknownModel
@@ -731,6 +732,8 @@ def chat_prompt_ids(
     (in the template, or as the tool parser's instructions), the chat template, the images'
     placeholders widened, ``truncate_prompt_tokens`` (which may not cut a prompt with images)."""
     tool_list = list(body.tools or []) if mode != "none" else None
+    if state.harmony:
+        return harmony_prompt(state, body, tool_list), ()
     tool_prompt = state.tool_parser(state.tokenizer).system_prompt(tool_list) if tool_list else None
     ids, items = chat_prompt(
         state.tokenizer,
@@ -749,6 +752,15 @@ def chat_prompt_ids(
             "truncate_prompt_tokens",
         )
     return cut, items
+
+
+def harmony_prompt(state, body: ChatCompletionRequest, tools: list[dict] | None) -> list[int]:
+    """A gpt-oss conversation in harmony, ending with the assistant's turn opened."""
+    if body.continue_final_message or not body.add_generation_prompt:
+        field = "continue_final_message" if body.continue_final_message else "add_generation_prompt"
+        raise bad_request(f"{field}: a harmony prompt always ends by opening the assistant's turn", field)
+    messages = [msgspec.structs.asdict(m) for m in body.messages]
+    return truncated(state, render_chat(messages, tools, body.chat_template_kwargs), body)
 
 
 def chat_generation(
@@ -776,6 +788,8 @@ def chat_generation(
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
 
     reasoning_cls = state.reasoning_parser
+    if state.harmony:  # the assistant's turn ends at <|return|> or <|call|>
+        body = msgspec.structs.replace(body, stop_token_ids=[*(body.stop_token_ids or ()), *stop_token_ids()])
     if any(cls is not None and cls.needs_special_tokens for cls in (parser_cls, reasoning_cls)):
         body = msgspec.structs.replace(body, skip_special_tokens=False)  # the markers are special tokens
 

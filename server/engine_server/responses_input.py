@@ -87,11 +87,15 @@ def _string(item: dict, key: str, where: str) -> str:
 def chat_messages(instructions: str | None, items: list[dict]) -> list[ChatMessage]:
     """The conversation as the chat route takes it. A function call joins the assistant
     message before it (one chat turn with text and calls), or starts one; its output is a
-    ``tool`` message; reasoning items are left out, as chat templates leave out earlier
-    turns' thinking."""
+    ``tool`` message; a reasoning item is the next assistant message's ``reasoning_content``
+    (templates that show it: gpt-oss's harmony keeps the reasoning behind a pending call)."""
     messages: list[dict] = [{"role": "system", "content": instructions}] if instructions else []
+    reasoning = None
     for item in items:
         kind = item["type"]
+        if kind == "reasoning":
+            reasoning = _reasoning_text(item)
+            continue
         if kind == "message":
             messages.append({"role": item["role"], "content": "".join(p["text"] for p in item["content"])})
         elif kind == "function_call":
@@ -100,13 +104,24 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[ChatMessa
                 "type": "function",
                 "function": {"name": item["name"], "arguments": item["arguments"]},
             }
-            if messages and messages[-1]["role"] == "assistant":
+            if messages and messages[-1]["role"] == "assistant" and not reasoning:
                 messages[-1].setdefault("tool_calls", []).append(call)
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+        if reasoning and messages[-1]["role"] == "assistant":
+            messages[-1]["reasoning_content"] = reasoning
+        reasoning = None
     return [ChatMessage(**message) for message in messages]
+
+
+def _reasoning_text(item: dict) -> str | None:
+    """A reasoning item's text: its ``reasoning_text`` content, else its summary."""
+    parts = [p for p in item.get("content") or [] if isinstance(p, dict)] or [
+        p for p in item.get("summary") or [] if isinstance(p, dict)
+    ]
+    return "".join(p["text"] for p in parts if isinstance(p.get("text"), str)) or None
 
 
 def chat_tools(tools: list[dict] | None) -> list[dict] | None:

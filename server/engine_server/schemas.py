@@ -93,6 +93,9 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
+    reasoning_content: str | None = (
+        None  # an assistant turn's reasoning (vLLM's field), for templates that show it
+    )
 
 
 class ChatCompletionRequest(SamplingFields, kw_only=True):

@@ -24,6 +24,7 @@ from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
 from engine_server.guard import default_allowed_hosts
+from engine_server.harmony import encoding, is_harmony_model
 from engine_server.header_timeout import with_header_timeout
 from engine_server.images import load_image_input
 from engine_server.lora import RESOLVER_CACHE_ENV, LoRAAdapters, runtime_updating_allowed
@@ -107,7 +108,8 @@ class ServeCommand(Command):
         registry = load_plugins(args.plugins)
         options["model"] = resolve_model(options.get("model"), args.plugins, options.get("load_format"))
         name = args.served_model_name or os.path.splitext(os.path.basename(options["model"].rstrip("/")))[0]
-        tool_parser, reasoning_parser = parsers(args, registry)
+        harmony = is_harmony_model(options["model"])
+        tool_parser, reasoning_parser = parsers(args, registry, harmony)
         adapters = lora_adapters(args, options, name, registry)
         outcome = {"exit_code": 0}
         server: _Server | None = None
@@ -136,7 +138,9 @@ class ServeCommand(Command):
         )
         client.launch()  # the cores import and load while this process prepares its own side
         try:
-            state = server_state(args, options, client, name, tool_parser, reasoning_parser, adapters)
+            state = server_state(
+                args, options, client, name, adapters, tool_parser, reasoning_parser, harmony
+            )
         except BaseException:
             client.abandon()
             raise
@@ -257,20 +261,23 @@ def _example_call(args, name: str, runner: str) -> str:
     )
 
 
-def parsers(args, registry: PluginRegistry) -> tuple[type, type | None]:
-    """The tool and reasoning parser classes the flags name; a ValueError for a flag that names
-    none (checked before the cores launch, as the other flags that need no model)."""
+def parsers(args, registry: PluginRegistry, harmony: bool) -> tuple[type, type | None]:
+    """(tool parser, reasoning parser) classes: the flags', else the model's own. A gpt-oss model
+    speaks harmony: its encoding is loaded now (a missing vocabulary fails at startup) and its
+    parsers are ``openai`` and ``openai_gptoss``, as vLLM picks them. Checked before the cores
+    launch, as the other flags that need no checkpoint loaded (a ValueError names the flag)."""
     if args.collect_detailed_traces and not args.otlp_traces_endpoint:
         raise ValueError("--collect-detailed-traces needs --otlp-traces-endpoint")
-    tool_parser = registry.get("tool_parsers", args.tool_call_parser)
-    reasoning_parser = (
-        registry.get("reasoning_parsers", args.reasoning_parser) if args.reasoning_parser else None
-    )
-    return tool_parser, reasoning_parser
+    if harmony:
+        encoding()
+    tool = args.tool_call_parser or ("openai" if harmony else "hermes")
+    reasoning = args.reasoning_parser or ("openai_gptoss" if harmony else None)
+    reasoning_cls = registry.get("reasoning_parsers", reasoning) if reasoning else None
+    return registry.get("tool_parsers", tool), reasoning_cls
 
 
 def server_state(
-    args, options: dict, client: ReplicaSet, name: str, tool_parser, reasoning_parser, adapters
+    args, options: dict, client: ReplicaSet, name: str, adapters, tool_parser, reasoning_parser, harmony: bool
 ) -> ServerState:
     """The API process's side of a server: the tokenizer and image processor, metrics and every
     request-handling flag (what needs no checkpoint is checked before the cores launch)."""
@@ -297,6 +304,7 @@ def server_state(
         metrics,
         tool_parser,
         reasoning_parser,
+        harmony=harmony,
         api_keys=api_keys(args),
         api_key_cache_salt=not args.disable_api_key_cache_salt,
         allowed_hosts=default_allowed_hosts(args.host, args.allowed_hosts),

@@ -81,10 +81,10 @@ def add_server_arguments(parser) -> None:
     )
     add(
         "--tool-call-parser",
-        default="hermes",
+        default=None,
         help="how the model writes tool calls, for tool_choice=auto "
-        "(a tool-parser plugin: hermes, llama3_json, mistral, pythonic "
-        "...); default: hermes",
+        "(a tool-parser plugin: hermes, llama3_json, mistral, pythonic, openai "
+        "...); default: openai for gpt-oss (harmony), hermes otherwise",
     )
     add(
         "--enable-auto-tool-choice",
@@ -95,7 +95,8 @@ def add_server_arguments(parser) -> None:
         "--reasoning-parser",
         default=None,
         help="split reasoning into reasoning_content (a reasoning-parser "
-        "plugin: deepseek_r1, qwen3 ...); default: none",
+        "plugin: deepseek_r1, qwen3, openai_gptoss ...); default: openai_gptoss for gpt-oss "
+        "(harmony), none otherwise",
     )
     add("--max-request-body-bytes", type=int, default=4 * 2**20, help="unit: bytes; default: 4 MiB")
     add(
