@@ -62,6 +62,12 @@ def take_images(images: ImageInput | None, messages: list[dict]) -> tuple[list[d
         raise bad_request(str(exc), "messages") from None
 
 
+def image_url_part(url: str) -> dict:
+    """The chat route's image part for ``url``: how the Anthropic and Responses routes hand
+    their image blocks to the one reader (:func:`take_images`), fetching and limits included."""
+    return {"type": "image_url", "image_url": {"url": url}}
+
+
 def takes_images(images: ImageInput | None) -> bool:
     return images is not None and images.processor is not None
 
