@@ -36,13 +36,15 @@ def chat_text(client, model: str, url: str) -> str:
     return response.choices[0].message.content
 
 
+def image_turn(source: dict) -> list[dict]:
+    return [
+        {"role": "user", "content": [{"type": "text", "text": TEXT}, {"type": "image", "source": source}]}
+    ]
+
+
 def messages_text(client, model: str, source: dict) -> str:
-    content = [{"type": "text", "text": TEXT}, {"type": "image", "source": source}]
     response = client.messages.create(
-        model=model,
-        max_tokens=MAX_TOKENS,
-        extra_body={"temperature": 0},
-        messages=[{"role": "user", "content": content}],
+        model=model, max_tokens=MAX_TOKENS, extra_body={"temperature": 0}, messages=image_turn(source)
     )
     return "".join(block.text for block in response.content if block.type == "text")
 
@@ -61,6 +63,8 @@ def test_messages_images_answer_as_the_chat_route(llava_server, clients):
     assert messages_text(claude, server.model(), base64_source(image)) == expected
     file_url = {"type": "url", "url": f"file://{media}/messages.png"}  # --allowed-local-media-path
     assert messages_text(claude, server.model(), file_url) == expected
+    counted = claude.messages.count_tokens(model=server.model(), messages=image_turn(base64_source(image)))
+    assert counted.input_tokens > 16  # the image's 16 placeholder tokens are counted
     other = messages_text(claude, server.model(), base64_source(random_image(62, (40, 70))))
     assert other == chat_text(oai, server.model(), data_url(random_image(62, (40, 70))))
 
