@@ -17,6 +17,7 @@ both the ``transformers`` 5 (``model.language_model.*``, ``model.visual.*``) and
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterable
 
 import attrs
@@ -113,7 +114,9 @@ class QwenVLForConditionalGeneration(Model):
     def __init__(self, ctx):
         super().__init__(ctx)
         cfg = self.cfg = ctx.hf_config
-        self.language_model = QwenVLTextModel(attrs.evolve(ctx, hf_config=cfg.text_config))
+        text = copy.deepcopy(cfg.text_config)
+        text.tie_word_embeddings = getattr(cfg, "tie_word_embeddings", False)  # set at the top level
+        self.language_model = QwenVLTextModel(attrs.evolve(ctx, hf_config=text))
         # text only (limit_mm_per_prompt {"image": 0}): no vision tower built, its weights skipped
         self.visual = vision_tower(cfg, ctx.dtype) if ctx.takes("image") else None
 
@@ -124,7 +127,7 @@ class QwenVLForConditionalGeneration(Model):
         if hf_config.model_type not in ("qwen2_5_vl", "qwen2_vl"):
             reasons.append(f"model type {hf_config.model_type!r} (qwen2_vl or qwen2_5_vl only)")
         params = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
-        if params.get("rope_type", params.get("type", "default")) not in ("default", "mrope"):
+        if params.get("rope_type", "default") != "default":  # transformers reads "mrope" as default
             reasons.append(f"rope type {params.get('rope_type')!r} (plain M-RoPE only)")
         head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         sections = mrope_section(text)
@@ -210,7 +213,10 @@ def _text_positions(start: int, length: int) -> torch.Tensor:
 
 
 def example_config(
-    architecture: str = "Qwen2_5_VLForConditionalGeneration", vocab_size: int = 300, ids=None
+    architecture: str = "Qwen2_5_VLForConditionalGeneration",
+    vocab_size: int = 300,
+    ids=None,
+    tied: bool = False,
 ) -> dict:
     """A tiny config: a 4-layer vision tower (hidden 32; Qwen2.5-VL's windows of 2x2 merged
     patches, layers 1 and 3 attending the whole image) and a two-layer Qwen2 text model with
@@ -228,7 +234,6 @@ def example_config(
         max_position_embeddings=512,
         rms_norm_eps=1e-3,
         rope_parameters={"rope_type": "default", "rope_theta": 5000.0, "mrope_section": [2, 3, 3]},
-        tie_word_embeddings=False,
         # large enough weights that attention is peaked: a position off by one must show
         initializer_range=0.2,
     )
@@ -264,5 +269,5 @@ def example_config(
         video_token_id=ids.get("<|video_pad|>", vocab_size - 1),
         vision_start_token_id=ids.get("<|vision_start|>", vocab_size - 4),
         vision_end_token_id=ids.get("<|vision_end|>", vocab_size - 2),
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )

@@ -27,9 +27,12 @@ CHAT_TEMPLATE = (
 MIN_PIXELS, MAX_PIXELS = 112 * 112, 224 * 224
 
 
-def save_tiny_qwen_vl(folder: str, seed: int = 0, architecture: str = "Qwen2_5_VLForConditionalGeneration"):
+def save_tiny_qwen_vl(
+    folder: str, seed: int = 0, architecture: str = "Qwen2_5_VLForConditionalGeneration", tied: bool = False
+):
     """Save model, config and processor to ``folder``; return the ``transformers`` model and
-    processor (the parity reference)."""
+    processor (the parity reference). ``tied``: the LM head is the token embeddings (set at
+    the config's top level, as Qwen2-VL-2B and Qwen2.5-VL-3B do)."""
     import transformers
     from transformers import AutoTokenizer, Qwen2VLImageProcessor
 
@@ -38,7 +41,7 @@ def save_tiny_qwen_vl(folder: str, seed: int = 0, architecture: str = "Qwen2_5_V
     tokenizer.add_tokens(list(VISION_TOKENS), special_tokens=True)
     tokenizer.chat_template = CHAT_TEMPLATE
     ids = dict(zip(VISION_TOKENS, tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))))
-    config_kwargs = example_config(architecture, len(tokenizer), ids)
+    config_kwargs = example_config(architecture, len(tokenizer), ids, tied)
     config_kwargs.pop("model_type")
     qwen2_5 = architecture.startswith("Qwen2_5")
     config_cls = transformers.Qwen2_5_VLConfig if qwen2_5 else transformers.Qwen2VLConfig

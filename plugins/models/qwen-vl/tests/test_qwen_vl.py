@@ -80,9 +80,11 @@ class TestQwen2_5VL(MultiModalContract):
 
 
 def test_qwen2_vl_matches_transformers(tmp_path):
-    """Qwen2-VL (full attention throughout its tower, another merger): an image request
-    batched with a text-only one."""
-    model, processor = save_tiny_qwen_vl(str(tmp_path), architecture="Qwen2VLForConditionalGeneration")
+    """Qwen2-VL (full attention throughout its tower, another merger), its LM head tied to the
+    embeddings at the config's top level: an image request batched with a text-only one."""
+    model, processor = save_tiny_qwen_vl(
+        str(tmp_path), architecture="Qwen2VLForConditionalGeneration", tied=True
+    )
     contract = TestQwen2_5VL()
     checkpoint = (str(tmp_path), model, processor)
     cases = [("deep <image> blue sea", [random_image(4, (40, 70))]), ("red green", [])]
