@@ -36,6 +36,7 @@ def load_image_input(args, options: dict, model_path: str) -> ImageInput:
         options.get("load_format"),
         options.get("model_impl", "auto"),
         options.get("limit_mm_per_prompt"),
+        options.get("mm_processor_kwargs"),
     )
     policy = MediaPolicy(
         args.allowed_local_media_path,

@@ -179,9 +179,13 @@ class MultiModalProcessor(ABC):
 
     placeholder_token_id: int  # the token a prompt marks each image with (LLaVA's ``<image>``)
 
-    def __init__(self, model_path: str, hf_config: Any):
+    def __init__(self, model_path: str, hf_config: Any, processor_kwargs: dict | None = None):
+        """``processor_kwargs``: vLLM's ``mm_processor_kwargs`` (``--mm-processor-kwargs``),
+        handed only to a subclass whose ``__init__`` takes the parameter (one that does not is
+        refused when they are given); it should refuse a key it does not know."""
         self.model_path = model_path
         self.hf_config = hf_config
+        self.processor_kwargs = dict(processor_kwargs or {})
 
     @abstractmethod
     def process_image(self, image: Any) -> ProcessedImage:

@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-from engine.messages.multimodal import expand_placeholders
+from engine.messages.multimodal import build_processor, expand_placeholders
 from engine.testing.multimodal import MultiModalContract, random_image
 from engine_models_qwen_vl.model import mrope_positions
 from engine_models_qwen_vl.processor import QwenVLImageProcessor
@@ -89,3 +89,31 @@ def test_qwen2_vl_matches_transformers(tmp_path):
     checkpoint = (str(tmp_path), model, processor)
     cases = [("deep <image> blue sea", [random_image(4, (40, 70))]), ("red green", [])]
     contract._check_parity(checkpoint, contract._llm(checkpoint[0]), cases)
+
+
+def test_mm_processor_kwargs_bound_the_image_tokens(tmp_path):
+    """vLLM's --mm-processor-kwargs: max_pixels lowers a large image's tokens in the engine's
+    processor; an unknown key, a bad value and a processor that takes none are refused."""
+    from engine import LLM
+
+    save_tiny_qwen_vl(str(tmp_path))
+    image = random_image(6, (400, 300))
+    options = dict(dtype="float32", plugins=PLUGINS, num_blocks=24, block_size=8, max_model_len=128)
+    bounded = LLM(str(tmp_path), mm_processor_kwargs={"max_pixels": 56 * 56 * 4}, **options)
+    processed = bounded.engine.mm_processor.process_image(image)
+    assert processed.data["image_grid_thw"].tolist() == [[1, 6, 8]] and processed.num_tokens == 12
+    hf_config = AutoConfig.from_pretrained(str(tmp_path))
+    assert QwenVLImageProcessor(str(tmp_path), hf_config).process_image(image).num_tokens == 54
+    for bad, says in (({"fps": 2}, "'fps' is not an option"), ({"max_pixels": 0}, "positive integer")):
+        with pytest.raises(ValueError, match=says):
+            QwenVLImageProcessor(str(tmp_path), hf_config, bad)
+
+    class WithoutOptions(QwenVLImageProcessor):
+        def __init__(self, model_path, hf_config):  # a processor written before the options
+            super().__init__(model_path, hf_config)
+
+    assert (
+        build_processor(WithoutOptions, str(tmp_path), hf_config, None).process_image(image).num_tokens == 54
+    )
+    with pytest.raises(ValueError, match="mm_processor_kwargs: WithoutOptions takes no options"):
+        build_processor(WithoutOptions, str(tmp_path), hf_config, {"max_pixels": 3136})
