@@ -14,7 +14,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \
            plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/kvconnectors/nixl \
            plugins/executors/ray plugins/loraresolvers/filesystem plugins/models/transformers \
-           plugins/models/llava plugins/quant/bitsandbytes
+           plugins/models/llava plugins/models/qwen-vl plugins/quant/bitsandbytes
 # plugins whose tests need their `test` extra (a package that makes their fixtures)
 TEST_EXTRAS := plugins/quant/bitsandbytes
 HOST   ?= 127.0.0.1

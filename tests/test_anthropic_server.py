@@ -299,7 +299,7 @@ BAD = [
         },
         400,
         "invalid_request_error",
-        "image content blocks are not supported",
+        "this model takes no images",
     ),
     (
         {

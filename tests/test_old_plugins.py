@@ -62,8 +62,8 @@ def test_each_old_plugin_loads_or_is_refused_in_one_line():
     registry = load_plugins()
     assert registry.plugins["old-attention-v1"].loaded
     assert registry.plugins["old-models-v1"].status == (
-        "refused: built for models interface v1, this core provides v4 (it loads v2, v3, v4; what changed: "
-        '"Interface versions" in the plugin authors\' guide)'
+        "refused: built for models interface v1, this core provides v5 (it loads v2, v3, v4, v5; what "
+        'changed: "Interface versions" in the plugin authors\' guide)'
     )
     assert registry.plugins["old-kvconnectors-v1"].status == (
         "refused: built for kv_connectors interface v1, this core provides v3 (it loads v2, v3; what "
@@ -234,8 +234,8 @@ def test_a_checkpoint_only_the_v1_model_serves_is_refused_with_the_reason(tiny_l
         LLM(tiny_llama[0], dtype="float32", num_blocks=32, max_model_len=128, plugins=allow)
     assert str(error.value) == (
         "model: model 'LlamaForCausalLM' cannot be used: plugin 'old-models-v1' ((in-process) -) was "
-        "refused: built for models interface v1, this core provides v4 (it loads v2, v3, v4; what changed: "
-        '"Interface versions" in the plugin authors\' guide)'
+        "refused: built for models interface v1, this core provides v5 (it loads v2, v3, v4, v5; what "
+        'changed: "Interface versions" in the plugin authors\' guide)'
     )
 
 

@@ -228,9 +228,12 @@ class MultiModalConfig:
     """Images for a multimodal model. ``limit_mm_per_prompt`` (vLLM's flag): most items of
     each modality one prompt may carry, e.g. ``{"image": 2}`` (None: no limit).
     ``mm_encoder_cache_bytes``: the encoder cache's size (``engine.runner.encoder_cache``); vLLM
-    sizes its encoder cache in tokens from the scheduler's budget and has no flag for it."""
+    sizes its encoder cache in tokens from the scheduler's budget and has no flag for it.
+    ``mm_processor_kwargs`` (vLLM's flag): options for the model's processor, e.g. Qwen2-VL's
+    ``{"max_pixels": ...}``; one whose processor takes none is refused at start."""
 
     limit_mm_per_prompt: dict[str, int] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None
     mm_encoder_cache_bytes: int = attrs.field(default=256 * 1024 * 1024, validator=_non_negative)
 
 

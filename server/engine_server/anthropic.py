@@ -17,6 +17,7 @@ from starlette.responses import JSONResponse, Response
 from engine_server import generation
 from engine_server.anthropic_output import AnthropicGeneration
 from engine_server.errors import bad_request
+from engine_server.images import image_url_part
 from engine_server.schemas import (
     AnthropicCountTokensRequest,
     AnthropicMessagesRequest,
@@ -25,7 +26,8 @@ from engine_server.schemas import (
 from engine_server.tools import check_tools
 from engine_server.validation import check_json_schema, decode_body
 
-UNSUPPORTED_MEDIA = ("image", "document", "search_result")
+UNSUPPORTED_MEDIA = ("image", "document", "search_result")  # in system and tool results
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")  # Anthropic's
 
 
 def _text(blocks, where: str, param: str) -> str:
@@ -45,21 +47,48 @@ def _text(blocks, where: str, param: str) -> str:
 
 def _no_media(kind: str, where: str, param: str = "messages"):
     return bad_request(
-        f"{where}: {kind} content blocks are not supported: this server's model reads text only", param
+        f"{where}: {kind} content blocks are not supported here: only a user turn's own blocks may be images",
+        param,
+    )
+
+
+def _image_url(block: dict, where: str) -> str:
+    """An image block's source as the URL the chat route reads: base64 data as a ``data:`` URL,
+    a ``url`` source as it is (fetched only where the server's media flags allow)."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64":
+        media_type, data = source.get("media_type"), source.get("data")
+        if media_type not in IMAGE_MEDIA_TYPES or not isinstance(data, str):
+            raise bad_request(
+                f"{where}.source: a base64 image needs media_type (one of {', '.join(IMAGE_MEDIA_TYPES)}) "
+                "and data (a base64 string)",
+                "messages",
+            )
+        return f"data:{media_type};base64,{data}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise bad_request(
+        f"{where}.source must be {{'type': 'base64', 'media_type': ..., 'data': ...}} or "
+        f"{{'type': 'url', 'url': ...}}; got type {kind!r}",
+        "messages",
     )
 
 
 def _user_turn(index: int, content) -> list[dict]:
     """A user turn's chat messages: its tool results first (each a ``tool`` message, answering
-    the assistant's calls before it), then its text."""
+    the assistant's calls before it), then its text and images (the chat route's ``image_url``
+    parts, in order; a turn without images stays one string, as before)."""
     if isinstance(content, str):
         return [{"role": "user", "content": content}]
-    results, texts = [], []
+    results, parts = [], []
     for i, block in enumerate(content):
         where = f"messages[{index}].content[{i}]"
         kind = block.get("type")
         if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image":
+            parts.append(image_url_part(_image_url(block, where)))
         elif kind == "tool_result" and isinstance(block.get("tool_use_id"), str):
             result = _text(block.get("content") or "", f"{where}.content", "messages")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
@@ -67,11 +96,15 @@ def _user_turn(index: int, content) -> list[dict]:
             raise _no_media(kind, where)
         else:
             raise bad_request(
-                f"{where}: a user turn's blocks are text ({{'type': 'text', 'text': ...}}) or "
+                f"{where}: a user turn's blocks are text ({{'type': 'text', 'text': ...}}), image or "
                 f"tool_result ({{'type': 'tool_result', 'tool_use_id': ..., 'content': ...}}); got {kind!r}",
                 "messages",
             )
-    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
+    if not parts and results:
+        return results
+    if all(part["type"] == "text" for part in parts):
+        return [*results, {"role": "user", "content": "\n".join(part["text"] for part in parts)}]
+    return [*results, {"role": "user", "content": parts}]
 
 
 def _is_call(block: dict) -> bool:

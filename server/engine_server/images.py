@@ -36,6 +36,7 @@ def load_image_input(args, options: dict, model_path: str) -> ImageInput:
         options.get("load_format"),
         options.get("model_impl", "auto"),
         options.get("limit_mm_per_prompt"),
+        options.get("mm_processor_kwargs"),
     )
     policy = MediaPolicy(
         args.allowed_local_media_path,
@@ -60,6 +61,12 @@ def take_images(images: ImageInput | None, messages: list[dict]) -> tuple[list[d
         return split_images(messages, images.policy)
     except InvalidParam as exc:
         raise bad_request(str(exc), "messages") from None
+
+
+def image_url_part(url: str) -> dict:
+    """The chat route's image part for ``url``: how the Anthropic and Responses routes hand
+    their image blocks to the one reader (:func:`take_images`), fetching and limits included."""
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def takes_images(images: ImageInput | None) -> bool:

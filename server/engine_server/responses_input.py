@@ -7,12 +7,14 @@ from there the chat route's own code (templates, tool grammars, structured outpu
 from __future__ import annotations
 
 from engine_server.errors import bad_request
+from engine_server.images import image_url_part
 from engine_server.responses_output import new_id
 from engine_server.schemas import ChatCompletionRequest, ChatMessage, ResponsesRequest
 from engine_server.validation import check_json_schema
 
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text")
+IMAGE_PART = "input_image"
 EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh")
 SUMMARIES = ("auto", "concise", "detailed")
 
@@ -56,10 +58,46 @@ def _message(where: str, item: dict) -> dict:
     part_type = "output_text" if role == "assistant" else "input_text"
     if isinstance(content, str):
         parts = [{"type": part_type, "text": content}]
+    elif role == "user" and isinstance(content, list):
+        parts = [_user_part(f"{where}.content[{j}]", part) for j, part in enumerate(content)]
     else:
         _text_parts(f"{where}.content", content, TEXT_PARTS)
         parts = [{"type": p["type"], "text": p["text"]} for p in content]
     return {"type": "message", "id": item.get("id") or new_id("msg"), "role": role, "content": parts}
+
+
+def _user_part(where: str, part) -> dict:
+    """A user message's part: text, or an ``input_image`` by URL (a ``data:`` URL, or one the
+    server's media flags let it read; a ``file_id`` names nothing this server stores)."""
+    kind = part.get("type") if isinstance(part, dict) else None
+    if kind in TEXT_PARTS and isinstance(part.get("text"), str):
+        return {"type": kind, "text": part["text"]}
+    if kind == IMAGE_PART and isinstance(part.get("image_url"), str):
+        return {"type": kind, "image_url": part["image_url"], "detail": part.get("detail") or "auto"}
+    if kind == IMAGE_PART:
+        raise bad_request(
+            f"{where}.image_url must be a URL string (data:image/...;base64,... or https://...); "
+            "file_id images are not supported",
+            "input",
+        )
+    raise bad_request(
+        f"{where} must be an input_text part with a text or an input_image part with an image_url; "
+        f"got type {kind!r}",
+        "input",
+    )
+
+
+def _chat_content(parts: list[dict]) -> str | list[dict]:
+    """A message's parts as chat content: their text joined, or (with images) the chat route's
+    text and ``image_url`` parts in order."""
+    if all(part["type"] != IMAGE_PART for part in parts):
+        return "".join(part["text"] for part in parts)
+    return [
+        image_url_part(part["image_url"])
+        if part["type"] == IMAGE_PART
+        else {"type": "text", "text": part["text"]}
+        for part in parts
+    ]
 
 
 def _text_parts(where: str, parts, kinds: tuple[str, ...]) -> str:
@@ -97,7 +135,7 @@ def chat_messages(instructions: str | None, items: list[dict]) -> list[ChatMessa
             reasoning = _reasoning_text(item)
             continue
         if kind == "message":
-            messages.append({"role": item["role"], "content": "".join(p["text"] for p in item["content"])})
+            messages.append({"role": item["role"], "content": _chat_content(item["content"])})
         elif kind == "function_call":
             call = {
                 "id": item["call_id"],

@@ -29,7 +29,7 @@ from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
 from engine.messages.lora import LoRARequest
-from engine.messages.multimodal import MultiModalItem, check_mm_items, no_images_reason
+from engine.messages.multimodal import MultiModalItem, build_processor, check_mm_items, no_images_reason
 from engine.messages.pooling_params import PoolingParams, matryoshka_of
 from engine.messages.request import Request
 from engine.messages.request_path import check_prompt
@@ -268,7 +268,9 @@ class EngineCore:
         processor_class = type(self.model).multimodal_processor
         if processor_class is None or self.no_images_reason() is not None:
             return None
-        return processor_class(model_path, self.hf_config)
+        return build_processor(
+            processor_class, model_path, self.hf_config, self.config.multimodal.mm_processor_kwargs
+        )
 
     def no_images_reason(self) -> str | None:
         """Why this engine takes no images (None: it takes them)."""

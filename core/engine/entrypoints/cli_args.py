@@ -263,6 +263,11 @@ OPTIONS: dict[str, Option] = {
         "most items per modality one prompt may carry, JSON, e.g. '{\"image\": 2}'; default: no limit",
         json.loads,
     ),
+    "mm_processor_kwargs": Option(
+        ("--mm-processor-kwargs",),
+        "options for the model's image processor, JSON, e.g. '{\"max_pixels\": 802816}' (Qwen2-VL)",
+        json.loads,
+    ),
     "mm_encoder_cache_bytes": Option(
         ("--mm-encoder-cache-bytes",),
         "a multimodal model's encoder outputs kept by image hash, least recently used evicted "

@@ -34,12 +34,13 @@ def load_multimodal_processor(
     load_format: str | None = None,
     model_impl: str = "auto",
     limit_mm_per_prompt: dict | None = None,
+    mm_processor_kwargs: dict | None = None,
 ):
     """-> (the model's :class:`engine.interfaces.MultiModalProcessor` or None, why the engine
     takes no images or None): the front end of another process expands a prompt's images
     with the same processor class the engine core builds (the same model class chosen)."""
     from engine.core.setup import choose_model_class, select_loader
-    from engine.messages.multimodal import no_images_reason
+    from engine.messages.multimodal import build_processor, no_images_reason
     from engine.plugins import load_plugins
 
     registry = load_plugins(plugins)
@@ -49,4 +50,4 @@ def load_multimodal_processor(
     reason = no_images_reason(model_class, limit_mm_per_prompt)
     if reason is not None:
         return None, reason
-    return model_class.multimodal_processor(path, hf_config), None
+    return build_processor(model_class.multimodal_processor, path, hf_config, mm_processor_kwargs), None

@@ -83,7 +83,10 @@ INTERFACE_VERSIONS = {
     #    state (MambaState), one slot per running request; LayerOps.causal_conv1d / ssm_scan
     #    — and AttentionKind.sinks, a layer's learned per-head sink logits handed to
     #    engine.layers.Attention as sinks= (additive: v2 and v3 models still load)
-    "models": 4,
+    # 5: several position axes per token — Model.position_axes and prompt_positions (M-RoPE:
+    #    Qwen2-VL); forward's positions are then [axes, T]; MultiModalProcessor(...,
+    #    processor_kwargs=) for --mm-processor-kwargs (additive: v2-v4 models still load)
+    "models": 5,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
@@ -124,7 +127,7 @@ INTERFACE_VERSIONS = {
 # the core adapts the old contract exactly.
 STILL_LOADED = {
     "attention_backends": (1, 2, 3, 4, 5),
-    "models": (2, 3),
+    "models": (2, 3, 4),
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),

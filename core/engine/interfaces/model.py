@@ -179,9 +179,13 @@ class MultiModalProcessor(ABC):
 
     placeholder_token_id: int  # the token a prompt marks each image with (LLaVA's ``<image>``)
 
-    def __init__(self, model_path: str, hf_config: Any):
+    def __init__(self, model_path: str, hf_config: Any, processor_kwargs: dict | None = None):
+        """``processor_kwargs``: vLLM's ``mm_processor_kwargs`` (``--mm-processor-kwargs``),
+        handed only to a subclass whose ``__init__`` takes the parameter (one that does not is
+        refused when they are given); it should refuse a key it does not know."""
         self.model_path = model_path
         self.hf_config = hf_config
+        self.processor_kwargs = dict(processor_kwargs or {})
 
     @abstractmethod
     def process_image(self, image: Any) -> ProcessedImage:
@@ -205,6 +209,10 @@ class Model(nn.Module, ABC):
     # a sequence classifier (a cross-encoder, a reranker) sets its number of labels: the pooling
     # runner's ``classify`` task then runs :meth:`classify` on the pooled hidden states
     num_labels: int = 0
+    # (models v5) the position axes of each token: 1, one position per token; more (Qwen2-VL's
+    # M-RoPE: temporal, height, width) and ``forward`` gets ``positions`` [position_axes, T], the
+    # prompt's from :meth:`prompt_positions`, every later token's its index plus that offset
+    position_axes: ClassVar[int] = 1
 
     def __init__(self, ctx: ModelContext):
         super().__init__()
@@ -228,8 +236,18 @@ class Model(nn.Module, ABC):
 
     @abstractmethod
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, step: StepContext) -> torch.Tensor:
-        """input_ids, positions [T] -> hidden states [T, hidden] (after the final norm: what
-        ``compute_logits`` takes, and what the pooling runner pools)."""
+        """input_ids, positions [T] ([position_axes, T] for a model of several axes) -> hidden
+        states [T, hidden] (after the final norm: what ``compute_logits`` takes, and what the
+        pooling runner pools)."""
+
+    def prompt_positions(self, prompt_token_ids: list[int], mm_items: tuple) -> tuple[torch.Tensor, int]:
+        """(models v5; required with ``position_axes`` > 1) The positions [position_axes, P] of a
+        prompt's P tokens, whose images are ``mm_items`` (:class:`engine.messages.multimodal.
+        MultiModalItem`: spans and processed data), and the offset of every later token: token
+        ``i >= P`` sits at ``i + offset`` on every axis (Qwen2-VL's ``rope_deltas``). Computed
+        once per request; a prefix of the prompt must get the same positions whatever follows
+        it (prefix-cached blocks keep theirs)."""
+        raise NotImplementedError(f"{type(self).__name__} has one position axis")
 
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ an image overlaps by its ``mm_hash``."""
 from __future__ import annotations
 
 import hashlib
+import inspect
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
@@ -117,6 +118,16 @@ def expand_placeholders(
         previous = position + 1
     ids += prompt_token_ids[previous:]
     return ids, tuple(items)
+
+
+def build_processor(processor_class, model_path: str, hf_config, processor_kwargs: dict | None):
+    """The model's ``MultiModalProcessor``; ``processor_kwargs`` (vLLM's ``mm_processor_kwargs``)
+    only to one whose constructor takes them, else a ValueError naming the option."""
+    if not processor_kwargs:
+        return processor_class(model_path, hf_config)
+    if "processor_kwargs" not in inspect.signature(processor_class).parameters:
+        raise ValueError(f"mm_processor_kwargs: {processor_class.__name__} takes no options")
+    return processor_class(model_path, hf_config, processor_kwargs=processor_kwargs)
 
 
 def no_images_reason(model_class, limits: dict | None) -> str | None:

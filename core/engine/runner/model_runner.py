@@ -12,6 +12,7 @@ from engine.runner import kv_transfer, sampler
 from engine.runner.batch import FlatBatch, flatten
 from engine.runner.encoder_cache import EncoderCache, step_embeddings
 from engine.runner.layer_attention import LayerAttention
+from engine.runner.positions import AxisPositions
 
 
 @attrs.frozen
@@ -96,6 +97,8 @@ class ModelRunner:
         self.graphs = None  # an engine.runner.step_graphs.StepGraphRunner when decode steps replay
         self.lora = None  # an engine.lora.manager.LoRAManager when adapters may run: sets each step's slots
         self.encoder_cache: EncoderCache | None = None  # set for a multimodal model
+        # a model of several position axes (M-RoPE) gets [axes, T] positions
+        self.axis_positions = AxisPositions(model, device) if getattr(model, "position_axes", 1) > 1 else None
         if kv_connector is not None:
             kv_connector.register_kv_caches(kv_caches, attention.block_dim)
 
@@ -112,9 +115,12 @@ class ModelRunner:
         batch = flatten(plan, group_tables, self.layers.group_block_sizes(self.block_size), self.device)
         rows = batch.sample_rows + batch.prompt_rows
         mm_rows, mm_embeds = self._image_rows(plan, batch)
+        positions = batch.positions
+        if self.axis_positions is not None:
+            positions = self.axis_positions.step_positions(plan, batch.spans, positions)
         step = StepInput(
             batch.input_ids,
-            batch.positions,
+            positions,
             batch.layouts,
             tuple(rows),
             mm_rows,
@@ -173,7 +179,8 @@ class ModelRunner:
         )
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        text_only = batch.mm_rows is None  # a recorded step has no image rows
+        # a recorded step has no image rows and one position axis
+        text_only = batch.mm_rows is None and batch.positions.dim() == 1
         if self.graphs is not None and text_only and (hidden := self.graphs.replay(batch)) is not None:
             return hidden, []
         aux: list[torch.Tensor] = []
