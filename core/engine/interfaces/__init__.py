@@ -85,7 +85,8 @@ INTERFACE_VERSIONS = {
     #    engine.layers.Attention as sinks= (additive: v2 and v3 models still load)
     # 5: several position axes per token — Model.position_axes and prompt_positions (M-RoPE:
     #    Qwen2-VL); forward's positions are then [axes, T]; MultiModalProcessor(...,
-    #    processor_kwargs=) for --mm-processor-kwargs (additive: v2-v4 models still load)
+    #    processor_kwargs=) for --mm-processor-kwargs; Model.num_labels and classify(pooled) for
+    #    sequence classifiers (the pooling runner's classify task) (additive: v2-v4 models still load)
     "models": 5,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel

@@ -8,6 +8,6 @@ from engine import hookimpl
 def register_models(register):
     register("BertModel", "engine_models_bert.model:BertModel", api=2)
     classifiers = "engine_models_bert.classifier"
-    register("BertForSequenceClassification", f"{classifiers}:BertForSequenceClassification", api=2)
+    register("BertForSequenceClassification", f"{classifiers}:BertForSequenceClassification", api=5)
     for architecture in ("XLMRobertaForSequenceClassification", "RobertaForSequenceClassification"):
-        register(architecture, f"{classifiers}:XLMRobertaForSequenceClassification", api=2)
+        register(architecture, f"{classifiers}:XLMRobertaForSequenceClassification", api=5)

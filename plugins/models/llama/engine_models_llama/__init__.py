@@ -11,4 +11,4 @@ def register_models(register):
     for arch in ARCHITECTURES:
         register(arch, "engine_models_llama.model:LlamaForCausalLM", api=2)
     for arch in CLASSIFIERS:
-        register(arch, "engine_models_llama.model:LlamaForSequenceClassification", api=2)
+        register(arch, "engine_models_llama.model:LlamaForSequenceClassification", api=5)

@@ -7,7 +7,7 @@ from engine import hookimpl
 def register_models(register):
     register("Qwen3ForCausalLM", "engine_models_qwen3.model:Qwen3ForCausalLM", api=2)
     register(
-        "Qwen3ForSequenceClassification", "engine_models_qwen3.model:Qwen3ForSequenceClassification", api=2
+        "Qwen3ForSequenceClassification", "engine_models_qwen3.model:Qwen3ForSequenceClassification", api=5
     )
 
 
