@@ -20,7 +20,7 @@ from engine_server.errors import APIError
 from engine_server.harmony import encoding, render_chat
 from engine_server.harmony_parsers import HarmonyReasoningParser, HarmonyToolParser
 from engine_server.responses_input import chat_messages, input_items
-from engine_server.serve import chat_parsers
+from engine_server.serve import parsers
 from engine_server.tools import ChatOutput, HermesToolParser
 from tests.harmony_checkpoint import save_bigram_gpt_oss, save_o200k_tokenizer
 
@@ -205,8 +205,13 @@ def test_responses_reasoning_item_is_kept_before_the_pending_call():
     ],
 )
 def test_parsers_are_chosen_for_gpt_oss_and_by_vllm_names(flags, harmony, expected):
-    args = argparse.Namespace(tool_call_parser=flags[0], reasoning_parser=flags[1])
-    assert chat_parsers(load_plugins(["server"]), args, harmony) == expected
+    args = argparse.Namespace(
+        tool_call_parser=flags[0],
+        reasoning_parser=flags[1],
+        collect_detailed_traces=False,
+        otlp_traces_endpoint=None,
+    )
+    assert parsers(args, load_plugins(["server"]), harmony) == expected
 
 
 # ---- a real server -------------------------------------------------------------------------
