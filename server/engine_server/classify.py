@@ -4,7 +4,6 @@ probable label's name from the checkpoint's ``id2label``."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from starlette.requests import Request
@@ -14,7 +13,7 @@ from engine.messages.pooling_params import PoolingParams
 from engine_server.bounds import json_response
 from engine_server.errors import bad_request
 from engine_server.generation import check_model, check_runner
-from engine_server.pooling import floats, pool, prompt_tokens
+from engine_server.pooling import floats, list_body, pool, prompt_tokens
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import ClassificationRequest
 from engine_server.validation import decode_body
@@ -52,15 +51,7 @@ class Classification:
             probs = floats(vectors[rid])
             label = labels[int(probs.argmax())]
             data.append({"index": index, "label": label, "probs": probs.tolist(), "num_classes": len(probs)})
-        tokens = prompt_tokens(self.children)
-        return {
-            "id": self.id,
-            "object": "list",
-            "created": int(time.time()),
-            "model": self.state.model_name,
-            "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        return list_body(self.id, self.state.model_name, data, prompt_tokens(self.children))
 
 
 def prepare_classification(state, data: bytes) -> Classification:

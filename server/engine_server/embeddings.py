@@ -7,7 +7,6 @@ back as little-endian float32 bytes and are sent as JSON floats or, with
 from __future__ import annotations
 
 import base64
-import time
 import uuid
 
 from starlette.requests import Request
@@ -18,7 +17,7 @@ from engine.messages.sampling_params import InvalidParam
 from engine_server.bounds import json_response
 from engine_server.errors import bad_request
 from engine_server.generation import check_model, check_runner
-from engine_server.pooling import floats, pool, prompt_tokens
+from engine_server.pooling import floats, list_body, pool, prompt_tokens
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import EmbeddingRequest
 from engine_server.validation import decode_body
@@ -59,15 +58,7 @@ class Embedding:
                 else floats(raw).tolist()
             )
             data.append({"object": "embedding", "index": index, "embedding": value})
-        tokens = prompt_tokens(self.children)
-        return {
-            "id": self.id,
-            "object": "list",
-            "created": int(time.time()),
-            "model": self.state.model_name,
-            "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        return list_body(self.id, self.state.model_name, data, prompt_tokens(self.children))
 
 
 def prepare_embedding(state, data: bytes) -> Embedding:

@@ -5,6 +5,8 @@ recorded as it finishes."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 from starlette.requests import Request
 
@@ -54,3 +56,16 @@ def floats(raw: bytes) -> np.ndarray:
 
 def prompt_tokens(children: list[Child]) -> int:
     return sum(len(ids) for _, ids, _ in children)
+
+
+def list_body(request_id: str, model: str, data: list[dict], prompt_tokens: int) -> dict:
+    """The ``{"object": "list", "data": [...]}`` response the embeddings, score and classify
+    routes share, with its usage (pooling generates nothing: total = prompt tokens)."""
+    return {
+        "id": request_id,
+        "object": "list",
+        "created": int(time.time()),
+        "model": model,
+        "data": data,
+        "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
+    }

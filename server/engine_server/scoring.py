@@ -7,7 +7,6 @@ as Jina's and Cohere's rerank APIs do."""
 
 from __future__ import annotations
 
-import time
 import uuid
 
 from starlette.requests import Request
@@ -19,7 +18,7 @@ from engine.messages.scoring import cosine, pair_token_ids, score_pairs, scores_
 from engine_server.bounds import json_response
 from engine_server.errors import bad_request
 from engine_server.generation import check_model, check_runner
-from engine_server.pooling import floats, pool, prompt_tokens
+from engine_server.pooling import floats, list_body, pool, prompt_tokens
 from engine_server.prompts import check_fanout, check_prompt
 from engine_server.schemas import RerankDocument, RerankRequest, ScoreRequest
 from engine_server.validation import decode_body
@@ -99,14 +98,8 @@ async def score(request: Request) -> Response:
     values, tokens = await scores.run(request, body.priority)
 
     def build() -> dict:
-        return {
-            "id": scores.id,
-            "object": "list",
-            "created": int(time.time()),
-            "model": state.model_name,
-            "data": [{"index": i, "object": "score", "score": value} for i, value in enumerate(values)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        data = [{"index": i, "object": "score", "score": value} for i, value in enumerate(values)]
+        return list_body(scores.id, state.model_name, data, tokens)
 
     return await json_response(state, build, len(values))
 
