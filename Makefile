@@ -11,7 +11,7 @@ PLUGINS := plugins/platforms/cpu-native plugins/attention/torch plugins/attentio
            plugins/quant/gguf plugins/quant/int8 plugins/quant/fp8 plugins/quant/mxfp4 plugins/quant/awq-gptq \
            plugins/quant/compressed-tensors \
            plugins/grammar/xgrammar plugins/grammar/llguidance \
-           plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle \
+           plugins/spec/ngram plugins/spec/suffix plugins/spec/draft-model plugins/spec/eagle plugins/spec/mtp \
            plugins/kvconnectors/offload plugins/kvconnectors/p2p plugins/kvconnectors/nixl \
            plugins/executors/ray plugins/loraresolvers/filesystem plugins/models/transformers \
            plugins/models/llava plugins/models/qwen-vl plugins/quant/bitsandbytes

@@ -62,7 +62,7 @@ def test_each_old_plugin_loads_or_is_refused_in_one_line():
     registry = load_plugins()
     assert registry.plugins["old-attention-v1"].loaded
     assert registry.plugins["old-models-v1"].status == (
-        "refused: built for models interface v1, this core provides v5 (it loads v2, v3, v4, v5; what "
+        "refused: built for models interface v1, this core provides v6 (it loads v2, v3, v4, v5, v6; what "
         'changed: "Interface versions" in the plugin authors\' guide)'
     )
     assert registry.plugins["old-kvconnectors-v1"].status == (
@@ -234,7 +234,7 @@ def test_a_checkpoint_only_the_v1_model_serves_is_refused_with_the_reason(tiny_l
         LLM(tiny_llama[0], dtype="float32", num_blocks=32, max_model_len=128, plugins=allow)
     assert str(error.value) == (
         "model: model 'LlamaForCausalLM' cannot be used: plugin 'old-models-v1' ((in-process) -) was "
-        "refused: built for models interface v1, this core provides v5 (it loads v2, v3, v4, v5; what "
+        "refused: built for models interface v1, this core provides v6 (it loads v2, v3, v4, v5, v6; what "
         'changed: "Interface versions" in the plugin authors\' guide)'
     )
 

@@ -378,7 +378,7 @@ def test_a_plugin_that_swallows_the_refusal_is_still_refused(monkeypatch):
     registry = registry_with(monkeypatch, "sly", hooks(register_models=register_models))
     assert registry.plugins["sly"].status == (
         "refused: model 'Broken' registered without api= (the interface "
-        "version it targets; this core provides v5)"
+        "version it targets; this core provides v6)"
     )
     assert registry.names("models") == []
 

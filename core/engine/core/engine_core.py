@@ -7,6 +7,7 @@ next drafts.
 
 from __future__ import annotations
 
+import copy
 import datetime
 import logging
 import time
@@ -302,12 +303,20 @@ class EngineCore:
             )
         registry, platform = self.registry, self.platform
 
-        def load_model(path: str):
-            draft_loader, _ = setup.select_loader(registry, path, None)
+        def load_model(path: str | None, architecture: str | None = None):
+            """A draft model from ``path``, or (None) from the target's checkpoint and config;
+            ``architecture`` replaces the config's (an MTP module of the target's checkpoint)."""
+            if path is None:
+                draft_loader, hf_config = loader, copy.deepcopy(self.hf_config)
+            else:
+                draft_loader, _ = setup.select_loader(registry, path, None)
+                hf_config = draft_loader.hf_config()
+            if architecture is not None:
+                hf_config.architectures = [architecture]
             return setup.build_model(
                 registry,
                 draft_loader,
-                draft_loader.hf_config(),
+                hf_config,
                 dtype,
                 platform,
                 None,

@@ -87,7 +87,9 @@ INTERFACE_VERSIONS = {
     #    Qwen2-VL); forward's positions are then [axes, T]; MultiModalProcessor(...,
     #    processor_kwargs=) for --mm-processor-kwargs; Model.num_labels and classify(pooled) for
     #    sequence classifiers (the pooling runner's classify task) (additive: v2-v4 models still load)
-    "models": 5,
+    # 6: Model.mtp_architecture(hf_config) names the checkpoint's multi-token-prediction module, a
+    #    registered architecture (drafter_only) an MTP drafter builds from the same checkpoint (additive)
+    "models": 6,
     "model_loaders": 3,  # 2: iter_weights(keep_quantized=...); 3: iter_weight_slices(keep_quantized=...)
     # 2: dequantize (required), embed, describe, quantizes_embeddings; 3: tensor-parallel
     # sharding of packed and kept-quantized weights (Linear.full_row_max, rank parts in the
@@ -107,7 +109,9 @@ INTERFACE_VERSIONS = {
     # 3: the structural_tag kind (xgrammar's structural tags: free text, tags with JSON inside);
     #    v2 backends still load and are never handed one
     "grammar_backends": 3,
-    "drafters": 1,
+    # 2: DrafterContext.load_model(path, architecture=): a named architecture, from the target's own
+    #    checkpoint when path is None (an MTP module) (additive: v1 drafters still load)
+    "drafters": 2,
     "logits_processors": 1,
     # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
     # 3: policy only — the core applies results and runs the KV connector's request protocol
@@ -128,7 +132,8 @@ INTERFACE_VERSIONS = {
 # the core adapts the old contract exactly.
 STILL_LOADED = {
     "attention_backends": (1, 2, 3, 4, 5),
-    "models": (2, 3, 4),
+    "models": (2, 3, 4, 5),
+    "drafters": (1,),
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),

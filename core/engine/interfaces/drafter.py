@@ -47,7 +47,10 @@ class DrafterContext:
     device: torch.device
     dtype: torch.dtype
     tokenizer: Any
-    load_model: Callable[[str], Any]  # path -> Model, built like the target (same platform and dtype)
+    # (path, architecture=None) -> Model, built like the target (same platform and dtype); (v2)
+    # path None: the target's own checkpoint; architecture: that registered one instead of the
+    # checkpoint's (the target's MTP module: ``Model.mtp_architecture``)
+    load_model: Callable[..., Any]
     make_attention: Callable[[Any], Any]  # Model -> an AttentionBackend for its KV layout
 
 

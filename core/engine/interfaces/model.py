@@ -213,6 +213,9 @@ class Model(nn.Module, ABC):
     # M-RoPE: temporal, height, width) and ``forward`` gets ``positions`` [position_axes, T], the
     # prompt's from :meth:`prompt_positions`, every later token's its index plus that offset
     position_axes: ClassVar[int] = 1
+    # (models v6) a module only a drafter builds (an MTP module: :meth:`mtp_architecture`), never
+    # a target: the model contract skips it
+    drafter_only: ClassVar[bool] = False
 
     def __init__(self, ctx: ModelContext):
         super().__init__()
@@ -268,6 +271,19 @@ class Model(nn.Module, ABC):
         -> its embeddings [num_tokens, hidden], which ``forward`` receives through
         :meth:`StepContext.merge_multimodal`. Required with ``multimodal_processor``."""
         raise NotImplementedError(f"{type(self).__name__} takes no images")
+
+    @classmethod
+    def mtp_architecture(cls, hf_config) -> str | None:
+        """(models v6) The registered architecture of this checkpoint's multi-token-prediction
+        module (DeepSeek-V3's ``DeepSeekMTPModel``), None when it has none. An MTP drafter builds
+        it from the target's own checkpoint (``DrafterContext.load_model(None, architecture=)``):
+        it loads only its own weights, and its ``forward`` takes, beside the usual arguments,
+        ``previous_hidden_states`` [T, hidden] (the target's output hidden state of the position
+        before each row, or its own output for chained drafts), ``inputs_embeds`` [T, hidden]
+        (the target's embeddings of ``input_ids``) and ``depth`` (the draft step, for a module of
+        several layers); it returns the hidden states [T, hidden] that chain, which
+        ``compute_logits(hidden, depth)`` turns into logits."""
+        return None
 
     def draft_view(self, num_layers: int) -> Model | None:
         """A model that runs only the first ``num_layers`` layers and the LM head, sharing

@@ -45,6 +45,7 @@ LATENT_NORM_EPS = 1e-6
 # checkpoint projections fused on load: the MLPs' gate and up (q_proj is not fused here)
 MLP_PROJECTIONS = {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 V3 = "deepseek_v3"
+MTP_ARCHITECTURE = "DeepSeekMTPModel"  # vLLM's name for V3's multi-token-prediction module
 
 
 def yarn_mscale(factor: float, mscale: float) -> float:
@@ -152,30 +153,45 @@ class DeepseekMoE(Layer):
         return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
+def deepseek_layer(cfg, index: int, cache_layer: int, method, dtype, ops: LayerOps) -> DecoderLayer:
+    """Checkpoint layer ``index`` (dense below ``first_k_dense_replace``, else MoE), attending
+    through cache layer ``cache_layer``."""
+    attention = LatentSelfAttention(cfg, cache_layer, method, dtype, ops)
+    if index >= cfg.first_k_dense_replace and cfg.n_routed_experts:
+        mlp: Layer = DeepseekMoE(cfg, method, dtype, ops)
+    else:
+        mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, method, dtype, ops)
+    return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+
+
+def latent_kv_layout(cfg, layers: int) -> KVLayout:
+    """``layers`` MLA layers, each caching one ``kv_lora_rank + qk_rope_head_dim`` latent per token."""
+    kind = AttentionKind(
+        query_scale=softmax_scale(cfg), latent=PagedLatent(cfg.kv_lora_rank, cfg.qk_rope_head_dim)
+    )
+    head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    return KVLayout(layers, cfg.num_attention_heads, 1, head, (kind,) * layers)
+
+
 class DeepseekForCausalLM(DecoderForCausalLM):
     architectures = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
-        attention = LatentSelfAttention(cfg, index, method, dtype, ops)
-        if index >= cfg.first_k_dense_replace and cfg.n_routed_experts:
-            mlp: Layer = DeepseekMoE(cfg, method, dtype, ops)
-        else:
-            mlp = GatedMLP(cfg.hidden_size, cfg.intermediate_size, False, method, dtype, ops)
-        return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
+        return deepseek_layer(cfg, index, index, method, dtype, ops)
 
     def kv_layout(self) -> KVLayout:
-        """Every layer caches one ``kv_lora_rank + qk_rope_head_dim`` latent vector per token."""
-        cfg = self.cfg
-        kind = AttentionKind(
-            query_scale=softmax_scale(cfg), latent=PagedLatent(cfg.kv_lora_rank, cfg.qk_rope_head_dim)
-        )
-        head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-        layers = cfg.num_hidden_layers
-        return KVLayout(layers, cfg.num_attention_heads, 1, head, (kind,) * layers)
+        return latent_kv_layout(self.cfg, self.cfg.num_hidden_layers)
+
+    @classmethod
+    def mtp_architecture(cls, hf_config) -> str | None:
+        """V3 checkpoints with ``num_nextn_predict_layers`` carry an MTP module (:mod:`.mtp`)."""
+        if hf_config.model_type == V3 and getattr(hf_config, "num_nextn_predict_layers", 0):
+            return MTP_ARCHITECTURE
+        return None
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Hugging Face's names; V3's multi-token-prediction layers (``model.layers.<N>`` past
-        the last, N = num_hidden_layers) are skipped: they are a drafter's, not this model's."""
+        the last, N = num_hidden_layers) are skipped: they are a drafter's (:mod:`.mtp`)."""
         base, mtp = decoder_rename(self.tied), f"model.layers.{self.cfg.num_hidden_layers}."
         load_checkpoint(
             self, weights, lambda name: None if name.startswith(mtp) else base(name), fused=MLP_PROJECTIONS

@@ -1,0 +1,84 @@
+"""MTP drafting: the target checkpoint's multi-token-prediction module (DeepSeek-V3's) drafts.
+
+The target's model plugin names the module (``Model.mtp_architecture``) and builds it from the
+target's own checkpoint (``DrafterContext.load_model(None, architecture=...)``), loading only
+its weights; the token embeddings are the target's. Like an EAGLE head, the module reads the
+target's output hidden states of the positions just verified, the row of token t_{j} sitting at
+position j - 1 beside the hidden state h_{j-1}; it writes its own KV cache (one latent layer per
+MTP layer, indexed by the target's block tables) and chains k draft steps, each feeding back its
+own output as the next hidden state (step d runs MTP layer d mod the layer count, as vLLM).
+Positions whose hidden states it never saw (earlier prefill chunks) keep stale K/V: acceptance
+drops, exactness does not."""
+
+from __future__ import annotations
+
+import torch
+
+from engine.interfaces import Draft, Drafter
+from engine.runner.drafting import Chunk, run_chunks
+
+
+class MTPDrafter(Drafter):
+    needs_hidden_states = True
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        hf_config = ctx.target.ctx.hf_config
+        architecture = type(ctx.target).mtp_architecture(hf_config)
+        if architecture is None:
+            names = ", ".join(getattr(hf_config, "architectures", None) or [type(ctx.target).__name__])
+            layers = getattr(hf_config, "num_nextn_predict_layers", None)
+            raise ValueError(
+                f"speculative_config: method {self.method_config.get('method')!r} needs a checkpoint "
+                f"with a multi-token-prediction module; {names} (num_nextn_predict_layers "
+                f"{layers}) has none"
+            )
+        self.model = ctx.load_model(self.method_config.get("model"), architecture=architecture)
+        self.attention = ctx.make_attention(self.model)
+        self.kv_caches = [
+            torch.zeros(self.attention.kv_cache_shape(ctx.num_blocks), dtype=ctx.dtype, device=ctx.device)
+            for _ in range(self.model.kv_layout().num_layers)
+        ]
+        self.block_size = ctx.config.cache.block_size
+
+    def propose(self, requests):
+        ready = [i for i, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
+        drafts: list[list[int]] = [[] for _ in requests]
+        chunks, hidden_states = {}, {}
+        for i in ready:
+            r = requests[i]
+            n, count = len(r.token_ids), len(r.hidden_states)
+            chunks[i] = Chunk(list(r.token_ids[n - count :]), n - 1 - count, r.block_ids)
+            hidden_states[i] = r.hidden_states
+        live = ready
+        for depth in range(max((requests[i].max_tokens for i in ready), default=0)):
+            out, rows = self._step([chunks[i] for i in live], [hidden_states[i] for i in live], depth)
+            tokens = self.model.compute_logits(out[rows], depth=depth).argmax(dim=-1).tolist()
+            next_live = []
+            for row, i, token in zip(rows, live, tokens):
+                drafts[i].append(token)
+                r = requests[i]
+                if depth + 1 < r.max_tokens:
+                    chunks[i] = Chunk([token], len(r.token_ids) - 1 + depth, r.block_ids)
+                    hidden_states[i] = out[row : row + 1]
+                    next_live.append(i)
+            live = next_live
+            if not live:
+                break
+        return [Draft(d) for d in drafts]
+
+    @torch.inference_mode()
+    def _step(self, chunks: list[Chunk], hidden_states: list[torch.Tensor], depth: int):
+        """One MTP pass over the chunks -> (its hidden states, each chunk's last row)."""
+        ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long, device=self.ctx.device)
+        return run_chunks(
+            self.model,
+            self.attention,
+            self.kv_caches,
+            chunks,
+            self.block_size,
+            self.ctx.device,
+            previous_hidden_states=torch.cat(hidden_states),
+            inputs_embeds=self.ctx.target.embed(ids),
+            depth=depth,
+        )
