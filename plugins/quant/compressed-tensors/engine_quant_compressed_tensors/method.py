@@ -16,8 +16,15 @@ and turned into one kernel, by the checkpoint's scheme (:mod:`engine_quant_compr
   weight — its blocks of 16 fit no packed kernel, so it is dequantized at load.
 
 A module the checkpoint leaves unquantized (``ignore``, or not targeted) arrives as a float
-``weight`` and stays float. Tensor parallelism is refused by name (the packed dims are not
-split per rank yet), as are mixture-of-experts experts and quantized vocabulary tables.
+``weight`` and stays float. Mixture-of-experts experts and quantized vocabulary tables are
+refused by name.
+
+Tensor parallelism: every tensor declares the dims a rank's part is cut along
+(:func:`tensor_dims`): weights, packed words and per-row or per-group scales and zero points
+along their rows and, where they hold columns, their columns; per-tensor scales (weight,
+global, input) are whole on every rank. Each rank builds its kernel from its part alone, with
+the checkpoint's own scales, so its values are exactly TP=1's. A split that would cut a
+packing word, a scale group or an FP8 block across ranks is refused at start-up, naming it.
 """
 
 from __future__ import annotations
@@ -26,12 +33,14 @@ import logging
 
 import torch
 
+from engine.distributed import current_tensor_parallel
 from engine.interfaces import QuantMethod
 from engine.layers.group_affine import AffineWeight
+from engine.layers.parallel import ColumnParallelLinear, RowParallelLinear
 from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
 from engine_quant_awq_gptq.method import ShardSink
 from engine_quant_compressed_tensors import formats
-from engine_quant_compressed_tensors.config import check_ignore, read_ignore, read_scheme
+from engine_quant_compressed_tensors.config import Weights, check_ignore, read_ignore, read_scheme
 from engine_quant_compressed_tensors.kernels import (
     DynamicInt8,
     Fp8Layer,
@@ -71,8 +80,38 @@ PATHS = {
 }
 
 
+# weight strategies whose scales (and zero points) hold columns: [N, K/group] or [N/b, K/b]
+COLUMN_SCALES = ("group", "tensor_group", "block")
+
+
+def tensor_dims(name: str, weights: Weights) -> tuple[int | None, int | None]:
+    """(output_dim, input_dim) of a checkpoint tensor of a layer: the dims a tensor-parallel
+    rank's part is cut along (None: whole on every rank)."""
+    if name in ("weight", "weight_packed"):
+        return 0, 1
+    if name in ("weight_scale", "weight_zero_point") and weights.strategy != "tensor":
+        return 0, (1 if weights.strategy in COLUMN_SCALES else None)
+    return None, None  # weight_shape, and per-tensor scales: the weight's, global or input
+
+
+class DimsSink(ShardSink):
+    """A :class:`ShardSink` declaring the dims its tensor shards along (:func:`tensor_dims`)."""
+
+    def __init__(self, shards: list[dict], name: str, dims: tuple[int | None, int | None]):
+        super().__init__(shards, name)
+        self.output_dim, self.input_dim = dims
+
+
+def split_dims(layer) -> tuple[bool, bool]:
+    """Whether ``layer``'s outputs and its inputs are split over tensor-parallel ranks."""
+    if current_tensor_parallel().size == 1:
+        return False, False
+    return isinstance(layer, ColumnParallelLinear), isinstance(layer, RowParallelLinear)
+
+
 class CompressedTensorsLinearMethod(QuantMethod):
     name = "compressed-tensors"
+    shards_for_tensor_parallel = True  # each tensor declares the dims it splits along: tensor_dims
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -95,30 +134,42 @@ class CompressedTensorsLinearMethod(QuantMethod):
         )
 
     def create_weights(self, layer, input_size, output_sizes):
-        self._check_packing(input_size, output_sizes)
+        self._check_packing(layer, input_size, output_sizes)
         shards: list[dict] = [dict() for _ in output_sizes]
         for name in TENSOR_NAMES:
-            setattr(layer, name, ShardSink(shards, name))
+            setattr(layer, name, DimsSink(shards, name, tensor_dims(name, self.scheme.weights)))
         layer.ct_shards = shards
 
-    def _check_packing(self, input_size: int, output_sizes: list[int]) -> None:
-        """Refuse a layer whose sizes the format's words or groups cannot hold."""
+    def _check_packing(self, layer, input_size: int, output_sizes: list[int]) -> None:
+        """Refuse a layer whose sizes the format's words, groups or blocks cannot hold — under
+        tensor parallelism, the sizes of this rank's part, so that none straddles two ranks."""
         weights = self.scheme.weights
-        formats.scale_groups(weights, input_size)
+        outputs_split, inputs_split = split_dims(layer)
+        per_rank = " (a tensor-parallel rank's part of a layer)" if outputs_split or inputs_split else ""
+        formats.scale_groups(weights, input_size, per_rank)
         if self.scheme.format == "pack-quantized":
             per_word = 32 // weights.bits
             rows = output_sizes if not weights.symmetric else []
             if input_size % per_word or any(size % per_word for size in rows):
                 raise ValueError(
                     f"quantization: compressed-tensors packs {per_word} values a word; input size "
-                    f"{input_size} or output sizes {output_sizes} do not"
+                    f"{input_size} or output sizes {output_sizes}{per_rank} do not"
+                )
+        if weights.block and (outputs_split or inputs_split):
+            rows_per_block, columns_per_block = weights.block
+            rows_cut = outputs_split and any(size % rows_per_block for size in output_sizes)
+            if rows_cut or inputs_split and input_size % columns_per_block:
+                raise ValueError(
+                    f"quantization: compressed-tensors FP8 blocks of {rows_per_block}x{columns_per_block} "
+                    f"would straddle tensor-parallel ranks: a rank holds output sizes {output_sizes} "
+                    f"and input size {input_size} of a layer, not whole blocks"
                 )
 
     def process_weights_after_loading(self, layer):
         parts = layer.ct_shards
         for name in (*TENSOR_NAMES, "ct_shards"):
             delattr(layer, name)
-        self._check_loaded(parts)
+        self._check_loaded(parts, layer)
         if any(_is_float(part) for part in parts):
             dense = torch.cat(
                 [
@@ -133,7 +184,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
             shape = (sum(layer.output_sizes), layer.input_size)
             logger.info("compressed-tensors: a %s layer runs %s", shape, PATHS[layer.kernel_path])
 
-    def _check_loaded(self, parts: list[dict]) -> None:
+    def _check_loaded(self, parts: list[dict], layer) -> None:
         required = REQUIRED[self.scheme.format]
         if not self.scheme.weights.symmetric:
             required += ("weight_zero_point",)
@@ -145,6 +196,8 @@ class CompressedTensorsLinearMethod(QuantMethod):
                 raise ValueError(
                     f"quantization: compressed-tensors checkpoint lacks {missing} of shard {index} of a layer"
                 )
+            if "weight_shape" in part:  # the whole projection's, as the checkpoint holds it
+                formats.check_weight_shape(part, (layer.full_output_sizes[index], layer.full_input_size))
 
     def _affine(self, part: dict, rows: int, inputs: int) -> AffineWeight:
         """A shard as a group-affine weight (every format but FP8)."""

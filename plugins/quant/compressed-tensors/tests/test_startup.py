@@ -1,6 +1,7 @@
 """Starting an engine on compressed-tensors checkpoints: bad ones are refused at start-up, each
 with one line naming what is wrong (a real checkpoint folder whose ``quantization_config`` was
-edited); tensor parallelism is refused naming the method; ``engine plugins`` names the path."""
+edited); ``engine plugins`` names the path. (Splits tensor parallelism cannot make:
+``test_tensor_parallel.py``.)"""
 
 from __future__ import annotations
 
@@ -84,13 +85,6 @@ def test_bad_checkpoints_are_refused_in_one_line_naming_the_problem(folder, tmp_
         LLM(_edited(folder, tmp_path, config), **COMMON)
     text = str(refused.value)
     assert message in text and "\n" not in text and text.startswith("quantization: compressed-tensors")
-
-
-def test_tensor_parallelism_is_refused_naming_the_method(folder):
-    with pytest.raises(
-        ValueError, match="quant method 'compressed-tensors' declares no tensor-parallel sharding"
-    ):
-        LLM(folder, tensor_parallel_size=2, **COMMON)
 
 
 def test_describe_names_each_schemes_path():
