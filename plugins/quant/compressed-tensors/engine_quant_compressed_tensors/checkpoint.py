@@ -155,12 +155,21 @@ def dequantize_nvfp4(tensors: dict) -> torch.Tensor:
 
 def config(fmt: str, weights: dict, activations: dict | None = None, ignore=("lm_head",)) -> dict:
     """A ``quantization_config`` as compressed-tensors writes it, one group over every Linear."""
-    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations, "format": fmt}
+    return mixed_config({"group_0": group(fmt, weights, activations)}, ignore, fmt)
+
+
+def group(fmt: str, weights: dict, activations: dict | None = None, targets=("Linear",)) -> dict:
+    """One of ``config_groups``: the modules ``targets`` names quantized by the scheme."""
+    return {"targets": list(targets), "weights": weights, "input_activations": activations, "format": fmt}
+
+
+def mixed_config(groups: dict, ignore=("lm_head",), fmt: str = "mixed-precision") -> dict:
+    """A ``quantization_config`` of several ``config_groups`` ({name: :func:`group`})."""
     return {
         "quant_method": "compressed-tensors",
         "format": fmt,
         "quantization_status": "compressed",
-        "config_groups": {"group_0": group},
+        "config_groups": groups,
         "ignore": list(ignore),
         "kv_cache_scheme": None,
     }

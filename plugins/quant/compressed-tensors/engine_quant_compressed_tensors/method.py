@@ -1,8 +1,10 @@
 """The ``compressed-tensors`` quant method: checkpoints whose ``quantization_config.quant_method``
 is ``compressed-tensors`` (written by llm-compressor / the compressed-tensors library).
 
-Per layer, the checkpoint's tensors are collected shard by shard (q/k/v and gate/up fused here)
-and turned into one kernel, by the checkpoint's scheme (:mod:`engine_quant_compressed_tensors.config`):
+Per layer, the checkpoint's tensors are collected shard by shard (q/k/v and gate/up fused here,
+:mod:`engine_quant_compressed_tensors.loading`) and turned into one kernel, by the scheme of the
+config group whose ``targets`` match the layer (:mod:`engine_quant_compressed_tensors.config`;
+mixed precision: several groups, e.g. W4A16 attention and W8A8 MLP, each layer by its own):
 
 * ``pack-quantized`` W4A16 / W8A16 (group or channel, symmetric or not) and weight-only
   ``int-quantized``: a group-affine weight on the kernel AWQ and GPTQ take (the platform's
@@ -20,11 +22,10 @@ A module the checkpoint leaves unquantized (``ignore``, or not targeted) arrives
 refused by name.
 
 Tensor parallelism: every tensor declares the dims a rank's part is cut along
-(:func:`tensor_dims`): weights, packed words and per-row or per-group scales and zero points
-along their rows and, where they hold columns, their columns; per-tensor scales (weight,
-global, input) are whole on every rank. Each rank builds its kernel from its part alone, with
-the checkpoint's own scales, so its values are exactly TP=1's. A split that would cut a
-packing word, a scale group or an FP8 block across ranks is refused at start-up, naming it.
+(:func:`engine_quant_compressed_tensors.loading.tensor_dims`); each rank builds its kernel from
+its part alone, with the checkpoint's own scales, so its values are exactly TP=1's. A split
+that would cut a packing word, a scale group or an FP8 block across ranks is refused at
+start-up, naming it.
 """
 
 from __future__ import annotations
@@ -33,14 +34,11 @@ import logging
 
 import torch
 
-from engine.distributed import current_tensor_parallel
 from engine.interfaces import QuantMethod
 from engine.layers.group_affine import AffineWeight
-from engine.layers.parallel import ColumnParallelLinear, RowParallelLinear
 from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
-from engine_quant_awq_gptq.method import ShardSink
 from engine_quant_compressed_tensors import formats
-from engine_quant_compressed_tensors.config import Weights, check_ignore, read_ignore, read_scheme
+from engine_quant_compressed_tensors.config import Scheme, check_ignore, group_of, read_groups, read_ignore
 from engine_quant_compressed_tensors.kernels import (
     DynamicInt8,
     Fp8Layer,
@@ -48,19 +46,10 @@ from engine_quant_compressed_tensors.kernels import (
     nvfp4_activations,
     static_int8,
 )
+from engine_quant_compressed_tensors.loading import GROUP_TENSORS, check_sizes, register_sinks, sink_name
 
 logger = logging.getLogger(__name__)
 
-TENSOR_NAMES = (
-    "weight",
-    "weight_packed",
-    "weight_scale",
-    "weight_shape",
-    "weight_zero_point",
-    "weight_global_scale",
-    "input_scale",
-    "input_global_scale",
-)
 REQUIRED = {
     "pack-quantized": ("weight_packed", "weight_scale", "weight_shape"),
     "int-quantized": ("weight", "weight_scale"),
@@ -80,38 +69,9 @@ PATHS = {
 }
 
 
-# weight strategies whose scales (and zero points) hold columns: [N, K/group] or [N/b, K/b]
-COLUMN_SCALES = ("group", "tensor_group", "block")
-
-
-def tensor_dims(name: str, weights: Weights) -> tuple[int | None, int | None]:
-    """(output_dim, input_dim) of a checkpoint tensor of a layer: the dims a tensor-parallel
-    rank's part is cut along (None: whole on every rank)."""
-    if name in ("weight", "weight_packed"):
-        return 0, 1
-    if name in ("weight_scale", "weight_zero_point") and weights.strategy != "tensor":
-        return 0, (1 if weights.strategy in COLUMN_SCALES else None)
-    return None, None  # weight_shape, and per-tensor scales: the weight's, global or input
-
-
-class DimsSink(ShardSink):
-    """A :class:`ShardSink` declaring the dims its tensor shards along (:func:`tensor_dims`)."""
-
-    def __init__(self, shards: list[dict], name: str, dims: tuple[int | None, int | None]):
-        super().__init__(shards, name)
-        self.output_dim, self.input_dim = dims
-
-
-def split_dims(layer) -> tuple[bool, bool]:
-    """Whether ``layer``'s outputs and its inputs are split over tensor-parallel ranks."""
-    if current_tensor_parallel().size == 1:
-        return False, False
-    return isinstance(layer, ColumnParallelLinear), isinstance(layer, RowParallelLinear)
-
-
 class CompressedTensorsLinearMethod(QuantMethod):
     name = "compressed-tensors"
-    shards_for_tensor_parallel = True  # each tensor declares the dims it splits along: tensor_dims
+    shards_for_tensor_parallel = True  # each tensor declares the dims it splits along (loading.tensor_dims)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -119,11 +79,32 @@ class CompressedTensorsLinearMethod(QuantMethod):
             raise ValueError(
                 "quantization: compressed-tensors reads its checkpoints; it does not quantize online"
             )
-        self.scheme = read_scheme(ctx.quant_config)
+        self.groups = read_groups(ctx.quant_config)
         self.ignore = read_ignore(ctx.quant_config)
+        self.schemes = {group.name: group.scheme for group in self.groups}
+        self.module_groups: dict[str, str] = {}  # checkpoint module -> its config group's name
 
     def check_checkpoint_modules(self, modules):
         check_ignore(self.ignore, modules)
+
+    def checkpoint_tensor_name(self, name):
+        """With several config groups, a quantized tensor loads under its group's name
+        (:func:`engine_quant_compressed_tensors.loading.sink_name`): its module matched to the
+        group by the targets (:func:`engine_quant_compressed_tensors.config.group_of`). An
+        instance method where the interface has a class method: the match needs this
+        checkpoint's groups (the core calls it on the method it built)."""
+        module, _, tensor = name.rpartition(".")
+        if len(self.groups) == 1 or tensor not in GROUP_TENSORS:
+            return name
+        if module not in self.module_groups:
+            group = group_of(module, self.groups, self.ignore)
+            if group is None:
+                raise ValueError(
+                    f"quantization: compressed-tensors module {module!r} holds {tensor} but no "
+                    "config group targets it (or it is ignored)"
+                )
+            self.module_groups[module] = group.name
+        return f"{module}.{sink_name(tensor, self.module_groups[module], True)}"
 
     @classmethod
     def describe(cls, platform) -> str:
@@ -134,61 +115,57 @@ class CompressedTensorsLinearMethod(QuantMethod):
         )
 
     def create_weights(self, layer, input_size, output_sizes):
-        self._check_packing(layer, input_size, output_sizes)
-        shards: list[dict] = [dict() for _ in output_sizes]
-        for name in TENSOR_NAMES:
-            setattr(layer, name, DimsSink(shards, name, tensor_dims(name, self.scheme.weights)))
-        layer.ct_shards = shards
-
-    def _check_packing(self, layer, input_size: int, output_sizes: list[int]) -> None:
-        """Refuse a layer whose sizes the format's words, groups or blocks cannot hold — under
-        tensor parallelism, the sizes of this rank's part, so that none straddles two ranks."""
-        weights = self.scheme.weights
-        outputs_split, inputs_split = split_dims(layer)
-        per_rank = " (a tensor-parallel rank's part of a layer)" if outputs_split or inputs_split else ""
-        formats.scale_groups(weights, input_size, per_rank)
-        if self.scheme.format == "pack-quantized":
-            per_word = 32 // weights.bits
-            rows = output_sizes if not weights.symmetric else []
-            if input_size % per_word or any(size % per_word for size in rows):
-                raise ValueError(
-                    f"quantization: compressed-tensors packs {per_word} values a word; input size "
-                    f"{input_size} or output sizes {output_sizes}{per_rank} do not"
-                )
-        if weights.block and (outputs_split or inputs_split):
-            rows_per_block, columns_per_block = weights.block
-            rows_cut = outputs_split and any(size % rows_per_block for size in output_sizes)
-            if rows_cut or inputs_split and input_size % columns_per_block:
-                raise ValueError(
-                    f"quantization: compressed-tensors FP8 blocks of {rows_per_block}x{columns_per_block} "
-                    f"would straddle tensor-parallel ranks: a rank holds output sizes {output_sizes} "
-                    f"and input size {input_size} of a layer, not whole blocks"
-                )
+        tensors = register_sinks(layer, self.groups, len(output_sizes))
+        if len(self.groups) == 1:  # the layer's scheme known: refused before any tensor is read
+            check_sizes(self.groups[0].scheme, tensors.split, input_size, output_sizes)
+        layer.ct_tensors = tensors
 
     def process_weights_after_loading(self, layer):
-        parts = layer.ct_shards
-        for name in (*TENSOR_NAMES, "ct_shards"):
+        tensors, parts = layer.ct_tensors, layer.ct_tensors.parts
+        for name in (*tensors.sink_names, "ct_tensors"):
             delattr(layer, name)
-        self._check_loaded(parts, layer)
-        if any(_is_float(part) for part in parts):
+        scheme = self._layer_scheme(tensors.groups, parts)
+        if scheme is not None:
+            if len(self.groups) > 1:  # one group: checked in create_weights
+                check_sizes(scheme, tensors.split, layer.input_size, layer.output_sizes)
+            self._check_loaded(scheme, parts, layer)
+        if scheme is None or any(_is_float(part) for part in parts):
             dense = torch.cat(
                 [
-                    self._dequantized(part, rows, layer.input_size)
+                    self._dequantized(scheme, part, rows, layer.input_size)
                     for part, rows in zip(parts, layer.output_sizes)
                 ]
             )
             layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
         else:
-            layer.kernel, layer.kernel_path = self._kernel(parts, layer.output_sizes, layer.input_size)
+            layer.kernel, layer.kernel_path = self._kernel(
+                scheme, parts, layer.output_sizes, layer.input_size
+            )
         if layer.kernel_path not in ("packed", "w8a8-packed"):
             shape = (sum(layer.output_sizes), layer.input_size)
             logger.info("compressed-tensors: a %s layer runs %s", shape, PATHS[layer.kernel_path])
 
-    def _check_loaded(self, parts: list[dict], layer) -> None:
-        required = REQUIRED[self.scheme.format]
-        if not self.scheme.weights.symmetric:
+    def _layer_scheme(self, groups: list[set[str]], parts: list[dict]) -> Scheme | None:
+        """The scheme of the layer's quantized projections (None: all float). Fused projections
+        (q/k/v, gate/up) of different schemes are refused, as vLLM refuses them."""
+        names = sorted(set().union(*groups))
+        schemes = {self.schemes[name] for name in names}
+        if len(schemes) > 1:
+            raise ValueError(
+                f"quantization: compressed-tensors fused projections (q/k/v or gate/up) of a layer "
+                f"fall in config_groups {names} of different schemes (one scheme a layer)"
+            )
+        if schemes:
+            return schemes.pop()
+        if len(self.groups) == 1 or not all(_is_float(part) for part in parts):
+            return self.groups[0].scheme  # a weight without its group's tensors: _check_loaded names them
+        return None
+
+    def _check_loaded(self, scheme: Scheme, parts: list[dict], layer) -> None:
+        required = REQUIRED[scheme.format]
+        if not scheme.weights.symmetric:
             required += ("weight_zero_point",)
-        scales = getattr(self.scheme.activations, "scales", None)
+        scales = getattr(scheme.activations, "scales", None)
         required += {"static": ("input_scale",), "nvfp4": ("input_global_scale",)}.get(scales, ())
         for index, part in enumerate(parts):
             missing = [name for name in required if name not in part]
@@ -199,29 +176,29 @@ class CompressedTensorsLinearMethod(QuantMethod):
             if "weight_shape" in part:  # the whole projection's, as the checkpoint holds it
                 formats.check_weight_shape(part, (layer.full_output_sizes[index], layer.full_input_size))
 
-    def _affine(self, part: dict, rows: int, inputs: int) -> AffineWeight:
+    def _affine(self, scheme: Scheme, part: dict, rows: int, inputs: int) -> AffineWeight:
         """A shard as a group-affine weight (every format but FP8)."""
         read = {
             "pack-quantized": formats.packed_int,
             "int-quantized": formats.int8_values,
             "nvfp4-pack-quantized": formats.nvfp4,
-        }[self.scheme.format]
-        return read(part, self.scheme.weights, rows, inputs)
+        }[scheme.format]
+        return read(part, scheme.weights, rows, inputs)
 
-    def _dequantized(self, part: dict, rows: int, inputs: int) -> torch.Tensor:
+    def _dequantized(self, scheme: Scheme | None, part: dict, rows: int, inputs: int) -> torch.Tensor:
         """A shard's weight in float32 (for a fused layer of which the checkpoint left part float)."""
-        if _is_float(part):
+        if _is_float(part) or scheme is None:
             return part["weight"].float()
-        if self.scheme.format == "float-quantized":
-            return Fp8Layer(self.ctx, self.scheme.weights.block, [part], [rows]).dequantize().float()
-        return self._affine(part, rows, inputs).dequantize()
+        if scheme.format == "float-quantized":
+            return Fp8Layer(self.ctx, scheme.weights.block, [part], [rows]).dequantize().float()
+        return self._affine(scheme, part, rows, inputs).dequantize()
 
-    def _kernel(self, parts: list[dict], output_sizes: list[int], inputs: int):
+    def _kernel(self, scheme: Scheme, parts: list[dict], output_sizes: list[int], inputs: int):
         """-> (the module computing x · wᵀ, its path's name)."""
-        ctx, scheme = self.ctx, self.scheme
+        ctx = self.ctx
         if scheme.format == "float-quantized":
             return Fp8Layer(ctx, scheme.weights.block, parts, output_sizes), "fp8"
-        shards = [self._affine(part, rows, inputs) for part, rows in zip(parts, output_sizes)]
+        shards = [self._affine(scheme, part, rows, inputs) for part, rows in zip(parts, output_sizes)]
         ops = ctx.platform.layer_ops(ctx.dtype)
         if scheme.activations is None:
             return group_affine_kernel(AffineWeight.cat(shards), ctx.platform, ctx.dtype)

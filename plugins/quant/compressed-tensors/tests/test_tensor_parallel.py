@@ -1,6 +1,7 @@
 """compressed-tensors under tensor parallelism: two gloo ranks (the ``mp`` executor: this
 process is rank 0) against one, float32 activations on the plain ``cpu`` platform, on a tiny
-random Llama written in each scheme.
+random Llama written in each scheme (and in two: attention and MLP in config groups of
+different schemes).
 
 Each rank reads its part of the checkpoint's own tensors — packed words and group scales and
 zero points cut along the rows (column-parallel) or along the columns in whole words and
@@ -27,13 +28,25 @@ from engine_quant_compressed_tensors import checkpoint
 # four kv heads: each rank's k and v hold 128 rows, whole 128x128 FP8 blocks
 CONFIG = TINY_LLAMA | {"num_key_value_heads": 4}
 SCHEMES = {
-    "w4a16-asymmetric-group32": (
-        lambda w: checkpoint.packed_tensors(w, 4, 32, symmetric=False),
-        checkpoint.config("pack-quantized", checkpoint.int_weights(4, 32, symmetric=False)),
-    ),
-    "w8a16-channel": (
-        lambda w: checkpoint.packed_tensors(w, 8, None),
-        checkpoint.config("pack-quantized", checkpoint.int_weights(8, None)),
+    # two config groups: the MLP's weights, alone with 512 rows or inputs, W8A16 channel
+    "w4a16-asymmetric-group32-attention-w8a16-channel-mlp": (
+        lambda w: (
+            checkpoint.packed_tensors(w, 8, None)
+            if 512 in w.shape
+            else checkpoint.packed_tensors(w, 4, 32, symmetric=False)
+        ),
+        checkpoint.mixed_config(
+            {
+                "attention": checkpoint.group(
+                    "pack-quantized",
+                    checkpoint.int_weights(4, 32, symmetric=False),
+                    targets=[r"re:.*self_attn\..*_proj$"],
+                ),
+                "mlp": checkpoint.group(
+                    "pack-quantized", checkpoint.int_weights(8, None), targets=[r"re:.*mlp\."]
+                ),
+            }
+        ),
     ),
     "w8a8-static": (
         lambda w: checkpoint.int8_tensors(w, (2 + w.shape[0] / 128) / 127),
