@@ -1,12 +1,13 @@
 """Where a layer's compressed-tensors tensors land while the checkpoint loads, and what a
 tensor-parallel rank's part of each is.
 
-Per fused projection (q/k/v, gate/up) the tensors are kept by name, with the config groups
-they were written by: with several groups (mixed precision) every quantized tensor loads under
-its group's name (``weight_scale@group_1``, :func:`sink_name`), the method having matched its
-module to the group (:meth:`CompressedTensorsLinearMethod.checkpoint_tensor_name`), so that
-the layer knows which scheme it holds. The ``weight`` itself (float, int8 or FP8) says nothing
-of a group and loads under its own name.
+Per fused projection (q/k/v, gate/up; of each expert, for a mixture-of-experts layer) the
+tensors are kept by name, with the config groups they were written by: with several groups
+(mixed precision) every quantized tensor loads under its group's name (``weight_scale@group_1``,
+:func:`sink_name`), the method having matched its module to the group
+(:meth:`CompressedTensorsLinearMethod.checkpoint_tensor_name`), so that the layer knows which
+scheme it holds. The ``weight`` itself (float, int8 or FP8) says nothing of a group and loads
+under its own name.
 
 Each tensor declares the dims a rank's part is cut along (:func:`tensor_dims`): the weight,
 packed words and per-row or per-group scales and zero points along their rows and, where they
@@ -62,48 +63,62 @@ def split_dims(layer) -> tuple[bool, bool]:
 
 
 @attrs.define
-class LayerTensors:
-    """A layer's checkpoint tensors per fused projection (``parts``), the config groups each
-    projection's came from (``groups``), the layer's split over ranks (:func:`split_dims`) and
-    the names of its sinks (removed once loaded)."""
+class Projections:
+    """The checkpoint tensors of one weight (a layer's, or one expert's of a mixture-of-experts
+    layer) per fused projection (``parts``), and the config groups each projection's came from."""
 
     parts: list[dict]
     groups: list[set[str]]
+
+
+@attrs.define
+class Loading:
+    """What a layer is loading: per weight (one, or one per local expert) its
+    :class:`Projections`, the layer's split over ranks (:func:`split_dims`), and the names of
+    its sinks (removed once loaded)."""
+
+    weights: list[Projections]
     split: tuple[bool, bool]
     sink_names: tuple[str, ...] = ()
 
 
 class TensorSink:
-    """Where ``Linear.load_shard`` hands one tensor name's shards. Not a parameter (as
-    ``engine_quant_awq_gptq.method.ShardSink``): which tensors a layer holds — packed ones or,
-    for a module the checkpoint leaves unquantized, a float ``weight`` — is known only once
-    loaded, and the method checks. ``output_dim``/``input_dim``: :func:`tensor_dims`;
-    ``group``: the config group whose tensors it receives (None: the weight's, any)."""
+    """Where ``Linear.load_shard`` (``ExpertLinear.load_shard``: an expert's) hands one tensor
+    name's shards. Not a parameter (as ``engine_quant_awq_gptq.method.ShardSink``): which
+    tensors a layer holds — packed ones or, for a module the checkpoint leaves unquantized, a
+    float ``weight`` — is known only once loaded, and the method checks. ``output_dim`` /
+    ``input_dim``: :func:`tensor_dims`; ``group``: the config group whose tensors it receives
+    (None: the weight's, any)."""
 
-    def __init__(self, tensors: LayerTensors, name: str, dims: tuple[int | None, int | None], group):
-        self.tensors, self.name, self.group = tensors, name, group
+    def __init__(self, weights: list[Projections], name: str, dims: tuple[int | None, int | None], group):
+        self.weights, self.name, self.group = weights, name, group
         self.output_dim, self.input_dim = dims
 
     def weight_loader(self, param, tensor, shard: int) -> None:
-        self.tensors.parts[shard][self.name] = tensor
+        self.expert_weight_loader(param, tensor, 0, shard)
+
+    def expert_weight_loader(self, param, tensor, expert: int, shard: int) -> None:
+        held = self.weights[expert]
+        held.parts[shard][self.name] = tensor
         if self.group is not None:
-            self.tensors.groups[shard].add(self.group)
+            held.groups[shard].add(self.group)
 
 
-def register_sinks(layer, groups: tuple[Group, ...], projections: int) -> LayerTensors:
-    """A sink on ``layer`` for every tensor name each group's modules may hold."""
-    tensors = LayerTensors(
-        [{} for _ in range(projections)], [set() for _ in range(projections)], split_dims(layer)
-    )
-    sinks = {"weight": TensorSink(tensors, "weight", (0, 1), None)}
+def register_sinks(layer, groups: tuple[Group, ...], projections: int, experts: int = 1) -> Loading:
+    """A sink on ``layer`` for every tensor name each group's modules may hold, for ``experts``
+    weights of ``projections`` fused projections each."""
+    weights = [
+        Projections([{} for _ in range(projections)], [set() for _ in range(projections)])
+        for _ in range(experts)
+    ]
+    sinks = {"weight": TensorSink(weights, "weight", (0, 1), None)}
     for group in groups:
         for name in GROUP_TENSORS:
             dims = tensor_dims(name, group.scheme.weights)
-            sinks[sink_name(name, group.name, len(groups) > 1)] = TensorSink(tensors, name, dims, group.name)
+            sinks[sink_name(name, group.name, len(groups) > 1)] = TensorSink(weights, name, dims, group.name)
     for attribute, sink in sinks.items():
         setattr(layer, attribute, sink)
-    tensors.sink_names = tuple(sinks)
-    return tensors
+    return Loading(weights, split_dims(layer), tuple(sinks))
 
 
 def check_sizes(scheme: Scheme, split: tuple[bool, bool], input_size: int, output_sizes: list[int]) -> None:

@@ -18,8 +18,9 @@ mixed precision: several groups, e.g. W4A16 attention and W8A8 MLP, each layer b
   weight — its blocks of 16 fit no packed kernel, so it is dequantized at load.
 
 A module the checkpoint leaves unquantized (``ignore``, or not targeted) arrives as a float
-``weight`` and stays float. Mixture-of-experts experts and quantized vocabulary tables are
-refused by name.
+``weight`` and stays float. Mixture-of-experts experts: each expert gets the kernel a linear
+layer of its tensors would (static input scales refused, as vLLM refuses them). Quantized
+vocabulary tables are not read.
 
 Tensor parallelism: every tensor declares the dims a rank's part is cut along
 (:func:`engine_quant_compressed_tensors.loading.tensor_dims`); each rank builds its kernel from
@@ -46,7 +47,14 @@ from engine_quant_compressed_tensors.kernels import (
     nvfp4_activations,
     static_int8,
 )
-from engine_quant_compressed_tensors.loading import GROUP_TENSORS, check_sizes, register_sinks, sink_name
+from engine_quant_compressed_tensors.loading import (
+    GROUP_TENSORS,
+    Loading,
+    Projections,
+    check_sizes,
+    register_sinks,
+    sink_name,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +79,7 @@ PATHS = {
 
 class CompressedTensorsLinearMethod(QuantMethod):
     name = "compressed-tensors"
+    quantizes_experts = True  # each expert a kernel of its own, as a linear layer's
     shards_for_tensor_parallel = True  # each tensor declares the dims it splits along (loading.tensor_dims)
 
     def __init__(self, ctx):
@@ -115,35 +124,63 @@ class CompressedTensorsLinearMethod(QuantMethod):
         )
 
     def create_weights(self, layer, input_size, output_sizes):
-        tensors = register_sinks(layer, self.groups, len(output_sizes))
+        layer.ct_loading = self._loading(layer, input_size, output_sizes)
+
+    def create_moe_weights(self, layer, num_experts, input_size, output_sizes):
+        layer.ct_loading = self._loading(layer, input_size, output_sizes, num_experts)
+
+    def _loading(self, layer, input_size: int, output_sizes: list[int], experts: int = 1) -> Loading:
+        loading = register_sinks(layer, self.groups, len(output_sizes), experts)
         if len(self.groups) == 1:  # the layer's scheme known: refused before any tensor is read
-            check_sizes(self.groups[0].scheme, tensors.split, input_size, output_sizes)
-        layer.ct_tensors = tensors
+            check_sizes(self.groups[0].scheme, loading.split, input_size, output_sizes)
+        return loading
+
+    def _loaded(self, layer) -> Loading:
+        loading = layer.ct_loading
+        for name in (*loading.sink_names, "ct_loading"):
+            delattr(layer, name)
+        return loading
 
     def process_weights_after_loading(self, layer):
-        tensors, parts = layer.ct_tensors, layer.ct_tensors.parts
-        for name in (*tensors.sink_names, "ct_tensors"):
-            delattr(layer, name)
-        scheme = self._layer_scheme(tensors.groups, parts)
+        loading = self._loaded(layer)
+        whole = (layer.full_output_sizes, layer.full_input_size)
+        layer.kernel, layer.kernel_path = self._built(loading, loading.weights[0], layer, whole)
+
+    def process_moe_weights_after_loading(self, layer):
+        """Each expert's kernel, as a linear layer of its tensors gets (experts are whole on a rank)."""
+        loading = self._loaded(layer)
+        whole = (layer.output_sizes, layer.input_size)
+        for expert in loading.weights:
+            scheme = self._layer_scheme(expert.groups, expert.parts)
+            if getattr(scheme and scheme.activations, "scales", None) == "static":
+                raise ValueError(
+                    "quantization: compressed-tensors experts of a mixture-of-experts layer with "
+                    "static input scales are not supported (as in vLLM: int8 experts take dynamic "
+                    "per-token activations)"
+                )
+        built = [self._built(loading, expert, layer, whole) for expert in loading.weights]
+        layer.experts = torch.nn.ModuleList(kernel for kernel, _ in built)
+
+    def _built(self, loading: Loading, weight: Projections, layer, whole: tuple[list[int], int]):
+        """-> (the kernel of ``weight``, one of ``layer``'s, its path's name); ``whole``: the
+        checkpoint's output sizes and input size, of which a tensor-parallel rank holds a part."""
+        parts, output_sizes, input_size = weight.parts, layer.output_sizes, layer.input_size
+        scheme = self._layer_scheme(weight.groups, parts)
         if scheme is not None:
             if len(self.groups) > 1:  # one group: checked in create_weights
-                check_sizes(scheme, tensors.split, layer.input_size, layer.output_sizes)
-            self._check_loaded(scheme, parts, layer)
+                check_sizes(scheme, loading.split, input_size, output_sizes)
+            self._check_loaded(scheme, parts, whole)
         if scheme is None or any(_is_float(part) for part in parts):
             dense = torch.cat(
-                [
-                    self._dequantized(scheme, part, rows, layer.input_size)
-                    for part, rows in zip(parts, layer.output_sizes)
-                ]
+                [self._dequantized(scheme, part, rows, input_size) for part, rows in zip(parts, output_sizes)]
             )
-            layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
+            kernel, path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
         else:
-            layer.kernel, layer.kernel_path = self._kernel(
-                scheme, parts, layer.output_sizes, layer.input_size
-            )
-        if layer.kernel_path not in ("packed", "w8a8-packed"):
-            shape = (sum(layer.output_sizes), layer.input_size)
-            logger.info("compressed-tensors: a %s layer runs %s", shape, PATHS[layer.kernel_path])
+            kernel, path = self._kernel(scheme, parts, output_sizes, input_size)
+        if path not in ("packed", "w8a8-packed"):
+            shape = (sum(output_sizes), input_size)
+            logger.info("compressed-tensors: a %s weight runs %s", shape, PATHS[path])
+        return kernel, path
 
     def _layer_scheme(self, groups: list[set[str]], parts: list[dict]) -> Scheme | None:
         """The scheme of the layer's quantized projections (None: all float). Fused projections
@@ -161,7 +198,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
             return self.groups[0].scheme  # a weight without its group's tensors: _check_loaded names them
         return None
 
-    def _check_loaded(self, scheme: Scheme, parts: list[dict], layer) -> None:
+    def _check_loaded(self, scheme: Scheme, parts: list[dict], whole: tuple[list[int], int]) -> None:
         required = REQUIRED[scheme.format]
         if not scheme.weights.symmetric:
             required += ("weight_zero_point",)
@@ -174,7 +211,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
                     f"quantization: compressed-tensors checkpoint lacks {missing} of shard {index} of a layer"
                 )
             if "weight_shape" in part:  # the whole projection's, as the checkpoint holds it
-                formats.check_weight_shape(part, (layer.full_output_sizes[index], layer.full_input_size))
+                formats.check_weight_shape(part, (whole[0][index], whole[1]))
 
     def _affine(self, scheme: Scheme, part: dict, rows: int, inputs: int) -> AffineWeight:
         """A shard as a group-affine weight (every format but FP8)."""
@@ -219,6 +256,13 @@ class CompressedTensorsLinearMethod(QuantMethod):
 
     def dequantize(self, layer):
         return layer.kernel.dequantize().to(self.ctx.dtype)
+
+    def apply_moe(self, layer, x, segments):
+        experts = layer.experts
+        return segments.per_expert(x, sum(layer.output_sizes), lambda e, rows: experts[e](rows))
+
+    def dequantize_moe(self, layer):
+        return torch.stack([expert.dequantize() for expert in layer.experts]).to(self.ctx.dtype)
 
 
 def _scalar(tensor: torch.Tensor) -> float:
