@@ -152,7 +152,11 @@ class CompressedTensorsLinearMethod(QuantMethod):
         whole = (layer.output_sizes, layer.input_size)
         for expert in loading.weights:
             scheme = self._layer_scheme(expert.groups, expert.parts)
-            if getattr(scheme and scheme.activations, "scales", None) == "static":
+            if (
+                scheme is not None
+                and scheme.activations is not None
+                and scheme.activations.scales == "static"
+            ):
                 raise ValueError(
                     "quantization: compressed-tensors experts of a mixture-of-experts layer with "
                     "static input scales are not supported (as in vLLM: int8 experts take dynamic "
@@ -194,9 +198,11 @@ class CompressedTensorsLinearMethod(QuantMethod):
             )
         if schemes:
             return schemes.pop()
-        if len(self.groups) == 1 or not all(_is_float(part) for part in parts):
-            return self.groups[0].scheme  # a weight without its group's tensors: _check_loaded names them
-        return None
+        if all(_is_float(part) for part in parts):
+            return None
+        return self.groups[
+            0
+        ].scheme  # a quantized weight without its group's tensors: _check_loaded names them
 
     def _check_loaded(self, scheme: Scheme, parts: list[dict], whole: tuple[list[int], int]) -> None:
         required = REQUIRED[scheme.format]
