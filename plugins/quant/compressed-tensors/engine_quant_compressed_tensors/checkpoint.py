@@ -102,10 +102,10 @@ def dequantize_int8(tensors: dict) -> torch.Tensor:
     return tensors["weight"].float() * tensors["weight_scale"].float()
 
 
-def fp8_tensors(weight: torch.Tensor, strategy: str) -> dict:
+def fp8_tensors(weight: torch.Tensor, strategy: str, block: int = 128) -> dict:
     """``float-quantized``: ``weight`` e4m3 and ``weight_scale`` [1] (tensor), [N, 1] (channel)
-    or [N/128, K/128] (block) — the fp8 plugin's writer, named as compressed-tensors names it."""
-    tensors = fp8_checkpoint.quantize(weight, strategy)
+    or [N/block, K/block] (block) — the fp8 plugin's writer, named as compressed-tensors names it."""
+    tensors = fp8_checkpoint.quantize(weight, strategy, block)
     scale = tensors.pop("weight_scale", None)
     scale = tensors.pop("weight_scale_inv") if scale is None else scale.reshape(-1, 1)[: weight.shape[0]]
     return {"weight": tensors["weight"], "weight_scale": scale.reshape(1) if strategy == "tensor" else scale}
@@ -155,12 +155,21 @@ def dequantize_nvfp4(tensors: dict) -> torch.Tensor:
 
 def config(fmt: str, weights: dict, activations: dict | None = None, ignore=("lm_head",)) -> dict:
     """A ``quantization_config`` as compressed-tensors writes it, one group over every Linear."""
-    group = {"targets": ["Linear"], "weights": weights, "input_activations": activations, "format": fmt}
+    return mixed_config({"group_0": group(fmt, weights, activations)}, ignore, fmt)
+
+
+def group(fmt: str, weights: dict, activations: dict | None = None, targets=("Linear",)) -> dict:
+    """One of ``config_groups``: the modules ``targets`` names quantized by the scheme."""
+    return {"targets": list(targets), "weights": weights, "input_activations": activations, "format": fmt}
+
+
+def mixed_config(groups: dict, ignore=("lm_head",), fmt: str = "mixed-precision") -> dict:
+    """A ``quantization_config`` of several ``config_groups`` ({name: :func:`group`})."""
     return {
         "quant_method": "compressed-tensors",
         "format": fmt,
         "quantization_status": "compressed",
-        "config_groups": {"group_0": group},
+        "config_groups": groups,
         "ignore": list(ignore),
         "kv_cache_scheme": None,
     }
@@ -177,9 +186,15 @@ def int_weights(bits: int, group: int | None, symmetric: bool = True) -> dict:
     }
 
 
-def float_weights(strategy: str) -> dict:
-    block = [128, 128] if strategy == "block" else None
-    return {"num_bits": 8, "type": "float", "strategy": strategy, "block_structure": block, "symmetric": True}
+def float_weights(strategy: str, block: int = 128) -> dict:
+    block_structure = [block, block] if strategy == "block" else None
+    return {
+        "num_bits": 8,
+        "type": "float",
+        "strategy": strategy,
+        "block_structure": block_structure,
+        "symmetric": True,
+    }
 
 
 NVFP4_WEIGHTS = {

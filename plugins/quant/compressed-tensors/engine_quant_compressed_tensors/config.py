@@ -1,5 +1,6 @@
-"""Reading a compressed-tensors ``quantization_config``: the one scheme its ``config_groups``
-declare, checked at start-up; anything the engine cannot run is refused in one line naming it.
+"""Reading a compressed-tensors ``quantization_config``: the schemes its ``config_groups``
+declare and the modules each targets, checked at start-up; anything the engine cannot run is
+refused in one line naming it.
 
 The layout (compressed-tensors' ``QuantizationConfig``)::
 
@@ -11,8 +12,10 @@ The layout (compressed-tensors' ``QuantizationConfig``)::
         "input_activations": null | {"num_bits": 8, "type": "int", "strategy": "token",
                                      "dynamic": true, "symmetric": true}}}}
 
-Modules the scheme does not cover (``ignore``d, or not targeted) are stored as float
-``weight`` tensors; the method keeps them float (:mod:`engine_quant_compressed_tensors.method`).
+Modules no scheme covers (``ignore``d, or not targeted) are stored as float ``weight``
+tensors; the method keeps them float (:mod:`engine_quant_compressed_tensors.method`). Several
+groups (mixed precision: e.g. W4A16 attention, W8A8 MLP) each quantize the modules their
+``targets`` match, matched as vLLM matches them (:func:`group_of`).
 """
 
 from __future__ import annotations
@@ -119,8 +122,21 @@ def read_activations(args: object, where: str) -> Activations | None:
     return Activations(_field(args, where, "num_bits", int), _field(args, where, "type", str), scales)
 
 
-def read_scheme(config: dict) -> Scheme:
-    """The checkpoint's scheme: one config group (or several that agree)."""
+@attrs.frozen
+class Group:
+    """A config group: its name, its ``targets`` and the scheme they are quantized by."""
+
+    name: str
+    targets: tuple[str, ...]
+    scheme: Scheme
+
+
+# the class-name target of every linear module (the checkpoint's names carry no class)
+LINEAR_TARGET = "Linear"
+
+
+def read_groups(config: dict) -> tuple[Group, ...]:
+    """The checkpoint's config groups, each scheme checked."""
     if config.get("quantization_status", "compressed") != "compressed":
         raise _refuse(
             f"quantization_status {config.get('quantization_status')!r}: only compressed checkpoints load"
@@ -133,23 +149,71 @@ def read_scheme(config: dict) -> Scheme:
     groups = config.get("config_groups")
     if not isinstance(groups, dict) or not groups:
         raise _refuse(f"config_groups must name at least one group, got {groups!r}")
-    schemes = {}
+    read = []
     for name, group in groups.items():
         if not isinstance(group, dict):
             raise _refuse(f"config_groups.{name} must be an object, got {group!r}")
-        schemes[name] = Scheme(
+        scheme = Scheme(
             str(group.get("format") or top_format),
             read_weights(group.get("weights"), f"config_groups.{name}.weights"),
             read_activations(group.get("input_activations"), f"config_groups.{name}.input_activations"),
         )
-    first, *others = schemes.items()
-    for name, scheme in others:
-        if scheme != first[1]:
-            raise _refuse(
-                f"config_groups {first[0]!r} and {name!r} declare different schemes "
-                "(one scheme per checkpoint is supported)"
-            )
-    return _checked(first[1])
+        read.append(Group(name, _targets(group.get("targets"), name), _checked(scheme)))
+    _check_targets_agree(read)
+    return tuple(read)
+
+
+def _targets(targets: object, group: str) -> tuple[str, ...]:
+    if not isinstance(targets, list) or not targets or not all(isinstance(t, str) and t for t in targets):
+        raise _refuse(f"config_groups.{group}.targets must be a list of module names, got {targets!r}")
+    for target in targets:
+        _compiled(target, f"config_groups.{group}.targets entry")
+    return tuple(targets)
+
+
+def _compiled(entry: str, where: str) -> None:
+    if entry.startswith("re:"):
+        try:
+            re.compile(entry[3:])
+        except re.error as error:
+            raise _refuse(f"{where} {entry!r} is not a regular expression: {error}") from None
+
+
+def _check_targets_agree(groups: list[Group]) -> None:
+    """Refuse one target in two groups of different schemes (which would the module take?)."""
+    seen: dict[str, Group] = {}
+    for group in groups:
+        for target in group.targets:
+            other = seen.setdefault(target, group)
+            if other.scheme != group.scheme:
+                raise _refuse(
+                    f"config_groups {other.name!r} and {group.name!r} both target {target!r} "
+                    "with different schemes"
+                )
+
+
+def group_of(module: str, groups: tuple[Group, ...], ignore: tuple[str, ...]) -> Group | None:
+    """The group whose scheme quantizes ``module`` (a checkpoint module name), as vLLM matches
+    it: none if ``ignore`` names it; else a group with a target naming it (the name, or ``re:``
+    and a pattern matched from the start) before one targeting its class (``Linear``: every
+    linear module, the only class a checkpoint's quantized tensors belong to). Groups of
+    different schemes matching it alike are refused, naming them."""
+    if any(_names(entry, module) for entry in ignore):
+        return None
+    by_name = [group for group in groups if any(_names(target, module) for target in group.targets)]
+    matched = by_name or [group for group in groups if LINEAR_TARGET in group.targets]
+    if len({group.scheme for group in matched}) > 1:
+        names = ", ".join(repr(group.name) for group in matched)
+        raise _refuse(f"module {module!r} is targeted by config_groups {names} of different schemes")
+    return matched[0] if matched else None
+
+
+def _names(entry: str, module: str) -> bool:
+    """Whether a target or ``ignore`` entry names ``module``: equal, or ``re:`` and a pattern
+    matching it from the start."""
+    if entry.startswith("re:"):
+        return re.match(entry[3:], module) is not None
+    return entry == module
 
 
 def _checked(scheme: Scheme) -> Scheme:
@@ -189,11 +253,7 @@ def read_ignore(config: dict) -> tuple[str, ...]:
     if not isinstance(ignore, list) or not all(isinstance(entry, str) and entry for entry in ignore):
         raise _refuse(f"ignore must be a list of module names, got {ignore!r}")
     for entry in ignore:
-        if entry.startswith("re:"):
-            try:
-                re.compile(entry[3:])
-            except re.error as error:
-                raise _refuse(f"ignore entry {entry!r} is not a regular expression: {error}") from None
+        _compiled(entry, "ignore entry")
     return tuple(ignore)
 
 
@@ -210,7 +270,6 @@ def _names_a_module(entry: str, modules: set[str]) -> bool:
     (``LlamaDecoderLayer``) names no path the checkpoint spells, so it counts as found, as does
     the LM head."""
     if entry.startswith("re:"):
-        pattern = re.compile(entry[3:])
-        return any(pattern.match(module) for module in modules)
+        return any(_names(entry, module) for module in modules)
     is_class_name = entry.isidentifier() and entry[0].isupper()
     return is_class_name or entry == LM_HEAD or entry in modules

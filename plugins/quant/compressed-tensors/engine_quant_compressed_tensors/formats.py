@@ -35,13 +35,14 @@ def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
         )
 
 
-def scale_groups(weights: Weights, inputs: int) -> int:
-    """How many scales a row holds (refusing a group size that does not divide the inputs)."""
+def scale_groups(weights: Weights, inputs: int, where: str = "") -> int:
+    """How many scales a row holds (refusing a group size that does not divide the inputs;
+    ``where`` says whose inputs they are, e.g. a tensor-parallel rank's)."""
     if weights.strategy in ("group", "tensor_group"):
         if inputs % weights.group:
             raise ValueError(
                 f"quantization: compressed-tensors group_size {weights.group} does not divide "
-                f"a layer's input size {inputs}"
+                f"a layer's input size {inputs}{where}"
             )
         return inputs // weights.group
     return 1
@@ -56,16 +57,21 @@ def _row_scales(scale: torch.Tensor, rows: int, groups: int) -> torch.Tensor:
     return scale
 
 
-def packed_int(tensors: dict, weights: Weights, rows: int, inputs: int) -> AffineWeight:
-    """``pack-quantized``: ``weight_packed``, ``weight_scale``, ``weight_shape`` and, for
-    asymmetric weights, ``weight_zero_point``."""
-    bits, per_word, groups = weights.bits, 32 // weights.bits, scale_groups(weights, inputs)
+def check_weight_shape(tensors: dict, shape: tuple[int, int]) -> None:
+    """``pack-quantized``'s ``weight_shape``: the whole projection's [N, K] (``shape``), of
+    which a tensor-parallel rank's other tensors are a part."""
     _expect("weight_shape", tensors["weight_shape"], (2,))
-    if tuple(tensors["weight_shape"].tolist()) != (rows, inputs):
+    if tuple(tensors["weight_shape"].tolist()) != shape:
         raise ValueError(
             f"quantization: compressed-tensors weight_shape {tensors['weight_shape'].tolist()} "
-            f"is not the layer's {[rows, inputs]}"
+            f"is not the layer's {list(shape)}"
         )
+
+
+def packed_int(tensors: dict, weights: Weights, rows: int, inputs: int) -> AffineWeight:
+    """``pack-quantized``: ``weight_packed``, ``weight_scale`` and, for asymmetric weights,
+    ``weight_zero_point`` (``weight_shape``: :func:`check_weight_shape`)."""
+    bits, per_word, groups = weights.bits, 32 // weights.bits, scale_groups(weights, inputs)
     _expect("weight_packed", tensors["weight_packed"], (rows, inputs // per_word))
     u = unpack_words(tensors["weight_packed"], bits).reshape(rows, inputs)
     scale = _row_scales(tensors["weight_scale"], rows, groups)

@@ -1,8 +1,10 @@
 """The ``compressed-tensors`` quant method: checkpoints whose ``quantization_config.quant_method``
 is ``compressed-tensors`` (written by llm-compressor / the compressed-tensors library).
 
-Per layer, the checkpoint's tensors are collected shard by shard (q/k/v and gate/up fused here)
-and turned into one kernel, by the checkpoint's scheme (:mod:`engine_quant_compressed_tensors.config`):
+Per layer, the checkpoint's tensors are collected shard by shard (q/k/v and gate/up fused here,
+:mod:`engine_quant_compressed_tensors.loading`) and turned into one kernel, by the scheme of the
+config group whose ``targets`` match the layer (:mod:`engine_quant_compressed_tensors.config`;
+mixed precision: several groups, e.g. W4A16 attention and W8A8 MLP, each layer by its own):
 
 * ``pack-quantized`` W4A16 / W8A16 (group or channel, symmetric or not) and weight-only
   ``int-quantized``: a group-affine weight on the kernel AWQ and GPTQ take (the platform's
@@ -16,8 +18,15 @@ and turned into one kernel, by the checkpoint's scheme (:mod:`engine_quant_compr
   weight — its blocks of 16 fit no packed kernel, so it is dequantized at load.
 
 A module the checkpoint leaves unquantized (``ignore``, or not targeted) arrives as a float
-``weight`` and stays float. Tensor parallelism is refused by name (the packed dims are not
-split per rank yet), as are mixture-of-experts experts and quantized vocabulary tables.
+``weight`` and stays float. Mixture-of-experts experts: each expert gets the kernel a linear
+layer of its tensors would (static input scales refused, as vLLM refuses them). Quantized
+vocabulary tables are not read.
+
+Tensor parallelism: every tensor declares the dims a rank's part is cut along
+(:func:`engine_quant_compressed_tensors.loading.tensor_dims`); each rank builds its kernel from
+its part alone, with the checkpoint's own scales, so its values are exactly TP=1's. A split
+that would cut a packing word, a scale group or an FP8 block across ranks is refused at
+start-up, naming it.
 """
 
 from __future__ import annotations
@@ -29,9 +38,8 @@ import torch
 from engine.interfaces import QuantMethod
 from engine.layers.group_affine import AffineWeight
 from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
-from engine_quant_awq_gptq.method import ShardSink
 from engine_quant_compressed_tensors import formats
-from engine_quant_compressed_tensors.config import check_ignore, read_ignore, read_scheme
+from engine_quant_compressed_tensors.config import Scheme, check_ignore, group_of, read_groups, read_ignore
 from engine_quant_compressed_tensors.kernels import (
     DynamicInt8,
     Fp8Layer,
@@ -39,19 +47,17 @@ from engine_quant_compressed_tensors.kernels import (
     nvfp4_activations,
     static_int8,
 )
+from engine_quant_compressed_tensors.loading import (
+    GROUP_TENSORS,
+    Loading,
+    Projections,
+    check_sizes,
+    register_sinks,
+    sink_name,
+)
 
 logger = logging.getLogger(__name__)
 
-TENSOR_NAMES = (
-    "weight",
-    "weight_packed",
-    "weight_scale",
-    "weight_shape",
-    "weight_zero_point",
-    "weight_global_scale",
-    "input_scale",
-    "input_global_scale",
-)
 REQUIRED = {
     "pack-quantized": ("weight_packed", "weight_scale", "weight_shape"),
     "int-quantized": ("weight", "weight_scale"),
@@ -73,6 +79,8 @@ PATHS = {
 
 class CompressedTensorsLinearMethod(QuantMethod):
     name = "compressed-tensors"
+    quantizes_experts = True  # each expert a kernel of its own, as a linear layer's
+    shards_for_tensor_parallel = True  # each tensor declares the dims it splits along (loading.tensor_dims)
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -80,11 +88,32 @@ class CompressedTensorsLinearMethod(QuantMethod):
             raise ValueError(
                 "quantization: compressed-tensors reads its checkpoints; it does not quantize online"
             )
-        self.scheme = read_scheme(ctx.quant_config)
+        self.groups = read_groups(ctx.quant_config)
         self.ignore = read_ignore(ctx.quant_config)
+        self.schemes = {group.name: group.scheme for group in self.groups}
+        self.module_groups: dict[str, str] = {}  # checkpoint module -> its config group's name
 
     def check_checkpoint_modules(self, modules):
         check_ignore(self.ignore, modules)
+
+    def checkpoint_tensor_name(self, name):
+        """With several config groups, a quantized tensor loads under its group's name
+        (:func:`engine_quant_compressed_tensors.loading.sink_name`): its module matched to the
+        group by the targets (:func:`engine_quant_compressed_tensors.config.group_of`). An
+        instance method where the interface has a class method: the match needs this
+        checkpoint's groups (the core calls it on the method it built)."""
+        module, _, tensor = name.rpartition(".")
+        if len(self.groups) == 1 or tensor not in GROUP_TENSORS:
+            return name
+        if module not in self.module_groups:
+            group = group_of(module, self.groups, self.ignore)
+            if group is None:
+                raise ValueError(
+                    f"quantization: compressed-tensors module {module!r} holds {tensor} but no "
+                    "config group targets it (or it is ignored)"
+                )
+            self.module_groups[module] = group.name
+        return f"{module}.{sink_name(tensor, self.module_groups[module], True)}"
 
     @classmethod
     def describe(cls, platform) -> str:
@@ -95,49 +124,91 @@ class CompressedTensorsLinearMethod(QuantMethod):
         )
 
     def create_weights(self, layer, input_size, output_sizes):
-        self._check_packing(input_size, output_sizes)
-        shards: list[dict] = [dict() for _ in output_sizes]
-        for name in TENSOR_NAMES:
-            setattr(layer, name, ShardSink(shards, name))
-        layer.ct_shards = shards
+        layer.ct_loading = self._loading(layer, input_size, output_sizes)
 
-    def _check_packing(self, input_size: int, output_sizes: list[int]) -> None:
-        """Refuse a layer whose sizes the format's words or groups cannot hold."""
-        weights = self.scheme.weights
-        formats.scale_groups(weights, input_size)
-        if self.scheme.format == "pack-quantized":
-            per_word = 32 // weights.bits
-            rows = output_sizes if not weights.symmetric else []
-            if input_size % per_word or any(size % per_word for size in rows):
-                raise ValueError(
-                    f"quantization: compressed-tensors packs {per_word} values a word; input size "
-                    f"{input_size} or output sizes {output_sizes} do not"
-                )
+    def create_moe_weights(self, layer, num_experts, input_size, output_sizes):
+        layer.ct_loading = self._loading(layer, input_size, output_sizes, num_experts)
+
+    def _loading(self, layer, input_size: int, output_sizes: list[int], experts: int = 1) -> Loading:
+        loading = register_sinks(layer, self.groups, len(output_sizes), experts)
+        if len(self.groups) == 1:  # the layer's scheme known: refused before any tensor is read
+            check_sizes(self.groups[0].scheme, loading.split, input_size, output_sizes)
+        return loading
+
+    def _loaded(self, layer) -> Loading:
+        loading = layer.ct_loading
+        for name in (*loading.sink_names, "ct_loading"):
+            delattr(layer, name)
+        return loading
 
     def process_weights_after_loading(self, layer):
-        parts = layer.ct_shards
-        for name in (*TENSOR_NAMES, "ct_shards"):
-            delattr(layer, name)
-        self._check_loaded(parts)
-        if any(_is_float(part) for part in parts):
-            dense = torch.cat(
-                [
-                    self._dequantized(part, rows, layer.input_size)
-                    for part, rows in zip(parts, layer.output_sizes)
-                ]
-            )
-            layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
-        else:
-            layer.kernel, layer.kernel_path = self._kernel(parts, layer.output_sizes, layer.input_size)
-        if layer.kernel_path not in ("packed", "w8a8-packed"):
-            shape = (sum(layer.output_sizes), layer.input_size)
-            logger.info("compressed-tensors: a %s layer runs %s", shape, PATHS[layer.kernel_path])
+        loading = self._loaded(layer)
+        whole = (layer.full_output_sizes, layer.full_input_size)
+        layer.kernel, layer.kernel_path = self._built(loading, loading.weights[0], layer, whole)
 
-    def _check_loaded(self, parts: list[dict]) -> None:
-        required = REQUIRED[self.scheme.format]
-        if not self.scheme.weights.symmetric:
+    def process_moe_weights_after_loading(self, layer):
+        """Each expert's kernel, as a linear layer of its tensors gets (experts are whole on a rank)."""
+        loading = self._loaded(layer)
+        whole = (layer.output_sizes, layer.input_size)
+        for expert in loading.weights:
+            scheme = self._layer_scheme(expert.groups, expert.parts)
+            if (
+                scheme is not None
+                and scheme.activations is not None
+                and scheme.activations.scales == "static"
+            ):
+                raise ValueError(
+                    "quantization: compressed-tensors experts of a mixture-of-experts layer with "
+                    "static input scales are not supported (as in vLLM: int8 experts take dynamic "
+                    "per-token activations)"
+                )
+        built = [self._built(loading, expert, layer, whole) for expert in loading.weights]
+        layer.experts = torch.nn.ModuleList(kernel for kernel, _ in built)
+
+    def _built(self, loading: Loading, weight: Projections, layer, whole: tuple[list[int], int]):
+        """-> (the kernel of ``weight``, one of ``layer``'s, its path's name); ``whole``: the
+        checkpoint's output sizes and input size, of which a tensor-parallel rank holds a part."""
+        parts, output_sizes, input_size = weight.parts, layer.output_sizes, layer.input_size
+        scheme = self._layer_scheme(weight.groups, parts)
+        if scheme is not None:
+            if len(self.groups) > 1:  # one group: checked in create_weights
+                check_sizes(scheme, loading.split, input_size, output_sizes)
+            self._check_loaded(scheme, parts, whole)
+        if scheme is None or any(_is_float(part) for part in parts):
+            dense = torch.cat(
+                [self._dequantized(scheme, part, rows, input_size) for part, rows in zip(parts, output_sizes)]
+            )
+            kernel, path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
+        else:
+            kernel, path = self._kernel(scheme, parts, output_sizes, input_size)
+        if path not in ("packed", "w8a8-packed"):
+            shape = (sum(output_sizes), input_size)
+            logger.info("compressed-tensors: a %s weight runs %s", shape, PATHS[path])
+        return kernel, path
+
+    def _layer_scheme(self, groups: list[set[str]], parts: list[dict]) -> Scheme | None:
+        """The scheme of the layer's quantized projections (None: all float). Fused projections
+        (q/k/v, gate/up) of different schemes are refused, as vLLM refuses them."""
+        names = sorted(set().union(*groups))
+        schemes = {self.schemes[name] for name in names}
+        if len(schemes) > 1:
+            raise ValueError(
+                f"quantization: compressed-tensors fused projections (q/k/v or gate/up) of a layer "
+                f"fall in config_groups {names} of different schemes (one scheme a layer)"
+            )
+        if schemes:
+            return schemes.pop()
+        if all(_is_float(part) for part in parts):
+            return None
+        return self.groups[
+            0
+        ].scheme  # a quantized weight without its group's tensors: _check_loaded names them
+
+    def _check_loaded(self, scheme: Scheme, parts: list[dict], whole: tuple[list[int], int]) -> None:
+        required = REQUIRED[scheme.format]
+        if not scheme.weights.symmetric:
             required += ("weight_zero_point",)
-        scales = getattr(self.scheme.activations, "scales", None)
+        scales = getattr(scheme.activations, "scales", None)
         required += {"static": ("input_scale",), "nvfp4": ("input_global_scale",)}.get(scales, ())
         for index, part in enumerate(parts):
             missing = [name for name in required if name not in part]
@@ -145,30 +216,32 @@ class CompressedTensorsLinearMethod(QuantMethod):
                 raise ValueError(
                     f"quantization: compressed-tensors checkpoint lacks {missing} of shard {index} of a layer"
                 )
+            if "weight_shape" in part:  # the whole projection's, as the checkpoint holds it
+                formats.check_weight_shape(part, (whole[0][index], whole[1]))
 
-    def _affine(self, part: dict, rows: int, inputs: int) -> AffineWeight:
+    def _affine(self, scheme: Scheme, part: dict, rows: int, inputs: int) -> AffineWeight:
         """A shard as a group-affine weight (every format but FP8)."""
         read = {
             "pack-quantized": formats.packed_int,
             "int-quantized": formats.int8_values,
             "nvfp4-pack-quantized": formats.nvfp4,
-        }[self.scheme.format]
-        return read(part, self.scheme.weights, rows, inputs)
+        }[scheme.format]
+        return read(part, scheme.weights, rows, inputs)
 
-    def _dequantized(self, part: dict, rows: int, inputs: int) -> torch.Tensor:
+    def _dequantized(self, scheme: Scheme | None, part: dict, rows: int, inputs: int) -> torch.Tensor:
         """A shard's weight in float32 (for a fused layer of which the checkpoint left part float)."""
-        if _is_float(part):
+        if _is_float(part) or scheme is None:
             return part["weight"].float()
-        if self.scheme.format == "float-quantized":
-            return Fp8Layer(self.ctx, self.scheme.weights.block, [part], [rows]).dequantize().float()
-        return self._affine(part, rows, inputs).dequantize()
+        if scheme.format == "float-quantized":
+            return Fp8Layer(self.ctx, scheme.weights.block, [part], [rows]).dequantize().float()
+        return self._affine(scheme, part, rows, inputs).dequantize()
 
-    def _kernel(self, parts: list[dict], output_sizes: list[int], inputs: int):
+    def _kernel(self, scheme: Scheme, parts: list[dict], output_sizes: list[int], inputs: int):
         """-> (the module computing x · wᵀ, its path's name)."""
-        ctx, scheme = self.ctx, self.scheme
+        ctx = self.ctx
         if scheme.format == "float-quantized":
             return Fp8Layer(ctx, scheme.weights.block, parts, output_sizes), "fp8"
-        shards = [self._affine(part, rows, inputs) for part, rows in zip(parts, output_sizes)]
+        shards = [self._affine(scheme, part, rows, inputs) for part, rows in zip(parts, output_sizes)]
         ops = ctx.platform.layer_ops(ctx.dtype)
         if scheme.activations is None:
             return group_affine_kernel(AffineWeight.cat(shards), ctx.platform, ctx.dtype)
@@ -189,6 +262,13 @@ class CompressedTensorsLinearMethod(QuantMethod):
 
     def dequantize(self, layer):
         return layer.kernel.dequantize().to(self.ctx.dtype)
+
+    def apply_moe(self, layer, x, segments):
+        experts = layer.experts
+        return segments.per_expert(x, sum(layer.output_sizes), lambda e, rows: experts[e](rows))
+
+    def dequantize_moe(self, layer):
+        return torch.stack([expert.dequantize() for expert in layer.experts]).to(self.ctx.dtype)
 
 
 def _scalar(tensor: torch.Tensor) -> float:

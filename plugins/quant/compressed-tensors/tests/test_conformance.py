@@ -112,6 +112,20 @@ class TestW8A8Static(TestW8A8Dynamic):
     def quantize(self, weight):
         return checkpoint.int8_tensors(weight, input_scale=4 / 127)
 
+    # Experts with static input scales are refused (as vLLM refuses them): the kit's two
+    # expert checks are that refusal here.
+    def test_moe_experts_dequantize_to_the_format(self, registry, platform):
+        self._experts_refused(registry, platform)
+
+    def test_moe_layer_matches_the_per_expert_reference(self, registry, platform):
+        self._experts_refused(registry, platform)
+
+    def _experts_refused(self, registry, platform):
+        from engine.testing.moe import loaded_moe
+
+        with pytest.raises(ValueError, match="experts of a mixture-of-experts layer with static input"):
+            loaded_moe(self.make_method(registry, platform), 4, 2, 64, 64, True, self.checkpoint_tensors)
+
 
 class TestFp8Block(CompressedTensorsContract):
     checkpoint_config = checkpoint.config(

@@ -1,6 +1,7 @@
 """Starting an engine on compressed-tensors checkpoints: bad ones are refused at start-up, each
 with one line naming what is wrong (a real checkpoint folder whose ``quantization_config`` was
-edited); tensor parallelism is refused naming the method; ``engine plugins`` names the path."""
+edited); ``engine plugins`` names the path. (Splits tensor parallelism cannot make:
+``test_tensor_parallel.py``.)"""
 
 from __future__ import annotations
 
@@ -24,6 +25,16 @@ def _weights(**changes) -> dict:
     return W4A16 | {"config_groups": {"group_0": GROUP | {"weights": GROUP["weights"] | changes}}}
 
 
+def _groups(targets_0: list[str], targets_1: list[str]) -> dict:
+    """Two config groups of different schemes (8-bit weights the second's), targeting these."""
+    other = GROUP["weights"] | {"num_bits": 8}
+    groups = {
+        "group_0": GROUP | {"targets": targets_0},
+        "group_1": GROUP | {"targets": targets_1, "weights": other},
+    }
+    return W4A16 | {"config_groups": groups}
+
+
 BAD_CONFIGS = {
     "no config groups": (W4A16 | {"config_groups": None}, "config_groups must name at least one group"),
     "bits as text": (_weights(num_bits="4"), "config_groups.group_0.weights.num_bits must be int"),
@@ -42,7 +53,7 @@ BAD_CONFIGS = {
         "ignore entry 're:.*vision_tower.*' names no module of the checkpoint",
     ),
     "ignore pattern malformed": (W4A16 | {"ignore": ["re:(mlp"]}, "ignore entry 're:(mlp' is not a regular"),
-    "mixed groups": (
+    "one target in groups of different schemes": (
         W4A16
         | {
             "config_groups": {
@@ -50,7 +61,19 @@ BAD_CONFIGS = {
                 "group_1": GROUP | {"weights": GROUP["weights"] | {"group_size": 64}},
             }
         },
-        "config_groups 'group_0' and 'group_1' declare different schemes",
+        "config_groups 'group_0' and 'group_1' both target 'Linear' with different schemes",
+    ),
+    "target pattern malformed": (
+        W4A16 | {"config_groups": {"group_0": GROUP | {"targets": ["re:(attn"]}}},
+        "config_groups.group_0.targets entry 're:(attn' is not a regular expression",
+    ),
+    "fused projections in groups of different schemes": (
+        _groups(["Linear"], ["re:.*q_proj$"]),
+        "fall in config_groups ['group_0', 'group_1'] of different schemes",
+    ),
+    "a module no group targets": (
+        _groups(["re:.*self_attn.*"], ["re:.*gate_proj$", "re:.*up_proj$"]),
+        "down_proj' holds weight_",
     ),
 }
 COMMON = dict(dtype="float32", device="cpu", num_blocks=40, block_size=8, max_model_len=128)
@@ -84,13 +107,6 @@ def test_bad_checkpoints_are_refused_in_one_line_naming_the_problem(folder, tmp_
         LLM(_edited(folder, tmp_path, config), **COMMON)
     text = str(refused.value)
     assert message in text and "\n" not in text and text.startswith("quantization: compressed-tensors")
-
-
-def test_tensor_parallelism_is_refused_naming_the_method(folder):
-    with pytest.raises(
-        ValueError, match="quant method 'compressed-tensors' declares no tensor-parallel sharding"
-    ):
-        LLM(folder, tensor_parallel_size=2, **COMMON)
 
 
 def test_describe_names_each_schemes_path():

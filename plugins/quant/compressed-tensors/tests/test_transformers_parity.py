@@ -26,6 +26,7 @@ def _calibrated_max(weight: torch.Tensor) -> float:
     return 2 + weight.shape[0] / 128
 
 
+ATTENTION = r"re:.*self_attn\.(q|k|v|o)_proj$"
 FORMATS = {
     "w4a16-group128": (
         lambda w: checkpoint.packed_tensors(w, 4, 128),
@@ -41,6 +42,26 @@ FORMATS = {
             "pack-quantized",
             checkpoint.int_weights(4, 32, symmetric=False),
             ignore=["lm_head", "re:.*down_proj$"],
+        ),
+    ),
+    "mixed-w4a16-attention-w8a8-static-mlp": (  # the MLP's weights, alone, have 512 rows or inputs
+        lambda w: (
+            checkpoint.int8_tensors(w, _calibrated_max(w) / 127)
+            if 512 in w.shape
+            else checkpoint.packed_tensors(w, 4, 32)
+        ),
+        lambda t: checkpoint.dequantize_int8(t) if "weight" in t else checkpoint.dequantize_packed(t, 4),
+        checkpoint.mixed_config(
+            {  # attention by name, before the MLP's group by class
+                "group_0": checkpoint.group(
+                    "int-quantized",
+                    checkpoint.int_weights(8, None),
+                    checkpoint.activations("int", dynamic=False),
+                ),
+                "group_1": checkpoint.group(
+                    "pack-quantized", checkpoint.int_weights(4, 32), targets=[ATTENTION]
+                ),
+            }
         ),
     ),
     "w8a8-static": (
