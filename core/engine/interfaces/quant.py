@@ -102,12 +102,13 @@ class QuantMethod(ABC):
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Repack or quantize once all weights are loaded."""
 
-    @classmethod
-    def checkpoint_tensor_name(cls, name: str) -> str:
-        """The name a checkpoint tensor loads under (interface v4). A format whose per-layer
-        tensors hang below the weight's own name (bitsandbytes' ``q_proj.weight.absmax``)
-        renames them to a parameter of the layer (``q_proj.weight_absmax``), so that they reach
-        the layer's weight loaders like any other. This default keeps every name."""
+    def checkpoint_tensor_name(self, name: str) -> str:
+        """The name a checkpoint tensor loads under (interface v4), asked of the engine's one
+        method instance for every tensor before the model's own renaming. A format whose
+        per-layer tensors hang below the weight's own name (bitsandbytes' ``q_proj.weight.absmax``)
+        renames them to a parameter of the layer (``q_proj.weight_absmax``); one whose scheme
+        depends on the module's name (compressed-tensors' config groups) can route each tensor
+        to its scheme's slot. This default keeps every name."""
         return name
 
     def check_checkpoint_modules(self, modules: set[str]) -> None:

@@ -53,8 +53,7 @@ class BitsAndBytesLinearMethod(QuantMethod):
             "dequantized at load to the activation dtype (table codes fit no group-affine kernel)"
         )
 
-    @classmethod
-    def checkpoint_tensor_name(cls, name: str) -> str:
+    def checkpoint_tensor_name(self, name: str) -> str:
         return tensor_name(name)
 
     def create_weights(self, layer, input_size, output_sizes):
