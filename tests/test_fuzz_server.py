@@ -49,6 +49,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 DEEP = 10_000
 HI = '{"messages": [{"role": "user", "content": "hi"}]'  # the start of a chat body
 SLOW = 10.0  # seconds: no answer may take longer
+OPENAI_ERROR = {"message", "type", "param", "code"}  # the keys of an error's "error" object
+ANTHROPIC_ERROR = {"message", "type"}
 
 
 def deep_list(depth: int = DEEP) -> str:
@@ -321,7 +323,7 @@ def png_header_url(width: int, height: int) -> str:
     return "data:image/png;base64," + base64.b64encode(png).decode()
 
 
-def _image_cases() -> list[tuple[str, str, int, str | None, str]]:
+def _image_cases(model: str) -> list[tuple[str, str, int, str | None, str]]:
     """Bad images for the tiny LLaVA server (tests/conftest.py: at most 2 images a prompt,
     --max-model-len 72, 16 tokens an image, file: and http(s) URLs as its flags allow), each
     with what its error message must say."""
@@ -378,6 +380,36 @@ def _image_cases() -> list[tuple[str, str, int, str | None, str]]:
             "image_pil: give a PIL image",
         ),
         (C, j({"prompt": "hi", "multi_modal_data": {"image": good}}), 400, None, "multi_modal_data"),
+        *_other_route_image_cases(model, good),
+    ]
+
+
+def _other_route_image_cases(model: str, good: str) -> list[tuple[str, str, int, str | None, str]]:
+    """The same limits through /v1/responses' ``input_image`` parts and /v1/messages' image
+    blocks (Anthropic-shaped errors, which name no param), which read images as the chat route."""
+    j = json.dumps
+
+    def response_input(*urls: str) -> str:
+        parts = [
+            {"type": "input_text", "text": "look"},
+            *({"type": "input_image", "image_url": u} for u in urls),
+        ]
+        return j({"input": [user(parts)], "max_output_tokens": 2})
+
+    def message(*urls: str) -> str:
+        sources = [{"type": "base64", "media_type": "image/png", "data": u.split(",", 1)[1]} for u in urls]
+        blocks = [{"type": "image", "source": source} for source in sources]
+        return j(
+            {"model": model, "messages": [user([{"type": "text", "text": "look"}, *blocks])], "max_tokens": 2}
+        )
+
+    bomb, limit = png_header_url(100_000, 100_000), "3 image(s) exceed the limit of 2"
+    return [
+        (RESP, response_input(bomb), 400, "input", "decompression bomb"),
+        (RESP, response_input(good, good, good), 400, "input", limit),
+        (RESP, response_input(png_url(64, 64, cut=60)), 400, "input", "broken"),
+        ("/v1/messages", message(png_header_url(10_000, 10_000)), 400, None, "exceeds the limit"),
+        ("/v1/messages", message(good, good, good), 400, None, limit),
     ]
 
 
@@ -466,12 +498,12 @@ def busy_server(tiny_llama):
         yield s
 
 
-def _check(server, response: httpx.Response | None, seconds: float, what) -> None:
+def _check(server, response: httpx.Response | None, seconds: float, what, shape=OPENAI_ERROR) -> None:
     assert response is not None and response.status_code < 500, (what, response and response.text[:500])
     assert seconds < SLOW, (what, seconds)
     if response.status_code >= 400:
         error = response.json()["error"]
-        assert set(error) == {"message", "type", "param", "code"} and error["message"], (what, error)
+        assert set(error) == shape and error["message"], (what, error)
 
 
 def _assert_healthy(server, canary: Canary) -> None:
@@ -488,7 +520,7 @@ def test_issue_cases_are_4xx_and_leave_nothing_running(server):
 
 def test_bad_images_are_4xx_and_leave_nothing_running(llava_server):
     """Each bad image a 400 on ``messages`` naming it, and no effect on the canary's text."""
-    _run_cases(llava_server[0], _image_cases())
+    _run_cases(llava_server[0], _image_cases(llava_server[0].model()))
 
 
 def _run_cases(server, cases) -> None:
@@ -500,7 +532,8 @@ def _run_cases(server, cases) -> None:
                 response = http.post(
                     route, content=body.encode(), headers={"Content-Type": "application/json"}
                 )
-                _check(server, response, time.monotonic() - started, body[:120])
+                shape = ANTHROPIC_ERROR if route.startswith("/v1/messages") else OPENAI_ERROR
+                _check(server, response, time.monotonic() - started, body[:120], shape)
                 error = response.json()["error"]
                 assert response.status_code == status and (param is None or error["param"] == param), (
                     body[:120],

@@ -289,7 +289,15 @@ BAD_CHAT = [
     ({"chat_template_kwargs": "persona"}, "chat_template_kwargs"),
     ({"continue_final_message": True}, "continue_final_message"),  # add_generation_prompt defaults to true
     ({"continue_final_message": "yes", "add_generation_prompt": False}, "continue_final_message"),
+    ({"store": True}, "store"),  # stored chat completions are not kept
 ]
+
+
+def test_store_false_is_served(client):
+    """OpenAI's ``store`` as its SDK users send it (BFCL's handler sets it on every request)."""
+    messages = [{"role": "user", "content": "hi"}]
+    reply = client.chat.completions.create(model="tiny", messages=messages, max_tokens=2, store=False)
+    assert reply.choices[0].finish_reason == "length"
 
 
 @pytest.mark.parametrize(("extra", "param"), BAD + BAD_CHAT)

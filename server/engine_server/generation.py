@@ -722,6 +722,8 @@ def prepare_completion(state, data: bytes) -> Generation:
 def prepare_chat(state, data: bytes) -> Generation:
     """Everything up to submitting, for the worker thread: decode, validate, template."""
     body: ChatCompletionRequest = decode_body(data, ChatCompletionRequest, state.allow_unknown_fields)
+    if body.store and not state.allow_unknown_fields:  # that flag ignores what is not implemented
+        raise bad_request("stored chat completions are not supported: leave store false", "store")
     return chat_generation(state, body, lora=check_model(state, body.model))
 
 

@@ -110,6 +110,7 @@ class ChatCompletionRequest(SamplingFields, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool = True
+    store: bool = False  # OpenAI's stored completions: only false (what OpenAI SDK users send) is served
 
 
 class TokenizeRequest(msgspec.Struct, kw_only=True):
