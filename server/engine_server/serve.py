@@ -15,11 +15,10 @@ from collections.abc import Callable
 
 import uvicorn
 
-from engine.client import EngineDead, startup_plan
+from engine.client import EngineDead, exit_now, startup_plan
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
 from engine.entrypoints.tokenizer import resolve_model
 from engine.interfaces import LoRAResolverContext
-from engine.lifetime import exit_now
 from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError

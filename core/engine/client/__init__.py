@@ -23,6 +23,7 @@ _LAZY = {
     "Outputs": "engine.client.protocol",
     "Ready": "engine.client.protocol",
     "startup_plan": "engine.client.plan",
+    "exit_now": "engine.lifetime",  # a front end's process ends so once its cores are closed
 }
 
 __all__ = [
@@ -40,6 +41,7 @@ __all__ = [
     "RequestState",
     "SequenceOutput",
     "ShutdownCut",
+    "exit_now",
     "request_output",
     "startup_plan",
 ]  # the names _LAZY serves
