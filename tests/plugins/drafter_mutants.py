@@ -50,8 +50,10 @@ class PadsWithMinusOne(NgramDrafter):
 
 
 class RandomOccurrence(NgramDrafter):
-    """Continues a random earlier occurrence of the matched n-gram (unseeded), not the most
-    recent one: the drafts, and with them seeded sampling's draws, differ from run to run."""
+    """Continues a random earlier occurrence of the matched n-gram for a random number of tokens
+    (unseeded), not the most recent one for all it may: the drafts, and with them seeded
+    sampling's draws, differ from run to run (the length too, so that a prompt whose n-grams
+    occur once still varies)."""
 
     def propose(self, requests):
         return [Draft(self._lookup(_tokens(r), r.max_tokens)) for r in requests]
@@ -62,7 +64,7 @@ class RandomOccurrence(NgramDrafter):
             hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
             if len(hits):
                 start = random.choice(hits.tolist()) + n
-                return tokens[start : start + k].tolist()
+                return tokens[start : start + random.randint(0, k)].tolist()
         return []
 
 
