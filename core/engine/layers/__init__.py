@@ -18,7 +18,13 @@ from engine.layers.decoder import (
 )
 from engine.layers.embedding import VocabEmbedding
 from engine.layers.linear import Linear
-from engine.layers.loading import FUSED_PROJECTIONS, decoder_rename, load_checkpoint, split_fused
+from engine.layers.loading import (
+    FUSED_PROJECTIONS,
+    decoder_rename,
+    load_checkpoint,
+    route_by_prefix,
+    split_fused,
+)
 from engine.layers.mamba import Mamba2Mixer, Mamba2Shape
 from engine.layers.module import Layer
 from engine.layers.moe import FusedMoE, router_linear
@@ -51,6 +57,7 @@ __all__ = [
     "decoder_rename",
     "head_dim",
     "load_checkpoint",
+    "route_by_prefix",
     "router_linear",
     "split_fused",
 ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -26,6 +26,17 @@ def decoder_rename(tied: bool) -> Callable[[str], str | None]:
     """The ``rename`` of a Hugging Face decoder: rotary tables are not parameters here, and a
     model with tied embeddings has no LM head of its own to load."""
     return lambda name: None if "rotary_emb" in name or (tied and name == "lm_head.weight") else name
+
+
+def route_by_prefix(name: str, prefixes: Sequence[tuple[str, str, str]], family: str) -> tuple[str, str]:
+    """(part, name inside that part) of a multimodal checkpoint's parameter ``name``: the first
+    ``(prefix, part, inner prefix)`` of ``prefixes`` it starts with, the prefix swapped for the
+    inner one (checkpoints of one family spell their text model, vision tower and projector
+    under several prefixes across transformers versions); a ValueError naming ``family``."""
+    for prefix, part, inner in prefixes:
+        if name.startswith(prefix):
+            return part, inner + name[len(prefix) :]
+    raise ValueError(f"{family} checkpoint: unexpected parameter {name!r}")
 
 
 def split_fused(

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from engine.interfaces import KVLayout, Model
-from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP
+from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP, route_by_prefix
 from engine_models_llava.processor import LlavaImageProcessor
 
 # checkpoint name prefix -> (part, prefix it has inside that part)
@@ -29,14 +29,6 @@ _PREFIXES = (
     ("multi_modal_projector.", "projector", ""),
     ("model.multi_modal_projector.", "projector", ""),
 )
-
-
-def route(name: str) -> tuple[str, str]:
-    """(part, name inside it) of a checkpoint parameter."""
-    for prefix, part, inner in _PREFIXES:
-        if name.startswith(prefix):
-            return part, inner + name[len(prefix) :]
-    raise ValueError(f"LLaVA checkpoint: unexpected parameter {name!r}")
 
 
 class LlavaTextModel(DecoderForCausalLM):
@@ -136,7 +128,7 @@ class LlavaForConditionalGeneration(Model):
 
         def text_weights():
             for name, tensor in weights:
-                part, inner = route(name)
+                part, inner = route_by_prefix(name, _PREFIXES, "LLaVA")
                 if part == "text":
                     yield inner, tensor
                 else:

@@ -25,7 +25,14 @@ import torch
 from torch import nn
 
 from engine.interfaces import KVLayout, Model
-from engine.layers import DecoderAttention, DecoderForCausalLM, DecoderLayer, GatedMLP, RotaryEmbedding
+from engine.layers import (
+    DecoderAttention,
+    DecoderForCausalLM,
+    DecoderLayer,
+    GatedMLP,
+    RotaryEmbedding,
+    route_by_prefix,
+)
 from engine_models_qwen_vl.processor import QwenVLImageProcessor
 
 AXES = 3  # temporal, height, width
@@ -38,14 +45,6 @@ _PREFIXES = (
     ("lm_head.", "text", "lm_head."),
     ("model.", "text", "model."),
 )
-
-
-def route(name: str) -> tuple[str, str]:
-    """(part, name inside it) of a checkpoint parameter."""
-    for prefix, part, inner in _PREFIXES:
-        if name.startswith(prefix):
-            return part, inner + name[len(prefix) :]
-    raise ValueError(f"Qwen-VL checkpoint: unexpected parameter {name!r}")
 
 
 def mrope_section(text_config) -> list[int]:
@@ -165,7 +164,7 @@ class QwenVLForConditionalGeneration(Model):
 
         def text_weights():
             for name, tensor in weights:
-                part, inner = route(name)
+                part, inner = route_by_prefix(name, _PREFIXES, "Qwen-VL")
                 if part == "text":
                     yield inner, tensor
                 else:
