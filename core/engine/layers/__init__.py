@@ -22,6 +22,7 @@ from engine.layers.loading import (
     FUSED_PROJECTIONS,
     decoder_rename,
     load_checkpoint,
+    load_whole,
     route_by_prefix,
     split_fused,
 )
@@ -57,6 +58,7 @@ __all__ = [
     "decoder_rename",
     "head_dim",
     "load_checkpoint",
+    "load_whole",
     "route_by_prefix",
     "router_linear",
     "split_fused",

@@ -39,6 +39,20 @@ def route_by_prefix(name: str, prefixes: Sequence[tuple[str, str, str]], family:
     raise ValueError(f"{family} checkpoint: unexpected parameter {name!r}")
 
 
+def load_whole(
+    module: nn.Module, state: dict[str, torch.Tensor], what: str, optional: tuple[str, ...] = ()
+) -> None:
+    """Load ``state`` into ``module``, one built by another library (a multimodal model's vision
+    tower, run as ``transformers`` builds it): every parameter must be there but those under
+    an ``optional`` prefix (buffers such as position ids are rebuilt by the module); a
+    ValueError naming ``what`` lists what is missing or unexpected."""
+    missing, unexpected = module.load_state_dict(state, strict=False)
+    parameters = dict(module.named_parameters())
+    missing = [name for name in missing if name in parameters and not name.startswith(optional)]
+    if missing or unexpected:
+        raise ValueError(f"{what}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+
+
 def split_fused(
     weights: Iterable[tuple[str, torch.Tensor]], parts: dict[str, list[tuple[str, int]]]
 ) -> Iterator[tuple[str, torch.Tensor]]:

@@ -31,6 +31,7 @@ from engine.layers import (
     DecoderLayer,
     GatedMLP,
     RotaryEmbedding,
+    load_whole,
     route_by_prefix,
 )
 from engine_models_qwen_vl.processor import QwenVLImageProcessor
@@ -172,13 +173,7 @@ class QwenVLForConditionalGeneration(Model):
 
         self.language_model.load_weights(text_weights())
         if self.visual is not None:
-            missing, unexpected = self.visual.load_state_dict(vision, strict=False)
-            parameters = dict(self.visual.named_parameters())
-            missing = [name for name in missing if name in parameters]
-            if missing or unexpected:
-                raise ValueError(
-                    f"Qwen-VL checkpoint: vision tower missing {missing[:3]}, unexpected {unexpected[:3]}"
-                )
+            load_whole(self.visual, vision, "Qwen-VL checkpoint: vision tower")
 
     @classmethod
     def example_configs(cls) -> dict[str, dict]:
