@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig
 
-from engine.interfaces import Draft, Drafter
-from engine.runner.drafting import Chunk, run_chunks
+from engine.interfaces import Drafter
+from engine.runner.drafting import Chunk, chain_drafts, run_chunks
 from engine_spec_eagle.head import Eagle3Head, build_head, checkpoint_tensors
 
 
@@ -52,37 +52,18 @@ class EagleDrafter(Drafter):
         return self.aux_layers
 
     def propose(self, requests):
-        ready = [i for i, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
-        drafts: list[list[int]] = [[] for _ in requests]
-        if not ready:
-            return [Draft([]) for _ in requests]
-        chunks, features = {}, {}
-        for i in ready:
-            r = requests[i]
-            n, count = len(r.token_ids), len(r.hidden_states)
-            chunks[i] = Chunk(list(r.token_ids[n - count :]), n - 1 - count, r.block_ids)
-            features[i] = r.hidden_states
-        live = ready
-        for step in range(max(requests[i].max_tokens for i in ready)):
-            hidden, rows = run_chunks(
-                self.head,
-                self.attention,
-                self.kv_caches,
-                [chunks[i] for i in live],
-                self.block_size,
-                self.ctx.device,
-                features=torch.cat([features[i] for i in live]),
-            )
-            tokens = self.head.compute_logits(hidden[rows]).argmax(dim=-1).tolist()
-            next_live = []
-            for row, i, token in zip(rows, live, tokens):
-                drafts[i].append(token)
-                r = requests[i]
-                if step + 1 < r.max_tokens:
-                    chunks[i] = Chunk([token], len(r.token_ids) - 1 + step, r.block_ids)
-                    features[i] = hidden[row : row + 1]
-                    next_live.append(i)
-            live = next_live
-            if not live:
-                break
-        return [Draft(d) for d in drafts]
+        return chain_drafts(requests, self._step)
+
+    def _step(self, chunks: list[Chunk], features: list[torch.Tensor], step: int):
+        """One pass of the head over the chunks -> (its hidden states, each chunk's last row,
+        each chunk's greedy token)."""
+        hidden, rows = run_chunks(
+            self.head,
+            self.attention,
+            self.kv_caches,
+            chunks,
+            self.block_size,
+            self.ctx.device,
+            features=torch.cat(features),
+        )
+        return hidden, rows, self.head.compute_logits(hidden[rows]).argmax(dim=-1).tolist()

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from engine.interfaces import Draft, Drafter
-from engine.runner.drafting import Chunk, run_chunks
+from engine.interfaces import Drafter
+from engine.runner.drafting import Chunk, chain_drafts, run_chunks
 
 
 class MTPDrafter(Drafter):
@@ -42,36 +42,14 @@ class MTPDrafter(Drafter):
         self.block_size = ctx.config.cache.block_size
 
     def propose(self, requests):
-        ready = [i for i, r in enumerate(requests) if r.hidden_states is not None and len(r.hidden_states)]
-        drafts: list[list[int]] = [[] for _ in requests]
-        chunks, hidden_states = {}, {}
-        for i in ready:
-            r = requests[i]
-            n, count = len(r.token_ids), len(r.hidden_states)
-            chunks[i] = Chunk(list(r.token_ids[n - count :]), n - 1 - count, r.block_ids)
-            hidden_states[i] = r.hidden_states
-        live = ready
-        for depth in range(max((requests[i].max_tokens for i in ready), default=0)):
-            out, rows = self._step([chunks[i] for i in live], [hidden_states[i] for i in live], depth)
-            tokens = self.model.compute_logits(out[rows], depth=depth).argmax(dim=-1).tolist()
-            next_live = []
-            for row, i, token in zip(rows, live, tokens):
-                drafts[i].append(token)
-                r = requests[i]
-                if depth + 1 < r.max_tokens:
-                    chunks[i] = Chunk([token], len(r.token_ids) - 1 + depth, r.block_ids)
-                    hidden_states[i] = out[row : row + 1]
-                    next_live.append(i)
-            live = next_live
-            if not live:
-                break
-        return [Draft(d) for d in drafts]
+        return chain_drafts(requests, self._step)
 
     @torch.inference_mode()
     def _step(self, chunks: list[Chunk], hidden_states: list[torch.Tensor], depth: int):
-        """One MTP pass over the chunks -> (its hidden states, each chunk's last row)."""
+        """One MTP pass over the chunks -> (its hidden states, each chunk's last row, each
+        chunk's greedy token from MTP layer ``depth``)."""
         ids = torch.tensor([t for c in chunks for t in c.token_ids], dtype=torch.long, device=self.ctx.device)
-        return run_chunks(
+        out, rows = run_chunks(
             self.model,
             self.attention,
             self.kv_caches,
@@ -82,3 +60,5 @@ class MTPDrafter(Drafter):
             inputs_embeds=self.ctx.target.embed(ids),
             depth=depth,
         )
+        tokens = self.model.compute_logits(out[rows], depth=depth).argmax(dim=-1).tolist()
+        return out, rows, tokens

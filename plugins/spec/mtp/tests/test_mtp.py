@@ -159,7 +159,7 @@ def test_forward_matches_the_formula(v3_mtp):
     from engine.runner.drafting import Chunk
 
     blocks = list(range(-(-rows // OPTIONS["block_size"])))
-    hidden, _ = drafter._step([Chunk(prompt[1:], 0, blocks)], [h.float()], 0)
+    hidden, _, _ = drafter._step([Chunk(prompt[1:], 0, blocks)], [h.float()], 0)
     got = drafter.model.compute_logits(hidden)
     torch.testing.assert_close(got, expected.float(), atol=2e-4, rtol=2e-4)
 
