@@ -4,6 +4,7 @@ small pieces as the server streams it."""
 import json
 
 from engine.plugins import load_plugins
+from engine.testing.tool_parser import parse_in_pieces
 
 CALL = "<｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{args}\n```<｜tool▁call▁end｜>"
 OUTPUT = (
@@ -17,12 +18,7 @@ OUTPUT = (
 
 def parse(text: str, piece: int = 4):
     parser = load_plugins().get("tool_parsers", "deepseek_v3")(None)
-    content, calls = "", []
-    for at in range(0, len(text), piece):
-        more, done = parser.feed(text[at : at + piece])
-        content, calls = content + more, calls + done
-    more, done = parser.finish()
-    return content + more, calls + done
+    return parse_in_pieces(parser, text, piece)
 
 
 def test_calls_after_content():

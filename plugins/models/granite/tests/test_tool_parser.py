@@ -4,16 +4,12 @@ list), fed in small pieces as the server streams it."""
 import json
 
 from engine.plugins import load_plugins
+from engine.testing.tool_parser import parse_in_pieces
 
 
 def parse(text: str, piece: int = 5):
     parser = load_plugins().get("tool_parsers", "granite")(None)
-    content, calls = "", []
-    for at in range(0, len(text), piece):
-        more, done = parser.feed(text[at : at + piece])
-        content, calls = content + more, calls + done
-    more, done = parser.finish()
-    return content + more, calls + done
+    return parse_in_pieces(parser, text, piece)
 
 
 def test_a_list_of_calls():

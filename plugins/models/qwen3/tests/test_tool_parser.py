@@ -4,6 +4,7 @@ the server streams it: content before the call, each parameter converted by its 
 import json
 
 from engine.plugins import load_plugins
+from engine.testing.tool_parser import parse_in_pieces
 
 TOOLS = {
     "get_weather": {
@@ -41,12 +42,7 @@ OUTPUT = (
 def parse(text: str, piece: int = 3):
     parser = load_plugins().get("tool_parsers", "qwen3_coder")(None)
     parser.use_tools(TOOLS)
-    content, calls = "", []
-    for at in range(0, len(text), piece):
-        more, done = parser.feed(text[at : at + piece])
-        content, calls = content + more, calls + done
-    more, done = parser.finish()
-    return content + more, calls + done
+    return parse_in_pieces(parser, text, piece)
 
 
 def test_calls_with_typed_parameters():
