@@ -172,6 +172,37 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
 
 
 @NEEDS_NATIVE_AFFINE
+def test_a_core_recording_while_idle_decodes_eagerly_until_each_bucket_is_recorded(tiny_gguf, monkeypatch):
+    """A server's core (``record_while_idle``) starts with no bucket recorded: its decode steps
+    run eagerly; each ``idle_work`` records one bucket, the largest first, and from then on the
+    steps that bucket holds replay. The tokens never change."""
+    options = dict(dtype="float32", num_blocks=64, block_size=16, max_model_len=256, max_num_seqs=4)
+    llm = LLM(tiny_gguf, **options)
+    engine = llm.engine
+    runner = engine.runner
+    graph_plan = step_graphs.GraphPlan(tape.TapeGraphs(), (1, 2, 4), ())
+    runner.graphs = step_graphs.start(
+        engine.model, runner.attention, runner.kv_caches, graph_plan, 16, engine.platform,
+        engine.hf_config.vocab_size, engine.max_model_len, defer=True,
+    )  # fmt: skip
+    replays = []
+    real_replay = tape.Tape.replay
+    monkeypatch.setattr(tape.Tape, "replay", lambda self: (replays.append(1), real_replay(self))[1])
+    prompts, lengths = reference.random_prompts(1000, [5, 9], seed=3), [6, 6]
+    assert runner.graphs.pending == [4, 2, 1] and engine.has_idle_work()
+    eager = _generate(llm, prompts, lengths)
+    assert not replays
+    engine.idle_work()  # bucket 4 (and the start-up check): a batch of two pads into it
+    assert runner.graphs.pending == [2, 1] and list(runner.graphs.graphs) == [4]
+    assert _generate(llm, prompts, lengths) == eager and replays
+    engine.idle_work()
+    engine.idle_work()
+    assert not engine.has_idle_work() and sorted(runner.graphs.graphs) == [1, 2, 4]
+    engine.idle_work()  # nothing left: a no-op
+    assert _generate(llm, prompts, lengths) == eager
+
+
+@NEEDS_NATIVE_AFFINE
 def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf):
     """A backend whose graph metadata copies the lengths it saw at capture (as eager metadata
     does) records fine, but its replay attends one key a row: the start-up check's random batch
@@ -195,9 +226,8 @@ def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf)
         engine.hf_config.vocab_size,
         engine.max_model_len,
     )
-    graphs.capture()
     with pytest.raises(RuntimeError, match="a replay differs from the eager forward"):
-        graphs.check()
+        graphs.capture()  # the first bucket recorded is checked at once
     honest = step_graphs.StepGraphRunner(
         engine.model,
         runner.attention,

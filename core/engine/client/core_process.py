@@ -169,6 +169,8 @@ class CoreServer:
                 deltas += self.client.step()
                 self.clock.step_finished()
                 idle_stats_sent = False
+            elif not self.waiting:
+                self.core.idle_work()
             if self.events is not None:
                 self.events.publish(self.core.take_kv_events())
                 self.events.serve_replay()
@@ -191,7 +193,7 @@ class CoreServer:
             return 0
         if self.core.has_unfinished() or self.core.has_pending_transfers():
             return TRANSFER_POLL_MS
-        return IDLE_WAIT_MS
+        return 0 if self.core.has_idle_work() else IDLE_WAIT_MS
 
     def close(self) -> None:
         self.heartbeat.stop()  # before term(), which waits for its socket
@@ -224,7 +226,7 @@ def main(argv=None) -> int:
     try:
         options = kv_port_of_rank(json.loads(args.options), args.data_parallel_rank)
         config = EngineConfig.from_kwargs(**options)
-        core = EngineCore(config, load_plugins(config.plugins))
+        core = EngineCore(config, load_plugins(config.plugins), record_while_idle=True)
     except Exception as exc:  # noqa: BLE001 - whatever stops the start-up is reported to the front end
         push = context.socket(zmq.PUSH)
         push.connect(args.output)

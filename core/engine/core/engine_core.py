@@ -53,9 +53,11 @@ logger = logging.getLogger(__name__)
 
 
 class EngineCore:
-    def __init__(self, config: EngineConfig, registry: PluginRegistry):
+    def __init__(self, config: EngineConfig, registry: PluginRegistry, record_while_idle: bool = False):
         """``registry``: the plugins the engine selects its parts from; whoever builds the
-        engine loads them (:func:`engine.plugins.load_plugins` with ``config.plugins``)."""
+        engine loads them (:func:`engine.plugins.load_plugins` with ``config.plugins``).
+        ``record_while_idle``: leave the decode step graphs to :meth:`idle_work` (a server's
+        core is ready sooner; its first decode steps run eagerly), rather than record them now."""
         started = time.perf_counter()
         self.startup = report = startup.StartupReport()
         runtime = startup.resident_bytes()
@@ -169,6 +171,7 @@ class EngineCore:
             self.text_config.vocab_size,
             max_len,
             self.lora.batch if self.lora is not None else None,
+            defer=record_while_idle,
         )
         report.lap("step graphs")
         self.executor.start(self.runner, groups)
@@ -226,6 +229,8 @@ class EngineCore:
             self.hf_config,
             dtype,
         )
+        if self.has_idle_work():
+            report.parts["step graphs"] += ", recorded while idle"
         graph_bytes = step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype)
         weights = startup.tensor_bytes(t for _, t in named_tensors(model))
         startup.describe_memory(
@@ -685,6 +690,25 @@ class EngineCore:
 
     def is_sleeping(self) -> bool:
         return self._sleep is not None and self._sleep.level > 0
+
+    def has_idle_work(self) -> bool:
+        """Whether start-up left work to :meth:`idle_work` (not while asleep: the weights
+        may be gone)."""
+        graphs = self.runner.graphs
+        return graphs is not None and bool(graphs.pending) and not self.is_sleeping()
+
+    def idle_work(self) -> None:
+        """Record one more decode step graph (``record_while_idle``), a fraction of a second;
+        call it between steps while no request waits. A recording that fails leaves decode
+        eager, as at start-up."""
+        graphs = self.runner.graphs
+        if not self.has_idle_work():
+            return
+        try:
+            graphs.record_next()
+        except RuntimeError as exc:
+            logger.info("decode steps run eagerly: recording %s failed: %s", graphs.recorder.name, exc)
+            self.runner.graphs = None
 
     def update_weights_from_disk(self, model_path: str) -> None:
         """Load the weights of the checkpoint at ``model_path`` in place (SGLang's call; an RL

@@ -2,7 +2,9 @@
 platform, native tapes on cpu-native — whatever ``Platform.step_graphs`` gives).
 
 At start-up the engine records the model's forward once per batch bucket (the platform's default
-sizes up to ``max_num_seqs``, or ``cuda_graph_sizes``) over static input buffers; a step whose
+sizes up to ``max_num_seqs``, or ``cuda_graph_sizes``) over static input buffers — a server's
+core in its first idle moments instead, one bucket at a time between steps, so that it is ready
+sooner (a bucket not yet recorded runs eagerly); a step whose
 requests all have one query row (a uniform decode step) is padded to the smallest bucket that
 holds it (:func:`pad_decode`: padding rows are token 0 at position 0, one key in the null block,
 their outputs dropped) and replayed; any other step runs eagerly. This needs an attention backend
@@ -193,11 +195,14 @@ def start(
     vocab_size: int,
     max_positions: int,
     lora=None,
+    defer: bool = False,
 ) -> StepGraphRunner | None:
     """The recorded decode steps of ``plan``, or None (decode runs eagerly; the reasons are
     logged, and a recording that fails — a forward that syncs with the host, or one a tape
     cannot replay — or does not reproduce the eager forward falls back to eager). ``lora``: the
-    model's :class:`engine.layers.lora.LoRABatch` when adapters may run."""
+    model's :class:`engine.layers.lora.LoRABatch` when adapters may run. ``defer``: record
+    nothing yet; the caller records bucket by bucket (:meth:`StepGraphRunner.record_next`) when
+    it is idle, and meanwhile decode steps of the buckets not yet recorded run eagerly."""
     if not plan.sizes:
         log = logger.info if platform.device_type == "cuda" else logger.debug
         log("decode steps run eagerly: %s", "; ".join(plan.reasons))
@@ -205,9 +210,10 @@ def start(
     runner = StepGraphRunner(
         model, attention, kv_caches, plan, max_blocks, platform.device, vocab_size, max_positions, lora
     )
+    if defer:
+        return runner
     try:
         runner.capture()
-        runner.check()
     except RuntimeError as exc:
         logger.info("decode steps run eagerly: recording %s failed: %s", plan.graphs.name, exc)
         return None
@@ -245,6 +251,7 @@ class StepGraphRunner:
         self.max_blocks, self.device = max_blocks, device
         self.vocab_size, self.max_positions = vocab_size, max_positions  # what check() may feed
         self.graphs: dict[int, RecordedDecode] = {}
+        self.pending = sorted(self.sizes, reverse=True)  # the buckets not yet recorded
 
     def _forward(self, inputs: DecodeInputs, metadata, lora_rows: torch.Tensor | None = None):
         if self.lora is not None:
@@ -258,35 +265,50 @@ class StepGraphRunner:
             return None
         return torch.full((size,), -1, dtype=torch.int64, device=self.device)
 
+    def capture(self, check: bool = True) -> None:
+        """Record every bucket still pending (``check``: as :meth:`record_next`)."""
+        while self.record_next(check):
+            pass
+
     @torch.inference_mode()
-    def capture(self) -> None:
-        for size in sorted(self.sizes, reverse=True):  # the largest first: the smaller fit its memory
-            inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
-            metadata = self.attention.build_graph_metadata(inputs.layout)
-            lora_rows = self._no_adapters(size)
+    def record_next(self, check: bool = True) -> bool:
+        """Record the largest bucket still pending (the smaller fit its memory); the first one
+        recorded is checked (:meth:`check`) before any replay can serve, unless ``check`` is
+        False (a test showing what an unchecked recording would replay). True while buckets
+        remain. Raises RuntimeError where a recording fails or differs from eager."""
+        if not self.pending:
+            return False
+        size = self.pending.pop(0)
+        inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
+        metadata = self.attention.build_graph_metadata(inputs.layout)
+        lora_rows = self._no_adapters(size)
 
-            def forward(inputs=inputs, metadata=metadata, lora_rows=lora_rows):
-                return self._forward(inputs, metadata, lora_rows)
+        def forward():
+            return self._forward(inputs, metadata, lora_rows)
 
-            forward()  # warm-up: kernels compiled, allocator settled
-            graph, hidden = self.recorder.record(forward)
-            self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
-            if lora_rows is not None:
-                self.lora_rows[size] = lora_rows
+        forward()  # warm-up: kernels compiled, allocator settled
+        graph, hidden = self.recorder.record(forward)
         if self.lora is not None:
             self.lora.indices = None
-        logger.info(
-            "recorded %s of decode steps for batches of %s",
-            self.recorder.name,
-            ", ".join(map(str, self.sizes)),
-        )
+        self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
+        if check and len(self.graphs) == 1:  # on failure the caller drops this runner, bucket and all
+            self.check()
+        if lora_rows is not None:
+            self.lora_rows[size] = lora_rows
+        if not self.pending:
+            logger.info(
+                "recorded %s of decode steps for batches of %s",
+                self.recorder.name,
+                ", ".join(map(str, self.sizes)),
+            )
+        return bool(self.pending)
 
     @torch.inference_mode()
     def check(self, seed: int = 0) -> None:
         """Replay the largest bucket on random tokens, positions and lengths (keys in the null
         block) and compare with the eager forward of the same inputs; raise RuntimeError when they
         differ (a recording that froze something it should read at run time)."""
-        size, device = max(self.sizes), self.device
+        size, device = max(self.graphs), self.device
         gen = torch.Generator().manual_seed(seed)
         lens = torch.randint(1, self.attention.spec.block_size + 1, (size,), generator=gen, dtype=torch.int32)
         inputs = DecodeInputs(
@@ -321,8 +343,8 @@ class StepGraphRunner:
         if not is_uniform_decode(batch.layouts):
             return None
         size = bucket_for(batch.layout.num_requests, self.sizes)
-        if size is None or batch.layout.block_table.shape[1] > self.max_blocks:
-            return None
+        if size not in self.graphs or batch.layout.block_table.shape[1] > self.max_blocks:
+            return None  # no bucket holds it, or its bucket is not recorded yet
         recorded = self.graphs[size]
         recorded.inputs.copy_(
             pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks)
