@@ -62,6 +62,14 @@ class LayerOps:
         group of inputs), within the tolerance ``engine.testing.layer_ops`` checks."""
         return None
 
+    def pack_affine_blocks(self, raw: torch.Tensor, layout: str) -> Layer | None:
+        """The weight held by ``raw``, uint8 [N, bytes per row] blocks in a named layout
+        (``"ggml:q4_0"``, ``"ggml:q4_1"``, ``"ggml:q8_0"``: GGUF's bytes as the file stores
+        them), packed as :meth:`pack_affine` packs the same weight but straight from the blocks:
+        unpacking a GGUF model to group-affine tensors first is most of its load. None when this
+        platform reads no such layout; the caller then unpacks for :meth:`pack_affine`."""
+        return None
+
     def rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``norm`` (an :class:`engine.layers.RMSNorm`: ``weight``, ``eps``) of x, or
         (norm(x + residual), x + residual) when a residual is given — then x and residual

@@ -7,9 +7,11 @@ outlier channel) and int32 rescale — for batch 1, small batches
 and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding; LoRA's
 shrink and expand over a batch of mixed adapter slots (and rows of none); and packed
 group-affine weights (``pack_affine``): exact rows, and a matmul within the bound that rounding
-activations to int8 per 32 inputs allows; Mamba2's causal conv and selective scan over state
-slots (a fresh prefill chunk, a later one, decode rows) against a float64 recurrence. A
-platform without overrides passes trivially (the scan's reference is checked all the same).
+activations to int8 per 32 inputs allows, and ggml's blocks packed straight from their bytes
+(``pack_affine_blocks``) as ``pack_affine`` packs the weight they hold; Mamba2's causal conv and
+selective scan over state slots (a fresh prefill chunk, a later one, decode rows) against a
+float64 recurrence. A platform without overrides passes trivially (the scan's reference is
+checked all the same).
 
 Inputs come as models hand them over, not only as fresh contiguous rows: views of a fused
 projection whose rows are padded (a wider matmul output), and 3-D head views [T, H, D]
@@ -281,6 +283,26 @@ class LayerOpsContract:
         assert torch.equal(packed(x, bias), F.linear(x, weight, bias))
         assert torch.equal(packed(x.view(1, tokens, 96)), F.linear(x, weight).view(1, tokens, 70))
 
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    @pytest.mark.parametrize("layout", ["ggml:q4_0", "ggml:q4_1", "ggml:q8_0"])
+    def test_pack_affine_blocks(self, platform, dtype, layout):
+        """Blocks packed straight from the file's bytes are the weight they hold: exact rows
+        and dequantization, and the matmul of ``pack_affine`` on that weight bit for bit (or
+        None: the platform unpacks no such layout)."""
+        gen = torch.Generator().manual_seed(len(layout))
+        raw, weight = _ggml_blocks(70, 96, layout, gen)
+        ops = platform.layer_ops(dtype)
+        packed = ops.pack_affine_blocks(raw, layout)
+        if packed is None:
+            return
+        ids = torch.tensor([0, 16, 69])
+        assert torch.equal(packed.rows(ids), weight.rows(ids, dtype))
+        assert torch.equal(packed.dequantize(), weight.dequantize(dtype))
+        x = torch.randn(5, 96, generator=gen).to(dtype)
+        unpacked = ops.pack_affine(weight)
+        assert unpacked is not None, "pack_affine_blocks packs what pack_affine declines"
+        assert torch.equal(packed(x), unpacked(x))
+
     def test_pack_affine_declines_what_it_cannot_hold(self, platform):
         """Groups of 16 (GGUF's Q6_K) are outside what any 32-group kernel holds: None, or
         a kernel that computes them right."""
@@ -465,6 +487,27 @@ def _affine_weight(rows: int, cols: int, bits: int, group: int, gen, float16_sca
     if float16_scales:
         scale, offset = scale.half().float(), offset.half().float()
     return AffineWeight(q, scale, offset, group, bits)
+
+
+def _ggml_blocks(rows: int, cols: int, layout: str, gen) -> tuple[torch.Tensor, AffineWeight]:
+    """Random ggml blocks of ``layout`` (q4_0: float16 d + 16 bytes of nibbles, the low ones the
+    first 16 values; q4_1: d, m + the same; q8_0: d + 32 int8) as uint8 [rows, bytes per row],
+    and the weight they hold (w = q · d - 8d, q · d + m, (q - 128) · d)."""
+    groups = cols // 32
+    d = (torch.rand(rows, groups, 1, generator=gen) * 0.05).half()
+    m = (-torch.rand(rows, groups, 1, generator=gen) * 0.4).half()
+    if layout == "ggml:q8_0":
+        q = torch.randint(-128, 128, (rows, groups, 32), generator=gen, dtype=torch.int8)
+        parts, values, offset = [d.view(torch.uint8), q.view(torch.uint8)], q.int() + 128, -128 * d.float()
+    else:
+        values = torch.randint(0, 16, (rows, groups, 32), generator=gen, dtype=torch.int32)
+        nibbles = (values[..., :16] | (values[..., 16:] << 4)).to(torch.uint8)
+        head = [d.view(torch.uint8), m.view(torch.uint8)] if layout == "ggml:q4_1" else [d.view(torch.uint8)]
+        parts, offset = [*head, nibbles], m.float() if layout == "ggml:q4_1" else -8 * d.float()
+    raw = torch.cat(parts, dim=-1).reshape(rows, -1)
+    bits = 8 if layout == "ggml:q8_0" else 4
+    scale, offset = d.float().reshape(rows, groups), offset.reshape(rows, groups)
+    return raw, AffineWeight(values.to(torch.uint8).reshape(rows, cols), scale, offset, 32, bits)
 
 
 def _int8_activation_bound(x: torch.Tensor, w: torch.Tensor, group: int = 32) -> torch.Tensor:

@@ -36,6 +36,9 @@ GROUP, TILE = 32, 16
 DENSE_ROWS = 384  # from here, on AMX, dequantize + bf16 GEMM beats the VNNI kernel (see above)
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+# the ggml block layouts packed straight from their blocks: (pack_ggml_blocks' type, bytes per
+# block of 32 values, packed bits)
+BLOCK_LAYOUTS = {"ggml:q4_0": (0, 18, 4), "ggml:q4_1": (1, 20, 4), "ggml:q8_0": (2, 34, 8)}
 
 
 @functools.cache
@@ -80,22 +83,40 @@ class PackedAffine(Layer):
         reasons = unpackable(weight, dtype)
         if reasons:
             raise ValueError(f"cannot pack this weight: {'; '.join(reasons)}")
-        self.dtype, self.storage_bits = dtype, 4 if weight.bits <= 4 else 8
-        (self.out_features, self.in_features), tiles = weight.shape, -(-weight.shape[0] // TILE)
+        q, scale, offset = (t.contiguous() for t in (weight.q, weight.scale.float(), weight.offset.float()))
+        n, k = weight.shape
+
+        def pack(bound, qw, sz):
+            pointers = q.data_ptr(), scale.data_ptr(), offset.data_ptr()
+            bound["pack_affine"](*pointers, n, k, self.storage_bits, qw.data_ptr(), sz.data_ptr())
+
+        self._pack(pack, dtype, weight.shape, 4 if weight.bits <= 4 else 8, portable)
+
+    @classmethod
+    def from_blocks(cls, raw: torch.Tensor, layout: str, dtype: torch.dtype) -> PackedAffine:
+        """The weight of ggml blocks ``raw`` (uint8 [N, bytes per row], ``layout`` one of
+        :data:`BLOCK_LAYOUTS`), packed straight from them: the same buffers as
+        ``PackedAffine(the blocks' AffineWeight, dtype)`` without the unpacked copy."""
+        code, block_bytes, bits = BLOCK_LAYOUTS[layout]
+        raw = raw.contiguous()
+        n, k = raw.shape[0], raw.shape[1] // block_bytes * GROUP
+        self = cls.__new__(cls)
+        Layer.__init__(self)
+
+        def pack(bound, qw, sz):
+            bound["pack_ggml_blocks"](raw.data_ptr(), code, n, k, qw.data_ptr(), sz.data_ptr())
+
+        self._pack(pack, dtype, (n, k), bits, portable=False)
+        return self
+
+    def _pack(self, pack, dtype: torch.dtype, shape: tuple[int, int], storage_bits: int, portable: bool):
+        """Allocate the packed buffers, fill them (``pack(kernels, qw, sz)``) and bind the kernels."""
+        self.dtype, self.storage_bits = dtype, storage_bits
+        (self.out_features, self.in_features), tiles = shape, -(-shape[0] // TILE)
         qw = torch.empty(tiles * TILE * self.in_features * self.storage_bits // 8, dtype=torch.uint8)
         sz = torch.empty(tiles, self.in_features // GROUP, 2, TILE)
-        q, scale, offset = (t.contiguous() for t in (weight.q, weight.scale.float(), weight.offset.float()))
         bound = kernels(portable)
-        bound["pack_affine"](
-            q.data_ptr(),
-            scale.data_ptr(),
-            offset.data_ptr(),
-            self.out_features,
-            self.in_features,
-            self.storage_bits,
-            qw.data_ptr(),
-            sz.data_ptr(),
-        )
+        pack(bound, qw, sz)
         half = sz.half()
         self.half = bool(torch.equal(half.float(), sz))
         self.register_buffer("qw", qw)

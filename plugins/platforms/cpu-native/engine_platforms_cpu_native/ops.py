@@ -40,6 +40,15 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
 
 
+def _simd_affine() -> bool:
+    """Whether the packed kernel has a VNNI or AVX2 build here (the portable C one is slower
+    than torch's int4pack, so it is not offered)."""
+    try:
+        return bool(affine.kernels()["affine_simd_width"]())
+    except (BuildError, OSError):
+        return False
+
+
 class NativeLayerOps(LayerOps):
     name = "cpu-native"
 
@@ -58,14 +67,16 @@ class NativeLayerOps(LayerOps):
         """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has
         AVX512_VNNI or AVX2 and the weight has 32-element groups of at most 8 bits; else None
         (the portable C path is slower than torch's int4pack, so it is not offered)."""
-        if affine.unpackable(weight, self.dtype):
-            return None
-        try:
-            if not affine.kernels()["affine_simd_width"]():
-                return None
-        except (BuildError, OSError):
+        if affine.unpackable(weight, self.dtype) or not _simd_affine():
             return None
         return affine.PackedAffine(weight, self.dtype)
+
+    def pack_affine_blocks(self, raw, layout):
+        """:meth:`pack_affine` of ggml's legacy q4_0, q4_1 and q8_0 blocks, packed in C straight
+        from the file's bytes (as ``pack_affine`` would pack their weight)."""
+        if layout not in affine.BLOCK_LAYOUTS or self.dtype not in _SUFFIX or raw.device.type != "cpu":
+            return None
+        return affine.PackedAffine.from_blocks(raw, layout, self.dtype) if _simd_affine() else None
 
     def _takes(self, x: torch.Tensor) -> bool:
         return x.dtype == self.dtype and x.dim() == 2 and x.is_contiguous()

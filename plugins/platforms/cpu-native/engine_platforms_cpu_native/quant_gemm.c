@@ -84,25 +84,72 @@ static inline float sz_at(const void *sz, int64_t half, int64_t index) {
 
 static int64_t step_bytes(int64_t bits) { return bits == 4 ? 8 : 4; } /* inputs per 64-byte step */
 
+/* Column col's q row, scales and offsets into the packed qw and sz (zeroed before). */
+static void pack_column(const uint8_t *row, const float *scale, const float *offset, int64_t col, int64_t k,
+                        int64_t bits, uint8_t *qw, float *sz) {
+    int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, steps = k / step_bytes(bits);
+    for (int64_t j = 0; j < steps; j++) {
+        uint8_t *dst = qw + (t * steps + j) * 64 + 4 * c;
+        for (int64_t i = 0; i < 4; i++)
+            dst[i] = bits == 4 ? (uint8_t)(row[8 * j + i] | (row[8 * j + 4 + i] << 4)) : row[4 * j + i];
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        sz[((t * groups + g) * 2 + 0) * TILE + c] = scale[g];
+        sz[((t * groups + g) * 2 + 1) * TILE + c] = offset[g];
+    }
+}
+
+static void zero_packed(int64_t n, int64_t k, int64_t bits, uint8_t *qw, float *sz) {
+    int64_t tiles = (n + TILE - 1) / TILE;
+    memset(qw, 0, (size_t)(tiles * (k / step_bytes(bits)) * 64));
+    memset(sz, 0, sizeof(float) * (size_t)(tiles * (k / GROUP) * 2 * TILE));
+}
+
 void pack_affine(const uint8_t *q, const float *scale, const float *offset, int64_t n, int64_t k,
                  int64_t bits, uint8_t *qw, float *sz) {
-    int64_t tiles = (n + TILE - 1) / TILE, groups = k / GROUP, per_step = step_bytes(bits);
-    int64_t steps = k / per_step;
-    memset(qw, 0, (size_t)(tiles * steps * 64));
-    memset(sz, 0, sizeof(float) * (size_t)(tiles * groups * 2 * TILE));
-    for (int64_t col = 0; col < n; col++) {
-        int64_t t = col / TILE, c = col % TILE;
-        const uint8_t *row = q + col * k;
-        for (int64_t j = 0; j < steps; j++) {
-            uint8_t *dst = qw + (t * steps + j) * 64 + 4 * c;
-            for (int64_t i = 0; i < 4; i++)
-                dst[i] = bits == 4 ? (uint8_t)(row[8 * j + i] | (row[8 * j + 4 + i] << 4)) : row[4 * j + i];
-        }
-        for (int64_t g = 0; g < groups; g++) {
-            sz[((t * groups + g) * 2 + 0) * TILE + c] = scale[col * groups + g];
-            sz[((t * groups + g) * 2 + 1) * TILE + c] = offset[col * groups + g];
-        }
+    int64_t groups = k / GROUP;
+    zero_packed(n, k, bits, qw, sz);
+    for (int64_t col = 0; col < n; col++)
+        pack_column(q + col * k, scale + col * groups, offset + col * groups, col, k, bits, qw, sz);
+}
+
+/* One ggml block of 32 values (type 0: q4_0, 1: q4_1, 2: q8_0) as q, scale and offset, the values
+ * the gguf plugin's readers give: q4 blocks hold 16 bytes of nibbles, the low ones the first 16
+ * values; w = q · scale + offset with offset -8d (q4_0), m (q4_1), -128d (q8_0, q = int8 + 128). */
+static const uint8_t *unpack_ggml_block(const uint8_t *b, int64_t type, uint8_t *q, float *scale, float *offset) {
+    uint16_t d, m;
+    memcpy(&d, b, 2);
+    *scale = half_to_float(d);
+    if (type == 2) {
+        for (int i = 0; i < 32; i++)
+            q[i] = (uint8_t)((int8_t)b[2 + i] + 128);
+        *offset = -128.0f * *scale;
+        return b + 34;
     }
+    if (type == 1)
+        memcpy(&m, b + 2, 2);
+    *offset = type == 1 ? half_to_float(m) : -8.0f * *scale;
+    const uint8_t *qs = b + (type == 1 ? 4 : 2);
+    for (int i = 0; i < 16; i++) {
+        q[i] = qs[i] & 15;
+        q[16 + i] = qs[i] >> 4;
+    }
+    return qs + 16;
+}
+
+void pack_ggml_blocks(const uint8_t *raw, int64_t type, int64_t n, int64_t k, uint8_t *qw, float *sz) {
+    int64_t groups = k / GROUP, bits = type == 2 ? 8 : 4;
+    uint8_t *q = malloc((size_t)k);
+    float *scale = malloc(sizeof(float) * (size_t)(2 * groups)), *offset = scale + groups;
+    zero_packed(n, k, bits, qw, sz);
+    const uint8_t *b = raw;
+    for (int64_t col = 0; col < n; col++) {
+        for (int64_t g = 0; g < groups; g++)
+            b = unpack_ggml_block(b, type, q + g * GROUP, scale + g, offset + g);
+        pack_column(q, scale, offset, col, k, bits, qw, sz);
+    }
+    free(q);
+    free(scale);
 }
 
 /* q of (column col, input kk) read back from the packed layout. */

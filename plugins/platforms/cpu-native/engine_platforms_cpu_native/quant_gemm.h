@@ -13,6 +13,10 @@ int64_t affine_simd_width(void);
 void pack_affine(const uint8_t *q, const float *scale, const float *offset, int64_t n, int64_t k, int64_t bits,
                  uint8_t *qw, float *sz);
 
+/* raw ggml blocks, [n, k / 32] blocks of type 0 (q4_0, 18 bytes), 1 (q4_1, 20) or 2 (q8_0, 34), into
+ * the packed qw and sz (float32) exactly as pack_affine packs the weight they hold */
+void pack_ggml_blocks(const uint8_t *raw, int64_t type, int64_t n, int64_t k, uint8_t *qw, float *sz);
+
 /* out [m, n] = x [m, k] (row stride ldx) · wᵀ */
 void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                         int64_t half, int64_t bits, int64_t n, uint16_t *out);
