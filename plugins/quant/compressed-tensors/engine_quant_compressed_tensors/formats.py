@@ -26,7 +26,7 @@ import torch
 from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine_quant_awq_gptq.formats import unpack_words
-from engine_quant_compressed_tensors.config import NVFP4_GROUP, Weights
+from engine_quant_compressed_tensors.config import NVFP4_GROUP, Scheme, Weights
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -105,3 +105,38 @@ def nvfp4(tensors: dict, weights: Weights, rows: int, inputs: int) -> Fp4Weight:
     _expect("weight_global_scale", global_scale.reshape(-1), (1,))
     scale = _row_scales(tensors["weight_scale"], rows, groups) / global_scale.reshape(())
     return Fp4Weight(packed.contiguous(), scale, NVFP4_GROUP)
+
+
+def zero_tensors(scheme: Scheme, rows: int, inputs: int) -> dict:
+    """A projection's tensors as ``scheme`` stores them, all zero weights with unit scales: what
+    the start-up plan builds a layer's kernel on (``planned_kernel``) to count its bytes."""
+    weights, groups = scheme.weights, scale_groups(scheme.weights, inputs)
+    inputs_scale = {"static": "input_scale", "nvfp4": "input_global_scale"}  # per-token: none stored
+    extra = inputs_scale.get(getattr(scheme.activations, "scales", ""))
+    tensors = {} if extra is None else {extra: torch.ones(1)}
+    if scheme.format == "pack-quantized":
+        tensors |= {
+            "weight_packed": torch.zeros(rows, inputs * weights.bits // 32, dtype=torch.int32),
+            "weight_scale": torch.ones(rows, groups),
+            "weight_shape": torch.tensor([rows, inputs]),
+        }
+        if not weights.symmetric:
+            tensors["weight_zero_point"] = torch.zeros(rows * weights.bits // 32, groups, dtype=torch.int32)
+    elif scheme.format == "nvfp4-pack-quantized":
+        tensors |= {
+            "weight_packed": torch.zeros(rows, inputs // 2, dtype=torch.uint8),
+            "weight_scale": torch.ones(rows, groups).to(torch.float8_e4m3fn),
+            "weight_global_scale": torch.ones(1),
+        }
+    elif scheme.format == "float-quantized":
+        shape = {"tensor": (1,), "channel": (rows, 1)}.get(weights.strategy)
+        if weights.block is not None:
+            shape = (-(-rows // weights.block[0]), -(-inputs // weights.block[1]))
+        weight = torch.zeros(rows, inputs).to(torch.float8_e4m3fn)
+        tensors |= {"weight": weight, "weight_scale": torch.ones(shape or (rows, 1))}
+    else:  # int-quantized
+        tensors |= {
+            "weight": torch.zeros(rows, inputs, dtype=torch.int8),
+            "weight_scale": torch.ones(rows, groups),
+        }
+    return tensors

@@ -129,6 +129,15 @@ class CompressedTensorsLinearMethod(QuantMethod):
             "(W4A4: activations rounded to NVFP4 first)"
         )
 
+    def planned_kernel(self, input_size, output_sizes):
+        """The kernel a layer of these sizes gets, built on zero tensors of its scheme; None with
+        several config groups (a layer's group shows only in its checkpoint names)."""
+        if len(self.groups) != 1:
+            return None
+        scheme = self.groups[0].scheme
+        parts = [formats.zero_tensors(scheme, rows, input_size) for rows in output_sizes]
+        return self._kernel(scheme, parts, output_sizes, input_size)[0]
+
     def create_weights(self, layer, input_size, output_sizes):
         layer.ct_loading = self._loading(layer, input_size, output_sizes)
 
