@@ -14,7 +14,9 @@ import attrs
 import torch
 
 from engine.core import setup
+from engine.core.sleep import named_tensors
 from engine.interfaces.model import ModelContext
+from engine.layers import Linear
 from engine.runner import step_graphs
 
 MiB = 2**20
@@ -146,12 +148,32 @@ def plan(config, registry) -> StartupReport:
 
 
 def _planned_weights(model, path: str) -> int:
-    """The meta model's weights; a quant method that makes its weights only at load (GGUF
-    blocks, whose shapes the file says) is planned at the checkpoint's size instead."""
-    built = tensor_bytes(model.parameters())
+    """The meta model's tensors (buffers too: rotary tables), and each linear layer whose quant
+    method makes its kernel at load from tensors fed through sinks (AWQ, GPTQ, bitsandbytes) at
+    its ``planned_kernel``; a method that makes every weight only at load (GGUF blocks, whose
+    shapes the file says) is planned at the checkpoint's size instead."""
+    built = tensor_bytes(t for _, t in named_tensors(model)) + _planned_kernels(model)
     files = [path] if os.path.isfile(path) else glob.glob(os.path.join(path, "*.safetensors"))
     on_disk = sum(os.path.getsize(f) for f in files)
     return built if built >= on_disk // 10 else on_disk
+
+
+def _planned_kernels(model) -> int:
+    """Bytes of the kernels the quant methods plan for their sink-fed linear layers
+    (``QuantMethod.planned_kernel``), each shape built once on the CPU."""
+    sizes: dict[tuple, int] = {}
+    total = 0
+    for module in model.modules():
+        if not isinstance(module, Linear):
+            continue
+        key = (id(module.method), module.input_size, tuple(module.output_sizes))
+        if key not in sizes:
+            planned = getattr(module.method, "planned_kernel", None)  # None: not a QuantMethod
+            with torch.device("cpu"):
+                kernel = planned and planned(module.input_size, list(module.output_sizes))
+            sizes[key] = 0 if kernel is None else tensor_bytes(t for _, t in named_tensors(kernel))
+        total += sizes[key]
+    return total
 
 
 def describe(report, platform, implementation: str, method, layers, graphs, config, hf_config, dtype) -> None:

@@ -96,7 +96,9 @@ INTERFACE_VERSIONS = {
     # loader's kept-quantized form): v2 methods still load and never shard (the v2 default)
     # 4: checkpoint_tensor_name (tensors named below a weight, bitsandbytes'; defaulted: v2 and
     #    v3 methods still load)
-    "quant_methods": 4,
+    # 5: planned_kernel (what a layer fed through sinks holds once loaded, for --dry-run's plan;
+    #    defaulted: v2-v4 methods still load and are planned at their registered tensors)
+    "quant_methods": 5,
     # 2: two halves joined by build_connector_meta / bind_connector_metadata, KVRequest (block
     # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
     # 3: KVRequest.kv_transfer_params / finish_reason, request_finished -> (delay, params),
@@ -137,7 +139,7 @@ STILL_LOADED = {
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),
-    "quant_methods": (2, 3),
+    "quant_methods": (2, 3, 4),
     "kv_connectors": (2,),
     "schedulers": (2,),
     "grammar_backends": (2,),

@@ -111,6 +111,15 @@ class QuantMethod(ABC):
         to its scheme's slot. This default keeps every name."""
         return name
 
+    def planned_kernel(self, input_size: int, output_sizes: list[int]) -> nn.Module | None:
+        """For ``engine serve --dry-run`` (interface v5): a module holding what a linear layer of
+        these sizes holds once loaded — its kernel built on a zero weight of the shape, say —
+        for a method whose ``create_weights`` registers no tensors of that size (the
+        checkpoint's tensors reach the layer through sinks and become its kernel at load). The
+        start-up plan counts its tensors in place of the layer's (built on the CPU, once per
+        shape). This default, None, counts the tensors ``create_weights`` registered."""
+        return None
+
     def check_checkpoint_modules(self, modules: set[str]) -> None:
         """Called once the checkpoint is read, before any layer is processed, with the module
         names its tensors belong to (each tensor's name less its last part, as the checkpoint

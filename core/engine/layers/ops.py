@@ -16,7 +16,9 @@ A platform may also hold group-affine weights (:class:`engine.layers.group_affin
 the form GGUF blocks take) in its own kernel: :meth:`LayerOps.pack_affine`. The plain ops have
 none, and quant methods then keep their own path (torch's int4pack planes). Plain weights may
 be prepacked too (:meth:`LayerOps.pack_dense`): on the CPU, bfloat16 weights go into oneDNN's
-blocked layout.
+blocked layout. FP4 weights with a float scale per block (:class:`engine.layers.fp4.Fp4Weight`,
+NVFP4's form) may run on a platform's FP4 kernel (:meth:`LayerOps.pack_fp4`); the plain ops
+have none, and the quant method dequantizes them.
 
 LoRA adapters run as two grouped ops over a batch whose rows belong to different adapter slots
 (punica's shrink and expand, :meth:`LayerOps.lora_shrink`, :meth:`LayerOps.lora_expand`), added
@@ -68,6 +70,16 @@ class LayerOps:
         them), packed as :meth:`pack_affine` packs the same weight but straight from the blocks:
         unpacking a GGUF model to group-affine tensors first is most of its load. None when this
         platform reads no such layout; the caller then unpacks for :meth:`pack_affine`."""
+        return None
+
+    def pack_fp4(self, weight) -> Layer | None:
+        """``weight`` (an :class:`~engine.layers.fp4.Fp4Weight` [N, K]: e2m1 codes, a float32
+        scale per block of inputs) packed for this platform's FP4 matmul, or None when it has
+        none for this weight — the caller then dequantizes it. The result is a
+        :class:`engine.layers.Layer` with ``forward(x)`` = x [M, K] · wᵀ -> [M, N] in this ops'
+        dtype and ``dequantize()`` -> w [N, K], exact; ``forward`` computes in float32 from the
+        activations as they are (no rounding of x), within float32 summation order
+        (``engine.testing.layer_ops`` checks it). Optional: a platform without it keeps this None."""
         return None
 
     def rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor | None = None):

@@ -8,7 +8,9 @@ and a prefill-sized batch, in float32 and bfloat16, within the dtype's rounding;
 shrink and expand over a batch of mixed adapter slots (and rows of none); and packed
 group-affine weights (``pack_affine``): exact rows, and a matmul within the bound that rounding
 activations to int8 per 32 inputs allows, and ggml's blocks packed straight from their bytes
-(``pack_affine_blocks``) as ``pack_affine`` packs the weight they hold; Mamba2's causal conv and
+(``pack_affine_blocks``) as ``pack_affine`` packs the weight they hold; FP4 weights with float
+block scales (``pack_fp4``, NVFP4's blocks of 16 and MXFP4's 32): the exact weight, and a
+matmul of the activations as they are, within float32 summation order; Mamba2's causal conv and
 selective scan over state slots (a fresh prefill chunk, a later one, decode rows) against a
 float64 recurrence. A platform without overrides passes trivially (the scan's reference is
 checked all the same).
@@ -27,6 +29,7 @@ import torch.nn.functional as F
 
 from engine.interfaces import BatchLayout
 from engine.layers import LayerOps, RMSNorm, RotaryEmbedding
+from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine.layers.ssm import SSMParams
 from engine.plugins import load_plugins
@@ -302,6 +305,25 @@ class LayerOpsContract:
         unpacked = ops.pack_affine(weight)
         assert unpacked is not None, "pack_affine_blocks packs what pack_affine declines"
         assert torch.equal(packed(x), unpacked(x))
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    @pytest.mark.parametrize("tokens", TOKENS)
+    @pytest.mark.parametrize("block", [16, 32])  # NVFP4's, MXFP4's
+    def test_pack_fp4(self, platform, dtype, tokens, block):
+        """An FP4 weight's kernel: its weight exactly (``E2M1[code] · scale``), and x · wᵀ of the
+        activations as they are, summed in float32 (70 outputs, 160 inputs: no tile multiple)."""
+        gen = torch.Generator().manual_seed(tokens + block)
+        packed_codes = torch.randint(0, 256, (70, 80), generator=gen, dtype=torch.uint8)
+        weight = Fp4Weight(packed_codes, torch.rand(70, 160 // block, generator=gen) * 0.05, block)
+        packed = platform.layer_ops(dtype).pack_fp4(weight)
+        if packed is None:
+            pytest.skip(f"{self.platform_name} has no FP4 kernel")
+        assert torch.equal(packed.dequantize(), weight.dequantize(dtype))
+        x = torch.randn(tokens, 160, generator=gen).to(dtype)
+        got = packed(x)
+        assert got.dtype == dtype and got.shape == (tokens, 70)
+        exact = (x.double() @ weight.dequantize().double().t()).float()
+        torch.testing.assert_close(got.float(), exact, **TOLERANCE[dtype])
 
     def test_pack_affine_declines_what_it_cannot_hold(self, platform):
         """Groups of 16 (GGUF's Q6_K) are outside what any 32-group kernel holds: None, or

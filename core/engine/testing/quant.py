@@ -107,6 +107,19 @@ CHAT_QUESTIONS = [
 ]
 
 
+def planned_and_loaded_weights(model: str, **options) -> tuple[int, int]:
+    """(the weights ``engine serve --dry-run`` plans for ``model``, the bytes the loaded engine
+    then holds): a quant method's plan is checked against the real thing."""
+    from engine import LLM
+    from engine.config import EngineConfig
+    from engine.core import startup
+    from engine.plugins import load_plugins
+
+    config = EngineConfig.from_kwargs(model=model, **options)
+    planned = startup.plan(config, load_plugins(config.plugins)).memory["weights"]
+    return planned, LLM(model, **options).engine.startup.memory["weights"]
+
+
 def prompt_logprobs(llm, prompts: list[list[int]]) -> list[torch.Tensor]:
     """``llm``'s log-probabilities of every prompt token after the first, [len − 1, vocab] a
     prompt: what :func:`engine.testing.reference.hf_logprobs` gives ``transformers``' (less its last row)."""

@@ -2,7 +2,8 @@
 position, rotary embedding and Qwen3's per-head q/k RMSNorm + rotary in place, W8A8's activation
 quantization and int32 rescale and SwiGLU in one pass each, LoRA's grouped shrink and expand
 (one call each per layer, whatever the mix of adapters), and group-affine weights (GGUF's
-32-group formats) on the VNNI or AVX2 kernel of :mod:`engine_platforms_cpu_native.affine`.
+32-group formats) on the VNNI or AVX2 kernel of :mod:`engine_platforms_cpu_native.affine`, and FP4
+weights with float block scales (NVFP4) on :mod:`engine_platforms_cpu_native.fp4`.
 
 Each call is one ctypes call on the tensors' memory where the torch path makes several torch
 calls, typed by the prototypes of ``kernels.h``. The kernels are bound with
@@ -22,7 +23,7 @@ import torch
 from engine.layers import LayerOps
 from engine.native import BuildError, Library
 from engine.native.tape import bind
-from engine_platforms_cpu_native import affine
+from engine_platforms_cpu_native import affine, fp4
 
 # each <name>_bf16 and <name>_f32 in kernels.h
 _TYPED_KERNELS = (
@@ -77,6 +78,19 @@ class NativeLayerOps(LayerOps):
         if layout not in affine.BLOCK_LAYOUTS or self.dtype not in _SUFFIX or raw.device.type != "cpu":
             return None
         return affine.PackedAffine.from_blocks(raw, layout, self.dtype) if _simd_affine() else None
+
+    def pack_fp4(self, weight):
+        """A :class:`~engine_platforms_cpu_native.fp4.PackedFp4` where this CPU has AVX2 and
+        FMA and the weight's blocks are multiples of 16 inputs (NVFP4's 16, MXFP4's 32); else
+        None (the quant method dequantizes it)."""
+        if fp4.unpackable(weight, self.dtype):
+            return None
+        try:
+            if not fp4.kernels()["fp4_simd_width"]():
+                return None
+        except (BuildError, OSError):
+            return None
+        return fp4.PackedFp4(weight, self.dtype)
 
     def _takes(self, x: torch.Tensor) -> bool:
         return x.dtype == self.dtype and x.dim() == 2 and x.is_contiguous()

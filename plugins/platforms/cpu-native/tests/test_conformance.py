@@ -12,12 +12,14 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.layers import LayerOps, RMSNorm
+from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine.native import BuildError, load_source
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.reference import random_prompts, tiny_checkpoint
 from engine_platforms_cpu_native import affine, kernels
 from engine_platforms_cpu_native.affine import PackedAffine
+from engine_platforms_cpu_native.fp4 import PackedFp4
 from engine_platforms_cpu_native.ops import NativeLayerOps
 from engine_platforms_cpu_native.platform import _native_ops
 
@@ -223,6 +225,29 @@ def test_long_chunks_multiply_the_dequantized_weight(bits):
     rounded = packed(x[:39]).float()
     assert not torch.equal(rounded, dense[:39].float())  # the VNNI kernel's int8 activations
     assert (rounded - dense[:39].float()).abs().max() <= 0.03 * dense.float().abs().max()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("block", [16, 32])
+def test_packed_fp4_agrees_with_the_portable_build(dtype, block):
+    """The FP4 kernel's AVX2 build against its plain-C one and exact math, 75 outputs (not a
+    multiple of its 4 columns), 1, 6 and 301 rows (odd: its 2-row blocks); and a row's result is
+    the same in any batch (each row is summed alone)."""
+    gen = torch.Generator().manual_seed(block)
+    weight = Fp4Weight(
+        torch.randint(0, 256, (75, 80), generator=gen, dtype=torch.uint8),
+        torch.rand(75, 160 // block, generator=gen) * 0.05,
+        block,
+    )
+    native, portable = PackedFp4(weight, dtype), PackedFp4(weight, dtype, portable=True)
+    assert torch.equal(native.dequantize(), portable.dequantize())
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
+    for rows in (1, 6, 301):
+        x = torch.randn(rows, 160, generator=gen).to(dtype)
+        torch.testing.assert_close(native(x), portable(x), **tolerance)
+        exact = (x.double() @ weight.dequantize().double().t()).to(dtype)
+        torch.testing.assert_close(native(x), exact, **tolerance)
+    assert torch.equal(native(x), torch.cat([native(x[i : i + 7]) for i in range(0, 301, 7)]))
 
 
 def _random_affine(bits: int, gen, float16_scales: bool = False, n: int = 75, k: int = 160) -> AffineWeight:

@@ -6,5 +6,5 @@ from engine import hookimpl
 
 @hookimpl
 def register_quant_methods(register):
-    register("awq", "engine_quant_awq_gptq.method:AwqLinearMethod", api=3)
-    register("gptq", "engine_quant_awq_gptq.method:GptqLinearMethod", api=3)
+    register("awq", "engine_quant_awq_gptq.method:AwqLinearMethod", api=5)
+    register("gptq", "engine_quant_awq_gptq.method:GptqLinearMethod", api=5)

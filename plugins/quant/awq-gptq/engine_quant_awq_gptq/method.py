@@ -79,6 +79,14 @@ class PackedIntLinearMethod(QuantMethod):
             setattr(layer, name, ShardSink(shards, name))
         layer.packed_int_shards = shards
 
+    def planned_kernel(self, input_size, output_sizes):
+        """The kernel a layer of these sizes gets, on a zero weight (its path's layout and bytes)."""
+        group, rows = self.config.group_for(input_size), sum(output_sizes)
+        scale = torch.ones(rows, input_size // group)
+        zero = torch.zeros(rows, input_size, dtype=torch.uint8)
+        weight = AffineWeight(zero, scale, torch.zeros_like(scale), group, self.config.bits)
+        return group_affine_kernel(weight, self.ctx.platform, self.ctx.dtype)[0]
+
     def process_weights_after_loading(self, layer):
         parts, group = layer.packed_int_shards, layer.packed_int_group
         for name in (*self.tensor_names, "weight", "packed_int_shards", "packed_int_group"):

@@ -6,4 +6,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_quant_methods(register):
-    register("bitsandbytes", "engine_quant_bitsandbytes.method:BitsAndBytesLinearMethod", api=4)
+    register("bitsandbytes", "engine_quant_bitsandbytes.method:BitsAndBytesLinearMethod", api=5)

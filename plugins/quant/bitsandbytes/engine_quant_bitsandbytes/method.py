@@ -62,6 +62,15 @@ class BitsAndBytesLinearMethod(QuantMethod):
             setattr(layer, name, ShardSink(shards, name))
         layer.bnb_shards = shards
 
+    def planned_kernel(self, input_size, output_sizes):
+        """What a layer of these sizes holds once loaded, on a zero weight: int8 rows (8-bit) or
+        the weight dequantized to the activation dtype (4-bit)."""
+        ops, rows = self.ctx.platform.layer_ops(self.ctx.dtype), sum(output_sizes)
+        if self.mode == "int8":
+            q = torch.zeros(rows, input_size, dtype=torch.int8)
+            return Int8Rows(q, torch.ones(rows), self.ctx.dtype, ops)
+        return DenseWeight(torch.zeros(rows, input_size, dtype=self.ctx.dtype), ops)
+
     def process_weights_after_loading(self, layer):
         parts = layer.bnb_shards
         for name in (*SHARD_TENSORS, "bnb_shards"):

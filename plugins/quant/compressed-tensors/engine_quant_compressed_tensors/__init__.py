@@ -7,5 +7,5 @@ from engine import hookimpl
 @hookimpl
 def register_quant_methods(register):
     register(
-        "compressed-tensors", "engine_quant_compressed_tensors.method:CompressedTensorsLinearMethod", api=4
+        "compressed-tensors", "engine_quant_compressed_tensors.method:CompressedTensorsLinearMethod", api=5
     )

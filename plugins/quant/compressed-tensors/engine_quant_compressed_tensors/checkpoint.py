@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers.fp4 import E2M1
 from engine_quant_fp8 import checkpoint as fp8_checkpoint
-from engine_quant_mxfp4.format import E2M1
 
 SCALE_DTYPE = torch.bfloat16  # llm-compressor stores scales in the model's dtype
 FP8 = torch.float8_e4m3fn

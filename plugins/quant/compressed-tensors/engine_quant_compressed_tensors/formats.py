@@ -11,20 +11,22 @@
   element in the low nibble), ``weight_scale`` float8_e4m3 [N, K/16], ``weight_global_scale``
   float32 [1]: ``w = e2m1 · weight_scale / weight_global_scale``.
 
-Each becomes :class:`~engine.layers.group_affine.AffineWeight` (``q · scale + offset`` with an
-unsigned ``q``): a packed value's unsigned storage ``u = q + 2^(bits−1)`` is that ``q`` with
-offset ``−(z + 2^(bits−1)) · s``; e2m1 values doubled are integers −12…12 (the MXFP4 plugin's
-table), so NVFP4 is ``u = 2v + 12`` with scale ``s/2`` and offset ``−12 · s/2``.
+The integer formats become :class:`~engine.layers.group_affine.AffineWeight` (``q · scale +
+offset`` with an unsigned ``q``): a packed value's unsigned storage ``u = q + 2^(bits−1)`` is that
+``q`` with offset ``−(z + 2^(bits−1)) · s``. NVFP4 becomes :class:`~engine.layers.fp4.Fp4Weight`,
+its codes as stored and one float32 scale per 16 (``weight_scale / weight_global_scale``, as the
+reference divides them): an e4m3 scale is no power of two, so the block does not fold into an
+integer weight without error.
 """
 
 from __future__ import annotations
 
 import torch
 
+from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine_quant_awq_gptq.formats import unpack_words
-from engine_quant_compressed_tensors.config import NVFP4_GROUP, Weights
-from engine_quant_mxfp4.format import E2M1
+from engine_quant_compressed_tensors.config import NVFP4_GROUP, Scheme, Weights
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -95,13 +97,46 @@ def int8_values(tensors: dict, weights: Weights, rows: int, inputs: int) -> Affi
     return AffineWeight((q.to(torch.int16) + 128).to(torch.uint8), scale, -128 * scale, inputs // groups, 8)
 
 
-def nvfp4(tensors: dict, weights: Weights, rows: int, inputs: int) -> AffineWeight:
+def nvfp4(tensors: dict, weights: Weights, rows: int, inputs: int) -> Fp4Weight:
     """``nvfp4-pack-quantized``: ``weight_packed``, ``weight_scale``, ``weight_global_scale``."""
     packed, groups = tensors["weight_packed"], scale_groups(weights, inputs)
     _expect("weight_packed", packed, (rows, inputs // 2))
-    codes = torch.stack([packed & 15, packed >> 4], dim=-1).reshape(rows, inputs).long()
-    u = ((E2M1 * 2).to(torch.int16)[codes] + 12).to(torch.uint8)
     global_scale = tensors["weight_global_scale"].float()
     _expect("weight_global_scale", global_scale.reshape(-1), (1,))
-    half_scale = _row_scales(tensors["weight_scale"], rows, groups) / global_scale.reshape(()) / 2
-    return AffineWeight(u, half_scale, -12 * half_scale, NVFP4_GROUP, 5)
+    scale = _row_scales(tensors["weight_scale"], rows, groups) / global_scale.reshape(())
+    return Fp4Weight(packed.contiguous(), scale, NVFP4_GROUP)
+
+
+def zero_tensors(scheme: Scheme, rows: int, inputs: int) -> dict:
+    """A projection's tensors as ``scheme`` stores them, all zero weights with unit scales: what
+    the start-up plan builds a layer's kernel on (``planned_kernel``) to count its bytes."""
+    weights, groups = scheme.weights, scale_groups(scheme.weights, inputs)
+    inputs_scale = {"static": "input_scale", "nvfp4": "input_global_scale"}  # per-token: none stored
+    extra = inputs_scale.get(getattr(scheme.activations, "scales", ""))
+    tensors = {} if extra is None else {extra: torch.ones(1)}
+    if scheme.format == "pack-quantized":
+        tensors |= {
+            "weight_packed": torch.zeros(rows, inputs * weights.bits // 32, dtype=torch.int32),
+            "weight_scale": torch.ones(rows, groups),
+            "weight_shape": torch.tensor([rows, inputs]),
+        }
+        if not weights.symmetric:
+            tensors["weight_zero_point"] = torch.zeros(rows * weights.bits // 32, groups, dtype=torch.int32)
+    elif scheme.format == "nvfp4-pack-quantized":
+        tensors |= {
+            "weight_packed": torch.zeros(rows, inputs // 2, dtype=torch.uint8),
+            "weight_scale": torch.ones(rows, groups).to(torch.float8_e4m3fn),
+            "weight_global_scale": torch.ones(1),
+        }
+    elif scheme.format == "float-quantized":
+        shape = {"tensor": (1,), "channel": (rows, 1)}.get(weights.strategy)
+        if weights.block is not None:
+            shape = (-(-rows // weights.block[0]), -(-inputs // weights.block[1]))
+        weight = torch.zeros(rows, inputs).to(torch.float8_e4m3fn)
+        tensors |= {"weight": weight, "weight_scale": torch.ones(shape or (rows, 1))}
+    else:  # int-quantized
+        tensors |= {
+            "weight": torch.zeros(rows, inputs, dtype=torch.int8),
+            "weight_scale": torch.ones(rows, groups),
+        }
+    return tensors

@@ -3,8 +3,9 @@ one module: W8A8 over the core's int8 rows (dynamic per-token or static per-tens
 scales), NVFP4 activations rounded before the weight's kernel, and an FP8 layer served by the
 fp8 plugin's own method.
 
-Group-affine weights (``pack-quantized``, weight-only ``int-quantized``, NVFP4) go to
-``engine_quant_awq_gptq.kernels.group_affine_kernel``, the path AWQ and GPTQ take."""
+Group-affine weights (``pack-quantized``, weight-only ``int-quantized``) go to
+``engine_quant_awq_gptq.kernels.group_affine_kernel``, the path AWQ and GPTQ take; NVFP4 weights
+to the platform's FP4 kernel (:func:`fp4_kernel`)."""
 
 from __future__ import annotations
 
@@ -13,12 +14,12 @@ from torch import nn
 
 from engine.interfaces import QuantContext
 from engine.layers import Layer
+from engine.layers.fp4 import E2M1, Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine.layers.int8 import Int8Rows
-from engine_quant_awq_gptq.kernels import group_affine_kernel
+from engine_quant_awq_gptq.kernels import dense_kernel
 from engine_quant_compressed_tensors.config import NVFP4_GROUP
 from engine_quant_fp8.method import FP8, FP8_MAX, Fp8LinearMethod
-from engine_quant_mxfp4.format import E2M1
 
 
 def int8_rows(weight: AffineWeight, dtype: torch.dtype, ops) -> Int8Rows:
@@ -75,13 +76,28 @@ class Concat(Layer):
         return torch.cat([part.dequantize() for part in self.parts])
 
 
-def per_input_scale(parts: list[tuple[AffineWeight, float]], build) -> Layer:
-    """``build(weight, scale)`` for shards that round their inputs on one scale, as one matmul;
-    shards whose scales differ (each projection's own observer) each on its own, as the
-    reference rounds them."""
+def fp4_kernel(weight: Fp4Weight, platform, dtype: torch.dtype) -> tuple[Layer, str]:
+    """-> (the module computing x · wᵀ, the path's name): the platform's FP4 kernel
+    (``LayerOps.pack_fp4``), else the weight dequantized at load."""
+    packed = platform.layer_ops(dtype).pack_fp4(weight)
+    if packed is not None:
+        return packed, "fp4"
+    return dense_kernel(weight.dequantize(dtype), platform, dtype), "dense"
+
+
+def fp4_probe(platform) -> str:
+    """The path an NVFP4 weight takes on ``platform`` (``engine plugins``)."""
+    weight = Fp4Weight(torch.zeros(16, 16, dtype=torch.uint8), torch.ones(16, 2), NVFP4_GROUP)
+    return "fp4" if platform.layer_ops(torch.bfloat16).pack_fp4(weight) is not None else "dense"
+
+
+def per_input_scale(parts: list[tuple], build) -> Layer:
+    """``build(weight, scale)`` for shards (:class:`AffineWeight` or :class:`Fp4Weight`) that
+    round their inputs on one scale, as one matmul; shards whose scales differ (each
+    projection's own observer) each on its own, as the reference rounds them."""
     scales = {scale for _, scale in parts}
     if len(scales) == 1:
-        return build(AffineWeight.cat([w for w, _ in parts]), scales.pop())
+        return build(type(parts[0][0]).cat([w for w, _ in parts]), scales.pop())
     return Concat([build(w, scale) for w, scale in parts])
 
 
@@ -129,11 +145,9 @@ class Nvfp4Inputs(Layer):
         return self.kernel.dequantize()
 
 
-def nvfp4_activations(parts: list[tuple[AffineWeight, float]], platform, dtype: torch.dtype) -> Layer:
-    """NVFP4 weights (dequantized at load: no kernel holds blocks of 16) behind NVFP4-rounded inputs."""
-    return per_input_scale(
-        parts, lambda w, scale: Nvfp4Inputs(group_affine_kernel(w, platform, dtype)[0], scale)
-    )
+def nvfp4_activations(parts: list[tuple[Fp4Weight, float]], platform, dtype: torch.dtype) -> Layer:
+    """NVFP4 weights (:func:`fp4_kernel`) behind NVFP4-rounded inputs."""
+    return per_input_scale(parts, lambda w, scale: Nvfp4Inputs(fp4_kernel(w, platform, dtype)[0], scale))
 
 
 class Fp8Layer(Layer):

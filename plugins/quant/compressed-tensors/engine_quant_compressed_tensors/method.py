@@ -14,8 +14,9 @@ mixed precision: several groups, e.g. W4A16 attention and W8A8 MLP, each layer b
   checkpoint's per-tensor ``input_scale`` (static);
 * ``float-quantized`` FP8: the fp8 plugin's method runs the layer;
 * ``nvfp4-pack-quantized`` (NVFP4A16, and W4A4 with its activations rounded to NVFP4 as the
-  checkpoint says): e2m1 values with float8 block scales and a global scale, as a group-affine
-  weight — its blocks of 16 fit no packed kernel, so it is dequantized at load.
+  checkpoint says): e2m1 codes with a float8 scale per 16 over a global scale, an FP4 weight on
+  the platform's FP4 kernel (``LayerOps.pack_fp4``; cpu-native: codes decoded inside the
+  matmul), else dequantized at load.
 
 A module the checkpoint leaves unquantized (``ignore``, or not targeted) arrives as a float
 ``weight`` and stays float. Mixture-of-experts experts: each expert gets the kernel a linear
@@ -36,6 +37,7 @@ import logging
 import torch
 
 from engine.interfaces import QuantMethod
+from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
 from engine_quant_compressed_tensors import formats
@@ -43,6 +45,8 @@ from engine_quant_compressed_tensors.config import Scheme, check_ignore, group_o
 from engine_quant_compressed_tensors.kernels import (
     DynamicInt8,
     Fp8Layer,
+    fp4_kernel,
+    fp4_probe,
     int8_rows,
     nvfp4_activations,
     static_int8,
@@ -72,7 +76,8 @@ PATHS = {
     "w8a8-dynamic": "torch._int_mm, dynamic per-token int8 activations",
     "w8a8-static": "torch._int_mm, the checkpoint's static per-tensor activation scale",
     "fp8": "the fp8 plugin's method",
-    "nvfp4-w4a4": "dequantized at load, activations rounded to NVFP4 per 16 inputs as the checkpoint says",
+    "fp4": "the platform's FP4 kernel (e2m1 codes and block scales decoded inside the matmul)",
+    "nvfp4-w4a4": "activations rounded to NVFP4 per 16 inputs as the checkpoint says, then the weight's path",
     "float": "the checkpoint's float weight (a module it leaves unquantized)",
 }
 
@@ -117,11 +122,21 @@ class CompressedTensorsLinearMethod(QuantMethod):
 
     @classmethod
     def describe(cls, platform) -> str:
+        affine, fp4 = PATHS[probe_path(platform)], PATHS[fp4_probe(platform)]
         return (
-            f"pack-quantized and weight-only int: {PATHS[probe_path(platform)]}; int W8A8: torch._int_mm "
-            "or the platform's packed kernel; FP8: the fp8 plugin's path; NVFP4: dequantized at load "
+            f"pack-quantized and weight-only int: {affine}; int W8A8: torch._int_mm or the platform's "
+            f"packed kernel; FP8: the fp8 plugin's path; NVFP4: {fp4} "
             "(W4A4: activations rounded to NVFP4 first)"
         )
+
+    def planned_kernel(self, input_size, output_sizes):
+        """The kernel a layer of these sizes gets, built on zero tensors of its scheme; None with
+        several config groups (a layer's group shows only in its checkpoint names)."""
+        if len(self.groups) != 1:
+            return None
+        scheme = self.groups[0].scheme
+        parts = [formats.zero_tensors(scheme, rows, input_size) for rows in output_sizes]
+        return self._kernel(scheme, parts, output_sizes, input_size)[0]
 
     def create_weights(self, layer, input_size, output_sizes):
         layer.ct_loading = self._loading(layer, input_size, output_sizes)
@@ -181,7 +196,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
             kernel, path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "float"
         else:
             kernel, path = self._kernel(scheme, parts, output_sizes, input_size)
-        if path not in ("packed", "w8a8-packed"):
+        if path not in ("packed", "w8a8-packed", "fp4"):
             shape = (sum(output_sizes), input_size)
             logger.info("compressed-tensors: a %s weight runs %s", shape, PATHS[path])
         return kernel, path
@@ -219,8 +234,8 @@ class CompressedTensorsLinearMethod(QuantMethod):
             if "weight_shape" in part:  # the whole projection's, as the checkpoint holds it
                 formats.check_weight_shape(part, (whole[0][index], whole[1]))
 
-    def _affine(self, scheme: Scheme, part: dict, rows: int, inputs: int) -> AffineWeight:
-        """A shard as a group-affine weight (every format but FP8)."""
+    def _quantized(self, scheme: Scheme, part: dict, rows: int, inputs: int) -> AffineWeight | Fp4Weight:
+        """A shard as a group-affine weight (the int formats) or an FP4 weight (NVFP4)."""
         read = {
             "pack-quantized": formats.packed_int,
             "int-quantized": formats.int8_values,
@@ -234,15 +249,17 @@ class CompressedTensorsLinearMethod(QuantMethod):
             return part["weight"].float()
         if scheme.format == "float-quantized":
             return Fp8Layer(self.ctx, scheme.weights.block, [part], [rows]).dequantize().float()
-        return self._affine(scheme, part, rows, inputs).dequantize()
+        return self._quantized(scheme, part, rows, inputs).dequantize()
 
     def _kernel(self, scheme: Scheme, parts: list[dict], output_sizes: list[int], inputs: int):
         """-> (the module computing x · wᵀ, its path's name)."""
         ctx = self.ctx
         if scheme.format == "float-quantized":
             return Fp8Layer(ctx, scheme.weights.block, parts, output_sizes), "fp8"
-        shards = [self._affine(scheme, part, rows, inputs) for part, rows in zip(parts, output_sizes)]
+        shards = [self._quantized(scheme, part, rows, inputs) for part, rows in zip(parts, output_sizes)]
         ops = ctx.platform.layer_ops(ctx.dtype)
+        if scheme.format == "nvfp4-pack-quantized" and scheme.activations is None:
+            return fp4_kernel(Fp4Weight.cat(shards), ctx.platform, ctx.dtype)
         if scheme.activations is None:
             return group_affine_kernel(AffineWeight.cat(shards), ctx.platform, ctx.dtype)
         if scheme.activations.scales == "nvfp4":

@@ -1,7 +1,7 @@
 """The quant-method conformance kit for compressed-tensors checkpoints: real safetensors folders
 written as the library writes them (:mod:`engine_quant_compressed_tensors.checkpoint`), one
-class per scheme. The kit's layer checks run on the plain ``cpu`` platform; its model check on
-the best platform here."""
+class per scheme. The kit's layer checks run on the plain ``cpu`` platform (NVFP4's on
+``cpu-native``, its FP4 kernel); its model check on the best platform here."""
 
 import pytest
 import torch
@@ -11,6 +11,7 @@ from engine.layers import Linear
 from engine.testing import select_platform
 from engine.testing.quant import QuantMethodContract, write_quantized_checkpoint
 from engine_quant_compressed_tensors import checkpoint
+from engine_quant_compressed_tensors.kernels import fp4_probe
 from engine_quant_compressed_tensors.method import CompressedTensorsLinearMethod
 
 
@@ -145,6 +146,14 @@ class TestNvfp4(CompressedTensorsContract):
     checkpoint_config = checkpoint.config("nvfp4-pack-quantized", checkpoint.NVFP4_WEIGHTS)
     quant_error = 0.2  # e2m1 around 6: steps of 2, a third of the block's largest magnitude
     logprob_atol = 0.4
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def platform(cls, registry):
+        """cpu-native: the layer checks run the FP4 kernel (``fp4_probe`` says it is offered)."""
+        platform = select_platform("cpu-native")
+        assert fp4_probe(platform) == "fp4"
+        return platform
 
     def quantize(self, weight):
         return checkpoint.nvfp4_tensors(weight)

@@ -113,3 +113,5 @@ def test_describe_names_each_schemes_path():
     text = CompressedTensorsLinearMethod.describe(select_platform("cpu"))
     assert "pack-quantized and weight-only int: int4pack planes" in text
     assert "NVFP4: dequantized at load" in text
+    native = CompressedTensorsLinearMethod.describe(select_platform("cpu-native"))
+    assert "NVFP4: the platform's FP4 kernel" in native

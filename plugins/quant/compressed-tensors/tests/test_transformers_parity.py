@@ -5,8 +5,8 @@ where the checkpoint quantizes activations (static W8A8, NVFP4 W4A4) each projec
 rounded first, as compressed-tensors' forward rounds it. (transformers' own compressed-tensors
 integration needs the ``compressed-tensors`` library, which this environment does not carry.)
 
-On the plain ``cpu`` platform the log-probabilities agree within float tolerance and the greedy
-tokens are the same."""
+On the plain ``cpu`` platform (NVFP4 on ``cpu-native``, whose FP4 kernel runs its weights) the
+log-probabilities agree within float tolerance and the greedy tokens are the same."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.testing import reference
+from engine.testing import reference, select_platform
 from engine.testing.quant import TINY_LLAMA, prompt_logprobs, write_quantized_checkpoint
 from engine_quant_compressed_tensors import checkpoint
+from engine_quant_compressed_tensors.kernels import fp4_probe
 
 
 def _calibrated_max(weight: torch.Tensor) -> float:
@@ -87,7 +88,8 @@ FORMATS = {
         checkpoint.config("nvfp4-pack-quantized", checkpoint.NVFP4_WEIGHTS),
     ),
 }
-COMMON = dict(dtype="float32", device="cpu", num_blocks=40, block_size=8, max_model_len=128)
+COMMON = dict(dtype="float32", num_blocks=40, block_size=8, max_model_len=128)
+FP4_KERNEL = ("nvfp4-w4a4", "nvfp4a16")  # served on cpu-native: the FP4 kernel, not the dequantized weight
 PROMPTS = reference.random_prompts(TINY_LLAMA["vocab_size"], [9, 23], seed=5)
 
 
@@ -135,17 +137,20 @@ def reference_model(hf_model, quantize, dequantize):
 
 @pytest.fixture(scope="module", params=list(FORMATS))
 def served(request, tiny, tmp_path_factory):
-    """(checkpoint folder, transformers model on its reference math)."""
+    """(checkpoint folder, the platform serving it, transformers model on its reference math)."""
     quantize, dequantize, config = FORMATS[request.param]
     hf_folder, hf_model = tiny
     folder = str(tmp_path_factory.mktemp(request.param))
     write_quantized_checkpoint(hf_folder, folder, quantize, config)
-    return folder, reference_model(hf_model, quantize, dequantize)
+    device = "cpu-native" if request.param in FP4_KERNEL else "cpu"
+    if device == "cpu-native":
+        assert fp4_probe(select_platform(device)) == "fp4", "cpu-native offers no FP4 kernel here"
+    return folder, device, reference_model(hf_model, quantize, dequantize)
 
 
 def test_logprobs_and_greedy_equal_transformers_on_the_reference_math(served):
-    folder, hf_model = served
-    llm = LLM(folder, **COMMON)
+    folder, device, hf_model = served
+    llm = LLM(folder, device=device, **COMMON)
     for ids, got in zip(PROMPTS, prompt_logprobs(llm, PROMPTS)):
         want = reference.hf_logprobs(hf_model, ids)[:-1]
         torch.testing.assert_close(got, want, atol=2e-3, rtol=1e-3)

@@ -11,16 +11,15 @@ from __future__ import annotations
 
 import torch
 
+from engine.layers.fp4 import E2M1, unpack_codes
 from engine.layers.group_affine import AffineWeight
 
-E2M1 = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
 BLOCK = 32
 
 
 def _codes(blocks: torch.Tensor) -> torch.Tensor:
     """[N, K/32, 16] bytes -> [N, K] e2m1 codes."""
-    codes = torch.stack([blocks & 15, blocks >> 4], dim=-1)
-    return codes.reshape(blocks.shape[0], -1).long()
+    return unpack_codes(blocks.reshape(blocks.shape[0], -1))
 
 
 def to_affine(blocks: torch.Tensor, scales: torch.Tensor) -> AffineWeight:
