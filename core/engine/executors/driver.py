@@ -71,14 +71,42 @@ class WorkerGroup:
         executor is collected or the interpreter exits, at once (e.g. the engine failed to start)."""
 
 
+# Speculation under tensor parallelism: the core asks for drafts on rank 0 between steps and
+# they reach the other ranks as tokens of the next step's broadcast input; only rank 0 samples
+# and verifies them. So a drafter that runs no model (ngram, suffix) or a model of its own,
+# built unsharded on rank 0 (draft_model with "model"), works as it is. These drafters call
+# the target's sharded layers (its vocabulary-parallel embedding or LM head, or its first
+# layers), collectives the other ranks, waiting for the next step, never join.
+_RANK_SHARDED_DRAFTERS = {
+    "eagle": "its head embeds tokens with the target's vocabulary-parallel embedding",
+    "mtp": "its module embeds tokens with the target's vocabulary-parallel embedding",
+    "deepseek_mtp": "its module embeds tokens with the target's vocabulary-parallel embedding",
+}
+
+
+def _speculation_refusal(spec: dict) -> str | None:
+    """Why speculation by ``spec`` cannot run tensor-parallel (None: it can)."""
+    method = spec.get("method")
+    why = _RANK_SHARDED_DRAFTERS.get(method)
+    if why is None and method == "draft_model" and spec.get("self_draft_layers"):
+        why = 'self_draft_layers drafts with the target\'s own sharded layers (use a separate "model")'
+    if why is None:
+        return None
+    return (
+        f"speculative decoding method {method!r} is not tensor-parallel yet: {why}, a collective "
+        "the other ranks do not join while rank 0 drafts"
+    )
+
+
 class DriverExecutor(Executor):
     """Rank 0 in this process, ranks 1..N-1 in workers a subclass launches (:meth:`launch`)."""
 
     @classmethod
     def supports(cls, config) -> list[str]:
         reasons = []
-        if config.speculative_config:
-            reasons.append("speculative decoding is not tensor-parallel yet")
+        spec = config.speculative_config
+        if spec and (refusal := _speculation_refusal(spec)):
+            reasons.append(refusal)
         if config.kv_connector:
             reasons.append("KV connectors are not tensor-parallel yet")
         return reasons
