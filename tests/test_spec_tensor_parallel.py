@@ -1,9 +1,11 @@
 """Speculative decoding at TP=2 (two gloo ranks, the ``mp`` executor). The core drafts on rank 0
 between steps; the drafts reach rank 1 as tokens of the next step's broadcast input, and only
 rank 0 samples and verifies. Greedy output at TP=2 with speculation must equal TP=1 without it,
-token for token, with drafts accepted on the way: ngram (no model) and a separate draft model
-(built unsharded on rank 0). The drafters that call the target's sharded layers are refused by
-name."""
+token for token, with drafts accepted on the way, and seeded sampling at TP=2 must draw what one
+rank draws with the same drafter (the rejection sampler's randomness lives on rank 0 alone):
+ngram (no model) and a separate draft model (built unsharded on rank 0); EAGLE, which drafts on
+every rank, is tested in spec-eagle. The drafters that would call the target's sharded layers
+from rank 0 alone are refused by name."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ PROMPTS = [
     *reference.random_prompts(TINY["vocab_size"], [30, 12, 44, 3], seed=3),
 ]
 PARAMS = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+SEEDED = [SamplingParams(max_tokens=16, temperature=0.8, seed=seed, ignore_eos=True) for seed in range(6)]
 TP2 = dict(OPTIONS, tensor_parallel_size=2, distributed_executor_backend="mp")
 
 
@@ -48,26 +51,29 @@ def expected(target):
     ],
     ids=["ngram", "draft_model"],
 )
-def test_tp2_greedy_with_speculation_equals_tp1_without(speculative_config, target, expected):
+def test_tp2_with_speculation_equals_tp1(speculative_config, target, expected):
     config = {k: v.format(target=target) if isinstance(v, str) else v for k, v in speculative_config.items()}
-    llm = LLM(target, speculative_config=config, **TP2)
-    try:
-        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
-        stats = llm.engine.stats()
-    finally:
-        llm.engine.shutdown()
-    assert got == expected
+    sampled = []
+    for options in (OPTIONS, TP2):
+        llm = LLM(target, speculative_config=config, **options)
+        try:
+            greedy = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, PARAMS)]
+            stats = llm.engine.stats()
+            sampled.append([o.outputs[0].token_ids for o in llm.generate(PROMPTS, SEEDED)])
+        finally:
+            llm.engine.shutdown()
+    assert greedy == expected, "greedy at TP=2 with speculation must equal TP=1 without"
     assert stats["spec_accepted_tokens"] > 0, "drafts must have been verified and accepted"
+    assert sampled[1] == sampled[0], "seeded sampling at TP=2 must draw what one rank draws"
 
 
 @pytest.mark.parametrize(
     "speculative_config",
     [
-        {"method": "eagle", "model": "unused"},
         {"method": "deepseek_mtp"},
         {"method": "draft_model", "self_draft_layers": 1},
     ],
-    ids=["eagle", "mtp", "self_draft"],
+    ids=["mtp", "self_draft"],
 )
 def test_drafters_on_sharded_layers_are_refused_by_name(speculative_config, target):
     refusal = f"speculative decoding method '{speculative_config['method']}' is not tensor-parallel yet"
