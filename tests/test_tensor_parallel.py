@@ -240,12 +240,12 @@ def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
     with pytest.raises(ValueError, match="uni cannot run this engine: it runs one rank"):
         LLM(folder, tensor_parallel_size=2, distributed_executor_backend="uni")
     for backend in ("mp", "ray"):
-        with pytest.raises(ValueError, match="speculative decoding is not tensor-parallel yet"):
+        with pytest.raises(ValueError, match="speculative decoding method 'mtp' is not tensor-parallel"):
             LLM(
                 folder,
                 tensor_parallel_size=2,
                 distributed_executor_backend=backend,
-                speculative_config={"method": "ngram"},
+                speculative_config={"method": "mtp"},
             )
 
 

@@ -7,8 +7,8 @@ next drafts.
 
 from __future__ import annotations
 
-import copy
 import datetime
+import functools
 import logging
 import time
 
@@ -25,7 +25,7 @@ from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
 from engine.core.weight_sync import UpdatedLoader, WeightUpdateGroup
-from engine.interfaces import DrafterContext, ExecutorFailure, GrammarContext, MultiModalProcessor
+from engine.interfaces import ExecutorFailure, GrammarContext, MultiModalProcessor
 from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
@@ -306,56 +306,30 @@ class EngineCore:
                 "speculative_config: not supported for a model whose layers attend in several ways "
                 "(sliding-window or per-layer attention kinds)"
             )
-        registry, platform = self.registry, self.platform
-
-        def load_model(path: str | None, architecture: str | None = None):
-            """A draft model from ``path``, or (None) from the target's checkpoint and config;
-            ``architecture`` replaces the config's (an MTP module of the target's checkpoint)."""
-            if path is None:
-                draft_loader, hf_config = loader, copy.deepcopy(self.hf_config)
-            else:
-                draft_loader, _ = setup.select_loader(registry, path, None)
-                hf_config = draft_loader.hf_config()
-            if architecture is not None:
-                hf_config.architectures = [architecture]
-            return setup.build_model(
-                registry,
-                draft_loader,
-                hf_config,
-                dtype,
-                platform,
-                None,
-                config.batch_invariant,
-            )
-
-        def make_attention(model):
-            return setup.attention_for(
-                registry,
-                config.attention_backend,
-                model,
-                dtype,
-                config.cache.block_size,
-                platform,
-                config.batch_invariant,
-            )
-
-        ctx = DrafterContext(
+        drafter_cls = self.registry.get("drafters", spec.get("method"))
+        # a drafter that calls the target's sharded layers drafts on every rank, in step
+        executor = self.executor if getattr(drafter_cls, "drafts_on_every_rank", False) else None
+        ctx = setup.drafter_context(
+            self.registry,
             config,
-            self.model,
-            self.attention,
-            kv_caches,
-            num_blocks,
-            platform.device,
+            self.platform,
             dtype,
+            loader,
+            self.hf_config,
+            (self.model, self.attention, kv_caches, num_blocks),
             self.tokenizer,
-            load_model,
-            make_attention,
+            executor.share if executor is not None else None,
         )
-        drafter = registry.get("drafters", spec.get("method"))(ctx)
+        drafter = drafter_cls(ctx)
+        call = functools.partial(executor.drafter_call, drafter) if executor is not None else None
         self.runner.keep_hidden_states = drafter.needs_hidden_states
         self.runner.hidden_layers = tuple(drafter.hidden_state_layers() or ())
         return Speculator(
-            drafter, int(spec.get("num_speculative_tokens", 4)), self.kv_cache_manager, self.max_model_len
+            drafter,
+            int(spec.get("num_speculative_tokens", 4)),
+            self.kv_cache_manager,
+            self.max_model_len,
+            call,
         )
 
     def _grammar_backend(self, name: str | None) -> str | None:

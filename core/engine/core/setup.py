@@ -5,6 +5,7 @@ a part named explicitly that cannot be imported is one error naming it and the i
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import attrs
@@ -13,7 +14,14 @@ from torch import nn
 
 from engine.config import AUTO_QUEUE, auto_queue_bound
 from engine.distributed import SINGLE, TensorParallel, tensor_parallel
-from engine.interfaces import FALLBACK_ARCHITECTURE, AttentionSpec, ExecutorContext, KVCacheGroup, attention
+from engine.interfaces import (
+    FALLBACK_ARCHITECTURE,
+    AttentionSpec,
+    DrafterContext,
+    ExecutorContext,
+    KVCacheGroup,
+    attention,
+)
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
 from engine.layers.kv_scales import KVScales
@@ -347,6 +355,52 @@ def allocate_kv_caches(layers: LayerAttention, groups, platform) -> list[torch.T
 def kv_cache_dtype(config) -> torch.dtype | None:
     """The quantized KV cache dtype ``--kv-cache-dtype`` asks (None: auto, the activation dtype)."""
     return attention.KV_CACHE_DTYPES[config.cache.kv_cache_dtype]
+
+
+def drafter_context(registry, config, platform, dtype, loader, hf_config, target, tokenizer, share):
+    """The :class:`DrafterContext` of a rank's drafter. ``target``: that rank's (model, attention
+    backend, KV caches, block count); ``share``: ``DrafterContext.share`` (None: one rank's).
+    The models it loads are whole on every rank (no tensor-parallel group)."""
+    model, attention_backend, kv_caches, num_blocks = target
+
+    def load_model(path: str | None, architecture: str | None = None):
+        """A draft model from ``path``, or (None) from the target's checkpoint and config;
+        ``architecture`` replaces the config's (an MTP module of the target's checkpoint)."""
+        if path is None:
+            draft_loader, draft_config = loader, copy.deepcopy(hf_config)
+        else:
+            draft_loader, _ = select_loader(registry, path, None)
+            draft_config = draft_loader.hf_config()
+        if architecture is not None:
+            draft_config.architectures = [architecture]
+        return build_model(
+            registry, draft_loader, draft_config, dtype, platform, None, config.batch_invariant
+        )
+
+    def make_attention(draft_model):
+        return attention_for(
+            registry,
+            config.attention_backend,
+            draft_model,
+            dtype,
+            config.cache.block_size,
+            platform,
+            config.batch_invariant,
+        )
+
+    return DrafterContext(
+        config,
+        model,
+        attention_backend,
+        kv_caches,
+        num_blocks,
+        platform.device,
+        dtype,
+        tokenizer,
+        load_model,
+        make_attention,
+        **({} if share is None else {"share": share}),
+    )
 
 
 def select_attention_backend(registry, name: str | None, spec: AttentionSpec, platform):

@@ -1,11 +1,13 @@
 """Speculative decoding in the core: after every step, ask the drafter for the next drafts of
 each decoding request (their KV slots granted by the scheduler first), cut drafts at the first
 token the request's grammar refuses (:func:`engine.core.structured.grammar_prefix`), and count
-what verification accepts."""
+what verification accepts. Under tensor parallelism the drafter runs here, on rank 0, unless
+it drafts on every rank: then each call goes through the executor to every rank's drafter."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from engine.core.structured import grammar_prefix
 from engine.interfaces import Draft, DraftRequest, Request, StepPlan, StepResult
@@ -14,9 +16,19 @@ ACCEPTED_AT = "spec_accepted_pos:"  # stats key prefix: accepted drafts at a dra
 
 
 class Speculator:
-    def __init__(self, drafter, num_spec_tokens: int, kv_cache_manager, max_model_len: int):
-        """``kv_cache_manager``: read for the block tables the drafter writes into."""
+    def __init__(
+        self,
+        drafter,
+        num_spec_tokens: int,
+        kv_cache_manager,
+        max_model_len: int,
+        call: Callable[..., Any] | None = None,
+    ):
+        """``kv_cache_manager``: read for the block tables the drafter writes into. ``call(name,
+        *args)`` runs ``drafter.<name>(*args)`` (:meth:`engine.interfaces.Executor.drafter_call`
+        for a drafter that drafts on every rank); None: here."""
         self.drafter = drafter
+        self.call = call if call is not None else self._here
         self.k = num_spec_tokens
         self.kv = kv_cache_manager
         self.max_model_len = max_model_len
@@ -56,7 +68,8 @@ class Speculator:
         if not eligible:
             return
         hidden = result.hidden_states
-        drafts = self.drafter.propose(
+        drafts = self.call(
+            "propose",
             [
                 DraftRequest(
                     r.request_id,
@@ -67,7 +80,7 @@ class Speculator:
                     hidden.get(r.request_id),
                 )
                 for r, room in eligible
-            ]
+            ],
         )
         for (request, room), draft in zip(eligible, drafts):
             tokens, probs = self._allowed(request, draft, room)
@@ -81,7 +94,10 @@ class Speculator:
 
     def finished(self, request_ids) -> None:
         if request_ids:
-            self.drafter.finished(list(request_ids))
+            self.call("finished", list(request_ids))
+
+    def _here(self, name: str, *args):
+        return getattr(self.drafter, name)(*args)
 
     def stats(self) -> dict[str, float]:
         c = self.counts

@@ -3,7 +3,8 @@ rank 0, the driver; ranks 1..N-1 are workers (:mod:`engine.executors.worker`) th
 subclass launches where it places them (``mp``: spawned local processes; the ray plugin: Ray
 actors) and reaches through one :class:`WorkerHandle` each. They meet at a ``TCPStore`` the
 driver hosts: a gloo group carries the control plane (each step's input, broadcast from
-rank 0), the platform's communicator the layers' collectives (gloo on CPU, NCCL on CUDA).
+rank 0, and the calls of a drafter that drafts on every rank), the platform's communicator the
+layers' collectives (gloo on CPU, NCCL on CUDA).
 
 Faults: every collective waits at most ``distributed_timeout``; while the engine is idle the
 driver broadcasts a keep-alive every quarter of it, so a worker's wait for the next step is
@@ -24,6 +25,7 @@ from abc import ABC, abstractmethod
 import torch
 
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
+from engine.executors.drafter_call import DrafterCall, on_device
 from engine.executors.worker import STOP, WorkerSpec
 from engine.interfaces import Executor, ExecutorFailure
 
@@ -71,14 +73,39 @@ class WorkerGroup:
         executor is collected or the interpreter exits, at once (e.g. the engine failed to start)."""
 
 
+# Speculation under tensor parallelism: the core asks for drafts on rank 0 between steps and
+# they reach the other ranks as tokens of the next step's broadcast input; only rank 0 samples
+# and verifies them. So a drafter that runs no model (ngram, suffix) or a model of its own,
+# built unsharded on rank 0 (draft_model with "model"), works as it is, and one that calls the
+# target's sharded layers drafts on every rank (Drafter.drafts_on_every_rank: eagle). These
+# call the target's sharded layers from rank 0 alone, collectives the other ranks never join.
+_MTP = "its module embeds with the target's vocabulary-parallel embedding and does not draft on every rank"
+_RANK_SHARDED_DRAFTERS = {"mtp": _MTP, "deepseek_mtp": _MTP}
+
+
+def _speculation_refusal(spec: dict) -> str | None:
+    """Why speculation by ``spec`` cannot run tensor-parallel (None: it can)."""
+    method = spec.get("method")
+    why = _RANK_SHARDED_DRAFTERS.get(method)
+    if why is None and method == "draft_model" and spec.get("self_draft_layers"):
+        why = 'self_draft_layers drafts with the target\'s own sharded layers (use a separate "model")'
+    if why is None:
+        return None
+    return (
+        f"speculative decoding method {method!r} is not tensor-parallel yet: {why}, a collective "
+        "the other ranks do not join while rank 0 drafts"
+    )
+
+
 class DriverExecutor(Executor):
     """Rank 0 in this process, ranks 1..N-1 in workers a subclass launches (:meth:`launch`)."""
 
     @classmethod
     def supports(cls, config) -> list[str]:
         reasons = []
-        if config.speculative_config:
-            reasons.append("speculative decoding is not tensor-parallel yet")
+        spec = config.speculative_config
+        if spec and (refusal := _speculation_refusal(spec)):
+            reasons.append(refusal)
         if config.kv_connector:
             reasons.append("KV connectors are not tensor-parallel yet")
         return reasons
@@ -165,6 +192,31 @@ class DriverExecutor(Executor):
             except ExecutorFailure as exc:
                 self._failure = self._explain(exc)
                 raise self._failure from exc
+
+    def drafter_call(self, drafter, name: str, *args):
+        """Every rank runs ``drafter.<name>(*args)`` on its own drafter (the others' calls and
+        what they share arrive on the control group, keep-alives held off meanwhile); rank 0's
+        result. Like a forward, a failure part-way leaves the ranks out of step: fatal."""
+        with self._lock:
+            self.check_health()
+            try:
+                self._channel.send(DrafterCall(name, on_device(args, "cpu")))
+                return getattr(drafter, name)(*args)
+            except ExecutorFailure as exc:
+                self._failure = self._explain(exc)
+                raise self._failure from exc
+            except Exception as exc:
+                self._failure = ExecutorFailure(
+                    f"rank 0's drafter failed in {name}, leaving the tensor-parallel ranks out of "
+                    f"step: {type(exc).__name__}: {exc}"
+                )
+                raise self._failure from exc
+            finally:
+                self._last_send = time.monotonic()
+
+    def share(self, value):
+        self._channel.send(on_device(value, "cpu"))
+        return value
 
     def _driver_forward(self, step):
         """Rank 0's forward: broadcast the step, then run it with the other ranks. Failing

@@ -9,9 +9,11 @@ model and the attention backends; :meth:`Worker.start` allocates its KV cache on
 says how many blocks (``ready``, with the bytes read for its weights); :meth:`Worker.loop`
 steps: each step's :class:`engine.runner.model_runner.StepInput` arrives by broadcast and
 the worker runs the same forward, joining its collectives. ``None`` is the driver's
-keep-alive between steps, :data:`STOP` the end. Plugins registered in the driver's process
-only (``engine.plugins.add_plugin``) do not exist here: an allow-list naming one fails the
-worker's start, reported to the driver.
+keep-alive between steps, :data:`STOP` the end; a :class:`DrafterCall` runs a call of a
+drafter that drafts on every rank (``Drafter.drafts_on_every_rank``, built at start) on this
+rank's own instance, whose ``DrafterContext.share`` receives what rank 0 shares. Plugins
+registered in the driver's process only (``engine.plugins.add_plugin``) do not exist here:
+an allow-list naming one fails the worker's start, reported to the driver.
 
 :func:`run_worker` is ``mp``'s process (started as ``python -m engine.executors.worker FD``,
 its spec the first message on the pipe at FD): the stages reported over that pipe as
@@ -30,6 +32,7 @@ import attrs
 
 from engine.core import setup
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
+from engine.executors.drafter_call import DrafterCall, on_device
 from engine.lifetime import exit_with_parent, watch_parent
 from engine.lora.manager import LoRAManager
 from engine.plugins import load_plugins
@@ -62,8 +65,9 @@ class Worker:
             process_group("gloo", self.store, rank, address, "control"), rank, address.timeout
         )
         tp = TensorParallel(rank, address.world_size, platform.communicator(self.store, rank, address))
-        loader, _ = setup.select_loader(self.registry, config.model.model, config.model.load_format)
-        hf_config = loader.hf_config()
+        model, load_format = config.model.model, config.model.load_format
+        self.loader = loader = setup.select_loader(self.registry, model, load_format)[0]
+        self.hf_config = hf_config = loader.hf_config()
         self.dtype = dtype = setup.resolve_dtype(config.model.dtype, hf_config, platform)
         self.model = setup.build_model(
             self.registry,
@@ -102,7 +106,28 @@ class Worker:
         if lora.enable_lora:  # this rank's part of each adapter, in the slots rank 0 chooses
             ops = self.platform.layer_ops(self.dtype)
             self.runner.lora = LoRAManager(self.model, lora, self.dtype, self.platform.device, ops)
+        self.drafter = self._drafter(caches, kv_groups[0].num_blocks)
         return getattr(self.model, "weight_bytes_read", None)
+
+    def _drafter(self, caches, num_blocks):
+        """This rank's drafter, when the engine's drafts on every rank (None otherwise)."""
+        spec = self.spec.config.speculative_config
+        cls = self.registry.get("drafters", spec.get("method")) if spec else None
+        if not getattr(cls, "drafts_on_every_rank", False):
+            return None
+        target = (self.model, self.layers.first, caches, num_blocks)
+        ctx = setup.drafter_context(
+            self.registry,
+            self.spec.config,
+            self.platform,
+            self.dtype,
+            self.loader,
+            self.hf_config,
+            target,
+            None,
+            lambda _: on_device(self.control.receive(), self.platform.device),
+        )
+        return cls(ctx)
 
     def loop(self) -> None:
         """Run every step the driver broadcasts until it sends :data:`STOP`."""
@@ -112,7 +137,10 @@ class Worker:
                 continue
             if message == STOP:
                 return
-            self.runner.forward(message.to(self.platform.device))
+            if isinstance(message, DrafterCall):
+                getattr(self.drafter, message.name)(*on_device(message.args, self.platform.device))
+            else:
+                self.runner.forward(message.to(self.platform.device))
 
 
 def run_worker(spec: WorkerSpec, conn) -> None:

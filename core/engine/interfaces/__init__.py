@@ -113,7 +113,10 @@ INTERFACE_VERSIONS = {
     "grammar_backends": 3,
     # 2: DrafterContext.load_model(path, architecture=): a named architecture, from the target's own
     #    checkpoint when path is None (an MTP module) (additive: v1 drafters still load)
-    "drafters": 2,
+    # 3: Drafter.drafts_on_every_rank and DrafterContext.share: a drafter that calls the target's
+    #    sharded layers runs on every tensor-parallel rank (defaulted: v1 and v2 still load, and
+    #    draft on rank 0 alone)
+    "drafters": 3,
     "logits_processors": 1,
     # 2: update_kv_transfers(KVTransferReport) replaces free_finished_transfers
     # 3: policy only — the core applies results and runs the KV connector's request protocol
@@ -126,7 +129,9 @@ INTERFACE_VERSIONS = {
     "tool_parsers": 2,  # 2: use_tools (defaulted: v1 still loads)
     "reasoning_parsers": 2,  # 2: grammar_markers (defaulted: v1 still loads, its grammar spans the output)
     "commands": 1,
-    "executors": 1,
+    # 2: drafter_call and share, for a drafter that drafts on every rank (defaulted as one rank
+    #    runs them: v1 still loads; DriverExecutor, the multi-rank base, implements them)
+    "executors": 2,
     "lora_resolvers": 1,
 }
 
@@ -135,7 +140,8 @@ INTERFACE_VERSIONS = {
 STILL_LOADED = {
     "attention_backends": (1, 2, 3, 4, 5),
     "models": (2, 3, 4, 5),
-    "drafters": (1,),
+    "drafters": (1, 2),
+    "executors": (1,),
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),

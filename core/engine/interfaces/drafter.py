@@ -7,6 +7,13 @@ drafter that runs a model gets what it needs from :class:`DrafterContext` (the t
 model, its attention backend and KV caches, a loader for a separate draft model) and,
 if it sets ``needs_hidden_states``, the target's hidden states of the positions each
 request just had verified.
+
+Under tensor parallelism the core asks on rank 0 only, and the drafts reach the other ranks
+as tokens of the next step's input. A drafter that calls the target's layers (sharded: each
+call a collective every rank must join) sets ``drafts_on_every_rank``: every rank then builds
+it, over its own share of the target, and runs each ``propose`` and ``finished`` call with the
+same arguments; rank 0's drafts count, and the drafter makes the other ranks agree with them
+through ``DrafterContext.share`` wherever its choices steer further collectives.
 """
 
 from __future__ import annotations
@@ -14,6 +21,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
+
+
+def _same(value):
+    return value
+
 
 import attrs
 import torch
@@ -52,10 +64,16 @@ class DrafterContext:
     # checkpoint's (the target's MTP module: ``Model.mtp_architecture``)
     load_model: Callable[..., Any]
     make_attention: Callable[[Any], Any]  # Model -> an AttentionBackend for its KV layout
+    # (v3) rank 0's value on every tensor-parallel rank (rank 0 passes it, the others anything,
+    # all at the same point of the same call); at one rank the value itself. ``tokenizer`` is
+    # None on ranks other than 0
+    share: Callable[[Any], Any] = _same
 
 
 class Drafter(ABC):
     needs_hidden_states: ClassVar[bool] = False
+    # (v3) under tensor parallelism, built and called on every rank, not on rank 0 alone
+    drafts_on_every_rank: ClassVar[bool] = False
 
     def __init__(self, ctx: DrafterContext):
         self.ctx = ctx

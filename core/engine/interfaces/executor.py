@@ -8,7 +8,9 @@ The engine core owns the one scheduler. It builds rank 0's model inside the exec
 :class:`engine.runner.model_runner.StepInput` (one picklable object: token ids, positions,
 the attention layouts, the rows to score) to every rank before rank 0 runs it; the other
 ranks run the same forward, joining its collectives, and return nothing: outputs come from
-rank 0 only (it samples). Workers load plugins with the engine's allow-list
+rank 0 only (it samples). Drafts come from rank 0 too, in the next step's input; a drafter
+that calls the target's sharded layers runs on every rank (:meth:`Executor.drafter_call`).
+Workers load plugins with the engine's allow-list
 (:func:`engine.plugins.load_plugins`, idempotent) and report a failure to load or to step to
 the driver.
 
@@ -62,6 +64,16 @@ class Executor(ABC):
     def execute(self, plan, group_tables, bitmask=None, kv_meta=None):
         """One step on every rank; rank 0's :class:`engine.interfaces.StepResult`. ``kv_meta``:
         the KV connector's metadata for the step (None: no connector), for rank 0's runner."""
+
+    def drafter_call(self, drafter, name: str, *args):
+        """(v2) ``drafter.<name>(*args)`` on every rank, each on its own instance (a drafter
+        that ``drafts_on_every_rank``); rank 0's result. One rank: the call itself."""
+        return getattr(drafter, name)(*args)
+
+    def share(self, value):
+        """(v2) ``value`` to every rank, inside :meth:`drafter_call` (``DrafterContext.share``
+        on rank 0); returns it. One rank: the value itself."""
+        return value
 
     def check_health(self) -> None:
         """Raise :class:`ExecutorFailure` if a rank is gone (cheap: called between steps)."""

@@ -5,4 +5,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_drafters(register):
-    register("eagle", "engine_spec_eagle.drafter:EagleDrafter", api=1)
+    register("eagle", "engine_spec_eagle.drafter:EagleDrafter", api=3)

@@ -3,7 +3,12 @@ the positions just verified (for EAGLE-3, the residual streams after three targe
 feature at position t with the token at t + 1), writes its own one-layer KV cache
 (indexed by the target's block tables), and chains k draft steps, each feeding back its
 own output as the next feature. Positions whose features it never saw (earlier prefill
-chunks) keep stale head K/V: acceptance drops, exactness does not."""
+chunks) keep stale head K/V: acceptance drops, exactness does not.
+
+Under tensor parallelism the head drafts on every rank (``drafts_on_every_rank``): it embeds
+with the target's vocabulary-parallel embedding (and EAGLE-1 scores with its LM head), each a
+collective. The head itself is whole on every rank; rank 0 chooses each draft token
+(EAGLE-1's logits exist only there) and shares it, so every rank feeds the same tokens on."""
 
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ from engine_spec_eagle.head import Eagle3Head, build_head, checkpoint_tensors
 
 class EagleDrafter(Drafter):
     needs_hidden_states = True
+    drafts_on_every_rank = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -66,4 +72,5 @@ class EagleDrafter(Drafter):
             self.ctx.device,
             features=torch.cat(features),
         )
-        return hidden, rows, self.head.compute_logits(hidden[rows]).argmax(dim=-1).tolist()
+        logits = self.head.compute_logits(hidden[rows])  # None on a tensor-parallel rank but 0
+        return hidden, rows, self.ctx.share(None if logits is None else logits.argmax(dim=-1).tolist())

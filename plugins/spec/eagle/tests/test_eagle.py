@@ -151,3 +151,57 @@ def test_missing_weights_are_reported(tmp_path, eagle_dir):
     (empty / "config.json").write_text((Path(eagle_dir) / "config.json").read_text())
     with pytest.raises(ValueError, match="no \\*.safetensors EAGLE weights"):
         LLM(str(target), **OPTIONS, speculative_config={"method": "eagle", "model": str(empty)})
+
+
+TP_PROMPTS = [[5, 6, 7, 8] * 5, [9, 70, 3, 44, 12, 8, 101, 33, 60]]
+
+
+@pytest.fixture(scope="module")
+def tp_target(tmp_path_factory):
+    """(a tiny target, its greedy tokens for TP_PROMPTS at one rank without speculation)."""
+    from engine import LLM
+    from engine.testing import reference
+    from engine.testing.spec import OPTIONS
+
+    folder = str(tmp_path_factory.mktemp("tp-target"))
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY)
+    llm = LLM(folder, **OPTIONS)
+    try:
+        return folder, _greedy(llm, TP_PROMPTS)[0]
+    finally:
+        llm.engine.shutdown()
+
+
+def _greedy(llm, prompts):
+    """(each prompt's greedy tokens, every draft token rank 0's drafter proposed, in order)."""
+    from engine import SamplingParams
+
+    drafted: list[int] = []
+    if llm.engine.speculator is not None:
+        drafter = llm.engine.speculator.drafter
+        propose = drafter.propose
+        drafter.propose = lambda requests: [drafted.extend(d.token_ids) or d for d in propose(requests)]
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    return [o.outputs[0].token_ids for o in llm.generate(prompts, params)], drafted
+
+
+@pytest.mark.parametrize("head", ["eagle_dir", "eagle3_dir"], ids=["eagle-1", "eagle-3"])
+def test_tp2_eagle_drafts_and_outputs_equal_tp1(head, tp_target, request):
+    """At TP=2 the head drafts on both ranks (the target's vocabulary-parallel embedding and,
+    for EAGLE-1, LM head are collectives): greedy output equals TP=1 without speculation, and
+    the drafts are the ones one rank's head proposes."""
+    from engine import LLM
+    from engine.testing.spec import OPTIONS
+
+    folder, plain = tp_target
+    spec = {"method": "eagle", "model": request.getfixturevalue(head), "num_speculative_tokens": 3}
+    runs = []
+    for tp in (1, 2):
+        llm = LLM(folder, **OPTIONS, speculative_config=spec, tensor_parallel_size=tp)
+        try:
+            runs.append(_greedy(llm, TP_PROMPTS))
+        finally:
+            llm.engine.shutdown()
+    (one, one_drafts), (two, two_drafts) = runs
+    assert one == plain and two == plain
+    assert two_drafts and two_drafts == one_drafts
