@@ -34,19 +34,20 @@ def test_calls_stream_argument_by_argument():
     spacing as written, whichever key comes first); a string of JSON decoded; no arguments
     ``{}``."""
     output = (
-        ' <|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris, \\"FR\\"", "days": [1, 2]}},'
+        ' <|tool_call|>[{"name": "get_weather",'
+        ' "arguments": {"city": "Paris, \\"FR\\"", "days": [1, 2], "x": "}]\\\\"}},'
         ' {"arguments": {"zone":"UTC"}, "name": "get_time"},'
         ' {"name": "get_date", "arguments": "{\\"iso\\": true}"}, {"name": "ping"}]'
     )
     content, calls = check_streamed(make, output)
     assert content == " "
     assert [(c.name, c.arguments) for c in calls] == [
-        ("get_weather", '{"city": "Paris, \\"FR\\"", "days": [1, 2]}'),
+        ("get_weather", '{"city": "Paris, \\"FR\\"", "days": [1, 2], "x": "}]\\\\"}'),
         ("get_time", '{"zone":"UTC"}'),
         ("get_date", '{"iso": true}'),
         ("ping", "{}"),
     ]
-    assert json.loads(calls[0].arguments) == {"city": 'Paris, "FR"', "days": [1, 2]}
+    assert json.loads(calls[0].arguments) == {"city": 'Paris, "FR"', "days": [1, 2], "x": "}]\\"}
 
 
 def test_plain_answers_and_text_that_begins_no_call_are_content():

@@ -25,7 +25,8 @@ import re
 from engine.interfaces import MarkedToolParser, ToolCall
 
 HEAD = re.compile(r"\s*<tool_call>\s*<function=([^>\n]+)>")
-PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
+PARAMETER_END = "</parameter>"
 TAIL = re.compile(r"\s*</function>\s*</tool_call>")
 
 
@@ -51,9 +52,11 @@ class Qwen3CoderToolParser(MarkedToolParser):
         while head := HEAD.match(text, at):
             name, at = head.group(1).strip(), head.end()
             items = []
-            while parameter := PARAMETER.match(text, at):
-                items.append(self._item(name, *parameter.groups()))
-                at = parameter.end()
+            while (parameter := PARAMETER.match(text, at)) and (
+                end := text.find(PARAMETER_END, parameter.end())
+            ) != -1:  # find, not a lazy regex: the open value is scanned again on every feed
+                items.append(self._item(name, parameter.group(1), text[parameter.end() : end]))
+                at = end + len(PARAMETER_END)
             tail = TAIL.match(text, at)
             arguments = "{" + ", ".join(items) + ("}" if tail else "") if items or tail else ""
             calls.append(ToolCall(name, arguments))
