@@ -1,10 +1,11 @@
 """Through a real server and the openai SDK, served with --tool-call-parser deepseek_v3 (its
 markers are special tokens where DeepSeek's tokenizer has them): tool calls stream argument by
-argument, the name first, and reassemble to exactly the calls the non-streamed answer gives;
-without parallel calls, the second call and all its argument deltas are dropped (the chat
-route's own output, fed as a stream is). A regex makes the tiny random model write the calls;
-qwen3_coder's streaming over a server is in tests/test_reasoning_structured_server.py, each
-parser's own in its plugin's tests."""
+argument, the name first, and reassemble to exactly the calls the non-streamed answer gives
+(the chat route's whole message for the same text, made in this process: generating it again
+over the server would double the test's time). Without parallel calls, the second call and all
+its argument deltas are dropped (the chat route's own output, fed as a stream is). A regex
+makes the tiny random model write the calls; qwen3_coder's streaming over a server is in
+tests/test_reasoning_structured_server.py, each parser's own in its plugin's tests."""
 
 from __future__ import annotations
 
@@ -42,12 +43,13 @@ def test_deepseek_v3_calls_stream_argument_by_argument(client):
         max_tokens=300,
         extra_body={"guided_regex": re.escape(ONE_CALL)},
     )
-    choice = client.chat.completions.create(**kwargs).choices[0]
-    assert (choice.finish_reason, choice.message.content) == ("tool_calls", "Checking.")
-    assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == EXPECTED[:1]
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
     calls = streamed_calls(chunks)
+    whole = ChatOutput("auto", load_plugins().get("tool_parsers", "deepseek_v3")(None), True).message(
+        ONE_CALL
+    )
     assert [(c["name"], c["arguments"]) for c in calls] == EXPECTED[:1]
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in whole["tool_calls"]] == EXPECTED[:1]
     assert calls[0]["named_first"] and calls[0]["argument_deltas"] > 1
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "Checking."
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
