@@ -12,7 +12,7 @@ import itertools
 import json
 import os
 
-from engine_server.harmony import O200K_FILE, encoding, offline_vocab_dir
+from engine.entrypoints.harmony import O200K_FILE, encoding, offline_vocab_dir
 
 PATTERN = (  # o200k's pre-tokenizer
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"

@@ -171,3 +171,21 @@ def serve(
                 process.wait(30)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def streamed_calls(chunks) -> list[dict]:
+    """The tool calls an openai SDK chat stream builds, reassembled by index as a client does:
+    each call's ``name`` and ``arguments``, ``argument_deltas`` (how many chunks carried some) and
+    ``named_first`` (the name came before the last of them)."""
+    calls: dict[int, dict] = {}
+    for chunk in chunks:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            call = calls.setdefault(delta.index, {"arguments": "", "argument_deltas": 0})
+            if delta.function.name:
+                assert "name" not in call, f"call {delta.index} named twice"
+                call["name"], call["named_first"] = delta.function.name, True
+            if delta.function.arguments:
+                call["arguments"] += delta.function.arguments
+                call["argument_deltas"] += 1
+                call.setdefault("named_first", False)
+    return [calls[i] for i in sorted(calls)]

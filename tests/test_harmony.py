@@ -15,9 +15,10 @@ import msgspec
 import openai
 import pytest
 
+from engine.entrypoints.harmony import encoding
 from engine.plugins import load_plugins
 from engine_server.errors import APIError
-from engine_server.harmony import encoding, render_chat
+from engine_server.harmony import render_chat
 from engine_server.harmony_parsers import HarmonyReasoningParser, HarmonyToolParser
 from engine_server.responses_input import chat_messages, input_items
 from engine_server.serve import parsers
@@ -231,14 +232,20 @@ SERVE_ARGS = (
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    from tests.serving import serve
-
+def gpt_oss(tmp_path_factory) -> str:
+    """The tiny gpt-oss checkpoint's folder: it answers every prompt with CALL."""
     folder = str(tmp_path_factory.mktemp("gpt_oss_harmony"))
     save_o200k_tokenizer(folder)
     assistant = encoding().encode("assistant")
     save_bigram_gpt_oss(folder, assistant + encoding().encode(CALL, allowed_special="all"))
-    with serve(folder, *SERVE_ARGS) as s:
+    return folder
+
+
+@pytest.fixture(scope="module")
+def server(gpt_oss):
+    from tests.serving import serve
+
+    with serve(gpt_oss, *SERVE_ARGS) as s:
         yield s
 
 
@@ -348,3 +355,55 @@ def test_tokenize_renders_harmony_too(server):
     with server.http() as http:
         answer = http.post("/tokenize", json={"messages": messages}).json()
     assert answer["tokens"] == render_chat(messages, None, None)
+
+
+def test_offline_chat_renders_and_answers_as_the_server_does(gpt_oss, server, client):
+    """LLM.chat on the gpt-oss checkpoint: the server's prompt (its /tokenize, and with tools
+    the chat route's prompt length), the server's raw output (the same tokens completed with
+    special tokens kept, ending at <|call|>), and so the call the chat route reads from it."""
+    from engine import LLM, SamplingParams
+    from engine.entrypoints.harmony import stop_token_ids
+
+    llm = LLM(
+        gpt_oss,
+        plugins=["models-gpt-oss", "attention-torch"],
+        dtype="float32",
+        num_blocks=64,
+        block_size=16,
+        max_model_len=512,
+    )
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Weather in Paris?"}]
+    effort = {"reasoning_effort": "low"}
+    greedy = SamplingParams(temperature=0, max_tokens=40)
+    [plain, with_tools] = [
+        llm.chat(messages, greedy, chat_template_kwargs=effort, tools=tools)[0] for tools in (None, [WEATHER])
+    ]
+    with pytest.raises(ValueError, match="^add_generation_prompt: a harmony prompt always ends"):
+        llm.chat(messages, greedy, add_generation_prompt=False)
+    with server.http() as http:
+        tokens = http.post("/tokenize", json={"messages": messages, "chat_template_kwargs": effort}).json()
+        body = {
+            "prompt": plain.prompt_token_ids,
+            "temperature": 0,
+            "max_tokens": 40,
+            "skip_special_tokens": False,
+        }
+        raw = http.post(
+            "/v1/completions", json={"model": server.model(), **body, "stop_token_ids": stop_token_ids()}
+        ).json()["choices"][0]
+    assert plain.prompt_token_ids == tokens["tokens"]
+    assert plain.outputs[0].text == raw["text"] == CALL  # ending at its <|call|>
+    assert plain.outputs[0].finish_reason == raw["finish_reason"] == "stop"
+    reply = client.chat.completions.create(
+        model=server.model(),
+        messages=messages,
+        tools=[WEATHER],
+        temperature=0,
+        max_tokens=40,
+        extra_body={"chat_template_kwargs": effort},
+    )
+    assert reply.usage.prompt_tokens == len(with_tools.prompt_token_ids) > len(plain.prompt_token_ids)
+    [call] = reply.choices[0].message.tool_calls
+    assert _expected(list(with_tools.outputs[0].token_ids))["calls"] == [
+        (call.function.name, call.function.arguments)
+    ]

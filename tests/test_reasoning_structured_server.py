@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from tests.conftest import TINY_LLAMA
-from tests.serving import serve
+from tests.serving import serve, streamed_calls
 
 SERVE_ARGS = ("--dtype", "float32", "--num-blocks", "256", "--block-size", "16", "--max-model-len", "512")
 FORECAST = {  # no free strings: a biased </think> could otherwise fill them
@@ -182,8 +182,8 @@ def test_qwen3_coder_calls_streamed_and_not(client, think_model):
     call = choice.message.tool_calls[0].function
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris", "days": 3})
     chunks = list(client.chat.completions.create(**kwargs, stream=True))
-    deltas = [d for c in chunks for d in (c.choices[0].delta.tool_calls or [])]
-    assert [d.function.name for d in deltas] == ["get_weather"]
-    assert json.loads("".join(d.function.arguments or "" for d in deltas)) == {"city": "Paris", "days": 3}
+    (streamed,) = streamed_calls(chunks)  # a parameter at a time: {"city": ..., , "days": 3, }
+    assert (streamed["name"], streamed["arguments"]) == (call.name, call.arguments)
+    assert streamed["named_first"] and streamed["argument_deltas"] == 3
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "tool_calls"

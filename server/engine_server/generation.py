@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from engine.client import EngineDead, OutputProcessor, SequenceOutput
+from engine.entrypoints.harmony import stop_token_ids
 from engine.interfaces import GrammarSpec
 from engine.kv_transfer import check_kv_transfer_params
 from engine.lora import LoRARequest
@@ -33,7 +34,7 @@ from engine_server.errors import (
     internal_error,
     overloaded,
 )
-from engine_server.harmony import render_chat, stop_token_ids
+from engine_server.harmony import render_chat
 from engine_server.keepalive import KEEPALIVE_FRAME, QUIET, Ticker
 from engine_server.logprobs import LogprobFormat
 from engine_server.lora import UnknownModel

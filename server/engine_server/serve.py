@@ -17,13 +17,13 @@ import uvicorn
 
 from engine.client import EngineDead, exit_now, startup_plan
 from engine.entrypoints.cli import AUTO_QUEUE, Command, add_engine_arguments, engine_options
+from engine.entrypoints.harmony import encoding, is_harmony_model
 from engine.entrypoints.tokenizer import resolve_model
 from engine.interfaces import LoRAResolverContext
 from engine.plugins import PluginRegistry, load_plugins
 from engine_server.app import ServerState, build_app
 from engine_server.errors import APIError
 from engine_server.guard import default_allowed_hosts
-from engine_server.harmony import encoding, is_harmony_model
 from engine_server.header_timeout import with_header_timeout
 from engine_server.images import load_image_input
 from engine_server.lora import RESOLVER_CACHE_ENV, LoRAAdapters, runtime_updating_allowed

@@ -7,7 +7,15 @@ from __future__ import annotations
 import json
 import uuid
 
-from engine.interfaces import GrammarSpec, ReasoningParser, ToolCall, ToolParser
+from engine.interfaces import (
+    ArgumentsDelta,
+    CallPieces,
+    GrammarSpec,
+    ReasoningParser,
+    ToolCall,
+    ToolParser,
+    marker_tail,
+)
 from engine_server.errors import bad_request
 from engine_server.validation import check_json_schema
 
@@ -39,14 +47,7 @@ class HermesToolParser(ToolParser):
             if not self.inside:
                 start = self.buffer.find(OPEN)
                 if start == -1:
-                    keep = next(
-                        (
-                            k
-                            for k in range(min(len(OPEN) - 1, len(self.buffer)), 0, -1)
-                            if OPEN.startswith(self.buffer[-k:])
-                        ),
-                        0,
-                    )
+                    keep = marker_tail(self.buffer, (OPEN,))
                     content.append(self.buffer[: len(self.buffer) - keep])
                     self.buffer = self.buffer[len(self.buffer) - keep :]
                     break
@@ -167,7 +168,8 @@ class ChatOutput:
         self, mode: str, parser: ToolParser | None, parallel: bool, reasoning: ReasoningParser | None = None
     ):
         self.mode, self.parser, self.parallel, self.reasoning = mode, parser, parallel, reasoning
-        self.calls: list[ToolCall] = []
+        self.calls: list[ToolCall] = []  # as far as they have been given
+        self._dropping = False  # the call being streamed is past the first, without parallel calls
         self._text = ""
         self._named_id = f"call_{uuid.uuid4().hex[:24]}"
 
@@ -211,13 +213,22 @@ class ChatOutput:
             return self._deltas(*self.parser.finish())
         return []
 
-    def _deltas(self, content: str, calls: list[ToolCall]) -> list[dict]:
-        if not self.parallel:
-            calls = calls[: max(0, 1 - len(self.calls))]
+    def _deltas(self, content: str, pieces: CallPieces) -> list[dict]:
+        """Content, then a delta per call piece: a :class:`ToolCall` begins a call (with an id),
+        an :class:`ArgumentsDelta` adds to the last one's arguments. Without parallel calls,
+        every call after the first is dropped, its arguments with it."""
         out = [{"content": content}] if content else []
-        for call in calls:
-            out.append({"tool_calls": [_call_delta(len(self.calls), call)]})
-            self.calls.append(call)
+        for piece in pieces:
+            if isinstance(piece, ToolCall):
+                self._dropping = not self.parallel and bool(self.calls)
+                if not self._dropping:
+                    out.append({"tool_calls": [_call_delta(len(self.calls), piece)]})
+                    self.calls.append(piece)
+            elif isinstance(piece, ArgumentsDelta) and not self._dropping and piece.arguments:
+                last = self.calls[-1]
+                self.calls[-1] = ToolCall(last.name, last.arguments + piece.arguments)
+                delta = {"index": len(self.calls) - 1, "function": {"arguments": piece.arguments}}
+                out.append({"tool_calls": [delta]})
         return out
 
     def _required_calls(self) -> list[ToolCall]:
@@ -244,7 +255,11 @@ class ChatOutput:
                 }
             ]
         elif self.calls:
-            message["tool_calls"] = [d["tool_calls"][0] for d in deltas if "tool_calls" in d]
+            begun = [d["tool_calls"][0] for d in deltas if "id" in d.get("tool_calls", [{}])[0]]
+            message["tool_calls"] = [
+                {**head, "function": {"name": call.name, "arguments": call.arguments}}
+                for head, call in zip(begun, self.calls, strict=True)
+            ]
         return message
 
     def finish_reason(self, reason: str | None) -> str | None:

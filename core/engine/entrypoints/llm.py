@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator, Sequence
 
+import attrs
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -19,6 +20,9 @@ from engine.client.output_processor import OutputProcessor, RequestState, reques
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.entrypoints.chat_template import conversation, template_options
+from engine.entrypoints.harmony import HARMONY_MODEL_TYPES
+from engine.entrypoints.harmony import render_chat as render_harmony
+from engine.entrypoints.harmony import stop_token_ids as harmony_stops
 from engine.entrypoints.images import split_images
 from engine.messages.lora import LoRARequest
 from engine.messages.multimodal import MultiModalItem, expand_placeholders, images_of
@@ -274,27 +278,63 @@ class LLM:
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
         lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
+        tools: list[dict] | None = None,
     ) -> list[RequestOutput]:
         """``continue_final_message`` continues the last message instead of opening a new
         turn (with ``add_generation_prompt=False``); ``chat_template_kwargs`` are variables
-        for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names); ``lora_request``
-        as :meth:`generate` takes it. A multimodal model's messages may hold image parts:
+        for the template, e.g. ``{"enable_thinking": False}`` (vLLM's names); ``tools``: OpenAI
+        function tools for the template; ``lora_request`` as :meth:`generate` takes it. A
+        multimodal model's messages may hold image parts:
         ``{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}`` or
-        ``{"type": "image_pil", "image_pil": image}`` (:mod:`engine.entrypoints.images`)."""
+        ``{"type": "image_pil", "image_pil": image}`` (:mod:`engine.entrypoints.images`).
+
+        A gpt-oss model's chats (without a ``chat_template``) are rendered in harmony, as the
+        server renders them (``reasoning_effort`` from ``chat_template_kwargs``), and end at
+        ``<|return|>`` or ``<|call|>``; the text is the raw harmony the model wrote, its special
+        tokens kept (``<|channel|>final<|message|>...``), for ``openai-harmony`` to read."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        harmony = chat_template is None and self._speaks_harmony()
         prompts = []
         for c in conversations:
             c, images = split_images(c)
-            ids = self.apply_chat_template(
-                c, chat_template, add_generation_prompt, continue_final_message, chat_template_kwargs
-            )
+            if harmony:
+                ids = self._harmony_prompt(
+                    c, tools, add_generation_prompt, continue_final_message, chat_template_kwargs
+                )
+            else:
+                ids = self.apply_chat_template(
+                    c,
+                    chat_template,
+                    add_generation_prompt,
+                    continue_final_message,
+                    chat_template_kwargs,
+                    tools,
+                )
             prompts.append({"prompt_token_ids": ids, "multi_modal_data": {"image": images}})
-        return self.generate(
-            prompts,
-            sampling_params,
-            use_tqdm,
-            lora_request=lora_request,
-        )
+        params = sampling_params or self.get_default_sampling_params()
+        if harmony:
+            params = attrs.evolve(
+                params,
+                stop_token_ids=(*params.stop_token_ids, *harmony_stops()),
+                skip_special_tokens=False,
+            )
+        return self.generate(prompts, params, use_tqdm, lora_request=lora_request)
+
+    def _speaks_harmony(self) -> bool:
+        return getattr(self.engine.hf_config, "model_type", None) in HARMONY_MODEL_TYPES
+
+    @staticmethod
+    def _harmony_prompt(
+        messages: list[dict],
+        tools: list[dict] | None,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        chat_template_kwargs: dict | None,
+    ) -> list[int]:
+        if continue_final_message or not add_generation_prompt:
+            field = "continue_final_message" if continue_final_message else "add_generation_prompt"
+            raise ValueError(f"{field}: a harmony prompt always ends by opening the assistant's turn")
+        return render_harmony(messages, tools, chat_template_kwargs)
 
     def apply_chat_template(
         self,
@@ -303,13 +343,16 @@ class LLM:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         chat_template_kwargs: dict | None = None,
+        tools: list[dict] | None = None,
     ) -> list[int]:
         tokenizer = self._require_tokenizer("chat")
         if chat_template is None and not tokenizer.chat_template:
             raise ValueError("chat_template: the model has none; pass chat_template=...")
         messages = conversation(messages, image_parts=True)
         options = template_options(add_generation_prompt, continue_final_message, chat_template_kwargs)
-        ids = tokenizer.apply_chat_template(messages, chat_template=chat_template, tokenize=True, **options)
+        ids = tokenizer.apply_chat_template(
+            messages, chat_template=chat_template, tools=tools, tokenize=True, **options
+        )
         return list(ids["input_ids"] if isinstance(ids, dict) or hasattr(ids, "keys") else ids)
 
     def _as_list(self, prompts) -> list:

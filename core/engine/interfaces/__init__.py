@@ -48,7 +48,15 @@ from engine.interfaces.platform import Platform, StepGraphs
 from engine.interfaces.quant import QuantContext, QuantMethod
 from engine.interfaces.reasoning_parser import ReasoningMarkers, ReasoningParser
 from engine.interfaces.scheduler import KVAdmission, PrefixHit, Scheduler, SchedulerContext, SchedulerStats
-from engine.interfaces.tool_parser import MarkedToolParser, ToolCall, ToolParser
+from engine.interfaces.tool_parser import (
+    ArgumentsDelta,
+    CallPieces,
+    MarkedToolParser,
+    ToolCall,
+    ToolParser,
+    join_calls,
+    marker_tail,
+)
 from engine.messages.request import Request, RequestStatus
 from engine.messages.step import (
     EngineOutput,
@@ -126,7 +134,10 @@ INTERFACE_VERSIONS = {
     # 2: allocate_slots(delay_cache=...); 3: state groups (KVCacheGroup.state, supports_state: one
     # slot per request, never prefix-cached); a v2 manager still loads and is never handed one
     "kv_cache_managers": 3,
-    "tool_parsers": 2,  # 2: use_tools (defaulted: v1 still loads)
+    # 2: use_tools (defaulted: v1 still loads); 3: streamed calls — feed/finish may give
+    #    ArgumentsDelta pieces after a call's ToolCall (MarkedToolParser.partial_calls); v1 and v2
+    #    parsers, which give whole calls, still load
+    "tool_parsers": 3,
     "reasoning_parsers": 2,  # 2: grammar_markers (defaulted: v1 still loads, its grammar spans the output)
     "commands": 1,
     # 2: drafter_call and share, for a drafter that drafts on every rank (defaulted as one rank
@@ -150,7 +161,7 @@ STILL_LOADED = {
     "schedulers": (2,),
     "grammar_backends": (2,),
     "reasoning_parsers": (1,),
-    "tool_parsers": (1,),
+    "tool_parsers": (1, 2),
 }
 
 # Loaded older versions in their one release of deprecation warnings: kind -> {version: the release
@@ -170,10 +181,12 @@ __all__ = [
     "PAGED_LATENT",
     "SCHEDULER_ROLE",
     "WORKER_ROLE",
+    "ArgumentsDelta",
     "AttentionBackend",
     "AttentionKind",
     "AttentionSpec",
     "BatchLayout",
+    "CallPieces",
     "Communicator",
     "Draft",
     "DraftRequest",
@@ -230,5 +243,7 @@ __all__ = [
     "ToolParser",
     "dequantize_kv",
     "head_layout_reasons",
+    "join_calls",
+    "marker_tail",
     "quantize_kv",
 ]

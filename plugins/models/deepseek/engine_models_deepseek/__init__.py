@@ -15,4 +15,4 @@ def register_models(register):
 
 @hookimpl
 def register_tool_parsers(register):
-    register("deepseek_v3", "engine_models_deepseek.tool_parser:DeepSeekV3ToolParser", api=2)
+    register("deepseek_v3", "engine_models_deepseek.tool_parser:DeepSeekV3ToolParser", api=3)

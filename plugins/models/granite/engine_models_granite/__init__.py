@@ -10,4 +10,4 @@ def register_models(register):
 
 @hookimpl
 def register_tool_parsers(register):
-    register("granite", "engine_models_granite.tool_parser:GraniteToolParser", api=2)
+    register("granite", "engine_models_granite.tool_parser:GraniteToolParser", api=3)

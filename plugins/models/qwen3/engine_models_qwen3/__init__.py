@@ -13,4 +13,4 @@ def register_models(register):
 
 @hookimpl
 def register_tool_parsers(register):
-    register("qwen3_coder", "engine_models_qwen3.tool_parser:Qwen3CoderToolParser", api=2)
+    register("qwen3_coder", "engine_models_qwen3.tool_parser:Qwen3CoderToolParser", api=3)

@@ -24,30 +24,53 @@ import re
 
 from engine.interfaces import MarkedToolParser, ToolCall
 
-CALL = re.compile(r"<tool_call>\s*<function=([^>\n]+)>(.*?)</function>\s*</tool_call>", re.DOTALL)
-PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", re.DOTALL)
+HEAD = re.compile(r"\s*<tool_call>\s*<function=([^>\n]+)>")
+PARAMETER = re.compile(r"\s*<parameter=([^>\n]+)>")
+PARAMETER_END = "</parameter>"
+TAIL = re.compile(r"\s*</function>\s*</tool_call>")
 
 
 class Qwen3CoderToolParser(MarkedToolParser):
+    """Streams each call's name once its ``<function=...>`` tag is complete, then its arguments
+    object a parameter at a time (``{"city": "Paris"``, ``, "days": 3``, ``}``), as vLLM's does."""
+
     markers = (("<tool_call>", True),)
     anywhere = True
     needs_special_tokens = False  # <tool_call> is an added token that detokenization keeps
 
     def parse_calls(self, text):
-        calls = [self._call(name.strip(), body) for name, body in CALL.findall(text)]
-        if not calls or CALL.sub("", text).strip():
-            return None
-        return calls
+        calls, end = self._scan(text)
+        return calls if calls and end == len(text) else None
 
-    def _call(self, name: str, body: str) -> ToolCall:
-        schema = (self.tools.get(name) or {}).get("parameters") or {}
-        properties = schema.get("properties") or {}
-        arguments = {}
-        for key, raw in PARAMETER.findall(body):
-            key = key.strip()
-            value = raw.removeprefix("\n").removesuffix("\n")
-            arguments[key] = typed(value, properties.get(key) or {})
-        return ToolCall(name, json.dumps(arguments, ensure_ascii=False))
+    def partial_calls(self, text):
+        return self._scan(text)[0]
+
+    def _scan(self, text: str) -> tuple[list[ToolCall], int | None]:
+        """The calls begun in ``text``, each with the arguments its complete parameters give,
+        and where the last complete call ends (None when one is still open)."""
+        calls, at = [], 0
+        while head := HEAD.match(text, at):
+            name, at = head.group(1).strip(), head.end()
+            items = []
+            while (parameter := PARAMETER.match(text, at)) and (
+                end := text.find(PARAMETER_END, parameter.end())
+            ) != -1:  # find, not a lazy regex: the open value is scanned again on every feed
+                items.append(self._item(name, parameter.group(1), text[parameter.end() : end]))
+                at = end + len(PARAMETER_END)
+            tail = TAIL.match(text, at)
+            arguments = "{" + ", ".join(items) + ("}" if tail else "") if items or tail else ""
+            calls.append(ToolCall(name, arguments))
+            if tail is None:
+                return calls, None
+            at = tail.end()
+        return calls, at
+
+    def _item(self, name: str, key: str, raw: str) -> str:
+        """One parameter as the JSON text of an object member, its value typed by the schema."""
+        properties = ((self.tools.get(name) or {}).get("parameters") or {}).get("properties") or {}
+        key = key.strip()
+        value = typed(raw.removeprefix("\n").removesuffix("\n"), properties.get(key) or {})
+        return f"{json.dumps(key, ensure_ascii=False)}: {json.dumps(value, ensure_ascii=False)}"
 
 
 def typed(value: str, schema: dict):

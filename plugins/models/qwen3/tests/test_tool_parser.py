@@ -3,8 +3,9 @@ the server streams it: content before the call, each parameter converted by its 
 
 import json
 
+from engine.interfaces import ToolCall
 from engine.plugins import load_plugins
-from engine.testing.tool_parser import parse_in_pieces
+from engine.testing.tool_parser import check_streamed, parse_in_pieces
 
 TOOLS = {
     "get_weather": {
@@ -39,10 +40,14 @@ OUTPUT = (
 )
 
 
-def parse(text: str, piece: int = 3):
+def make():
     parser = load_plugins().get("tool_parsers", "qwen3_coder")(None)
     parser.use_tools(TOOLS)
-    return parse_in_pieces(parser, text, piece)
+    return parser
+
+
+def parse(text: str, piece: int = 3):
+    return parse_in_pieces(make(), text, piece)
 
 
 def test_calls_with_typed_parameters():
@@ -75,3 +80,17 @@ def test_values_that_do_not_convert_stay_text_and_unknown_tools_are_strings():
 def test_text_that_only_looks_like_a_call_is_content():
     text = "Use <tool_call> tags like <function=x> to call."
     assert parse(text) == (text, [])
+
+
+def test_calls_stream_a_parameter_at_a_time():
+    """The name once its tag is complete, then the arguments object a parameter at a time:
+    the same calls however the text is split, the JSON text exactly vLLM's."""
+    content, calls = check_streamed(make, OUTPUT)
+    assert content == "Let me check.\n"
+    assert calls[0].arguments == json.dumps(json.loads(calls[0].arguments), ensure_ascii=False)
+    assert calls[1] == ToolCall("get_time", "{}")
+
+
+def test_a_call_cut_off_keeps_its_complete_parameters():
+    cut = OUTPUT[: OUTPUT.index("<parameter=metric>") + 20]
+    assert parse(cut) == ("Let me check.\n", [ToolCall("get_weather", '{"city": "New York", "days": 3')])
