@@ -222,6 +222,8 @@ def runtime_bounds(components: dict, state) -> None:
             if field in props:  # the prompt takes at least one token of the context
                 _bound_integers(props[field], maximum=max(1, context - 1))
         _bound_integers(props["truncate_prompt_tokens"], maximum=context)
+    for name in ("EmbeddingRequest", "ScoreRequest", "RerankRequest", "ClassificationRequest"):
+        _bound_integers(components[name]["properties"]["truncate_prompt_tokens"], maximum=context)
     components["CompletionRequest"]["properties"]["prompt"] = prompt_schema(vocab_max, context, sequences)
     _bound_integers(
         components["AnthropicMessagesRequest"]["properties"]["max_tokens"], maximum=max(1, context - 1)

@@ -73,3 +73,14 @@ def matryoshka_of(hf_config) -> tuple[bool, tuple[int, ...] | None]:
     """(whether the model is matryoshka, the dimensions its config lists or None: any)."""
     dims = getattr(hf_config, "matryoshka_dimensions", None)
     return bool(getattr(hf_config, "is_matryoshka", False) or dims), tuple(dims) if dims else None
+
+
+def pooling_token_ids(tokenizer, text: str, pair: str | None = None, keep: int | None = None) -> list[int]:
+    """A text's token ids as a pooling model reads them, or a pair's as one input as the
+    model's tokenizer builds it (BERT: ``[CLS] A [SEP] B [SEP]``; a decoder's tokenizer: the
+    two texts' tokens one after the other), cut to the first ``keep`` tokens when given. vLLM's
+    pooling runner truncates on the right: the tokenizer cuts the text (of a pair, the longer
+    text first) and keeps its special tokens, and a ``keep`` below their number cuts those too."""
+    if keep is None:
+        return list(tokenizer(text, pair)["input_ids"])
+    return list(tokenizer(text, pair, truncation=True, max_length=keep)["input_ids"])[:keep]
