@@ -8,10 +8,13 @@ refusals, each a ValueError naming the field."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from engine import LLM
+from engine.messages.pooling_params import pooling_token_ids
 from engine.testing import reference
 
 QUERY = "what is the capital of france?"
@@ -149,6 +152,31 @@ def test_truncate_prompt_tokens_keeps_each_inputs_first_tokens(cross_encoder):
             llm.score(QUERY, DOCUMENTS, truncate_prompt_tokens=bad)
         with pytest.raises(ValueError, match="truncate_prompt_tokens"):
             llm.classify(DOCUMENTS, truncate_prompt_tokens=bad)
+
+
+def test_truncation_leaves_the_shared_tokenizer_alone(tmp_path):
+    """A truncating call must not cut another thread's untruncated one: transformers' fast
+    tokenizers keep truncation as state, so the cut runs on a private right-truncating copy
+    (right even where the tokenizer is configured to cut on the left, as vLLM's pooling runner)."""
+    tokenizer = bert_tokenizer(str(tmp_path))
+    tokenizer.truncation_side = "left"
+    full = tokenizer(LONG_DOCUMENT)["input_ids"]
+    cut = full[:4] + [tokenizer.sep_token_id]
+    stop = threading.Event()
+
+    def truncate():
+        while not stop.is_set():
+            assert pooling_token_ids(tokenizer, LONG_DOCUMENT, keep=5) == cut
+
+    thread = threading.Thread(target=truncate)
+    thread.start()
+    try:
+        lengths = {len(tokenizer(LONG_DOCUMENT)["input_ids"]) for _ in range(300)}
+    finally:
+        stop.set()
+        thread.join()
+    assert lengths == {len(full)}
+    assert tokenizer(LONG_DOCUMENT, truncation=True, max_length=5)["input_ids"] == full[:1] + full[-4:]
 
 
 def test_three_label_classifier_gives_softmax_and_no_score(tmp_path):
