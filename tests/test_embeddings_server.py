@@ -111,6 +111,8 @@ BAD = [
     ({"input": "hi", "dimensions": 65}, "dimensions"),  # over the hidden size
     ({"input": "hi", "normalize": "yes"}, "normalize"),
     ({"input": "hi", "temperature": 0.5}, "temperature"),  # not an embeddings field
+    ({"input": "hi", "truncate_prompt_tokens": 129}, "truncate_prompt_tokens"),  # over the context
+    ({"input": "hi", "truncate_prompt_tokens": 0}, "truncate_prompt_tokens"),
 ]
 
 
@@ -137,6 +139,20 @@ def test_matryoshka_dimensions(bert_server, tiny_bert, default_tokenizer):
     full = reference.hf_pooled(tiny_bert[1], default_tokenizer.encode(TEXTS[1]), "CLS", normalize=False)
     expected = torch.nn.functional.normalize(full[:16], dim=-1)  # cut first, then normalised
     torch.testing.assert_close(torch.tensor(vector), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_truncate_prompt_tokens_embeds_the_first_tokens(bert_server, tiny_bert, default_tokenizer):
+    """vLLM's pooling truncation: a text as the tokenizer truncates it on the right, token ids
+    as given; -1 is the context (128), which makes an over-long input fit."""
+    client, model = bert_server.openai(), bert_server.model()
+    ids = default_tokenizer.encode(TEXTS[1])
+    long = list(range(3, 3 + 200))
+    for given, keep, scored in ((TEXTS[1], 4, ids[:4]), ([ids], 3, ids[:3]), ([long], -1, long[:128])):
+        response = client.embeddings.create(
+            model=model, input=given, encoding_format="float", extra_body={"truncate_prompt_tokens": keep}
+        )
+        assert response.usage.prompt_tokens == len(scored)
+        reference.assert_pooled_matches(response.data[0].embedding, tiny_bert[1], scored, "CLS", True)
 
 
 def test_generation_routes_refuse_a_pooling_server(bert_server):

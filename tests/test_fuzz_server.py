@@ -1,5 +1,6 @@
 """Bad input against a real `engine serve`: every class of the hardening sweep (issue 17), with
-the bodies it quoted, then `schemathesis` examples generated from /openapi.json. Throughout:
+the bodies it quoted, then `schemathesis` examples generated from /openapi.json (and those of
+the pooling routes against a cross-encoder server, where they score for real). Throughout:
 no response >= 500, none slower than 10 s, the engine core never dies, a greedy canary
 request run between the cases keeps its text, and after every error the running/waiting
 gauges return to where they were (no orphaned engine request). Also: requests whose client
@@ -451,8 +452,13 @@ class Canary:
     """A greedy completion repeated on its own thread between the fuzz cases: its text must
     never change (no other request's bad input disturbs it)."""
 
+    ROUTE = C
     BODY: ClassVar[dict] = {"prompt": "The canary sings", "max_tokens": 8, "temperature": 0}
     INTERVAL = 0.3  # seconds between its requests
+
+    @staticmethod
+    def answer(body: dict) -> str:
+        return body["choices"][0]["text"]
 
     def __init__(self, server):
         self.server, self.lock, self.stop = server, threading.Lock(), threading.Event()
@@ -464,8 +470,8 @@ class Canary:
             while not self.stop.is_set():
                 with self.lock:
                     try:
-                        r = http.post(C, json=self.BODY)
-                        text = r.json()["choices"][0]["text"] if r.status_code == 200 else r.text
+                        r = http.post(self.ROUTE, json=self.BODY)
+                        text = self.answer(r.json()) if r.status_code == 200 else r.text
                     except httpx.HTTPError as exc:  # a timeout past SLOW, a dropped connection
                         self.results.append((0, repr(exc)))
                     else:
@@ -571,6 +577,45 @@ def _response_checks() -> list:
 
 
 def test_schemathesis_examples(server):
+    _fuzz(server, Canary(server), max_examples=120)
+
+
+class ScoreCanary(Canary):
+    """A cross-encoder's score of one pair, alone in the engine each time: it must not move."""
+
+    ROUTE = "/score"
+    BODY: ClassVar[dict] = {"text_1": "what is the capital of france?", "text_2": "paris is."}
+
+    @staticmethod
+    def answer(body: dict) -> str:
+        return f"{body['data'][0]['score']:.5f}"
+
+
+POOLING_ROUTES = r"^/(v1/|v2/)?(score|rerank|classify|embeddings)$"
+
+
+@pytest.fixture(scope="module")
+def cross_encoder_server(tmp_path_factory):
+    from tests.test_score import cross_encoder_checkpoint
+
+    folder = str(tmp_path_factory.mktemp("fuzz-cross-encoder"))
+    cross_encoder_checkpoint(folder, id2label={0: "relevant"}, label2id={"relevant": 0})
+    with serve(folder, *COMMON_ARGS, "--device", "cpu") as s:
+        yield s
+
+
+def test_schemathesis_pooling_routes_on_a_cross_encoder(cross_encoder_server):
+    """The pooling routes (`/score`, `/rerank`, `/classify` in every spelling, and
+    `/v1/embeddings`) fuzzed where they score for real: a tiny BERT cross-encoder, whose
+    context (64 positions) generated texts overrun; same checks as above, the canary a score."""
+    server = cross_encoder_server
+    _fuzz(server, ScoreCanary(server), max_examples=80, path_regex=POOLING_ROUTES)
+
+
+def _fuzz(server, canary: Canary, max_examples: int, path_regex: str | None = None) -> None:
+    """schemathesis' positive and negative examples of /openapi.json (its operations under
+    ``path_regex``, or all) against ``server``, ``canary`` running between them: no 5xx, none
+    slower than :data:`SLOW`, every 4xx an OpenAI-shaped error, nothing left running after one."""
     import schemathesis
     from hypothesis import HealthCheck, Phase, given, settings
     from hypothesis import strategies as st
@@ -578,17 +623,20 @@ def test_schemathesis_examples(server):
 
     spec = httpx.get(f"{server.url}/openapi.json", headers=server.headers).json()
     schema = schemathesis.openapi.from_dict(spec)
+    if path_regex:
+        schema = schema.include(path_regex=path_regex)
     cases = st.one_of(
         schema.as_strategy(GenerationMode.POSITIVE), schema.as_strategy(GenerationMode.NEGATIVE)
     )
     seen: dict[int, int] = {}
+    paths: set[str] = set()
     failures: list[tuple] = []
     checks = _response_checks()
 
-    with Canary(server) as canary:
+    with canary:
 
         @settings(
-            max_examples=120,
+            max_examples=max_examples,
             deadline=None,
             database=None,
             derandomize=True,
@@ -602,10 +650,10 @@ def test_schemathesis_examples(server):
                 started = time.monotonic()
                 response = case.call(base_url=server.url, headers=server.headers, timeout=SLOW)
                 seconds = time.monotonic() - started
-                assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
-
-                assert seconds < SLOW, (case.method, case.path, case.body, seconds)
+                shape = ANTHROPIC_ERROR if case.path.startswith("/v1/messages") else OPENAI_ERROR
+                _check(server, response, seconds, (case.method, case.path, case.body), shape)
                 seen[response.status_code] = seen.get(response.status_code, 0) + 1
+                paths.add(case.path)
                 try:
                     case.validate_response(response, checks=checks)
                 except Exception as exc:  # noqa: BLE001 - every check's failure, reported together below
@@ -614,7 +662,9 @@ def test_schemathesis_examples(server):
                     assert settled(server, before) == before, (case.path, case.body)
 
         examples()
-    assert sum(seen.values()) >= 100 and 200 in seen and 400 in seen, seen
+    assert sum(seen.values()) >= max_examples * 5 // 6 and 200 in seen and 400 in seen, seen
+    if path_regex:
+        assert len(paths) >= 4, paths  # the examples reached most of the routes, not one
     assert not failures, f"{len(failures)} responses failed schemathesis' checks: {failures[:5]}"
     _assert_healthy(server, canary)
     assert settled(server, (0.0, 0.0), calm=0.5) == (0.0, 0.0)

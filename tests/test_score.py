@@ -8,10 +8,13 @@ refusals, each a ValueError naming the field."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from engine import LLM
+from engine.messages.pooling_params import pooling_token_ids
 from engine.testing import reference
 
 QUERY = "what is the capital of france?"
@@ -29,15 +32,16 @@ SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 
 def bert_tokenizer(folder: str):
     """A real WordPiece tokenizer over a small vocabulary (the test texts' words, letters and
-    punctuation), saved to ``folder``."""
+    punctuation), saved to ``folder``. Read back from its ``vocab.txt`` by ``from_pretrained``
+    (transformers 5's constructor no longer reads ``vocab_file``: every word was ``[UNK]``)."""
     from transformers import BertTokenizerFast
 
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
     vocab = SPECIALS + WORDS + letters + [f"##{c}" for c in letters] + list(".,?!'")
-    path = f"{folder}/vocab.txt"
-    with open(path, "w") as f:
+    with open(f"{folder}/vocab.txt", "w") as f:
         f.write("\n".join(dict.fromkeys(vocab)) + "\n")
-    tokenizer = BertTokenizerFast(vocab_file=path)
+    tokenizer = BertTokenizerFast.from_pretrained(folder)
+    assert tokenizer.tokenize("paris") == ["paris"]
     tokenizer.save_pretrained(folder)
     return tokenizer
 
@@ -111,6 +115,70 @@ def test_cross_encoder_classifies_and_refuses(cross_encoder):
         llm.generate("paris")  # a classifier generates nothing
 
 
+LONG_DOCUMENT = " ".join(["paris"] * 80)  # 80 tokens: more than the model's 64 positions
+
+
+def hf_probs(model, encoded) -> list[float]:
+    """transformers' sigmoid of a one-label model's logit on ``encoded`` (a tokenizer's output
+    for one input, or ``{"input_ids": ids}``)."""
+    with torch.no_grad():
+        logit = model(**{key: torch.tensor([value]) for key, value in encoded.items()}).logits[0, 0]
+    return [torch.sigmoid(logit).item()]
+
+
+def test_truncate_prompt_tokens_keeps_each_inputs_first_tokens(cross_encoder):
+    """vLLM's pooling truncation: a pair as the tokenizer truncates it (the longer text first,
+    [CLS]/[SEP] kept), a text likewise, token ids cut to their first k; -1 is the context
+    (64 here); each score equals transformers on the truncated input."""
+    llm, tokenizer, model = cross_encoder
+    for keep, length in ((20, 20), (-1, 64)):
+        [out] = llm.score(QUERY, LONG_DOCUMENT, truncate_prompt_tokens=keep)
+        encoded = tokenizer(QUERY, LONG_DOCUMENT, truncation=True, max_length=length)
+        assert out.prompt_token_ids == encoded["input_ids"] and len(out.prompt_token_ids) == length
+        assert out.prompt_token_ids[: len(tokenizer(QUERY)["input_ids"])] == tokenizer(QUERY)["input_ids"]
+        assert [out.outputs.score] == pytest.approx(hf_probs(model, encoded), abs=1e-5)
+    [text] = llm.classify(LONG_DOCUMENT, truncate_prompt_tokens=10)
+    encoded = tokenizer(LONG_DOCUMENT, truncation=True, max_length=10)
+    assert (
+        text.prompt_token_ids == encoded["input_ids"] and text.prompt_token_ids[-1] == tokenizer.sep_token_id
+    )
+    assert text.outputs.probs == pytest.approx(hf_probs(model, encoded), abs=1e-5)
+    ids = tokenizer(DOCUMENTS[2])["input_ids"]
+    [cut] = llm.classify([ids], truncate_prompt_tokens=5)
+    assert cut.prompt_token_ids == ids[:5]
+    assert cut.outputs.probs == pytest.approx(hf_probs(model, {"input_ids": ids[:5]}), abs=1e-5)
+    for bad in (65, 0, -2):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            llm.score(QUERY, DOCUMENTS, truncate_prompt_tokens=bad)
+        with pytest.raises(ValueError, match="truncate_prompt_tokens"):
+            llm.classify(DOCUMENTS, truncate_prompt_tokens=bad)
+
+
+def test_truncation_leaves_the_shared_tokenizer_alone(tmp_path):
+    """A truncating call must not cut another thread's untruncated one: transformers' fast
+    tokenizers keep truncation as state, so the cut runs on a private right-truncating copy
+    (right even where the tokenizer is configured to cut on the left, as vLLM's pooling runner)."""
+    tokenizer = bert_tokenizer(str(tmp_path))
+    tokenizer.truncation_side = "left"
+    full = tokenizer(LONG_DOCUMENT)["input_ids"]
+    cut = full[:4] + [tokenizer.sep_token_id]
+    stop = threading.Event()
+
+    def truncate():
+        while not stop.is_set():
+            assert pooling_token_ids(tokenizer, LONG_DOCUMENT, keep=5) == cut
+
+    thread = threading.Thread(target=truncate)
+    thread.start()
+    try:
+        lengths = {len(tokenizer(LONG_DOCUMENT)["input_ids"]) for _ in range(300)}
+    finally:
+        stop.set()
+        thread.join()
+    assert lengths == {len(full)}
+    assert tokenizer(LONG_DOCUMENT, truncation=True, max_length=5)["input_ids"] == full[:1] + full[-4:]
+
+
 def test_three_label_classifier_gives_softmax_and_no_score(tmp_path):
     """A classifier of several labels: `classify` is a softmax over them (vs transformers);
     it has no single relevance score, so `score` refuses it, as vLLM does."""
@@ -138,6 +206,12 @@ def test_embedding_model_scores_by_cosine(tmp_path):
     query = reference.hf_pooled(model, tokenizer(QUERY)["input_ids"], "CLS", True)
     for doc, out in zip(DOCUMENTS, outs):
         expected = query @ reference.hf_pooled(model, tokenizer(doc)["input_ids"], "CLS", True)
+        assert out.outputs.score == pytest.approx(expected.item(), abs=1e-5)
+    cut = [tokenizer(text, truncation=True, max_length=4)["input_ids"] for text in (QUERY, *DOCUMENTS)]
+    query = reference.hf_pooled(model, cut[0], "CLS", True)
+    for ids, out in zip(cut[1:], llm.score(QUERY, DOCUMENTS, truncate_prompt_tokens=4)):
+        assert out.prompt_token_ids == cut[0] + ids  # each text its first 4 tokens, [SEP] kept
+        expected = query @ reference.hf_pooled(model, ids, "CLS", True)
         assert out.outputs.score == pytest.approx(expected.item(), abs=1e-5)
     with pytest.raises(ValueError, match="task"):
         llm.classify(QUERY)  # no classification head

@@ -10,7 +10,14 @@ import pytest
 import torch
 
 from tests.serving import serve
-from tests.test_score import DOCUMENTS, QUERY, cross_encoder_checkpoint, hf_pair_scores
+from tests.test_score import (
+    DOCUMENTS,
+    LONG_DOCUMENT,
+    QUERY,
+    cross_encoder_checkpoint,
+    hf_pair_scores,
+    hf_probs,
+)
 
 SERVE_ARGS = ("--dtype", "float32", "--device", "cpu", "--num-blocks", "32", "--block-size", "16")
 LABEL = "relevant"
@@ -85,6 +92,39 @@ def test_classify_gives_label_and_probs(scoring):
             assert entry["probs"] == pytest.approx([torch.sigmoid(logit).item()], abs=1e-5)
 
 
+def test_truncate_prompt_tokens_on_every_pooling_route(scoring):
+    """Each input's first k tokens (-1: the context), as vLLM's pooling runner cuts them:
+    a pair as the tokenizer truncates it, token ids as given; scores against transformers on
+    the truncated input, usage counting what was scored."""
+    http, tokenizer, model = scoring
+    pair = tokenizer(QUERY, LONG_DOCUMENT, truncation=True, max_length=20)
+    expected = hf_probs(model, pair)
+    for path, body in [
+        ("/score", {"text_1": QUERY, "text_2": LONG_DOCUMENT}),
+        ("/v1/score", {"queries": [QUERY], "documents": [LONG_DOCUMENT]}),
+    ]:
+        out = post(http, path, {**body, "truncate_prompt_tokens": 20})
+        assert [d["score"] for d in out["data"]] == pytest.approx(expected, abs=1e-5)
+        assert out["usage"]["prompt_tokens"] == 20
+    context = tokenizer(QUERY, LONG_DOCUMENT, truncation=True, max_length=64)
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        body = {"query": QUERY, "documents": [LONG_DOCUMENT, DOCUMENTS[0]], "truncate_prompt_tokens": -1}
+        out = post(http, path, body)
+        by_index = {r["index"]: r["relevance_score"] for r in out["results"]}
+        assert [by_index[0]] == pytest.approx(hf_probs(model, context), abs=1e-5)
+        assert [by_index[1]] == pytest.approx(
+            hf_pair_scores(tokenizer, model, [(QUERY, DOCUMENTS[0])]), abs=1e-5
+        )
+    ids = tokenizer(DOCUMENTS[2])["input_ids"]
+    text = tokenizer(LONG_DOCUMENT, truncation=True, max_length=10)
+    for path in ("/classify", "/v1/classify"):
+        out = post(http, path, {"input": [ids], "truncate_prompt_tokens": 5})
+        assert out["data"][0]["probs"] == pytest.approx(hf_probs(model, {"input_ids": ids[:5]}), abs=1e-5)
+        assert out["usage"]["prompt_tokens"] == 5
+        out = post(http, path, {"input": LONG_DOCUMENT, "truncate_prompt_tokens": 10})
+        assert out["data"][0]["probs"] == pytest.approx(hf_probs(model, text), abs=1e-5)
+
+
 LONG = " ".join(["paris"] * 80)  # more tokens than the model's 64 positions
 
 
@@ -104,6 +144,14 @@ LONG = " ".join(["paris"] * 80)  # more tokens than the model's 64 positions
         ("/rerank", {"documents": ["a"]}, "query"),
         ("/classify", {"input": LONG}, "input"),
         ("/classify", {"input": []}, "input"),
+        ("/score", {"text_1": "a", "text_2": "b", "truncate_prompt_tokens": 65}, "truncate_prompt_tokens"),
+        (
+            "/rerank",
+            {"query": "a", "documents": ["b"], "truncate_prompt_tokens": 0},
+            "truncate_prompt_tokens",
+        ),
+        ("/classify", {"input": "a", "truncate_prompt_tokens": -2}, "truncate_prompt_tokens"),
+        ("/v1/classify", {"input": "a", "truncate_prompt_tokens": "5"}, "truncate_prompt_tokens"),
         ("/v1/completions", {"prompt": "a", "max_tokens": 2}, "model"),  # a classifier generates nothing
     ],
 )

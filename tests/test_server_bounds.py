@@ -306,6 +306,22 @@ def test_openapi_declares_runtime_bounds_and_responses(server):
     assert {"type": "string", "minLength": 1} in completion["prompt"]["anyOf"]
     assert schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] == vocab - 1
     assert schemas["ChatCompletionRequest"]["properties"]["messages"]["minItems"] == 1
+    truncation = [{"const": -1}, {"type": "integer", "minimum": 1, "maximum": 512}]  # 0 is a 400
+    for name in (
+        "CompletionRequest",
+        "EmbeddingRequest",
+        "ScoreRequest",
+        "RerankRequest",
+        "ClassificationRequest",
+    ):
+        assert schemas[name]["properties"]["truncate_prompt_tokens"]["anyOf"][:2] == truncation, name
+    prompts = completion["prompt"]["anyOf"][1]["maxItems"]  # --max-request-sequences
+    rerank = schemas["RerankRequest"]["properties"]
+    assert rerank["documents"]["maxItems"] == prompts and rerank["query"] == {
+        "type": "string",
+        "minLength": 1,
+    }
+    assert {"type": "string", "minLength": 1} in schemas["ScoreRequest"]["properties"]["text_1"]["anyOf"]
     ok = spec["paths"][C]["post"]["responses"]["200"]["content"]
     assert ok["application/json"]["schema"]["$ref"].endswith("/CompletionResponse")
     assert "text/event-stream" in ok

@@ -13,7 +13,7 @@ from engine.messages.pooling_params import PoolingParams
 from engine_server.bounds import json_response
 from engine_server.errors import bad_request
 from engine_server.generation import check_model, check_runner
-from engine_server.pooling import floats, list_body, pool, prompt_tokens
+from engine_server.pooling import floats, kept_tokens, list_body, pool, prompt_tokens
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import ClassificationRequest
 from engine_server.validation import decode_body
@@ -33,7 +33,8 @@ class Classification:
             )
         self.state, self.body = state, body
         self.id = f"classify-{uuid.uuid4().hex}"
-        prompts = [ids for _, ids in completion_prompts(state, body.input, 1, "input")]
+        keep = kept_tokens(state, body.truncate_prompt_tokens)
+        prompts = [ids for _, ids in completion_prompts(state, body.input, 1, "input", keep)]
         for ids in prompts:
             check_prompt(state, ids, None, "input", generates=False)
         params = PoolingParams(task="classify")

@@ -17,7 +17,7 @@ from engine.messages.sampling_params import InvalidParam
 from engine_server.bounds import json_response
 from engine_server.errors import bad_request
 from engine_server.generation import check_model, check_runner
-from engine_server.pooling import floats, list_body, pool, prompt_tokens
+from engine_server.pooling import floats, kept_tokens, list_body, pool, prompt_tokens
 from engine_server.prompts import check_prompt, completion_prompts
 from engine_server.schemas import EmbeddingRequest
 from engine_server.validation import decode_body
@@ -38,7 +38,8 @@ class Embedding:
             )
         except InvalidParam as exc:
             raise bad_request(str(exc), exc.param) from None
-        prompts = [ids for _, ids in completion_prompts(state, body.input, 1, "input")]
+        keep = kept_tokens(state, body.truncate_prompt_tokens)
+        prompts = [ids for _, ids in completion_prompts(state, body.input, 1, "input", keep)]
         for ids in prompts:
             check_prompt(state, ids, None, "input", generates=False)
         self.children = [(f"{self.id}-{i}", ids, params) for i, ids in enumerate(prompts)]

@@ -221,7 +221,8 @@ def runtime_bounds(components: dict, state) -> None:
         for field in ("max_tokens", "max_completion_tokens"):
             if field in props:  # the prompt takes at least one token of the context
                 _bound_integers(props[field], maximum=max(1, context - 1))
-        _bound_integers(props["truncate_prompt_tokens"], maximum=context)
+        props["truncate_prompt_tokens"] = truncation_schema(context)
+    pooling_bounds(components, vocab_max, context, sequences)
     components["CompletionRequest"]["properties"]["prompt"] = prompt_schema(vocab_max, context, sequences)
     _bound_integers(
         components["AnthropicMessagesRequest"]["properties"]["max_tokens"], maximum=max(1, context - 1)
@@ -236,15 +237,43 @@ def runtime_bounds(components: dict, state) -> None:
     _bound_integers(components["DetokenizeRequest"]["properties"]["tokens"], maximum=vocab_max)
 
 
-def prompt_schema(vocab_max: int, context: int, sequences: int) -> dict:
+def pooling_bounds(components: dict, vocab_max: int, context: int, sequences: int) -> None:
+    """The pooling routes' inputs as the server takes them: non-empty texts, at most
+    ``--max-request-sequences`` inputs (a rerank's documents, a score's pairs), token ids of
+    the vocabulary. An input's length is not bounded here: ``truncate_prompt_tokens`` may cut
+    a longer one to fit the context."""
+    for name in ("EmbeddingRequest", "ScoreRequest", "RerankRequest", "ClassificationRequest"):
+        components[name]["properties"]["truncate_prompt_tokens"] = truncation_schema(context)
+    for name in ("EmbeddingRequest", "ClassificationRequest"):
+        components[name]["properties"]["input"] = prompt_schema(vocab_max, None, sequences)
+    text = {"type": "string", "minLength": 1}
+    texts = {"type": "array", "items": text, "minItems": 1, "maxItems": sequences}
+    score = components["ScoreRequest"]["properties"]
+    for field in ("text_1", "text_2", "queries", "documents", "data_1", "data_2"):
+        score[field] = {"anyOf": [text, texts, {"type": "null"}], "default": None}
+    rerank = components["RerankRequest"]["properties"]
+    rerank["query"] = text
+    rerank["documents"] = {**texts, "items": {"anyOf": [text, {"$ref": REF.format(name="RerankDocument")}]}}
+    components["RerankDocument"]["properties"]["text"] = text
+
+
+def truncation_schema(context: int) -> dict:
+    """``truncate_prompt_tokens``: -1 (the context) or a count from 1 to the context (msgspec's
+    bound, ge=-1, cannot leave out 0)."""
+    count = {"type": "integer", "minimum": 1, "maximum": context}
+    return {"anyOf": [{"const": -1}, count, {"type": "null"}], "default": None}
+
+
+def prompt_schema(vocab_max: int, context: int | None, sequences: int) -> dict:
     """What ``prompt`` takes (msgspec's types cannot say it: ``list[Any]``): a text, texts, token
     ids, or lists of token ids; at most ``--max-request-sequences`` prompts, each at least one
-    token and leaving room for one more in the context."""
+    token and leaving room for one more in the ``context`` (None: not bounded, for an input
+    that pools and may be truncated)."""
     ids = {
         "type": "array",
         "items": {"type": "integer", "minimum": 0, "maximum": vocab_max},
         "minItems": 1,
-        "maxItems": max(1, context - 1),
+        **({"maxItems": max(1, context - 1)} if context is not None else {}),
     }
     text = {"type": "string", "minLength": 1}
     return {

@@ -11,6 +11,7 @@ import numpy as np
 from starlette.requests import Request
 
 from engine.client import EngineDead
+from engine.messages.sampling_params import InvalidParam, truncation_length
 from engine_server.errors import bad_request, engine_dead, engine_unavailable, overloaded
 from engine_server.generation import unless_disconnected
 
@@ -47,6 +48,15 @@ async def _collect(handle, vectors: dict[str, bytes], timers: dict, param: str) 
             raise bad_request(delta.error or "the engine rejected this input", param)
         if delta.embedding is not None:
             vectors[delta.request_id] = delta.embedding
+
+
+def kept_tokens(state, truncate_prompt_tokens: int | None) -> int | None:
+    """How many tokens of each input a request's ``truncate_prompt_tokens`` keeps (None: all;
+    -1: the context); a 400 naming the field beyond the context or for 0."""
+    try:
+        return truncation_length(truncate_prompt_tokens, state.max_model_len)
+    except InvalidParam as exc:
+        raise bad_request(str(exc), exc.param) from None
 
 
 def floats(raw: bytes) -> np.ndarray:

@@ -9,6 +9,7 @@ import msgspec
 from engine.entrypoints.chat_template import conversation, template_options
 from engine.messages import request_path
 from engine.messages.multimodal import MultiModalItem
+from engine.messages.pooling_params import pooling_token_ids
 from engine.messages.sampling_params import InvalidParam
 from engine_server.errors import bad_request
 from engine_server.images import ImageInput, take_images, takes_images, with_images
@@ -42,19 +43,23 @@ def _is_ids(value) -> bool:
     return isinstance(value, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in value)
 
 
-def completion_prompts(state, prompt, n: int, param: str = "prompt") -> list[tuple[str | None, list[int]]]:
+def completion_prompts(
+    state, prompt, n: int, param: str = "prompt", keep: int | None = None
+) -> list[tuple[str | None, list[int]]]:
     """-> (text or None, token ids) per prompt (``param`` names the field: ``input`` on
-    /v1/embeddings); the fan-out cap is checked before any prompt is tokenized."""
+    /v1/embeddings); the fan-out cap is checked before any prompt is tokenized. ``keep``: a
+    pooling route's ``truncate_prompt_tokens``, each prompt cut to its first ``keep`` tokens
+    (:func:`engine.messages.pooling_params.pooling_token_ids`)."""
     if isinstance(prompt, str):
         texts = [prompt]
     elif prompt and _is_ids(prompt):
         check_fanout(state, 1, n, param)
-        return [(None, list(prompt))]
+        return [(None, list(prompt)[:keep])]
     elif prompt and all(isinstance(p, str) for p in prompt):
         texts = prompt
     elif prompt and all(_is_ids(p) for p in prompt):
         check_fanout(state, len(prompt), n, param)
-        return [(None, list(p)) for p in prompt]
+        return [(None, list(p)[:keep]) for p in prompt]
     else:
         raise bad_request(
             f"{param} must be a string, a list of strings, a list of token ids or a list of such lists", param
@@ -62,6 +67,8 @@ def completion_prompts(state, prompt, n: int, param: str = "prompt") -> list[tup
     check_fanout(state, len(texts), n, param)
     if not all(texts):  # whether a tokenizer would make a token of it (a BOS) is no business of the client
         raise bad_request(f"{param} must not be empty", param)
+    if keep is not None:
+        return [(text, pooling_token_ids(state.tokenizer, text, keep=keep)) for text in texts]
     return [(text, state.tokenizer.encode(text)) for text in texts]
 
 

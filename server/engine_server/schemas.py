@@ -28,6 +28,8 @@ Logprobs = Annotated[int, Meta(ge=0, le=MAX_LOGPROBS)]
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 StopString = Annotated[str, Meta(min_length=1, max_length=MAX_STOP_STRING_CHARS)]
 Bias = Annotated[float, Meta(ge=-100.0, le=100.0)]  # OpenAI's range (vLLM clamps instead)
+# vLLM's truncate_prompt_tokens: -1 (the context) or a count of tokens to keep (0 is a 400 too)
+Truncation = Annotated[int, Meta(ge=-1, le=INT64_MAX)]
 
 
 class StreamOptions(msgspec.Struct):
@@ -71,9 +73,7 @@ class SamplingFields(msgspec.Struct, kw_only=True):
         Annotated[list[TokenId], Meta(min_length=1, max_length=MAX_ALLOWED_TOKEN_IDS)] | None
     ) = None
     bad_words: Annotated[list[StopString], Meta(max_length=MAX_BAD_WORDS)] | None = None
-    truncate_prompt_tokens: Annotated[int, Meta(ge=-1, le=INT64_MAX)] | None = (
-        None  # keep the last k; -1: context
-    )
+    truncate_prompt_tokens: Truncation | None = None  # keep the last k; -1: context
     return_tokens_as_token_ids: bool | None = None  # logprob tokens as "token_id:N"; None: the server's flag
     timings: bool | None = None  # llama.cpp's timings object in the response; None: the server's flag
     kv_transfer_params: dict[str, Any] | None = (
@@ -138,6 +138,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     # vLLM extensions
     normalize: bool | None = None  # None: the server's --pooler-config
     priority: Int64 = 0
+    truncate_prompt_tokens: Truncation | None = None  # keep the first k; -1: context
 
 
 Texts = str | list[str]
@@ -157,6 +158,7 @@ class ScoreRequest(msgspec.Struct, kw_only=True):
     data_2: Texts | None = None
     user: str | None = None
     priority: Int64 = 0
+    truncate_prompt_tokens: Truncation | None = None  # each input's first k tokens; -1: context
 
 
 class RerankDocument(msgspec.Struct, kw_only=True):
@@ -173,6 +175,7 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     return_documents: bool = True
     user: str | None = None
     priority: Int64 = 0
+    truncate_prompt_tokens: Truncation | None = None  # each input's first k tokens; -1: context
 
 
 class ClassificationRequest(msgspec.Struct, kw_only=True):
@@ -182,6 +185,7 @@ class ClassificationRequest(msgspec.Struct, kw_only=True):
     model: str | None = None
     user: str | None = None
     priority: Int64 = 0
+    truncate_prompt_tokens: Truncation | None = None  # keep the first k; -1: context
 
 
 class AnthropicInputMessage(msgspec.Struct, kw_only=True):

@@ -12,13 +12,13 @@ import uuid
 from starlette.requests import Request
 from starlette.responses import Response
 
-from engine.messages.pooling_params import PoolingParams
+from engine.messages.pooling_params import PoolingParams, pooling_token_ids
 from engine.messages.sampling_params import InvalidParam
-from engine.messages.scoring import cosine, pair_token_ids, score_pairs, scores_by_cross_encoder
+from engine.messages.scoring import cosine, score_pairs, scores_by_cross_encoder
 from engine_server.bounds import json_response
 from engine_server.errors import bad_request
 from engine_server.generation import check_model, check_runner
-from engine_server.pooling import floats, list_body, pool, prompt_tokens
+from engine_server.pooling import floats, kept_tokens, list_body, pool, prompt_tokens
 from engine_server.prompts import check_fanout, check_prompt
 from engine_server.schemas import RerankDocument, RerankRequest, ScoreRequest
 from engine_server.validation import decode_body
@@ -27,11 +27,22 @@ SPELLINGS = (("text_1", "text_2"), ("queries", "documents"), ("data_1", "data_2"
 
 
 class Scores:
-    """One HTTP request's pairs, validated and tokenized off the event loop, and their scores."""
+    """One HTTP request's pairs, validated and tokenized off the event loop, and their scores;
+    ``truncate`` (``truncate_prompt_tokens``) cuts each engine input to its first k tokens (a
+    cross-encoder's pair as its tokenizer truncates a pair: the longer text first), as vLLM."""
 
-    def __init__(self, state, model: str | None, first, second, names: tuple[str, str], kind: str = "score"):
-        check_model(state, model)
+    def __init__(
+        self,
+        state,
+        body: ScoreRequest | RerankRequest,
+        first,
+        second,
+        names: tuple[str, str],
+        kind: str = "score",
+    ):
+        check_model(state, body.model)
         check_runner(state, "pooling")
+        keep = kept_tokens(state, body.truncate_prompt_tokens)
         self.state = state
         try:
             self.pairs = score_pairs(first, second, names)
@@ -48,10 +59,10 @@ class Scores:
         self.texts = [] if self.cross_encoder else list(dict.fromkeys(t for pair in self.pairs for t in pair))
         check_fanout(state, len(self.texts or self.pairs), 1, names[1])
         if self.cross_encoder:
-            prompts = [pair_token_ids(state.tokenizer, a, b) for a, b in self.pairs]
+            prompts = [pooling_token_ids(state.tokenizer, a, b, keep) for a, b in self.pairs]
             params = PoolingParams(task="classify")
         else:
-            prompts = [state.tokenizer.encode(text) for text in self.texts]
+            prompts = [pooling_token_ids(state.tokenizer, text, keep=keep) for text in self.texts]
             params = PoolingParams()
         for ids in prompts:
             check_prompt(state, ids, None, names[1], generates=False)
@@ -88,7 +99,7 @@ def prepare_score(state, data: bytes) -> tuple[ScoreRequest, Scores]:
     for name, value in zip(names, (first, second)):
         if value is None:
             raise bad_request(f"{name} is required with {names[0] if name == names[1] else names[1]}", name)
-    return body, Scores(state, body.model, first, second, names)
+    return body, Scores(state, body, first, second, names)
 
 
 async def score(request: Request) -> Response:
@@ -107,7 +118,7 @@ async def score(request: Request) -> Response:
 def prepare_rerank(state, data: bytes) -> tuple[RerankRequest, list[str], Scores]:
     body = decode_body(data, RerankRequest, state.allow_unknown_fields)
     documents = [doc.text if isinstance(doc, RerankDocument) else doc for doc in body.documents]
-    return body, documents, Scores(state, body.model, body.query, documents, ("query", "documents"), "rerank")
+    return body, documents, Scores(state, body, body.query, documents, ("query", "documents"), "rerank")
 
 
 async def rerank(request: Request) -> Response:

@@ -35,9 +35,14 @@ from engine.messages.outputs import (
     ScoringOutput,
     ScoringRequestOutput,
 )
-from engine.messages.pooling_params import PoolingParams
-from engine.messages.sampling_params import SamplingParams, tokenize_bad_words, truncate_prompt
-from engine.messages.scoring import cosine, pair_token_ids, score_pairs, scores_by_cross_encoder
+from engine.messages.pooling_params import PoolingParams, pooling_token_ids
+from engine.messages.sampling_params import (
+    SamplingParams,
+    tokenize_bad_words,
+    truncate_prompt,
+    truncation_length,
+)
+from engine.messages.scoring import cosine, score_pairs, scores_by_cross_encoder
 from engine.plugins import load_plugins
 
 Prompt = str | Sequence[int] | dict
@@ -111,50 +116,65 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         pooling_params: PoolingParams | Sequence[PoolingParams] | None = None,
+        *,
+        truncate_prompt_tokens: int | None = None,
     ) -> list[EmbeddingRequestOutput]:
         """One embedding per prompt (an engine built with ``runner="pooling"``, or a model
         without an LM head): every prompt is checked first, then all are queued at once, so
         they share engine steps (as many prompts per step as ``max_num_batched_tokens``
-        holds, at least one whole prompt)."""
+        holds, at least one whole prompt). ``truncate_prompt_tokens``: embed only each
+        prompt's first k tokens (-1: ``max_model_len``), as :meth:`_pooling_ids` cuts them."""
         prompts = self._as_list(prompts)
         params = pooling_params or PoolingParams()
         params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"pooling_params: {len(params)} given for {len(prompts)} prompts")
-        encoded = [ids for _, ids in map(self._encode, prompts)]
+        encoded = self._pooling_ids(prompts, truncate_prompt_tokens)
         pooled = self._pool(encoded, params, "embd")
         return [
             EmbeddingRequestOutput(rid, EmbeddingOutput(vector), ids)
             for (rid, vector), ids in zip(pooled, encoded)
         ]
 
-    def classify(self, prompts: Prompt | Sequence[Prompt]) -> list[ClassificationRequestOutput]:
+    def classify(
+        self, prompts: Prompt | Sequence[Prompt], *, truncate_prompt_tokens: int | None = None
+    ) -> list[ClassificationRequestOutput]:
         """Each prompt's label probabilities from a sequence-classification model (vLLM's
-        ``LLM.classify``): a softmax over its labels, the sigmoid of a one-label model's logit."""
-        encoded = [ids for _, ids in map(self._encode, self._as_list(prompts))]
+        ``LLM.classify``): a softmax over its labels, the sigmoid of a one-label model's logit;
+        ``truncate_prompt_tokens`` as :meth:`embed` takes it."""
+        encoded = self._pooling_ids(self._as_list(prompts), truncate_prompt_tokens)
         pooled = self._pool(encoded, [PoolingParams(task="classify")] * len(encoded), "clsf")
         return [
             ClassificationRequestOutput(rid, ClassificationOutput(probs), ids)
             for (rid, probs), ids in zip(pooled, encoded)
         ]
 
-    def score(self, text_1: str | Sequence[str], text_2: str | Sequence[str]) -> list[ScoringRequestOutput]:
+    def score(
+        self,
+        text_1: str | Sequence[str],
+        text_2: str | Sequence[str],
+        *,
+        truncate_prompt_tokens: int | None = None,
+    ) -> list[ScoringRequestOutput]:
         """vLLM's ``LLM.score``: one score per pair, a single ``text_1`` against every
         ``text_2`` or the two lists zipped. A cross-encoder (a classifier with one label)
-        scores each pair as one input (:func:`engine.messages.scoring.pair_token_ids`): the
-        sigmoid of its logit; an embedding model scores the cosine similarity of the texts'
-        embeddings."""
+        scores each pair as one input (:func:`engine.messages.pooling_params.pooling_token_ids`):
+        the sigmoid of its logit; an embedding model scores the cosine similarity of the texts'
+        embeddings. ``truncate_prompt_tokens`` (-1: ``max_model_len``) cuts each input to its
+        first k tokens: a cross-encoder's pair as its tokenizer truncates a pair (the longer
+        text first, special tokens kept), an embedding model's texts each."""
         pairs = score_pairs(text_1, text_2)
         tokenizer = self._require_tokenizer("score")
         if scores_by_cross_encoder(self.engine.classifier_labels):
-            encoded = [pair_token_ids(tokenizer, a, b) for a, b in pairs]
+            keep = truncation_length(truncate_prompt_tokens, self.engine.max_model_len)
+            encoded = [pooling_token_ids(tokenizer, a, b, keep) for a, b in pairs]
             pooled = self._pool(encoded, [PoolingParams(task="classify")] * len(encoded), "score")
             return [
                 ScoringRequestOutput(rid, ScoringOutput(probs[0]), ids)
                 for (rid, probs), ids in zip(pooled, encoded)
             ]
         texts = list(dict.fromkeys(text for pair in pairs for text in pair))
-        embedded = dict(zip(texts, self.embed(texts)))
+        embedded = dict(zip(texts, self.embed(texts, truncate_prompt_tokens=truncate_prompt_tokens)))
         out = []
         for a, b in pairs:
             first, second = embedded[a], embedded[b]
@@ -162,6 +182,22 @@ class LLM:
             ids = first.prompt_token_ids + second.prompt_token_ids
             out.append(ScoringRequestOutput(f"score-{next(self._ids)}", ScoringOutput(similarity), ids))
         return out
+
+    def _pooling_ids(self, prompts: list[Prompt], truncate_prompt_tokens: int | None) -> list[list[int]]:
+        """Each prompt's token ids, cut to the first ``truncate_prompt_tokens`` (vLLM's pooling
+        runner truncates on the right, a text as its tokenizer truncates it:
+        :func:`engine.messages.pooling_params.pooling_token_ids`)."""
+        keep = truncation_length(truncate_prompt_tokens, self.engine.max_model_len)
+        if keep is None:
+            return [ids for _, ids in map(self._encode, prompts)]
+        return [self._encode_cut(prompt, keep) for prompt in prompts]
+
+    def _encode_cut(self, prompt: Prompt, keep: int) -> list[int]:
+        if isinstance(prompt, dict) and "prompt_token_ids" not in prompt:
+            prompt = prompt["prompt"]
+        if isinstance(prompt, str):
+            return pooling_token_ids(self._require_tokenizer("text prompts"), prompt, keep=keep)
+        return self._encode(prompt)[1][:keep]
 
     def _pool(
         self, encoded: list[list[int]], params: list[PoolingParams], kind: str

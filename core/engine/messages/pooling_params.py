@@ -1,8 +1,12 @@
 """PoolingParams: what one request that pools (an embedding, a classification) asks for, with
-vLLM's names."""
+vLLM's names; and a pooling input's token ids, cut as vLLM's ``truncate_prompt_tokens`` cuts
+them for a pooling model (:func:`pooling_token_ids`)."""
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
 from typing import Any
 
 import attrs
@@ -73,3 +77,35 @@ def matryoshka_of(hf_config) -> tuple[bool, tuple[int, ...] | None]:
     """(whether the model is matryoshka, the dimensions its config lists or None: any)."""
     dims = getattr(hf_config, "matryoshka_dimensions", None)
     return bool(getattr(hf_config, "is_matryoshka", False) or dims), tuple(dims) if dims else None
+
+
+def pooling_token_ids(tokenizer, text: str, pair: str | None = None, keep: int | None = None) -> list[int]:
+    """A text's token ids as a pooling model reads them, or a pair's as one input as the
+    model's tokenizer builds it (BERT: ``[CLS] A [SEP] B [SEP]``; a decoder's tokenizer: the
+    two texts' tokens one after the other), cut to the first ``keep`` tokens when given. vLLM's
+    pooling runner truncates on the right: the tokenizer cuts the text (of a pair, the longer
+    text first) and keeps its special tokens, and a ``keep`` below their number cuts those too."""
+    if keep is None:
+        return list(tokenizer(text, pair)["input_ids"])
+    truncating, lock = _truncating_copy(tokenizer)
+    with lock:
+        ids = truncating(text, pair, truncation=True, max_length=keep)["input_ids"]
+    return list(ids)[:keep]
+
+
+_COPIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_COPIES_LOCK = threading.Lock()
+
+
+def _truncating_copy(tokenizer) -> tuple[Any, threading.Lock]:
+    """A private copy of ``tokenizer`` that truncates on the right, and the lock its calls
+    take. A transformers fast tokenizer keeps truncation as state of its shared Rust tokenizer,
+    set by each call: truncating with the front end's own tokenizer could cut another
+    thread's untruncated prompt (or be undone by it mid-call)."""
+    with _COPIES_LOCK:
+        entry = _COPIES.get(tokenizer)
+        if entry is None:
+            truncating = copy.deepcopy(tokenizer)
+            truncating.truncation_side = "right"
+            entry = _COPIES[tokenizer] = (truncating, threading.Lock())
+    return entry

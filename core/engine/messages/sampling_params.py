@@ -333,18 +333,34 @@ def tokenize_bad_words(params: SamplingParams, tokenizer) -> SamplingParams:
     return attrs.evolve(params, bad_words_token_ids=tuple(sequences))
 
 
-def truncate_prompt(
-    prompt_token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
-) -> list[int]:
-    """The last ``truncate_prompt_tokens`` prompt tokens (vLLM: left truncation; -1 means
-    ``max_model_len``); more than ``max_model_len`` is an error, as in vLLM."""
+def truncation_length(truncate_prompt_tokens: int | None, max_model_len: int) -> int | None:
+    """How many prompt tokens vLLM's ``truncate_prompt_tokens`` keeps: None (no cut) for None,
+    ``max_model_len`` for -1; InvalidParam naming the field for anything but -1 or a count from
+    1 to ``max_model_len`` (more is an error, as in vLLM). Generation keeps the last tokens
+    (:func:`truncate_prompt`), pooling the first
+    (:func:`engine.messages.pooling_params.pooling_token_ids`)."""
     if truncate_prompt_tokens is None:
-        return prompt_token_ids
+        return None
+    if not is_int(truncate_prompt_tokens) or not (
+        truncate_prompt_tokens == -1 or truncate_prompt_tokens >= 1
+    ):
+        raise InvalidParam(
+            "truncate_prompt_tokens",
+            f"truncate_prompt_tokens must be -1 or at least 1, got {_short.repr(truncate_prompt_tokens)}",
+        )
     if truncate_prompt_tokens > max_model_len:
         raise InvalidParam(
             "truncate_prompt_tokens",
             f"truncate_prompt_tokens value ({truncate_prompt_tokens}) is "
             f"greater than max_model_len ({max_model_len}); select a smaller truncation size",
         )
-    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
-    return prompt_token_ids[-keep:]
+    return max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+
+
+def truncate_prompt(
+    prompt_token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+) -> list[int]:
+    """The last ``truncate_prompt_tokens`` prompt tokens (vLLM's generation: left truncation;
+    :func:`truncation_length` reads the value)."""
+    keep = truncation_length(truncate_prompt_tokens, max_model_len)
+    return prompt_token_ids if keep is None else prompt_token_ids[-keep:]

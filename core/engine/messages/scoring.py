@@ -1,8 +1,8 @@
 """How vLLM's score task pairs texts and scores them, for the offline ``LLM.score`` and the
 server's ``/score`` and ``/rerank``: one first text against many (1:N) or texts zipped pairwise
 (N:N); a cross-encoder (a classifier with one label) scores a pair as one input, tokenized as a
-pair by its tokenizer, and an embedding model scores it as the cosine similarity of the two
-texts' embeddings."""
+pair by its tokenizer (:func:`engine.messages.pooling_params.pooling_token_ids`), and an
+embedding model scores it as the cosine similarity of the two texts' embeddings."""
 
 from __future__ import annotations
 
@@ -44,12 +44,6 @@ def scores_by_cross_encoder(labels: list[str]) -> bool:
             "score and rerank need a cross-encoder (one label) or an embedding model"
         )
     return len(labels) == 1
-
-
-def pair_token_ids(tokenizer, first: str, second: str) -> list[int]:
-    """The pair as one input, as the model's tokenizer builds it (BERT: ``[CLS] A [SEP] B
-    [SEP]``; a decoder's tokenizer: the two texts' tokens one after the other)."""
-    return list(tokenizer(first, second)["input_ids"])
 
 
 def cosine(first, second) -> float:
