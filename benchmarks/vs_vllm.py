@@ -351,6 +351,9 @@ def _print_online(name: str, r: dict) -> None:
         f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)",
         flush=True,
     )
+    failed = [error for error in r.get("errors", []) if error]
+    if failed:
+        print(f"  {name:8s} {len(failed)} requests failed; the first: {failed[0][-500:]}", flush=True)
 
 
 def online(args) -> None:
