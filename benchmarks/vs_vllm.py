@@ -5,7 +5,7 @@ the 1B-class one.
                                          [--repeats 1] [--configs default bf16] [--model default|1b]
     python benchmarks/vs_vllm.py online  [--vllm-python PATH] [--input-len 128] [--output-len 128]
                                          [--num-prompts 64] [--request-rate inf] [--configs default]
-                                         [--model default|1b]
+                                         [--model default|1b] [--lora N [--lora-rank 16]]
 
 ``--model 1b`` runs Llama-3.2-1B's shape with random bf16 weights and the default model's tokenizer
 (``random_llama.py``, built once and cached): vLLM and the engine's bf16, int8 and bf16-invariant
@@ -21,7 +21,11 @@ same GGUF. Each engine runs in a process of its own, one at a time; rounds repea
 online: ``vllm bench serve`` (vLLM's own client, random dataset) against ``engine serve`` for each
 config and against ``vllm serve`` on the HF folder, one server at a time on a free port; output
 throughput, median TTFT/TPOT and the ratios. ``--client engine`` uses ``engine bench serve``, which
-takes the same flags, instead.
+takes the same flags, instead. ``--lora N`` (online, default model, vLLM's client) serves N random
+PEFT adapters (``lora.py``'s: ranks --lora-rank and half that alternating, every projection) from
+both servers (``--enable-lora --max-loras N --max-lora-rank R --lora-modules adapter-i=PATH ...``),
+and each request names one of them as its model, picked at random by the client
+(``--lora-modules`` of ``vllm bench serve``).
 
 vLLM in its own virtual environment (its torch pins differ from ours), once:
 
@@ -214,6 +218,22 @@ def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 900) -> 
     raise RuntimeError("server not healthy in time")
 
 
+def _lora_flags(args) -> list[str]:
+    """Both servers' flags for ``--lora``: the adapters by name, max_loras all of them."""
+    if not args.lora:
+        return []
+    modules = [f"adapter-{i}={path}" for i, path in enumerate(args.lora_paths)]
+    return [
+        "--enable-lora",
+        "--max-loras",
+        str(args.lora),
+        "--max-lora-rank",
+        str(args.lora_rank),
+        "--lora-modules",
+        *modules,
+    ]
+
+
 def _server_command(name: str, args, folder: str, port: int) -> list[str]:
     if name == "vllm":
         vllm = os.path.join(os.path.dirname(args.vllm_python), "vllm")
@@ -231,6 +251,7 @@ def _server_command(name: str, args, folder: str, port: int) -> list[str]:
             "2048",
             "--gpu-memory-utilization",
             str(VLLM_MEMORY_UTILIZATION),
+            *_lora_flags(args),
         ]
     engine = os.path.join(os.path.dirname(sys.executable), "engine")
     path = engine_model(args.model, name)
@@ -243,6 +264,7 @@ def _server_command(name: str, args, folder: str, port: int) -> list[str]:
         "--served-model-name",
         SERVED_NAME[args.model],
         *SERVE_FLAGS[name],
+        *_lora_flags(args),
     ]
 
 
@@ -283,32 +305,55 @@ def _client_command(args, folder: str, url: str, result_file: str) -> list[str]:
         os.path.dirname(result_file),
         "--result-filename",
         os.path.basename(result_file),
+        *(["--lora-modules", *(f"adapter-{i}" for i in range(args.lora))] if args.lora else []),
     ]
 
 
 def online_one(name: str, args, folder: str) -> dict:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        _server_command(name, args, folder, port),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
+    with tempfile.TemporaryFile("w+") as log:  # the server's stderr: its last lines if it never serves
+        server = subprocess.Popen(
+            _server_command(name, args, folder, port),
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            start_new_session=True,
+        )
+        try:
+            try:
+                _wait_healthy(url, server)
+            except RuntimeError as exc:
+                log.seek(0)
+                raise RuntimeError(f"{name}: {exc}; its last output:\n{log.read()[-3000:]}") from None
+            return _bench_client(name, args, folder, url)
+        finally:
+            os.killpg(server.pid, 15)
+            server.wait(120)
+
+
+def _bench_client(name: str, args, folder: str, url: str) -> dict:
+    """The bench client's result against the server at ``url``."""
+    with tempfile.TemporaryDirectory() as scratch:
+        result_file = os.path.join(scratch, "result.json")
+        done = subprocess.run(
+            _client_command(args, folder, url, result_file), capture_output=True, text=True, check=False
+        )
+        if done.returncode:
+            raise RuntimeError(f"bench client failed against {name}: {done.stderr[-2000:]}")
+        with open(result_file) as f:
+            return json.load(f)
+
+
+def _print_online(name: str, r: dict) -> None:
+    print(
+        f"  {name:8s} output {r['output_throughput']:7.1f} tok/s"
+        f"  TTFT median {r['median_ttft_ms']:8.1f} ms"
+        f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)",
+        flush=True,
     )
-    try:
-        _wait_healthy(url, server)
-        with tempfile.TemporaryDirectory() as scratch:
-            result_file = os.path.join(scratch, "result.json")
-            done = subprocess.run(
-                _client_command(args, folder, url, result_file), capture_output=True, text=True, check=False
-            )
-            if done.returncode:
-                raise RuntimeError(f"bench client failed against {name}: {done.stderr[-2000:]}")
-            with open(result_file) as f:
-                return json.load(f)
-    finally:
-        os.killpg(server.pid, 15)
-        server.wait(120)
+    failed = [error for error in r.get("errors", []) if error]
+    if failed:
+        print(f"  {name:8s} {len(failed)} requests failed; the first: {failed[0][-500:]}", flush=True)
 
 
 def online(args) -> None:
@@ -317,18 +362,18 @@ def online(args) -> None:
     folder = hf_folder(args.model)  # vLLM's model, and the bench clients' tokenizer
     names = [*args.configs, *(["vllm"] if args.vllm_python else [])]
     results = {}
-    for name in names:
-        results[name] = online_one(name, args, folder)
-        r = results[name]
-        print(
-            f"  {name:8s} output {r['output_throughput']:7.1f} tok/s"
-            f"  TTFT median {r['median_ttft_ms']:8.1f} ms"
-            f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)",
-            flush=True,
-        )
+    with tempfile.TemporaryDirectory() as adapters:
+        if args.lora:
+            from lora import save_adapters
+
+            args.lora_paths = save_adapters(adapters, args.lora, args.lora_rank)
+        for name in names:
+            results[name] = online_one(name, args, folder)
+            _print_online(name, results[name])
+    lora = f", {args.lora} LoRA adapters (rank {args.lora_rank})" if args.lora else ""
     print(
         f"\nOnline, {args.model} model, {args.client} bench serve, random {args.input_len}/"
-        f"{args.output_len}, {args.num_prompts} prompts, rate {args.request_rate}"
+        f"{args.output_len}, {args.num_prompts} prompts, rate {args.request_rate}{lora}"
     )
     if "vllm" in results:
         base = results["vllm"]
@@ -392,6 +437,17 @@ def main() -> None:
         help="online: which bench serve client drives both servers",
     )
     parser.add_argument("--repeats", type=int, default=1, help="offline: rounds over every engine")
+    parser.add_argument(
+        "--lora",
+        type=int,
+        default=0,
+        metavar="N",
+        help="online, default model, vLLM's client: serve N random LoRA adapters and give each request "
+        "one of them at random (see above); default 0: the base model",
+    )
+    parser.add_argument(
+        "--lora-rank", type=int, default=16, help="with --lora: the adapters' largest rank (default 16)"
+    )
     args = parser.parse_args()
     if args.vllm_python and not os.path.isfile(args.vllm_python):
         sys.exit(f"--vllm-python {args.vllm_python}: no such file")
@@ -406,6 +462,10 @@ def main() -> None:
     else:
         args.configs = args.configs or ["default"]
         args.num_prompts = (args.num_prompts or [64])[0]
+        if args.lora and (args.model != "default" or args.client != "vllm"):
+            sys.exit(
+                "--lora: the default model's adapters, chosen per request by vLLM's client (--client vllm)"
+            )
         online(args)
 
 

@@ -137,3 +137,24 @@ def test_vs_vllm_loads_the_1b_gguf_for_gguf_configs_and_the_folder_for_the_other
         "FOLDER",
     ]
     assert vs_vllm.hf_folder("1b") == "FOLDER"
+
+
+def test_vs_vllm_online_lora_gives_both_servers_the_adapters_and_the_client_their_names():
+    import argparse
+
+    import vs_vllm
+
+    args = argparse.Namespace(
+        model="default", vllm_python="/venv/bin/python", lora=2, lora_rank=16, lora_paths=["/a/0", "/a/1"]
+    )
+    args.client, args.input_len, args.output_len, args.num_prompts, args.request_rate = "vllm", 8, 8, 4, "inf"
+    flags = ["--enable-lora", "--max-loras", "2", "--max-lora-rank", "16"]
+    flags += ["--lora-modules", "adapter-0=/a/0", "adapter-1=/a/1"]
+    for name in ("vllm", "default"):
+        command = vs_vllm._server_command(name, args, "FOLDER", 8000)
+        assert command[-len(flags) :] == flags
+    client = vs_vllm._client_command(args, "FOLDER", "http://x", "/r/result.json")
+    assert client[-3:] == ["--lora-modules", "adapter-0", "adapter-1"]
+    args.lora = 0
+    assert "--enable-lora" not in vs_vllm._server_command("vllm", args, "FOLDER", 8000)
+    assert "--lora-modules" not in vs_vllm._client_command(args, "FOLDER", "http://x", "/r/result.json")

@@ -162,7 +162,7 @@ class NoneIsTheLastSlot(LayerOps):
     """Gathers each row's adapter by ``indices`` straight away, one batched matmul and no
     grouping: a row of no adapter (-1) indexes from the end and gets the last slot's delta."""
 
-    def lora_shrink(self, x, a, scale, indices):
+    def lora_shrink(self, x, a, scale, indices, ranks=None):
         return torch.einsum("tk,tnrk->tnr", x, a[indices]) * scale[indices].to(x.dtype)[..., None]
 
     def lora_expand(self, y, h, b, indices, output_sizes):

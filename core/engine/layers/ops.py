@@ -191,13 +191,20 @@ class LayerOps:
         return acc.float().mul_(row_scale).mul_(col_scale).to(dtype)
 
     def lora_shrink(
-        self, x: torch.Tensor, a: torch.Tensor, scale: torch.Tensor, indices: torch.Tensor
+        self,
+        x: torch.Tensor,
+        a: torch.Tensor,
+        scale: torch.Tensor,
+        indices: torch.Tensor,
+        ranks: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The first half of a batch of LoRA deltas. x [T, K] (not consumed); ``a`` [S, n, R, K]:
         per slot, the A of each of the layer's n fused output shards (rows past an adapter's rank
         are zero); ``scale`` [S, n] float32; ``indices`` int64 [T], each row's slot in [0, S) or
-        -1 for none -> h [T, n, R] in x's dtype: scale[s, i] · A[s, i] · x for a row of slot s,
-        zero for a row of none. Rows are grouped by slot, one matmul per slot in the batch."""
+        -1 for none; ``ranks`` int64 [S, n] or None (all R): the rows of each A its adapter fills,
+        which a kernel may read alone -> h [T, n, R] in x's dtype: scale[s, i] · A[s, i] · x for
+        a row of slot s, zero for a row of none. Rows are grouped by slot, one matmul per slot in
+        the batch (the zero rows included: a matmul over fewer rows would cost a copy)."""
         n, rank = a.shape[1:3]
 
         def shrink(part: torch.Tensor, slot: int) -> torch.Tensor:

@@ -341,7 +341,8 @@ class LayerOpsContract:
         """LoRA's two grouped ops on a mixed batch: rows of three slots and of none (-1)
         interleaved, the last slot in use (a -1 read as a Python index lands there), one slot
         idle, one adapter of a rank below the slots' (zero rows past it), a fused shard left
-        out (scale 0); or every row of one slot (one adapter for the whole batch). y +
+        out (scale 0), each slot's rank given; or every row of one slot (one adapter for the
+        whole batch). y +
         scale·B·A·x per row against plain float64 math; x is left as it is and rows of none
         keep y exactly."""
         gen = torch.Generator().manual_seed(tokens + len(output_sizes))
@@ -349,6 +350,8 @@ class LayerOpsContract:
         a = torch.randn(slots, n, rank, size, generator=gen) * 0.2
         b = torch.randn(slots, rank, sum(output_sizes), generator=gen) * 0.2
         a[0, :, 8:], b[0, 8:] = 0, 0  # slot 0: an adapter of rank 8
+        ranks = torch.full((slots, n), rank)
+        ranks[0] = 8
         scale = torch.rand(slots, n, generator=gen) + 0.5
         scale[2, 0] = 0  # slot 2 leaves its first shard out
         a, b = a.to(dtype), b.to(dtype)
@@ -359,7 +362,7 @@ class LayerOpsContract:
             torch.randn(tokens, sum(output_sizes), generator=gen).to(dtype),
         )
         ops, x_given = platform.layer_ops(dtype), x.clone()
-        h = ops.lora_shrink(x, a, scale, indices)
+        h = ops.lora_shrink(x, a, scale, indices, ranks)
         got = ops.lora_expand(y.clone(), h, b, indices, output_sizes)
         assert torch.equal(x, x_given), "lora_shrink wrote into x"
         none = indices < 0

@@ -56,16 +56,18 @@ void silu_and_mul_f32(const float *x, int64_t rows, int64_t stride, int64_t widt
 
 /* LoRA over a batch of mixed adapters; indices [rows]: each row's slot in [0, slots) or -1 (none),
  * another index refused (1). Shrink: h [rows, shards, rank] = scale[s, i] · a[s, i] · x[r]
- * (a [slots, shards, rank, cols], scale [slots, shards]), zero for rows of none. Expand:
+ * (a [slots, shards, rank, cols], scale [slots, shards]), zero for rows of none; ranks
+ * [slots, shards]: the rows of a[s, i] an adapter fills (those past it are zero and not read),
+ * a value outside [0, rank] refused (1). Expand:
  * y[r, bounds[i]:bounds[i+1]] += h[r, i] · b[s, :, bounds[i]:bounds[i+1]] (b [slots, rank, width]),
  * rank at most lora_max_rank(). */
 int64_t lora_max_rank(void);
 engine_status lora_shrink_bf16(const uint16_t *x, int64_t rows, int64_t x_stride, int64_t cols, const uint16_t *a,
                                int64_t slots, int64_t shards, int64_t rank, const float *scale,
-                               const int64_t *indices, uint16_t *h);
+                               const int64_t *ranks, const int64_t *indices, uint16_t *h);
 engine_status lora_shrink_f32(const float *x, int64_t rows, int64_t x_stride, int64_t cols, const float *a,
-                              int64_t slots, int64_t shards, int64_t rank, const float *scale, const int64_t *indices,
-                              float *h);
+                              int64_t slots, int64_t shards, int64_t rank, const float *scale, const int64_t *ranks,
+                              const int64_t *indices, float *h);
 engine_status lora_expand_bf16(uint16_t *y, int64_t rows, int64_t y_stride, const uint16_t *h, const uint16_t *b,
                                int64_t slots, int64_t shards, int64_t rank, int64_t width, const int64_t *bounds,
                                const int64_t *indices);

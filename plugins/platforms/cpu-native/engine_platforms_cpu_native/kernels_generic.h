@@ -289,7 +289,7 @@ static int64_t TYPED(silu_and_mul_vector)(const T *gate, const T *up, int64_t wi
     }
     return width;
 }
-#elif AVX2_SILU
+#elif AVX2_PASSES
 /* whole 8-lane chunks; the caller's scalar loop takes the rest */
 static int64_t TYPED(silu_and_mul_vector)(const T *gate, const T *up, int64_t width, T *out) {
     __m256 one = _mm256_set1_ps(1.f);
@@ -315,7 +315,7 @@ void TYPED(silu_and_mul)(const T *x, int64_t rows, int64_t stride, int64_t width
     for (int64_t r = 0; r < rows; r++) {
         const T *gate = x + r * stride, *up = gate + width;
         T *o = out + r * width;
-        int64_t i = VECTOR_PASSES || AVX2_SILU ? TYPED(silu_and_mul_vector)(gate, up, width, o) : 0;
+        int64_t i = VECTOR_PASSES || AVX2_PASSES ? TYPED(silu_and_mul_vector)(gate, up, width, o) : 0;
         for (; i < width; i++) {
             float g = LOAD(gate[i]);
             o[i] = STORE(LOAD(STORE(g / (1.f + expf(-g)))) * LOAD(up[i]));

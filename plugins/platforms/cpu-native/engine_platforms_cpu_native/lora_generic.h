@@ -36,6 +36,46 @@ static void TYPED(lora_axpys)(T *const *yr, int64_t m, const float (*hv)[LORA_MA
         for (int64_t t = 0; t < m; t++) TYPED(vstore)(yr[t] + j, acc[t], mask);
     }
 }
+#elif AVX2_PASSES
+/* acc[t] = Σ_k xr[t][k] · w[k]: 8 lanes of FMA, each w chunk loaded once for the tile's rows
+ * (8 accumulators, a weight and an input vector fit AVX2's 16 registers); the last cols % 8 in C */
+static void TYPED(lora_dots)(const T *const *xr, int64_t m, const T *w, int64_t cols, float *acc) {
+    __m256 sum[LORA_TILE_ROWS];
+    for (int64_t t = 0; t < m; t++) sum[t] = _mm256_setzero_ps();
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        __m256 wv = TYPED(vload8)(w + k);
+        for (int64_t t = 0; t < m; t++) sum[t] = _mm256_fmadd_ps(TYPED(vload8)(xr[t] + k), wv, sum[t]);
+    }
+    for (int64_t t = 0; t < m; t++) {
+        acc[t] = hsum8(sum[t]);
+        for (int64_t c = k; c < cols; c++) acc[t] += LOAD(xr[t][c]) * LOAD(w[c]);
+    }
+}
+
+/* yr[t][lo:hi] += Σ_k hv[t][k] · b[k][lo:hi] over the live ranks, 8 columns at a time held in
+ * registers for every row of the tile (each B chunk loaded once per tile); the last columns in C */
+static void TYPED(lora_axpys)(T *const *yr, int64_t m, const float (*hv)[LORA_MAX_RANK], const uint8_t *live,
+                              const T *b, int64_t rank, int64_t width, int64_t lo, int64_t hi) {
+    int64_t j = lo;
+    for (; j + 8 <= hi; j += 8) {
+        __m256 acc[LORA_TILE_ROWS];
+        for (int64_t t = 0; t < m; t++) acc[t] = TYPED(vload8)(yr[t] + j);
+        for (int64_t k = 0; k < rank; k++) {
+            if (!live[k]) continue;
+            __m256 bv = TYPED(vload8)(b + k * width + j);
+            for (int64_t t = 0; t < m; t++) acc[t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&hv[t][k]), bv, acc[t]);
+        }
+        for (int64_t t = 0; t < m; t++) TYPED(vstore8)(yr[t] + j, acc[t]);
+    }
+    for (int64_t t = 0; t < m; t++)
+        for (int64_t c = j; c < hi; c++) {
+            float sum = LOAD(yr[t][c]);
+            for (int64_t k = 0; k < rank; k++)
+                if (live[k]) sum += hv[t][k] * LOAD(b[k * width + c]);
+            yr[t][c] = STORE(sum);
+        }
+}
 #else
 static void TYPED(lora_dots)(const T *const *xr, int64_t m, const T *w, int64_t cols, float *acc) {
     for (int64_t t = 0; t < m; t++) acc[t] = 0.f;
@@ -58,10 +98,14 @@ static void TYPED(lora_axpys)(T *const *yr, int64_t m, const float (*hv)[LORA_MA
 #endif
 
 /* h[r, i, :] = scale[s, i] · a[s, i] · x[r] for row r of slot s = indices[r]; zero for a row of
- * none (-1) and for a shard its adapter leaves out (scale 0, its A not read). */
+ * none (-1), for a shard its adapter leaves out (scale 0, its A not read) and past the adapter's
+ * rank ranks[s, i] (those zero rows of A not read: an adapter of rank 8 in rank-16 slots reads
+ * half of A, whatever else the batch holds). */
 engine_status TYPED(lora_shrink)(const T *x, int64_t rows, int64_t x_stride, int64_t cols, const T *a,
                                  int64_t slots, int64_t shards, int64_t rank, const float *scale,
-                                 const int64_t *indices, T *h) {
+                                 const int64_t *ranks, const int64_t *indices, T *h) {
+    for (int64_t i = 0; i < slots * shards; i++)
+        if (ranks[i] < 0 || ranks[i] > rank) return 1;
     int64_t *order, *tiles, count;
     engine_status status = lora_tiles(indices, rows, slots, &order, &tiles, &count);
     if (status) return status;
@@ -75,7 +119,7 @@ engine_status TYPED(lora_shrink)(const T *x, int64_t rows, int64_t x_stride, int
         for (int64_t i = 0; i < shards; i++) {
             float s = scale[slot * shards + i], acc[LORA_TILE_ROWS];
             if (s == 0.f) continue;
-            for (int64_t k = 0; k < rank; k++) {
+            for (int64_t k = 0; k < ranks[slot * shards + i]; k++) {
                 TYPED(lora_dots)(xr, m, a + ((slot * shards + i) * rank + k) * cols, cols, acc);
                 for (int64_t t = 0; t < m; t++) h[(members[t] * shards + i) * rank + k] = STORE(acc[t] * s);
             }

@@ -230,10 +230,18 @@ class NativeLayerOps(LayerOps):
             and all(w.is_contiguous() for w in weights)
         )
 
-    def lora_shrink(self, x, a, scale, indices):
+    def lora_shrink(self, x, a, scale, indices, ranks=None):
         slots, shards, rank, cols = a.shape
-        if not (self._takes_lora(indices, x, a) and scale.dtype == torch.float32 and scale.is_contiguous()):
-            return super().lora_shrink(x, a, scale, indices)
+        if ranks is None:
+            ranks = _full_ranks(slots, shards, rank)
+        if not (
+            self._takes_lora(indices, x, a)
+            and scale.dtype == torch.float32
+            and scale.is_contiguous()
+            and ranks.dtype == torch.int64
+            and ranks.is_contiguous()
+        ):
+            return super().lora_shrink(x, a, scale, indices, ranks)
         h = torch.empty(x.shape[0], shards, rank, dtype=x.dtype)
         if self._kernels["lora_shrink", self.dtype](
             x.data_ptr(),
@@ -245,10 +253,11 @@ class NativeLayerOps(LayerOps):
             shards,
             rank,
             scale.data_ptr(),
+            ranks.data_ptr(),
             indices.data_ptr(),
             h.data_ptr(),
         ):
-            raise IndexError(f"LoRA slots must lie in [-1, {slots})")
+            raise IndexError(f"LoRA slots must lie in [-1, {slots}) and ranks in [0, {rank}]")
         return h
 
     def lora_expand(self, y, h, b, indices, output_sizes):
@@ -270,6 +279,13 @@ class NativeLayerOps(LayerOps):
         ):
             raise IndexError(f"LoRA slots must lie in [-1, {slots})")
         return y
+
+
+@functools.cache
+def _full_ranks(slots: int, shards: int, rank: int) -> torch.Tensor:
+    """Every slot's shards at the slots' full rank, for a caller that gives no ranks; one
+    tensor per shape, kept (a native tape holds its address)."""
+    return torch.full((slots, shards), rank, dtype=torch.int64)
 
 
 @functools.cache

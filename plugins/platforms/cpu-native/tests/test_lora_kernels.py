@@ -1,7 +1,9 @@
-"""LoRA's grouped shrink and expand in C, AVX-512 and portable builds, against the torch
-reference ops on random segmented batches: ranks 8 to 64, odd row counts (tiles of 4 rows
-with a remainder), rows of no adapter, every slot's rows in runs and interleaved, a shard an
-adapter leaves out, and padded input rows."""
+"""LoRA's grouped shrink and expand in C, this CPU's build (AVX-512, or AVX2 + FMA) and the
+portable one, against the torch reference ops on random segmented batches: ranks 8 to 64, odd
+row counts (tiles of 8 rows with a remainder), rows of no adapter, every slot's rows in runs and
+interleaved, a shard an adapter leaves out, padded input rows; adapters of different ranks in
+the same slots, given their ranks (the shrink must read no row of A past them), and widths that
+are not a vector multiple."""
 
 import pytest
 import torch
@@ -78,3 +80,47 @@ def test_a_slot_outside_the_slots_is_refused():
     x, _, a, _, scale, _ = _batch(4, 8, 3, (16,), "runs", torch.float32, 0)
     with pytest.raises(IndexError):
         ops.lora_shrink(x, a, scale, torch.tensor([0, 3, -1, 1]))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("max_rank", [16, 64])
+@pytest.mark.parametrize("rows", [1, 9, 40])
+def test_the_shrink_reads_each_adapter_to_its_rank(portable, dtype, max_rank, rows):
+    """Slots of rank 64 (or 16) holding adapters of ranks 8, 16, 32 and 64 (those that fit) in one
+    interleaved batch with rows of none, odd widths (vector tails), each slot's rank given: rows
+    of A past a slot's rank hold NaN, which a kernel reading them would spread into h. Against
+    the torch ops on the same adapters with those rows zero."""
+    gen = torch.Generator().manual_seed(max_rank + rows)
+    slots, cols, output_sizes = 4, 77, (45, 13, 22)
+    n = len(output_sizes)
+    ranks = torch.tensor([min(r, max_rank) for r in (8, 16, 32, 64)])[:, None].repeat(1, n)
+    ranks[2, 1] = 0  # slot 2 leaves its second shard out (and its scale is 0)
+    a = torch.randn(slots, n, max_rank, cols, generator=gen) * 0.2
+    b = torch.randn(slots, max_rank, sum(output_sizes), generator=gen) * 0.2
+    scale = torch.rand(slots, n, generator=gen) + 0.5
+    scale[2, 1] = 0
+    for s in range(slots):
+        b[s, int(ranks[s].max()) :] = 0
+    indices = torch.randint(-1, slots, (rows,), generator=gen)
+    x = torch.randn(rows, cols, generator=gen).to(dtype)
+    y = torch.randn(rows, sum(output_sizes), generator=gen).to(dtype)
+    past = torch.arange(max_rank)[None, None, :] >= ranks[:, :, None]  # [S, n, R]
+    zeroed = a.masked_fill(past[..., None], 0).to(dtype)
+    poisoned = a.masked_fill(past[..., None], float("nan"))
+    torch_ops = LayerOps()
+    h_ref = torch_ops.lora_shrink(x, zeroed, scale, indices)
+    expected = torch_ops.lora_expand(y.clone(), h_ref, b.to(dtype), indices, output_sizes)
+    for ops in (_native_ops(dtype), portable[dtype]):
+        h = ops.lora_shrink(x, poisoned.to(dtype), scale, indices, ranks)
+        torch.testing.assert_close(h, h_ref, **TOLERANCE[dtype])
+        got = ops.lora_expand(y.clone(), h, b.to(dtype), indices, output_sizes)
+        torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+        none = indices < 0
+        assert torch.equal(got[none], y[none]), "rows of no adapter changed"
+
+
+def test_a_rank_above_the_slots_is_refused():
+    ops = _native_ops(torch.float32)
+    x, _, a, _, scale, _ = _batch(4, 8, 3, (16,), "runs", torch.float32, 0)
+    with pytest.raises(IndexError):
+        ops.lora_shrink(x, a, scale, torch.tensor([0, 1, -1, 1]), torch.full((3, 1), 9))
