@@ -42,6 +42,9 @@ from engine.plugins import load_plugins
 
 STATS_INTERVAL = 0.25  # seconds between stats messages while busy
 IDLE_WAIT_MS = 200  # an idle core's wait for requests
+# Quiet time before the work start-up left to idle moments (recording decode steps) begins: a
+# request that comes right after the core is ready is served at once, not behind a recording.
+IDLE_WORK_AFTER_S = 0.5
 TRANSFER_POLL_MS = 2  # a core waiting only on KV transfers steps this often to poll them
 OUTPUT_SEND_TIMEOUT_MS = 30_000  # a front end that reads nothing for this long is gone or hung
 
@@ -76,6 +79,7 @@ class CoreServer:
         self.running = True
         self.waiting: list[protocol.Control] = []  # controls that run once no request is in flight
         self._last_stats = 0.0
+        self._last_busy = time.monotonic()  # for _quiet_for
         self.clock = LoopClock()
         self.heartbeat = HeartbeatThread(self.context, output_addr, self.clock)
 
@@ -169,7 +173,8 @@ class CoreServer:
                 deltas += self.client.step()
                 self.clock.step_finished()
                 idle_stats_sent = False
-            elif not self.waiting:
+                self._last_busy = time.monotonic()
+            elif not self.waiting and self._quiet_for() >= IDLE_WORK_AFTER_S:
                 self.core.idle_work()
             if self.events is not None:
                 self.events.publish(self.core.take_kv_events())
@@ -193,7 +198,13 @@ class CoreServer:
             return 0
         if self.core.has_unfinished() or self.core.has_pending_transfers():
             return TRANSFER_POLL_MS
-        return 0 if self.core.has_idle_work() else IDLE_WAIT_MS
+        if self.core.has_idle_work():
+            return max(0, min(IDLE_WAIT_MS, round((IDLE_WORK_AFTER_S - self._quiet_for()) * 1000)))
+        return IDLE_WAIT_MS
+
+    def _quiet_for(self) -> float:
+        """Seconds since the last step (or since the core became ready)."""
+        return time.monotonic() - self._last_busy
 
     def close(self) -> None:
         self.heartbeat.stop()  # before term(), which waits for its socket
