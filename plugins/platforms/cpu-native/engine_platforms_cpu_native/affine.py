@@ -31,6 +31,7 @@ from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
+from engine_platforms_cpu_native.kernels import activation_rows
 
 GROUP, TILE = 32, 16
 DENSE_ROWS = 384  # from here, on AMX, dequantize + bf16 GEMM beats the VNNI kernel (see above)
@@ -127,14 +128,9 @@ class PackedAffine(Layer):
         self.dense_rows = DENSE_ROWS if dtype == torch.bfloat16 and not portable and amx_bf16() else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2:
-            x = x.reshape(-1, self.in_features)
-        if x.dtype != self.dtype:
-            x = x.to(self.dtype)
+        x = activation_rows(x, self.in_features, self.dtype)
         if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
             return torch.nn.functional.linear(x, self.dequantize())
-        if x.stride(-1) != 1:
-            x = x.contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
         self._matmul(
             x.data_ptr(),

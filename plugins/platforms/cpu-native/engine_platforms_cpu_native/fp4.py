@@ -20,6 +20,7 @@ from engine.layers.fp4 import Fp4Weight
 from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
+from engine_platforms_cpu_native.kernels import activation_rows
 
 SOURCE = kernels.SOURCE.with_name("fp4_gemm.c")
 SUB_BLOCK = 16  # the kernel decodes 16 codes at a time: a block is a multiple of it
@@ -62,12 +63,7 @@ class PackedFp4(Layer):
         self._matmul, self._dequantize = bound[f"fp4_matmul_{suffix}"], bound[f"fp4_dequantize_{suffix}"]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != 2:
-            x = x.reshape(-1, self.in_features)
-        if x.dtype != self.dtype:
-            x = x.to(self.dtype)
-        if x.stride(-1) != 1:
-            x = x.contiguous()
+        x = activation_rows(x, self.in_features, self.dtype)
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
         self._matmul(
             x.data_ptr(),

@@ -6,6 +6,8 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+import torch
+
 from engine.native import Library, load_source
 
 SOURCE = Path(__file__).with_name("kernels.c")
@@ -16,3 +18,13 @@ def library() -> Library:
     """The kernels, built with ``$CC`` (default ``cc``); raises
     :class:`engine.native.BuildError` saying why they cannot be built."""
     return load_source(SOURCE)
+
+
+def activation_rows(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """``x`` as the matmul kernels read activations: [rows, width] in ``dtype``, each row's
+    values adjacent (rows may be strided, as a view of a wider output)."""
+    if x.dim() != 2:
+        x = x.reshape(-1, width)
+    if x.dtype != dtype:
+        x = x.to(dtype)
+    return x if x.stride(-1) == 1 else x.contiguous()
