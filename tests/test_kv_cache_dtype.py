@@ -16,6 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from engine import LLM, SamplingParams, hookimpl
 from engine.config import KV_CACHE_DTYPE_NAMES, EngineConfig
+from engine.core import kv_connectors, setup
 from engine.entrypoints.cli_args import add_engine_arguments
 from engine.interfaces import KV_CACHE_DTYPES, KVScale
 from engine.kv_transfer.layout import BlockLayout
@@ -161,6 +162,47 @@ def test_a_bad_kv_cache_dtype_is_refused_naming_it():
     assert parser.parse_args(["--kv-cache-dtype", "fp8_e5m2"]).kv_cache_dtype == "fp8_e5m2"
     with pytest.raises(argparse.ArgumentError, match="--kv-cache-dtype"):
         parser.parse_args(["--kv-cache-dtype", "int4"])
+
+
+def test_calculated_kv_scales_come_from_the_first_prefill_once(tiny_llama, monkeypatch):
+    """``--calculate-kv-scales``: each layer's scales are the first prefill's max |k| / 200 and
+    max |v| / 100 (as the layer hands k and v to its backend), and a later prompt leaves them."""
+    first: dict[int, tuple[float, float]] = {}
+    attend = Attention._attend
+
+    def watched(self, backend, q, k, v, *rest):
+        first.setdefault(self.layer_index, (float(k.abs().max()), float(v.abs().max())))
+        return attend(self, backend, q, k, v, *rest)
+
+    monkeypatch.setattr(Attention, "_attend", watched)
+    llm = _llm(tiny_llama[0], "fp8", calculate_kv_scales=True)
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, Attention)]
+    assert layers and all(layer.calculate_kv_scale for layer in layers)
+    _greedy_one(llm, PROMPTS[0])
+    for layer in layers:
+        k_max, v_max = first[layer.layer_index]
+        assert layer.kv_scale == KVScale(k=k_max / 200, v=v_max / 100) and not layer.calculate_kv_scale
+    scales = [layer.kv_scale for layer in layers]
+    _greedy_one(llm, " ".join(PROMPTS))
+    assert [layer.kv_scale for layer in layers] == scales
+
+
+def test_calculate_kv_scales_is_vllms_flag_and_needs_a_quantized_cache_to_act():
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_engine_arguments(parser)
+    assert parser.parse_args(["--calculate-kv-scales"]).calculate_kv_scales is True
+    config = EngineConfig.from_kwargs(calculate_kv_scales=True)  # auto cache: nothing to calculate
+    layer = Attention(0)
+    model = torch.nn.ModuleList([layer])
+    setup.calculate_kv_scales(model, config)
+    assert not layer.calculate_kv_scale
+    setup.calculate_kv_scales(model, EngineConfig.from_kwargs(calculate_kv_scales=True, kv_cache_dtype="fp8"))
+    assert layer.calculate_kv_scale
+    with pytest.raises(ValueError, match="calculate_kv_scales: not with a KV connector"):
+        config = EngineConfig.from_kwargs(
+            calculate_kv_scales=True, kv_cache_dtype="fp8", kv_connector="offload"
+        )
+        kv_connectors.build_halves(None, config, [torch.zeros(2, 4)], 0)
 
 
 def test_transfers_between_fp8_and_bf16_caches_are_refused_by_dtype():

@@ -141,6 +141,13 @@ def test_graphs_are_planned_on_cuda_with_a_backend_that_declares_them():
         ),
         ({}, CudaPlatform(), GraphableBackend, "pooling", "the pooling runner samples nothing to decode"),
         (
+            {"kv_cache_dtype": "fp8", "calculate_kv_scales": True},
+            CudaPlatform(),
+            GraphableBackend,
+            "generate",
+            "calculate_kv_scales: a recording would hold scales known after the first prefill",
+        ),
+        (
             {"cuda_graph_sizes": (512,)},
             CudaPlatform(),
             GraphableBackend,

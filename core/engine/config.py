@@ -163,6 +163,9 @@ class CacheConfig:
     # stored in ("fp8" = "fp8_e4m3"; engine.interfaces.attention.KV_CACHE_DTYPES), scaled per
     # layer by the checkpoint's k_scale / v_scale, else 1.0
     kv_cache_dtype: str = attrs.field(default="auto", validator=_one_of(KV_CACHE_DTYPE_NAMES))
+    # vLLM's --calculate-kv-scales: a quantized cache's per-layer scales from the first prefill's
+    # keys and values (max |k| / 200, max |v| / 100) instead of the checkpoint's or 1.0
+    calculate_kv_scales: bool = False
     watermark: float = 0.01  # fraction of blocks kept free when admitting new requests
 
 

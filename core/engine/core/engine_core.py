@@ -96,6 +96,7 @@ class EngineCore:
             model_impl=config.model.model_impl,
             limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
         )
+        setup.calculate_kv_scales(self.model, config)
         report.lap("weights")
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
         self.pooler_config = None

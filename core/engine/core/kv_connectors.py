@@ -80,6 +80,11 @@ def build_halves(registry, config, kv_caches: list[torch.Tensor], block_dim: int
     spec = connector_spec(config)
     if spec is None:
         return None, None
+    if config.cache.calculate_kv_scales and config.cache.kv_cache_dtype != "auto":
+        raise ValueError(
+            "calculate_kv_scales: not with a KV connector: the blocks it moves would be read at "
+            "scales another instance (or run) calculated from its own first prefill"
+        )
     cls = registry.get("kv_connectors", spec.name)
     block_bytes = sum(cache.select(block_dim, 0).nbytes for cache in kv_caches)
     engine_id = spec.engine_id or uuid.uuid4().hex  # one id for both halves

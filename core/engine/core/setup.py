@@ -24,6 +24,7 @@ from engine.interfaces import (
 )
 from engine.interfaces.model import ModelContext
 from engine.interfaces.quant import QuantContext
+from engine.layers.attention import Attention
 from engine.layers.kv_scales import KVScales
 from engine.layers.ops import LayerOps
 from engine.plugins import RegistrationError, one_line
@@ -355,6 +356,17 @@ def allocate_kv_caches(layers: LayerAttention, groups, platform) -> list[torch.T
 def kv_cache_dtype(config) -> torch.dtype | None:
     """The quantized KV cache dtype ``--kv-cache-dtype`` asks (None: auto, the activation dtype)."""
     return attention.KV_CACHE_DTYPES[config.cache.kv_cache_dtype]
+
+
+def calculate_kv_scales(model: nn.Module, config) -> None:
+    """Under ``--calculate-kv-scales`` with a quantized cache, have each attention layer take its
+    scales from the first keys and values it stores (:class:`engine.layers.attention.Attention`);
+    without a quantized cache the flag changes nothing (vLLM accepts it so too)."""
+    if not (config.cache.calculate_kv_scales and kv_cache_dtype(config) is not None):
+        return
+    for module in model.modules():
+        if isinstance(module, Attention):
+            module.calculate_kv_scale = True
 
 
 def drafter_context(registry, config, platform, dtype, loader, hf_config, target, tokenizer, share):

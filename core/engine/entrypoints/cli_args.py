@@ -175,6 +175,12 @@ OPTIONS: dict[str, Option] = {
         "k_scale/v_scale (else 1.0); the attention backend must read it",
         choices=KV_CACHE_DTYPE_NAMES,
     ),
+    "calculate_kv_scales": Option(
+        ("--calculate-kv-scales",),
+        "with a quantized --kv-cache-dtype: each layer's scales from the first prefill's keys "
+        "and values (max |k| / 200, max |v| / 100, as vLLM) instead of the checkpoint's or 1.0; "
+        "decode steps then run eagerly (no step graphs)",
+    ),
     "enable_prefix_caching": Option(
         ("--enable-prefix-caching",), "reuse KV blocks of shared prompt prefixes"
     ),

@@ -81,6 +81,7 @@ class Worker:
             model_impl=config.model.model_impl,
             limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
         )
+        setup.calculate_kv_scales(self.model, config)
         _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
         self.layers = setup.layer_attention(
             self.registry,

@@ -1,6 +1,7 @@
 """The attention layer a model places where it attends: it hands q/k/v, this layer's cache
 and the step's metadata to the selected backend, and, when the cache is quantized, this layer's
-KV scales (set from the checkpoint by :mod:`engine.layers.kv_scales`), and a layer's attention
+KV scales (set from the checkpoint by :mod:`engine.layers.kv_scales`, or under
+``--calculate-kv-scales`` from the first keys and values it stores), and a layer's attention
 sink logits where its kind has them (``AttentionKind.sinks``, models v4). A layer caching a
 latent vector per token (MLA: ``AttentionKind.latent``) places :class:`LatentAttention`."""
 
@@ -12,12 +13,19 @@ from engine.interfaces.attention import KVScale, LatentUpProjection
 from engine.interfaces.model import StepContext
 from engine.layers.module import Layer
 
+# vLLM's K_SCALE_CONSTANT and V_SCALE_CONSTANT: a calculated scale maps max |k| to 200, max |v|
+# to 100 in the cache (e4m3 holds up to 448, so the first prefill's extremes keep headroom)
+K_SCALE_RANGE, V_SCALE_RANGE = 200.0, 100.0
+
 
 class Attention(Layer):
     def __init__(self, layer_index: int):
         super().__init__()
         self.layer_index = layer_index
         self.kv_scale = KVScale()
+        # --calculate-kv-scales: set kv_scale from the first keys and values a quantized cache
+        # stores (the first prefill), then never again
+        self.calculate_kv_scale = False
 
     def forward(
         self,
@@ -42,12 +50,24 @@ class Attention(Layer):
         backend that reads neither never takes them."""
         extra: dict = {}
         if backend.spec.kv_cache_dtype is not None:
+            if self.calculate_kv_scale and k.numel():
+                self.kv_scale = calculated_kv_scale(k, v)
+                self.calculate_kv_scale = False
             extra["kv_scale"] = self.kv_scale
         if backend.spec.sinks:
             if sinks is None:
                 raise ValueError(f"layer {self.layer_index} attends with sinks but was handed none")
             extra["sinks"] = sinks
         return backend.forward(q, k, v, cache, metadata, **extra)
+
+
+def calculated_kv_scale(k: torch.Tensor, v: torch.Tensor) -> KVScale:
+    """vLLM's calculated scales of keys and values: max |k| / 200, max |v| / 100 (1.0 for an
+    all-zero tensor, which any scale stores exactly)."""
+    k_max, v_max = float(k.abs().max()), float(v.abs().max())
+    return KVScale(
+        k=k_max / K_SCALE_RANGE if k_max > 0 else 1.0, v=v_max / V_SCALE_RANGE if v_max > 0 else 1.0
+    )
 
 
 class LatentAttention(Layer):

@@ -157,6 +157,8 @@ def graph_plan(config, platform, layers, runner_kind: str) -> GraphPlan:
         reasons.append("the model's layers attend in several ways")
     if config.parallel.tensor_parallel_size > 1:
         reasons.append("tensor parallelism runs each rank's forward eagerly (no per-rank graphs yet)")
+    if config.cache.calculate_kv_scales and config.cache.kv_cache_dtype != "auto":
+        reasons.append("calculate_kv_scales: a recording would hold scales known after the first prefill")
     for option, why in (("kv_connector", "a KV connector"), ("speculative_config", "speculative decoding")):
         if getattr(config, option):
             reasons.append(f"{why} is configured")
