@@ -23,6 +23,7 @@ from engine.kv_transfer.layout import BlockLayout
 from engine.layers.attention import Attention
 from engine.plugins import add_plugin, remove_plugin
 from engine_attention_torch.backend import TorchAttentionBackend
+from tests.serving import serve
 
 PROMPTS = [
     "The capital of France is",
@@ -185,6 +186,24 @@ def test_calculated_kv_scales_come_from_the_first_prefill_once(tiny_llama, monke
     scales = [layer.kv_scale for layer in layers]
     _greedy_one(llm, " ".join(PROMPTS))
     assert [layer.kv_scale for layer in layers] == scales
+
+
+def test_a_server_started_with_vllms_fp8_flags_generates_what_the_offline_engine_does(tiny_llama):
+    """``engine serve --kv-cache-dtype fp8 --calculate-kv-scales``, as vLLM command lines write
+    it: the greedy completion over HTTP equals the offline engine's with the same options."""
+    params = SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True)
+    offline = _llm(tiny_llama[0], "fp8", calculate_kv_scales=True).generate([PROMPTS[0]], params)
+    flags = ["--dtype", "bfloat16", "--kv-cache-dtype", "fp8", "--calculate-kv-scales"]
+    with serve(tiny_llama[0], *flags, "--kv-cache-memory", str(BUDGET), "--block-size", "16") as server:
+        client = server.openai()
+        completion = client.completions.create(
+            model=server.model(),
+            prompt=PROMPTS[0],
+            max_tokens=8,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    assert completion.choices[0].text == offline[0].outputs[0].text
 
 
 def test_calculate_kv_scales_is_vllms_flag_and_needs_a_quantized_cache_to_act():
