@@ -53,6 +53,7 @@ PUBLIC_MODULES = (
     "engine.client.protocol",  # the messages between a front end and the engine-core process
     "engine.entrypoints.chat_template",  # chat messages' roles and content, the template's options
     "engine.entrypoints.cli",  # the ``engine`` command's Command and engine flags, for a plugin's subcommand
+    "engine.entrypoints.harmony",  # gpt-oss's harmony format: conversations rendered, its stop tokens
     "engine.entrypoints.images",  # images in chat messages: data URLs read and bounded
     "engine.entrypoints.tokenizer",
     "engine.interfaces",  # the plugin interfaces
