@@ -64,34 +64,38 @@ class PeakMemory(threading.Thread):
             time.sleep(0.05)
 
 
-def one_run(command: list[str], port: int, model_name: str | None, env=None, timeout: float = 600) -> dict:
-    url = f"http://127.0.0.1:{port}"
-    launched = time.monotonic()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    memory = PeakMemory(process.pid)
-    memory.start()
-    try:
-        ready = _wait(url, process, launched, timeout)
-        body = {"prompt": "Hello", "max_tokens": 1, **({"model": model_name} if model_name else {})}
-        httpx.post(f"{url}/v1/completions", json=body, timeout=timeout).raise_for_status()
-        first = time.monotonic() - launched
-    finally:
-        memory.stop.set()
-        process.terminate()
+def one_run(command: list[str], port: int, model_name: str | None, env=None, ready_path="/health") -> dict:
+    """``ready_path``: the route that answers 200 once the server serves (llama.cpp's Python
+    server has no /health). Its log goes to a file: a verbose server would fill a pipe and stall."""
+    url, timeout = f"http://127.0.0.1:{port}", 600
+    with tempfile.TemporaryFile(mode="w+") as log:
+        launched = time.monotonic()
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        memory = PeakMemory(process.pid)
+        memory.start()
         try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            ready = _wait(url + ready_path, process, log, launched, timeout)
+            body = {"prompt": "Hello", "max_tokens": 1, **({"model": model_name} if model_name else {})}
+            httpx.post(f"{url}/v1/completions", json=body, timeout=timeout).raise_for_status()
+            first = time.monotonic() - launched
+        finally:
+            memory.stop.set()
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
     return {"ready_s": ready, "first_token_s": first, "peak_rss_mib": memory.peak / 2**20}
 
 
-def _wait(url: str, process: subprocess.Popen, launched: float, timeout: float) -> float:
-    """Seconds from ``launched`` until /health answers 200."""
+def _wait(url: str, process: subprocess.Popen, log, launched: float, timeout: float) -> float:
+    """Seconds from ``launched`` until ``url`` answers 200."""
     while time.monotonic() < launched + timeout:
         if process.poll() is not None:
-            raise RuntimeError(f"the server exited ({process.returncode}): {process.stderr.read()[-2000:]}")
+            log.seek(0)
+            raise RuntimeError(f"the server exited ({process.returncode}): {log.read()[-2000:]}")
         try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+            if httpx.get(url, timeout=1).status_code == 200:
                 return time.monotonic() - launched
         except httpx.HTTPError:
             pass
@@ -149,7 +153,7 @@ def run_others(args) -> dict[str, list[dict]]:
         for _ in range(args.runs):
             port = free_port()
             command = [*shlex.split(args.llama_server), "--model", path, "--port", str(port)]
-            results.setdefault("llama.cpp", []).append(one_run(command, port, None))
+            results.setdefault("llama.cpp", []).append(one_run(command, port, None, ready_path="/v1/models"))
     return results
 
 
