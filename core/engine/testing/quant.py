@@ -107,17 +107,23 @@ CHAT_QUESTIONS = [
 ]
 
 
-def planned_and_loaded_weights(model: str, **options) -> tuple[int, int]:
-    """(the weights ``engine serve --dry-run`` plans for ``model``, the bytes the loaded engine
-    then holds): a quant method's plan is checked against the real thing."""
+PLAN_OPTIONS = dict(dtype="bfloat16", max_model_len=128, kv_cache_memory=8 * 2**20, block_size=16)
+
+
+def assert_planned_as_loaded(model: str, **options) -> None:
+    """The weights ``engine serve --dry-run`` plans for ``model`` are within 10% of the bytes
+    the loaded engine then holds: a quant method's plan (``planned_kernel``) against the real
+    thing. ``options``: engine options over :data:`PLAN_OPTIONS`."""
     from engine import LLM
     from engine.config import EngineConfig
     from engine.core import startup
     from engine.plugins import load_plugins
 
+    options = {**PLAN_OPTIONS, **options}
     config = EngineConfig.from_kwargs(model=model, **options)
     planned = startup.plan(config, load_plugins(config.plugins)).memory["weights"]
-    return planned, LLM(model, **options).engine.startup.memory["weights"]
+    loaded = LLM(model, **options).engine.startup.memory["weights"]
+    assert abs(planned - loaded) <= 0.1 * loaded, (planned, loaded)
 
 
 def prompt_logprobs(llm, prompts: list[list[int]]) -> list[torch.Tensor]:
