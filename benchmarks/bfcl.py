@@ -46,6 +46,7 @@ import tempfile
 import time
 
 import httpx
+from health import wait_healthy
 
 from engine.testing.ports import free_port
 
@@ -204,18 +205,7 @@ class Server:
             self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
 
     def wait_healthy(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"engine serve exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("engine serve did not become healthy")
-            time.sleep(0.5)
+        wait_healthy(f"{self.url}/health", self.process, timeout, log_tail=self.log_tail)
 
     def log_tail(self, chars: int = 3000) -> str:
         with open(self.log_path) as f:

@@ -164,17 +164,16 @@ def _common_flags(port: int, dtype: str) -> list[str]:
 def serving(command: list[str], url: str, log: str):
     """The server of ``command`` until it answers /health, stopped on leaving; its output in
     ``log``, whose last lines a failure to start shows."""
-    from vs_vllm import _wait_healthy
+    from health import wait_healthy
+
+    def tail() -> str:
+        with open(log) as f:
+            return "".join(f.readlines()[-15:])
 
     with open(log, "w") as out:
         server = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        try:
-            _wait_healthy(url, server)
-        except RuntimeError as exc:
-            with open(log) as f:
-                tail = "".join(f.readlines()[-15:])
-            raise RuntimeError(f"{exc}; its last lines:\n{tail}") from exc
+        wait_healthy(url + "/health", server, 900, poll=1, log_tail=tail)
         yield
     finally:
         os.killpg(server.pid, 15)

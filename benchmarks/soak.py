@@ -31,6 +31,7 @@ import tempfile
 import time
 
 import httpx
+from health import wait_healthy
 from soak_roles import Mix, bad_input, canary, disconnecter
 
 from engine.testing.ports import free_port
@@ -106,18 +107,7 @@ class Server:
         os.close(log)
 
     def wait_healthy(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"engine serve exited with {self.process.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("engine serve did not become healthy")
-            time.sleep(0.5)
+        wait_healthy(f"{self.url}/health", self.process, timeout, log_tail=self.log_tail)
 
     def core_pid(self) -> int:
         with open(f"/proc/{self.process.pid}/task/{self.process.pid}/children") as f:

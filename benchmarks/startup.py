@@ -34,6 +34,7 @@ import time
 
 import httpx
 import psutil
+from health import wait_healthy
 
 from engine.testing.ports import free_port
 
@@ -74,7 +75,8 @@ def one_run(command: list[str], port: int, model_name: str | None, env=None, rea
         memory = PeakMemory(process.pid)
         memory.start()
         try:
-            ready = _wait(url + ready_path, process, log, launched, timeout)
+            wait_healthy(url + ready_path, process, timeout, poll=0.05, log_tail=lambda: _tail(log))
+            ready = time.monotonic() - launched
             body = {"prompt": "Hello", "max_tokens": 1, **({"model": model_name} if model_name else {})}
             httpx.post(f"{url}/v1/completions", json=body, timeout=timeout).raise_for_status()
             first = time.monotonic() - launched
@@ -88,19 +90,9 @@ def one_run(command: list[str], port: int, model_name: str | None, env=None, rea
     return {"ready_s": ready, "first_token_s": first, "peak_rss_mib": memory.peak / 2**20}
 
 
-def _wait(url: str, process: subprocess.Popen, log, launched: float, timeout: float) -> float:
-    """Seconds from ``launched`` until ``url`` answers 200."""
-    while time.monotonic() < launched + timeout:
-        if process.poll() is not None:
-            log.seek(0)
-            raise RuntimeError(f"the server exited ({process.returncode}): {log.read()[-2000:]}")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return time.monotonic() - launched
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    raise RuntimeError("the server was not ready in time")
+def _tail(log) -> str:
+    log.seek(0)
+    return log.read()[-2000:]
 
 
 def engine_command(args, port: int) -> list[str]:

@@ -54,6 +54,8 @@ import sys
 import tempfile
 import time
 
+from health import wait_healthy
+
 from engine.testing.ports import free_port
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -202,20 +204,10 @@ def offline(args) -> None:
         print(line)
 
 
-def _wait_healthy(url: str, process: subprocess.Popen, timeout: float = 900) -> None:
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"server exited ({process.returncode}) before it was healthy")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError("server not healthy in time")
+def _tail(log) -> str:
+    """The last of a server's output, logged to the temporary file ``log``."""
+    log.seek(0)
+    return log.read()[-3000:]
 
 
 def _lora_flags(args) -> list[str]:
@@ -321,10 +313,9 @@ def online_one(name: str, args, folder: str) -> dict:
         )
         try:
             try:
-                _wait_healthy(url, server)
+                wait_healthy(url + "/health", server, 900, poll=1, log_tail=lambda: _tail(log))
             except RuntimeError as exc:
-                log.seek(0)
-                raise RuntimeError(f"{name}: {exc}; its last output:\n{log.read()[-3000:]}") from None
+                raise RuntimeError(f"{name}: {exc}") from None
             return _bench_client(name, args, folder, url)
         finally:
             os.killpg(server.pid, 15)

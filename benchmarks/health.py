@@ -1,0 +1,35 @@
+"""Waiting for a launched server to serve, shared by the benchmarks that start one."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Callable
+
+import httpx
+
+
+def wait_healthy(
+    url: str,
+    process: subprocess.Popen,
+    timeout: float = 600,
+    poll: float = 0.5,
+    log_tail: Callable[[], str] | None = None,
+) -> None:
+    """Return once ``url`` (e.g. ``.../health``) answers 200; RuntimeError if ``process`` exits
+    first or ``timeout`` seconds pass, with ``log_tail()`` (the server's last output) appended."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            _fail(f"the server exited ({process.returncode}) before it served", log_tail)
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(poll)
+    _fail(f"the server did not serve within {timeout:g} s", log_tail)
+
+
+def _fail(reason: str, log_tail: Callable[[], str] | None) -> None:
+    raise RuntimeError(f"{reason}; its last output:\n{log_tail()}" if log_tail else reason)
