@@ -64,12 +64,13 @@ class LayerOps:
         group of inputs), within the tolerance ``engine.testing.layer_ops`` checks."""
         return None
 
-    def pack_affine_blocks(self, raw: torch.Tensor, layout: str) -> Layer | None:
-        """The weight held by ``raw``, uint8 [N, bytes per row] blocks in a named layout
-        (``"ggml:q4_0"``, ``"ggml:q4_1"``, ``"ggml:q8_0"``: GGUF's bytes as the file stores
-        them), packed as :meth:`pack_affine` packs the same weight but straight from the blocks:
-        unpacking a GGUF model to group-affine tensors first is most of its load. None when this
-        platform reads no such layout; the caller then unpacks for :meth:`pack_affine`."""
+    def pack_affine_blocks(self, parts: list[torch.Tensor], layout: str) -> Layer | None:
+        """The weight held by ``parts`` (a fused layer's projections, stacked along the outputs),
+        each uint8 [rows, bytes per row] blocks in a named layout (``"ggml:q4_0"``,
+        ``"ggml:q4_1"``, ``"ggml:q8_0"``: GGUF's bytes as the file stores them), packed as
+        :meth:`pack_affine` packs the same weight but straight from the blocks: unpacking a
+        GGUF model to group-affine tensors first is most of its load. None when this platform
+        reads no such layout; the caller then unpacks for :meth:`pack_affine`."""
         return None
 
     def pack_fp4(self, weight) -> Layer | None:

@@ -295,7 +295,7 @@ class LayerOpsContract:
         gen = torch.Generator().manual_seed(len(layout))
         raw, weight = _ggml_blocks(70, 96, layout, gen)
         ops = platform.layer_ops(dtype)
-        packed = ops.pack_affine_blocks(raw, layout)
+        packed = ops.pack_affine_blocks([raw[:30], raw[30:]], layout)  # a fused layer's two parts
         if packed is None:
             return
         ids = torch.tensor([0, 16, 69])

@@ -41,11 +41,11 @@ _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 _NO_OUTLIERS = torch.empty(0, dtype=torch.long)
 
 
-def _simd_affine() -> bool:
-    """Whether the packed kernel has a VNNI or AVX2 build here (the portable C one is slower
-    than torch's int4pack, so it is not offered)."""
+def _simd(kernels, width: str) -> bool:
+    """Whether ``kernels()`` (a weight kernel's entry points) have a SIMD build here, by its
+    ``width`` entry point: their portable C builds are for tests (slower than torch's paths)."""
     try:
-        return bool(affine.kernels()["affine_simd_width"]())
+        return bool(kernels()[width]())
     except (BuildError, OSError):
         return False
 
@@ -68,27 +68,25 @@ class NativeLayerOps(LayerOps):
         """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has
         AVX512_VNNI or AVX2 and the weight has 32-element groups of at most 8 bits; else None
         (the portable C path is slower than torch's int4pack, so it is not offered)."""
-        if affine.unpackable(weight, self.dtype) or not _simd_affine():
+        if affine.unpackable(weight, self.dtype) or not _simd(affine.kernels, "affine_simd_width"):
             return None
         return affine.PackedAffine(weight, self.dtype)
 
-    def pack_affine_blocks(self, raw, layout):
+    def pack_affine_blocks(self, parts, layout):
         """:meth:`pack_affine` of ggml's legacy q4_0, q4_1 and q8_0 blocks, packed in C straight
         from the file's bytes (as ``pack_affine`` would pack their weight)."""
-        if layout not in affine.BLOCK_LAYOUTS or self.dtype not in _SUFFIX or raw.device.type != "cpu":
+        if layout not in affine.BLOCK_LAYOUTS or self.dtype not in _SUFFIX:
             return None
-        return affine.PackedAffine.from_blocks(raw, layout, self.dtype) if _simd_affine() else None
+        if any(p.device.type != "cpu" for p in parts) or not _simd(affine.kernels, "affine_simd_width"):
+            return None
+        raw = parts[0] if len(parts) == 1 else torch.cat(parts)
+        return affine.PackedAffine.from_blocks(raw, layout, self.dtype)
 
     def pack_fp4(self, weight):
         """A :class:`~engine_platforms_cpu_native.fp4.PackedFp4` where this CPU has AVX2 and
         FMA and the weight's blocks are multiples of 16 inputs (NVFP4's 16, MXFP4's 32); else
         None (the quant method dequantizes it)."""
-        if fp4.unpackable(weight, self.dtype):
-            return None
-        try:
-            if not fp4.kernels()["fp4_simd_width"]():
-                return None
-        except (BuildError, OSError):
+        if fp4.unpackable(weight, self.dtype) or not _simd(fp4.kernels, "fp4_simd_width"):
             return None
         return fp4.PackedFp4(weight, self.dtype)
 

@@ -93,8 +93,7 @@ class GGUFLinearMethod(QuantMethod):
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))
         ops = self.ctx.platform.layer_ops(dtype)
-        raw = shards[0].raw if len(shards) == 1 else torch.cat([s.raw for s in shards])
-        packed = ops.pack_affine_blocks(raw, f"ggml:{shards[0].qtype.name.lower()}")
+        packed = ops.pack_affine_blocks([s.raw for s in shards], f"ggml:{shards[0].qtype.name.lower()}")
         if packed is not None:  # packed from the file's bytes: no unpacked copy on the way
             return packed
         weight = AffineWeight.cat([s.affine() for s in shards])
