@@ -52,3 +52,12 @@ def test_a_kv_cache_larger_than_the_machine_is_one_line(tiny_llama):
 def test_a_model_no_plugin_serves_is_one_line(tiny_llama):
     run, _ = serve(tiny_llama[0], *ARGS, "--port", "0", "--plugins", "models-qwen3,attention-torch,server")
     assert_one_line(run, "engine serve:", "no installed model plugin serves", "LlamaForCausalLM")
+
+
+def test_an_unknown_flag_is_one_line_and_ends_the_core_started_early(tiny_llama):
+    """`engine serve` starts its engine core before it parses its flags (so both import side by
+    side); a flag it then refuses ends that core too, quietly: ``run`` returns only once every
+    holder of its output pipes has exited, the core included."""
+    run, seconds = serve(tiny_llama[0], "--no-such-flag", "--plugins", PLUGINS)
+    assert_one_line(run, "unknown flag --no-such-flag")
+    assert seconds < 60

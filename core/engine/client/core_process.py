@@ -29,6 +29,7 @@ from engine.client import protocol
 from engine.client.heartbeat import HeartbeatThread, LoopClock
 from engine.client.inproc import InProcessClient
 from engine.client.kv_events import ZmqEventPublisher
+from engine.client.spawn import ARGUMENTS_ON_STDIN, read_arguments
 from engine.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.kv_connectors import DEFAULT_KV_PORT
@@ -216,6 +217,12 @@ class CoreServer:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == [ARGUMENTS_ON_STDIN]:  # started early (``engine serve``): import, then wait
+        _import_ahead()
+        argv = read_arguments()
+        if argv is None:
+            return 0
     parser = argparse.ArgumentParser()
     parser.add_argument("--input", required=True)
     parser.add_argument("--output", required=True)
@@ -274,8 +281,18 @@ def kv_port_of_rank(options: dict, rank: int) -> dict:
     return {**options, "kv_transfer_config": {**transfer, "kv_port": int(port) + rank}}
 
 
+def _import_ahead() -> None:
+    """What every start-up imports once it has its arguments, imported while a core started
+    early waits for them: transformers' auto classes (the loaders read the checkpoint's config
+    and tokenizer through them) and the Llama config class, whose import pulls the modules
+    every transformers config class shares (over a second: they import torch.distributed)."""
+    import transformers
+
+    transformers.AutoConfig, transformers.AutoTokenizer, transformers.LlamaConfig  # noqa: B018 - attribute access imports them
+
+
 def _ignore_stop_signals() -> None:
-    """SIGINT/SIGTERM arrive blocked (:mod:`engine.client.mp_client` spawns us so, to cover the imports);
+    """SIGINT/SIGTERM arrive blocked (:mod:`engine.client.spawn` starts us so, to cover the imports);
     ignoring them discards any that came meanwhile, then they are unblocked harmlessly."""
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)

@@ -14,11 +14,9 @@ import json
 import logging
 import os
 import shutil
-import signal
 import socket
 import stat
 import subprocess
-import sys
 import tempfile
 import time
 
@@ -28,6 +26,7 @@ import zmq.asyncio
 from engine.client import protocol
 from engine.client.base import Child, EngineCoreClient
 from engine.client.liveness import Liveness
+from engine.client.spawn import spawn_core
 from engine.messages.lora import LoRARequest
 from engine.messages.multimodal import MultiModalItem
 from engine.messages.pooling_params import PoolingParams
@@ -35,7 +34,6 @@ from engine.messages.pooling_params import PoolingParams
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT = 10.0  # seconds the core gets to exit after Shutdown before it is killed
-STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the core ignores these: its front end decides
 WATCH_INTERVAL = 0.2  # seconds between looks at whether the core process still runs
 
 
@@ -134,7 +132,7 @@ class AsyncMPClient(EngineCoreClient):
         self._send.bind(to_core)
         self._recv = self._ctx.socket(zmq.PULL)
         self._recv.bind(from_core)
-        self.process = _spawn_core(
+        self.process = spawn_core(
             [
                 "--input",
                 to_core,
@@ -307,22 +305,6 @@ class AsyncMPClient(EngineCoreClient):
         self._ctx.destroy(linger=0)
         self._sync_ctx.destroy(linger=0)
         shutil.rmtree(self._dir, ignore_errors=True)
-
-
-def _spawn_core(arguments: list[str], cpus: set[int] | None = None) -> subprocess.Popen:
-    """Start ``python -m engine.client.core_process`` with SIGINT/SIGTERM blocked: the blocked
-    mask survives exec, and the core ignores both before it unblocks them, so a signal sent
-    to the whole process group (Ctrl-C, systemd, a container stop) cannot kill it even while
-    it imports; only its front end tells it to stop. With ``cpus`` the core is pinned to
-    them as it starts (long before it imports torch and sizes its thread pool from them)."""
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        process = subprocess.Popen([sys.executable, "-m", "engine.client.core_process", *arguments])
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-    if cpus is not None:
-        os.sched_setaffinity(process.pid, cpus)
-    return process
 
 
 async def _exited(process: subprocess.Popen, timeout: float) -> bool:

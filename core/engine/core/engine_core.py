@@ -66,8 +66,8 @@ class EngineCore:
         self.platform.configure()
         loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
-        self.tokenizer = loader.tokenizer()
-        apply_hf_overrides(self.hf_config, config.model.hf_overrides, self.tokenizer)
+        self._loader = loader
+        apply_hf_overrides(self.hf_config, config.model.hf_overrides, lambda: self.tokenizer)
         # the language model's facts (vocabulary, hidden size, context): a multimodal checkpoint
         # nests them in its text_config, a text-only one is its own text config (as is a
         # loader's config that is no transformers PretrainedConfig)
@@ -332,6 +332,13 @@ class EngineCore:
             self.max_model_len,
             call,
         )
+
+    @functools.cached_property
+    def tokenizer(self):
+        """The checkpoint's tokenizer (None: it has none), loaded at first use: grammars, a
+        drafter, an end-of-sequence id the config lacks. A served core's requests arrive as
+        token ids, so most cores need it late or never, and start-up goes without it."""
+        return self._loader.tokenizer()
 
     def _grammar_backend(self, name: str | None) -> str | None:
         """The grammar backend structured requests will use: the one named (checked now, so a

@@ -8,17 +8,20 @@ since a model plugin is handed the config and never the tokenizer."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 
-def apply_hf_overrides(hf_config, overrides: dict[str, Any] | None, tokenizer) -> None:
-    """Set ``overrides`` on ``hf_config`` (in place) and resolve its classifier tokens;
-    ValueError naming the option for an unknown token or a tokenizer-less model."""
+def apply_hf_overrides(hf_config, overrides: dict[str, Any] | None, tokenizer: Callable[[], Any]) -> None:
+    """Set ``overrides`` on ``hf_config`` (in place) and resolve its classifier tokens with
+    ``tokenizer()`` (called only then: most configs have none, and loading a tokenizer takes a
+    moment of start-up); ValueError naming the option for an unknown token or a tokenizer-less model."""
     for key, value in (overrides or {}).items():
         setattr(hf_config, key, value)
     tokens = getattr(hf_config, "classifier_from_token", None)
     if not tokens:
         return
+    tokenizer = tokenizer()
     if tokenizer is None:
         raise ValueError("hf_overrides: classifier_from_token needs the model's tokenizer, and it has none")
     ids = []
