@@ -1,9 +1,9 @@
 """Sleep mode and weight updates at ``tensor_parallel_size=2`` with the ``mp`` executor (rank 1 a
-worker process, real gloo): every rank gives its memory back at level 1 and 2 (each rank's
-resident set measured) and waking gives the same greedy tokens; a checkpoint from disk, each rank
-loading its share, and a trainer process broadcasting whole tensors to both ranks over a gloo
-group of three, each give the new checkpoint's ``transformers`` tokens; a refused update changes
-no rank."""
+worker process, real gloo; and once with ``ray``): every rank gives its memory back at level 1
+and 2 (each rank's resident set measured) and waking gives the same greedy tokens; a checkpoint
+from disk, each rank loading its share, and a trainer process broadcasting whole tensors to both
+ranks over a gloo group of three, each give the new checkpoint's ``transformers`` tokens; a
+refused update changes no rank."""
 
 from __future__ import annotations
 
@@ -95,8 +95,12 @@ def test_every_rank_gives_memory_back_and_waking_gives_the_same_tokens(llm, chec
     for level in (1, 2):
         before = [resident(pid) for pid in pids]
         llm.sleep(level=level)
-        released = [b - resident(pid) for b, pid in zip(before, pids)]
-        print(f"level {level}: released per rank (MiB):", [round(r / MiB, 1) for r in released])
+        after = [resident(pid) for pid in pids]
+        released = [b - a for b, a in zip(before, after)]
+        print(
+            f"level {level}: resident MiB per rank before -> asleep:",
+            [f"{b / MiB:.1f} -> {a / MiB:.1f}" for b, a in zip(before, after)],
+        )
         for rank, freed in enumerate(released):
             assert freed >= 0.9 * share, f"rank {rank} gave back only {freed / MiB:.1f} MiB at level {level}"
         with pytest.raises(Overloaded, match="asleep"):
@@ -172,3 +176,25 @@ def test_a_multi_rank_executor_without_sleep_mode_call_is_refused_sleep_mode(che
             kv_cache_memory=16 * MiB,
             enable_sleep_mode=True,
         )
+
+
+def test_the_ray_executor_sleeps_and_updates_every_rank(checkpoints, ray_cluster):
+    """Ray's actors run the same worker as ``mp``'s processes, sleep-mode calls included."""
+    folders, models = checkpoints
+    llm = LLM(
+        folders["a"],
+        dtype="float32",
+        tensor_parallel_size=2,
+        distributed_executor_backend="ray",
+        kv_cache_memory=16 * MiB,
+        enable_sleep_mode=True,
+    )
+    try:
+        want = reference.hf_greedy(models["a"], PROMPTS, GREEDY.max_tokens)
+        llm.sleep(level=2)
+        llm.wake_up()
+        assert greedy(llm) == want
+        llm.update_weights_from_disk(folders["b"])
+        assert greedy(llm) == reference.hf_greedy(models["b"], PROMPTS, GREEDY.max_tokens)
+    finally:
+        llm.engine.shutdown()
