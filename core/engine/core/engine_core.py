@@ -736,8 +736,8 @@ class EngineCore:
 
     def _update_weights(self, what: str, prepare: str, *args) -> None:
         """Every rank builds its share of the new weights (``prepare``); once all have, each copies
-        them in, else none does. The connector forgets its blocks first: they are stale whatever
-        the outcome's weights (a failed update only costs the cache)."""
+        them in, else none does. The KV connector forgets its blocks first, so none the old
+        weights computed can outlive the change (a failed update then costs only that cache)."""
         setup.check_in_place(what, self.executor, self.connector)
         self._require_idle(what)
         if self.connector is not None:

@@ -16,6 +16,9 @@ A weight update builds the new weights' model like the served one — from a che
 the served checkpoint with a trainer's tensors in place of its own (:mod:`engine.core.weight_sync`)
 — checks that every tensor matches in name, shape and dtype (nothing changes otherwise), copies
 them in place and forgets the prefix cache, whose blocks the old weights computed.
+
+Under tensor parallelism each rank holds a :class:`SleepMode` of its own and every call runs on
+all of them together (:meth:`engine.interfaces.Executor.sleep_mode_call`).
 """
 
 from __future__ import annotations
