@@ -17,6 +17,8 @@ import pytest
 from safetensors import safe_open
 
 from engine import LLM, SamplingParams
+from engine.executors.sleep_call import Outcome, results
+from engine.interfaces import ExecutorFailure
 from engine.messages.step import Overloaded
 from engine.testing import reference
 from engine.testing.ports import free_port
@@ -198,3 +200,15 @@ def test_the_ray_executor_sleeps_and_updates_every_rank(checkpoints, ray_cluster
         assert greedy(llm) == reference.hf_greedy(models["b"], PROMPTS, GREEDY.max_tokens)
     finally:
         llm.engine.shutdown()
+
+
+def test_rank_outcomes_name_the_rank_that_failed_unless_all_failed_alike():
+    assert results([Outcome(3), Outcome(4)]) == [3, 4]
+    with pytest.raises(ValueError, match=r"^rank 1: cannot read x$"):
+        results([Outcome(None), Outcome(error="cannot read x")])
+    with pytest.raises(ValueError, match=r"^do not fit$"):
+        results([Outcome(error="do not fit"), Outcome(error="do not fit")])
+    with pytest.raises(ValueError, match=r"^rank 0: a; rank 1: b$"):
+        results([Outcome(error="a"), Outcome(error="b")])
+    with pytest.raises(ExecutorFailure, match="rank 1: gather timed out"):
+        results([Outcome(None), Outcome(error="gather timed out", fatal=True)])
