@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from engine.plugins import add_plugin
-from tests.plugins import ban_tokens, choice_grammar, fake_int8, memory_connector, oracle_drafter
+from tests.plugins import ban_tokens, choice_grammar, executor_v2, fake_int8, memory_connector, oracle_drafter
 
 for _module, _name in [
     (choice_grammar, "test-choice"),
@@ -15,6 +15,7 @@ for _module, _name in [
     (memory_connector, "test-memory"),
     (ban_tokens, "test-ban"),
     (fake_int8, "test-int8"),
+    (executor_v2, "test-executor-v2"),
 ]:
     add_plugin(_module, _name)
 

@@ -66,7 +66,7 @@ def test_each_old_plugin_loads_or_is_refused_in_one_line():
         'changed: "Interface versions" in the plugin authors\' guide)'
     )
     assert registry.plugins["old-kvconnectors-v1"].status == (
-        "refused: built for kv_connectors interface v1, this core provides v3 (it loads v2, v3; what "
+        "refused: built for kv_connectors interface v1, this core provides v4 (it loads v2, v3, v4; what "
         'changed: "Interface versions" in the plugin authors\' guide)'
     )
 

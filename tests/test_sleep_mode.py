@@ -11,8 +11,6 @@ import os
 import pytest
 
 from engine import LLM, SamplingParams
-from engine.config import EngineConfig
-from engine.core import setup
 from engine.messages.step import Overloaded
 from engine.testing import reference
 from tests.conftest import TINY_LLAMA
@@ -106,14 +104,3 @@ def test_reset_prefix_cache_forgets_the_cached_prompt(llm):
 def test_sleep_needs_sleep_mode(tiny_llm):
     with pytest.raises(ValueError, match="enable_sleep_mode"):
         tiny_llm.sleep(level=1)
-
-
-@pytest.mark.parametrize(
-    "options, connector, words",
-    [(dict(tensor_parallel_size=2), None, "tensor parallelism"), ({}, object(), "KV connector")],
-)
-def test_sleep_mode_and_weight_updates_refuse_what_they_cannot_change_in_place(options, connector, words):
-    config = EngineConfig.from_kwargs(enable_sleep_mode=True, **options)
-    for what in ("enable_sleep_mode", "update_weights_from_disk"):
-        with pytest.raises(ValueError, match=f"{what}: not with .*{words}"):
-            setup.check_in_place(what, config, connector)

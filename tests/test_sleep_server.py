@@ -4,7 +4,9 @@ resident memory drops, ``/wake_up`` serves the same tokens again; a trainer in a
 saves new weights and posts ``/update_weights_from_disk``, after which the server's greedy tokens
 are the new checkpoint's in ``transformers``; another broadcasts them over a gloo group
 (``/init_weights_update_group``, ``/update_weights_from_distributed``), with the same result;
-``/reset_prefix_cache``; bad calls are 400s."""
+``/reset_prefix_cache``; bad calls are 400s. With ``--tensor-parallel-size 2`` every rank's
+resident memory drops asleep, and both trainers' updates reach both ranks (the gloo group then
+has three members)."""
 
 from __future__ import annotations
 
@@ -49,7 +51,8 @@ TRAINER_OVER_GLOO = """
 import datetime, os, sys, threading, httpx, torch, torch.distributed as dist
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM
-url, key, source, port, target = sys.argv[1:]
+url, key, source, port, target, world_size = sys.argv[1:]
+world_size = int(world_size)  # the trainer and one rank per tensor-parallel rank of the engine
 model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
 with torch.no_grad():  # one "training step": every weight moves
     for p in model.parameters():
@@ -61,12 +64,12 @@ headers, replies = {"Authorization": "Bearer " + key}, []
 def post(path, body):
     replies.append(httpx.post(url + path, json=body, headers=headers, timeout=120))
 timeout = datetime.timedelta(seconds=60)
-store = dist.TCPStore("127.0.0.1", int(port), 2, True, timeout=timeout, wait_for_workers=False)
-join = {"master_address": "127.0.0.1", "master_port": int(port), "rank_offset": 1, "world_size": 2,
+store = dist.TCPStore("127.0.0.1", int(port), world_size, True, timeout=timeout, wait_for_workers=False)
+join = {"master_address": "127.0.0.1", "master_port": int(port), "rank_offset": 1, "world_size": world_size,
         "group_name": "sync", "backend": "gloo"}
 joining = threading.Thread(target=post, args=("/init_weights_update_group", join))
 joining.start()
-group = dist.ProcessGroupGloo(dist.PrefixStore("sync", store), 0, 2, timeout)
+group = dist.ProcessGroupGloo(dist.PrefixStore("sync", store), 0, world_size, timeout)
 joining.join()
 update = {"names": names, "dtypes": ["float32"] * len(names), "shapes": [list(state[n].shape) for n in names]}
 updating = threading.Thread(target=post, args=("/update_weights_from_distributed", update))
@@ -89,6 +92,16 @@ def server(tmp_path_factory, default_tokenizer):
         yield s
 
 
+@pytest.fixture(scope="module")
+def tp_server(tmp_path_factory, default_tokenizer):
+    """The same on two tensor-parallel ranks (``mp``: the engine core and one worker process)."""
+    folder = str(tmp_path_factory.mktemp("served-tp"))
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", TINY_LLAMA, tokenizer=default_tokenizer)
+    with serve(folder, *ARGS, "--enable-sleep-mode", "--tensor-parallel-size", "2") as s:
+        s.folder = folder
+        yield s
+
+
 def greedy(server, prompt=PROMPT, max_tokens=8) -> dict:
     body = {"model": server.model(), "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
     with server.http() as http:
@@ -97,9 +110,42 @@ def greedy(server, prompt=PROMPT, max_tokens=8) -> dict:
     return reply.json()
 
 
-def core_resident(server) -> int:
-    with open(f"/proc/{server.core_pid()}/statm") as f:
+def resident(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def core_resident(server) -> int:
+    return resident(server.core_pid())
+
+
+def rank_pids(server) -> list[int]:
+    """The engine core (rank 0) and the worker ranks it started."""
+    core = server.core_pid()
+    with open(f"/proc/{core}/task/{core}/children") as f:
+        return [core, *(int(pid) for pid in f.read().split())]
+
+
+def trained_tokens(server, target: str) -> tuple[list[int], list[int]]:
+    """(the server's greedy token ids, ``transformers``' on the checkpoint at ``target``)."""
+    from transformers import AutoModelForCausalLM
+
+    trained = AutoModelForCausalLM.from_pretrained(target).eval()
+    body = {"model": server.model(), "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0}
+    with server.http() as http:
+        choice = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}).json()
+    tokens = choice["choices"][0]["logprobs"]["tokens"]
+    return [int(t.removeprefix("token_id:")) for t in tokens], reference.hf_greedy(trained, [PROMPT], 8)[0]
+
+
+def run_trainer(server, script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script), server.url, server.api_key, server.folder, *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
 
 
 def test_sleep_lets_streams_finish_refuses_new_requests_and_wakes_to_the_same_tokens(server):
@@ -135,62 +181,57 @@ def test_sleep_lets_streams_finish_refuses_new_requests_and_wakes_to_the_same_to
     assert greedy(server)["choices"][0]["text"] == before_text
 
 
-def test_a_trainer_process_updates_the_weights(server, tmp_path):
+@pytest.mark.parametrize("engine", ["server", "tp_server"])
+def test_a_trainer_process_updates_the_weights(engine, tmp_path, request):
+    """One rank, and two (each loads its share of the new checkpoint)."""
+    server = request.getfixturevalue(engine)
     target = str(tmp_path / "step-1")
-    trainer = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(TRAINER), server.url, server.api_key, server.folder, target],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
+    trainer = run_trainer(server, TRAINER, target)
     assert trainer.stdout.startswith("200"), trainer.stdout + trainer.stderr
-    from transformers import AutoModelForCausalLM
-
-    trained = AutoModelForCausalLM.from_pretrained(target).eval()
-    want = reference.hf_greedy(trained, [PROMPT], 8)[0]
-    body = {"model": server.model(), "prompt": PROMPT, "max_tokens": 8, "temperature": 0, "logprobs": 0}
-    with server.http() as http:
-        choice = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}).json()
-        assert http.post("/update_weights_from_disk", json={"model_path": server.folder}).status_code == 200
-    tokens = choice["choices"][0]["logprobs"]["tokens"]
-    assert [int(t.removeprefix("token_id:")) for t in tokens] == want
-
-
-def test_a_trainer_broadcasts_new_weights_over_gloo(server, tmp_path):
-    target = str(tmp_path / "broadcast")
-    script = textwrap.dedent(TRAINER_OVER_GLOO)
-    trainer = subprocess.run(
-        [sys.executable, "-c", script, server.url, server.api_key, server.folder, str(free_port()), target],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert trainer.stdout.startswith("200 200 200"), trainer.stdout + trainer.stderr
-    from transformers import AutoModelForCausalLM
-
-    trained = AutoModelForCausalLM.from_pretrained(target).eval()
     try:
-        assert greedy(server)["choices"][0]["text"] != ""
-        with server.http() as http:
-            body = {
-                "model": server.model(),
-                "prompt": PROMPT,
-                "max_tokens": 8,
-                "temperature": 0,
-                "logprobs": 0,
-            }
-            choice = http.post("/v1/completions", json={**body, "return_tokens_as_token_ids": True}).json()
-        tokens = choice["choices"][0]["logprobs"]["tokens"]
-        assert [int(t.removeprefix("token_id:")) for t in tokens] == reference.hf_greedy(
-            trained, [PROMPT], 8
-        )[0]
+        served, want = trained_tokens(server, target)
+        assert served == want
     finally:
         with server.http() as http:
             assert (
                 http.post("/update_weights_from_disk", json={"model_path": server.folder}).status_code == 200
             )
+
+
+@pytest.mark.parametrize("engine", ["server", "tp_server"])
+def test_a_trainer_broadcasts_new_weights_over_gloo(engine, tmp_path, request):
+    """One rank, and two (the group then has three members: every rank receives each tensor)."""
+    server = request.getfixturevalue(engine)
+    world_size = 2 if engine == "server" else 3
+    target = str(tmp_path / "broadcast")
+    trainer = run_trainer(server, TRAINER_OVER_GLOO, str(free_port()), target, str(world_size))
+    assert trainer.stdout.startswith("200 200 200"), trainer.stdout + trainer.stderr
+    try:
+        served, want = trained_tokens(server, target)
+        assert served == want
+    finally:
+        with server.http() as http:
+            assert (
+                http.post("/update_weights_from_disk", json={"model_path": server.folder}).status_code == 200
+            )
+
+
+def test_every_tensor_parallel_rank_sleeps_and_wakes_to_the_same_tokens(tp_server):
+    before_text = greedy(tp_server)["choices"][0]["text"]
+    pids = rank_pids(tp_server)
+    assert len(pids) == 2, pids
+    for level in (1, 2):
+        before = [resident(pid) for pid in pids]
+        with tp_server.http() as http:
+            assert http.post("/sleep", params={"level": level}).status_code == 200
+            assert http.get("/is_sleeping").json() == {"is_sleeping": True}
+            released = [b - resident(pid) for b, pid in zip(before, pids)]
+            asleep = http.post("/v1/completions", json=HI | {"model": tp_server.model()})
+            assert asleep.status_code == 503 and asleep.headers["Retry-After"]
+            assert http.post("/wake_up").status_code == 200
+        # each rank's share of the weights (its half of the 12 MiB tied embedding, and the rest)
+        assert all(r > 5 * MiB for r in released), f"level {level}: released {released}"
+        assert greedy(tp_server)["choices"][0]["text"] == before_text
 
 
 def test_reset_prefix_cache_forgets_cached_prompts(server):

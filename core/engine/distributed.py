@@ -177,16 +177,16 @@ class ProcessGroupCommunicator(Communicator):
 
 class ObjectChannel:
     """Broadcast of one picklable object from rank 0 over a gloo group (the executor's control
-    plane: the step input each step). Two collectives: the payload's size, then its bytes."""
+    plane: the step input each step). Two collectives: the payload's size, then its bytes.
+    :meth:`gather` goes the other way: every rank's object to every rank (a control call's
+    outcome on each rank)."""
 
     def __init__(self, group, rank: int, timeout: datetime.timedelta):
         self.group, self.rank, self.timeout = group, rank, timeout
         self.last_bytes = 0
 
     def send(self, obj) -> None:
-        payload = torch.frombuffer(
-            bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
-        )
+        payload = _pickled(obj)
         self._broadcast(torch.tensor([payload.numel()], dtype=torch.int64))
         self._broadcast(payload)
         self.last_bytes = payload.numel()
@@ -198,6 +198,24 @@ class ObjectChannel:
         self._broadcast(payload)
         return pickle.loads(payload.numpy().tobytes())
 
+    def gather(self, obj) -> list:
+        """Every rank's ``obj``, in rank order, on every rank (two all-gathers: the sizes, then
+        the payloads padded to the longest)."""
+        payload = _pickled(obj)
+        sizes = self._all_gather(torch.tensor([payload.numel()], dtype=torch.int64))
+        padded = torch.zeros(int(max(sizes).item()), dtype=torch.uint8)
+        padded[: payload.numel()] = payload
+        payloads = self._all_gather(padded)
+        return [pickle.loads(p[: int(n.item())].numpy().tobytes()) for p, n in zip(payloads, sizes)]
+
+    def _all_gather(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        outputs = [[torch.empty_like(tensor) for _ in range(self.group.size())]]
+        try:
+            self.group.allgather(outputs, [tensor]).wait(self.timeout)
+        except Exception as exc:
+            raise CollectiveFailure(f"control gather failed on rank {self.rank}: {exc}") from exc
+        return outputs[0]
+
     def _broadcast(self, tensor: torch.Tensor) -> None:
         options = dist.BroadcastOptions()
         options.rootRank = 0
@@ -205,3 +223,7 @@ class ObjectChannel:
             self.group.broadcast([tensor], options).wait(self.timeout)
         except Exception as exc:
             raise CollectiveFailure(f"step broadcast failed on rank {self.rank}: {exc}") from exc
+
+
+def _pickled(obj) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)

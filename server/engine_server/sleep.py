@@ -9,7 +9,8 @@
   the requests in flight to finish; requests that come meanwhile, or while asleep, get 503 with
   ``Retry-After``.
 
-Each call goes to every data-parallel engine core; a trainer's group is refused with several."""
+Each call goes to every data-parallel engine core (a trainer's group is refused with several),
+and there to every tensor-parallel rank: a trainer's group takes them all, ``rank_offset`` on."""
 
 from __future__ import annotations
 
@@ -97,7 +98,10 @@ async def init_weights_update_group(request: Request):
     if len(getattr(state.client, "replicas", ())) > 1:
         raise bad_request("init_weights_update_group: not with several data-parallel engine cores yet")
     await _control(request, "init_weights_update_group", **msgspec.to_builtins(body))
-    return _succeeded(f"joined {body.group_name!r} as rank {body.rank_offset} of {body.world_size}")
+    return _succeeded(
+        f"joined {body.group_name!r} from rank {body.rank_offset} (one rank per tensor-parallel rank) "
+        f"of {body.world_size}"
+    )
 
 
 async def update_weights_from_distributed(request: Request):

@@ -37,5 +37,5 @@ def register_commands(register):
 
 @hookimpl
 def register_executors(register):
-    register("uni", "engine.executors.uniproc:UniprocExecutor", api=2)
-    register("mp", "engine.executors.multiproc:MultiprocExecutor", api=2)
+    register("uni", "engine.executors.uniproc:UniprocExecutor", api=3)
+    register("mp", "engine.executors.multiproc:MultiprocExecutor", api=3)

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from engine.config import AUTO_GRAMMAR, EngineConfig
-from engine.core import faults, kv_connectors, setup, startup
+from engine.core import faults, kv_connectors, setup, startup, weight_sync
 from engine.core.hf_overrides import apply_hf_overrides
 from engine.core.lifecycle import request_path
 from engine.core.reasoning_gate import reasoning_markers
@@ -24,7 +24,6 @@ from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
-from engine.core.weight_sync import UpdatedLoader, WeightUpdateGroup
 from engine.interfaces import ExecutorFailure, GrammarContext, MultiModalProcessor
 from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
@@ -178,10 +177,9 @@ class EngineCore:
         self.executor.start(self.runner, groups)
         if config.parallel.tensor_parallel_size > 1:
             report.lap("other ranks")
-        self._sleep: SleepMode | None = None  # built at the first sleep or weight update
-        self._weight_group: WeightUpdateGroup | None = None  # a trainer's, once joined
+        self._sleep: SleepMode | None = None  # rank 0's, built at the first sleep or weight update
         if config.enable_sleep_mode:
-            setup.check_sleep_mode(config, self.platform, self.connector)
+            setup.check_sleep_mode(self.executor, self.platform, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
         self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
@@ -656,19 +654,22 @@ class EngineCore:
         return self.kv_cache_manager.reset_prefix_cache()
 
     def sleep(self, level: int = 1) -> int:
-        """Give the KV cache back, and the weights by ``level`` (:mod:`engine.core.sleep`), until
-        :meth:`wake_up`; requests meanwhile are refused as overloaded. Returns the bytes released."""
+        """Give the KV cache back, and the weights by ``level`` (:mod:`engine.core.sleep`), on
+        every rank, until :meth:`wake_up`; requests meanwhile are refused as overloaded. Returns
+        the bytes released (all ranks). A KV connector's stored blocks stay valid (waking restores
+        the same weights): its pending saves are carried out first, while the pool holds them."""
         if not self.config.enable_sleep_mode:
             raise ValueError("sleep: the engine was started without enable_sleep_mode (--enable-sleep-mode)")
         if level == 2 and self.lora is not None:
             raise ValueError("sleep: level 2 would discard the LoRA adapters' slots; use level 1")
         self._require_idle("sleep")
+        self._flush_kv_transfers()
         self.reset_prefix_cache()
-        return self._sleep_mode().sleep(level)
+        return sum(self._on_every_rank("sleep", level))
 
     def wake_up(self) -> None:
         if self._sleep is not None:
-            self._sleep.wake_up()
+            self._on_every_rank("wake_up")
 
     def is_sleeping(self) -> bool:
         return self._sleep is not None and self._sleep.level > 0
@@ -693,12 +694,10 @@ class EngineCore:
             self.runner.graphs = None
 
     def update_weights_from_disk(self, model_path: str) -> None:
-        """Load the weights of the checkpoint at ``model_path`` in place (SGLang's call; an RL
-        trainer's sync). The architecture must match; the prefix cache is forgotten."""
-        setup.check_in_place("update_weights_from_disk", self.config, self.connector)
-        self._require_idle("update_weights_from_disk")
-        self._sleep_mode().load(model_path)
-        self.reset_prefix_cache()
+        """Load the weights of the checkpoint at ``model_path`` in place, each rank its share
+        (SGLang's call; an RL trainer's sync). The architecture must match; the prefix cache and
+        a KV connector's stored blocks are forgotten."""
+        self._update_weights("update_weights_from_disk", "prepare_checkpoint", model_path)
 
     def init_weights_update_group(
         self,
@@ -709,66 +708,79 @@ class EngineCore:
         group_name: str = "weight_update_group",
         backend: str = "gloo",
     ) -> None:
-        """Join a trainer's ``torch.distributed`` group as rank ``rank_offset`` (SGLang's call:
-        :mod:`engine.core.weight_sync`); waits for the trainer, at most ``distributed_timeout``."""
-        setup.check_in_place("init_weights_update_group", self.config, self.connector)
-        if self._weight_group is not None:
+        """Join a trainer's ``torch.distributed`` group, tensor-parallel rank ``r`` as rank
+        ``rank_offset + r`` (SGLang's call: :mod:`engine.core.weight_sync`); waits for the
+        trainer, at most ``distributed_timeout``."""
+        setup.check_in_place("init_weights_update_group", self.executor, self.connector)
+        sleep_mode = self._sleep_mode()
+        if sleep_mode.group is not None:
             raise ValueError("init_weights_update_group: a group is open; destroy_weights_update_group first")
-        loader, _ = setup.select_loader(
-            self.registry, self._sleep_mode().checkpoint, self.config.model.load_format
-        )
+        weight_sync.check_place(backend, rank_offset, world_size, self.config.parallel.tensor_parallel_size)
+        loader, _ = setup.select_loader(self.registry, sleep_mode.checkpoint, self.config.model.load_format)
         if loader.quant_config():
             raise ValueError(
                 "init_weights_update_group: the served checkpoint is quantized; a trainer's float "
                 "tensors cannot replace its blocks (serve a float checkpoint, quantized at load if need be)"
             )
         timeout = datetime.timedelta(seconds=self.config.parallel.distributed_timeout)
-        self._weight_group = WeightUpdateGroup(
-            master_address, master_port, rank_offset, world_size, group_name, backend, timeout
+        self._on_every_rank(
+            "join_group", master_address, master_port, rank_offset, world_size, group_name, backend, timeout
         )
 
     def update_weights_from_distributed(
         self, names: list[str], dtypes: list[str], shapes: list[list[int]]
     ) -> None:
-        """Receive ``names`` from the trainer (its broadcasts, in this order) and serve the
-        checkpoint with them in place of its own tensors; the prefix cache is forgotten."""
-        setup.check_in_place("update_weights_from_distributed", self.config, self.connector)
-        if self._weight_group is None:
+        """Receive ``names`` from the trainer (its broadcasts, in this order, on every rank) and
+        serve the checkpoint with them in place of its own tensors; the prefix cache and a KV
+        connector's stored blocks are forgotten."""
+        if self._sleep is None or self._sleep.group is None:
             raise ValueError("update_weights_from_distributed: no group; init_weights_update_group first")
-        self._require_idle("update_weights_from_distributed")
-        self._sleep_mode().load_tensors(self._weight_group.receive(names, dtypes, shapes))
-        self.reset_prefix_cache()
+        self._update_weights("update_weights_from_distributed", "receive", names, dtypes, shapes)
 
     def destroy_weights_update_group(self) -> None:
-        self._weight_group = None
+        if self._sleep is not None:
+            self._on_every_rank("leave_group")
+
+    def _update_weights(self, what: str, prepare: str, *args) -> None:
+        """Every rank builds its share of the new weights (``prepare``); once all have, each copies
+        them in, else none does. The KV connector forgets its blocks first, so none the old
+        weights computed can outlive the change (a failed update then costs only that cache)."""
+        setup.check_in_place(what, self.executor, self.connector)
+        self._require_idle(what)
+        if self.connector is not None:
+            kv_connectors.forget_blocks(self.connector, what)
+        try:
+            self._on_every_rank(prepare, *args)
+        except ValueError:
+            self._on_every_rank("abort")
+            raise
+        self._on_every_rank("commit")
+        self.reset_prefix_cache()
 
     def _require_idle(self, what: str) -> None:
         if self.has_unfinished() or self.has_pending_transfers():
             raise ValueError(f"{what}: requests are in flight; wait for them to finish")
 
+    def _flush_kv_transfers(self) -> None:
+        """Carry out what the KV connector ordered since the last step (saves of finished
+        requests' blocks), in a step that computes nothing."""
+        if self.connector is not None:
+            self.runner.transfer_kv(self.connector.build_connector_meta(StepPlan(())))
+            self._collect_kv_transfers()
+
+    def _on_every_rank(self, name: str, *args) -> list:
+        return self.executor.sleep_mode_call(self._sleep_mode(), name, *args)
+
     def _sleep_mode(self) -> SleepMode:
         if self._sleep is None:
-            config = self.config
-
-            def rebuild(path: str, tensors: dict):
-                loader, _ = setup.select_loader(self.registry, path, config.model.load_format)
-                if tensors:
-                    loader = UpdatedLoader(loader, tensors)
-                hf_config = loader.hf_config()
-                return setup.build_model(
-                    self.registry,
-                    loader,
-                    hf_config,
-                    setup.resolve_dtype(config.model.dtype, hf_config, self.platform),
-                    self.platform,
-                    config.model.quantization,
-                    config.batch_invariant,
-                    model_impl=config.model.model_impl,
-                    limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
-                )
-
-            caches = self.runner.kv_caches
-            self._sleep = SleepMode(self.platform, self.model, caches, rebuild, config.model.model)
+            self._sleep = setup.sleep_mode(
+                self.registry,
+                self.config,
+                self.platform,
+                self.model,
+                self.runner.kv_caches,
+                self.executor.tensor_parallel,
+            )
         return self._sleep
 
     def check_health(self) -> None:

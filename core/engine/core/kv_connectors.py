@@ -9,7 +9,7 @@ import uuid
 import attrs
 import torch
 
-from engine.interfaces import SCHEDULER_ROLE, WORKER_ROLE, KVConnectorContext, KVTransferReport
+from engine.interfaces import SCHEDULER_ROLE, WORKER_ROLE, KVConnector, KVConnectorContext, KVTransferReport
 
 TRANSFER_KEYS = ("kv_connector", "kv_role", "kv_connector_extra_config", "engine_id", "kv_ip", "kv_port")
 KV_ROLES = ("kv_producer", "kv_consumer", "kv_both")
@@ -106,6 +106,24 @@ def build_halves(registry, config, kv_caches: list[torch.Tensor], block_dim: int
         )
 
     return half(SCHEDULER_ROLE), half(WORKER_ROLE)
+
+
+def name_of(connector: KVConnector) -> str:
+    """The name the engine's config gave ``connector`` (either half)."""
+    spec = connector_spec(connector.ctx.config)
+    return spec.name if spec is not None else type(connector).__name__
+
+
+def forgets_blocks(connector: KVConnector) -> bool:
+    """Whether the connector's class can forget what it stores (overrides ``reset_cache``)."""
+    return type(connector).reset_cache is not KVConnector.reset_cache
+
+
+def forget_blocks(connector: KVConnector, what: str) -> None:
+    """Have the scheduler half forget every block it stores (before ``what`` changes the weights
+    that computed them); raises naming the connector if it cannot now."""
+    if connector.reset_cache() is not True:
+        raise ValueError(f"{what}: KV connector {name_of(connector)!r} could not forget its stored blocks")
 
 
 class TransferCounters:

@@ -13,11 +13,15 @@ import torch
 from torch import nn
 
 from engine.config import AUTO_QUEUE, auto_queue_bound
+from engine.core import kv_connectors
+from engine.core.sleep import SleepMode
+from engine.core.weight_sync import UpdatedLoader
 from engine.distributed import SINGLE, TensorParallel, tensor_parallel
 from engine.interfaces import (
     FALLBACK_ARCHITECTURE,
     AttentionSpec,
     DrafterContext,
+    Executor,
     ExecutorContext,
     KVCacheGroup,
     attention,
@@ -324,22 +328,56 @@ def select_executor(registry, config, platform, loader, hf_config):
     return cls(ExecutorContext(config, platform))
 
 
-def check_in_place(what: str, config, connector) -> None:
+def check_in_place(what: str, executor, connector) -> None:
     """Refuse ``what`` (sleep mode, a weight update), which changes the weights and the KV cache
-    in place, where that cannot work yet, naming why."""
-    if config.parallel.tensor_parallel_size > 1:
-        raise ValueError(f"{what}: not with tensor parallelism yet (the other ranks' memory)")
-    if connector is not None:
-        raise ValueError(f"{what}: not with a KV connector (its blocks would outlive the change)")
+    in place, where that cannot work, naming why: a multi-rank executor that runs sleep-mode
+    calls on rank 0 only, or a KV connector that cannot forget the blocks it keeps
+    (:meth:`engine.interfaces.KVConnector.reset_cache`: they would outlive a weight change)."""
+    if executor.tensor_parallel.size > 1 and type(executor).sleep_mode_call is Executor.sleep_mode_call:
+        raise ValueError(
+            f"{what}: executor {executor.name!r} runs sleep-mode calls on rank 0 only "
+            f"(executors interface v3's sleep_mode_call), not on its {executor.tensor_parallel.size} ranks"
+        )
+    if connector is not None and not kv_connectors.forgets_blocks(connector):
+        raise ValueError(
+            f"{what}: not with KV connector {kv_connectors.name_of(connector)!r}: it implements no "
+            "reset_cache, so blocks it moves would outlive a weight change (a P/D pair must change "
+            "weights on both instances together)"
+        )
 
 
-def check_sleep_mode(config, platform, connector) -> None:
+def check_sleep_mode(executor, platform, connector) -> None:
     """Refuse ``enable_sleep_mode`` where sleeping cannot work, naming why."""
-    check_in_place("enable_sleep_mode", config, connector)
+    check_in_place("enable_sleep_mode", executor, connector)
     try:
         platform.release_memory([])
     except NotImplementedError as exc:
         raise ValueError(f"enable_sleep_mode: {exc}") from None
+
+
+def sleep_mode(registry, config, platform, model, kv_caches, tp: TensorParallel) -> SleepMode:
+    """A rank's :class:`SleepMode`: its ``rebuild`` builds this rank's share of a checkpoint (with
+    a trainer's tensors in place of its own) as the served model was built."""
+
+    def rebuild(path: str, tensors: dict):
+        loader, _ = select_loader(registry, path, config.model.load_format)
+        if tensors:
+            loader = UpdatedLoader(loader, tensors)
+        hf_config = loader.hf_config()
+        return build_model(
+            registry,
+            loader,
+            hf_config,
+            resolve_dtype(config.model.dtype, hf_config, platform),
+            platform,
+            config.model.quantization,
+            config.batch_invariant,
+            tp,
+            model_impl=config.model.model_impl,
+            limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
+        )
+
+    return SleepMode(platform, model, kv_caches, rebuild, config.model.model, tp.rank)
 
 
 def allocate_kv_caches(layers: LayerAttention, groups, platform) -> list[torch.Tensor]:

@@ -3,6 +3,12 @@
 ``collective_rpc``): the trainer is rank 0 of a group of its own, hosts the group's TCP store,
 and broadcasts tensors under their checkpoint names; the engine joins as ``rank_offset``.
 
+Under tensor parallelism every rank of the engine joins, tensor-parallel rank ``r`` as
+``rank_offset + r`` (vLLM's RLHF examples and SGLang alike), so ``world_size`` is at least
+``rank_offset + tensor_parallel_size`` (1 + 2 = 3 for a trainer beside a TP=2 engine). The
+trainer broadcasts each tensor whole, once; every rank receives it and keeps its own share, cut
+as loading cuts a checkpoint's (its parallel layers narrow the whole tensor).
+
 The group is plain ``torch.distributed``, so a trainer needs nothing of this engine::
 
     store = torch.distributed.TCPStore(host, port, world_size, is_master=True)
@@ -29,8 +35,23 @@ from engine.interfaces import ModelLoader
 BACKENDS = ("gloo",)
 
 
+def check_place(backend: str, rank_offset: int, world_size: int, ranks: int) -> None:
+    """Refuse a group the engine's ``ranks`` (its tensor-parallel ranks, ``rank_offset`` on) cannot
+    join, before any rank tries."""
+    if backend not in BACKENDS:
+        raise ValueError(f"init_weights_update_group: backend {backend!r}; the CPU engine joins {BACKENDS}")
+    if rank_offset < 1 or rank_offset + ranks > world_size:
+        held = f"ranks {rank_offset}..{rank_offset + ranks - 1}" if ranks > 1 else f"rank {rank_offset}"
+        raise ValueError(
+            f"init_weights_update_group: rank_offset {rank_offset} must be at least 1 and the engine's "
+            f"{held} must lie below world_size={world_size}: the trainer is rank 0, each "
+            "tensor-parallel rank of the engine one more"
+        )
+
+
 class WeightUpdateGroup:
-    """This engine's end of a trainer's group: rank ``rank`` of ``world_size``."""
+    """One engine rank's end of a trainer's group: rank ``rank`` of ``world_size`` (checked by
+    :func:`check_place` first)."""
 
     def __init__(
         self,
@@ -42,15 +63,6 @@ class WeightUpdateGroup:
         backend: str,
         timeout: datetime.timedelta,
     ):
-        if backend not in BACKENDS:
-            raise ValueError(
-                f"init_weights_update_group: backend {backend!r}; the CPU engine joins {BACKENDS}"
-            )
-        if not 0 < rank < world_size:
-            raise ValueError(
-                f"init_weights_update_group: rank_offset {rank} must lie in [1, world_size={world_size}): "
-                "the trainer is rank 0"
-            )
         try:
             store = dist.TCPStore(master_address, int(master_port), world_size, False, timeout=timeout)
             self.group = dist.ProcessGroupGloo(dist.PrefixStore(group_name, store), rank, world_size, timeout)
@@ -108,8 +120,16 @@ class UpdatedLoader(ModelLoader):
     def iter_weights(self, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
         """The checkpoint's tensors, the trainer's in place of theirs; raises once the checkpoint
         is read if a name was not among them (the model being built is then thrown away)."""
+        return self._replaced(self.base.iter_weights(hf_config, keep_quantized))
+
+    def iter_weight_slices(self, hf_config: Any, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+        """A tensor-parallel rank's: the checkpoint's slices, the trainer's whole tensors in place
+        of theirs (a parallel layer keeps its rank's part of a whole tensor as of a slice)."""
+        return self._replaced(self.base.iter_weight_slices(hf_config))
+
+    def _replaced(self, weights: Iterator[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
         unknown = set(self.tensors)
-        for name, tensor in self.base.iter_weights(hf_config, keep_quantized):
+        for name, tensor in weights:
             unknown.discard(name)
             yield name, self.tensors.get(name, tensor)
         if unknown:

@@ -338,8 +338,9 @@ OPTIONS: dict[str, Option] = {
         ("--enable-sleep-mode",),
         "allow the engine to sleep (engine serve: POST /sleep?level=1|2, /wake_up, GET "
         "/is_sleeping): level 1 gives the KV cache back and moves the weights to a temporary "
-        "file, level 2 discards them (waking reloads the checkpoint); for a trainer sharing "
-        "the machine",
+        "file, level 2 discards them (waking reloads the checkpoint), on every tensor-parallel "
+        "rank; for a trainer sharing the machine. A KV connector must implement reset_cache "
+        "(offload does; a P/D connector is refused)",
     ),
     "cuda_graph_sizes": Option(
         ("--cuda-graph-sizes",),

@@ -25,7 +25,9 @@ from abc import ABC, abstractmethod
 import torch
 
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
+from engine.executors import sleep_call
 from engine.executors.drafter_call import DrafterCall, on_device
+from engine.executors.sleep_call import SleepModeCall
 from engine.executors.worker import STOP, WorkerSpec
 from engine.interfaces import Executor, ExecutorFailure
 
@@ -210,6 +212,22 @@ class DriverExecutor(Executor):
                     f"rank 0's drafter failed in {name}, leaving the tensor-parallel ranks out of "
                     f"step: {type(exc).__name__}: {exc}"
                 )
+                raise self._failure from exc
+            finally:
+                self._last_send = time.monotonic()
+
+    def sleep_mode_call(self, sleep_mode, name: str, *args) -> list:
+        """Every rank runs ``sleep_mode.<name>(*args)`` on its own (the others' calls arrive on
+        the control group, keep-alives held off meanwhile), then all gather each rank's outcome;
+        a rank that raised is raised here, the ranks still in step."""
+        call = SleepModeCall(name, args)
+        with self._lock:
+            self.check_health()
+            try:
+                self._channel.send(call)
+                return sleep_call.results(self._channel.gather(sleep_call.run(sleep_mode, call)))
+            except ExecutorFailure as exc:
+                self._failure = self._explain(exc)
                 raise self._failure from exc
             finally:
                 self._last_send = time.monotonic()

@@ -11,7 +11,9 @@ steps: each step's :class:`engine.runner.model_runner.StepInput` arrives by broa
 the worker runs the same forward, joining its collectives. ``None`` is the driver's
 keep-alive between steps, :data:`STOP` the end; a :class:`DrafterCall` runs a call of a
 drafter that drafts on every rank (``Drafter.drafts_on_every_rank``, built at start) on this
-rank's own instance, whose ``DrafterContext.share`` receives what rank 0 shares. Plugins
+rank's own instance, whose ``DrafterContext.share`` receives what rank 0 shares; a
+:class:`SleepModeCall` runs on this rank's own :class:`engine.core.sleep.SleepMode` (sleep,
+wake, a weight update's steps) and its outcome is gathered to every rank. Plugins
 registered in the driver's process only (``engine.plugins.add_plugin``) do not exist here:
 an allow-list naming one fails the worker's start, reported to the driver.
 
@@ -31,8 +33,11 @@ from multiprocessing.connection import Connection
 import attrs
 
 from engine.core import setup
+from engine.core.sleep import SleepMode
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
+from engine.executors import sleep_call
 from engine.executors.drafter_call import DrafterCall, on_device
+from engine.executors.sleep_call import SleepModeCall
 from engine.lifetime import exit_with_parent, watch_parent
 from engine.lora.manager import LoRAManager
 from engine.plugins import load_plugins
@@ -56,6 +61,7 @@ class Worker:
         self.platform = platform = setup.select_platform(self.registry, spec.platform)
         platform.configure()
         platform.configure_rank(spec.rank, spec.address.world_size)
+        self._sleep: SleepMode | None = None
 
     def join(self) -> None:
         """Join the driver's process groups, then build this rank's model and attention."""
@@ -64,7 +70,9 @@ class Worker:
         self.control = ObjectChannel(
             process_group("gloo", self.store, rank, address, "control"), rank, address.timeout
         )
-        tp = TensorParallel(rank, address.world_size, platform.communicator(self.store, rank, address))
+        self.tp = tp = TensorParallel(
+            rank, address.world_size, platform.communicator(self.store, rank, address)
+        )
         model, load_format = config.model.model, config.model.load_format
         self.loader = loader = setup.select_loader(self.registry, model, load_format)[0]
         self.hf_config = hf_config = loader.hf_config()
@@ -130,6 +138,14 @@ class Worker:
         )
         return cls(ctx)
 
+    def sleep_mode(self) -> SleepMode:
+        """This rank's sleep mode, built at the first call the driver sends."""
+        if self._sleep is None:
+            self._sleep = setup.sleep_mode(
+                self.registry, self.spec.config, self.platform, self.model, self.runner.kv_caches, self.tp
+            )
+        return self._sleep
+
     def loop(self) -> None:
         """Run every step the driver broadcasts until it sends :data:`STOP`."""
         while True:
@@ -140,6 +156,8 @@ class Worker:
                 return
             if isinstance(message, DrafterCall):
                 getattr(self.drafter, message.name)(*on_device(message.args, self.platform.device))
+            elif isinstance(message, SleepModeCall):
+                self.control.gather(sleep_call.run(self.sleep_mode(), message))
             else:
                 self.runner.forward(message.to(self.platform.device))
 

@@ -111,7 +111,9 @@ INTERFACE_VERSIONS = {
     # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
     # 3: KVRequest.kv_transfer_params / finish_reason, request_finished -> (delay, params),
     #    KVConnectorContext.engine_id / kv_ip / kv_port, shutdown (all defaulted: v2 still loads)
-    "kv_connectors": 3,
+    # 4: reset_cache (forget the stored blocks: a weight update; defaulted: v2 and v3 still load,
+    #    and are refused sleep mode and weight updates)
+    "kv_connectors": 4,
     # 2: the semantics a backend must honour are the contract (EOS allowed where the output may
     #    end, is_terminated exactly once EOS is accepted, rows start all-allowed and span the
     #    model's vocabulary, json_object is an object): v1 backends, written to vaguer docs, are
@@ -142,7 +144,9 @@ INTERFACE_VERSIONS = {
     "commands": 1,
     # 2: drafter_call and share, for a drafter that drafts on every rank (defaulted as one rank
     #    runs them: v1 still loads; DriverExecutor, the multi-rank base, implements them)
-    "executors": 2,
+    # 3: sleep_mode_call, sleep mode and weight updates on every rank (defaulted as one rank runs
+    #    it: v1 and v2 still load; a multi-rank one that keeps the default is refused them)
+    "executors": 3,
     "lora_resolvers": 1,
 }
 
@@ -152,12 +156,12 @@ STILL_LOADED = {
     "attention_backends": (1, 2, 3, 4, 5),
     "models": (2, 3, 4, 5),
     "drafters": (1, 2),
-    "executors": (1,),
+    "executors": (1, 2),
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),
     "quant_methods": (2, 3, 4),
-    "kv_connectors": (2,),
+    "kv_connectors": (2, 3),
     "schedulers": (2,),
     "grammar_backends": (2,),
     "reasoning_parsers": (1,),

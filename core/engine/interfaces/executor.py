@@ -75,6 +75,15 @@ class Executor(ABC):
         on rank 0); returns it. One rank: the value itself."""
         return value
 
+    def sleep_mode_call(self, sleep_mode, name: str, *args) -> list:
+        """(v3) ``sleep_mode.<name>(*args)`` on every rank, each on its own
+        :class:`engine.core.sleep.SleepMode` (sleep, wake, a weight update's steps), all at once
+        (a weight update's collectives with a trainer span the ranks); every rank's result, rank
+        order. Raises ``ValueError`` with what a rank raised (the ranks stay in step), or
+        :class:`ExecutorFailure`. One rank: the call itself (a multi-rank executor that keeps
+        this default is refused sleep mode and weight updates)."""
+        return [getattr(sleep_mode, name)(*args)]
+
     def check_health(self) -> None:
         """Raise :class:`ExecutorFailure` if a rank is gone (cheap: called between steps)."""
 

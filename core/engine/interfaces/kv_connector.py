@@ -1,4 +1,4 @@
-"""KVConnector (interface v3; v2 connectors still load): moves KV cache blocks to and from
+"""KVConnector (interface v4; v2 and v3 connectors still load): moves KV cache blocks to and from
 outside the engine (a host or disk tier, another instance).
 
 A connector class is instantiated twice, once per half (``KVConnectorContext.role``): the
@@ -32,6 +32,9 @@ v3 (additive; v2 connectors still load): ``KVRequest.kv_transfer_params`` (the r
 may return ``(delay_free, kv_transfer_params)``, the params going out with the request's last
 output; ``KVConnectorContext.engine_id`` / ``kv_ip`` / ``kv_port`` from ``--kv-transfer-config``;
 ``shutdown``.
+
+v4 (additive; v2 and v3 connectors still load): ``reset_cache``, which a connector implements to
+forget what it stores when the weights change (sleep mode and weight updates need it).
 """
 
 from __future__ import annotations
@@ -155,6 +158,15 @@ class KVConnector(ABC):
 
     def shutdown(self) -> None:
         """The engine is stopping (either half, v3): stop threads, close sockets."""
+
+    def reset_cache(self) -> bool | None:
+        """(v4, scheduler half; vLLM's) Forget every block stored outside the engine, so none is
+        offered again: the engine calls it when a weight update makes them stale. True once
+        forgotten (evictions the worker half carries out may follow in the next step's metadata);
+        False if it cannot now. A connector that keeps this default (None) is refused sleep mode
+        and weight updates: a P/D connector's blocks go to a peer whose weights the engine does
+        not change. Sleeping alone (weights restored as they were) keeps the stored blocks."""
+        return None
 
     # -- worker half ------------------------------------------------------------------
     @abstractmethod

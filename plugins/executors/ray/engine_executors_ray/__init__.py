@@ -8,4 +8,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_executors(register):
-    register("ray", "engine_executors_ray.executor:RayExecutor", api=2)
+    register("ray", "engine_executors_ray.executor:RayExecutor", api=3)

@@ -7,4 +7,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_kv_connectors(register):
-    register("offload", "engine_kvconnectors_offload.connector:OffloadConnector", api=2)
+    register("offload", "engine_kvconnectors_offload.connector:OffloadConnector", api=4)

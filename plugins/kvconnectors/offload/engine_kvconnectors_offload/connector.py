@@ -144,6 +144,15 @@ class OffloadConnector(KVConnector):
             if key is not None:
                 self.index.pop(key, None)
 
+    def reset_cache(self):
+        """Forget every stored block (the weights that computed them changed): each is ordered
+        evicted, which the worker half carries out in the next step before that step's saves, and
+        saves not yet carried out are dropped."""
+        self._evict.extend(self.index)
+        self.index.clear()
+        self._saves, self._loads, self._last_loads = [], [], {}
+        return True
+
     # -- worker half ------------------------------------------------------------------
     def register_kv_caches(self, kv_caches, block_dim):
         self.caches, self.block_dim = kv_caches, block_dim
