@@ -27,7 +27,7 @@ from engine.layers.checkpoint import materialize
 from engine.layers.linear import Linear
 
 
-def _proportional(tensor, dim: int, full: int, start: int, length: int) -> torch.Tensor:
+def proportional_part(tensor, dim: int, full: int, start: int, length: int) -> torch.Tensor:
     """Entries [start, start + length) of the ``full`` a checkpoint tensor's ``dim`` stands for
     (a packed format stores fewer entries per unit: the slice is scaled to what it stores)."""
     stored = tensor.shape[dim]
@@ -62,7 +62,7 @@ class ColumnParallelLinear(Linear):
         dim = getattr(param, "output_dim", None)
         if self.output_shards is None or dim is None:
             return materialize(tensor)
-        return _proportional(tensor, dim, self.full_output_sizes[shard], *self.output_shards[shard])
+        return proportional_part(tensor, dim, self.full_output_sizes[shard], *self.output_shards[shard])
 
     def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A whole, B's rows of this rank's outputs: the delta of this rank's rows."""
@@ -96,7 +96,7 @@ class RowParallelLinear(Linear):
         dim = getattr(param, "input_dim", None)
         if self.input_shard is None or dim is None:
             return materialize(tensor)
-        return _proportional(tensor, dim, self.full_input_size, *self.input_shard)
+        return proportional_part(tensor, dim, self.full_input_size, *self.input_shard)
 
     def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A's columns of this rank's inputs, B whole: each rank adds B·(A_r·x_r) before the
