@@ -86,7 +86,11 @@ class SparseMoeBlock(Layer):
 
 
 class MoeForCausalLM(DecoderForCausalLM):
+    """Under tensor parallelism attention splits by kv-head groups, dense layers and the shared
+    expert as dense MLPs, and the routed experts by intermediate slice (the router replicated)."""
+
     architectures = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+    tensor_parallel_capable = True
 
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         family = FAMILIES[cfg.model_type]
