@@ -110,16 +110,17 @@ def test_expert_parallel_ranks_sum_to_the_whole_layer():
 
 
 def tensor_parallel_rank(rank: int, method=None) -> FusedMoE:
-    """Rank ``rank`` of two's layer, loaded from the same random experts as a one-rank layer."""
+    """Rank ``rank`` of two's layer, loaded from the same random experts as a one-rank layer,
+    returning its output unreduced (building needs no communicator; neither does running)."""
     with tensor_parallel(TensorParallel(rank, 2)):
         method = method or unquantized(torch.float32)
-        return loaded_moe(method, EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0]
+        return loaded_moe(method, EXPERTS, 2, HIDDEN, INTERMEDIATE, True, reduce_results=False)[0]
 
 
 def test_tensor_parallel_ranks_hold_an_intermediate_slice_and_sum_to_the_whole_layer():
     """Each of two ranks stores every expert's half of the intermediate dimension (its gate and
-    up rows, its down columns); their partial outputs (the sum before the all-reduce, each
-    rank's layer run as a group of one) add up to the one-rank layer's."""
+    up rows, its down columns); their partial outputs (``reduce_results=False``: the sum before
+    the all-reduce) add up to the one-rank layer's."""
     x, logits = inputs(16, torch.float32, seed=4)
     whole, (gate_up, down), _ = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)
     half = INTERMEDIATE // 2
@@ -131,7 +132,6 @@ def test_tensor_parallel_ranks_hold_an_intermediate_slice_and_sum_to_the_whole_l
         gate, up = gate_up.chunk(2, dim=1)
         torch.testing.assert_close(layer.gate_up.weight, torch.cat([gate[:, rows], up[:, rows]], dim=1))
         torch.testing.assert_close(layer.down.weight, down[:, :, rows].contiguous())
-        layer.tp = TensorParallel()  # this rank's partial sum, not reduced
         partials.append(layer(x, logits))
     torch.testing.assert_close(partials[0] + partials[1], whole(x, logits), atol=2e-5, rtol=1e-5)
 

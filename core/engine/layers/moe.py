@@ -40,7 +40,7 @@ import attrs
 import torch
 from torch import nn
 
-from engine.distributed import SINGLE, TensorParallel, current_tensor_parallel
+from engine.distributed import TensorParallel, current_tensor_parallel
 from engine.layers.batch_invariant import ROWS, in_row_tiles
 from engine.layers.checkpoint import materialize
 from engine.layers.experts import ExpertSegments
@@ -234,7 +234,8 @@ class FusedMoE(Layer):
     [M, 2·I] to [M, I] (default the platform's ``silu_and_mul``); ``bias`` gives both
     projections per-expert biases (checkpoint ``<e>.<projection>.bias``). Built for a
     tensor-parallel group, the experts are split by intermediate slice where the method
-    allows (``split``), and the output is all-reduced."""
+    allows (``split``), and the output is all-reduced (``reduce_results=False``: the caller
+    reduces it, with a shared expert's, through :meth:`with_shared`)."""
 
     def __init__(
         self,
@@ -249,8 +250,10 @@ class FusedMoE(Layer):
         local_experts: Sequence[int] | None = None,
         activation: Callable[[torch.Tensor], torch.Tensor] | None = None,
         bias: bool = False,
+        reduce_results: bool = True,
     ):
         super().__init__()
+        self.reduce_results = reduce_results
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
         self.activation = activation or ops.silu_and_mul
         self.local_experts = list(range(num_experts) if local_experts is None else local_experts)
@@ -267,7 +270,7 @@ class FusedMoE(Layer):
         if tp.size > 1 and not stored.splits_experts:
             _log_whole_experts(expert_split_note(type(stored)))
         self.split = tp.size > 1 and stored.splits_experts
-        self.tp = tp if self.split else SINGLE
+        self.group = tp
         sliced = IntermediateSlice.of(intermediate_size, tp) if self.split else None
         local = sliced.length if sliced is not None else intermediate_size
         experts = len(self.local_experts)
@@ -301,4 +304,13 @@ class FusedMoE(Layer):
         hidden = self.activation(self.gate_up(x.index_select(0, tokens), segments))
         rows = self.down(hidden, segments)
         rows = rows * weights.flatten()[order, None].to(rows.dtype)
-        return self.tp.all_reduce(torch.zeros_like(x).index_add_(0, tokens, rows))
+        out = torch.zeros_like(x).index_add_(0, tokens, rows)
+        return self.group.all_reduce(out) if self.split and self.reduce_results else out
+
+    def with_shared(self, routed: torch.Tensor, shared: torch.Tensor) -> torch.Tensor:
+        """This layer's output (built with ``reduce_results=False``) plus a shared expert's
+        partial one (a ``GatedMLP`` built so too), in one all-reduce of their sum where the
+        experts are split; where they are whole, the shared expert's part alone is reduced."""
+        if self.split:
+            return self.group.all_reduce(routed + shared)
+        return routed + self.group.all_reduce(shared)

@@ -168,6 +168,7 @@ class DeepseekMoE(Layer):
     def __init__(self, cfg, method, dtype, ops: LayerOps):
         super().__init__()
         num_experts = cfg.n_routed_experts
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.gate = DeepseekRouter(cfg, num_experts, v3=cfg.model_type == V3)
         self.experts = FusedMoE(
             num_experts,
@@ -178,13 +179,17 @@ class DeepseekMoE(Layer):
             method,
             dtype,
             ops,
+            reduce_results=not shared,  # with shared experts, both are reduced in one sum
         )
-        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = GatedMLP(cfg.hidden_size, shared, False, method, dtype, ops) if shared else None
+        self.shared_experts = (
+            GatedMLP(cfg.hidden_size, shared, False, method, dtype, ops, reduce_results=False)
+            if shared
+            else None
+        )
 
     def forward(self, x):
         out = self.experts.apply_routing(x, *self.gate(x))
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        return out if self.shared_experts is None else self.experts.with_shared(out, self.shared_experts(x))
 
 
 def deepseek_layer(cfg, index: int, cache_layer: int, method, dtype, ops: LayerOps) -> DecoderLayer:
