@@ -177,7 +177,7 @@ def _capability(kind: str, cls, platform) -> str:
     elif kind == "quant_methods":
         reasons = cls.supports(platform)
         path = "; ".join(filter(None, [cls.describe(platform), _experts_note(cls)]))
-        if not reasons:
+        if path and not reasons:
             return f"  [runs here: {path}]"
     elif kind == "attention_backends":
         spec = _probe_spec()
@@ -191,10 +191,13 @@ def _capability(kind: str, cls, platform) -> str:
 
 
 def _experts_note(method_cls) -> str:
-    """What tensor parallelism does with the experts a method stores (or leaves unquantized)."""
+    """What tensor parallelism does with the experts a method stores (or leaves unquantized);
+    nothing for a method tensor parallelism refuses outright."""
     from engine.layers.moe import expert_split_note
     from engine.layers.unquantized import UnquantizedLinearMethod
 
+    if not method_cls.shards_for_tensor_parallel:
+        return ""
     return expert_split_note(method_cls if method_cls.quantizes_experts else UnquantizedLinearMethod)
 
 
