@@ -6,9 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.distributed import TensorParallel, tensor_parallel
 from engine.interfaces import QuantContext
 from engine.layers import FusedMoE, LayerOps, load_checkpoint
 from engine.layers.experts import ExpertSegments, grouped_matmul
+from engine.layers.moe import expert_split_note
 from engine.layers.unquantized import UnquantizedLinearMethod
 from engine.testing.moe import loaded_moe, reference_moe
 
@@ -105,6 +107,51 @@ def test_expert_parallel_ranks_sum_to_the_whole_layer():
             LayerOps(),
             local_experts=[0, 8],
         )
+
+
+def tensor_parallel_rank(rank: int, method=None) -> FusedMoE:
+    """Rank ``rank`` of two's layer, loaded from the same random experts as a one-rank layer,
+    returning its output unreduced (building needs no communicator; neither does running)."""
+    with tensor_parallel(TensorParallel(rank, 2)):
+        method = method or unquantized(torch.float32)
+        return loaded_moe(method, EXPERTS, 2, HIDDEN, INTERMEDIATE, True, reduce_results=False)[0]
+
+
+def test_tensor_parallel_ranks_hold_an_intermediate_slice_and_sum_to_the_whole_layer():
+    """Each of two ranks stores every expert's half of the intermediate dimension (its gate and
+    up rows, its down columns); their partial outputs (``reduce_results=False``: the sum before
+    the all-reduce) add up to the one-rank layer's."""
+    x, logits = inputs(16, torch.float32, seed=4)
+    whole, (gate_up, down), _ = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)
+    half = INTERMEDIATE // 2
+    partials = []
+    for rank in range(2):
+        layer = tensor_parallel_rank(rank)
+        assert layer.split
+        rows = slice(rank * half, (rank + 1) * half)
+        gate, up = gate_up.chunk(2, dim=1)
+        torch.testing.assert_close(layer.gate_up.weight, torch.cat([gate[:, rows], up[:, rows]], dim=1))
+        torch.testing.assert_close(layer.down.weight, down[:, :, rows].contiguous())
+        partials.append(layer(x, logits))
+    torch.testing.assert_close(partials[0] + partials[1], whole(x, logits), atol=2e-5, rtol=1e-5)
+
+
+class WholeExperts(UnquantizedLinearMethod):
+    """The plain method, as one (a v5 method, say) that declares no split of its experts."""
+
+    name = "whole-experts"
+    splits_experts = False
+
+
+def test_a_method_that_does_not_split_experts_keeps_them_whole_on_every_rank():
+    """Its experts are the whole layer's on every rank, run unreduced (the note says why)."""
+    x, logits = inputs(8, torch.float32, seed=5)
+    whole = loaded_moe(unquantized(torch.float32), EXPERTS, 2, HIDDEN, INTERMEDIATE, True)[0]
+    layer = tensor_parallel_rank(1, WholeExperts(QuantContext(None, torch.float32, None)))
+    assert not layer.split and layer.gate_up.weight.shape == (EXPERTS, 2 * INTERMEDIATE, HIDDEN)
+    torch.testing.assert_close(layer(x, logits), whole(x, logits))
+    note = expert_split_note(WholeExperts)
+    assert "whole on every rank" in note and "declares no split" in note
 
 
 class Block(torch.nn.Module):

@@ -93,6 +93,11 @@ def test_engine_plugins_lists_shipped_plugins_and_builtins():
         "quant method: gguf  [runs here: 32-group formats on the platform's packed kernel or int4pack" in out
     )
     assert "quant method: fp8  [runs here: dequantized at load" in out and "no FP8 matmul units" in out
+    # and what tensor parallelism does with the experts each stores
+    assert "unquantized  [runs here: experts split by intermediate slice under tensor parallelism]" in out
+    assert "int8-w8a16  [runs here: " in out and (
+        "experts whole on every rank under tensor parallelism: each expert's int8 row scales" in out
+    )
 
 
 def test_allow_list_limits_loading():

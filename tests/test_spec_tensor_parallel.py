@@ -3,9 +3,9 @@ between steps; the drafts reach rank 1 as tokens of the next step's broadcast in
 rank 0 samples and verifies. Greedy output at TP=2 with speculation must equal TP=1 without it,
 token for token, with drafts accepted on the way, and seeded sampling at TP=2 must draw what one
 rank draws with the same drafter (the rejection sampler's randomness lives on rank 0 alone):
-ngram (no model) and a separate draft model (built unsharded on rank 0); EAGLE, which drafts on
-every rank, is tested in spec-eagle. The drafters that would call the target's sharded layers
-from rank 0 alone are refused by name."""
+ngram (no model) and a separate draft model (built unsharded on rank 0); EAGLE and MTP, which
+draft on every rank, are tested in spec-eagle and spec-mtp. Layer-skip self-drafting, which
+would call the target's sharded layers from rank 0 alone, is refused by name."""
 
 from __future__ import annotations
 
@@ -67,15 +67,7 @@ def test_tp2_with_speculation_equals_tp1(speculative_config, target, expected):
     assert sampled[1] == sampled[0], "seeded sampling at TP=2 must draw what one rank draws"
 
 
-@pytest.mark.parametrize(
-    "speculative_config",
-    [
-        {"method": "deepseek_mtp"},
-        {"method": "draft_model", "self_draft_layers": 1},
-    ],
-    ids=["mtp", "self_draft"],
-)
-def test_drafters_on_sharded_layers_are_refused_by_name(speculative_config, target):
-    refusal = f"speculative decoding method '{speculative_config['method']}' is not tensor-parallel yet"
+def test_self_drafting_on_sharded_layers_is_refused_by_name(target):
+    refusal = "speculative decoding method 'draft_model' is not tensor-parallel yet"
     with pytest.raises(ValueError, match=refusal):
-        LLM(target, speculative_config=speculative_config, **TP2)
+        LLM(target, speculative_config={"method": "draft_model", "self_draft_layers": 1}, **TP2)

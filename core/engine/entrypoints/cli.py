@@ -176,7 +176,7 @@ def _capability(kind: str, cls, platform) -> str:
         reasons = cls.unavailable_reasons()
     elif kind == "quant_methods":
         reasons = cls.supports(platform)
-        path = cls.describe(platform)
+        path = "; ".join(filter(None, [cls.describe(platform), _experts_note(cls)]))
         if path and not reasons:
             return f"  [runs here: {path}]"
     elif kind == "attention_backends":
@@ -188,6 +188,17 @@ def _capability(kind: str, cls, platform) -> str:
     else:
         return ""
     return "  [runs here]" if not reasons else f"  [cannot run here: {'; '.join(reasons)}]"
+
+
+def _experts_note(method_cls) -> str:
+    """What tensor parallelism does with the experts a method stores (or leaves unquantized);
+    nothing for a method tensor parallelism refuses outright."""
+    from engine.layers.moe import expert_split_note
+    from engine.layers.unquantized import UnquantizedLinearMethod
+
+    if not method_cls.shards_for_tensor_parallel:
+        return ""
+    return expert_split_note(method_cls if method_cls.quantizes_experts else UnquantizedLinearMethod)
 
 
 def _probe_spec():

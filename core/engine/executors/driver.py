@@ -79,20 +79,17 @@ class WorkerGroup:
 # they reach the other ranks as tokens of the next step's broadcast input; only rank 0 samples
 # and verifies them. So a drafter that runs no model (ngram, suffix) or a model of its own,
 # built unsharded on rank 0 (draft_model with "model"), works as it is, and one that calls the
-# target's sharded layers drafts on every rank (Drafter.drafts_on_every_rank: eagle). These
-# call the target's sharded layers from rank 0 alone, collectives the other ranks never join.
-_MTP = "its module embeds with the target's vocabulary-parallel embedding and does not draft on every rank"
-_RANK_SHARDED_DRAFTERS = {"mtp": _MTP, "deepseek_mtp": _MTP}
+# target's sharded layers drafts on every rank (Drafter.drafts_on_every_rank: eagle, mtp).
+# Layer-skip self-drafting calls the target's sharded layers from rank 0 alone, collectives the
+# other ranks never join.
 
 
 def _speculation_refusal(spec: dict) -> str | None:
     """Why speculation by ``spec`` cannot run tensor-parallel (None: it can)."""
     method = spec.get("method")
-    why = _RANK_SHARDED_DRAFTERS.get(method)
-    if why is None and method == "draft_model" and spec.get("self_draft_layers"):
-        why = 'self_draft_layers drafts with the target\'s own sharded layers (use a separate "model")'
-    if why is None:
+    if method != "draft_model" or not spec.get("self_draft_layers"):
         return None
+    why = 'self_draft_layers drafts with the target\'s own sharded layers (use a separate "model")'
     return (
         f"speculative decoding method {method!r} is not tensor-parallel yet: {why}, a collective "
         "the other ranks do not join while rank 0 drafts"

@@ -106,7 +106,9 @@ INTERFACE_VERSIONS = {
     #    v3 methods still load)
     # 5: planned_kernel (what a layer fed through sinks holds once loaded, for --dry-run's plan;
     #    defaulted: v2-v4 methods still load and are planned at their registered tensors)
-    "quant_methods": 5,
+    # 6: splits_experts / experts_whole_because (FusedMoE split by intermediate slice under tensor
+    #    parallelism; defaulted: v2-v5 methods still load and keep whole experts on every rank)
+    "quant_methods": 6,
     # 2: two halves joined by build_connector_meta / bind_connector_metadata, KVRequest (block
     # hashes, salt), async and failed loads, per-layer hooks inside the forward, KVTransferReport
     # 3: KVRequest.kv_transfer_params / finish_reason, request_finished -> (delay, params),
@@ -160,7 +162,7 @@ STILL_LOADED = {
     "kv_cache_managers": (2,),
     "platforms": (1,),
     "model_loaders": (2,),
-    "quant_methods": (2, 3, 4),
+    "quant_methods": (2, 3, 4, 5),
     "kv_connectors": (2, 3),
     "schedulers": (2,),
     "grammar_backends": (2,),

@@ -38,6 +38,14 @@ and may be uneven), vocabulary tables their vocabulary rows (fewer on the last r
 with zero rows). ``process_weights_after_loading`` then sees only the rank's part: a
 per-output-row statistic over whole rows (an int8 scale) comes from
 ``layer.full_row_max(values)`` (a collective on a row-parallel layer: call it on every rank).
+
+Experts under tensor parallelism (interface v6): a method that sets ``splits_experts`` has
+each rank store every expert's slice of the intermediate dimension (gate|up rows, down
+columns), cut from each expert's checkpoint tensor proportionally along its expert
+parameters' ``output_dim`` / ``input_dim`` (counted within one expert) as a linear layer's
+are; nothing ``process_moe_weights_after_loading`` computes may span a whole down row. Any
+other method's experts stay whole on every rank (``experts_whole_because`` says why, in
+``engine plugins`` and the start-up log); v5 methods keep that default.
 """
 
 from abc import ABC, abstractmethod
@@ -81,6 +89,8 @@ class QuantMethod(ABC):
     quantizes_embeddings: ClassVar[bool] = False
     quantizes_experts: ClassVar[bool] = False  # implements the *_moe_* methods below
     shards_for_tensor_parallel: ClassVar[bool] = False  # parameters declare output_dim/input_dim (above)
+    splits_experts: ClassVar[bool] = False  # (v6) experts split by intermediate slice under TP (above)
+    experts_whole_because: ClassVar[str] = "the method declares no split of its stacked experts"
 
     def __init__(self, ctx: QuantContext):
         self.ctx = ctx
@@ -165,7 +175,7 @@ class QuantMethod(ABC):
         weight = nn.Parameter(
             torch.empty(num_experts, sum(output_sizes), input_size, dtype=self.ctx.dtype), requires_grad=False
         )
-        weight.output_dim = 0  # type: ignore[attr-defined]  # the loaders read it off the parameter
+        weight.output_dim, weight.input_dim = 0, 1  # type: ignore[attr-defined]  # read off the parameter
         layer.register_parameter("weight", weight)
 
     def process_moe_weights_after_loading(self, layer: nn.Module) -> None:

@@ -116,13 +116,25 @@ class DecoderAttention(Layer):
 class GatedMLP(Layer):
     """SwiGLU: a fused gate|up projection (``gate_up_proj``; the checkpoint's ``gate_proj`` and
     ``up_proj`` load into its shards), silu(gate) · up, ``down_proj`` (tensor-parallel: a rank
-    holds its slice of gate and up, and ``down_proj`` all-reduces)."""
+    holds its slice of gate and up, and ``down_proj`` all-reduces, unless ``reduce_results`` is
+    False: then the caller reduces the rank's partial output, as a MoE layer's shared expert's)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool, method, dtype, ops: LayerOps):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool,
+        method,
+        dtype,
+        ops: LayerOps,
+        reduce_results: bool = True,
+    ):
         super().__init__()
         self.ops = ops
         self.gate_up_proj = ColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias, method, dtype)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias, method, dtype)
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias, method, dtype, reduce_results=reduce_results
+        )
 
     def forward(self, x):
         return self.down_proj(self.ops.silu_and_mul(self.gate_up_proj(x)))

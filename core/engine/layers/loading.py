@@ -104,7 +104,7 @@ def load_checkpoint(
         parent, _, projection = module_path.rpartition(".")
         experts_path, _, expert = parent.rpartition(".")
         if expert.isdigit() and isinstance(modules.get(experts_path), FusedMoE):
-            modules[experts_path].load_expert(projection, param, int(expert), materialize(tensor))
+            modules[experts_path].load_expert(projection, param, int(expert), tensor)
             missing.discard(f"{experts_path}.{EXPERT_PROJECTIONS[projection][0]}.{param}")
         elif projection in fused:
             target, shard = fused[projection]

@@ -27,7 +27,7 @@ from engine.layers.checkpoint import materialize
 from engine.layers.linear import Linear
 
 
-def _proportional(tensor, dim: int, full: int, start: int, length: int) -> torch.Tensor:
+def proportional_part(tensor, dim: int, full: int, start: int, length: int) -> torch.Tensor:
     """Entries [start, start + length) of the ``full`` a checkpoint tensor's ``dim`` stands for
     (a packed format stores fewer entries per unit: the slice is scaled to what it stores)."""
     stored = tensor.shape[dim]
@@ -62,7 +62,7 @@ class ColumnParallelLinear(Linear):
         dim = getattr(param, "output_dim", None)
         if self.output_shards is None or dim is None:
             return materialize(tensor)
-        return _proportional(tensor, dim, self.full_output_sizes[shard], *self.output_shards[shard])
+        return proportional_part(tensor, dim, self.full_output_sizes[shard], *self.output_shards[shard])
 
     def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A whole, B's rows of this rank's outputs: the delta of this rank's rows."""
@@ -75,7 +75,9 @@ class ColumnParallelLinear(Linear):
 class RowParallelLinear(Linear):
     """[T, this rank's input columns] -> [T, output_size], all-reduced; ``shard``: (first
     column, columns) of the checkpoint's input this rank holds (None: an even split). The
-    bias is replicated and added once, after the reduction."""
+    bias is replicated and added once, after the reduction. ``reduce_results=False`` returns
+    the rank's partial product for the caller to reduce with others in one all-reduce (a MoE
+    layer's shared expert beside its routed experts); such a layer takes no bias."""
 
     def __init__(
         self,
@@ -85,18 +87,22 @@ class RowParallelLinear(Linear):
         method,
         dtype: torch.dtype,
         shard: tuple[int, int] | None = None,
+        reduce_results: bool = True,
     ):
+        if bias and not reduce_results:
+            raise ValueError("a row-parallel layer that leaves its reduction to the caller takes no bias")
         tp = current_tensor_parallel()
         start, length = shard or tp.split(input_size, "a row-parallel layer's input size")
         super().__init__(length, [output_size], bias, method, dtype)
         self.tp, self.full_input_size = tp, input_size
         self.input_shard = (start, length) if tp.size > 1 else None
+        self.reduce_results = reduce_results
 
     def rank_part(self, param: torch.Tensor, tensor, shard: int) -> torch.Tensor:
         dim = getattr(param, "input_dim", None)
         if self.input_shard is None or dim is None:
             return materialize(tensor)
-        return _proportional(tensor, dim, self.full_input_size, *self.input_shard)
+        return proportional_part(tensor, dim, self.full_input_size, *self.input_shard)
 
     def lora_part(self, shard: int, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """A's columns of this rank's inputs, B whole: each rank adds B·(A_r·x_r) before the
@@ -113,6 +119,8 @@ class RowParallelLinear(Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.input_shard is None:
             return self.matmul(x, self.bias)
+        if not self.reduce_results:
+            return self.matmul(x, None)
         out = self.tp.all_reduce(self.matmul(x, None))
         return out if self.bias is None else out + self.bias
 

@@ -14,6 +14,7 @@ class UnquantizedLinearMethod(QuantMethod):
     name = "unquantized"
     quantizes_experts = True
     shards_for_tensor_parallel = True
+    splits_experts = True
 
     def create_weights(self, layer: nn.Module, input_size: int, output_sizes: list[int]) -> None:
         weight = nn.Parameter(

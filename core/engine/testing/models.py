@@ -410,3 +410,27 @@ def tensor_parallel_greedy_matches_transformers(model_cls, architecture: str, fo
     finally:
         llm.engine.shutdown()
     assert [o.outputs[0].token_ids for o in outs] == reference.hf_greedy(hf_model, prompts, 12)
+
+
+def expert_bytes_per_rank(model_cls, architecture: str, size: int = 2) -> tuple[int, list[int]]:
+    """The bytes of ``model_cls``'s stacked experts (its :class:`engine.layers.FusedMoE` layers)
+    for its example config ``architecture`` in float32: built on one rank, and on each of
+    ``size`` tensor-parallel ranks (built, not loaded: building needs no communicator)."""
+    import transformers
+
+    from engine.distributed import TensorParallel, tensor_parallel
+    from engine.interfaces import ModelContext, QuantContext
+    from engine.layers import FusedMoE, UnquantizedLinearMethod
+
+    kwargs = dict(model_cls.example_configs()[architecture])
+    hf_config = transformers.AutoConfig.for_model(kwargs.pop("model_type"), **kwargs)
+    method = UnquantizedLinearMethod(QuantContext(None, torch.float32, None))
+    ctx = ModelContext(hf_config, torch.float32, torch.device("cpu"), method)
+
+    def expert_bytes(group: TensorParallel) -> int:
+        with tensor_parallel(group):
+            model = model_cls(ctx)
+        experts = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        return sum(p.numel() * p.element_size() for m in experts for p in m.parameters())
+
+    return expert_bytes(TensorParallel()), [expert_bytes(TensorParallel(rank, size)) for rank in range(size)]

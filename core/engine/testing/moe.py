@@ -47,13 +47,15 @@ def loaded_moe(
     checkpoint_tensors: Callable[[torch.Tensor], tuple[list[tuple[str, object]], torch.Tensor]] | None = None,
     local_experts=None,
     seed: int = 0,
+    reduce_results: bool = True,
 ):
     """A :class:`FusedMoE` through ``method`` with random experts loaded one (expert, shard) at
     a time, as a checkpoint would -> (layer, (gate_up [E, 2I, H], down [E, H, I]) the float32
     originals, the same two as the loaded tensors represent by the format's plain math).
     ``checkpoint_tensors(weight)`` is how a format stores one expert's projection: the
     (parameter, tensor) pairs to load and the weight they represent (default: the weight in
-    the method's dtype)."""
+    the method's dtype). ``reduce_results=False``: a tensor-parallel rank's layer returns its
+    partial sum."""
     from engine.layers import FusedMoE, LayerOps
 
     gen = torch.Generator().manual_seed(seed)
@@ -68,6 +70,7 @@ def loaded_moe(
         dtype,
         LayerOps(),
         local_experts=local_experts,
+        reduce_results=reduce_results,
     )
     gate_up = torch.randn(num_experts, 2 * intermediate, hidden, generator=gen) * hidden**-0.5
     down = torch.randn(num_experts, hidden, intermediate, generator=gen) * intermediate**-0.5

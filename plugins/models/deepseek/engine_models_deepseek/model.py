@@ -14,6 +14,14 @@ Face's. The softmax scale is 1/√(qk head dim) times YaRN's ``mscale(factor, ms
 Feed-forward: the first ``first_k_dense_replace`` layers are dense SwiGLU; the others are the
 core's :class:`engine.layers.FusedMoE` under DeepSeek's router (:mod:`.routing`) plus
 ``n_shared_experts`` shared experts as one SwiGLU every token goes through.
+
+Tensor parallelism (as vLLM splits MLA): the attention heads split evenly over the ranks
+(:func:`rank_heads`). A rank holds its heads' rows of the query projection (``q_proj`` or
+``q_b_proj``) and of ``kv_b_proj``, and its heads' columns of ``o_proj``, which all-reduces;
+``q_a_proj`` and its norm, the latent projection ``kv_a_proj_with_mqa``, its norm and the rotary
+key are replicated, so every rank computes and caches the same latent pages, and attends them
+with its own heads. Dense layers and the shared experts split as dense MLPs, the routed experts
+by intermediate slice (the core's FusedMoE), the router replicated.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
+from engine.distributed import TensorParallel, current_tensor_parallel
 from engine.interfaces import AttentionKind, KVLayout, LatentUpProjection, PagedLatent
 from engine.layers import (
     DecoderForCausalLM,
@@ -38,6 +47,8 @@ from engine.layers import (
     decoder_rename,
     load_checkpoint,
 )
+from engine.layers.checkpoint import narrow_rows
+from engine.layers.parallel import ColumnParallelLinear, RowParallelLinear
 from engine_models_deepseek.routing import DeepseekRouter
 
 # the low-rank projections' own norms use Hugging Face's default eps, not rms_norm_eps
@@ -64,6 +75,22 @@ def softmax_scale(cfg) -> float:
 def rope_interleaved(cfg) -> bool:
     """Whether the checkpoint's rotary dims come in (x0, x1), (x2, x3) ... pairs."""
     return cfg.model_type != V3 or getattr(cfg, "rope_interleave", True)
+
+
+def rank_heads(cfg, tp: TensorParallel) -> tuple[int, int]:
+    """(first head, heads) of the attention heads rank ``tp.rank`` holds: an even split."""
+    return tp.split(cfg.num_attention_heads, "num_attention_heads")
+
+
+def up_projection_rows(weights, cfg, tp: TensorParallel):
+    """``weights`` with each ``kv_b_proj.weight`` cut to this rank's heads' rows (each head's key
+    and value rows are contiguous, nope + v of them): the rest passes untouched."""
+    start, heads = rank_heads(cfg, tp)
+    per_head = cfg.qk_nope_head_dim + cfg.v_head_dim
+    for name, tensor in weights:
+        if tp.size > 1 and name.endswith("kv_b_proj.weight"):
+            tensor = narrow_rows(tensor, start * per_head, heads * per_head)
+        yield name, tensor
 
 
 def rotate(x: torch.Tensor, cos_sin, interleaved: bool) -> torch.Tensor:
@@ -93,22 +120,29 @@ class UpProjection(Layer):
 
 
 class LatentSelfAttention(Layer):
+    """MLA over this rank's heads (``heads``: all of them on one rank)."""
+
     def __init__(self, cfg, layer: int, method, dtype, ops: LayerOps):
         super().__init__()
-        self.heads, self.rank = cfg.num_attention_heads, cfg.kv_lora_rank
+        first, self.heads = rank_heads(cfg, current_tensor_parallel())
+        self.rank = cfg.kv_lora_rank
         self.nope, self.rope, self.value = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         self.interleaved = rope_interleaved(cfg)
-        q_size, bias = self.heads * (self.nope + self.rope), cfg.attention_bias
+        head, bias = self.nope + self.rope, cfg.attention_bias
+        q_size, q_shard = cfg.num_attention_heads * head, [(first * head, self.heads * head)]
         if cfg.q_lora_rank:
             self.q_a_proj = Linear(cfg.hidden_size, [cfg.q_lora_rank], bias, method, dtype)
             self.q_a_layernorm = RMSNorm(cfg.q_lora_rank, LATENT_NORM_EPS, dtype, ops)
-            self.q_b_proj = Linear(cfg.q_lora_rank, [q_size], False, method, dtype)
+            self.q_b_proj = ColumnParallelLinear(cfg.q_lora_rank, [q_size], False, method, dtype, q_shard)
         else:
-            self.q_proj = Linear(cfg.hidden_size, [q_size], False, method, dtype)
+            self.q_proj = ColumnParallelLinear(cfg.hidden_size, [q_size], False, method, dtype, q_shard)
         self.kv_a_proj_with_mqa = Linear(cfg.hidden_size, [self.rank + self.rope], bias, method, dtype)
         self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS, dtype, ops)
         self.kv_b_proj = UpProjection(self.heads, self.nope, self.value, self.rank, dtype)
-        self.o_proj = Linear(self.heads * self.value, [cfg.hidden_size], bias, method, dtype)
+        o_shard = (first * self.value, self.heads * self.value)
+        self.o_proj = RowParallelLinear(
+            cfg.num_attention_heads * self.value, cfg.hidden_size, bias, method, dtype, o_shard
+        )
         self.attn = LatentAttention(layer)
 
     def _query(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -134,6 +168,7 @@ class DeepseekMoE(Layer):
     def __init__(self, cfg, method, dtype, ops: LayerOps):
         super().__init__()
         num_experts = cfg.n_routed_experts
+        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
         self.gate = DeepseekRouter(cfg, num_experts, v3=cfg.model_type == V3)
         self.experts = FusedMoE(
             num_experts,
@@ -144,13 +179,17 @@ class DeepseekMoE(Layer):
             method,
             dtype,
             ops,
+            reduce_results=not shared,  # with shared experts, both are reduced in one sum
         )
-        shared = cfg.moe_intermediate_size * cfg.n_shared_experts
-        self.shared_experts = GatedMLP(cfg.hidden_size, shared, False, method, dtype, ops) if shared else None
+        self.shared_experts = (
+            GatedMLP(cfg.hidden_size, shared, False, method, dtype, ops, reduce_results=False)
+            if shared
+            else None
+        )
 
     def forward(self, x):
         out = self.experts.apply_routing(x, *self.gate(x))
-        return out if self.shared_experts is None else out + self.shared_experts(x)
+        return out if self.shared_experts is None else self.experts.with_shared(out, self.shared_experts(x))
 
 
 def deepseek_layer(cfg, index: int, cache_layer: int, method, dtype, ops: LayerOps) -> DecoderLayer:
@@ -164,23 +203,25 @@ def deepseek_layer(cfg, index: int, cache_layer: int, method, dtype, ops: LayerO
     return DecoderLayer(attention, mlp, cfg.hidden_size, cfg.rms_norm_eps, dtype, ops)
 
 
-def latent_kv_layout(cfg, layers: int) -> KVLayout:
-    """``layers`` MLA layers, each caching one ``kv_lora_rank + qk_rope_head_dim`` latent per token."""
+def latent_kv_layout(cfg, layers: int, tp: TensorParallel) -> KVLayout:
+    """``layers`` MLA layers, each caching one ``kv_lora_rank + qk_rope_head_dim`` latent per token
+    (the same on every rank) and attended by the rank's heads."""
     kind = AttentionKind(
         query_scale=softmax_scale(cfg), latent=PagedLatent(cfg.kv_lora_rank, cfg.qk_rope_head_dim)
     )
     head = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
-    return KVLayout(layers, cfg.num_attention_heads, 1, head, (kind,) * layers)
+    return KVLayout(layers, rank_heads(cfg, tp)[1], 1, head, (kind,) * layers)
 
 
 class DeepseekForCausalLM(DecoderForCausalLM):
     architectures = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+    tensor_parallel_capable = True  # MLA split by heads, MLPs and experts as the core splits them
 
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         return deepseek_layer(cfg, index, index, method, dtype, ops)
 
     def kv_layout(self) -> KVLayout:
-        return latent_kv_layout(self.cfg, self.cfg.num_hidden_layers)
+        return latent_kv_layout(self.cfg, self.cfg.num_hidden_layers, self.tensor_parallel)
 
     @classmethod
     def mtp_architecture(cls, hf_config) -> str | None:
@@ -194,7 +235,10 @@ class DeepseekForCausalLM(DecoderForCausalLM):
         the last, N = num_hidden_layers) are skipped: they are a drafter's (:mod:`.mtp`)."""
         base, mtp = decoder_rename(self.tied), f"model.layers.{self.cfg.num_hidden_layers}."
         load_checkpoint(
-            self, weights, lambda name: None if name.startswith(mtp) else base(name), fused=MLP_PROJECTIONS
+            self,
+            up_projection_rows(weights, self.cfg, self.tensor_parallel),
+            lambda name: None if name.startswith(mtp) else base(name),
+            fused=MLP_PROJECTIONS,
         )
 
     @classmethod

@@ -26,9 +26,16 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from engine.distributed import current_tensor_parallel
 from engine.interfaces import KVLayout, Model
 from engine.layers import LayerOps, RMSNorm, RotaryEmbedding, VocabEmbedding, load_checkpoint
-from engine_models_deepseek.model import MLP_PROJECTIONS, MTP_ARCHITECTURE, deepseek_layer, latent_kv_layout
+from engine_models_deepseek.model import (
+    MLP_PROJECTIONS,
+    MTP_ARCHITECTURE,
+    deepseek_layer,
+    latent_kv_layout,
+    up_projection_rows,
+)
 
 # an MTP layer's own modules; everything else under model.layers.<N> is its decoder block's
 OWN_MODULES = ("enorm", "hnorm", "eh_proj", "shared_head")
@@ -61,6 +68,7 @@ class DeepseekMTP(Model):
     def __init__(self, ctx):
         super().__init__(ctx)
         cfg = self.cfg = ctx.hf_config
+        self.tensor_parallel = current_tensor_parallel()  # the group its layers are built for
         ops = ctx.layer_ops or LayerOps()
         count = getattr(cfg, "num_nextn_predict_layers", 0)
         if not count:
@@ -70,7 +78,7 @@ class DeepseekMTP(Model):
         self.tied = getattr(cfg, "tie_word_embeddings", False)
 
     def kv_layout(self) -> KVLayout:
-        return latent_kv_layout(self.cfg, len(self.layers))
+        return latent_kv_layout(self.cfg, len(self.layers), self.tensor_parallel)
 
     def forward(self, input_ids, positions, step, previous_hidden_states=None, inputs_embeds=None, depth=0):
         layer = self.layers[depth % len(self.layers)]
@@ -87,7 +95,8 @@ class DeepseekMTP(Model):
         return None if logits is None else logits.float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        load_checkpoint(self, self._own_weights(weights), fused=MLP_PROJECTIONS)
+        own = up_projection_rows(self._own_weights(weights), self.cfg, self.tensor_parallel)
+        load_checkpoint(self, own, fused=MLP_PROJECTIONS)
 
     def _own_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         """The MTP layers' tensors under this module's names, then the main LM head for every

@@ -46,8 +46,9 @@ def dense_method(method):
 
 class GptOssForCausalLM(DecoderForCausalLM):
     """Under tensor parallelism the attention splits by KV-head groups (each rank hands the
-    backend its heads' sinks) and every rank holds and runs all the experts on the same,
-    all-reduced hidden states: exact, at the experts' memory on every rank (no expert split yet)."""
+    backend its heads' sinks) and the experts by intermediate slice (each rank every expert's
+    gate and up rows, down columns; the down biases added on rank 0; the router replicated):
+    the core's :class:`engine.layers.FusedMoE` split, one all-reduce per layer's experts."""
 
     architectures = ("GptOssForCausalLM",)
     tensor_parallel_capable = True

@@ -1,6 +1,6 @@
 """gpt-oss on two tensor-parallel ranks (``mp``, gloo): each rank attends its KV-head group with
-its own heads' sinks, over alternating windowed layers, and runs every expert on the all-reduced
-hidden states; greedy tokens equal transformers'."""
+its own heads' sinks, over alternating windowed layers, and runs its intermediate slice of every
+expert (biased, clamped SwiGLU), all-reduced; greedy tokens equal transformers'."""
 
 from __future__ import annotations
 

@@ -62,6 +62,7 @@ class SparseMoeBlock(Layer):
     def __init__(self, cfg, family: Family, method, dtype, ops: LayerOps):
         super().__init__()
         num_experts = getattr(cfg, family.num_experts_key)
+        shared = getattr(cfg, "shared_expert_intermediate_size", 0)
         self.gate = router_linear(cfg.hidden_size, num_experts, method, dtype)
         self.experts = FusedMoE(
             num_experts,
@@ -72,21 +73,28 @@ class SparseMoeBlock(Layer):
             method,
             dtype,
             ops,
+            reduce_results=not shared,  # with a shared expert, both are reduced in one sum
         )
-        shared = getattr(cfg, "shared_expert_intermediate_size", 0)
         if shared:
-            self.shared_expert = GatedMLP(cfg.hidden_size, shared, False, method, dtype, ops)
+            self.shared_expert = GatedMLP(
+                cfg.hidden_size, shared, False, method, dtype, ops, reduce_results=False
+            )
             self.shared_expert_gate = router_linear(cfg.hidden_size, 1, method, dtype)
 
     def forward(self, x):
         out = self.experts(x, self.gate(x))
         if hasattr(self, "shared_expert"):
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            gated = torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = self.experts.with_shared(out, gated)
         return out
 
 
 class MoeForCausalLM(DecoderForCausalLM):
+    """Under tensor parallelism attention splits by kv-head groups, dense layers and the shared
+    expert as dense MLPs, and the routed experts by intermediate slice (the router replicated)."""
+
     architectures = ("MixtralForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+    tensor_parallel_capable = True
 
     def decoder_layer(self, cfg, index: int, method, dtype, ops: LayerOps) -> Layer:
         family = FAMILIES[cfg.model_type]

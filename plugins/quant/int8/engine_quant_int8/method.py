@@ -26,6 +26,7 @@ class Int8WeightOnly(QuantMethod):
     name = "int8-w8a16"
     quantizes_experts = True
     shards_for_tensor_parallel = True
+    experts_whole_because = "each expert's int8 row scales are taken over whole down rows at load"
 
     @classmethod
     def supports(cls, platform) -> list[str]:

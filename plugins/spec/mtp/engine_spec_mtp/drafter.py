@@ -8,7 +8,12 @@ position j - 1 beside the hidden state h_{j-1}; it writes its own KV cache (one 
 MTP layer, indexed by the target's block tables) and chains k draft steps, each feeding back its
 own output as the next hidden state (step d runs MTP layer d mod the layer count, as vLLM).
 Positions whose hidden states it never saw (earlier prefill chunks) keep stale K/V: acceptance
-drops, exactness does not."""
+drops, exactness does not.
+
+Under tensor parallelism the module drafts on every rank (``drafts_on_every_rank``), as an
+EAGLE head does: it embeds with the target's vocabulary-parallel embedding, a collective every
+rank must join. The module itself is built whole on every rank (``load_model`` builds no
+tensor-parallel group); rank 0's greedy choice is shared so every rank feeds the same tokens on."""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from engine.runner.drafting import Chunk, chain_drafts, run_chunks
 
 class MTPDrafter(Drafter):
     needs_hidden_states = True
+    drafts_on_every_rank = True
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -61,4 +67,4 @@ class MTPDrafter(Drafter):
             depth=depth,
         )
         tokens = self.model.compute_logits(out[rows], depth=depth).argmax(dim=-1).tolist()
-        return out, rows, tokens
+        return out, rows, self.ctx.share(tokens)

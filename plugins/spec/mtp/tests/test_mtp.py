@@ -181,6 +181,40 @@ def test_acceptance_where_the_module_predicts_the_target(tmp_path):
     assert stats["spec_accepted_tokens"] >= 0.95 * stats["spec_draft_tokens"], stats
 
 
+@pytest.mark.slow  # two mp worker starts and a one-rank engine
+def test_two_ranks_draft_greedy_exact_with_a_tensor_parallel_target(tmp_path):
+    """TP=2 (mp, gloo): the DeepSeek-V3 target split by heads and expert slices, the MTP module
+    whole on both ranks, drafting on each (the embedding is vocabulary-parallel). Greedy tokens
+    with a random module equal one rank's without speculation; where the module predicts the
+    target, nearly every draft is accepted at TP=2 too."""
+    from engine import LLM, SamplingParams
+
+    tp2 = dict(OPTIONS, device="cpu", tensor_parallel_size=2, distributed_executor_backend="mp")
+    spec = {"method": "deepseek_mtp", "num_speculative_tokens": 2}
+    params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
+    prompts = reference.random_prompts(V3["vocab_size"], [6, 19, 11, 30], seed=2)
+    for predicts in (False, True):
+        folder = tmp_path / f"predicts-{predicts}"
+        write_v3_with_mtp(str(folder), seed=9, predicts_target=predicts)
+        baseline = LLM(str(folder), **OPTIONS, device="cpu")
+        try:
+            expected = [o.outputs[0].token_ids for o in baseline.generate(prompts, params)]
+        finally:
+            baseline.engine.shutdown()
+        llm = LLM(str(folder), **tp2, speculative_config=spec)
+        try:
+            got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+            stats = llm.engine.stats()
+        finally:
+            llm.engine.shutdown()
+        assert got == expected, f"predicts_target={predicts}: TP=2 with MTP must equal one rank without"
+        assert stats["spec_draft_tokens"] > 0
+        if predicts:
+            assert stats["spec_accepted_tokens"] >= 0.95 * stats["spec_draft_tokens"], stats
+        accepted, drafted = stats["spec_accepted_tokens"], stats["spec_draft_tokens"]
+        print(f"predicts_target={predicts}: accepted {accepted} of {drafted}")
+
+
 @pytest.mark.parametrize("case", ["llama", "no-mtp-layers", "no-mtp-weights"])
 def test_refused_without_an_mtp_module(tmp_path, case):
     from engine import LLM
