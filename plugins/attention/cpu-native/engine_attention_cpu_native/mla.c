@@ -116,34 +116,37 @@ static inline __m256 sum8(const __m256 a[8]) {
     return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20), _mm256_permute2f128_ps(s0123, s4567, 0x31));
 }
 
-/* two heads by four tokens a step: six loads per eight multiply-adds. An odd last head and a
- * block's last tokens repeat a real row (computed, never stored). */
+/* two heads by four tokens a step: six loads per eight multiply-adds. Tokens outer, heads inner:
+ * a group's eight key rows (18 KB) stay in L1 while the tile's queries stream past them, so a
+ * block crosses from L2 once. An odd last head and a block's last tokens repeat a real row
+ * (computed, never stored). */
 static void scores_avx2(const float *q, int64_t heads, int64_t entry, const float *keys, int64_t count,
                         float scale, float *scores, int64_t stride) {
-    for (int64_t h = 0; h < heads; h += 2) {
-        const float *q0 = q + h * entry, *q1 = h + 1 < heads ? q0 + entry : q0;
-        for (int64_t t = 0; t < count; t += 4) {
-            const float *k[4];
-            for (int64_t i = 0; i < 4; i++) k[i] = keys + (t + i < count ? t + i : count - 1) * entry;
-            __m256 a[8];
-            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
-            for (int64_t d = 0; d < entry; d += 8) {
-                __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
-                for (int i = 0; i < 4; i++) {
-                    __m256 y = _mm256_loadu_ps(k[i] + d);
-                    a[i] = _mm256_fmadd_ps(x0, y, a[i]);
-                    a[4 + i] = _mm256_fmadd_ps(x1, y, a[4 + i]);
+    for (int64_t group = 0; group < count; group += 8)
+        for (int64_t h = 0; h < heads; h += 2) {
+            const float *q0 = q + h * entry, *q1 = h + 1 < heads ? q0 + entry : q0;
+            for (int64_t t = group; t < group + 8 && t < count; t += 4) {
+                const float *k[4];
+                for (int64_t i = 0; i < 4; i++) k[i] = keys + (t + i < count ? t + i : count - 1) * entry;
+                __m256 a[8];
+                for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
+                for (int64_t d = 0; d < entry; d += 8) {
+                    __m256 x0 = _mm256_loadu_ps(q0 + d), x1 = _mm256_loadu_ps(q1 + d);
+                    for (int i = 0; i < 4; i++) {
+                        __m256 y = _mm256_loadu_ps(k[i] + d);
+                        a[i] = _mm256_fmadd_ps(x0, y, a[i]);
+                        a[4 + i] = _mm256_fmadd_ps(x1, y, a[4 + i]);
+                    }
+                }
+                float lanes[8];
+                _mm256_storeu_ps(lanes, _mm256_mul_ps(sum8(a), _mm256_set1_ps(scale)));
+                int64_t n = count - t < 4 ? count - t : 4;
+                for (int64_t i = 0; i < n; i++) {
+                    scores[h * stride + t + i] = lanes[i];
+                    if (h + 1 < heads) scores[(h + 1) * stride + t + i] = lanes[4 + i];
                 }
             }
-            float lanes[8];
-            _mm256_storeu_ps(lanes, _mm256_mul_ps(sum8(a), _mm256_set1_ps(scale)));
-            int64_t n = count - t < 4 ? count - t : 4;
-            for (int64_t i = 0; i < n; i++) {
-                scores[h * stride + t + i] = lanes[i];
-                if (h + 1 < heads) scores[(h + 1) * stride + t + i] = lanes[4 + i];
-            }
         }
-    }
 }
 
 static inline float reduce_max8(__m256 v) {
@@ -185,59 +188,48 @@ static float softmax_step_avx2(float *scores, int64_t count, float *max, float *
     return correction;
 }
 
-/* two heads by 32 latent lanes (8 accumulators in registers) with the tokens inner: four loads
- * and two broadcasts per eight multiply-adds; an odd last head with 4 accumulators */
+/* acc_h += p_h,t · latent_t over 32 latent lanes of two heads (8 accumulators in registers) */
+static inline void accumulate_pair_avx2(float *acc0, float *acc1, __m256 c0, __m256 c1, const float *p0,
+                                        const float *p1, const float *vectors, int64_t count, int64_t entry,
+                                        int64_t lanes) {
+    __m256 a[4], b[4];
+    for (int i = 0; i < lanes; i++) {
+        a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + 8 * i), c0);
+        b[i] = _mm256_mul_ps(_mm256_loadu_ps(acc1 + 8 * i), c1);
+    }
+    for (int64_t t = 0; t < count; t++) {
+        const float *v = vectors + t * entry;
+        __m256 w0 = _mm256_broadcast_ss(p0 + t), w1 = _mm256_broadcast_ss(p1 + t);
+        for (int i = 0; i < lanes; i++) {
+            __m256 x = _mm256_loadu_ps(v + 8 * i);
+            a[i] = _mm256_fmadd_ps(w0, x, a[i]);
+            b[i] = _mm256_fmadd_ps(w1, x, b[i]);
+        }
+    }
+    for (int i = 0; i < lanes; i++) {
+        _mm256_storeu_ps(acc0 + 8 * i, a[i]);
+        _mm256_storeu_ps(acc1 + 8 * i, b[i]);
+    }
+}
+
+/* two heads by 32 latent lanes at a time, four loads and two broadcasts per eight multiply-adds;
+ * lanes outer, heads inner, so a 32-lane column of the block (2 KB) stays in L1 for every head
+ * and the block crosses from L2 once. An odd last head is paired with itself (the same values
+ * computed twice, stored twice). */
 static void accumulate_avx2(float *acc, int64_t heads, int64_t rank, const float *correction,
                             const float *probs, int64_t stride, const float *vectors, int64_t count,
                             int64_t entry) {
-    int64_t h = 0;
-    for (; h + 2 <= heads; h += 2) {
-        float *acc0 = acc + h * rank, *acc1 = acc0 + rank;
-        const float *p0 = probs + h * stride, *p1 = p0 + stride;
-        __m256 c0 = _mm256_set1_ps(correction[h]), c1 = _mm256_set1_ps(correction[h + 1]);
-        for (int64_t d = 0; d < rank; d += 32) {
-            int64_t lanes = rank - d < 32 ? (rank - d) / 8 : 4;
-            __m256 a[4], b[4];
-            for (int i = 0; i < lanes; i++) {
-                a[i] = _mm256_mul_ps(_mm256_loadu_ps(acc0 + d + 8 * i), c0);
-                b[i] = _mm256_mul_ps(_mm256_loadu_ps(acc1 + d + 8 * i), c1);
-            }
-            if (lanes == 4) {
-                for (int64_t t = 0; t < count; t++) {
-                    const float *v = vectors + t * entry + d;
-                    __m256 w0 = _mm256_broadcast_ss(p0 + t), w1 = _mm256_broadcast_ss(p1 + t);
-                    for (int i = 0; i < 4; i++) {
-                        __m256 x = _mm256_loadu_ps(v + 8 * i);
-                        a[i] = _mm256_fmadd_ps(w0, x, a[i]);
-                        b[i] = _mm256_fmadd_ps(w1, x, b[i]);
-                    }
-                }
-            } else {
-                for (int64_t t = 0; t < count; t++) {
-                    const float *v = vectors + t * entry + d;
-                    __m256 w0 = _mm256_broadcast_ss(p0 + t), w1 = _mm256_broadcast_ss(p1 + t);
-                    for (int i = 0; i < lanes; i++) {
-                        __m256 x = _mm256_loadu_ps(v + 8 * i);
-                        a[i] = _mm256_fmadd_ps(w0, x, a[i]);
-                        b[i] = _mm256_fmadd_ps(w1, x, b[i]);
-                    }
-                }
-            }
-            for (int i = 0; i < lanes; i++) {
-                _mm256_storeu_ps(acc0 + d + 8 * i, a[i]);
-                _mm256_storeu_ps(acc1 + d + 8 * i, b[i]);
-            }
-        }
-    }
-    for (; h < heads; h++) {
-        float *acc0 = acc + h * rank;
-        const float *p0 = probs + h * stride;
-        __m256 c0 = _mm256_set1_ps(correction[h]);
-        for (int64_t d = 0; d < rank; d += 8) {
-            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(acc0 + d), c0);
-            for (int64_t t = 0; t < count; t++)
-                a = _mm256_fmadd_ps(_mm256_broadcast_ss(p0 + t), _mm256_loadu_ps(vectors + t * entry + d), a);
-            _mm256_storeu_ps(acc0 + d, a);
+    for (int64_t d = 0; d < rank; d += 32) {
+        int64_t lanes = rank - d < 32 ? (rank - d) / 8 : 4;
+        for (int64_t h = 0; h < heads; h += 2) {
+            int64_t h1 = h + 1 < heads ? h + 1 : h;
+            __m256 c0 = _mm256_set1_ps(correction[h]), c1 = _mm256_set1_ps(correction[h1]);
+            if (lanes == 4)
+                accumulate_pair_avx2(acc + h * rank + d, acc + h1 * rank + d, c0, c1, probs + h * stride,
+                                     probs + h1 * stride, vectors + d, count, entry, 4);
+            else
+                accumulate_pair_avx2(acc + h * rank + d, acc + h1 * rank + d, c0, c1, probs + h * stride,
+                                     probs + h1 * stride, vectors + d, count, entry, lanes);
         }
     }
 }

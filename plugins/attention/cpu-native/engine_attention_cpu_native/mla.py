@@ -185,7 +185,9 @@ class MLANativeBackend(AttentionBackend):
         """[B, H, *] decode rows: W_UK folded into the query, the latent pages attended in C,
         W_UV applied to the attended latents (float32 throughout, as mla-torch)."""
         s, latent = self.spec, self.spec.latent
-        assert latent is not None and kv_cache.is_contiguous()
+        assert latent is not None  # kv_cache_shape refused a spec without one
+        if not kv_cache.is_contiguous():  # the kernel addresses blocks by their index
+            raise ValueError("mla-cpu-native reads a contiguous latent cache only")
         q_latent = torch.bmm(q_nope.float().transpose(0, 1), up.key.float())  # [H, B, rank]
         query = torch.cat([q_latent.transpose(0, 1), q_rope.float()], dim=-1).contiguous()
         attended = torch.empty(query.shape[0], s.num_heads, latent.kv_lora_rank)
