@@ -69,13 +69,13 @@ def random_up_projection(dtype, gen, shapes=SHAPES) -> LatentUpProjection:
 
 def _sequence(length: int, dtype, gen, shapes=SHAPES) -> dict[str, torch.Tensor]:
     s = shapes
-    shapes = {
+    sizes = {
         "q_nope": (length, s["heads"], s["nope"]),
         "q_rope": (length, s["heads"], s["rope"]),
         "latent": (length, s["rank"]),
         "k_rope": (length, s["rope"]),
     }
-    return {name: torch.randn(*shape, generator=gen).to(dtype) for name, shape in shapes.items()}
+    return {name: torch.randn(*shape, generator=gen).to(dtype) for name, shape in sizes.items()}
 
 
 def reference_latent_attention(seq: dict[str, torch.Tensor], a: int, b: int, up, scale: float):
