@@ -1,14 +1,16 @@
-"""Multi-head latent attention: one layer's decode step on the paged latent cache, the absorbed
-path (attention on the latent pages in place) against the same backend's naive path (the
-context decompressed into per-head K/V every step), and the KV bytes per token of each layout.
+"""Multi-head latent attention: one layer's decode step on the paged latent cache — the C kernel
+(``mla-cpu-native``: the latent pages attended in place in C), mla-torch's absorbed path (the
+same attention on the latent pages in torch) and its naive path (the context decompressed into
+per-head K/V every step) — and the KV bytes per token of each layout.
 
     python benchmarks/mla.py [--batches 1 16 64] [--context 4096] [--repeats 3] [--threads N]
-                             [--shape v2-lite|v3]
+                             [--shape v2-lite|v3] [--no-naive]
 
 The shape is DeepSeek-V2-Lite's attention (16 heads) or V3's (128 heads): kv_lora_rank 512,
 rope 64, nope 128, value 128, bf16, blocks of 16 tokens scattered over the pool. Each batch
-row is one request of ``--context`` cached tokens decoding one more; the two paths' calls
-are interleaved (``attention.time_calls``), median of ``--repeats``.
+row is one request of ``--context`` cached tokens decoding one more; the three calls are
+interleaved (``attention.time_calls``), median of ``--repeats``; ``--no-naive`` leaves the naive
+path out (it takes over a minute a call at batch 64).
 """
 
 from __future__ import annotations
@@ -55,12 +57,17 @@ def decode_layout(batch: int, context: int, gen: torch.Generator) -> tuple[Batch
     return layout, num_blocks
 
 
-def measure(heads: int, batch: int, context: int, repeats: int) -> dict[str, float]:
+def measure(heads: int, batch: int, context: int, repeats: int, naive: bool) -> dict[str, float]:
     registry, platform, gen = load_plugins(), CpuPlatform(), torch.Generator().manual_seed(0)
     layout, num_blocks = decode_layout(batch, context, gen)
+    torch_mla = registry.get("attention_backends", "mla-torch")
     backends = {
-        path: registry.get("attention_backends", "mla-torch")(spec(heads), platform, decode_path=path)
-        for path in ("absorbed", "naive")
+        "c": registry.get("attention_backends", "mla-cpu-native")(spec(heads), platform, registry=registry),
+        **{
+            path: torch_mla(spec(heads), platform, decode_path=path)
+            for path in ("absorbed", "naive")
+            if naive or path == "absorbed"
+        },
     }
     cache = (torch.randn(num_blocks, BLOCK, RANK + ROPE, generator=gen) * 0.5).to(torch.bfloat16)
     up = LatentUpProjection(
@@ -75,12 +82,16 @@ def measure(heads: int, batch: int, context: int, repeats: int) -> dict[str, flo
     ]
     metadata = {path: backend.build_metadata(layout) for path, backend in backends.items()}
     outputs = {path: backends[path].forward_latent(*inputs, cache, metadata[path], up) for path in backends}
-    drift = (outputs["absorbed"].float() - outputs["naive"].float()).abs().max().item()
+    drift = {
+        f"max |{path} - absorbed|": (outputs[path].float() - outputs["absorbed"].float()).abs().max().item()
+        for path in backends
+        if path != "absorbed"
+    }
     calls = {
         path: (lambda b=backend, m=metadata[path]: b.forward_latent(*inputs, cache, m, up))
         for path, backend in backends.items()
     }
-    return time_calls(calls, repeats) | {"max |absorbed - naive|": drift}
+    return time_calls(calls, repeats) | drift
 
 
 def main():
@@ -90,6 +101,7 @@ def main():
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--shape", choices=sorted(HEADS), default="v2-lite")
+    parser.add_argument("--no-naive", action="store_true", help="leave the naive path out")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -100,13 +112,18 @@ def main():
         f"one layer's decode, {args.shape} ({heads} heads), context {args.context}, bf16, "
         f"{torch.get_num_threads()} threads, median of {args.repeats}"
     )
-    print(f"{'batch':>5} {'absorbed ms':>12} {'naive ms':>10} {'speed-up':>9} {'max diff':>9}")
+    print(
+        f"{'batch':>5} {'C ms':>8} {'absorbed ms':>12} {'naive ms':>10} {'absorbed/C':>10} {'naive/C':>8} "
+        f"{'|C-abs|':>8} {'|naive-abs|':>11}"
+    )
     with torch.inference_mode():
         for batch in args.batches:
-            t = measure(heads, batch, args.context, args.repeats)
+            t = measure(heads, batch, args.context, args.repeats, not args.no_naive)
+            naive = t.get("naive", float("nan"))
             print(
-                f"{batch:>5} {t['absorbed'] * 1e3:>12.2f} {t['naive'] * 1e3:>10.2f} "
-                f"{t['naive'] / t['absorbed']:>8.1f}x {t['max |absorbed - naive|']:>9.2e}"
+                f"{batch:>5} {t['c'] * 1e3:>8.2f} {t['absorbed'] * 1e3:>12.2f} {naive * 1e3:>10.2f} "
+                f"{t['absorbed'] / t['c']:>9.1f}x {naive / t['c']:>7.1f}x "
+                f"{t['max |c - absorbed|']:>8.1e} {t.get('max |naive - absorbed|', float('nan')):>11.1e}"
             )
 
 

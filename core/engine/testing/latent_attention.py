@@ -5,8 +5,10 @@ and the rotated key part every head shares; the reference decompresses it into p
 (:func:`engine.testing.attention.reference_attention`). As in the per-head kit: prefill, decode
 and mixed batches, a later chunk after a cached prefix, several block sizes, lengths that are
 not block multiples, blocks scattered in the pool, prefix-cached blocks another request wrote,
-several layers through one step's metadata, another query scale; call 1 writes each request's
-context through the backend itself, call 2 runs the batch under test over it."""
+several layers through one step's metadata, another query scale, and a wide shape (more heads
+than a kernel's tile, an odd count; a latent of whole SIMD vectors) over long ragged contexts;
+call 1 writes each request's context through the backend itself, call 2 runs the batch under test
+over it."""
 
 from __future__ import annotations
 
@@ -29,10 +31,13 @@ from engine.testing.attention import (
 
 # DeepSeek-V2/V3's proportions, shrunk: latent 32, rotary 8, per head 16 without rotary and 16 of value
 SHAPES = dict(heads=4, rank=32, rope=8, nope=16, value=16)
+# more heads than a tile of 16 and an odd count; latent and rotary parts of whole 8- and 16-lane vectors
+WIDE_SHAPES = dict(heads=19, rank=64, rope=16, nope=32, value=32)
 
 
-def latent_spec(dtype, block_size: int, query_scale: float | None = None) -> AttentionSpec:
-    s = SHAPES
+def latent_spec(dtype, block_size: int, query_scale: float | None = None, shapes=SHAPES) -> AttentionSpec:
+    """A latent layer's spec; ``shapes`` as :data:`SHAPES` (the value size is the nope size)."""
+    s = shapes
     return AttentionSpec(
         num_heads=s["heads"],
         num_kv_heads=1,
@@ -44,8 +49,17 @@ def latent_spec(dtype, block_size: int, query_scale: float | None = None) -> Att
     )
 
 
-def random_up_projection(dtype, gen) -> LatentUpProjection:
-    s = SHAPES
+def shapes_of(spec: AttentionSpec) -> dict[str, int]:
+    """The sizes :func:`latent_spec` built ``spec`` from."""
+    assert spec.latent is not None
+    nope = spec.head_dim - spec.latent.rope_dim
+    return dict(
+        heads=spec.num_heads, rank=spec.latent.kv_lora_rank, rope=spec.latent.rope_dim, nope=nope, value=nope
+    )
+
+
+def random_up_projection(dtype, gen, shapes=SHAPES) -> LatentUpProjection:
+    s = shapes
     scale = s["rank"] ** -0.5
     return LatentUpProjection(
         (torch.randn(s["heads"], s["nope"], s["rank"], generator=gen) * scale).to(dtype),
@@ -53,15 +67,15 @@ def random_up_projection(dtype, gen) -> LatentUpProjection:
     )
 
 
-def _sequence(length: int, dtype, gen) -> dict[str, torch.Tensor]:
-    s = SHAPES
-    shapes = {
+def _sequence(length: int, dtype, gen, shapes=SHAPES) -> dict[str, torch.Tensor]:
+    s = shapes
+    sizes = {
         "q_nope": (length, s["heads"], s["nope"]),
         "q_rope": (length, s["heads"], s["rope"]),
         "latent": (length, s["rank"]),
         "k_rope": (length, s["rope"]),
     }
-    return {name: torch.randn(*shape, generator=gen).to(dtype) for name, shape in shapes.items()}
+    return {name: torch.randn(*shape, generator=gen).to(dtype) for name, shape in sizes.items()}
 
 
 def reference_latent_attention(seq: dict[str, torch.Tensor], a: int, b: int, up, scale: float):
@@ -85,18 +99,18 @@ def run_latent_calls(backend, spec, requests, num_blocks: int, shares=None, num_
     own cache, inputs and up-projection. -> [(output, expected)] per call and layer."""
     gen = torch.Generator().manual_seed(seed)
     bs, shares, device = spec.block_size, shares or {}, backend.platform.device
-    tables = _tables(requests, shares, bs, num_blocks, gen)
+    tables, shapes = _tables(requests, shares, bs, num_blocks, gen), shapes_of(spec)
     caches = [
         torch.zeros(backend.kv_cache_shape(num_blocks), dtype=spec.cache_dtype, device=device)
         for _ in range(num_layers)
     ]
     layers = []
     for _ in range(num_layers):
-        seqs = [_sequence(ctx + n, spec.dtype, gen) for ctx, n in requests]
+        seqs = [_sequence(ctx + n, spec.dtype, gen, shapes) for ctx, n in requests]
         for i, (donor, shared) in shares.items():
             for name in ("latent", "k_rope"):
                 seqs[i][name][: shared * bs] = seqs[donor][name][: shared * bs]
-        layers.append((seqs, random_up_projection(spec.dtype, gen)))
+        layers.append((seqs, random_up_projection(spec.dtype, gen, shapes)))
     results = []
     for first in (True, False):
         written = [ctx - shares.get(i, (0, 0))[1] * bs if first else n for i, (ctx, n) in enumerate(requests)]
@@ -154,10 +168,15 @@ class LatentAttentionContract:
         """The backend built for ``spec`` as the engine builds it; it must accept the spec."""
         platform, registry = self.platform_cls(), load_plugins()
         registration = registry.registration("attention_backends", self.backend_name)
-        cls = registration.load()
+        cls = self.variant(registration.load())
         handed, reasons = backend_reasons(cls, registration.api, spec, platform)
         assert not reasons, f"{self.backend_name} refuses a latent spec: {reasons}"
         return construct(cls, registration.api, handed, platform, registry)
+
+    def variant(self, cls):
+        """The class under test given the registered one; a subclass may return a variant of it
+        (another kernel of the same backend)."""
+        return cls
 
     def check(self, backend, spec: AttentionSpec, requests, **kwargs):
         tol = self.dtype_tolerances[spec.dtype]
@@ -183,6 +202,13 @@ class LatentAttentionContract:
     def test_query_scale(self, batch, dtype):
         """Another query scale (YaRN's mscale² over √head_dim in DeepSeek)."""
         spec = latent_spec(dtype, 8, query_scale=0.3)
+        self.check(self.backend(spec), spec, BATCHES[batch])
+
+    @pytest.mark.parametrize("batch", ["decode-ragged", "long-later-chunk"])
+    def test_wide_shape_over_long_contexts(self, batch, dtype):
+        """:data:`WIDE_SHAPES`: a kernel tiling heads meets a partial tile, ragged contexts up to
+        451 tokens over blocks scattered in the pool."""
+        spec = latent_spec(dtype, 16, shapes=WIDE_SHAPES)
         self.check(self.backend(spec), spec, BATCHES[batch])
 
     def test_cache_is_one_vector_per_token(self):

@@ -1,5 +1,6 @@
-"""The latent cache as the engine runs a DeepSeek model: decode goes through the absorbed path
-and agrees with the naive one forced on it; the pool is sized at the latent's bytes per token;
+"""The latent cache as the engine runs a DeepSeek model: the cpu-native platform attends it with
+the C kernel (mla-cpu-native); decode goes through the absorbed path, in C and in torch, and agrees
+with the naive one forced on it; the pool is sized at the latent's bytes per token;
 without a backend that reads the layout the model is refused naming it."""
 
 from __future__ import annotations
@@ -31,10 +32,17 @@ def _generate(llm: LLM, prompts):
     return llm.generate(prompts, params)
 
 
-def test_decode_runs_absorbed_and_equals_the_naive_path(checkpoint):
-    llm = LLM(checkpoint, dtype="float32", num_blocks=64, block_size=8)
+def test_the_cpu_native_platform_attends_the_latent_in_c(checkpoint):
+    llm = LLM(checkpoint, dtype="float32", num_blocks=40)
+    assert llm.engine.platform.name == "cpu-native"
+    assert llm.engine.attention.name == "mla-cpu-native"
+
+
+@pytest.mark.parametrize("backend_name", ["mla-cpu-native", "mla-torch"])
+def test_decode_runs_absorbed_and_equals_the_naive_path(checkpoint, backend_name):
+    llm = LLM(checkpoint, dtype="float32", num_blocks=64, block_size=8, attention_backend=backend_name)
     backend = llm.engine.attention
-    assert backend.name == "mla-torch"
+    assert backend.name == backend_name
     prompts = reference.random_prompts(CONFIG["vocab_size"], [6, 19, 11], seed=3)
     absorbed = _generate(llm, prompts)
     assert backend.path_rows["absorbed"] >= 3 * 7, backend.path_rows  # every decoded token

@@ -19,7 +19,7 @@ from engine_platforms_cpu_native.ops import NativeLayerOps
 class NativeCpuPlatform(CpuPlatform):
     name = "cpu-native"
     priority = 1
-    preferred_attention_backends = ("cpu-native", "torch")
+    preferred_attention_backends = ("cpu-native", "mla-cpu-native", "torch")
 
     @classmethod
     def unavailable_reasons(cls) -> list[str]:
