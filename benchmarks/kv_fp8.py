@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import time
 
 import attrs
 import torch
@@ -105,9 +106,15 @@ def end_to_end(kv_dtype: str, batch: int, context: int, steps: int) -> None:
             prompt = [(7 * i + j) % 1000 + 10 for j in range(context)]
             params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
             engine.add_request(Request(f"{name}-{i}", prompt, params))
-        prefill_all(engine, batch)
+        start = time.perf_counter()
+        prefill_all(engine, batch, progress_s=30)
+        print(f"{name} cache: {batch} x {context} tokens prefilled in {time.perf_counter() - start:.0f} s")
         engines[name] = engine
     medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
+    for name, engine in engines.items():
+        requests = engine.lifecycle.requests.values()
+        assert len(requests) == batch, f"{name}: a request finished while the steps were timed"
+        assert not any(r.num_preemptions for r in requests), f"{name}: a request was preempted"
     base, new = medians["auto"] * 1e3, medians[kv_dtype] * 1e3
     print(f"LLM() decode step at batch {batch} x context {context}, median of {steps}:")
     print(f"  bf16 cache {base:.1f} ms, {kv_dtype} cache {new:.1f} ms, bf16/{kv_dtype} {base / new:.2f}x")
