@@ -4,6 +4,7 @@ by side in one run.
     python benchmarks/kv_fp8.py [--kv-cache-dtype fp8] [--windows 8] [--prompt-len 64]
                                 [--length 64] [--batch 64] [--context 2048] [--steps 5]
                                 [--repeats 15] [--threads N] [--skip-quality] [--skip-e2e]
+    python benchmarks/kv_fp8.py --rounding TOKENS
 
 Quality: the held text's windows (``engine.testing.divergence``) teacher-forced through
 ``LLM()`` with each cache — the share of positions whose most likely next token agrees and the
@@ -12,7 +13,10 @@ greedy tokens from each window's prompt, the share equal position by position an
 length before the first difference. Speed: one layer's cpu-native decode attention at
 ``--batch`` requests of ``--context`` tokens on the default model's shape, bf16 against fp8
 pages, calls interleaved; then one decode step of ``LLM()`` with each cache at that batch and
-context (every prompt prefilled first, steps of the two engines interleaved), median of each.
+context (every prompt prefilled first, with progress; steps of the two engines interleaved,
+checked free of preemption), median of each. ``--rounding``: only the relative RMS error of the
+default model's own keys and values on that many held tokens, stored as e4m3, e5m2 and as int8
+with a scale per token and head (what an int8 cache would buy, ``docs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import statistics
+import time
 
 import attrs
 import torch
@@ -29,6 +34,7 @@ from offline_throughput import prefill_all
 from engine import LLM, SamplingParams
 from engine.builtin.platforms import CpuPlatform
 from engine.interfaces import KV_CACHE_DTYPES, KVScale
+from engine.layers.attention import Attention
 from engine.messages.request import Request
 from engine.plugins import load_plugins
 from engine.testing import divergence
@@ -72,6 +78,52 @@ def quality(kv_dtype: str, windows: int, prompt_len: int, length: int) -> None:
     print(f" (mean {statistics.mean(first):.1f})")
 
 
+def captured_kv(llm: LLM, prompt: list[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each attention layer's keys and values [tokens, kv heads, head_dim] for ``prompt``."""
+    captured = []
+
+    def keeping(forward):  # the engine's layers skip module hooks: the call is wrapped instead
+        def wrapped(q, k, v, *args, **kwargs):
+            captured.append((k.detach().float().clone(), v.detach().float().clone()))
+            return forward(q, k, v, *args, **kwargs)
+
+        return wrapped
+
+    layers = [m for m in llm.engine.model.modules() if isinstance(m, Attention)]
+    for layer in layers:
+        layer.forward = keeping(layer.forward)
+    try:
+        llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=1), use_tqdm=False)
+    finally:
+        for layer in layers:
+            del layer.forward
+    head_dim = SPEC.head_dim  # the default model's, as the attention benchmark's spec says
+    return [(k.reshape(k.shape[0], -1, head_dim), v.reshape(v.shape[0], -1, head_dim)) for k, v in captured]
+
+
+def int8_per_head(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to int8 with one absmax scale per (token, head): an int8 cache's best case."""
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+    return (x / scale).round().clamp(-127, 127) * scale
+
+
+def rounding(tokens: int) -> None:
+    """Relative RMS error of the default model's own keys and values stored per cache format."""
+    llm = LLM()
+    prompt = divergence.held_windows(llm.tokenizer, 1, tokens, 0)[0][0]
+    formats = {
+        "fp8 e4m3 (scale 1)": lambda x: x.to(torch.float8_e4m3fn).float(),
+        "fp8 e5m2 (scale 1)": lambda x: x.to(torch.float8_e5m2).float(),
+        "int8, a scale per token and head": int8_per_head,
+    }
+    print(f"relative RMS rounding error of K and V, {tokens} held tokens, mean over layers:")
+    kv = captured_kv(llm, prompt)
+    for name, store in formats.items():
+        errors = [[((store(x) - x).norm() / x.norm()).item() for x in pair] for pair in kv]
+        k_err, v_err = (statistics.mean(column) for column in zip(*errors))
+        print(f"  {name}: K {k_err:.4f}, V {v_err:.4f}")
+
+
 def attention(kv_dtype: str, batch: int, context: int, repeats: int) -> None:
     """One layer's cpu-native decode attention over bf16 and fp8 pages, interleaved."""
     registry, platform = load_plugins(), CpuPlatform()
@@ -105,9 +157,15 @@ def end_to_end(kv_dtype: str, batch: int, context: int, steps: int) -> None:
             prompt = [(7 * i + j) % 1000 + 10 for j in range(context)]
             params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
             engine.add_request(Request(f"{name}-{i}", prompt, params))
-        prefill_all(engine, batch)
+        start = time.perf_counter()
+        prefill_all(engine, batch, progress_s=30)
+        print(f"{name} cache: {batch} x {context} tokens prefilled in {time.perf_counter() - start:.0f} s")
         engines[name] = engine
     medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
+    for name, engine in engines.items():
+        requests = engine.lifecycle.requests.values()
+        assert len(requests) == batch, f"{name}: a request finished while the steps were timed"
+        assert not any(r.num_preemptions for r in requests), f"{name}: a request was preempted"
     base, new = medians["auto"] * 1e3, medians[kv_dtype] * 1e3
     print(f"LLM() decode step at batch {batch} x context {context}, median of {steps}:")
     print(f"  bf16 cache {base:.1f} ms, {kv_dtype} cache {new:.1f} ms, bf16/{kv_dtype} {base / new:.2f}x")
@@ -141,11 +199,20 @@ def main():
     parser.add_argument("--threads", type=int, help="torch (and OpenMP) threads; default: torch's")
     parser.add_argument("--skip-quality", action="store_true", help="no quality figures")
     parser.add_argument(
+        "--rounding",
+        type=int,
+        metavar="TOKENS",
+        help="only the K/V rounding error of fp8 and a per-head int8 on this many held tokens",
+    )
+    parser.add_argument(
         "--skip-e2e", action="store_true", help="no LLM() decode step (the attention call only)"
     )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.rounding:
+        rounding(args.rounding)
+        return
     if not args.skip_quality:
         quality(args.kv_cache_dtype, args.windows, args.prompt_len, args.length)
     attention(args.kv_cache_dtype, args.batch, args.context, args.repeats)

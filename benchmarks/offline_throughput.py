@@ -94,12 +94,23 @@ def decoding(engine) -> list:
     ]
 
 
-def prefill_all(engine, count: int) -> None:
+def prefill_all(engine, count: int, progress_s: float | None = None) -> None:
     """Step until all ``count`` requests added to ``engine`` have prefilled and decode (an
-    AssertionError if one finishes first: the step loop would otherwise wait for it forever)."""
+    AssertionError if one finishes first: the step loop would otherwise wait for it forever).
+    With ``progress_s``, print the prompt tokens computed so far at most that often."""
+    start = last = time.perf_counter()
     while len(decoding(engine)) < count:
         assert len(engine.lifecycle.requests) == count, "a request finished before all were prefilled"
         engine.step()
+        if progress_s is not None and time.perf_counter() - last >= progress_s:
+            last = time.perf_counter()
+            print(f"  prefill: {prefilled_tokens(engine)} tokens in {last - start:.0f} s", flush=True)
+
+
+def prefilled_tokens(engine) -> int:
+    """Prompt tokens the engine's requests have computed."""
+    requests = engine.lifecycle.requests.values()
+    return sum(min(r.num_computed_tokens, r.num_prompt_tokens) for r in requests)
 
 
 def decode_steps(llm, prompts, steps: int, profiler=None) -> list[float]:

@@ -26,7 +26,8 @@
  * type: paged_attention_<type>_<fp8>[_scalar]. Keys are widened to float32 in registers as the
  * scores read them, a block of values once into the float32 scratch bf16 values go to; the key
  * scale is folded into the score scale and the value scale into each output row's 1 / sum.
- * The AVX-512 e4m3 widening leaves out a constant 2^8, which UNIT puts back in both scales.
+ * The SIMD e4m3 widening (AVX-512, or AVX2 with F16C) leaves out a constant 2^8, which UNIT puts
+ * back in both scales.
  * write_kv_fp8 stores a step's K/V divided by the scales, as the core's quantize_kv does.
  */
 #include "attention.h"
@@ -342,14 +343,24 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
 #define softmax_step_simd softmax_step_scalar
 #define accumulate_simd accumulate_scalar
 #endif
-/* fp8 caches without AVX-512: the portable math */
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define scores_bf16_e4m3_simd scores_bf16_e4m3_avx2
+#define scores_bf16_e5m2_simd scores_bf16_e5m2_avx2
+#define scores_f32_e4m3_simd scores_f32_e4m3_avx2
+#define scores_f32_e5m2_simd scores_f32_e5m2_avx2
+#define block_e4m3_simd block_e4m3_avx2
+#define block_e5m2_simd block_e5m2_avx2
+#else
+/* fp8 caches without AVX-512 or F16C: the portable math */
 #define scores_bf16_e4m3_simd scores_bf16_e4m3_scalar
 #define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
 #define scores_f32_e4m3_simd scores_f32_e4m3_scalar
 #define scores_f32_e5m2_simd scores_f32_e5m2_scalar
 #define block_e4m3_simd block_e4m3
 #define block_e5m2_simd block_e5m2
+#undef E4M3_SIMD_UNIT
 #define E4M3_SIMD_UNIT 1.f
+#endif
 #endif
 
 /* ---- the driver, once per (storage type, math variant) -------------------------------- */

@@ -1,7 +1,7 @@
 /* 8-bit float KV cache values (torch's float8_e4m3fn and float8_e5m2) <-> float32, for
  * attention.c: scalar conversions by bit manipulation (the portable path and the cache write)
  * and, where the compiler targets AVX-512, 16 lanes at a time through the half-precision
- * converter: an e5m2 byte is the top byte of its float16, and an e4m3 byte's magnitude shifted
+ * converter (8 lanes on AVX2 with F16C): an e5m2 byte is the top byte of its float16, and an e4m3 byte's magnitude shifted
  * into a float16's exponent and mantissa is its value times 2^-8 (both biases are powers of two
  * apart: 7 against 15, subnormals included). Stores saturate to the largest finite value and
  * round to nearest, ties to even, as torch's cast of a clamped value does. */
@@ -11,7 +11,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__F16C__))
 #include <immintrin.h>
 #endif
 
@@ -77,6 +77,20 @@ static inline __m512 e4m3x16_load_over256(const uint8_t *p) {
 #define E4M3_SIMD_UNIT 256.f
 
 static inline __m512 e5m2x16_load_over1(const uint8_t *p) { return e5m2x16_load(p); }
+#elif defined(__AVX2__) && defined(__F16C__)
+/* the same on 8 lanes (AVX2 + F16C), for attention_avx2.h */
+static inline __m256 e5m2x8_load_over1(const uint8_t *p) {
+    __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    return _mm256_cvtph_ps(_mm_slli_epi16(bytes, 8));
+}
+
+static inline __m256 e4m3x8_load_over256(const uint8_t *p) {
+    __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    __m128i magnitude = _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x7F)), 7);
+    __m128i sign = _mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0x80)), 8);
+    return _mm256_cvtph_ps(_mm_or_si128(magnitude, sign));
+}
+#define E4M3_SIMD_UNIT 256.f
 #endif
 
 #endif

@@ -21,13 +21,14 @@ class PackedIntConfig:
     group: int | None
     zero_bias: int = 0
 
-    def group_for(self, input_size: int) -> int:
-        """The group size of a layer of ``input_size`` inputs; refuses one that does not divide it."""
+    def group_for(self, input_size: int, where: str = "") -> int:
+        """The group size of a layer of ``input_size`` inputs; refuses one that does not divide it
+        (``where`` says whose inputs they are, e.g. a tensor-parallel rank's)."""
         group = self.group or input_size
         if input_size % group:
             raise ValueError(
                 f"quantization: {self.method} group_size {group} does not divide a layer's "
-                f"input size {input_size}"
+                f"input size {input_size}{where}"
             )
         return group
 

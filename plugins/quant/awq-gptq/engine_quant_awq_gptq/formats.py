@@ -14,6 +14,11 @@ bits ``j·bits``, with a scale ``s`` and an integer zero point ``z`` per (group 
   ``g_idx`` is not ``i // group``: the inputs are reordered here so that each group is
   contiguous, and the caller reorders the activations the same way (:class:`Shard`'s
   ``input_order``) — the kernel then runs the weight as it runs any other.
+
+Under tensor parallelism each tensor is a rank's part (:mod:`engine_quant_awq_gptq.sharding`):
+cut along its packed and grouped dims in whole words and groups, except GPTQ's scales and zero
+points on a row-parallel layer, which every rank holds whole (its ``g_idx`` part names the
+groups its inputs fall in).
 """
 
 from __future__ import annotations
@@ -79,31 +84,53 @@ def awq_shard(tensors: dict, config: PackedIntConfig, rows: int, inputs: int, gr
     return Shard(_affine(q, zeros, tensors["scales"].t(), group, config.bits))
 
 
-def gptq_shard(tensors: dict, config: PackedIntConfig, rows: int, inputs: int, group: int) -> Shard:
-    """``qweight``, ``qzeros``, ``scales``, ``g_idx`` of a GPTQ projection [rows, inputs]."""
-    bits, per_word, groups = config.bits, 32 // config.bits, inputs // group
+def gptq_shard(
+    tensors: dict, config: PackedIntConfig, rows: int, inputs: int, group: int, stored_groups: int
+) -> Shard:
+    """``qweight``, ``qzeros``, ``scales``, ``g_idx`` of a GPTQ projection [rows, inputs], whose
+    scales and zero points hold ``stored_groups`` groups: ``inputs // group``, or — on a
+    row-parallel rank, which holds them whole, as vLLM does — the whole layer's. The groups the
+    rank's inputs hold are then picked out; where act-order leaves only part of some group here,
+    each input takes its own group's scale and zero point (a group of one: no packed kernel
+    holds it, so it is dequantized at load)."""
+    bits, per_word = config.bits, 32 // config.bits
     _expect("gptq", "qweight", tensors["qweight"], (inputs // per_word, rows))
-    _expect("gptq", "qzeros", tensors["qzeros"], (groups, rows // per_word))
-    _expect("gptq", "scales", tensors["scales"], (groups, rows))
+    _expect("gptq", "qzeros", tensors["qzeros"], (stored_groups, rows // per_word))
+    _expect("gptq", "scales", tensors["scales"], (stored_groups, rows))
     _expect("gptq", "g_idx", tensors["g_idx"], (inputs,))
     q = unpack_words(tensors["qweight"].t(), bits).reshape(rows, inputs)
-    zeros = unpack_words(tensors["qzeros"], bits).reshape(groups, rows).t() + config.zero_bias
-    order = contiguous_group_order(tensors["g_idx"].long(), group)
+    zeros = unpack_words(tensors["qzeros"], bits).reshape(stored_groups, rows).t() + config.zero_bias
+    scales, g_idx = tensors["scales"].t(), tensors["g_idx"].long()
+    held = held_groups(g_idx, group, stored_groups)
+    if held is None:
+        return Shard(_affine(q, zeros[:, g_idx], scales[:, g_idx], 1, bits))
+    order = contiguous_group_order(torch.searchsorted(held, g_idx), group)
     if order is not None:
         q = q[:, order]
-    return Shard(_affine(q, zeros, tensors["scales"].t(), group, bits), order)
+    return Shard(_affine(q, zeros[:, held], scales[:, held], group, bits), order)
 
 
-def contiguous_group_order(g_idx: torch.Tensor, group: int) -> torch.Tensor | None:
-    """The input order that makes act-order groups contiguous (None: they already are).
-    GPTQ's act-order puts exactly ``group`` inputs in each group; other ``g_idx`` are refused."""
+def held_groups(g_idx: torch.Tensor, group: int, stored_groups: int) -> torch.Tensor | None:
+    """The groups ``g_idx`` puts inputs in, ascending, when each holds ``group`` of them; None
+    when some hold fewer, which only a row-parallel rank's act-order part may (the whole layer's
+    ``g_idx`` must fill every group)."""
     inputs = g_idx.shape[0]
-    natural = torch.arange(inputs) // group
-    if torch.equal(g_idx, natural):
-        return None
-    order = torch.argsort(g_idx, stable=True)
-    if not torch.equal(g_idx[order], natural):
+    if inputs and (int(g_idx.min()) < 0 or int(g_idx.max()) >= stored_groups):
+        raise ValueError(f"quantization: gptq g_idx names groups outside the {stored_groups} stored")
+    groups, counts = torch.unique(g_idx, return_counts=True)
+    if bool((counts == group).all()):
+        return groups
+    if stored_groups * group == inputs:
         raise ValueError(
             f"quantization: gptq g_idx does not put {group} inputs in each of {inputs // group} groups"
         )
-    return order
+    return None
+
+
+def contiguous_group_order(g_idx: torch.Tensor, group: int) -> torch.Tensor | None:
+    """The input order that makes act-order groups contiguous (None: they already are);
+    ``g_idx`` puts ``group`` inputs in each of its groups (:func:`held_groups`)."""
+    natural = torch.arange(g_idx.shape[0]) // group
+    if torch.equal(g_idx, natural):
+        return None
+    return torch.argsort(g_idx, stable=True)

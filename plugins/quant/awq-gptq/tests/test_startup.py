@@ -86,9 +86,3 @@ def test_bad_checkpoint_is_refused_naming_it(case, folders, tmp_path):
     with pytest.raises(ValueError) as refused:
         LLM(folder, **COMMON)
     assert message in str(refused.value) and "\n" not in str(refused.value)
-
-
-@pytest.mark.parametrize("method", ["awq", "gptq"])
-def test_tensor_parallel_is_refused_by_name(method, folders):
-    with pytest.raises(ValueError, match=f"quant method '{method}' declares no tensor-parallel sharding"):
-        LLM(folders[method], tensor_parallel_size=2, **COMMON)

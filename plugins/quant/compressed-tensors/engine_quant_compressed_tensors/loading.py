@@ -13,15 +13,15 @@ Each tensor declares the dims a rank's part is cut along (:func:`tensor_dims`): 
 packed words and per-row or per-group scales and zero points along their rows and, where they
 hold columns, their columns; per-tensor scales (the weight's, global or input) are whole on
 every rank. :func:`check_sizes` refuses a layer — under tensor parallelism, a rank's part of
-one — that would cut a packing word, a scale group or an FP8 block.
+one — that would cut a packing word, a scale group or an FP8 block (the words and the rank's
+split as AWQ and GPTQ check them: ``engine_quant_awq_gptq.sharding``).
 """
 
 from __future__ import annotations
 
 import attrs
 
-from engine.distributed import current_tensor_parallel
-from engine.layers.parallel import ColumnParallelLinear, RowParallelLinear
+from engine_quant_awq_gptq.sharding import check_whole_words, rank_note, split_dims
 from engine_quant_compressed_tensors import formats
 from engine_quant_compressed_tensors.config import Group, Scheme, Weights
 
@@ -53,13 +53,6 @@ def tensor_dims(name: str, weights: Weights) -> tuple[int | None, int | None]:
 def sink_name(name: str, group: str, several_groups: bool) -> str:
     """The name a quantized tensor of config group ``group`` loads under."""
     return f"{name}@{group}" if several_groups else name
-
-
-def split_dims(layer) -> tuple[bool, bool]:
-    """Whether ``layer`` (being built) has its outputs and its inputs split over ranks."""
-    if current_tensor_parallel().size == 1:
-        return False, False
-    return isinstance(layer, ColumnParallelLinear), isinstance(layer, RowParallelLinear)
 
 
 @attrs.define
@@ -126,16 +119,10 @@ def check_sizes(scheme: Scheme, split: tuple[bool, bool], input_size: int, outpu
     tensor parallelism, the sizes of this rank's part, so that none straddles two ranks."""
     weights = scheme.weights
     outputs_split, inputs_split = split
-    per_rank = " (a tensor-parallel rank's part of a layer)" if outputs_split or inputs_split else ""
-    formats.scale_groups(weights, input_size, per_rank)
-    if scheme.format == "pack-quantized":
-        per_word = 32 // weights.bits
+    formats.scale_groups(weights, input_size, rank_note(split))
+    if scheme.format == "pack-quantized":  # zero points (asymmetric) pack along the outputs
         rows = output_sizes if not weights.symmetric else []
-        if input_size % per_word or any(size % per_word for size in rows):
-            raise ValueError(
-                f"quantization: compressed-tensors packs {per_word} values a word; input size "
-                f"{input_size} or output sizes {output_sizes}{per_rank} do not"
-            )
+        check_whole_words("compressed-tensors", 32 // weights.bits, input_size, rows, split)
     if weights.block and (outputs_split or inputs_split):
         rows_per_block, columns_per_block = weights.block
         rows_cut = outputs_split and any(size % rows_per_block for size in output_sizes)
