@@ -1,7 +1,10 @@
 """Multi-LoRA offline throughput on the embedded default model: the base model alone against the
 same prompts under 1, 4 and 16 random PEFT adapters, every engine loaded at once and run in
 turn, round after round (on a shared machine the load drifts over minutes: configs measured
-one after another would compare different moments), with each config's ratio to the base.
+one after another would compare different moments), with each config's ratio to the base:
+each round's ratio to the base's same round, the median over rounds, by the wall clock and by
+the process's CPU time (with ``--threads 1`` the work done, which time-slicing on a loaded
+machine moves far less than the wall clock).
 
     python benchmarks/lora.py [--num-prompts 16] [--prompt-len 64] [--output-len 64]
                               [--rank 16] [--repeats 3] [--configs base lora1 lora4 lora16]
@@ -145,12 +148,15 @@ def requests_of(name: str, paths: list[str], count: int) -> list | None:
     ]
 
 
-def run_once(llm, prompts, params, lora) -> float:
-    """Generated tokens per second of one ``generate`` of every prompt."""
-    start = time.perf_counter()
+def run_once(llm, prompts, params, lora) -> tuple[float, float]:
+    """Generated tokens per second of one ``generate`` of every prompt, by the wall clock and by
+    this process's CPU time (with one engine thread, the work done: on a shared machine it moves
+    far less than the wall clock when the thread is descheduled)."""
+    start, cpu = time.perf_counter(), time.process_time()
     outputs = llm.generate(prompts, params, lora_request=lora, use_tqdm=False)
-    elapsed = time.perf_counter() - start
-    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+    elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu
+    tokens = sum(len(o.outputs[0].token_ids) for o in outputs)
+    return tokens / elapsed, tokens / cpu_elapsed
 
 
 def prompts_of(count: int, length: int) -> list[dict]:
@@ -224,9 +230,12 @@ def main() -> None:
                 llm, prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True), lora[name] and lora[name][:4]
             )
         rates: dict[str, list[float]] = {name: [] for name in engines}
+        cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
         for round_ in range(args.repeats):
             for name, llm in engines.items():
-                rates[name].append(run_once(llm, prompts, params, lora[name]))
+                wall, cpu = run_once(llm, prompts, params, lora[name])
+                rates[name].append(wall)
+                cpu_rates[name].append(cpu)
             print(
                 f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()), flush=True
             )
@@ -234,7 +243,7 @@ def main() -> None:
             profile(engines[args.profile], prompts, params, lora[args.profile])
         del engines
         vllm = vllm_rates(args, prompts, paths, tokens) if args.vllm_python else {}
-    report(args, {name: statistics.median(values) for name, values in rates.items()}, vllm)
+    report(args, rates, cpu_rates, vllm)
 
 
 def vllm_rates(args, prompts: list[dict], paths: list[str], tokens: int) -> dict[str, float]:
@@ -271,13 +280,27 @@ def vllm_rates(args, prompts: list[dict], paths: list[str], tokens: int) -> dict
     return medians
 
 
-def report(args, rates: dict[str, float], vllm: dict[str, float]) -> None:
+def paired_ratio(values: list[float], first: list[float]) -> float:
+    """The median over rounds of each round's ratio to the first config's same round."""
+    return statistics.median(v / f for v, f in zip(values, first))
+
+
+def report(
+    args, rounds: dict[str, list[float]], cpu_rounds: dict[str, list[float]], vllm: dict[str, float]
+) -> None:
     first = args.configs[0]
+    rates = {name: statistics.median(values) for name, values in rounds.items()}
     shape = f"{args.num_prompts} prompts x {args.output_len} tokens, rank {args.rank}"
-    print(f"\n{shape}; median of {args.repeats} rounds; output tok/s")
-    print(f"{'config':>12} | engine | / {first}" + (f" | vLLM   | / {first} | engine / vLLM" if vllm else ""))
+    print(f"\n{shape}; median of {args.repeats} rounds; output tok/s; per round / {first}, the median")
+    print(
+        f"{'config':>12} | engine | / {first} | by CPU time"
+        + (f" | vLLM   | / {first} | engine / vLLM" if vllm else "")
+    )
     for name, rate in rates.items():
-        line = f"{name:>12} | {rate:6.1f} | {rate / rates[first]:.2f}"
+        line = (
+            f"{name:>12} | {rate:6.1f} | {paired_ratio(rounds[name], rounds[first]):.2f}"
+            f"     | {paired_ratio(cpu_rounds[name], cpu_rounds[first]):.2f}"
+        )
         if vllm:
             line += f"   | {vllm[name]:6.1f} | {vllm[name] / vllm[first]:.2f}   | {rate / vllm[name]:.2f}x"
         print(line)

@@ -111,6 +111,21 @@ static engine_status lora_tiles(const int64_t *indices, int64_t rows, int64_t sl
     return 0;
 }
 
+/* CASE(M) with M the literal m, 1 ≤ m ≤ LORA_TILE_ROWS: a LoRA pass's block functions inlined
+ * with their row count a constant (lora_generic.h) */
+#define LORA_BY_ROWS(m, CASE)                                                                                  \
+    switch (m) {                                                                                               \
+    case 1: CASE(1); break;                                                                                    \
+    case 2: CASE(2); break;                                                                                    \
+    case 3: CASE(3); break;                                                                                    \
+    case 4: CASE(4); break;                                                                                    \
+    case 5: CASE(5); break;                                                                                    \
+    case 6: CASE(6); break;                                                                                    \
+    case 7: CASE(7); break;                                                                                    \
+    default: CASE(8); break;                                                                                   \
+    }
+_Static_assert(LORA_TILE_ROWS == 8, "LORA_BY_ROWS spells out every tile height");
+
 #define SUFFIX bf16
 #define T uint16_t
 #define LOAD bf16_load

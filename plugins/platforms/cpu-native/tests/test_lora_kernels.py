@@ -124,3 +124,39 @@ def test_a_rank_above_the_slots_is_refused():
     x, _, a, _, scale, _ = _batch(4, 8, 3, (16,), "runs", torch.float32, 0)
     with pytest.raises(IndexError):
         ops.lora_shrink(x, a, scale, torch.tensor([0, 1, -1, 1]), torch.full((3, 1), 9))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp32", "bf16"])
+@pytest.mark.parametrize("tile_rows", range(1, 9))
+def test_every_tile_height_matches_torch_and_each_row_alone(portable, dtype, tile_rows):
+    """One adapter's tile of 1 to 8 rows (the kernels' blocks are built per tile height: several
+    rows of A or columns of B per block, then the ranks and columns left over one at a time,
+    then the columns past the last vector), ranks 7 and 5 in rank-8 slots and widths that leave
+    each kind of remainder: against the torch ops, and each row's result equal to what it gets
+    alone (the sums' order does not depend on the tile)."""
+    gen = torch.Generator().manual_seed(tile_rows)
+    slots, rank, cols, output_sizes = 2, 8, 77, (45, 13, 70)
+    n = len(output_sizes)
+    ranks = torch.tensor([[7, 5, 8], [8, 8, 8]])
+    a = torch.randn(slots, n, rank, cols, generator=gen) * 0.2
+    a[0, 0, 7:], a[0, 1, 5:] = 0, 0
+    a = a.to(dtype)
+    b = (torch.randn(slots, rank, sum(output_sizes), generator=gen) * 0.2).to(dtype)
+    scale = torch.rand(slots, n, generator=gen) + 0.5
+    indices = torch.zeros(tile_rows, dtype=torch.int64)
+    x = torch.randn(tile_rows, cols, generator=gen).to(dtype)
+    y = torch.randn(tile_rows, sum(output_sizes), generator=gen).to(dtype)
+    torch_ops = LayerOps()
+    h_ref = torch_ops.lora_shrink(x, a, scale, indices)
+    expected = torch_ops.lora_expand(y.clone(), h_ref, b, indices, output_sizes)
+    for ops in (_native_ops(dtype), portable[dtype]):
+        h = ops.lora_shrink(x, a, scale, indices, ranks)
+        torch.testing.assert_close(h, h_ref, **TOLERANCE[dtype])
+        got = ops.lora_expand(y.clone(), h, b, indices, output_sizes)
+        torch.testing.assert_close(got, expected, **TOLERANCE[dtype])
+        for row in range(tile_rows):
+            one = slice(row, row + 1)
+            h_one = ops.lora_shrink(x[one], a, scale, indices[one], ranks)
+            assert torch.equal(h_one, h[one])
+            alone = ops.lora_expand(y[one].clone(), h_one, b, indices[one], output_sizes)
+            assert torch.equal(alone, got[one])
