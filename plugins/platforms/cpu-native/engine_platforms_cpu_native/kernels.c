@@ -6,8 +6,8 @@
  * Each replaces several torch calls that, at small batches, cost more than their arithmetic.
  * Rounding follows the torch path step by step (bfloat16 results rounded to nearest even
  * where torch rounds), so the two agree to the last bit but for summation order.
- * The kernels are AVX-512 where the CPU has it (SwiGLU and LoRA also AVX2 + FMA; a portable
- * scalar path elsewhere) and split a big batch's rows over the OpenMP threads. Every kernel is written once, in kernels_generic.h,
+ * The kernels are AVX-512 where the CPU has it, partly AVX2 + FMA where it has that (below), a
+ * portable scalar path elsewhere, and split a big batch's rows over the OpenMP threads. Every kernel is written once, in kernels_generic.h,
  * which is included once per storage type (bf16, f32); kernels.h declares the entry points.
  */
 #include "kernels.h"
@@ -44,8 +44,9 @@ static inline __mmask16 tail_mask(int64_t left) {
 #else
 #define VECTOR_PASSES 0
 #endif
-/* without AVX-512, SwiGLU (its exp is what costs: kernels_generic.h) and LoRA's shrink and expand
- * (lora_generic.h) have AVX2 + FMA passes of 8 lanes */
+/* without AVX-512, the norms (their sum of squares), W8A8's row quantization (its division and
+ * rounding), SwiGLU (its exp: kernels_generic.h) and LoRA's shrink and expand (lora_generic.h)
+ * have AVX2 + FMA passes of 8 lanes; the other loops the compiler vectorizes as well itself */
 #if !VECTOR_PASSES && defined(__AVX2__) && defined(__FMA__)
 #define AVX2_PASSES 1
 static inline __m256 vload8_f32(const float *p) { return _mm256_loadu_ps(p); }
@@ -59,6 +60,12 @@ static inline float hsum8(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+/* the largest of a vector's 8 lanes */
+static inline float hmax8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
 }
 #else
 #define AVX2_PASSES 0

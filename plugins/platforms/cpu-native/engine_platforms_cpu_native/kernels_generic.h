@@ -5,9 +5,10 @@
 
 /* ---- (residual add +) RMSNorm, rotary embedding ----------------------------------------- */
 
-/* The norm and rotary rows in 16 lanes, where the CPU has AVX-512 (each returns how many of the
- * row's values it handled: all of them here, none in the portable build); the same roundings as
- * the scalar loops, in the same order but for the sum of squares. */
+/* The norm and rotary rows in 16 lanes, where the CPU has AVX-512, and the norms in 8 on AVX2 +
+ * FMA (each returns how many of the row's values it handled: all of them on AVX-512, the whole
+ * vectors on AVX2, none in the portable build); the same roundings as the scalar loops, in the
+ * same order but for the sum of squares. */
 #if VECTOR_PASSES
 /* residual += x (rounded); *sum_sq = Σ residual² */
 static int64_t TYPED(add_sum_sq_vector)(const T *xr, T *rr, int64_t hidden, float *sum_sq) {
@@ -60,6 +61,39 @@ static int64_t TYPED(rotate_vector)(T *head, const float *x, int64_t dim, const 
     return dim;
 }
 #else
+#if AVX2_PASSES
+/* The norms in 8 lanes, whole vectors only: each returns the prefix it handled, the caller's
+ * scalar loop takes the rest (3x the scalar loops, whose sum of squares the compiler leaves
+ * scalar). */
+static int64_t TYPED(add_sum_sq_vector)(const T *xr, T *rr, int64_t hidden, float *sum_sq) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= hidden; i += 8) {
+        __m256 v = TYPED(vround8)(_mm256_add_ps(TYPED(vload8)(xr + i), TYPED(vload8)(rr + i)));
+        TYPED(vstore8)(rr + i, v);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    *sum_sq = hsum8(acc);
+    return i;
+}
+static int64_t TYPED(sum_sq_vector)(const T *xr, int64_t hidden, float *sum_sq) {
+    __m256 acc = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 8 <= hidden; i += 8) {
+        __m256 v = TYPED(vload8)(xr + i);
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(v, v));
+    }
+    *sum_sq = hsum8(acc);
+    return i;
+}
+static int64_t TYPED(scale_vector)(const T *src, float inv, const T *weight, int64_t hidden, T *out) {
+    __m256 s = _mm256_set1_ps(inv);
+    int64_t i = 0;
+    for (; i + 8 <= hidden; i += 8)
+        TYPED(vstore8)(out + i, _mm256_mul_ps(_mm256_mul_ps(TYPED(vload8)(src + i), s), TYPED(vload8)(weight + i)));
+    return i;
+}
+#else
 static int64_t TYPED(add_sum_sq_vector)(const T *xr, T *rr, int64_t n, float *sum) {
     (void)xr; (void)rr; (void)n; *sum = 0.f; return 0;
 }
@@ -69,6 +103,9 @@ static int64_t TYPED(sum_sq_vector)(const T *xr, int64_t n, float *sum) {
 static int64_t TYPED(scale_vector)(const T *src, float inv, const T *w, int64_t n, T *out) {
     (void)src; (void)inv; (void)w; (void)n; (void)out; return 0;
 }
+#endif
+/* the rotary without AVX-512: the compiler vectorizes its scalar loops as well itself (an AVX2
+ * pass measured no faster) */
 static int64_t TYPED(widen_vector)(const T *head, int64_t dim, float *x) {
     (void)head; (void)dim; (void)x; return 0;
 }
@@ -209,19 +246,49 @@ static int64_t TYPED(rescale_row_vector)(const int32_t *acc, int64_t cols, float
     return cols;
 }
 #else
-/* The portable build: scalar outlier flags, no vector prefixes. */
+/* Without AVX-512: scalar outlier flags (one pass over the batch, as the compiler vectorizes
+ * it), and on AVX2 a row's abs-max and quantization in 8 lanes (whole vectors; the scalar loops
+ * take the rest): 4-7x the scalar loops, whose division and rounding the compiler leaves scalar. */
 static void TYPED(flag_outliers)(const T *x, int64_t rows, int64_t cols, float threshold,
                                  uint8_t *outlier) {
     memset(outlier, 0, cols);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t k = 0; k < cols; k++) outlier[k] |= fabsf(LOAD(x[r * cols + k])) > threshold;
 }
+#if AVX2_PASSES
+/* x[k..k+8) with flagged columns zeroed */
+static inline __m256 TYPED(kept8)(const T *xr, int64_t k, const uint8_t *outlier) {
+    __m256i flags = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const void *)(outlier + k)));
+    __m256 keep = _mm256_castsi256_ps(_mm256_cmpeq_epi32(flags, _mm256_setzero_si256()));
+    return _mm256_and_ps(TYPED(vload8)(xr + k), keep);
+}
+static int64_t TYPED(row_absmax_vector)(const T *xr, int64_t cols, const uint8_t *outlier, float *top) {
+    __m256 best = _mm256_setzero_ps(), sign = _mm256_set1_ps(-0.f);
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8) best = _mm256_max_ps(best, _mm256_andnot_ps(sign, TYPED(kept8)(xr, k, outlier)));
+    *top = hmax8(best);
+    return k;
+}
+static int64_t TYPED(quantize_row_vector)(const T *xr, int64_t cols, float s, const uint8_t *outlier,
+                                          int8_t *qr) {
+    __m256 scale = _mm256_set1_ps(s);
+    int64_t k = 0;
+    for (; k + 8 <= cols; k += 8) {
+        __m256i q = _mm256_cvtps_epi32(_mm256_div_ps(TYPED(kept8)(xr, k, outlier), scale));
+        __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+        _mm_storel_epi64((void *)(qr + k), _mm_packs_epi16(words, words));
+    }
+    return k;
+}
+#else
 static int64_t TYPED(row_absmax_vector)(const T *xr, int64_t cols, const uint8_t *o, float *top) {
     (void)xr; (void)cols; (void)o; (void)top; return 0;
 }
 static int64_t TYPED(quantize_row_vector)(const T *xr, int64_t cols, float s, const uint8_t *o, int8_t *q) {
     (void)xr; (void)cols; (void)s; (void)o; (void)q; return 0;
 }
+#endif
+/* the rescale without AVX-512: the compiler vectorizes its scalar loop as well itself */
 static int64_t TYPED(rescale_row_vector)(const int32_t *a, int64_t cols, float r, const float *c, T *out) {
     (void)a; (void)cols; (void)r; (void)c; (void)out; return 0;
 }
@@ -233,7 +300,7 @@ static int64_t TYPED(rescale_row_vector)(const int32_t *a, int64_t cols, float r
 static float TYPED(row_absmax)(const T *xr, int64_t cols, const uint8_t *outlier) {
     float top = 0.f;
     int64_t k = 0;
-    if (VECTOR_PASSES) k = TYPED(row_absmax_vector)(xr, cols, outlier, &top);
+    if (VECTOR_PASSES || AVX2_PASSES) k = TYPED(row_absmax_vector)(xr, cols, outlier, &top);
     for (; k < cols; k++) {
         float a = outlier[k] ? 0.f : fabsf(LOAD(xr[k]));
         top = a > top ? a : top;
@@ -244,7 +311,7 @@ static float TYPED(row_absmax)(const T *xr, int64_t cols, const uint8_t *outlier
 static void TYPED(quantize_row)(const T *xr, int64_t cols, float s, const uint8_t *outlier,
                                 int8_t *qr) {
     int64_t k = 0;
-    if (VECTOR_PASSES) k = TYPED(quantize_row_vector)(xr, cols, s, outlier, qr);
+    if (VECTOR_PASSES || AVX2_PASSES) k = TYPED(quantize_row_vector)(xr, cols, s, outlier, qr);
     for (; k < cols; k++) qr[k] = outlier[k] ? 0 : (int8_t)nearbyintf(LOAD(xr[k]) / s);
 }
 
@@ -269,7 +336,7 @@ void TYPED(rescale_int32)(const int32_t *acc, int64_t rows, int64_t cols,
 #pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_VALUES)
     for (int64_t m = 0; m < rows; m++) {
         int64_t n = 0;
-        if (VECTOR_PASSES)
+        if (VECTOR_PASSES || AVX2_PASSES)
             n = TYPED(rescale_row_vector)(acc + m * cols, cols, row_scale[m], col_scale, out + m * cols);
         for (; n < cols; n++)
             out[m * cols + n] = STORE((float)acc[m * cols + n] * row_scale[m] * col_scale[n]);

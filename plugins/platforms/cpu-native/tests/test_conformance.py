@@ -120,9 +120,10 @@ def test_w8a8_passes_agree_with_the_portable_build(portable_ops, dtype, rows):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [3, 700])  # 700 rows split over threads
-def test_norm_and_rotary_agree_with_the_portable_build(portable_ops, dtype, rows):
-    """The 16-lane rows (tails masked, halves of 32) against the scalar loops: the norms differ
-    only in the order of the sum of squares, the rotation not at all."""
+@pytest.mark.parametrize("head_dim", [64, 36])  # 36: halves of 18, no whole 8- or 16-lane vectors
+def test_norm_and_rotary_agree_with_the_portable_build(portable_ops, dtype, rows, head_dim):
+    """The 16-lane rows (tails masked) or 8-lane ones (AVX2: scalar tails) against the scalar
+    loops: the norms differ only in the order of the sum of squares, the rotation not at all."""
     gen = torch.Generator().manual_seed(rows)
     norm = RMSNorm(100, 1e-6, dtype)
     norm.weight.data = (torch.rand(100, generator=gen) + 0.5).to(dtype)
@@ -133,11 +134,11 @@ def test_norm_and_rotary_agree_with_the_portable_build(portable_ops, dtype, rows
     ]
     for native, portable in zip(*results):
         torch.testing.assert_close(native, portable, rtol=1e-5 if dtype == torch.float32 else 8e-3, atol=1e-5)
-    qkv = torch.randn(rows, 8 * 64, generator=gen).to(dtype)
-    angles = torch.rand(rows, 1, 32, generator=gen) * 6
+    qkv = torch.randn(rows, 8 * head_dim, generator=gen).to(dtype)
+    angles = torch.rand(rows, 1, head_dim // 2, generator=gen) * 6
     cos_sin = (angles.cos().repeat(1, 1, 2).to(dtype), torch.cat([-angles.sin(), angles.sin()], -1).to(dtype))
     rotated = [
-        torch.cat(ops.rotary_qkv(qkv.clone(), 4, 2, 64, cos_sin), dim=1)
+        torch.cat(ops.rotary_qkv(qkv.clone(), 4, 2, head_dim, cos_sin), dim=1)
         for ops in (_native_ops(dtype), portable_ops[dtype])
     ]
     assert torch.equal(*rotated)

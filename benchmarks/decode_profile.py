@@ -1,0 +1,88 @@
+"""Where one decode step of the default model goes, at each batch size: its C kernels by name,
+the torch ops between them, and the rest (Python: scheduling, dispatch, output handling).
+
+    python benchmarks/decode_profile.py [--batches 1 16] [--steps 20] [--dtype auto]
+
+Two engines on the default config (``LLM()``, as ``engine serve`` picks it), one after the other:
+- as shipped (native tapes where the batch has one): the wall time of a decode step;
+- eager, under torch's profiler, each native kernel call wrapped in a ``record_function`` of its
+  name, so C kernels and torch ops share one table of self times per step; what the table does
+  not hold is Python. A tape replays the same C kernels without the Python between them, so the
+  eager step's kernel times are the tape's too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+sys.path.insert(0, os.path.dirname(__file__))
+
+
+def timed_kernels() -> None:
+    """Every bound native kernel call as a profiler range named after its kernel."""
+    import torch
+
+    from engine.native import tape
+
+    call = tape.NativeKernel.__call__
+
+    def timed(self, *args):
+        with torch.profiler.record_function(f"C {self.name}"):
+            return call(self, *args)
+
+    tape.NativeKernel.__call__ = timed
+
+
+def shares(llm, prompts, steps: int) -> tuple[float, dict[str, float]]:
+    """(mean eager step seconds under the profiler, self seconds per step of each op name)."""
+    from offline_throughput import decode_steps
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    times = decode_steps(llm, prompts, steps, prof)
+    per_op: dict[str, float] = defaultdict(float)
+    for event in prof.key_averages():
+        per_op[event.key] += event.self_cpu_time_total / 1e6 / steps
+    return sum(times) / steps, per_op
+
+
+def report(batch: int, shipped_s: float, eager_s: float, per_op: dict[str, float]) -> None:
+    shipped_ms, eager_ms = shipped_s * 1e3, eager_s * 1e3
+    print(f"\nbatch {batch}: decode step {shipped_ms:.2f} ms as shipped, {eager_ms:.2f} ms eager profiled")
+    for name, seconds in sorted(per_op.items(), key=lambda item: -item[1])[:25]:
+        print(f"  {name[:48]:48s} {seconds * 1e6:9.1f} us  {seconds / eager_s:6.1%}")
+    rest = eager_s - sum(per_op.values())
+    print(f"  {'(Python, outside every op)':48s} {rest * 1e6:9.1f} us  {rest / eager_s:6.1%}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--dtype", default="auto")
+    args = parser.parse_args()
+
+    from offline_throughput import decode_steps, make_prompts
+
+    from engine import LLM
+
+    shipped = LLM(dtype=args.dtype)
+    prompts = make_prompts(shipped.tokenizer, max(args.batches))
+    print(f"model {shipped.config.model.model}, dtype {shipped.config.model.dtype}")
+    wall = {b: sorted(decode_steps(shipped, prompts[:b], args.steps))[args.steps // 2] for b in args.batches}
+    del shipped
+    timed_kernels()
+    eager = LLM(dtype=args.dtype, enforce_eager=True)
+    for batch in args.batches:
+        decode_steps(eager, prompts[:batch], 2)  # warm
+        eager_s, per_op = shares(eager, prompts[:batch], args.steps)
+        report(batch, wall[batch], eager_s, per_op)
+
+
+if __name__ == "__main__":
+    main()
