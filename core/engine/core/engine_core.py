@@ -83,17 +83,8 @@ class EngineCore:
         torch.manual_seed(config.model.seed)
         report.lap("config")
         self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
-        self.model = setup.build_model(
-            registry,
-            loader,
-            self.hf_config,
-            dtype,
-            self.platform,
-            config.model.quantization,
-            config.batch_invariant,
-            self.executor.tensor_parallel,
-            model_impl=config.model.model_impl,
-            limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
+        self.model = setup.build_served_model(
+            registry, config, loader, self.hf_config, dtype, self.platform, self.executor.tensor_parallel
         )
         setup.calculate_kv_scales(self.model, config)
         report.lap("weights")

@@ -288,6 +288,23 @@ def _recording_names(weights, names: set[str]):
         yield name, tensor
 
 
+def build_served_model(registry, config, loader, hf_config, dtype, platform, tp: TensorParallel) -> nn.Module:
+    """:func:`build_model` with the options ``config`` sets (quantization, batch invariance,
+    ``--model-impl``, the multimodal limits): the served model on every rank, and its rebuilds."""
+    return build_model(
+        registry,
+        loader,
+        hf_config,
+        dtype,
+        platform,
+        config.model.quantization,
+        config.batch_invariant,
+        tp,
+        model_impl=config.model.model_impl,
+        limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
+    )
+
+
 def check_tensor_parallel(model_cls, method_cls, size: int) -> None:
     reasons = []
     if not model_cls.tensor_parallel_capable:
@@ -364,18 +381,8 @@ def sleep_mode(registry, config, platform, model, kv_caches, tp: TensorParallel)
         if tensors:
             loader = UpdatedLoader(loader, tensors)
         hf_config = loader.hf_config()
-        return build_model(
-            registry,
-            loader,
-            hf_config,
-            resolve_dtype(config.model.dtype, hf_config, platform),
-            platform,
-            config.model.quantization,
-            config.batch_invariant,
-            tp,
-            model_impl=config.model.model_impl,
-            limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
-        )
+        dtype = resolve_dtype(config.model.dtype, hf_config, platform)
+        return build_served_model(registry, config, loader, hf_config, dtype, platform, tp)
 
     return SleepMode(platform, model, kv_caches, rebuild, config.model.model, tp.rank)
 

@@ -77,18 +77,7 @@ class Worker:
         self.loader = loader = setup.select_loader(self.registry, model, load_format)[0]
         self.hf_config = hf_config = loader.hf_config()
         self.dtype = dtype = setup.resolve_dtype(config.model.dtype, hf_config, platform)
-        self.model = setup.build_model(
-            self.registry,
-            loader,
-            hf_config,
-            dtype,
-            platform,
-            config.model.quantization,
-            config.batch_invariant,
-            tp,
-            model_impl=config.model.model_impl,
-            limit_mm_per_prompt=config.multimodal.limit_mm_per_prompt,
-        )
+        self.model = setup.build_served_model(self.registry, config, loader, hf_config, dtype, platform, tp)
         setup.calculate_kv_scales(self.model, config)
         _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
         self.layers = setup.layer_attention(

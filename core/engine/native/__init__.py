@@ -1,8 +1,10 @@
 """Compile a plugin's C source once per machine with the system C compiler and load it.
 
 Plugins with C kernels (the cpu-native platform's ops, the cpu-native attention backend) build
-them here rather than each carrying a build step. Sources may ``#include "engine_bf16.h"``
-(:data:`INCLUDE_DIR`): the bfloat16 conversions every kernel needs, written once.
+them here rather than each carrying a build step. Sources may ``#include`` from
+:data:`INCLUDE_DIR` what every kernel needs, written once: ``engine_bf16.h`` (the bfloat16
+conversions), ``engine_exp.h`` (exp on vector lanes), ``engine_lanes.h`` (sum and max across
+an AVX2 vector's lanes).
 
 A library ``name.c`` comes with its prototype header ``name.h`` (:mod:`engine.native.prototypes`):
 the header is force-included into the compile, so a definition that differs from its prototype

@@ -33,6 +33,7 @@
 #include "attention.h"
 #include "engine_bf16.h"
 #include "engine_exp.h"
+#include "engine_lanes.h"
 #include "kv_fp8.h"
 #include <math.h>
 #include <stdint.h>

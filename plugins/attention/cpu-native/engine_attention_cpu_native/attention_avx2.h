@@ -52,20 +52,6 @@ DEFINE_BLOCK_FP8_AVX2(e4m3, over256)
 DEFINE_BLOCK_FP8_AVX2(e5m2, over1)
 #endif
 
-static inline float reduce_max8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-static inline float reduce_add8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 static float softmax_step_avx2(float *scores, int64_t count, float *max, float *sum) {
     const __m256 none = _mm256_set1_ps(-INFINITY);
     __m256 top = none;
@@ -73,7 +59,7 @@ static float softmax_step_avx2(float *scores, int64_t count, float *max, float *
         __m256i live = first_lanes8(count - t);
         top = _mm256_max_ps(top, _mm256_blendv_ps(none, _mm256_maskload_ps(scores + t, live), _mm256_castsi256_ps(live)));
     }
-    float block_max = reduce_max8(top);
+    float block_max = hmax8(top);
     float new_max = block_max > *max ? block_max : *max;
     float correction = expf(*max - new_max);
     __m256 shift = _mm256_set1_ps(new_max), total = _mm256_setzero_ps();
@@ -84,7 +70,7 @@ static float softmax_step_avx2(float *scores, int64_t count, float *max, float *
         _mm256_maskstore_ps(scores + t, live, p);
         total = _mm256_add_ps(total, p);
     }
-    *sum = *sum * correction + reduce_add8(total);
+    *sum = *sum * correction + hsum8(total);
     *max = new_max;
     return correction;
 }

@@ -32,6 +32,7 @@ from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout, KVSc
 from engine.interfaces.attention import build_backend
 from engine.native import Library, load_source
 from engine.native.tape import NativeKernel, bind
+from engine_attention_cpu_native.sub_layout import requests_layout
 
 SOURCE = Path(__file__).with_name("attention.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -172,17 +173,7 @@ class NativeAttentionBackend(AttentionBackend):
         )
 
     def _delegated_group(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedGroup:
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in requests])
-        lens = [layout.query_lens[i] for i in requests]
-        index = torch.tensor(requests)
-        sub = BatchLayout(
-            query_start_loc=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
-            seq_lens=layout.seq_lens[index],
-            block_table=layout.block_table[index],
-            slot_mapping=layout.slot_mapping[rows],
-            query_lens=tuple(lens),
-            seq_lens_host=tuple(layout.seq_lens_host[i] for i in requests),
-        )
+        rows, sub = requests_layout(layout, requests, starts)
         first, last = int(rows[0]), int(rows[-1]) + 1
         contiguous = last - first == len(rows)
         return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))

@@ -22,6 +22,7 @@
 #include "mla.h"
 #include "engine_bf16.h"
 #include "engine_exp.h"
+#include "engine_lanes.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -149,26 +150,12 @@ static void scores_avx2(const float *q, int64_t heads, int64_t entry, const floa
         }
 }
 
-static inline float reduce_max8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-    return _mm_cvtss_f32(m);
-}
-
-static inline float reduce_add8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-    return _mm_cvtss_f32(s);
-}
-
 /* softmax_step_scalar on 8 lanes (exp8), the block's tail in scalar code */
 static float softmax_step_avx2(float *scores, int64_t count, float *max, float *sum) {
     __m256 top = _mm256_set1_ps(-INFINITY);
     int64_t whole = count / 8 * 8;
     for (int64_t t = 0; t < whole; t += 8) top = _mm256_max_ps(top, _mm256_loadu_ps(scores + t));
-    float block_max = reduce_max8(top);
+    float block_max = hmax8(top);
     for (int64_t t = whole; t < count; t++) block_max = scores[t] > block_max ? scores[t] : block_max;
     float new_max = block_max > *max ? block_max : *max;
     float correction = expf(*max - new_max);
@@ -183,7 +170,7 @@ static float softmax_step_avx2(float *scores, int64_t count, float *max, float *
         scores[t] = expf(scores[t] - new_max);
         tail += scores[t];
     }
-    *sum = *sum * correction + reduce_add8(total) + tail;
+    *sum = *sum * correction + hsum8(total) + tail;
     *max = new_max;
     return correction;
 }

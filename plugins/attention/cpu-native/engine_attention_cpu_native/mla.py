@@ -25,6 +25,7 @@ from engine.interfaces import PAGED_LATENT, AttentionBackend, AttentionSpec, Bat
 from engine.interfaces.attention import build_backend
 from engine.native import Library, load_source
 from engine.native.tape import NativeKernel, bind
+from engine_attention_cpu_native.sub_layout import requests_layout
 
 SOURCE = Path(__file__).with_name("mla.c")
 PATHS = ("absorbed", "naive")
@@ -140,17 +141,7 @@ class MLANativeBackend(AttentionBackend):
         )
 
     def _delegated(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedRows:
-        rows = torch.cat([torch.arange(starts[i], starts[i + 1]) for i in requests])
-        lens = [layout.query_lens[i] for i in requests]
-        index = torch.tensor(requests)
-        sub = BatchLayout(
-            query_start_loc=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32),
-            seq_lens=layout.seq_lens[index],
-            block_table=layout.block_table[index],
-            slot_mapping=layout.slot_mapping[rows],
-            query_lens=tuple(lens),
-            seq_lens_host=tuple(layout.seq_lens_host[i] for i in requests),
-        )
+        rows, sub = requests_layout(layout, requests, starts)
         return DelegatedRows(rows, self._reference.build_metadata(sub))
 
     def forward(self, query, key, value, kv_cache, metadata) -> torch.Tensor:

@@ -17,6 +17,7 @@
  */
 #include "fp4_gemm.h"
 #include "engine_bf16.h"
+#include "engine_lanes.h"
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,13 +36,6 @@ static const int8_t DOUBLED[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -
 int64_t fp4_simd_width(void) { return HAVE_AVX2 ? 256 : 0; }
 
 #if HAVE_AVX2
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* 16 consecutive codes (8 bytes) as doubled values in two float32 vectors, times half */
 static inline void decode16(const uint8_t *p, __m128i table, __m256 half, __m256 *w0, __m256 *w1) {
     const __m128i low = _mm_set1_epi8(15);

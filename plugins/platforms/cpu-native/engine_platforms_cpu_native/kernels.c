@@ -13,6 +13,7 @@
 #include "kernels.h"
 #include "engine_bf16.h"
 #include "engine_exp.h"
+#include "engine_lanes.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -55,18 +56,6 @@ static inline __m256 vround8_f32(__m256 v) { return v; }
 static inline __m256 vload8_bf16(const uint16_t *p) { return bf16x8_load(p); }
 static inline void vstore8_bf16(uint16_t *p, __m256 v) { bf16x8_store(p, v); }
 static inline __m256 vround8_bf16(__m256 v) { return bf16x8_round(v); }
-/* the sum of a vector's 8 lanes */
-static inline float hsum8(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-/* the largest of a vector's 8 lanes */
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
 #else
 #define AVX2_PASSES 0
 #endif
