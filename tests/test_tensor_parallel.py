@@ -239,13 +239,14 @@ def test_tensor_parallel_refusals_name_the_reason(tiny_llama):
         )
     with pytest.raises(ValueError, match="uni cannot run this engine: it runs one rank"):
         LLM(folder, tensor_parallel_size=2, distributed_executor_backend="uni")
+    self_draft = {"method": "draft_model", "self_draft_layers": 1, "num_speculative_tokens": 2}
     for backend in ("mp", "ray"):
-        with pytest.raises(ValueError, match="speculative decoding method 'mtp' is not tensor-parallel"):
+        with pytest.raises(ValueError, match="'draft_model' is not tensor-parallel yet: self_draft_layers"):
             LLM(
                 folder,
                 tensor_parallel_size=2,
                 distributed_executor_backend=backend,
-                speculative_config={"method": "mtp"},
+                speculative_config=self_draft,
             )
 
 

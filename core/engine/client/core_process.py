@@ -250,6 +250,7 @@ def main(argv=None) -> int:
         push.connect(args.output)
         push.send(protocol.encode(protocol.Fatal(f"engine failed to start: {exc}")))
         push.close(linger=2000)
+        context.term()  # waits (up to the linger) until the message has left: we exit without teardown
         return 1
     client = InProcessClient(core, f"engine {args.data_parallel_rank}")
     server = CoreServer(client, args.input, args.output, args.parent_pid, args.data_parallel_rank)

@@ -34,6 +34,9 @@ from engine.messages.pooling_params import PoolingParams
 logger = logging.getLogger(__name__)
 
 SHUTDOWN_TIMEOUT = 10.0  # seconds the core gets to exit after Shutdown before it is killed
+# A core that exits while starting has sent why (Fatal) first; a front end that notices the exit
+# first (a core started early fails within a moment of its arguments) still reads it for this long.
+LAST_WORDS_MS = 1000
 WATCH_INTERVAL = 0.2  # seconds between looks at whether the core process still runs
 
 
@@ -171,17 +174,18 @@ class AsyncMPClient(EngineCoreClient):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while self.ready is None:
-            if self.process.poll() is not None:
-                raise EngineDead(f"engine core exited with code {self.process.returncode} while starting")
+            exited = self.process.poll() is not None  # before the read: what it sent is read first
             if loop.time() > deadline:
                 raise EngineDead("engine core did not become ready in time")
-            if await self._recv.poll(200):
+            if await self._recv.poll(LAST_WORDS_MS if exited else 200):
                 message = protocol.decode_from_core(await self._recv.recv())
                 if isinstance(message, protocol.Fatal):
                     raise EngineDead(message.message)
                 if isinstance(message, protocol.Ready):
                     self.ready = message
                     self.liveness = Liveness()
+            elif exited:
+                raise EngineDead(f"engine core exited with code {self.process.returncode} while starting")
         await self._wait_connected(deadline)
         return self.ready
 
