@@ -32,7 +32,7 @@ from engine.interfaces import AttentionBackend, AttentionSpec, BatchLayout, KVSc
 from engine.interfaces.attention import build_backend
 from engine.native import Library, load_source
 from engine.native.tape import NativeKernel, bind
-from engine_attention_cpu_native.sub_layout import requests_layout
+from engine_attention_cpu_native.sub_layout import Delegated, delegate
 
 SOURCE = Path(__file__).with_name("attention.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -79,18 +79,10 @@ class NativeGroup:
 
 
 @attrs.frozen
-class DelegatedGroup:
-    """Long prefill chunks, attended by the torch backend as a batch of their own."""
-
-    rows: torch.Tensor | slice
-    metadata: object
-
-
-@attrs.frozen
 class NativeAttentionMetadata:
     slot_mapping: torch.Tensor
     native: NativeGroup | None
-    delegated: DelegatedGroup | None
+    delegated: Delegated | None
 
 
 class NativeAttentionBackend(AttentionBackend):
@@ -147,7 +139,7 @@ class NativeAttentionBackend(AttentionBackend):
         short = [i for i, q in enumerate(layout.query_lens) if limit is None or q <= limit]
         long = [i for i, q in enumerate(layout.query_lens) if limit is not None and q > limit]
         native = self._native_group(layout, short) if short else None
-        delegated = self._delegated_group(layout, long, layout.query_start_loc.tolist()) if long else None
+        delegated = delegate(layout, long, layout.query_start_loc.tolist(), self._torch) if long else None
         return NativeAttentionMetadata(layout.slot_mapping.to(torch.int64).contiguous(), native, delegated)
 
     def build_graph_metadata(self, layout: BatchLayout) -> NativeAttentionMetadata:
@@ -171,12 +163,6 @@ class NativeAttentionBackend(AttentionBackend):
             torch.tensor(layout.seq_lens_host, dtype=torch.int32),
             layout.block_table.to(torch.int32, copy=True).contiguous(),
         )
-
-    def _delegated_group(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedGroup:
-        rows, sub = requests_layout(layout, requests, starts)
-        first, last = int(rows[0]), int(rows[-1]) + 1
-        contiguous = last - first == len(rows)
-        return DelegatedGroup(slice(first, last) if contiguous else rows, self._torch.build_metadata(sub))
 
     def forward(
         self,

@@ -25,7 +25,7 @@ from engine.interfaces import PAGED_LATENT, AttentionBackend, AttentionSpec, Bat
 from engine.interfaces.attention import build_backend
 from engine.native import Library, load_source
 from engine.native.tape import NativeKernel, bind
-from engine_attention_cpu_native.sub_layout import requests_layout
+from engine_attention_cpu_native.sub_layout import Delegated, delegate
 
 SOURCE = Path(__file__).with_name("mla.c")
 PATHS = ("absorbed", "naive")
@@ -57,18 +57,10 @@ class NativeDecodes:
 
 
 @attrs.frozen
-class DelegatedRows:
-    """The rows mla-torch attends, with its metadata for them."""
-
-    rows: torch.Tensor  # int64 rows of the flattened batch
-    metadata: object
-
-
-@attrs.frozen
 class MLANativeMetadata:
     slot_mapping: torch.Tensor
     native: NativeDecodes | None
-    delegated: DelegatedRows | None
+    delegated: Delegated | None
 
 
 class MLANativeBackend(AttentionBackend):
@@ -129,7 +121,7 @@ class MLANativeBackend(AttentionBackend):
         return MLANativeMetadata(
             layout.slot_mapping,
             self._native(layout, decodes, starts) if decodes else None,
-            self._delegated(layout, others, starts) if others else None,
+            delegate(layout, others, starts, self._reference) if others else None,
         )
 
     def _native(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> NativeDecodes:
@@ -139,10 +131,6 @@ class MLANativeBackend(AttentionBackend):
             torch.tensor([layout.seq_lens_host[i] for i in requests], dtype=torch.int32),
             layout.block_table[index].to(torch.int32).contiguous(),
         )
-
-    def _delegated(self, layout: BatchLayout, requests: list[int], starts: list[int]) -> DelegatedRows:
-        rows, sub = requests_layout(layout, requests, starts)
-        return DelegatedRows(rows, self._reference.build_metadata(sub))
 
     def forward(self, query, key, value, kv_cache, metadata) -> torch.Tensor:
         raise NotImplementedError("mla-cpu-native reads the paged latent layout only: call forward_latent")

@@ -1,11 +1,31 @@
 """Some of a step's requests as a step of their own, for the rows a C backend hands to the torch
-reference (prefills and long queries here, MLA's naive path)."""
+reference (long prefill chunks for cpu-native, everything but absorbed decodes for MLA)."""
 
 from __future__ import annotations
 
+import attrs
 import torch
 
-from engine.interfaces import BatchLayout
+from engine.interfaces import AttentionBackend, BatchLayout
+
+
+@attrs.frozen
+class Delegated:
+    """Rows the reference backend attends as a batch of their own, with its metadata for them."""
+
+    rows: torch.Tensor | slice  # rows of the flattened batch (a slice where they are contiguous)
+    metadata: object
+
+
+def delegate(
+    layout: BatchLayout, requests: list[int], starts: list[int], reference: AttentionBackend
+) -> Delegated:
+    """``requests`` of ``layout`` as ``reference``'s own step; ``starts`` is
+    ``layout.query_start_loc`` as a list."""
+    rows, sub = requests_layout(layout, requests, starts)
+    first, last = int(rows[0]), int(rows[-1]) + 1
+    contiguous = last - first == len(rows)
+    return Delegated(slice(first, last) if contiguous else rows, reference.build_metadata(sub))
 
 
 def requests_layout(
