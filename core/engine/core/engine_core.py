@@ -58,12 +58,31 @@ class EngineCore:
         ``record_while_idle``: leave the decode step graphs to :meth:`idle_work` (a server's
         core is ready sooner; its first decode steps run eagerly), rather than record them now."""
         started = time.perf_counter()
-        self.startup = report = startup.StartupReport()
+        self.startup = startup.StartupReport()
         runtime = startup.resident_bytes()
         self.registry = registry
-        self.platform = setup.select_platform(registry, config.device)
+        loader, model_path, dtype = self._resolve_model(config)
+        self.startup.lap("config")
+        self._load_weights(loader, dtype)
+        self.startup.lap("weights")
+        graph_plan, kv_caches = self._plan_kv_cache(dtype)
+        self.startup.lap("KV cache")
+        kv_worker = self._build_request_path(kv_caches)
+        self._build_runner(kv_caches, kv_worker, dtype, model_path, graph_plan, record_while_idle)
+        self.startup.lap("step graphs")
+        self.executor.start(self.runner, self.kv_groups)
+        if self.config.parallel.tensor_parallel_size > 1:
+            self.startup.lap("other ranks")
+        self._build_request_features(loader, dtype, kv_caches)
+        self._describe_startup(runtime, graph_plan, dtype)
+        self._log_ready(time.perf_counter() - started, model_path, dtype)
+
+    def _resolve_model(self, config: EngineConfig):
+        """The platform, the checkpoint's loader and config, and :attr:`config` with the model's
+        path, dtype and context length resolved; returns (loader, model path, dtype)."""
+        self.platform = setup.select_platform(self.registry, config.device)
         self.platform.configure()
-        loader, model_path = setup.select_loader(registry, config.model.model, config.model.load_format)
+        loader, model_path = setup.select_loader(self.registry, config.model.model, config.model.load_format)
         self.hf_config = loader.hf_config()
         self._loader = loader
         apply_hf_overrides(self.hf_config, config.model.hf_overrides, lambda: self.tokenizer)
@@ -77,24 +96,32 @@ class EngineCore:
         )
         dtype = setup.resolve_dtype(config.model.dtype, self.hf_config, self.platform)
         max_len = setup.resolve_max_model_len(config.model.max_model_len, self.text_config)
-        self.config = config = setup.with_resolved_model(
+        self.config = setup.with_resolved_model(
             config, model=model_path, dtype=str(dtype).removeprefix("torch."), max_model_len=max_len
         )
-        torch.manual_seed(config.model.seed)
-        report.lap("config")
-        self.executor = setup.select_executor(registry, config, self.platform, loader, self.hf_config)
+        torch.manual_seed(self.config.model.seed)
+        return loader, model_path, dtype
+
+    def _load_weights(self, loader, dtype: torch.dtype) -> None:
+        """The executor and the model with its weights, and whether it generates or pools."""
+        config = self.config
+        self.executor = setup.select_executor(self.registry, config, self.platform, loader, self.hf_config)
         self.model = setup.build_served_model(
-            registry, config, loader, self.hf_config, dtype, self.platform, self.executor.tensor_parallel
+            self.registry, config, loader, self.hf_config, dtype, self.platform, self.executor.tensor_parallel
         )
         setup.calculate_kv_scales(self.model, config)
-        report.lap("weights")
         self.runner_kind = resolve_runner(config.model.runner, config.model.task, type(self.model).generative)
         self.pooler_config = None
         if self.runner_kind == "pooling":
             self.pooler_config = PoolerConfig.resolve(
                 type(self.model).default_pooling_type, config.model.override_pooler_config
             )
-            self.config = config = setup.pooling_config(config)
+            self.config = setup.pooling_config(config)
+
+    def _plan_kv_cache(self, dtype: torch.dtype):
+        """Each layer's attention, the step graphs' plan and the KV cache sized in what memory
+        is left, allocated; returns (the step graphs' plan, the KV caches)."""
+        config, registry = self.config, self.registry
         windows, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
         layers = setup.layer_attention(
             registry,
@@ -118,28 +145,43 @@ class EngineCore:
             step_graphs.graph_memory_estimate(graph_plan, self.text_config, dtype),
         )
         self.num_blocks = num_blocks = groups[0].num_blocks
-        capacity = setup.kv_capacity(groups, config.cache.block_size, max_len)
-        if capacity < max_len:
+        max_len = config.model.max_model_len
+        self.kv_capacity = setup.kv_capacity(groups, config.cache.block_size, max_len)
+        if self.kv_capacity < max_len:
             raise ValueError(
-                f"max_model_len: {max_len} tokens exceed the KV cache's {capacity}; "
+                f"max_model_len: {max_len} tokens exceed the KV cache's {self.kv_capacity}; "
                 "lower max_model_len or raise kv_cache_memory / num_blocks"
             )
         kv_caches = setup.allocate_kv_caches(layers, groups, self.platform)
-        report.lap("KV cache")
         self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
-        self.config = config = setup.state_config(config, layers)
-        self.kv_cache_manager = self._kv_cache_manager(config, groups)
+        self.config = setup.state_config(config, layers)
+        return graph_plan, kv_caches
+
+    def _build_request_path(self, kv_caches):
+        """The KV cache manager, the KV connector and the request lifecycle over them; returns
+        the connector's worker half (the runner's)."""
+        config = self.config
+        self.kv_cache_manager = self._kv_cache_manager(config, self.kv_groups)
         self.connector, kv_worker = kv_connectors.build_halves(
-            registry, config, kv_caches, layers.first.block_dim
+            self.registry, config, kv_caches, self.attention.block_dim
         )
         self._kv_counters = kv_connectors.TransferCounters()
         self._kv_meta: object = None  # this step's connector metadata until the runner took it
         self.last_step_computed = False  # False: only transfers were waited on (a loop may pause)
-        self.lifecycle = request_path(registry, config, self.kv_cache_manager, self.connector, max_len)
+        self.lifecycle = request_path(
+            self.registry, config, self.kv_cache_manager, self.connector, config.model.max_model_len
+        )
+        return kv_worker
+
+    def _build_runner(
+        self, kv_caches, kv_worker, dtype, model_path: str, graph_plan, record_while_idle: bool
+    ):
+        """The model runner with its logits processors, adapters, encoder cache and step graphs."""
+        config, registry = self.config, self.registry
         processors = [registry.get("logits_processors", name)(config) for name in config.logits_processors]
         self.runner = ModelRunner(
             self.model,
-            layers,
+            self.layer_attention,
             kv_caches,
             config.cache.block_size,
             self.platform.device,
@@ -152,9 +194,10 @@ class EngineCore:
         self.mm_processor = self._multimodal_processor(model_path)
         if self.mm_processor is not None:
             self.runner.encoder_cache = EncoderCache(config.multimodal.mm_encoder_cache_bytes)
+        max_len = config.model.max_model_len
         self.runner.graphs = step_graphs.start(
             self.model,
-            layers.first,
+            self.attention,
             kv_caches,
             graph_plan,
             -(-max_len // config.cache.block_size),
@@ -164,37 +207,40 @@ class EngineCore:
             self.lora.batch if self.lora is not None else None,
             defer=record_while_idle,
         )
-        report.lap("step graphs")
-        self.executor.start(self.runner, groups)
-        if config.parallel.tensor_parallel_size > 1:
-            report.lap("other ranks")
+
+    def _build_request_features(self, loader, dtype, kv_caches) -> None:
+        """What requests may ask for beyond plain generation: sleep mode, a drafter, grammars,
+        reasoning markers; and the step histogram and end-of-sequence id."""
+        config = self.config
         self._sleep: SleepMode | None = None  # rank 0's, built at the first sleep or weight update
         if config.enable_sleep_mode:
             setup.check_sleep_mode(self.executor, self.platform, self.connector)
-        self.speculator = self._build_speculator(config, loader, dtype, kv_caches, num_blocks)
+        self.speculator = self._build_speculator(config, loader, dtype, kv_caches, self.num_blocks)
         self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
         if config.reasoning_parser is not None:  # a name no plugin registers stops the engine now
             self.registry.registration("reasoning_parsers", config.reasoning_parser)
         if self.speculator is not None:
-            report.lap("drafter")
+            self.startup.lap("drafter")
         self._step_tokens = StepTokenHistogram()
         self.eos_token_id = self._eos_token_id()
-        self._describe_startup(runtime, layers, graph_plan, groups, dtype)
+
+    def _log_ready(self, seconds: float, model_path: str, dtype) -> None:
+        config = self.config
         logger.info(
             "engine ready in %.1fs: %s (%s) on %s, %s, attention=%s, KV cache %s: %d tokens "
             "(%d blocks of %d tokens, %d bytes per token), determinism=%s",
-            time.perf_counter() - started,
+            seconds,
             model_path,
             self.model.implementation,
             self.platform.name,
             dtype,
             self.attention.name,
             kv_dtype_name(self.attention.spec.cache_dtype),
-            capacity,
-            num_blocks,
+            self.kv_capacity,
+            self.num_blocks,
             config.cache.block_size,
-            setup.kv_bytes_per_token(layers, config.cache.block_size),
+            setup.kv_bytes_per_token(self.layer_attention, config.cache.block_size),
             self.determinism(),
         )
         if self.default_sampling_params:
@@ -205,9 +251,10 @@ class EngineCore:
                 self.default_sampling_params,
             )
 
-    def _describe_startup(self, runtime: int, layers, graph_plan, groups, dtype) -> None:
+    def _describe_startup(self, runtime: int, graph_plan, dtype) -> None:
         """The parts chosen and the memory by use in :attr:`startup` (the front ends print it)."""
         report, model, config = self.startup, self.model, self.config
+        layers, groups = self.layer_attention, self.kv_groups
         startup.describe(
             report,
             self.platform,
