@@ -13,7 +13,7 @@ import torch
 from engine import LLM, SamplingParams
 from engine.builtin.platforms import CpuPlatform, CudaGraphs, CudaPlatform
 from engine.config import EngineConfig
-from engine.core import setup
+from engine.core import kv_sizing
 from engine.interfaces import AttentionSpec
 from engine.runner import step_graphs
 from engine.runner.layer_attention import LayerAttention
@@ -184,7 +184,7 @@ def test_reserved_graph_memory_shrinks_a_kv_budget_taken_from_the_device():
 
     def blocks(**options) -> int:
         config = EngineConfig.from_kwargs(kv_cache_memory_fraction=0.5, **options)
-        return setup.kv_cache_groups(config, layers, (None,), FixedMemory(), reserve)[0].num_blocks
+        return kv_sizing.kv_cache_groups(config, layers, (None,), FixedMemory(), reserve)[0].num_blocks
 
     assert blocks() == ((32 << 20) - reserve) // per_block
     assert blocks(kv_cache_memory=16 << 20) == (16 << 20) // per_block  # a size given is the KV cache's own

@@ -16,7 +16,7 @@ import attrs
 import torch
 
 from engine.config import AUTO_GRAMMAR, EngineConfig
-from engine.core import faults, kv_connectors, setup, startup, weight_sync
+from engine.core import faults, kv_connectors, kv_sizing, setup, startup, weight_sync
 from engine.core.hf_overrides import apply_hf_overrides
 from engine.core.lifecycle import request_path
 from engine.core.reasoning_gate import reasoning_markers
@@ -122,7 +122,7 @@ class EngineCore:
         """Each layer's attention, the step graphs' plan and the KV cache sized in what memory
         is left, allocated; returns (the step graphs' plan, the KV caches)."""
         config, registry = self.config, self.registry
-        windows, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
+        windows, layer_group = kv_sizing.kv_group_of_layers(self.model.kv_layout())
         layers = setup.layer_attention(
             registry,
             config.attention_backend,
@@ -137,7 +137,7 @@ class EngineCore:
         self.attention, self.layer_attention = layers.first, layers
         self.config = config = setup.batch_invariant_config(config, layers.chunk_invariant)
         graph_plan = step_graphs.graph_plan(config, self.platform, layers, self.runner_kind)
-        self.kv_groups = groups = setup.kv_cache_groups(
+        self.kv_groups = groups = kv_sizing.kv_cache_groups(
             config,
             layers,
             windows,
@@ -146,13 +146,13 @@ class EngineCore:
         )
         self.num_blocks = num_blocks = groups[0].num_blocks
         max_len = config.model.max_model_len
-        self.kv_capacity = setup.kv_capacity(groups, config.cache.block_size, max_len)
+        self.kv_capacity = kv_sizing.kv_capacity(groups, config.cache.block_size, max_len)
         if self.kv_capacity < max_len:
             raise ValueError(
                 f"max_model_len: {max_len} tokens exceed the KV cache's {self.kv_capacity}; "
                 "lower max_model_len or raise kv_cache_memory / num_blocks"
             )
-        kv_caches = setup.allocate_kv_caches(layers, groups, self.platform)
+        kv_caches = kv_sizing.allocate_kv_caches(layers, groups, self.platform)
         self.config = config = setup.queue_bound_config(config, num_blocks, max_len)
         self.config = setup.state_config(config, layers)
         return graph_plan, kv_caches
@@ -240,7 +240,7 @@ class EngineCore:
             self.kv_capacity,
             self.num_blocks,
             config.cache.block_size,
-            setup.kv_bytes_per_token(self.layer_attention, config.cache.block_size),
+            kv_sizing.kv_bytes_per_token(self.layer_attention, config.cache.block_size),
             self.determinism(),
         )
         if self.default_sampling_params:

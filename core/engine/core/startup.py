@@ -13,7 +13,7 @@ import time
 import attrs
 import torch
 
-from engine.core import setup
+from engine.core import kv_sizing, setup
 from engine.core.sleep import named_tensors
 from engine.interfaces.model import ModelContext
 from engine.layers import Linear
@@ -125,7 +125,7 @@ def plan(config, registry) -> StartupReport:
         )
         model = cls(context)
     weights = _planned_weights(model, path)
-    windows, layer_group = setup.kv_group_of_layers(model.kv_layout())
+    windows, layer_group = kv_sizing.kv_group_of_layers(model.kv_layout())
     layers = setup.layer_attention(
         registry,
         config.attention_backend,
@@ -139,7 +139,7 @@ def plan(config, registry) -> StartupReport:
     )
     graphs = step_graphs.graph_plan(config, platform, layers, "generate")
     graph_bytes = step_graphs.graph_memory_estimate(graphs, hf_config, dtype)
-    groups = setup.kv_cache_groups(config, layers, windows, _AfterLoading(platform, weights), graph_bytes)
+    groups = kv_sizing.kv_cache_groups(config, layers, windows, _AfterLoading(platform, weights), graph_bytes)
     report.lap("plan")
     describe(report, platform, implementation, method, layers, graphs, config, hf_config, dtype)
     describe_memory(report, weights, groups, layers, graph_bytes, config, hf_config, dtype, runtime)
@@ -197,7 +197,7 @@ def describe(report, platform, implementation: str, method, layers, graphs, conf
 
 
 def describe_memory(report, weights, groups, layers, graph_bytes, config, hf_config, dtype, runtime) -> None:
-    kv = sum(g.num_blocks * sum(setup.layer_block_bytes(layers, i) for i in g.layers) for g in groups)
+    kv = sum(g.num_blocks * sum(kv_sizing.layer_block_bytes(layers, i) for i in g.layers) for g in groups)
     block_size = config.cache.block_size
     report.memory.update(
         runtime=runtime,
@@ -214,5 +214,5 @@ def describe_memory(report, weights, groups, layers, graph_bytes, config, hf_con
         if group.state:
             report.notes.append(
                 f"Mamba state: {group.num_blocks - 1} slots of "
-                f"{setup.state_bytes_per_request(layers)} bytes (one per running request)"
+                f"{kv_sizing.state_bytes_per_request(layers)} bytes (one per running request)"
             )

@@ -32,7 +32,7 @@ from multiprocessing.connection import Connection
 
 import attrs
 
-from engine.core import setup
+from engine.core import kv_sizing, setup
 from engine.core.sleep import SleepMode
 from engine.distributed import GroupAddress, ObjectChannel, TensorParallel, open_store, process_group
 from engine.executors import sleep_call
@@ -79,7 +79,7 @@ class Worker:
         self.dtype = dtype = setup.resolve_dtype(config.model.dtype, hf_config, platform)
         self.model = setup.build_served_model(self.registry, config, loader, hf_config, dtype, platform, tp)
         setup.calculate_kv_scales(self.model, config)
-        _, layer_group = setup.kv_group_of_layers(self.model.kv_layout())
+        _, layer_group = kv_sizing.kv_group_of_layers(self.model.kv_layout())
         self.layers = setup.layer_attention(
             self.registry,
             config.attention_backend,
@@ -98,7 +98,7 @@ class Worker:
         read for its weights (None: its loader does not count)."""
         from engine.runner.model_runner import ModelRunner
 
-        caches = setup.allocate_kv_caches(self.layers, kv_groups, self.platform)
+        caches = kv_sizing.allocate_kv_caches(self.layers, kv_groups, self.platform)
         self.runner = ModelRunner(self.model, self.layers, caches, self.block_size, self.platform.device)
         lora = self.spec.config.lora
         if lora.enable_lora:  # this rank's part of each adapter, in the slots rank 0 chooses

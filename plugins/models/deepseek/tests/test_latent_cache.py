@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.core import setup
+from engine.core import kv_sizing
 from engine.testing import reference
 from engine_models_deepseek.model import DeepseekForCausalLM
 
@@ -66,7 +66,7 @@ def test_pool_is_sized_at_the_latent_bytes_per_token(checkpoint, caplog):
     assert f"({blocks} blocks of {block_size} tokens, {LAYERS * ENTRY * 4} bytes per token)" in caplog.text
     engine = llm.engine
     assert engine.num_blocks == blocks
-    assert setup.kv_bytes_per_token(engine.layer_attention, block_size) == LAYERS * ENTRY * 4
+    assert kv_sizing.kv_bytes_per_token(engine.layer_attention, block_size) == LAYERS * ENTRY * 4
     assert [tuple(c.shape) for c in engine.runner.kv_caches] == [(blocks, block_size, ENTRY)] * LAYERS
 
 
