@@ -17,6 +17,10 @@ from engine.testing.ports import free_port
 
 ENGINE = os.path.join(os.path.dirname(sys.executable), "engine")
 API_KEY = "test-key"
+# between /health polls while a server starts: a refused connection costs the poll nothing, and
+# the wait past the moment it is ready (half this on average) is paid at every one of the suite's
+# ~100 server starts
+HEALTH_POLL_S = 0.1
 
 
 class Server:
@@ -162,7 +166,7 @@ def serve(
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError("server did not become healthy")
-            time.sleep(0.3)
+            time.sleep(HEALTH_POLL_S)
         yield server
     finally:
         if process.poll() is None:

@@ -42,9 +42,11 @@ def _library(folder: Path, header: str = HEADER, source: str = SOURCE) -> Path:
     return folder / "tiny.c"
 
 
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    """The tiny libraries are built into the test's own cache, not the user's."""
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """The tiny libraries are built into the test's own cache, not the user's. The tests that
+    build the engine's own sources keep the user's cache: the sanitized build of the platform's
+    kernels (minutes under load) is the one the platform's own sanitizer test replays."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
 
 
@@ -74,6 +76,7 @@ def test_what_the_header_reader_does_not_take_is_refused_with_the_statement(tmp_
         read_header(tmp_path / "bad.h")
 
 
+@pytest.mark.usefixtures("private_cache")
 def test_calls_are_checked_against_the_prototypes(tmp_path):
     """Arguments convert by the header's types (a wrong one is refused before C sees it), a status
     result is an int, and a symbol the header does not declare cannot be called at all."""
@@ -113,11 +116,13 @@ def test_calls_are_checked_against_the_prototypes(tmp_path):
         ),
     ],
 )
+@pytest.mark.usefixtures("private_cache")
 def test_a_header_that_differs_from_the_definitions_does_not_build(tmp_path, header, source, error):
     with pytest.raises(BuildError, match=error):
         load_source(_library(tmp_path, header, source))
 
 
+@pytest.mark.usefixtures("private_cache")
 def test_a_declared_function_must_be_defined_and_an_exported_one_declared(tmp_path):
     missing = HEADER.replace("#endif", "void forgotten(float *x);\n#endif")
     with pytest.raises(BuildError, match="tiny.h declares what tiny.c does not define: forgotten"):
@@ -133,6 +138,7 @@ def test_the_tape_interpreter_builds_with_every_warning_an_error(portable):
     native.build_with_warnings_as_errors(tape.SOURCE, portable)
 
 
+@pytest.mark.usefixtures("private_cache")
 def test_the_sanitizer_run_catches_a_planted_overflow(tmp_path):
     """What the plugins' sanitizer tests rely on: a child pytest whose kernel writes one float
     past a tensor fails with AddressSanitizer's report."""

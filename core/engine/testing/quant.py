@@ -26,6 +26,7 @@ safetensors formats); online methods keep the defaults.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -145,6 +146,30 @@ def greedy_chats(llm, max_tokens: int = 32) -> tuple[list[list[int]], list[list[
     prompts = [llm.apply_chat_template([{"role": "user", "content": q}]) for q in CHAT_QUESTIONS]
     outs = llm.generate(prompts, SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True))
     return prompts, [o.outputs[0].token_ids for o in outs]
+
+
+DEFAULT_MODEL_CHAT_OPTIONS = dict(quantization="unquantized", max_model_len=512, num_blocks=160)
+
+
+def default_model_greedy_chats(dtype: str = "bfloat16") -> tuple[list[list[int]], list[list[int]]]:
+    """:func:`greedy_chats` of the embedded default model dequantized to ``dtype``
+    (:data:`DEFAULT_MODEL_CHAT_OPTIONS`): the reference several plugins' acceptance tests hold
+    their quantized default model to. Computed once per process (an engine build and 12 x 32
+    greedy tokens: tens of seconds in bf16 on a CPU without AVX-512); each call gets its own
+    copy."""
+    prompts, continuations = _default_model_greedy_chats(dtype)
+    return [list(p) for p in prompts], [list(c) for c in continuations]
+
+
+TokenRows = tuple[tuple[int, ...], ...]
+
+
+@functools.cache
+def _default_model_greedy_chats(dtype: str) -> tuple[TokenRows, TokenRows]:
+    from engine import LLM
+
+    prompts, continuations = greedy_chats(LLM(dtype=dtype, **DEFAULT_MODEL_CHAT_OPTIONS))
+    return tuple(map(tuple, prompts)), tuple(map(tuple, continuations))
 
 
 def teacher_forced_agreement(llm, prompts: list[list[int]], continuations: list[list[int]]) -> float:

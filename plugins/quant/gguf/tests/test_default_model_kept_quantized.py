@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM
-from engine.testing.quant import greedy_chats, teacher_forced_agreement
+from engine.testing.quant import default_model_greedy_chats, teacher_forced_agreement
 
 COMMON = dict(max_model_len=512, num_blocks=160)
 
@@ -24,19 +24,19 @@ def weight_bytes(llm) -> int:
 
 @pytest.mark.slow
 def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32):
-    prompts, reference = greedy_chats(LLM(dtype="float32", quantization="unquantized", **COMMON))
+    prompts, reference = default_model_greedy_chats("float32")
     forced = teacher_forced_agreement(default_kept_float32, prompts, reference)
     print(f"kept-quantized vs dequantized, float32, teacher forced: {forced:.1%} of greedy tokens")
     assert forced >= 0.9
 
-    bf16 = LLM(dtype="bfloat16", quantization="unquantized", **COMMON)
-    prompts, continuations = greedy_chats(bf16)
+    prompts, continuations = default_model_greedy_chats("bfloat16")
     kept_bf16 = LLM(dtype="bfloat16", **COMMON)
     assert type(kept_bf16.engine.model.model.layers[0].mlp.down_proj.method).__name__ == "GGUFLinearMethod"
     forced = teacher_forced_agreement(kept_bf16, prompts, continuations)
     print(f"kept-quantized vs dequantized, bf16, teacher forced: {forced:.1%} of greedy tokens")
     assert forced >= 0.9
 
+    bf16 = LLM(dtype="bfloat16", quantization="unquantized", **COMMON)
     kept_bytes, bf16_bytes = weight_bytes(kept_bf16), weight_bytes(bf16)
     print(
         f"weights: kept-quantized {kept_bytes / 2**20:.1f} MiB, bf16 {bf16_bytes / 2**20:.1f} MiB "

