@@ -153,8 +153,9 @@ NEEDS_NATIVE_AFFINE = pytest.mark.skipif(bool(native_affine_missing()), reason=n
 @NEEDS_NATIVE_AFFINE
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype, monkeypatch):
-    """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1 (above 8
-    eagerly, the rest replayed), each request's greedy tokens as an engine that never records."""
+    """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1, each
+    replayed (the default sizes are every batch up to 16), each request's greedy tokens as an
+    engine that never records."""
     options = dict(dtype=dtype, num_blocks=128, block_size=16, max_num_seqs=16, max_model_len=256)
     prompts = reference.random_prompts(1000, [3, 17, 5, 40, 9, 1, 25, 12, 30, 7], seed=2)
     lengths = [4, 9, 14, 19, 24, 29, 34, 39, 44, 49]
@@ -162,7 +163,7 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     llm = LLM(tiny_gguf, **options)
     graphs = llm.engine.runner.graphs
     assert (
-        graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 9))
+        graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 17))
     )
     replays = []
     real_replay = tape.Tape.replay
