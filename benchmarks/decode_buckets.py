@@ -14,12 +14,11 @@ call per kernel).
 
 Start-up: each ladder's engine is built ``--startup-rounds`` times, the ladders in turn (after
 one engine built and dropped, so that no ladder pays the kernels' first build), timed from the
-``LLM`` call to its return (the recordings are made in it), with the growth of this process's
-resident memory over the build. Throughput: one engine per ladder, all loaded at once; every
-round runs each batch size through each ladder in turn (on a shared machine the load drifts
-over minutes), and each ladder's tok/s is divided by the first ladder's in the same round, by
-the wall clock and by process CPU time (with ``--threads 1`` the work done); the medians print.
-Prompts are random token ids, EOS ignored, greedy.
+``LLM`` call to its return (the recordings are made in it). Throughput: one engine per ladder,
+all loaded at once; every round runs each batch size through each ladder in turn (on a shared
+machine the load drifts over minutes), and each ladder's tok/s is divided by the first ladder's
+in the same round, by the wall clock and by process CPU time (with ``--threads 1`` the work
+done); the medians print. Prompts are random token ids, EOS ignored, greedy.
 """
 
 from __future__ import annotations
@@ -64,23 +63,18 @@ def engine_options(ladder, args) -> dict:
     return options
 
 
-def resident_bytes() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def time_startup(ladders: dict, args) -> dict[str, list[tuple[float, int]]]:
-    """Per ladder, (seconds, resident bytes gained) of each build of its engine."""
+def time_startup(ladders: dict, args) -> dict[str, list[float]]:
+    """Per ladder, the seconds of each build of its engine."""
     from engine import LLM
 
     LLM(**engine_options("default", args))  # the kernels built and cached once, for no one's count
     gc.collect()
-    builds: dict[str, list[tuple[float, int]]] = {name: [] for name in ladders}
+    builds: dict[str, list[float]] = {name: [] for name in ladders}
     for _ in range(args.startup_rounds):
         for name, ladder in ladders.items():
-            before, start = resident_bytes(), time.perf_counter()
+            start = time.perf_counter()
             llm = LLM(**engine_options(ladder, args))
-            builds[name].append((time.perf_counter() - start, resident_bytes() - before))
+            builds[name].append(time.perf_counter() - start)
             del llm
             gc.collect()
     return builds
@@ -129,11 +123,9 @@ def paired_ratio(values: list[float], first: list[float]) -> float:
 def report(ladders: dict, builds: dict, rates: dict, args) -> None:
     first = next(iter(ladders))
     if builds:
-        print(f"\nstart-up: the LLM call, median of {args.startup_rounds} builds; resident memory gained")
+        print(f"\nstart-up: the LLM call, median of {args.startup_rounds} builds")
         for name, runs in builds.items():
-            seconds = statistics.median(s for s, _ in runs)
-            grown = statistics.median(b for _, b in runs) / 2**20
-            print(f"{name:>14} | {seconds:6.2f} s | {grown:7.1f} MiB")
+            print(f"{name:>14} | {statistics.median(runs):6.2f} s")
     print(
         f"\n{args.prompt_len}-token prompts, {args.output_len} tokens out; median of {args.repeats} "
         f"rounds; output tok/s; per round / {first}, the median (wall | CPU time)"
