@@ -292,6 +292,7 @@ class StepGraphRunner:
         limit = self.recorder.start_up_sizes_up_to
         if limit is None or size <= limit or size not in self.pending:
             return False
+        step_slots = self.lora.indices if self.lora is not None else None  # the recording resets them
         try:
             self._record(size)
         except RuntimeError as exc:
@@ -299,6 +300,9 @@ class StepGraphRunner:
             self.graphs.clear()
             self.pending.clear()
             return False
+        finally:
+            if self.lora is not None:
+                self.lora.indices = step_slots
         return True
 
     @torch.inference_mode()
