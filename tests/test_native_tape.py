@@ -153,8 +153,10 @@ NEEDS_NATIVE_AFFINE = pytest.mark.skipif(bool(native_affine_missing()), reason=n
 @NEEDS_NATIVE_AFFINE
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype, monkeypatch):
-    """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1 (above 8
-    eagerly, the rest replayed), each request's greedy tokens as an engine that never records."""
+    """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1, each
+    replayed (the default sizes are every batch up to 16), each request's greedy tokens as an
+    engine that never records. Start-up records the sizes up to 8; 10 and 9 are recorded by
+    their first step, and the sizes no step used never are."""
     options = dict(dtype=dtype, num_blocks=128, block_size=16, max_num_seqs=16, max_model_len=256)
     prompts = reference.random_prompts(1000, [3, 17, 5, 40, 9, 1, 25, 12, 30, 7], seed=2)
     lengths = [4, 9, 14, 19, 24, 29, 34, 39, 44, 49]
@@ -162,13 +164,39 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     llm = LLM(tiny_gguf, **options)
     graphs = llm.engine.runner.graphs
     assert (
-        graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 9))
+        graphs is not None and graphs.recorder.name == "native tapes" and graphs.sizes == tuple(range(1, 17))
     )
+    assert sorted(graphs.graphs) == list(range(1, 9)) and graphs.pending == list(range(16, 8, -1))
     replays = []
     real_replay = tape.Tape.replay
     monkeypatch.setattr(tape.Tape, "replay", lambda self: (replays.append(len(self)), real_replay(self))[1])
     assert _generate(llm, prompts, lengths) == eager
     assert len(replays) >= 40  # the last request alone decodes 5 steps per output length gap, and so on
+    assert sorted(graphs.graphs) == list(range(1, 11)) and graphs.pending == list(range(16, 10, -1))
+
+
+@NEEDS_NATIVE_AFFINE
+def test_a_recording_that_fails_at_its_first_step_leaves_every_decode_step_eager(
+    tiny_gguf, monkeypatch, caplog
+):
+    """A size recorded at its first step whose recording fails: that step and every later one
+    run eagerly (the recordings made at start-up are dropped too, as a failure at start-up
+    drops them all), with the eager tokens, and the log says why."""
+    options = dict(dtype="float32", num_blocks=128, block_size=16, max_num_seqs=16, max_model_len=256)
+    prompts = reference.random_prompts(1000, [3, 17, 5, 40, 9, 1, 25, 12, 30, 7], seed=2)
+    lengths = [4, 9, 14, 19, 24, 29, 34, 39, 44, 49]
+    eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
+    llm = LLM(tiny_gguf, **options)
+    graphs = llm.engine.runner.graphs
+
+    def refuse(self, forward):
+        raise RuntimeError("a kernel steered Python")
+
+    monkeypatch.setattr(tape.TapeGraphs, "record", refuse)
+    with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
+        assert _generate(llm, prompts, lengths) == eager
+    assert not graphs.graphs and not graphs.pending
+    assert "recording native tapes failed: a kernel steered Python" in caplog.text
 
 
 @NEEDS_NATIVE_AFFINE

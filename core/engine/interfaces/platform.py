@@ -31,6 +31,9 @@ class StepGraphs(ABC):
 
     name: ClassVar[str]  # what the start-up log calls them, e.g. "CUDA graphs"
     overhead_bytes: ClassVar[int] = 0  # device memory each recorded step holds beside its activations
+    # the largest size recorded at start-up; a larger one is recorded the first time a step of it
+    # runs (None: every size at start-up, as CUDA graphs need: they share one memory pool)
+    start_up_sizes_up_to: ClassVar[int | None] = None
 
     def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
         """The batch sizes to record when the user names none: vLLM's list (1, 2, 4, every 8

@@ -268,19 +268,46 @@ class StepGraphRunner:
         return torch.full((size,), -1, dtype=torch.int64, device=self.device)
 
     def capture(self, check: bool = True) -> None:
-        """Record every bucket still pending (``check``: as :meth:`record_next`)."""
-        while self.record_next(check):
-            pass
+        """Record every bucket still pending that start-up records
+        (:attr:`~engine.interfaces.StepGraphs.start_up_sizes_up_to`; ``check``: as
+        :meth:`record_next`); the others wait for their first step."""
+        limit = self.recorder.start_up_sizes_up_to
+        for size in [s for s in self.pending if limit is None or s <= limit]:
+            self._record(size, check)
 
-    @torch.inference_mode()
     def record_next(self, check: bool = True) -> bool:
         """Record the largest bucket still pending (the smaller fit its memory); the first one
         recorded is checked (:meth:`check`) before any replay can serve, unless ``check`` is
         False (a test showing what an unchecked recording would replay). True while buckets
         remain. Raises RuntimeError where a recording fails or differs from eager."""
-        if not self.pending:
+        if self.pending:
+            self._record(self.pending[0], check)
+        return bool(self.pending)
+
+    def _record_on_first_use(self, size: int) -> bool:
+        """Record ``size`` now, for the step about to run, where it waits for its first step
+        (above :attr:`~engine.interfaces.StepGraphs.start_up_sizes_up_to`). False where it does
+        not, or its recording failed: then every decode step runs eagerly, as when a recording
+        fails at start-up."""
+        limit = self.recorder.start_up_sizes_up_to
+        if limit is None or size <= limit or size not in self.pending:
             return False
-        size = self.pending.pop(0)
+        step_slots = self.lora.indices if self.lora is not None else None  # the recording resets them
+        try:
+            self._record(size)
+        except RuntimeError as exc:
+            logger.info("decode steps run eagerly: recording %s failed: %s", self.recorder.name, exc)
+            self.graphs.clear()
+            self.pending.clear()
+            return False
+        finally:
+            if self.lora is not None:
+                self.lora.indices = step_slots
+        return True
+
+    @torch.inference_mode()
+    def _record(self, size: int, check: bool = True) -> None:
+        self.pending.remove(size)
         inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
         metadata = self.attention.build_graph_metadata(inputs.layout)
         lora_rows = self._no_adapters(size)
@@ -303,7 +330,6 @@ class StepGraphRunner:
                 self.recorder.name,
                 ", ".join(map(str, self.sizes)),
             )
-        return bool(self.pending)
 
     @torch.inference_mode()
     def check(self, seed: int = 0) -> None:
@@ -345,8 +371,10 @@ class StepGraphRunner:
         if not is_uniform_decode(batch.layouts):
             return None
         size = bucket_for(batch.layout.num_requests, self.sizes)
-        if size not in self.graphs or batch.layout.block_table.shape[1] > self.max_blocks:
-            return None  # no bucket holds it, or its bucket is not recorded yet
+        if size is None or batch.layout.block_table.shape[1] > self.max_blocks:
+            return None  # no bucket holds it
+        if size not in self.graphs and not self._record_on_first_use(size):
+            return None  # its bucket is not recorded (yet, or ever)
         recorded = self.graphs[size]
         recorded.inputs.copy_(
             pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks)

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import time
 from datetime import datetime
 
@@ -67,6 +68,14 @@ def add_serve_arguments(p: argparse.ArgumentParser) -> None:
         "--endpoint", default=None, help="/v1/completions or /v1/chat/completions (default: the backend's)"
     )
     target.add_argument("--model", default=None, help="model name to send (default: the first of /v1/models)")
+    target.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME",
+        help="adapter names the server serves: each request names one of them at random, "
+        "seeded by --seed (default: every request names --model)",
+    )
     target.add_argument(
         "--api-key",
         default=os.environ.get("OPENAI_API_KEY"),
@@ -159,6 +168,15 @@ def resolve_arguments(args) -> None:
         raise ValueError("--max-concurrency must be at least 1")
 
 
+def request_models(args, model: str, count: int) -> list[str]:
+    """The model each request names: ``model``, or with ``--lora-modules`` one adapter of them
+    at random per request, as ``vllm bench serve`` picks them."""
+    if not args.lora_modules:
+        return [model] * count
+    rng = random.Random(args.seed)
+    return [rng.choice(args.lora_modules) for _ in range(count)]
+
+
 def request_body(args, model: str, request: SampleRequest) -> dict:
     body = {
         "model": model,
@@ -246,19 +264,20 @@ async def benchmark(args) -> dict:
         gate = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else contextlib.nullcontext()
         bar = tqdm(total=len(requests), desc="requests", unit="req", disable=args.disable_tqdm)
 
-        async def limited(request: SampleRequest) -> RequestOutput:
+        async def limited(request: SampleRequest, name: str) -> RequestOutput:
             async with gate:
                 output = await one_request(
-                    client, args.endpoint, request_body(args, model, request), request.prompt_len
+                    client, args.endpoint, request_body(args, name, request), request.prompt_len
                 )
             bar.update()
             return output
 
         tasks = []
         start = time.perf_counter()
-        for request, gap in zip(requests, arrival_gaps(args, len(requests))):
+        names = request_models(args, model, len(requests))
+        for request, name, gap in zip(requests, names, arrival_gaps(args, len(requests))):
             await asyncio.sleep(gap)
-            tasks.append(asyncio.create_task(limited(request)))
+            tasks.append(asyncio.create_task(limited(request, name)))
         outputs = await asyncio.gather(*tasks)
         duration = time.perf_counter() - start
         bar.close()
