@@ -52,16 +52,17 @@ def decode_inputs(batch: int, context: int, gen: torch.Generator):
     return layout, pool, qkv
 
 
-def time_calls(calls: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each call, run interleaved (A B A B ...) after one warm-up each."""
+def time_calls(calls: dict, repeats: int, clock=time.perf_counter) -> dict[str, float]:
+    """Median seconds of each call by ``clock``, run interleaved (A B A B ...) after one warm-up
+    each."""
     for call in calls.values():
         call()
     times = {name: [] for name in calls}
     for _ in range(repeats):
         for name, call in calls.items():
-            start = time.perf_counter()
+            start = clock()
             call()
-            times[name].append(time.perf_counter() - start)
+            times[name].append(clock() - start)
     return {name: statistics.median(t) for name, t in times.items()}
 
 

@@ -2,6 +2,7 @@
 the torch ops between them, and the rest (Python: scheduling, dispatch, output handling).
 
     python benchmarks/decode_profile.py [--batches 1 16] [--steps 20] [--dtype auto]
+                                        [--kv-cache-dtype auto]
 
 Two engines on the default config (``LLM()``, as ``engine serve`` picks it), one after the other:
 - as shipped (native tapes where the batch has one): the wall time of a decode step;
@@ -65,19 +66,21 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache's (fp8: e4m3 pages)")
     args = parser.parse_args()
 
     from offline_throughput import decode_steps, make_prompts
 
     from engine import LLM
 
-    shipped = LLM(dtype=args.dtype)
+    shipped = LLM(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
     prompts = make_prompts(shipped.tokenizer, max(args.batches))
-    print(f"model {shipped.config.model.model}, dtype {shipped.config.model.dtype}")
+    model, cache = shipped.config.model, shipped.config.cache
+    print(f"model {model.model}, dtype {model.dtype}, KV cache {cache.kv_cache_dtype}")
     wall = {b: sorted(decode_steps(shipped, prompts[:b], args.steps))[args.steps // 2] for b in args.batches}
     del shipped
     timed_kernels()
-    eager = LLM(dtype=args.dtype, enforce_eager=True)
+    eager = LLM(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=True)
     for batch in args.batches:
         decode_steps(eager, prompts[:batch], 2)  # warm
         eager_s, per_op = shares(eager, prompts[:batch], args.steps)

@@ -12,11 +12,13 @@ mean and largest absolute difference of the text's own token's log-prob — and 
 greedy tokens from each window's prompt, the share equal position by position and the mean
 length before the first difference. Speed: one layer's cpu-native decode attention at
 ``--batch`` requests of ``--context`` tokens on the default model's shape, bf16 against fp8
-pages, calls interleaved; then one decode step of ``LLM()`` with each cache at that batch and
-context (every prompt prefilled first, with progress; steps of the two engines interleaved,
-checked free of preemption), median of each. ``--rounding``: only the relative RMS error of the
-default model's own keys and values on that many held tokens, stored as e4m3, e5m2 and as int8
-with a scale per token and head (what an int8 cache would buy, ``docs/decisions.md``).
+pages, calls interleaved, with the requests' blocks shuffled over the pool and in order (as a
+fresh engine allocates them: the pages a prefetcher follows); then one decode step of ``LLM()``
+with each cache at that batch and context (every prompt prefilled first, with progress; steps
+of the two engines interleaved, checked free of preemption), median of each. ``--rounding``:
+only the relative RMS error of the default model's own keys and values on that many held
+tokens, stored as e4m3, e5m2 and as int8 with a scale per token and head (what an int8 cache
+would buy, ``docs/decisions.md``).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from offline_throughput import prefill_all
 
 from engine import LLM, SamplingParams
 from engine.builtin.platforms import CpuPlatform
-from engine.interfaces import KV_CACHE_DTYPES, KVScale
+from engine.interfaces import KV_CACHE_DTYPES, BatchLayout, KVScale
 from engine.layers.attention import Attention
 from engine.messages.request import Request
 from engine.plugins import load_plugins
@@ -124,25 +126,46 @@ def rounding(tokens: int) -> None:
         print(f"  {name}: K {k_err:.4f}, V {v_err:.4f}")
 
 
+def clock():
+    """On one thread (``--threads 1``) the thread's CPU time, which the other jobs of a loaded
+    machine do not inflate as they do the wall time; else the wall time."""
+    return time.thread_time if torch.get_num_threads() == 1 else time.perf_counter
+
+
+def in_order(layout: BatchLayout) -> BatchLayout:
+    """``layout`` with each request's blocks one after another in the pool, as the engine's
+    allocator hands out a fresh pool: the hardware prefetcher then follows a request's pages,
+    which it cannot through shuffled ones, and fewer bytes read matter less."""
+    batch, per_request = layout.block_table.shape
+    table = (torch.arange(batch * per_request, dtype=torch.int32) + 1).view(batch, per_request)
+    last = layout.seq_lens_host[0] - 1
+    slots = table[:, last // SPEC.block_size].long() * SPEC.block_size + last % SPEC.block_size
+    return attrs.evolve(layout, block_table=table, slot_mapping=slots)
+
+
 def attention(kv_dtype: str, batch: int, context: int, repeats: int) -> None:
-    """One layer's cpu-native decode attention over bf16 and fp8 pages, interleaved."""
+    """One layer's cpu-native decode attention over bf16 and fp8 pages, interleaved, with the
+    requests' blocks shuffled over the pool and in order."""
     registry, platform = load_plugins(), CpuPlatform()
     cls = registry.get("attention_backends", "cpu-native")
     specs = {"bf16": SPEC, kv_dtype: attrs.evolve(SPEC, kv_cache_dtype=KV_CACHE_DTYPES[kv_dtype])}
     gen = torch.Generator().manual_seed(0)
-    layout, pool, (q, k, v) = decode_inputs(batch, context, gen)
-    calls = {}
-    for name, spec in specs.items():
-        backend = cls(spec, platform, registry=registry)
-        cache = torch.randn(backend.kv_cache_shape(pool), generator=gen).to(spec.cache_dtype)
-        quantized = {"kv_scale": KVScale()} if spec.kv_cache_dtype is not None else {}
-        calls[name] = functools.partial(
-            backend.forward, q, k, v, cache, backend.build_metadata(layout), **quantized
-        )
-    medians = time_calls(calls, repeats)
-    base, new = medians["bf16"] * 1e6, medians[kv_dtype] * 1e6
-    print(f"one layer's cpu-native decode attention, batch {batch} x context {context}, median of {repeats}:")
-    print(f"  bf16 pages {base:.0f} µs, {kv_dtype} pages {new:.0f} µs, bf16/{kv_dtype} {base / new:.2f}x")
+    shuffled, pool, (q, k, v) = decode_inputs(batch, context, gen)
+    print(f"one layer's cpu-native decode attention, batch {batch} x context {context}", end="")
+    print(f", median of {repeats} ({clock().__name__}):")
+    for blocks, layout in (("shuffled", shuffled), ("in order", in_order(shuffled))):
+        calls = {}
+        for name, spec in specs.items():
+            backend = cls(spec, platform, registry=registry)
+            cache = torch.randn(backend.kv_cache_shape(pool), generator=gen).to(spec.cache_dtype)
+            quantized = {"kv_scale": KVScale()} if spec.kv_cache_dtype is not None else {}
+            calls[name] = functools.partial(
+                backend.forward, q, k, v, cache, backend.build_metadata(layout), **quantized
+            )
+        medians = time_calls(calls, repeats, clock())
+        base, new = medians["bf16"] * 1e6, medians[kv_dtype] * 1e6
+        print(f"  blocks {blocks}: bf16 pages {base:.0f} µs, {kv_dtype} pages {new:.0f} µs", end="")
+        print(f", bf16/{kv_dtype} {base / new:.2f}x")
 
 
 def end_to_end(kv_dtype: str, batch: int, context: int, steps: int) -> None:
@@ -161,13 +184,13 @@ def end_to_end(kv_dtype: str, batch: int, context: int, steps: int) -> None:
         prefill_all(engine, batch, progress_s=30)
         print(f"{name} cache: {batch} x {context} tokens prefilled in {time.perf_counter() - start:.0f} s")
         engines[name] = engine
-    medians = time_calls({name: engine.step for name, engine in engines.items()}, steps)
+    medians = time_calls({name: engine.step for name, engine in engines.items()}, steps, clock())
     for name, engine in engines.items():
         requests = engine.lifecycle.requests.values()
         assert len(requests) == batch, f"{name}: a request finished while the steps were timed"
         assert not any(r.num_preemptions for r in requests), f"{name}: a request was preempted"
     base, new = medians["auto"] * 1e3, medians[kv_dtype] * 1e3
-    print(f"LLM() decode step at batch {batch} x context {context}, median of {steps}:")
+    print(f"LLM() decode step at batch {batch} x context {context}, median of {steps} ({clock().__name__}):")
     print(f"  bf16 cache {base:.1f} ms, {kv_dtype} cache {new:.1f} ms, bf16/{kv_dtype} {base / new:.2f}x")
 
 
@@ -196,7 +219,9 @@ def main():
     parser.add_argument(
         "--repeats", type=int, default=15, help="attention calls timed per cache (default 15)"
     )
-    parser.add_argument("--threads", type=int, help="torch (and OpenMP) threads; default: torch's")
+    parser.add_argument(
+        "--threads", type=int, help="torch (and OpenMP) threads; default: torch's (1: timed in CPU time)"
+    )
     parser.add_argument("--skip-quality", action="store_true", help="no quality figures")
     parser.add_argument(
         "--rounding",

@@ -23,9 +23,10 @@
  * CPU with neither both are the portable one). attention.h declares them.
  *
  * An fp8 cache (e4m3 or e5m2 bytes, kv_fp8.h) is read in place the same way, per activation
- * type: paged_attention_<type>_<fp8>[_scalar]. Keys are widened to float32 in registers as the
- * scores read them, a block of values once into the float32 scratch bf16 values go to; the key
- * scale is folded into the score scale and the value scale into each output row's 1 / sum.
+ * type: paged_attention_<type>_<fp8>[_scalar]. A block of values is widened once into the
+ * float32 scratch bf16 values go to; keys are widened to float32 in registers as the scores
+ * read them (AVX-512, portable), or, on AVX2, once a block into scratch of their own (WIDEN);
+ * the key scale is folded into the score scale and the value scale into each output row's 1 / sum.
  * The SIMD e4m3 widening (AVX-512, or AVX2 with F16C) leaves out a constant 2^8, which UNIT puts
  * back in both scales.
  * write_kv_fp8 stores a step's K/V divided by the scales, as the core's quantize_kv does.
@@ -125,6 +126,13 @@ static inline const float *block_##FP8(const uint8_t *src, int64_t count, float 
 }
 DEFINE_BLOCK_FP8(e4m3)
 DEFINE_BLOCK_FP8(e5m2)
+
+/* a query vector as float32, for the math that reads widened keys (WIDEN) */
+static inline void load_row_bf16(float *dst, const uint16_t *src, int64_t dim) {
+    for (int64_t d = 0; d < dim; d++) dst[d] = bf16_load(src[d]);
+}
+
+static inline void load_row_f32(float *dst, const float *src, int64_t dim) { memcpy(dst, src, sizeof(float) * dim); }
 
 static inline void store_row_bf16(uint16_t *dst, const float *src, float inv, int64_t dim) {
     for (int64_t d = 0; d < dim; d++) dst[d] = bf16_store(src[d] * inv);
@@ -331,49 +339,58 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
         _mm512_storeu_ps(acc + d, a);
     }
 }
+#define SIMD_WIDENS 0
 #else
 #if defined(__AVX2__) && defined(__FMA__)
 #include "attention_avx2.h"
-#define scores_bf16_simd scores_bf16_avx2
+/* Keys widened once a block and query vectors once an item (the driver's WIDEN): with GQA every
+ * query vector of a group reads the same keys, and on 8 lanes widening them in registers for
+ * each (a bf16 query too) cost more than the fp8 cache saved in bytes. */
+#define SIMD_WIDENS 1
 #define scores_f32_simd scores_f32_avx2
 #define softmax_step_simd softmax_step_avx2
 #define accumulate_simd accumulate_avx2
 #else
+#define SIMD_WIDENS 0
 #define scores_bf16_simd scores_bf16_scalar
 #define scores_f32_simd scores_f32_scalar
 #define softmax_step_simd softmax_step_scalar
 #define accumulate_simd accumulate_scalar
-#endif
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define scores_bf16_e4m3_simd scores_bf16_e4m3_avx2
-#define scores_bf16_e5m2_simd scores_bf16_e5m2_avx2
-#define scores_f32_e4m3_simd scores_f32_e4m3_avx2
-#define scores_f32_e5m2_simd scores_f32_e5m2_avx2
-#define block_e4m3_simd block_e4m3_avx2
-#define block_e5m2_simd block_e5m2_avx2
-#else
-/* fp8 caches without AVX-512 or F16C: the portable math */
 #define scores_bf16_e4m3_simd scores_bf16_e4m3_scalar
 #define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
 #define scores_f32_e4m3_simd scores_f32_e4m3_scalar
 #define scores_f32_e5m2_simd scores_f32_e5m2_scalar
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define block_e4m3_simd block_e4m3_avx2
+#define block_e5m2_simd block_e5m2_avx2
+#else
+/* fp8 caches without AVX-512 or F16C: the portable conversion */
 #define block_e4m3_simd block_e4m3
 #define block_e5m2_simd block_e5m2
 #undef E4M3_SIMD_UNIT
 #define E4M3_SIMD_UNIT 1.f
 #endif
 #endif
+/* the SIMD variants' scores: over float32 where the driver widens (SIMD_WIDENS), else over the
+ * query and cache types in place */
+#if SIMD_WIDENS
+#define SIMD_SCORES(in_place) scores_f32_simd
+#else
+#define SIMD_SCORES(in_place) in_place
+#endif
 
 /* ---- the driver, once per (storage type, math variant) -------------------------------- */
 
 /* Per-thread scratch: M accumulators, their running max and sum, one block of values as
- * float32, one block of scores. Keys and queries are read where they lie. */
+ * float32, one block of scores; for the math that widens (WIDEN) the M query vectors and one
+ * block of keys as float32 too (else keys and queries are read where they lie). */
 typedef struct {
-    float *acc, *max, *sum, *values, *scores;
+    float *acc, *max, *sum, *values, *scores, *query, *keys;
 } Workspace;
 
 static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t block_size) {
-    size_t floats = (size_t)vectors * (dim + 2) + (size_t)block_size * (dim + 1);
+    size_t floats = (size_t)vectors * (2 * dim + 2) + (size_t)block_size * (2 * dim + 1);
     float *base = malloc(floats * sizeof(float));
     if (!base) return 0;
     w->acc = base;
@@ -381,6 +398,8 @@ static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t b
     w->sum = w->max + vectors;
     w->values = w->sum + vectors;
     w->scores = w->values + block_size * dim;
+    w->query = w->scores + block_size;
+    w->keys = w->query + vectors * dim;
     return 1;
 }
 
@@ -404,7 +423,9 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define C uint16_t
 #define BLOCK block_bf16
 #define STORE_ROW store_row_bf16
-#define SCORES scores_bf16_simd
+#define SCORES SIMD_SCORES(scores_bf16_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_bf16
 #define SOFTMAX_STEP softmax_step_simd
 #define UNIT 1.f
 #define ACCUMULATE accumulate_simd
@@ -416,6 +437,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_bf16
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_scalar
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
@@ -426,7 +448,9 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define C uint8_t
 #define BLOCK block_e4m3_simd
 #define STORE_ROW store_row_bf16
-#define SCORES scores_bf16_e4m3_simd
+#define SCORES SIMD_SCORES(scores_bf16_e4m3_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_bf16
 #define SOFTMAX_STEP softmax_step_simd
 #define UNIT E4M3_SIMD_UNIT
 #define ACCUMULATE accumulate_simd
@@ -438,6 +462,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_e4m3
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_e4m3_scalar
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
@@ -448,7 +473,9 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define C uint8_t
 #define BLOCK block_e5m2_simd
 #define STORE_ROW store_row_bf16
-#define SCORES scores_bf16_e5m2_simd
+#define SCORES SIMD_SCORES(scores_bf16_e5m2_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_bf16
 #define SOFTMAX_STEP softmax_step_simd
 #define UNIT 1.f
 #define ACCUMULATE accumulate_simd
@@ -460,6 +487,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_e5m2
 #define STORE_ROW store_row_bf16
 #define SCORES scores_bf16_e5m2_scalar
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
@@ -471,6 +499,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_f32
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_simd
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_simd
 #define UNIT 1.f
 #define ACCUMULATE accumulate_simd
@@ -482,6 +511,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_f32
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_scalar
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
@@ -492,7 +522,9 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define C uint8_t
 #define BLOCK block_e4m3_simd
 #define STORE_ROW store_row_f32
-#define SCORES scores_f32_e4m3_simd
+#define SCORES SIMD_SCORES(scores_f32_e4m3_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_f32
 #define SOFTMAX_STEP softmax_step_simd
 #define UNIT E4M3_SIMD_UNIT
 #define ACCUMULATE accumulate_simd
@@ -504,6 +536,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_e4m3
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e4m3_scalar
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f
 #define ACCUMULATE accumulate_scalar
@@ -514,7 +547,9 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define C uint8_t
 #define BLOCK block_e5m2_simd
 #define STORE_ROW store_row_f32
-#define SCORES scores_f32_e5m2_simd
+#define SCORES SIMD_SCORES(scores_f32_e5m2_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_f32
 #define SOFTMAX_STEP softmax_step_simd
 #define UNIT 1.f
 #define ACCUMULATE accumulate_simd
@@ -526,6 +561,7 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_e5m2
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e5m2_scalar
+#define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f
 #define ACCUMULATE accumulate_scalar

@@ -1,8 +1,11 @@
 /* attention.c's per-block math on AVX2 + FMA (8 lanes), for CPUs without AVX-512: included by
  * attention.c only. The same order of operations as the AVX-512 math, on half the lanes; head_dim
- * is a multiple of 16 (the backend checks), so every row is whole vectors. fp8 caches are widened
- * 8 lanes at a time through F16C's half-precision converter where the compiler targets it (every
- * AVX2 CPU has it), else they stay on the portable math. */
+ * is a multiple of 16 (the backend checks), so every row is whole vectors. Scores read float32
+ * only: the driver widens an item's query vectors and each block's keys once (WIDEN), as it
+ * does the values, rather than once for every query vector that reads them (products and sums
+ * as before, so the same bits). fp8 blocks are widened 8 lanes at a time through F16C's
+ * half-precision converter where the compiler targets it (every AVX2 CPU has it), else by the
+ * portable conversion. */
 
 /* lane t = the sum of a[t]'s lanes */
 static inline __m256 sum8(const __m256 a[8]) {
@@ -16,33 +19,25 @@ static inline __m256i first_lanes8(int64_t n) {
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 8 ? n : 8)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* scores[t] = scale · q · keys[t]: q of T read by LOAD8, keys of C by LOAD8_C, 8 lanes a load */
-#define DEFINE_SCORES_AVX2(SUFFIX, T, LOAD8, C, LOAD8_C)                                          \
-static void scores_##SUFFIX##_avx2(const T *q, const C *keys, int64_t count, int64_t dim, float scale, \
-                                   float *scores) {                                               \
-    for (int64_t t0 = 0; t0 < count; t0 += 8) {                                                   \
-        __m256 acc[8];                                                                            \
-        int64_t n = count - t0 < 8 ? count - t0 : 8;                                              \
-        for (int64_t t = 0; t < 8; t++) {                                                         \
-            acc[t] = _mm256_setzero_ps();                                                         \
-            if (t >= n) continue;                                                                 \
-            const C *k = keys + (t0 + t) * dim;                                                   \
-            for (int64_t d = 0; d < dim; d += 8) acc[t] = _mm256_fmadd_ps(LOAD8(q + d), LOAD8_C(k + d), acc[t]); \
-        }                                                                                         \
-        _mm256_maskstore_ps(scores + t0, first_lanes8(n), _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale))); \
-    }                                                                                             \
+/* scores[t] = scale · q · keys[t], all float32, 8 lanes a load */
+static void scores_f32_avx2(const float *q, const float *keys, int64_t count, int64_t dim, float scale,
+                            float *scores) {
+    for (int64_t t0 = 0; t0 < count; t0 += 8) {
+        __m256 acc[8];
+        int64_t n = count - t0 < 8 ? count - t0 : 8;
+        for (int64_t t = 0; t < 8; t++) {
+            acc[t] = _mm256_setzero_ps();
+            if (t >= n) continue;
+            const float *k = keys + (t0 + t) * dim;
+            for (int64_t d = 0; d < dim; d += 8)
+                acc[t] = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), _mm256_loadu_ps(k + d), acc[t]);
+        }
+        _mm256_maskstore_ps(scores + t0, first_lanes8(n), _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+    }
 }
-DEFINE_SCORES_AVX2(bf16, uint16_t, bf16x8_load, uint16_t, bf16x8_load)
-DEFINE_SCORES_AVX2(f32, float, _mm256_loadu_ps, float, _mm256_loadu_ps)
 
 #ifdef __F16C__
-/* fp8 keys widened in registers through the half-precision converter (kv_fp8.h) */
-DEFINE_SCORES_AVX2(bf16_e4m3, uint16_t, bf16x8_load, uint8_t, e4m3x8_load_over256)
-DEFINE_SCORES_AVX2(bf16_e5m2, uint16_t, bf16x8_load, uint8_t, e5m2x8_load_over1)
-DEFINE_SCORES_AVX2(f32_e4m3, float, _mm256_loadu_ps, uint8_t, e4m3x8_load_over256)
-DEFINE_SCORES_AVX2(f32_e5m2, float, _mm256_loadu_ps, uint8_t, e5m2x8_load_over1)
-
-/* a block of fp8 values widened into `scratch`, 8 at a time (count is whole rows of 16s) */
+/* a block of fp8 keys or values widened into `scratch`, 8 at a time (count is whole rows of 16s) */
 #define DEFINE_BLOCK_FP8_AVX2(FP8, OVER)                                                            \
 static inline const float *block_##FP8##_avx2(const uint8_t *src, int64_t count, float *scratch) {  \
     for (int64_t i = 0; i < count; i += 8) _mm256_storeu_ps(scratch + i, FP8##x8_load_##OVER(src + i)); \

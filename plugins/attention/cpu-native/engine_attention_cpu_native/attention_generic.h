@@ -2,9 +2,11 @@
  * triple, with SUFFIX (bf16, bf16_scalar, f32_e4m3 ...), T (the query's and output's C type), C
  * (the cache's: T, or uint8_t for an fp8 cache), UNIT (what BLOCK's and SCORES' widened cache
  * values must be multiplied by: 1, or 256 for AVX-512 e4m3), BLOCK (a block as float32 rows),
- * STORE_ROW (an output row from float32) and the math SCORES, SOFTMAX_STEP and ACCUMULATE
- * defined, which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a macro,
- * so that compiler messages and debuggers see its own lines. */
+ * STORE_ROW (an output row from float32), WIDEN (1: SCORES reads the item's query vectors and
+ * each block's keys as float32, widened once by LOAD_ROW and BLOCK; 0: where they lie) and the
+ * math SCORES, SOFTMAX_STEP and ACCUMULATE defined, which it undefines again; TYPED(name) is
+ * name_<SUFFIX>. A file rather than a macro, so that compiler messages and debuggers see its own
+ * lines. */
 
 static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_cache, const C *value_cache,
                                int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,
@@ -18,15 +20,23 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
     const C *values_base = value_cache + kv_head * head_stride;
     const T *first_query = query + q_begin * q_stride + kv_head * group * dim;
     int64_t first_position = seq_len - n;
+#if WIDEN
+    for (int64_t m = 0; m < vectors; m++)
+        LOAD_ROW(w->query + m * dim, first_query + m / group * q_stride + m % group * dim, dim);
+#endif
     int64_t first_key = window > 0 && first_position - window + 1 > 0 ? first_position - window + 1 : 0;
     for (int64_t start = first_key / block_size * block_size; start < seq_len; start += block_size) {
         int64_t count = seq_len - start < block_size ? seq_len - start : block_size;
         int64_t offset = (int64_t)table[start / block_size] * block_len;
-        const C *keys = keys_base + offset;
         if (start + block_size < seq_len)  /* the next block's lines, while this one is used */
             prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,
                            values_base + (int64_t)table[start / block_size + 1] * block_len,
                            block_len * (int64_t)sizeof(C));
+#if WIDEN
+        const float *keys = BLOCK(keys_base + offset, count * dim, w->keys);
+#else
+        const C *keys = keys_base + offset;
+#endif
         const float *values = BLOCK(values_base + offset, count * dim, w->values);
         for (int64_t i = 0; i < n; i++) {
             int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */
@@ -37,8 +47,12 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
             if (visible <= skip) continue;
             for (int64_t j = 0; j < group; j++) {
                 int64_t m = i * group + j;
-                SCORES(first_query + i * q_stride + j * dim, keys + skip * dim, visible - skip, dim,
-                       scale * UNIT, w->scores);
+#if WIDEN
+                const float *q = w->query + m * dim;
+#else
+                const T *q = first_query + i * q_stride + j * dim;
+#endif
+                SCORES(q, keys + skip * dim, visible - skip, dim, scale * UNIT, w->scores);
                 if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);
                 float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m);
                 ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim);
@@ -108,6 +122,8 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *
 #undef BLOCK
 #undef STORE_ROW
 #undef SCORES
+#undef WIDEN
+#undef LOAD_ROW
 #undef SOFTMAX_STEP
 #undef ACCUMULATE
 #undef UNIT
