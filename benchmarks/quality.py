@@ -5,25 +5,34 @@ held text (:mod:`engine.testing.divergence`), for the engine's paths and for lla
 
     python benchmarks/quality.py [--model FILE.gguf] [--windows 16] [--prompt-len 64]
                                  [--length 128] [--only NAME ...] [--threads N]
+                                 [--llama-python VENV/bin/python]
 
 The reference is the file's weights dequantized to float32 and run in float32, so every figure
 measures arithmetic (activation rounding, accumulation, bf16), not the file's quantization.
 Every path scores the same positions as decode steps after a prefilled prompt: the engine forces
 each window's next token, llama.cpp evaluates the prompt in one batch and then one token at a
-time (its ``logits_all`` scores).
+time (its ``logits_all`` scores), in this process, or with ``--llama-python`` in a virtual
+environment that has ``llama-cpp-python`` (and numpy; no torch needed), which scores the windows in a
+child process of this script.
+
+"default" is the engine's default on this machine (GGUF kept quantized, ``dtype="auto"``: float32
+activations on a CPU without bf16 arithmetic, bf16 on one with AVX512_BF16 or AMX);
+"default-bf16" and "default-fp32" pin the activation dtype.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
+import tempfile
 import time
-
-import torch
 
 CONFIGS = {
     "default": dict(),
+    "default-bf16": dict(dtype="bfloat16"),
     "default-fp32": dict(dtype="float32"),
     "bf16": dict(quantization="unquantized", dtype="bfloat16"),
     "int8-w8a8": dict(quantization="int8-w8a8"),
@@ -41,22 +50,53 @@ def engine_logprobs(model, options, windows, threads):
     return logprobs, time.perf_counter() - start
 
 
-def llama_cpp_logprobs(model, windows, threads):
-    """llama.cpp's log-probabilities at the same positions, or None when it is not installed."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None, 0.0
+def llama_cpp_scores(model, windows, threads) -> list:
+    """llama.cpp's logits (numpy, [forced, vocab]) at the scored positions of every window."""
+    from llama_cpp import Llama
+
     size = max(len(p) + len(f) for p, f in windows)
     llm = Llama(model_path=model, n_ctx=size, n_batch=512, n_threads=threads, logits_all=True, verbose=False)
-    start, out = time.perf_counter(), []
+    out = []
     for prompt, forced in windows:
         llm.reset()
         llm.eval(prompt)
         for token in forced[:-1]:
             llm.eval([token])
-        scores = torch.from_numpy(llm.scores[len(prompt) - 1 : len(prompt) + len(forced) - 1].copy())
-        out.append(scores.float().log_softmax(-1))
+        out.append(llm.scores[len(prompt) - 1 : len(prompt) + len(forced) - 1].copy())
+    return out
+
+
+def llama_cpp_worker(model, windows_file, out_file, threads) -> None:
+    """``--llama-cpp-worker``: llama.cpp's scores of the windows in a .npz, for the parent."""
+    import numpy
+
+    with open(windows_file) as f:
+        windows = json.load(f)
+    numpy.savez(out_file, *llama_cpp_scores(model, windows, int(threads)))
+
+
+def llama_cpp_logprobs(model, windows, threads, python=None):
+    """llama.cpp's log-probabilities at the same positions (in ``python``'s environment when
+    given), or None when it is not installed."""
+    import numpy
+    import torch
+
+    start = time.perf_counter()
+    if python is None:
+        try:
+            scores = llama_cpp_scores(model, windows, threads)
+        except ImportError:
+            return None, 0.0
+    else:
+        with tempfile.TemporaryDirectory() as folder:
+            windows_file, out_file = os.path.join(folder, "windows.json"), os.path.join(folder, "scores.npz")
+            with open(windows_file, "w") as f:
+                json.dump(windows, f)
+            command = [python, __file__, "--llama-cpp-worker", model, windows_file, out_file, str(threads)]
+            subprocess.run(command, check=True)
+            with numpy.load(out_file) as saved:
+                scores = [saved[f"arr_{i}"] for i in range(len(windows))]
+    out = [torch.from_numpy(s).float().log_softmax(-1) for s in scores]
     return out, time.perf_counter() - start
 
 
@@ -72,10 +112,21 @@ def parse_args(argv=None):
         "--only", nargs="*", default=None, help="subset of: " + " ".join([*CONFIGS, "llama.cpp"])
     )
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads of every engine")
+    parser.add_argument(
+        "--llama-python",
+        default=None,
+        help="python of a virtual environment with llama-cpp-python (default: this one's)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--llama-cpp-worker"]:
+        llama_cpp_worker(*argv[1:])
+        return 0
+    import torch
+
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     from engine.testing import divergence
@@ -93,9 +144,9 @@ def main(argv=None) -> int:
     names = args.only or [*CONFIGS, "llama.cpp"]
     for name in names:
         if name == "llama.cpp":
-            tested, seconds = llama_cpp_logprobs(model, windows, args.threads)
+            tested, seconds = llama_cpp_logprobs(model, windows, args.threads, args.llama_python)
             if tested is None:
-                print(f"{name:>18}: not installed (make llama-cpp)")
+                print(f"{name:>18}: not installed (make llama-cpp, or --llama-python)")
                 continue
         else:
             tested, seconds = engine_logprobs(model, CONFIGS[name], windows, args.threads)
