@@ -15,9 +15,8 @@ time (its ``logits_all`` scores), in this process, or with ``--llama-python`` in
 environment that has ``llama-cpp-python`` (and numpy; no torch needed), which scores the windows in a
 child process of this script.
 
-"default" is the engine's default on this machine (GGUF kept quantized, ``dtype="auto"``: float32
-activations on a CPU without bf16 arithmetic, bf16 on one with AVX512_BF16 or AMX);
-"default-bf16" and "default-fp32" pin the activation dtype.
+"default" is the engine's default (GGUF kept quantized, bf16 activations); "default-fp32" the same
+file with float32 activations (and a float32 KV cache).
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import time
 
 CONFIGS = {
     "default": dict(),
-    "default-bf16": dict(dtype="bfloat16"),
     "default-fp32": dict(dtype="float32"),
     "bf16": dict(quantization="unquantized", dtype="bfloat16"),
     "int8-w8a8": dict(quantization="int8-w8a8"),
