@@ -355,7 +355,7 @@ def online(args) -> None:
     results = {}
     with tempfile.TemporaryDirectory() as adapters:
         if args.lora:
-            from lora import save_adapters
+            from peft_adapters import save_adapters
 
             args.lora_paths = save_adapters(adapters, args.lora, args.lora_rank)
         for name in names:
