@@ -3,6 +3,7 @@ bandwidth, and the decode tokens/s of the default model and the 1B-class model (
 quantized, and bf16).
 
     python benchmarks/bandwidth_floor.py [--only NAME ...] [--threads N] [--repeats 3] [--output-len 128]
+                                         [--llama-python PATH]
 
 A decode step of one stream reads every weight once, so it cannot run faster than the weight
 bytes it reads ÷ the memory bandwidth: the floor on its time, here given as a ceiling on tokens/s
@@ -27,7 +28,13 @@ lookups (an untied input embedding, or the plain copy a tied bf16 table keeps fo
 its prepacked head) and one row of the rotary cos/sin tables. The K/V cache the step also reads is
 left out of the floor; its size at the run's mean context is printed (well under 5 % of the weights
 here). Decode tokens/s are measured as ``quant.py``'s single stream: (n − 1) tokens over the time a
-n-token run takes beyond a 1-token run, each the best of ``--repeats``.
+n-token run takes beyond a 1-token run, the best of ``--repeats`` rounds.
+
+``--llama-python PATH`` (an interpreter with llama-cpp-python, e.g. a virtual environment's) also
+times llama.cpp's single-stream decode on the same GGUF file with the same threads, in a subprocess
+under that interpreter (``llama_cpp_bench.py``), for every GGUF row; each round runs the engine and
+then llama.cpp, so the two alternate. The table adds llama.cpp's tokens/s, its fraction of the floor
+and engine ÷ llama.cpp.
 """
 
 from __future__ import annotations
@@ -134,16 +141,35 @@ def model_paths(name: str) -> tuple[str | None, dict]:
     or dequantized to bf16) or the 1B-class model's GGUF file or bf16 HF folder."""
     if name.startswith("default"):
         return None, {} if name.endswith("q4_1") else {"quantization": "unquantized"}
+    return _built_1b_path(name), {}
+
+
+def gguf_file(name: str) -> str | None:
+    """The GGUF file a row's weights come from, which llama.cpp loads; None for a bf16 row."""
+    if name.endswith("bf16"):
+        return None
+    if name.startswith("default"):
+        from engine_quant_gguf.loader import default_model_path
+
+        return default_model_path()
+    return _built_1b_path(name)
+
+
+def _built_1b_path(name: str) -> str:
+    """The 1B-class model's bf16 HF folder or GGUF file of a row (built on first use)."""
     import random_llama
 
     built = random_llama.build()
     if name.endswith("bf16"):
-        return built.folder, {}
-    return built.gguf[name.split("-")[1].upper()], {}
+        return built.folder
+    return built.gguf[name.split("-")[1].upper()]
 
 
-def decode_row(name: str, output_len: int, repeats: int) -> dict:
-    """Load one model, measure its single-stream decode, count what a step reads."""
+def decode_row(name: str, output_len: int, repeats: int, llama_python: str | None = None) -> dict:
+    """Load one model, measure its single-stream decode (and llama.cpp's on its GGUF file, in turn,
+    round by round, when ``llama_python`` names an interpreter with llama-cpp-python), count what a
+    step reads."""
+    from llama_cpp_bench import single_stream_in
     from quant import PROMPT, engine_single
 
     from engine import LLM
@@ -152,9 +178,18 @@ def decode_row(name: str, output_len: int, repeats: int) -> dict:
     llm = LLM(path, dtype="bfloat16", max_model_len=2048, **options)
     model = llm.engine.model
     prompt_len = len(llm.apply_chat_template([{"role": "user", "content": PROMPT}]))  # token ids
+    gguf = gguf_file(name) if llama_python else None
+    threads = int(os.environ["ENGINE_NUM_THREADS"])  # main sets it: llama.cpp gets the engine's count
+    engine_best = llama_best = 0.0
+    for _ in range(repeats):
+        engine_best = max(engine_best, engine_single(llm, output_len, 1))
+        if gguf:
+            tokens_per_s, _ = single_stream_in(llama_python, gguf, threads, output_len, 1)
+            llama_best = max(llama_best, tokens_per_s)
     row = {
         "name": name,
-        "tokens_per_s": engine_single(llm, output_len, repeats),
+        "tokens_per_s": engine_best,
+        "llama_cpp": llama_best or None,
         "read": bytes_read_per_token(model),
         "resident": resident_bytes(model),
         "kv": kv_bytes_per_context_token(model.cfg) * (prompt_len + output_len / 2),
@@ -165,17 +200,22 @@ def decode_row(name: str, output_len: int, repeats: int) -> dict:
 
 
 def print_table(rows: list[dict], bandwidth: float) -> None:
+    llama = any(r["llama_cpp"] for r in rows)
     print(
         f"\n{'model':>13} | resident MiB | read/token MiB | K/V at mean ctx MiB | floor tok/s | "
-        "measured tok/s | of floor"
+        "measured tok/s | of floor" + (" | llama.cpp tok/s | of floor | engine ÷ llama.cpp" if llama else "")
     )
     for r in rows:
         floor = floor_tokens_per_s(bandwidth, r["read"])
-        print(
+        line = (
             f"{r['name']:>13} | {r['resident'] / 2**20:12.1f} | {r['read'] / 2**20:14.1f} | "
             f"{r['kv'] / 2**20:19.1f} | {floor:11.1f} | {r['tokens_per_s']:14.1f} | "
             f"{r['tokens_per_s'] / floor:8.0%}"
         )
+        if r["llama_cpp"]:
+            ratio = r["tokens_per_s"] / r["llama_cpp"]
+            line += f" | {r['llama_cpp']:15.1f} | {r['llama_cpp'] / floor:8.0%} | {ratio:18.2f}"
+        print(line)
 
 
 def print_bandwidth(label: str, figures: dict[str, float]) -> None:
@@ -210,7 +250,17 @@ def main() -> int:
     parser.add_argument(
         "--output-len", type=int, default=128, help="tokens of the long decode run (default 128)"
     )
+    parser.add_argument(
+        "--llama-python",
+        default=None,
+        help="an interpreter with llama-cpp-python: also time llama.cpp's single-stream decode on each "
+        "GGUF row's file, with the same threads, alternating with the engine's",
+    )
     args = parser.parse_args()
+    if args.llama_python and not (
+        os.path.isfile(args.llama_python) and os.access(args.llama_python, os.X_OK)
+    ):
+        parser.error(f"--llama-python {args.llama_python}: not an executable file")
     threads = args.threads or len(os.sched_getaffinity(0))
     os.environ["ENGINE_NUM_THREADS"] = str(threads)  # the CPU platform sets torch's threads from it
     import torch
@@ -221,8 +271,9 @@ def main() -> int:
     print_bandwidth("before", before)
     rows = []
     for name in args.only:
-        rows.append(decode_row(name, args.output_len, args.repeats))
-        print(f"  {name}: {rows[-1]['tokens_per_s']:.1f} tok/s", flush=True)
+        rows.append(decode_row(name, args.output_len, args.repeats, args.llama_python))
+        llama = f", llama.cpp {rows[-1]['llama_cpp']:.1f} tok/s" if rows[-1]["llama_cpp"] else ""
+        print(f"  {name}: {rows[-1]['tokens_per_s']:.1f} tok/s{llama}", flush=True)
     torch.set_num_threads(threads)
     after = measure_bandwidth()
     print_bandwidth("after", after)

@@ -35,6 +35,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import awq_gptq_export
+import llama_cpp_bench
+from llama_cpp_bench import PROMPT
 from offline_throughput import make_prompts
 
 CONFIGS = {
@@ -47,7 +49,6 @@ CONFIGS = {
     "awq": dict(export=awq_gptq_export.AWQ),
     "gptq": dict(export=awq_gptq_export.GPTQ),
 }
-PROMPT = "Write a long story about a lighthouse keeper and the sea."
 
 
 def engine_single(llm, output_len, repeats):
@@ -107,28 +108,14 @@ def weight_mib(llm) -> float:
 
 
 def llama_cpp_figures(path, prompts, output_len, single_len, repeats):
-    try:
-        from llama_cpp import Llama
-    except ImportError:
+    """llama.cpp's (single-stream, sequential batched) tokens/s on the same file and threads as the
+    engine's, or None when llama-cpp-python is not installed here."""
+    threads = int(os.environ.get("ENGINE_NUM_THREADS", os.cpu_count()))  # the engine's, as --threads sets it
+    llm = llama_cpp_bench.load(path, threads)
+    if llm is None:
         return None
-    threads = int(
-        os.environ.get("ENGINE_NUM_THREADS", os.cpu_count())
-    )  # the engine's count, as --threads sets it
-    llm = Llama(model_path=path, n_ctx=2048, n_threads=threads, n_batch=512, verbose=False)
-    messages = [{"role": "user", "content": PROMPT}]
-    llm.create_chat_completion(messages, max_tokens=4, temperature=0)
-    single = 0.0
-    for _ in range(repeats):  # the fastest run, as for the engine
-        times = []
-        for _ in llm.create_chat_completion(messages, max_tokens=single_len, temperature=0, stream=True):
-            times.append(time.perf_counter())
-        single = max(single, (len(times) - 3) / (times[-2] - times[1]))  # chunk 0: the role; last: finish
-    start, tokens = time.perf_counter(), 0
-    for p in prompts:  # llama-cpp-python serves one sequence at a time
-        llm.reset()
-        out = llm.create_completion(p, max_tokens=output_len, temperature=0)
-        tokens += out["usage"]["completion_tokens"]
-    return single, tokens / (time.perf_counter() - start)
+    single, _ = llama_cpp_bench.single_stream(llm, single_len, repeats)
+    return single, llama_cpp_bench.sequential_batch(llm, prompts, output_len)
 
 
 def main() -> int:

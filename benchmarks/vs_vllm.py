@@ -75,6 +75,7 @@ SERVE_FLAGS = {
 }  # online only: two engine cores, one per CPU share
 SERVED_NAME = {"default": "smollm2", "1b": "llama-3.2-1b-shape"}
 GGUF_CONFIGS = ("default", "dp2")  # the configs that load the GGUF file; the others the HF folder
+MAX_MODEL_LEN = 2048  # offline, both engines alike: the 1B-class model's own 8192 need not fit
 VLLM_MEMORY_UTILIZATION = 0.3  # of the NUMA node's memory: see the module docstring
 VLLM_OFFLINE = """
 import json, sys, time
@@ -82,8 +83,8 @@ from vllm import LLM, SamplingParams
 
 def main():  # vLLM spawns its engine core: the script must be importable without running
     prompts, output_len, folder = json.load(open(sys.argv[1])), int(sys.argv[2]), sys.argv[3]
-    memory = float(sys.argv[4])  # gpu_memory_utilization
-    llm = LLM(model=folder, dtype="bfloat16", max_model_len=2048, gpu_memory_utilization=memory, seed=0)
+    memory, max_len = float(sys.argv[4]), int(sys.argv[5])  # gpu_memory_utilization, max_model_len
+    llm = LLM(model=folder, dtype="bfloat16", max_model_len=max_len, gpu_memory_utilization=memory, seed=0)
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:2]], SamplingParams(max_tokens=4), use_tqdm=False)
     start = time.perf_counter()
@@ -136,7 +137,7 @@ def engine_offline(config: str, prompts_file: str, output_len: int, model: str =
 
     with open(prompts_file) as f:
         prompts = json.load(f)
-    llm = LLM(engine_model(model, config), **CONFIGS[config])
+    llm = LLM(engine_model(model, config), max_model_len=MAX_MODEL_LEN, **CONFIGS[config])
     llm.generate(prompts[:2], SamplingParams(max_tokens=4, temperature=0))
     params = SamplingParams(max_tokens=output_len, temperature=0, ignore_eos=True)
     start = time.perf_counter()
@@ -179,6 +180,7 @@ def offline(args) -> None:
                             str(args.output_len),
                             folder,
                             str(VLLM_MEMORY_UTILIZATION),
+                            str(MAX_MODEL_LEN),
                         ],
                         env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
                     )

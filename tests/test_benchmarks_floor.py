@@ -158,3 +158,33 @@ def test_vs_vllm_online_lora_gives_both_servers_the_adapters_and_the_client_thei
     args.lora = 0
     assert "--enable-lora" not in vs_vllm._server_command("vllm", args, "FOLDER", 8000)
     assert "--lora-modules" not in vs_vllm._client_command(args, "FOLDER", "http://x", "/r/result.json")
+
+
+def test_llama_python_must_be_an_executable_file(monkeypatch, tmp_path, capsys):
+    monkeypatch.setattr(sys, "argv", ["bandwidth_floor.py", "--llama-python", str(tmp_path / "missing")])
+    with pytest.raises(SystemExit) as exit_:
+        bandwidth_floor.main()
+    assert exit_.value.code == 2
+    assert f"--llama-python {tmp_path / 'missing'}: not an executable file" in capsys.readouterr().err
+
+
+def test_llama_cpp_subprocess_failure_is_an_error_that_names_the_interpreter():
+    """An interpreter without llama-cpp-python (or a file it cannot load) fails loudly, not as a
+    zero figure."""
+    import llama_cpp_bench
+
+    with pytest.raises(RuntimeError, match="llama.cpp under .* failed"):
+        llama_cpp_bench.single_stream_in(sys.executable, "missing.gguf", 1, 8, 1)
+
+
+def test_table_adds_llama_cpp_columns_for_gguf_rows(capsys):
+    row = {"resident": 2**20, "read": 2**20, "kv": 0}
+    rows = [
+        {**row, "name": "1b-q4_1", "tokens_per_s": 30.0, "llama_cpp": 20.0},
+        {**row, "name": "1b-bf16", "tokens_per_s": 10.0, "llama_cpp": None},
+    ]
+    bandwidth_floor.print_table(rows, bandwidth=100 * 2**20)  # floor: 100 tok/s
+    header, q4, bf16 = capsys.readouterr().out.strip().splitlines()
+    assert header.endswith("llama.cpp tok/s | of floor | engine ÷ llama.cpp")
+    assert q4.split("|")[-3:] == [f"{20.0:16.1f} ", f"{'20%':>9} ", f"{1.5:19.2f}"]
+    assert bf16.split("|")[-1].strip() == "10%"
