@@ -61,6 +61,14 @@ def _lora_rows(plan: StepPlan, batch: FlatBatch) -> tuple:
     return tuple((adapter, end - start) for adapter, (_, start, end) in zip(adapters, batch.spans))
 
 
+def _rows(hidden: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """``hidden[rows]``; ``hidden`` itself when ``rows`` are all its rows in order (a decode
+    step: every row samples), which spares a gather and its index tensor each step."""
+    if len(rows) == hidden.shape[0] and rows == tuple(range(len(rows))):
+        return hidden
+    return hidden[torch.tensor(rows, device=hidden.device)]
+
+
 def _layout_to(layout, device):
     tensors = {f.name: getattr(layout, f.name) for f in attrs.fields(type(layout))}
     return attrs.evolve(
@@ -86,6 +94,7 @@ class ModelRunner:
         self.attention = attention = layers.first
         self.kv_caches = kv_caches
         self.block_size = block_size
+        self.group_block_sizes = layers.group_block_sizes(block_size)  # fixed for the model: taken once
         self.device = device
         self.logits_processors = list(logits_processors)
         self.connector = kv_connector
@@ -112,7 +121,7 @@ class ModelRunner:
     ) -> StepResult:
         """``group_tables``: per KV cache group, each scheduled request's block table.
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
-        batch = flatten(plan, group_tables, self.layers.group_block_sizes(self.block_size), self.device)
+        batch = flatten(plan, group_tables, self.group_block_sizes, self.device)
         rows = batch.sample_rows + batch.prompt_rows
         mm_rows, mm_embeds = self._image_rows(plan, batch)
         positions = batch.positions
@@ -172,11 +181,7 @@ class ModelRunner:
         hidden, aux = self._forward(step)
         if not step.logits_rows:
             return hidden, aux, None
-        return (
-            hidden,
-            aux,
-            self.model.compute_logits(hidden[torch.tensor(step.logits_rows, device=self.device)]),
-        )
+        return hidden, aux, self.model.compute_logits(_rows(hidden, step.logits_rows))
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         # a recorded step has no image rows and one position axis

@@ -11,6 +11,7 @@ depend on what else is in the batch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -30,19 +31,34 @@ class SamplingRows:
     ):
         self.requests = list(requests)
         self.drafts = list(drafts) if drafts is not None else [()] * len(self.requests)
-        params = [r.sampling_params for r in self.requests]
-        self.greedy = torch.tensor([p.greedy for p in params], device=device)
-        self.all_greedy = bool(self.greedy.all())
-        self.temperatures = [p.temperature if not p.greedy else 1.0 for p in params]
-        self.temperature = torch.tensor(self.temperatures, device=device).unsqueeze(1)
-        self.top_k = [p.top_k for p in params]
-        self.top_p = torch.tensor([p.top_p for p in params], device=device).unsqueeze(1)
-        self.min_p = torch.tensor([p.min_p for p in params], device=device).unsqueeze(1)
+        self.params = [r.sampling_params for r in self.requests]
+        self.device = device
+        self.all_greedy = all(p.greedy for p in self.params)
+        self.temperatures = [p.temperature if not p.greedy else 1.0 for p in self.params]
+        self.top_k = [p.top_k for p in self.params]
         self.max_logprobs = max(
-            (p.logprobs for p in params if p.logprobs is not None),
+            (p.logprobs for p in self.params if p.logprobs is not None),
             default=None,
             key=lambda n: float("inf") if n == -1 else n,
         )
+
+    # The per-row tensors only sampling rows read: a step of greedy rows (the common decode
+    # step) builds none of them.
+    @functools.cached_property
+    def greedy(self) -> torch.Tensor:
+        return torch.tensor([p.greedy for p in self.params], device=self.device)
+
+    @functools.cached_property
+    def temperature(self) -> torch.Tensor:
+        return torch.tensor(self.temperatures, device=self.device).unsqueeze(1)
+
+    @functools.cached_property
+    def top_p(self) -> torch.Tensor:
+        return torch.tensor([p.top_p for p in self.params], device=self.device).unsqueeze(1)
+
+    @functools.cached_property
+    def min_p(self) -> torch.Tensor:
+        return torch.tensor([p.min_p for p in self.params], device=self.device).unsqueeze(1)
 
 
 def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
