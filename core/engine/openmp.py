@@ -8,9 +8,11 @@ the worker threads spin through the whole step. On a quiet machine that costs no
 whose cores other processes also want, the spinning thread takes the time slices the engine's
 own main thread needs, and decode collapsed to a fraction of its speed (benchmarks/RESULTS.md,
 issue 24). Sleeping at once (``OMP_WAIT_POLICY=PASSIVE``) cures that but pays a futex wake-up
-at every region, which costs a quiet machine. A short bounded spin, :data:`SPIN_COUNT` (~2.5 µs
-here), catches a region that follows at once and sleeps through longer gaps; under load it
-decoded at passive's speed, and 1,000 spins already fell below libgomp's default at batch 1.
+at every region, which costs a quiet machine half its single-stream speed. A bounded spin,
+:data:`SPIN_COUNT` (~75 µs here), covers the gaps between one kernel's region and the next inside
+a step and sleeps through the gaps between steps: on a quiet machine it decoded as fast as
+libgomp's default, and under contention it did not collapse (benchmarks/RESULTS.md, "OpenMP's
+wait policy").
 
 libgomp reads its variables once, when it loads (when torch is imported), so
 :func:`apply` runs as the ``engine`` package is imported, before anything imports torch. A user's own
@@ -28,7 +30,7 @@ from collections.abc import MutableMapping
 __all__ = ["SPIN_COUNT", "WAIT_VARIABLES", "apply", "choose_wait_policy", "wait_policy"]
 
 WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
-SPIN_COUNT = 100
+SPIN_COUNT = 3000
 _applied: str | None = None  # what apply() chose for this process
 
 
