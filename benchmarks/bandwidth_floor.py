@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import os
 import sys
 import time
@@ -263,6 +264,8 @@ def main() -> int:
         parser.error(f"--llama-python {args.llama_python}: not an executable file")
     threads = args.threads or len(os.sched_getaffinity(0))
     os.environ["ENGINE_NUM_THREADS"] = str(threads)  # the CPU platform sets torch's threads from it
+    # before torch: the engine sets OpenMP's wait policy before libgomp loads
+    importlib.import_module("engine")
     import torch
 
     torch.set_num_threads(threads)

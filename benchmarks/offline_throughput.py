@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import time
 
+importlib.import_module("engine")  # before torch: the engine sets OpenMP's wait policy before libgomp loads
 import torch
 
 

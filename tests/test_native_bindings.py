@@ -6,10 +6,12 @@ planted overflow."""
 from __future__ import annotations
 
 import ctypes
+import os
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from engine import lifetime
 from engine.native import BuildError, HeaderError, load_source, tape
@@ -167,3 +169,31 @@ def test_the_libc_call_outside_engine_native_is_typed_and_checked():
     """engine.lifetime's prctl: a refused option raises, where an untyped call returned -1 unseen."""
     with pytest.raises(OSError, match="Invalid argument"):
         lifetime._prctl()(-1, ctypes.c_ulong(0))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+def test_kernels_run_on_torchs_openmp_runtime(tmp_path):
+    """A kernel library's libgomp resolves to the copy torch loaded: one OpenMP runtime and one
+    thread pool in the process, sized by ``torch.set_num_threads`` (a second runtime would keep
+    its own team size, the core count, whatever torch is set to)."""
+    header = '#include "engine_native.h"\nint64_t team_size(void);\n'
+    source = """#include <omp.h>
+int64_t team_size(void) {
+    int64_t size = 0;
+#pragma omp parallel
+#pragma omp single
+    size = omp_get_num_threads();
+    return size;
+}
+"""
+    library = load_source(_library(tmp_path, header, source))
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, os.cpu_count() + 1):
+            torch.set_num_threads(count)
+            assert library.team_size() == count
+    finally:
+        torch.set_num_threads(threads)
+    with open("/proc/self/maps") as maps:
+        runtimes = {os.path.realpath(line.split()[-1]) for line in maps if "libgomp" in line}
+    assert runtimes == {os.path.realpath(Path(torch.__file__).parent / "lib" / "libgomp.so.1")}

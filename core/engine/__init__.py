@@ -5,6 +5,10 @@ plugin; :data:`PUBLIC_MODULES` for a front end. Heavy modules load on first use,
 discovery stays cheap.
 """
 
+from engine import openmp
+
+openmp.apply()  # before anything imports torch: libgomp reads its variables as it loads
+
 from engine.hookspecs import hookimpl
 
 _LAZY = {

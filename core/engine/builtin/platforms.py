@@ -1,5 +1,6 @@
 """The built-in platforms: cpu (always available) and cuda."""
 
+import logging
 import math
 import mmap
 import os
@@ -7,7 +8,10 @@ import sys
 
 import torch
 
+from engine import openmp
 from engine.interfaces import Platform, StepGraphs
+
+logger = logging.getLogger(__name__)
 
 ZEROED_MAP_BYTES = 1 << 20  # smaller KV caches come from the allocator
 
@@ -51,6 +55,7 @@ class CpuPlatform(Platform):
     def configure(self) -> None:
         threads = int(os.environ.get("ENGINE_NUM_THREADS", len(os.sched_getaffinity(0))))
         torch.set_num_threads(threads)
+        logger.info("CPU threads: %d; OpenMP's idle threads wait: %s", threads, openmp.wait_policy())
 
     def configure_rank(self, rank: int, world_size: int) -> None:
         """Each rank computes on its share of the cores (ranks share one machine)."""
