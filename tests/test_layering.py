@@ -29,7 +29,8 @@ ABOVE = (
 # The floors, ground first: a folder (or top-level module) of ``engine`` imports only from the
 # floors below it and from itself.
 FLOORS = (
-    ("engine.messages", "engine.hookspecs", "engine.lifetime"),  # what crosses between the layers
+    # what crosses between the layers; how OpenMP's threads wait (set before torch loads)
+    ("engine.messages", "engine.hookspecs", "engine.lifetime", "engine.openmp"),
     ("engine.config", "engine.distributed"),  # the engine's configuration; tensor-parallel groups
     ("engine.interfaces",),  # the plugin contract
     ("engine.layers", "engine.native", "engine.kv_transfer", "engine.runner"),  # what plugins build on
