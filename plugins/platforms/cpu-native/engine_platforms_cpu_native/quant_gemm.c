@@ -33,6 +33,7 @@
  */
 #include "quant_gemm.h"
 #include "engine_bf16.h"
+#include "engine_lanes.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -166,12 +167,7 @@ static inline __m512 load16_f32(const float *p) { return _mm512_loadu_ps(p); }
 #elif HAVE_AVX2
 static inline __m256 load8_bf16(const uint16_t *p) { return bf16x8_load(p); }
 static inline __m256 load8_f32(const float *p) { return _mm256_loadu_ps(p); }
-/* the largest of 8 lanes, and the sum of 8 int32 lanes (the activation quantizer's group) */
-static inline float hmax8(__m256 v) {
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-}
+/* the sum of 8 int32 lanes (the activation quantizer's group; hmax8 is engine_lanes.h's) */
 static inline int32_t hsum8_epi32(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(1, 0, 3, 2)));
