@@ -292,7 +292,6 @@ class StepGraphRunner:
         limit = self.recorder.start_up_sizes_up_to
         if limit is None or size <= limit or size not in self.pending:
             return False
-        step_slots = self.lora.indices if self.lora is not None else None  # the recording resets them
         try:
             self._record(size)
         except RuntimeError as exc:
@@ -300,13 +299,20 @@ class StepGraphRunner:
             self.graphs.clear()
             self.pending.clear()
             return False
+        return True
+
+    def _record(self, size: int, check: bool = True) -> None:
+        """Record bucket ``size``; the LoRA batch's row -> slot indices are left as they were
+        (a step about to replay has set its rows' adapters; the recording runs without any)."""
+        step_slots = self.lora.indices if self.lora is not None else None
+        try:
+            self._record_bucket(size, check)
         finally:
             if self.lora is not None:
                 self.lora.indices = step_slots
-        return True
 
     @torch.inference_mode()
-    def _record(self, size: int, check: bool = True) -> None:
+    def _record_bucket(self, size: int, check: bool) -> None:
         self.pending.remove(size)
         inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
         metadata = self.attention.build_graph_metadata(inputs.layout)
@@ -317,8 +323,6 @@ class StepGraphRunner:
 
         forward()  # warm-up: kernels compiled, allocator settled
         graph, hidden = self.recorder.record(forward)
-        if self.lora is not None:
-            self.lora.indices = None
         self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
         if check and len(self.graphs) == 1:  # on failure the caller drops this runner, bucket and all
             self.check()
