@@ -281,3 +281,24 @@ def test_a_forward_with_torch_ops_runs_eagerly(tiny_llama, caplog):
         in caplog.text
     )
     assert len(_generate(llm, ["hello"], [3])[0]) == 3
+
+
+@NEEDS_NATIVE_AFFINE
+def test_the_kv_budget_sets_aside_what_every_tape_keeps(tiny_gguf):
+    """Each tape keeps every activation its forward allocated (they share no pool, unlike CUDA
+    graphs): the memory taken out of the KV cache's budget covers the tapes of every bucket,
+    without being wildly more."""
+    llm = LLM(tiny_gguf, dtype="float32", num_blocks=64, block_size=16, max_num_seqs=16, max_model_len=256)
+    runner, engine = llm.engine.runner, llm.engine
+    while runner.graphs.record_next():
+        pass
+    storages = {}
+    for recorded in runner.graphs.graphs.values():
+        for kept in recorded.graph._keep:
+            if isinstance(kept, torch.Tensor):
+                storage = kept.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    held = sum(storages.values())
+    plan = step_graphs.GraphPlan(runner.graphs.recorder, runner.graphs.sizes, ())
+    estimate = step_graphs.graph_memory_estimate(plan, engine.hf_config, torch.float32)
+    assert held <= estimate <= 3 * held, (held, estimate)

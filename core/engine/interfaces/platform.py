@@ -34,6 +34,10 @@ class StepGraphs(ABC):
     # the largest size recorded at start-up; a larger one is recorded the first time a step of it
     # runs (None: every size at start-up, as CUDA graphs need: they share one memory pool)
     start_up_sizes_up_to: ClassVar[int | None] = None
+    # whether the recordings share one pool of activations (CUDA graphs: the largest bucket's
+    # sets the memory), or each keeps every activation its own forward allocated (native tapes:
+    # every bucket's, every layer's); the KV cache's budget sets that memory aside
+    shares_activations: ClassVar[bool] = True
 
     def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
         """The batch sizes to record when the user names none: vLLM's list (1, 2, 4, every 8

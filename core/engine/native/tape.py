@@ -221,6 +221,7 @@ class TapeGraphs(StepGraphs):
     name = "native tapes"
     max_default_size = 16
     start_up_sizes_up_to = 8
+    shares_activations = False
 
     def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
         return tuple(range(1, min(self.max_default_size, max_num_seqs) + 1))

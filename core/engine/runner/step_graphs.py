@@ -175,16 +175,21 @@ def graph_plan(config, platform, layers, runner_kind: str) -> GraphPlan:
 
 
 def graph_memory_estimate(plan: GraphPlan, hf_config, dtype: torch.dtype) -> int:
-    """Bytes the recordings hold: the largest bucket's activations (a few [B, hidden] and
-    [B, intermediate] buffers live at once, sized generously) and each recording's own
-    overhead. Logits are computed outside them."""
+    """Bytes the recordings hold: per row, a few [hidden] and [intermediate] activations (sized
+    generously) of one layer where the recordings share one pool
+    (:attr:`~engine.interfaces.StepGraphs.shares_activations`: the largest bucket's rows), of
+    every layer where each recording keeps its own (every bucket's rows); and each recording's
+    own overhead. Logits are computed outside them."""
     if not plan.sizes:
         return 0
     hidden = getattr(hf_config, "hidden_size", 0)
     intermediate = getattr(hf_config, "intermediate_size", 4 * hidden)
-    return max(plan.sizes) * (
-        8 * hidden + 4 * intermediate
-    ) * dtype.itemsize + plan.graphs.overhead_bytes * len(plan.sizes)
+    row_bytes = (8 * hidden + 4 * intermediate) * dtype.itemsize
+    if plan.graphs.shares_activations:
+        rows = max(plan.sizes)
+    else:
+        rows = sum(plan.sizes) * getattr(hf_config, "num_hidden_layers", 1)
+    return rows * row_bytes + plan.graphs.overhead_bytes * len(plan.sizes)
 
 
 def start(
