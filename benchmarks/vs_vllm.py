@@ -42,6 +42,12 @@ skipped with a note and only this engine's figures print. On a machine without a
 build sizes its KV cache by ``--gpu-memory-utilization`` of its NUMA node's memory; 0.3 is used here
 (with 0.1, a machine that reports a 12 GiB node leaves vLLM no KV cache after its profiling run; 0.3
 gives it ~2.4 GiB there, room for every 256 × 383-token run).
+
+Cores: vLLM's CPU build keeps one core per rank for its scheduler process on x86
+(``VLLM_CPU_NUM_OF_RESERVED_CPU``), so on a 2-core machine its model runs on one core while this
+engine's runs on both. That is what a vLLM user gets by default, and the default here; pass
+``--vllm-reserved-cpus 0`` to give vLLM's model threads every core as well (its scheduler then
+shares them), and report which.
 """
 
 from __future__ import annotations
@@ -146,6 +152,14 @@ def engine_offline(config: str, prompts_file: str, output_len: int, model: str =
     return {"tokens": sum(len(o.outputs[0].token_ids) for o in outs), "seconds": elapsed}
 
 
+def vllm_env(args) -> dict[str, str]:
+    """vLLM's environment: quiet, and ``--vllm-reserved-cpus`` where given."""
+    env = {**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"}
+    if args.vllm_reserved_cpus is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(args.vllm_reserved_cpus)
+    return env
+
+
 def _run_result(command: list[str], env=None) -> dict:
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -182,7 +196,7 @@ def offline(args) -> None:
                             str(VLLM_MEMORY_UTILIZATION),
                             str(MAX_MODEL_LEN),
                         ],
-                        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+                        env=vllm_env(args),
                     )
                 else:
                     result = _run_result(
@@ -311,6 +325,7 @@ def online_one(name: str, args, folder: str) -> dict:
             _server_command(name, args, folder, port),
             stdout=subprocess.DEVNULL,
             stderr=log,
+            env=vllm_env(args) if name == "vllm" else None,
             start_new_session=True,
         )
         try:
@@ -404,6 +419,15 @@ def main() -> None:
         "--vllm-python",
         default=os.environ.get("VLLM_PYTHON"),
         help="python of a virtual environment with vllm-cpu (see above); default $VLLM_PYTHON",
+    )
+    parser.add_argument(
+        "--vllm-reserved-cpus",
+        type=int,
+        default=None,
+        metavar="N",
+        help="VLLM_CPU_NUM_OF_RESERVED_CPU for vLLM: the cores its model threads leave to its scheduler "
+        "process. Default: vLLM's own (one per rank on x86, so on a 2-core machine vLLM computes on one "
+        "core); 0 gives its model threads every core, as this engine's have",
     )
     parser.add_argument(
         "--configs",
