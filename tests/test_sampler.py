@@ -186,3 +186,19 @@ def test_sampling_returns_distributions_only_when_asked():
     tokens, probs = sampler.sample(logits, rows, need_probs=True)
     assert probs.shape == (3, 50) and int(tokens[1]) == int(logits[1].argmax())
     assert int((probs[2] > 0).sum()) == 4 and probs[2, tokens[2]] > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_greedy_picks_the_first_maximum_with_nan_as_the_maximum(dtype):
+    """The CPU path (numpy's argmax for float32/64) gives torch's ``max(dim=-1)`` index: ties go
+    to the first, a NaN beats every number, the first NaN wins, and a row of -inf is index 0."""
+    logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).to(dtype)
+    logits[1, [7, 300]] = 50.0
+    logits[2, [40, 9]] = float("nan")
+    logits[2, 3] = float("inf")
+    logits[3] = float("-inf")
+    logits[4, 999] = float("inf")
+    got = sampler.greedy(logits)
+    assert got.dtype == torch.int64
+    assert got.tolist() == logits.max(dim=-1).indices.tolist()
+    assert got[1] == 7 and got[2] == 9 and got[3] == 0 and got[4] == 999

@@ -105,6 +105,24 @@ def test_static_buffers_are_overwritten_in_place():
     assert static.layout.block_table[:3, :3].tolist() == layout.block_table.tolist()
 
 
+def test_filling_in_place_matches_padding_over_a_previous_step():
+    """A replay fills its static buffers in place: what a previous, larger step left there
+    (every row real, every block column used) must read as padding again."""
+    static = step_graphs.DecodeInputs.empty(4, 5, "cpu")
+    full = paged_layout([(39, 1)] * 4, [[7, 8, 9, 10, 11]] * 4, 8)
+    static.fill(torch.arange(4) + 1, torch.arange(4) + 30, full)
+    layout = _decode_layout()
+    ids, positions = torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0])
+    static.fill(ids, positions, layout)
+    padded = step_graphs.pad_decode(ids, positions, layout, 4, 5)
+    for name in ("input_ids", "positions"):
+        assert torch.equal(getattr(static, name), getattr(padded, name))
+    for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):
+        assert torch.equal(getattr(static.layout, name), getattr(padded.layout, name))
+    with pytest.raises(ValueError, match="does not fit a 4-row graph of 5 blocks"):
+        static.fill(torch.arange(4), torch.arange(4), paged_layout([(47, 1)] * 4, [list(range(6))] * 4, 8))
+
+
 class GraphableBackend(TorchAttentionBackend):
     cuda_graph_support = "decode-only"
 

@@ -99,6 +99,34 @@ class DecodeInputs:
         ):
             mine.copy_(theirs, non_blocking=True)
 
+    def fill(self, input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout) -> None:
+        """Write a uniform decode step of B ≤ size requests into these buffers in place, padded
+        as :func:`pad_decode` pads it. A replay's inputs every step: half the torch ops of
+        padding a copy and copying it over (~0.1 ms of a 6.5 ms single-stream step, one
+        thread). ``query_start_loc`` is left as it is: every size's is ``arange(size + 1)``."""
+        size, (rows, width) = self.input_ids.shape[0], layout.block_table.shape
+        table = self.layout.block_table
+        if rows > size or width > table.shape[1]:
+            raise ValueError(
+                f"a decode step of {rows} requests and {width} blocks does not fit "
+                f"a {size}-row graph of {table.shape[1]} blocks"
+            )
+        vectors = (
+            (self.input_ids, input_ids, 0),
+            (self.positions, positions, 0),
+            (self.layout.seq_lens, layout.seq_lens, 1),
+            (self.layout.slot_mapping, layout.slot_mapping, 0),
+        )
+        for mine, theirs, _ in vectors:
+            mine[:rows].copy_(theirs, non_blocking=True)
+        table[:rows, :width].copy_(layout.block_table, non_blocking=True)
+        if width < table.shape[1]:
+            table[:rows, width:].zero_()
+        if rows < size:
+            for mine, _, pad in vectors:
+                mine[rows:].fill_(pad)
+            table[rows:].zero_()
+
 
 def pad_decode(
     input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, size: int, max_blocks: int
@@ -106,27 +134,11 @@ def pad_decode(
     """A uniform decode step of B ≤ ``size`` requests as ``size`` rows: padding rows are token
     0 at position 0 with one key, written to and read from slot 0 of the null block; the block
     table widened to ``max_blocks`` columns with the null block."""
-    batch, device = layout.num_requests, input_ids.device
-    pad = size - batch
-    if pad < 0 or layout.block_table.shape[1] > max_blocks:
-        raise ValueError(
-            f"a decode step of {batch} requests and {layout.block_table.shape[1]} blocks does not fit "
-            f"a {size}-row graph of {max_blocks} blocks"
-        )
-    table = torch.zeros(size, max_blocks, dtype=torch.int32, device=device)
-    table[:batch, : layout.block_table.shape[1]] = layout.block_table
-    zeros = torch.zeros(pad, dtype=torch.int64, device=device)
-    return DecodeInputs(
-        torch.cat([input_ids, zeros]),
-        torch.cat([positions, zeros]),
-        BatchLayout(
-            query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.cat([layout.seq_lens, torch.ones(pad, dtype=torch.int32, device=device)]),
-            block_table=table,
-            slot_mapping=torch.cat([layout.slot_mapping, zeros]),
-            query_lens=(1,) * size,
-            seq_lens_host=(*layout.seq_lens_host, *(1,) * pad),
-        ),
+    padded = DecodeInputs.empty(size, max_blocks, input_ids.device)
+    padded.fill(input_ids, positions, layout)
+    pad = size - layout.num_requests
+    return attrs.evolve(
+        padded, layout=attrs.evolve(padded.layout, seq_lens_host=(*layout.seq_lens_host, *(1,) * pad))
     )
 
 
@@ -385,9 +397,7 @@ class StepGraphRunner:
         if size not in self.graphs and not self._record_on_first_use(size):
             return None  # its bucket is not recorded (yet, or ever)
         recorded = self.graphs[size]
-        recorded.inputs.copy_(
-            pad_decode(batch.input_ids, batch.positions, batch.layout, size, self.max_blocks)
-        )
+        recorded.inputs.fill(batch.input_ids, batch.positions, batch.layout)
         lora_rows = self.lora_rows.get(size)
         if lora_rows is not None:  # this step's slots (set by the LoRA manager), -1 past them
             lora_rows.fill_(-1)

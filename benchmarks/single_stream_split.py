@@ -1,0 +1,135 @@
+"""Where a single-stream token goes: ``LLM.generate`` of one prompt (128 tokens, greedy, EOS
+ignored) on the default config, split into the native tape's kernels, the LM head and the
+Python around them, per token.
+
+    ENGINE_NUM_THREADS=1 python benchmarks/single_stream_split.py [--rounds 4] [--tokens 128]
+
+Three passes over the same prompt, after a warm-up:
+- plain: the whole ``generate``, nothing wrapped;
+- parts: the engine's functions below wrapped, each one's inclusive time summed (a part's
+  figure holds the parts it calls);
+- kernels: the tape replayed one kernel call at a time (one C call each, ~1-1.5 us of ctypes
+  on top of each kernel), summed by kernel and, for the matmuls, by shape (n × k).
+One thread: thread CPU time, which other processes on a shared machine move far less than wall
+time. More threads: wall time (CPU time would add the workers' spinning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import ctypes
+import importlib
+import time
+
+importlib.import_module("engine")  # before torch: the engine sets OpenMP's wait policy before libgomp loads
+import torch
+
+from engine import LLM, SamplingParams
+from engine.native import tape
+
+PROMPT = "The history of the city begins with"
+# (module, attribute path): the engine's per-step functions, outermost first
+PARTS = [
+    ("engine.entrypoints.llm", "LLM._step"),
+    ("engine.client.output_processor", "OutputProcessor.feed"),
+    ("engine.core.engine_core", "EngineCore.step"),
+    ("engine.core.lifecycle", "RequestLifecycle.schedule"),
+    ("engine.core.lifecycle", "RequestLifecycle.apply"),
+    ("engine.runner.model_runner", "ModelRunner.execute"),
+    ("engine.runner.model_runner", "flatten"),
+    ("engine.runner.step_graphs", "StepGraphRunner.replay"),
+    ("engine.native.tape", "Tape.replay"),
+    ("engine.layers.decoder", "DecoderForCausalLM.compute_logits"),
+    ("engine.runner.model_runner", "ModelRunner._sample"),
+]
+
+
+def clock_for(threads: int):
+    return time.thread_time if threads == 1 else time.perf_counter
+
+
+def wrap_parts(clock, totals: dict[str, float]) -> None:
+    """Each of PARTS replaced by a wrapper adding its inclusive time to ``totals``."""
+    for module_name, path in PARTS:
+        owner_name, _, name = path.rpartition(".")
+        module = importlib.import_module(module_name)
+        owner = getattr(module, owner_name) if owner_name else module
+        inner = getattr(owner, name)
+
+        def timed(*args, _inner=inner, _path=path, **kwargs):
+            start = clock()
+            try:
+                return _inner(*args, **kwargs)
+            finally:
+                totals[_path] += clock() - start
+
+        setattr(owner, name, timed)
+
+
+def kernel_key(recorded: tape.Tape, index: int) -> str:
+    name = recorded.names[index]
+    if name.startswith("affine_matmul"):
+        # affine_matmul's integer arguments: x, ldx, m, k, qw, sz, half, bits, n, out
+        op = recorded._ops[index]
+        return f"{name} n={op.ints[8]} k={op.ints[3]}"
+    return name
+
+
+def replay_one_by_one(clock, totals: dict[str, float]) -> None:
+    """Tape.replay as one C call per kernel, each timed into ``totals`` by :func:`kernel_key`."""
+    run = tape._library().tape_run
+
+    def replay(self):
+        base, size = ctypes.addressof(self._ops), ctypes.sizeof(tape._Op)
+        for index in range(len(self)):
+            start = clock()
+            failed = run(base + index * size, 1)
+            totals[kernel_key(self, index)] += clock() - start
+            if failed:
+                raise tape.ReplayError(f"kernel {self.names[index]} refused its input")
+
+    tape.Tape.replay = replay
+
+
+def per_token_ms(llm, params, clock, rounds: int) -> float:
+    start = clock()
+    for _ in range(rounds):
+        llm.generate([PROMPT], params, use_tqdm=False)
+    return (clock() - start) / (rounds * params.max_tokens) * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rounds", type=int, default=4, help="generate calls per pass")
+    parser.add_argument("--tokens", type=int, default=128)
+    args = parser.parse_args()
+
+    llm = LLM()
+    threads = torch.get_num_threads()
+    clock = clock_for(threads)
+    params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
+    llm.generate([PROMPT], params, use_tqdm=False)
+    tokens = args.rounds * args.tokens
+    kind = "thread CPU" if threads == 1 else "wall"
+    print(f"{threads} thread(s), {kind} ms per token")
+    print(f"plain generate: {per_token_ms(llm, params, clock, args.rounds):.3f}")
+
+    parts: dict[str, float] = collections.defaultdict(float)
+    wrap_parts(clock, parts)
+    print(f"with the parts wrapped: {per_token_ms(llm, params, clock, args.rounds):.3f}")
+    for _, path in PARTS:
+        print(f"  {path:40s} {parts[path] / tokens * 1e3:7.3f}")
+
+    kernels: dict[str, float] = collections.defaultdict(float)
+    replay_one_by_one(clock, kernels)
+    print(f"with the tape replayed kernel by kernel: {per_token_ms(llm, params, clock, args.rounds):.3f}")
+    for key, seconds in sorted(kernels.items(), key=lambda item: -item[1]):
+        print(f"  {key:40s} {seconds / tokens * 1e3:7.3f}")
+    print(f"  {'(sum of the kernel calls)':40s} {sum(kernels.values()) / tokens * 1e3:7.3f}")
+
+
+if __name__ == "__main__":
+    main()
