@@ -70,7 +70,11 @@ from engine.messages.step import (
 # Interface version per kind. Bump a kind's number when its contract changes
 # incompatibly; plugins declare the version they target with ``api=`` when registering.
 INTERFACE_VERSIONS = {
-    "platforms": 2,  # 2: step_graphs (defaulted: v1 platforms still load)
+    # 2: step_graphs (defaulted: v1 platforms still load)
+    # 3: LayerOps.pack_dense's matmul is F.linear's within float32 summation order, no longer its
+    #    bits (a platform may widen bfloat16 weights to float32 as it reads them); v1 and v2
+    #    platforms still load (their exact results are within it)
+    "platforms": 3,
     # 2: cuda_graph_support, describe; 3: build_graph_metadata (all defaulted: v1 and v2 still load)
     # 4: AttentionSpec's sliding_window, logit_softcap, query_scale and causal=False are part of the
     #    contract (older backends still load and are never handed a spec that sets one); constructed
@@ -160,7 +164,7 @@ STILL_LOADED = {
     "drafters": (1, 2),
     "executors": (1, 2),
     "kv_cache_managers": (2,),
-    "platforms": (1,),
+    "platforms": (1, 2),
     "model_loaders": (2,),
     "quant_methods": (2, 3, 4, 5),
     "kv_connectors": (2, 3),

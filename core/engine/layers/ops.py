@@ -15,10 +15,10 @@ tensors it owns (fresh matmul outputs, its residual stream) and does not read th
 A platform may also hold group-affine weights (:class:`engine.layers.group_affine.AffineWeight`,
 the form GGUF blocks take) in its own kernel: :meth:`LayerOps.pack_affine`. The plain ops have
 none, and quant methods then keep their own path (torch's int4pack planes). Plain weights may
-be prepacked too (:meth:`LayerOps.pack_dense`): on the CPU, bfloat16 weights go into oneDNN's
-blocked layout. FP4 weights with a float scale per block (:class:`engine.layers.fp4.Fp4Weight`,
-NVFP4's form) may run on a platform's FP4 kernel (:meth:`LayerOps.pack_fp4`); the plain ops
-have none, and the quant method dequantizes them.
+be prepacked too (:meth:`LayerOps.pack_dense`): on a CPU that computes bfloat16, bfloat16
+weights go into oneDNN's blocked layout. FP4 weights with a float scale per block
+(:class:`engine.layers.fp4.Fp4Weight`, NVFP4's form) may run on a platform's FP4 kernel
+(:meth:`LayerOps.pack_fp4`); the plain ops have none, and the quant method dequantizes them.
 
 LoRA adapters run as two grouped ops over a batch whose rows belong to different adapter slots
 (punica's shrink and expand, :meth:`LayerOps.lora_shrink`, :meth:`LayerOps.lora_expand`), added
@@ -47,8 +47,11 @@ class LayerOps:
     def pack_dense(self, weight: torch.Tensor) -> Layer | None:
         """A plain weight [N, K] prepacked for this platform's matmul, or None (the caller keeps
         ``F.linear``): a :class:`engine.layers.Layer` with ``forward(x, bias=None)`` = x · wᵀ
-        (+ bias), exactly as ``F.linear`` computes it, and ``dequantize()`` -> w [N, K]. Here:
-        oneDNN's blocked layout for bfloat16 weights on the CPU (:mod:`engine.layers.dense`)."""
+        (+ bias) in x's dtype, and ``dequantize()`` -> w [N, K], exact. ``forward`` sums in float32
+        at least, in an order of its own, and rounds once: ``F.linear``'s result within float32
+        summation order (platforms v3; ``engine.testing.layer_ops`` checks it). Here: oneDNN's
+        blocked layout for bfloat16 weights on a CPU that computes bfloat16
+        (:mod:`engine.layers.dense`), which gives ``F.linear``'s bits."""
         from engine.layers.dense import PackedDense, packable
 
         return PackedDense(weight) if packable(weight) else None

@@ -6,4 +6,4 @@ from engine import hookimpl
 
 @hookimpl
 def register_platforms(register):
-    register("cpu-native", "engine_platforms_cpu_native.platform:NativeCpuPlatform", api=2)
+    register("cpu-native", "engine_platforms_cpu_native.platform:NativeCpuPlatform", api=3)

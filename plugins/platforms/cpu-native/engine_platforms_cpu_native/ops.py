@@ -23,7 +23,7 @@ import torch
 from engine.layers import LayerOps
 from engine.native import BuildError, Library
 from engine.native.tape import bind
-from engine_platforms_cpu_native import affine, fp4
+from engine_platforms_cpu_native import affine, dense, fp4
 
 # each <name>_bf16 and <name>_f32 in kernels.h
 _TYPED_KERNELS = (
@@ -63,6 +63,15 @@ class NativeLayerOps(LayerOps):
             for dtype, suffix in _SUFFIX.items()
         }
         self._gather = bind(library, "gather_rows")
+
+    def pack_dense(self, weight):
+        """oneDNN's packed bfloat16 where this CPU computes bfloat16 (the plain ops'); elsewhere,
+        with AVX2 and FMA, a :class:`~engine_platforms_cpu_native.dense.WidenedBf16` (the weight
+        widened to float32 as it is read, in place of oneDNN's bfloat16 emulation); else None."""
+        packed = super().pack_dense(weight)
+        if packed is not None or dense.unpackable(weight, self.dtype):
+            return packed
+        return dense.WidenedBf16(weight, self.dtype) if _simd(dense.kernels, "dense_simd_width") else None
 
     def pack_affine(self, weight):
         """A :class:`~engine_platforms_cpu_native.affine.PackedAffine` where this CPU has

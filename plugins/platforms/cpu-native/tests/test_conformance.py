@@ -17,8 +17,9 @@ from engine.layers.group_affine import AffineWeight
 from engine.native import BuildError, load_source
 from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.reference import random_prompts, tiny_checkpoint
-from engine_platforms_cpu_native import affine, kernels
+from engine_platforms_cpu_native import affine, dense, kernels
 from engine_platforms_cpu_native.affine import PackedAffine
+from engine_platforms_cpu_native.dense import WidenedBf16
 from engine_platforms_cpu_native.fp4 import PackedFp4
 from engine_platforms_cpu_native.ops import NativeLayerOps
 from engine_platforms_cpu_native.platform import _native_ops
@@ -249,6 +250,53 @@ def test_packed_fp4_agrees_with_the_portable_build(dtype, block):
         exact = (x.double() @ weight.dequantize().double().t()).to(dtype)
         torch.testing.assert_close(native(x), exact, **tolerance)
     assert torch.equal(native(x), torch.cat([native(x[i : i + 7]) for i in range(0, 301, 7)]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("n", "k"), [(75, 163), (4, 8), (1, 5), (301, 576)])
+def test_widened_bf16_agrees_with_the_portable_build_and_exact_math(dtype, n, k):
+    """The bfloat16 widening kernel's AVX2 build against its plain-C one and float64 math: odd
+    outputs (not a multiple of its 4 columns), inputs short of and not a multiple of a vector,
+    1, 6 and 37 rows (odd: its 2-row blocks), with and without a bias; the weight exactly; and
+    a row's result is the same in any batch (each row is summed alone: batch-invariant)."""
+    gen = torch.Generator().manual_seed(n * k)
+    weight = (torch.randn(n, k, generator=gen) * 0.1).to(torch.bfloat16)
+    native, portable = WidenedBf16(weight, dtype), WidenedBf16(weight, dtype, portable=True)
+    assert torch.equal(native.dequantize(), weight) and torch.equal(portable.dequantize(), weight)
+    tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    for rows in (1, 6, 37):
+        x = torch.randn(rows, k, generator=gen).to(dtype)
+        exact = x.double() @ weight.double().t()
+        torch.testing.assert_close(native(x), portable(x), **tolerance)
+        torch.testing.assert_close(native(x), exact.to(dtype), **tolerance)
+        torch.testing.assert_close(native(x, bias), (exact + bias.double()).to(dtype), **tolerance)
+    assert torch.equal(native(x), torch.cat([native(x[i : i + 5]) for i in range(0, 37, 5)]))
+    wide = torch.randn(3, k + 9, generator=gen).to(dtype)[:, :k]  # rows apart in memory
+    assert torch.equal(native(wide), native(wide.contiguous()))
+
+
+def test_widened_bf16_refuses_what_it_cannot_hold():
+    with pytest.raises(ValueError, match="not a 2-d bfloat16 one"):
+        WidenedBf16(torch.zeros(4, 8), torch.float32)
+    with pytest.raises(ValueError, match=r"activations in torch.float16"):
+        WidenedBf16(torch.zeros(4, 8, dtype=torch.bfloat16), torch.float16)
+
+
+def test_pack_dense_widens_bf16_only_where_the_cpu_cannot_compute_it():
+    """oneDNN's packed bfloat16 where the CPU computes bfloat16, exactly as the plain ops give it;
+    the widening kernel where it does not and AVX2 + FMA are there; float32 weights stay F.linear's."""
+    from engine.layers.dense import PackedDense, packable
+
+    weight = torch.randn(16, 32).to(torch.bfloat16)
+    held = _native_ops(torch.bfloat16).pack_dense(weight)
+    if packable(weight):
+        assert isinstance(held, PackedDense)
+    elif dense.kernels()["dense_simd_width"]():
+        assert isinstance(held, WidenedBf16)
+    else:
+        assert held is None
+    assert _native_ops(torch.float32).pack_dense(torch.randn(16, 32)) is None
 
 
 def _random_affine(bits: int, gen, float16_scales: bool = False, n: int = 75, k: int = 160) -> AffineWeight:

@@ -1,7 +1,7 @@
-"""The platform's C kernels checked beyond their results: kernels.c, quant_gemm.c and fp4_gemm.c built with
-every warning an error (both builds), each definition checked against the prototype its header
-gives Python (a planted mismatch does not build), and the tests that compare the portable build
-with this CPU's run under AddressSanitizer and UndefinedBehaviorSanitizer."""
+"""The platform's C kernels checked beyond their results: kernels.c, quant_gemm.c, fp4_gemm.c and
+dense_bf16.c built with every warning an error (both builds), each definition checked against the
+prototype its header gives Python (a planted mismatch does not build), and the tests that compare
+the portable build with this CPU's run under AddressSanitizer and UndefinedBehaviorSanitizer."""
 
 import re
 import shutil
@@ -11,10 +11,15 @@ import pytest
 
 from engine.native import BuildError, load_source
 from engine.testing import native
-from engine_platforms_cpu_native import affine, fp4, kernels
+from engine_platforms_cpu_native import affine, dense, fp4, kernels
 
 TESTS = Path(__file__).parent
-SOURCES = {"kernels": kernels.SOURCE, "quant_gemm": affine.SOURCE, "fp4_gemm": fp4.SOURCE}
+SOURCES = {
+    "kernels": kernels.SOURCE,
+    "quant_gemm": affine.SOURCE,
+    "fp4_gemm": fp4.SOURCE,
+    "dense_bf16": dense.SOURCE,
+}
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])

@@ -1,0 +1,83 @@
+"""bfloat16 weights on a CPU that cannot compute bfloat16 (AVX2 + FMA without AVX512_BF16 or
+AMX), where oneDNN declines to prepack them (:func:`engine.layers.dense.packable`) and torch's
+bfloat16 ``F.linear`` is oneDNN's emulation. :class:`WidenedBf16` keeps the weight as it is
+(2 B a parameter) and multiplies it on ``dense_bf16.c``'s kernel: each weight widened to float32
+as it is read, summed in float32, one C call (so native tapes record it) at every batch size.
+
+Measured on an AVX2 EPYC, two threads (benchmarks/RESULTS.md, 2026-12-05): the kernel took 0.9-5×
+less time than the emulated ``F.linear`` (4.5-5× from 64 rows on the 1B-class shapes). Float32 GEMM
+(MKL) over the weight widened panel by panel into a scratch was 1.4× faster than the kernel at
+256 rows on one thread, but slower at every size on two (a parallel region per panel), so it
+was not kept; a register-tiled prefill kernel is the open gap (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from engine.layers import Layer
+from engine.native import load_source
+from engine.native.tape import NativeKernel, bind
+from engine_platforms_cpu_native import kernels
+from engine_platforms_cpu_native.kernels import activation_rows
+
+SOURCE = kernels.SOURCE.with_name("dense_bf16.c")
+_SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+@functools.cache
+def kernels(portable: bool = False) -> dict[str, NativeKernel]:
+    """Every function of ``dense_bf16.h``, from this CPU's build or the ``portable`` one (plain C)."""
+    library = load_source(SOURCE, portable=portable)
+    return {symbol: bind(library, symbol) for symbol in library.prototypes}
+
+
+def unpackable(weight: torch.Tensor, dtype: torch.dtype) -> list[str]:
+    """Reasons the kernel cannot hold ``weight`` for activations of ``dtype``; empty when it can."""
+    reasons = []
+    if dtype not in _SUFFIX:
+        reasons.append(f"activations in {dtype} (the kernel reads bfloat16 and float32)")
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2:
+        reasons.append(f"a {weight.dim()}-d {weight.dtype} weight, not a 2-d bfloat16 one")
+    if weight.device.type != "cpu":
+        reasons.append("weight not on the CPU")
+    return reasons
+
+
+class WidenedBf16(Layer):
+    """``self(x, bias)`` = x · wᵀ (+ bias) for x [..., K] in ``dtype``, summed in float32 and
+    rounded once; ``dequantize()`` = w [N, K], exact. ``portable=True`` runs the plain-C build
+    (tests)."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, portable: bool = False):
+        super().__init__()
+        reasons = unpackable(weight, dtype)
+        if reasons:
+            raise ValueError(f"cannot hold this weight: {'; '.join(reasons)}")
+        self.dtype = dtype
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.detach().contiguous())
+        self._matmul = kernels(portable)[f"dense_matmul_{_SUFFIX[dtype]}"]
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x = activation_rows(x, self.in_features, self.dtype)
+        if bias is not None:
+            bias = bias.to(self.dtype).contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
+        self._matmul(
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            self.in_features,
+            self.weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            self.out_features,
+            out.data_ptr(),
+        )
+        return out.view(*lead, self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight

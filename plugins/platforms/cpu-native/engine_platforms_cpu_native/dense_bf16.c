@@ -1,0 +1,125 @@
+/* bfloat16 weights times float activations on a CPU that cannot compute bfloat16 (AVX2 + FMA,
+ * no AVX512_BF16 or AMX): each weight widened to float32 as it is read (a bfloat16 is the high
+ * half of a float32: one 16-bit shift), the products summed in float32 by FMA. The weight stays
+ * 2 B a parameter in memory, so a decode step streams half the bytes a float32 copy would, and
+ * nothing is rounded but the output.
+ *
+ * Each job walks COLUMNS output columns (rows of w) for every activation row, two rows at a
+ * time, so a column's weights come from memory once and from cache for the other rows; jobs are
+ * split over OpenMP threads. When the call reads each column once (m <= 2), the columns' streams
+ * are prefetched PREFETCH_BYTES ahead (quant_gemm_avx2.h's distance and reason). Built without
+ * AVX2 and FMA, the same sums run in plain C (the tests compare the builds).
+ */
+#include "dense_bf16.h"
+#include "engine_bf16.h"
+#include "engine_lanes.h"
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#else
+#define HAVE_AVX2 0
+#endif
+
+#define COLUMNS 4               /* output columns a job walks together */
+#define PARALLEL_WORK (1 << 18) /* multiply-adds from which a call is split over threads (quant_gemm.c's) */
+#define PREFETCH_BYTES 2048
+
+int64_t dense_simd_width(void) { return HAVE_AVX2 ? 256 : 0; }
+
+#if HAVE_AVX2
+/* 8 bfloat16 weights at p as float32 lanes */
+static inline __m256 widen8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
+}
+
+/* R activation rows (≤ 2) × NC columns (≤ COLUMNS) from column col: out[r * n + col + c] */
+static inline __attribute__((always_inline)) void
+block_avx2(const int R, const int NC, const float *x, int64_t k, const uint16_t *w, int64_t col, int64_t n,
+           int stream, float *out) {
+    const int64_t whole = k & ~(int64_t)7;
+    __m256 acc[2][COLUMNS];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) acc[r][c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < whole; i += 8) {
+        for (int c = 0; c < NC; c++) {
+            const uint16_t *wc = w + (col + c) * k + i;
+            if (stream && (i & 31) == 0) _mm_prefetch((const char *)wc + PREFETCH_BYTES, _MM_HINT_T0);
+            __m256 wv = widen8(wc);
+            for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + i), acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) {
+            float sum = hsum8(acc[r][c]);
+            for (int64_t i = whole; i < k; i++) sum += bf16_load(w[(col + c) * k + i]) * x[r * k + i];
+            out[r * n + col + c] = sum;
+        }
+}
+
+#define DENSE_CASE(R, NC, COL) block_avx2(R, NC, x + r * k, k, w, COL, n, stream, out + r * n)
+static void columns(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t col, int64_t cols, int64_t n,
+                    float *out) {
+    const int stream = m <= 2;
+    for (int64_t r = 0; r < m; r += 2) {
+        int two = r + 1 < m;
+        if (cols == COLUMNS) {
+            if (two) DENSE_CASE(2, COLUMNS, col); else DENSE_CASE(1, COLUMNS, col);
+        } else {
+            for (int64_t c = col; c < col + cols; c++) {
+                if (two) DENSE_CASE(2, 1, c); else DENSE_CASE(1, 1, c);
+            }
+        }
+    }
+}
+#undef DENSE_CASE
+#else
+static void columns(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t col, int64_t cols, int64_t n,
+                    float *out) {
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = col; c < col + cols; c++) {
+            float sum = 0.f;
+            for (int64_t i = 0; i < k; i++) sum += bf16_load(w[c * k + i]) * x[r * k + i];
+            out[r * n + c] = sum;
+        }
+}
+#endif
+
+/* out [m, n] in float32 from float32 activations [m, k] (contiguous), without the bias */
+static void gemm(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, float *out) {
+    int64_t jobs = (n + COLUMNS - 1) / COLUMNS;
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
+    for (int64_t job = 0; job < jobs; job++) {
+        int64_t col = job * COLUMNS, cols = n - col < COLUMNS ? n - col : COLUMNS;
+        columns(x, m, k, w, col, cols, n, out);
+    }
+}
+
+/* ---- the per-type entry points ----------------------------------------------------------- */
+
+void dense_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w, const float *bias,
+                      int64_t n, float *out) {
+    float *xf = NULL;
+    if (ldx != k) {
+        xf = malloc(sizeof(float) * (size_t)(m * k));
+        for (int64_t r = 0; r < m; r++) memcpy(xf + r * k, x + r * ldx, sizeof(float) * (size_t)k);
+    }
+    gemm(xf ? xf : x, m, k, w, n, out);
+    free(xf);
+    if (bias)
+        for (int64_t r = 0; r < m; r++)
+            for (int64_t c = 0; c < n; c++) out[r * n + c] += bias[c];
+}
+
+void dense_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w,
+                       const uint16_t *bias, int64_t n, uint16_t *out) {
+    float *xf = malloc(sizeof(float) * (size_t)(m * k + m * n)), *of = xf + m * k;
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < k; i++) xf[r * k + i] = bf16_load(x[r * ldx + i]);
+    gemm(xf, m, k, w, n, of);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < n; c++) out[r * n + c] = bf16_store(of[r * n + c] + (bias ? bf16_load(bias[c]) : 0.f));
+    free(xf);
+}
