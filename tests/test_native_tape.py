@@ -271,16 +271,37 @@ def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf)
 
 
 def test_a_forward_with_torch_ops_runs_eagerly(tiny_llama, caplog):
-    """An unquantized model's matmuls are torch's (oneDNN): the tape refuses to record them and
-    the engine says so, then decodes eagerly."""
+    """An unquantized float32 model's matmuls are torch's (MKL): the tape refuses to record them
+    and the engine says so, then decodes eagerly."""
     with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
-        llm = LLM(tiny_llama[0], dtype="bfloat16", num_blocks=64, block_size=16, max_model_len=256)
+        llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, block_size=16, max_model_len=256)
     assert llm.engine.runner.graphs is None
     assert (
         "recording native tapes failed: the forward computes with torch ops a tape cannot replay"
         in caplog.text
     )
     assert len(_generate(llm, ["hello"], [3])[0]) == 3
+
+
+def _widened_bf16_missing() -> str:
+    """Why bfloat16 weights are not on cpu-native's widening kernel here ("" when they are)."""
+    from engine_platforms_cpu_native.dense import WidenedBf16
+    from engine_platforms_cpu_native.platform import NativeCpuPlatform
+
+    held = NativeCpuPlatform().layer_ops(torch.bfloat16).pack_dense(torch.zeros(8, 8, dtype=torch.bfloat16))
+    return "" if isinstance(held, WidenedBf16) else f"bfloat16 weights run {type(held).__name__} here"
+
+
+@pytest.mark.skipif(bool(_widened_bf16_missing()), reason=_widened_bf16_missing())
+def test_an_unquantized_bf16_model_is_replayed_from_tapes(tiny_llama):
+    """Without native bfloat16 (AVX2 only), an unquantized bf16 model's matmuls and embedding
+    lookups are cpu-native's C kernels: its decode steps are recorded, and give the eager tokens."""
+    options = dict(dtype="bfloat16", num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=256)
+    prompts = reference.random_prompts(1000, [3, 17, 5], seed=3)
+    eager = _generate(LLM(tiny_llama[0], enforce_eager=True, **options), prompts, [6, 9, 12])
+    llm = LLM(tiny_llama[0], **options)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.recorder.name == "native tapes"
+    assert _generate(llm, prompts, [6, 9, 12]) == eager
 
 
 @NEEDS_NATIVE_AFFINE

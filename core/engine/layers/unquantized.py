@@ -58,7 +58,12 @@ class UnquantizedLinearMethod(QuantMethod):
         return layer.weight if dense is None else dense.dequantize()
 
     def embed(self, layer: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(input_ids, layer.weight)
+        """The table's rows by the platform's ``gather_rows`` (a C kernel on cpu-native, which a
+        native tape records: with bfloat16 matmuls on its kernel too, an unquantized decode step
+        is tape-recordable)."""
+        if input_ids.dim() != 1:
+            return F.embedding(input_ids, layer.weight)
+        return self.ctx.platform.layer_ops(self.ctx.dtype).gather_rows(layer.weight, input_ids)
 
     def apply_moe(self, layer: nn.Module, x: torch.Tensor, segments) -> torch.Tensor:
         return grouped_matmul(x, layer.weight, segments)
