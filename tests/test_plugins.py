@@ -248,7 +248,7 @@ def test_each_broken_plugin_is_one_line_in_engine_plugins(broken_plugins):
     ) in fancy
     assert (
         _only(lines, "platforms-fancy  (tessellm-platforms-fancy 9.0.0)  loaded")
-        and "    platform: cpu-fancy  [runs here]  (interface v1 of v2)" in lines
+        and "    platform: cpu-fancy  [runs here]  (interface v1 of v3)" in lines
     )
     typo = _only(lines, "logits-typo  (tessellm-logits-typo 9.0.0)  loaded; ")
     assert typo.endswith(

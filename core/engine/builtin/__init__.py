@@ -5,8 +5,8 @@ from engine.hookspecs import hookimpl
 
 @hookimpl
 def register_platforms(register):
-    register("cpu", "engine.builtin.platforms:CpuPlatform", api=2)
-    register("cuda", "engine.builtin.platforms:CudaPlatform", api=2)
+    register("cpu", "engine.builtin.platforms:CpuPlatform", api=3)
+    register("cuda", "engine.builtin.platforms:CudaPlatform", api=3)
 
 
 @hookimpl
