@@ -4,11 +4,12 @@ bfloat16 ``F.linear`` is oneDNN's emulation. :class:`WidenedBf16` keeps the weig
 (2 B a parameter) and multiplies it on ``dense_bf16.c``'s kernel: each weight widened to float32
 as it is read, summed in float32, one C call (so native tapes record it) at every batch size.
 
-Measured on an AVX2 EPYC, two threads (benchmarks/RESULTS.md, 2026-12-05): the kernel took 0.9-5×
-less time than the emulated ``F.linear`` (4.5-5× from 64 rows on the 1B-class shapes). Float32 GEMM
-(MKL) over the weight widened panel by panel into a scratch was 1.4× faster than the kernel at
-256 rows on one thread, but slower at every size on two (a parallel region per panel), so it
-was not kept; a register-tiled prefill kernel is the open gap (docs/decisions.md).
+Measured on an AVX2 EPYC (benchmarks/RESULTS.md, 2026-12-05), the kernel took less time than the
+emulated ``F.linear`` at every shape of the default and 1B-class models: 1.5-2.3× at one row and
+3.3-5.9× at 4-16 on one thread, 3.1-6.1× from 64 rows on the 1B-class shapes on two. Float32
+GEMM (MKL) over the weight widened panel by panel into a scratch was up to 1.4× faster than the
+kernel at 256 rows on one thread, but slower at every size on two (a parallel region per panel),
+so it was not kept; a register-tiled prefill kernel is the open gap (docs/decisions.md).
 """
 
 from __future__ import annotations
