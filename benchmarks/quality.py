@@ -15,8 +15,10 @@ time (its ``logits_all`` scores), in this process, or with ``--llama-python`` in
 environment that has ``llama-cpp-python`` (and numpy; no torch needed), which scores the windows in a
 child process of this script.
 
-"default" is the engine's default (GGUF kept quantized, bf16 activations); "default-fp32" the same
-file with float32 activations (and a float32 KV cache).
+"default" is the engine's default (GGUF kept quantized, bf16 activations and KV cache, each
+row's 32 largest logits recomputed from the unrounded activations); "default-fp32" the same file
+with float32 activations (and a float32 KV cache); "default-fp32-f16kv" float32 activations over
+a float16 KV cache (the bf16 cache's bytes).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import time
 CONFIGS = {
     "default": dict(),
     "default-fp32": dict(dtype="float32"),
+    "default-fp32-f16kv": dict(dtype="float32", kv_cache_dtype="float16"),
     "bf16": dict(quantization="unquantized", dtype="bfloat16"),
     "int8-w8a8": dict(quantization="int8-w8a8"),
 }

@@ -19,10 +19,12 @@ TINY = dict(
     num_key_value_heads=2,
     max_position_embeddings=256,
 )
-# The default path (GGUF Q4_1 kept quantized, int8 activations per 32 inputs, bf16) measured
-# mean KL 0.0042 and top-1 95.9 % on these windows (llama.cpp on the file: 0.0032 on 8 x 128);
-# rounding met q·scale instead of the weight before issue 24 (0.0163, 93.1 %), which these fail.
-MAX_MEAN_KL, MIN_TOP1 = 0.006, 0.93
+# The default path (GGUF Q4_1 kept quantized, int8 activations per 32 inputs, bf16, each row's
+# 32 largest logits recomputed from the unrounded activations) measured mean KL 0.00288 and
+# top-1 96.5 % on these windows on an AVX2 machine (llama.cpp on the file: 0.00310 / 96.6 % on
+# 8 x 128, where the default measured 0.00296 / 97.5 %). Its int8 LM head before (0.0040,
+# 94.5 %) fails these, as did rounding that met q·scale instead of the weight (0.0163, 93.1 %).
+MAX_MEAN_KL, MIN_TOP1 = 0.0033, 0.95
 
 
 @pytest.fixture(scope="module")

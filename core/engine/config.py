@@ -9,7 +9,8 @@ import attrs
 from engine.messages.kv_events import KVEventsConfig
 
 _DTYPES = ("auto", "float32", "bfloat16", "float16")
-KV_CACHE_DTYPE_NAMES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")  # engine.interfaces.attention maps them
+# engine.interfaces.attention maps them
+KV_CACHE_DTYPE_NAMES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2", "float16")
 
 
 def _one_of(choices: tuple[str, ...]):

@@ -172,7 +172,8 @@ OPTIONS: dict[str, Option] = {
         ("--kv-cache-dtype",),
         "the KV cache's storage: auto = the model's dtype; fp8 (= fp8_e4m3) or fp8_e5m2 hold "
         "about twice the tokens in the same memory, scaled per layer by the checkpoint's "
-        "k_scale/v_scale (else 1.0); the attention backend must read it",
+        "k_scale/v_scale (else 1.0); float16 the bytes of bf16 with 3 more mantissa bits "
+        "(under --dtype float32: half a float32 cache's bytes); the attention backend must read it",
         choices=KV_CACHE_DTYPE_NAMES,
     ),
     "calculate_kv_scales": Option(

@@ -131,6 +131,8 @@ KV_CACHE_DTYPES: dict[str, torch.dtype | None] = {
     "fp8": torch.float8_e4m3fn,
     "fp8_e4m3": torch.float8_e4m3fn,
     "fp8_e5m2": torch.float8_e5m2,
+    # not vLLM's: 2 bytes a value like bf16 with 3 more mantissa bits, under float32 activations
+    "float16": torch.float16,
 }
 
 

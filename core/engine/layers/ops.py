@@ -64,7 +64,10 @@ class LayerOps:
         ``rows(ids)`` = w[ids] -> [..., K] (embedding lookups), both in this ops' dtype, and
         ``dequantize()`` -> w [N, K]; its tensors are registered buffers. ``rows`` and
         ``dequantize`` are exact; ``forward`` may round the activations (e.g. to int8 per
-        group of inputs), within the tolerance ``engine.testing.layer_ops`` checks."""
+        group of inputs), within the tolerance ``engine.testing.layer_ops`` checks. It may also
+        offer ``logits(x)`` -> float32 [M, N], the same product with the activations rounded
+        finer, which quant methods call for a vocabulary table's LM head (its error reaches the
+        logits with no normalization after)."""
         return None
 
     def pack_affine_blocks(self, parts: list[torch.Tensor], layout: str) -> Layer | None:

@@ -50,7 +50,7 @@ BATCHES = {
 # a layer's KV scales in the quantized-cache tests: ~N(0, 1) keys stored ×20, values ×0.5, so a
 # backend reading stored values unscaled, or with the other tensor's scale, is far off
 KV_SCALE = KVScale(k=0.05, v=2.0)
-QUANTIZED_KV = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+QUANTIZED_KV = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2, "float16": torch.float16}
 
 # attention kinds beside the plain one: AttentionSpec fields. "scale" alone because beside a
 # soft-cap a backend may serve it through explicit scores, leaving its fused kernel calls (SDPA,

@@ -30,6 +30,8 @@
  * The SIMD e4m3 widening (AVX-512, or AVX2 with F16C) leaves out a constant 2^8, which UNIT puts
  * back in both scales.
  * write_kv_fp8 stores a step's K/V divided by the scales, as the core's quantize_kv does.
+ * A float16 cache (paged_attention_<type>_f16[_scalar], write_kv_f16) goes the fp8 caches' way:
+ * two bytes a value like bf16, widened by F16C (AVX2, AVX-512) as e5m2 bytes are.
  */
 #include "attention.h"
 #include "engine_bf16.h"
@@ -107,6 +109,29 @@ engine_status write_kv_fp8(const char *key, const char *value, int64_t row_strid
     return 0;
 }
 
+/* write_kv_fp8's counterpart for a float16 cache: each value divided by its scale (1 unless
+ * the checkpoint gives one), saturated and rounded to float16 as quantize_kv does. */
+engine_status write_kv_f16(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
+                           const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
+                           int64_t slots, int64_t source_bf16, float k_scale, float v_scale, uint16_t *cache) {
+    for (int64_t t = 0; t < tokens; t++)
+        if (slot_mapping[t] < 0 || slot_mapping[t] >= slots) return 1;
+    int64_t plane = slots * head_dim, elem = source_bf16 ? 2 : 4;
+    for (int64_t t = 0; t < tokens; t++) {
+        uint16_t *k_dst = cache + slot_mapping[t] * head_dim, *v_dst = k_dst + kv_heads * plane;
+        for (int64_t h = 0; h < kv_heads; h++) {
+            int64_t at = (t * row_stride + h * head_stride) * elem;
+            for (int64_t d = 0; d < head_dim; d++) {
+                float k = source_bf16 ? bf16_load(((const uint16_t *)(key + at))[d]) : ((const float *)(key + at))[d];
+                float v = source_bf16 ? bf16_load(((const uint16_t *)(value + at))[d]) : ((const float *)(value + at))[d];
+                k_dst[h * plane + d] = f16_store(k / k_scale);
+                v_dst[h * plane + d] = f16_store(v / v_scale);
+            }
+        }
+    }
+    return 0;
+}
+
 /* A block as float32 rows: bf16 converted into `scratch`, f32 read where it lies. */
 static inline const float *block_bf16(const uint16_t *src, int64_t count, float *scratch) {
     for (int64_t i = 0; i < count; i++) scratch[i] = bf16_load(src[i]);
@@ -118,14 +143,15 @@ static inline const float *block_f32(const float *src, int64_t count, float *scr
     return src;
 }
 
-/* an fp8 block widened into `scratch`: byte by byte (portable), 16 lanes at a time (AVX-512) */
-#define DEFINE_BLOCK_FP8(FP8)                                                                        \
-static inline const float *block_##FP8(const uint8_t *src, int64_t count, float *scratch) {          \
+/* an fp8 (or f16) block widened into `scratch`: value by value (portable), 16 lanes at a time (AVX-512) */
+#define DEFINE_BLOCK_FP8(FP8, C)                                                                     \
+static inline const float *block_##FP8(const C *src, int64_t count, float *scratch) {                \
     for (int64_t i = 0; i < count; i++) scratch[i] = FP8##_load(src[i]);                            \
     return scratch;                                                                                  \
 }
-DEFINE_BLOCK_FP8(e4m3)
-DEFINE_BLOCK_FP8(e5m2)
+DEFINE_BLOCK_FP8(e4m3, uint8_t)
+DEFINE_BLOCK_FP8(e5m2, uint8_t)
+DEFINE_BLOCK_FP8(f16, uint16_t)
 
 /* a query vector as float32, for the math that reads widened keys (WIDEN) */
 static inline void load_row_bf16(float *dst, const uint16_t *src, int64_t dim) {
@@ -160,6 +186,8 @@ DEFINE_SCORES_SCALAR(bf16_e4m3, uint16_t, bf16_load, uint8_t, e4m3_load)
 DEFINE_SCORES_SCALAR(bf16_e5m2, uint16_t, bf16_load, uint8_t, e5m2_load)
 DEFINE_SCORES_SCALAR(f32_e4m3, float, f32_load, uint8_t, e4m3_load)
 DEFINE_SCORES_SCALAR(f32_e5m2, float, f32_load, uint8_t, e5m2_load)
+DEFINE_SCORES_SCALAR(bf16_f16, uint16_t, bf16_load, uint16_t, f16_load)
+DEFINE_SCORES_SCALAR(f32_f16, float, f32_load, uint16_t, f16_load)
 
 /* Online softmax step: scores -> exp(score - new max) in place; updates *max and *sum;
  * returns the factor the accumulator must be scaled by (exp(old max - new max)). */
@@ -255,9 +283,9 @@ static void scores_f32_simd(const float *q, const float *keys, int64_t count, in
     }
 }
 
-/* fp8 keys widened in registers, 16 at a time, against a query row widened the same way */
-#define DEFINE_SCORES_FP8_SIMD(SUFFIX, T, LOAD16, FP8, OVER)                                               \
-static void scores_##SUFFIX##_simd(const T *q, const uint8_t *keys, int64_t count, int64_t dim,      \
+/* fp8 (or f16) keys widened in registers, 16 at a time, against a query row widened the same way */
+#define DEFINE_SCORES_FP8_SIMD(SUFFIX, T, LOAD16, FP8, C, OVER)                                            \
+static void scores_##SUFFIX##_simd(const T *q, const C *keys, int64_t count, int64_t dim,            \
                                    float scale, float *scores) {                                     \
     for (int64_t t0 = 0; t0 < count; t0 += 16) {                                                     \
         __m512 acc[16];                                                                              \
@@ -265,26 +293,29 @@ static void scores_##SUFFIX##_simd(const T *q, const uint8_t *keys, int64_t coun
         for (int64_t t = 0; t < 16; t++) {                                                           \
             acc[t] = _mm512_setzero_ps();                                                            \
             if (t >= n) continue;                                                                    \
-            const uint8_t *k = keys + (t0 + t) * dim;                                                \
+            const C *k = keys + (t0 + t) * dim;                                                      \
             for (int64_t d = 0; d < dim; d += 16)                                                    \
                 acc[t] = _mm512_fmadd_ps(LOAD16(q + d), FP8##x16_load_##OVER(k + d), acc[t]);      \
         }                                                                                            \
         _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale))); \
     }                                                                                                \
 }
-DEFINE_SCORES_FP8_SIMD(bf16_e4m3, uint16_t, bf16x16_load, e4m3, over256)
-DEFINE_SCORES_FP8_SIMD(bf16_e5m2, uint16_t, bf16x16_load, e5m2, over1)
-DEFINE_SCORES_FP8_SIMD(f32_e4m3, float, _mm512_loadu_ps, e4m3, over256)
-DEFINE_SCORES_FP8_SIMD(f32_e5m2, float, _mm512_loadu_ps, e5m2, over1)
+DEFINE_SCORES_FP8_SIMD(bf16_e4m3, uint16_t, bf16x16_load, e4m3, uint8_t, over256)
+DEFINE_SCORES_FP8_SIMD(bf16_e5m2, uint16_t, bf16x16_load, e5m2, uint8_t, over1)
+DEFINE_SCORES_FP8_SIMD(f32_e4m3, float, _mm512_loadu_ps, e4m3, uint8_t, over256)
+DEFINE_SCORES_FP8_SIMD(f32_e5m2, float, _mm512_loadu_ps, e5m2, uint8_t, over1)
+DEFINE_SCORES_FP8_SIMD(bf16_f16, uint16_t, bf16x16_load, f16, uint16_t, over1)
+DEFINE_SCORES_FP8_SIMD(f32_f16, float, _mm512_loadu_ps, f16, uint16_t, over1)
 
-#define DEFINE_BLOCK_FP8_SIMD(FP8, OVER)                                                             \
-static inline const float *block_##FP8##_simd(const uint8_t *src, int64_t count, float *scratch) {   \
+#define DEFINE_BLOCK_FP8_SIMD(FP8, C, OVER)                                                          \
+static inline const float *block_##FP8##_simd(const C *src, int64_t count, float *scratch) {         \
     for (int64_t i = 0; i < count; i += 16)                                                          \
         _mm512_storeu_ps(scratch + i, FP8##x16_load_##OVER(src + i));                                \
     return scratch;                                                                                  \
 }
-DEFINE_BLOCK_FP8_SIMD(e4m3, over256)
-DEFINE_BLOCK_FP8_SIMD(e5m2, over1)
+DEFINE_BLOCK_FP8_SIMD(e4m3, uint8_t, over256)
+DEFINE_BLOCK_FP8_SIMD(e5m2, uint8_t, over1)
+DEFINE_BLOCK_FP8_SIMD(f16, uint16_t, over1)
 
 static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
     __m512 top = _mm512_set1_ps(-INFINITY);
@@ -360,14 +391,18 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
 #define scores_bf16_e5m2_simd scores_bf16_e5m2_scalar
 #define scores_f32_e4m3_simd scores_f32_e4m3_scalar
 #define scores_f32_e5m2_simd scores_f32_e5m2_scalar
+#define scores_bf16_f16_simd scores_bf16_f16_scalar
+#define scores_f32_f16_simd scores_f32_f16_scalar
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define block_e4m3_simd block_e4m3_avx2
 #define block_e5m2_simd block_e5m2_avx2
+#define block_f16_simd block_f16_avx2
 #else
 /* fp8 caches without AVX-512 or F16C: the portable conversion */
 #define block_e4m3_simd block_e4m3
 #define block_e5m2_simd block_e5m2
+#define block_f16_simd block_f16
 #undef E4M3_SIMD_UNIT
 #define E4M3_SIMD_UNIT 1.f
 #endif
@@ -561,6 +596,56 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define BLOCK block_e5m2
 #define STORE_ROW store_row_f32
 #define SCORES scores_f32_e5m2_scalar
+#define WIDEN 0
+#define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX bf16_f16
+#define T uint16_t
+#define C uint16_t
+#define BLOCK block_f16_simd
+#define STORE_ROW store_row_bf16
+#define SCORES SIMD_SCORES(scores_bf16_f16_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_bf16
+#define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX bf16_f16_scalar
+#define T uint16_t
+#define C uint16_t
+#define BLOCK block_f16
+#define STORE_ROW store_row_bf16
+#define SCORES scores_bf16_f16_scalar
+#define WIDEN 0
+#define SOFTMAX_STEP softmax_step_scalar
+#define UNIT 1.f
+#define ACCUMULATE accumulate_scalar
+#include "attention_generic.h"
+
+#define SUFFIX f32_f16
+#define T float
+#define C uint16_t
+#define BLOCK block_f16_simd
+#define STORE_ROW store_row_f32
+#define SCORES SIMD_SCORES(scores_f32_f16_simd)
+#define WIDEN SIMD_WIDENS
+#define LOAD_ROW load_row_f32
+#define SOFTMAX_STEP softmax_step_simd
+#define UNIT 1.f
+#define ACCUMULATE accumulate_simd
+#include "attention_generic.h"
+
+#define SUFFIX f32_f16_scalar
+#define T float
+#define C uint16_t
+#define BLOCK block_f16
+#define STORE_ROW store_row_f32
+#define SCORES scores_f32_f16_scalar
 #define WIDEN 0
 #define SOFTMAX_STEP softmax_step_scalar
 #define UNIT 1.f

@@ -1,6 +1,6 @@
 /* attention.c's entry points: engine.native binds each with these types (backend.py calls them).
  * Caches [2, kv_heads, blocks, block_size, head_dim] in the storage type (uint16_t: bfloat16;
- * uint8_t: an 8-bit float, e4m3 or e5m2). */
+ * uint8_t: an 8-bit float, e4m3 or e5m2; paged_attention_<type>_f16: uint16_t float16). */
 #ifndef ENGINE_CPU_NATIVE_ATTENTION_H
 #define ENGINE_CPU_NATIVE_ATTENTION_H
 
@@ -23,6 +23,11 @@ engine_status write_kv_fp8(const char *key, const char *value, int64_t row_strid
                            const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
                            int64_t slots, int64_t source_bf16, int64_t e5m2, float k_scale, float v_scale,
                            uint8_t *cache);
+
+/* write_kv_fp8's counterpart for a float16 cache */
+engine_status write_kv_f16(const char *key, const char *value, int64_t row_stride, int64_t head_stride,
+                           const int64_t *slot_mapping, int64_t tokens, int64_t kv_heads, int64_t head_dim,
+                           int64_t slots, int64_t source_bf16, float k_scale, float v_scale, uint16_t *cache);
 
 /* Attends requests[0..num_requests) of the batch into out [tokens, heads, dim]; fails when its
  * scratch memory cannot be allocated. paged_attention_<activation>[_<fp8 cache>]: the AVX-512
@@ -86,6 +91,27 @@ engine_status paged_attention_f32_e5m2(const float *query, int64_t q_stride,
     int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
 engine_status paged_attention_f32_e5m2_scalar(const float *query, int64_t q_stride,
     const uint8_t *key_cache, const uint8_t *value_cache,
+    int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
+    const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
+
+engine_status paged_attention_bf16_f16(const uint16_t *query, int64_t q_stride,
+    const uint16_t *key_cache, const uint16_t *value_cache,
+    int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
+    const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
+engine_status paged_attention_bf16_f16_scalar(const uint16_t *query, int64_t q_stride,
+    const uint16_t *key_cache, const uint16_t *value_cache,
+    int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
+    const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, uint16_t *out);
+engine_status paged_attention_f32_f16(const float *query, int64_t q_stride,
+    const uint16_t *key_cache, const uint16_t *value_cache,
+    int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
+    const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
+    int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);
+engine_status paged_attention_f32_f16_scalar(const float *query, int64_t q_stride,
+    const uint16_t *key_cache, const uint16_t *value_cache,
     int64_t head_stride, const int32_t *block_table, int64_t table_stride, const int32_t *query_start,
     const int32_t *seq_lens, const int32_t *requests, int64_t num_requests, int64_t heads, int64_t kv_heads,
     int64_t dim, int64_t block_size, float scale, int64_t window, float softcap, const float *sinks, float v_scale, float *out);

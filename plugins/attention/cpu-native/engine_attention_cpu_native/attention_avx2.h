@@ -37,14 +37,15 @@ static void scores_f32_avx2(const float *q, const float *keys, int64_t count, in
 }
 
 #ifdef __F16C__
-/* a block of fp8 keys or values widened into `scratch`, 8 at a time (count is whole rows of 16s) */
-#define DEFINE_BLOCK_FP8_AVX2(FP8, OVER)                                                            \
-static inline const float *block_##FP8##_avx2(const uint8_t *src, int64_t count, float *scratch) {  \
+/* a block of fp8 (or f16) keys or values widened into `scratch`, 8 at a time (count is whole rows of 16s) */
+#define DEFINE_BLOCK_FP8_AVX2(FP8, C, OVER)                                                         \
+static inline const float *block_##FP8##_avx2(const C *src, int64_t count, float *scratch) {        \
     for (int64_t i = 0; i < count; i += 8) _mm256_storeu_ps(scratch + i, FP8##x8_load_##OVER(src + i)); \
     return scratch;                                                                                 \
 }
-DEFINE_BLOCK_FP8_AVX2(e4m3, over256)
-DEFINE_BLOCK_FP8_AVX2(e5m2, over1)
+DEFINE_BLOCK_FP8_AVX2(e4m3, uint8_t, over256)
+DEFINE_BLOCK_FP8_AVX2(e5m2, uint8_t, over1)
+DEFINE_BLOCK_FP8_AVX2(f16, uint16_t, over1)
 #endif
 
 static float softmax_step_avx2(float *scores, int64_t count, float *max, float *sum) {

@@ -17,6 +17,8 @@ softmax denominator: it takes the layer's per-head sink logits as a float32 arra
 An fp8 cache (``--kv-cache-dtype fp8``, ``fp8_e5m2``) is read in place by the same kernel built
 for its bytes, widening them to float32 in registers, and written by ``write_kv_fp8``, which
 stores K/V divided by the layer's scales, byte for byte as ``engine.interfaces.quantize_kv``.
+A float16 cache (``--kv-cache-dtype float16``) goes the same way (``write_kv_f16``): for float32
+activations, the bytes of a bf16 cache with 3 more mantissa bits.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from engine_attention_cpu_native.sub_layout import Delegated, delegate
 
 SOURCE = Path(__file__).with_name("attention.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
-_FP8 = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}  # the quantized caches it reads
+# the caches it reads beside the activation dtype, widened to float32 as it reads them
+_WIDENED = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2", torch.float16: "f16"}
 
 
 @functools.cache
@@ -60,11 +63,17 @@ def fp8_writer() -> NativeKernel:
 
 
 @functools.cache
+def f16_writer() -> NativeKernel:
+    """The C scatter of a step's K/V into a float16 cache, rounding as it goes."""
+    return bind(library(), "write_kv_f16")
+
+
+@functools.cache
 def kernel(dtype: torch.dtype, portable: bool = False, cache: torch.dtype | None = None) -> NativeKernel:
     """The C entry point for activations of ``dtype`` over a cache of ``cache`` (None: the
-    same dtype; or an fp8 one): AVX-512 where built for it, or the portable C one
+    same dtype; or an fp8 or float16 one): AVX-512 where built for it, or the portable C one
     (``portable``). Both are recordable onto native tapes."""
-    stored = f"_{_FP8[cache]}" if cache is not None else ""
+    stored = f"_{_WIDENED[cache]}" if cache is not None else ""
     return bind(library(), f"paged_attention_{_SUFFIX[dtype]}{stored}{'_scalar' if portable else ''}")
 
 
@@ -100,7 +109,7 @@ class NativeAttentionBackend(AttentionBackend):
     # decode steps read the layout's lengths and block table when the kernel runs
     # (build_graph_metadata), and attend in C alone: the cpu-native platform tapes them
     cuda_graph_support = "decode-only"
-    kv_cache_dtypes = tuple(_FP8)
+    kv_cache_dtypes = tuple(_WIDENED)
 
     @classmethod
     def supports(cls, spec: AttentionSpec, platform) -> list[str]:
@@ -210,7 +219,10 @@ class NativeAttentionBackend(AttentionBackend):
             s.head_dim,
             slots,
         )
-        if s.kv_cache_dtype is not None:
+        if s.kv_cache_dtype == torch.float16:
+            bf16 = int(key.dtype == torch.bfloat16)
+            status = f16_writer()(*rows, bf16, scale.k, scale.v, kv_cache.data_ptr())
+        elif s.kv_cache_dtype is not None:
             bf16, e5m2 = int(key.dtype == torch.bfloat16), int(s.kv_cache_dtype == torch.float8_e5m2)
             status = fp8_writer()(*rows, bf16, e5m2, scale.k, scale.v, kv_cache.data_ptr())
         else:
@@ -221,10 +233,10 @@ class NativeAttentionBackend(AttentionBackend):
     def _write_kv_torch(self, key, value, kv_cache, slot_mapping, scale: KVScale) -> None:
         """The write for K/V views the C scatter does not take (or a cache not contiguous)."""
         s, stored = self.spec, self.spec.kv_cache_dtype
-        if stored is not None:  # fp8 has no index_copy_ on the CPU: its bytes do
-            key = quantize_kv(key, stored, scale.k).view(torch.uint8)
-            value = quantize_kv(value, stored, scale.v).view(torch.uint8)
-            kv_cache = kv_cache.view(torch.uint8)
+        if stored is not None:
+            key, value = quantize_kv(key, stored, scale.k), quantize_kv(value, stored, scale.v)
+        if stored is not None and stored.itemsize == 1:  # fp8 has no index_copy_ on the CPU: its bytes do
+            key, value, kv_cache = key.view(torch.uint8), value.view(torch.uint8), kv_cache.view(torch.uint8)
         new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
         kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
 

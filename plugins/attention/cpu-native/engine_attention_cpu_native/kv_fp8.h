@@ -1,4 +1,4 @@
-/* 8-bit float KV cache values (torch's float8_e4m3fn and float8_e5m2) <-> float32, for
+/* 8-bit float KV cache values (torch's float8_e4m3fn and float8_e5m2), and float16 ones, <-> float32, for
  * attention.c: scalar conversions by bit manipulation (the portable path and the cache write)
  * and, where the compiler targets AVX-512, 16 lanes at a time through the half-precision
  * converter (8 lanes on AVX2 with F16C): an e5m2 byte is the top byte of its float16, and an e4m3 byte's magnitude shifted
@@ -61,7 +61,32 @@ static inline uint8_t e5m2_store(float f) {
     return sign | (uint8_t)((bits >> 21) - (112u << 2));
 }
 
+/* float16 (an f16 cache: 2 bytes a value like bf16, 3 more mantissa bits) */
+static inline float f16_load(uint16_t x) {
+    uint32_t exponent = (x >> 10) & 31u, mantissa = x & 1023u;
+    float v = exponent == 31u  ? f32_of_bits(0x7F800000u | (mantissa << 13))
+              : exponent       ? f32_of_bits(((exponent + 112u) << 23) | (mantissa << 13))
+                               : (float)mantissa * 0x1p-24f;
+    return x & 0x8000 ? -v : v;
+}
+
+static inline uint16_t f16_store(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    uint16_t sign = (uint16_t)((bits >> 16) & 0x8000u);
+    bits &= 0x7FFFFFFFu;
+    if (bits >= 0x477FE000u) return sign | 0x7BFF;  /* 65504 and over: the largest finite */
+    if (bits < 0x38800000u)                         /* under 2^-14: steps of 2^-24 */
+        return sign | (uint16_t)lrintf(f32_of_bits(bits) * 0x1p24f);
+    bits += 0xFFFu + ((bits >> 13) & 1u);           /* the mantissa to 10 bits, ties to even */
+    return sign | (uint16_t)((bits >> 13) - (112u << 10));
+}
+
 #ifdef __AVX512F__
+static inline __m512 f16x16_load_over1(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
 static inline __m512 e5m2x16_load(const uint8_t *p) {
     __m256i bytes = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i *)p));
     return _mm512_cvtph_ps(_mm256_slli_epi16(bytes, 8));
@@ -79,6 +104,8 @@ static inline __m512 e4m3x16_load_over256(const uint8_t *p) {
 static inline __m512 e5m2x16_load_over1(const uint8_t *p) { return e5m2x16_load(p); }
 #elif defined(__AVX2__) && defined(__F16C__)
 /* the same on 8 lanes (AVX2 + F16C), for attention_avx2.h */
+static inline __m256 f16x8_load_over1(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
 static inline __m256 e5m2x8_load_over1(const uint8_t *p) {
     __m128i bytes = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
     return _mm256_cvtph_ps(_mm_slli_epi16(bytes, 8));

@@ -133,25 +133,29 @@ def test_the_kv_write_equals_torch_index_copy(dtype, tokens):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("stored", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+@pytest.mark.parametrize(
+    "stored", [torch.float8_e4m3fn, torch.float8_e5m2, torch.float16], ids=["e4m3", "e5m2", "f16"]
+)
 def test_the_fp8_kv_write_equals_quantize_kv(dtype, stored):
-    """The C scatter into an fp8 cache stores what the contract's ``quantize_kv`` stores, byte for
-    byte: each tensor divided by its own scale, subnormals, ties and outliers (saturated) included."""
+    """The C scatter into an fp8 (or float16) cache stores what the contract's ``quantize_kv``
+    stores, bit for bit: each tensor divided by its own scale, subnormals, ties and outliers
+    (saturated) included."""
     heads, kv_heads, dim, blocks, block_size, tokens = 6, 2, 64, 40, 16, 300
     gen = torch.Generator().manual_seed(7)
     qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen) * 30).to(dtype)
-    qkv[0, heads * dim : heads * dim + 5] = torch.tensor([1e-4, -3e-3, 500.0, -1e5, 0.0]).to(dtype)
+    qkv[0, heads * dim : heads * dim + 6] = torch.tensor([1e-4, -3e-3, 500.0, -1e5, 0.0, 3e-6]).to(dtype)
     _, key, value = qkv.view(tokens, -1, dim).split([heads, kv_heads, kv_heads], dim=1)
     slots = torch.randperm(blocks * block_size, generator=gen)[:tokens]
     scale = KVScale(k=0.3, v=7.0)
     spec = AttentionSpec(heads, kv_heads, dim, dtype, block_size, kv_cache_dtype=stored)
     backend = NativeAttentionBackend(spec, CpuPlatform(), registry=load_plugins())
-    expected = torch.zeros(backend.kv_cache_shape(blocks), dtype=torch.uint8)
+    bits = torch.int16 if stored.itemsize == 2 else torch.uint8  # compared bit for bit
+    expected = torch.zeros(backend.kv_cache_shape(blocks), dtype=bits)
     new_kv = torch.stack([quantize_kv(key, stored, scale.k), quantize_kv(value, stored, scale.v)])
-    expected.view(2, kv_heads, -1, dim).index_copy_(2, slots, new_kv.view(torch.uint8).transpose(1, 2))
+    expected.view(2, kv_heads, -1, dim).index_copy_(2, slots, new_kv.view(bits).transpose(1, 2))
     cache = torch.zeros(backend.kv_cache_shape(blocks), dtype=stored)
     backend._write_kv(key, value, cache, slots, scale)
-    assert torch.equal(cache.view(torch.uint8), expected)
+    assert torch.equal(cache.view(bits), expected)
     with pytest.raises(IndexError, match="outside the cache"):
         backend._write_kv(key, value, cache, torch.full((tokens,), blocks * block_size), scale)
-    assert torch.equal(cache.view(torch.uint8), expected)  # a bad slot writes nothing
+    assert torch.equal(cache.view(bits), expected)  # a bad slot writes nothing

@@ -79,7 +79,7 @@ class TorchAttentionBackend(AttentionBackend):
     name = "torch"
     block_dim = 2
     batch_invariant_capable = True
-    kv_cache_dtypes = (torch.float8_e4m3fn, torch.float8_e5m2)
+    kv_cache_dtypes = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16)
     # a later chunk of this many queries or more is split on the CPU (prefix, then the chunk
     # causally, merged by log-sum-exp): 1.49 against 1.87 s a layer in one masked call for
     # 2048 queries at 8k context; under it, one masked call (0.41 against 0.47 s for 512),
@@ -252,7 +252,7 @@ class TorchAttentionBackend(AttentionBackend):
         if scale is not None and stored is not None:
             key, value = quantize_kv(key, stored, scale.k), quantize_kv(value, stored, scale.v)
         new_kv = torch.stack([key, value]).transpose(1, 2)  # [2, Hkv, T, D]: K and V in one write
-        if stored is not None:  # fp8 has no index_copy_ on the CPU: its bytes do
+        if stored is not None and stored.itemsize == 1:  # fp8 has no index_copy_ on the CPU: its bytes do
             kv_cache, new_kv = kv_cache.view(torch.uint8), new_kv.view(torch.uint8)
         kv_cache.view(2, s.num_kv_heads, -1, s.head_dim).index_copy_(2, slot_mapping, new_kv)
         return _Reader(s.dtype, scale)

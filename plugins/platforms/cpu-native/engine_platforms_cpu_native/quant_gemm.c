@@ -368,6 +368,140 @@ static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_b
 #define GEMM gemm_scalar
 #endif
 
+/* ---- a vocabulary's top logits recomputed --------------------------------------------------- */
+
+/* Column col of the packed weight times x (float32 [k], xsum[g] its group sums) in float32:
+ * Σ_g scale_g · Σ_{i∈g} q_i · x_i + offset_g · xsum_g, the weight exact. A column's q sit 4 bytes
+ * a 64-byte step (packed_q's layout), 4 inputs a step at 8 bits, 8 at 4 bits. */
+#if defined(__AVX2__) && defined(__FMA__)
+static inline __m128i load4_bytes(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm_cvtsi32_si128(v);
+}
+
+/* 8 inputs of one group at a time: two 8-bit steps, or one 4-bit step's two nibbles */
+static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t col,
+                        const float *x, const float *xsum) {
+    int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, steps = k / step_bytes(bits);
+    const uint8_t *column = qw + t * steps * 64 + 4 * c;
+    const __m128i low = _mm_set1_epi8(15);
+    __m256 total = _mm256_setzero_ps();
+    float offsets = 0.f;
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 dot = _mm256_setzero_ps();
+        for (int64_t i = g * GROUP; i < (g + 1) * GROUP; i += 8) {
+            __m128i q;
+            if (bits == 4) {
+                __m128i b = load4_bytes(column + i / 8 * 64);
+                q = _mm_unpacklo_epi32(_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16(b, 4), low));
+            } else {
+                q = _mm_unpacklo_epi32(load4_bytes(column + i / 4 * 64), load4_bytes(column + i / 4 * 64 + 64));
+            }
+            dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), _mm256_loadu_ps(x + i), dot);
+        }
+        int64_t at = (t * groups + g) * 2 * TILE + c;
+        total = _mm256_fmadd_ps(dot, _mm256_set1_ps(sz_at(sz, half, at)), total);
+        offsets += sz_at(sz, half, at + TILE) * xsum[g];
+    }
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s))) + offsets;
+}
+#else
+static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t col,
+                        const float *x, const float *xsum) {
+    int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, per_step = step_bytes(bits);
+    int64_t steps = k / per_step, steps_per_group = GROUP / per_step;
+    const uint8_t *column = qw + t * steps * 64 + 4 * c;
+    float total = 0.f;
+    for (int64_t g = 0; g < groups; g++) {
+        float dot = 0.f;
+        for (int64_t j = g * steps_per_group; j < (g + 1) * steps_per_group; j++) {
+            const uint8_t *b = column + j * 64;
+            const float *xj = x + j * per_step;
+            for (int64_t i = 0; i < 4; i++) {
+                if (bits == 4) dot += (float)(b[i] & 15) * xj[i] + (float)(b[i] >> 4) * xj[4 + i];
+                else dot += (float)b[i] * xj[i];
+            }
+        }
+        int64_t at = (t * groups + g) * 2 * TILE + c;
+        total += sz_at(sz, half, at) * dot + sz_at(sz, half, at + TILE) * xsum[g];
+    }
+    return total;
+}
+#endif
+
+/* The indices of the `top` largest of row [n] into best (a min-heap of their values in value):
+ * one compare for most entries, ties to the earlier index. */
+static void largest(const float *row, int64_t n, int64_t top, int64_t *best, float *value) {
+    int64_t size = 0;
+    for (int64_t i = 0; i < n; i++) {
+#if defined(__AVX2__)
+        if (size == top && i % 8 == 0 && i + 8 <= n &&  /* 8 entries none of which enters */
+            !_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(row + i), _mm256_set1_ps(value[0]), _CMP_GT_OQ))) {
+            i += 7;
+            continue;
+        }
+#endif
+        if (size == top && !(row[i] > value[0])) continue;
+        int64_t at;
+        if (size < top) {  /* sift up */
+            at = size++;
+            while (at > 0 && value[(at - 1) / 2] > row[i]) {
+                value[at] = value[(at - 1) / 2], best[at] = best[(at - 1) / 2];
+                at = (at - 1) / 2;
+            }
+        } else {  /* replace the root, sift down */
+            at = 0;
+            for (;;) {
+                int64_t child = 2 * at + 1;
+                if (child >= size) break;
+                if (child + 1 < size && value[child + 1] < value[child]) child++;
+                if (!(value[child] < row[i])) break;
+                value[at] = value[child], best[at] = best[child];
+                at = child;
+            }
+        }
+        value[at] = row[i], best[at] = i;
+    }
+}
+
+static inline void prefetch_column(const uint8_t *qw, int64_t bits, int64_t k, int64_t col) {
+    int64_t steps = k / step_bytes(bits);
+    const char *column = (const char *)qw + col / TILE * steps * 64 + 4 * (col % TILE);
+    for (int64_t j = 0; j < steps; j++) __builtin_prefetch(column + j * 64);
+}
+
+/* Each row of out [m, n] (that row's one-pass logits) gets its `top` largest entries
+ * recomputed by column_dot from x [m, k] as float32 (xf, row stride k). */
+static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t half,
+                       int64_t bits, int64_t n, int64_t top, float *out) {
+    int64_t groups = k / GROUP;
+    if (top > n) top = n;
+#pragma omp parallel for schedule(static) if (m > 1 && m * top * k >= PARALLEL_WORK)
+    for (int64_t r = 0; r < m; r++) {
+        int64_t *best = malloc(sizeof(int64_t) * (size_t)top);
+        float *value = malloc(sizeof(float) * (size_t)(top + groups)), *xsum = value + top;
+        const float *x = xf + r * k;
+        for (int64_t g = 0; g < groups; g++) {
+            xsum[g] = 0.f;
+            for (int64_t i = 0; i < GROUP; i++) xsum[g] += x[g * GROUP + i];
+        }
+        largest(out + r * n, n, top, best, value);
+        /* a column's steps lie 64 bytes apart, one cache line each (shared with its tile's 15
+         * others) and most in memory by now: the next column's are asked for while this one
+         * is summed, so they come in parallel */
+        prefetch_column(qw, bits, k, best[0]);
+        for (int64_t i = 0; i < top; i++) {
+            if (i + 1 < top) prefetch_column(qw, bits, k, best[i + 1]);
+            out[r * n + best[i]] = column_dot(qw, sz, half, bits, k, best[i], x, xsum);
+        }
+        free(best);
+        free(value);
+    }
+}
+
 /* ---- the per-type functions: quantizers, matmul, rows, dequantization (quant_gemm_generic.h) ---- */
 
 #define SUFFIX bf16

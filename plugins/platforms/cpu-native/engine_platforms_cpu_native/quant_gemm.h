@@ -23,6 +23,13 @@ void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, co
 void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                        int64_t half, int64_t bits, int64_t n, float *out);
 
+/* a vocabulary's logits, float32 out [m, n]: affine_matmul's product with each row's `top`
+ * largest recomputed from the float activations times the exact weight */
+void affine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                        int64_t half, int64_t bits, int64_t n, int64_t top, float *out);
+void affine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t half, int64_t bits, int64_t n, int64_t top, float *out);
+
 /* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
 engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
                                const int64_t *ids, int64_t count, uint16_t *out);

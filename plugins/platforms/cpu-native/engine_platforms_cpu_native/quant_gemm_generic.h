@@ -72,6 +72,20 @@ void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
         out);
 }
 
+/* A vocabulary's logits: x [m, k] -> float32 out [m, n], the int8 product of affine_matmul with
+ * each row's `top` largest recomputed from the activations unrounded (refine_top): the int8
+ * rounding's error reaches the logits with no normalization after, and the distribution's
+ * mass sits in its top entries. */
+void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                          int64_t half, int64_t bits, int64_t n, int64_t top, float *out) {
+    float *xf = malloc(sizeof(float) * (size_t)(m * k));
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, half, bits, n, 0, out);
+    refine_top(xf, m, k, qw, sz, half, bits, n, top, out);
+    free(xf);
+}
+
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
 /* refused (nothing written) when an id is outside [0, n). */
 

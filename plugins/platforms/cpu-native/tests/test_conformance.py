@@ -181,6 +181,30 @@ def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16
     assert torch.equal(native.dequantize(), portable.rows(torch.arange(n)))  # the whole weight, exact
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_logits_recompute_each_rows_largest_exactly(dtype, bits):
+    """``logits``: float32; each row's ``LOGITS_REFINED`` largest of the int8 product are the
+    activations times the exact weight, the rest the int8 product itself; both builds agree
+    within the float sums' order, and a row is the same in any batch."""
+    gen = torch.Generator().manual_seed(10 + bits)
+    weight = _random_affine(bits, gen, n=300, k=576)
+    native, portable = PackedAffine(weight, dtype), PackedAffine(weight, dtype, portable=True)
+    x = (torch.randn(9, 576, generator=gen) * torch.linspace(0.1, 10, 576)).to(dtype)
+    exact = (x.double() @ weight.dequantize(torch.float64).T).float()
+    rounded = PackedAffine(weight, torch.float32)(x.float())  # the int8 product, float32 out
+    logits = native.logits(x)
+    assert logits.dtype == torch.float32
+    top = rounded.topk(affine.LOGITS_REFINED, dim=-1).indices
+    refined = torch.zeros_like(logits, dtype=torch.bool).scatter_(1, top, True)
+    torch.testing.assert_close(logits[refined], exact[refined], rtol=1e-5, atol=1e-4)
+    assert torch.equal(logits[~refined], rounded[~refined])
+    error = (logits[refined] - exact[refined]).abs().max()
+    assert (rounded[refined] - exact[refined]).abs().max() > 100 * error
+    torch.testing.assert_close(logits, portable.logits(x), rtol=1e-5, atol=1e-4)
+    assert torch.equal(logits, torch.cat([native.logits(x[i : i + 4]) for i in range(0, 9, 4)]))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_extreme_groups_sum_exactly(bits):
     """The largest values times activations of ±127 (AVX2 sums a whole group in int16 lanes,

@@ -95,11 +95,11 @@ class GGUFLinearMethod(QuantMethod):
         ops = self.ctx.platform.layer_ops(dtype)
         packed = ops.pack_affine_blocks([s.raw for s in shards], f"ggml:{shards[0].qtype.name.lower()}")
         if packed is not None:  # packed from the file's bytes: no unpacked copy on the way
-            return packed
+            return _as_head(packed) if vocab else packed
         weight = AffineWeight.cat([s.affine() for s in shards])
         packed = ops.pack_affine(weight)
         if packed is not None:
-            return packed
+            return _as_head(packed) if vocab else packed
         fast = not int4pack_unavailable(weight, self.ctx.platform.device)
         if vocab and not (fast and packed_rows_readable()):
             return VocabTable(weight, dtype, self.ctx.platform.device)
@@ -147,6 +147,29 @@ class GGUFLinearMethod(QuantMethod):
 
     def embed(self, layer, input_ids):
         return layer.kernel.rows(input_ids).to(self.ctx.dtype)
+
+
+def _as_head(packed: nn.Module) -> nn.Module:
+    """A packed vocabulary table whose matmul gives logits through its ``logits`` where it
+    offers one (``LayerOps.pack_affine``: activations rounded finer, float32 out)."""
+    return VocabLogits(packed) if callable(getattr(packed, "logits", None)) else packed
+
+
+class VocabLogits(Layer):
+    """A packed vocabulary table: lookups by its ``rows``, the LM head by its ``logits``."""
+
+    def __init__(self, packed: nn.Module):
+        super().__init__()
+        self.packed = packed
+
+    def forward(self, x):
+        return self.packed.logits(x)
+
+    def dequantize(self):
+        return self.packed.dequantize()
+
+    def rows(self, ids):
+        return self.packed.rows(ids)
 
 
 def _padded(shard, rows: int):
