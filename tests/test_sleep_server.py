@@ -170,9 +170,10 @@ def test_sleep_lets_streams_finish_refuses_new_requests_and_wakes_to_the_same_to
         assert refused is not None and refused.headers["Retry-After"] and "about to sleep" in refused.text
         try:
             assert http.get("/is_sleeping").json() == {"is_sleeping": True}
-            # the weights (12 MiB, the tied embedding) and the KV pages the streams wrote; the
-            # pool's untouched pages were never resident
-            assert resident - core_resident(server) > 12 * MiB
+            # the weights (12 MiB, the tied embedding) and the KV pages the streams wrote, less
+            # what the process allocated meanwhile (a few hundred KiB of request handling: the
+            # drop measured 11.88-12.4 MiB); the pool's untouched pages were never resident
+            assert resident - core_resident(server) > 11 * MiB
             asleep = http.post("/v1/completions", json=HI | {"model": server.model()})
             assert asleep.status_code == 503 and "asleep" in asleep.text and asleep.headers["Retry-After"]
         finally:
