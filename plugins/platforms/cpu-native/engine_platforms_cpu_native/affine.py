@@ -134,20 +134,7 @@ class PackedAffine(Layer):
         x = activation_rows(x, self.in_features, self.dtype)
         if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
             return torch.nn.functional.linear(x, self.dequantize())
-        out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
-        self._matmul(
-            x.data_ptr(),
-            x.stride(0),
-            x.shape[0],
-            self.in_features,
-            self.qw.data_ptr(),
-            self.sz.data_ptr(),
-            self.half,
-            self.storage_bits,
-            self.out_features,
-            out.data_ptr(),
-        )
-        return out
+        return self._run(self._matmul, x, self.dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """``forward`` for a vocabulary table's logits, in float32, with each row's
@@ -156,8 +143,13 @@ class PackedAffine(Layer):
         default model the int8 head was a third of the float32 path's KL divergence from the
         reference (docs/decisions.md)."""
         x = activation_rows(x, self.in_features, self.dtype)
-        out = torch.empty(x.shape[0], self.out_features, dtype=torch.float32)
-        self._logits(
+        return self._run(self._logits, x, torch.float32, LOGITS_REFINED)
+
+    def _run(self, kernel, x: torch.Tensor, dtype: torch.dtype, *extra) -> torch.Tensor:
+        """``kernel`` over the activation rows x and the packed weight, into a fresh [M, N] of
+        ``dtype``; ``extra`` goes between the weight's arguments and the output's."""
+        out = torch.empty(x.shape[0], self.out_features, dtype=dtype)
+        kernel(
             x.data_ptr(),
             x.stride(0),
             x.shape[0],
@@ -167,7 +159,7 @@ class PackedAffine(Layer):
             self.half,
             self.storage_bits,
             self.out_features,
-            LOGITS_REFINED,
+            *extra,
             out.data_ptr(),
         )
         return out
