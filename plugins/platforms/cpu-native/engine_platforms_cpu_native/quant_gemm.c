@@ -404,9 +404,7 @@ static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t
         total = _mm256_fmadd_ps(dot, _mm256_set1_ps(sz_at(sz, half, at)), total);
         offsets += sz_at(sz, half, at + TILE) * xsum[g];
     }
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s))) + offsets;
+    return hsum8(total) + offsets;
 }
 #else
 static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t col,

@@ -95,11 +95,11 @@ class GGUFLinearMethod(QuantMethod):
         ops = self.ctx.platform.layer_ops(dtype)
         packed = ops.pack_affine_blocks([s.raw for s in shards], f"ggml:{shards[0].qtype.name.lower()}")
         if packed is not None:  # packed from the file's bytes: no unpacked copy on the way
-            return _as_head(packed) if vocab else packed
+            return _as_head(packed, vocab)
         weight = AffineWeight.cat([s.affine() for s in shards])
         packed = ops.pack_affine(weight)
         if packed is not None:
-            return _as_head(packed) if vocab else packed
+            return _as_head(packed, vocab)
         fast = not int4pack_unavailable(weight, self.ctx.platform.device)
         if vocab and not (fast and packed_rows_readable()):
             return VocabTable(weight, dtype, self.ctx.platform.device)
@@ -149,10 +149,11 @@ class GGUFLinearMethod(QuantMethod):
         return layer.kernel.rows(input_ids).to(self.ctx.dtype)
 
 
-def _as_head(packed: nn.Module) -> nn.Module:
-    """A packed vocabulary table whose matmul gives logits through its ``logits`` where it
-    offers one (``LayerOps.pack_affine``: activations rounded finer, float32 out)."""
-    return VocabLogits(packed) if callable(getattr(packed, "logits", None)) else packed
+def _as_head(packed: nn.Module, vocab: bool) -> nn.Module:
+    """``packed``, or for a vocabulary table (``vocab``) whose packing offers ``logits``
+    (``LayerOps.pack_affine``: activations rounded finer, float32 out) the table whose matmul
+    gives the LM head's logits through it."""
+    return VocabLogits(packed) if vocab and callable(getattr(packed, "logits", None)) else packed
 
 
 class VocabLogits(Layer):
