@@ -1,10 +1,12 @@
-"""Where one decode step of the default model goes, at each batch size: its C kernels by name,
-the torch ops between them, and the rest (Python: scheduling, dispatch, output handling).
+"""Where one decode step goes, at each batch size: its C kernels by name, the torch ops between
+them, and the rest (Python: scheduling, dispatch, output handling).
 
     python benchmarks/decode_profile.py [--batches 1 16] [--steps 20] [--dtype auto]
-                                        [--kv-cache-dtype auto]
+                                        [--kv-cache-dtype auto] [--model default|1b-q4_1|1b-bf16]
 
-Two engines on the default config (``LLM()``, as ``engine serve`` picks it), one after the other:
+Two engines on one model, one after the other (the default model's default config, ``LLM()``
+as ``engine serve`` picks it, or the 1B-class model of ``random_llama.py``: its GGUF Q4_1 file
+kept quantized, or its bf16 folder):
 - as shipped (native tapes where the batch has one): the wall time of a decode step;
 - eager, under torch's profiler, each native kernel call wrapped in a ``record_function`` of its
   name, so C kernels and torch ops share one table of self times per step; what the table does
@@ -59,6 +61,16 @@ def report(batch: int, shipped_s: float, eager_s: float, per_op: dict[str, float
     print(f"  {'(Python, outside every op)':48s} {rest * 1e6:9.1f} us  {rest / eager_s:6.1%}")
 
 
+def model_path(model: str) -> str | None:
+    """What ``LLM`` loads for ``--model`` (None: the embedded default model)."""
+    if model == "default":
+        return None
+    import random_llama
+
+    built = random_llama.build()
+    return built.gguf["Q4_1"] if model == "1b-q4_1" else built.folder
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -67,20 +79,29 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache's (fp8: e4m3 pages)")
+    parser.add_argument(
+        "--model",
+        choices=["default", "1b-q4_1", "1b-bf16"],
+        default="default",
+        help="the embedded default model, or the 1B-class one (built once and cached) as GGUF Q4_1 or bf16",
+    )
     args = parser.parse_args()
 
     from offline_throughput import decode_steps, make_prompts
 
     from engine import LLM
 
-    shipped = LLM(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype)
+    path = model_path(args.model)
+    # the 1B-class model's own 8192 positions need not fit beside a batch of 256
+    options = dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048 if path else None)
+    shipped = LLM(path, **options)
     prompts = make_prompts(shipped.tokenizer, max(args.batches))
     model, cache = shipped.config.model, shipped.config.cache
     print(f"model {model.model}, dtype {model.dtype}, KV cache {cache.kv_cache_dtype}")
     wall = {b: sorted(decode_steps(shipped, prompts[:b], args.steps))[args.steps // 2] for b in args.batches}
     del shipped
     timed_kernels()
-    eager = LLM(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=True)
+    eager = LLM(path, enforce_eager=True, **options)
     for batch in args.batches:
         decode_steps(eager, prompts[:batch], 2)  # warm
         eager_s, per_op = shares(eager, prompts[:batch], args.steps)
