@@ -70,7 +70,7 @@ def wrap_parts(clock, totals: dict[str, float]) -> None:
 def kernel_key(recorded: tape.Tape, index: int) -> str:
     name = recorded.names[index]
     if name.startswith("affine_matmul"):
-        # affine_matmul's integer arguments: x, ldx, m, k, qw, sz, half, bits, n, out
+        # affine_matmul's integer arguments: x, ldx, m, k, qw, sz, form, bits, n, out
         op = recorded._ops[index]
         return f"{name} n={op.ints[8]} k={op.ints[3]}"
     return name

@@ -73,11 +73,29 @@ def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
     return reasons
 
 
+SZ_F32, SZ_F16, SZ_F16_CENTRED = 0, 1, 2  # the forms of the packed scales (quant_gemm.c)
+
+
+def _sz_form(sz: torch.Tensor, bits: int) -> tuple[int, torch.Tensor]:
+    """(form, the buffer kept) for the packed scales and offsets ``sz`` [tiles, groups, 2, 16] of
+    ``bits``-bit values: float16 scales alone where every offset is exactly -2^(bits-1) times its
+    scale, both float16 where float16 holds them exactly, else float32."""
+    half = sz.half()
+    if not torch.equal(half.float(), sz):
+        return SZ_F32, sz
+    if torch.equal(sz[:, :, 1], sz[:, :, 0] * -(2 ** (bits - 1))):
+        return SZ_F16_CENTRED, half[:, :, 0].contiguous()
+    return SZ_F16, half
+
+
 class PackedAffine(Layer):
     """An :class:`AffineWeight` in the kernel's layout: ``self(x)`` is x · wᵀ, ``rows(ids)``
     w[ids], both in ``dtype``. 4-bit values take half a byte, 5- to 8-bit ones a byte; the
     scales and offsets are float16 where that holds them exactly (GGUF's Q4_0…Q8_0 store d
-    and m as float16: 0.125 B a parameter), else float32 (K-quants' d · 6-bit scale).
+    and m as float16: 0.125 B a parameter), else float32 (K-quants' d · 6-bit scale); where
+    every offset is -2^(bits-1) · scale (Q4_0 and Q8_0: symmetric values stored unsigned) the
+    scales alone are kept (0.0625 B a parameter: the file's own bytes) and the kernel makes
+    each offset from its scale, the same float (``form``, quant_gemm.c).
     ``portable=True`` runs the plain-C build (what a CPU without AVX512_VNNI or AVX2 gets), for
     tests."""
 
@@ -120,10 +138,9 @@ class PackedAffine(Layer):
         sz = torch.empty(tiles, self.in_features // GROUP, 2, TILE)
         bound = kernels(portable)
         pack(bound, qw, sz)
-        half = sz.half()
-        self.half = bool(torch.equal(half.float(), sz))
+        self.form, kept = _sz_form(sz, storage_bits)
         self.register_buffer("qw", qw)
-        self.register_buffer("sz", half if self.half else sz)
+        self.register_buffer("sz", kept)
         suffix = _SUFFIX[dtype]
         self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
@@ -156,7 +173,7 @@ class PackedAffine(Layer):
             self.in_features,
             self.qw.data_ptr(),
             self.sz.data_ptr(),
-            self.half,
+            self.form,
             self.storage_bits,
             self.out_features,
             *extra,
@@ -170,7 +187,7 @@ class PackedAffine(Layer):
         if self._rows(
             self.qw.data_ptr(),
             self.sz.data_ptr(),
-            self.half,
+            self.form,
             self.storage_bits,
             self.in_features,
             self.out_features,
@@ -186,7 +203,7 @@ class PackedAffine(Layer):
         self._dequantize(
             self.qw.data_ptr(),
             self.sz.data_ptr(),
-            self.half,
+            self.form,
             self.storage_bits,
             self.in_features,
             self.out_features,

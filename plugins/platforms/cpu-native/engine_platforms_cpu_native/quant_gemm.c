@@ -16,8 +16,11 @@
  *   4-bit q: qw [tiles, K/8, 64]; byte 4c + i of step j holds column c's q[8j + i] in its low
  *            nibble and q[8j + 4 + i] in its high nibble.
  *   8-bit q (also 5- and 6-bit values): qw [tiles, K/4, 64]; byte 4c + i = q[4j + i].
- *   sz [tiles, K/32, 2, 16]: the group's 16 scales, then its 16 offsets; float32, or float16
- *            (`half`) where every value is exactly a float16 (GGUF's legacy formats store them so).
+ *   sz [tiles, K/32, 2, 16]: the group's 16 scales, then its 16 offsets; float32 (form SZ_F32),
+ *            or float16 (SZ_F16) where every value is exactly a float16 (GGUF's legacy formats
+ *            store them so); or sz [tiles, K/32, 16], float16 scales alone (SZ_F16_CENTRED) where
+ *            every offset is -2^(bits-1) · scale: GGUF's q4_0 and q8_0, symmetric values stored
+ *            unsigned, whose packed weight is then the file's 18 or 34 bytes a block, not 20 or 36.
  * Columns past N (the last tile's padding) hold q = 0, scale = offset = 0.
  *
  * The GEMM is register-blocked 4 rows × 32 columns and split over OpenMP threads by column
@@ -77,8 +80,30 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-static inline float sz_at(const void *sz, int64_t half, int64_t index) {
-    return half ? half_to_float(((const uint16_t *)sz)[index]) : ((const float *)sz)[index];
+#define SZ_F32 0
+#define SZ_F16 1
+#define SZ_F16_CENTRED 2
+
+/* 16-value rows of sz per group: scales and offsets, or scales alone */
+static inline int64_t sz_rows(int64_t form) { return form == SZ_F16_CENTRED ? 1 : 2; }
+
+/* what a centred form's offsets are, in scales: -2^(bits-1) (exact, so -8 · scale is the very
+ * offset a two-row form would hold) */
+static inline float centre(int64_t bits) { return -(float)(1 << (bits - 1)); }
+
+/* where column c's scale in group g of tile t lies in sz (a two-row form's offset: TILE further) */
+static inline int64_t sz_index(int64_t form, int64_t groups, int64_t t, int64_t g, int64_t c) {
+    return (t * groups + g) * sz_rows(form) * TILE + c;
+}
+
+static inline float sz_at(const void *sz, int64_t form, int64_t index) {
+    return form != SZ_F32 ? half_to_float(((const uint16_t *)sz)[index]) : ((const float *)sz)[index];
+}
+
+/* the scale and the offset at sz_index's index */
+static inline float scale_at(const void *sz, int64_t form, int64_t index) { return sz_at(sz, form, index); }
+static inline float offset_at(const void *sz, int64_t form, int64_t bits, int64_t index) {
+    return form == SZ_F16_CENTRED ? centre(bits) * sz_at(sz, form, index) : sz_at(sz, form, index + TILE);
 }
 
 /* ---- packing: q uint8 [N, K] (< 2**bits), scale/offset float32 [N, K/32] ---------------- */
@@ -180,7 +205,7 @@ static inline int32_t hsum8_epi32(__m256i v) {
 #if !HAVE_VNNI && !HAVE_AVX2
 /* Plain C: the same int32 group sums, the same float combination. */
 static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                        const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                        const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
                         void *out) {
     int64_t groups = k / GROUP, steps = k / step_bytes(bits);
     for (int64_t r = 0; r < m; r++)
@@ -189,11 +214,11 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
             float acc = 0.f;
             for (int64_t g = 0; g < groups; g++) {
                 int32_t dot = 0;
-                int64_t at = (t * groups + g) * 2 * TILE + c;
+                int64_t at = sz_index(form, groups, t, g, c);
                 for (int64_t i = 0; i < GROUP; i++)
                     dot += (int32_t)xq[r * k + g * GROUP + i] * packed_q(qw, bits, steps, col, g * GROUP + i);
-                acc += (float)dot * (sz_at(sz, half, at) * d[r * groups + g])
-                       + sz_at(sz, half, at + TILE) * s[r * groups + g];
+                acc += (float)dot * (scale_at(sz, form, at) * d[r * groups + g])
+                       + offset_at(sz, form, bits, at) * s[r * groups + g];
             }
             if (out_bf16) ((uint16_t *)out)[r * n + col] = bf16_store(acc);
             else ((float *)out)[r * n + col] = acc;
@@ -203,8 +228,8 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
 #elif HAVE_AVX2
 #include "quant_gemm_avx2.h"
 #else
-static inline __m512 load16_sz(const void *sz, int64_t half, int64_t index) {
-    return half ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)sz + index)))
+static inline __m512 load16_sz(const void *sz, int64_t form, int64_t index) {
+    return form != SZ_F32 ? _mm512_cvtph_ps(_mm256_loadu_si256((const void *)((const uint16_t *)sz + index)))
                 : _mm512_loadu_ps((const float *)sz + index);
 }
 
@@ -217,7 +242,7 @@ static inline __m512i bcast4(const int8_t *p) {
 /* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns: float sums into acc[R][NT]. */
 static inline __attribute__((always_inline)) void
 block(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
-      int64_t k, const uint8_t *qw0, const void *sz, int64_t half, int64_t sz0, int64_t tile_qbytes, int64_t tile_sz,
+      int64_t k, const uint8_t *qw0, const void *sz, int64_t form, int64_t sz0, int64_t tile_qbytes, int64_t tile_sz,
       __m512 acc[4][2]) {
     const int64_t groups = k / GROUP;
     const __m512i low = _mm512_set1_epi8(15);
@@ -256,8 +281,10 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
             }
         }
         for (int t = 0; t < NT; t++) {
-            int64_t at = sz0 + t * tile_sz + g * 2 * TILE;
-            __m512 scale = load16_sz(sz, half, at), offset = load16_sz(sz, half, at + TILE);
+            int64_t at = sz0 + t * tile_sz + g * sz_rows(form) * TILE;
+            __m512 scale = load16_sz(sz, form, at);
+            __m512 offset = form == SZ_F16_CENTRED ? _mm512_mul_ps(scale, _mm512_set1_ps(centre(bits)))
+                                                   : load16_sz(sz, form, at + TILE);
             for (int r = 0; r < R; r++) {
                 __m512 ds = _mm512_mul_ps(scale, _mm512_set1_ps(d[r * groups + g]));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), ds, acc[r][t]);
@@ -277,11 +304,11 @@ static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
 
 static inline __attribute__((always_inline)) void
 block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
-            int64_t k, const uint8_t *qw, const void *sz, int64_t half, int64_t tile, int64_t n, int out_bf16,
+            int64_t k, const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t n, int out_bf16,
             void *out) {
-    int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * 2 * TILE;
+    int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * sz_rows(form) * TILE;
     __m512 acc[4][2];
-    block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, half, tile * tile_sz, tile_qbytes, tile_sz, acc);
+    block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, form, tile * tile_sz, tile_qbytes, tile_sz, acc);
     for (int t = 0; t < NT; t++) {
         int64_t col = (tile + t) * TILE, left = n - col;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -294,7 +321,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
 
 /* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
 #define CASE(R, NT, BITS)                                                                       \
-    block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, half, t, n, out_bf16, \
+    block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t, n, out_bf16, \
                 (char *)out + r * n * (out_bf16 ? 2 : 4))
 #define ROWS(NT, BITS)                                                                          \
     switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
@@ -304,7 +331,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
     default: CASE(1, NT, BITS);                                                                 \
     }
 static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t r0, int64_t rows, int64_t k,
-                       const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int64_t t0,
+                       const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int64_t t0,
                        int64_t nt, int out_bf16, void *out) {
     int64_t groups = k / GROUP;
     for (int64_t r = r0; r < r0 + rows; r += 4)
@@ -319,7 +346,7 @@ static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t
 }
 
 static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                     const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                     const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
                      void *out) {
     int64_t tiles = (n + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
     int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;
@@ -329,7 +356,7 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
         int64_t p = job / row_blocks, b = job % row_blocks;  /* a thread's pairs stay in its cache */
         int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
-        gemm_range(xq, d, s, r0, rows, k, qw, sz, half, bits, n, t0, nt, out_bf16, out);
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, out);
     }
 }
 #endif
@@ -350,12 +377,12 @@ static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes
 }
 
 static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_bytes, int64_t m, int64_t k,
-                const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16, void *out) {
+                const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16, void *out) {
     int64_t groups = k / GROUP;
     int8_t *xq = malloc((size_t)(m * k));
     float *ds = malloc(sizeof(float) * (size_t)(2 * m * groups));
     quantize_rows(quantize, x, ldx_bytes, m, k, xq, ds, ds + m * groups);
-    gemm(xq, ds, ds + m * groups, m, k, qw, sz, half, bits, n, out_bf16, out);
+    gemm(xq, ds, ds + m * groups, m, k, qw, sz, form, bits, n, out_bf16, out);
     free(xq);
     free(ds);
 }
@@ -381,7 +408,7 @@ static inline __m128i load4_bytes(const uint8_t *p) {
 }
 
 /* 8 inputs of one group at a time: two 8-bit steps, or one 4-bit step's two nibbles */
-static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t col,
+static float column_dot(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t col,
                         const float *x, const float *xsum) {
     int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, steps = k / step_bytes(bits);
     const uint8_t *column = qw + t * steps * 64 + 4 * c;
@@ -400,14 +427,14 @@ static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t
             }
             dot = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(q)), _mm256_loadu_ps(x + i), dot);
         }
-        int64_t at = (t * groups + g) * 2 * TILE + c;
-        total = _mm256_fmadd_ps(dot, _mm256_set1_ps(sz_at(sz, half, at)), total);
-        offsets += sz_at(sz, half, at + TILE) * xsum[g];
+        int64_t at = sz_index(form, groups, t, g, c);
+        total = _mm256_fmadd_ps(dot, _mm256_set1_ps(scale_at(sz, form, at)), total);
+        offsets += offset_at(sz, form, bits, at) * xsum[g];
     }
     return hsum8(total) + offsets;
 }
 #else
-static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t col,
+static float column_dot(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t col,
                         const float *x, const float *xsum) {
     int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, per_step = step_bytes(bits);
     int64_t steps = k / per_step, steps_per_group = GROUP / per_step;
@@ -423,8 +450,8 @@ static float column_dot(const uint8_t *qw, const void *sz, int64_t half, int64_t
                 else dot += (float)b[i] * xj[i];
             }
         }
-        int64_t at = (t * groups + g) * 2 * TILE + c;
-        total += sz_at(sz, half, at) * dot + sz_at(sz, half, at + TILE) * xsum[g];
+        int64_t at = sz_index(form, groups, t, g, c);
+        total += scale_at(sz, form, at) * dot + offset_at(sz, form, bits, at) * xsum[g];
     }
     return total;
 }
@@ -473,7 +500,7 @@ static inline void prefetch_column(const uint8_t *qw, int64_t bits, int64_t k, i
 
 /* Each row of out [m, n] (that row's one-pass logits) gets its `top` largest entries
  * recomputed by column_dot from x [m, k] as float32 (xf, row stride k). */
-static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t half,
+static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t form,
                        int64_t bits, int64_t n, int64_t top, float *out) {
     int64_t groups = k / GROUP;
     if (top > n) top = n;
@@ -493,7 +520,7 @@ static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
         prefetch_column(qw, bits, k, best[0]);
         for (int64_t i = 0; i < top; i++) {
             if (i + 1 < top) prefetch_column(qw, bits, k, best[i + 1]);
-            out[r * n + best[i]] = column_dot(qw, sz, half, bits, k, best[i], x, xsum);
+            out[r * n + best[i]] = column_dot(qw, sz, form, bits, k, best[i], x, xsum);
         }
         free(best);
         free(value);

@@ -1,5 +1,6 @@
 /* quant_gemm.c's entry points: engine.native binds each with these types (affine.py calls them).
- * qw, sz: a weight packed by pack_affine; half: sz holds float16 (else float32); bits: 4 or 8,
+ * qw, sz: a weight packed by pack_affine; form: sz's form (quant_gemm.c: 0 float32 scales and
+ * offsets, 1 both float16, 2 float16 scales alone, every offset -2^(bits-1) · scale); bits: 4 or 8,
  * the packed width of q; k, n: the weight's inputs and outputs (k a multiple of 32). */
 #ifndef ENGINE_CPU_NATIVE_QUANT_GEMM_H
 #define ENGINE_CPU_NATIVE_QUANT_GEMM_H
@@ -19,27 +20,27 @@ void pack_ggml_blocks(const uint8_t *raw, int64_t type, int64_t n, int64_t k, ui
 
 /* out [m, n] = x [m, k] (row stride ldx) · wᵀ */
 void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                        int64_t half, int64_t bits, int64_t n, uint16_t *out);
+                        int64_t form, int64_t bits, int64_t n, uint16_t *out);
 void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                       int64_t half, int64_t bits, int64_t n, float *out);
+                       int64_t form, int64_t bits, int64_t n, float *out);
 
 /* a vocabulary's logits, float32 out [m, n]: affine_matmul's product with each row's `top`
  * largest recomputed from the float activations times the exact weight */
 void affine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                        int64_t half, int64_t bits, int64_t n, int64_t top, float *out);
+                        int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
 void affine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                       int64_t half, int64_t bits, int64_t n, int64_t top, float *out);
+                       int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
 
 /* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
-engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                                const int64_t *ids, int64_t count, uint16_t *out);
-engine_status affine_rows_f32(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+engine_status affine_rows_f32(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                               const int64_t *ids, int64_t count, float *out);
 
 /* out [n, k] = the whole weight */
-void affine_dequantize_bf16(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+void affine_dequantize_bf16(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                             uint16_t *out);
-void affine_dequantize_f32(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k, int64_t n,
+void affine_dequantize_f32(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                            float *out);
 
 #endif

@@ -14,8 +14,8 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *p, 
 }
 
 /* 8 scales (or offsets) of one half-tile as float32 lanes */
-static inline __m256 load8_sz(const void *sz, int64_t half, int64_t index) {
-    return half ? _mm256_cvtph_ps(_mm_loadu_si128((const void *)((const uint16_t *)sz + index)))
+static inline __m256 load8_sz(const void *sz, int64_t form, int64_t index) {
+    return form != SZ_F32 ? _mm256_cvtph_ps(_mm_loadu_si128((const void *)((const uint16_t *)sz + index)))
                 : _mm256_loadu_ps((const float *)sz + index);
 }
 
@@ -72,24 +72,27 @@ group_dots(const int R, const int bits, const int8_t *xq, int64_t k, const uint8
  * read again from cache for each 4, and the prefetches cost more than they save (1-2 % at 16). */
 static inline __attribute__((always_inline)) void
 tile_avx2(const int R, const int bits, const int8_t *xq, const float *d, const float *s, int64_t k,
-          const uint8_t *qw, const void *sz, int64_t half, int64_t tile, int64_t n, int out_bf16, void *out,
+          const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t n, int out_bf16, void *out,
           int stream) {
     const int64_t groups = k / GROUP, per_group = GROUP / step_bytes(bits) * 64;
     const uint8_t *w0 = qw + tile * (k / step_bytes(bits)) * 64;
-    const int64_t sz0 = tile * groups * 2 * TILE, sz_bytes = half ? 2 : 4, group_sz = 2 * TILE * sz_bytes;
+    const int64_t rows = sz_rows(form), sz0 = tile * groups * rows * TILE, sz_bytes = form != SZ_F32 ? 2 : 4;
+    const int64_t group_sz = rows * TILE * sz_bytes;
+    const __m256 centred = _mm256_set1_ps(centre(bits));
     __m256 acc[4][2];
     for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         __m256i dot[4][2];
         if (stream) {
             prefetch_lines((const char *)w0 + g * per_group + PREFETCH_BYTES, per_group);
-            prefetch_lines((const char *)sz + (sz0 + g * 2 * TILE) * sz_bytes + PREFETCH_BYTES / per_group * group_sz,
+            prefetch_lines((const char *)sz + (sz0 + g * rows * TILE) * sz_bytes + PREFETCH_BYTES / per_group * group_sz,
                            group_sz);
         }
         group_dots(R, bits, xq + g * GROUP, k, w0 + g * per_group, dot);
         for (int h = 0; h < 2; h++) {
-            int64_t at = sz0 + g * 2 * TILE + h * 8;
-            __m256 scale = load8_sz(sz, half, at), offset = load8_sz(sz, half, at + TILE);
+            int64_t at = sz0 + g * rows * TILE + h * 8;
+            __m256 scale = load8_sz(sz, form, at);
+            __m256 offset = rows == 1 ? _mm256_mul_ps(scale, centred) : load8_sz(sz, form, at + TILE);
             for (int r = 0; r < R; r++) {
                 __m256 ds = _mm256_mul_ps(scale, _mm256_set1_ps(d[r * groups + g]));
                 acc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[r][h]), ds, acc[r][h]);
@@ -110,7 +113,7 @@ tile_avx2(const int R, const int bits, const int8_t *xq, const float *d, const f
 }
 
 #define TILE_CASE(R, BITS)                                                                          \
-    tile_avx2(R, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, half, t, n, out_bf16,  \
+    tile_avx2(R, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t, n, out_bf16,  \
               (char *)out + r * n * (out_bf16 ? 2 : 4), m <= 4)
 #define TILE_ROWS(BITS)                                                                             \
     switch (r0 + rows - r >= 4 ? 4 : r0 + rows - r) {                                                \
@@ -121,7 +124,7 @@ tile_avx2(const int R, const int bits, const int8_t *xq, const float *d, const f
     }
 
 static void gemm_avx2(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                      const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t n, int out_bf16,
+                      const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
                       void *out) {
     int64_t tiles = (n + TILE - 1) / TILE, groups = k / GROUP;
     int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;

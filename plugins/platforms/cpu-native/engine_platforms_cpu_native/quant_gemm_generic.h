@@ -67,8 +67,8 @@ static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, flo
 
 /* x [m, k] (row stride ldx) in the storage type -> out [m, n] in the same type. */
 void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                          int64_t half, int64_t bits, int64_t n, T *out) {
-    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, half, bits, n, OUT_BF16,
+                          int64_t form, int64_t bits, int64_t n, T *out) {
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, OUT_BF16,
         out);
 }
 
@@ -77,19 +77,19 @@ void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
  * rounding's error reaches the logits with no normalization after, and the distribution's
  * mass sits in its top entries. */
 void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                          int64_t half, int64_t bits, int64_t n, int64_t top, float *out) {
+                          int64_t form, int64_t bits, int64_t n, int64_t top, float *out) {
     float *xf = malloc(sizeof(float) * (size_t)(m * k));
     for (int64_t r = 0; r < m; r++)
         for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
-    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, half, bits, n, 0, out);
-    refine_top(xf, m, k, qw, sz, half, bits, n, top, out);
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, 0, out);
+    refine_top(xf, m, k, qw, sz, form, bits, n, top, out);
     free(xf);
 }
 
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
 /* refused (nothing written) when an id is outside [0, n). */
 
-engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t half, int64_t bits, int64_t k,
+engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k,
                                  int64_t n, const int64_t *ids, int64_t count, T *out) {
     int64_t groups = k / GROUP, steps = k / step_bytes(bits);
     for (int64_t i = 0; i < count; i++)
@@ -98,8 +98,8 @@ engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t half
     for (int64_t i = 0; i < count; i++) {
         int64_t col = ids[i], t = col / TILE, c = col % TILE;
         for (int64_t g = 0; g < groups; g++) {
-            int64_t at = (t * groups + g) * 2 * TILE + c;
-            float scale = sz_at(sz, half, at), offset = sz_at(sz, half, at + TILE);
+            int64_t at = sz_index(form, groups, t, g, c);
+            float scale = scale_at(sz, form, at), offset = offset_at(sz, form, bits, at);
             for (int64_t j = 0; j < GROUP; j++)
                 out[i * k + g * GROUP + j] =
                     STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset);
@@ -112,7 +112,7 @@ engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t half
 /* What the dense path of a long prefill chunk multiplies (affine.py): each 64-byte step gives
  * 16 columns' next 4 (8-bit) or 8 (4-bit) inputs; the threads take whole column tiles. */
 
-void TYPED(affine_dequantize)(const uint8_t *qw, const void *sz, int64_t half, int64_t bits,
+void TYPED(affine_dequantize)(const uint8_t *qw, const void *sz, int64_t form, int64_t bits,
                               int64_t k, int64_t n, T *out) {
     int64_t groups = k / GROUP, per_step = step_bytes(bits), steps = k / per_step;
 #pragma omp parallel for schedule(static) if (n * k >= (1 << 18))
@@ -121,8 +121,8 @@ void TYPED(affine_dequantize)(const uint8_t *qw, const void *sz, int64_t half, i
         for (int64_t g = 0; g < groups; g++) {
             float scale[TILE], offset[TILE];
             for (int64_t c = 0; c < cols; c++) {
-                scale[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + c);
-                offset[c] = sz_at(sz, half, (t * groups + g) * 2 * TILE + TILE + c);
+                scale[c] = scale_at(sz, form, sz_index(form, groups, t, g, c));
+                offset[c] = offset_at(sz, form, bits, sz_index(form, groups, t, g, c));
             }
             for (int64_t j = g * GROUP / per_step; j < (g + 1) * GROUP / per_step; j++) {
                 const uint8_t *step = qw + (t * steps + j) * 64;

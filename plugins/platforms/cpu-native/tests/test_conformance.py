@@ -164,14 +164,14 @@ def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, ro
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 6, 300])
-@pytest.mark.parametrize("float16_scales", [False, True])
-def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16_scales):
+@pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
+def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, form):
     """The same int32 group sums in both builds; only the float sums' order differs."""
     gen = torch.Generator().manual_seed(rows)
-    weight = _random_affine(bits, gen, float16_scales)
+    weight = _random_affine(bits, gen, form)
     n, k = weight.shape
     native, portable = PackedAffine(weight, dtype), PackedAffine(weight, dtype, portable=True)
-    assert native.half == float16_scales
+    assert native.form == form
     assert torch.equal(native.qw, portable.qw) and torch.equal(native.sz, portable.sz)
     x = torch.randn(rows, k, generator=gen).to(dtype)
     tolerance = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
@@ -179,6 +179,32 @@ def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, float16
     ids = torch.tensor([0, 16, 74, 3])
     assert torch.equal(native.rows(ids), portable.rows(ids))
     assert torch.equal(native.dequantize(), portable.rows(torch.arange(n)))  # the whole weight, exact
+
+
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_centred_scales_give_the_two_row_forms_bits(portable, bits):
+    """Q4_0 and Q8_0 keep their float16 scales alone (the file's bytes: 18 and 34 a block, not
+    20 and 36); each kernel makes every offset from its scale, the very float the two-row form
+    would store, so matmul, logits, rows and the whole weight come out bit for bit the same."""
+    gen = torch.Generator().manual_seed(bits)
+    weight = _random_affine(bits, gen, affine.SZ_F16_CENTRED, n=75, k=576)
+    centred = PackedAffine(weight, torch.bfloat16, portable=portable)
+    assert centred.form == affine.SZ_F16_CENTRED
+    blocks = centred.qw.numel() * 8 // bits // 32  # 32-value blocks, the last tile's padding included
+    packed_bytes = centred.qw.numel() + centred.sz.numel() * centred.sz.element_size()
+    assert packed_bytes / blocks == (18 if bits == 4 else 34)
+    two_rows = PackedAffine(weight, torch.bfloat16, portable=portable)
+    two_rows.sz = torch.stack([centred.sz, centred.sz * -(2 ** (bits - 1))], dim=2)  # scales, then offsets
+    two_rows.form = affine.SZ_F16
+    x = torch.randn(7, 576, generator=gen).bfloat16()
+    ids = torch.tensor([0, 16, 74, 3])
+    assert torch.equal(centred(x), two_rows(x))
+    assert torch.equal(centred.logits(x), two_rows.logits(x))
+    assert torch.equal(centred.rows(ids), two_rows.rows(ids))
+    assert torch.equal(centred.dequantize(), two_rows.dequantize())
+    exact = weight.dequantize(torch.float32)
+    torch.testing.assert_close(centred.dequantize().float(), exact, rtol=1e-2, atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -323,10 +349,14 @@ def test_pack_dense_widens_bf16_only_where_the_cpu_cannot_compute_it():
     assert _native_ops(torch.float32).pack_dense(torch.randn(16, 32)) is None
 
 
-def _random_affine(bits: int, gen, float16_scales: bool = False, n: int = 75, k: int = 160) -> AffineWeight:
-    """n × k random ``bits``-bit values in 32-input groups (75 outputs: no tile multiple)."""
+def _random_affine(bits: int, gen, form: int = affine.SZ_F32, n: int = 75, k: int = 160) -> AffineWeight:
+    """n × k random ``bits``-bit values in 32-input groups (75 outputs: no tile multiple), with
+    scales and offsets that pack into ``form``: float32, float16, or float16 scales with every
+    offset -2^(bits-1) · scale (GGUF's Q4_0 and Q8_0)."""
     q = torch.randint(0, 2**bits, (n, k), generator=gen, dtype=torch.uint8)
     scale, offset = torch.rand(n, k // 32, generator=gen) * 0.05, -torch.rand(n, k // 32, generator=gen) * 0.3
-    if float16_scales:
+    if form != affine.SZ_F32:
         scale, offset = scale.half().float(), offset.half().float()
+    if form == affine.SZ_F16_CENTRED:
+        offset = scale * -(2 ** (bits - 1))
     return AffineWeight(q, scale, offset, 32, bits)

@@ -4,6 +4,7 @@ and still computes the checkpoint's weight."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -75,3 +76,24 @@ def test_engine_plugins_names_the_path_a_layer_takes():
         layer.process_weights_after_loading()
         assert method.describe(platform).startswith(PATHS[layer.kernel_path]), name
         assert GptqLinearMethod.describe(platform) == method.describe(platform)
+
+
+def test_symmetric_gptq_keeps_its_scales_alone_on_the_packed_kernel():
+    """A symmetric checkpoint's offsets are all −8·s: a platform whose packed kernel makes them
+    from the scales (cpu-native) keeps 18 bytes a group of 32, as GGUF's Q4_0, and computes the
+    checkpoint's weight."""
+    registry = load_plugins(None)
+    if "cpu-native" not in registry.names("platforms"):
+        pytest.skip("the cpu-native platform plugin is not installed")
+    platform = select_platform("cpu-native")
+    config = checkpoint.gptq_config(4, 32, sym=True, desc_act=False)
+    method = GptqLinearMethod(QuantContext(config, torch.float32, platform))
+    layer = Linear(256, [64], False, method, torch.float32)
+    tensors = checkpoint.gptq_tensors(torch.randn(64, 256) * 0.05, 4, 32, sym=True, desc_act=False)
+    for name, tensor in tensors.items():
+        layer.load_shard(name, tensor)
+    layer.process_weights_after_loading()
+    assert layer.kernel_path == "packed"
+    packed = layer.kernel
+    assert (packed.qw.numel() + packed.sz.numel() * packed.sz.element_size()) * 32 / (64 * 256) == 18
+    torch.testing.assert_close(packed.dequantize(), checkpoint.dequantize_gptq(tensors, 4), atol=1e-6, rtol=0)
