@@ -6,10 +6,16 @@
  *
  * Each job walks COLUMNS output columns (rows of w) for every activation row, two rows at a
  * time, so a column's weights come from memory once and from cache for the other rows; jobs are
- * split over OpenMP threads. When the call reads each column once (m <= 2), the columns' streams
- * are prefetched PREFETCH_BYTES ahead (quant_gemm_avx2.h's distance and reason), near a row's end
- * into the row this thread reads next (1.1-1.6× at one row, one thread: 12-15 GB/s of weights
- * against 8-14 prefetching into the neighbouring row; 4096 bytes ahead was no better). Built without
+ * split over OpenMP threads. The first two rows' pass, the one that reads the columns from
+ * memory, prefetches: a job of up to NEXT_JOB_BYTES (576 inputs: 4.5 KiB) asks for the whole of
+ * the next job this thread walks, in address order (one read stream to the hardware's
+ * prefetchers, not COLUMNS short ones: a plain read of that pattern ran 15 GB/s, of the next
+ * job in address order 20, one long array 20); a longer job asks for each column's weights
+ * PREFETCH_BYTES ahead (quant_gemm_avx2.h's distance and reason), near a row's end in the row
+ * this thread reads next. From memory at one row, one thread, the default model's shapes ran
+ * 14-17 GB/s against 10-16 before (benchmarks/dense_stream.c, RESULTS.md 2026-12-05), 4 rows
+ * 1.2-1.7x and 16 rows 1.1-1.2x faster than without prefetching past two rows. Each (row,
+ * column)'s float32 sums run in one order at every row count (batch-invariant). Built without
  * AVX2 and FMA, the same sums run in plain C (the tests compare the builds).
  */
 #include "dense_bf16.h"
@@ -28,6 +34,7 @@
 #define COLUMNS 4               /* output columns a job walks together */
 #define PARALLEL_WORK (1 << 18) /* multiply-adds from which a call is split over threads (quant_gemm.c's) */
 #define PREFETCH_BYTES 2048
+#define NEXT_JOB_BYTES 8192 /* a job's weights up to which it prefetches the next job's whole */
 
 int64_t dense_simd_width(void) { return HAVE_AVX2 ? 256 : 0; }
 
@@ -37,12 +44,16 @@ static inline __m256 widen8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const void *)p)), 16));
 }
 
-/* How far ahead of w[c][i] the stream's prefetch lands, in weights: PREFETCH_BYTES on in the same
- * row, or past its end in the row this thread walks next (column c + COLUMNS), not in the
- * neighbouring row another accumulator is reading already. */
-static inline int64_t ahead(int64_t i, int64_t k) {
-    const int64_t distance = PREFETCH_BYTES / 2;
-    return i + distance < k ? distance : distance + (COLUMNS - 1) * k;
+/* Where column c's stream asks for a line while the job reads weights [i, i + 32) of its
+ * columns from column col: a job of up to NEXT_JOB_BYTES asks for the next job's weights (the
+ * COLUMNS columns this thread walks next), COLUMNS lines a step in address order, c the c-th;
+ * a longer one asks for its own column's weights PREFETCH_BYTES ahead, or past the row's end
+ * for the row at the same place in the next job, not the neighbouring row another accumulator
+ * is reading already. */
+static inline const char *prefetch_target(const uint16_t *w, int64_t col, int c, int64_t i, int64_t k) {
+    if (COLUMNS * k * 2 <= NEXT_JOB_BYTES) return (const char *)(w + (col + COLUMNS) * k) + (i * COLUMNS + c * 32) * 2;
+    const int64_t distance = PREFETCH_BYTES / 2, ahead = i + distance < k ? distance : distance + (COLUMNS - 1) * k;
+    return (const char *)(w + (col + c) * k + i + ahead);
 }
 
 /* R activation rows (≤ 2) × NC columns (≤ COLUMNS) from column col: out[r * n + col + c] */
@@ -56,7 +67,7 @@ block_avx2(const int R, const int NC, const float *x, int64_t k, const uint16_t 
     for (int64_t i = 0; i < whole; i += 8) {
         for (int c = 0; c < NC; c++) {
             const uint16_t *wc = w + (col + c) * k + i;
-            if (stream && (i & 31) == 0) _mm_prefetch((const char *)(wc + ahead(i, k)), _MM_HINT_T0);
+            if (stream && (i & 31) == 0) _mm_prefetch(prefetch_target(w, col, c, i, k), _MM_HINT_T0);
             __m256 wv = widen8(wc);
             for (int r = 0; r < R; r++) acc[r][c] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * k + i), acc[r][c]);
         }
@@ -72,9 +83,8 @@ block_avx2(const int R, const int NC, const float *x, int64_t k, const uint16_t 
 #define DENSE_CASE(R, NC, COL) block_avx2(R, NC, x + r * k, k, w, COL, n, stream, out + r * n)
 static void columns(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t col, int64_t cols, int64_t n,
                     float *out) {
-    const int stream = m <= 2;
     for (int64_t r = 0; r < m; r += 2) {
-        int two = r + 1 < m;
+        const int two = r + 1 < m, stream = r == 0; /* the pass that reads the columns from memory */
         if (cols == COLUMNS) {
             if (two) DENSE_CASE(2, COLUMNS, col); else DENSE_CASE(1, COLUMNS, col);
         } else {
