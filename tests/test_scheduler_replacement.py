@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import pytest
 
+from engine.messages.request import Request
+from engine.messages.sampling_params import SamplingParams
 from engine.plugins import add_plugin
 from engine.testing.kv_connector import KVConnectorContract
 from engine.testing.pd_connector import PDConnectorContract
-from engine.testing.scheduler import SchedulerContract
+from engine.testing.scheduler import SchedulerContract, alone
 from tests.old_plugins import scheduler_v2
 from tests.plugins import fcfs_scheduler
 
@@ -34,6 +36,34 @@ class TestFCFSWithAsynchronousLoads(KVConnectorContract):
 
     def extra_config(self, folder):
         return {"async": True}
+
+    def test_a_request_preempted_ahead_of_a_resumed_one_finishes(self, tmp_path):
+        """A preempted request goes back to the head of the queue, ahead of one whose load ended
+        and holds its blocks; with nothing running, that one must give its blocks back (the P/D
+        contract's random workloads stalled on this whenever a transfer took a few steps)."""
+        sim = self.make(str(tmp_path), num_blocks=14)
+        shared = [(7 * j + 2) % 97 for j in range(24)]
+        sim.add(Request("seed", shared + [1], SamplingParams(max_tokens=1)))
+        sim.run()
+        for i in range(3):  # the seed's prefix leaves the pool: it loads through the connector
+            filler = [(11 * j + i) % 97 for j in range(40)]
+            sim.add(Request(f"filler{i}", filler, SamplingParams(max_tokens=1)))
+        sim.run()
+        # "long" takes the pool while "loaded" parks for its 6 blocks; its growth then preempts it
+        long = Request("long", [(3 * j + 5) % 97 for j in range(24)], SamplingParams(max_tokens=10))
+        loaded = Request("loaded", shared + [9], SamplingParams(max_tokens=2))
+        sim.add(long)
+        sim.add(loaded)
+        for _ in range(20):
+            sim.step()
+            if sim.stats["preemptions"]:
+                break
+        assert sim.stats["preemptions"] == 1 and sim.path.kv.resumed() == [loaded], (
+            "the test meant a preemption with a resumed request behind the victim"
+        )
+        sim.run()
+        assert long.output_token_ids == alone(long.prompt_token_ids, 10)
+        assert loaded.output_token_ids == alone(loaded.prompt_token_ids, 2)
 
 
 class TestFCFSWithPD(PDConnectorContract):

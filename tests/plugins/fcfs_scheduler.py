@@ -4,7 +4,10 @@ First come, first served; one token budget; running requests first, each its who
 chunk (and its drafts), else it waits; waiting requests admitted while budget, sequence slots and
 blocks last; when a running request cannot get blocks the latest arrival is preempted. It knows
 nothing of KV connectors, grammars, stop rules or finishing: the core's request lifecycle and its
-``KVAdmission`` do those, so this scheduler runs the KV connector and P/D contracts unchanged.
+``KVAdmission`` do those, so this scheduler runs the KV connector and P/D contracts unchanged. Its
+one duty to ``KVAdmission``: a head that cannot start while nothing runs makes the requests whose
+asynchronous load ended (``resumed``, waiting behind it holding blocks) start over, or nothing
+would ever free blocks for it.
 """
 
 from __future__ import annotations
@@ -86,8 +89,9 @@ class FCFSScheduler(Scheduler):
             return None
         num_new = min(request.num_tokens - hit.num_computed, budget)
         if not admission.allocate(request, hit, num_new):
-            if not self.running and request in admission.resumed():
-                admission.start_over(request)  # nothing running would ever free blocks for it
+            if not self.running:  # nothing running will free blocks: those resumed loads hold go back
+                for resumed in admission.resumed():
+                    admission.start_over(resumed)
             return None
         self.waiting.pop(0)
         request.status = RequestStatus.RUNNING

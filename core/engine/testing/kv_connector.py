@@ -48,6 +48,17 @@ WIDTH = 3
 BLOCK_DIM = 1  # caches are [2, blocks, BLOCK, WIDTH]: K/V first, as the torch backend's
 
 
+# test_random_workloads_leak_no_blocks's examples: requests of (prefix index, tail length,
+# max_tokens), aborts of (step, request index), a failed load every n blocks (0: none)
+RANDOM_WORKLOADS = {
+    "workload": st.lists(
+        st.tuples(st.integers(0, 2), st.integers(1, 14), st.integers(1, 8)), min_size=1, max_size=10
+    ),
+    "aborts": st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), max_size=3),
+    "fail_every": st.sampled_from([0, 0, 3]),
+}
+
+
 def slot_value(tokens: list[int], pos: int, layer: int) -> int:
     """The stand-in K/V value of position ``pos``: a function of the prefix up to it and the layer."""
     return (sum(t * (i + 1) for i, t in enumerate(tokens[: pos + 1])) * 31 + layer * 7) % 65521
@@ -357,14 +368,13 @@ class KVConnectorContract:
             assert request.output_token_ids == alone(request.prompt_token_ids, 12), request
 
     @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.differing_executors])
-    @given(
-        workload=st.lists(
-            st.tuples(st.integers(0, 2), st.integers(1, 14), st.integers(1, 8)), min_size=1, max_size=10
-        ),
-        aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 9)), max_size=3),
-        fail_every=st.sampled_from([0, 0, 3]),
-    )
+    @given(**RANDOM_WORKLOADS)
     def test_random_workloads_leak_no_blocks(self, workload, aborts, fail_every):
+        self.check_random_workload(workload, aborts, fail_every)
+
+    def check_random_workload(self, workload, aborts, fail_every) -> None:
+        """Requests of (shared prefix, tail length, max_tokens), some aborted at a step: every one
+        not aborted generates what it would alone, and the run ends with every block free."""
         prefixes = [[(7 * j + 1) % 97 for j in range(12)], [(5 * j + 3) % 97 for j in range(8)], []]
         with tempfile.TemporaryDirectory() as folder:
             sim = self.make(folder, num_blocks=14, budget=16, fail_every=fail_every)
@@ -374,8 +384,6 @@ class KVConnectorContract:
                 requests.append(Request(f"r{i}", prompt, SamplingParams(max_tokens=max_tokens)))
                 sim.add(requests[-1])
             sim.run(abort_at={step: f"r{index % len(workload)}" for step, index in aborts})
-            for request in requests:
+            for request, (_, _, max_tokens) in zip(requests, workload):
                 if request.finish_reason != "abort":
-                    assert request.output_token_ids == alone(
-                        request.prompt_token_ids, request.sampling_params.max_tokens
-                    ), request
+                    assert request.output_token_ids == alone(request.prompt_token_ids, max_tokens), request
