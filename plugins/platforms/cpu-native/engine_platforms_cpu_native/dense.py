@@ -9,7 +9,14 @@ emulated ``F.linear`` at every shape of the default and 1B-class models: 1.5-2.3
 3.3-5.9× at 4-16 on one thread, 3.1-6.1× from 64 rows on the 1B-class shapes on two. Float32
 GEMM (MKL) over the weight widened panel by panel into a scratch was up to 1.4× faster than the
 kernel at 256 rows on one thread, but slower at every size on two (a parallel region per panel),
-so it was not kept; a register-tiled prefill kernel is the open gap (docs/decisions.md).
+so it was not kept.
+
+From ``dense_tiled_min_rows()`` rows (32: prompt chunks, where the call is compute-bound) the
+kernel runs register tiles of 4 rows × 3 columns over cache blocks instead of its 2-row blocks,
+each output summed in the very same float32 order, so a row's bits do not depend on its batch
+(the ``pack_dense`` contract, batch-invariant mode). Against the 2-row blocks on the same AVX2
+EPYC: 1.17-1.34× from 64 rows on one thread on a quiet machine, 0.77-2.23× on the 1B-class
+shapes on two under load (benchmarks/RESULTS.md, 2026-12-05, issue 24).
 """
 
 from __future__ import annotations

@@ -17,6 +17,10 @@
  * 1.2-1.7x and 16 rows 1.1-1.2x faster than without prefetching past two rows. Each (row,
  * column)'s float32 sums run in one order at every row count (batch-invariant). Built without
  * AVX2 and FMA, the same sums run in plain C (the tests compare the builds).
+ *
+ * From TILED_MIN_ROWS rows (prompt chunks: compute-bound) register tiles of 4 rows × 3 columns
+ * take over, every sum in the same order as above, so the bits do not depend on the batch
+ * (gemm_tiled).
  */
 #include "dense_bf16.h"
 #include "engine_bf16.h"
@@ -34,9 +38,12 @@
 #define COLUMNS 4               /* output columns a job walks together */
 #define PARALLEL_WORK (1 << 18) /* multiply-adds from which a call is split over threads (quant_gemm.c's) */
 #define PREFETCH_BYTES 2048
-#define NEXT_JOB_BYTES 8192 /* a job's weights up to which it prefetches the next job's whole */
+#define NEXT_JOB_BYTES 8192    /* a job's weights up to which it prefetches the next job's whole */
+#define TILED_MIN_ROWS 32      /* rows from which a call takes the register tiles (gemm_tiled) */
 
 int64_t dense_simd_width(void) { return HAVE_AVX2 ? 256 : 0; }
+
+int64_t dense_tiled_min_rows(void) { return HAVE_AVX2 ? TILED_MIN_ROWS : 0; }
 
 #if HAVE_AVX2
 /* 8 bfloat16 weights at p as float32 lanes */
@@ -95,6 +102,97 @@ static void columns(const float *x, int64_t m, int64_t k, const uint16_t *w, int
     }
 }
 #undef DENSE_CASE
+
+/* ---- many rows (prefill): register tiles ---------------------------------------------------
+ * From TILED_MIN_ROWS rows the call is compute-bound, and the 2-row blocks above spend 6 loads
+ * and 4 widenings on every 8 FMAs. Here a tile holds TILE_ROWS rows × TILE_COLUMNS columns of
+ * sums in registers (12 FMAs on 3 widenings and 7 loads). A job walks a block of ROW_BLOCK rows
+ * and PANEL_COLUMNS columns DEPTH inputs at a time, so a tile's rows stay in L1 and the panel in
+ * L2; between passes the sums wait in a scratch as the same 8 lanes. Every output's float32
+ * order is the 2-row blocks' own: 8 lanes summed along k in order, hsum8, then the tail in
+ * order, so a row gives the same bits alone, in a decode batch or in a prompt chunk. Widening
+ * the panel into a float32 scratch once for all rows, 6 × 2 tiles and smaller blocks or passes
+ * were no faster on an AVX2 EPYC (benchmarks/RESULTS.md, 2026-12-05). */
+#define TILE_ROWS 4
+#define TILE_COLUMNS 3
+#define ROW_BLOCK 64      /* multiple of TILE_ROWS */
+#define PANEL_COLUMNS 48  /* multiple of TILE_COLUMNS */
+#define DEPTH 2048        /* multiple of 8 */
+
+/* R rows (≤ TILE_ROWS) × NC columns (≤ TILE_COLUMNS) over inputs [from, to): x its first row,
+ * w its first column, sums its first sum (stride PANEL_COLUMNS a row) */
+static inline __attribute__((always_inline)) void
+tile_avx2(const int R, const int NC, const float *x, int64_t k, const uint16_t *w, int64_t from, int64_t to,
+          __m256 *sums) {
+    __m256 acc[TILE_ROWS][TILE_COLUMNS];
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) acc[r][c] = sums[r * PANEL_COLUMNS + c];
+    for (int64_t i = from; i < to; i += 8) {
+        __m256 wv[TILE_COLUMNS];
+        for (int c = 0; c < NC; c++) wv[c] = widen8(w + c * k + i);
+        for (int r = 0; r < R; r++) {
+            __m256 xv = _mm256_loadu_ps(x + r * k + i);
+            __asm__("" : "+x"(xv)); /* one load in a register, not one per column (1.1-1.6× measured) */
+            for (int c = 0; c < NC; c++) acc[r][c] = _mm256_fmadd_ps(wv[c], xv, acc[r][c]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        for (int c = 0; c < NC; c++) sums[r * PANEL_COLUMNS + c] = acc[r][c];
+}
+
+#define TILE_CASE(R, NC)                                                                                       \
+    case (R) * 4 + (NC):                                                                                       \
+        tile_avx2(R, NC, x, k, w, from, to, sums);                                                             \
+        break;
+/* tile_avx2 with R and NC as constants (the accumulators in registers) */
+static void tile_any(int R, int NC, const float *x, int64_t k, const uint16_t *w, int64_t from, int64_t to,
+                     __m256 *sums) {
+    switch (R * 4 + NC) {
+        TILE_CASE(4, 3) TILE_CASE(4, 2) TILE_CASE(4, 1)
+        TILE_CASE(3, 3) TILE_CASE(3, 2) TILE_CASE(3, 1)
+        TILE_CASE(2, 3) TILE_CASE(2, 2) TILE_CASE(2, 1)
+        TILE_CASE(1, 3) TILE_CASE(1, 2) TILE_CASE(1, 1)
+    }
+}
+#undef TILE_CASE
+
+static inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+
+/* out's rows [row, row + ROW_BLOCK) × columns [col, col + PANEL_COLUMNS), clipped to m × n */
+static void tiled_block(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, int64_t row,
+                        int64_t col, __m256 *sums, float *out) {
+    const int64_t rows = min64(ROW_BLOCK, m - row), cols = min64(PANEL_COLUMNS, n - col);
+    const int64_t whole = k & ~(int64_t)7;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) sums[r * PANEL_COLUMNS + c] = _mm256_setzero_ps();
+    for (int64_t from = 0; from < whole; from += DEPTH) {
+        const int64_t to = min64(from + DEPTH, whole);
+        for (int64_t r = 0; r < rows; r += TILE_ROWS)
+            for (int64_t c = 0; c < cols; c += TILE_COLUMNS)
+                tile_any((int)min64(TILE_ROWS, rows - r), (int)min64(TILE_COLUMNS, cols - c), x + (row + r) * k, k,
+                         w + (col + c) * k, from, to, sums + r * PANEL_COLUMNS + c);
+    }
+    for (int64_t r = row; r < row + rows; r++)
+        for (int64_t c = col; c < col + cols; c++) {
+            float sum = hsum8(sums[(r - row) * PANEL_COLUMNS + c - col]);
+            for (int64_t i = whole; i < k; i++) sum += bf16_load(w[c * k + i]) * x[r * k + i];
+            out[r * n + c] = sum;
+        }
+}
+
+/* gemm's many-row path: jobs of one block each, a thread's consecutive jobs sharing a panel */
+static void gemm_tiled(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, float *out) {
+    const int64_t row_blocks = (m + ROW_BLOCK - 1) / ROW_BLOCK, panels = (n + PANEL_COLUMNS - 1) / PANEL_COLUMNS;
+#pragma omp parallel if (m * n * k >= PARALLEL_WORK)
+    {
+        __m256 *sums = aligned_alloc(sizeof(__m256), sizeof(__m256) * ROW_BLOCK * PANEL_COLUMNS);
+        /* nowait: one barrier a call, as the 2-row path has (a loaded machine's wait is per barrier) */
+#pragma omp for schedule(static) nowait
+        for (int64_t job = 0; job < row_blocks * panels; job++)
+            tiled_block(x, m, k, w, n, job % row_blocks * ROW_BLOCK, job / row_blocks * PANEL_COLUMNS, sums, out);
+        free(sums);
+    }
+}
 #else
 static void columns(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t col, int64_t cols, int64_t n,
                     float *out) {
@@ -109,6 +207,12 @@ static void columns(const float *x, int64_t m, int64_t k, const uint16_t *w, int
 
 /* out [m, n] in float32 from float32 activations [m, k] (contiguous), without the bias */
 static void gemm(const float *x, int64_t m, int64_t k, const uint16_t *w, int64_t n, float *out) {
+#if HAVE_AVX2
+    if (m >= TILED_MIN_ROWS) {
+        gemm_tiled(x, m, k, w, n, out);
+        return;
+    }
+#endif
     int64_t jobs = (n + COLUMNS - 1) / COLUMNS;
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
     for (int64_t job = 0; job < jobs; job++) {

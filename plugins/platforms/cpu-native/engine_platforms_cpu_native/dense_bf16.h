@@ -9,6 +9,10 @@
 /* the vector width this build multiplies with: 256 (AVX2 + FMA), 0 (plain C) */
 int64_t dense_simd_width(void);
 
+/* the rows from which a call runs the register-tiled path (the same sums, the same bits); 0: one
+ * path at every row count (plain C) */
+int64_t dense_tiled_min_rows(void);
+
 /* out [m, n] = x [m, k] (row stride ldx) · wᵀ (+ bias), summed in float32 */
 void dense_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w,
                        const uint16_t *bias, int64_t n, uint16_t *out);

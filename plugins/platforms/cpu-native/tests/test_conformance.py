@@ -328,6 +328,34 @@ def test_widened_bf16_agrees_with_the_portable_build_and_exact_math(dtype, n, k)
     assert torch.equal(native(wide), native(wide.contiguous()))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+def test_widened_bf16_gives_a_row_the_same_bits_in_any_batch_on_either_path_and_the_portable_build(
+    dtype, portable
+):
+    """Batch invariance across the kernel's two AVX2 paths: each of 300 rows alone (the 2-row
+    blocks) against the first and last 3, 17 (the same blocks), 64, 67 and 300 rows of one batch
+    (register tiles from ``dense_tiled_min_rows()``: 67 leaves a 3-row tile), bit for bit, and
+    against float32 math. 101 outputs leave a 2-column tile and a short panel; 1103 inputs span
+    three passes and end short of a vector. The portable build (one path) is held to the same."""
+    gen = torch.Generator().manual_seed(24)
+    n, k = 101, 1103
+    weight = (torch.randn(n, k, generator=gen) * 0.1).to(torch.bfloat16)
+    layer = WidenedBf16(weight, dtype, portable=portable)
+    tiled_from = dense.kernels(portable)["dense_tiled_min_rows"]()
+    if portable or not dense.kernels()["dense_simd_width"]():
+        assert tiled_from == 0
+    else:
+        assert 17 < tiled_from <= 64
+    x = torch.randn(300, k, generator=gen).to(dtype)
+    alone = torch.cat([layer(x[i : i + 1]) for i in range(300)])
+    for rows in (3, 17, 64, 67, 300):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+        assert torch.equal(layer(x[-rows:]), alone[-rows:]), rows
+    tolerance = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
+    torch.testing.assert_close(alone, (x.float() @ weight.float().t()).to(dtype), **tolerance)
+
+
 def test_widened_bf16_refuses_what_it_cannot_hold():
     with pytest.raises(ValueError, match="not a 2-d bfloat16 one"):
         WidenedBf16(torch.zeros(4, 8), torch.float32)
