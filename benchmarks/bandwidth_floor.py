@@ -48,6 +48,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import random_llama
+
 ARRAY_BYTES = 256 << 20  # per triad array: far beyond the last-level cache
 BANDWIDTH_REPEATS = 10
 MODELS = ("default-q4_1", "default-bf16", "1b-q4_1", "1b-q4_0", "1b-bf16")
@@ -142,7 +144,7 @@ def model_paths(name: str) -> tuple[str | None, dict]:
     or dequantized to bf16) or the 1B-class model's GGUF file or bf16 HF folder."""
     if name.startswith("default"):
         return None, {} if name.endswith("q4_1") else {"quantization": "unquantized"}
-    return _built_1b_path(name), {}
+    return random_llama.row_path(name), {}
 
 
 def gguf_file(name: str) -> str | None:
@@ -153,17 +155,7 @@ def gguf_file(name: str) -> str | None:
         from engine_quant_gguf.loader import default_model_path
 
         return default_model_path()
-    return _built_1b_path(name)
-
-
-def _built_1b_path(name: str) -> str:
-    """The 1B-class model's bf16 HF folder or GGUF file of a row (built on first use)."""
-    import random_llama
-
-    built = random_llama.build()
-    if name.endswith("bf16"):
-        return built.folder
-    return built.gguf[name.split("-")[1].upper()]
+    return random_llama.row_path(name)
 
 
 def decode_row(name: str, output_len: int, repeats: int, llama_python: str | None = None) -> dict:

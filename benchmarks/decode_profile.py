@@ -23,6 +23,8 @@ from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(__file__))
 
+import random_llama
+
 
 def timed_kernels() -> None:
     """Every bound native kernel call as a profiler range named after its kernel."""
@@ -61,16 +63,6 @@ def report(batch: int, shipped_s: float, eager_s: float, per_op: dict[str, float
     print(f"  {'(Python, outside every op)':48s} {rest * 1e6:9.1f} us  {rest / eager_s:6.1%}")
 
 
-def model_path(model: str) -> str | None:
-    """What ``LLM`` loads for ``--model`` (None: the embedded default model)."""
-    if model == "default":
-        return None
-    import random_llama
-
-    built = random_llama.build()
-    return built.gguf["Q4_1"] if model == "1b-q4_1" else built.folder
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -91,7 +83,7 @@ def main() -> None:
 
     from engine import LLM
 
-    path = model_path(args.model)
+    path = None if args.model == "default" else random_llama.row_path(args.model)
     # the 1B-class model's own 8192 positions need not fit beside a batch of 256
     options = dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048 if path else None)
     shipped = LLM(path, **options)

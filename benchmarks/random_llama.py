@@ -183,6 +183,13 @@ def build(shape: Shape = LLAMA_3_2_1B, seed: int = 0, root: str | None = None, q
     return built
 
 
+def row_path(name: str) -> str:
+    """The 1B-class model as the benchmarks name it: ``1b-bf16`` its bf16 HF folder, ``1b-q4_1``
+    and ``1b-q4_0`` its GGUF files (built on first use)."""
+    built = build()
+    return built.folder if name == "1b-bf16" else built.gguf[name.split("-")[1].upper()]
+
+
 def _load_folder(folder: str):
     import torch
     from transformers import LlamaForCausalLM

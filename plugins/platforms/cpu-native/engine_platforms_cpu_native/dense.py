@@ -15,8 +15,8 @@ From ``dense_tiled_min_rows()`` rows (32: prompt chunks, where the call is compu
 kernel runs register tiles of 4 rows × 3 columns over cache blocks instead of its 2-row blocks,
 each output summed in the very same float32 order, so a row's bits do not depend on its batch
 (the ``pack_dense`` contract, batch-invariant mode). Against the 2-row blocks on the same AVX2
-EPYC: 1.17-1.34× from 64 rows on one thread on a quiet machine, 0.77-2.23× on the 1B-class
-shapes on two under load (benchmarks/RESULTS.md, 2026-12-05, issue 24).
+EPYC, quiet: 1.17-1.34× from 64 rows on one thread, 1.16-1.66× at 64-1024 rows on two, on every
+shape of the default and 1B-class models (benchmarks/RESULTS.md, 2026-12-05, issue 24).
 """
 
 from __future__ import annotations

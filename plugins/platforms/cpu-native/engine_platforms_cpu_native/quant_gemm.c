@@ -96,14 +96,12 @@ static inline int64_t sz_index(int64_t form, int64_t groups, int64_t t, int64_t 
     return (t * groups + g) * sz_rows(form) * TILE + c;
 }
 
-static inline float sz_at(const void *sz, int64_t form, int64_t index) {
+/* the scale and the offset at sz_index's index */
+static inline float scale_at(const void *sz, int64_t form, int64_t index) {
     return form != SZ_F32 ? half_to_float(((const uint16_t *)sz)[index]) : ((const float *)sz)[index];
 }
-
-/* the scale and the offset at sz_index's index */
-static inline float scale_at(const void *sz, int64_t form, int64_t index) { return sz_at(sz, form, index); }
 static inline float offset_at(const void *sz, int64_t form, int64_t bits, int64_t index) {
-    return form == SZ_F16_CENTRED ? centre(bits) * sz_at(sz, form, index) : sz_at(sz, form, index + TILE);
+    return form == SZ_F16_CENTRED ? centre(bits) * scale_at(sz, form, index) : scale_at(sz, form, index + TILE);
 }
 
 /* ---- packing: q uint8 [N, K] (< 2**bits), scale/offset float32 [N, K/32] ---------------- */
