@@ -1,6 +1,8 @@
-"""Quantized matmul kernels side by side on the default model's shapes: torch's int4pack planes
-(``Int4Planes``, the exact path), the bf16 GEMM on the dequantized weight, and the cpu-native
-VNNI kernel (``PackedAffine``: int8 activations × 4/8-bit weights), at M = 1, 16, 64, 256 rows.
+"""Quantized matmul kernels side by side on the default model's shapes (and the 1B-class model's
+with ``--shapes 1b-…``): torch's int4pack planes (``Int4Planes``, the exact path), the bf16 GEMM
+on the dequantized weight as the bf16 config holds it (prepacked for oneDNN where this CPU
+computes bfloat16, else ``F.linear``), and the cpu-native kernel (``PackedAffine``: int8
+activations × 4/8-bit weights), at M = 1, 16, 64, 256 rows.
 
     python benchmarks/quant_matmul.py [--rows 1 16 64 256] [--repeats 15] [--threads N]
 
@@ -18,6 +20,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from engine.layers.dense import PackedDense, packable
 from engine.layers.group_affine import AffineWeight, Int4Planes
 from engine_platforms_cpu_native.affine import PackedAffine
 
@@ -27,6 +30,10 @@ SHAPES = {
     "gate_up": (3072, 576, 4),
     "down": (576, 1536, 4),
     "lm_head": (49152, 576, 8),
+    "1b-qkv": (3072, 2048, 4),
+    "1b-o": (2048, 2048, 4),
+    "1b-gate_up": (16384, 2048, 4),
+    "1b-down": (2048, 8192, 4),
 }
 
 
@@ -53,7 +60,9 @@ def main():
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument(
+        "--shapes", nargs="+", default=[s for s in SHAPES if not s.startswith("1b")], choices=list(SHAPES)
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -72,7 +81,7 @@ def main():
         dense = weight.dequantize(torch.bfloat16)
         kernels = {
             "int4pack": Int4Planes(weight, torch.bfloat16),
-            "bf16": lambda x, w=dense: F.linear(x, w),
+            "bf16": PackedDense(dense) if packable(dense) else (lambda x, w=dense: F.linear(x, w)),
             "vnni": PackedAffine(weight, torch.bfloat16),
         }
         for m in args.rows:

@@ -273,6 +273,7 @@ class EngineCore:
         startup.describe_memory(
             report, weights, groups, layers, graph_bytes, config, self.hf_config, dtype, runtime
         )
+        report.notes.extend(self.platform.layer_ops(dtype).notes(model))
         resident = startup.resident_bytes() / 2**20
         report.notes.append(
             f"resident now {resident:.0f} MiB; the KV cache's pages become resident as it fills"

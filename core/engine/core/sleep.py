@@ -169,9 +169,13 @@ def named_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 def _storages(tensors) -> list[torch.UntypedStorage]:
-    """The distinct storages under ``tensors`` (views share one), in a stable order."""
+    """The distinct storages under ``tensors`` (views share one), in a stable order. Opaque
+    tensors (oneDNN's prepacked weights, on CPUs that compute bfloat16) have none to release:
+    they stay resident while asleep, and a reload copies into them."""
     found: dict[int, torch.UntypedStorage] = {}
     for tensor in tensors:
+        if tensor.is_mkldnn:
+            continue
         storage = tensor.untyped_storage()
         found.setdefault(storage.data_ptr(), storage)
     return [found[ptr] for ptr in sorted(found)]

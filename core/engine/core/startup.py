@@ -54,9 +54,13 @@ def _size(n: int) -> str:
 
 
 def tensor_bytes(tensors) -> int:
-    """Bytes of the distinct storages under ``tensors`` (views share one)."""
+    """Bytes of the distinct storages under ``tensors`` (views share one); an opaque tensor
+    (oneDNN's prepacked weight: no storage to share) counts its elements."""
     seen: dict[int, int] = {}
     for t in tensors:
+        if t.is_mkldnn:
+            seen[id(t)] = t.numel() * t.element_size()
+            continue
         storage = t.untyped_storage()
         seen[storage.data_ptr() or id(storage)] = storage.nbytes()
     return sum(seen.values())

@@ -89,6 +89,11 @@ class LayerOps:
         (``engine.testing.layer_ops`` checks it). Optional: a platform without it keeps this None."""
         return None
 
+    def notes(self, model) -> list[str]:
+        """Lines for the start-up report about what these ops made of ``model``'s weights
+        (copies they keep beside the packed weights, and their memory); none here."""
+        return []
+
     def rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor | None = None):
         """``norm`` (an :class:`engine.layers.RMSNorm`: ``weight``, ``eps``) of x, or
         (norm(x + residual), x + residual) when a residual is given — then x and residual

@@ -304,8 +304,8 @@ class StepGraphRunner:
     def _record_on_first_use(self, size: int) -> bool:
         """Record ``size`` now, for the step about to run, where it waits for its first step
         (above :attr:`~engine.interfaces.StepGraphs.start_up_sizes_up_to`). False where it does
-        not, or its recording failed: then every decode step runs eagerly, as when a recording
-        fails at start-up."""
+        not, or its recording failed: then this size and the larger run eagerly
+        (:meth:`_give_up_from`), or every size does where none was recorded, as at start-up."""
         limit = self.recorder.start_up_sizes_up_to
         if limit is None or size <= limit or size not in self.pending:
             return False
@@ -316,7 +316,7 @@ class StepGraphRunner:
             self.graphs.clear()
             self.pending.clear()
             return False
-        return True
+        return size in self.graphs
 
     def _record(self, size: int, check: bool = True) -> None:
         """Record bucket ``size``; the LoRA batch's row -> slot indices are left as they were
@@ -339,7 +339,13 @@ class StepGraphRunner:
             return self._forward(inputs, metadata, lora_rows)
 
         forward()  # warm-up: kernels compiled, allocator settled
-        graph, hidden = self.recorder.record(forward)
+        try:
+            graph, hidden = self.recorder.record(forward)
+        except RuntimeError as exc:
+            if not any(recorded < size for recorded in self.graphs):
+                raise
+            self._give_up_from(size, exc)
+            return
         self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
         if check and len(self.graphs) == 1:  # on failure the caller drops this runner, bucket and all
             self.check()
@@ -351,6 +357,17 @@ class StepGraphRunner:
                 self.recorder.name,
                 ", ".join(map(str, self.sizes)),
             )
+
+    def _give_up_from(self, size: int, exc: RuntimeError) -> None:
+        """Bucket ``size`` could not be recorded where a smaller one was: neither can the larger
+        ones be, as far as anyone can tell (a platform's forward may leave its recordable kernels
+        from some batch size on: cpu-native's dense copies on AMX), so they run eagerly and the
+        smaller keep their recordings."""
+        logger.info("decode steps of %d sequences and more run eagerly: recording failed: %s", size, exc)
+        self.sizes = tuple(s for s in self.sizes if s < size)
+        self.pending = [s for s in self.pending if s < size]
+        for dropped in [s for s in self.graphs if s >= size]:
+            del self.graphs[dropped]
 
     @torch.inference_mode()
     def check(self, seed: int = 0) -> None:

@@ -8,25 +8,32 @@ group's sum taken from the rounded values, as ``quant_gemm.c`` explains), so res
 rounded activations times the exact weight (relative error ~0.4 % of a row's magnitude per
 group).
 
-Long prefill chunks on a CPU with AMX tiles go another way: from ``DENSE_ROWS`` rows the weight
-is dequantized into bfloat16 (``affine_dequantize``, one pass in packed order) and multiplied by
-torch's bf16 GEMM, which oneDNN runs on AMX. Measured on the default model's shapes, two
-threads, ms per call (``quant_matmul.py``'s weights), VNNI against dequantize + bf16 GEMM:
+On a CPU with AMX tiles, batches go another way: torch's bf16 GEMM, which oneDNN runs on AMX,
+beats this kernel from 16 rows. Measured on the default and 1B-class models' shapes, two
+threads, µs per call (``quant_matmul.py``: this kernel against oneDNN's prepacked bf16 GEMM on
+the dequantized weight; an Emerald Rapids Xeon, 2026-12-05):
 
-    qkv 960×576, M = 256 / 512 / 2048:      0.35 / 0.76 / 3.23  against 0.41 / 0.50 / 1.21
-    gate|up 3072×576, M = 256 / 512 / 2048: 1.12 / 2.20 / 9.66  against 1.25 / 1.50 / 3.13
+    gate|up 3072×576, M = 1 / 16 / 64 / 256:      16 / 67 / 244 / 960      vs 57 / 65 / 123 / 348
+    1B gate|up 16384×2048, M = 1 / 16 / 64 / 256: 417 / 1243 / 4634 / 18167 vs 1138 / 1213 / 2422 / 8523
 
-Without AMX the bf16 GEMM is no faster than this kernel at any size measured (1.09–1.11× at
-512 and 2048 rows), and the dequantization would be pure cost, so there is no dense path.
+So there a packed weight keeps a dequantized bf16 copy, prepacked for oneDNN, for steps of
+more than ``DENSE_COPY_ROWS`` rows (:func:`dense_copy_policy`: 2 B a parameter beside the
+packed bytes, while memory allows, said in the start-up report). A weight without a copy
+dequantizes into bf16 per call from ``DENSE_ROWS`` rows (long prefill chunks), where that pass
+is paid back. Without AMX the bf16 GEMM is no faster than this kernel at any size measured
+(1.09–1.11× at 512 and 2048 rows), and the dequantization would be pure cost, so there is no
+dense path.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 
 from engine.layers import Layer
+from engine.layers.dense import PackedDense
 from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
@@ -37,6 +44,13 @@ GROUP, TILE = 32, 16
 # the logits each row of a vocabulary's matmul gets recomputed exactly (PackedAffine.logits)
 LOGITS_REFINED = 32
 DENSE_ROWS = 384  # from here, on AMX, dequantize + bf16 GEMM beats the VNNI kernel (see above)
+# a weight's dense copy runs steps of more rows than this: a tie with the kernel at 16, and the
+# native tapes record decode steps of up to 16 rows (oneDNN's GEMM is not a kernel they replay)
+DENSE_COPY_ROWS = 16
+# the dense copies stop where they would leave less than this share of the machine's memory
+# available (the KV cache is sized from what is left); ENGINE_CPU_DENSE_COPY=0 turns them off
+DENSE_COPY_MEMORY_KEPT = 0.5
+DENSE_COPY_VARIABLE = "ENGINE_CPU_DENSE_COPY"
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 # the ggml block layouts packed straight from their blocks: (pack_ggml_blocks' type, bytes per
@@ -57,6 +71,24 @@ def amx_bf16() -> bool:
     """Whether torch's bf16 GEMM (oneDNN) runs on AMX tiles on this CPU."""
     probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return bool(probe and probe())
+
+
+def dense_copy_policy(nbytes: int) -> bool:
+    """Whether a packed weight keeps a dense bf16 copy of ``nbytes``: on AMX (``amx_bf16``),
+    unless ``ENGINE_CPU_DENSE_COPY=0``, while the memory available after it (``MemAvailable``)
+    stays above ``DENSE_COPY_MEMORY_KEPT`` of the machine's; a model too big for every copy gets
+    them for its first layers."""
+    if os.environ.get(DENSE_COPY_VARIABLE, "1") == "0" or not amx_bf16():
+        return False
+    available, total = _memory()
+    return available - nbytes >= DENSE_COPY_MEMORY_KEPT * total
+
+
+def _memory() -> tuple[int, int]:
+    """(MemAvailable, MemTotal) of this machine in bytes, from /proc/meminfo."""
+    with open("/proc/meminfo") as meminfo:
+        fields = dict(line.split(":", 1) for line in meminfo)
+    return tuple(int(fields[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
 
 
 def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
@@ -145,11 +177,23 @@ class PackedAffine(Layer):
         self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
+        self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
         self.dense_rows = DENSE_ROWS if dtype == torch.bfloat16 and not portable and amx_bf16() else None
+        self.dense = None
+        if self.dense_rows is not None and dense_copy_policy(2 * self.out_features * self.in_features):
+            self.keep_dense_copy()
+
+    def keep_dense_copy(self) -> None:
+        """Keep the weight dequantized in bf16, prepacked for oneDNN, for steps of more than
+        ``DENSE_COPY_ROWS`` rows (on AMX: see the module's docstring)."""
+        self.dense = PackedDense(self.dequantize())
+        self.dense_rows = DENSE_COPY_ROWS + 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, self.dtype)
         if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
+            if self.dense is not None:
+                return self.dense(x)
             return torch.nn.functional.linear(x, self.dequantize())
         return self._run(self._matmul, x, self.dtype)
 
@@ -158,14 +202,19 @@ class PackedAffine(Layer):
         ``LOGITS_REFINED`` largest recomputed from the activations unrounded (``affine_logits``):
         the int8 rounding's error reaches the logits with no normalization after. On the
         default model the int8 head was a third of the float32 path's KL divergence from the
-        reference (docs/decisions.md)."""
+        reference (docs/decisions.md). Steps the dense copy runs take its bf16 GEMM's logits,
+        refined the same way (``affine_refine_logits``)."""
         x = activation_rows(x, self.in_features, self.dtype)
+        if self.dense is not None and x.shape[0] >= self.dense_rows:  # the copy's, then refined
+            out = self.dense(x).float()
+            return self._run(self._refine_logits, x, torch.float32, LOGITS_REFINED, out=out)
         return self._run(self._logits, x, torch.float32, LOGITS_REFINED)
 
-    def _run(self, kernel, x: torch.Tensor, dtype: torch.dtype, *extra) -> torch.Tensor:
-        """``kernel`` over the activation rows x and the packed weight, into a fresh [M, N] of
-        ``dtype``; ``extra`` goes between the weight's arguments and the output's."""
-        out = torch.empty(x.shape[0], self.out_features, dtype=dtype)
+    def _run(self, kernel, x: torch.Tensor, dtype: torch.dtype, *extra, out=None) -> torch.Tensor:
+        """``kernel`` over the activation rows x and the packed weight, into ``out`` or a fresh
+        [M, N] of ``dtype``; ``extra`` goes between the weight's arguments and the output's."""
+        if out is None:
+            out = torch.empty(x.shape[0], self.out_features, dtype=dtype)
         kernel(
             x.data_ptr(),
             x.stride(0),

@@ -91,6 +91,20 @@ class NativeLayerOps(LayerOps):
         raw = parts[0] if len(parts) == 1 else torch.cat(parts)
         return affine.PackedAffine.from_blocks(raw, layout, self.dtype)
 
+    def notes(self, model):
+        """The packed weights' dense bf16 copies on AMX (:func:`affine.dense_copy_policy`), if any,
+        with their memory."""
+        copies = [m.dense for m in model.modules() if isinstance(m, affine.PackedAffine) and m.dense]
+        if not copies:
+            return []
+        nbytes = sum(c.out_features * c.in_features * 2 for c in copies)
+        note = (
+            f"AMX: {len(copies)} quantized weights keep a dense bf16 copy for steps over "
+            f"{affine.DENSE_COPY_ROWS} rows, {nbytes / 2**20:.1f} MiB "
+            f"({affine.DENSE_COPY_VARIABLE}=0 drops them)"
+        )
+        return [note]
+
     def pack_fp4(self, weight):
         """A :class:`~engine_platforms_cpu_native.fp4.PackedFp4` where this CPU has AVX2 and
         FMA and the weight's blocks are multiples of 16 inputs (NVFP4's 16, MXFP4's 32); else

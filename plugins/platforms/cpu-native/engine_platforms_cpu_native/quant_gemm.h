@@ -31,6 +31,12 @@ void affine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, co
 void affine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                        int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
 
+/* affine_logits's refinement of logits out [m, n] that another product made */
+void affine_refine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
+                               const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
+void affine_refine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
+                              const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
+
 /* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
 engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                                const int64_t *ids, int64_t count, uint16_t *out);

@@ -86,6 +86,18 @@ void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
     free(xf);
 }
 
+/* affine_logits's refinement alone: out [m, n] holds each row's logits from another product
+ * (the dense copy's bf16 GEMM on AMX, affine.py), and gets its `top` largest recomputed. */
+void TYPED(affine_refine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
+                                 const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top,
+                                 float *out) {
+    float *xf = malloc(sizeof(float) * (size_t)(m * k));
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
+    refine_top(xf, m, k, qw, sz, form, bits, n, top, out);
+    free(xf);
+}
+
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
 /* refused (nothing written) when an id is outside [0, n). */
 

@@ -12,6 +12,7 @@ import torch
 
 from engine import LLM, SamplingParams
 from engine.layers import LayerOps, RMSNorm
+from engine.layers.dense import packable
 from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine.native import BuildError, load_source
@@ -165,8 +166,10 @@ def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, ro
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("rows", [1, 6, 300])
 @pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
-def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, form):
-    """The same int32 group sums in both builds; only the float sums' order differs."""
+def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, form, monkeypatch):
+    """The same int32 group sums in both builds; only the float sums' order differs (the
+    kernels' own: no dense copy on AMX)."""
+    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
     gen = torch.Generator().manual_seed(rows)
     weight = _random_affine(bits, gen, form)
     n, k = weight.shape
@@ -248,9 +251,11 @@ def test_extreme_groups_sum_exactly(bits):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
-def test_a_row_is_the_same_in_any_batch(dtype, bits):
+def test_a_row_is_the_same_in_any_batch(dtype, bits, monkeypatch):
     """53 rows at once give bit for bit what 8 rows at a time give: the kernel's 4-row blocks
-    compute each row alone, so a row's result does not depend on its batch."""
+    compute each row alone, so a row's result does not depend on its batch (without the dense
+    copy an AMX CPU would run the 53 on)."""
+    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
     gen = torch.Generator().manual_seed(bits)
     weight = _random_affine(bits, gen)
     k = weight.shape[1]
@@ -260,10 +265,11 @@ def test_a_row_is_the_same_in_any_batch(dtype, bits):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_long_chunks_multiply_the_dequantized_weight(bits):
-    """From ``dense_rows`` rows (on an AMX CPU by default; forced here so every CPU runs it) a
-    bf16 matmul is exactly torch's GEMM on the dequantized weight, and shorter ones stay on the
-    VNNI kernel, within its int8 rounding of that product."""
+def test_long_chunks_multiply_the_dequantized_weight(bits, monkeypatch):
+    """Without a dense copy, from ``dense_rows`` rows (on an AMX CPU by default; forced here so
+    every CPU runs it) a bf16 matmul is exactly torch's GEMM on the dequantized weight, and
+    shorter ones stay on the VNNI kernel, within its int8 rounding of that product."""
+    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
     gen = torch.Generator().manual_seed(bits)
     weight = _random_affine(bits, gen)
     k = weight.shape[1]
@@ -277,6 +283,61 @@ def test_long_chunks_multiply_the_dequantized_weight(bits):
     rounded = packed(x[:39]).float()
     assert not torch.equal(rounded, dense[:39].float())  # the VNNI kernel's int8 activations
     assert (rounded - dense[:39].float()).abs().max() <= 0.03 * dense.float().abs().max()
+
+
+def _no_bf16_packing() -> str:
+    if packable(torch.zeros(8, 8, dtype=torch.bfloat16)):
+        return ""
+    return "oneDNN does not pack bfloat16 on this CPU (no AVX-512 or AMX)"
+
+
+@pytest.mark.skipif(bool(_no_bf16_packing()), reason=_no_bf16_packing())
+@pytest.mark.parametrize("bits", [4, 8])
+def test_a_dense_copy_runs_the_steps_the_tapes_do_not(bits, monkeypatch):
+    """A packed weight's dense copy (on AMX by default; forced here where oneDNN packs bf16)
+    runs steps of more than ``DENSE_COPY_ROWS`` rows with the bits of torch's GEMM on the
+    dequantized weight; steps of up to that many rows — every decode step a native tape
+    records — keep the kernel's bits."""
+    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+    gen = torch.Generator().manual_seed(bits)
+    weight = _random_affine(bits, gen)
+    plain, copied = PackedAffine(weight, torch.bfloat16), PackedAffine(weight, torch.bfloat16)
+    assert copied.dense is None
+    copied.keep_dense_copy()
+    rows = affine.DENSE_COPY_ROWS
+    x = torch.randn(rows + 1, weight.shape[1], generator=gen).to(torch.bfloat16)
+    assert torch.equal(copied(x), torch.nn.functional.linear(x, weight.dequantize(torch.bfloat16)))
+    assert torch.equal(copied(x[:rows]), plain(x[:rows]))
+
+
+@pytest.mark.skipif(bool(_no_bf16_packing()), reason=_no_bf16_packing())
+def test_logits_through_a_dense_copy_keep_each_rows_largest_exact(monkeypatch):
+    """A vocabulary table's logits over more than ``DENSE_COPY_ROWS`` rows come from the copy's
+    bf16 GEMM, each row's ``LOGITS_REFINED`` largest recomputed as the kernel's path does: the
+    same values there, the rest within bf16's rounding of the exact product."""
+    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+    gen = torch.Generator().manual_seed(3)
+    weight = _random_affine(8, gen)
+    plain, copied = PackedAffine(weight, torch.bfloat16), PackedAffine(weight, torch.bfloat16)
+    copied.keep_dense_copy()
+    x = torch.randn(affine.DENSE_COPY_ROWS + 3, weight.shape[1], generator=gen).to(torch.bfloat16)
+    exact = x.float() @ weight.dequantize(torch.float32).T
+    through_copy, through_kernel = copied.logits(x), plain.logits(x)
+    top = through_kernel.topk(affine.LOGITS_REFINED, dim=-1)
+    assert torch.equal(through_copy.gather(1, top.indices[:, :8]), top.values[:, :8])
+    torch.testing.assert_close(through_copy, exact, rtol=1e-2, atol=1e-2 * exact.abs().max().item())
+
+
+def test_dense_copies_follow_the_cpu_the_switch_and_the_memory(monkeypatch):
+    """Copies are kept on AMX alone, never with ``ENGINE_CPU_DENSE_COPY=0``, and not where one
+    would leave less than half the machine's memory available."""
+    monkeypatch.delenv(affine.DENSE_COPY_VARIABLE, raising=False)
+    assert affine.dense_copy_policy(2**20) == affine.amx_bf16()
+    assert not affine.dense_copy_policy(affine._memory()[1])
+    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+    assert not affine.dense_copy_policy(2**20)
+    weight = _random_affine(4, torch.Generator().manual_seed(0))
+    assert PackedAffine(weight, torch.bfloat16).dense is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
