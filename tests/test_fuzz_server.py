@@ -23,6 +23,8 @@ from typing import ClassVar
 import httpx
 import pytest
 
+from engine.testing import reference
+from tests.conftest import TINY_LLAMA
 from tests.serving import API_KEY, serve
 
 pytestmark = pytest.mark.slow
@@ -43,7 +45,8 @@ COMMON_ARGS = (
 # a short context bounds what any generated request can ask for (the 10 s limit holds on a busy machine)
 FUZZ_ARGS = (*COMMON_ARGS, "--max-model-len", "64", "--max-num-seqs", "4")
 # long requests and two rows: requests that stay running or waiting while a test looks at them
-BUSY_ARGS = (*COMMON_ARGS, "--max-model-len", "512", "--max-num-seqs", "2")
+BUSY_ARGS = (*COMMON_ARGS, "--max-model-len", "8192", "--max-num-seqs", "2", "--num-blocks", "1024")
+BUSY_TOKENS = 6000  # a request's length there: 400 tokens took 0.46 s on an AMX Xeon
 C, CHAT, RESP = "/v1/completions", "/v1/chat/completions", "/v1/responses"
 MSG = [{"role": "user", "content": "hi"}]
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
@@ -499,8 +502,13 @@ def server(tiny_llama):
 
 
 @pytest.fixture(scope="module")
-def busy_server(tiny_llama):
-    with serve(tiny_llama[0], *BUSY_ARGS) as s:
+def busy_server(tmp_path_factory, default_tokenizer):
+    """tiny_llama's shape with a context long enough that a request outlasts the checks made
+    while it runs, on a fast machine too."""
+    folder = str(tmp_path_factory.mktemp("long-llama"))
+    shape = {**TINY_LLAMA, "max_position_embeddings": 8192}
+    reference.tiny_checkpoint(folder, "LlamaForCausalLM", shape, tokenizer=default_tokenizer)
+    with serve(folder, *BUSY_ARGS) as s:
         yield s
 
 
@@ -691,7 +699,7 @@ def _finished_length(server) -> float:
 @pytest.mark.parametrize("stream", [False, True])
 def test_client_leaving_aborts_queued_and_decoding_requests(busy_server, stream):
     server = busy_server
-    common = {"max_tokens": 400, "ignore_eos": True, "stream": stream}
+    common = {"max_tokens": BUSY_TOKENS, "ignore_eos": True, "stream": stream}
     assert settled(server, (0.0, 0.0)) == (0.0, 0.0)
     finished = _finished_length(server)
     for route, body in ((C, {"prompt": "Go on:", **common}), (CHAT, {"messages": MSG, **common})):
@@ -709,7 +717,7 @@ def test_client_leaving_aborts_queued_and_decoding_requests(busy_server, stream)
 
 def test_invalid_schema_is_rejected_at_once_while_the_engine_is_busy(busy_server):
     server = busy_server
-    body = {"messages": MSG, "max_tokens": 400, "ignore_eos": True}
+    body = {"messages": MSG, "max_tokens": BUSY_TOKENS, "ignore_eos": True}
     busy = [_raw_request(server, CHAT, body) for _ in range(2)]
     try:
         assert settled(server, (2.0, 0.0)) == (2.0, 0.0)

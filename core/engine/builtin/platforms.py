@@ -16,6 +16,21 @@ logger = logging.getLogger(__name__)
 ZEROED_MAP_BYTES = 1 << 20  # smaller KV caches come from the allocator
 
 
+def memory_available() -> tuple[int, int]:
+    """(available, total) bytes of this machine's memory. Available is the kernel's MemAvailable
+    (free pages and the page cache it can drop at once, psutil's ``available``, what vLLM reads),
+    not free pages alone: after a few GB of files were read, free pages fell to ~1.3 of 24 GiB
+    on an idle machine, and the KV cache with them. Free pages where /proc/meminfo is missing."""
+    page = os.sysconf("SC_PAGE_SIZE")
+    total = os.sysconf("SC_PHYS_PAGES") * page
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return int(fields["MemAvailable"].split()[0]) * 1024, total
+    except (OSError, KeyError, ValueError):
+        return os.sysconf("SC_AVPHYS_PAGES") * page, total
+
+
 class CpuPlatform(Platform):
     name = "cpu"
     device_type = "cpu"
@@ -28,7 +43,7 @@ class CpuPlatform(Platform):
         return []
 
     def free_memory(self) -> int:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return memory_available()[0]
 
     def memory_in_use(self) -> tuple[int, int]:
         page = os.sysconf("SC_PAGE_SIZE")

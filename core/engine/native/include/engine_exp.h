@@ -23,7 +23,10 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.f));
     return _mm512_maskz_mov_ps((__mmask16)~tiny, _mm512_scalef_ps(p, n));
 }
-#elif defined(__AVX2__) && defined(__FMA__)
+#endif
+
+/* on AVX-512 machines too: a kernel with an 8-lane path (mla.c) builds it there as well */
+#if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
 /* the same on 8 lanes: the same polynomial, 2^n built in the exponent bits (n in [-126, 127]) */

@@ -32,6 +32,7 @@ import os
 
 import torch
 
+from engine.builtin.platforms import memory_available
 from engine.layers import Layer
 from engine.layers.dense import PackedDense
 from engine.layers.group_affine import AffineWeight
@@ -80,15 +81,8 @@ def dense_copy_policy(nbytes: int) -> bool:
     them for its first layers."""
     if os.environ.get(DENSE_COPY_VARIABLE, "1") == "0" or not amx_bf16():
         return False
-    available, total = _memory()
+    available, total = memory_available()
     return available - nbytes >= DENSE_COPY_MEMORY_KEPT * total
-
-
-def _memory() -> tuple[int, int]:
-    """(MemAvailable, MemTotal) of this machine in bytes, from /proc/meminfo."""
-    with open("/proc/meminfo") as meminfo:
-        fields = dict(line.split(":", 1) for line in meminfo)
-    return tuple(int(fields[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
 
 
 def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:

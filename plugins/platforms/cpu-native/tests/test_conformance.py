@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.builtin.platforms import memory_available
 from engine.layers import LayerOps, RMSNorm
 from engine.layers.dense import packable
 from engine.layers.fp4 import Fp4Weight
@@ -333,7 +334,7 @@ def test_dense_copies_follow_the_cpu_the_switch_and_the_memory(monkeypatch):
     would leave less than half the machine's memory available."""
     monkeypatch.delenv(affine.DENSE_COPY_VARIABLE, raising=False)
     assert affine.dense_copy_policy(2**20) == affine.amx_bf16()
-    assert not affine.dense_copy_policy(affine._memory()[1])
+    assert not affine.dense_copy_policy(memory_available()[1])
     monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
     assert not affine.dense_copy_policy(2**20)
     weight = _random_affine(4, torch.Generator().manual_seed(0))

@@ -1,6 +1,7 @@
 """Acceptance on the embedded default model served kept-quantized: it picks the dequantized
 model's greedy token at ≥ 90% of positions over 12 chat prompts, teacher forced, with float32
-and with bf16 activations; its weights take < 40% of bf16's.
+and with bf16 activations; its weights take < 40% of bf16's (without the bf16 copies cpu-native
+keeps on AMX for batched steps).
 
 Teacher forced, because on cpu-native the matmuls round activations to int8 per 32 inputs
 (as llama.cpp does): measured 94% of positions in float32, where free-running continuations
@@ -23,7 +24,7 @@ def weight_bytes(llm) -> int:
 
 
 @pytest.mark.slow
-def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32):
+def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32, monkeypatch):
     prompts, reference = default_model_greedy_chats("float32")
     forced = teacher_forced_agreement(default_kept_float32, prompts, reference)
     print(f"kept-quantized vs dequantized, float32, teacher forced: {forced:.1%} of greedy tokens")
@@ -37,7 +38,11 @@ def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32):
     assert forced >= 0.9
 
     bf16 = LLM(dtype="bfloat16", quantization="unquantized", **COMMON)
-    kept_bytes, bf16_bytes = weight_bytes(kept_bf16), weight_bytes(bf16)
+    del kept_bf16
+    # the packed weights alone: on AMX cpu-native also keeps a bf16 copy for batched steps,
+    # which its start-up report states; this variable turns it off
+    monkeypatch.setenv("ENGINE_CPU_DENSE_COPY", "0")
+    kept_bytes, bf16_bytes = weight_bytes(LLM(dtype="bfloat16", **COMMON)), weight_bytes(bf16)
     print(
         f"weights: kept-quantized {kept_bytes / 2**20:.1f} MiB, bf16 {bf16_bytes / 2**20:.1f} MiB "
         f"({kept_bytes / bf16_bytes:.1%})"
