@@ -2,7 +2,8 @@
 them, and the rest (Python: scheduling, dispatch, output handling).
 
     python benchmarks/decode_profile.py [--batches 1 16] [--steps 20] [--dtype auto]
-                                        [--kv-cache-dtype auto] [--model default|1b-q4_1|1b-bf16]
+                                        [--kv-cache-dtype auto]
+                                        [--model default|default-bf16|1b-q4_1|1b-bf16]
 
 Two engines on one model, one after the other (the default model's default config, ``LLM()``
 as ``engine serve`` picks it, or the 1B-class model of ``random_llama.py``: its GGUF Q4_1 file
@@ -73,9 +74,10 @@ def main() -> None:
     parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache's (fp8: e4m3 pages)")
     parser.add_argument(
         "--model",
-        choices=["default", "1b-q4_1", "1b-bf16"],
+        choices=["default", "default-bf16", "1b-q4_1", "1b-bf16"],
         default="default",
-        help="the embedded default model, or the 1B-class one (built once and cached) as GGUF Q4_1 or bf16",
+        help="the embedded default model (default-bf16: dequantized to bf16, the bf16 config), or the "
+        "1B-class one (built once and cached) as GGUF Q4_1 or bf16",
     )
     args = parser.parse_args()
 
@@ -83,9 +85,11 @@ def main() -> None:
 
     from engine import LLM
 
-    path = None if args.model == "default" else random_llama.row_path(args.model)
+    path = None if args.model.startswith("default") else random_llama.row_path(args.model)
     # the 1B-class model's own 8192 positions need not fit beside a batch of 256
     options = dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048 if path else None)
+    if args.model == "default-bf16":
+        options["quantization"] = "unquantized"
     shipped = LLM(path, **options)
     prompts = make_prompts(shipped.tokenizer, max(args.batches))
     model, cache = shipped.config.model, shipped.config.cache
