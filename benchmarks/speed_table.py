@@ -18,8 +18,9 @@ Rows (``--only`` picks some; all by default, in this order):
 - ``quality``: KL divergence and top-1 agreement against the float32 reference, beside
   llama.cpp on the same GGUF file.
 Without ``--vllm-python`` the vLLM sides are skipped (each benchmark says so), without
-``--llama-python`` llama.cpp's. A full run takes one to three hours, mostly vLLM's. Record the
-figures with the machine's kind in benchmarks/RESULTS.md; say which rows ran together.
+``--llama-python`` llama.cpp's. A full run takes one to three hours on a CPU without AMX, mostly
+vLLM's (16 minutes on a 2-core AMX Xeon). Record the figures with the machine's kind in
+benchmarks/RESULTS.md; say which rows ran together.
 """
 
 from __future__ import annotations
