@@ -94,7 +94,8 @@ class NativeLayerOps(LayerOps):
     def notes(self, model):
         """The packed weights' dense bf16 copies on AMX (:func:`affine.dense_copy_policy`), if any,
         with their memory."""
-        copies = [m.dense for m in model.modules() if isinstance(m, affine.PackedAffine) and m.dense]
+        packed = [m for m in model.modules() if isinstance(m, affine.PackedAffine)]
+        copies = [m.dense for m in packed if m.dense is not None]
         if not copies:
             return []
         nbytes = sum(c.out_features * c.in_features * 2 for c in copies)
