@@ -72,22 +72,8 @@ void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
         out);
 }
 
-/* A vocabulary's logits: x [m, k] -> float32 out [m, n], the int8 product of affine_matmul with
- * each row's `top` largest recomputed from the activations unrounded (refine_top): the int8
- * rounding's error reaches the logits with no normalization after, and the distribution's
- * mass sits in its top entries. */
-void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
-                          int64_t form, int64_t bits, int64_t n, int64_t top, float *out) {
-    float *xf = malloc(sizeof(float) * (size_t)(m * k));
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
-    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, 0, out);
-    refine_top(xf, m, k, qw, sz, form, bits, n, top, out);
-    free(xf);
-}
-
-/* affine_logits's refinement alone: out [m, n] holds each row's logits from another product
- * (the dense copy's bf16 GEMM on AMX, affine.py), and gets its `top` largest recomputed. */
+/* Each row of out [m, n] (logits of x [m, k] from any product) gets its `top` largest
+ * recomputed from the activations unrounded (refine_top). */
 void TYPED(affine_refine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
                                  const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top,
                                  float *out) {
@@ -96,6 +82,16 @@ void TYPED(affine_refine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, 
         for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
     refine_top(xf, m, k, qw, sz, form, bits, n, top, out);
     free(xf);
+}
+
+/* A vocabulary's logits: x [m, k] -> float32 out [m, n], the int8 product of affine_matmul,
+ * refined (affine_refine_logits): the int8 rounding's error reaches the logits with no
+ * normalization after, and the distribution's mass sits in its top entries. On AMX the dense
+ * copy's bf16 GEMM makes the product instead and affine.py refines it the same way. */
+void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                          int64_t form, int64_t bits, int64_t n, int64_t top, float *out) {
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, 0, out);
+    TYPED(affine_refine_logits)(x, ldx, m, k, qw, sz, form, bits, n, top, out);
 }
 
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
