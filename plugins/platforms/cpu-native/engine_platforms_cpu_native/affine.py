@@ -8,21 +8,24 @@ group's sum taken from the rounded values, as ``quant_gemm.c`` explains), so res
 rounded activations times the exact weight (relative error ~0.4 % of a row's magnitude per
 group).
 
-On a CPU with AMX tiles, batches go another way: torch's bf16 GEMM, which oneDNN runs on AMX,
-beats this kernel from 16 rows. Measured on the default and 1B-class models' shapes, two
-threads, µs per call (``quant_matmul.py``: this kernel against oneDNN's prepacked bf16 GEMM on
-the dequantized weight; an Emerald Rapids Xeon, 2026-12-05):
+On a CPU with AMX tiles, steps of more than ``TILE_ROWS`` rows go another way
+(``affine_matmul_amx``, quant_gemm_amx.h): each thread dequantizes a panel of 32 output
+columns to bf16 B tiles and multiplies every row of bf16 activations against it on the tiles.
+Its cost past the weight's bytes is the dequantization, the same whatever the rows, so below
+~16 rows the int8 kernel wins and above it the tiles do. Measured against this kernel and
+oneDNN's prepacked bf16 GEMM on the dequantized weight (which reads four times the bytes),
+weights cycled through 60 layers so that they come from memory as in a step, two threads, µs
+per call (``quant_matmul.py``; an Emerald Rapids Xeon, 2026-12-05):
 
-    gate|up 3072×576, M = 1 / 16 / 64 / 256:      16 / 67 / 244 / 960      vs 57 / 65 / 123 / 348
-    1B gate|up 16384×2048, M = 1 / 16 / 64 / 256: 417 / 1243 / 4634 / 18167 vs 1138 / 1213 / 2422 / 8523
+    gate|up 3072×576, M = 16 / 64 / 256:   tiles 82 / 215 / 481   int8 105 / 315 / 1066   bf16 149 / 237 / 432
+    down 576×1536,    M = 16 / 64 / 256:   tiles 40 / 77 / 184    int8 50 / 163 / 613     bf16 62 / 122 / 278
 
-So there a packed weight keeps a dequantized bf16 copy, prepacked for oneDNN, for steps of
-more than ``DENSE_COPY_ROWS`` rows (:func:`dense_copy_policy`: 2 B a parameter beside the
-packed bytes, while memory allows, said in the start-up report). A weight without a copy
-dequantizes into bf16 per call from ``DENSE_ROWS`` rows (long prefill chunks), where that pass
-is paid back. Without AMX the bf16 GEMM is no faster than this kernel at any size measured
-(1.09–1.11× at 512 and 2048 rows), and the dequantization would be pure cost, so there is no
-dense path.
+and against dequantizing per call then ``F.linear`` on prefill chunks: 2.2× at 512 rows, level at
+2048. So on AMX no dense copy of the weight is kept. A row's result on the tiles does not
+depend on its batch, but it is not the int8 kernel's: ``ENGINE_CPU_AMX_TILES=0`` keeps every
+step on that kernel. Without AMX the bf16 GEMM is no faster
+than this kernel at any size measured (1.09–1.11× at 512 and 2048 rows), and there is no other
+path.
 """
 
 from __future__ import annotations
@@ -32,9 +35,7 @@ import os
 
 import torch
 
-from engine.builtin.platforms import memory_available
 from engine.layers import Layer
-from engine.layers.dense import PackedDense
 from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
@@ -44,14 +45,11 @@ from engine_platforms_cpu_native.kernels import activation_rows
 GROUP, TILE = 32, 16
 # the logits each row of a vocabulary's matmul gets recomputed exactly (PackedAffine.logits)
 LOGITS_REFINED = 32
-DENSE_ROWS = 384  # from here, on AMX, dequantize + bf16 GEMM beats the VNNI kernel (see above)
-# a weight's dense copy runs steps of more rows than this: a tie with the kernel at 16, and the
-# native tapes record decode steps of up to 16 rows (oneDNN's GEMM is not a kernel they replay)
-DENSE_COPY_ROWS = 16
-# the dense copies stop where they would leave less than this share of the machine's memory
-# available (the KV cache is sized from what is left); ENGINE_CPU_DENSE_COPY=0 turns them off
-DENSE_COPY_MEMORY_KEPT = 0.5
-DENSE_COPY_VARIABLE = "ENGINE_CPU_DENSE_COPY"
+# steps of more rows than this multiply on AMX tiles where the CPU has them (see above): level
+# with the int8 kernel at 16, and the native tapes, which record decode steps up to 16 rows,
+# replay that kernel
+TILE_ROWS = 16
+TILES_VARIABLE = "ENGINE_CPU_AMX_TILES"
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 # the ggml block layouts packed straight from their blocks: (pack_ggml_blocks' type, bytes per
@@ -67,22 +65,11 @@ def kernels(portable: bool = False) -> dict[str, NativeKernel]:
     return {symbol: bind(library, symbol) for symbol in library.prototypes}
 
 
-@functools.cache
-def amx_bf16() -> bool:
-    """Whether torch's bf16 GEMM (oneDNN) runs on AMX tiles on this CPU."""
-    probe = getattr(torch.cpu, "_is_amx_tile_supported", None)
-    return bool(probe and probe())
-
-
-def dense_copy_policy(nbytes: int) -> bool:
-    """Whether a packed weight keeps a dense bf16 copy of ``nbytes``: on AMX (``amx_bf16``),
-    unless ``ENGINE_CPU_DENSE_COPY=0``, while the memory available after it (``MemAvailable``)
-    stays above ``DENSE_COPY_MEMORY_KEPT`` of the machine's; a model too big for every copy gets
-    them for its first layers."""
-    if os.environ.get(DENSE_COPY_VARIABLE, "1") == "0" or not amx_bf16():
-        return False
-    available, total = memory_available()
-    return available - nbytes >= DENSE_COPY_MEMORY_KEPT * total
+def amx_tiles() -> bool:
+    """Whether batched steps multiply on AMX tiles: the build has them, Linux granted this
+    process their state (``affine_amx``), and ``ENGINE_CPU_AMX_TILES`` is not ``0`` (which
+    keeps every step on the int8 kernel, whose rows are the same in any batch)."""
+    return os.environ.get(TILES_VARIABLE, "1") != "0" and bool(kernels()["affine_amx"]())
 
 
 def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:
@@ -172,23 +159,12 @@ class PackedAffine(Layer):
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
-        self.dense_rows = DENSE_ROWS if dtype == torch.bfloat16 and not portable and amx_bf16() else None
-        self.dense = None
-        if self.dense_rows is not None and dense_copy_policy(2 * self.out_features * self.in_features):
-            self.keep_dense_copy()
-
-    def keep_dense_copy(self) -> None:
-        """Keep the weight dequantized in bf16, prepacked for oneDNN, for steps of more than
-        ``DENSE_COPY_ROWS`` rows (on AMX: see the module's docstring)."""
-        self.dense = PackedDense(self.dequantize())
-        self.dense_rows = DENSE_COPY_ROWS + 1
+        self._tiles = bound["affine_matmul_amx"] if dtype == torch.bfloat16 and not portable and amx_tiles() else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, self.dtype)
-        if self.dense_rows is not None and x.shape[0] >= self.dense_rows:
-            if self.dense is not None:
-                return self.dense(x)
-            return torch.nn.functional.linear(x, self.dequantize())
+        if self._on_tiles(x):
+            return self._run(self._tiles, x, self.dtype, 0)
         return self._run(self._matmul, x, self.dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -196,13 +172,21 @@ class PackedAffine(Layer):
         ``LOGITS_REFINED`` largest recomputed from the activations unrounded (``affine_logits``):
         the int8 rounding's error reaches the logits with no normalization after. On the
         default model the int8 head was a third of the float32 path's KL divergence from the
-        reference (docs/decisions.md). Steps the dense copy runs take its bf16 GEMM's logits,
-        refined the same way (``affine_refine_logits``)."""
+        reference (docs/decisions.md). Steps on AMX tiles take the tiles' float32 logits of the
+        bf16 weight, refined the same way (``affine_refine_logits``)."""
         x = activation_rows(x, self.in_features, self.dtype)
-        if self.dense is not None and x.shape[0] >= self.dense_rows:  # the copy's, then refined
-            out = self.dense(x).float()
+        if self._on_tiles(x):
+            out = self._run(self._tiles, x, torch.float32, 1)
             return self._run(self._refine_logits, x, torch.float32, LOGITS_REFINED, out=out)
         return self._run(self._logits, x, torch.float32, LOGITS_REFINED)
+
+    @property
+    def on_tiles(self) -> bool:
+        """Whether steps of more than ``TILE_ROWS`` rows multiply on AMX tiles."""
+        return self._tiles is not None
+
+    def _on_tiles(self, x: torch.Tensor) -> bool:
+        return self.on_tiles and x.shape[0] > TILE_ROWS
 
     def _run(self, kernel, x: torch.Tensor, dtype: torch.dtype, *extra, out=None) -> torch.Tensor:
         """``kernel`` over the activation rows x and the packed weight, into ``out`` or a fresh

@@ -92,19 +92,12 @@ class NativeLayerOps(LayerOps):
         return affine.PackedAffine.from_blocks(raw, layout, self.dtype)
 
     def notes(self, model):
-        """The packed weights' dense bf16 copies on AMX (:func:`affine.dense_copy_policy`), if any,
-        with their memory."""
+        """Which kernel multiplies the packed weights' batched steps: on AMX, tiles over the
+        weight dequantized on the fly (:data:`affine.TILE_ROWS`)."""
         packed = [m for m in model.modules() if isinstance(m, affine.PackedAffine)]
-        copies = [m.dense for m in packed if m.dense is not None]
-        if not copies:
+        if not any(m.on_tiles for m in packed):
             return []
-        nbytes = sum(c.out_features * c.in_features * 2 for c in copies)
-        note = (
-            f"AMX: {len(copies)} quantized weights keep a dense bf16 copy for steps over "
-            f"{affine.DENSE_COPY_ROWS} rows, {nbytes / 2**20:.1f} MiB "
-            f"({affine.DENSE_COPY_VARIABLE}=0 drops them)"
-        )
-        return [note]
+        return [f"AMX: quantized weights multiply steps over {affine.TILE_ROWS} rows on AMX tiles"]
 
     def pack_fp4(self, weight):
         """A :class:`~engine_platforms_cpu_native.fp4.PackedFp4` where this CPU has AVX2 and

@@ -357,6 +357,14 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
         gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, out);
     }
 }
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define HAVE_AMX 1
+#include "quant_gemm_amx.h"
+#endif
+#endif
+#ifndef HAVE_AMX
+#define HAVE_AMX 0
 #endif
 
 /* ---- entry points ----------------------------------------------------------------------- */
@@ -392,6 +400,50 @@ static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_b
 #else
 #define GEMM gemm_scalar
 #endif
+
+/* ---- the product on AMX tiles (quant_gemm_amx.h) --------------------------------------------- */
+
+int64_t affine_amx(void) {
+#if HAVE_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+/* Without AMX tiles, the same product in plain C: each weight value rounded to bf16 as
+ * affine_dequantize makes it, times x, summed in float. */
+static void dense_product(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                          int64_t form, int64_t bits, int64_t n, int out_f32, void *out) {
+    int64_t groups = k / GROUP, steps = k / step_bytes(bits);
+    float *w = malloc(sizeof(float) * (size_t)k);
+    for (int64_t col = 0; col < n; col++) {
+        int64_t t = col / TILE, c = col % TILE;
+        for (int64_t i = 0; i < k; i++) {
+            int64_t at = sz_index(form, groups, t, i / GROUP, c);
+            float product = (float)packed_q(qw, bits, steps, col, i) * scale_at(sz, form, at);
+            w[i] = bf16_load(bf16_store(product + offset_at(sz, form, bits, at)));
+        }
+        for (int64_t r = 0; r < m; r++) {
+            float sum = 0.f;
+            for (int64_t i = 0; i < k; i++) sum += bf16_load(x[r * ldx + i]) * w[i];
+            if (out_f32) ((float *)out)[r * n + col] = sum;
+            else ((uint16_t *)out)[r * n + col] = bf16_store(sum);
+        }
+    }
+    free(w);
+}
+
+void affine_matmul_amx(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t form, int64_t bits, int64_t n, int64_t out_f32, void *out) {
+#if HAVE_AMX
+    if (amx_permitted()) {
+        amx_gemm(x, ldx, m, k, qw, sz, form, bits, n, (int)out_f32, out);
+        return;
+    }
+#endif
+    dense_product(x, ldx, m, k, qw, sz, form, bits, n, (int)out_f32, out);
+}
 
 /* ---- a vocabulary's top logits recomputed --------------------------------------------------- */
 

@@ -24,6 +24,15 @@ void affine_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, co
 void affine_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                        int64_t form, int64_t bits, int64_t n, float *out);
 
+/* 1 when this build and process multiply on AMX tiles (affine_matmul_amx), else 0 */
+int64_t affine_amx(void);
+
+/* out [m, n] (bf16, or float32 when out_f32) = x [m, k] (bf16, row stride ldx) · wᵀ with w the
+ * dense bf16 weight affine_dequantize_bf16 makes, the sums in float: on AMX tiles, the weight
+ * dequantized on the fly (quant_gemm_amx.h); elsewhere in plain C */
+void affine_matmul_amx(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t form, int64_t bits, int64_t n, int64_t out_f32, void *out);
+
 /* a vocabulary's logits, float32 out [m, n]: affine_matmul's product with each row's `top`
  * largest recomputed from the float activations times the exact weight */
 void affine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,

@@ -1,0 +1,252 @@
+/* quant_gemm.c's product on AMX tiles, for batched steps: x bf16 [m, k] times the packed weight,
+ * dequantized on the fly. Included by quant_gemm.c only, after its layout helpers.
+ *
+ * Why dequantize rather than multiply int8 tiles: GGUF's scales change every 32 inputs, so an
+ * int8 tile product (tdpbsud) must be stored and scaled per group and per 16 rows, which is
+ * what the VNNI kernel spends its time on too (an int8 tile kernel gave ~1.1×, docs/decisions.md).
+ * Dequantizing the weight instead costs the same whatever the number of rows: each thread turns
+ * a panel of 32 output columns × all k inputs into bf16 B tiles once (in its L2, k · 64 bytes),
+ * then runs every row of x against it with tdpbf16ps. Memory reads the 4-bit weight, a quarter
+ * of the bf16 copy's bytes, which is what bounds a decode step of tens of rows.
+ *
+ * The weight values are affine_dequantize's, bf16(q · scale + offset) with the product and the
+ * sum each rounded to float as the plain C does, so this is x times the dense bf16 weight, with
+ * float sums in the tiles' order.
+ *
+ * B tile layout (bf16 "VNNI" pairs): a 32-input group of 16 columns is 16 rows of 64 bytes, row
+ * p holding inputs 2p and 2p + 1 of each column c at words 2c and 2c + 1. The packed 4-bit step j
+ * (quant_gemm.c) holds column c's inputs 8j…8j+3 in the low nibbles of bytes 4c…4c+3 and
+ * 8j+4…8j+7 in the high ones: widened to int32 lanes 4c' + i per quarter of 4 columns, scaled,
+ * rounded to bf16 pairwise (vcvtne2ps2bf16) and split by dword parity into rows 4j…4j+3. */
+
+#include <immintrin.h>
+
+#define PANEL_TILES 2                     /* B tiles (16 columns each) a panel holds */
+#define B_TILE_BYTES (TILE * 64)          /* one group's B tile: 16 rows of 32 bf16 */
+#define ARCH_REQ_XCOMP_PERM 0x1023        /* arch_prctl: ask for a state component */
+#define XFEATURE_XTILEDATA 18             /* the tile data, which Linux grants per process */
+long syscall(long number, ...);           /* unistd.h's, which -std=c11 does not declare */
+
+/* The tile registers (literals: the intrinsics paste them into the instruction): C (float sums)
+ * for row blocks 0 and 1 × panel tiles 0 and 1, A (x rows), B (the dequantized weight). */
+#define C00 0
+#define C01 1
+#define C10 2
+#define C11 3
+#define A0 4
+#define A1 5
+#define B0 6
+#define B1 7
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Linux hands a process the tile state on request only (once: later calls return at once). */
+static int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0) permitted = syscall(158 /* SYS_arch_prctl */, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return permitted;
+}
+
+/* This thread's tiles for a row block of rows0 (1…16) and rows1 (0…16) rows. */
+static void configure_tiles(int rows0, int rows1) {
+    tile_config config = {.palette = 1};
+    int rows[8] = {rows0, rows0, rows1, rows1, rows0, rows1, TILE, TILE};
+    for (int t = 0; t < 8; t++)
+        if (rows[t]) config.rows[t] = (uint8_t)rows[t], config.bytes_per_row[t] = 64;
+    _tile_loadconfig(&config);
+}
+
+/* The vpermb indices that gather B row `pair` (inputs 2·pair, 2·pair + 1 of a 4-input step)
+ * for columns 8·half…8·half + 7 from a 64-byte step (byte 4c + i: column c, input i): dword l
+ * takes byte 4(8·half + l/2) + 2·pair + l%2, into its byte `at` (the other bytes' indices are
+ * never used: the permute is masked to byte `at`). */
+static inline __m512i row_index(int half, int pair, int at) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512i column = _mm512_add_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32(8 * half));
+    __m512i source = _mm512_add_epi32(_mm512_slli_epi32(column, 2),
+                                      _mm512_add_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(1)),
+                                                       _mm512_set1_epi32(2 * pair)));
+    return _mm512_slli_epi32(source, 8 * at);
+}
+
+/* 16 per-column values spread as B row lanes: lane l of half h is column 8h + l/2. */
+static inline __m512 per_half(__m512 v, int half) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32(8 * half)), v);
+}
+
+/* One group's scaling, per half of the tile's columns. 4-bit values become floats 1 + q/128
+ * (q placed in byte 2 of a float whose bits are 1.0's, exact) and w = (1 + q/128) · 128·scale
+ * + (offset − 128·scale), one fused multiply-add; 8-bit ones are converted and scaled as
+ * q · scale + offset (affine_dequantize's own operations). */
+typedef struct {
+    __m512 multiplier[2], addend[2];
+} group_scaling;
+
+static inline group_scaling scaling(const void *sz, int64_t form, int64_t bits, int64_t at) {
+    __m512 scale = load16_sz(sz, form, at), offset;
+    offset = form == SZ_F16_CENTRED ? _mm512_mul_ps(scale, _mm512_set1_ps(centre(bits))) : load16_sz(sz, form, at + TILE);
+    group_scaling g;
+    for (int half = 0; half < 2; half++) {
+        __m512 s = per_half(scale, half), o = per_half(offset, half);
+        if (bits == 4) {
+            g.multiplier[half] = _mm512_mul_ps(s, _mm512_set1_ps(128.f));
+            g.addend[half] = _mm512_sub_ps(o, g.multiplier[half]);
+        } else {
+            g.multiplier[half] = s, g.addend[half] = o;
+        }
+    }
+    return g;
+}
+
+/* The row indices, built once per call: [bits == 8][half][pair]. */
+typedef struct {
+    __m512i at[2][2][2];
+} row_indices;
+
+static row_indices make_row_indices(void) {
+    row_indices r;
+    for (int wide = 0; wide < 2; wide++)
+        for (int half = 0; half < 2; half++)
+            for (int pair = 0; pair < 2; pair++) r.at[wide][half][pair] = row_index(half, pair, wide ? 0 : 2);
+    return r;
+}
+
+/* B row `pair` of a step's values (4-bit: one nibble's, each byte 0x80 | q) as 32 bf16 at row. */
+static inline void b_row(__m512i values, const row_indices *index, const group_scaling *g, int bits, int pair,
+                         uint16_t *row) {
+    __m512 f[2];
+    for (int half = 0; half < 2; half++) {
+        if (bits == 4) {
+            const __m512i one = _mm512_set1_epi32(0x3F800000);
+            __m512i v = _mm512_mask_permutexvar_epi8(one, (__mmask64)0x4444444444444444ull, index->at[0][half][pair], values);
+            f[half] = _mm512_fmadd_ps(_mm512_castsi512_ps(v), g->multiplier[half], g->addend[half]);
+        } else {
+            __m512i v = _mm512_maskz_permutexvar_epi8((__mmask64)0x1111111111111111ull, index->at[1][half][pair], values);
+            f[half] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), g->multiplier[half]), g->addend[half]);
+        }
+    }
+    _mm512_store_si512(row, (__m512i)_mm512_cvtne2ps_pbh(f[1], f[0]));
+}
+
+/* One packed tile's group g as a B tile at b (aligned): 4 steps of 8 inputs (4-bit) or 8 of 4. */
+static inline void dequantize_b_tile(const uint8_t *steps, const void *sz, int64_t form, int64_t bits, int64_t at,
+                                     const row_indices *index, uint16_t *b) {
+    group_scaling g = scaling(sz, form, bits, at);
+    const __m512i low = _mm512_set1_epi8(15), exponent = _mm512_set1_epi8((char)0x80);
+    for (int j = 0; j < GROUP / (int)step_bytes(bits); j++, steps += 64) {
+        __m512i bytes = _mm512_loadu_si512((const void *)steps);
+        if (bits == 4) {  /* each nibble with 1.0's byte-2 bit (the exponent's lowest): (a & b) | c */
+            __m512i lo = _mm512_ternarylogic_epi32(bytes, low, exponent, 0xEA);
+            __m512i hi = _mm512_ternarylogic_epi32(_mm512_srli_epi16(bytes, 4), low, exponent, 0xEA);
+            for (int pair = 0; pair < 2; pair++) {
+                b_row(lo, index, &g, 4, pair, b + (4 * j + pair) * 32);
+                b_row(hi, index, &g, 4, pair, b + (4 * j + 2 + pair) * 32);
+            }
+        } else {
+            for (int pair = 0; pair < 2; pair++) b_row(bytes, index, &g, 8, pair, b + (2 * j + pair) * 32);
+        }
+    }
+}
+
+/* Where the weight's panel lies: its first tile, how many (1 or PANEL_TILES) and its B tiles,
+ * group-major (group g's tile t at b + (g · PANEL_TILES + t) · B_TILE_BYTES / 2). */
+typedef struct {
+    const uint8_t *qw;
+    const void *sz;
+    int64_t form, bits, k, tile0;
+    int tiles;
+    const row_indices *index;
+    uint16_t *b;
+} panel;
+
+/* Group g of the panel's tiles into its B tiles. */
+static inline void dequantize_group(const panel *p, int64_t g) {
+    int64_t groups = p->k / GROUP, tile_qbytes = (p->k / step_bytes(p->bits)) * 64;
+    for (int t = 0; t < p->tiles; t++) {
+        const uint8_t *steps = p->qw + (p->tile0 + t) * tile_qbytes + g * GROUP / step_bytes(p->bits) * 64;
+        dequantize_b_tile(steps, p->sz, p->form, p->bits, sz_index(p->form, groups, p->tile0 + t, g, 0), p->index,
+                          p->b + (g * PANEL_TILES + t) * B_TILE_BYTES / 2);
+    }
+}
+
+/* The float sums of one row block (rows0 + rows1 rows from x) against the panel into sums
+ * [32 rows, 32 columns], the tiles configured for the block. The panel's first block
+ * dequantizes each group just before its products (`fresh`), so that the vector work and the
+ * tile unit's overlap; the later blocks reread the B tiles from the cache. */
+static void multiply_block(const uint16_t *x, int64_t ldx, const panel *p, int fresh, int rows1, float *sums) {
+    const int64_t stride = ldx * 2, groups = p->k / GROUP, sums_stride = PANEL_TILES * TILE * 4;
+    const int two = p->tiles > 1;
+    _tile_zero(C00);
+    if (two) _tile_zero(C01);
+    if (rows1) {
+        _tile_zero(C10);
+        if (two) _tile_zero(C11);
+    }
+    for (int64_t g = 0; g < groups; g++) {
+        const uint16_t *b = p->b + g * PANEL_TILES * B_TILE_BYTES / 2;
+        if (fresh) dequantize_group(p, g);
+        _tile_loadd(B0, b, 64);
+        _tile_loadd(A0, x + g * GROUP, stride);
+        _tile_dpbf16ps(C00, A0, B0);
+        if (rows1) {
+            _tile_loadd(A1, x + TILE * ldx + g * GROUP, stride);
+            _tile_dpbf16ps(C10, A1, B0);
+        }
+        if (two) {
+            _tile_loadd(B1, b + B_TILE_BYTES / 2, 64);
+            _tile_dpbf16ps(C01, A0, B1);
+            if (rows1) _tile_dpbf16ps(C11, A1, B1);
+        }
+    }
+    _tile_stored(C00, sums, sums_stride);
+    if (two) _tile_stored(C01, sums + TILE, sums_stride);
+    if (rows1) {
+        _tile_stored(C10, sums + TILE * PANEL_TILES * TILE, sums_stride);
+        if (two) _tile_stored(C11, sums + TILE * PANEL_TILES * TILE + TILE, sums_stride);
+    }
+}
+
+/* rows of sums [.., 32] into out's columns [col, min(col + 32, n)) as bf16 or float32 */
+static void store_sums(const float *sums, int64_t rows, int64_t col, int64_t n, int out_f32, void *out) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int h = 0; h < PANEL_TILES && col + h * TILE < n; h++) {
+            int64_t left = n - col - h * TILE;
+            __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+            __m512 v = _mm512_loadu_ps(sums + r * PANEL_TILES * TILE + h * TILE);
+            if (out_f32) _mm512_mask_storeu_ps((float *)out + r * n + col + h * TILE, mask, v);
+            else store16_bf16((uint16_t *)out + r * n + col + h * TILE, mask, v);
+        }
+}
+
+static void amx_gemm(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                     int64_t form, int64_t bits, int64_t n, int out_f32, void *out) {
+    int64_t tiles = (n + TILE - 1) / TILE, panels = (tiles + PANEL_TILES - 1) / PANEL_TILES;
+    size_t out_size = out_f32 ? 4 : 2;
+    const row_indices index = make_row_indices();
+#pragma omp parallel if (m * n * k >= PARALLEL_WORK)
+    {
+        panel p = {qw, sz, form, bits, k, 0, 0, &index, aligned_alloc(64, (size_t)(k / GROUP * PANEL_TILES * B_TILE_BYTES))};
+        float *sums = aligned_alloc(64, sizeof(float) * 2 * TILE * PANEL_TILES * TILE);
+        int configured = -1;  /* the rows of the block the tiles are configured for */
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < panels; i++) {
+            p.tile0 = i * PANEL_TILES;
+            p.tiles = p.tile0 + 1 < tiles ? PANEL_TILES : 1;
+            for (int64_t r = 0; r < m; r += 2 * TILE) {
+                int rows = m - r < 2 * TILE ? (int)(m - r) : 2 * TILE, rows1 = rows > TILE ? rows - TILE : 0;
+                if (rows != configured) configure_tiles(rows - rows1, rows1);
+                configured = rows;
+                multiply_block(x + r * ldx, ldx, &p, r == 0, rows1, sums);
+                store_sums(sums, rows, p.tile0 * TILE, n, out_f32, (char *)out + r * n * out_size);
+            }
+        }
+        if (configured >= 0) _tile_release();
+        free(p.b);
+        free(sums);
+    }
+}
