@@ -25,8 +25,7 @@ the higher figure (on the shared 2-core AMD EPYC this was written on, either cam
 Bytes read per token are the model's parameter and buffer bytes that one decode step reads:
 every projection and norm whole, the LM head's table whole, but one row of a table that only serves
 lookups (an untied input embedding, or the plain copy a tied bf16 table keeps for lookups beside
-its prepacked head) and one row of the rotary cos/sin tables; none of the dense bf16 copies that
-packed weights keep on AMX for steps of many rows. The K/V cache the step also reads is
+its prepacked head) and one row of the rotary cos/sin tables. The K/V cache the step also reads is
 left out of the floor; its size at the run's mean context is printed (well under 5 % of the weights
 here). Decode tokens/s are measured as ``quant.py``'s single stream: (n − 1) tokens over the time a
 n-token run takes beyond a 1-token run, the best of ``--repeats`` rounds.
@@ -114,12 +113,9 @@ def bytes_read_per_token(model) -> int:
     """The weight bytes one decode step of one stream reads (see the module docstring)."""
     from engine.layers.embedding import VocabEmbedding
     from engine.layers.rotary import RotaryEmbedding
-    from engine_platforms_cpu_native.affine import PackedAffine
 
     reads: dict[int, int] = {}
     for module in model.modules():
-        if isinstance(module, PackedAffine) and module.dense is not None:  # for batched steps (AMX)
-            reads.update({id(t): 0 for t in _tensors(module.dense)})
         if isinstance(module, VocabEmbedding):
             reads.update(_table_reads(module))
         elif isinstance(module, RotaryEmbedding):

@@ -420,7 +420,8 @@ class EngineCore:
           row's attention does not depend on the prefix cache or the chunking; the linear
           layers are the quant method's kernels, whose sums may still depend on how many rows
           share a call (bf16 GEMMs do, the int8 kernel of the default model on the cpu-native
-          platform does not: there repeats agree, cached, chunked and batched alike);
+          platform does not: there repeats agree, cached, chunked and batched alike, on AMX
+          with its tiles off);
         - ``"none"``: an attention backend in use promises neither."""
         if self.config.batch_invariant:
             return "batch-invariant"

@@ -91,7 +91,7 @@ class LayerOps:
 
     def notes(self, model) -> list[str]:
         """Lines for the start-up report about what these ops made of ``model``'s weights
-        (copies they keep beside the packed weights, and their memory); none here."""
+        (which kernels run them, copies kept beside them and their memory); none here."""
         return []
 
     def rms_norm(self, norm, x: torch.Tensor, residual: torch.Tensor | None = None):

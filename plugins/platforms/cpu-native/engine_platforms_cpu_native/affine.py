@@ -159,7 +159,8 @@ class PackedAffine(Layer):
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
-        self._tiles = bound["affine_matmul_amx"] if dtype == torch.bfloat16 and not portable and amx_tiles() else None
+        on_amx = dtype == torch.bfloat16 and not portable and amx_tiles()
+        self._tiles = bound["affine_matmul_amx"] if on_amx else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, self.dtype)

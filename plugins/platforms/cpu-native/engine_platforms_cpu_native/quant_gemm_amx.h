@@ -16,8 +16,9 @@
  * B tile layout (bf16 "VNNI" pairs): a 32-input group of 16 columns is 16 rows of 64 bytes, row
  * p holding inputs 2p and 2p + 1 of each column c at words 2c and 2c + 1. The packed 4-bit step j
  * (quant_gemm.c) holds column c's inputs 8j…8j+3 in the low nibbles of bytes 4c…4c+3 and
- * 8j+4…8j+7 in the high ones: widened to int32 lanes 4c' + i per quarter of 4 columns, scaled,
- * rounded to bf16 pairwise (vcvtne2ps2bf16) and split by dword parity into rows 4j…4j+3. */
+ * 8j+4…8j+7 in the high ones (an 8-bit step: inputs 4j…4j+3 in bytes 4c…4c+3). One masked
+ * vpermb gathers half a B row (8 columns × 2 inputs) into float lanes in the row's order, and
+ * vcvtne2ps2bf16 joins two scaled halves into the row. */
 
 #include <immintrin.h>
 
@@ -79,10 +80,10 @@ static inline __m512 per_half(__m512 v, int half) {
     return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32(8 * half)), v);
 }
 
-/* One group's scaling, per half of the tile's columns. 4-bit values become floats 1 + q/128
- * (q placed in byte 2 of a float whose bits are 1.0's, exact) and w = (1 + q/128) · 128·scale
- * + (offset − 128·scale), one fused multiply-add; 8-bit ones are converted and scaled as
- * q · scale + offset (affine_dequantize's own operations). */
+/* One group's scaling, per half of the tile's columns: w = q · scale + offset, the product and
+ * the sum each rounded as affine_dequantize rounds them. A 4-bit q arrives as the float
+ * 1 + q/128 (q in byte 2 of 1.0's bits: one masked vpermb, no conversion); minus 1 it is q/128
+ * exactly, so its product with 128 · scale is q · scale rounded once. 8-bit ones are converted. */
 typedef struct {
     __m512 multiplier[2], addend[2];
 } group_scaling;
@@ -93,12 +94,8 @@ static inline group_scaling scaling(const void *sz, int64_t form, int64_t bits, 
     group_scaling g;
     for (int half = 0; half < 2; half++) {
         __m512 s = per_half(scale, half), o = per_half(offset, half);
-        if (bits == 4) {
-            g.multiplier[half] = _mm512_mul_ps(s, _mm512_set1_ps(128.f));
-            g.addend[half] = _mm512_sub_ps(o, g.multiplier[half]);
-        } else {
-            g.multiplier[half] = s, g.addend[half] = o;
-        }
+        g.multiplier[half] = bits == 4 ? _mm512_mul_ps(s, _mm512_set1_ps(128.f)) : s;
+        g.addend[half] = o;
     }
     return g;
 }
@@ -124,7 +121,8 @@ static inline void b_row(__m512i values, const row_indices *index, const group_s
         if (bits == 4) {
             const __m512i one = _mm512_set1_epi32(0x3F800000);
             __m512i v = _mm512_mask_permutexvar_epi8(one, (__mmask64)0x4444444444444444ull, index->at[0][half][pair], values);
-            f[half] = _mm512_fmadd_ps(_mm512_castsi512_ps(v), g->multiplier[half], g->addend[half]);
+            __m512 q = _mm512_sub_ps(_mm512_castsi512_ps(v), _mm512_set1_ps(1.f));  /* q/128, exact */
+            f[half] = _mm512_add_ps(_mm512_mul_ps(q, g->multiplier[half]), g->addend[half]);
         } else {
             __m512i v = _mm512_maskz_permutexvar_epi8((__mmask64)0x1111111111111111ull, index->at[1][half][pair], values);
             f[half] = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(v), g->multiplier[half]), g->addend[half]);

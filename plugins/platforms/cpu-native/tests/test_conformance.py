@@ -11,9 +11,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
-from engine.builtin.platforms import memory_available
 from engine.layers import LayerOps, RMSNorm
-from engine.layers.dense import packable
 from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine.native import BuildError, load_source
@@ -169,8 +167,8 @@ def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, ro
 @pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
 def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, form, monkeypatch):
     """The same int32 group sums in both builds; only the float sums' order differs (the
-    kernels' own: no dense copy on AMX)."""
-    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+    kernels' own: no AMX tiles)."""
+    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
     gen = torch.Generator().manual_seed(rows)
     weight = _random_affine(bits, gen, form)
     n, k = weight.shape
@@ -254,9 +252,9 @@ def test_extreme_groups_sum_exactly(bits):
 @pytest.mark.parametrize("bits", [4, 8])
 def test_a_row_is_the_same_in_any_batch(dtype, bits, monkeypatch):
     """53 rows at once give bit for bit what 8 rows at a time give: the kernel's 4-row blocks
-    compute each row alone, so a row's result does not depend on its batch (without the dense
-    copy an AMX CPU would run the 53 on)."""
-    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+    compute each row alone, so a row's result does not depend on its batch (without the tiles
+    an AMX CPU would run the 53 on)."""
+    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
     gen = torch.Generator().manual_seed(bits)
     weight = _random_affine(bits, gen)
     k = weight.shape[1]
@@ -265,80 +263,87 @@ def test_a_row_is_the_same_in_any_batch(dtype, bits, monkeypatch):
     assert torch.equal(packed(x), torch.cat([packed(x[i : i + 8]) for i in range(0, 53, 8)]))
 
 
+def _tile_product(weight: AffineWeight, x: torch.Tensor, out_dtype: torch.dtype, portable: bool = False):
+    """``affine_matmul_amx`` of bf16 rows x: on AMX tiles where this build and CPU have them,
+    else (and in the portable build) its plain C."""
+    packed = PackedAffine(weight, torch.bfloat16, portable=portable)
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=out_dtype)
+    affine.kernels(portable)["affine_matmul_amx"](
+        x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], packed.qw.data_ptr(), packed.sz.data_ptr(),
+        packed.form, packed.storage_bits, weight.shape[0], int(out_dtype == torch.float32), out.data_ptr(),
+    )  # fmt: skip
+    return out
+
+
 @pytest.mark.parametrize("bits", [4, 8])
-def test_long_chunks_multiply_the_dequantized_weight(bits, monkeypatch):
-    """Without a dense copy, from ``dense_rows`` rows (on an AMX CPU by default; forced here so
-    every CPU runs it) a bf16 matmul is exactly torch's GEMM on the dequantized weight, and
-    shorter ones stay on the VNNI kernel, within its int8 rounding of that product."""
-    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+@pytest.mark.parametrize("rows", [1, 16, 17, 33, 70])
+@pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
+def test_the_tile_product_is_x_times_the_bf16_weight(bits, rows, form):
+    """``affine_matmul_amx``: bf16 rows times the weight rounded to bf16, summed in float32, in
+    either build (AMX tiles with the weight dequantized on the fly, or plain C), within the
+    float sums' order; bf16 out is that rounded. Rows past a 16-row tile, columns past a tile
+    pair (75) and every scale form, 4 and 8 bits, over 576 inputs (18 groups)."""
+    gen = torch.Generator().manual_seed(rows * 10 + bits)
+    weight = _random_affine(bits, gen, form, n=75, k=576)
+    x = torch.randn(rows + 3, 576, generator=gen).to(torch.bfloat16)[3:]  # rows of a wider view
+    exact = x.float() @ weight.dequantize(torch.bfloat16).float().T
+    scale = exact.abs().max().item()
+    for portable in (False, True):
+        product = _tile_product(weight, x, torch.float32, portable)
+        torch.testing.assert_close(product, exact, rtol=0, atol=1e-5 * scale)
+        rounded = _tile_product(weight, x, torch.bfloat16, portable)
+        torch.testing.assert_close(rounded, product.to(torch.bfloat16))
+
+
+@pytest.mark.skipif(not affine.amx_tiles(), reason="this CPU has no AMX tiles")
+@pytest.mark.parametrize("bits", [4, 8])
+def test_steps_over_tile_rows_run_on_the_tiles_the_rest_on_the_kernel(bits, monkeypatch):
+    """On AMX a bf16 step of more than ``TILE_ROWS`` rows is the tile product, and a row's bits
+    do not depend on how many rows share its step there; up to ``TILE_ROWS`` rows — every
+    decode step a native tape records — the int8 kernel's bits, as with the tiles off."""
     gen = torch.Generator().manual_seed(bits)
     weight = _random_affine(bits, gen)
-    k = weight.shape[1]
     packed = PackedAffine(weight, torch.bfloat16)
-    assert packed.dense_rows == (affine.DENSE_ROWS if affine.amx_bf16() else None)
-    assert PackedAffine(weight, torch.float32).dense_rows is None
-    packed.dense_rows = 40
-    x = torch.randn(40, k, generator=gen).to(torch.bfloat16)
-    dense = torch.nn.functional.linear(x, weight.dequantize(torch.bfloat16))
-    assert torch.equal(packed(x), dense)
-    rounded = packed(x[:39]).float()
-    assert not torch.equal(rounded, dense[:39].float())  # the VNNI kernel's int8 activations
-    assert (rounded - dense[:39].float()).abs().max() <= 0.03 * dense.float().abs().max()
+    assert packed.on_tiles and not PackedAffine(weight, torch.float32).on_tiles
+    x = torch.randn(53, weight.shape[1], generator=gen).to(torch.bfloat16)
+    assert torch.equal(packed(x), _tile_product(weight, x, torch.bfloat16))
+    assert torch.equal(packed(x[:40]), packed(x)[:40])
+    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
+    off = PackedAffine(weight, torch.bfloat16)
+    assert not off.on_tiles
+    rows = affine.TILE_ROWS
+    assert torch.equal(packed(x[:rows]), off(x[:rows]))
+    assert not torch.equal(packed(x), off(x))
 
 
-def _no_bf16_packing() -> str:
-    if packable(torch.zeros(8, 8, dtype=torch.bfloat16)):
-        return ""
-    return "oneDNN does not pack bfloat16 on this CPU (no AVX-512 or AMX)"
-
-
-@pytest.mark.skipif(bool(_no_bf16_packing()), reason=_no_bf16_packing())
-@pytest.mark.parametrize("bits", [4, 8])
-def test_a_dense_copy_runs_the_steps_the_tapes_do_not(bits, monkeypatch):
-    """A packed weight's dense copy (on AMX by default; forced here where oneDNN packs bf16)
-    runs steps of more than ``DENSE_COPY_ROWS`` rows with the bits of torch's GEMM on the
-    dequantized weight; steps of up to that many rows — every decode step a native tape
-    records — keep the kernel's bits."""
-    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
-    gen = torch.Generator().manual_seed(bits)
-    weight = _random_affine(bits, gen)
-    plain, copied = PackedAffine(weight, torch.bfloat16), PackedAffine(weight, torch.bfloat16)
-    assert copied.dense is None
-    copied.keep_dense_copy()
-    rows = affine.DENSE_COPY_ROWS
-    x = torch.randn(rows + 1, weight.shape[1], generator=gen).to(torch.bfloat16)
-    assert torch.equal(copied(x), torch.nn.functional.linear(x, weight.dequantize(torch.bfloat16)))
-    assert torch.equal(copied(x[:rows]), plain(x[:rows]))
-
-
-@pytest.mark.skipif(bool(_no_bf16_packing()), reason=_no_bf16_packing())
-def test_logits_through_a_dense_copy_keep_each_rows_largest_exact(monkeypatch):
-    """A vocabulary table's logits over more than ``DENSE_COPY_ROWS`` rows come from the copy's
-    bf16 GEMM, each row's ``LOGITS_REFINED`` largest recomputed as the kernel's path does: the
-    same values there, the rest within bf16's rounding of the exact product."""
-    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
+@pytest.mark.skipif(not affine.amx_tiles(), reason="this CPU has no AMX tiles")
+def test_logits_on_the_tiles_keep_each_rows_largest_exact():
+    """A vocabulary table's logits over more than ``TILE_ROWS`` rows come from the tiles' float32
+    product, each row's ``LOGITS_REFINED`` largest recomputed as the kernel's path does: the
+    same values there, the rest within bf16's rounding of the weight."""
     gen = torch.Generator().manual_seed(3)
     weight = _random_affine(8, gen)
-    plain, copied = PackedAffine(weight, torch.bfloat16), PackedAffine(weight, torch.bfloat16)
-    copied.keep_dense_copy()
-    x = torch.randn(affine.DENSE_COPY_ROWS + 3, weight.shape[1], generator=gen).to(torch.bfloat16)
+    packed = PackedAffine(weight, torch.bfloat16)
+    x = torch.randn(affine.TILE_ROWS + 3, weight.shape[1], generator=gen).to(torch.bfloat16)
     exact = x.float() @ weight.dequantize(torch.float32).T
-    through_copy, through_kernel = copied.logits(x), plain.logits(x)
-    top = through_kernel.topk(affine.LOGITS_REFINED, dim=-1)
-    assert torch.equal(through_copy.gather(1, top.indices[:, :8]), top.values[:, :8])
-    torch.testing.assert_close(through_copy, exact, rtol=1e-2, atol=1e-2 * exact.abs().max().item())
+    on_tiles = packed.logits(x)
+    by_kernel = torch.cat([packed.logits(x[i : i + 1]) for i in range(x.shape[0])])
+    top = by_kernel.topk(affine.LOGITS_REFINED, dim=-1)
+    assert torch.equal(on_tiles.gather(1, top.indices[:, :8]), top.values[:, :8])
+    torch.testing.assert_close(on_tiles, exact, rtol=1e-2, atol=1e-2 * exact.abs().max().item())
 
 
-def test_dense_copies_follow_the_cpu_the_switch_and_the_memory(monkeypatch):
-    """Copies are kept on AMX alone, never with ``ENGINE_CPU_DENSE_COPY=0``, and not where one
-    would leave less than half the machine's memory available."""
-    monkeypatch.delenv(affine.DENSE_COPY_VARIABLE, raising=False)
-    assert affine.dense_copy_policy(2**20) == affine.amx_bf16()
-    assert not affine.dense_copy_policy(memory_available()[1])
-    monkeypatch.setenv(affine.DENSE_COPY_VARIABLE, "0")
-    assert not affine.dense_copy_policy(2**20)
+def test_tiles_follow_the_cpu_and_the_switch(monkeypatch):
+    """Batched steps go to tiles where the build and the process have AMX (``affine_amx``), for
+    bf16 activations only, never with ``ENGINE_CPU_AMX_TILES=0``."""
+    monkeypatch.delenv(affine.TILES_VARIABLE, raising=False)
     weight = _random_affine(4, torch.Generator().manual_seed(0))
-    assert PackedAffine(weight, torch.bfloat16).dense is None
+    has_amx = bool(affine.kernels()["affine_amx"]())
+    assert affine.amx_tiles() == has_amx
+    assert PackedAffine(weight, torch.bfloat16).on_tiles == has_amx
+    assert not affine.kernels(portable=True)["affine_amx"]()
+    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
+    assert not affine.amx_tiles() and not PackedAffine(weight, torch.bfloat16).on_tiles
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -114,7 +114,9 @@ class GGUFLinearMethod(QuantMethod):
     def apply_batch_invariant(self, layer, x, bias):
         """Calls padded to probed row buckets (:func:`engine.layers.batch_invariant.in_row_buckets`)
         rather than 16-row tiles: the packed kernel rounds and sums each row on its own, so its
-        rows pass the probe at every bucket, and a prompt runs at the kernel's full rate."""
+        rows pass the probe at every bucket, and a prompt runs at the kernel's full rate (on AMX,
+        where cpu-native runs steps over 16 rows on tiles, another kernel, the 16-row bucket
+        alone passes)."""
         kernel = layer.kernel
         key = ("gguf", type(kernel).__name__, layer.input_size, sum(layer.output_sizes), self.ctx.dtype)
         return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, (*key, bias is not None))

@@ -24,7 +24,7 @@ def weight_bytes(llm) -> int:
 
 
 @pytest.mark.slow
-def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32, monkeypatch):
+def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32):
     prompts, reference = default_model_greedy_chats("float32")
     forced = teacher_forced_agreement(default_kept_float32, prompts, reference)
     print(f"kept-quantized vs dequantized, float32, teacher forced: {forced:.1%} of greedy tokens")
@@ -39,9 +39,6 @@ def test_kept_quantized_matches_dequantized_and_is_small(default_kept_float32, m
 
     bf16 = LLM(dtype="bfloat16", quantization="unquantized", **COMMON)
     del kept_bf16
-    # the packed weights alone: on AMX cpu-native also keeps a bf16 copy for batched steps,
-    # which its start-up report states; this variable turns it off
-    monkeypatch.setenv("ENGINE_CPU_DENSE_COPY", "0")
     kept_bytes, bf16_bytes = weight_bytes(LLM(dtype="bfloat16", **COMMON)), weight_bytes(bf16)
     print(
         f"weights: kept-quantized {kept_bytes / 2**20:.1f} MiB, bf16 {bf16_bytes / 2**20:.1f} MiB "
