@@ -110,9 +110,10 @@ class PackedAffine(Layer):
     scales alone are kept (0.0625 B a parameter: the file's own bytes) and the kernel makes
     each offset from its scale, the same float (``form``, quant_gemm.c).
     ``portable=True`` runs the plain-C build (what a CPU without AVX512_VNNI or AVX2 gets), for
-    tests."""
+    tests; ``tiles=False`` keeps every step on the int8 kernel where AMX tiles would take the
+    batched ones (for benchmarks)."""
 
-    def __init__(self, weight: AffineWeight, dtype: torch.dtype, portable: bool = False):
+    def __init__(self, weight: AffineWeight, dtype: torch.dtype, portable: bool = False, tiles: bool = True):
         super().__init__()
         reasons = unpackable(weight, dtype)
         if reasons:
@@ -124,7 +125,7 @@ class PackedAffine(Layer):
             pointers = q.data_ptr(), scale.data_ptr(), offset.data_ptr()
             bound["pack_affine"](*pointers, n, k, self.storage_bits, qw.data_ptr(), sz.data_ptr())
 
-        self._pack(pack, dtype, weight.shape, 4 if weight.bits <= 4 else 8, portable)
+        self._pack(pack, dtype, weight.shape, 4 if weight.bits <= 4 else 8, portable, tiles)
 
     @classmethod
     def from_blocks(cls, raw: torch.Tensor, layout: str, dtype: torch.dtype) -> PackedAffine:
@@ -140,15 +141,15 @@ class PackedAffine(Layer):
         def pack(bound, qw, sz):
             bound["pack_ggml_blocks"](raw.data_ptr(), code, n, k, qw.data_ptr(), sz.data_ptr())
 
-        self._pack(pack, dtype, (n, k), bits, portable=False)
+        self._pack(pack, dtype, (n, k), bits, portable=False, tiles=True)
         return self
 
-    def _pack(self, pack, dtype: torch.dtype, shape: tuple[int, int], storage_bits: int, portable: bool):
+    def _pack(self, pack, dtype, shape: tuple[int, int], storage_bits: int, portable: bool, tiles: bool):
         """Allocate the packed buffers, fill them (``pack(kernels, qw, sz)``) and bind the kernels."""
         self.dtype, self.storage_bits = dtype, storage_bits
-        (self.out_features, self.in_features), tiles = shape, -(-shape[0] // TILE)
-        qw = torch.empty(tiles * TILE * self.in_features * self.storage_bits // 8, dtype=torch.uint8)
-        sz = torch.empty(tiles, self.in_features // GROUP, 2, TILE)
+        (self.out_features, self.in_features), column_tiles = shape, -(-shape[0] // TILE)
+        qw = torch.empty(column_tiles * TILE * self.in_features * self.storage_bits // 8, dtype=torch.uint8)
+        sz = torch.empty(column_tiles, self.in_features // GROUP, 2, TILE)
         bound = kernels(portable)
         pack(bound, qw, sz)
         self.form, kept = _sz_form(sz, storage_bits)
@@ -159,14 +160,19 @@ class PackedAffine(Layer):
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
-        on_amx = dtype == torch.bfloat16 and not portable and amx_tiles()
+        on_amx = tiles and dtype == torch.bfloat16 and not portable and amx_tiles()
         self._tiles = bound["affine_matmul_amx"] if on_amx else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, self.dtype)
         if self._on_tiles(x):
-            return self._run(self._tiles, x, self.dtype, 0)
+            return self.tiles(x)
         return self._run(self._matmul, x, self.dtype)
+
+    def tiles(self, x: torch.Tensor) -> torch.Tensor:
+        """x · wᵀ on the AMX tiles at any number of rows (what ``forward`` runs above
+        ``TILE_ROWS``), for a weight that is ``on_tiles``."""
+        return self._run(self._tiles, activation_rows(x, self.in_features, self.dtype), self.dtype, 0)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """``forward`` for a vocabulary table's logits, in float32, with each row's

@@ -221,9 +221,17 @@ static void store_sums(const float *sums, int64_t rows, int64_t col, int64_t n, 
         }
 }
 
+/* Rows a pass over the panels takes: its activations (rows · k bf16, ~1 MiB, at least 256 rows)
+ * stay in L2 while every panel runs against them, rather than streaming a long chunk's from L3
+ * once a panel (each pass dequantizes the panels again, cheap beside 256 rows' products). */
+static int64_t pass_rows(int64_t k) {
+    int64_t rows = (1 << 20) / (2 * k) / (2 * TILE) * (2 * TILE);
+    return rows < 16 * TILE ? 16 * TILE : rows;
+}
+
 static void amx_gemm(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                      int64_t form, int64_t bits, int64_t n, int out_f32, void *out) {
-    int64_t tiles = (n + TILE - 1) / TILE, panels = (tiles + PANEL_TILES - 1) / PANEL_TILES;
+    int64_t tiles = (n + TILE - 1) / TILE, panels = (tiles + PANEL_TILES - 1) / PANEL_TILES, pass = pass_rows(k);
     size_t out_size = out_f32 ? 4 : 2;
     const row_indices index = make_row_indices();
 #pragma omp parallel if (m * n * k >= PARALLEL_WORK)
@@ -231,16 +239,19 @@ static void amx_gemm(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const
         panel p = {qw, sz, form, bits, k, 0, 0, &index, aligned_alloc(64, (size_t)(k / GROUP * PANEL_TILES * B_TILE_BYTES))};
         float *sums = aligned_alloc(64, sizeof(float) * 2 * TILE * PANEL_TILES * TILE);
         int configured = -1;  /* the rows of the block the tiles are configured for */
+        for (int64_t r0 = 0; r0 < m; r0 += pass) {
+            int64_t r1 = m - r0 < pass ? m : r0 + pass;
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < panels; i++) {
-            p.tile0 = i * PANEL_TILES;
-            p.tiles = p.tile0 + 1 < tiles ? PANEL_TILES : 1;
-            for (int64_t r = 0; r < m; r += 2 * TILE) {
-                int rows = m - r < 2 * TILE ? (int)(m - r) : 2 * TILE, rows1 = rows > TILE ? rows - TILE : 0;
-                if (rows != configured) configure_tiles(rows - rows1, rows1);
-                configured = rows;
-                multiply_block(x + r * ldx, ldx, &p, r == 0, rows1, sums);
-                store_sums(sums, rows, p.tile0 * TILE, n, out_f32, (char *)out + r * n * out_size);
+            for (int64_t i = 0; i < panels; i++) {
+                p.tile0 = i * PANEL_TILES;
+                p.tiles = p.tile0 + 1 < tiles ? PANEL_TILES : 1;
+                for (int64_t r = r0; r < r1; r += 2 * TILE) {
+                    int rows = r1 - r < 2 * TILE ? (int)(r1 - r) : 2 * TILE, rows1 = rows > TILE ? rows - TILE : 0;
+                    if (rows != configured) configure_tiles(rows - rows1, rows1);
+                    configured = rows;
+                    multiply_block(x + r * ldx, ldx, &p, r == r0, rows1, sums);
+                    store_sums(sums, rows, p.tile0 * TILE, n, out_f32, (char *)out + r * n * out_size);
+                }
             }
         }
         if (configured >= 0) _tile_release();

@@ -276,16 +276,17 @@ def _tile_product(weight: AffineWeight, x: torch.Tensor, out_dtype: torch.dtype,
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("rows", [1, 16, 17, 33, 70])
+@pytest.mark.parametrize(("rows", "k"), [(1, 576), (16, 576), (17, 576), (33, 576), (70, 576), (300, 4096)])
 @pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
-def test_the_tile_product_is_x_times_the_bf16_weight(bits, rows, form):
+def test_the_tile_product_is_x_times_the_bf16_weight(bits, rows, k, form):
     """``affine_matmul_amx``: bf16 rows times the weight rounded to bf16, summed in float32, in
     either build (AMX tiles with the weight dequantized on the fly, or plain C), within the
     float sums' order; bf16 out is that rounded. Rows past a 16-row tile, columns past a tile
-    pair (75) and every scale form, 4 and 8 bits, over 576 inputs (18 groups)."""
+    pair (75), every scale form, 4 and 8 bits, and a chunk long enough for the tiles to take
+    it in two passes (300 rows of 4096 inputs)."""
     gen = torch.Generator().manual_seed(rows * 10 + bits)
-    weight = _random_affine(bits, gen, form, n=75, k=576)
-    x = torch.randn(rows + 3, 576, generator=gen).to(torch.bfloat16)[3:]  # rows of a wider view
+    weight = _random_affine(bits, gen, form, n=75, k=k)
+    x = torch.randn(rows + 3, k, generator=gen).to(torch.bfloat16)[3:]  # rows of a wider view
     exact = x.float() @ weight.dequantize(torch.bfloat16).float().T
     scale = exact.abs().max().item()
     for portable in (False, True):
