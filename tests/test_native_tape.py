@@ -15,8 +15,7 @@ from engine.native import tape
 from engine.runner import step_graphs
 from engine.testing import reference
 from engine_attention_cpu_native.backend import NativeAttentionBackend
-from engine_platforms_cpu_native import affine, kernels
-from engine_platforms_cpu_native.platform import TILE_TAPE_SIZES
+from engine_platforms_cpu_native import kernels
 from engine_quant_gguf.loader import default_model_path
 from engine_quant_gguf.writer import write_gguf
 from tests.conftest import native_affine_missing
@@ -174,34 +173,6 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     assert _generate(llm, prompts, lengths) == eager
     assert len(replays) >= 40  # the last request alone decodes 5 steps per output length gap, and so on
     assert sorted(graphs.graphs) == list(range(1, 11)) and graphs.pending == list(range(16, 10, -1))
-
-
-def test_tapes_record_every_size_to_16_and_a_platforms_padded_sizes_above():
-    assert tape.TapeGraphs().default_sizes(256) == tuple(range(1, 17))
-    assert tape.TapeGraphs().default_sizes(5) == (1, 2, 3, 4, 5)
-    padded = tape.TapeGraphs((8, 24, 32, 48, 64))  # 8 is every size's already
-    assert padded.default_sizes(256) == (*range(1, 17), 24, 32, 48, 64)
-    assert padded.default_sizes(40) == (*range(1, 17), 24, 32)
-
-
-@NEEDS_NATIVE_AFFINE
-@pytest.mark.skipif(not affine.amx_tiles(), reason="this CPU has no AMX tiles")
-def test_decode_batches_over_16_replay_padded_tapes_on_amx_tiles(tiny_gguf, monkeypatch):
-    """On AMX tiles a decode step of 17-20 requests is padded to the 24-row tape and replayed,
-    each request's greedy tokens as an engine that never records (a row's sums on the tiles are
-    its own, padded or not)."""
-    options = dict(dtype="bfloat16", num_blocks=256, block_size=16, max_num_seqs=32, max_model_len=256)
-    prompts = reference.random_prompts(1000, [3 + 2 * i for i in range(20)], seed=3)
-    lengths = [6 + i for i in range(20)]
-    eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
-    llm = LLM(tiny_gguf, **options)
-    graphs = llm.engine.runner.graphs
-    assert graphs.sizes == (*range(1, 17), *(s for s in TILE_TAPE_SIZES if s <= 32))
-    replayed = []
-    real_replay = tape.Tape.replay
-    monkeypatch.setattr(tape.Tape, "replay", lambda self: (replayed.append(self), real_replay(self))[1])
-    assert _generate(llm, prompts, lengths) == eager
-    assert graphs.graphs[24].graph in replayed
 
 
 @NEEDS_NATIVE_AFFINE

@@ -213,24 +213,18 @@ class TapeGraphs(StepGraphs):
     :func:`bind`. By default every batch size up to 16: a tape saves the same per-kernel Python
     cost at any size, which still mattered at 9-16 rows (10-25% of the default model's decode
     throughput), and a padded row costs real matmul work on a CPU (one 16-row tape for 9 rows
-    was 8% slower than eager), so no size is padded. A platform whose batched kernels cost about
-    the same for a few more rows names larger sizes too (``padded_sizes``; a step is padded up
-    to the smallest that holds it): cpu-native on AMX tiles. Each tape keeps its forward's
-    activations alive (0.42 MiB a row on the default model). Sizes above 8 are recorded the
-    first time a step of that size runs (or while a server is idle), so an engine that never
-    batches more than 8 requests starts as fast as before."""
+    was 8% slower than eager), so no size is padded. Each tape keeps its forward's activations
+    alive (0.42 MiB a row on the default model). Sizes above 8 are recorded the first time a
+    step of that size runs (or while a server is idle), so an engine that never batches more
+    than 8 requests starts as fast as before."""
 
     name = "native tapes"
     max_default_size = 16
     start_up_sizes_up_to = 8
     shares_activations = False
 
-    def __init__(self, padded_sizes: tuple[int, ...] = ()):
-        self.padded_sizes = padded_sizes
-
     def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
-        every = range(1, min(self.max_default_size, max_num_seqs) + 1)
-        return (*every, *(s for s in self.padded_sizes if self.max_default_size < s <= max_num_seqs))
+        return tuple(range(1, min(self.max_default_size, max_num_seqs) + 1))
 
     def record(self, forward):
         return record(forward)

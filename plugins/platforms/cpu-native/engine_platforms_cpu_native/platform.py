@@ -12,13 +12,8 @@ import torch
 
 from engine.builtin.platforms import CpuPlatform
 from engine.native import BuildError, tape
-from engine_platforms_cpu_native import affine, kernels
+from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.ops import NativeLayerOps
-
-# decode batches over 16 that a tape replays on AMX tiles, each padded up to the next size: the
-# tiles multiply blocks of 32 rows, so a few padding rows cost about nothing, and replayed a
-# step of 40 or 64 requests ran ~10 % faster than eagerly (benchmarks/RESULTS.md)
-TILE_TAPE_SIZES = (24, 32, 48, 64)
 
 
 class NativeCpuPlatform(CpuPlatform):
@@ -37,12 +32,8 @@ class NativeCpuPlatform(CpuPlatform):
     def step_graphs(self):
         """Native tapes, where this machine's calling convention allows them
         (:mod:`engine.native.tape`): every kernel of a decode step with the cpu-native attention
-        and GGUF's packed weights is a C call, replayed from C without Python between layers.
-        On AMX tiles, which take a few more rows at about the same cost, steps of up to 64
-        requests are replayed too, padded to :data:`TILE_TAPE_SIZES`."""
-        if tape.unavailable_reasons():
-            return None
-        return tape.TapeGraphs(TILE_TAPE_SIZES if affine.amx_tiles() else ())
+        and GGUF's packed weights is a C call, replayed from C without Python between layers."""
+        return None if tape.unavailable_reasons() else tape.TapeGraphs()
 
     def layer_ops(self, dtype: torch.dtype):
         if dtype not in (torch.bfloat16, torch.float32):
