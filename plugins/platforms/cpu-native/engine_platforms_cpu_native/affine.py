@@ -12,10 +12,11 @@ On a CPU with AMX tiles, steps of more than ``TILE_ROWS`` rows go another way
 (``affine_matmul_amx``, quant_gemm_amx.h): each thread dequantizes a panel of 32 output
 columns to bf16 B tiles and multiplies every row of bf16 activations against it on the tiles.
 Its cost past the weight's bytes is the dequantization, the same whatever the rows, so below
-~16 rows the int8 kernel wins and above it the tiles do. Measured against this kernel and
+~12 rows the int8 kernel wins, and from 16 the tiles do. Measured against this kernel and
 oneDNN's prepacked bf16 GEMM on the dequantized weight (which reads four times the bytes),
 weights cycled through 60 layers so that they come from memory as in a step, two threads, µs
-per call (``quant_matmul.py``; an Emerald Rapids Xeon, 2026-12-05):
+per call (``quant_matmul.py --layers 60``; an Emerald Rapids Xeon, 2026-12-05; the tiles' first
+version, whose fused multiply-add the exact weights now cost ~10 % of at 64 rows):
 
     gate|up 3072×576, M = 16 / 64 / 256:   tiles 82 / 215 / 481   int8 105 / 315 / 1066   bf16 149 / 237 / 432
     down 576×1536,    M = 16 / 64 / 256:   tiles 40 / 77 / 184    int8 50 / 163 / 613     bf16 62 / 122 / 278
@@ -23,9 +24,8 @@ per call (``quant_matmul.py``; an Emerald Rapids Xeon, 2026-12-05):
 and against dequantizing per call then ``F.linear`` on prefill chunks: 2.2× at 512 rows, level at
 2048. So on AMX no dense copy of the weight is kept. A row's result on the tiles does not
 depend on its batch, but it is not the int8 kernel's: ``ENGINE_CPU_AMX_TILES=0`` keeps every
-step on that kernel. Without AMX the bf16 GEMM is no faster
-than this kernel at any size measured (1.09–1.11× at 512 and 2048 rows), and there is no other
-path.
+step on that kernel. Without AMX the bf16 GEMM is no faster than this kernel at any size
+measured (1.09–1.11× at 512 and 2048 rows), and there is no other path.
 """
 
 from __future__ import annotations

@@ -32,7 +32,8 @@
  * bounds them alike) — the same exact integers, then the same float combination, as VNNI.
  * Built without either, the entry points compute the same integers in plain C (the tests
  * compare the builds). quant_gemm.h declares the entry points; quant_gemm_generic.h holds those
- * written once for both activation types.
+ * written once for both activation types; quant_gemm_amx.h the bf16 product on AMX tiles that
+ * batched steps take where the CPU has them (affine_matmul_amx, plain C elsewhere).
  */
 #include "quant_gemm.h"
 #include "engine_bf16.h"
