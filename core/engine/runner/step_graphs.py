@@ -361,8 +361,8 @@ class StepGraphRunner:
     def _give_up_from(self, size: int, exc: RuntimeError) -> None:
         """Bucket ``size`` could not be recorded where a smaller one was: neither can the larger
         ones be, as far as anyone can tell (a platform's forward may leave its recordable kernels
-        from some batch size on: cpu-native's dense copies on AMX), so they run eagerly and the
-        smaller keep their recordings."""
+        from some batch size on, e.g. for a library GEMM on big batches), so they run eagerly
+        and the smaller keep their recordings."""
         logger.info("decode steps of %d sequences and more run eagerly: recording failed: %s", size, exc)
         self.sizes = tuple(s for s in self.sizes if s < size)
         self.pending = [s for s in self.pending if s < size]

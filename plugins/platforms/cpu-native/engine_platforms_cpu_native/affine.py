@@ -166,7 +166,7 @@ class PackedAffine(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, self.dtype)
         if self._on_tiles(x):
-            return self.tiles(x)
+            return self._run(self._tiles, x, self.dtype, 0)
         return self._run(self._matmul, x, self.dtype)
 
     def tiles(self, x: torch.Tensor) -> torch.Tensor:

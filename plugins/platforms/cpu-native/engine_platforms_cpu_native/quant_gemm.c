@@ -232,6 +232,11 @@ static inline __m512 load16_sz(const void *sz, int64_t form, int64_t index) {
                 : _mm512_loadu_ps((const float *)sz + index);
 }
 
+/* the 16 offsets beside the scales at index (offset_at's lanes): a centred form's from its scales */
+static inline __m512 load16_offset(const void *sz, int64_t form, int64_t bits, int64_t index, __m512 scale) {
+    return form == SZ_F16_CENTRED ? _mm512_mul_ps(scale, _mm512_set1_ps(centre(bits))) : load16_sz(sz, form, index + TILE);
+}
+
 static inline __m512i bcast4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, 4);
@@ -281,9 +286,7 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
         }
         for (int t = 0; t < NT; t++) {
             int64_t at = sz0 + t * tile_sz + g * sz_rows(form) * TILE;
-            __m512 scale = load16_sz(sz, form, at);
-            __m512 offset = form == SZ_F16_CENTRED ? _mm512_mul_ps(scale, _mm512_set1_ps(centre(bits)))
-                                                   : load16_sz(sz, form, at + TILE);
+            __m512 scale = load16_sz(sz, form, at), offset = load16_offset(sz, form, bits, at, scale);
             for (int r = 0; r < R; r++) {
                 __m512 ds = _mm512_mul_ps(scale, _mm512_set1_ps(d[r * groups + g]));
                 acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot[r][t]), ds, acc[r][t]);

@@ -5,8 +5,9 @@
  * int8 tile product (tdpbsud) must be stored and scaled per group and per 16 rows, which is
  * what the VNNI kernel spends its time on too (an int8 tile kernel gave ~1.1×, docs/decisions.md).
  * Dequantizing the weight instead costs the same whatever the number of rows: each thread turns
- * a panel of 32 output columns × all k inputs into bf16 B tiles once (in its L2, k · 64 bytes),
- * then runs every row of x against it with tdpbf16ps. Memory reads the 4-bit weight, a quarter
+ * a panel of 32 output columns × all k inputs into bf16 B tiles (in its L2, k · 64 bytes) once a
+ * pass of rows (pass_rows: every row of a decode step), then runs those rows against it with
+ * tdpbf16ps. Memory reads the 4-bit weight, a quarter
  * of the bf16 copy's bytes, which is what bounds a decode step of tens of rows.
  *
  * The weight values are affine_dequantize's, bf16(q · scale + offset) with the product and the
@@ -61,24 +62,26 @@ static void configure_tiles(int rows0, int rows1) {
     _tile_loadconfig(&config);
 }
 
+/* Lane l of half `half` of a B row holds column 8·half + l/2 (its two inputs in lanes 2c, 2c + 1). */
+static inline __m512i lane_column(int half) {
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    return _mm512_add_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32(8 * half));
+}
+
 /* The vpermb indices that gather B row `pair` (inputs 2·pair, 2·pair + 1 of a 4-input step)
  * for columns 8·half…8·half + 7 from a 64-byte step (byte 4c + i: column c, input i): dword l
  * takes byte 4(8·half + l/2) + 2·pair + l%2, into its byte `at` (the other bytes' indices are
  * never used: the permute is masked to byte `at`). */
 static inline __m512i row_index(int half, int pair, int at) {
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    __m512i column = _mm512_add_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32(8 * half));
-    __m512i source = _mm512_add_epi32(_mm512_slli_epi32(column, 2),
+    __m512i source = _mm512_add_epi32(_mm512_slli_epi32(lane_column(half), 2),
                                       _mm512_add_epi32(_mm512_and_si512(lane, _mm512_set1_epi32(1)),
                                                        _mm512_set1_epi32(2 * pair)));
     return _mm512_slli_epi32(source, 8 * at);
 }
 
-/* 16 per-column values spread as B row lanes: lane l of half h is column 8h + l/2. */
-static inline __m512 per_half(__m512 v, int half) {
-    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-    return _mm512_permutexvar_ps(_mm512_add_epi32(_mm512_srli_epi32(lane, 1), _mm512_set1_epi32(8 * half)), v);
-}
+/* 16 per-column values spread as the lanes of half `half` of a B row. */
+static inline __m512 per_half(__m512 v, int half) { return _mm512_permutexvar_ps(lane_column(half), v); }
 
 /* One group's scaling, per half of the tile's columns: w = q · scale + offset, the product and
  * the sum each rounded as affine_dequantize rounds them. A 4-bit q arrives as the float
@@ -89,8 +92,7 @@ typedef struct {
 } group_scaling;
 
 static inline group_scaling scaling(const void *sz, int64_t form, int64_t bits, int64_t at) {
-    __m512 scale = load16_sz(sz, form, at), offset;
-    offset = form == SZ_F16_CENTRED ? _mm512_mul_ps(scale, _mm512_set1_ps(centre(bits))) : load16_sz(sz, form, at + TILE);
+    __m512 scale = load16_sz(sz, form, at), offset = load16_offset(sz, form, bits, at, scale);
     group_scaling g;
     for (int half = 0; half < 2; half++) {
         __m512 s = per_half(scale, half), o = per_half(offset, half);
@@ -173,9 +175,10 @@ static inline void dequantize_group(const panel *p, int64_t g) {
 }
 
 /* The float sums of one row block (rows0 + rows1 rows from x) against the panel into sums
- * [32 rows, 32 columns], the tiles configured for the block. The panel's first block
- * dequantizes each group just before its products (`fresh`), so that the vector work and the
- * tile unit's overlap; the later blocks reread the B tiles from the cache. */
+ * [32 rows, 32 columns], the tiles configured for the block. A pass's first block dequantizes
+ * each group just before its products (`fresh`: the fastest of the orders tried, against the
+ * whole panel first or the next group after the products, docs/decisions.md); the later blocks
+ * reread the B tiles from the cache. */
 static void multiply_block(const uint16_t *x, int64_t ldx, const panel *p, int fresh, int rows1, float *sums) {
     const int64_t stride = ldx * 2, groups = p->k / GROUP, sums_stride = PANEL_TILES * TILE * 4;
     const int two = p->tiles > 1;
