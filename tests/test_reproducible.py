@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from engine import LLM, SamplingParams
-from engine_platforms_cpu_native import affine
+from engine_platforms_cpu_native import kernels
 
 PROMPT = (
     "You are a careful assistant. Answer in full sentences. Name three colors of the rainbow, "
@@ -33,7 +33,7 @@ def no_amx_tiles():
     """The default model's rows are the same in any batch on the int8 kernel; on AMX, steps of
     more than 16 rows (a cold prompt) would go to tiles, whose bits are another kernel's."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv(affine.TILES_VARIABLE, "0")
+        patch.setenv(kernels.TILES_VARIABLE, "0")
         yield
 
 

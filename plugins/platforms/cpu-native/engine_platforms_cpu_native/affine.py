@@ -31,7 +31,6 @@ measured (1.09–1.11× at 512 and 2048 rows), and there is no other path.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 
@@ -40,7 +39,7 @@ from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
-from engine_platforms_cpu_native.kernels import activation_rows
+from engine_platforms_cpu_native.kernels import activation_rows, tiles_allowed
 
 GROUP, TILE = 32, 16
 # the logits each row of a vocabulary's matmul gets recomputed exactly (PackedAffine.logits)
@@ -49,7 +48,6 @@ LOGITS_REFINED = 32
 # with the int8 kernel at 16, and the native tapes, which record decode steps up to 16 rows,
 # replay that kernel
 TILE_ROWS = 16
-TILES_VARIABLE = "ENGINE_CPU_AMX_TILES"
 SOURCE = kernels.SOURCE.with_name("quant_gemm.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
 # the ggml block layouts packed straight from their blocks: (pack_ggml_blocks' type, bytes per
@@ -69,7 +67,7 @@ def amx_tiles() -> bool:
     """Whether batched steps multiply on AMX tiles: the build has them, Linux granted this
     process their state (``affine_amx``), and ``ENGINE_CPU_AMX_TILES`` is not ``0`` (which
     keeps every step on the int8 kernel, whose rows are the same in any batch)."""
-    return os.environ.get(TILES_VARIABLE, "1") != "0" and bool(kernels()["affine_amx"]())
+    return tiles_allowed() and bool(kernels()["affine_amx"]())
 
 
 def unpackable(weight: AffineWeight, dtype: torch.dtype) -> list[str]:

@@ -1,4 +1,5 @@
-"""bfloat16 weights on a CPU that cannot compute bfloat16 (AVX2 + FMA without AVX512_BF16 or
+"""bfloat16 weights on cpu-native's own kernels: :class:`TiledBf16` on a CPU with AMX tiles,
+:class:`WidenedBf16` on one that cannot compute bfloat16 (AVX2 + FMA without AVX512_BF16 or
 AMX), where oneDNN declines to prepack them (:func:`engine.layers.dense.packable`) and torch's
 bfloat16 ``F.linear`` is oneDNN's emulation. :class:`WidenedBf16` keeps the weight as it is
 (2 B a parameter) and multiplies it on ``dense_bf16.c``'s kernel: each weight widened to float32
@@ -29,7 +30,7 @@ from engine.layers import Layer
 from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
-from engine_platforms_cpu_native.kernels import activation_rows
+from engine_platforms_cpu_native.kernels import activation_rows, tiles_allowed
 
 SOURCE = kernels.SOURCE.with_name("dense_bf16.c")
 _SUFFIX = {torch.bfloat16: "bf16", torch.float32: "f32"}
@@ -75,6 +76,57 @@ class WidenedBf16(Layer):
         if bias is not None:
             bias = bias.to(self.dtype).contiguous()
         out = torch.empty(x.shape[0], self.out_features, dtype=self.dtype)
+        self._matmul(
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            self.in_features,
+            self.weight.data_ptr(),
+            0 if bias is None else bias.data_ptr(),
+            self.out_features,
+            out.data_ptr(),
+        )
+        return out.view(*lead, self.out_features)
+
+    def dequantize(self) -> torch.Tensor:
+        return self.weight
+
+
+def amx_tiles() -> bool:
+    """Whether bfloat16 weights multiply on AMX tiles: the build has them, Linux granted this
+    process their state (``dense_amx``), and ``ENGINE_CPU_AMX_TILES`` is not ``0`` (which
+    leaves them to oneDNN)."""
+    return tiles_allowed() and bool(kernels()["dense_amx"]())
+
+
+class TiledBf16(Layer):
+    """bfloat16 weights on AMX tiles as the checkpoint holds them (``dense_bf16_amx.h``):
+    ``self(x, bias)`` = x · wᵀ (+ bias) for bfloat16 x [..., K], summed in float32 in 32-input
+    steps, the same steps at any batch (a row's bits do not depend on it); ``dequantize()`` = w.
+    Without AMX (the ``portable=True`` build, for tests) the same call sums as
+    :class:`WidenedBf16` does.
+
+    Why not oneDNN's prepacked GEMM, which the plain ops take on a CPU that computes bfloat16:
+    a decode step is then one C call a projection, so a native tape records the whole step, and
+    the kernel itself streamed the default model's projections at 1-16 rows 1.1-1.7× faster
+    than oneDNN, level at 64 rows and 0.8-1.2× (the longer the inputs, the lower) at 256-1024
+    (an Emerald Rapids Xeon, two threads, 2026-12-05: benchmarks/RESULTS.md)."""
+
+    def __init__(self, weight: torch.Tensor, portable: bool = False):
+        super().__init__()
+        reasons = unpackable(weight, torch.bfloat16)
+        if reasons:
+            raise ValueError(f"cannot hold this weight: {'; '.join(reasons)}")
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("weight", weight.detach().contiguous())
+        self._matmul = kernels(portable)["dense_matmul_amx"]
+
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x = activation_rows(x, self.in_features, torch.bfloat16)
+        if bias is not None:
+            bias = bias.to(torch.bfloat16).contiguous()
+        out = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16)
         self._matmul(
             x.data_ptr(),
             x.stride(0),

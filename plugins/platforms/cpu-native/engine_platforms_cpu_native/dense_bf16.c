@@ -41,6 +41,13 @@
 #define NEXT_JOB_BYTES 8192    /* a job's weights up to which it prefetches the next job's whole */
 #define TILED_MIN_ROWS 32      /* rows from which a call takes the register tiles (gemm_tiled) */
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512BW__)
+#define HAVE_AMX 1
+#include "dense_bf16_amx.h"
+#else
+#define HAVE_AMX 0
+#endif
+
 int64_t dense_simd_width(void) { return HAVE_AVX2 ? 256 : 0; }
 
 int64_t dense_tiled_min_rows(void) { return HAVE_AVX2 ? TILED_MIN_ROWS : 0; }
@@ -246,4 +253,25 @@ void dense_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
     for (int64_t r = 0; r < m; r++)
         for (int64_t c = 0; c < n; c++) out[r * n + c] = bf16_store(of[r * n + c] + (bias ? bf16_load(bias[c]) : 0.f));
     free(xf);
+}
+
+/* ---- the product on AMX tiles (dense_bf16_amx.h) -------------------------------------------- */
+
+int64_t dense_amx(void) {
+#if HAVE_AMX
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+void dense_matmul_amx(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w, const uint16_t *bias,
+                      int64_t n, uint16_t *out) {
+#if HAVE_AMX
+    if (amx_permitted()) {
+        amx_dense(x, ldx, m, k, w, bias, n, out);
+        return;
+    }
+#endif
+    dense_matmul_bf16(x, ldx, m, k, w, bias, n, out);
 }

@@ -19,4 +19,12 @@ void dense_matmul_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, con
 void dense_matmul_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w, const float *bias,
                       int64_t n, float *out);
 
+/* 1 when this build and process multiply on AMX tiles (dense_matmul_amx), else 0 */
+int64_t dense_amx(void);
+
+/* out [m, n] = x [m, k] (row stride ldx) · wᵀ (+ bias), summed in float in 32-input steps on AMX
+ * tiles (dense_bf16_amx.h); without them, dense_matmul_bf16's sums */
+void dense_matmul_amx(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w,
+                      const uint16_t *bias, int64_t n, uint16_t *out);
+
 #endif

@@ -4,6 +4,7 @@ machine by :mod:`engine.native` and loaded once per process."""
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import torch
@@ -11,6 +12,9 @@ import torch
 from engine.native import Library, load_source
 
 SOURCE = Path(__file__).with_name("kernels.c")
+# "0" keeps every matmul off the AMX tiles (affine.py, dense.py), on the kernels whose rows are
+# the same bits in any batch and on any machine kind
+TILES_VARIABLE = "ENGINE_CPU_AMX_TILES"
 
 
 @functools.cache
@@ -28,3 +32,8 @@ def activation_rows(x: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Te
     if x.dtype != dtype:
         x = x.to(dtype)
     return x if x.stride(-1) == 1 else x.contiguous()
+
+
+def tiles_allowed() -> bool:
+    """Whether ``ENGINE_CPU_AMX_TILES`` lets matmuls take the AMX tiles (it is not ``0``)."""
+    return os.environ.get(TILES_VARIABLE, "1") != "0"

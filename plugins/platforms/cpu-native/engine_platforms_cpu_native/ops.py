@@ -65,9 +65,14 @@ class NativeLayerOps(LayerOps):
         self._gather = bind(library, "gather_rows")
 
     def pack_dense(self, weight):
-        """oneDNN's packed bfloat16 where this CPU computes bfloat16 (the plain ops'); elsewhere,
-        with AVX2 and FMA, a :class:`~engine_platforms_cpu_native.dense.WidenedBf16` (the weight
-        widened to float32 as it is read, in place of oneDNN's bfloat16 emulation); else None."""
+        """Where this CPU has AMX tiles, a :class:`~engine_platforms_cpu_native.dense.TiledBf16`
+        for bfloat16 (the weight as it lies, on the tiles: tape-recordable, and faster than
+        oneDNN at decode steps); elsewhere oneDNN's packed bfloat16 where this CPU computes
+        bfloat16 (the plain ops'), or with AVX2 and FMA a
+        :class:`~engine_platforms_cpu_native.dense.WidenedBf16` (the weight widened to float32 as
+        it is read, in place of oneDNN's bfloat16 emulation); else None."""
+        if self.dtype == torch.bfloat16 and not dense.unpackable(weight, self.dtype) and dense.amx_tiles():
+            return dense.TiledBf16(weight)
         packed = super().pack_dense(weight)
         if packed is not None or dense.unpackable(weight, self.dtype):
             return packed
@@ -92,12 +97,15 @@ class NativeLayerOps(LayerOps):
         return affine.PackedAffine.from_blocks(raw, layout, self.dtype)
 
     def notes(self, model):
-        """Which kernel multiplies the packed weights' batched steps: on AMX, tiles over the
-        weight dequantized on the fly (:data:`affine.TILE_ROWS`)."""
-        packed = [m for m in model.modules() if isinstance(m, affine.PackedAffine)]
-        if not any(m.on_tiles for m in packed):
-            return []
-        return [f"AMX: quantized weights multiply steps over {affine.TILE_ROWS} rows on AMX tiles"]
+        """Which weights multiply on AMX tiles: the packed ones' steps of more than
+        :data:`affine.TILE_ROWS` rows (the weight dequantized on the fly), bfloat16 ones always."""
+        modules = list(model.modules())
+        notes = []
+        if any(isinstance(m, affine.PackedAffine) and m.on_tiles for m in modules):
+            notes.append(f"AMX: quantized weights multiply steps over {affine.TILE_ROWS} rows on AMX tiles")
+        if any(isinstance(m, dense.TiledBf16) for m in modules):
+            notes.append("AMX: bfloat16 weights multiply on AMX tiles")
+        return notes
 
     def pack_fp4(self, weight):
         """A :class:`~engine_platforms_cpu_native.fp4.PackedFp4` where this CPU has AVX2 and

@@ -21,13 +21,10 @@
  * vpermb gathers half a B row (8 columns × 2 inputs) into float lanes in the row's order, and
  * vcvtne2ps2bf16 joins two scaled halves into the row. */
 
-#include <immintrin.h>
+#include "amx_tiles.h"
 
 #define PANEL_TILES 2                     /* B tiles (16 columns each) a panel holds */
 #define B_TILE_BYTES (TILE * 64)          /* one group's B tile: 16 rows of 32 bf16 */
-#define ARCH_REQ_XCOMP_PERM 0x1023        /* arch_prctl: ask for a state component */
-#define XFEATURE_XTILEDATA 18             /* the tile data, which Linux grants per process */
-long syscall(long number, ...);           /* unistd.h's, which -std=c11 does not declare */
 
 /* The tile registers (literals: the intrinsics paste them into the instruction): C (float sums)
  * for row blocks 0 and 1 × panel tiles 0 and 1, A (x rows), B (the dequantized weight). */
@@ -39,19 +36,6 @@ long syscall(long number, ...);           /* unistd.h's, which -std=c11 does not
 #define A1 5
 #define B0 6
 #define B1 7
-
-typedef struct {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t bytes_per_row[16];
-    uint8_t rows[16];
-} tile_config;
-
-/* Linux hands a process the tile state on request only (once: later calls return at once). */
-static int amx_permitted(void) {
-    static int permitted = -1;
-    if (permitted < 0) permitted = syscall(158 /* SYS_arch_prctl */, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-    return permitted;
-}
 
 /* This thread's tiles for a row block of rows0 (1…16) and rows1 (0…16) rows. */
 static void configure_tiles(int rows0, int rows1) {

@@ -19,7 +19,7 @@ from engine.testing.layer_ops import LayerOpsContract
 from engine.testing.reference import random_prompts, tiny_checkpoint
 from engine_platforms_cpu_native import affine, dense, kernels
 from engine_platforms_cpu_native.affine import PackedAffine
-from engine_platforms_cpu_native.dense import WidenedBf16
+from engine_platforms_cpu_native.dense import TiledBf16, WidenedBf16
 from engine_platforms_cpu_native.fp4 import PackedFp4
 from engine_platforms_cpu_native.ops import NativeLayerOps
 from engine_platforms_cpu_native.platform import _native_ops
@@ -168,7 +168,7 @@ def test_swiglu_agrees_with_the_portable_build_and_torch(portable_ops, dtype, ro
 def test_packed_affine_agrees_with_the_portable_build(dtype, bits, rows, form, monkeypatch):
     """The same int32 group sums in both builds; only the float sums' order differs (the
     kernels' own: no AMX tiles)."""
-    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
     gen = torch.Generator().manual_seed(rows)
     weight = _random_affine(bits, gen, form)
     n, k = weight.shape
@@ -254,7 +254,7 @@ def test_a_row_is_the_same_in_any_batch(dtype, bits, monkeypatch):
     """53 rows at once give bit for bit what 8 rows at a time give: the kernel's 4-row blocks
     compute each row alone, so a row's result does not depend on its batch (without the tiles
     an AMX CPU would run the 53 on)."""
-    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
     gen = torch.Generator().manual_seed(bits)
     weight = _random_affine(bits, gen)
     k = weight.shape[1]
@@ -309,7 +309,7 @@ def test_steps_over_tile_rows_run_on_the_tiles_the_rest_on_the_kernel(bits, monk
     x = torch.randn(53, weight.shape[1], generator=gen).to(torch.bfloat16)
     assert torch.equal(packed(x), _tile_product(weight, x, torch.bfloat16))
     assert torch.equal(packed(x[:40]), packed(x)[:40])
-    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
     off = PackedAffine(weight, torch.bfloat16)
     assert not off.on_tiles
     rows = affine.TILE_ROWS
@@ -337,13 +337,13 @@ def test_logits_on_the_tiles_keep_each_rows_largest_exact():
 def test_tiles_follow_the_cpu_and_the_switch(monkeypatch):
     """Batched steps go to tiles where the build and the process have AMX (``affine_amx``), for
     bf16 activations only, never with ``ENGINE_CPU_AMX_TILES=0``."""
-    monkeypatch.delenv(affine.TILES_VARIABLE, raising=False)
+    monkeypatch.delenv(kernels.TILES_VARIABLE, raising=False)
     weight = _random_affine(4, torch.Generator().manual_seed(0))
     has_amx = bool(affine.kernels()["affine_amx"]())
     assert affine.amx_tiles() == has_amx
     assert PackedAffine(weight, torch.bfloat16).on_tiles == has_amx
     assert not affine.kernels(portable=True)["affine_amx"]()
-    monkeypatch.setenv(affine.TILES_VARIABLE, "0")
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
     assert not affine.amx_tiles() and not PackedAffine(weight, torch.bfloat16).on_tiles
 
 
@@ -431,20 +431,59 @@ def test_widened_bf16_refuses_what_it_cannot_hold():
         WidenedBf16(torch.zeros(4, 8, dtype=torch.bfloat16), torch.float16)
 
 
-def test_pack_dense_widens_bf16_only_where_the_cpu_cannot_compute_it():
-    """oneDNN's packed bfloat16 where the CPU computes bfloat16, exactly as the plain ops give it;
-    the widening kernel where it does not and AVX2 + FMA are there; float32 weights stay F.linear's."""
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize(("n", "k"), [(75, 163), (33, 64), (960, 576), (16, 1)])
+def test_tiled_bf16_is_x_times_w_summed_in_float_and_the_same_in_any_batch(n, k, portable):
+    """``dense_matmul_amx`` (AMX tiles, or the plain C of the portable build) against float64
+    math, with and without a bias: outputs past a 16-row tile and a 32-row panel (75, 33), inputs
+    not a multiple of the tiles' 32 (163, 1: the zero-padded copy), 1 to 300 rows (past a tile,
+    a block pair and a 256-row pass); a row's bits are the same alone, in any batch and as a
+    strided view."""
+    if not portable and not dense.amx_tiles():
+        pytest.skip("this CPU has no AMX tiles")
+    gen = torch.Generator().manual_seed(n * k)
+    weight = (torch.randn(n, k, generator=gen) * 0.1).to(torch.bfloat16)
+    layer = TiledBf16(weight, portable=portable)
+    assert torch.equal(layer.dequantize(), weight)
+    bias = torch.randn(n, generator=gen).to(torch.bfloat16)
+    x = torch.randn(300, k, generator=gen).to(torch.bfloat16)
+    exact = x.double() @ weight.double().t()
+    tolerance = dict(rtol=8e-3, atol=1e-3 * max(1.0, exact.abs().max().item()))
+    torch.testing.assert_close(layer(x), exact.to(torch.bfloat16), **tolerance)
+    torch.testing.assert_close(layer(x, bias), (exact + bias.double()).to(torch.bfloat16), **tolerance)
+    alone = torch.cat([layer(x[i : i + 1], bias) for i in range(300)])
+    for rows in (3, 16, 17, 33, 64, 300):
+        assert torch.equal(layer(x[-rows:], bias), alone[-rows:]), rows
+    wide = torch.randn(37, k + 9, generator=gen).to(torch.bfloat16)[:, :k]  # rows apart in memory
+    assert torch.equal(layer(wide), layer(wide.contiguous()))
+
+
+def test_pack_dense_takes_amx_tiles_else_onednn_else_widens_bf16():
+    """On AMX (and unless ``ENGINE_CPU_AMX_TILES=0``) bfloat16 weights go to the tiles; else
+    oneDNN's packed bfloat16 where the CPU computes bfloat16, exactly as the plain ops give it;
+    the widening kernel where it does not and AVX2 + FMA are there; float32 weights stay
+    F.linear's."""
     from engine.layers.dense import PackedDense, packable
 
     weight = torch.randn(16, 32).to(torch.bfloat16)
     held = _native_ops(torch.bfloat16).pack_dense(weight)
-    if packable(weight):
+    if dense.amx_tiles():
+        assert isinstance(held, TiledBf16)
+    elif packable(weight):
         assert isinstance(held, PackedDense)
     elif dense.kernels()["dense_simd_width"]():
         assert isinstance(held, WidenedBf16)
     else:
         assert held is None
     assert _native_ops(torch.float32).pack_dense(torch.randn(16, 32)) is None
+
+
+def test_the_switch_keeps_bf16_weights_off_the_tiles(monkeypatch):
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
+    assert not dense.amx_tiles()
+    weight = torch.randn(16, 32).to(torch.bfloat16)
+    assert not isinstance(_native_ops(torch.bfloat16).pack_dense(weight), TiledBf16)
+    assert not dense.kernels(portable=True)["dense_amx"]()
 
 
 def _random_affine(bits: int, gen, form: int = affine.SZ_F32, n: int = 75, k: int = 160) -> AffineWeight:

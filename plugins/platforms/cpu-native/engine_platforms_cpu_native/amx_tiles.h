@@ -1,0 +1,28 @@
+/* What every AMX tile kernel of this platform needs (quant_gemm_amx.h, dense_bf16_amx.h): the
+ * tile configuration's layout and the one request Linux wants before a process may use tiles.
+ * Included only where the build targets AMX (AMX_TILE, AMX_BF16, AVX512_BF16). */
+#ifndef ENGINE_CPU_NATIVE_AMX_TILES_H
+#define ENGINE_CPU_NATIVE_AMX_TILES_H
+
+#include <immintrin.h>
+#include <stdint.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023 /* arch_prctl: ask for a state component */
+#define XFEATURE_XTILEDATA 18      /* the tile data, which Linux grants per process */
+long syscall(long number, ...);    /* unistd.h's, which -std=c11 does not declare */
+
+/* ldtilecfg's operand (palette 1): each tile register's rows and bytes a row */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t bytes_per_row[16];
+    uint8_t rows[16];
+} tile_config;
+
+/* Linux hands a process the tile state on request only (once: later calls return at once). */
+static int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0) permitted = syscall(158 /* SYS_arch_prctl */, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return permitted;
+}
+
+#endif
