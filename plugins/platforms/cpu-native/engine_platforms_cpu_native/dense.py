@@ -107,10 +107,12 @@ class TiledBf16(Layer):
     :class:`WidenedBf16` does.
 
     Why not oneDNN's prepacked GEMM, which the plain ops take on a CPU that computes bfloat16:
-    a decode step is then one C call a projection, so a native tape records the whole step, and
-    the kernel itself streamed the default model's projections at 1-16 rows 1.1-1.7× faster
-    than oneDNN, level at 64 rows and 0.8-1.2× (the longer the inputs, the lower) at 256-1024
-    (an Emerald Rapids Xeon, two threads, 2026-12-05: benchmarks/RESULTS.md)."""
+    a decode step is then one C call a projection, so a native tape records the whole step (a
+    oneDNN call left the bf16 config's decode eager), and the kernel streamed the default and
+    1B-class models' projections from memory at 1-16 rows 1.07-1.36× faster than oneDNN (level
+    on the 1B-class down projection), 0.99-1.18× at 64 rows and 0.85-1.03× at 256, where the
+    products bind. An Emerald Rapids Xeon, two threads, 2026-12-05 (benchmarks/RESULTS.md,
+    "bf16 weights on AMX tiles")."""
 
     def __init__(self, weight: torch.Tensor, portable: bool = False):
         super().__init__()
