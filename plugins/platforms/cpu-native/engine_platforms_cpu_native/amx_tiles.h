@@ -11,6 +11,18 @@
 #define XFEATURE_XTILEDATA 18      /* the tile data, which Linux grants per process */
 long syscall(long number, ...);    /* unistd.h's, which -std=c11 does not declare */
 
+/* The tile registers both kernels use (literals: the intrinsics paste them into the
+ * instruction): four of float sums, C<i><j> = A<i> · B<j>, and two operands of each kind (what
+ * A and B hold is each kernel's own). */
+#define C00 0
+#define C01 1
+#define C10 2
+#define C11 3
+#define A0 4
+#define A1 5
+#define B0 6
+#define B1 7
+
 /* ldtilecfg's operand (palette 1): each tile register's rows and bytes a row */
 typedef struct {
     uint8_t palette, start_row, reserved[14];

@@ -55,12 +55,14 @@ def unpackable(weight: torch.Tensor, dtype: torch.dtype) -> list[str]:
     return reasons
 
 
-class WidenedBf16(Layer):
-    """``self(x, bias)`` = x · wᵀ (+ bias) for x [..., K] in ``dtype``, summed in float32 and
-    rounded once; ``dequantize()`` = w [N, K], exact. ``portable=True`` runs the plain-C build
-    (tests)."""
+class _HeldBf16(Layer):
+    """A bfloat16 weight [N, K] kept as the checkpoint holds it, multiplied by a ``dense_bf16.h``
+    entry point (``self._matmul``, set by the subclass): ``self(x, bias)`` = x · wᵀ (+ bias) for
+    x [..., K] in ``self.dtype``; ``dequantize()`` = w, exact."""
 
-    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, portable: bool = False):
+    _matmul: NativeKernel
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         super().__init__()
         reasons = unpackable(weight, dtype)
         if reasons:
@@ -68,7 +70,6 @@ class WidenedBf16(Layer):
         self.dtype = dtype
         self.out_features, self.in_features = weight.shape
         self.register_buffer("weight", weight.detach().contiguous())
-        self._matmul = kernels(portable)[f"dense_matmul_{_SUFFIX[dtype]}"]
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
@@ -92,6 +93,15 @@ class WidenedBf16(Layer):
         return self.weight
 
 
+class WidenedBf16(_HeldBf16):
+    """The widening kernel: x in ``dtype`` (bfloat16 or float32), summed in float32 and rounded
+    once. ``portable=True`` runs the plain-C build (tests)."""
+
+    def __init__(self, weight: torch.Tensor, dtype: torch.dtype, portable: bool = False):
+        super().__init__(weight, dtype)
+        self._matmul = kernels(portable)[f"dense_matmul_{_SUFFIX[dtype]}"]
+
+
 def amx_tiles() -> bool:
     """Whether bfloat16 weights multiply on AMX tiles: the build has them, Linux granted this
     process their state (``dense_amx``), and ``ENGINE_CPU_AMX_TILES`` is not ``0`` (which
@@ -99,7 +109,7 @@ def amx_tiles() -> bool:
     return tiles_allowed() and bool(kernels()["dense_amx"]())
 
 
-class TiledBf16(Layer):
+class TiledBf16(_HeldBf16):
     """bfloat16 weights on AMX tiles as the checkpoint holds them (``dense_bf16_amx.h``):
     ``self(x, bias)`` = x · wᵀ (+ bias) for bfloat16 x [..., K], summed in float32 in 32-input
     steps, the same steps at any batch (a row's bits do not depend on it); ``dequantize()`` = w.
@@ -115,31 +125,5 @@ class TiledBf16(Layer):
     "bf16 weights on AMX tiles")."""
 
     def __init__(self, weight: torch.Tensor, portable: bool = False):
-        super().__init__()
-        reasons = unpackable(weight, torch.bfloat16)
-        if reasons:
-            raise ValueError(f"cannot hold this weight: {'; '.join(reasons)}")
-        self.out_features, self.in_features = weight.shape
-        self.register_buffer("weight", weight.detach().contiguous())
+        super().__init__(weight, torch.bfloat16)
         self._matmul = kernels(portable)["dense_matmul_amx"]
-
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        lead = x.shape[:-1]
-        x = activation_rows(x, self.in_features, torch.bfloat16)
-        if bias is not None:
-            bias = bias.to(torch.bfloat16).contiguous()
-        out = torch.empty(x.shape[0], self.out_features, dtype=torch.bfloat16)
-        self._matmul(
-            x.data_ptr(),
-            x.stride(0),
-            x.shape[0],
-            self.in_features,
-            self.weight.data_ptr(),
-            0 if bias is None else bias.data_ptr(),
-            self.out_features,
-            out.data_ptr(),
-        )
-        return out.view(*lead, self.out_features)
-
-    def dequantize(self) -> torch.Tensor:
-        return self.weight

@@ -21,15 +21,7 @@
 #define AMX_DEPTH 32  /* bf16 inputs an A tile row holds (64 bytes) */
 #define AMX_PANEL 32  /* weight rows a panel holds: 2 A tiles */
 
-/* tile registers: C sums for weight tile i × activation block j, A (weight), B (activations) */
-#define C00 0
-#define C01 1
-#define C10 2
-#define C11 3
-#define A0 4
-#define A1 5
-#define B0 6
-#define B1 7
+/* A<i>: weight tile i of the panel; B<j>: activation block j (amx_tiles.h's registers) */
 
 /* Every tile of these kernels is 16 rows of 64 bytes (the data is padded, not the tiles). */
 static void configure_full_tiles(void) {

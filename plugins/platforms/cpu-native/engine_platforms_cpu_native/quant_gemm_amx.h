@@ -26,16 +26,7 @@
 #define PANEL_TILES 2                     /* B tiles (16 columns each) a panel holds */
 #define B_TILE_BYTES (TILE * 64)          /* one group's B tile: 16 rows of 32 bf16 */
 
-/* The tile registers (literals: the intrinsics paste them into the instruction): C (float sums)
- * for row blocks 0 and 1 × panel tiles 0 and 1, A (x rows), B (the dequantized weight). */
-#define C00 0
-#define C01 1
-#define C10 2
-#define C11 3
-#define A0 4
-#define A1 5
-#define B0 6
-#define B1 7
+/* A<i>: row block i of x; B<j>: panel tile j of the dequantized weight (amx_tiles.h's registers) */
 
 /* This thread's tiles for a row block of rows0 (1…16) and rows1 (0…16) rows. */
 static void configure_tiles(int rows0, int rows1) {
