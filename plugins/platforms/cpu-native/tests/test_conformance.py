@@ -497,3 +497,15 @@ def _random_affine(bits: int, gen, form: int = affine.SZ_F32, n: int = 75, k: in
     if form == affine.SZ_F16_CENTRED:
         offset = scale * -(2 ** (bits - 1))
     return AffineWeight(q, scale, offset, 32, bits)
+
+
+def test_the_start_up_notes_name_the_weights_on_amx_tiles(monkeypatch):
+    """``notes`` tells the start-up report which weights multiply on AMX tiles, and nothing
+    where none do."""
+    monkeypatch.delenv(kernels.TILES_VARIABLE, raising=False)
+    ops = _native_ops(torch.bfloat16)
+    held = ops.pack_dense(torch.randn(16, 32).to(torch.bfloat16))
+    model = torch.nn.ModuleList([held or torch.nn.Identity()])
+    expected = ["AMX: bfloat16 weights multiply on AMX tiles"] if dense.amx_tiles() else []
+    assert ops.notes(model) == expected
+    assert ops.notes(torch.nn.ModuleList([torch.nn.Identity()])) == []
