@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -69,7 +70,7 @@ def other_build(source: Path, weight: torch.Tensor):
     return run
 
 
-def cycled(paths: list) -> object:
+def cycled(paths: list) -> Callable[[torch.Tensor], torch.Tensor]:
     """x ↦ each of ``paths`` (one per copy of the weight) applied to x in turn; the last result."""
 
     def run(x: torch.Tensor) -> torch.Tensor:

@@ -37,4 +37,12 @@ static int amx_permitted(void) {
     return permitted;
 }
 
+/* Activation rows a pass over a weight's panels takes: their bf16 (rows · k · 2 bytes, ~1 MiB)
+ * stay in L2 while every panel runs against them, rather than a long chunk's streaming from L3
+ * once a panel; at least 256, a multiple of 32 (a pair of 16-row tiles). */
+static inline int64_t pass_rows(int64_t k) {
+    int64_t rows = (1 << 20) / (2 * k) / 32 * 32;
+    return rows < 256 ? 256 : rows;
+}
+
 #endif

@@ -112,8 +112,8 @@ static inline void prefetch_ahead(const uint16_t *w, int64_t n, int64_t k, int64
     }
 }
 
-/* C tile `tile` (16 outputs × 16 activation rows), stored at sums, into out's rows [row, row +
- * rows) and columns [col, col + cols) as bf16, plus the bias */
+/* A C tile's sums (16 outputs × 16 activation rows, stored at sums) into out's first `rows`
+ * rows and columns [col, col + cols) as bf16, plus the bias */
 static void store_transposed(const float *sums, const uint16_t *bias, int64_t rows, int64_t col, int64_t cols,
                              int64_t n, uint16_t *out) {
     __m512i r[16];
@@ -157,18 +157,11 @@ static void multiply_panel(const panel_source *p, const uint16_t *b, int64_t ste
     if (two && blocks > 1) _tile_stored(C11, sums + 3 * tile, 64);
 }
 
-/* Activation rows a pass takes: their packed bf16 (~1 MiB) stay in L2 while every panel runs
- * against them; at least 256. */
-static int64_t amx_pass_rows(int64_t kpad) {
-    int64_t rows = (1 << 20) / (2 * kpad) / (2 * AMX_TILE) * (2 * AMX_TILE);
-    return rows < 256 ? 256 : rows;
-}
-
 static void amx_dense(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint16_t *w,
                       const uint16_t *bias, int64_t n, uint16_t *out) {
     const int64_t kpad = (k + AMX_DEPTH - 1) / AMX_DEPTH * AMX_DEPTH, steps = kpad / AMX_DEPTH;
     const int64_t blocks = (m + AMX_TILE - 1) / AMX_TILE, panels = (n + AMX_PANEL - 1) / AMX_PANEL;
-    const int64_t pass = amx_pass_rows(kpad), block_elements = steps * AMX_TILE * AMX_DEPTH;
+    const int64_t pass = pass_rows(kpad), block_elements = steps * AMX_TILE * AMX_DEPTH;
     uint16_t *packed = aligned_alloc(64, sizeof(uint16_t) * (size_t)(blocks * block_elements));
 #pragma omp parallel if (m * n * k >= PARALLEL_WORK)
     {

@@ -199,16 +199,9 @@ static void store_sums(const float *sums, int64_t rows, int64_t col, int64_t n, 
         }
 }
 
-/* Rows a pass over the panels takes: its activations (rows · k bf16, ~1 MiB, at least 256 rows)
- * stay in L2 while every panel runs against them, rather than streaming a long chunk's from L3
- * once a panel (each pass dequantizes the panels again, cheap beside 256 rows' products). */
-static int64_t pass_rows(int64_t k) {
-    int64_t rows = (1 << 20) / (2 * k) / (2 * TILE) * (2 * TILE);
-    return rows < 16 * TILE ? 16 * TILE : rows;
-}
-
 static void amx_gemm(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                      int64_t form, int64_t bits, int64_t n, int out_f32, void *out) {
+    /* passes of rows (amx_tiles.h): each dequantizes the panels again, cheap beside 256 rows' products */
     int64_t tiles = (n + TILE - 1) / TILE, panels = (tiles + PANEL_TILES - 1) / PANEL_TILES, pass = pass_rows(k);
     size_t out_size = out_f32 ? 4 : 2;
     const row_indices index = make_row_indices();
