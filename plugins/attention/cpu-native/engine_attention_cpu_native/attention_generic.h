@@ -4,58 +4,122 @@
  * values must be multiplied by: 1, or 256 for AVX-512 e4m3), BLOCK (a block as float32 rows),
  * STORE_ROW (an output row from float32), WIDEN (1: SCORES reads the item's query vectors and
  * each block's keys as float32, widened once by LOAD_ROW and BLOCK; 0: where they lie) and the
- * math SCORES, SOFTMAX_STEP and ACCUMULATE defined, which it undefines again; TYPED(name) is
- * name_<SUFFIX>. A file rather than a macro, so that compiler messages and debuggers see its own
- * lines. */
+ * math SCORES, SOFTMAX_STEP and ACCUMULATE defined (VALUES_IN_PLACE 1: ACCUMULATE_ROW reads a
+ * block's values where they lie, for all of a row's vectors at once, in place of BLOCK and
+ * ACCUMULATE), which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a
+ * macro, so that compiler messages and debuggers see its own lines. */
+
+/* Row i's scores of chunk [c0, c1) go to [lo, hi) of its vectors' score rows: the keys it sees
+ * there (its own position and earlier, within its window). Returns 0 where it sees none. */
+static inline int TYPED(row_range)(int64_t position, int64_t window, int64_t c0, int64_t c1, int64_t *lo,
+                                   int64_t *hi) {
+    int64_t first = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+    *lo = first > c0 ? first : c0;
+    *hi = position + 1 < c1 ? position + 1 : c1;
+    return *lo < *hi;
+}
+
+/* The block PREFETCH_AHEAD blocks after `start` in an item's walk (a chunk's keys, then its
+ * values, then the next chunk's keys ...; `values`: this one is a value block), NULL past the
+ * end: far enough ahead that its lines arrive while the blocks between are used. */
+static inline const C *TYPED(block_ahead)(const C *keys_base, const C *values_base, const int32_t *table,
+                                          int64_t block_len, int64_t block_size, int64_t chunk, int64_t b0,
+                                          int64_t start, int values, int64_t seq_len) {
+    int64_t c1 = (b0 / chunk + 1) * chunk < seq_len ? (b0 / chunk + 1) * chunk : seq_len;
+    for (int step = 0; step < PREFETCH_AHEAD; step++) {
+        start += block_size;
+        if (start < c1) continue;
+        if (!values) {
+            values = 1, start = b0;
+            continue;
+        }
+        if (c1 >= seq_len) return NULL;
+        values = 0, b0 = start = c1, c1 = c1 + chunk < seq_len ? c1 + chunk : seq_len;
+    }
+    return (values ? values_base : keys_base) + (int64_t)table[start / block_size] * block_len;
+}
 
 static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_cache, const C *value_cache,
                                int64_t head_stride, const int32_t *table, int64_t q_begin, int64_t n,
                                int64_t seq_len, int64_t kv_head, int64_t heads, int64_t group,
                                int64_t dim, int64_t block_size, float scale, int64_t window, float softcap,
                                const float *sinks, float v_scale, T *out, Workspace *w) {
-    int64_t vectors = n * group, block_len = block_size * dim;
+    int64_t vectors = n * group, block_len = block_size * dim, chunk = w->chunk;
     memset(w->acc, 0, sizeof(float) * vectors * dim);
     for (int64_t m = 0; m < vectors; m++) w->max[m] = -INFINITY, w->sum[m] = 0.f;
     const C *keys_base = key_cache + kv_head * head_stride;
     const C *values_base = value_cache + kv_head * head_stride;
     const T *first_query = query + q_begin * q_stride + kv_head * group * dim;
-    int64_t first_position = seq_len - n;
+    int64_t first_position = seq_len - n, lo, hi;
 #if WIDEN
     for (int64_t m = 0; m < vectors; m++)
         LOAD_ROW(w->query + m * dim, first_query + m / group * q_stride + m % group * dim, dim);
 #endif
     int64_t first_key = window > 0 && first_position - window + 1 > 0 ? first_position - window + 1 : 0;
-    for (int64_t start = first_key / block_size * block_size; start < seq_len; start += block_size) {
-        int64_t count = seq_len - start < block_size ? seq_len - start : block_size;
-        int64_t offset = (int64_t)table[start / block_size] * block_len;
-        if (start + block_size < seq_len)  /* the next block's lines, while this one is used */
-            prefetch_block(keys_base + (int64_t)table[start / block_size + 1] * block_len,
-                           values_base + (int64_t)table[start / block_size + 1] * block_len,
-                           block_len * (int64_t)sizeof(C));
+    int64_t first_block = first_key / block_size * block_size;
+    /* Chunks of whole blocks on a grid fixed by position (never by the batch or the chunk a
+     * prompt came in): every row's scores of a chunk first, one softmax step per row and chunk,
+     * then its values. */
+    for (int64_t c0 = first_key / chunk * chunk; c0 < seq_len; c0 += chunk) {
+        int64_t c1 = c0 + chunk < seq_len ? c0 + chunk : seq_len;
+        int64_t b0 = first_block > c0 ? first_block : c0;
+        for (int64_t start = b0; start < c1; start += block_size) {
+            int64_t count = c1 - start < block_size ? c1 - start : block_size;
+            const C *block_keys = keys_base + (int64_t)table[start / block_size] * block_len;
+            const C *next = TYPED(block_ahead)(keys_base, values_base, table, block_len, block_size, chunk, b0,
+                                               start, 0, seq_len);
+            if (next) prefetch_lines(next, block_len * (int64_t)sizeof(C));
 #if WIDEN
-        const float *keys = BLOCK(keys_base + offset, count * dim, w->keys);
+            const float *keys = BLOCK(block_keys, count * dim, w->keys);
 #else
-        const C *keys = keys_base + offset;
+            const C *keys = block_keys;
 #endif
-        const float *values = BLOCK(values_base + offset, count * dim, w->values);
+            for (int64_t i = 0; i < n; i++) {
+                if (!TYPED(row_range)(first_position + i, window, start, start + count, &lo, &hi)) continue;
+                for (int64_t j = 0; j < group; j++) {
+                    int64_t m = i * group + j;
+#if WIDEN
+                    const float *q = w->query + m * dim;
+#else
+                    const T *q = first_query + i * q_stride + j * dim;
+#endif
+                    SCORES(q, keys + (lo - start) * dim, hi - lo, dim, scale * UNIT, w->scores + m * chunk + lo - c0);
+                }
+            }
+        }
         for (int64_t i = 0; i < n; i++) {
-            int64_t visible = first_position + i + 1 - start;  /* keys this row may see here */
-            if (visible > count) visible = count;
-            /* under a window, the keys of this block before the row's window */
-            int64_t skip = window > 0 ? first_position + i - window + 1 - start : 0;
-            if (skip < 0) skip = 0;
-            if (visible <= skip) continue;
+            if (!TYPED(row_range)(first_position + i, window, c0, c1, &lo, &hi)) continue;
             for (int64_t j = 0; j < group; j++) {
                 int64_t m = i * group + j;
-#if WIDEN
-                const float *q = w->query + m * dim;
+                float *scores = w->scores + m * chunk + lo - c0;
+                if (softcap > 0.f) soft_cap(scores, hi - lo, softcap);
+                w->correction[m] = SOFTMAX_STEP(scores, hi - lo, w->max + m, w->sum + m);
+            }
+        }
+        for (int64_t start = b0; start < c1; start += block_size) {
+            int64_t count = c1 - start < block_size ? c1 - start : block_size;
+            const C *next = TYPED(block_ahead)(keys_base, values_base, table, block_len, block_size, chunk, b0,
+                                               start, 1, seq_len);
+            if (next) prefetch_lines(next, block_len * (int64_t)sizeof(C));
+#if VALUES_IN_PLACE
+            const C *values = values_base + (int64_t)table[start / block_size] * block_len;
 #else
-                const T *q = first_query + i * q_stride + j * dim;
+            const float *values = BLOCK(values_base + (int64_t)table[start / block_size] * block_len, count * dim,
+                                        w->values);
 #endif
-                SCORES(q, keys + skip * dim, visible - skip, dim, scale * UNIT, w->scores);
-                if (softcap > 0.f) soft_cap(w->scores, visible - skip, softcap);
-                float correction = SOFTMAX_STEP(w->scores, visible - skip, w->max + m, w->sum + m);
-                ACCUMULATE(w->acc + m * dim, correction, w->scores, values + skip * dim, visible - skip, dim);
+            for (int64_t i = 0; i < n; i++) {
+                if (!TYPED(row_range)(first_position + i, window, start, start + count, &lo, &hi)) continue;
+                /* the chunk's rescaling once, with the row's first values */
+                float *correction = w->correction + i * group, *probs = w->scores + i * group * chunk + lo - c0;
+#if VALUES_IN_PLACE
+                ACCUMULATE_ROW(w->acc + i * group * dim, correction, probs, chunk, values + (lo - start) * dim, hi - lo,
+                               dim, group);
+#else
+                for (int64_t j = 0; j < group; j++)
+                    ACCUMULATE(w->acc + (i * group + j) * dim, correction[j], probs + j * chunk,
+                               values + (lo - start) * dim, hi - lo, dim);
+#endif
+                for (int64_t j = 0; j < group; j++) correction[j] = 1.f;
             }
         }
     }
@@ -126,4 +190,6 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *
 #undef LOAD_ROW
 #undef SOFTMAX_STEP
 #undef ACCUMULATE
+#undef ACCUMULATE_ROW
+#undef VALUES_IN_PLACE
 #undef UNIT
