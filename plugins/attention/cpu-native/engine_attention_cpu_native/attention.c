@@ -417,6 +417,18 @@ static inline __attribute__((always_inline)) void accumulate_tile_bf16(
         for (int r = 0; r < regs; r++) _mm512_storeu_ps(acc + j * dim + d + 16 * r, a[j][r]);
 }
 
+/* accumulate_tile_bf16 for nv (1-4) vectors, nv made a constant */
+static inline __attribute__((always_inline)) void accumulate_piece_bf16(
+    float *acc, const float *correction, const float *probs, int64_t stride, const uint16_t *values, int64_t count,
+    int64_t dim, int64_t d, int64_t nv, const int regs) {
+    switch (nv) {
+    case 4: accumulate_tile_bf16(acc, correction, probs, stride, values, count, dim, d, 4, regs); break;
+    case 3: accumulate_tile_bf16(acc, correction, probs, stride, values, count, dim, d, 3, regs); break;
+    case 2: accumulate_tile_bf16(acc, correction, probs, stride, values, count, dim, d, 2, regs); break;
+    default: accumulate_tile_bf16(acc, correction, probs, stride, values, count, dim, d, 1, regs);
+    }
+}
+
 /* The vectors of one query row (they see the same keys) against a block's bf16 values where
  * they lie: acc[j] = acc[j] · correction[j] + Σ_t probs[j · stride + t] · values[t], j < vectors
  * (acc rows dim apart). Each value is widened in registers once for up to four vectors rather
@@ -424,22 +436,11 @@ static inline __attribute__((always_inline)) void accumulate_tile_bf16(
 static void accumulate_row_bf16_simd(float *acc, const float *correction, const float *probs, int64_t stride,
                                      const uint16_t *values, int64_t count, int64_t dim, int64_t vectors) {
     for (int64_t j = 0; j < vectors; j += 4) {
-        int64_t nv = vectors - j < 4 ? vectors - j : 4;
+        int64_t nv = vectors - j < 4 ? vectors - j : 4, d = 0;
         float *a = acc + j * dim;
         const float *c = correction + j, *p = probs + j * stride;
-        int64_t d = 0;
-        for (; d + 64 <= dim; d += 64) switch (nv) {
-            case 4: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 4, 4); break;
-            case 3: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 3, 4); break;
-            case 2: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 2, 4); break;
-            default: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 1, 4);
-            }
-        for (; d < dim; d += 16) switch (nv) {
-            case 4: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 4, 1); break;
-            case 3: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 3, 1); break;
-            case 2: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 2, 1); break;
-            default: accumulate_tile_bf16(a, c, p, stride, values, count, dim, d, 1, 1);
-            }
+        for (; d + 64 <= dim; d += 64) accumulate_piece_bf16(a, c, p, stride, values, count, dim, d, nv, 4);
+        for (; d < dim; d += 16) accumulate_piece_bf16(a, c, p, stride, values, count, dim, d, nv, 1);
     }
 }
 #define SIMD_VALUES_IN_PLACE 1
@@ -518,9 +519,19 @@ static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t b
     return 1;
 }
 
-/* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming. */
+/* Blocks sit anywhere in the pool, so the hardware prefetcher cannot see the next one coming.
+ * Into L2 (locality 2, prefetcht1): measured level with prefetcht0 on the AMX Xeon. */
 static inline void prefetch_lines(const void *start, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch((const char *)start + b, 0, 2);
+}
+
+/* A query row at `position` sees keys [lo, hi) of [c0, c1): its own position and earlier,
+ * within its window (window > 0). Returns 0 where it sees none there. */
+static inline int row_range(int64_t position, int64_t window, int64_t c0, int64_t c1, int64_t *lo, int64_t *hi) {
+    int64_t first = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
+    *lo = first > c0 ? first : c0;
+    *hi = position + 1 < c1 ? position + 1 : c1;
+    return *lo < *hi;
 }
 
 /* Gemma 2's logit soft-cap: scores become cap · tanh(scores / cap). */

@@ -9,16 +9,6 @@
  * ACCUMULATE), which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a
  * macro, so that compiler messages and debuggers see its own lines. */
 
-/* Row i's scores of chunk [c0, c1) go to [lo, hi) of its vectors' score rows: the keys it sees
- * there (its own position and earlier, within its window). Returns 0 where it sees none. */
-static inline int TYPED(row_range)(int64_t position, int64_t window, int64_t c0, int64_t c1, int64_t *lo,
-                                   int64_t *hi) {
-    int64_t first = window > 0 && position - window + 1 > 0 ? position - window + 1 : 0;
-    *lo = first > c0 ? first : c0;
-    *hi = position + 1 < c1 ? position + 1 : c1;
-    return *lo < *hi;
-}
-
 /* The block PREFETCH_AHEAD blocks after `start` in an item's walk (a chunk's keys, then its
  * values, then the next chunk's keys ...; `values`: this one is a value block), NULL past the
  * end: far enough ahead that its lines arrive while the blocks between are used. */
@@ -75,7 +65,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
             const C *keys = block_keys;
 #endif
             for (int64_t i = 0; i < n; i++) {
-                if (!TYPED(row_range)(first_position + i, window, start, start + count, &lo, &hi)) continue;
+                if (!row_range(first_position + i, window, start, start + count, &lo, &hi)) continue;
                 for (int64_t j = 0; j < group; j++) {
                     int64_t m = i * group + j;
 #if WIDEN
@@ -88,7 +78,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
             }
         }
         for (int64_t i = 0; i < n; i++) {
-            if (!TYPED(row_range)(first_position + i, window, c0, c1, &lo, &hi)) continue;
+            if (!row_range(first_position + i, window, c0, c1, &lo, &hi)) continue;
             for (int64_t j = 0; j < group; j++) {
                 int64_t m = i * group + j;
                 float *scores = w->scores + m * chunk + lo - c0;
@@ -108,12 +98,12 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
                                         w->values);
 #endif
             for (int64_t i = 0; i < n; i++) {
-                if (!TYPED(row_range)(first_position + i, window, start, start + count, &lo, &hi)) continue;
+                if (!row_range(first_position + i, window, start, start + count, &lo, &hi)) continue;
                 /* the chunk's rescaling once, with the row's first values */
                 float *correction = w->correction + i * group, *probs = w->scores + i * group * chunk + lo - c0;
 #if VALUES_IN_PLACE
-                ACCUMULATE_ROW(w->acc + i * group * dim, correction, probs, chunk, values + (lo - start) * dim, hi - lo,
-                               dim, group);
+                ACCUMULATE_ROW(w->acc + i * group * dim, correction, probs, chunk, values + (lo - start) * dim,
+                               hi - lo, dim, group);
 #else
                 for (int64_t j = 0; j < group; j++)
                     ACCUMULATE(w->acc + (i * group + j) * dim, correction[j], probs + j * chunk,
