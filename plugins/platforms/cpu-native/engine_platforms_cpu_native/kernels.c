@@ -23,7 +23,10 @@
 #endif
 
 #define MAX_DIM 1024
-#define PARALLEL_VALUES (1 << 16) /* values from which a kernel's rows are split over threads */
+/* values from which a kernel's rows are split over threads: with the team spinning between
+ * calls (engine.openmp) a split costs ~1 us, so a batch-64 step's norms (64 x 576 values) and
+ * a batch-8 SwiGLU already gain (docs/decisions.md) */
+#define PARALLEL_VALUES (1 << 13)
 #define PARALLEL_WORK (1 << 18)   /* multiply-adds from which LoRA's tiles are split over threads */
 #define LORA_TILE_ROWS 8          /* rows of one adapter that share each weight row loaded */
 #define LORA_MAX_RANK 512
