@@ -9,6 +9,7 @@ import sys
 import torch
 
 from engine import openmp
+from engine.builtin import heap
 from engine.interfaces import Platform, StepGraphs
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,9 @@ class CpuPlatform(Platform):
         return []
 
     def free_memory(self) -> int:
+        """What is available once the heap's free pages are given back (:mod:`engine.builtin.heap`
+        keeps what the process frees)."""
+        heap.give_back()
         return memory_available()[0]
 
     def memory_in_use(self) -> tuple[int, int]:
@@ -70,12 +74,19 @@ class CpuPlatform(Platform):
             return super().release_memory(storages)
         from engine.builtin import pages  # ctypes and /proc: only when sleeping
 
-        return pages.release(storages)
+        released = pages.release(storages)
+        heap.give_back()
+        return released
 
     def configure(self) -> None:
         threads = int(os.environ.get("ENGINE_NUM_THREADS", len(os.sched_getaffinity(0))))
         torch.set_num_threads(threads)
-        logger.info("CPU threads: %d; OpenMP's idle threads wait: %s", threads, openmp.wait_policy())
+        logger.info(
+            "CPU threads: %d; OpenMP's idle threads wait: %s; heap: %s",
+            threads,
+            openmp.wait_policy(),
+            heap.keep_freed_blocks(),
+        )
 
     def configure_rank(self, rank: int, world_size: int) -> None:
         """Each rank computes on its share of the cores (ranks share one machine)."""
