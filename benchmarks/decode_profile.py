@@ -8,7 +8,9 @@ them, and the rest (Python: scheduling, dispatch, output handling).
 Two engines on one model, one after the other (the default model's default config, ``LLM()``
 as ``engine serve`` picks it, or the 1B-class model of ``random_llama.py``: its GGUF Q4_1 file
 kept quantized, or its bf16 folder):
-- as shipped (native tapes where the batch has one): the wall time of a decode step;
+- as shipped (native tapes where the batch has one): the wall time of a decode step, and the
+  process's minor page faults a step (the prefill that fills the batch counted in: memory the
+  allocator maps afresh every step shows here);
 - eager, under torch's profiler, each native kernel call wrapped in a ``record_function`` of its
   name, so C kernels and torch ops share one table of self times per step; what the table does
   not hold is Python. A tape replays the same C kernels without the Python between them, so the
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 from collections import defaultdict
 
@@ -55,9 +58,21 @@ def shares(llm, prompts, steps: int) -> tuple[float, dict[str, float]]:
     return sum(times) / steps, per_op
 
 
-def report(batch: int, shipped_s: float, eager_s: float, per_op: dict[str, float]) -> None:
-    shipped_ms, eager_ms = shipped_s * 1e3, eager_s * 1e3
-    print(f"\nbatch {batch}: decode step {shipped_ms:.2f} ms as shipped, {eager_ms:.2f} ms eager profiled")
+def shipped_steps(llm, prompts, steps: int) -> tuple[float, float]:
+    """The median wall time of a decode step as shipped, and the minor page faults a step."""
+    from offline_throughput import decode_steps
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    times = sorted(decode_steps(llm, prompts, steps))
+    return times[steps // 2], (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
+
+
+def report(batch: int, shipped: tuple[float, float], eager_s: float, per_op: dict[str, float]) -> None:
+    (shipped_s, faults), eager_ms = shipped, eager_s * 1e3
+    print(
+        f"\nbatch {batch}: decode step {shipped_s * 1e3:.2f} ms as shipped ({faults:.0f} minor page faults a "
+        f"step), {eager_ms:.2f} ms eager profiled"
+    )
     for name, seconds in sorted(per_op.items(), key=lambda item: -item[1])[:25]:
         print(f"  {name[:48]:48s} {seconds * 1e6:9.1f} us  {seconds / eager_s:6.1%}")
     rest = eager_s - sum(per_op.values())
@@ -94,7 +109,7 @@ def main() -> None:
     prompts = make_prompts(shipped.tokenizer, max(args.batches))
     model, cache = shipped.config.model, shipped.config.cache
     print(f"model {model.model}, dtype {model.dtype}, KV cache {cache.kv_cache_dtype}")
-    wall = {b: sorted(decode_steps(shipped, prompts[:b], args.steps))[args.steps // 2] for b in args.batches}
+    wall = {b: shipped_steps(shipped, prompts[:b], args.steps) for b in args.batches}
     del shipped
     timed_kernels()
     eager = LLM(path, enforce_eager=True, **options)
