@@ -9,8 +9,8 @@ Two engines on one model, one after the other (the default model's default confi
 as ``engine serve`` picks it, or the 1B-class model of ``random_llama.py``: its GGUF Q4_1 file
 kept quantized, or its bf16 folder):
 - as shipped (native tapes where the batch has one): the wall time of a decode step, and the
-  process's minor page faults a step (the prefill that fills the batch counted in: memory the
-  allocator maps afresh every step shows here);
+  process's minor page faults a step after a first run of the batch (whose prefill grows the
+  heap once): memory the allocator maps afresh every step shows here;
 - eager, under torch's profiler, each native kernel call wrapped in a ``record_function`` of its
   name, so C kernels and torch ops share one table of self times per step; what the table does
   not hold is Python. A tape replays the same C kernels without the Python between them, so the
@@ -62,6 +62,7 @@ def shipped_steps(llm, prompts, steps: int) -> tuple[float, float]:
     """The median wall time of a decode step as shipped, and the minor page faults a step."""
     from offline_throughput import decode_steps
 
+    decode_steps(llm, prompts, 1)
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     times = sorted(decode_steps(llm, prompts, steps))
     return times[steps // 2], (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / steps
