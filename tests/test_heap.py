@@ -17,7 +17,6 @@ pytestmark = pytest.mark.skipif(heap._glibc() is None, reason="glibc's mallopt")
 
 STEPS = """
 import resource, torch
-from engine.builtin.platforms import CpuPlatform
 from engine.builtin import heap
 print(heap.keep_freed_blocks() if CONFIGURE else "default")
 def step():
