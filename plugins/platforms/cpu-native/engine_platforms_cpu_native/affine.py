@@ -40,6 +40,7 @@ from engine.native import load_source
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.kernels import activation_rows, tiles_allowed
+from engine_platforms_cpu_native.logits import Int8Table, int8_tiles
 
 GROUP, TILE = 32, 16
 # the logits each row of a vocabulary's matmul gets recomputed exactly (PackedAffine.logits)
@@ -154,12 +155,14 @@ class PackedAffine(Layer):
         self.register_buffer("qw", qw)
         self.register_buffer("sz", kept)
         suffix = _SUFFIX[dtype]
-        self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
+        self._bound = bound
+        self._matmul = bound[f"affine_matmul_{suffix}"]
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
         on_amx = tiles and dtype == torch.bfloat16 and not portable and amx_tiles()
         self._tiles = bound["affine_matmul_amx"] if on_amx else None
+        self.int8_table: Int8Table | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, self.dtype)
@@ -172,16 +175,29 @@ class PackedAffine(Layer):
         ``TILE_ROWS``), for a weight that is ``on_tiles``."""
         return self._run(self._tiles, activation_rows(x, self.in_features, self.dtype), self.dtype, 0)
 
+    def prepare_logits(self) -> None:
+        """Called once for a vocabulary table, before its first ``logits``: where this CPU
+        has AMX int8 tiles too, the batched steps' logits then come from an int8 copy of the
+        table (:class:`~engine_platforms_cpu_native.logits.Int8Table`: ``int8_table``)."""
+        if self.on_tiles and self.int8_table is None and int8_tiles():
+            self.int8_table = Int8Table(
+                lambda ids: self.rows(ids, torch.float32), self.out_features, self.in_features
+            )
+
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """``forward`` for a vocabulary table's logits, in float32, with each row's
         ``LOGITS_REFINED`` largest recomputed from the activations unrounded (``affine_logits``):
         the int8 rounding's error reaches the logits with no normalization after. On the
         default model the int8 head was a third of the float32 path's KL divergence from the
-        reference (docs/decisions.md). Steps on AMX tiles take the tiles' float32 logits of the
-        bf16 weight, refined the same way (``affine_refine_logits``)."""
+        reference (docs/decisions.md). Steps on AMX tiles take float32 logits from the int8
+        copy (``prepare_logits``) or else the tiles' product of the bf16 weight, refined the
+        same way (``affine_refine_logits``)."""
         x = activation_rows(x, self.in_features, self.dtype)
         if self._on_tiles(x):
-            out = self._run(self._tiles, x, torch.float32, 1)
+            if self.int8_table is not None:
+                out = self.int8_table(x)
+            else:
+                out = self._run(self._tiles, x, torch.float32, 1)
             return self._run(self._refine_logits, x, torch.float32, LOGITS_REFINED, out=out)
         return self._run(self._logits, x, torch.float32, LOGITS_REFINED)
 
@@ -213,10 +229,12 @@ class PackedAffine(Layer):
         )
         return out
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+    def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """w[ids] in ``dtype`` (default: this packing's)."""
+        dtype = dtype or self.dtype
         flat = ids.reshape(-1).to(torch.int64).contiguous()
-        out = torch.empty(flat.shape[0], self.in_features, dtype=self.dtype)
-        if self._rows(
+        out = torch.empty(flat.shape[0], self.in_features, dtype=dtype)
+        if self._bound[f"affine_rows_{_SUFFIX[dtype]}"](
             self.qw.data_ptr(),
             self.sz.data_ptr(),
             self.form,

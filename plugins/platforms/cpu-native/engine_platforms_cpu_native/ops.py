@@ -98,11 +98,17 @@ class NativeLayerOps(LayerOps):
 
     def notes(self, model):
         """Which weights multiply on AMX tiles: the packed ones' steps of more than
-        :data:`affine.TILE_ROWS` rows (the weight dequantized on the fly), bfloat16 ones always."""
+        :data:`affine.TILE_ROWS` rows (the weight dequantized on the fly), a vocabulary table's
+        batched logits on its int8 copy (with that copy's memory), bfloat16 weights always."""
         modules = list(model.modules())
         notes = []
-        if any(isinstance(m, affine.PackedAffine) and m.on_tiles for m in modules):
+        packed = [m for m in modules if isinstance(m, affine.PackedAffine)]
+        if any(m.on_tiles for m in packed):
             notes.append(f"AMX: quantized weights multiply steps over {affine.TILE_ROWS} rows on AMX tiles")
+        copies = [m.int8_table for m in packed if m.int8_table is not None]
+        if copies:
+            copy = f"an int8 copy of its table ({sum(c.nbytes for c in copies) / 2**20:.1f} MiB)"
+            notes.append(f"AMX: the LM head's batched steps on int8 tiles, from {copy}")
         if any(isinstance(m, dense.TiledBf16) for m in modules):
             notes.append("AMX: bfloat16 weights multiply on AMX tiles")
         return notes

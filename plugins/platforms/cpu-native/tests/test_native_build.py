@@ -1,7 +1,8 @@
-"""The platform's C kernels checked beyond their results: kernels.c, quant_gemm.c, fp4_gemm.c and
-dense_bf16.c built with every warning an error (both builds), each definition checked against the
-prototype its header gives Python (a planted mismatch does not build), and the tests that compare
-the portable build with this CPU's run under AddressSanitizer and UndefinedBehaviorSanitizer."""
+"""The platform's C kernels checked beyond their results: kernels.c, quant_gemm.c, fp4_gemm.c,
+dense_bf16.c and logits_int8.c built with every warning an error (both builds), each definition
+checked against the prototype its header gives Python (a planted mismatch does not build), and
+the tests that compare the portable build with this CPU's run under AddressSanitizer and
+UndefinedBehaviorSanitizer."""
 
 import re
 import shutil
@@ -11,7 +12,7 @@ import pytest
 
 from engine.native import BuildError, load_source
 from engine.testing import native
-from engine_platforms_cpu_native import affine, dense, fp4, kernels
+from engine_platforms_cpu_native import affine, dense, fp4, kernels, logits
 
 TESTS = Path(__file__).parent
 SOURCES = {
@@ -19,6 +20,7 @@ SOURCES = {
     "quant_gemm": affine.SOURCE,
     "fp4_gemm": fp4.SOURCE,
     "dense_bf16": dense.SOURCE,
+    "logits_int8": logits.SOURCE,
 }
 
 
@@ -45,13 +47,14 @@ def test_a_prototype_that_differs_from_its_definition_does_not_build(tmp_path, m
 
 def test_both_builds_run_clean_under_sanitizers():
     """The tests comparing the portable build with this CPU's (LoRA's kernels: both builds
-    against the torch ops; the tile products: both against the dense weight), both builds
-    sanitized."""
+    against the torch ops; the tile products: both against the dense weight; the int8 LM head:
+    both against the plain math), both builds sanitized."""
     native.assert_clean_under_sanitizers(
         [
             str(TESTS / "test_conformance.py"),
             str(TESTS / "test_lora_kernels.py"),
+            str(TESTS / "test_logits_int8.py"),
             "-k",
-            "portable_build or match_the_torch_ops or tile_product or tiled_bf16",
+            "portable_build or match_the_torch_ops or tile_product or tiled_bf16 or plain_math",
         ]
     )

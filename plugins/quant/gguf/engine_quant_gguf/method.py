@@ -159,11 +159,15 @@ def _as_head(packed: nn.Module, vocab: bool) -> nn.Module:
 
 
 class VocabLogits(Layer):
-    """A packed vocabulary table: lookups by its ``rows``, the LM head by its ``logits``."""
+    """A packed vocabulary table: lookups by its ``rows``, the LM head by its ``logits`` (told
+    first through ``prepare_logits`` where the packing has one)."""
 
     def __init__(self, packed: nn.Module):
         super().__init__()
         self.packed = packed
+        prepare = getattr(packed, "prepare_logits", None)
+        if callable(prepare):
+            prepare()
 
     def forward(self, x):
         return self.packed.logits(x)

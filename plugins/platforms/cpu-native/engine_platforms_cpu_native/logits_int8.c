@@ -1,0 +1,190 @@
+/* A vocabulary's logits on AMX int8 tiles, for batched steps: the LM head with no dequantization.
+ *
+ * Why: the group-affine product on bf16 tiles (quant_gemm_amx.h) spends about half of the LM
+ * head's time turning the table's values into bf16 B tiles, work the tiles cannot overlap. A
+ * GGUF table's scales change every 32 inputs, so int8 tiles over its own blocks would have to be
+ * stored and scaled per group. This keeps a second copy of the table instead, rounded to int8
+ * with one scale a row (absmax / 127: k bytes a row, 28 MB for a 49 152 × 576 table), whose
+ * products need one scaling each at the end. The activations are split per row into two int8
+ * halves, x ≈ a · (hi + lo / 254) with a = absmax / 127 (hi = round(x / a), lo the rounded
+ * remainder), about 16 bits of each value: two tdpbssd a tile, the tile time of one bf16
+ * product of the same inputs, and no rounding of x coarser than bf16's. What remains is the
+ * table's rounding to its per-row grid; the caller recomputes each row's largest logits exactly
+ * (quant_gemm.c's affine_refine_logits), so sampling sees exact values where it looks.
+ *
+ * Layout (logits_int8_pack): columns in tiles of 16, inputs in chunks of 64; tile t's chunk c is
+ * one B tile of 1 KiB at w8 + (t · chunks + c) · 1024, row p holding inputs 4p…4p + 3 of column
+ * c at bytes 4c…4c + 3. Padding (columns past n, inputs past k) stays as the caller zeroed it. The int32 sums are
+ * exact, then out = (hi_sum + lo_sum · (1/254)) · a · scale in float, the same operations in
+ * the plain C built without AMX, so both builds give the same bits.
+ */
+#include "logits_int8.h"
+#include "engine_bf16.h"
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AMX_TILE__) && defined(__AMX_INT8__) && defined(__AVX512BW__)
+#define HAVE_AMX_INT8 1
+#include "amx_tiles.h"
+#else
+#define HAVE_AMX_INT8 0
+#endif
+
+#define TILE 16
+#define CHUNK 64                       /* inputs of one int8 B tile */
+#define PANEL (2 * TILE)               /* columns a thread takes at a time: two B tiles */
+#define LO_STEPS 254.f                 /* lo counts the remainder in 1/254ths of a */
+#define PARALLEL_WORK (1 << 18)        /* quant_gemm.c's: multiply-adds from which a call splits */
+
+static int64_t chunks(int64_t k) { return (k + CHUNK - 1) / CHUNK; }
+static int64_t padded_columns(int64_t n) { return (n + PANEL - 1) / PANEL * PANEL; }
+
+int64_t logits_int8_bytes(int64_t n, int64_t k) { return padded_columns(n) * chunks(k) * CHUNK; }
+
+int64_t logits_int8_amx(void) {
+#if HAVE_AMX_INT8
+    return amx_permitted();
+#else
+    return 0;
+#endif
+}
+
+static int8_t *tile_byte(int8_t *w8, int64_t k, int64_t col, int64_t input) {
+    return w8 + ((col / TILE) * chunks(k) + input / CHUNK) * TILE * CHUNK + (input % CHUNK / 4) * 64 +
+           (col % TILE) * 4 + input % 4;
+}
+
+void logits_int8_pack(const float *w, int64_t row0, int64_t rows, int64_t k, int8_t *w8, float *scale) {
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = w + r * k;
+        float most = 0.f;
+        for (int64_t i = 0; i < k; i++) most = fmaxf(most, fabsf(row[i]));
+        float s = most / 127.f, inverse = most > 0.f ? 127.f / most : 0.f;
+        scale[row0 + r] = s;
+        for (int64_t i = 0; i < k; i++) *tile_byte(w8, k, row0 + r, i) = (int8_t)lrintf(row[i] * inverse);
+    }
+}
+
+/* Row r of x as hi and lo [chunks · 64] (zero past k) and its scale. */
+static float split_row(const uint16_t *x, int64_t k, int8_t *hi, int8_t *lo) {
+    float most = 0.f;
+    for (int64_t i = 0; i < k; i++) most = fmaxf(most, fabsf(bf16_load(x[i])));
+    float inverse = most > 0.f ? 127.f / most : 0.f;
+    memset(hi + k, 0, (size_t)(chunks(k) * CHUNK - k));
+    memset(lo + k, 0, (size_t)(chunks(k) * CHUNK - k));
+    for (int64_t i = 0; i < k; i++) {
+        float v = bf16_load(x[i]) * inverse, h = rintf(v);
+        hi[i] = (int8_t)h;
+        lo[i] = (int8_t)rintf((v - h) * LO_STEPS);
+    }
+    return most / 127.f;
+}
+
+/* The float logit of a row (scale a) and a column (scale s) from its two exact int32 sums. */
+static inline float logit(int32_t hi_sum, int32_t lo_sum, float a, float s) {
+    return ((float)hi_sum + (float)lo_sum * (1.f / LO_STEPS)) * a * s;
+}
+
+#if HAVE_AMX_INT8
+/* Tile registers (amx_tiles.h's names): C0<j> = hi · B<j>, C1<j> = lo · B<j>; A0 the rows' hi,
+ * A1 their lo. */
+static void configure(int rows) {
+    tile_config config = {.palette = 1};
+    int tile_rows[8] = {rows, rows, rows, rows, rows, rows, TILE, TILE};
+    for (int t = 0; t < 8; t++) config.rows[t] = (uint8_t)tile_rows[t], config.bytes_per_row[t] = 64;
+    _tile_loadconfig(&config);
+}
+
+/* rows (≤ 16) of hi/lo (row stride kp) against the panel of tiles b0, b1 into out's columns
+ * [col, col + 32) ∩ [0, n) */
+static void panel_block(const int8_t *hi, const int8_t *lo, int64_t kp, int rows, const int8_t *b0,
+                        const int8_t *b1, const float *a, const float *scale, int64_t col, int64_t n, float *out) {
+    _tile_zero(C00);
+    _tile_zero(C01);
+    _tile_zero(C10);
+    _tile_zero(C11);
+    for (int64_t c = 0; c < kp / CHUNK; c++) {
+        _tile_loadd(B0, b0 + c * TILE * CHUNK, 64);
+        _tile_loadd(A0, hi + c * CHUNK, kp);
+        _tile_dpbssd(C00, A0, B0);
+        _tile_loadd(A1, lo + c * CHUNK, kp);
+        _tile_dpbssd(C10, A1, B0);
+        _tile_loadd(B1, b1 + c * TILE * CHUNK, 64);
+        _tile_dpbssd(C01, A0, B1);
+        _tile_dpbssd(C11, A1, B1);
+    }
+    int32_t sums[2][TILE][PANEL];
+    _tile_stored(C00, sums[0][0], PANEL * 4);
+    _tile_stored(C01, sums[0][0] + TILE, PANEL * 4);
+    _tile_stored(C10, sums[1][0], PANEL * 4);
+    _tile_stored(C11, sums[1][0] + TILE, PANEL * 4);
+    const __m512 steps = _mm512_set1_ps(1.f / LO_STEPS);
+    for (int h = 0; h < 2 && col + h * TILE < n; h++) {
+        int64_t left = n - col - h * TILE;
+        __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+        __m512 s = _mm512_loadu_ps(scale + col + h * TILE);
+        for (int r = 0; r < rows; r++) {
+            __m512 hs = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[0][r] + h * TILE));
+            __m512 ls = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[1][r] + h * TILE));
+            __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_add_ps(hs, _mm512_mul_ps(ls, steps)), _mm512_set1_ps(a[r])), s);
+            _mm512_mask_storeu_ps(out + r * n + col + h * TILE, mask, v);
+        }
+    }
+}
+
+static void product_amx(const int8_t *hi, const int8_t *lo, const float *a, int64_t m, int64_t k, const int8_t *w8,
+                        const float *scale, int64_t n, float *out) {
+    int64_t kp = chunks(k) * CHUNK, panels = padded_columns(n) / PANEL, tile_bytes = chunks(k) * TILE * CHUNK;
+#pragma omp parallel if (m * n * k >= PARALLEL_WORK)
+    {
+        int configured = -1;
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < panels; i++)
+            for (int64_t r = 0; r < m; r += TILE) {
+                int rows = m - r < TILE ? (int)(m - r) : TILE;
+                if (rows != configured) configure(rows);
+                configured = rows;
+                const int8_t *b0 = w8 + 2 * i * tile_bytes;
+                panel_block(hi + r * kp, lo + r * kp, kp, rows, b0, b0 + tile_bytes, a + r, scale, i * PANEL, n,
+                            out + r * n);
+            }
+        if (configured >= 0) _tile_release();
+    }
+}
+#endif
+
+/* The same sums in plain C: column col of the table against one row's hi and lo. */
+static void product_c(const int8_t *hi, const int8_t *lo, const float *a, int64_t m, int64_t k, const int8_t *w8,
+                      const float *scale, int64_t n, float *out) {
+    int64_t kp = chunks(k) * CHUNK;
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
+    for (int64_t col = 0; col < n; col++)
+        for (int64_t r = 0; r < m; r++) {
+            int32_t hs = 0, ls = 0;
+            for (int64_t i = 0; i < kp; i++) {
+                int8_t w = *tile_byte((int8_t *)w8, k, col, i);
+                hs += hi[r * kp + i] * w;
+                ls += lo[r * kp + i] * w;
+            }
+            out[r * n + col] = logit(hs, ls, a[r], scale[col]);
+        }
+}
+
+void logits_int8(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8, const float *scale,
+                 int64_t n, float *out) {
+    int64_t kp = chunks(k) * CHUNK;
+    int8_t *hi = malloc((size_t)(m * kp)), *lo = malloc((size_t)(m * kp));
+    float *a = malloc(sizeof(float) * (size_t)m);
+    for (int64_t r = 0; r < m; r++) a[r] = split_row(x + r * ldx, k, hi + r * kp, lo + r * kp);
+#if HAVE_AMX_INT8
+    if (amx_permitted()) product_amx(hi, lo, a, m, k, w8, scale, n, out);
+    else
+#endif
+        product_c(hi, lo, a, m, k, w8, scale, n, out);
+    free(hi);
+    free(lo);
+    free(a);
+}

@@ -1,0 +1,129 @@
+"""cpu-native's LM head on AMX int8 tiles (``logits_int8.c``): both builds bit for bit the plain
+math they claim (the table rounded to int8 per row, the activations split in two int8 halves,
+int32 sums, one float scaling), close to the exact product, and a vocabulary table's batched
+logits on it with each row's largest still exact."""
+
+import pytest
+import torch
+
+from engine.layers.group_affine import AffineWeight
+from engine_platforms_cpu_native import affine, kernels, logits
+from engine_platforms_cpu_native.affine import PackedAffine
+from engine_platforms_cpu_native.logits import Int8Table
+from engine_platforms_cpu_native.platform import _native_ops
+
+
+def _random_table(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen)
+    w[3] = 0.0  # a row of zeros: scale 0, logits 0
+    return w
+
+
+def _per_row(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's per-row scale of t (absmax / 127) and its inverse (0 for a zero row), each
+    one float32 division as C rounds it (torch's division by a scalar multiplies by its
+    reciprocal instead)."""
+    most = t.abs().amax(dim=1, keepdim=True)
+    steps = torch.full_like(most, 127.0)
+    inverse = torch.where(most > 0, steps / most, torch.zeros_like(most))
+    return most / steps, inverse
+
+
+def _split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row of x as logits_int8 splits it: hi, lo (int64) and the row's scale a."""
+    a, inverse = _per_row(x.float())
+    v = x.float() * inverse
+    hi = torch.round(v)
+    lo = torch.round((v - hi) * 254.0)
+    return hi.long(), lo.long(), a
+
+
+def _plain_math(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    scale, inverse = _per_row(w)
+    q, scale = torch.round(w * inverse).long(), scale.T
+    hi, lo, a = _split(x)
+    hi_sum, lo_sum = (hi @ q.T).float(), (lo @ q.T).float()
+    return (hi_sum + lo_sum * torch.tensor(1 / 254.0)) * a * scale
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize(("n", "k"), [(75, 96), (300, 576), (32, 64)])
+@pytest.mark.parametrize("rows", [1, 17, 40])
+def test_both_builds_are_the_plain_math_bit_for_bit(portable, n, k, rows):
+    """Columns not a multiple of the kernel's 32 (75), inputs not a multiple of its 64 (96: the
+    zero-padded chunk), a zero row of the table and a zero row of activations, 1 to 40 rows
+    (past a 16-row block): every logit the very float of the plain math."""
+    gen = torch.Generator().manual_seed(n + k + rows)
+    w = _random_table(n, k, gen)
+    x = (torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 8, k)).bfloat16()
+    x[rows // 2] = 0.0
+    table = Int8Table(lambda ids: w[ids], n, k, portable=portable)
+    out = table(x)
+    assert out.dtype == torch.float32 and out.shape == (rows, n)
+    assert torch.equal(out, _plain_math(x, w))
+    assert torch.equal(out[:, 3], torch.zeros(rows)) and torch.equal(out[rows // 2], torch.zeros(n))
+
+
+def test_the_product_is_close_to_the_exact_one_and_packs_in_chunks(monkeypatch):
+    """The rounding left is the table's per-row grid: within ~1 % of the logits' spread here;
+    and a table packed ``PACK_ROWS`` rows at a time is the one packed whole."""
+    gen = torch.Generator().manual_seed(5)
+    n, k = 200, 256
+    w, x = _random_table(n, k, gen), torch.randn(24, k, generator=gen).bfloat16()
+    whole = Int8Table(lambda ids: w[ids], n, k)
+    monkeypatch.setattr(logits, "PACK_ROWS", 64)
+    chunked = Int8Table(lambda ids: w[ids], n, k)
+    assert torch.equal(whole.w8, chunked.w8) and torch.equal(whole.scale, chunked.scale)
+    exact = x.double() @ w.double().T
+    error = (whole(x).double() - exact).std(dim=1) / exact.std(dim=1)
+    assert error.max() < 0.01
+    assert whole.nbytes == whole.w8.numel() + 4 * whole.scale.numel() >= n * k
+
+
+def _vocab_table(gen: torch.Generator, n: int = 300, k: int = 576) -> AffineWeight:
+    q = torch.randint(0, 256, (n, k), generator=gen, dtype=torch.uint8)
+    scale = (torch.rand(n, k // 32, generator=gen) + 0.5) * 0.01
+    return AffineWeight(q, scale.half().float(), (scale.half() * -128).float(), 32, 8)
+
+
+@pytest.mark.skipif(not logits.int8_tiles(), reason="this CPU has no AMX int8 tiles")
+def test_a_vocabulary_tables_batched_logits_take_the_int8_copy_with_the_largest_exact():
+    """``prepare_logits`` gives a table on the tiles its int8 copy; then logits over more than
+    ``TILE_ROWS`` rows are that copy's product with each row's ``LOGITS_REFINED`` largest the
+    same exact values as the kernel's path; up to ``TILE_ROWS`` rows nothing changes."""
+    gen = torch.Generator().manual_seed(7)
+    weight = _vocab_table(gen)
+    packed, plain = PackedAffine(weight, torch.bfloat16), PackedAffine(weight, torch.bfloat16)
+    packed.prepare_logits()
+    assert packed.int8_table is not None and plain.int8_table is None
+    x = torch.randn(affine.TILE_ROWS + 9, weight.shape[1], generator=gen).bfloat16()
+    batched = packed.logits(x)
+    by_kernel = torch.cat([packed.logits(x[i : i + 1]) for i in range(x.shape[0])])
+    top = by_kernel.topk(affine.LOGITS_REFINED, dim=-1)
+    assert torch.equal(batched.gather(1, top.indices[:, :8]), top.values[:, :8])
+    copy = packed.int8_table(x)
+    refined = batched != copy
+    assert refined.sum(dim=1).le(affine.LOGITS_REFINED).all()
+    exact = x.float() @ weight.dequantize(torch.float32).T
+    torch.testing.assert_close(batched, exact, rtol=0, atol=0.02 * exact.std().item())
+    few = x[: affine.TILE_ROWS]
+    assert torch.equal(packed.logits(few), plain.logits(few))
+    mib = packed.int8_table.nbytes / 2**20
+    notes = _native_ops(torch.bfloat16).notes(torch.nn.ModuleList([packed]))
+    copy = f"AMX: the LM head's batched steps on int8 tiles, from an int8 copy of its table ({mib:.1f} MiB)"
+    assert copy in notes
+
+
+def test_no_copy_off_the_tiles(monkeypatch):
+    """Off AMX (``ENGINE_CPU_AMX_TILES=0``, float32 activations, or a CPU without tiles) a
+    vocabulary table keeps no int8 copy."""
+    weight = _vocab_table(torch.Generator().manual_seed(8))
+    float32 = PackedAffine(weight, torch.float32)
+    float32.prepare_logits()
+    assert float32.int8_table is None
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
+    assert not logits.int8_tiles()
+    off = PackedAffine(weight, torch.bfloat16)
+    off.prepare_logits()
+    assert off.int8_table is None
+    assert not logits.kernels(portable=True)["logits_int8_amx"]()
