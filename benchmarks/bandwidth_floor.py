@@ -25,7 +25,8 @@ the higher figure (on the shared 2-core AMD EPYC this was written on, either cam
 Bytes read per token are the model's parameter and buffer bytes that one decode step reads:
 every projection and norm whole, the LM head's table whole, but one row of a table that only serves
 lookups (an untied input embedding, or the plain copy a tied bf16 table keeps for lookups beside
-its prepacked head) and one row of the rotary cos/sin tables. The K/V cache the step also reads is
+its prepacked head) and one row of the rotary cos/sin tables; copies that only batched steps read
+(cpu-native's int8 LM head on AMX) are left out. The K/V cache the step also reads is
 left out of the floor; its size at the run's mean context is printed (well under 5 % of the weights
 here). Decode tokens/s are measured as ``quant.py``'s single stream: (n − 1) tokens over the time a
 n-token run takes beyond a 1-token run, the best of ``--repeats`` rounds.
@@ -109,6 +110,12 @@ def _table_reads(table) -> dict[int, int]:
     return reads
 
 
+def _batched_only(model) -> set[int]:
+    """Ids of the tensors only batched steps read: those of modules marked ``batched_only``
+    (cpu-native's int8 copy of an LM head, for steps of more than 16 rows on AMX)."""
+    return {id(t) for m in model.modules() if getattr(m, "batched_only", False) for t in _tensors(m)}
+
+
 def bytes_read_per_token(model) -> int:
     """The weight bytes one decode step of one stream reads (see the module docstring)."""
     from engine.layers.embedding import VocabEmbedding
@@ -120,7 +127,9 @@ def bytes_read_per_token(model) -> int:
             reads.update(_table_reads(module))
         elif isinstance(module, RotaryEmbedding):
             reads.update({id(t): t.numel() * t.element_size() // t.shape[0] for t in _tensors(module)})
-    return sum(reads.get(id(t), t.numel() * t.element_size()) for t in _tensors(model))
+    skipped = _batched_only(model)
+    read = [t for t in _tensors(model) if id(t) not in skipped]
+    return sum(reads.get(id(t), t.numel() * t.element_size()) for t in read)
 
 
 def resident_bytes(model) -> int:

@@ -53,6 +53,8 @@ class Int8Table(Layer):
     float32 [M, n] ≈ x · wᵀ for bf16 rows x. ``float_rows(ids)`` gives the table's exact rows in
     float32 (read ``PACK_ROWS`` at a time). ``portable=True`` runs the plain-C build."""
 
+    batched_only = True  # single-stream decode never reads it (benchmarks/bandwidth_floor.py)
+
     def __init__(
         self, float_rows: Callable[[torch.Tensor], torch.Tensor], n: int, k: int, portable: bool = False
     ):
