@@ -156,7 +156,7 @@ class PackedAffine(Layer):
         self.register_buffer("sz", kept)
         suffix = _SUFFIX[dtype]
         self._bound = bound
-        self._matmul = bound[f"affine_matmul_{suffix}"]
+        self._matmul, self._rows = bound[f"affine_matmul_{suffix}"], bound[f"affine_rows_{suffix}"]
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
@@ -231,10 +231,10 @@ class PackedAffine(Layer):
 
     def rows(self, ids: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         """w[ids] in ``dtype`` (default: this packing's)."""
-        dtype = dtype or self.dtype
+        kernel = self._rows if dtype is None else self._bound[f"affine_rows_{_SUFFIX[dtype]}"]
         flat = ids.reshape(-1).to(torch.int64).contiguous()
-        out = torch.empty(flat.shape[0], self.in_features, dtype=dtype)
-        if self._bound[f"affine_rows_{_SUFFIX[dtype]}"](
+        out = torch.empty(flat.shape[0], self.in_features, dtype=dtype or self.dtype)
+        if kernel(
             self.qw.data_ptr(),
             self.sz.data_ptr(),
             self.form,

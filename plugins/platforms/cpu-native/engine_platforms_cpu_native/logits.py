@@ -32,7 +32,6 @@ from engine_platforms_cpu_native.kernels import activation_rows, tiles_allowed
 
 SOURCE = kernels.SOURCE.with_name("logits_int8.c")
 PACK_ROWS = 4096  # table rows read as float32 at a time while packing (16 MiB at k = 1 024)
-_PANEL = 32  # columns the kernel takes at a time: the scales are padded to it
 
 
 @functools.cache
@@ -62,7 +61,7 @@ class Int8Table(Layer):
         self.out_features, self.in_features = n, k
         self._kernels = kernels(portable)
         w8 = torch.zeros(self._kernels["logits_int8_bytes"](n, k), dtype=torch.int8)
-        scale = torch.zeros(-(-n // _PANEL) * _PANEL)
+        scale = torch.empty(n)
         for row0 in range(0, n, PACK_ROWS):
             rows = float_rows(torch.arange(row0, min(row0 + PACK_ROWS, n))).float().contiguous()
             pack = self._kernels["logits_int8_pack"]

@@ -14,9 +14,10 @@
  *
  * Layout (logits_int8_pack): columns in tiles of 16, inputs in chunks of 64; tile t's chunk c is
  * one B tile of 1 KiB at w8 + (t · chunks + c) · 1024, row p holding inputs 4p…4p + 3 of column
- * c at bytes 4c…4c + 3. Padding (columns past n, inputs past k) stays as the caller zeroed it. The int32 sums are
- * exact, then out = (hi_sum + lo_sum · (1/254)) · a · scale in float, the same operations in
- * the plain C built without AMX, so both builds give the same bits.
+ * c at bytes 4c…4c + 3, columns padded to a panel of 32; the padding (columns past n, inputs past
+ * k) stays as the caller zeroed it. The int32 sums are exact, then out = (hi_sum + lo_sum ·
+ * (1/254)) · a · scale in float, the same operations in the plain C built without AMX, so both
+ * builds give the same bits.
  */
 #include "logits_int8.h"
 #include "engine_bf16.h"
@@ -51,9 +52,10 @@ int64_t logits_int8_amx(void) {
 #endif
 }
 
-static int8_t *tile_byte(int8_t *w8, int64_t k, int64_t col, int64_t input) {
-    return w8 + ((col / TILE) * chunks(k) + input / CHUNK) * TILE * CHUNK + (input % CHUNK / 4) * 64 +
-           (col % TILE) * 4 + input % 4;
+/* Where column col's input `input` lies in w8 (the layout above). */
+static int64_t tile_offset(int64_t k, int64_t col, int64_t input) {
+    return ((col / TILE) * chunks(k) + input / CHUNK) * TILE * CHUNK + (input % CHUNK / 4) * 64 + (col % TILE) * 4 +
+           input % 4;
 }
 
 void logits_int8_pack(const float *w, int64_t row0, int64_t rows, int64_t k, int8_t *w8, float *scale) {
@@ -64,7 +66,7 @@ void logits_int8_pack(const float *w, int64_t row0, int64_t rows, int64_t k, int
         for (int64_t i = 0; i < k; i++) most = fmaxf(most, fabsf(row[i]));
         float s = most / 127.f, inverse = most > 0.f ? 127.f / most : 0.f;
         scale[row0 + r] = s;
-        for (int64_t i = 0; i < k; i++) *tile_byte(w8, k, row0 + r, i) = (int8_t)lrintf(row[i] * inverse);
+        for (int64_t i = 0; i < k; i++) w8[tile_offset(k, row0 + r, i)] = (int8_t)lrintf(row[i] * inverse);
     }
 }
 
@@ -125,7 +127,7 @@ static void panel_block(const int8_t *hi, const int8_t *lo, int64_t kp, int rows
     for (int h = 0; h < 2 && col + h * TILE < n; h++) {
         int64_t left = n - col - h * TILE;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        __m512 s = _mm512_loadu_ps(scale + col + h * TILE);
+        __m512 s = _mm512_maskz_loadu_ps(mask, scale + col + h * TILE);
         for (int r = 0; r < rows; r++) {
             __m512 hs = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[0][r] + h * TILE));
             __m512 ls = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[1][r] + h * TILE));
@@ -165,7 +167,7 @@ static void product_c(const int8_t *hi, const int8_t *lo, const float *a, int64_
         for (int64_t r = 0; r < m; r++) {
             int32_t hs = 0, ls = 0;
             for (int64_t i = 0; i < kp; i++) {
-                int8_t w = *tile_byte((int8_t *)w8, k, col, i);
+                int8_t w = w8[tile_offset(k, col, i)];
                 hs += hi[r * kp + i] * w;
                 ls += lo[r * kp + i] * w;
             }

@@ -12,8 +12,7 @@ int64_t logits_int8_amx(void);
 int64_t logits_int8_bytes(int64_t n, int64_t k);
 
 /* rows [row0, row0 + rows) of the table, w float32 [rows, k], into w8 (logits_int8_bytes, zeroed
- * first) and scale [n rounded up to 32, zeroed first]: each row rounded to int8 with its own
- * scale, absmax / 127 */
+ * first) and scale [n]: each row rounded to int8 with its own scale, absmax / 127 */
 void logits_int8_pack(const float *w, int64_t row0, int64_t rows, int64_t k, int8_t *w8, float *scale);
 
 /* out float32 [m, n] = x [m, k] (bf16, row stride ldx) · wᵀ: each row of x split into two int8
