@@ -20,9 +20,10 @@ import pytest
 import zmq
 
 from engine.client import protocol
+from engine.client.async_engine import RequestHandle
 from engine.client.heartbeat import HeartbeatThread, LoopClock
 from engine.client.liveness import Liveness
-from engine_server.keepalive import QUIET, Ticker
+from engine_server.keepalive import QUIET
 from tests.plugin_packages import environ_with, write_distribution
 from tests.serving import error_codes, gone, serve
 
@@ -88,40 +89,36 @@ def test_the_heartbeat_thread_beats_through_a_long_step():
     assert received[-1].round_age > received[0].round_age and received[-1].round_age >= 0.35
 
 
-def test_the_ticker_says_quiet_without_losing_the_read_in_progress():
-    async def slow():
-        await asyncio.sleep(0.35)
-        yield "token"
+def test_a_handle_says_quiet_without_losing_the_delta_in_flight():
+    """Each quiet interval gives QUIET; a delta that arrives while one is timed out is the
+    next item (``Queue.get`` is cancelled, not the generator); queued deltas come unawaited."""
 
     async def run():
-        ticker = Ticker(slow(), 0.1)
-        items = [item async for item in ticker]
-        plain = [item async for item in Ticker(slow(), None)]
-        return items, plain
+        handle = RequestHandle(None, ["a"])  # type: ignore[arg-type]  # no engine: nothing aborts
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.35, handle.queue.put_nowait, protocol.Delta("a", [1]))
+        loop.call_later(0.35, handle.queue.put_nowait, protocol.Delta("a", [2], finish_reason="length"))
+        items = [item async for item in handle.deltas(quiet_after=0.1)]
+        plain = RequestHandle(None, ["b"])  # type: ignore[arg-type]
+        plain.queue.put_nowait(protocol.Delta("b", [3], finish_reason="stop"))
+        return items, [d.token_ids async for d in plain.deltas()]
 
     items, plain = asyncio.run(run())
-    assert items[-1] == "token" and 2 <= items.count(QUIET) <= 4 and len(items) == items.count(QUIET) + 1
-    assert plain == ["token"]
+    tokens = [item.token_ids for item in items if item is not QUIET]
+    assert tokens == [[1], [2]] and 2 <= items.count(QUIET) <= 4 and items[-2:] != [QUIET, QUIET]
+    assert plain == [[3]]
 
 
-def test_a_closed_ticker_cancels_its_pending_read():
-    cancelled = asyncio.Event()
-
-    async def never():
-        try:
-            await asyncio.sleep(60)
-            yield "late"
-        except asyncio.CancelledError:
-            cancelled.set()
-            raise
-
+def test_a_handle_without_quiet_after_waits_for_its_delta():
     async def run():
-        ticker = Ticker(never(), 0.05)
-        assert await anext(ticker) is QUIET
-        ticker.close()
-        await asyncio.wait_for(cancelled.wait(), 2)
+        handle = RequestHandle(None, ["a"])  # type: ignore[arg-type]
+        asyncio.get_running_loop().call_later(
+            0.2, handle.queue.put_nowait, protocol.Delta("a", [7], finish_reason="stop")
+        )
+        return [item async for item in handle.deltas()]
 
-    asyncio.run(run())
+    items = asyncio.run(run())
+    assert [d.token_ids for d in items] == [[7]]
 
 
 # -- a real server ---------------------------------------------------------------------

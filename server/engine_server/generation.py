@@ -35,7 +35,7 @@ from engine_server.errors import (
     overloaded,
 )
 from engine_server.harmony import render_chat
-from engine_server.keepalive import KEEPALIVE_FRAME, QUIET, Ticker
+from engine_server.keepalive import KEEPALIVE_FRAME, QUIET
 from engine_server.logprobs import LogprobFormat
 from engine_server.lora import UnknownModel
 from engine_server.prompts import chat_prompt, check_fanout, check_prompt, completion_prompts
@@ -314,8 +314,7 @@ class Generation:
                 self.close()
 
     def close(self) -> None:
-        """Stop waiting for deltas and abort the engine requests still open."""
-        self._deltas.close()
+        """Abort the engine requests still open and release the request's timers."""
         self.handle.close()
         for timer in self.timers.values():
             timer.released()
@@ -350,7 +349,7 @@ class Generation:
         ]
         self.timers = {c.request_id: t for c, t in zip(self.choices, timers)}
         interval = self.state.keepalive_interval if self.body.stream else None
-        self._deltas = Ticker(self.handle.deltas(), interval)  # QUIET only in a stream, to send keep-alives
+        self._deltas = self.handle.deltas(quiet_after=interval)  # QUIET only in a stream, to send keep-alives
 
     def _log(self) -> None:
         """``--enable-log-requests``: each engine request's prompt (cut to ``--max-log-len``)

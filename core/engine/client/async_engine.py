@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from typing import overload
 
 from engine.client.base import Child
 from engine.client.mp_client import AsyncMPClient, EngineDead
@@ -46,9 +47,19 @@ class RequestHandle:
         self.open = set(request_ids)
         self.queue: asyncio.Queue = asyncio.Queue()
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    @overload
+    def deltas(self, quiet_after: None = None) -> AsyncIterator[Delta]: ...
+    @overload
+    def deltas(self, quiet_after: float | None) -> AsyncIterator[Delta | None]: ...
+
+    async def deltas(self, quiet_after: float | None = None) -> AsyncIterator[Delta | None]:
+        """The deltas of the open requests until each has finished; with ``quiet_after``, also
+        None each time that many seconds pass without one (a stream's keep-alive is due)."""
         while self.open:
-            item = await self.queue.get()
+            item = await self._next(quiet_after)
+            if item is None:
+                yield None
+                continue
             if isinstance(item, EngineDead):
                 raise item
             if item.request_id not in self.open:  # already aborted here
@@ -56,6 +67,20 @@ class RequestHandle:
             if item.finish_reason is not None:
                 self.open.discard(item.request_id)
             yield item
+
+    async def _next(self, timeout: float | None) -> Delta | EngineDead | None:
+        """The queue's next item, None after ``timeout`` seconds without one. A delta already
+        queued costs no wait; a timed-out get leaves the queue as it was (``Queue.get`` is
+        safe to cancel), so no delta is lost to a keep-alive."""
+        if not self.queue.empty():
+            return self.queue.get_nowait()
+        if timeout is None:
+            return await self.queue.get()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self.queue.get()
+        except TimeoutError:
+            return None
 
     def abort(self, request_ids) -> None:
         ids = [r for r in request_ids if r in self.open]
