@@ -42,6 +42,8 @@ WELL_KNOWN = {
     "llguidance",
     "starlette",
     "uvicorn",
+    "uvloop",
+    "httptools",
     "pyzmq",
     "msgspec",
     "prometheus-client",
