@@ -22,6 +22,7 @@
  * vcvtne2ps2bf16 joins two scaled halves into the row. */
 
 #include "amx_tiles.h"
+#include <omp.h>
 
 #define PANEL_TILES 2                     /* B tiles (16 columns each) a panel holds */
 #define B_TILE_BYTES (TILE * 64)          /* one group's B tile: 16 rows of 32 bf16 */
@@ -199,34 +200,57 @@ static void store_sums(const float *sums, int64_t rows, int64_t col, int64_t n, 
         }
 }
 
+/* Panels a thread dequantizes together before its row blocks run against them: as many as fit
+ * SET_BYTES of B tiles (k · 64 bytes a panel), so that a 32-row block of x (k · 64 bytes too),
+ * read once for all of them, is reread from L1 for each, where a panel at a time reread every
+ * block from L2 for every panel (what bounded the products of a step of hundreds of rows). Only
+ * where a row block fits L1 (k up to 640: the default model's but its down projection); longer
+ * rows keep a panel a set, which measured faster there. */
+#define SET_BYTES (512 * 1024)
+#define L1_BLOCK_BYTES (40 * 1024)
+
+/* How many panel sets: whole multiples of `threads`, or one a panel (then each set's panels are
+ * as even as the division gives). */
+static int64_t panel_sets(int64_t panels, int64_t k, int threads) {
+    if (k * 64 > L1_BLOCK_BYTES) return panels;
+    int64_t per_set = SET_BYTES / (k * 64), sets = (panels + per_set - 1) / per_set;
+    sets = (sets + threads - 1) / threads * threads;
+    return sets < panels ? sets : panels;
+}
+
 static void amx_gemm(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                      int64_t form, int64_t bits, int64_t n, int out_f32, void *out) {
     /* passes of rows (amx_tiles.h): each dequantizes the panels again, cheap beside 256 rows' products */
     int64_t tiles = (n + TILE - 1) / TILE, panels = (tiles + PANEL_TILES - 1) / PANEL_TILES, pass = pass_rows(k);
+    int64_t panel_bytes = k / GROUP * PANEL_TILES * B_TILE_BYTES;
     size_t out_size = out_f32 ? 4 : 2;
     const row_indices index = make_row_indices();
 #pragma omp parallel if (m * n * k >= PARALLEL_WORK)
     {
-        panel p = {qw, sz, form, bits, k, 0, 0, &index, aligned_alloc(64, (size_t)(k / GROUP * PANEL_TILES * B_TILE_BYTES))};
+        int64_t sets = panel_sets(panels, k, omp_get_num_threads()), most = (panels + sets - 1) / sets;
+        uint8_t *b = aligned_alloc(64, (size_t)(most * panel_bytes));
         float *sums = aligned_alloc(64, sizeof(float) * 2 * TILE * PANEL_TILES * TILE);
         int configured = -1;  /* the rows of the block the tiles are configured for */
         for (int64_t r0 = 0; r0 < m; r0 += pass) {
             int64_t r1 = m - r0 < pass ? m : r0 + pass;
 #pragma omp for schedule(static)
-            for (int64_t i = 0; i < panels; i++) {
-                p.tile0 = i * PANEL_TILES;
-                p.tiles = p.tile0 + 1 < tiles ? PANEL_TILES : 1;
+            for (int64_t s = 0; s < sets; s++) {
+                int64_t first = s * panels / sets, last = (s + 1) * panels / sets;
                 for (int64_t r = r0; r < r1; r += 2 * TILE) {
                     int rows = r1 - r < 2 * TILE ? (int)(r1 - r) : 2 * TILE, rows1 = rows > TILE ? rows - TILE : 0;
                     if (rows != configured) configure_tiles(rows - rows1, rows1);
                     configured = rows;
-                    multiply_block(x + r * ldx, ldx, &p, r == r0, rows1, sums);
-                    store_sums(sums, rows, p.tile0 * TILE, n, out_f32, (char *)out + r * n * out_size);
+                    for (int64_t i = first; i < last; i++) {
+                        panel p = {qw, sz, form, bits, k, i * PANEL_TILES, i * PANEL_TILES + 1 < tiles ? PANEL_TILES : 1,
+                                   &index, (uint16_t *)(b + (i - first) * panel_bytes)};
+                        multiply_block(x + r * ldx, ldx, &p, r == r0, rows1, sums);
+                        store_sums(sums, rows, p.tile0 * TILE, n, out_f32, (char *)out + r * n * out_size);
+                    }
                 }
             }
         }
         if (configured >= 0) _tile_release();
-        free(p.b);
+        free(b);
         free(sums);
     }
 }

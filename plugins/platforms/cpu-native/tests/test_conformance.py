@@ -296,6 +296,21 @@ def test_the_tile_product_is_x_times_the_bf16_weight(bits, rows, k, form):
         torch.testing.assert_close(rounded, product.to(torch.bfloat16))
 
 
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
+def test_the_tiles_weight_is_the_dequantized_weight_bit_for_bit(bits, form):
+    """Rows of the identity pick the tiles' bf16 weight out exactly (one product, the rest
+    zeros): every value is ``dequantize``'s, bf16(q · scale + offset) rounded as it rounds, in
+    either build — the float16 forms' fused multiply-add included."""
+    gen = torch.Generator().manual_seed(bits + 7 * form)
+    weight = _random_affine(bits, gen, form, n=75, k=576)
+    picked = torch.arange(0, 576, 7)
+    x = torch.eye(576, dtype=torch.bfloat16)[picked]
+    expected = weight.dequantize(torch.bfloat16).float().T[picked]
+    for portable in (False, True):
+        assert torch.equal(_tile_product(weight, x, torch.float32, portable), expected)
+
+
 @pytest.mark.skipif(not affine.amx_tiles(), reason="this CPU has no AMX tiles")
 @pytest.mark.parametrize("bits", [4, 8])
 def test_steps_over_tile_rows_run_on_the_tiles_the_rest_on_the_kernel(bits, monkeypatch):
