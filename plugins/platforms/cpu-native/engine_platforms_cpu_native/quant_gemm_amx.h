@@ -5,9 +5,9 @@
  * int8 tile product (tdpbsud) must be stored and scaled per group and per 16 rows, which is
  * what the VNNI kernel spends its time on too (an int8 tile kernel gave ~1.1×, docs/decisions.md).
  * Dequantizing the weight instead costs the same whatever the number of rows: each thread turns
- * a panel of 32 output columns × all k inputs into bf16 B tiles (in its L2, k · 64 bytes) once a
- * pass of rows (pass_rows: every row of a decode step), then runs those rows against it with
- * tdpbf16ps. Memory reads the 4-bit weight, a quarter
+ * panels of 32 output columns × all k inputs into bf16 B tiles (in its L2, k · 64 bytes each) once
+ * a pass of rows (pass_rows: every row of a decode step), a set of them at a time, then runs
+ * those rows against the set with tdpbf16ps. Memory reads the 4-bit weight, a quarter
  * of the bf16 copy's bytes, which is what bounds a decode step of tens of rows.
  *
  * The weight values are affine_dequantize's, bf16(q · scale + offset) with the product and the
