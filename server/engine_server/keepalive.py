@@ -8,8 +8,6 @@ A stream reads its engine deltas as ``handle.deltas(quiet_after=interval)``, whi
 handle, around its queue, so the read in progress survives it (a timeout around the generator
 itself would end it for good) and a delta already queued is taken without a wait."""
 
-from __future__ import annotations
-
 KEEPALIVE_FRAME = ": keep-alive\n\n"
 
 QUIET = None  # what ``RequestHandle.deltas(quiet_after=...)`` gives when the interval passed with no delta

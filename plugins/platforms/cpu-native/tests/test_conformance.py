@@ -301,7 +301,7 @@ def test_the_tile_product_is_x_times_the_bf16_weight(bits, rows, k, form):
 def test_the_tiles_weight_is_the_dequantized_weight_bit_for_bit(bits, form):
     """Rows of the identity pick the tiles' bf16 weight out exactly (one product, the rest
     zeros): every value is ``dequantize``'s, bf16(q · scale + offset) rounded as it rounds, in
-    either build — the float16 forms' fused multiply-add included."""
+    either build and every scale form."""
     gen = torch.Generator().manual_seed(bits + 7 * form)
     weight = _random_affine(bits, gen, form, n=75, k=576)
     picked = torch.arange(0, 576, 7)
