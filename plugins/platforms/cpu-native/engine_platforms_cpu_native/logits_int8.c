@@ -100,10 +100,17 @@ static void configure(int rows) {
     _tile_loadconfig(&config);
 }
 
+/* Logits of more bytes than this go past the caches (non-temporal stores): a 256-row step's 50 MB
+ * would not stay there for the refinement that reads them next, and a plain store reads each
+ * line in before writing it (9 against 12 ms a step). Fewer stay partly cached, which the
+ * refinement's read-back gains from (64 rows' 12.6 MB: 2 % more throughput with plain stores). */
+#define STREAM_BYTES (32 << 20)
+
 /* rows (≤ 16) of hi/lo (row stride kp) against the panel of tiles b0, b1 into out's columns
- * [col, col + 32) ∩ [0, n) */
+ * [col, col + 32) ∩ [0, n), streamed past the caches where `stream` says (whole, aligned vectors) */
 static void panel_block(const int8_t *hi, const int8_t *lo, int64_t kp, int rows, const int8_t *b0,
-                        const int8_t *b1, const float *a, const float *scale, int64_t col, int64_t n, float *out) {
+                        const int8_t *b1, const float *a, const float *scale, int64_t col, int64_t n, int stream,
+                        float *out) {
     _tile_zero(C00);
     _tile_zero(C01);
     _tile_zero(C10);
@@ -132,10 +139,8 @@ static void panel_block(const int8_t *hi, const int8_t *lo, int64_t kp, int rows
             __m512 hs = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[0][r] + h * TILE));
             __m512 ls = _mm512_cvtepi32_ps(_mm512_loadu_si512(sums[1][r] + h * TILE));
             __m512 v = _mm512_mul_ps(_mm512_mul_ps(_mm512_add_ps(hs, _mm512_mul_ps(ls, steps)), _mm512_set1_ps(a[r])), s);
-            /* streamed past the caches: a 256-row step's 50 MB of logits would not stay there,
-             * and a plain store reads each line in before writing it (9 against 12 ms a step) */
             float *to = out + r * n + col + h * TILE;
-            if (mask == 0xFFFF && ((uintptr_t)to & 63) == 0) _mm512_stream_ps(to, v);
+            if (stream && mask == 0xFFFF && ((uintptr_t)to & 63) == 0) _mm512_stream_ps(to, v);
             else _mm512_mask_storeu_ps(to, mask, v);
         }
     }
@@ -144,6 +149,7 @@ static void panel_block(const int8_t *hi, const int8_t *lo, int64_t kp, int rows
 static void product_amx(const int8_t *hi, const int8_t *lo, const float *a, int64_t m, int64_t k, const int8_t *w8,
                         const float *scale, int64_t n, float *out) {
     int64_t kp = chunks(k) * CHUNK, panels = padded_columns(n) / PANEL, tile_bytes = chunks(k) * TILE * CHUNK;
+    const int stream = m * n * (int64_t)sizeof(float) > STREAM_BYTES;
 #pragma omp parallel if (m * n * k >= PARALLEL_WORK)
     {
         int configured = -1;
@@ -155,7 +161,7 @@ static void product_amx(const int8_t *hi, const int8_t *lo, const float *a, int6
                 configured = rows;
                 const int8_t *b0 = w8 + 2 * i * tile_bytes;
                 panel_block(hi + r * kp, lo + r * kp, kp, rows, b0, b0 + tile_bytes, a + r, scale, i * PANEL, n,
-                            out + r * n);
+                            stream, out + r * n);
             }
         if (configured >= 0) _tile_release();
         _mm_sfence();

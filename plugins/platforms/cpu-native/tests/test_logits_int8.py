@@ -64,6 +64,18 @@ def test_both_builds_are_the_plain_math_bit_for_bit(portable, n, k, rows):
     assert torch.equal(out[:, 3], torch.zeros(rows)) and torch.equal(out[rows // 2], torch.zeros(n))
 
 
+def test_logits_past_the_caches_are_the_plain_math_too():
+    """Over 32 MiB of logits (130 rows × 65 560 columns) the kernel streams them past the caches:
+    whole vectors of aligned rows so, the others and the last panel's tail stored as before
+    (rows of 262 240 bytes: every other one 64-byte aligned) — the same floats."""
+    gen = torch.Generator().manual_seed(5)
+    n, k, rows = 65_560, 64, 130
+    w = _random_table(n, k, gen)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    out = Int8Table(lambda ids: w[ids], n, k)(x)
+    assert rows * n * 4 > 32 << 20 and torch.equal(out, _plain_math(x, w))
+
+
 def test_the_product_is_close_to_the_exact_one_and_packs_in_chunks(monkeypatch):
     """The rounding left is the table's per-row grid: within ~1 % of the logits' spread here;
     and a table packed ``PACK_ROWS`` rows at a time is the one packed whole."""
