@@ -13,8 +13,9 @@ from the float32 reference went from 0.00064 to 0.00087, top-1 unchanged (docs/d
 
 Measured on an Emerald Rapids Xeon (2 cores), the default model's head product at 64 rows took
 1.7 ms against the bf16 tiles' 2.4, and the decode step 1.03–1.04× less time (benchmarks/
-RESULTS.md, same title). At 256 rows both are bound by writing 50 MB of float32 logits (9.9
-against 10.5 ms).
+RESULTS.md, same title). At 256 rows both were bound by writing 50 MB of float32 logits (9.9
+against 10.5 ms); logits over 32 MiB now go past the caches (``logits_int8.c``'s
+``STREAM_BYTES``), 8.9–9.1 against 11.6–12.9 ms in the step.
 """
 
 from __future__ import annotations
@@ -62,9 +63,9 @@ class Int8Table(Layer):
         self._kernels = kernels(portable)
         w8 = torch.zeros(self._kernels["logits_int8_bytes"](n, k), dtype=torch.int8)
         scale = torch.empty(n)
+        pack = self._kernels["logits_int8_pack"]
         for row0 in range(0, n, PACK_ROWS):
             rows = float_rows(torch.arange(row0, min(row0 + PACK_ROWS, n))).float().contiguous()
-            pack = self._kernels["logits_int8_pack"]
             pack(rows.data_ptr(), row0, rows.shape[0], k, w8.data_ptr(), scale.data_ptr())
         self.register_buffer("w8", w8)
         self.register_buffer("scale", scale)
