@@ -718,7 +718,7 @@ class EngineCore:
         """Whether start-up left work to :meth:`idle_work` (not while asleep: the weights
         may be gone)."""
         graphs = self.runner.graphs
-        return graphs is not None and bool(graphs.pending) and not self.is_sleeping()
+        return graphs is not None and bool(graphs.idle_pending) and not self.is_sleeping()
 
     def idle_work(self) -> None:
         """Record one more decode step graph (``record_while_idle``), a fraction of a second;

@@ -9,6 +9,9 @@ Interface v2 adds ``step_graphs`` (default: none; v1 platforms still load): how 
 records a decode step's forward once per batch size and replays it — CUDA graphs on ``cuda``,
 native tapes (``engine.native.tape``) on ``cpu-native``.
 
+``StepGraphs.idle_sizes_up_to`` (added with a default, so v2 is unchanged) bounds what a server
+records while idle.
+
 Sleep mode (added with a default, so v2 is unchanged): ``release_memory`` gives a storage's
 memory back while keeping its address; a platform that cannot refuses ``--enable-sleep-mode``.
 ``allocate_zeroed`` (default: ``torch.zeros``) makes the KV cache's tensors."""
@@ -34,9 +37,12 @@ class StepGraphs(ABC):
     # the largest size recorded at start-up; a larger one is recorded the first time a step of it
     # runs (None: every size at start-up, as CUDA graphs need: they share one memory pool)
     start_up_sizes_up_to: ClassVar[int | None] = None
-    # whether the recordings share one pool of activations (CUDA graphs: the largest bucket's
-    # sets the memory), or each keeps every activation its own forward allocated (native tapes:
-    # every bucket's, every layer's); the KV cache's budget sets that memory aside
+    # the largest size a server records while idle (None: every size); a larger one waits for its
+    # first step, so that a request arriving mid-recording never waits behind a long one
+    idle_sizes_up_to: ClassVar[int | None] = None
+    # whether the recordings share one pool of activations (the largest bucket's sets the memory:
+    # CUDA graphs, native tapes), or each keeps every activation its own forward allocated (every
+    # bucket's, every layer's); the KV cache's budget sets that memory aside
     shares_activations: ClassVar[bool] = True
 
     def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:

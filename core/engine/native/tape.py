@@ -13,7 +13,9 @@ attention plugins do), with the types of its library's prototype header
 active, and otherwise costs one attribute check. While recording, every torch op the forward dispatches is
 watched: an op that computes (anything but a view or an allocation) is work a replay would skip,
 so the capture fails naming it (:class:`CaptureError`) and the engine keeps running eagerly; the
-tensors the forward allocates are kept alive with the tape, whose kernels hold their addresses.
+tensors the forward allocates are kept alive with the tape, whose kernels hold their addresses,
+or, given an arena (:class:`TapeGraphs` gives its own), moved into it by liveness
+(:mod:`engine.native.arena`).
 A kernel whose result steers Python (an ``int64_t`` count or flag, rather than an
 ``engine_status``) cannot be recorded either: the branch taken at capture would be replayed for
 every input.
@@ -25,15 +27,18 @@ import ctypes
 import functools
 import platform
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.interfaces import StepGraphs
 from engine.native import Library, Prototype, load_source
+from engine.native.arena import Arena
+from engine.native.arena import plan as arena_plan
 
 SOURCE = Path(__file__).with_name("tape.c")
 # calling conventions under which tape.c's one prototype passes every kernel its arguments
@@ -89,12 +94,14 @@ class NativeKernel:
     whose result is an ``engine_status`` (``status``) is checked on replay too; one with an
     ``int64_t`` result runs eagerly but cannot be taped."""
 
-    __slots__ = ("_floats", "_unrecordable", "address", "function", "name", "status")
+    __slots__ = ("_floats", "_pointers", "_unrecordable", "address", "function", "name", "status")
 
     def __init__(self, function, prototype: Prototype):
         self.name, self.function, self.status = prototype.name, function, prototype.status
         self.address = ctypes.cast(function, ctypes.c_void_p).value
         self._floats = tuple(type_ is ctypes.c_float for type_ in prototype.argtypes)
+        integers = [type_ for type_ in prototype.argtypes if type_ is not ctypes.c_float]
+        self._pointers = tuple(slot for slot, type_ in enumerate(integers) if type_ is ctypes.c_void_p)
         self._unrecordable = self._unrecordable_reason(prototype)
 
     def _unrecordable_reason(self, prototype: Prototype) -> str | None:
@@ -122,6 +129,10 @@ class NativeKernel:
         op.ints[: len(ints)], op.floats[: len(floats)] = ints, floats
         return op
 
+    def pointers(self, op: _Op) -> list[tuple[int, int]]:
+        """(integer slot, address) of each pointer argument of ``op``, one of this kernel's."""
+        return [(slot, op.ints[slot]) for slot in self._pointers]
+
 
 def _integer(value) -> int:
     if value is None:
@@ -138,18 +149,54 @@ def bind(library: Library, symbol: str) -> NativeKernel:
 
 
 class Tape:
-    """Recorded kernel calls, replayed in order by one C call; holds the tensors they address."""
+    """Recorded kernel calls, replayed in order by one C call; holds the tensors they address,
+    or lays those its forward allocated in an arena (:meth:`lay_out`)."""
 
     def __init__(self, calls: list[tuple[NativeKernel, tuple]], keep: list):
         self.names = [kernel.name for kernel, _ in calls]
+        self._kernels = [kernel for kernel, _ in calls]
         self._ops = (_Op * len(calls))(*(kernel.op(args) for kernel, args in calls))
         self._keep = keep
         self._run = _library().tape_run
+        self._arena: Arena | None = None
+        self._generation, self._moves = -1, ()
+        self._output: tuple[torch.Tensor, int] | None = None  # the forward's result, its arena offset
+        self.arena_bytes = 0  # what its activations take of the arena
 
     def __len__(self) -> int:
         return len(self.names)
 
+    def lay_out(self, arena: Arena, activations: Sequence[torch.Tensor], output: torch.Tensor) -> None:
+        """Move ``activations`` (tensors the forward allocated; ``output``, what it returned,
+        among them or not) into ``arena`` (:mod:`engine.native.arena`) and let them go: the
+        kernels are re-pointed, ``output`` is set to its new place in the arena (which every
+        replay of any tape of the arena may overwrite, as every replay of this one rewrites it)."""
+        storages = {_storage(t): t.untyped_storage().nbytes() for t in activations}
+        pointers = [kernel.pointers(op) for kernel, op in zip(self._kernels, self._ops)]
+        layout = arena_plan(pointers, list(storages.items()), _storage(output))
+        arena.reserve(layout.nbytes)
+        self._arena, self._moves, self.arena_bytes = arena, layout.moves, layout.nbytes
+        if _storage(output) in layout.offsets:
+            offset = layout.offsets[_storage(output)] + output.data_ptr() - _storage(output)
+            self._output = (output, offset)
+        self._keep = [t for t in pytree.tree_leaves(self._keep) if _storage(t) not in storages]
+        self._point_at_arena()
+
+    def _point_at_arena(self) -> None:
+        assert self._arena is not None
+        base = self._arena.base
+        for op, slot, offset in self._moves:
+            self._ops[op].ints[slot] = base + offset
+        if self._output is not None:
+            output, offset = self._output
+            at = offset // output.element_size()
+            with torch.inference_mode(output.is_inference()):
+                output.set_(self._arena.storage, at, output.shape, output.stride())
+        self._generation = self._arena.generation
+
     def replay(self) -> None:
+        if self._arena is not None and self._generation != self._arena.generation:
+            self._point_at_arena()
         failed = self._run(ctypes.addressof(self._ops), len(self.names))
         if failed:
             raise ReplayError(f"kernel {self.names[failed - 1]} (op {failed} of the tape) refused its input")
@@ -162,6 +209,7 @@ class _Recording(TorchDispatchMode):
         super().__init__()
         self.calls: list[tuple[NativeKernel, tuple]] = []
         self.keep: list = []
+        self.allocated: list[torch.Tensor] = []
         self.computed: list[str] = []
 
     def add(self, kernel: NativeKernel, args: tuple) -> None:
@@ -169,7 +217,9 @@ class _Recording(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if not (func.is_view or func in _ALLOCATIONS) and str(func) not in self.computed:
+        if func in _ALLOCATIONS:
+            self.allocated.append(out)
+        elif not func.is_view and str(func) not in self.computed:
             self.computed.append(str(func))
         self.keep.append(out)
         return out
@@ -193,9 +243,11 @@ def recording():
         _recording = None
 
 
-def record(forward: Callable[[], torch.Tensor]) -> tuple[Tape, torch.Tensor]:
+def record(forward: Callable[[], torch.Tensor], arena: Arena | None = None) -> tuple[Tape, torch.Tensor]:
     """(the tape of ``forward()``'s kernel calls, the tensor it returned — which every replay
-    rewrites). Raises :class:`CaptureError` when the forward did work a tape cannot replay."""
+    rewrites). With ``arena``, the activations the forward allocated are laid out in it
+    (:meth:`Tape.lay_out`). Raises :class:`CaptureError` when the forward did work a tape cannot
+    replay."""
     with recording() as recorder:
         out = forward()
     if recorder.computed:
@@ -205,26 +257,38 @@ def record(forward: Callable[[], torch.Tensor]) -> tuple[Tape, torch.Tensor]:
         )
     if not recorder.calls:
         raise CaptureError("the forward called no native kernel")
-    return Tape(recorder.calls, [*recorder.keep, out]), out
+    tape = Tape(recorder.calls, [*recorder.keep, out])
+    if arena is not None:
+        tape.lay_out(arena, recorder.allocated, out)
+    return tape, out
+
+
+def _storage(tensor) -> int | None:
+    return tensor.untyped_storage().data_ptr() if isinstance(tensor, torch.Tensor) else None
 
 
 class TapeGraphs(StepGraphs):
     """Decode steps recorded as native tapes, for a platform whose kernels are bound with
-    :func:`bind`. By default every batch size up to 16: a tape saves the same per-kernel Python
-    cost at any size, which still mattered at 9-16 rows (10-25% of the default model's decode
-    throughput), and a padded row costs real matmul work on a CPU (one 16-row tape for 9 rows
-    was 8% slower than eager), so no size is padded. Each tape keeps its forward's activations
-    alive (0.42 MiB a row on the default model). Sizes above 8 are recorded the first time a
-    step of that size runs (or while a server is idle), so an engine that never batches more
-    than 8 requests starts as fast as before."""
+    :func:`bind`. By default every batch size up to ``max_num_seqs`` (at most 512): a tape saves
+    the per-kernel Python cost at any size (10-25% of the default model's decode throughput at
+    9-16 rows, 15% at 64), and a padded row costs real matmul work on a CPU (one 16-row tape
+    for 9 rows was 8% slower than eager), so no size is padded. The tapes lay their activations
+    in one arena (:mod:`engine.native.arena`: 2.6 MiB for 256 rows of the default model) and
+    read their inputs from one set of buffers, so a size costs only its list of calls (~70 KiB
+    on the default model). Sizes up to 8 are recorded at start-up, up to 16 while a server is
+    idle, the larger the first time a step of that size runs (two forwards, once)."""
 
     name = "native tapes"
-    max_default_size = 16
+    max_default_size = 512
     start_up_sizes_up_to = 8
-    shares_activations = False
+    idle_sizes_up_to = 16
+    overhead_bytes = 128 * 1024  # a tape's calls: 304 of 232 bytes on the default model's 30 layers
+
+    def __init__(self):
+        self._arena = Arena()
 
     def default_sizes(self, max_num_seqs: int) -> tuple[int, ...]:
         return tuple(range(1, min(self.max_default_size, max_num_seqs) + 1))
 
     def record(self, forward):
-        return record(forward)
+        return record(forward, self._arena)

@@ -2,7 +2,8 @@
 platform, native tapes on cpu-native — whatever ``Platform.step_graphs`` gives).
 
 At start-up the engine records the model's forward once per batch bucket (the platform's default
-sizes up to ``max_num_seqs``, or ``cuda_graph_sizes``) over static input buffers — a server's
+sizes up to ``max_num_seqs``, or ``cuda_graph_sizes``) over static input buffers (each bucket's
+the first rows of the largest's) — a server's
 core in its first idle moments instead, one bucket at a time between steps, so that it is ready
 sooner (a bucket not yet recorded runs eagerly); a step whose
 requests all have one query row (a uniform decode step) is padded to the smallest bucket that
@@ -82,6 +83,25 @@ class DecodeInputs:
                 seq_lens=torch.ones(size, dtype=torch.int32, device=device),
                 block_table=torch.zeros(size, max_blocks, dtype=torch.int32, device=device),
                 slot_mapping=torch.zeros(size, dtype=torch.int64, device=device),
+                query_lens=(1,) * size,
+                seq_lens_host=(1,) * size,
+            ),
+        )
+
+    def prefix(self, size: int) -> DecodeInputs:
+        """The first ``size`` rows of these buffers, as the inputs of a ``size``-row step: every
+        bucket's inputs are views of the largest's (one replays at a time, each after its
+        :meth:`fill`), so the buckets add no memory of their own — a block table row is
+        ``max_blocks`` entries, 2 KiB at 8 192 positions."""
+        layout = self.layout
+        return DecodeInputs(
+            self.input_ids[:size],
+            self.positions[:size],
+            BatchLayout(
+                query_start_loc=layout.query_start_loc[: size + 1],
+                seq_lens=layout.seq_lens[:size],
+                block_table=layout.block_table[:size],
+                slot_mapping=layout.slot_mapping[:size],
                 query_lens=(1,) * size,
                 seq_lens_host=(1,) * size,
             ),
@@ -271,6 +291,7 @@ class StepGraphRunner:
         self.vocab_size, self.max_positions = vocab_size, max_positions  # what check() may feed
         self.graphs: dict[int, RecordedDecode] = {}
         self.pending = sorted(self.sizes, reverse=True)  # the buckets not yet recorded
+        self.inputs = DecodeInputs.empty(max(self.sizes), max_blocks, device)  # every bucket's, as prefixes
 
     def _forward(self, inputs: DecodeInputs, metadata, lora_rows: torch.Tensor | None = None):
         if self.lora is not None:
@@ -292,14 +313,22 @@ class StepGraphRunner:
         for size in [s for s in self.pending if limit is None or s <= limit]:
             self._record(size, check)
 
+    @property
+    def idle_pending(self) -> list[int]:
+        """The buckets still pending that a server records while idle
+        (:attr:`~engine.interfaces.StepGraphs.idle_sizes_up_to`), largest first."""
+        limit = self.recorder.idle_sizes_up_to
+        return [s for s in self.pending if limit is None or s <= limit]
+
     def record_next(self, check: bool = True) -> bool:
-        """Record the largest bucket still pending (the smaller fit its memory); the first one
-        recorded is checked (:meth:`check`) before any replay can serve, unless ``check`` is
-        False (a test showing what an unchecked recording would replay). True while buckets
-        remain. Raises RuntimeError where a recording fails or differs from eager."""
-        if self.pending:
-            self._record(self.pending[0], check)
-        return bool(self.pending)
+        """Record the largest bucket still pending of those idle time records (the smaller fit
+        its memory); the first one recorded is checked (:meth:`check`) before any replay can
+        serve, unless ``check`` is False (a test showing what an unchecked recording would
+        replay). True while such buckets remain. Raises RuntimeError where a recording fails or
+        differs from eager."""
+        if pending := self.idle_pending:
+            self._record(pending[0], check)
+        return bool(self.idle_pending)
 
     def _record_on_first_use(self, size: int) -> bool:
         """Record ``size`` now, for the step about to run, where it waits for its first step
@@ -331,7 +360,7 @@ class StepGraphRunner:
     @torch.inference_mode()
     def _record_bucket(self, size: int, check: bool) -> None:
         self.pending.remove(size)
-        inputs = DecodeInputs.empty(size, self.max_blocks, self.device)
+        inputs = self.inputs.prefix(size)
         metadata = self.attention.build_graph_metadata(inputs.layout)
         lora_rows = self._no_adapters(size)
 
