@@ -33,7 +33,8 @@ FLOORS = (
     ("engine.messages", "engine.hookspecs", "engine.lifetime", "engine.openmp"),
     ("engine.config", "engine.distributed"),  # the engine's configuration; tensor-parallel groups
     ("engine.interfaces",),  # the plugin contract
-    ("engine.layers", "engine.native", "engine.kv_transfer", "engine.runner"),  # what plugins build on
+    ("engine.native",),  # C kernels built and bound; native tapes; the sampler's row kernels
+    ("engine.layers", "engine.kv_transfer", "engine.runner"),  # what plugins build on
     ("engine.builtin", "engine.lora"),  # the core's own plugins; LoRA adapters and their slots
     ("engine.plugins",),  # discovery and the registry
     ("engine.core",),  # the engine loop and the request lifecycle

@@ -7,6 +7,7 @@ import torch
 
 from engine.messages.request import Request
 from engine.messages.sampling_params import SamplingParams
+from engine.native import rows as rows_kernel
 from engine.runner import sampler
 
 
@@ -188,10 +189,32 @@ def test_sampling_returns_distributions_only_when_asked():
     assert int((probs[2] > 0).sum()) == 4 and probs[2, tokens[2]] > 0
 
 
+@pytest.mark.skipif(
+    rows_kernel.argmax(torch.zeros(1, 1)) is None, reason="the row kernel cannot be built here"
+)
+@pytest.mark.parametrize("n", [1, 5, 15, 16, 17, 33, 49152])
+def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n):
+    """Rows whose maxima, ties, NaNs and infinities fall in every vector lane and in the tail
+    past the last whole vector, many rows (split over the threads) and rows of a wider matrix:
+    numpy's first-maximum index, NaN counting as the maximum."""
+    gen = torch.Generator().manual_seed(n)
+    x = torch.randn(300, n + 3, generator=gen)[:, :n]  # rows n + 3 apart
+    values = torch.tensor([float("nan"), float("inf"), float("-inf"), 4.0])
+    for row in range(300):
+        for _ in range(row % 4):
+            x[row, torch.randint(0, n, (1,), generator=gen)] = values[
+                torch.randint(0, 4, (1,), generator=gen)
+            ]
+    x[0] = float("-inf")
+    x[1] = 4.0
+    assert torch.equal(rows_kernel.argmax(x), torch.from_numpy(x.numpy().argmax(axis=-1)))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_greedy_picks_the_first_maximum_with_nan_as_the_maximum(dtype):
-    """The CPU path (numpy's argmax for float32/64) gives torch's ``max(dim=-1)`` index: ties go
-    to the first, a NaN beats every number, the first NaN wins, and a row of -inf is index 0."""
+    """The CPU path (the core's C kernel for float32, numpy's argmax for float64) gives torch's
+    ``max(dim=-1)`` index: ties go to the first, a NaN beats every number, the first NaN wins,
+    and a row of -inf is index 0."""
     logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).to(dtype)
     logits[1, [7, 300]] = 50.0
     logits[2, [40, 9]] = float("nan")
