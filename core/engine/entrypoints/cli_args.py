@@ -347,7 +347,8 @@ OPTIONS: dict[str, Option] = {
         ("--cuda-graph-sizes",),
         "decode batch sizes to record as step graphs, "
         "comma-separated; default on cuda: 1, 2, 4, every 8 to 248, every 16 to 512; "
-        "on cpu-native: 1 to 16 (above 8 recorded by the first step that needs one); up to --max-num-seqs",
+        "on cpu-native: every size (1 to 8 at start-up, up to 16 while a server is idle, the larger by "
+        "the first step that needs one); up to --max-num-seqs",
         parse_sizes,
     ),
 }
