@@ -25,11 +25,12 @@ static int64_t argmax_row_scalar(const float *x, int64_t from, int64_t n, int64_
  * number, never another NaN); the row's first maximum is the lowest index among the lanes that
  * hold the largest value, or hold a NaN where any does. */
 static int64_t argmax_row(const float *x, int64_t n) {
+    /* no whole vector, or indices past the lanes' int32 */
+    if (n < 16 || n >= (int64_t)1 << 31) return argmax_row_scalar(x, 1, n, 0);
     const __m512i step = _mm512_set1_epi32(16);
     __m512 best = _mm512_set1_ps(-INFINITY);
     __m512i at = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), where = at;
     int64_t i = 0;
-    if (n >= (int64_t)1 << 31) return argmax_row_scalar(x, 1, n, 0);
     for (; i + 16 <= n; i += 16, at = _mm512_add_epi32(at, step)) {
         __m512 v = _mm512_loadu_ps(x + i);
         __mmask16 take = _mm512_cmp_ps_mask(v, best, _CMP_GT_OQ) |
@@ -41,20 +42,13 @@ static int64_t argmax_row(const float *x, int64_t n) {
     int32_t indices[16];
     _mm512_storeu_ps(values, best);
     _mm512_storeu_si512(indices, where);
-    int64_t result = -1;
-    for (int l = 0; l < 16; l++) {
-        if (i == 0) break;  /* fewer than 16 values: the lanes hold none */
-        float v = values[l];
+    int64_t result = indices[0];
+    for (int l = 1; l < 16; l++) {
+        float v = values[l], b = x[result];
         int64_t index = indices[l];
-        if (result < 0) {
-            result = index;
-            continue;
-        }
-        float b = x[result];
         int better = isnan(v) ? (!isnan(b) || index < result) : (!isnan(b) && (v > b || (v == b && index < result)));
         if (better) result = index;
     }
-    if (result < 0) return argmax_row_scalar(x, 1, n, 0);
     return argmax_row_scalar(x, i, n, result);
 }
 #else
