@@ -256,6 +256,14 @@ class Model(nn.Module, ABC):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, hidden] (only rows that sample) -> logits [N, vocab] in float32."""
 
+    def compute_greedy(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """(optional) For a step whose rows all decode greedily (no logprobs, masks, penalties
+        or logits processors): each row's first maximum of ``compute_logits(hidden)`` (int64
+        [N]; NaN counts as the maximum), the same token exactly, found without the logits
+        where the LM head can (:meth:`engine.layers.VocabEmbedding.greedy`). None: the engine
+        computes the logits and takes their argmax; this default."""
+        return None
+
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         """A classifier's head: pooled hidden states [N, hidden] (one row per request, pooled as
         the pooler config says: ``default_pooling_type`` unless overridden) -> logits

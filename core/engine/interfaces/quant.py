@@ -151,6 +151,14 @@ class QuantMethod(ABC):
         (:func:`engine.layers.batch_invariant.in_row_buckets` finds such counts by probing)."""
         return in_row_tiles(lambda rows: self.apply(layer, rows, bias), x)
 
+    def apply_greedy(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        """For a vocabulary table's LM head (a method that sets ``quantizes_embeddings``), in a
+        step whose rows all decode greedily: each row's first maximum of ``apply(layer, x,
+        None)`` (int64 [T]; NaN counts as the maximum), the very token the logits give, found a
+        faster way (e.g. without writing every logit). This default, None: there is none, and
+        the engine takes the argmax of the logits."""
+        return None
+
     @abstractmethod
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The layer's weight [out, in] in the activation dtype, by plain math: the reference

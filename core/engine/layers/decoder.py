@@ -293,9 +293,20 @@ class DecoderForCausalLM(Model):
         return LayerSkipView(self, num_layers)
 
     def compute_logits(self, hidden):
-        head = self.model.embed_tokens if self.tied else self.lm_head
-        logits = head.logits(hidden)
+        logits = self._head.logits(hidden)
         return None if logits is None else logits.float()
+
+    def compute_greedy(self, hidden):
+        """The LM head's own greedy tokens (``VocabEmbedding.greedy``) where ``compute_logits``
+        is this class's (a subclass that changes the logits, Gemma's soft-cap, keeps the
+        default: None)."""
+        if type(self).compute_logits is not DecoderForCausalLM.compute_logits:
+            return None
+        return self._head.greedy(hidden)
+
+    @property
+    def _head(self):
+        return self.model.embed_tokens if self.tied else self.lm_head
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         load_checkpoint(self, weights, decoder_rename(self.tied))

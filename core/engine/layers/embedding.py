@@ -61,6 +61,15 @@ class VocabEmbedding(Linear):
         rows = self.method.embed(self, local.masked_fill(outside, 0))
         return self.tp.all_reduce(rows.masked_fill(outside.unsqueeze(-1), 0))
 
+    def greedy(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """Each row's first maximum of ``logits(hidden)`` (int64 [N]), where the quant method
+        finds it without the logits (``QuantMethod.apply_greedy``); None where it does not, and
+        under tensor parallelism, LoRA on this table or ``--batch-invariant`` (whose kernels
+        ``logits`` runs): the caller then takes the logits' argmax."""
+        if self.tp.size > 1 or "lora" in self._modules or getattr(self.method.ctx, "batch_invariant", False):
+            return None
+        return self.method.apply_greedy(self, hidden)
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = self.matmul(hidden, None)
         if self.tp.size == 1:

@@ -67,9 +67,13 @@ class LayerOps:
         group of inputs), within the tolerance ``engine.testing.layer_ops`` checks. It may also
         offer ``logits(x)`` -> float32 [M, N], the same product with the activations rounded
         finer, which quant methods call for a vocabulary table's LM head (its error reaches the
-        logits with no normalization after), and ``prepare_logits()``, which they call once
+        logits with no normalization after), ``prepare_logits()``, which they call once
         for such a table before its first ``logits``: the platform may make a copy of the
-        table that its logits read (reported by :meth:`notes`)."""
+        table that its logits read (reported by :meth:`notes`), and ``greedy(x)`` -> int64
+        [M] or None: each row's first maximum of ``logits(x)`` (NaN counting as the maximum),
+        the same token, found without the logits where it can (None: not here; the caller
+        takes the logits' argmax). Quant methods call it for a step whose rows all decode
+        greedily (``QuantMethod.apply_greedy``)."""
         return None
 
     def pack_affine_blocks(self, parts: list[torch.Tensor], layout: str) -> Layer | None:

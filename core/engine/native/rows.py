@@ -2,8 +2,9 @@
 
 A greedy step's argmax reads every logit of every row once: at 256 rows of a 49k vocabulary
 that is 50 MB, which numpy's argmax scans on one thread. :func:`argmax` splits the rows over
-the threads; it returns None where the library cannot be built here (no C compiler), and the
-caller keeps numpy's.
+the threads; it returns None where the library cannot be built here (no C compiler).
+:func:`first_max` is the greedy token of every row on any device, for the sampler and for a
+head that picks greedy tokens itself (``Model.compute_greedy``).
 """
 
 from __future__ import annotations
@@ -43,3 +44,22 @@ def argmax(logits: torch.Tensor) -> torch.Tensor | None:
         logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr()
     )
     return out
+
+
+_NUMPY_ARGMAX_DTYPES = (torch.float32, torch.float64)
+
+
+def first_max(logits: torch.Tensor) -> torch.Tensor:
+    """Each row's argmax: the first maximum, NaN counting as the maximum. On the CPU :func:`argmax`
+    gives that index vectorized with the rows split over the threads; numpy's ``argmax`` gives it
+    on one thread where the kernel cannot be built, and for float64, where torch's
+    ``max(dim=-1)`` and ``argmax`` walk a row one value at a time: one thread, a 49k vocabulary,
+    5 against 91 µs for one row (~1.5 % of a single-stream token), 0.10 against 1.5 ms for 16
+    rows, 0.8 against 6.1 ms for 64. Elsewhere ``max(dim=-1).indices``, the same index as
+    ``argmax`` and 2.5× faster than it."""
+    if logits.device.type == "cpu" and logits.dtype in _NUMPY_ARGMAX_DTYPES:
+        tokens = argmax(logits)
+        if tokens is not None:
+            return tokens
+        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
+    return logits.max(dim=-1).indices

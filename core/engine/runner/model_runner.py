@@ -32,6 +32,7 @@ class StepInput:
     mm_rows: torch.Tensor | None = None
     mm_embeds: torch.Tensor | None = None
     lora_rows: tuple = ()
+    greedy: bool = False  # every logits row takes its first maximum and reads nothing else of them
 
     @property
     def layout(self):
@@ -50,6 +51,7 @@ class StepInput:
             None if self.mm_rows is None else self.mm_rows.to(device),
             None if self.mm_embeds is None else self.mm_embeds.to(device),
             self.lora_rows,
+            self.greedy,
         )
 
 
@@ -123,6 +125,7 @@ class ModelRunner:
         ``kv_meta``: the KV connector's metadata for this step (None: no transfers)."""
         batch = flatten(plan, group_tables, self.group_block_sizes, self.device)
         rows = batch.sample_rows + batch.prompt_rows
+        sampling = sampler.SamplingRows(batch.sample_owners, self.device, batch.sample_drafts)
         mm_rows, mm_embeds = self._image_rows(plan, batch)
         positions = batch.positions
         if self.axis_positions is not None:
@@ -135,6 +138,7 @@ class ModelRunner:
             mm_rows,
             mm_embeds,
             _lora_rows(plan, batch) if self.lora is not None else (),
+            self._argmax_only(sampling, batch, bitmask),
         )
         with kv_transfer.connector_step(self.connector, kv_meta):
             hidden, aux, logits = self.forward_step(step)
@@ -145,12 +149,20 @@ class ModelRunner:
             return result
         n = len(batch.sample_rows)
         if n:
-            self._sample(logits[:n], batch, plan, bitmask, result)
+            self._sample(logits[:n], sampling, batch, plan, bitmask, result)
         if batch.prompt_rows:
             self._prompt_logprobs(logits[n:], batch, result)
         if self.keep_hidden_states:
             self._keep_hidden(torch.cat(aux, dim=-1) if aux else hidden, batch, plan, result)
         return result
+
+    def _argmax_only(self, rows: sampler.SamplingRows, batch: FlatBatch, bitmask) -> bool:
+        """Whether the step's logits rows are all sampled by their first maximum alone
+        (:func:`sampler.argmax_only`, no grammar, logits processor or prompt logprobs): the
+        model may then give their tokens in place of the logits (``Model.compute_greedy``)."""
+        if not batch.sample_rows or batch.prompt_rows or bitmask is not None or self.logits_processors:
+            return False
+        return sampler.argmax_only(rows)
 
     def _image_rows(
         self, plan: StepPlan, batch: FlatBatch
@@ -174,14 +186,19 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, step: StepInput) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
-        """(hidden states, the drafter's inner-layer states, logits of ``step.logits_rows``;
-        None when there are none, and on a tensor-parallel rank other than 0)."""
+        """(hidden states, the drafter's inner-layer states, the scores of ``step.logits_rows``:
+        their logits [N, vocab], or in a greedy step (``step.greedy``) their tokens [N] where
+        the model gives them (``Model.compute_greedy``); None when there are no such rows, and
+        on a tensor-parallel rank other than 0)."""
         if self.lora is not None:
             self.lora.prepare(list(step.lora_rows))
         hidden, aux = self._forward(step)
         if not step.logits_rows:
             return hidden, aux, None
-        return hidden, aux, self.model.compute_logits(_rows(hidden, step.logits_rows))
+        scored = _rows(hidden, step.logits_rows)
+        if step.greedy and (tokens := self.model.compute_greedy(scored)) is not None:
+            return hidden, aux, tokens
+        return hidden, aux, self.model.compute_logits(scored)
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         # a recorded step has no image rows and one position axis
@@ -211,17 +228,20 @@ class ModelRunner:
             for layer in range(len(self.kv_caches)):
                 self.connector.wait_for_layer_load(layer)
 
-    def _sample(self, logits, batch: FlatBatch, plan: StepPlan, bitmask, result: StepResult) -> None:
-        rows = sampler.SamplingRows(batch.sample_owners, self.device, batch.sample_drafts)
-        if bitmask is not None:
-            sampler.apply_bitmask(logits, bitmask)
-        # vLLM's default logprobs_mode (raw_logprobs): before processors, masks, penalties, temperature
-        logprobs = logits.log_softmax(dim=-1) if rows.max_logprobs is not None else None
-        for processor in self.logits_processors:
-            logits = processor.apply(logits, rows.requests)
-        sampler.apply_token_masks(logits, rows)
-        sampler.apply_penalties(logits, rows)
-        tokens, probs = sampler.sample(logits, rows, need_probs=any(batch.sample_drafts))
+    def _sample(
+        self,
+        scores,
+        rows: sampler.SamplingRows,
+        batch: FlatBatch,
+        plan: StepPlan,
+        bitmask,
+        result: StepResult,
+    ) -> None:
+        """``scores``: the sample rows' logits, or (a greedy step the model scored) their tokens."""
+        if scores.dim() == 1:
+            tokens, probs, logprobs = scores, None, None
+        else:
+            tokens, probs, logprobs = self._sample_logits(scores, rows, batch, bitmask)
         token_list = tokens.tolist()
         chosen = list(token_list)
         row = 0
@@ -246,6 +266,20 @@ class ModelRunner:
                     logprobs[row : row + len(out)], torch.tensor(chosen[row : row + len(out)]), n_logprobs
                 )
             row += k + 1
+
+    def _sample_logits(self, logits, rows: sampler.SamplingRows, batch: FlatBatch, bitmask):
+        """(each row's token, the sampling distributions where drafts need them, the raw
+        logprobs where a row asks for logprobs)."""
+        if bitmask is not None:
+            sampler.apply_bitmask(logits, bitmask)
+        # vLLM's default logprobs_mode (raw_logprobs): before processors, masks, penalties, temperature
+        logprobs = logits.log_softmax(dim=-1) if rows.max_logprobs is not None else None
+        for processor in self.logits_processors:
+            logits = processor.apply(logits, rows.requests)
+        sampler.apply_token_masks(logits, rows)
+        sampler.apply_penalties(logits, rows)
+        tokens, probs = sampler.sample(logits, rows, need_probs=any(batch.sample_drafts))
+        return tokens, probs, logprobs
 
     def _prompt_logprobs(self, logits, batch: FlatBatch, result: StepResult) -> None:
         logprobs = logits.log_softmax(dim=-1)

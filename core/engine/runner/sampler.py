@@ -17,7 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from engine.messages.step import TokenLogprobs
-from engine.native import rows
+from engine.native.rows import first_max
 
 _BIT = torch.arange(32, dtype=torch.int32)
 
@@ -60,6 +60,22 @@ class SamplingRows:
     @functools.cached_property
     def min_p(self) -> torch.Tensor:
         return torch.tensor([p.min_p for p in self.params], device=self.device).unsqueeze(1)
+
+
+def argmax_only(rows: SamplingRows) -> bool:
+    """Whether every row's token is the first maximum of its raw logits and nothing else of them
+    is read: greedy rows with no logprobs, no token masks (``logit_bias``, allowed and bad words,
+    ``min_tokens`` not yet reached) and no penalties. The step's grammar bitmask and logits
+    processors are the caller's to rule out."""
+    if not rows.all_greedy or rows.max_logprobs is not None:
+        return False
+    for request, drafts in zip(rows.requests, rows.drafts):
+        p = request.sampling_params
+        if p.masks_tokens or p.uses_penalties:
+            return False
+        if p.min_tokens and len(request.output_token_ids) + len(drafts) < p.min_tokens:
+            return False
+    return True
 
 
 def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
@@ -295,37 +311,18 @@ def sampling_probs(logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
     return _random_rows(logits, rows, torch.arange(logits.shape[0], device=logits.device), True)[1]
 
 
-_NUMPY_ARGMAX_DTYPES = (torch.float32, torch.float64)
-
-
-def greedy(logits: torch.Tensor) -> torch.Tensor:
-    """Each row's argmax: the first maximum, NaN counting as the maximum. On the CPU the core's
-    C kernel (:func:`engine.native.rows.argmax`) gives that index vectorized with the rows
-    split over the threads; numpy's ``argmax`` gives it on one thread where the kernel cannot be
-    built, and for float64, where torch's ``max(dim=-1)`` and ``argmax`` walk a row one value at a
-    time: one thread, a 49k vocabulary, 5 against 91 µs for one row (~1.5 % of a single-stream
-    token), 0.10 against 1.5 ms for 16 rows, 0.8 against 6.1 ms for 64. Elsewhere
-    ``max(dim=-1).indices``, the same index as ``argmax`` and 2.5× faster than it."""
-    if logits.device.type == "cpu" and logits.dtype in _NUMPY_ARGMAX_DTYPES:
-        tokens = rows.argmax(logits)
-        if tokens is not None:
-            return tokens
-        return torch.from_numpy(logits.detach().numpy().argmax(axis=-1))
-    return logits.max(dim=-1).indices
-
-
 def sample(
     logits: torch.Tensor, rows: SamplingRows, need_probs: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """-> (token per row, the sampling distributions when ``need_probs`` and some row
     samples, else None)."""
     if rows.all_greedy:
-        return greedy(logits), None
+        return first_max(logits), None
     random_index = (~rows.greedy).nonzero().squeeze(1)
     random_tokens, random_probs = _random_rows(logits, rows, random_index, need_probs)
     if len(random_index) == logits.shape[0]:
         return random_tokens, random_probs
-    tokens = greedy(logits)
+    tokens = first_max(logits)
     tokens[random_index] = random_tokens
     probs = None
     if need_probs:

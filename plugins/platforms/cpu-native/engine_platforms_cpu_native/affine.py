@@ -37,6 +37,7 @@ import torch
 from engine.layers import Layer
 from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
+from engine.native.rows import first_max
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.kernels import activation_rows, tiles_allowed
@@ -160,6 +161,7 @@ class PackedAffine(Layer):
         self._dequantize = bound[f"affine_dequantize_{suffix}"]
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
+        self._greedy = bound[f"affine_greedy_{suffix}"]
         on_amx = tiles and dtype == torch.bfloat16 and not portable and amx_tiles()
         self._tiles = bound["affine_matmul_amx"] if on_amx else None
         self.int8_table: Int8Table | None = None
@@ -194,12 +196,41 @@ class PackedAffine(Layer):
         same way (``affine_refine_logits``)."""
         x = activation_rows(x, self.in_features, self.dtype)
         if self._on_tiles(x):
-            if self.int8_table is not None:
-                out = self.int8_table(x)
-            else:
-                out = self._run(self._tiles, x, torch.float32, 1)
-            return self._run(self._refine_logits, x, torch.float32, LOGITS_REFINED, out=out)
+            return self._tile_logits(x)
         return self._run(self._logits, x, torch.float32, LOGITS_REFINED)
+
+    def _tile_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``logits`` of a step on the tiles, at any number of rows: a row's values are the same
+        whatever rows come with it."""
+        if self.int8_table is not None:
+            out = self.int8_table(x)
+        else:
+            out = self._run(self._tiles, x, torch.float32, 1)
+        return self._run(self._refine_logits, x, torch.float32, LOGITS_REFINED, out=out)
+
+    def greedy(self, x: torch.Tensor) -> torch.Tensor | None:
+        """Each row's first maximum of ``logits(x)`` (int64 [M]), the same token, where a step's
+        logits come from the int8 copy; None elsewhere (the caller takes the logits' argmax).
+
+        Why: a greedy step reads a row's largest logits only, yet ``logits`` writes all of them
+        (50 MB at 256 rows of a 49k vocabulary), the refinement reads them back for each row's
+        ``LOGITS_REFINED`` largest and the sampler once more for the maximum. Here the int8
+        product keeps each row's largest as it goes (``Int8Table.top``), writing no logit, and
+        ``affine_greedy`` recomputes those exactly, as the refinement does: the largest is the
+        row's maximum where it lies above the least of the candidates' int8 values, which no
+        logit left out exceeds. A row where it does not (a flat row, NaN) gets its logits made
+        as ``logits`` makes them, and their first maximum."""
+        x = activation_rows(x, self.in_features, self.dtype)
+        if self.int8_table is None or not self._on_tiles(x):
+            return None
+        top = min(LOGITS_REFINED, self.out_features)
+        best, approx = self.int8_table.top(x, top)
+        tokens = torch.empty(x.shape[0], dtype=torch.int64)
+        self._run(self._greedy, x, torch.int64, top, best.data_ptr(), approx.data_ptr(), out=tokens)
+        unsure = (tokens < 0).nonzero().squeeze(1)
+        if len(unsure):
+            tokens[unsure] = first_max(self._tile_logits(x[unsure]))
+        return tokens
 
     @property
     def on_tiles(self) -> bool:

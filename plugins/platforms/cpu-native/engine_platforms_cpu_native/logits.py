@@ -88,3 +88,24 @@ class Int8Table(Layer):
             out.data_ptr(),
         )
         return out
+
+    def top(self, x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``top`` (1 ≤ top ≤ n) largest logits of ``self(x)`` — their columns (int64
+        [M, top]) and values (float32 [M, top]), in no order — without writing the others: the
+        entries a pass over the row keeps, ranked by value, then the lower column first."""
+        x = activation_rows(x, self.in_features, torch.bfloat16)
+        best = torch.empty(x.shape[0], top, dtype=torch.int64)
+        values = torch.empty(x.shape[0], top)
+        self._kernels["logits_int8_top"](
+            x.data_ptr(),
+            x.stride(0),
+            x.shape[0],
+            self.in_features,
+            self.w8.data_ptr(),
+            self.scale.data_ptr(),
+            self.out_features,
+            top,
+            best.data_ptr(),
+            values.data_ptr(),
+        )
+        return best, values

@@ -38,6 +38,7 @@
 #include "quant_gemm.h"
 #include "engine_bf16.h"
 #include "engine_lanes.h"
+#include "top_heap.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -542,38 +543,19 @@ static inline int any_above(const float *row, float least) {
 }
 #endif
 
-/* The indices of the `top` largest of row [n] into best (a min-heap of their values in value):
- * once the heap is full, 32 entries at a time are passed over when none enters (nearly all of
- * a vocabulary's), ties to the earlier index. */
-static void largest(const float *row, int64_t n, int64_t top, int64_t *best, float *value) {
-    int64_t size = 0;
+/* The row's `top` largest entries (top_heap.h's order) into h, emptied first: once the heap is
+ * full, 32 entries at a time are passed over when none ranks above the root (nearly all of a
+ * vocabulary's). */
+static void largest(const float *row, int64_t n, top_heap *h) {
+    h->size = 0;
     for (int64_t i = 0; i < n; i++) {
 #if defined(__AVX2__)
-        if (size == top && i % 32 == 0 && i + 32 <= n && !any_above(row + i, value[0])) {
+        if (h->size == h->top && i % 32 == 0 && i + 32 <= n && !any_above(row + i, h->value[0])) {
             i += 31;
             continue;
         }
 #endif
-        if (size == top && !(row[i] > value[0])) continue;
-        int64_t at;
-        if (size < top) {  /* sift up */
-            at = size++;
-            while (at > 0 && value[(at - 1) / 2] > row[i]) {
-                value[at] = value[(at - 1) / 2], best[at] = best[(at - 1) / 2];
-                at = (at - 1) / 2;
-            }
-        } else {  /* replace the root, sift down */
-            at = 0;
-            for (;;) {
-                int64_t child = 2 * at + 1;
-                if (child >= size) break;
-                if (child + 1 < size && value[child + 1] < value[child]) child++;
-                if (!(value[child] < row[i])) break;
-                value[at] = value[child], best[at] = best[child];
-                at = child;
-            }
-        }
-        value[at] = row[i], best[at] = i;
+        top_offer(h, row[i], i);
     }
 }
 
@@ -591,37 +573,26 @@ static void sort_by_column(uint64_t *pairs, int64_t count, int64_t n) {
     free(spare);
 }
 
-/* Each row of out [m, n] (that row's one-pass logits) gets its `top` largest entries
- * recomputed by column_dot from x [m, k] as float32 (xf, row stride k). The rows' top columns
- * overlap (in text most rows rank the same frequent tokens high: 64 rows' top 20 held ~340
- * distinct columns of 1 280), so the (row, column) pairs are sorted by column and each column
- * is gathered once for all its rows: a column's q lie 16 columns to a cache line, so reading
- * one per pair read ~16 times the bytes used. A pair's arithmetic is the same whatever its
- * batch (and the same as before the pairs were grouped), so a row's logits are too. */
-static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t form,
-                       int64_t bits, int64_t n, int64_t top, float *out) {
-    int64_t groups = k / GROUP, count;
-    if (top > n) top = n;
-    count = m * top;
-    uint64_t *pairs = malloc(sizeof(uint64_t) * (size_t)count);
+/* The exact logit of each (column << 32 | row) pair, by column_dot from x [m, k] as float32 (xf,
+ * row stride k), into values (values[i] for pairs[i] as they are left: sorted by column). Rows'
+ * top columns overlap (in text most rows rank the same frequent tokens high: 64 rows' top 20 held
+ * ~340 distinct columns of 1 280), so each column is gathered once for all its rows: a column's q
+ * lie 16 columns to a cache line, and reading one per pair read ~16 times the bytes used. A
+ * pair's arithmetic is the same whatever its batch and whatever other pairs come with it. */
+static void recompute(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t form,
+                      int64_t bits, int64_t n, uint64_t *pairs, int64_t count, float *values) {
+    int64_t groups = k / GROUP, nruns = 0;
     float *xsum = malloc(sizeof(float) * (size_t)(m * groups));
     int64_t *runs = malloc(sizeof(int64_t) * (size_t)(count + 1)); /* where each column's pairs start */
-    int64_t nruns = 0;
-    const int parallel = m > 1 && m * top * k >= PARALLEL_WORK;
-#pragma omp parallel if (parallel)
+#pragma omp parallel if (m > 1 && count * k >= PARALLEL_WORK)
     {
-        int64_t *best = malloc(sizeof(int64_t) * (size_t)top);
-        float *value = malloc(sizeof(float) * (size_t)top);
 #pragma omp for schedule(static)
-        for (int64_t r = 0; r < m; r++) {
+        for (int64_t r = 0; r < m; r++)
             for (int64_t g = 0; g < groups; g++) {
                 float sum = 0.f;
                 for (int64_t i = 0; i < GROUP; i++) sum += xf[r * k + g * GROUP + i];
                 xsum[r * groups + g] = sum;
             }
-            largest(out + r * n, n, top, best, value);
-            for (int64_t i = 0; i < top; i++) pairs[r * top + i] = (uint64_t)best[i] << 32 | (uint64_t)r;
-        }
 #pragma omp single
         {
             sort_by_column(pairs, count, n);
@@ -636,16 +607,75 @@ static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
             gather_column(qw, sz, form, bits, k, col, w);
             for (int64_t i = runs[c]; i < runs[c + 1]; i++) {
                 int64_t r = (int64_t)(pairs[i] & 0xFFFFFFFFu);
-                out[r * n + col] = column_dot(w, k, xf + r * k, xsum + r * groups);
+                values[i] = column_dot(w, k, xf + r * k, xsum + r * groups);
             }
         }
         column_free(w);
-        free(best);
-        free(value);
     }
-    free(pairs);
     free(xsum);
     free(runs);
+}
+
+/* Each row of out [m, n] (that row's one-pass logits) gets its `top` largest entries
+ * (largest's) recomputed exactly from xf. */
+static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t form,
+                       int64_t bits, int64_t n, int64_t top, float *out) {
+    if (top > n) top = n;
+    int64_t count = m * top;
+    uint64_t *pairs = malloc(sizeof(uint64_t) * (size_t)count);
+    float *values = malloc(sizeof(float) * (size_t)count);
+#pragma omp parallel if (m > 1 && count * k >= PARALLEL_WORK)
+    {
+        top_heap h = {malloc(sizeof(int64_t) * (size_t)top), malloc(sizeof(float) * (size_t)top), 0, top};
+#pragma omp for schedule(static)
+        for (int64_t r = 0; r < m; r++) {
+            largest(out + r * n, n, &h);
+            for (int64_t i = 0; i < top; i++) pairs[r * top + i] = (uint64_t)h.column[i] << 32 | (uint64_t)r;
+        }
+        free(h.column);
+        free(h.value);
+    }
+    recompute(xf, m, k, qw, sz, form, bits, n, pairs, count, values);
+    for (int64_t i = 0; i < count; i++) out[(int64_t)(pairs[i] & 0xFFFFFFFFu) * n + (int64_t)(pairs[i] >> 32)] = values[i];
+    free(pairs);
+    free(values);
+}
+
+/* Each row's greedy token, the first maximum of the logits refine_top would leave, from its `top`
+ * candidates (columns best, their one-pass logits approx: the row's `top` largest in largest's
+ * order, made without the row's other logits) recomputed exactly: the largest exact value (the
+ * lowest column on a tie) is the row's maximum where it lies above every one-pass logit left
+ * out, which none of the candidates' one-pass values lies under; -1 (the caller makes the row's
+ * logits) where it does not, where an exact value is NaN, or where a one-pass value is (the
+ * product could not rank the row). */
+static void greedy_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t form,
+                       int64_t bits, int64_t n, int64_t top, const int64_t *best, const float *approx,
+                       int64_t *tokens) {
+    int64_t count = m * top;
+    uint64_t *pairs = malloc(sizeof(uint64_t) * (size_t)count);
+    float *values = malloc(sizeof(float) * (size_t)count), *most = malloc(sizeof(float) * (size_t)m);
+    for (int64_t i = 0; i < count; i++) pairs[i] = (uint64_t)best[i] << 32 | (uint64_t)(i / top);
+    recompute(xf, m, k, qw, sz, form, bits, n, pairs, count, values);
+    for (int64_t r = 0; r < m; r++) tokens[r] = -1, most[r] = -INFINITY;
+    for (int64_t i = 0; i < count; i++) { /* rising columns: the first of equal values stays */
+        int64_t r = (int64_t)(pairs[i] & 0xFFFFFFFFu);
+        if (tokens[r] == -2) continue;
+        if (isnan(values[i])) tokens[r] = -2;
+        else if (tokens[r] < 0 || values[i] > most[r]) tokens[r] = (int64_t)(pairs[i] >> 32), most[r] = values[i];
+    }
+    for (int64_t r = 0; r < m; r++) {
+        float floor = INFINITY; /* the least candidate's one-pass value: no logit left out lies above it */
+        int unranked = 0;       /* a NaN one-pass value: the product could not rank the row */
+        for (int64_t i = 0; i < top; i++) {
+            float v = approx[r * top + i];
+            unranked |= isnan(v);
+            floor = v < floor ? v : floor;
+        }
+        if (tokens[r] < 0 || unranked || (top < n && !(most[r] > floor))) tokens[r] = -1;
+    }
+    free(pairs);
+    free(values);
+    free(most);
 }
 
 /* ---- the per-type functions: quantizers, matmul, rows, dequantization (quant_gemm_generic.h) ---- */

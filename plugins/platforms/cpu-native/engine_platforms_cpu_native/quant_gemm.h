@@ -46,6 +46,17 @@ void affine_refine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_
 void affine_refine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
                               const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
 
+/* each row's greedy token (tokens [m]): the first maximum of the logits affine_refine_logits leaves
+ * of a product whose each row's `top` (at most n) largest are best [m, top] (columns), approx
+ * [m, top] (that product's values: logits_int8_top's), found without the rest; -1 for a row
+ * whose maximum the candidates cannot tell (the caller then makes the row's logits) */
+void affine_greedy_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                        int64_t form, int64_t bits, int64_t n, int64_t top, const int64_t *best,
+                        const float *approx, int64_t *tokens);
+void affine_greedy_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t form, int64_t bits, int64_t n, int64_t top, const int64_t *best, const float *approx,
+                       int64_t *tokens);
+
 /* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
 engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                                const int64_t *ids, int64_t count, uint16_t *out);

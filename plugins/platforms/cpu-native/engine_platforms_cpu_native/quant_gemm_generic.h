@@ -72,15 +72,30 @@ void TYPED(affine_matmul)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
         out);
 }
 
+/* x [m, k] (row stride ldx) as float32 rows, k apart (malloc'd: the caller frees them) */
+static float *TYPED(float_rows)(const T *x, int64_t ldx, int64_t m, int64_t k) {
+    float *xf = malloc(sizeof(float) * (size_t)(m * k));
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
+    return xf;
+}
+
 /* Each row of out [m, n] (logits of x [m, k] from any product) gets its `top` largest
  * recomputed from the activations unrounded (refine_top). */
 void TYPED(affine_refine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
                                  const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top,
                                  float *out) {
-    float *xf = malloc(sizeof(float) * (size_t)(m * k));
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t i = 0; i < k; i++) xf[r * k + i] = LOAD(x[r * ldx + i]);
+    float *xf = TYPED(float_rows)(x, ldx, m, k);
     refine_top(xf, m, k, qw, sz, form, bits, n, top, out);
+    free(xf);
+}
+
+/* Each row's greedy token from its `top` candidates (greedy_top). */
+void TYPED(affine_greedy)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                          int64_t form, int64_t bits, int64_t n, int64_t top, const int64_t *best,
+                          const float *approx, int64_t *tokens) {
+    float *xf = TYPED(float_rows)(x, ldx, m, k);
+    greedy_top(xf, m, k, qw, sz, form, bits, n, top, best, approx, tokens);
     free(xf);
 }
 

@@ -139,3 +139,65 @@ def test_no_copy_off_the_tiles(monkeypatch):
     off.prepare_logits()
     assert off.int8_table is None
     assert not logits.kernels(portable=True)["logits_int8_amx"]()
+
+
+def _top_by_value_then_column(out: torch.Tensor, top: int) -> list[list[tuple[float, int]]]:
+    """Each row's ``top`` largest (value, column), ranked by value, then the lower column first."""
+    return [sorted((-v, c) for c, v in enumerate(row.tolist()))[:top] for row in out]
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize(("n", "rows", "top"), [(75, 17, 32), (300, 40, 32), (4000, 33, 32), (40, 20, 40)])
+def test_each_rows_top_is_the_one_a_pass_over_its_logits_keeps(portable, n, rows, top):
+    """``Int8Table.top`` writes no logit, yet keeps each row's ``top`` largest of the very logits
+    the table gives, ties (repeated table rows) to the lower column, whatever thread saw which
+    columns; a row it cannot rank (more equal values than it keeps, 256 a thread: a zero row of
+    activations over 4 000 columns) comes back NaN."""
+    gen = torch.Generator().manual_seed(n + rows)
+    k = 96
+    w = _random_table(n, k, gen)
+    w[n // 2 :: n // 8] = w[1]  # the same logit in several columns
+    x = (torch.randn(rows, k, generator=gen) * torch.linspace(0.1, 8, k)).bfloat16()
+    x[rows // 3] = 0.0
+    table = Int8Table(lambda ids: w[ids], n, k, portable=portable)
+    out = table(x)
+    best, values = table.top(x, top)
+    want = _top_by_value_then_column(out, top)
+    unranked = values.isnan().all(dim=1).nonzero().flatten().tolist()
+    assert unranked in ([], [rows // 3]) and (unranked or n < 4000)
+    for r in range(rows):
+        if r not in unranked:
+            assert sorted(zip((-values[r]).tolist(), best[r].tolist())) == want[r]
+
+
+def _greedy_case(n: int, k: int, rows: int, gen: torch.Generator):
+    """A vocabulary table (repeated rows: equal logits in many columns) and activations with a
+    zero row (every logit equal), a NaN row and a row equal to one of the table's."""
+    weight = _vocab_table(gen, n, k)
+    repeats = slice(n // 3, None, max(1, n // 6))
+    weight.q[repeats] = weight.q[2]
+    weight.scale[repeats], weight.offset[repeats] = weight.scale[2], weight.offset[2]
+    packed = PackedAffine(weight, torch.bfloat16)
+    packed.prepare_logits()
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    x[1], x[2, 5] = 0.0, float("nan")
+    x[3] = weight.dequantize(torch.float32)[2].bfloat16() * 4
+    return packed, x
+
+
+@pytest.mark.skipif(not logits.int8_tiles(), reason="this CPU has no AMX int8 tiles")
+@pytest.mark.parametrize(("n", "rows"), [(300, 17), (2000, 70), (20, 24), (33, 300)])
+def test_the_greedy_tokens_are_the_first_maximum_of_the_logits(n, rows, monkeypatch):
+    """``PackedAffine.greedy`` (no logits written) gives each row the first maximum of
+    ``logits``: flat rows (zero activations), NaN rows, ties between repeated columns, a
+    vocabulary smaller than the refined count, more rows than a 256-row pass. The rows the
+    candidates cannot settle (NaN; flat, where equal logits were left out) take the logits."""
+    from engine.native.rows import first_max
+
+    packed, x = _greedy_case(n, 576, rows, torch.Generator().manual_seed(n + rows))
+    made, tile_logits = [], packed._tile_logits
+    monkeypatch.setattr(packed, "_tile_logits", lambda x: made.append(x.shape[0]) or tile_logits(x))
+    assert torch.equal(packed.greedy(x), first_max(packed.logits(x)))
+    # the NaN row, and the flat one where equal logits were left out
+    assert made[0] == (2 if n > affine.LOGITS_REFINED else 1)
+    assert packed.greedy(x[: affine.TILE_ROWS]) is None  # not on the tiles: the logits' argmax

@@ -111,6 +111,10 @@ class GGUFLinearMethod(QuantMethod):
         out = layer.kernel(x)
         return out if bias is None else out + bias
 
+    def apply_greedy(self, layer, x):
+        greedy = getattr(layer.kernel, "greedy", None)
+        return greedy(x) if greedy is not None else None
+
     def apply_batch_invariant(self, layer, x, bias):
         """Calls padded to probed row buckets (:func:`engine.layers.batch_invariant.in_row_buckets`)
         rather than 16-row tiles: the packed kernel rounds and sums each row on its own, so its
@@ -171,6 +175,12 @@ class VocabLogits(Layer):
 
     def forward(self, x):
         return self.packed.logits(x)
+
+    def greedy(self, x):
+        """Each row's first maximum of ``forward(x)`` where the packing finds it without the
+        logits (``greedy``, :meth:`engine.layers.ops.LayerOps.pack_affine`), else None."""
+        greedy = getattr(self.packed, "greedy", None)
+        return greedy(x) if greedy is not None else None
 
     def dequantize(self):
         return self.packed.dequantize()
