@@ -14,21 +14,11 @@ from engine.layers.decoder import DecoderForCausalLM
 from engine.messages.request import Request
 from engine.runner import sampler
 from engine.testing import reference
+from engine.testing.quant import TINY_LLAMA
 from engine_platforms_cpu_native.logits import int8_tiles
 from engine_quant_gguf.writer import write_gguf
 
-TINY = dict(
-    model_type="llama",
-    vocab_size=1000,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-5,
-    tie_word_embeddings=False,
-)
+TINY = dict(TINY_LLAMA, vocab_size=1000)  # more columns than the head refines
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 

@@ -77,26 +77,23 @@ class Int8Table(Layer):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = activation_rows(x, self.in_features, torch.bfloat16)
         out = torch.empty(x.shape[0], self.out_features)
-        self._kernels["logits_int8"](
-            x.data_ptr(),
-            x.stride(0),
-            x.shape[0],
-            self.in_features,
-            self.w8.data_ptr(),
-            self.scale.data_ptr(),
-            self.out_features,
-            out.data_ptr(),
-        )
+        self._run("logits_int8", x, out.data_ptr())
         return out
 
     def top(self, x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's ``top`` (1 ≤ top ≤ n) largest logits of ``self(x)`` — their columns (int64
         [M, top]) and values (float32 [M, top]), in no order — without writing the others: the
-        entries a pass over the row keeps, ranked by value, then the lower column first."""
+        entries a pass over the row keeps, ranked by value, then the lower column first; NaN
+        values for a row it cannot rank (more equal values than it keeps, or NaN)."""
         x = activation_rows(x, self.in_features, torch.bfloat16)
         best = torch.empty(x.shape[0], top, dtype=torch.int64)
         values = torch.empty(x.shape[0], top)
-        self._kernels["logits_int8_top"](
+        self._run("logits_int8_top", x, top, best.data_ptr(), values.data_ptr())
+        return best, values
+
+    def _run(self, name: str, x: torch.Tensor, *outputs) -> None:
+        """Kernel ``name`` over the bf16 rows x and the table; ``outputs`` follow the table's."""
+        self._kernels[name](
             x.data_ptr(),
             x.stride(0),
             x.shape[0],
@@ -104,8 +101,5 @@ class Int8Table(Layer):
             self.w8.data_ptr(),
             self.scale.data_ptr(),
             self.out_features,
-            top,
-            best.data_ptr(),
-            values.data_ptr(),
+            *outputs,
         )
-        return best, values
