@@ -20,7 +20,7 @@ void logits_int8_pack(const float *w, int64_t row0, int64_t rows, int64_t k, int
 void logits_int8(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8, const float *scale,
                  int64_t n, float *out);
 
-/* the logits_int8 product's `top` (1 ≤ top ≤ n) largest logits of each row, found without
+/* the logits_int8 product's `top` (1 ≤ top ≤ min(n, 64)) largest logits of each row, found without
  * writing the rest: best [m, top] their columns, approx [m, top] their values, in no order; the
  * same entries (by value, then the lower column first on a tie: top_heap.h) a pass over the row
  * logits_int8 writes would keep */
