@@ -73,9 +73,15 @@ def argmax_only(rows: SamplingRows) -> bool:
         p = request.sampling_params
         if p.masks_tokens or p.uses_penalties:
             return False
-        if p.min_tokens and len(request.output_token_ids) + len(drafts) < p.min_tokens:
+        if _below_min_tokens(request, drafts):
             return False
     return True
+
+
+def _below_min_tokens(request, drafts: Sequence[int]) -> bool:
+    """Whether a row's output so far (its drafts before it counting) is under ``min_tokens``:
+    its stop tokens and EOS are then masked."""
+    return len(request.output_token_ids) + len(drafts) < request.sampling_params.min_tokens
 
 
 def apply_penalties(logits: torch.Tensor, rows: SamplingRows) -> None:
@@ -137,7 +143,7 @@ def apply_token_masks(logits: torch.Tensor, rows: SamplingRows) -> None:
     allowed_rows: list[int] = []
     for i, (request, drafts) in enumerate(zip(rows.requests, rows.drafts)):
         p = request.sampling_params
-        if len(request.output_token_ids) + len(drafts) < p.min_tokens:
+        if _below_min_tokens(request, drafts):
             banned.add(i, p.stop_token_ids)
             if request.eos_token_id is not None and not p.ignore_eos:
                 banned.add(i, (request.eos_token_id,))

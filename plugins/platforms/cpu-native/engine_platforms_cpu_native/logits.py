@@ -81,10 +81,11 @@ class Int8Table(Layer):
         return out
 
     def top(self, x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's ``top`` (1 ≤ top ≤ min(n, 64)) largest logits of ``self(x)`` — their columns (int64
-        [M, top]) and values (float32 [M, top]), in no order — without writing the others: the
-        entries a pass over the row keeps, ranked by value, then the lower column first; NaN
-        values for a row it cannot rank (more equal values than it keeps, or NaN)."""
+        """Each row's ``top`` (1 ≤ top ≤ min(n, 64)) largest logits of ``self(x)`` — their
+        columns (int64 [M, top]) and values (float32 [M, top]), in no order — without writing
+        the others: the entries a pass over the row keeps, ranked by value, then the lower
+        column first; NaN values for a row it cannot rank (more equal values than it keeps, or
+        NaN)."""
         x = activation_rows(x, self.in_features, torch.bfloat16)
         best = torch.empty(x.shape[0], top, dtype=torch.int64)
         values = torch.empty(x.shape[0], top)

@@ -636,7 +636,10 @@ static void refine_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
         free(h.value);
     }
     recompute(xf, m, k, qw, sz, form, bits, n, pairs, count, values);
-    for (int64_t i = 0; i < count; i++) out[(int64_t)(pairs[i] & 0xFFFFFFFFu) * n + (int64_t)(pairs[i] >> 32)] = values[i];
+    for (int64_t i = 0; i < count; i++) {
+        int64_t r = (int64_t)(pairs[i] & 0xFFFFFFFFu), col = (int64_t)(pairs[i] >> 32);
+        out[r * n + col] = values[i];
+    }
     free(pairs);
     free(values);
 }
@@ -657,10 +660,11 @@ static void greedy_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
     for (int64_t i = 0; i < count; i++) pairs[i] = (uint64_t)best[i] << 32 | (uint64_t)(i / top);
     recompute(xf, m, k, qw, sz, form, bits, n, pairs, count, values);
     for (int64_t r = 0; r < m; r++) tokens[r] = -1, most[r] = -INFINITY;
-    for (int64_t i = 0; i < count; i++) { /* rising columns: the first of equal values stays */
+    /* rising columns, so the first of equal values stays; a NaN exact value sticks in most[r] */
+    for (int64_t i = 0; i < count; i++) {
         int64_t r = (int64_t)(pairs[i] & 0xFFFFFFFFu);
-        if (tokens[r] == -2) continue;
-        if (isnan(values[i])) tokens[r] = -2;
+        if (isnan(most[r])) continue;
+        if (isnan(values[i])) most[r] = NAN;
         else if (tokens[r] < 0 || values[i] > most[r]) tokens[r] = (int64_t)(pairs[i] >> 32), most[r] = values[i];
     }
     for (int64_t r = 0; r < m; r++) {
@@ -671,7 +675,7 @@ static void greedy_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
             unranked |= isnan(v);
             floor = v < floor ? v : floor;
         }
-        if (tokens[r] < 0 || unranked || (top < n && !(most[r] > floor))) tokens[r] = -1;
+        if (isnan(most[r]) || unranked || (top < n && !(most[r] > floor))) tokens[r] = -1;
     }
     free(pairs);
     free(values);
