@@ -2,17 +2,6 @@
  * quant_gemm.c only, after its layout helpers. quant_gemm.c explains the layout and why the
  * group's int16 sums cannot overflow; the float combination is VNNI's, op for op. */
 
-/* How far ahead of the group being multiplied its tile's stream is prefetched, in weight bytes
- * (the scales and offsets as many groups ahead). One thread at M = 1 streamed the default model's
- * weights from memory at ~16.5 GB/s without it, ~20.5 GB/s with it (2048 and 4096 alike, 1024 and
- * 8192 less; the triad gives ~23): the hardware prefetchers alone keep too few lines in flight. */
-#define PREFETCH_BYTES 2048
-
-/* Ask for the cache lines [p, p + bytes) */
-static inline __attribute__((always_inline)) void prefetch_lines(const char *p, int64_t bytes) {
-    for (int64_t line = 0; line < bytes; line += 64) _mm_prefetch(p + line, _MM_HINT_T0);
-}
-
 /* 8 scales (or offsets) of one half-tile as float32 lanes */
 static inline __m256 load8_sz(const void *sz, int64_t form, int64_t index) {
     return form != SZ_F32 ? _mm256_cvtph_ps(_mm_loadu_si128((const void *)((const uint16_t *)sz + index)))
