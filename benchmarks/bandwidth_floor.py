@@ -7,14 +7,17 @@ quantized, and bf16).
 
 A decode step of one stream reads every weight once, so it cannot run faster than the weight
 bytes it reads ÷ the memory bandwidth: the floor on its time, here given as a ceiling on tokens/s
-(bandwidth ÷ bytes read per token). The bandwidth is measured in this run, before the decode runs
-and again after them (both printed; the floor uses the better), with the engine's thread count:
+(bandwidth ÷ bytes read per token). The bandwidth is measured in this run, right before each row's
+decode runs and again right after them (both printed; the row's floor uses the better), with the
+engine's thread count: a shared machine's bandwidth moves within minutes (on a 2-core AMD EPYC
+the read sweep gave 43 GB/s and 80 GB/s within ten minutes), so a floor from another moment would
+say more about the neighbours than about the decode.
 
 - triad: STREAM's a = b + s·c over three float32 arrays of 256 MiB each (8× this kind of
   machine's 32 MiB L3), counted as STREAM counts it, 12 bytes an element (two reads, one write);
 - read: a sum and a max over one 768 MiB array (the faster), 4 bytes an element.
 
-The floor uses the larger of the two (each the better of before and after), and prints which.
+A row's floor uses the larger of the two (each the better of before and after the row).
 The floor bounds how fast decode could go, so it takes the most this memory delivered in the run:
 the smaller figure would flatter the fraction. Decode's weight traffic is reads only, which argues
 for the read sweep; but a triad's three streams a thread keep more misses in flight than one read
@@ -201,18 +204,18 @@ def decode_row(name: str, output_len: int, repeats: int, llama_python: str | Non
     return row
 
 
-def print_table(rows: list[dict], bandwidth: float) -> None:
+def print_table(rows: list[dict]) -> None:
     llama = any(r["llama_cpp"] for r in rows)
     print(
-        f"\n{'model':>13} | resident MiB | read/token MiB | K/V at mean ctx MiB | floor tok/s | "
+        f"\n{'model':>13} | resident MiB | read/token MiB | K/V at mean ctx MiB | GB/s | floor tok/s | "
         "measured tok/s | of floor" + (" | llama.cpp tok/s | of floor | engine ÷ llama.cpp" if llama else "")
     )
     for r in rows:
-        floor = floor_tokens_per_s(bandwidth, r["read"])
+        floor = floor_tokens_per_s(r["bandwidth"], r["read"])
         line = (
             f"{r['name']:>13} | {r['resident'] / 2**20:12.1f} | {r['read'] / 2**20:14.1f} | "
-            f"{r['kv'] / 2**20:19.1f} | {floor:11.1f} | {r['tokens_per_s']:14.1f} | "
-            f"{r['tokens_per_s'] / floor:8.0%}"
+            f"{r['kv'] / 2**20:19.1f} | {r['bandwidth'] / 1e9:4.1f} | {floor:11.1f} | "
+            f"{r['tokens_per_s']:14.1f} | {r['tokens_per_s'] / floor:8.0%}"
         )
         if r["llama_cpp"]:
             ratio = r["tokens_per_s"] / r["llama_cpp"]
@@ -220,10 +223,8 @@ def print_table(rows: list[dict], bandwidth: float) -> None:
         print(line)
 
 
-def print_bandwidth(label: str, figures: dict[str, float]) -> None:
-    print(
-        f"bandwidth {label}: triad {figures['triad'] / 1e9:.2f} GB/s, read {figures['read'] / 1e9:.2f} GB/s"
-    )
+def bandwidth_line(figures: dict[str, float]) -> str:
+    return f"triad {figures['triad'] / 1e9:.2f}, read {figures['read'] / 1e9:.2f} GB/s"
 
 
 def main() -> int:
@@ -271,21 +272,21 @@ def main() -> int:
 
     torch.set_num_threads(threads)
     print(f"threads: {threads}")
-    before = measure_bandwidth()
-    print_bandwidth("before", before)
     rows = []
     for name in args.only:
-        rows.append(decode_row(name, args.output_len, args.repeats, args.llama_python))
-        llama = f", llama.cpp {rows[-1]['llama_cpp']:.1f} tok/s" if rows[-1]["llama_cpp"] else ""
-        print(f"  {name}: {rows[-1]['tokens_per_s']:.1f} tok/s{llama}", flush=True)
-    torch.set_num_threads(threads)
-    after = measure_bandwidth()
-    print_bandwidth("after", after)
-    best = {k: max(before[k], after[k]) for k in before}
-    print_bandwidth("best of before and after", best)
-    kind = max(best, key=best.get)
-    print(f"the floor uses {kind}, the larger: {best[kind] / 1e9:.2f} GB/s")
-    print_table(rows, best[kind])
+        before = measure_bandwidth()
+        row = decode_row(name, args.output_len, args.repeats, args.llama_python)
+        torch.set_num_threads(threads)
+        after = measure_bandwidth()
+        row["bandwidth"] = max(*before.values(), *after.values())
+        rows.append(row)
+        llama = f", llama.cpp {row['llama_cpp']:.1f} tok/s" if row["llama_cpp"] else ""
+        print(
+            f"  {name}: {row['tokens_per_s']:.1f} tok/s{llama}; bandwidth before "
+            f"{bandwidth_line(before)}, after {bandwidth_line(after)}",
+            flush=True,
+        )
+    print_table(rows)
     return 0
 
 

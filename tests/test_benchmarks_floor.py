@@ -179,12 +179,12 @@ def test_llama_cpp_subprocess_failure_is_an_error_that_names_the_interpreter():
 
 def test_table_adds_llama_cpp_columns_for_gguf_rows(capsys):
     row = {"resident": 2**20, "read": 2**20, "kv": 0}
-    rows = [
-        {**row, "name": "1b-q4_1", "tokens_per_s": 30.0, "llama_cpp": 20.0},
-        {**row, "name": "1b-bf16", "tokens_per_s": 10.0, "llama_cpp": None},
+    rows = [  # floors: 100 tok/s, then 50 (each row's own bandwidth)
+        {**row, "name": "1b-q4_1", "tokens_per_s": 30.0, "llama_cpp": 20.0, "bandwidth": 100 * 2**20},
+        {**row, "name": "1b-bf16", "tokens_per_s": 10.0, "llama_cpp": None, "bandwidth": 50 * 2**20},
     ]
-    bandwidth_floor.print_table(rows, bandwidth=100 * 2**20)  # floor: 100 tok/s
+    bandwidth_floor.print_table(rows)
     header, q4, bf16 = capsys.readouterr().out.strip().splitlines()
     assert header.endswith("llama.cpp tok/s | of floor | engine ÷ llama.cpp")
     assert q4.split("|")[-3:] == [f"{20.0:16.1f} ", f"{'20%':>9} ", f"{1.5:19.2f}"]
-    assert bf16.split("|")[-1].strip() == "10%"
+    assert bf16.split("|")[-1].strip() == "20%"
