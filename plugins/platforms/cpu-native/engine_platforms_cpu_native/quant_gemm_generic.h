@@ -18,7 +18,12 @@ static void TYPED(quantize_row)(const T *x, int64_t k, int8_t *xq, float *d, flo
         d[g] = top / 127.f;
         __m512 scale = _mm512_set1_ps(inv);
         __m512i ia = _mm512_cvtps_epi32(_mm512_mul_ps(a, scale)), ib = _mm512_cvtps_epi32(_mm512_mul_ps(b, scale));
-        s[g] = d[g] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(ia, ib));
+        /* the sum of the int8 values stored: the same lanes for finite x, and no int32 overflow
+         * for a NaN or infinite one (whose lanes convert to INT_MIN) */
+        const __m512i most = _mm512_set1_epi32(127), least = _mm512_set1_epi32(-128);
+        __m512i sa = _mm512_max_epi32(_mm512_min_epi32(ia, most), least);
+        __m512i sb = _mm512_max_epi32(_mm512_min_epi32(ib, most), least);
+        s[g] = d[g] * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(sa, sb));
         _mm_storeu_si128((void *)(xq + g * GROUP), _mm512_cvtsepi32_epi8(ia));
         _mm_storeu_si128((void *)(xq + g * GROUP + 16), _mm512_cvtsepi32_epi8(ib));
     }
