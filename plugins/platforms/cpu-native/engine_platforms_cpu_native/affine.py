@@ -46,6 +46,8 @@ from engine_platforms_cpu_native.logits import Int8Table, int8_tiles
 GROUP, TILE = 32, 16
 # the logits each row of a vocabulary's matmul gets recomputed exactly (PackedAffine.logits)
 LOGITS_REFINED = 32
+# the fewest rows whose greedy tokens come from the head without their logits (PackedAffine.greedy)
+GREEDY_ROWS = 2
 # steps of more rows than this multiply on AMX tiles where the CPU has them (see above): level
 # with the int8 kernel at 16, and the native tapes, which record decode steps up to 16 rows,
 # replay that kernel
@@ -162,6 +164,7 @@ class PackedAffine(Layer):
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
         self._greedy = bound[f"affine_greedy_{suffix}"]
+        self._logits_top = bound[f"affine_logits_top_{suffix}"]
         on_amx = tiles and dtype == torch.bfloat16 and not portable and amx_tiles()
         self._tiles = bound["affine_matmul_amx"] if on_amx else None
         self.int8_table: Int8Table | None = None
@@ -197,6 +200,10 @@ class PackedAffine(Layer):
         x = activation_rows(x, self.in_features, self.dtype)
         if self._on_tiles(x):
             return self._tile_logits(x)
+        return self._kernel_logits(x)
+
+    def _kernel_logits(self, x: torch.Tensor) -> torch.Tensor:
+        """``logits`` of a step on the int8 kernel, at any number of rows."""
         return self._run(self._logits, x, torch.float32, LOGITS_REFINED)
 
     def _tile_logits(self, x: torch.Tensor) -> torch.Tensor:
@@ -209,28 +216,45 @@ class PackedAffine(Layer):
         return self._run(self._refine_logits, x, torch.float32, LOGITS_REFINED, out=out)
 
     def greedy(self, x: torch.Tensor) -> torch.Tensor | None:
-        """Each row's first maximum of ``logits(x)`` (int64 [M]), the same token, where a step's
-        logits come from the int8 copy; None elsewhere (the caller takes the logits' argmax).
+        """Each row's first maximum of ``logits(x)`` (int64 [M]), the same token; None for a
+        single row (whose 200 KB of logits stay in cache: the kernel's path took 348 µs a call
+        with the argmax against 363 here, where from 4 rows this is 12-17 % faster, 2x at 256)
+        and where a step's logits come from the tiles' product of the bf16 weight (no int8
+        copy): the caller then takes the logits' argmax.
 
         Why: a greedy step reads a row's largest logits only, yet ``logits`` writes all of them
         (50 MB at 256 rows of a 49k vocabulary), the refinement reads them back for each row's
-        ``LOGITS_REFINED`` largest and the sampler once more for the maximum. Here the int8
-        product keeps each row's largest as it goes (``Int8Table.top``), writing no logit, and
-        ``affine_greedy`` recomputes those exactly, as the refinement does: the largest is the
-        row's maximum where it lies above the least of the candidates' int8 values, which no
-        logit left out exceeds. A row where it does not (a flat row, NaN) gets its logits made
-        as ``logits`` makes them, and their first maximum."""
+        ``LOGITS_REFINED`` largest and the sampler once more for the maximum. Here the product
+        keeps each row's largest as it goes (``Int8Table.top`` on AMX, ``affine_logits_top`` on
+        VNNI; a build without VNNI writes its logits and passes over them once), writing no logit,
+        and ``affine_greedy`` recomputes those exactly, as the refinement does: the largest is the
+        row's maximum where it lies above the least of the candidates' one-pass values, which no
+        logit left out exceeds. A row where it does not (a flat row, NaN) gets its logits made as
+        ``logits`` makes them, and their first maximum."""
         x = activation_rows(x, self.in_features, self.dtype)
-        if self.int8_table is None or not self._on_tiles(x):
-            return None
         top = min(LOGITS_REFINED, self.out_features)
-        best, approx = self.int8_table.top(x, top)
+        if x.shape[0] < GREEDY_ROWS:
+            return None
+        if not self._on_tiles(x):
+            best, approx = self._top(x, top)
+            logits = self._kernel_logits
+        elif self.int8_table is not None:
+            (best, approx), logits = self.int8_table.top(x, top), self._tile_logits
+        else:
+            return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
         self._run(self._greedy, x, torch.int64, top, best.data_ptr(), approx.data_ptr(), out=tokens)
         unsure = (tokens < 0).nonzero().squeeze(1)
         if len(unsure):
-            tokens[unsure] = first_max(self._tile_logits(x[unsure]))
+            tokens[unsure] = first_max(logits(x[unsure]))
         return tokens
+
+    def _top(self, x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's ``top`` largest one-pass logits of the int8 kernel: columns, values."""
+        best = torch.empty(x.shape[0], top, dtype=torch.int64)
+        approx = torch.empty(x.shape[0], top, dtype=torch.float32)
+        self._run(self._logits_top, x, torch.float32, top, best.data_ptr(), out=approx)
+        return best, approx
 
     @property
     def on_tiles(self) -> bool:

@@ -21,7 +21,7 @@
  */
 #include "logits_int8.h"
 #include "engine_bf16.h"
-#include "top_heap.h"
+#include "top_candidates.h"
 #include <omp.h>
 #if defined(__AVX512F__)
 #include <immintrin.h>
@@ -101,81 +101,9 @@ static inline float logit(int32_t hi_sum, int32_t lo_sum, float a, float s) {
  * refinement's read-back gains from (64 rows' 12.6 MB: 2 % more throughput with plain stores). */
 #define STREAM_BYTES (32 << 20)
 
-/* One thread's candidates for a row's `top` largest logits over its columns: every value not
- * below the row's floor (kept apart, logit_sink.floor: the one thing each vector reads), a bound
- * that stays at most the row's top-th largest, so no entry of the row's top is ever left out.
- * When a vector more would not fit, the floor rises (raise_floor) and the values below it go;
- * `full` marks a row whose ties leave no room (its top cannot be told: nothing enters after).
- * NaN never enters. Why not a heap: a row's scan lets ~500 values in (its threshold starts low
- * and rises slowly), and a sift-down for each took 9 ms at 256 rows where storing every logit
- * took 7; an exact top-th largest (quickselect) at each rise took as long. */
-#define CANDIDATES 256
-typedef struct {
-    float value[CANDIDATES + 16];
-    int32_t column[CANDIDATES + 16];
-    int64_t size;
-    int full;
-} candidates;
-
-/* The least of the maxima of `top` groups of c's values (value i in group i mod top): `top`
- * values lie at or above it, so it is at most their top-th largest (size ≥ top). On AVX-512, for
- * a `top` of whole vectors, group g's maximum builds in lane g mod 16 of accumulator g / 16. */
-static float group_floor(const candidates *c, int64_t top) {
-#if defined(__AVX512F__)
-    if (top % 16 == 0 && top <= 64) {
-        __m512 most[4];
-        int64_t vectors = top / 16;
-        for (int64_t j = 0; j < 4; j++) most[j] = _mm512_loadu_ps(c->value + 16 * (j < vectors ? j : 0));
-        for (int64_t i = top; i < c->size; i += 16) {
-            __mmask16 live = c->size - i >= 16 ? 0xFFFF : (__mmask16)((1u << (c->size - i)) - 1);
-            int64_t j = i % top / 16;
-            most[j] = _mm512_mask_max_ps(most[j], live, most[j], _mm512_maskz_loadu_ps(live, c->value + i));
-        }
-        for (int64_t j = 1; j < vectors; j++) most[0] = _mm512_min_ps(most[0], most[j]);
-        return _mm512_reduce_min_ps(most[0]);
-    }
-#endif
-    float least = INFINITY;
-    for (int64_t g = 0; g < top; g++) {
-        float most = c->value[g];
-        for (int64_t i = g + top; i < c->size; i += top) most = c->value[i] > most ? c->value[i] : most;
-        least = most < least ? most : least;
-    }
-    return least;
-}
-
-/* *floor up to group_floor (where c holds `top` values), the values below it dropped, order kept */
-static void raise_floor(candidates *c, int64_t top, float *floor) {
-    if (c->size < top) return;
-    float least = group_floor(c, top);
-    *floor = least > *floor ? least : *floor;
-    int64_t kept = 0;
-#if defined(__AVX512F__)
-    for (int64_t i = 0; i < c->size; i += 16) {
-        __mmask16 live = c->size - i >= 16 ? 0xFFFF : (__mmask16)((1u << (c->size - i)) - 1);
-        __m512 v = _mm512_maskz_loadu_ps(live, c->value + i);
-        __mmask16 keep = _mm512_mask_cmp_ps_mask(live, v, _mm512_set1_ps(*floor), _CMP_GE_OQ);
-        _mm512_mask_compressstoreu_ps(c->value + kept, keep, v);
-        _mm512_mask_compressstoreu_epi32(c->column + kept, keep, _mm512_maskz_loadu_epi32(live, c->column + i));
-        kept += __builtin_popcount(keep);
-    }
-#else
-    for (int64_t i = 0; i < c->size; i++)
-        if (c->value[i] >= *floor) c->value[kept] = c->value[i], c->column[kept++] = c->column[i];
-#endif
-    c->size = kept;
-}
-
-/* room for `more` values (0 where the row is full) */
-static inline int make_room(candidates *c, int64_t more, int64_t top, float *floor) {
-    if (c->size + more > CANDIDATES) raise_floor(c, top, floor);
-    if (c->size + more > CANDIDATES) c->full = 1, *floor = INFINITY;
-    return !c->full;
-}
-
 /* Where a product's logits go: into out (row stride n), streamed past the caches where `stream`
  * says (whole, aligned vectors), or, where rows is not NULL, to each row's candidates (rows[r],
- * floor[r], for their `top` largest) and nowhere else. */
+ * floor[r], for their `top` largest: top_candidates.h) and nowhere else. */
 typedef struct {
     float *out;
     int stream;
@@ -197,15 +125,7 @@ static void configure(int rows) {
 /* 16 logits of row r at columns [col, col + 16) (mask: those below n) into the sink */
 static inline void sink_logits(const logit_sink *sink, int64_t r, int64_t n, int64_t col, __mmask16 mask, __m512 v) {
     if (sink->rows) {
-        candidates *c = sink->rows + r;
-        float *floor = sink->floor + r;
-        mask &= _mm512_cmp_ps_mask(v, _mm512_set1_ps(*floor), _CMP_GE_OQ);
-        if (!mask || !make_room(c, TILE, sink->top, floor)) return;
-        mask &= _mm512_cmp_ps_mask(v, _mm512_set1_ps(*floor), _CMP_GE_OQ);
-        const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-        _mm512_mask_compressstoreu_ps(c->value + c->size, mask, v);
-        _mm512_mask_compressstoreu_epi32(c->column + c->size, mask, _mm512_add_epi32(lane, _mm512_set1_epi32((int)col)));
-        c->size += __builtin_popcount(mask);
+        offer16(sink->rows + r, sink->floor + r, sink->top, col, mask, v);
         return;
     }
     float *to = sink->out + r * n + col;
@@ -290,10 +210,8 @@ static void product_c(const int8_t *hi, const int8_t *lo, const float *a, int64_
                 ls += lo[r * kp + i] * w;
             }
             float v = logit(hs, ls, a[r], scale[col]);
-            candidates *c = sink->rows ? sink->rows + r : NULL;
-            if (!c) sink->out[r * n + col] = v;
-            else if (v >= sink->floor[r] && make_room(c, 1, sink->top, sink->floor + r))
-                c->value[c->size] = v, c->column[c->size++] = (int32_t)col;
+            if (!sink->rows) sink->out[r * n + col] = v;
+            else offer_one(sink->rows + r, sink->floor + r, sink->top, v, col);
         }
 }
 
@@ -320,29 +238,11 @@ void logits_int8(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int
     product(x, ldx, m, k, w8, scale, n, &sink);
 }
 
-/* Each thread keeps candidates a row over its own columns; a row's then merge into one heap
- * (top_heap.h), whose total order keeps the entries a single pass keeps. A row whose candidates
- * are too few (NaN) or too many (ties) to tell its top gets NaN values. */
+/* Each thread keeps candidates a row over its own columns, merged after (top_candidates.h). */
 void logits_int8_top(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8, const float *scale,
                      int64_t n, int64_t top, int64_t *best, float *approx) {
-    int64_t threads = omp_get_max_threads();
-    candidates *rows = malloc(sizeof(candidates) * (size_t)(threads * m));
-    float *floor = malloc(sizeof(float) * (size_t)(threads * m));
-    for (int64_t i = 0; i < threads * m; i++) rows[i].size = 0, rows[i].full = 0, floor[i] = -INFINITY;
-    logit_sink sink = {NULL, 0, rows, floor, top};
+    top_candidates all = top_candidates_new(m, top);
+    logit_sink sink = {NULL, 0, all.rows, all.floor, top};
     product(x, ldx, m, k, w8, scale, n, &sink);
-#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
-    for (int64_t r = 0; r < m; r++) {
-        top_heap merged = {best + r * top, approx + r * top, 0, top};
-        int full = 0;
-        for (int64_t t = 0; t < threads; t++) {
-            candidates *c = rows + t * m + r;
-            full |= c->full;
-            for (int64_t i = 0; i < c->size; i++) top_offer(&merged, c->value[i], c->column[i]);
-        }
-        if (full || merged.size < top)
-            for (int64_t i = 0; i < top; i++) best[r * top + i] = 0, approx[r * top + i] = NAN;
-    }
-    free(rows);
-    free(floor);
+    top_candidates_merge(all, best, approx, m * n * k >= PARALLEL_WORK);
 }

@@ -38,7 +38,7 @@
 #include "quant_gemm.h"
 #include "engine_bf16.h"
 #include "engine_lanes.h"
-#include "top_heap.h"
+#include "top_candidates.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -331,19 +331,29 @@ static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
 #endif
 }
 
+/* Where a block's sums go: the rows of out, or where rows is not NULL, a thread's candidates for
+ * each row's `top` largest (top_candidates.h: rows[r], floor[r]) and nowhere else. */
+typedef struct {
+    candidates *rows;
+    float *floor;
+    int64_t top;
+} top_sink;
+
+/* R rows from row r × NT tiles from tile into out (row stride n) or the sink */
 static inline __attribute__((always_inline)) void
 block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
             int64_t k, const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t n, int out_bf16,
-            int stream, void *out) {
+            int stream, void *out, int64_t r, const top_sink *sink) {
     int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * sz_rows(form) * TILE;
     __m512 acc[4][2];
     block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, form, tile * tile_sz, tile_qbytes, tile_sz, stream, acc);
     for (int t = 0; t < NT; t++) {
         int64_t col = (tile + t) * TILE, left = n - col;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-        for (int r = 0; r < R; r++) {
-            if (out_bf16) store16_bf16((uint16_t *)out + r * n + col, mask, acc[r][t]);
-            else _mm512_mask_storeu_ps((float *)out + r * n + col, mask, acc[r][t]);
+        for (int i = 0; i < R; i++) {
+            if (sink) offer16(sink->rows + r + i, sink->floor + r + i, sink->top, col, mask, acc[i][t]);
+            else if (out_bf16) store16_bf16((uint16_t *)out + (r + i) * n + col, mask, acc[i][t]);
+            else _mm512_mask_storeu_ps((float *)out + (r + i) * n + col, mask, acc[i][t]);
         }
     }
 }
@@ -351,7 +361,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
 /* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
 #define CASE(R, NT, BITS)                                                                       \
     block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t, n, out_bf16, \
-                stream, (char *)out + r * n * (out_bf16 ? 2 : 4))
+                stream, out, r, sink)
 #define ROWS(NT, BITS)                                                                          \
     switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
     case 4: CASE(4, NT, BITS); break;                                                           \
@@ -361,7 +371,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
     }
 static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t r0, int64_t rows, int64_t k,
                        const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int64_t t0,
-                       int64_t nt, int out_bf16, int stream, void *out) {
+                       int64_t nt, int out_bf16, int stream, void *out, const top_sink *sink) {
     int64_t groups = k / GROUP;
     for (int64_t r = r0; r < r0 + rows; r += 4)
         for (int64_t t = t0; t < t0 + nt; t += 2) {
@@ -374,9 +384,10 @@ static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t
         }
 }
 
-static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
-                     const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
-                     void *out) {
+/* The product into out, or where `all` is not NULL, each thread's candidates for each row's top */
+static void gemm_into(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k, const uint8_t *qw,
+                      const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16, void *out,
+                      const top_candidates *all) {
     int64_t tiles = (n + TILE - 1) / TILE, pairs = (tiles + 1) / 2;
     int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;
     int64_t jobs = pairs * row_blocks;
@@ -385,8 +396,16 @@ static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m
         int64_t p = job / row_blocks, b = job % row_blocks;  /* a thread's pairs stay in its cache */
         int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
-        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, m <= 4, out);
+        int64_t own = all ? (int64_t)omp_get_thread_num() * m : 0;
+        top_sink sink = {all ? all->rows + own : NULL, all ? all->floor + own : NULL, all ? all->top : 0};
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, m <= 4, out, all ? &sink : NULL);
     }
+}
+
+static void gemm_avx(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
+                     const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
+                     void *out) {
+    gemm_into(xq, d, s, m, k, qw, sz, form, bits, n, out_bf16, out, NULL);
 }
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
@@ -706,6 +725,36 @@ static void greedy_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
     free(pairs);
     free(values);
     free(most);
+}
+
+/* Each row's `top` largest logits of affine_logits's one-pass product (best [m, top] columns,
+ * approx [m, top] values: top_heap.h's entries), as greedy_top takes them. On VNNI the product
+ * keeps each row's candidates as it goes (top_candidates.h), writing no logit; a row it cannot
+ * rank (NaN, ties past its room) gets NaN values. Elsewhere the logits are written and each row
+ * passed over (largest), as refine_top does. */
+static void logits_top(quantize_fn quantize, const void *x, int64_t ldx_bytes, int64_t m, int64_t k,
+                       const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top,
+                       int64_t *best, float *approx) {
+#if HAVE_VNNI
+    int64_t groups = k / GROUP;
+    int8_t *xq = malloc((size_t)(m * k));
+    float *ds = malloc(sizeof(float) * (size_t)(2 * m * groups));
+    quantize_rows(quantize, x, ldx_bytes, m, k, xq, ds, ds + m * groups);
+    top_candidates all = top_candidates_new(m, top);
+    gemm_into(xq, ds, ds + m * groups, m, k, qw, sz, form, bits, n, 0, NULL, &all);
+    top_candidates_merge(all, best, approx, m * n * k >= PARALLEL_WORK);
+    free(xq);
+    free(ds);
+#else
+    float *out = malloc(sizeof(float) * (size_t)(m * n));
+    run(quantize, GEMM, x, ldx_bytes, m, k, qw, sz, form, bits, n, 0, out);
+#pragma omp parallel for schedule(static) if (m * n >= PARALLEL_WORK / 64)
+    for (int64_t r = 0; r < m; r++) {
+        top_heap h = {best + r * top, approx + r * top, 0, top};
+        largest(out + r * n, n, &h);
+    }
+    free(out);
+#endif
 }
 
 /* ---- the per-type functions: quantizers, matmul, rows, dequantization (quant_gemm_generic.h) ---- */

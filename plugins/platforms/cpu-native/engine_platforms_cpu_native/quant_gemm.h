@@ -40,6 +40,15 @@ void affine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, co
 void affine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                        int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
 
+/* the `top` (1 ≤ top ≤ min(n, 64)) largest of each row's logits as affine_logits's product makes
+ * them before its refinement: best [m, top] their columns, approx [m, top] their values, in no
+ * order; the entries (by value, then the lower column first on a tie: top_heap.h) a pass over
+ * those logits keeps. On VNNI no logit is written, and a row whose top the candidates cannot tell
+ * (NaN, more equal values than they hold) gets NaN values. */
+void affine_logits_top_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                            int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *best, float *approx);
+void affine_logits_top_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                           int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *best, float *approx);
 /* affine_logits's refinement of logits out [m, n] that another product made */
 void affine_refine_logits_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
                                const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top, float *out);
@@ -48,7 +57,8 @@ void affine_refine_logits_f32(const float *x, int64_t ldx, int64_t m, int64_t k,
 
 /* each row's greedy token (tokens [m]): the first maximum of the logits affine_refine_logits leaves
  * of a product whose each row's `top` (at most n) largest are best [m, top] (columns), approx
- * [m, top] (that product's values: logits_int8_top's), found without the rest; -1 for a row
+ * [m, top] (that product's values: affine_logits_top's or logits_int8_top's), found without the
+ * rest; -1 for a row
  * whose maximum the candidates cannot tell (the caller then makes the row's logits) */
 void affine_greedy_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                         int64_t form, int64_t bits, int64_t n, int64_t top, const int64_t *best,

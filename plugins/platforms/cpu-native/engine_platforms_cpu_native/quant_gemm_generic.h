@@ -104,6 +104,14 @@ void TYPED(affine_greedy)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
     free(xf);
 }
 
+/* Each row's `top` largest logits of affine_logits's product, without its logits where the build
+ * can (logits_top) */
+void TYPED(affine_logits_top)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                              int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *best, float *approx) {
+    logits_top((quantize_fn)TYPED(quantize_row), x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, top, best,
+               approx);
+}
+
 /* A vocabulary's logits: x [m, k] -> float32 out [m, n], the int8 product of affine_matmul,
  * refined (affine_refine_logits): the int8 rounding's error reaches the logits with no
  * normalization after, and the distribution's mass sits in its top entries. On AMX the dense

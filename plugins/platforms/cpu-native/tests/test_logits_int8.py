@@ -1,7 +1,9 @@
 """cpu-native's LM head on AMX int8 tiles (``logits_int8.c``): both builds bit for bit the plain
 math they claim (the table rounded to int8 per row, the activations split in two int8 halves,
 int32 sums, one float scaling), close to the exact product, and a vocabulary table's batched
-logits on it with each row's largest still exact."""
+logits on it with each row's largest still exact. And the greedy tokens from the head without
+its logits, on those tiles and on the int8 kernel (``affine_logits_top``), the first maximum of
+the logits either way."""
 
 import pytest
 import torch
@@ -170,19 +172,19 @@ def test_each_rows_top_is_the_one_a_pass_over_its_logits_keeps(portable, n, rows
             assert sorted(zip((-values[r]).tolist(), best[r].tolist())) == want[r]
 
 
-def _greedy_case(n: int, k: int, rows: int, gen: torch.Generator):
+def _greedy_case(n: int, k: int, rows: int, gen: torch.Generator, **options):
     """A vocabulary table (repeated rows: equal logits in many columns) and activations with a
     zero row (every logit equal), a NaN row and a row equal to one of the table's."""
     weight = _vocab_table(gen, n, k)
     repeats = slice(n // 3, None, max(1, n // 6))
     weight.q[repeats] = weight.q[2]
     weight.scale[repeats], weight.offset[repeats] = weight.scale[2], weight.offset[2]
-    packed = PackedAffine(weight, torch.bfloat16)
+    packed = PackedAffine(weight, torch.bfloat16, **options)
     packed.prepare_logits()
     x = torch.randn(rows, k, generator=gen).bfloat16()
     x[1], x[2, 5] = 0.0, float("nan")
     x[3] = weight.dequantize(torch.float32)[2].bfloat16() * 4
-    return packed, x
+    return packed, x, weight
 
 
 @pytest.mark.skipif(not logits.int8_tiles(), reason="this CPU has no AMX int8 tiles")
@@ -194,10 +196,48 @@ def test_the_greedy_tokens_are_the_first_maximum_of_the_logits(n, rows, monkeypa
     candidates cannot settle (NaN; flat, where equal logits were left out) take the logits."""
     from engine.native.rows import first_max
 
-    packed, x = _greedy_case(n, 576, rows, torch.Generator().manual_seed(n + rows))
+    packed, x, _ = _greedy_case(n, 576, rows, torch.Generator().manual_seed(n + rows))
     made, tile_logits = [], packed._tile_logits
     monkeypatch.setattr(packed, "_tile_logits", lambda x: made.append(x.shape[0]) or tile_logits(x))
     assert torch.equal(packed.greedy(x), first_max(packed.logits(x)))
     # the NaN row, and the flat one where equal logits were left out
     assert made[0] == (2 if n > affine.LOGITS_REFINED else 1)
-    assert packed.greedy(x[: affine.TILE_ROWS]) is None  # not on the tiles: the logits' argmax
+    few = x[: affine.TILE_ROWS]  # not on the tiles: the int8 kernel's candidates
+    assert torch.equal(packed.greedy(few), first_max(packed.logits(few)))
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize(("n", "rows"), [(300, 4), (75, 17), (4000, 33), (20, 5)])
+def test_the_kernels_top_is_the_one_a_pass_over_its_one_pass_logits_keeps(portable, n, rows):
+    """``affine_logits_top`` (on VNNI the product keeps each row's candidates and writes no
+    logit; other builds write them and pass over each row) keeps each row's ``top`` largest of
+    the int8 kernel's one-pass logits (its float32 ``forward`` on the same values), ties
+    (repeated table rows) to the lower column, whatever thread saw which columns; a row the
+    candidates cannot rank (a zero row of activations over 4 000 columns: more equal values than
+    they hold) comes back NaN."""
+    gen = torch.Generator().manual_seed(n + rows)
+    packed, x, weight = _greedy_case(n, 96, rows, gen, portable=portable, tiles=False)
+    x[2] = 1.0  # no NaN row here
+    top = min(affine.LOGITS_REFINED, n)
+    one_pass = PackedAffine(weight, torch.float32, portable=portable)(x.float())
+    best, values = packed._top(x, top)
+    want = _top_by_value_then_column(one_pass, top)
+    unranked = values.isnan().all(dim=1).nonzero().flatten().tolist()
+    assert unranked in ([], [1]) and (unranked or portable or n < 4000)
+    for r in range(rows):
+        if r not in unranked:
+            assert sorted(zip((-values[r]).tolist(), best[r].tolist())) == want[r]
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
+@pytest.mark.parametrize(("n", "rows"), [(300, 4), (2000, 70), (20, 24), (33, 300)])
+def test_the_kernels_greedy_tokens_are_the_first_maximum_of_its_logits(portable, n, rows):
+    """Off the tiles (the int8 kernel: every step on a CPU without AMX, and up to ``TILE_ROWS``
+    rows on one with it) ``PackedAffine.greedy`` gives each row the first maximum of ``logits``,
+    flat, NaN and tied rows included, in either build; a single row takes the logits."""
+    from engine.native.rows import first_max
+
+    gen = torch.Generator().manual_seed(n + rows)
+    packed, x, _ = _greedy_case(n, 576, rows, gen, portable=portable, tiles=False)
+    assert torch.equal(packed.greedy(x), first_max(packed.logits(x)))
+    assert packed.greedy(x[:1]) is None

@@ -48,13 +48,17 @@ def test_a_prototype_that_differs_from_its_definition_does_not_build(tmp_path, m
 def test_both_builds_run_clean_under_sanitizers():
     """The tests comparing the portable build with this CPU's (LoRA's kernels: both builds
     against the torch ops; the tile products: both against the dense weight; the int8 LM head:
-    both against the plain math), both builds sanitized."""
+    both against the plain math; the kernel's top logits and greedy tokens: both against its
+    logits), both builds sanitized."""
     native.assert_clean_under_sanitizers(
         [
             str(TESTS / "test_conformance.py"),
             str(TESTS / "test_lora_kernels.py"),
             str(TESTS / "test_logits_int8.py"),
             "-k",
-            "portable_build or match_the_torch_ops or tile_product or tiled_bf16 or plain_math",
+            " or ".join(
+                ("portable_build", "match_the_torch_ops", "tile_product", "tiled_bf16", "plain_math")
+                + ("kernels_top", "kernels_greedy")
+            ),
         ]
     )
