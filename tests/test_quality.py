@@ -21,10 +21,14 @@ TINY = dict(
 )
 # The default path (GGUF Q4_1 kept quantized, int8 activations per 32 inputs, bf16, each row's
 # 32 largest logits recomputed from the unrounded activations) measured mean KL 0.00288 and
-# top-1 96.5 % on these windows on an AVX2 machine (llama.cpp on the file: 0.00310 / 96.6 % on
-# 8 x 128, where the default measured 0.00296 / 97.5 %). Its int8 LM head before (0.0040,
-# 94.5 %) fails these, as did rounding that met q·scale instead of the weight (0.0163, 93.1 %).
-MAX_MEAN_KL, MIN_TOP1 = 0.0033, 0.95
+# top-1 96.5 % on these windows on an AVX2 machine (Zen 3; llama.cpp on the file: 0.00310 /
+# 96.6 % on 8 x 128, where the default measured 0.00296 / 97.5 %), and 0.00341 / 96.3 % on an
+# AVX-512 EPYC (Zen 5; 0.00337 with its kernels built for AVX2 there), where llama.cpp on these
+# very windows measured 0.00354 / 95.8 % (benchmarks/quality.py --windows 24 --prompt-len 32
+# --length 64): the bound is llama.cpp's on that machine, rounded up. Its int8 LM head before
+# (0.0040, 94.5 %) fails it, as did rounding that met q·scale instead of the weight (0.0163,
+# 93.1 %).
+MAX_MEAN_KL, MIN_TOP1 = 0.0036, 0.95
 # Batches of more than 16 rows run on AMX tiles where the CPU has them (bf16 activations; the
 # LM head on its int8 copy, each row's 32 largest recomputed): 24 windows measured mean KL
 # 0.00092 and top-1 98.0 % on an AMX Xeon (0.00066 with the head on the bf16 tiles; 32 windows
