@@ -204,11 +204,13 @@ static inline int32_t hsum8_epi32(__m256i v) {
 
 #if HAVE_VNNI || HAVE_AVX2
 /* How far ahead of the group being multiplied its tile's stream is prefetched, in weight bytes
- * (the scales and offsets as many groups ahead), where a call reads each tile once (≤ 4 rows):
- * the hardware prefetchers alone keep too few lines in flight. One thread at M = 1, the default
- * model's weights from memory (benchmarks/affine_stream.c): on AVX2 (Zen 3) ~16.5 GB/s without
- * it, ~20.5 with it (2048 and 4096 alike, 1024 and 8192 less; the triad ~23); on AVX-512 (Zen 5)
- * 21-25 without, 29-33 with (4096 alike; the triad ~42), two threads ~10 % faster. */
+ * (the scales and offsets as many groups ahead), while the first rows to read a tile (from
+ * memory) multiply it: the hardware prefetchers alone keep too few lines in flight. One thread at
+ * M = 1, the default model's weights from memory (benchmarks/affine_stream.c): on AVX2 (Zen 3)
+ * ~16.5 GB/s without it, ~20.5 with it (2048 and 4096 alike, 1024 and 8192 less; the triad ~23);
+ * on AVX-512 (Zen 5) 21-25 without, 29-33 with (4096 alike; the triad ~42), two threads ~10 %
+ * faster; there at 8 / 16 / 64 rows 1.6 / 1.4 / 1.1x, the first 4 rows of a pair's first row
+ * block prefetching (the rows after read the tiles from cache). */
 #define PREFETCH_BYTES 2048
 
 /* Ask for the cache lines [p, p + bytes) */
@@ -259,8 +261,8 @@ static inline __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns: float sums into acc[R][NT]. ``stream``: the call
- * reads each tile once (≤ 4 rows), so the tiles ahead are prefetched. */
+/* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns: float sums into acc[R][NT]. ``stream``: these are
+ * the first rows to read the tiles, from memory, so the tiles ahead are prefetched. */
 static inline __attribute__((always_inline)) void
 block(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
       int64_t k, const uint8_t *qw0, const void *sz, int64_t form, int64_t sz0, int64_t tile_qbytes, int64_t tile_sz,
@@ -361,7 +363,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
 /* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
 #define CASE(R, NT, BITS)                                                                       \
     block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t, n, out_bf16, \
-                stream, out, r, sink)
+                stream && r == r0, out, r, sink)
 #define ROWS(NT, BITS)                                                                          \
     switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
     case 4: CASE(4, NT, BITS); break;                                                           \
@@ -398,7 +400,7 @@ static void gemm_into(const int8_t *xq, const float *d, const float *s, int64_t 
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
         int64_t own = all ? (int64_t)omp_get_thread_num() * m : 0;
         top_sink sink = {all ? all->rows + own : NULL, all ? all->floor + own : NULL, all ? all->top : 0};
-        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, m <= 4, out, all ? &sink : NULL);
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, r0 == 0, out, all ? &sink : NULL);
     }
 }
 
