@@ -232,9 +232,9 @@ class PackedAffine(Layer):
         logit left out exceeds. A row where it does not (a flat row, NaN) gets its logits made as
         ``logits`` makes them, and their first maximum."""
         x = activation_rows(x, self.in_features, self.dtype)
-        top = min(LOGITS_REFINED, self.out_features)
         if x.shape[0] < GREEDY_ROWS:
             return None
+        top = min(LOGITS_REFINED, self.out_features)
         if not self._on_tiles(x):
             best, approx = self._top(x, top)
             logits = self._kernel_logits

@@ -102,14 +102,13 @@ static inline float logit(int32_t hi_sum, int32_t lo_sum, float a, float s) {
 #define STREAM_BYTES (32 << 20)
 
 /* Where a product's logits go: into out (row stride n), streamed past the caches where `stream`
- * says (whole, aligned vectors), or, where rows is not NULL, to each row's candidates (rows[r],
- * floor[r], for their `top` largest: top_candidates.h) and nowhere else. */
+ * says (whole, aligned vectors), or, where kept.rows is not NULL, to a thread's candidates for
+ * each row's top (top_candidates.h) and nowhere else. */
 typedef struct {
     float *out;
     int stream;
-    candidates *rows;
-    float *floor;
-    int64_t top;
+    const top_candidates *all;
+    candidate_rows kept; /* the calling thread's share of all */
 } logit_sink;
 
 #if HAVE_AMX_INT8
@@ -124,8 +123,8 @@ static void configure(int rows) {
 
 /* 16 logits of row r at columns [col, col + 16) (mask: those below n) into the sink */
 static inline void sink_logits(const logit_sink *sink, int64_t r, int64_t n, int64_t col, __mmask16 mask, __m512 v) {
-    if (sink->rows) {
-        offer16(sink->rows + r, sink->floor + r, sink->top, col, mask, v);
+    if (sink->kept.rows) {
+        offer16(sink->kept.rows + r, sink->kept.floor + r, sink->kept.top, col, mask, v);
         return;
     }
     float *to = sink->out + r * n + col;
@@ -177,8 +176,8 @@ static void product_amx(const int8_t *hi, const int8_t *lo, const float *a, int6
 #pragma omp parallel if (m * n * k >= PARALLEL_WORK)
     {
         int configured = -1;
-        logit_sink own = *sink; /* a thread's own candidates */
-        if (sink->rows) own.rows += (int64_t)omp_get_thread_num() * m, own.floor += (int64_t)omp_get_thread_num() * m;
+        logit_sink own = *sink;
+        own.kept = thread_rows(sink->all, omp_get_thread_num());
 #pragma omp for schedule(static)
         for (int64_t i = 0; i < panels; i++)
             for (int64_t r = 0; r < m; r += TILE) {
@@ -210,8 +209,8 @@ static void product_c(const int8_t *hi, const int8_t *lo, const float *a, int64_
                 ls += lo[r * kp + i] * w;
             }
             float v = logit(hs, ls, a[r], scale[col]);
-            if (!sink->rows) sink->out[r * n + col] = v;
-            else offer_one(sink->rows + r, sink->floor + r, sink->top, v, col);
+            if (!sink->kept.rows) sink->out[r * n + col] = v;
+            else offer_one(sink->kept.rows + r, sink->kept.floor + r, sink->kept.top, v, col);
         }
 }
 
@@ -234,7 +233,7 @@ static void product(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const 
 
 void logits_int8(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8, const float *scale,
                  int64_t n, float *out) {
-    logit_sink sink = {out, m * n * (int64_t)sizeof(float) > STREAM_BYTES, NULL, NULL, 0};
+    logit_sink sink = {out, m * n * (int64_t)sizeof(float) > STREAM_BYTES, NULL, thread_rows(NULL, 0)};
     product(x, ldx, m, k, w8, scale, n, &sink);
 }
 
@@ -242,7 +241,7 @@ void logits_int8(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int
 void logits_int8_top(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8, const float *scale,
                      int64_t n, int64_t top, int64_t *best, float *approx) {
     top_candidates all = top_candidates_new(m, top);
-    logit_sink sink = {NULL, 0, all.rows, all.floor, top};
+    logit_sink sink = {NULL, 0, &all, thread_rows(&all, 0)};
     product(x, ldx, m, k, w8, scale, n, &sink);
     top_candidates_merge(all, best, approx, m * n * k >= PARALLEL_WORK);
 }

@@ -336,19 +336,12 @@ static inline void store16_bf16(uint16_t *p, __mmask16 mask, __m512 v) {
 #endif
 }
 
-/* Where a block's sums go: the rows of out, or where rows is not NULL, a thread's candidates for
- * each row's `top` largest (top_candidates.h: rows[r], floor[r]) and nowhere else. */
-typedef struct {
-    candidates *rows;
-    float *floor;
-    int64_t top;
-} top_sink;
-
-/* R rows from row r × NT tiles from tile into out (row stride n) or the sink */
+/* R rows from row r × NT tiles from tile into out (row stride n), or where kept->rows is not
+ * NULL, to the thread's candidates for each row's top (top_candidates.h) and nowhere else */
 static inline __attribute__((always_inline)) void
 block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
             int64_t k, const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t n, int out_bf16,
-            int stream, void *out, int64_t r, const top_sink *sink) {
+            int stream, void *out, int64_t r, const candidate_rows *kept) {
     int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * sz_rows(form) * TILE;
     __m512 acc[4][2];
     block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, form, tile * tile_sz, tile_qbytes, tile_sz, stream, acc);
@@ -356,7 +349,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
         int64_t col = (tile + t) * TILE, left = n - col;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
         for (int i = 0; i < R; i++) {
-            if (sink) offer16(sink->rows + r + i, sink->floor + r + i, sink->top, col, mask, acc[i][t]);
+            if (kept->rows) offer16(kept->rows + r + i, kept->floor + r + i, kept->top, col, mask, acc[i][t]);
             else if (out_bf16) store16_bf16((uint16_t *)out + (r + i) * n + col, mask, acc[i][t]);
             else _mm512_mask_storeu_ps((float *)out + (r + i) * n + col, mask, acc[i][t]);
         }
@@ -366,7 +359,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
 /* Rows [r0, r0 + rows) × tiles [t0, t0 + nt) with every (R, NT) shape instantiated. */
 #define CASE(R, NT, BITS)                                                                       \
     block_store(R, NT, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t, n, out_bf16, \
-                stream && r == r0, out, r, sink)
+                stream && r == r0, out, r, kept)
 #define ROWS(NT, BITS)                                                                          \
     switch (rows - (r - r0) >= 4 ? 4 : rows - (r - r0)) {                                       \
     case 4: CASE(4, NT, BITS); break;                                                           \
@@ -376,7 +369,7 @@ block_store(const int R, const int NT, const int bits, const int8_t *xq, const f
     }
 static void gemm_range(const int8_t *xq, const float *d, const float *s, int64_t r0, int64_t rows, int64_t k,
                        const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int64_t t0,
-                       int64_t nt, int out_bf16, int stream, void *out, const top_sink *sink) {
+                       int64_t nt, int out_bf16, int stream, void *out, const candidate_rows *kept) {
     int64_t groups = k / GROUP;
     for (int64_t r = r0; r < r0 + rows; r += 4)
         for (int64_t t = t0; t < t0 + nt; t += 2) {
@@ -401,9 +394,8 @@ static void gemm_into(const int8_t *xq, const float *d, const float *s, int64_t 
         int64_t p = job / row_blocks, b = job % row_blocks;  /* a thread's pairs stay in its cache */
         int64_t r0 = b * rows_per, rows = m - r0 < rows_per ? m - r0 : rows_per;
         int64_t t0 = 2 * p, nt = tiles - t0 < 2 ? tiles - t0 : 2;
-        int64_t own = all ? (int64_t)omp_get_thread_num() * m : 0;
-        top_sink sink = {all ? all->rows + own : NULL, all ? all->floor + own : NULL, all ? all->top : 0};
-        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, r0 == 0, out, all ? &sink : NULL);
+        candidate_rows kept = thread_rows(all, omp_get_thread_num());
+        gemm_range(xq, d, s, r0, rows, k, qw, sz, form, bits, n, t0, nt, out_bf16, r0 == 0, out, &kept);
     }
 }
 

@@ -39,6 +39,19 @@ typedef struct {
     int64_t top, m, threads;
 } top_candidates;
 
+/* One thread's candidates for each row (rows[r], floor[r]); rows NULL where none are kept. */
+typedef struct {
+    candidates *rows;
+    float *floor;
+    int64_t top;
+} candidate_rows;
+
+/* thread t's share of `all` (all NULL: none) */
+static inline candidate_rows thread_rows(const top_candidates *all, int64_t t) {
+    if (!all) return (candidate_rows){NULL, NULL, 0};
+    return (candidate_rows){all->rows + t * all->m, all->floor + t * all->m, all->top};
+}
+
 static inline top_candidates top_candidates_new(int64_t m, int64_t top) {
     int64_t threads = omp_get_max_threads();
     top_candidates all = {malloc(sizeof(candidates) * (size_t)(threads * m)),
