@@ -2,7 +2,7 @@
 ignored) on the default config, split into the native tape's kernels, the LM head and the
 Python around them, per token.
 
-    ENGINE_NUM_THREADS=1 python benchmarks/single_stream_split.py [--rounds 4] [--tokens 128]
+    ENGINE_NUM_THREADS=1 python benchmarks/single_stream_split.py [--rounds 4] [--tokens 128] [--prompts 1]
 
 Three passes over the same prompt, after a warm-up:
 - plain: the whole ``generate``, nothing wrapped;
@@ -10,6 +10,8 @@ Three passes over the same prompt, after a warm-up:
   figure holds the parts it calls);
 - kernels: the tape replayed one kernel call at a time (one C call each, ~1-1.5 us of ctypes
   on top of each kernel), summed by kernel and, for the matmuls, by shape (n × k).
+With ``--prompts N`` above 1, N prompts decode side by side and the figures are per decode step
+(each step makes N tokens).
 One thread: thread CPU time, which other processes on a shared machine move far less than wall
 time. More threads: wall time (CPU time would add the workers' spinning).
 """
@@ -92,10 +94,10 @@ def replay_one_by_one(clock, totals: dict[str, float]) -> None:
     tape.Tape.replay = replay
 
 
-def per_token_ms(llm, params, clock, rounds: int) -> float:
+def per_step_ms(llm, prompts: list[str], params, clock, rounds: int) -> float:
     start = clock()
     for _ in range(rounds):
-        llm.generate([PROMPT], params, use_tqdm=False)
+        llm.generate(prompts, params, use_tqdm=False)
     return (clock() - start) / (rounds * params.max_tokens) * 1e3
 
 
@@ -104,28 +106,31 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--rounds", type=int, default=4, help="generate calls per pass")
-    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128, help="tokens each prompt generates")
+    parser.add_argument("--prompts", type=int, default=1, help="prompts decoded side by side")
     args = parser.parse_args()
 
     llm = LLM()
     threads = torch.get_num_threads()
     clock = clock_for(threads)
     params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
-    llm.generate([PROMPT], params, use_tqdm=False)
+    prompts = [PROMPT] if args.prompts == 1 else [f"{PROMPT} number {i}" for i in range(args.prompts)]
+    llm.generate(prompts, params, use_tqdm=False)
     tokens = args.rounds * args.tokens
     kind = "thread CPU" if threads == 1 else "wall"
-    print(f"{threads} thread(s), {kind} ms per token")
-    print(f"plain generate: {per_token_ms(llm, params, clock, args.rounds):.3f}")
+    print(f"{threads} thread(s), {kind} ms per {'token' if args.prompts == 1 else 'step'}")
+    print(f"plain generate: {per_step_ms(llm, prompts, params, clock, args.rounds):.3f}")
 
     parts: dict[str, float] = collections.defaultdict(float)
     wrap_parts(clock, parts)
-    print(f"with the parts wrapped: {per_token_ms(llm, params, clock, args.rounds):.3f}")
+    print(f"with the parts wrapped: {per_step_ms(llm, prompts, params, clock, args.rounds):.3f}")
     for _, path in PARTS:
         print(f"  {path:40s} {parts[path] / tokens * 1e3:7.3f}")
 
     kernels: dict[str, float] = collections.defaultdict(float)
     replay_one_by_one(clock, kernels)
-    print(f"with the tape replayed kernel by kernel: {per_token_ms(llm, params, clock, args.rounds):.3f}")
+    replayed = per_step_ms(llm, prompts, params, clock, args.rounds)
+    print(f"with the tape replayed kernel by kernel: {replayed:.3f}")
     for key, seconds in sorted(kernels.items(), key=lambda item: -item[1]):
         print(f"  {key:40s} {seconds / tokens * 1e3:7.3f}")
     print(f"  {'(sum of the kernel calls)':40s} {sum(kernels.values()) / tokens * 1e3:7.3f}")
