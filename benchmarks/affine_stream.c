@@ -46,7 +46,7 @@ static double per_call(int64_t m, const Shape *s, const uint16_t *x, uint8_t **q
 }
 
 static uint64_t run_shape(int64_t m, const Shape *s) {
-    int64_t n = s->n, k = s->k, tiles = (n + 15) / 16, groups = n * k / 32;
+    int64_t n = s->n, k = s->k, tiles = (n + 31) / 32 * 2, groups = n * k / 32; /* tiles in pairs */
     size_t qbytes = (size_t)(tiles * 16 * k * s->bits / 8), szcount = (size_t)(tiles * (k / 32) * 2 * 16);
     size_t bytes = qbytes + 2 * szcount;
     int copies = (int)(200e6 / (double)bytes) < 2 ? 2 : (int)(200e6 / (double)bytes);

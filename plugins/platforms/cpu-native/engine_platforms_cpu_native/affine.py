@@ -92,14 +92,14 @@ SZ_F32, SZ_F16, SZ_F16_CENTRED = 0, 1, 2  # the forms of the packed scales (quan
 
 
 def _sz_form(sz: torch.Tensor, bits: int) -> tuple[int, torch.Tensor]:
-    """(form, the buffer kept) for the packed scales and offsets ``sz`` [tiles, groups, 2, 16] of
-    ``bits``-bit values: float16 scales alone where every offset is exactly -2^(bits-1) times its
-    scale, both float16 where float16 holds them exactly, else float32."""
+    """(form, the buffer kept) for the packed scales and offsets ``sz`` [pairs of tiles, groups,
+    2, 2, 16] of ``bits``-bit values: float16 scales alone where every offset is exactly
+    -2^(bits-1) times its scale, both float16 where float16 holds them exactly, else float32."""
     half = sz.half()
     if not torch.equal(half.float(), sz):
         return SZ_F32, sz
-    if torch.equal(sz[:, :, 1], sz[:, :, 0] * -(2 ** (bits - 1))):
-        return SZ_F16_CENTRED, half[:, :, 0].contiguous()
+    if torch.equal(sz[..., 1, :], sz[..., 0, :] * -(2 ** (bits - 1))):
+        return SZ_F16_CENTRED, half[..., 0, :].contiguous()
     return SZ_F16, half
 
 
@@ -149,9 +149,9 @@ class PackedAffine(Layer):
     def _pack(self, pack, dtype, shape: tuple[int, int], storage_bits: int, portable: bool, tiles: bool):
         """Allocate the packed buffers, fill them (``pack(kernels, qw, sz)``) and bind the kernels."""
         self.dtype, self.storage_bits = dtype, storage_bits
-        (self.out_features, self.in_features), column_tiles = shape, -(-shape[0] // TILE)
-        qw = torch.empty(column_tiles * TILE * self.in_features * self.storage_bits // 8, dtype=torch.uint8)
-        sz = torch.empty(column_tiles, self.in_features // GROUP, 2, TILE)
+        (self.out_features, self.in_features), pairs = shape, -(-shape[0] // (2 * TILE))  # tiles in pairs
+        qw = torch.empty(pairs * 2 * TILE * self.in_features * self.storage_bits // 8, dtype=torch.uint8)
+        sz = torch.empty(pairs, self.in_features // GROUP, 2, 2, TILE)
         bound = kernels(portable)
         pack(bound, qw, sz)
         self.form, kept = _sz_form(sz, storage_bits)

@@ -12,19 +12,25 @@
  * benchmarks/quality.py).
  *
  * Packed layout (made once at load by pack_affine): output columns in tiles of 16, inputs in
- * 4-byte steps, so one 64-byte load feeds a vpdpbusd for 16 columns × 4 inputs.
- *   4-bit q: qw [tiles, K/8, 64]; byte 4c + i of step j holds column c's q[8j + i] in its low
- *            nibble and q[8j + 4 + i] in its high nibble.
- *   8-bit q (also 5- and 6-bit values): qw [tiles, K/4, 64]; byte 4c + i = q[4j + i].
- *   sz [tiles, K/32, 2, 16]: the group's 16 scales, then its 16 offsets; float32 (form SZ_F32),
- *            or float16 (SZ_F16) where every value is exactly a float16 (GGUF's legacy formats
- *            store them so); or sz [tiles, K/32, 16], float16 scales alone (SZ_F16_CENTRED) where
- *            every offset is -2^(bits-1) · scale: GGUF's q4_0 and q8_0, symmetric values stored
- *            unsigned, whose packed weight is then the file's 18 or 34 bytes a block, not 20 or 36.
- * Columns past N (the last tile's padding) hold q = 0, scale = offset = 0.
+ * 4-byte steps, so one 64-byte load feeds a vpdpbusd for 16 columns × 4 inputs; the tiles go in
+ * pairs (the GEMM's unit of work), each pair's two tiles interleaved group by group, so that a
+ * thread reads its columns' weights as one stream of q and one of scales (two tiles side by side
+ * were four streams: at one row 1.2-1.4x slower from memory, benchmarks/affine_stream.c).
+ *   4-bit q: qw [pairs, K/32, 2, 4, 64]: group g of tile t of a pair, its 4 steps of 8 inputs;
+ *            byte 4c + i of step j holds column c's q[8j + i] in its low nibble and q[8j + 4 + i]
+ *            in its high nibble (j counting the steps of the whole column).
+ *   8-bit q (also 5- and 6-bit values): qw [pairs, K/32, 2, 8, 64]; byte 4c + i = q[4j + i].
+ *   sz [pairs, K/32, 2, 2, 16]: per group and tile, its 16 scales, then its 16 offsets; float32
+ *            (form SZ_F32), or float16 (SZ_F16) where every value is exactly a float16 (GGUF's
+ *            legacy formats store them so); or sz [pairs, K/32, 2, 16], float16 scales alone
+ *            (SZ_F16_CENTRED) where every offset is -2^(bits-1) · scale: GGUF's q4_0 and q8_0,
+ *            symmetric values stored unsigned, whose packed weight is then the file's 18 or 34
+ *            bytes a block, not 20 or 36.
+ * Columns past N (the last tile's padding, and a whole tile where the tiles are odd) hold q = 0,
+ * scale = offset = 0.
  *
- * The GEMM is register-blocked 4 rows × 32 columns and split over OpenMP threads by column
- * tiles (work big enough to split only). On AVX2 without AVX512_VNNI (AMD EPYC before Zen 4,
+ * The GEMM is register-blocked 4 rows × 32 columns (a pair) and split over OpenMP threads by
+ * pairs (work big enough to split only). On AVX2 without AVX512_VNNI (AMD EPYC before Zen 4,
  * Intel before Ice Lake), the same layout runs on vpmaddubsw: one 32-byte half of a step holds
  * 8 columns, each multiply-add pair of u8 × s8 lands in int16 lanes, and a whole group of 32
  * inputs is summed in int16 before one vpmaddwd widens it (4-bit: at most 4 steps × 2 × 2 ×
@@ -95,7 +101,7 @@ static inline float centre(int64_t bits) { return -(float)(1 << (bits - 1)); }
 
 /* where column c's scale in group g of tile t lies in sz (a two-row form's offset: TILE further) */
 static inline int64_t sz_index(int64_t form, int64_t groups, int64_t t, int64_t g, int64_t c) {
-    return (t * groups + g) * sz_rows(form) * TILE + c;
+    return (((t / 2) * groups + g) * 2 + t % 2) * sz_rows(form) * TILE + c;
 }
 
 /* the scale and the offset at sz_index's index */
@@ -110,23 +116,40 @@ static inline float offset_at(const void *sz, int64_t form, int64_t bits, int64_
 
 static int64_t step_bytes(int64_t bits) { return bits == 4 ? 8 : 4; } /* inputs per 64-byte step */
 
+/* bytes of one tile's group in qw: its 64-byte steps */
+static inline int64_t group_bytes(int64_t bits) { return GROUP / step_bytes(bits) * 64; }
+
+/* where group g of tile t starts in qw */
+static inline int64_t group_at(int64_t bits, int64_t groups, int64_t t, int64_t g) {
+    return (((t / 2) * groups + g) * 2 + t % 2) * group_bytes(bits);
+}
+
+/* the tiles the packed buffers hold for n columns: whole pairs */
+static inline int64_t packed_tiles(int64_t n) { return (n + 2 * TILE - 1) / (2 * TILE) * 2; }
+
+/* where step j (of the column's k / step_bytes) of tile t starts in qw */
+static inline int64_t step_at(int64_t bits, int64_t groups, int64_t t, int64_t j) {
+    int64_t per_group = GROUP / step_bytes(bits);
+    return group_at(bits, groups, t, j / per_group) + j % per_group * 64;
+}
+
 /* Column col's q row, scales and offsets into the packed qw and sz (zeroed before). */
 static void pack_column(const uint8_t *row, const float *scale, const float *offset, int64_t col, int64_t k,
                         int64_t bits, uint8_t *qw, float *sz) {
     int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, steps = k / step_bytes(bits);
     for (int64_t j = 0; j < steps; j++) {
-        uint8_t *dst = qw + (t * steps + j) * 64 + 4 * c;
+        uint8_t *dst = qw + step_at(bits, groups, t, j) + 4 * c;
         for (int64_t i = 0; i < 4; i++)
             dst[i] = bits == 4 ? (uint8_t)(row[8 * j + i] | (row[8 * j + 4 + i] << 4)) : row[4 * j + i];
     }
     for (int64_t g = 0; g < groups; g++) {
-        sz[((t * groups + g) * 2 + 0) * TILE + c] = scale[g];
-        sz[((t * groups + g) * 2 + 1) * TILE + c] = offset[g];
+        sz[sz_index(SZ_F32, groups, t, g, c)] = scale[g];
+        sz[sz_index(SZ_F32, groups, t, g, c) + TILE] = offset[g];
     }
 }
 
 static void zero_packed(int64_t n, int64_t k, int64_t bits, uint8_t *qw, float *sz) {
-    int64_t tiles = (n + TILE - 1) / TILE;
+    int64_t tiles = packed_tiles(n);
     memset(qw, 0, (size_t)(tiles * (k / step_bytes(bits)) * 64));
     memset(sz, 0, sizeof(float) * (size_t)(tiles * (k / GROUP) * 2 * TILE));
 }
@@ -179,10 +202,10 @@ void pack_ggml_blocks(const uint8_t *raw, int64_t type, int64_t n, int64_t k, ui
 }
 
 /* q of (column col, input kk) read back from the packed layout. */
-static inline int packed_q(const uint8_t *qw, int64_t bits, int64_t steps, int64_t col, int64_t kk) {
+static inline int packed_q(const uint8_t *qw, int64_t bits, int64_t groups, int64_t col, int64_t kk) {
     int64_t t = col / TILE, c = col % TILE, per_step = step_bytes(bits);
     int64_t j = kk / per_step, i = kk % per_step;
-    uint8_t byte = qw[(t * steps + j) * 64 + 4 * c + (i & 3)];
+    uint8_t byte = qw[step_at(bits, groups, t, j) + 4 * c + (i & 3)];
     return bits == 4 ? (i < 4 ? byte & 15 : byte >> 4) : byte;
 }
 
@@ -203,15 +226,18 @@ static inline int32_t hsum8_epi32(__m256i v) {
 /* ---- the GEMM ---------------------------------------------------------------------------- */
 
 #if HAVE_VNNI || HAVE_AVX2
-/* How far ahead of the group being multiplied its tile's stream is prefetched, in weight bytes
- * (the scales and offsets as many groups ahead), while the first rows to read a tile (from
- * memory) multiply it: the hardware prefetchers alone keep too few lines in flight. One thread at
- * M = 1, the default model's weights from memory (benchmarks/affine_stream.c): on AVX2 (Zen 3)
- * ~16.5 GB/s without it, ~20.5 with it (2048 and 4096 alike, 1024 and 8192 less; the triad ~23);
- * on AVX-512 (Zen 5) 21-25 without, 29-33 with (4096 alike; the triad ~42), two threads ~10 %
- * faster; there at 8 / 16 / 64 rows 1.6 / 1.4 / 1.1x, the first 4 rows of a pair's first row
- * block prefetching (the rows after read the tiles from cache). */
-#define PREFETCH_BYTES 2048
+/* How far ahead of the group being multiplied its pair's stream is prefetched, in weight bytes
+ * (the scales and offsets as many groups ahead), while the first rows to read a pair (from
+ * memory) multiply it: the hardware prefetchers alone keep too few lines in flight. Past the
+ * pair's end the stream runs on into the next pair, the thread's next job. Measured before the
+ * pairs were interleaved (one stream a tile, benchmarks/affine_stream.c, one row): on AVX2
+ * (Zen 3) ~16.5 GB/s a thread without it, ~20.5 with it (the triad ~23); on AVX-512 (Zen 5)
+ * 21-25 without, 29-33 with (the triad ~42). The pairs' one stream, two threads at one row
+ * (Zen 5): 4096 bytes 1.05-1.08x 2048, 8192 level with 4096; against the tiles' own streams
+ * 1.07-1.19x at 1 row, 1.05-1.16x at 4, 1.01-1.07x at 16, level at 64, on both models' shapes.
+ * At 8 / 16 / 64 rows the first 4 rows of a pair's first row block prefetch (the rows after read
+ * the pair from cache). */
+#define PREFETCH_BYTES 4096
 
 /* Ask for the cache lines [p, p + bytes) */
 static inline __attribute__((always_inline)) void prefetch_lines(const char *p, int64_t bytes) {
@@ -224,7 +250,7 @@ static inline __attribute__((always_inline)) void prefetch_lines(const char *p, 
 static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
                         const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
                         void *out) {
-    int64_t groups = k / GROUP, steps = k / step_bytes(bits);
+    int64_t groups = k / GROUP;
     for (int64_t r = 0; r < m; r++)
         for (int64_t col = 0; col < n; col++) {
             int64_t t = col / TILE, c = col % TILE;
@@ -233,7 +259,7 @@ static void gemm_scalar(const int8_t *xq, const float *d, const float *s, int64_
                 int32_t dot = 0;
                 int64_t at = sz_index(form, groups, t, g, c);
                 for (int64_t i = 0; i < GROUP; i++)
-                    dot += (int32_t)xq[r * k + g * GROUP + i] * packed_q(qw, bits, steps, col, g * GROUP + i);
+                    dot += (int32_t)xq[r * k + g * GROUP + i] * packed_q(qw, bits, groups, col, g * GROUP + i);
                 acc += (float)dot * (scale_at(sz, form, at) * d[r * groups + g])
                        + offset_at(sz, form, bits, at) * s[r * groups + g];
             }
@@ -261,30 +287,24 @@ static inline __m512i bcast4(const int8_t *p) {
     return _mm512_set1_epi32(v);
 }
 
-/* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns: float sums into acc[R][NT]. ``stream``: these are
- * the first rows to read the tiles, from memory, so the tiles ahead are prefetched. */
+/* R rows (≤ 4) × NT tiles (≤ 2) of 16 columns, a pair's (its q at qw0, its scales at index sz0):
+ * float sums into acc[R][NT]. ``stream``: these are the first rows to read the pair, from memory,
+ * so its stream ahead is prefetched. */
 static inline __attribute__((always_inline)) void
 block(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
-      int64_t k, const uint8_t *qw0, const void *sz, int64_t form, int64_t sz0, int64_t tile_qbytes, int64_t tile_sz,
+      int64_t k, const uint8_t *qw0, const void *sz, int64_t form, int64_t sz0,
       int stream, __m512 acc[4][2]) {
-    const int64_t groups = k / GROUP, per_group = GROUP / step_bytes(bits) * 64;
-    const int64_t sz_bytes = form != SZ_F32 ? 2 : 4, group_sz = sz_rows(form) * TILE * sz_bytes;
+    const int64_t groups = k / GROUP, per_group = group_bytes(bits), rows = sz_rows(form);
+    const int64_t sz_bytes = form != SZ_F32 ? 2 : 4, group_sz = rows * TILE * sz_bytes;
     const __m512i low = _mm512_set1_epi8(15);
     for (int r = 0; r < R; r++)
         for (int t = 0; t < NT; t++) acc[r][t] = _mm512_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         __m512i dot[4][2];
         if (stream) {
-            /* a thread's pairs of tiles lie in turn: past its tile's end a stream jumps three
-             * tiles on (the next pair's second tile, the pair after's first), the hardware
-             * following on from the sibling into the next pair's first. At one row that measured
-             * 27-32 GB/s a thread against 24-28 for the next pair's own two tiles, which 8 rows
-             * favour (19-21 against 16-18): kept for the single stream. */
-            int64_t ahead = g + PREFETCH_BYTES / per_group, skip = ahead >= groups ? NT : 0;
-            for (int t = 0; t < NT; t++) {
-                prefetch_lines((const char *)qw0 + (t + skip) * tile_qbytes + ahead * per_group, per_group);
-                prefetch_lines((const char *)sz + (sz0 + (t + skip) * tile_sz) * sz_bytes + ahead * group_sz, group_sz);
-            }
+            prefetch_lines((const char *)qw0 + 2 * g * per_group + PREFETCH_BYTES, 2 * per_group);
+            prefetch_lines((const char *)sz + (sz0 + 2 * g * rows * TILE) * sz_bytes + PREFETCH_BYTES / per_group * group_sz,
+                           2 * group_sz);
         }
         for (int r = 0; r < R; r++)
             for (int t = 0; t < NT; t++) dot[r][t] = _mm512_setzero_si512();
@@ -292,7 +312,7 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
             for (int j = 0; j < 4; j++) {
                 __m512i lo[2], hi[2];
                 for (int t = 0; t < NT; t++) {
-                    __m512i w = _mm512_loadu_si512((const void *)(qw0 + t * tile_qbytes + (g * 4 + j) * 64));
+                    __m512i w = _mm512_loadu_si512((const void *)(qw0 + (2 * g + t) * per_group + j * 64));
                     lo[t] = _mm512_and_si512(w, low);
                     hi[t] = _mm512_and_si512(_mm512_srli_epi16(w, 4), low);
                 }
@@ -309,7 +329,7 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
             for (int j = 0; j < 8; j++) {
                 __m512i w[2];
                 for (int t = 0; t < NT; t++)
-                    w[t] = _mm512_loadu_si512((const void *)(qw0 + t * tile_qbytes + (g * 8 + j) * 64));
+                    w[t] = _mm512_loadu_si512((const void *)(qw0 + (2 * g + t) * per_group + j * 64));
                 for (int r = 0; r < R; r++) {
                     __m512i a = bcast4(xq + r * k + g * GROUP + 4 * j);
                     for (int t = 0; t < NT; t++) dot[r][t] = _mm512_dpbusd_epi32(dot[r][t], w[t], a);
@@ -317,7 +337,7 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
             }
         }
         for (int t = 0; t < NT; t++) {
-            int64_t at = sz0 + t * tile_sz + g * sz_rows(form) * TILE;
+            int64_t at = sz0 + (2 * g + t) * rows * TILE;
             __m512 scale = load16_sz(sz, form, at), offset = load16_offset(sz, form, bits, at, scale);
             for (int r = 0; r < R; r++) {
                 __m512 ds = _mm512_mul_ps(scale, _mm512_set1_ps(d[r * groups + g]));
@@ -342,9 +362,10 @@ static inline __attribute__((always_inline)) void
 block_store(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s,
             int64_t k, const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t n, int out_bf16,
             int stream, void *out, int64_t r, const candidate_rows *kept) {
-    int64_t groups = k / GROUP, tile_qbytes = (k / step_bytes(bits)) * 64, tile_sz = groups * sz_rows(form) * TILE;
+    int64_t groups = k / GROUP;
     __m512 acc[4][2];
-    block(R, NT, bits, xq, d, s, k, qw + tile * tile_qbytes, sz, form, tile * tile_sz, tile_qbytes, tile_sz, stream, acc);
+    block(R, NT, bits, xq, d, s, k, qw + group_at(bits, groups, tile, 0), sz, form, sz_index(form, groups, tile, 0, 0),
+          stream, acc);
     for (int t = 0; t < NT; t++) {
         int64_t col = (tile + t) * TILE, left = n - col;
         __mmask16 mask = left >= TILE ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
@@ -462,13 +483,13 @@ int64_t affine_amx(void) {
  * affine_dequantize makes it, times x, summed in float. */
 static void dense_product(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                           int64_t form, int64_t bits, int64_t n, int out_f32, void *out) {
-    int64_t groups = k / GROUP, steps = k / step_bytes(bits);
+    int64_t groups = k / GROUP;
     float *w = malloc(sizeof(float) * (size_t)k);
     for (int64_t col = 0; col < n; col++) {
         int64_t t = col / TILE, c = col % TILE;
         for (int64_t i = 0; i < k; i++) {
             int64_t at = sz_index(form, groups, t, i / GROUP, c);
-            float product = (float)packed_q(qw, bits, steps, col, i) * scale_at(sz, form, at);
+            float product = (float)packed_q(qw, bits, groups, col, i) * scale_at(sz, form, at);
             w[i] = bf16_load(bf16_store(product + offset_at(sz, form, bits, at)));
         }
         for (int64_t r = 0; r < m; r++) {
@@ -517,15 +538,15 @@ static void column_free(column_copy c) {
 
 /* Column col's q, scales and offsets. Its q sit 4 bytes a 64-byte step (packed_q's layout),
  * 4 inputs a step at 8 bits, 8 at 4 bits (the low nibbles the first 4): one cache line a step,
- * 9 KiB for a 576-input column, read once here (in address order: the hardware prefetches it;
- * asking for the next column's lines ahead measured no different). */
+ * 9 KiB for a 576-input column, read once here (in rising address order, its tile's half of
+ * each group of the pair: the hardware prefetches it; asking for the next column's lines ahead
+ * measured no different). */
 static void gather_column(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t col,
                           column_copy into) {
     int64_t t = col / TILE, c = col % TILE, groups = k / GROUP, per_step = step_bytes(bits), steps = k / per_step;
-    const uint8_t *column = qw + t * steps * 64 + 4 * c;
     for (int64_t j = 0; j < steps; j++)
         for (int64_t i = 0; i < 4; i++) {
-            uint8_t b = column[j * 64 + i];
+            uint8_t b = qw[step_at(bits, groups, t, j) + 4 * c + i];
             if (bits == 4) {
                 into.q[j * 8 + i] = b & 15;
                 into.q[j * 8 + 4 + i] = b >> 4;

@@ -142,9 +142,9 @@ typedef struct {
 
 /* Group g of the panel's tiles into its B tiles. */
 static inline void dequantize_group(const panel *p, int64_t g) {
-    int64_t groups = p->k / GROUP, tile_qbytes = (p->k / step_bytes(p->bits)) * 64;
+    int64_t groups = p->k / GROUP;
     for (int t = 0; t < p->tiles; t++) {
-        const uint8_t *steps = p->qw + (p->tile0 + t) * tile_qbytes + g * GROUP / step_bytes(p->bits) * 64;
+        const uint8_t *steps = p->qw + group_at(p->bits, groups, p->tile0 + t, g);
         dequantize_b_tile(steps, p->sz, p->form, p->bits, sz_index(p->form, groups, p->tile0 + t, g, 0), p->index,
                           p->b + (g * PANEL_TILES + t) * B_TILE_BYTES / 2);
     }

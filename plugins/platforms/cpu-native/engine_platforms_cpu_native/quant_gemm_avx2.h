@@ -56,30 +56,32 @@ group_dots(const int R, const int bits, const int8_t *xq, int64_t k, const uint8
         }
 }
 
-/* R rows (≤ 4) × one tile of 16 columns, written to out (the columns below n). ``stream``: the
- * call reads each tile once (≤ 4 rows), so its stream is prefetched; with more rows the tile is
- * read again from cache for each 4, and the prefetches cost more than they save (1-2 % at 16). */
+/* Groups [g0, g1) of one tile for R rows (≤ 4), added to the float sums acc[r] (16 columns each).
+ * ``prefetch``: these rows are the first to read the tile's pair, from memory, so the pair's
+ * stream ahead is prefetched. */
 static inline __attribute__((always_inline)) void
-tile_avx2(const int R, const int bits, const int8_t *xq, const float *d, const float *s, int64_t k,
-          const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t n, int out_bf16, void *out,
-          int stream) {
-    const int64_t groups = k / GROUP, per_group = GROUP / step_bytes(bits) * 64;
-    const uint8_t *w0 = qw + tile * (k / step_bytes(bits)) * 64;
-    const int64_t rows = sz_rows(form), sz0 = tile * groups * rows * TILE, sz_bytes = form != SZ_F32 ? 2 : 4;
+tile_groups(const int R, const int bits, const int8_t *xq, const float *d, const float *s, int64_t k,
+            const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t g0, int64_t g1, int prefetch,
+            float acc_sums[4][TILE]) {
+    const int64_t groups = k / GROUP, per_group = group_bytes(bits);
+    const int64_t rows = sz_rows(form), sz_bytes = form != SZ_F32 ? 2 : 4;
     const int64_t group_sz = rows * TILE * sz_bytes;
     const __m256 centred = _mm256_set1_ps(centre(bits));
     __m256 acc[4][2];
-    for (int r = 0; r < R; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) acc[r][h] = _mm256_loadu_ps(acc_sums[r] + 8 * h);
+    for (int64_t g = g0; g < g1; g++) {
         __m256i dot[4][2];
-        if (stream) {
-            prefetch_lines((const char *)w0 + g * per_group + PREFETCH_BYTES, per_group);
-            prefetch_lines((const char *)sz + (sz0 + g * rows * TILE) * sz_bytes + PREFETCH_BYTES / per_group * group_sz,
-                           group_sz);
+        const uint8_t *w = qw + group_at(bits, groups, tile, g);
+        if (prefetch) {
+            prefetch_lines((const char *)w + PREFETCH_BYTES, 2 * per_group);
+            prefetch_lines((const char *)sz + sz_index(form, groups, tile, g, 0) * sz_bytes
+                               + PREFETCH_BYTES / per_group * group_sz,
+                           2 * group_sz);
         }
-        group_dots(R, bits, xq + g * GROUP, k, w0 + g * per_group, dot);
+        group_dots(R, bits, xq + g * GROUP, k, w, dot);
         for (int h = 0; h < 2; h++) {
-            int64_t at = sz0 + g * rows * TILE + h * 8;
+            int64_t at = sz_index(form, groups, tile, g, h * 8);
             __m256 scale = load8_sz(sz, form, at);
             __m256 offset = rows == 1 ? _mm256_mul_ps(scale, centred) : load8_sz(sz, form, at + TILE);
             for (int r = 0; r < R; r++) {
@@ -89,42 +91,69 @@ tile_avx2(const int R, const int bits, const int8_t *xq, const float *d, const f
             }
         }
     }
-    int64_t col = tile * TILE, cols = n - col < TILE ? n - col : TILE;
-    for (int r = 0; r < R; r++) {
-        float sums[TILE];
-        _mm256_storeu_ps(sums, acc[r][0]);
-        _mm256_storeu_ps(sums + 8, acc[r][1]);
-        for (int64_t c = 0; c < cols; c++) {
-            if (out_bf16) ((uint16_t *)out)[r * n + col + c] = bf16_store(sums[c]);
-            else ((float *)out)[r * n + col + c] = sums[c];
-        }
+    for (int r = 0; r < R; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc_sums[r] + 8 * h, acc[r][h]);
+}
+
+/* Groups a pair's tiles take in turn while the pair comes from memory: one tile at a time holds
+ * every register for 4 rows, and a whole tile then the other would read the pair's one stream
+ * in bursts (the first tile's pass asking for all of it, the second's for none). Zen 5 built for
+ * AVX2, two threads, weights from memory, against the earlier layout (one stream a tile, whole
+ * tiles): at 1 / 16 / 64 rows 0.98-1.10 / 1.10-1.14 / 1.00-1.03x, at 2-4 rows 0.91-1.04x
+ * (chunks of 2 or 8 groups, or whole tiles, no better there; 4 groups is 2 KiB of a 4-bit pair).
+ * From cache (the rows after the first 4) the tiles go whole. */
+#define PAIR_CHUNK 4
+
+/* R rows (≤ 4) × the nt (≤ 2) tiles of the pair from tile, written to out (the columns below
+ * n). ``stream``: these are the call's first rows, which read the pair from memory, so its
+ * stream is prefetched (the rows after read it from cache). */
+static inline __attribute__((always_inline)) void
+pair_avx2(const int R, const int bits, const int8_t *xq, const float *d, const float *s, int64_t k,
+          const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int nt, int64_t n, int out_bf16, void *out,
+          int stream) {
+    const int64_t groups = k / GROUP;
+    float sums[2][4][TILE] = {0};
+    const int64_t chunk = stream ? PAIR_CHUNK : groups;
+    for (int64_t g0 = 0; g0 < groups; g0 += chunk) {
+        int64_t g1 = g0 + chunk < groups ? g0 + chunk : groups;
+        for (int t = 0; t < nt; t++)
+            tile_groups(R, bits, xq, d, s, k, qw, sz, form, tile + t, g0, g1, stream && t == 0, sums[t]);
+    }
+    for (int t = 0; t < nt; t++) {
+        int64_t col = (tile + t) * TILE, cols = n - col < TILE ? n - col : TILE;
+        for (int r = 0; r < R; r++)
+            for (int64_t c = 0; c < cols; c++) {
+                if (out_bf16) ((uint16_t *)out)[r * n + col + c] = bf16_store(sums[t][r][c]);
+                else ((float *)out)[r * n + col + c] = sums[t][r][c];
+            }
     }
 }
 
-#define TILE_CASE(R, BITS)                                                                          \
-    tile_avx2(R, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t, n, out_bf16,  \
-              (char *)out + r * n * (out_bf16 ? 2 : 4), m <= 4)
-#define TILE_ROWS(BITS)                                                                             \
+#define PAIR_CASE(R, BITS)                                                                          \
+    pair_avx2(R, BITS, xq + r * k, d + r * groups, s + r * groups, k, qw, sz, form, t0, nt, n, out_bf16,  \
+              (char *)out + r * n * (out_bf16 ? 2 : 4), r == 0)
+#define PAIR_ROWS(BITS)                                                                             \
     switch (r0 + rows - r >= 4 ? 4 : r0 + rows - r) {                                                \
-    case 4: TILE_CASE(4, BITS); break;                                                              \
-    case 3: TILE_CASE(3, BITS); break;                                                              \
-    case 2: TILE_CASE(2, BITS); break;                                                              \
-    default: TILE_CASE(1, BITS);                                                                    \
+    case 4: PAIR_CASE(4, BITS); break;                                                              \
+    case 3: PAIR_CASE(3, BITS); break;                                                              \
+    case 2: PAIR_CASE(2, BITS); break;                                                              \
+    default: PAIR_CASE(1, BITS);                                                                    \
     }
 
 static void gemm_avx2(const int8_t *xq, const float *d, const float *s, int64_t m, int64_t k,
                       const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t n, int out_bf16,
                       void *out) {
-    int64_t tiles = (n + TILE - 1) / TILE, groups = k / GROUP;
+    int64_t tiles = (n + TILE - 1) / TILE, pairs = (tiles + 1) / 2, groups = k / GROUP;
     int64_t row_blocks = m > 64 ? (m + 63) / 64 : 1, rows_per = m > 64 ? 64 : m;
 #pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_WORK)
-    for (int64_t job = 0; job < tiles * row_blocks; job++) {
-        int64_t t = job / row_blocks, r0 = (job % row_blocks) * rows_per;  /* a thread's tiles stay in its cache */
+    for (int64_t job = 0; job < pairs * row_blocks; job++) {
+        int64_t t0 = job / row_blocks * 2, r0 = (job % row_blocks) * rows_per;  /* a thread's pairs stay in its cache */
         int64_t rows = m - r0 < rows_per ? m - r0 : rows_per;
+        int nt = tiles - t0 < 2 ? 1 : 2;
         for (int64_t r = r0; r < r0 + rows; r += 4) {
-            if (bits == 4) { TILE_ROWS(4) } else { TILE_ROWS(8) }
+            if (bits == 4) { PAIR_ROWS(4) } else { PAIR_ROWS(8) }
         }
     }
 }
-#undef TILE_CASE
-#undef TILE_ROWS
+#undef PAIR_CASE
+#undef PAIR_ROWS

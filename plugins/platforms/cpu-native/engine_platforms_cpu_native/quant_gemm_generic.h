@@ -127,7 +127,7 @@ void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
 
 engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k,
                                  int64_t n, const int64_t *ids, int64_t count, T *out) {
-    int64_t groups = k / GROUP, steps = k / step_bytes(bits);
+    int64_t groups = k / GROUP;
     for (int64_t i = 0; i < count; i++)
         if (ids[i] < 0 || ids[i] >= n) return 1;
 #pragma omp parallel for schedule(static) if (count * k >= (1 << 18))
@@ -138,7 +138,7 @@ engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t form
             float scale = scale_at(sz, form, at), offset = offset_at(sz, form, bits, at);
             for (int64_t j = 0; j < GROUP; j++)
                 out[i * k + g * GROUP + j] =
-                    STORE((float)packed_q(qw, bits, steps, col, g * GROUP + j) * scale + offset);
+                    STORE((float)packed_q(qw, bits, groups, col, g * GROUP + j) * scale + offset);
         }
     }
     return 0;
@@ -150,7 +150,7 @@ engine_status TYPED(affine_rows)(const uint8_t *qw, const void *sz, int64_t form
 
 void TYPED(affine_dequantize)(const uint8_t *qw, const void *sz, int64_t form, int64_t bits,
                               int64_t k, int64_t n, T *out) {
-    int64_t groups = k / GROUP, per_step = step_bytes(bits), steps = k / per_step;
+    int64_t groups = k / GROUP, per_step = step_bytes(bits);
 #pragma omp parallel for schedule(static) if (n * k >= (1 << 18))
     for (int64_t t = 0; t < (n + TILE - 1) / TILE; t++) {
         int64_t cols = n - t * TILE < TILE ? n - t * TILE : TILE;
@@ -161,7 +161,7 @@ void TYPED(affine_dequantize)(const uint8_t *qw, const void *sz, int64_t form, i
                 offset[c] = offset_at(sz, form, bits, sz_index(form, groups, t, g, c));
             }
             for (int64_t j = g * GROUP / per_step; j < (g + 1) * GROUP / per_step; j++) {
-                const uint8_t *step = qw + (t * steps + j) * 64;
+                const uint8_t *step = qw + step_at(bits, groups, t, j);
                 for (int64_t c = 0; c < cols; c++) {
                     T *row = out + (t * TILE + c) * k + j * per_step;
                     for (int64_t i = 0; i < 4; i++) {

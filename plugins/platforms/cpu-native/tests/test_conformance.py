@@ -193,11 +193,11 @@ def test_centred_scales_give_the_two_row_forms_bits(portable, bits):
     weight = _random_affine(bits, gen, affine.SZ_F16_CENTRED, n=75, k=576)
     centred = PackedAffine(weight, torch.bfloat16, portable=portable)
     assert centred.form == affine.SZ_F16_CENTRED
-    blocks = centred.qw.numel() * 8 // bits // 32  # 32-value blocks, the last tile's padding included
+    blocks = centred.qw.numel() * 8 // bits // 32  # 32-value blocks, the last pair's padding included
     packed_bytes = centred.qw.numel() + centred.sz.numel() * centred.sz.element_size()
     assert packed_bytes / blocks == (18 if bits == 4 else 34)
     two_rows = PackedAffine(weight, torch.bfloat16, portable=portable)
-    two_rows.sz = torch.stack([centred.sz, centred.sz * -(2 ** (bits - 1))], dim=2)  # scales, then offsets
+    two_rows.sz = torch.stack([centred.sz, centred.sz * -(2 ** (bits - 1))], dim=-2)  # scales, then offsets
     two_rows.form = affine.SZ_F16
     x = torch.randn(7, 576, generator=gen).bfloat16()
     ids = torch.tensor([0, 16, 74, 3])
