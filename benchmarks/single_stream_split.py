@@ -3,6 +3,7 @@ ignored) on the default config, split into the native tape's kernels, the LM hea
 Python around them, per token.
 
     ENGINE_NUM_THREADS=1 python benchmarks/single_stream_split.py [--rounds 4] [--tokens 128] [--prompts 1]
+                                                                  [--model PATH]
 
 Three passes over the same prompt, after a warm-up:
 - plain: the whole ``generate``, nothing wrapped;
@@ -108,9 +109,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="generate calls per pass")
     parser.add_argument("--tokens", type=int, default=128, help="tokens each prompt generates")
     parser.add_argument("--prompts", type=int, default=1, help="prompts decoded side by side")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="a GGUF file or model folder (default: the default model); random_llama.py makes the 1B-class ones",
+    )
     args = parser.parse_args()
 
-    llm = LLM()
+    llm = LLM(args.model, dtype="bfloat16", max_model_len=2048)
     threads = torch.get_num_threads()
     clock = clock_for(threads)
     params = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
