@@ -112,7 +112,8 @@ def main() -> None:
     parser.add_argument(
         "--model",
         default=None,
-        help="a GGUF file or model folder (default: the default model); random_llama.py makes the 1B-class ones",
+        help="a GGUF file or model folder (default: the default model); "
+        "random_llama.py makes the 1B-class ones",
     )
     args = parser.parse_args()
 

@@ -15,7 +15,9 @@
  * 4-byte steps, so one 64-byte load feeds a vpdpbusd for 16 columns × 4 inputs; the tiles go in
  * pairs (the GEMM's unit of work), each pair's two tiles interleaved group by group, so that a
  * thread reads its columns' weights as one stream of q and one of scales (two tiles side by side
- * were four streams: at one row 1.2-1.4x slower from memory, benchmarks/affine_stream.c).
+ * were four streams: 1.07-1.18x slower at one row from memory where a tile's run of a group is
+ * short, 4-bit values up to 2048 inputs; level on 8-bit values and 8192 inputs,
+ * benchmarks/affine_ab.c).
  *   4-bit q: qw [pairs, K/32, 2, 4, 64]: group g of tile t of a pair, its 4 steps of 8 inputs;
  *            byte 4c + i of step j holds column c's q[8j + i] in its low nibble and q[8j + 4 + i]
  *            in its high nibble (j counting the steps of the whole column).
@@ -233,9 +235,9 @@ static inline int32_t hsum8_epi32(__m256i v) {
  * pairs were interleaved (one stream a tile, benchmarks/affine_stream.c, one row): on AVX2
  * (Zen 3) ~16.5 GB/s a thread without it, ~20.5 with it (the triad ~23); on AVX-512 (Zen 5)
  * 21-25 without, 29-33 with (the triad ~42). The pairs' one stream, two threads at one row
- * (Zen 5): 4096 bytes 1.05-1.08x 2048, 8192 level with 4096; against the tiles' own streams
- * 1.07-1.19x at 1 row, 1.05-1.16x at 4, 1.01-1.07x at 16, level at 64, on both models' shapes.
- * At 8 / 16 / 64 rows the first 4 rows of a pair's first row block prefetch (the rows after read
+ * (Zen 5, benchmarks/affine_ab.c): 4096 bytes 1.05-1.08x 2048, 8192 level with 4096; against
+ * the tiles' own streams (medians, 4-bit shapes) 1.07-1.18x at 1 row, 1.02-1.15x at 4, level
+ * from 16. At 8 / 16 / 64 rows the first 4 rows of a pair's first row block prefetch (the rows after read
  * the pair from cache). */
 #define PREFETCH_BYTES 4096
 
