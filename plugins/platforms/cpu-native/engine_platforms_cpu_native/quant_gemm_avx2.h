@@ -56,9 +56,9 @@ group_dots(const int R, const int bits, const int8_t *xq, int64_t k, const uint8
         }
 }
 
-/* Groups [g0, g1) of one tile for R rows (≤ 4), added to the float sums acc[r] (16 columns each).
- * ``prefetch``: these rows are the first to read the tile's pair, from memory, so the pair's
- * stream ahead is prefetched. */
+/* Groups [g0, g1) of one tile for R rows (≤ 4), added to the float sums acc_sums[r] (16 columns
+ * each). ``prefetch``: these rows are the first to read the tile's pair, from memory, so the
+ * pair's stream ahead is prefetched. */
 static inline __attribute__((always_inline)) void
 tile_groups(const int R, const int bits, const int8_t *xq, const float *d, const float *s, int64_t k,
             const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t g0, int64_t g1, int prefetch,
