@@ -233,6 +233,46 @@ def test_logits_recompute_each_rows_largest_exactly(dtype, bits):
     assert torch.equal(logits, torch.cat([native.logits(x[i : i + 4]) for i in range(0, 9, 4)]))
 
 
+@pytest.fixture(scope="module")
+def avx2_affine():
+    """``quant_gemm.c`` built for AVX2 with AVX-512 off (what a CPU without AVX512_VNNI runs),
+    its entry points bound: on an AVX-512 machine the native build never runs that path."""
+    if torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no AVX2 on this CPU")
+    library = load_source(affine.SOURCE, extra_flags=("-mno-avx512f",))
+    if library["affine_simd_width"]() != 256:
+        pytest.skip("the compiler gave no AVX2 build")
+    return {symbol: library[symbol] for symbol in ("affine_matmul_f32", "affine_rows_f32")}
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("rows", [1, 3, 6, 70])
+@pytest.mark.parametrize("form", [affine.SZ_F32, affine.SZ_F16, affine.SZ_F16_CENTRED])
+def test_the_avx2_build_agrees_with_the_portable_build(avx2_affine, bits, rows, form, monkeypatch):
+    """The AVX2 kernel reads the packed layout as plain C does: a pair's tiles taken in turn by
+    groups while streamed, whole from cache (1, 3, 6 and 70 rows), a lone last tile in a padded
+    pair (75 outputs), every scale form; its float sums are the AVX-512 kernel's op for op, and
+    its row lookups the plain C's, bit for bit."""
+    monkeypatch.setenv(kernels.TILES_VARIABLE, "0")
+    gen = torch.Generator().manual_seed(rows * 10 + bits)
+    weight = _random_affine(bits, gen, form, n=75, k=576)
+    portable = PackedAffine(weight, torch.float32, portable=True)
+    n, k = weight.shape
+    x = torch.randn(rows, k, generator=gen)
+    out = torch.empty(rows, n)
+    pointers = portable.qw.data_ptr(), portable.sz.data_ptr(), portable.form, portable.storage_bits
+    avx2_affine["affine_matmul_f32"](x.data_ptr(), k, rows, k, *pointers, n, out.data_ptr())
+    torch.testing.assert_close(out, portable(x), rtol=1e-4, atol=1e-4)  # the float sums' order
+    native = PackedAffine(weight, torch.float32)
+    if affine.kernels()["affine_simd_width"]() == 512:
+        assert torch.equal(out, native(x))
+    ids = torch.tensor([0, 16, 74, 3])
+    looked_up = torch.empty(len(ids), k)
+    lookup = avx2_affine["affine_rows_f32"]
+    assert lookup(*pointers, k, n, ids.data_ptr(), len(ids), looked_up.data_ptr()) == 0
+    assert torch.equal(looked_up, portable.rows(ids, torch.float32))
+
+
 @pytest.mark.parametrize("bits", [4, 8])
 def test_extreme_groups_sum_exactly(bits):
     """The largest values times activations of ±127 (AVX2 sums a whole group in int16 lanes,
