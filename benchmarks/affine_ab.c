@@ -7,9 +7,9 @@
  *
  *   DIR=plugins/platforms/cpu-native/engine_platforms_cpu_native   # in each tree
  *   gcc -O3 -march=native -fopenmp -shared -fPIC -Icore/engine/native/include -I$DIR \
- *       -o /tmp/a.so $DIR/quant_gemm.c -lm                             # and /tmp/b.so from the other
+ *       -o a.so $DIR/quant_gemm.c -lm                                  # and b.so from the other tree
  *   gcc -O2 -mf16c -fopenmp -o affine_ab benchmarks/affine_ab.c -ldl
- *   OMP_NUM_THREADS=2 OMP_PROC_BIND=true ./affine_ab /tmp/a.so /tmp/b.so [M]
+ *   OMP_NUM_THREADS=2 OMP_PROC_BIND=true ./affine_ab ./a.so ./b.so [M]
  *
  * Both builds must read the same packed layout's buffer sizes (pairs of 16-column tiles); the
  * values are random bytes, so the figures time the stream, not a product worth checking
