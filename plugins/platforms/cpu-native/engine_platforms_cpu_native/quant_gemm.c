@@ -101,9 +101,15 @@ static inline int64_t sz_rows(int64_t form) { return form == SZ_F16_CENTRED ? 1 
  * offset a two-row form would hold) */
 static inline float centre(int64_t bits) { return -(float)(1 << (bits - 1)); }
 
+/* The place of tile t's group g among the packed groups, qw's and sz's alike: a pair's two tiles
+ * interleaved group by group. */
+static inline int64_t group_slot(int64_t groups, int64_t t, int64_t g) {
+    return ((t / 2) * groups + g) * 2 + t % 2;
+}
+
 /* where column c's scale in group g of tile t lies in sz (a two-row form's offset: TILE further) */
 static inline int64_t sz_index(int64_t form, int64_t groups, int64_t t, int64_t g, int64_t c) {
-    return (((t / 2) * groups + g) * 2 + t % 2) * sz_rows(form) * TILE + c;
+    return group_slot(groups, t, g) * sz_rows(form) * TILE + c;
 }
 
 /* the scale and the offset at sz_index's index */
@@ -123,7 +129,7 @@ static inline int64_t group_bytes(int64_t bits) { return GROUP / step_bytes(bits
 
 /* where group g of tile t starts in qw */
 static inline int64_t group_at(int64_t bits, int64_t groups, int64_t t, int64_t g) {
-    return (((t / 2) * groups + g) * 2 + t % 2) * group_bytes(bits);
+    return group_slot(groups, t, g) * group_bytes(bits);
 }
 
 /* the tiles the packed buffers hold for n columns: whole pairs */
@@ -237,8 +243,8 @@ static inline int32_t hsum8_epi32(__m256i v) {
  * 21-25 without, 29-33 with (the triad ~42). The pairs' one stream, two threads at one row
  * (Zen 5, benchmarks/affine_ab.c): 4096 bytes 1.05-1.08x 2048, 8192 level with 4096; against
  * the tiles' own streams (medians, 4-bit shapes) 1.07-1.18x at 1 row, 1.02-1.15x at 4, level
- * from 16. At 8 / 16 / 64 rows the first 4 rows of a pair's first row block prefetch (the rows after read
- * the pair from cache). */
+ * from 16. At 8 / 16 / 64 rows the first 4 rows of a pair's first row block prefetch (the rows
+ * after read the pair from cache). */
 #define PREFETCH_BYTES 4096
 
 /* Ask for the cache lines [p, p + bytes) */
@@ -305,7 +311,8 @@ block(const int R, const int NT, const int bits, const int8_t *xq, const float *
         __m512i dot[4][2];
         if (stream) {
             prefetch_lines((const char *)qw0 + 2 * g * per_group + PREFETCH_BYTES, 2 * per_group);
-            prefetch_lines((const char *)sz + (sz0 + 2 * g * rows * TILE) * sz_bytes + PREFETCH_BYTES / per_group * group_sz,
+            prefetch_lines((const char *)sz + (sz0 + 2 * g * rows * TILE) * sz_bytes
+                               + PREFETCH_BYTES / per_group * group_sz,
                            2 * group_sz);
         }
         for (int r = 0; r < R; r++)
