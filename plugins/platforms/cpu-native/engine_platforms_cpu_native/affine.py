@@ -164,7 +164,7 @@ class PackedAffine(Layer):
         self._logits = bound[f"affine_logits_{suffix}"]
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
         self._greedy = bound[f"affine_greedy_{suffix}"]
-        self._logits_top = bound[f"affine_logits_top_{suffix}"]
+        self._greedy_rows = bound[f"affine_greedy_rows_{suffix}"]
         on_amx = tiles and dtype == torch.bfloat16 and not portable and amx_tiles()
         self._tiles = bound["affine_matmul_amx"] if on_amx else None
         self.int8_table: Int8Table | None = None
@@ -230,31 +230,23 @@ class PackedAffine(Layer):
         and ``affine_greedy`` recomputes those exactly, as the refinement does: the largest is the
         row's maximum where it lies above the least of the candidates' one-pass values, which no
         logit left out exceeds. A row where it does not (a flat row, NaN) gets its logits made as
-        ``logits`` makes them, and their first maximum."""
+        ``logits`` makes them, and their first maximum. Off the tiles that is one kernel call
+        (``affine_greedy_rows``), which a native tape records."""
         x = activation_rows(x, self.in_features, self.dtype)
         if x.shape[0] < GREEDY_ROWS:
             return None
         top = min(LOGITS_REFINED, self.out_features)
-        if not self._on_tiles(x):
-            best, approx = self._top(x, top)
-            logits = self._kernel_logits
-        elif self.int8_table is not None:
-            (best, approx), logits = self.int8_table.top(x, top), self._tile_logits
-        else:
-            return None
         tokens = torch.empty(x.shape[0], dtype=torch.int64)
+        if not self._on_tiles(x):
+            return self._run(self._greedy_rows, x, torch.int64, top, out=tokens)
+        if self.int8_table is None:
+            return None
+        best, approx = self.int8_table.top(x, top)
         self._run(self._greedy, x, torch.int64, top, best.data_ptr(), approx.data_ptr(), out=tokens)
         unsure = (tokens < 0).nonzero().squeeze(1)
         if len(unsure):
-            tokens[unsure] = first_max(logits(x[unsure]))
+            tokens[unsure] = first_max(self._tile_logits(x[unsure]))
         return tokens
-
-    def _top(self, x: torch.Tensor, top: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's ``top`` largest one-pass logits of the int8 kernel: columns, values."""
-        best = torch.empty(x.shape[0], top, dtype=torch.int64)
-        approx = torch.empty(x.shape[0], top, dtype=torch.float32)
-        self._run(self._logits_top, x, torch.float32, top, best.data_ptr(), out=approx)
-        return best, approx
 
     @property
     def on_tiles(self) -> bool:

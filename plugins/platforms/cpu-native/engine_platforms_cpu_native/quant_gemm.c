@@ -754,6 +754,15 @@ static void greedy_top(const float *xf, int64_t m, int64_t k, const uint8_t *qw,
     free(most);
 }
 
+/* The index of row[0, n)'s first maximum, a NaN counting as the maximum (its first NaN): the
+ * sampler's argmax, for the rows greedy_top cannot settle. */
+static int64_t first_max_row(const float *row, int64_t n) {
+    int64_t best = 0;
+    for (int64_t i = 1; i < n && !isnan(row[best]); i++)
+        if (isnan(row[i]) || row[i] > row[best]) best = i;
+    return best;
+}
+
 /* Each row's `top` largest logits of affine_logits's one-pass product (best [m, top] columns,
  * approx [m, top] values: top_heap.h's entries), as greedy_top takes them. On VNNI the product
  * keeps each row's candidates as it goes (top_candidates.h), writing no logit; a row it cannot

@@ -67,6 +67,13 @@ void affine_greedy_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const 
                        int64_t form, int64_t bits, int64_t n, int64_t top, const int64_t *best, const float *approx,
                        int64_t *tokens);
 
+/* each row's greedy token (tokens [m]): the first maximum of affine_logits's logits (top: the
+ * candidates it refines, at most n), found without them where the candidates tell it */
+void affine_greedy_rows_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,
+                             const void *sz, int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *tokens);
+void affine_greedy_rows_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                            int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *tokens);
+
 /* out [count, k] = the weight's rows ids; refused when an id is outside [0, n) */
 engine_status affine_rows_bf16(const uint8_t *qw, const void *sz, int64_t form, int64_t bits, int64_t k, int64_t n,
                                const int64_t *ids, int64_t count, uint16_t *out);

@@ -122,6 +122,27 @@ void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
     TYPED(affine_refine_logits)(x, ldx, m, k, qw, sz, form, bits, n, top, out);
 }
 
+/* Each row's greedy token, the first maximum of affine_logits's logits: from the row's `top`
+ * candidates (affine_logits_top, affine_greedy), without its logits; a row they cannot settle
+ * (flat, NaN) gets its logits made and passed over. One call, no result Python acts on, so a
+ * native tape can record it. */
+void TYPED(affine_greedy_rows)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                               int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *tokens) {
+    int64_t *best = malloc(sizeof(int64_t) * (size_t)(m * top));
+    float *approx = malloc(sizeof(float) * (size_t)(m * top)), *row = NULL;
+    TYPED(affine_logits_top)(x, ldx, m, k, qw, sz, form, bits, n, top, best, approx);
+    TYPED(affine_greedy)(x, ldx, m, k, qw, sz, form, bits, n, top, best, approx, tokens);
+    for (int64_t r = 0; r < m; r++) {
+        if (tokens[r] >= 0) continue;
+        if (row == NULL) row = malloc(sizeof(float) * (size_t)n);
+        TYPED(affine_logits)(x + r * ldx, ldx, 1, k, qw, sz, form, bits, n, top, row);
+        tokens[r] = first_max_row(row, n);
+    }
+    free(best);
+    free(approx);
+    free(row);
+}
+
 /* ---- rows of the weight (embedding lookups): out [len(ids), k] = q · scale + offset ------ */
 /* refused (nothing written) when an id is outside [0, n). */
 

@@ -220,7 +220,10 @@ def test_the_kernels_top_is_the_one_a_pass_over_its_one_pass_logits_keeps(portab
     x[2] = 1.0  # no NaN row here
     top = min(affine.LOGITS_REFINED, n)
     one_pass = PackedAffine(weight, torch.float32, portable=portable)(x.float())
-    best, values = packed._top(x, top)
+    best = torch.empty(rows, top, dtype=torch.int64)
+    values = torch.empty(rows, top, dtype=torch.float32)
+    kernel = affine.kernels(portable)["affine_logits_top_bf16"]
+    packed._run(kernel, x, torch.float32, top, best.data_ptr(), out=values)
     want = _top_by_value_then_column(one_pass, top)
     unranked = values.isnan().all(dim=1).nonzero().flatten().tolist()
     if affine.kernels(portable)["affine_simd_width"]() == 512:  # VNNI keeps candidates, 256 a thread
