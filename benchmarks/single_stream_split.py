@@ -42,6 +42,7 @@ PARTS = [
     ("engine.runner.model_runner", "ModelRunner.execute"),
     ("engine.runner.model_runner", "flatten"),
     ("engine.runner.step_graphs", "StepGraphRunner.replay"),
+    ("engine.runner.step_graphs", "StepGraphRunner.replay_greedy"),
     ("engine.native.tape", "Tape.replay"),
     ("engine.layers.decoder", "DecoderForCausalLM.compute_logits"),
     ("engine.runner.model_runner", "ModelRunner._sample"),

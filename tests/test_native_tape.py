@@ -178,6 +178,71 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
 
 
 @NEEDS_NATIVE_AFFINE
+def test_greedy_decode_steps_replay_with_their_tokens(tiny_gguf, monkeypatch):
+    """A bucket of up to ``GREEDY_SIZES_UP_TO`` rows has a second tape, the forward then the
+    LM head and the argmax: a step whose rows all decode greedily replays it and takes its
+    tokens, with no call of the model's head from Python; a sampled step replays the forward's
+    tape and scores eagerly. The tokens are the eager engine's."""
+    options = dict(dtype="bfloat16", num_blocks=128, block_size=16, max_num_seqs=8, max_model_len=256)
+    prompts = reference.random_prompts(1000, [3, 17, 5, 9], seed=4)
+    lengths = [5, 8, 11, 14]
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=1, ignore_eos=True)
+    eager = LLM(tiny_gguf, enforce_eager=True, **options)
+    want, want_sampled = _generate(eager, prompts, lengths), eager.generate(prompts[:1], sampled)
+    llm = LLM(tiny_gguf, **options)
+    recorded = llm.engine.runner.graphs.graphs
+    assert sorted(recorded) == list(range(1, 9)) and all(r.greedy is not None for r in recorded.values())
+    assert recorded[1].greedy.names[-2:] == ["affine_logits_bf16", "argmax_rows_f32"]
+    assert recorded[2].greedy.names[-1] == "affine_greedy_rows_bf16"  # candidates, no logits
+    greedy_tapes = {id(r.greedy) for r in recorded.values()}
+    replays, heads = [], []
+    real_replay = tape.Tape.replay
+    monkeypatch.setattr(tape.Tape, "replay", lambda self: (replays.append(id(self)), real_replay(self))[1])
+    model = type(llm.engine.model)
+    real_logits = model.compute_logits
+    monkeypatch.setattr(
+        model, "compute_logits", lambda self, h: (heads.append(h.shape[0]), real_logits(self, h))[1]
+    )
+    assert _generate(llm, prompts, lengths) == want
+    # one prompt step, then a decode step per token of the longest output, batches of 4 to 1
+    assert len(replays) == max(lengths) - 1 and set(replays) <= greedy_tapes
+    assert all(rows > 1 for rows in heads)  # the prompts' steps alone: each decode step scored on its tape
+    replays.clear()
+    out = llm.generate(prompts[:1], sampled)
+    assert out[0].outputs[0].token_ids == want_sampled[0].outputs[0].token_ids
+    assert len(replays) == sampled.max_tokens - 1 and not set(replays) & greedy_tapes
+
+
+@NEEDS_NATIVE_AFFINE
+def test_a_greedy_tape_that_misses_a_kernel_is_dropped_before_serving(tiny_gguf, monkeypatch, caplog):
+    """An argmax called outside the tapes' bindings (a plain ctypes call: nothing records it)
+    leaves the one-row greedy tape without it; its check on random inputs gives other tokens
+    than eager, so that bucket's greedy steps score eagerly, said in the log, and the tokens
+    stay right. The other buckets score with candidates, not the argmax, and keep theirs."""
+    from engine.native import rows
+
+    class Unbound:
+        def __init__(self, kernel):
+            self.function = kernel.function
+
+        def __call__(self, *args):
+            return self.function(*args)
+
+    monkeypatch.setattr(
+        rows, "_argmax_kernel", lambda: Unbound(tape.bind(rows.load_source(rows.SOURCE), "argmax_rows_f32"))
+    )
+    options = dict(dtype="float32", num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=256)
+    prompts, lengths = reference.random_prompts(1000, [5, 9], seed=3), [6, 9]
+    eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
+    with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
+        llm = LLM(tiny_gguf, **options)
+    recorded = llm.engine.runner.graphs.graphs
+    assert recorded[1].greedy is None and all(recorded[size].greedy is not None for size in (2, 3, 4))
+    assert "greedy decode steps of 1 sequences score outside the recording" in caplog.text
+    assert _generate(llm, prompts, lengths) == eager
+
+
+@NEEDS_NATIVE_AFFINE
 def test_a_recording_that_fails_at_its_first_step_leaves_that_size_and_the_larger_eager(
     tiny_gguf, monkeypatch, caplog
 ):
@@ -316,17 +381,25 @@ def test_an_unquantized_bf16_model_is_replayed_from_tapes(tiny_llama):
 @NEEDS_NATIVE_AFFINE
 def test_the_kv_budget_sets_aside_what_the_tapes_keep(tiny_gguf):
     """The tapes lay their activations in one arena, as big as the largest bucket's forward
-    needs at once, and each keeps its list of calls: the memory taken out of the KV cache's
-    budget covers both, its share for activations without being wildly more than the arena."""
+    (or a greedy recording's logits) needs at once, and each keeps its list of calls: the memory
+    taken out of the KV cache's budget covers both, its share for the forwards' activations
+    without being wildly more than theirs. (Its share for logits assumes every greedy bucket
+    writes them; cpu-native's head writes them at one row only.)"""
     llm = LLM(tiny_gguf, dtype="float32", num_blocks=64, block_size=16, max_num_seqs=16, max_model_len=256)
     runner, engine = llm.engine.runner, llm.engine
     while runner.graphs.record_next():
         pass
-    tapes = [recorded.graph for recorded in runner.graphs.graphs.values()]
+    recordings = runner.graphs.graphs.values()
+    forwards = [r.graph for r in recordings]
+    greedy = [r.greedy for r in recordings if r.greedy is not None]
+    assert len(greedy) == len(forwards)  # every bucket is at most GREEDY_SIZES_UP_TO rows here
     arena = runner.graphs.recorder._arena.nbytes
-    assert arena == max(t.arena_bytes for t in tapes) > 0
-    calls = sum(ctypes.sizeof(t._ops) for t in tapes)
+    assert arena == max(t.arena_bytes for t in forwards + greedy) > 0
+    calls = sum(ctypes.sizeof(t._ops) for t in forwards + greedy)
     plan = step_graphs.GraphPlan(runner.graphs.recorder, runner.graphs.sizes, ())
     estimate = step_graphs.graph_memory_estimate(plan, engine.hf_config, torch.float32)
-    activations = estimate - plan.graphs.overhead_bytes * len(plan.sizes)
-    assert arena + calls <= estimate and arena <= activations <= 3 * arena, (arena, calls, estimate)
+    assert arena + calls <= estimate
+    logits = max(plan.sizes) * engine.hf_config.vocab_size * 4
+    activations = estimate - logits - plan.graphs.overhead_bytes * 2 * len(plan.sizes)
+    forward_arena = max(t.arena_bytes for t in forwards)
+    assert forward_arena <= activations <= 3 * forward_arena, (forward_arena, calls, estimate)

@@ -180,15 +180,18 @@ def test_reasons_graphs_are_off(options, platform, backend, runner, reason):
 
 
 def test_graph_memory_comes_out_of_the_kv_budget():
+    """Activations of the largest bucket (one pool), the float32 logits of the largest greedy
+    recording, and each recording's overhead: every bucket here has two (its greedy one)."""
+
     class Config:
-        hidden_size, intermediate_size = 64, 256
+        hidden_size, intermediate_size, vocab_size = 64, 256, 1000
 
     assert (
         step_graphs.graph_memory_estimate(step_graphs.GraphPlan(None, (), ("off",)), Config, torch.bfloat16)
         == 0
     )
     plan = step_graphs.GraphPlan(CudaGraphs(), (1, 2, 4, 8), ())
-    expected = 8 * (8 * 64 + 4 * 256) * 2 + 4 * CudaGraphs.overhead_bytes
+    expected = 8 * (8 * 64 + 4 * 256) * 2 + 8 * 1000 * 4 + 8 * CudaGraphs.overhead_bytes
     assert step_graphs.graph_memory_estimate(plan, Config, torch.bfloat16) == expected
 
 

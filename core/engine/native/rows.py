@@ -2,7 +2,9 @@
 
 A greedy step's argmax reads every logit of every row once: at 256 rows of a 49k vocabulary
 that is 50 MB, which numpy's argmax scans on one thread. :func:`argmax` splits the rows over
-the threads; it returns None where the library cannot be built here (no C compiler).
+the threads; it returns None where the library cannot be built here (no C compiler). Its kernel
+is bound for native tapes (:func:`engine.native.tape.bind`), so a recorded decode step may end
+with its greedy tokens (:mod:`engine.runner.step_graphs`).
 :func:`first_max` is the greedy token of every row on any device, for the sampler and for a
 head that picks greedy tokens itself (``Model.compute_greedy``).
 """
@@ -17,15 +19,16 @@ import torch
 
 from engine.native import load_source
 from engine.native.errors import BuildError
+from engine.native.tape import NativeKernel, bind
 
 SOURCE = Path(__file__).with_name("rows.c")
 logger = logging.getLogger(__name__)
 
 
 @functools.cache
-def _library():
+def _argmax_kernel() -> NativeKernel | None:
     try:
-        return load_source(SOURCE)
+        return bind(load_source(SOURCE), "argmax_rows_f32")
     except BuildError as error:
         logger.info("row argmax runs on numpy: %s", error)
         return None
@@ -34,15 +37,13 @@ def _library():
 def argmax(logits: torch.Tensor) -> torch.Tensor | None:
     """Each row's first maximum (a NaN counting as the maximum) of a float32 CPU matrix whose
     rows are contiguous, as int64; None where the kernel does not take it."""
-    library = _library()
-    if library is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
+    kernel = _argmax_kernel()
+    if kernel is None or logits.dtype != torch.float32 or logits.device.type != "cpu":
         return None
     if logits.dim() != 2 or logits.shape[1] == 0 or logits.stride(1) != 1:
         return None
     out = torch.empty(logits.shape[0], dtype=torch.int64)
-    library.argmax_rows_f32(
-        logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr()
-    )
+    kernel(logits.data_ptr(), logits.shape[0], logits.shape[1], logits.stride(0), out.data_ptr())
     return out
 
 

@@ -71,6 +71,11 @@ def _rows(hidden: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
     return hidden[torch.tensor(rows, device=hidden.device)]
 
 
+def _recordable(step: StepInput) -> bool:
+    """Whether a step graph may run ``step``: no image rows, one position axis."""
+    return step.mm_rows is None and step.positions.dim() == 1
+
+
 def _layout_to(layout, device):
     tensors = {f.name: getattr(layout, f.name) for f in attrs.fields(type(layout))}
     return attrs.evolve(
@@ -185,25 +190,41 @@ class ModelRunner:
             result.hidden_states[rid] = hidden[start : start + item.num_new_tokens + accepted]
 
     @torch.inference_mode()
-    def forward(self, step: StepInput) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor | None]:
+    def forward(self, step: StepInput) -> tuple[torch.Tensor | None, list[torch.Tensor], torch.Tensor | None]:
         """(hidden states, the drafter's inner-layer states, the scores of ``step.logits_rows``:
-        their logits [N, vocab], or in a greedy step (``step.greedy``) their tokens [N] where
-        the model gives them (``Model.compute_greedy``); None when there are no such rows, and
-        on a tensor-parallel rank other than 0)."""
+        their logits [N, vocab], or in a greedy step (``step.greedy``) their tokens [N]
+        (:func:`sampler.greedy_tokens`); None when there are no such rows, and on a
+        tensor-parallel rank other than 0). A greedy decode step that a step graph replays with
+        its tokens (``StepGraphRunner.replay_greedy``) has no hidden states (None): no one
+        reads them where step graphs run (no drafter, no pooling)."""
         if self.lora is not None:
             self.lora.prepare(list(step.lora_rows))
+        if (tokens := self._replay_greedy(step)) is not None:
+            return None, [], tokens
         hidden, aux = self._forward(step)
         if not step.logits_rows:
             return hidden, aux, None
         scored = _rows(hidden, step.logits_rows)
-        if step.greedy and (tokens := self.model.compute_greedy(scored)) is not None:
-            return hidden, aux, tokens
+        if step.greedy:
+            return hidden, aux, sampler.greedy_tokens(self.model, scored)
         return hidden, aux, self.model.compute_logits(scored)
 
+    def _replay_greedy(self, step: StepInput) -> torch.Tensor | None:
+        """The tokens of a greedy step that scores every row, through its bucket's greedy
+        recording (``StepGraphRunner.replay_greedy``); None where it has none."""
+        if self.graphs is None or not step.greedy or not _recordable(step):
+            return None
+        rows = len(step.logits_rows)
+        if rows != step.input_ids.shape[0] or step.logits_rows != tuple(range(rows)):
+            return None
+        return self.graphs.replay_greedy(step)
+
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        # a recorded step has no image rows and one position axis
-        text_only = batch.mm_rows is None and batch.positions.dim() == 1
-        if self.graphs is not None and text_only and (hidden := self.graphs.replay(batch)) is not None:
+        if (
+            self.graphs is not None
+            and _recordable(batch)
+            and (hidden := self.graphs.replay(batch)) is not None
+        ):
             return hidden, []
         aux: list[torch.Tensor] = []
         layers = () if self.layers.uniform else self.layers.step_layers(batch.layouts)

@@ -62,6 +62,18 @@ class SamplingRows:
         return torch.tensor([p.min_p for p in self.params], device=self.device).unsqueeze(1)
 
 
+def greedy_tokens(model, hidden: torch.Tensor) -> torch.Tensor | None:
+    """The greedy token of each row of ``hidden`` (the scored rows' final hidden states), for a
+    step where :func:`argmax_only` holds: the model's own (``Model.compute_greedy``) or its
+    logits' first maximum; None on a tensor-parallel rank that gets no logits. The eager step
+    and the step graphs' greedy recordings both score through here."""
+    tokens = model.compute_greedy(hidden)
+    if tokens is not None:
+        return tokens
+    logits = model.compute_logits(hidden)
+    return None if logits is None else first_max(logits)
+
+
 def argmax_only(rows: SamplingRows) -> bool:
     """Whether every row's token is the first maximum of its raw logits and nothing else of them
     is read: greedy rows with no logprobs, no token masks (``logit_bias``, allowed and bad words,

@@ -17,6 +17,16 @@ serves a request, one replay of random inputs is compared with the eager forward
 inputs (:meth:`StepGraphRunner.check`): a recording that does not reproduce it is dropped.
 ``enforce_eager`` turns all of this off, and it is off wherever :func:`graph_plan` gives a reason.
 
+A step whose rows all decode greedily (``StepInput.greedy``) of up to :data:`GREEDY_SIZES_UP_TO`
+rows replays a second recording of its bucket: the forward, then the LM head and each row's
+first maximum (:func:`engine.runner.sampler.greedy_tokens`), whose tokens are all the step
+needs. At a few rows the head's and the argmax's host work (module calls, argument checks, the
+sampler's path) is a few per cent of a token; with them recorded, a single-stream token is one
+replay. Each such recording's tokens on random inputs are compared with the eager ones before
+it serves (the scoring may take another path at another size), and one that differs is dropped;
+a model whose greedy tokens cannot be recorded (the cpu-native head on AMX tiles, which settles
+a row's ties in Python) keeps the forward's recording alone for that bucket.
+
 LoRA adapters run inside the recordings: each bucket has a static row -> slot buffer that the
 layers' LoRA ops read (:class:`engine.layers.lora.LoRABatch` points at it while recording), and a
 replay copies the step's slots into it (-1, no adapter, for padding rows and for a step without
@@ -37,8 +47,14 @@ import attrs
 import torch
 
 from engine.interfaces import BatchLayout, StepContext, StepGraphs
+from engine.runner.sampler import greedy_tokens
 
 logger = logging.getLogger(__name__)
+
+# the largest bucket whose greedy steps get a recording with their tokens: above it the head's
+# host work is a small part of a step, and its logits (where the model makes them) would grow
+# the recordings' memory
+GREEDY_SIZES_UP_TO = 16
 
 
 def capture_sizes(
@@ -210,18 +226,22 @@ def graph_memory_estimate(plan: GraphPlan, hf_config, dtype: torch.dtype) -> int
     """Bytes the recordings hold: per row, a few [hidden] and [intermediate] activations (sized
     generously) of one layer where the recordings share one pool
     (:attr:`~engine.interfaces.StepGraphs.shares_activations`: the largest bucket's rows), of
-    every layer where each recording keeps its own (every bucket's rows); and each recording's
-    own overhead. Logits are computed outside them."""
+    every layer where each recording keeps its own (every bucket's rows); the float32 logits of
+    the greedy recordings' rows (of the largest such bucket where shared); and each
+    recording's own overhead. The other steps' logits are computed outside them."""
     if not plan.sizes:
         return 0
     hidden = getattr(hf_config, "hidden_size", 0)
     intermediate = getattr(hf_config, "intermediate_size", 4 * hidden)
     row_bytes = (8 * hidden + 4 * intermediate) * dtype.itemsize
+    greedy = [s for s in plan.sizes if s <= GREEDY_SIZES_UP_TO]
+    logits_row_bytes = getattr(hf_config, "vocab_size", 0) * 4
     if plan.graphs.shares_activations:
-        rows = max(plan.sizes)
+        rows, logits_rows = max(plan.sizes), max(greedy, default=0)
     else:
-        rows = sum(plan.sizes) * getattr(hf_config, "num_hidden_layers", 1)
-    return rows * row_bytes + plan.graphs.overhead_bytes * len(plan.sizes)
+        rows, logits_rows = sum(plan.sizes) * getattr(hf_config, "num_hidden_layers", 1), sum(greedy)
+    recordings = len(plan.sizes) + len(greedy)
+    return rows * row_bytes + logits_rows * logits_row_bytes + plan.graphs.overhead_bytes * recordings
 
 
 def start(
@@ -265,6 +285,8 @@ class RecordedDecode:
     inputs: DecodeInputs  # the static buffers it reads
     metadata: object  # the attention metadata built over them, which it reads too
     hidden: torch.Tensor  # the static output it writes, [size, hidden]
+    greedy: object = None  # a recording of the forward and its greedy tokens, or None
+    tokens: torch.Tensor | None = None  # the static output that one writes, [size]
 
 
 class StepGraphRunner:
@@ -377,7 +399,8 @@ class StepGraphRunner:
             return
         self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
         if check and len(self.graphs) == 1:  # on failure the caller drops this runner, bucket and all
-            self.check()
+            self.check(size)
+        self._record_greedy(size, forward, check)
         if lora_rows is not None:
             self.lora_rows[size] = lora_rows
         if not self.pending:
@@ -386,6 +409,29 @@ class StepGraphRunner:
                 self.recorder.name,
                 ", ".join(map(str, self.sizes)),
             )
+
+    def _record_greedy(self, size: int, forward, check: bool) -> None:
+        """Give bucket ``size`` (up to :data:`GREEDY_SIZES_UP_TO` rows) a recording of
+        ``forward`` and its greedy tokens, where the model's scoring can be recorded (else its
+        greedy steps replay the forward alone). Each is checked (``check``; the scoring may
+        take another path at another size): one whose tokens differ from the eager ones (a
+        kernel of the head that no recording sees) is dropped, said in the log."""
+        if size > GREEDY_SIZES_UP_TO:
+            return
+        try:
+            greedy, tokens = self.recorder.record(lambda: greedy_tokens(self.model, forward()))
+        except RuntimeError as exc:
+            logger.debug("greedy decode steps of %d sequences score outside the recording: %s", size, exc)
+            return
+        recorded = attrs.evolve(self.graphs[size], greedy=greedy, tokens=tokens)
+        if check and not self._same_greedy_tokens(recorded):
+            logger.info(
+                "greedy decode steps of %d sequences score outside the recording: its greedy tokens "
+                "differ from the eager ones (a kernel of the LM head or its argmax not recorded?)",
+                size,
+            )
+            return
+        self.graphs[size] = recorded
 
     def _give_up_from(self, size: int, exc: RuntimeError) -> None:
         """Bucket ``size`` could not be recorded where a smaller one was: neither can the larger
@@ -399,14 +445,37 @@ class StepGraphRunner:
             del self.graphs[dropped]
 
     @torch.inference_mode()
-    def check(self, seed: int = 0) -> None:
-        """Replay the largest bucket on random tokens, positions and lengths (keys in the null
-        block) and compare with the eager forward of the same inputs; raise RuntimeError when they
-        differ (a recording that froze something it should read at run time)."""
-        size, device = max(self.graphs), self.device
-        gen = torch.Generator().manual_seed(seed)
+    def check(self, size: int | None = None, seed: int = 0) -> None:
+        """Replay bucket ``size`` (default: the largest) on random tokens, positions and lengths
+        (keys in the null block) and compare with the eager forward of the same inputs; raise
+        RuntimeError when they differ (a recording that froze something it should read at run
+        time)."""
+        size = size or max(self.graphs)
+        recorded, inputs = self.graphs[size], self._random_inputs(size, seed)
+        eager = self._eager(inputs)
+        recorded.inputs.copy_(inputs)
+        recorded.graph.replay()
+        if not torch.equal(recorded.hidden, eager):
+            raise RuntimeError(
+                f"a replay differs from the eager forward of the same batch of {size} "
+                f"(max |difference| {(recorded.hidden.float() - eager.float()).abs().max():.3g})"
+            )
+
+    def _same_greedy_tokens(self, recorded: RecordedDecode, seed: int = 0) -> bool:
+        """Whether ``recorded``'s greedy recording, replayed on random inputs as :meth:`check`
+        replays, gives the eager greedy tokens of the same inputs."""
+        size = recorded.hidden.shape[0]
+        inputs = self._random_inputs(size, seed)
+        eager = greedy_tokens(self.model, self._eager(inputs))
+        recorded.inputs.copy_(inputs)
+        recorded.greedy.replay()
+        return torch.equal(recorded.tokens, eager)
+
+    def _random_inputs(self, size: int, seed: int) -> DecodeInputs:
+        """A decode step of ``size`` random tokens, positions and lengths, keys in the null block."""
+        device, gen = self.device, torch.Generator().manual_seed(seed)
         lens = torch.randint(1, self.attention.spec.block_size + 1, (size,), generator=gen, dtype=torch.int32)
-        inputs = DecodeInputs(
+        return DecodeInputs(
             torch.randint(0, self.vocab_size, (size,), generator=gen).to(device),
             torch.randint(0, self.max_positions, (size,), generator=gen).to(device),
             BatchLayout(
@@ -418,23 +487,41 @@ class StepGraphRunner:
                 seq_lens_host=tuple(lens.tolist()),
             ),
         )
-        eager = self._forward(
-            inputs, self.attention.build_metadata(inputs.layout), self._no_adapters(size)
-        ).clone()
+
+    def _eager(self, inputs: DecodeInputs) -> torch.Tensor:
+        """The eager forward's hidden states of ``inputs``, without adapters; the LoRA batch's
+        slots are left unset (a replay sets its bucket's own)."""
+        size = inputs.input_ids.shape[0]
+        metadata = self.attention.build_metadata(inputs.layout)
+        hidden = self._forward(inputs, metadata, self._no_adapters(size)).clone()
         if self.lora is not None:
             self.lora.indices = None
-        recorded = self.graphs[size]
-        recorded.inputs.copy_(inputs)
-        recorded.graph.replay()
-        if not torch.equal(recorded.hidden, eager):
-            raise RuntimeError(
-                f"a replay differs from the eager forward of the same batch of {size} "
-                f"(max |difference| {(recorded.hidden.float() - eager.float()).abs().max():.3g})"
-            )
+        return hidden
 
     def replay(self, batch) -> torch.Tensor | None:
         """The hidden states of ``batch`` (the runner's ``StepInput``) through a recorded
         step, or None when it is not a uniform decode step that a bucket holds."""
+        size = self._bucket(batch)
+        if size is None:
+            return None
+        recorded = self._fill(size, batch)
+        recorded.graph.replay()
+        return recorded.hidden[: batch.layout.num_requests]
+
+    def replay_greedy(self, batch) -> torch.Tensor | None:
+        """The greedy tokens of ``batch`` (a ``StepInput`` whose rows all decode greedily)
+        through its bucket's greedy recording, or None when it has none: the caller then
+        replays the forward (:meth:`replay`) or runs it eagerly."""
+        size = self._bucket(batch)
+        if size is None or self.graphs[size].greedy is None:
+            return None
+        recorded = self._fill(size, batch)
+        recorded.greedy.replay()
+        return recorded.tokens[: batch.layout.num_requests]
+
+    def _bucket(self, batch) -> int | None:
+        """The recorded bucket that holds ``batch``, recorded now where it waits for its first
+        step; None where ``batch`` is not a uniform decode step or no recorded bucket holds it."""
         if not is_uniform_decode(batch.layouts):
             return None
         size = bucket_for(batch.layout.num_requests, self.sizes)
@@ -442,6 +529,10 @@ class StepGraphRunner:
             return None  # no bucket holds it
         if size not in self.graphs and not self._record_on_first_use(size):
             return None  # its bucket is not recorded (yet, or ever)
+        return size
+
+    def _fill(self, size: int, batch) -> RecordedDecode:
+        """Bucket ``size``'s recording, with ``batch``'s inputs written to its static buffers."""
         recorded = self.graphs[size]
         recorded.inputs.fill(batch.input_ids, batch.positions, batch.layout)
         lora_rows = self.lora_rows.get(size)
@@ -449,5 +540,4 @@ class StepGraphRunner:
             lora_rows.fill_(-1)
             if self.lora.indices is not None:
                 lora_rows[: batch.layout.num_requests].copy_(self.lora.indices)
-        recorded.graph.replay()
-        return recorded.hidden[: batch.layout.num_requests]
+        return recorded

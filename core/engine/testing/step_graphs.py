@@ -38,7 +38,8 @@ class RerunGraphs(StepGraphs):
 
 def replayed_tokens(llm, prompts, params, sizes: tuple[int, ...]):
     """Token ids of ``llm.generate(prompts, params)`` with its decode steps replayed from
-    buckets of ``sizes``, and how often each bucket replayed."""
+    buckets of ``sizes``, and how often each bucket replayed (its forward's recording and its
+    greedy one together)."""
     runner, config = llm.engine.runner, llm.engine.config
     max_blocks = -(-llm.engine.max_model_len // config.cache.block_size)
     graphs = StepGraphRunner(
@@ -57,5 +58,10 @@ def replayed_tokens(llm, prompts, params, sizes: tuple[int, ...]):
         tokens = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     finally:
         runner.graphs = None
-    replays = {size: graphs.graphs[size].graph for size in sizes}
-    return tokens, {size: graph.replays for size, graph in replays.items() if isinstance(graph, Replayed)}
+    counts = {}
+    for size in sizes:
+        recorded = graphs.graphs[size]
+        both = [g for g in (recorded.graph, recorded.greedy) if isinstance(g, Replayed)]
+        if both:
+            counts[size] = sum(g.replays for g in both)
+    return tokens, counts
