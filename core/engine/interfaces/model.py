@@ -261,7 +261,10 @@ class Model(nn.Module, ABC):
         or logits processors): each row's first maximum of ``compute_logits(hidden)`` (int64
         [N]; NaN counts as the maximum), the same token exactly, found without the logits
         where the LM head can (:meth:`engine.layers.VocabEmbedding.greedy`). None: the engine
-        computes the logits and takes their argmax; this default."""
+        computes the logits and takes their argmax; this default. Step graphs may record it
+        with the forward for small decode batches (:mod:`engine.runner.step_graphs`), so it
+        must compute on tensors, not steer Python by their values, where it is to be recorded
+        (a recording that does is dropped, and those steps call it eagerly)."""
         return None
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
