@@ -160,9 +160,12 @@ def test_decode_steps_replay_native_tapes_with_adapters(llama, tmp_path):
     graphs = llm.engine.runner.graphs
     if graphs is None:
         pytest.skip("this platform records no step graphs")
-    replayed = []
-    replay = graphs.replay
+    replayed = []  # a greedy step replays with its tokens (replay_greedy), others the forward
+    replay, replay_greedy = graphs.replay, graphs.replay_greedy
     graphs.replay = lambda batch: replayed.append(hidden := replay(batch)) or hidden
+    graphs.replay_greedy = lambda batch, *steps: (
+        replayed.append(tokens := replay_greedy(batch, *steps)) or tokens
+    )
     prompts = reference.random_prompts(256, [9, 14, 6, 11, 17, 8, 12, 5, 10, 15], seed=31)
     params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True)
     eager = lora_llm(path, enforce_eager=True)
@@ -172,7 +175,7 @@ def test_decode_steps_replay_native_tapes_with_adapters(llama, tmp_path):
         assert [o.outputs[0].token_ids for o in llm.generate(batch, params, lora_request=requests)] == [
             o.outputs[0].token_ids for o in eager.generate(batch, params, lora_request=requests)
         ], lora_ids
-    assert sum(hidden is not None for hidden in replayed) >= 3 * (NEW_TOKENS - 1)
+    assert sum(out is not None for out in replayed) >= 3 * (NEW_TOKENS - 1)
     assert 10 in graphs.graphs
 
 
