@@ -218,3 +218,41 @@ def test_bitmask_rows_after_a_draft_eos_stay_all_allowed():
     assert mask[:2].eq(0b1111).all() and mask[2:].eq(-1).all()  # before 5, before 2; then after EOS
     assert request.grammar.tokens == []  # rolled back
     structured.shutdown()
+
+
+def test_a_burst_of_decode_steps_runs_only_when_every_request_decodes():
+    """``with_burst``: while every unfinished request is in the plan decoding one token, the
+    plan may run that many steps in a row, cut to what ``max_tokens`` and the model's length
+    leave, with slots for them; a request still prefilling or waiting keeps it to one step."""
+    path = lifecycle(max_model_len=40)
+    a = Request("a", [1, 2, 3], SamplingParams(max_tokens=20))
+    b = Request("b", [1, 2, 3, 4, 5], SamplingParams(max_tokens=3))
+    path.add(a)
+    prefill = path.schedule()
+    assert path.with_burst(prefill, 4).decode_burst == 1  # a prompt step
+    path.apply(prefill, StepResult({"a": [6]}))
+    path.add(b)  # waiting: not in the next plan's decode alone
+    plan = path.schedule()
+    assert {i.request.request_id for i in plan.scheduled} == {"a", "b"}
+    assert path.with_burst(plan, 4).decode_burst == 1  # b prefills
+    path.apply(plan, StepResult({"a": [7], "b": [8]}))
+    plan = path.with_burst(path.schedule(), 4)
+    assert plan.decode_burst == 2  # b may make 2 more of its 3 tokens
+    table = path.kv.kv.group_block_ids(a)[0]
+    assert len(table) * 4 >= a.num_tokens - 1 + 2  # slots for both steps' positions
+    outs = {o.request_id: o for o in path.apply(plan, StepResult({"a": [9, 10], "b": [11, 12]}))}
+    assert outs["a"].new_token_ids == [9, 10] and a.num_computed_tokens == a.num_tokens - 1
+    assert outs["b"].finish_reason == "length" and b.output_token_ids == [8, 11, 12]
+    assert path.with_burst(path.schedule(), 1).decode_burst == 1  # one step a pass: as scheduled
+
+
+def test_a_burst_stops_at_the_model_length_and_a_stop_token_discards_the_rest():
+    path = lifecycle(max_model_len=9)
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=50, stop_token_ids=[5]))
+    path.add(request)
+    step(path, {"r": [4]})
+    plan = path.with_burst(path.schedule(), 8)
+    assert plan.decode_burst == 9 - request.num_tokens  # its length's room: 5 tokens
+    outs = path.apply(plan, StepResult({"r": [6, 5, 7, 7, 7]}))
+    assert outs[0].new_token_ids == [6, 5] and outs[0].finish_reason == "stop"
+    assert not path.has_unfinished() and free_blocks(path) == BLOCKS - 1

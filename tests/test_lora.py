@@ -175,7 +175,12 @@ def test_decode_steps_replay_native_tapes_with_adapters(llama, tmp_path):
         assert [o.outputs[0].token_ids for o in llm.generate(batch, params, lora_request=requests)] == [
             o.outputs[0].token_ids for o in eager.generate(batch, params, lora_request=requests)
         ], lora_ids
-    assert sum(out is not None for out in replayed) >= 3 * (NEW_TOKENS - 1)
+    steps = [
+        1 if out.dim() == 1 or out.is_floating_point() else out.shape[1]
+        for out in replayed
+        if out is not None
+    ]
+    assert sum(steps) >= 3 * (NEW_TOKENS - 1)  # a burst of greedy steps replays once a step
     assert 10 in graphs.graphs
 
 

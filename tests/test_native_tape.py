@@ -180,9 +180,9 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
 @NEEDS_NATIVE_AFFINE
 def test_greedy_decode_steps_replay_with_their_tokens(tiny_gguf, monkeypatch):
     """A bucket of up to ``GREEDY_SIZES_UP_TO`` rows has a second tape, the forward then the
-    LM head and the argmax: a step whose rows all decode greedily replays it and takes its
-    tokens, with no call of the model's head from Python; a sampled step replays the forward's
-    tape and scores eagerly. The tokens are the eager engine's."""
+    LM head, the argmax and the inputs moved on: a step whose rows all decode greedily replays
+    it and takes its tokens, with no call of the model's head from Python; a sampled step
+    replays the forward's tape and scores eagerly. The tokens are the eager engine's."""
     options = dict(dtype="bfloat16", num_blocks=128, block_size=16, max_num_seqs=8, max_model_len=256)
     prompts = reference.random_prompts(1000, [3, 17, 5, 9], seed=4)
     lengths = [5, 8, 11, 14]
@@ -192,8 +192,9 @@ def test_greedy_decode_steps_replay_with_their_tokens(tiny_gguf, monkeypatch):
     llm = LLM(tiny_gguf, **options)
     recorded = llm.engine.runner.graphs.graphs
     assert sorted(recorded) == list(range(1, 9)) and all(r.greedy is not None for r in recorded.values())
-    assert recorded[1].greedy.names[-2:] == ["affine_logits_bf16", "argmax_rows_f32"]
-    assert recorded[2].greedy.names[-1] == "affine_greedy_rows_bf16"  # candidates, no logits
+    # the head, the argmax and the inputs moved on by the tokens (a burst's next step)
+    assert recorded[1].greedy.names[-3:] == ["affine_logits_bf16", "argmax_rows_f32", "decode_advance"]
+    assert recorded[2].greedy.names[-2:] == ["affine_greedy_rows_bf16", "decode_advance"]  # no logits
     greedy_tapes = {id(r.greedy) for r in recorded.values()}
     replays, heads = [], []
     real_replay = tape.Tape.replay
@@ -211,6 +212,37 @@ def test_greedy_decode_steps_replay_with_their_tokens(tiny_gguf, monkeypatch):
     out = llm.generate(prompts[:1], sampled)
     assert out[0].outputs[0].token_ids == want_sampled[0].outputs[0].token_ids
     assert len(replays) == sampled.max_tokens - 1 and not set(replays) & greedy_tapes
+
+
+@NEEDS_NATIVE_AFFINE
+def test_bursts_of_greedy_decode_steps_give_the_eager_tokens(tiny_gguf, monkeypatch):
+    """``num_scheduler_steps=4``: while every request decodes greedily, a scheduling pass
+    replays the greedy tape up to 4 times, each step's tokens fed to the next; the tokens are
+    the eager engine's, output lengths that are no multiple of 4 included, a stop token in the
+    middle of a burst ends its request there, and a sampled request's steps go one at a time."""
+    options = dict(dtype="bfloat16", num_blocks=128, block_size=16, max_num_seqs=8, max_model_len=256)
+    prompts = reference.random_prompts(1000, [3, 17, 5, 9], seed=4)
+    lengths = [5, 8, 11, 14]
+    eager_llm = LLM(tiny_gguf, enforce_eager=True, **options)
+    want = _generate(eager_llm, prompts, lengths)
+    stop = want[3][6]  # the longest output's 7th token: its burst ends there
+    stopped = SamplingParams(max_tokens=14, temperature=0, ignore_eos=True, stop_token_ids=[stop])
+    want_stopped = eager_llm.generate(prompts[3:], stopped)[0].outputs[0].token_ids
+    sampled = SamplingParams(max_tokens=6, temperature=0.8, seed=1, ignore_eos=True)
+    want_sampled = eager_llm.generate(prompts[:1], sampled)[0].outputs[0].token_ids
+    llm = LLM(tiny_gguf, num_scheduler_steps=4, **options)
+    steps, replays = [], []
+    real_step, real_replay = llm.engine.step, tape.Tape.replay
+    monkeypatch.setattr(llm.engine, "step", lambda: (steps.append(1), real_step())[1])
+    monkeypatch.setattr(tape.Tape, "replay", lambda self: (replays.append(1), real_replay(self))[1])
+    assert _generate(llm, prompts, lengths) == want
+    # one prompt step, then 13 decode steps in bursts of at most 4 (cut where a request ends)
+    assert len(replays) == max(lengths) - 1 and len(steps) < len(replays)
+    assert llm.generate(prompts[3:], stopped)[0].outputs[0].token_ids == want_stopped
+    assert want_stopped[-1] == stop and len(want_stopped) == 7
+    steps.clear()
+    assert llm.generate(prompts[:1], sampled)[0].outputs[0].token_ids == want_sampled
+    assert len(steps) == sampled.max_tokens  # the prompt's step, then one step a token
 
 
 @NEEDS_NATIVE_AFFINE

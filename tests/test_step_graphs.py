@@ -15,7 +15,7 @@ from engine.builtin.platforms import CpuPlatform, CudaGraphs, CudaPlatform
 from engine.config import EngineConfig
 from engine.core import kv_sizing
 from engine.interfaces import AttentionSpec
-from engine.runner import step_graphs
+from engine.runner import decode_inputs, step_graphs
 from engine.runner.layer_attention import LayerAttention
 from engine.testing import reference
 from engine.testing.attention import paged_layout
@@ -63,7 +63,7 @@ def test_only_single_row_steps_of_one_kv_group_are_uniform_decode():
 def test_padding_rows_read_and_write_the_null_block():
     layout = _decode_layout()
     ids, positions = torch.tensor([11, 12, 13]), torch.tensor([5, 20, 0])
-    padded = step_graphs.pad_decode(ids, positions, layout, 5, max_blocks=6)
+    padded = decode_inputs.pad_decode(ids, positions, layout, 5, max_blocks=6)
     assert padded.input_ids.tolist() == [11, 12, 13, 0, 0] and padded.positions.tolist() == [5, 20, 0, 0, 0]
     out = padded.layout
     assert out.query_start_loc.tolist() == [0, 1, 2, 3, 4, 5] and out.query_lens == (1,) * 5
@@ -72,7 +72,7 @@ def test_padding_rows_read_and_write_the_null_block():
     assert out.block_table.shape == (5, 6) and out.block_table[:3, :3].tolist() == layout.block_table.tolist()
     assert not out.block_table[3:].any() and not out.block_table[:, 3:].any()
     with pytest.raises(ValueError, match="does not fit a 2-row graph"):
-        step_graphs.pad_decode(ids, positions, layout, 2, max_blocks=6)
+        decode_inputs.pad_decode(ids, positions, layout, 2, max_blocks=6)
 
 
 def test_padding_leaves_the_real_rows_attention_unchanged():
@@ -80,7 +80,7 @@ def test_padding_leaves_the_real_rows_attention_unchanged():
     as the judge: any backend reading the layout as the interface defines it)."""
     backend = TorchAttentionBackend(SPEC, CpuPlatform())
     layout = _decode_layout()
-    padded = step_graphs.pad_decode(
+    padded = decode_inputs.pad_decode(
         torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long), layout, 8, max_blocks=4
     ).layout
     gen = torch.Generator().manual_seed(0)
@@ -97,7 +97,7 @@ def test_static_buffers_are_overwritten_in_place():
         t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)
     ]
     layout = _decode_layout()
-    static.copy_(step_graphs.pad_decode(torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0]), layout, 4, 5))
+    static.copy_(decode_inputs.pad_decode(torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0]), layout, 4, 5))
     assert [
         t.data_ptr() for t in (static.input_ids, static.layout.block_table, static.layout.slot_mapping)
     ] == pointers
@@ -114,7 +114,7 @@ def test_filling_in_place_matches_padding_over_a_previous_step():
     layout = _decode_layout()
     ids, positions = torch.tensor([1, 2, 3]), torch.tensor([5, 20, 0])
     static.fill(ids, positions, layout)
-    padded = step_graphs.pad_decode(ids, positions, layout, 4, 5)
+    padded = decode_inputs.pad_decode(ids, positions, layout, 4, 5)
     for name in ("input_ids", "positions"):
         assert torch.equal(getattr(static, name), getattr(padded, name))
     for name in ("query_start_loc", "seq_lens", "block_table", "slot_mapping"):

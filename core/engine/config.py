@@ -183,6 +183,10 @@ class SchedulerConfig:
     # a step takes about this long: the other streams' inter-token gap; 0: the whole budget
     shared_step_target_s: float = attrs.field(default=0.25, validator=attrs.validators.ge(0))
     policy: str = attrs.field(default="fcfs", validator=attrs.validators.in_(("fcfs", "priority")))
+    # vLLM V0's multi-step scheduling, for greedy decoding: while every unfinished request runs
+    # and decodes greedily, a scheduling pass may run up to this many decode steps in a row
+    # (engine.core.lifecycle.RequestLifecycle.with_burst); 1: one step per pass
+    num_scheduler_steps: int = attrs.field(default=1, validator=_positive)
     # admission control: beyond these a new request is refused as overloaded (0: no limit)
     # waiting requests; AUTO_QUEUE: auto_queue_bound() once the KV cache is sized
     max_queued_requests: int = attrs.field(default=0, validator=_queue_bound)

@@ -268,6 +268,8 @@ class EngineCore:
         )
         if self.has_idle_work():
             report.parts["step graphs"] += ", recorded while idle"
+        if (steps := config.scheduler.num_scheduler_steps) > 1 and graph_plan.sizes:
+            report.parts["step graphs"] += f", up to {steps} greedy decode steps a pass"
         graph_bytes = step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype)
         weights = startup.tensor_bytes(t for _, t in named_tensors(model))
         startup.describe_memory(
@@ -563,6 +565,8 @@ class EngineCore:
                 self.runner.transfer_kv(self._kv_meta)
                 self._collect_kv_transfers()
             return outputs
+        if self.runner.graphs is not None:  # a burst replays the greedy step's recording
+            plan = self.lifecycle.with_burst(plan, self.config.scheduler.num_scheduler_steps)
         self._mark_scheduled(plan)
         try:
             result = self._execute(plan)

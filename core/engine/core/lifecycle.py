@@ -160,6 +160,30 @@ class RequestLifecycle:
     def reserve_lookahead(self, request: Request, num_tokens: int) -> bool:
         return self.scheduler.reserve_lookahead(request, num_tokens)
 
+    def with_burst(self, plan: StepPlan, steps: int) -> StepPlan:
+        """``plan`` allowed up to ``steps`` decode steps in a row (``StepPlan.decode_burst``),
+        where every unfinished request is in it decoding one token (a waiting one would wait
+        the burst out) and the scheduler gives each slots for the burst's tokens, cut to what
+        ``max_tokens`` and the model's length leave; else ``plan`` as it is. The runner runs the
+        burst only where its rows all decode greedily (their tokens need nothing but the
+        model), and a request's stop among them discards the rest, as a rejected draft's."""
+        if steps < 2 or len(plan.scheduled) != len(self.requests):
+            return plan
+        burst = steps
+        for item in plan.scheduled:
+            request = item.request
+            if (
+                item.num_new_tokens != 1
+                or item.spec_token_ids
+                or request.num_computed_tokens != request.num_tokens - 1
+            ):
+                return plan
+            left = (request.sampling_params.max_tokens or self.max_model_len) - len(request.output_token_ids)
+            burst = min(burst, left, self.max_model_len - request.num_tokens)
+        if burst < 2 or not all(self.reserve_lookahead(item.request, burst) for item in plan.scheduled):
+            return plan
+        return attrs.evolve(plan, decode_burst=burst)
+
     def has_unfinished(self) -> bool:
         return bool(self.requests)
 

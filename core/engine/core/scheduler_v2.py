@@ -36,6 +36,10 @@ class SchedulerV2Lifecycle:
     def reserve_lookahead(self, request: Request, num_tokens: int) -> bool:
         return self.kv_cache_manager.allocate_slots(request, 0, num_lookahead_tokens=num_tokens)
 
+    def with_burst(self, plan: StepPlan, steps: int) -> StepPlan:
+        """A v2 scheduler applies results itself: one decode step per pass."""
+        return plan
+
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 

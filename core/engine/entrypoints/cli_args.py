@@ -198,6 +198,12 @@ OPTIONS: dict[str, Option] = {
         unit="tokens",
     ),
     "enable_chunked_prefill": Option(("--enable-chunked-prefill",), "split long prompts over steps"),
+    "num_scheduler_steps": Option(
+        ("--num-scheduler-steps",),
+        "greedy decode steps one scheduling pass may run in a row while every request runs and "
+        "decodes greedily (a step graph replayed with its tokens fed back; tokens then arrive "
+        "that many at a time); 1: one step per pass; default: 1 for engine serve, 8 offline",
+    ),
     "long_prefill_token_threshold": Option(
         ("--long-prefill-token-threshold",),
         "most prompt tokens of one request per step; 0: no limit",

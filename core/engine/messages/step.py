@@ -42,6 +42,9 @@ class StepPlan:
     scheduled: tuple[ScheduledRequest, ...]
     preempted: tuple[str, ...] = ()
     refused: tuple[str, ...] = ()  # waiting requests finished unscheduled: they queued past max_queue_wait
+    # the most greedy decode steps the runner may run in a row for this plan (the core sets it:
+    # ``num_scheduler_steps``; every request has slots for them); it may run fewer
+    decode_burst: int = 1
 
     @property
     def num_tokens(self) -> int:
@@ -59,7 +62,7 @@ class TokenLogprobs:
 
 @attrs.frozen
 class StepResult:
-    sampled: dict[str, list[int]]  # request id -> accepted drafts + one new token
+    sampled: dict[str, list[int]]  # request id -> accepted drafts + one new token, or a burst's tokens
     logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     prompt_logprobs: dict[str, list[TokenLogprobs]] = attrs.Factory(dict)
     hidden_states: dict[str, object] = attrs.Factory(dict)  # request id -> [valid rows, hidden], if kept

@@ -33,6 +33,7 @@ class StepInput:
     mm_embeds: torch.Tensor | None = None
     lora_rows: tuple = ()
     greedy: bool = False  # every logits row takes its first maximum and reads nothing else of them
+    burst: int = 1  # greedy decode steps it may run in a row (StepPlan.decode_burst)
 
     @property
     def layout(self):
@@ -52,6 +53,7 @@ class StepInput:
             None if self.mm_embeds is None else self.mm_embeds.to(device),
             self.lora_rows,
             self.greedy,
+            self.burst,
         )
 
 
@@ -144,6 +146,7 @@ class ModelRunner:
             mm_embeds,
             _lora_rows(plan, batch) if self.lora is not None else (),
             self._argmax_only(sampling, batch, bitmask),
+            plan.decode_burst,
         )
         with kv_transfer.connector_step(self.connector, kv_meta):
             hidden, aux, logits = self.forward_step(step)
@@ -196,7 +199,8 @@ class ModelRunner:
         (:func:`sampler.greedy_tokens`); None when there are no such rows, and on a
         tensor-parallel rank other than 0). A greedy decode step that a step graph replays with
         its tokens (``StepGraphRunner.replay_greedy``) has no hidden states (None): no one
-        reads them where step graphs run (no drafter, no pooling)."""
+        reads them where step graphs run (no drafter, no pooling); where ``step.burst`` allows
+        several steps in a row, their tokens are [N, steps]."""
         if self.lora is not None:
             self.lora.prepare(list(step.lora_rows))
         if (tokens := self._replay_greedy(step)) is not None:
@@ -217,7 +221,7 @@ class ModelRunner:
         rows = len(step.logits_rows)
         if rows != step.input_ids.shape[0] or step.logits_rows != tuple(range(rows)):
             return None
-        return self.graphs.replay_greedy(step)
+        return self.graphs.replay_greedy(step, step.burst)
 
     def _forward(self, batch: StepInput) -> tuple[torch.Tensor, list[torch.Tensor]]:
         if (
@@ -258,12 +262,19 @@ class ModelRunner:
         bitmask,
         result: StepResult,
     ) -> None:
-        """``scores``: the sample rows' logits, or (a greedy step the model scored) their tokens."""
-        if scores.dim() == 1:
-            tokens, probs, logprobs = scores, None, None
-        else:
+        """``scores``: the sample rows' logits, or (a greedy step the model scored) their tokens:
+        [N], or [N, steps] for a burst of decode steps (a request's row holds its tokens)."""
+        if scores.is_floating_point():
             tokens, probs, logprobs = self._sample_logits(scores, rows, batch, bitmask)
+        else:
+            tokens, probs, logprobs = scores, None, None
         token_list = tokens.tolist()
+        if tokens.dim() == 2:  # a burst: each request's row of tokens (no drafts, no logprobs)
+            sampling_items = (item for item in plan.scheduled if item.samples)
+            result.sampled.update(
+                (item.request.request_id, out) for item, out in zip(sampling_items, token_list)
+            )
+            return
         chosen = list(token_list)
         row = 0
         for item in plan.scheduled:

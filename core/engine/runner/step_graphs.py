@@ -3,29 +3,32 @@ platform, native tapes on cpu-native — whatever ``Platform.step_graphs`` gives
 
 At start-up the engine records the model's forward once per batch bucket (the platform's default
 sizes up to ``max_num_seqs``, or ``cuda_graph_sizes``) over static input buffers (each bucket's
-the first rows of the largest's) — a server's
-core in its first idle moments instead, one bucket at a time between steps, so that it is ready
-sooner (a bucket not yet recorded runs eagerly); a step whose
-requests all have one query row (a uniform decode step) is padded to the smallest bucket that
-holds it (:func:`pad_decode`: padding rows are token 0 at position 0, one key in the null block,
-their outputs dropped) and replayed; any other step runs eagerly. This needs an attention backend
-declaring ``cuda_graph_support`` "decode-only" or "full" (the metadata it builds with
-``build_graph_metadata`` for the static buffers must stay valid as they are overwritten). The
-recordings are made largest first; :func:`graph_memory_estimate` is taken out of the KV cache
-budget before it is sized (an estimate: the recording is not measured). Before the first replay
-serves a request, one replay of random inputs is compared with the eager forward of the same
-inputs (:meth:`StepGraphRunner.check`): a recording that does not reproduce it is dropped.
-``enforce_eager`` turns all of this off, and it is off wherever :func:`graph_plan` gives a reason.
+the first rows of the largest's) — a server's core in its first idle moments instead, one bucket
+at a time between steps, so that it is ready sooner (a bucket not yet recorded runs eagerly); a
+step whose requests all have one query row (a uniform decode step) is padded to the smallest
+bucket that holds it (:func:`engine.runner.decode_inputs.pad_decode`: padding rows are token 0
+at position 0, one key in the null block, their outputs dropped) and replayed; any other step
+runs eagerly. This needs an attention backend declaring ``cuda_graph_support`` "decode-only" or
+"full" (the metadata it builds with ``build_graph_metadata`` for the static buffers must stay
+valid as they are overwritten). The recordings are made largest first;
+:func:`graph_memory_estimate` is taken out of the KV cache budget before it is sized (an
+estimate: the recording is not measured). Before the first replay serves a request, one replay
+of random inputs is compared with the eager forward of the same inputs
+(:meth:`StepGraphRunner.check`): a recording that does not reproduce it is dropped.
+``enforce_eager`` turns all of this off, and it is off wherever :func:`graph_plan` gives a
+reason.
 
 A step whose rows all decode greedily (``StepInput.greedy``) of up to :data:`GREEDY_SIZES_UP_TO`
 rows replays a second recording of its bucket: the forward, then the LM head and each row's
 first maximum (:func:`engine.runner.sampler.greedy_tokens`), whose tokens are all the step
-needs. At a few rows the head's and the argmax's host work (module calls, argument checks, the
-sampler's path) is a few per cent of a token; with them recorded, a single-stream token is one
-replay. Each such recording's tokens on random inputs are compared with the eager ones before
-it serves (the scoring may take another path at another size), and one that differs is dropped;
-a model whose greedy tokens cannot be recorded (the cpu-native head on AMX tiles, which settles
-a row's ties in Python) keeps the forward's recording alone for that bucket.
+needs, then the inputs moved on by those tokens (``DecodeInputs.advance``). At a few rows the
+head's and the argmax's host work (module calls, argument checks, the sampler's path) is a few
+per cent of a token; with them recorded, a single-stream token is one replay, and a burst of
+steps (``num_scheduler_steps``: ``StepPlan.decode_burst``) is that replay repeated. Each such
+recording's tokens on random inputs are compared with the eager ones before it serves (the
+scoring may take another path at another size), and one that differs is dropped; a model whose
+greedy tokens cannot be recorded (the cpu-native head on AMX tiles, which settles a row's ties
+in Python) keeps the forward's recording alone for that bucket.
 
 LoRA adapters run inside the recordings: each bucket has a static row -> slot buffer that the
 layers' LoRA ops read (:class:`engine.layers.lora.LoRABatch` points at it while recording), and a
@@ -47,6 +50,7 @@ import attrs
 import torch
 
 from engine.interfaces import BatchLayout, StepContext, StepGraphs
+from engine.runner.decode_inputs import DecodeInputs
 from engine.runner.sampler import greedy_tokens
 
 logger = logging.getLogger(__name__)
@@ -77,105 +81,6 @@ def bucket_for(num_requests: int, sizes: Sequence[int]) -> int | None:
 def is_uniform_decode(layouts: Sequence[BatchLayout]) -> bool:
     """One KV cache group and every request one query row."""
     return len(layouts) == 1 and all(q == 1 for q in layouts[0].query_lens)
-
-
-@attrs.frozen
-class DecodeInputs:
-    """A decode step's inputs at a fixed batch size (the static buffers' shapes)."""
-
-    input_ids: torch.Tensor  # [B]
-    positions: torch.Tensor  # [B]
-    layout: BatchLayout  # block_table [B, max_blocks]
-
-    @classmethod
-    def empty(cls, size: int, max_blocks: int, device) -> DecodeInputs:
-        """All padding: what the graph is recorded over."""
-        zeros = torch.zeros(size, dtype=torch.int64, device=device)
-        return cls(
-            zeros,
-            zeros.clone(),
-            BatchLayout(
-                query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
-                seq_lens=torch.ones(size, dtype=torch.int32, device=device),
-                block_table=torch.zeros(size, max_blocks, dtype=torch.int32, device=device),
-                slot_mapping=torch.zeros(size, dtype=torch.int64, device=device),
-                query_lens=(1,) * size,
-                seq_lens_host=(1,) * size,
-            ),
-        )
-
-    def prefix(self, size: int) -> DecodeInputs:
-        """The first ``size`` rows of these buffers, as the inputs of a ``size``-row step: every
-        bucket's inputs are views of the largest's (one replays at a time, each after its
-        :meth:`fill`), so the buckets add no memory of their own — a block table row is
-        ``max_blocks`` entries, 2 KiB at 8 192 positions."""
-        layout = self.layout
-        return DecodeInputs(
-            self.input_ids[:size],
-            self.positions[:size],
-            BatchLayout(
-                query_start_loc=layout.query_start_loc[: size + 1],
-                seq_lens=layout.seq_lens[:size],
-                block_table=layout.block_table[:size],
-                slot_mapping=layout.slot_mapping[:size],
-                query_lens=(1,) * size,
-                seq_lens_host=(1,) * size,
-            ),
-        )
-
-    def copy_(self, other: DecodeInputs) -> None:
-        """Overwrite these buffers in place with ``other`` of the same shapes."""
-        for mine, theirs in (
-            (self.input_ids, other.input_ids),
-            (self.positions, other.positions),
-            *(
-                (getattr(self.layout, f), getattr(other.layout, f))
-                for f in ("query_start_loc", "seq_lens", "block_table", "slot_mapping")
-            ),
-        ):
-            mine.copy_(theirs, non_blocking=True)
-
-    def fill(self, input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout) -> None:
-        """Write a uniform decode step of B ≤ size requests into these buffers in place, padded
-        as :func:`pad_decode` pads it. A replay's inputs every step: half the torch ops of
-        padding a copy and copying it over (~0.1 ms of a 6.5 ms single-stream step, one
-        thread). ``query_start_loc`` is left as it is: every size's is ``arange(size + 1)``."""
-        size, (rows, width) = self.input_ids.shape[0], layout.block_table.shape
-        table = self.layout.block_table
-        if rows > size or width > table.shape[1]:
-            raise ValueError(
-                f"a decode step of {rows} requests and {width} blocks does not fit "
-                f"a {size}-row graph of {table.shape[1]} blocks"
-            )
-        vectors = (
-            (self.input_ids, input_ids, 0),
-            (self.positions, positions, 0),
-            (self.layout.seq_lens, layout.seq_lens, 1),
-            (self.layout.slot_mapping, layout.slot_mapping, 0),
-        )
-        for mine, theirs, _ in vectors:
-            mine[:rows].copy_(theirs, non_blocking=True)
-        table[:rows, :width].copy_(layout.block_table, non_blocking=True)
-        if width < table.shape[1]:
-            table[:rows, width:].zero_()
-        if rows < size:
-            for mine, _, pad in vectors:
-                mine[rows:].fill_(pad)
-            table[rows:].zero_()
-
-
-def pad_decode(
-    input_ids: torch.Tensor, positions: torch.Tensor, layout: BatchLayout, size: int, max_blocks: int
-) -> DecodeInputs:
-    """A uniform decode step of B ≤ ``size`` requests as ``size`` rows: padding rows are token
-    0 at position 0 with one key, written to and read from slot 0 of the null block; the block
-    table widened to ``max_blocks`` columns with the null block."""
-    padded = DecodeInputs.empty(size, max_blocks, input_ids.device)
-    padded.fill(input_ids, positions, layout)
-    pad = size - layout.num_requests
-    return attrs.evolve(
-        padded, layout=attrs.evolve(padded.layout, seq_lens_host=(*layout.seq_lens_host, *(1,) * pad))
-    )
 
 
 @attrs.frozen
@@ -400,7 +305,7 @@ class StepGraphRunner:
         self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
         if check and len(self.graphs) == 1:  # on failure the caller drops this runner, bucket and all
             self.check(size)
-        self._record_greedy(size, forward, check)
+        self._record_greedy(size, inputs, forward, check)
         if lora_rows is not None:
             self.lora_rows[size] = lora_rows
         if not self.pending:
@@ -410,16 +315,26 @@ class StepGraphRunner:
                 ", ".join(map(str, self.sizes)),
             )
 
-    def _record_greedy(self, size: int, forward, check: bool) -> None:
+    def _record_greedy(self, size: int, inputs: DecodeInputs, forward, check: bool) -> None:
         """Give bucket ``size`` (up to :data:`GREEDY_SIZES_UP_TO` rows) a recording of
-        ``forward`` and its greedy tokens, where the model's scoring can be recorded (else its
-        greedy steps replay the forward alone). Each is checked (``check``; the scoring may
-        take another path at another size): one whose tokens differ from the eager ones (a
-        kernel of the head that no recording sees) is dropped, said in the log."""
+        ``forward``, its greedy tokens and ``inputs`` moved on by them (a burst's next step
+        reads them; a step that replays once is filled again before its next), where the
+        model's scoring can be recorded (else its greedy steps replay the forward alone). Each
+        is checked (``check``; the scoring may take another path at another size): one whose
+        tokens differ from the eager ones (a kernel of the head that no recording sees) is
+        dropped, said in the log."""
         if size > GREEDY_SIZES_UP_TO:
             return
+        block_size = self.attention.spec.block_size
+
+        def greedy_step():
+            tokens = greedy_tokens(self.model, forward())
+            if tokens is not None:  # None: a tensor-parallel rank that scores nothing
+                inputs.advance(tokens, block_size)
+            return tokens
+
         try:
-            greedy, tokens = self.recorder.record(lambda: greedy_tokens(self.model, forward()))
+            greedy, tokens = self.recorder.record(greedy_step)
         except RuntimeError as exc:
             logger.debug("greedy decode steps of %d sequences score outside the recording: %s", size, exc)
             return
@@ -508,16 +423,26 @@ class StepGraphRunner:
         recorded.graph.replay()
         return recorded.hidden[: batch.layout.num_requests]
 
-    def replay_greedy(self, batch) -> torch.Tensor | None:
+    def replay_greedy(self, batch, steps: int = 1) -> torch.Tensor | None:
         """The greedy tokens of ``batch`` (a ``StepInput`` whose rows all decode greedily)
         through its bucket's greedy recording, or None when it has none: the caller then
-        replays the forward (:meth:`replay`) or runs it eagerly."""
+        replays the forward (:meth:`replay`) or runs it eagerly. ``steps`` above 1: that many
+        decode steps in a row (each request has slots for them), each step's tokens fed to the
+        next (:meth:`DecodeInputs.advance`, recorded at the step's end); their tokens
+        [requests, steps]."""
         size = self._bucket(batch)
         if size is None or self.graphs[size].greedy is None:
             return None
-        recorded = self._fill(size, batch)
+        recorded, rows = self._fill(size, batch), batch.layout.num_requests
         recorded.greedy.replay()
-        return recorded.tokens[: batch.layout.num_requests]
+        if steps == 1:
+            return recorded.tokens[:rows]
+        tokens = torch.empty(rows, steps, dtype=recorded.tokens.dtype, device=self.device)
+        tokens[:, 0] = recorded.tokens[:rows]
+        for step in range(1, steps):  # the recording moved the inputs on by its tokens
+            recorded.greedy.replay()
+            tokens[:, step] = recorded.tokens[:rows]
+        return tokens
 
     def _bucket(self, batch) -> int | None:
         """The recorded bucket that holds ``batch``, recorded now where it waits for its first

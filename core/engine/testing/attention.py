@@ -32,7 +32,7 @@ from engine.interfaces import (
 )
 from engine.interfaces.attention import backend_reasons, construct
 from engine.plugins import load_plugins
-from engine.runner.step_graphs import DecodeInputs, pad_decode
+from engine.runner.decode_inputs import DecodeInputs, pad_decode
 
 # (context already cached, new query tokens) per request
 BATCHES = {
