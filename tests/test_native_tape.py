@@ -8,6 +8,7 @@ decode steps are made of C kernels alone, against the same engine run eagerly.""
 from __future__ import annotations
 
 import ctypes
+import time
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from engine_platforms_cpu_native import kernels
 from engine_quant_gguf.loader import default_model_path
 from engine_quant_gguf.writer import write_gguf
 from tests.conftest import native_affine_missing
+from tests.serving import serve
 
 pytestmark = pytest.mark.skipif(
     bool(tape.unavailable_reasons()), reason="; ".join(tape.unavailable_reasons())
@@ -243,6 +245,48 @@ def test_bursts_of_greedy_decode_steps_give_the_eager_tokens(tiny_gguf, monkeypa
     steps.clear()
     assert llm.generate(prompts[:1], sampled)[0].outputs[0].token_ids == want_sampled
     assert len(steps) == sampled.max_tokens  # the prompt's step, then one step a token
+
+
+@pytest.mark.slow
+@NEEDS_NATIVE_AFFINE
+def test_a_server_with_bursts_streams_the_text_of_one_step_a_token(tiny_gguf):
+    """``engine serve --num-scheduler-steps 4``: once the server has recorded its buckets (in
+    its idle moments), a greedy streamed completion comes in chunks of up to four tokens, its
+    text the offline engine's at one step a token, as before; a stop string inside a burst ends
+    the text where it would there (the front end holds the text past it back)."""
+    prompt = reference.random_prompts(1000, [7], seed=5)[0]
+    offline = LLM(tiny_gguf, dtype="bfloat16", num_scheduler_steps=1, max_model_len=256)
+    greedy = dict(max_tokens=12, temperature=0, ignore_eos=True)
+    text = offline.generate([prompt], SamplingParams(**greedy))[0].outputs[0].text
+    stop = text[len(text) // 2 :][:3]
+    stopped = offline.generate([prompt], SamplingParams(**greedy, stop=[stop]))[0].outputs[0].text
+    flags = (
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        "256",
+        "--max-num-seqs",
+        "2",
+        "--num-scheduler-steps",
+        "4",
+    )
+    with serve(tiny_gguf, *flags) as server:
+        client = server.openai()
+        request = dict(model=server.model(), prompt=prompt, max_tokens=12, temperature=0, stream=True)
+        extra = {"ignore_eos": True}
+
+        def chunks(**more) -> list[str]:
+            return [c.choices[0].text for c in client.completions.create(**request, **more, extra_body=extra)]
+
+        deadline = time.monotonic() + 60
+        while (
+            len(streamed := chunks()) > 1 + 3 + 1 and time.monotonic() < deadline
+        ):  # the prompt, 3 bursts, the end
+            assert "".join(streamed) == text  # one token a step, the buckets not yet recorded
+            time.sleep(1)
+        cut = chunks(stop=[stop])
+    assert "".join(streamed) == text and len(streamed) <= 1 + 3 + 1
+    assert "".join(cut) == stopped and len(stopped) < len(text)
 
 
 @NEEDS_NATIVE_AFFINE

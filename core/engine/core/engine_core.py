@@ -268,8 +268,6 @@ class EngineCore:
         )
         if self.has_idle_work():
             report.parts["step graphs"] += ", recorded while idle"
-        if (steps := config.scheduler.num_scheduler_steps) > 1 and graph_plan.sizes:
-            report.parts["step graphs"] += f", up to {steps} greedy decode steps a pass"
         graph_bytes = step_graphs.graph_memory_estimate(graph_plan, self.hf_config, dtype)
         weights = startup.tensor_bytes(t for _, t in named_tensors(model))
         startup.describe_memory(

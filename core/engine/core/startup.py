@@ -196,6 +196,10 @@ def describe(report, platform, implementation: str, method, layers, graphs, conf
     if graphs.sizes:
         sizes = graphs.sizes
         report.parts["step graphs"] = f"{graphs.graphs.name} for {sizes[0]}..{sizes[-1]} sequences"
+        if (steps := config.scheduler.num_scheduler_steps) > 1:
+            report.notes.append(
+                f"greedy decode runs up to {steps} steps a scheduling pass (num_scheduler_steps)"
+            )
     else:
         report.notes.append("decode steps run eagerly: " + "; ".join(graphs.reasons))
 
