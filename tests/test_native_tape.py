@@ -304,9 +304,8 @@ def test_a_greedy_tape_that_misses_a_kernel_is_dropped_before_serving(tiny_gguf,
         def __call__(self, *args):
             return self.function(*args)
 
-    monkeypatch.setattr(
-        rows, "_argmax_kernel", lambda: Unbound(tape.bind(rows.load_source(rows.SOURCE), "argmax_rows_f32"))
-    )
+    unbound = Unbound(rows._argmax_kernel())
+    monkeypatch.setattr(rows, "_argmax_kernel", lambda: unbound)
     options = dict(dtype="float32", num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=256)
     prompts, lengths = reference.random_prompts(1000, [5, 9], seed=3), [6, 9]
     eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)

@@ -6,22 +6,14 @@ burst of steps replays with no Python between them. None where the library canno
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
-from engine.native import load_source
-from engine.native.errors import BuildError
-from engine.native.tape import NativeKernel, bind
+from engine.native.tape import NativeKernel, bind_source
 
 SOURCE = Path(__file__).with_name("decode.c")
-logger = logging.getLogger(__name__)
 
 
 @functools.cache
 def advance_kernel() -> NativeKernel | None:
     """``decode_advance`` bound, or None where it cannot be built."""
-    try:
-        return bind(load_source(SOURCE), "decode_advance")
-    except BuildError as error:
-        logger.info("decode inputs advance through torch ops: %s", error)
-        return None
+    return bind_source(SOURCE, "decode_advance", "decode inputs advance through torch ops")

@@ -12,26 +12,18 @@ head that picks greedy tokens itself (``Model.compute_greedy``).
 from __future__ import annotations
 
 import functools
-import logging
 from pathlib import Path
 
 import torch
 
-from engine.native import load_source
-from engine.native.errors import BuildError
-from engine.native.tape import NativeKernel, bind
+from engine.native.tape import NativeKernel, bind_source
 
 SOURCE = Path(__file__).with_name("rows.c")
-logger = logging.getLogger(__name__)
 
 
 @functools.cache
 def _argmax_kernel() -> NativeKernel | None:
-    try:
-        return bind(load_source(SOURCE), "argmax_rows_f32")
-    except BuildError as error:
-        logger.info("row argmax runs on numpy: %s", error)
-        return None
+    return bind_source(SOURCE, "argmax_rows_f32", "row argmax runs on numpy")
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor | None:

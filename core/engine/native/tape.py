@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import platform
 import struct
 from collections.abc import Callable, Sequence
@@ -36,11 +37,12 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.interfaces import StepGraphs
-from engine.native import Library, Prototype, load_source
+from engine.native import BuildError, Library, Prototype, load_source
 from engine.native.arena import Arena
 from engine.native.arena import plan as arena_plan
 
 SOURCE = Path(__file__).with_name("tape.c")
+logger = logging.getLogger(__name__)
 # calling conventions under which tape.c's one prototype passes every kernel its arguments
 ABIS = {("Linux", "x86_64"), ("Linux", "aarch64")}
 MAX_INTS, MAX_FLOATS = 24, 8
@@ -146,6 +148,17 @@ def bind(library: Library, symbol: str) -> NativeKernel:
     """``library``'s ``symbol`` as a :class:`NativeKernel` (recordable onto tapes), typed by
     its prototype in the library's header."""
     return NativeKernel(getattr(library, symbol), library.prototypes[symbol])
+
+
+def bind_source(source: Path, symbol: str, otherwise: str) -> NativeKernel | None:
+    """``symbol`` of the library built from ``source`` (:func:`engine.native.load_source`),
+    bound; None where it cannot be built here (no C compiler), logged with ``otherwise``: what
+    runs in its place."""
+    try:
+        return bind(load_source(source), symbol)
+    except BuildError as error:
+        logger.info("%s: %s", otherwise, error)
+        return None
 
 
 class Tape:

@@ -341,8 +341,8 @@ class StepGraphRunner:
         recorded = attrs.evolve(self.graphs[size], greedy=greedy, tokens=tokens)
         if check and not self._same_greedy_tokens(recorded):
             logger.info(
-                "greedy decode steps of %d sequences score outside the recording: its greedy tokens "
-                "differ from the eager ones (a kernel of the LM head or its argmax not recorded?)",
+                "greedy decode steps of %d sequences score outside the recording: its greedy tokens, "
+                "or the inputs it moves on by them, differ from eager (a kernel it did not record?)",
                 size,
             )
             return
@@ -378,13 +378,20 @@ class StepGraphRunner:
 
     def _same_greedy_tokens(self, recorded: RecordedDecode, seed: int = 0) -> bool:
         """Whether ``recorded``'s greedy recording, replayed on random inputs as :meth:`check`
-        replays, gives the eager greedy tokens of the same inputs."""
+        replays, gives the eager greedy tokens of the same inputs, and leaves its inputs moved
+        on by them (what a burst's next step reads)."""
         size = recorded.hidden.shape[0]
         inputs = self._random_inputs(size, seed)
         eager = greedy_tokens(self.model, self._eager(inputs))
         recorded.inputs.copy_(inputs)
         recorded.greedy.replay()
-        return torch.equal(recorded.tokens, eager)
+        moved_on = recorded.inputs
+        return (
+            torch.equal(recorded.tokens, eager)
+            and torch.equal(moved_on.input_ids, eager)
+            and torch.equal(moved_on.positions, inputs.positions + 1)
+            and torch.equal(moved_on.layout.seq_lens, inputs.layout.seq_lens + 1)
+        )
 
     def _random_inputs(self, size: int, seed: int) -> DecodeInputs:
         """A decode step of ``size`` random tokens, positions and lengths, keys in the null block."""
