@@ -221,12 +221,13 @@ def test_bitmask_rows_after_a_draft_eos_stay_all_allowed():
 
 
 def test_a_burst_of_decode_steps_runs_only_when_every_request_decodes():
-    """``with_burst``: while every unfinished request is in the plan decoding one token, the
-    plan may run that many steps in a row, cut to what ``max_tokens`` and the model's length
-    leave, with slots for them; a request still prefilling or waiting keeps it to one step."""
+    """``with_burst``: while every unfinished request is in the plan decoding one token
+    greedily, the plan may run that many steps in a row, cut to what ``max_tokens`` and the
+    model's length leave, with slots for them; a request still prefilling or waiting keeps it to
+    one step, and so does a sampled one (it could not run it)."""
     path = lifecycle(max_model_len=40)
-    a = Request("a", [1, 2, 3], SamplingParams(max_tokens=20))
-    b = Request("b", [1, 2, 3, 4, 5], SamplingParams(max_tokens=3))
+    a = Request("a", [1, 2, 3], SamplingParams(max_tokens=20, temperature=0))
+    b = Request("b", [1, 2, 3, 4, 5], SamplingParams(max_tokens=3, temperature=0))
     path.add(a)
     prefill = path.schedule()
     assert path.with_burst(prefill, 4).decode_burst == 1  # a prompt step
@@ -244,11 +245,15 @@ def test_a_burst_of_decode_steps_runs_only_when_every_request_decodes():
     assert outs["a"].new_token_ids == [9, 10] and a.num_computed_tokens == a.num_tokens - 1
     assert outs["b"].finish_reason == "length" and b.output_token_ids == [8, 11, 12]
     assert path.with_burst(path.schedule(), 1).decode_burst == 1  # one step a pass: as scheduled
+    sampled = lifecycle()
+    sampled.add(Request("s", [1, 2, 3], SamplingParams(max_tokens=20)))
+    step(sampled, {"s": [4]})
+    assert sampled.with_burst(sampled.schedule(), 4).decode_burst == 1
 
 
 def test_a_burst_stops_at_the_model_length_and_a_stop_token_discards_the_rest():
     path = lifecycle(max_model_len=9)
-    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=50, stop_token_ids=[5]))
+    request = Request("r", [1, 2, 3], SamplingParams(max_tokens=50, temperature=0, stop_token_ids=[5]))
     path.add(request)
     step(path, {"r": [4]})
     plan = path.with_burst(path.schedule(), 8)

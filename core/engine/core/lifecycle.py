@@ -162,11 +162,13 @@ class RequestLifecycle:
 
     def with_burst(self, plan: StepPlan, steps: int) -> StepPlan:
         """``plan`` allowed up to ``steps`` decode steps in a row (``StepPlan.decode_burst``),
-        where every unfinished request is in it decoding one token (a waiting one would wait
-        the burst out) and the scheduler gives each slots for the burst's tokens, cut to what
+        where every unfinished request is in it decoding one token greedily (a waiting one
+        would wait the burst out; a sampled one could not run it, and its slots would be held
+        for nothing) and the scheduler gives each slots for the burst's tokens, cut to what
         ``max_tokens`` and the model's length leave; else ``plan`` as it is. The runner runs the
-        burst only where its rows all decode greedily (their tokens need nothing but the
-        model), and a request's stop among them discards the rest, as a rejected draft's."""
+        burst only where its rows' tokens need nothing but the model (no penalties, masks or
+        logprobs either), and a request's stop among them discards the rest, as a rejected
+        draft's."""
         if steps < 2 or len(plan.scheduled) != len(self.requests):
             return plan
         burst = steps
@@ -176,6 +178,7 @@ class RequestLifecycle:
                 item.num_new_tokens != 1
                 or item.spec_token_ids
                 or request.num_computed_tokens != request.num_tokens - 1
+                or not request.sampling_params.greedy
             ):
                 return plan
             left = (request.sampling_params.max_tokens or self.max_model_len) - len(request.output_token_ids)
