@@ -7,17 +7,20 @@ quantized, and bf16).
 
 A decode step of one stream reads every weight once, so it cannot run faster than the weight
 bytes it reads ÷ the memory bandwidth: the floor on its time, here given as a ceiling on tokens/s
-(bandwidth ÷ bytes read per token). The bandwidth is measured in this run, right before each row's
-decode runs and again right after them (both printed; the row's floor uses the better), with the
-engine's thread count: a shared machine's bandwidth moves within minutes (on a 2-core AMD EPYC
-the read sweep gave 43 GB/s and 80 GB/s within ten minutes), so a floor from another moment would
-say more about the neighbours than about the decode.
+(bandwidth ÷ bytes read per token). The bandwidth is measured in this run, with the engine's
+thread count, before a row's first decode round and after each of its rounds (all printed): a
+shared machine's bandwidth moves within minutes (on a 2-core AMD EPYC the read sweep gave 43 GB/s
+and 80 GB/s within ten minutes, 34 and 80 within three), so a floor from another moment would
+say more about the neighbours than about the decode. The table takes the row's best round over
+the best sweep of the row; a second table gives every round against the better of the two sweeps
+on either side of it, and the median of those fractions, which a fast moment paired with a slow
+one moves less.
 
 - triad: STREAM's a = b + s·c over three float32 arrays of 256 MiB each (8× this kind of
   machine's 32 MiB L3), counted as STREAM counts it, 12 bytes an element (two reads, one write);
 - read: a sum and a max over one 768 MiB array (the faster), 4 bytes an element.
 
-A row's floor uses the larger of the two (each the better of before and after the row).
+A floor uses the larger of the two (the best of the sweeps it is taken from).
 The floor bounds how fast decode could go, so it takes the most this memory delivered in the run:
 the smaller figure would flatter the fraction. Decode's weight traffic is reads only, which argues
 for the read sweep; but a triad's three streams a thread keep more misses in flight than one read
@@ -47,6 +50,7 @@ import argparse
 import gc
 import importlib
 import os
+import statistics
 import sys
 import time
 
@@ -170,10 +174,12 @@ def gguf_file(name: str) -> str | None:
     return random_llama.row_path(name)
 
 
-def decode_row(name: str, output_len: int, repeats: int, llama_python: str | None = None) -> dict:
+def decode_row(name: str, output_len: int, repeats: int, llama_python: str | None = None, sweep=None) -> dict:
     """Load one model, measure its single-stream decode (and llama.cpp's on its GGUF file, in turn,
     round by round, when ``llama_python`` names an interpreter with llama-cpp-python), count what a
-    step reads."""
+    step reads. With ``sweep`` (a function returning bandwidth figures in bytes/s by name), it runs
+    before the first round and after every round: ``sweeps`` holds its results, ``rounds`` each
+    round's (tokens/s, llama.cpp's or None, the best figure of the sweeps on either side)."""
     from llama_cpp_bench import single_stream_in
     from quant import PROMPT, engine_single
 
@@ -185,12 +191,16 @@ def decode_row(name: str, output_len: int, repeats: int, llama_python: str | Non
     prompt_len = len(llm.apply_chat_template([{"role": "user", "content": PROMPT}]))  # token ids
     gguf = gguf_file(name) if llama_python else None
     threads = int(os.environ["ENGINE_NUM_THREADS"])  # main sets it: llama.cpp gets the engine's count
-    engine_best = llama_best = 0.0
+    sweeps, rounds = [sweep()] if sweep else [], []
     for _ in range(repeats):
-        engine_best = max(engine_best, engine_single(llm, output_len, 1))
-        if gguf:
-            tokens_per_s, _ = single_stream_in(llama_python, gguf, threads, output_len, 1)
-            llama_best = max(llama_best, tokens_per_s)
+        engine_tps = engine_single(llm, output_len, 1)
+        llama_tps = single_stream_in(llama_python, gguf, threads, output_len, 1)[0] if gguf else None
+        if sweep:
+            sweeps.append(sweep())
+        around = max(v for figures in sweeps[-2:] for v in figures.values()) if sweep else None
+        rounds.append((engine_tps, llama_tps, around))
+    engine_best = max(r[0] for r in rounds)
+    llama_best = max(r[1] or 0.0 for r in rounds)
     row = {
         "name": name,
         "tokens_per_s": engine_best,
@@ -198,6 +208,8 @@ def decode_row(name: str, output_len: int, repeats: int, llama_python: str | Non
         "read": bytes_read_per_token(model),
         "resident": resident_bytes(model),
         "kv": kv_bytes_per_context_token(model.cfg) * (prompt_len + output_len / 2),
+        "sweeps": sweeps,
+        "rounds": rounds,
     }
     del llm, model
     gc.collect()
@@ -220,6 +232,24 @@ def print_table(rows: list[dict]) -> None:
         if r["llama_cpp"]:
             ratio = r["tokens_per_s"] / r["llama_cpp"]
             line += f" | {r['llama_cpp']:15.1f} | {r['llama_cpp'] / floor:8.0%} | {ratio:18.2f}"
+        print(line)
+
+
+def print_rounds(rows: list[dict]) -> None:
+    """Each round against the bandwidth swept right before and after it, and the median of those
+    fractions: on a shared machine whose bandwidth moves by half within minutes, the table's best
+    round over the best sweep can pair a fast moment with a slow one either way."""
+    llama = " | llama.cpp's" if any(r["llama_cpp"] for r in rows) else ""
+    print(f"\n{'model':>13} | per round: tok/s at GB/s (of its floor) | median of floor{llama}")
+    for r in rows:
+        fractions = [tps / floor_tokens_per_s(bw, r["read"]) for tps, _, bw in r["rounds"]]
+        cells = ", ".join(
+            f"{tps:.1f} at {bw / 1e9:.1f} ({f:.0%})" for (tps, _, bw), f in zip(r["rounds"], fractions)
+        )
+        line = f"{r['name']:>13} | {cells} | {statistics.median(fractions):15.0%}"
+        if r["llama_cpp"]:
+            llama = [ltps / floor_tokens_per_s(bw, r["read"]) for _, ltps, bw in r["rounds"]]
+            line += f" | {statistics.median(llama):11.0%}"
         print(line)
 
 
@@ -248,7 +278,11 @@ def main() -> int:
         "this process may run on)",
     )
     parser.add_argument(
-        "--repeats", type=int, default=3, help="runs of each decode length; the fastest counts (default 3)"
+        "--repeats",
+        type=int,
+        default=3,
+        help="decode rounds of each model, a bandwidth sweep after each; the first table takes the "
+        "fastest, the second every one (default 3)",
     )
     parser.add_argument(
         "--output-len", type=int, default=128, help="tokens of the long decode run (default 128)"
@@ -272,21 +306,22 @@ def main() -> int:
 
     torch.set_num_threads(threads)
     print(f"threads: {threads}")
+
+    def sweep() -> dict[str, float]:
+        torch.set_num_threads(threads)  # loading a model may have set torch's threads
+        return measure_bandwidth()
+
     rows = []
     for name in args.only:
-        before = measure_bandwidth()
-        row = decode_row(name, args.output_len, args.repeats, args.llama_python)
-        torch.set_num_threads(threads)
-        after = measure_bandwidth()
-        row["bandwidth"] = max(*before.values(), *after.values())
+        row = decode_row(name, args.output_len, args.repeats, args.llama_python, sweep)
+        row["bandwidth"] = max(v for figures in row["sweeps"] for v in figures.values())
         rows.append(row)
         llama = f", llama.cpp {row['llama_cpp']:.1f} tok/s" if row["llama_cpp"] else ""
-        print(
-            f"  {name}: {row['tokens_per_s']:.1f} tok/s{llama}; bandwidth before "
-            f"{bandwidth_line(before)}, after {bandwidth_line(after)}",
-            flush=True,
-        )
+        sweeps = "; ".join(bandwidth_line(figures) for figures in row["sweeps"])
+        line = f"  {name}: {row['tokens_per_s']:.1f} tok/s{llama}; bandwidth between rounds {sweeps}"
+        print(line, flush=True)
     print_table(rows)
+    print_rounds(rows)
     return 0
 
 

@@ -124,6 +124,17 @@ def test_bandwidth_counts_stream_bytes(monkeypatch):
     assert bandwidth_floor.read_bandwidth(repeats=2, array_bytes=1 << 20) == 1 << 20
 
 
+def test_each_round_is_set_against_the_sweeps_beside_it_and_their_median_printed(capsys):
+    """A round's floor is the bandwidth swept beside it, not the run's best: 300 tok/s at 40 GB/s
+    is 75 % of a 400 tok/s floor, whatever a later sweep gave."""
+    rounds = [(300.0, 150.0, 40e9), (350.0, 140.0, 50e9), (200.0, 100.0, 80e9)]
+    bandwidth_floor.print_rounds([{"name": "m", "read": 100_000_000, "rounds": rounds, "llama_cpp": 150.0}])
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "300.0 at 40.0 (75%), 350.0 at 50.0 (70%), 200.0 at 80.0 (25%)" in line
+    assert line.split("|")[-2].strip() == "70%"  # the median of the engine's fractions
+    assert line.split("|")[-1].strip() == "28%"  # llama.cpp's: 37.5, 28, 12.5 %
+
+
 def test_vs_vllm_loads_the_1b_gguf_for_gguf_configs_and_the_folder_for_the_others(monkeypatch):
     import vs_vllm
 
