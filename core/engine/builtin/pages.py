@@ -1,9 +1,15 @@
-"""Giving a CPU storage's memory back to the system while keeping its address, as vLLM's CuMem
-allocator does on CUDA: ``madvise(MADV_DONTNEED)`` drops the physical pages of the whole pages
+"""A CPU storage's pages, through ``madvise``.
+
+:func:`release` gives a storage's memory back to the system while keeping its address, as vLLM's
+CuMem allocator does on CUDA: ``MADV_DONTNEED`` drops the physical pages of the whole pages
 inside the storage, the mapping stays, and the next touch reads zeros. Whatever recorded the
 address (a native tape, a KV connector) stays valid; the owner refills the contents before use.
 
-Only anonymous memory is released: a page of a file mapping (weights read in place from a
+:func:`onto_huge_pages` moves storages onto 2 MiB pages in place (``MADV_HUGEPAGE``, then Linux
+6.1's ``MADV_COLLAPSE``): the same addresses, the same bytes, a TLB entry and an unbroken run for
+the hardware prefetchers per 2 MiB instead of per 4 KiB.
+
+Only anonymous memory is touched: a page of a file mapping (weights read in place from a
 checkpoint) is left alone, since writing it back later could fault."""
 
 from __future__ import annotations
@@ -14,7 +20,8 @@ import os
 
 import torch
 
-MADV_DONTNEED = 4  # linux/mman.h
+MADV_DONTNEED, MADV_HUGEPAGE, MADV_COLLAPSE = 4, 14, 25  # linux/mman.h
+HUGE_PAGE = 2 << 20
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
@@ -32,6 +39,28 @@ def release(storages: list[torch.UntypedStorage]) -> int:
             raise OSError(ctypes.get_errno(), f"madvise: {os.strerror(ctypes.get_errno())}")
         released += end - start
     return released
+
+
+def onto_huge_pages(storages: list[torch.UntypedStorage]) -> tuple[int, int]:
+    """Advise and collapse every 2 MiB page that holds part of ``storages`` (anonymous memory
+    only); returns (bytes collapsed now, bytes advised). Where the kernel cannot collapse in
+    place (before Linux 6.1, or no huge page free) the advice stays and ``khugepaged`` may
+    collapse the pages later. A page may also hold other allocations: they move with it."""
+    files = _file_mappings()
+    pages: set[int] = set()
+    for storage in storages:
+        start = storage.data_ptr()
+        end = start + storage.nbytes()
+        if storage.nbytes() and not any(lo < end and start < hi for lo, hi in files):
+            pages.update(range(start // HUGE_PAGE, -(-end // HUGE_PAGE)))
+    collapsed = advised = 0
+    for page in sorted(pages):
+        address = page * HUGE_PAGE
+        if _libc.madvise(address, HUGE_PAGE, MADV_HUGEPAGE) != 0:
+            continue  # not one anonymous mapping (a page shared with a file or a guard page)
+        advised += HUGE_PAGE
+        collapsed += HUGE_PAGE if _libc.madvise(address, HUGE_PAGE, MADV_COLLAPSE) == 0 else 0
+    return collapsed, advised
 
 
 def _whole_pages(storage: torch.UntypedStorage) -> tuple[int, int]:

@@ -277,7 +277,18 @@ def build_model(
     for module in model.modules():
         if module is not model and hasattr(module, "process_weights_after_loading"):
             module.process_weights_after_loading()
+    placed = platform.place_weights(_storages(model))
+    if placed:
+        logger.info("weights: %s", placed)
     return model.eval()
+
+
+def _storages(model: nn.Module) -> list[torch.UntypedStorage]:
+    """The distinct storages of ``model``'s parameters and buffers; an opaque tensor (oneDNN's
+    prepacked weight) has none to hand over."""
+    tensors = [t for t in [*model.parameters(), *model.buffers()] if t.layout == torch.strided]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage() for t in tensors}
+    return [s for address, s in storages.items() if address]
 
 
 def _recording_names(weights, names: set[str]):

@@ -14,7 +14,10 @@ records while idle.
 
 Sleep mode (added with a default, so v2 is unchanged): ``release_memory`` gives a storage's
 memory back while keeping its address; a platform that cannot refuses ``--enable-sleep-mode``.
-``allocate_zeroed`` (default: ``torch.zeros``) makes the KV cache's tensors."""
+``allocate_zeroed`` (default: ``torch.zeros``) makes the KV cache's tensors.
+
+``place_weights`` (added with a default that does nothing, so v2 is unchanged) lets a platform
+settle a loaded model's weight memory in place (``cpu``: 2 MiB pages)."""
 
 from __future__ import annotations
 
@@ -111,6 +114,13 @@ class Platform(ABC):
         instead of writing zeros (cpu), so that the pool costs neither start-up time nor memory
         until it fills."""
         return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def place_weights(self, storages: list[torch.UntypedStorage]) -> str | None:
+        """Called once a model's weights are loaded and packed, with the storages of its
+        parameters and buffers: settle their memory in place for the steps that stream them
+        (same addresses, same bytes). Returns what it did, for the start-up log, or None (the
+        default: nothing)."""
+        return None
 
     def release_memory(self, storages: list[torch.UntypedStorage]) -> int:
         """Give the memory of ``storages`` back to the system while keeping their addresses (so
