@@ -650,13 +650,16 @@ static void sort_by_column(uint64_t *pairs, int64_t count, int64_t n) {
  * top columns overlap (in text most rows rank the same frequent tokens high: 64 rows' top 20 held
  * ~340 distinct columns of 1 280), so each column is gathered once for all its rows: a column's q
  * lie 16 columns to a cache line, and reading one per pair read ~16 times the bytes used. A
- * pair's arithmetic is the same whatever its batch and whatever other pairs come with it. */
+ * pair's arithmetic is the same whatever its batch and whatever other pairs come with it, so the
+ * columns split over the threads from 16 384 multiply-adds, a single row's 32 columns of 512
+ * inputs (each column gathers 9-16 KB of a table just streamed past the caches: the default
+ * model's head call 1.01-1.08x at one row on two threads, benchmarks/RESULTS.md 2026-12-07). */
 static void recompute(const float *xf, int64_t m, int64_t k, const uint8_t *qw, const void *sz, int64_t form,
                       int64_t bits, int64_t n, uint64_t *pairs, int64_t count, float *values) {
     int64_t groups = k / GROUP, nruns = 0;
     float *xsum = malloc(sizeof(float) * (size_t)(m * groups));
     int64_t *runs = malloc(sizeof(int64_t) * (size_t)(count + 1)); /* where each column's pairs start */
-#pragma omp parallel if (m > 1 && count * k >= PARALLEL_WORK)
+#pragma omp parallel if (count * k >= PARALLEL_WORK / 16)
     {
 #pragma omp for schedule(static)
         for (int64_t r = 0; r < m; r++)
