@@ -33,7 +33,7 @@ def release(storages: list[torch.UntypedStorage]) -> int:
     released = 0
     for storage in storages:
         start, end = _whole_pages(storage)
-        if end <= start or any(lo < end and start < hi for lo, hi in files):
+        if end <= start or _in_a_file(start, end, files):
             continue
         if _libc.madvise(start, end - start, MADV_DONTNEED) != 0:
             raise OSError(ctypes.get_errno(), f"madvise: {os.strerror(ctypes.get_errno())}")
@@ -51,7 +51,7 @@ def onto_huge_pages(storages: list[torch.UntypedStorage]) -> tuple[int, int]:
     for storage in storages:
         start = storage.data_ptr()
         end = start + storage.nbytes()
-        if storage.nbytes() and not any(lo < end and start < hi for lo, hi in files):
+        if storage.nbytes() and not _in_a_file(start, end, files):
             pages.update(range(start // HUGE_PAGE, -(-end // HUGE_PAGE)))
     collapsed = advised = 0
     for page in sorted(pages):
@@ -69,6 +69,11 @@ def _whole_pages(storage: torch.UntypedStorage) -> tuple[int, int]:
     end = start + storage.nbytes()
     page = mmap.PAGESIZE
     return -(-start // page) * page, end // page * page
+
+
+def _in_a_file(start: int, end: int, files: list[tuple[int, int]]) -> bool:
+    """Whether [start, end) overlaps one of ``files`` (:func:`_file_mappings`)."""
+    return any(lo < end and start < hi for lo, hi in files)
 
 
 def _file_mappings() -> list[tuple[int, int]]:

@@ -563,8 +563,7 @@ class EngineCore:
                 self.runner.transfer_kv(self._kv_meta)
                 self._collect_kv_transfers()
             return outputs
-        # a burst replays a greedy recording, which only the buckets of up to 16 rows have
-        if self.runner.graphs is not None and len(plan.scheduled) <= step_graphs.GREEDY_SIZES_UP_TO:
+        if self.runner.runs_bursts_of(len(plan.scheduled)):
             plan = self.lifecycle.with_burst(plan, self.config.scheduler.num_scheduler_steps)
         self._mark_scheduled(plan)
         try:

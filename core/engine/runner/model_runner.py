@@ -213,6 +213,11 @@ class ModelRunner:
             return hidden, aux, sampler.greedy_tokens(self.model, scored)
         return hidden, aux, self.model.compute_logits(scored)
 
+    def runs_bursts_of(self, rows: int) -> bool:
+        """Whether a decode step of ``rows`` requests may be planned as a burst
+        (``StepPlan.decode_burst``): where its step graphs could replay one."""
+        return self.graphs is not None and self.graphs.runs_bursts_of(rows)
+
     def _replay_greedy(self, step: StepInput) -> torch.Tensor | None:
         """The tokens of a greedy step that scores every row, through its bucket's greedy
         recording (``StepGraphRunner.replay_greedy``); None where it has none."""

@@ -430,6 +430,12 @@ class StepGraphRunner:
         recorded.graph.replay()
         return recorded.hidden[: batch.layout.num_requests]
 
+    def runs_bursts_of(self, rows: int) -> bool:
+        """Whether a decode step of ``rows`` requests may run as a burst (:meth:`replay_greedy`
+        with ``steps`` above 1): only a greedy recording runs one, and only the buckets of up to
+        :data:`GREEDY_SIZES_UP_TO` rows have one."""
+        return rows <= GREEDY_SIZES_UP_TO
+
     def replay_greedy(self, batch, steps: int = 1) -> torch.Tensor | None:
         """The greedy tokens of ``batch`` (a ``StepInput`` whose rows all decode greedily)
         through its bucket's greedy recording, or None when it has none: the caller then
