@@ -6,9 +6,11 @@
  * walk the request's blocks once, in chunks of CHUNK_TOKENS keys (whole blocks, on a grid fixed
  * by position): every vector's scores of the chunk's keys, then one online softmax step per
  * vector and chunk (float32 running max and sum, the accumulator rescaled when the max grows),
- * then the chunk's values, each block read once for all M vectors. bf16 values are widened in
- * registers once for up to four vectors of a row (AVX-512); other types once a block into
- * float32 scratch. Blocks sit anywhere in the pool, so each is prefetched PREFETCH_AHEAD blocks
+ * then the chunk's values, each block read once for all M vectors. A bf16 cache on AVX512_BF16
+ * goes by bf16 pairs (attention_bf16_pairs.h: a row's vectors' scores of a block at once, the
+ * probabilities rounded to bf16 for the values' products); without AVX512_BF16 bf16 values are
+ * widened in registers once for up to four vectors of a row (AVX-512); other types once a
+ * block into float32 scratch. Blocks sit anywhere in the pool, so each is prefetched PREFETCH_AHEAD blocks
  * before it is used. Query row i of a request sits at
  * position seq_len - n + i and sees keys up to its own position (causal within the chunk).
  * With a sliding window (window > 0) it sees the window keys ending at its own only: the walk
@@ -261,20 +263,16 @@ static inline __m512 sum16(const __m512 acc[16]) {
 
 static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
 
-/* bf16 keys read where they lie: with AVX512_BF16 two products a lane per instruction
- * (vdpbf16ps, exact products, float32 sums), the query's pieces held in registers across the
- * keys; without it each 16 keys widened to float32. Inlined with dim a constant for the common
+#ifdef __AVX512BF16__
+#include "attention_bf16_pairs.h"
+#define BF16_PAIRS
+#else
+/* bf16 keys read where they lie, each 16 keys widened to float32 (AVX-512 without
+ * AVX512_BF16; with it, attention_bf16_pairs.h). Inlined with dim a constant for the common
  * head sizes, so that the loop over a key's pieces unrolls. */
 static inline __attribute__((always_inline)) void scores_bf16_body(const uint16_t *q, const uint16_t *keys,
                                                                    int64_t count, int64_t dim, float scale,
                                                                    float *scores) {
-#ifdef __AVX512BF16__
-    const int64_t pieces = (dim + 31) / 32;
-    const __mmask32 last = dim % 32 ? 0xFFFFu : 0xFFFFFFFFu; /* dim is a multiple of 16 */
-    __m512bh query[MAX_HEAD_DIM / 32];
-    for (int64_t c = 0; c < pieces; c++)
-        query[c] = (__m512bh)_mm512_maskz_loadu_epi16(c + 1 < pieces ? 0xFFFFFFFFu : last, q + 32 * c);
-#endif
     for (int64_t t0 = 0; t0 < count; t0 += 16) {
         __m512 acc[16];
         int64_t n = count - t0 < 16 ? count - t0 : 16;
@@ -282,16 +280,7 @@ static inline __attribute__((always_inline)) void scores_bf16_body(const uint16_
             acc[t] = _mm512_setzero_ps();
             if (t >= n) continue;
             const uint16_t *k = keys + (t0 + t) * dim;
-#ifdef __AVX512BF16__
-            for (int64_t c = 0; c < pieces; c++)
-                acc[t] = _mm512_dpbf16_ps(acc[t], query[c],
-                                          (__m512bh)_mm512_maskz_loadu_epi16(c + 1 < pieces ? 0xFFFFFFFFu : last,
-                                                                             k + 32 * c));
-#else
-            for (int64_t d = 0; d < dim; d += 16) {
-                acc[t] = _mm512_fmadd_ps(bf16x16_load(q + d), bf16x16_load(k + d), acc[t]);
-            }
-#endif
+            for (int64_t d = 0; d < dim; d += 16) acc[t] = _mm512_fmadd_ps(bf16x16_load(q + d), bf16x16_load(k + d), acc[t]);
         }
         _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
     }
@@ -303,6 +292,7 @@ static void scores_bf16_simd(const uint16_t *q, const uint16_t *keys, int64_t co
     else if (dim == 128) scores_bf16_body(q, keys, count, 128, scale, scores);
     else scores_bf16_body(q, keys, count, dim, scale, scores);
 }
+#endif
 
 static void scores_f32_simd(const float *q, const float *keys, int64_t count, int64_t dim, float scale,
                             float *scores) {
@@ -407,6 +397,7 @@ static void accumulate_simd(float *acc, float correction, const float *probs, co
         _mm512_storeu_ps(acc + d, a);
     }
 }
+#ifndef BF16_PAIRS
 /* Vectors [0, NV) of one query row against REGS · 16 dims at d (NV, REGS compile-time
  * constants once inlined, so every sum stays in a register): see accumulate_row_bf16_simd. */
 static inline __attribute__((always_inline)) void accumulate_tile_bf16(
@@ -454,6 +445,7 @@ static void accumulate_row_bf16_simd(float *acc, const float *correction, const 
         for (; d < dim; d += 16) accumulate_piece_bf16(a, c, p, stride, values, count, dim, d, nv, 1);
     }
 }
+#endif
 #define SIMD_VALUES_IN_PLACE 1
 #define SIMD_WIDENS 0
 #else
@@ -507,9 +499,11 @@ static void accumulate_row_bf16_simd(float *acc, const float *correction, const 
 /* Per-thread scratch: M accumulators, their running max and sum, M rows of a chunk's scores and
  * their softmax corrections, one block of values as float32; for the math that widens (WIDEN)
  * the M query vectors and one block of keys as float32 too (else keys and queries are read where
- * they lie). */
+ * they lie); for the math that adds bf16 products (PROBS_BF16) M rows of a chunk's probabilities
+ * as bf16. */
 typedef struct {
     float *acc, *max, *sum, *correction, *values, *scores, *query, *keys;
+    uint16_t *probs16;
     int64_t chunk; /* tokens of a chunk: whole blocks, CHUNK_TOKENS or one block where that is more */
 } Workspace;
 
@@ -517,7 +511,8 @@ static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t b
     int64_t chunk = CHUNK_TOKENS / block_size * block_size;
     w->chunk = chunk > block_size ? chunk : block_size;
     size_t floats = (size_t)vectors * (2 * dim + 3 + w->chunk) + (size_t)block_size * 2 * dim;
-    float *base = malloc(floats * sizeof(float));
+    size_t halves = (size_t)vectors * w->chunk;
+    float *base = malloc(floats * sizeof(float) + halves * sizeof(uint16_t));
     if (!base) return 0;
     w->acc = base;
     w->max = w->acc + vectors * dim;
@@ -527,6 +522,7 @@ static int workspace_alloc(Workspace *w, int64_t vectors, int64_t dim, int64_t b
     w->scores = w->values + block_size * dim;
     w->query = w->scores + vectors * w->chunk;
     w->keys = w->query + vectors * dim;
+    w->probs16 = (uint16_t *)(w->keys + block_size * dim);
     return 1;
 }
 
@@ -556,15 +552,25 @@ static void soft_cap(float *scores, int64_t count, float cap) {
 #define T uint16_t
 #define C uint16_t
 #define BLOCK block_bf16
-#define STORE_ROW store_row_bf16
+#define UNIT 1.f
+#define ACCUMULATE accumulate_simd
+#ifdef BF16_PAIRS
+#define SCORES_ROW scores_row_bf16_pairs
+#define WIDEN 0
+#define PROBS_BF16 1
+#define SOFTMAX_STEP softmax_step_bf16_pairs
+#define VALUES_IN_PLACE 1
+#define ACCUMULATE_ROW accumulate_row_bf16_pairs
+#define STORE_ROW store_row_bf16_pairs
+#else
 #define SCORES SIMD_SCORES(scores_bf16_simd)
 #define WIDEN SIMD_WIDENS
 #define LOAD_ROW load_row_bf16
 #define SOFTMAX_STEP softmax_step_simd
-#define UNIT 1.f
-#define ACCUMULATE accumulate_simd
 #define VALUES_IN_PLACE SIMD_VALUES_IN_PLACE
 #define ACCUMULATE_ROW accumulate_row_bf16_simd
+#define STORE_ROW store_row_bf16
+#endif
 #include "attention_generic.h"
 
 #define SUFFIX bf16_scalar

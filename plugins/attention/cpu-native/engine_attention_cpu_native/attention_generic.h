@@ -6,8 +6,11 @@
  * each block's keys as float32, widened once by LOAD_ROW and BLOCK; 0: where they lie) and the
  * math SCORES, SOFTMAX_STEP and ACCUMULATE defined (VALUES_IN_PLACE 1: ACCUMULATE_ROW reads a
  * block's values where they lie, for all of a row's vectors at once, in place of BLOCK and
- * ACCUMULATE), which it undefines again; TYPED(name) is name_<SUFFIX>. A file rather than a
- * macro, so that compiler messages and debuggers see its own lines. */
+ * ACCUMULATE), which it undefines again; TYPED(name) is name_<SUFFIX>. Optional: SCORES_ROW, a
+ * row's vectors' scores of a block in one call in place of SCORES per vector; PROBS_BF16, the
+ * softmax step also writing the probabilities as bf16 (Workspace.probs16), which ACCUMULATE_ROW
+ * reads in place of the float32 ones (attention_bf16_pairs.h). A file rather than a macro, so
+ * that compiler messages and debuggers see its own lines. */
 
 /* The block PREFETCH_AHEAD blocks after `start` in an item's walk (a chunk's keys, then its
  * values, then the next chunk's keys ...; `values`: this one is a value block), NULL past the
@@ -66,6 +69,10 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
 #endif
             for (int64_t i = 0; i < n; i++) {
                 if (!row_range(first_position + i, window, start, start + count, &lo, &hi)) continue;
+#ifdef SCORES_ROW
+                SCORES_ROW(first_query + i * q_stride, group, keys + (lo - start) * dim, hi - lo, dim, scale * UNIT,
+                           w->scores + i * group * chunk + lo - c0, chunk);
+#else
                 for (int64_t j = 0; j < group; j++) {
                     int64_t m = i * group + j;
 #if WIDEN
@@ -75,6 +82,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
 #endif
                     SCORES(q, keys + (lo - start) * dim, hi - lo, dim, scale * UNIT, w->scores + m * chunk + lo - c0);
                 }
+#endif
             }
         }
         for (int64_t i = 0; i < n; i++) {
@@ -83,7 +91,11 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
                 int64_t m = i * group + j;
                 float *scores = w->scores + m * chunk + lo - c0;
                 if (softcap > 0.f) soft_cap(scores, hi - lo, softcap);
+#ifdef PROBS_BF16
+                w->correction[m] = SOFTMAX_STEP(scores, w->probs16 + m * chunk + lo - c0, hi - lo, w->max + m, w->sum + m);
+#else
                 w->correction[m] = SOFTMAX_STEP(scores, hi - lo, w->max + m, w->sum + m);
+#endif
             }
         }
         for (int64_t start = b0; start < c1; start += block_size) {
@@ -100,7 +112,12 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
             for (int64_t i = 0; i < n; i++) {
                 if (!row_range(first_position + i, window, start, start + count, &lo, &hi)) continue;
                 /* the chunk's rescaling once, with the row's first values */
-                float *correction = w->correction + i * group, *probs = w->scores + i * group * chunk + lo - c0;
+                float *correction = w->correction + i * group;
+#ifdef PROBS_BF16
+                ACCUMULATE_ROW(w->acc + i * group * dim, correction, w->probs16 + i * group * chunk + lo - c0, chunk,
+                               values + (lo - start) * dim, hi - lo, dim, group);
+#else
+                float *probs = w->scores + i * group * chunk + lo - c0;
 #if VALUES_IN_PLACE
                 ACCUMULATE_ROW(w->acc + i * group * dim, correction, probs, chunk, values + (lo - start) * dim,
                                hi - lo, dim, group);
@@ -108,6 +125,7 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
                 for (int64_t j = 0; j < group; j++)
                     ACCUMULATE(w->acc + (i * group + j) * dim, correction[j], probs + j * chunk,
                                values + (lo - start) * dim, hi - lo, dim);
+#endif
 #endif
                 for (int64_t j = 0; j < group; j++) correction[j] = 1.f;
             }
@@ -176,6 +194,8 @@ engine_status TYPED(paged_attention)(const T *query, int64_t q_stride, const C *
 #undef BLOCK
 #undef STORE_ROW
 #undef SCORES
+#undef SCORES_ROW
+#undef PROBS_BF16
 #undef WIDEN
 #undef LOAD_ROW
 #undef SOFTMAX_STEP
