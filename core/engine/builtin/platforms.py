@@ -58,16 +58,15 @@ class CpuPlatform(Platform):
 
     def allocate_zeroed(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """Anonymous pages from the kernel: zero by definition, resident only once written (writing
-        gigabytes of zeros took seconds of every start). Asked for as huge pages where Linux
-        gives them on request (transparent huge pages in ``madvise`` mode, the common default):
-        attention reads a step's blocks from all over the pool, and on 4 KiB pages nearly every
-        block was a TLB miss (a batch-64 step's attention 1.1-1.3x slower, docs/decisions.md)."""
+        gigabytes of zeros took seconds of every start). Not advised as huge pages: a fresh
+        process writes each block first in a step, and in a virtual machine a 2 MiB page the
+        guest had not used took ~7x longer a byte to appear than 4 KiB ones, more than the
+        fewer TLB misses gave back: whole offline runs 1.06-1.10x faster on the system's
+        default pages (docs/decisions.md, "The KV pool back on 4 KiB pages")."""
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < ZEROED_MAP_BYTES:
             return torch.zeros(shape, dtype=dtype)
         pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        if hasattr(mmap, "MADV_HUGEPAGE"):
-            pages.madvise(mmap.MADV_HUGEPAGE)
         return torch.frombuffer(pages, dtype=torch.uint8).view(dtype).view(shape)  # the tensor keeps `pages`
 
     def place_weights(self, storages: list[torch.UntypedStorage]) -> str | None:
