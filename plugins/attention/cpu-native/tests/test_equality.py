@@ -1,7 +1,8 @@
 """cpu-native against the torch backend and plain math on the same random paged inputs:
-bf16 and float32, GQA ratios 1, 3 and 4, head_dim 64 and 128, contexts that are not block
-multiples, block tables shuffled over the pool; decode batches and mixed prefill + decode,
-with the AVX-512 and the portable C kernels (every row in C, a prompt in 16-row tiles)."""
+bf16 and float32, GQA ratios 1, 3 and 4, head_dim 64, 80 (a last piece of 16 values) and 128,
+contexts that are not block multiples, block tables shuffled over the pool; decode batches and
+mixed prefill + decode, with the AVX-512 and the portable C kernels (every row in C, a prompt
+in 16-row tiles)."""
 
 import pytest
 import torch
@@ -27,7 +28,7 @@ class Portable(NativeAttentionBackend):
 @pytest.mark.parametrize("kernel", [NativeAttentionBackend, Portable], ids=["avx512", "portable"])
 @pytest.mark.parametrize("batch", sorted(BATCHES))
 @pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 2)], ids=["g1", "g3", "g4"])
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", [64, 80, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 def test_matches_the_torch_backend(kernel, batch, heads, head_dim, dtype):
     spec = AttentionSpec(
