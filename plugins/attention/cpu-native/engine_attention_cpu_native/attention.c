@@ -263,6 +263,17 @@ static inline __m512 sum16(const __m512 acc[16]) {
 
 static inline __mmask16 first_lanes(int64_t n) { return n >= 16 ? 0xFFFF : (__mmask16)((1u << n) - 1); }
 
+/* A softmax step's new running max: the larger of `max` and the count scores' largest */
+static inline float running_max_simd(const float *scores, int64_t count, float max) {
+    __m512 top = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < count; t += 16) {
+        __mmask16 live = first_lanes(count - t);
+        top = _mm512_mask_max_ps(top, live, top, _mm512_maskz_loadu_ps(live, scores + t));
+    }
+    float block_max = _mm512_reduce_max_ps(top);
+    return block_max > max ? block_max : max;
+}
+
 #ifdef __AVX512BF16__
 #include "attention_bf16_pairs.h"
 #define BF16_PAIRS
@@ -345,13 +356,7 @@ DEFINE_BLOCK_FP8_SIMD(e5m2, uint8_t, over1)
 DEFINE_BLOCK_FP8_SIMD(f16, uint16_t, over1)
 
 static float softmax_step_simd(float *scores, int64_t count, float *max, float *sum) {
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < count; t += 16) {
-        __mmask16 live = first_lanes(count - t);
-        top = _mm512_mask_max_ps(top, live, top, _mm512_maskz_loadu_ps(live, scores + t));
-    }
-    float block_max = _mm512_reduce_max_ps(top);
-    float new_max = block_max > *max ? block_max : *max;
+    float new_max = running_max_simd(scores, count, *max);
     float correction = expf(*max - new_max);
     __m512 shift = _mm512_set1_ps(new_max), total = _mm512_setzero_ps();
     for (int64_t t = 0; t < count; t += 16) {

@@ -96,13 +96,7 @@ static void scores_row_bf16_pairs(const uint16_t *q, int64_t nv, const uint16_t 
 /* softmax_step_simd that also writes the probabilities rounded to bf16 (probs16) and sums the
  * rounded values */
 static float softmax_step_bf16_pairs(float *scores, uint16_t *probs16, int64_t count, float *max, float *sum) {
-    __m512 top = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < count; t += 16) {
-        __mmask16 live = first_lanes(count - t);
-        top = _mm512_mask_max_ps(top, live, top, _mm512_maskz_loadu_ps(live, scores + t));
-    }
-    float block_max = _mm512_reduce_max_ps(top);
-    float new_max = block_max > *max ? block_max : *max;
+    float new_max = running_max_simd(scores, count, *max);
     float correction = expf(*max - new_max);
     __m512 shift = _mm512_set1_ps(new_max), total = _mm512_setzero_ps();
     for (int64_t t = 0; t < count; t += 16) {
