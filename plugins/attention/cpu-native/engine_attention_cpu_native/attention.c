@@ -69,6 +69,10 @@
 /* tokens between the one write_kv copies and the one whose slots it prefetches for writing: a
  * step's slots lie anywhere in the pool, each a cache miss a plain copy would take in turn */
 #define WRITE_AHEAD 8
+/* tokens from which write_kv splits them over the threads: a fresh process's first write of
+ * each page is a page fault, and the threads take theirs side by side (a 256-row step's
+ * write_kv 3.4 -> 2.2 ms while the pool's pages are new) */
+#define WRITE_PARALLEL_TOKENS 64
 
 int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
@@ -83,6 +87,7 @@ engine_status write_kv(const char *key, const char *value, int64_t row_stride, i
     for (int64_t t = 0; t < tokens; t++)
         if (slot_mapping[t] < 0 || slot_mapping[t] >= slots) return 1;
     int64_t row = head_dim * elem_bytes, plane = slots * row;
+#pragma omp parallel for schedule(static) if (tokens >= WRITE_PARALLEL_TOKENS)
     for (int64_t t = 0; t < tokens; t++) {
         char *k_dst = cache + slot_mapping[t] * row, *v_dst = k_dst + kv_heads * plane;
         if (t + WRITE_AHEAD < tokens) {
