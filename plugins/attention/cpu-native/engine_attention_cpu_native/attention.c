@@ -10,8 +10,8 @@
  * goes by bf16 pairs (attention_bf16_pairs.h: a row's vectors' scores of a block at once, the
  * probabilities rounded to bf16 for the values' products); without AVX512_BF16 bf16 values are
  * widened in registers once for up to four vectors of a row (AVX-512); other types once a
- * block into float32 scratch. Blocks sit anywhere in the pool, so each is prefetched PREFETCH_AHEAD blocks
- * before it is used. Query row i of a request sits at
+ * block into float32 scratch. Blocks sit anywhere in the pool, so each is prefetched
+ * PREFETCH_AHEAD blocks before it is used. Query row i of a request sits at
  * position seq_len - n + i and sees keys up to its own position (causal within the chunk).
  * With a sliding window (window > 0) it sees the window keys ending at its own only: the walk
  * starts at the block of the first key the earliest row sees (earlier table entries may be the
@@ -296,7 +296,8 @@ static inline __attribute__((always_inline)) void scores_bf16_body(const uint16_
             acc[t] = _mm512_setzero_ps();
             if (t >= n) continue;
             const uint16_t *k = keys + (t0 + t) * dim;
-            for (int64_t d = 0; d < dim; d += 16) acc[t] = _mm512_fmadd_ps(bf16x16_load(q + d), bf16x16_load(k + d), acc[t]);
+            for (int64_t d = 0; d < dim; d += 16)
+                acc[t] = _mm512_fmadd_ps(bf16x16_load(q + d), bf16x16_load(k + d), acc[t]);
         }
         _mm512_mask_storeu_ps(scores + t0, first_lanes(n), _mm512_mul_ps(sum16(acc), _mm512_set1_ps(scale)));
     }

@@ -13,8 +13,8 @@
  * rounded values, so that the output is a convex combination of the values whatever the
  * rounding (the values themselves are bf16 already). Two tokens' values are interleaved
  * (unpacklo/hi_epi16: pairs (v_t[d], v_t+1[d])) and added to the accumulators by vdpbf16ps
- * against the two tokens' probabilities broadcast as one pair: half the multiply-adds of
- * widening the values and one float32 FMA per token, and no widening. The accumulators hold
+ * against the two tokens' probabilities broadcast as one pair: half the multiply-adds of the
+ * float32 path (one FMA per token, vector and 16 dimensions) and no widening. The accumulators hold
  * each 32 dimensions in the unpacks' order (lo: 8L + 0..3, hi: 8L + 4..7 for lane L), put
  * back in order once, when a row is stored (store_row_bf16_pairs).
  *

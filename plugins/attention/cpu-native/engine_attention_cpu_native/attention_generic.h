@@ -92,7 +92,8 @@ static void TYPED(attend_item)(const T *query, int64_t q_stride, const C *key_ca
                 float *scores = w->scores + m * chunk + lo - c0;
                 if (softcap > 0.f) soft_cap(scores, hi - lo, softcap);
 #ifdef PROBS_BF16
-                w->correction[m] = SOFTMAX_STEP(scores, w->probs16 + m * chunk + lo - c0, hi - lo, w->max + m, w->sum + m);
+                w->correction[m] =
+                    SOFTMAX_STEP(scores, w->probs16 + m * chunk + lo - c0, hi - lo, w->max + m, w->sum + m);
 #else
                 w->correction[m] = SOFTMAX_STEP(scores, hi - lo, w->max + m, w->sum + m);
 #endif
