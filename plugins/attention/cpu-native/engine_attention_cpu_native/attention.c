@@ -55,8 +55,10 @@
 #define MAX_HEAD_DIM 256
 #define MAX_BLOCK_SIZE 256
 /* below this many multiply-adds (query vectors x context tokens x head_dim, summed over
- * items) a call stays on one thread: waking the pool costs more than it saves */
-#define MIN_PARALLEL_WORK (1 << 16)
+ * items) a call stays on one thread: waking the pool costs more than it saves. Between a step's
+ * kernels the pool spins (engine.openmp), so a region costs ~0.4 us: one decode row over 8-100
+ * keys (the default model's three KV heads) took 0.75-0.87x the time on two threads */
+#define MIN_PARALLEL_WORK (1 << 12)
 /* query rows of a request per work item: a long prompt splits over the threads, and a
  * thread's scratch stays ROW_TILE x group vectors whatever the chunk's length */
 #define ROW_TILE 16
