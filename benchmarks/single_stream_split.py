@@ -45,6 +45,7 @@ PARTS = [
     ("engine.runner.step_graphs", "StepGraphRunner.replay_greedy"),
     ("engine.native.tape", "Tape.replay"),
     ("engine.layers.decoder", "DecoderForCausalLM.compute_logits"),
+    ("engine.layers.decoder", "DecoderForCausalLM.compute_greedy"),
     ("engine.runner.model_runner", "ModelRunner._sample"),
 ]
 
