@@ -160,11 +160,15 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     """Ten prompts of mixed lengths and output lengths: decode batches of 10 down to 1, each
     replayed (the default sizes are every batch up to 16), each request's greedy tokens as an
     engine that never records. Start-up records the sizes up to 8; 10 and 9 are recorded by
-    their first step, and the sizes no step used never are."""
+    their first step (their greedy recording alone: no step ran their forward alone), and the
+    sizes no step used never are. A sampled step of 10 then records the forward of 10."""
     options = dict(dtype=dtype, num_blocks=128, block_size=16, max_num_seqs=16, max_model_len=256)
     prompts = reference.random_prompts(1000, [3, 17, 5, 40, 9, 1, 25, 12, 30, 7], seed=2)
     lengths = [4, 9, 14, 19, 24, 29, 34, 39, 44, 49]
-    eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
+    eager_llm = LLM(tiny_gguf, enforce_eager=True, **options)
+    eager = _generate(eager_llm, prompts, lengths)
+    sampled = SamplingParams(max_tokens=3, temperature=0.8, seed=1, ignore_eos=True)
+    want_sampled = [o.outputs[0].token_ids for o in eager_llm.generate(prompts, sampled)]
     llm = LLM(tiny_gguf, **options)
     graphs = llm.engine.runner.graphs
     assert (
@@ -177,11 +181,14 @@ def test_decode_steps_replayed_from_tapes_give_the_eager_tokens(tiny_gguf, dtype
     assert _generate(llm, prompts, lengths) == eager
     assert len(replays) >= 40  # the last request alone decodes 5 steps per output length gap, and so on
     assert sorted(graphs.graphs) == list(range(1, 11)) and graphs.pending == list(range(16, 10, -1))
+    assert all(graphs.graphs[s].graph is None and graphs.graphs[s].greedy is not None for s in (9, 10))
+    assert [o.outputs[0].token_ids for o in llm.generate(prompts, sampled)] == want_sampled
+    assert graphs.graphs[10].graph is not None and graphs.graphs[9].graph is None
 
 
 @NEEDS_NATIVE_AFFINE
 def test_greedy_decode_steps_replay_with_their_tokens(tiny_gguf, monkeypatch):
-    """A bucket of up to ``GREEDY_SIZES_UP_TO`` rows has a second tape, the forward then the
+    """A bucket has a second tape (every size on native tapes), the forward then the
     LM head, the argmax and the inputs moved on: a step whose rows all decode greedily replays
     it and takes its tokens, with no call of the model's head from Python; a sampled step
     replays the forward's tape and scores eagerly. The tokens are the eager engine's."""
@@ -245,6 +252,26 @@ def test_bursts_of_greedy_decode_steps_give_the_eager_tokens(tiny_gguf, monkeypa
     steps.clear()
     assert llm.generate(prompts[:1], sampled)[0].outputs[0].token_ids == want_sampled
     assert len(steps) == sampled.max_tokens  # the prompt's step, then one step a token
+
+
+@NEEDS_NATIVE_AFFINE
+def test_a_batch_above_a_block_of_rows_bursts_on_its_greedy_tape(tiny_gguf, monkeypatch):
+    """72 greedy requests (more rows than a KV block has slots, and enough for write_kv to split
+    its tokens over the threads): their size's greedy tape is recorded by its first step and
+    kept, since the check's random rows that share a slot of the null block write the same keys
+    there; its bursts give the eager engine's tokens."""
+    options = dict(dtype="bfloat16", num_blocks=256, block_size=16, max_num_seqs=72, max_model_len=64)
+    prompts = reference.random_prompts(1000, [3 + i % 7 for i in range(72)], seed=5)
+    lengths = [6] * 72
+    want = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
+    llm = LLM(tiny_gguf, num_scheduler_steps=4, **options)
+    steps = []
+    real_step = llm.engine.step
+    monkeypatch.setattr(llm.engine, "step", lambda: (steps.append(1), real_step())[1])
+    assert _generate(llm, prompts, lengths) == want
+    recorded = llm.engine.runner.graphs.graphs[72]
+    assert recorded.greedy is not None and recorded.graph is None
+    assert len(steps) < max(lengths)  # the prompts' step, then bursts
 
 
 @pytest.mark.slow
@@ -467,7 +494,7 @@ def test_the_kv_budget_sets_aside_what_the_tapes_keep(tiny_gguf):
     recordings = runner.graphs.graphs.values()
     forwards = [r.graph for r in recordings]
     greedy = [r.greedy for r in recordings if r.greedy is not None]
-    assert len(greedy) == len(forwards)  # every bucket is at most GREEDY_SIZES_UP_TO rows here
+    assert len(greedy) == len(forwards)  # native tapes record every size's greedy steps
     arena = runner.graphs.recorder._arena.nbytes
     assert arena == max(t.arena_bytes for t in forwards + greedy) > 0
     calls = sum(ctypes.sizeof(t._ops) for t in forwards + greedy)

@@ -10,7 +10,8 @@ records a decode step's forward once per batch size and replays it — CUDA grap
 native tapes (``engine.native.tape``) on ``cpu-native``.
 
 ``StepGraphs.idle_sizes_up_to`` (added with a default, so v2 is unchanged) bounds what a server
-records while idle.
+records while idle; ``StepGraphs.greedy_sizes_up_to`` (the same) which sizes also get a greedy
+recording.
 
 Sleep mode (added with a default, so v2 is unchanged): ``release_memory`` gives a storage's
 memory back while keeping its address; a platform that cannot refuses ``--enable-sleep-mode``.
@@ -43,6 +44,10 @@ class StepGraphs(ABC):
     # the largest size a server records while idle (None: every size); a larger one waits for its
     # first step, so that a request arriving mid-recording never waits behind a long one
     idle_sizes_up_to: ClassVar[int | None] = None
+    # the largest size that also gets a greedy recording (the forward, the LM head and each
+    # row's first maximum: a greedy step's tokens in one replay, and bursts of such steps); None:
+    # every size. Where the head writes logits, the largest such size's are set aside too
+    greedy_sizes_up_to: ClassVar[int | None] = 16
     # whether the recordings share one pool of activations (the largest bucket's sets the memory:
     # CUDA graphs, native tapes), or each keeps every activation its own forward allocated (every
     # bucket's, every layer's); the KV cache's budget sets that memory aside

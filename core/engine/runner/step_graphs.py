@@ -18,17 +18,19 @@ of random inputs is compared with the eager forward of the same inputs
 ``enforce_eager`` turns all of this off, and it is off wherever :func:`graph_plan` gives a
 reason.
 
-A step whose rows all decode greedily (``StepInput.greedy``) of up to :data:`GREEDY_SIZES_UP_TO`
-rows replays a second recording of its bucket: the forward, then the LM head and each row's
-first maximum (:func:`engine.runner.sampler.greedy_tokens`), whose tokens are all the step
-needs, then the inputs moved on by those tokens (``DecodeInputs.advance``). At a few rows the
-head's and the argmax's host work (module calls, argument checks, the sampler's path) is a few
-per cent of a token; with them recorded, a single-stream token is one replay, and a burst of
-steps (``num_scheduler_steps``: ``StepPlan.decode_burst``) is that replay repeated. Each such
-recording's tokens on random inputs are compared with the eager ones before it serves (the
-scoring may take another path at another size), and one that differs is dropped; a model whose
-greedy tokens cannot be recorded (the cpu-native head on AMX tiles, which settles a row's ties
-in Python) keeps the forward's recording alone for that bucket.
+A step whose rows all decode greedily (``StepInput.greedy``), of a bucket up to the platform's
+``StepGraphs.greedy_sizes_up_to`` rows, replays a second recording of that bucket: the forward,
+then the LM head and each row's first maximum (:func:`engine.runner.sampler.greedy_tokens`),
+whose tokens are all the step needs, then the inputs moved on by those tokens
+(``DecodeInputs.advance``). With them recorded, a greedy step's host work is one replay (the
+head's module calls, argument checks and the sampler's path were a few per cent of a
+single-stream token), and a burst of steps (``num_scheduler_steps``: ``StepPlan.decode_burst``)
+is that replay repeated. Each such recording's tokens on random inputs are compared with the
+eager ones before it serves (the scoring may take another path at another size), and one that
+differs is dropped; a model whose greedy tokens cannot be recorded (the cpu-native head on AMX
+tiles, which settles a row's ties in Python) keeps the forward's recording alone for that
+bucket. A bucket above ``StepGraphs.start_up_sizes_up_to`` gets each of its two recordings from
+the first step that needs it, so a run whose steps all decode greedily records no forward alone.
 
 LoRA adapters run inside the recordings: each bucket has a static row -> slot buffer that the
 layers' LoRA ops read (:class:`engine.layers.lora.LoRABatch` points at it while recording), and a
@@ -55,10 +57,11 @@ from engine.runner.sampler import greedy_tokens
 
 logger = logging.getLogger(__name__)
 
-# the largest bucket whose greedy steps get a recording with their tokens: above it the head's
-# host work is a small part of a step, and its logits (where the model makes them) would grow
-# the recordings' memory
-GREEDY_SIZES_UP_TO = 16
+
+def greedy_sizes(graphs: StepGraphs, sizes: Sequence[int]) -> list[int]:
+    """Those of ``sizes`` that also get a greedy recording (``graphs.greedy_sizes_up_to``)."""
+    limit = graphs.greedy_sizes_up_to
+    return [s for s in sizes if limit is None or s <= limit]
 
 
 def capture_sizes(
@@ -139,7 +142,7 @@ def graph_memory_estimate(plan: GraphPlan, hf_config, dtype: torch.dtype) -> int
     hidden = getattr(hf_config, "hidden_size", 0)
     intermediate = getattr(hf_config, "intermediate_size", 4 * hidden)
     row_bytes = (8 * hidden + 4 * intermediate) * dtype.itemsize
-    greedy = [s for s in plan.sizes if s <= GREEDY_SIZES_UP_TO]
+    greedy = greedy_sizes(plan.graphs, plan.sizes)
     logits_row_bytes = getattr(hf_config, "vocab_size", 0) * 4
     if plan.graphs.shares_activations:
         rows, logits_rows = max(plan.sizes), max(greedy, default=0)
@@ -186,10 +189,10 @@ def start(
 
 @attrs.frozen
 class RecordedDecode:
-    graph: object  # a StepGraphs recording: replay()
-    inputs: DecodeInputs  # the static buffers it reads
-    metadata: object  # the attention metadata built over them, which it reads too
-    hidden: torch.Tensor  # the static output it writes, [size, hidden]
+    inputs: DecodeInputs  # the static buffers its recordings read
+    metadata: object  # the attention metadata built over them, which they read too
+    graph: object = None  # a StepGraphs recording of the forward (replay()), or None: none yet
+    hidden: torch.Tensor | None = None  # the static output it writes, [size, hidden]
     greedy: object = None  # a recording of the forward and its greedy tokens, or None
     tokens: torch.Tensor | None = None  # the static output that one writes, [size]
 
@@ -218,6 +221,7 @@ class StepGraphRunner:
         self.vocab_size, self.max_positions = vocab_size, max_positions  # what check() may feed
         self.graphs: dict[int, RecordedDecode] = {}
         self.pending = sorted(self.sizes, reverse=True)  # the buckets not yet recorded
+        self.score_eagerly: set[int] = set()  # the buckets whose greedy steps have no recording
         self.inputs = DecodeInputs.empty(max(self.sizes), max_blocks, device)  # every bucket's, as prefixes
 
     def _forward(self, inputs: DecodeInputs, metadata, lora_rows: torch.Tensor | None = None):
@@ -257,57 +261,68 @@ class StepGraphRunner:
             self._record(pending[0], check)
         return bool(self.idle_pending)
 
-    def _record_on_first_use(self, size: int) -> bool:
-        """Record ``size`` now, for the step about to run, where it waits for its first step
-        (above :attr:`~engine.interfaces.StepGraphs.start_up_sizes_up_to`). False where it does
-        not, or its recording failed: then this size and the larger run eagerly
-        (:meth:`_give_up_from`), or every size does where none was recorded, as at start-up."""
+    def _record_when_needed(self, size: int, greedy: bool) -> bool:
+        """Record bucket ``size``'s forward (``greedy``: its greedy recording) now, for the step
+        about to run, where start-up left the size (above
+        :attr:`~engine.interfaces.StepGraphs.start_up_sizes_up_to`): each of a size's two
+        recordings is made by the first step that needs it, so a run whose steps all decode
+        greedily never records the forward alone. False where it does not (the step runs
+        eagerly, or scores outside a recording), or its recording failed: then this size and the
+        larger run eagerly (:meth:`_give_up_from`), or every size does where none was recorded,
+        as at start-up."""
         limit = self.recorder.start_up_sizes_up_to
-        if limit is None or size <= limit or size not in self.pending:
+        if limit is None or size <= limit:
+            return False
+        if greedy and (size in self.score_eagerly or not greedy_sizes(self.recorder, [size])):
             return False
         try:
-            self._record(size)
+            # the step's eager forerunners and start-up's recordings compiled its kernels
+            self._record(size, forward=not greedy, greedy=greedy, warm_up=False)
         except RuntimeError as exc:
             logger.info("decode steps run eagerly: recording %s failed: %s", self.recorder.name, exc)
             self.graphs.clear()
             self.pending.clear()
             return False
-        return size in self.graphs
+        return self._has(size, greedy)
 
-    def _record(self, size: int, check: bool = True) -> None:
-        """Record bucket ``size``; the LoRA batch's row -> slot indices are left as they were
-        (a step about to replay has set its rows' adapters; the recording runs without any)."""
+    def _has(self, size: int, greedy: bool) -> bool:
+        """Whether bucket ``size`` has its forward's recording (``greedy``: its greedy one)."""
+        recorded = self.graphs.get(size)
+        return recorded is not None and (recorded.greedy if greedy else recorded.graph) is not None
+
+    def _record(
+        self, size: int, check: bool = True, forward: bool = True, greedy: bool = True, warm_up: bool = True
+    ) -> None:
+        """Record bucket ``size``'s ``forward`` and ``greedy`` recordings (after a forward of its
+        size, ``warm_up``: kernels compiled, allocator settled); the LoRA batch's row -> slot
+        indices are left as they were (a step about to replay has set its rows' adapters; the
+        recording runs without any)."""
         step_slots = self.lora.indices if self.lora is not None else None
         try:
-            self._record_bucket(size, check)
+            self._record_bucket(size, check, forward, greedy, warm_up)
         finally:
             if self.lora is not None:
                 self.lora.indices = step_slots
 
     @torch.inference_mode()
-    def _record_bucket(self, size: int, check: bool) -> None:
-        self.pending.remove(size)
-        inputs = self.inputs.prefix(size)
-        metadata = self.attention.build_graph_metadata(inputs.layout)
-        lora_rows = self._no_adapters(size)
+    def _record_bucket(self, size: int, check: bool, forward: bool, greedy: bool, warm_up: bool) -> None:
+        if size not in self.graphs:
+            self.pending.remove(size)
+            inputs = self.inputs.prefix(size)
+            self.graphs[size] = RecordedDecode(inputs, self.attention.build_graph_metadata(inputs.layout))
+            if (lora_rows := self._no_adapters(size)) is not None:
+                self.lora_rows[size] = lora_rows
+        recorded = self.graphs[size]
 
-        def forward():
-            return self._forward(inputs, metadata, lora_rows)
+        def run_forward():
+            return self._forward(recorded.inputs, recorded.metadata, self.lora_rows.get(size))
 
-        forward()  # warm-up: kernels compiled, allocator settled
-        try:
-            graph, hidden = self.recorder.record(forward)
-        except RuntimeError as exc:
-            if not any(recorded < size for recorded in self.graphs):
-                raise
-            self._give_up_from(size, exc)
+        if warm_up:
+            run_forward()
+        if forward and not self._record_forward(size, run_forward, check):
             return
-        self.graphs[size] = RecordedDecode(graph, inputs, metadata, hidden)
-        if check and len(self.graphs) == 1:  # on failure the caller drops this runner, bucket and all
-            self.check(size)
-        self._record_greedy(size, inputs, forward, check)
-        if lora_rows is not None:
-            self.lora_rows[size] = lora_rows
+        if greedy:
+            self._record_greedy(size, run_forward, check)
         if not self.pending:
             logger.info(
                 "recorded %s of decode steps for batches of %s",
@@ -315,17 +330,34 @@ class StepGraphRunner:
                 ", ".join(map(str, self.sizes)),
             )
 
-    def _record_greedy(self, size: int, inputs: DecodeInputs, forward, check: bool) -> None:
-        """Give bucket ``size`` (up to :data:`GREEDY_SIZES_UP_TO` rows) a recording of
-        ``forward``, its greedy tokens and ``inputs`` moved on by them (a burst's next step
+    def _record_forward(self, size: int, forward, check: bool) -> bool:
+        """Give bucket ``size`` the recording of ``forward``; the first bucket to have one is
+        checked (``check``; on failure the caller drops this runner, bucket and all). False where
+        it cannot be recorded and a smaller bucket was (:meth:`_give_up_from`)."""
+        try:
+            graph, hidden = self.recorder.record(forward)
+        except RuntimeError as exc:
+            if not any(self._has(recorded, False) for recorded in self.graphs if recorded < size):
+                raise
+            self._give_up_from(size, exc)
+            return False
+        first = not any(self._has(recorded, False) for recorded in self.graphs)
+        self.graphs[size] = attrs.evolve(self.graphs[size], graph=graph, hidden=hidden)
+        if check and first:
+            self.check(size)
+        return True
+
+    def _record_greedy(self, size: int, forward, check: bool) -> None:
+        """Give bucket ``size`` (if :func:`greedy_sizes` holds it) a recording of
+        ``forward``, its greedy tokens and its inputs moved on by them (a burst's next step
         reads them; a step that replays once is filled again before its next), where the
-        model's scoring can be recorded (else its greedy steps replay the forward alone). Each
-        is checked (``check``; the scoring may take another path at another size): one whose
-        tokens differ from the eager ones (a kernel of the head that no recording sees) is
-        dropped, said in the log."""
-        if size > GREEDY_SIZES_UP_TO:
+        model's scoring can be recorded (else its greedy steps score eagerly: ``score_eagerly``).
+        Each is checked (``check``; the scoring may take another path at another size): one
+        whose tokens differ from the eager ones (a kernel of the head that no recording sees)
+        is dropped, said in the log."""
+        if not greedy_sizes(self.recorder, [size]):
             return
-        block_size = self.attention.spec.block_size
+        block_size, inputs = self.attention.spec.block_size, self.graphs[size].inputs
 
         def greedy_step():
             tokens = greedy_tokens(self.model, forward())
@@ -337,6 +369,7 @@ class StepGraphRunner:
             greedy, tokens = self.recorder.record(greedy_step)
         except RuntimeError as exc:
             logger.debug("greedy decode steps of %d sequences score outside the recording: %s", size, exc)
+            self.score_eagerly.add(size)
             return
         recorded = attrs.evolve(self.graphs[size], greedy=greedy, tokens=tokens)
         if check and not self._same_greedy_tokens(recorded):
@@ -345,6 +378,7 @@ class StepGraphRunner:
                 "or the inputs it moves on by them, differ from eager (a kernel it did not record?)",
                 size,
             )
+            self.score_eagerly.add(size)
             return
         self.graphs[size] = recorded
 
@@ -361,11 +395,11 @@ class StepGraphRunner:
 
     @torch.inference_mode()
     def check(self, size: int | None = None, seed: int = 0) -> None:
-        """Replay bucket ``size`` (default: the largest) on random tokens, positions and lengths
+        """Replay bucket ``size`` (default: the largest recorded) on random tokens, positions and lengths
         (keys in the null block) and compare with the eager forward of the same inputs; raise
         RuntimeError when they differ (a recording that froze something it should read at run
         time)."""
-        size = size or max(self.graphs)
+        size = size or max(s for s in self.graphs if self._has(s, False))
         recorded, inputs = self.graphs[size], self._random_inputs(size, seed)
         eager = self._eager(inputs)
         recorded.inputs.copy_(inputs)
@@ -380,7 +414,7 @@ class StepGraphRunner:
         """Whether ``recorded``'s greedy recording, replayed on random inputs as :meth:`check`
         replays, gives the eager greedy tokens of the same inputs, and leaves its inputs moved
         on by them (what a burst's next step reads)."""
-        size = recorded.hidden.shape[0]
+        size = recorded.inputs.input_ids.shape[0]
         inputs = self._random_inputs(size, seed)
         eager = greedy_tokens(self.model, self._eager(inputs))
         recorded.inputs.copy_(inputs)
@@ -394,12 +428,17 @@ class StepGraphRunner:
         )
 
     def _random_inputs(self, size: int, seed: int) -> DecodeInputs:
-        """A decode step of ``size`` random tokens, positions and lengths, keys in the null block."""
-        device, gen = self.device, torch.Generator().manual_seed(seed)
-        lens = torch.randint(1, self.attention.spec.block_size + 1, (size,), generator=gen, dtype=torch.int32)
+        """A decode step of ``size`` random lengths, keys in the null block, each row's token and
+        position drawn for its slot: rows that share a slot (more rows than a block holds) write
+        the same keys and values there, whichever of a kernel's threads writes last."""
+        device, block_size = self.device, self.attention.spec.block_size
+        gen = torch.Generator().manual_seed(seed)
+        lens = torch.randint(1, block_size + 1, (size,), generator=gen, dtype=torch.int32)
+        tokens = torch.randint(0, self.vocab_size, (block_size,), generator=gen)
+        positions = torch.randint(0, self.max_positions, (block_size,), generator=gen)
         return DecodeInputs(
-            torch.randint(0, self.vocab_size, (size,), generator=gen).to(device),
-            torch.randint(0, self.max_positions, (size,), generator=gen).to(device),
+            tokens[lens - 1].to(device),
+            positions[lens - 1].to(device),
             BatchLayout(
                 query_start_loc=torch.arange(size + 1, dtype=torch.int32, device=device),
                 seq_lens=lens.to(device),
@@ -432,9 +471,10 @@ class StepGraphRunner:
 
     def runs_bursts_of(self, rows: int) -> bool:
         """Whether a decode step of ``rows`` requests may run as a burst (:meth:`replay_greedy`
-        with ``steps`` above 1): only a greedy recording runs one, and only the buckets of up to
-        :data:`GREEDY_SIZES_UP_TO` rows have one."""
-        return rows <= GREEDY_SIZES_UP_TO
+        with ``steps`` above 1): only a greedy recording runs one, and only the buckets
+        :func:`greedy_sizes` holds have one."""
+        size = bucket_for(rows, self.sizes)
+        return size is not None and bool(greedy_sizes(self.recorder, [size]))
 
     def replay_greedy(self, batch, steps: int = 1) -> torch.Tensor | None:
         """The greedy tokens of ``batch`` (a ``StepInput`` whose rows all decode greedily)
@@ -443,8 +483,8 @@ class StepGraphRunner:
         decode steps in a row (each request has slots for them), each step's tokens fed to the
         next (:meth:`DecodeInputs.advance`, recorded at the step's end); their tokens
         [requests, steps]."""
-        size = self._bucket(batch)
-        if size is None or self.graphs[size].greedy is None:
+        size = self._bucket(batch, greedy=True)
+        if size is None:
             return None
         recorded, rows = self._fill(size, batch), batch.layout.num_requests
         recorded.greedy.replay()
@@ -457,15 +497,16 @@ class StepGraphRunner:
             tokens[:, step] = recorded.tokens[:rows]
         return tokens
 
-    def _bucket(self, batch) -> int | None:
-        """The recorded bucket that holds ``batch``, recorded now where it waits for its first
-        step; None where ``batch`` is not a uniform decode step or no recorded bucket holds it."""
+    def _bucket(self, batch, greedy: bool = False) -> int | None:
+        """The bucket that holds ``batch`` with its forward's recording (``greedy``: its greedy
+        one), recorded now where this is the first step to need it (:meth:`_record_when_needed`);
+        None where ``batch`` is not a uniform decode step or no bucket holds it so recorded."""
         if not is_uniform_decode(batch.layouts):
             return None
         size = bucket_for(batch.layout.num_requests, self.sizes)
         if size is None or batch.layout.block_table.shape[1] > self.max_blocks:
             return None  # no bucket holds it
-        if size not in self.graphs and not self._record_on_first_use(size):
+        if not self._has(size, greedy) and not self._record_when_needed(size, greedy):
             return None  # its bucket is not recorded (yet, or ever)
         return size
 
