@@ -459,6 +459,29 @@ def test_a_forward_with_torch_ops_runs_eagerly(tiny_llama, caplog):
     assert len(_generate(llm, ["hello"], [3])[0]) == 3
 
 
+@NEEDS_NATIVE_AFFINE
+def test_a_server_core_whose_forward_cannot_be_recorded_decodes_eagerly_on(tiny_llama, caplog):
+    """A server's core records nothing at start-up; where its forward computes with torch ops,
+    the first step of a size above the start-up sizes fails to record it, says so once, and this
+    and every later step of every size run eagerly (not a second attempt on a runner emptied by
+    the first)."""
+    llm = LLM(
+        tiny_llama[0], dtype="float32", num_blocks=64, block_size=16, max_model_len=256, enforce_eager=True
+    )
+    engine, runner = llm.engine, llm.engine.runner
+    graph_plan = step_graphs.GraphPlan(tape.TapeGraphs(), tuple(range(1, 17)), ())
+    runner.graphs = step_graphs.start(
+        engine.model, runner.attention, runner.kv_caches, graph_plan, 16, engine.platform,
+        engine.hf_config.vocab_size, engine.max_model_len, defer=True,
+    )  # fmt: skip
+    prompts = reference.random_prompts(1000, [3 + i for i in range(12)], seed=6)
+    with caplog.at_level("INFO", logger="engine.runner.step_graphs"):
+        tokens = _generate(llm, prompts, [2 + i for i in range(12)])
+    assert [len(t) for t in tokens] == [2 + i for i in range(12)]
+    assert caplog.text.count("recording native tapes failed") == 1
+    assert not runner.graphs.graphs and not runner.graphs.pending
+
+
 def _widened_bf16_missing() -> str:
     """Why bfloat16 weights are not on cpu-native's widening kernel here ("" when they are)."""
     from engine_platforms_cpu_native.dense import WidenedBf16

@@ -271,8 +271,8 @@ class StepGraphRunner:
         larger run eagerly (:meth:`_give_up_from`), or every size does where none was recorded,
         as at start-up."""
         limit = self.recorder.start_up_sizes_up_to
-        if limit is None or size <= limit:
-            return False
+        if limit is None or size <= limit or (size not in self.graphs and size not in self.pending):
+            return False  # start-up's to record, or given up
         if greedy and (size in self.score_eagerly or not greedy_sizes(self.recorder, [size])):
             return False
         try:
