@@ -289,10 +289,10 @@ class TapeGraphs(StepGraphs):
     in one arena (:mod:`engine.native.arena`: 2.6 MiB for 256 rows of the default model) and
     read their inputs from one set of buffers, so a size costs only its list of calls (~70 KiB
     on the default model). Sizes up to 8 are recorded at start-up, up to 16 while a server is
-    idle, the larger by the first step of that size that needs each recording (one forward
-    recorded, and for the greedy one a check). Every size gets a greedy recording: above 16 rows
-    the head's host work and a burst's scheduling passes were still 5-6 % of the default model's
-    offline decode at 64 and 256 requests."""
+    idle, the larger's forward by the first step of that size (one forward recorded), its greedy
+    recording by its fourth greedy step in a row. Every size gets a greedy recording: above 16
+    rows the head's host work and a burst's scheduling passes were still 4-6 % of the default
+    model's offline decode at 64 and 256 requests."""
 
     name = "native tapes"
     max_default_size = 512
