@@ -230,7 +230,7 @@ class StepGraphRunner:
         self.graphs: dict[int, RecordedDecode] = {}
         self.pending = sorted(self.sizes, reverse=True)  # the buckets not yet recorded
         self.score_eagerly: set[int] = set()  # the buckets whose greedy steps have no recording
-        self.greedy_run = (0, 0)  # (bucket, greedy steps of it in a row)
+        self.greedy_run: tuple[int | None, int] = (None, 0)  # (bucket, its greedy steps in a row)
         self.inputs = DecodeInputs.empty(max(self.sizes), max_blocks, device)  # every bucket's, as prefixes
 
     def _forward(self, inputs: DecodeInputs, metadata, lora_rows: torch.Tensor | None = None):
@@ -276,9 +276,8 @@ class StepGraphRunner:
         :attr:`~engine.interfaces.StepGraphs.start_up_sizes_up_to`): the forward's by the first
         step that needs it, the greedy one by the :data:`GREEDY_AFTER_STEPS`-th greedy step of
         the size in a row. False where it does not (the step replays the forward's or runs
-        eagerly), or its recording failed: then this size and the
-        larger run eagerly (:meth:`_give_up_from`), or every size does where none was recorded,
-        as at start-up."""
+        eagerly), or its recording failed: then this size and the larger run eagerly
+        (:meth:`_give_up_from`), or every size does where none was recorded, as at start-up."""
         limit = self.recorder.start_up_sizes_up_to
         if limit is None or size <= limit or (size not in self.graphs and size not in self.pending):
             return False  # start-up's to record, or given up
@@ -350,11 +349,11 @@ class StepGraphRunner:
         try:
             graph, hidden = self.recorder.record(forward)
         except RuntimeError as exc:
-            if not any(self._has(recorded, False) for recorded in self.graphs if recorded < size):
+            if not any(self._has(smaller, False) for smaller in self.graphs if smaller < size):
                 raise
             self._give_up_from(size, exc)
             return False
-        first = not any(self._has(recorded, False) for recorded in self.graphs)
+        first = not any(self._has(other, False) for other in self.graphs)
         self.graphs[size] = attrs.evolve(self.graphs[size], graph=graph, hidden=hidden)
         if check and first:
             self.check(size)
@@ -496,9 +495,6 @@ class StepGraphRunner:
         decode steps in a row (each request has slots for them), each step's tokens fed to the
         next (:meth:`DecodeInputs.advance`, recorded at the step's end); their tokens
         [requests, steps]."""
-        held = bucket_for(batch.layout.num_requests, self.sizes)
-        run = self.greedy_run[1] + 1 if held == self.greedy_run[0] else 1
-        self.greedy_run = (held or 0, run)
         size = self._bucket(batch, greedy=True)
         if size is None:
             return None
@@ -520,6 +516,8 @@ class StepGraphRunner:
         if not is_uniform_decode(batch.layouts):
             return None
         size = bucket_for(batch.layout.num_requests, self.sizes)
+        if greedy:  # the greedy steps of a size in a row, which its greedy recording waits for
+            self.greedy_run = (size, self.greedy_run[1] + 1 if self.greedy_run[0] == size else 1)
         if size is None or batch.layout.block_table.shape[1] > self.max_blocks:
             return None  # no bucket holds it
         if not self._has(size, greedy) and not self._record_when_needed(size, greedy):
