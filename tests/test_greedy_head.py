@@ -69,3 +69,26 @@ def test_greedy_steps_take_the_heads_tokens_and_give_the_logits_argmax(tmp_path,
     beside = llm.generate([*prompts, prompts[0]], [GREEDY] * 24 + [scored])
     assert not any(heads_tokens)
     assert [o.outputs[0].token_ids for o in beside[:24]] == alone
+
+
+def test_greedy_steps_on_the_tiles_replay_a_recording(tmp_path, monkeypatch):
+    """Where batched steps take the tiles and the head its int8 copy (forced here: without AMX the
+    native builds run the same kernels' plain C), a greedy step above 16 rows replays its bucket's
+    greedy recording, the head's candidates and the settling of the rows they leave included,
+    and gives the tokens the logits give."""
+    from engine_platforms_cpu_native import affine, logits
+
+    for module, name in ((affine, "amx_tiles"), (affine, "int8_tiles"), (logits, "int8_tiles")):
+        monkeypatch.setattr(module, name, lambda: True)
+    model = reference.tiny_checkpoint(str(tmp_path / "hf"), "LlamaForCausalLM", TINY)
+    path = str(tmp_path / "tiny.gguf")
+    write_gguf(path, model, None, T.Q4_0)
+    llm = LLM(path, dtype="bfloat16", max_num_seqs=32, block_size=16, num_blocks=200, max_model_len=256)
+    assert any(getattr(m, "int8_table", None) is not None for m in llm.engine.model.modules())
+    prompts = reference.random_prompts(TINY["vocab_size"], [5 + 3 * i for i in range(24)], seed=3)
+    alone = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    graphs = llm.engine.runner.graphs
+    assert graphs.graphs[24].greedy is not None and not graphs.score_eagerly
+    scored = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    beside = llm.generate([*prompts, prompts[0]], [GREEDY] * 24 + [scored])
+    assert [o.outputs[0].token_ids for o in beside[:24]] == alone

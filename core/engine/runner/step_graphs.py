@@ -27,11 +27,11 @@ head's module calls, argument checks and the sampler's path were a few per cent 
 single-stream token), and a burst of steps (``num_scheduler_steps``: ``StepPlan.decode_burst``)
 is that replay repeated. Each such recording's tokens on random inputs are compared with the
 eager ones before it serves (the scoring may take another path at another size), and one that
-differs is dropped; a model whose greedy tokens cannot be recorded (the cpu-native head on AMX
-tiles, which settles a row's ties in Python) keeps the forward's recording alone for that
-bucket. A bucket above ``StepGraphs.start_up_sizes_up_to`` gets its forward's recording from the
-first step that needs it, and its greedy one from its :data:`GREEDY_AFTER_STEPS`-th greedy step
-in a row (earlier ones replay the forward's).
+differs is dropped; a model whose greedy tokens cannot be recorded (a head that branches in
+Python on its own results) keeps the forward's recording alone for that bucket. A bucket above
+``StepGraphs.start_up_sizes_up_to`` gets its forward's recording from the first step that needs
+it, and its greedy one from its :data:`GREEDY_AFTER_STEPS`-th greedy step in a row (earlier ones
+replay the forward's).
 
 LoRA adapters run inside the recordings: each bucket has a static row -> slot buffer that the
 layers' LoRA ops read (:class:`engine.layers.lora.LoRABatch` points at it while recording), and a

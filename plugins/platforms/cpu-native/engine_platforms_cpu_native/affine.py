@@ -37,7 +37,6 @@ import torch
 from engine.layers import Layer
 from engine.layers.group_affine import AffineWeight
 from engine.native import load_source
-from engine.native.rows import first_max
 from engine.native.tape import NativeKernel, bind
 from engine_platforms_cpu_native import kernels
 from engine_platforms_cpu_native.kernels import activation_rows, tiles_allowed
@@ -165,6 +164,7 @@ class PackedAffine(Layer):
         self._refine_logits = bound[f"affine_refine_logits_{suffix}"]
         self._greedy = bound[f"affine_greedy_{suffix}"]
         self._greedy_rows = bound[f"affine_greedy_rows_{suffix}"]
+        self._settle = bound[f"affine_settle_{suffix}"]
         on_amx = tiles and dtype == torch.bfloat16 and not portable and amx_tiles()
         self._tiles = bound["affine_matmul_amx"] if on_amx else None
         self.int8_table: Int8Table | None = None
@@ -231,7 +231,9 @@ class PackedAffine(Layer):
         row's maximum where it lies above the least of the candidates' one-pass values, which no
         logit left out exceeds. A row where it does not (a flat row, NaN) gets its logits made as
         ``logits`` makes them, and their first maximum. Off the tiles that is one kernel call
-        (``affine_greedy_rows``), which a native tape records."""
+        (``affine_greedy_rows``); on them four (the int8 copy's candidates, ``affine_greedy``,
+        the unsettled rows' logits, ``affine_settle``), whatever the rows need: no branch in
+        Python, so a native tape records either."""
         x = activation_rows(x, self.in_features, self.dtype)
         if x.shape[0] < GREEDY_ROWS:
             return None
@@ -243,10 +245,9 @@ class PackedAffine(Layer):
             return None
         best, approx = self.int8_table.top(x, top)
         self._run(self._greedy, x, torch.int64, top, best.data_ptr(), approx.data_ptr(), out=tokens)
-        unsure = (tokens < 0).nonzero().squeeze(1)
-        if len(unsure):
-            tokens[unsure] = first_max(self._tile_logits(x[unsure]))
-        return tokens
+        logits = torch.empty(x.shape[0], self.out_features)  # only unsettled rows' are written
+        self.int8_table.unsettled(x, tokens, logits)
+        return self._run(self._settle, x, torch.int64, top, logits.data_ptr(), out=tokens)
 
     @property
     def on_tiles(self) -> bool:

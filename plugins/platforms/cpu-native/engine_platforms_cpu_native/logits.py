@@ -92,6 +92,13 @@ class Int8Table(Layer):
         self._run("logits_int8_top", x, top, best.data_ptr(), values.data_ptr())
         return best, values
 
+    def unsettled(self, x: torch.Tensor, tokens: torch.Tensor, out: torch.Tensor) -> None:
+        """``self(x)``'s rows whose token is -1 (int64 ``tokens`` [M]: a row ``top``'s
+        candidates could not settle) into float32 ``out`` [M, n], whose other rows are not
+        written: a kernel call whatever the tokens, so that a native tape records it."""
+        x = activation_rows(x, self.in_features, torch.bfloat16)
+        self._run("logits_int8_unsettled", x, tokens.data_ptr(), out.data_ptr())
+
     def _run(self, name: str, x: torch.Tensor, *outputs) -> None:
         """Kernel ``name`` over the bf16 rows x and the table; ``outputs`` follow the table's."""
         self._kernels[name](

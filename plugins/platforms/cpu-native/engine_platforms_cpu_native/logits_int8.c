@@ -245,3 +245,12 @@ void logits_int8_top(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const
     product(x, ldx, m, k, w8, scale, n, &sink);
     top_candidates_merge(all, best, approx, m * n * k >= PARALLEL_WORK);
 }
+
+/* A row's product is the same alone as in any batch (exact int32 sums, one scaling a logit), so
+ * each such row is multiplied alone: none in nearly every step, where this costs a pass over the
+ * tokens. */
+void logits_int8_unsettled(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8,
+                           const float *scale, int64_t n, const int64_t *tokens, float *out) {
+    for (int64_t r = 0; r < m; r++)
+        if (tokens[r] < 0) logits_int8(x + r * ldx, ldx, 1, k, w8, scale, n, out + r * n);
+}

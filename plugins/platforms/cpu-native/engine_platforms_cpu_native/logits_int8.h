@@ -27,4 +27,10 @@ void logits_int8(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int
 void logits_int8_top(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8, const float *scale,
                      int64_t n, int64_t top, int64_t *best, float *approx);
 
+/* the logits_int8 product of each row whose token is -1 (tokens [m], as quant_gemm.c's affine_greedy
+ * leaves a row logits_int8_top's candidates cannot settle) into out [m, n]; the other rows of out
+ * are not written */
+void logits_int8_unsettled(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const int8_t *w8,
+                           const float *scale, int64_t n, const int64_t *tokens, float *out);
+
 #endif

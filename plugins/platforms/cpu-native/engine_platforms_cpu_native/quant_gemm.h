@@ -67,6 +67,14 @@ void affine_greedy_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const 
                        int64_t form, int64_t bits, int64_t n, int64_t top, const int64_t *best, const float *approx,
                        int64_t *tokens);
 
+/* each row whose token is -1 (tokens [m], as affine_greedy leaves them): its `top` largest logits
+ * of logits [m, n] (another product's, logits_int8_unsettled's) refined as affine_refine_logits
+ * does, then the token their first maximum; the other rows (and their logits) untouched */
+void affine_settle_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                        int64_t form, int64_t bits, int64_t n, int64_t top, float *logits, int64_t *tokens);
+void affine_settle_f32(const float *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                       int64_t form, int64_t bits, int64_t n, int64_t top, float *logits, int64_t *tokens);
+
 /* each row's greedy token (tokens [m]): the first maximum of affine_logits's logits (top: the
  * candidates it refines, at most n), found without them where the candidates tell it */
 void affine_greedy_rows_bf16(const uint16_t *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw,

@@ -122,10 +122,22 @@ void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const u
     TYPED(affine_refine_logits)(x, ldx, m, k, qw, sz, form, bits, n, top, out);
 }
 
+/* The tokens affine_greedy could not settle, from their rows' logits refined. A call whatever
+ * the tokens (the loop skips settled rows), so that a native tape records it after affine_greedy
+ * and replays it for every step's tokens. */
+void TYPED(affine_settle)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                          int64_t form, int64_t bits, int64_t n, int64_t top, float *logits, int64_t *tokens) {
+    for (int64_t r = 0; r < m; r++) {
+        if (tokens[r] >= 0) continue;
+        TYPED(affine_refine_logits)(x + r * ldx, ldx, 1, k, qw, sz, form, bits, n, top, logits + r * n);
+        tokens[r] = first_max_row(logits + r * n, n);
+    }
+}
+
 /* Each row's greedy token, the first maximum of affine_logits's logits: from the row's `top`
  * candidates (affine_logits_top, affine_greedy), without its logits; a row they cannot settle
- * (flat, NaN) gets its logits made and passed over. One call, no result Python acts on, so a
- * native tape can record it. */
+ * (flat, NaN) gets its logits made and settled (affine_settle). One call, no result Python acts
+ * on, so a native tape can record it. */
 void TYPED(affine_greedy_rows)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                                int64_t form, int64_t bits, int64_t n, int64_t top, int64_t *tokens) {
     int64_t *best = malloc(sizeof(int64_t) * (size_t)(m * top));
@@ -135,8 +147,9 @@ void TYPED(affine_greedy_rows)(const T *x, int64_t ldx, int64_t m, int64_t k, co
     for (int64_t r = 0; r < m; r++) {
         if (tokens[r] >= 0) continue;
         if (row == NULL) row = malloc(sizeof(float) * (size_t)n);
-        TYPED(affine_logits)(x + r * ldx, ldx, 1, k, qw, sz, form, bits, n, top, row);
-        tokens[r] = first_max_row(row, n);
+        run((quantize_fn)TYPED(quantize_row), GEMM, x + r * ldx, ldx * (int64_t)sizeof(T), 1, k, qw, sz, form, bits, n,
+            0, row);
+        TYPED(affine_settle)(x + r * ldx, ldx, 1, k, qw, sz, form, bits, n, top, row, tokens + r);
     }
     free(best);
     free(approx);

@@ -14,6 +14,8 @@ from engine_platforms_cpu_native.affine import PackedAffine
 from engine_platforms_cpu_native.logits import Int8Table
 from engine_platforms_cpu_native.platform import _native_ops
 
+NO_AMX = pytest.mark.skipif(not logits.int8_tiles(), reason="this CPU has no AMX int8 tiles")
+
 
 def _random_table(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
     w = torch.randn(n, k, generator=gen) * torch.rand(n, 1, generator=gen)
@@ -100,7 +102,7 @@ def _vocab_table(gen: torch.Generator, n: int = 300, k: int = 576) -> AffineWeig
     return AffineWeight(q, scale.half().float(), (scale.half() * -128).float(), 32, 8)
 
 
-@pytest.mark.skipif(not logits.int8_tiles(), reason="this CPU has no AMX int8 tiles")
+@NO_AMX
 def test_a_vocabulary_tables_batched_logits_take_the_int8_copy_with_the_largest_exact():
     """``prepare_logits`` gives a table on the tiles its int8 copy; then logits over more than
     ``TILE_ROWS`` rows are that copy's product with each row's ``LOGITS_REFINED`` largest the
@@ -187,23 +189,63 @@ def _greedy_case(n: int, k: int, rows: int, gen: torch.Generator, **options):
     return packed, x, weight
 
 
-@pytest.mark.skipif(not logits.int8_tiles(), reason="this CPU has no AMX int8 tiles")
+def _tiles_case(n: int, k: int, rows: int, gen: torch.Generator, tiles: str):
+    """``_greedy_case`` on the tile path: AMX's (``tiles="amx"``), or the plain-C build of the
+    same kernels (``"plain"``, the same bits: test_conformance's tile product tests), which any
+    CPU runs."""
+    if tiles == "amx":
+        return _greedy_case(n, k, rows, gen)
+    packed, x, weight = _greedy_case(n, k, rows, gen, portable=True)
+    packed._tiles = affine.kernels(portable=True)["affine_matmul_amx"]
+    packed.int8_table = Int8Table(lambda ids: packed.rows(ids, torch.float32), n, k, portable=True)
+    return packed, x, weight
+
+
+TILES = [pytest.param("amx", marks=NO_AMX), "plain"]
+
+
+@pytest.mark.parametrize("tiles", TILES)
 @pytest.mark.parametrize(("n", "rows"), [(300, 17), (2000, 70), (20, 24), (33, 300)])
-def test_the_greedy_tokens_are_the_first_maximum_of_the_logits(n, rows, monkeypatch):
+def test_the_greedy_tokens_are_the_first_maximum_of_the_logits(n, rows, tiles, monkeypatch):
     """``PackedAffine.greedy`` (no logits written) gives each row the first maximum of
     ``logits``: flat rows (zero activations), NaN rows, ties between repeated columns, a
     vocabulary smaller than the refined count, more rows than a 256-row pass. The rows the
     candidates cannot settle (NaN; flat, where equal logits were left out) take the logits."""
     from engine.native.rows import first_max
 
-    packed, x, _ = _greedy_case(n, 576, rows, torch.Generator().manual_seed(n + rows))
-    made, tile_logits = [], packed._tile_logits
-    monkeypatch.setattr(packed, "_tile_logits", lambda x: made.append(x.shape[0]) or tile_logits(x))
+    packed, x, _ = _tiles_case(n, 576, rows, torch.Generator().manual_seed(n + rows), tiles)
+    made, unsettled = [], packed.int8_table.unsettled
+
+    def counted(x, tokens, out):
+        made.append(int((tokens < 0).sum()))
+        unsettled(x, tokens, out)
+
+    monkeypatch.setattr(packed.int8_table, "unsettled", counted)
     assert torch.equal(packed.greedy(x), first_max(packed.logits(x)))
     # the NaN row, and the flat one where equal logits were left out
-    assert made[0] == (2 if n > affine.LOGITS_REFINED else 1)
+    assert made == [2 if n > affine.LOGITS_REFINED else 1]
     few = x[: affine.TILE_ROWS]  # not on the tiles: the int8 kernel's candidates
     assert torch.equal(packed.greedy(few), first_max(packed.logits(few)))
+
+
+@pytest.mark.parametrize("tiles", TILES)
+def test_the_greedy_tokens_on_the_tiles_replay_from_a_native_tape(tiles):
+    """On the tiles the greedy head is kernel calls alone, the unsettled rows' logits and their
+    settling included, so a native tape records it (as the step graphs' greedy recordings do)
+    and its replays give each new input's tokens, its unsettled rows wherever they lie."""
+    from engine.native import tape
+    from engine.native.rows import first_max
+
+    gen = torch.Generator().manual_seed(11)
+    packed, x, _ = _tiles_case(300, 576, affine.TILE_ROWS + 4, gen, tiles)
+    inputs = x.clone()
+    recorded, tokens = tape.record(lambda: packed.greedy(inputs))
+    for shift in (0, 5, 9):
+        other = torch.randn(x.shape, generator=gen).bfloat16()
+        other[shift], other[shift + 1, 7] = 0.0, float("nan")  # a flat row, a NaN row
+        inputs.copy_(other)
+        recorded.replay()
+        assert torch.equal(tokens, first_max(packed.logits(other)))
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
