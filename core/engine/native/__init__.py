@@ -4,7 +4,8 @@ Plugins with C kernels (the cpu-native platform's ops, the cpu-native attention 
 them here rather than each carrying a build step. Sources may ``#include`` from
 :data:`INCLUDE_DIR` what every kernel needs, written once: ``engine_bf16.h`` (the bfloat16
 conversions), ``engine_exp.h`` (exp on vector lanes), ``engine_lanes.h`` (sum and max across
-an AVX2 vector's lanes).
+an AVX2 vector's lanes), ``engine_split.h`` (a loop over rows split over the threads only
+where a call is big enough).
 
 A library ``name.c`` comes with its prototype header ``name.h`` (:mod:`engine.native.prototypes`):
 the header is force-included into the compile, so a definition that differs from its prototype

@@ -3,6 +3,7 @@
  * 4 % of the default model's decode step). Each row is one thread's, so its result never
  * depends on the batch. */
 #include "rows.h"
+#include "engine_split.h"
 #include <math.h>
 #include <stdint.h>
 #if defined(__AVX512F__)
@@ -56,6 +57,5 @@ static int64_t argmax_row(const float *x, int64_t n) { return argmax_row_scalar(
 #endif
 
 void argmax_rows_f32(const float *x, int64_t rows, int64_t n, int64_t stride, int64_t *out) {
-#pragma omp parallel for schedule(static) if (rows > 1 && rows * n >= PARALLEL_VALUES)
-    for (int64_t r = 0; r < rows; r++) out[r] = argmax_row(x + r * stride, n);
+    FOR_ROWS(rows > 1 && rows * n >= PARALLEL_VALUES, r, rows, out[r] = argmax_row(x + r * stride, n));
 }

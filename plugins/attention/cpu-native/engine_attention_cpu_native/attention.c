@@ -43,6 +43,7 @@
 #include "engine_bf16.h"
 #include "engine_exp.h"
 #include "engine_lanes.h"
+#include "engine_split.h"
 #include "kv_fp8.h"
 #include <math.h>
 #include <stdint.h>
@@ -79,6 +80,35 @@
 int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
 
+/* A step's K/V write (write_kv's arguments, and a slot's bytes in one head's plane: row, and a
+ * plane's: plane) */
+typedef struct {
+    const char *key, *value;
+    int64_t row_stride, head_stride, elem_bytes;
+    const int64_t *slot_mapping;
+    int64_t tokens, kv_heads, row, plane;
+    char *cache;
+} kv_write;
+
+/* token t's heads into its slot; the slots of the token WRITE_AHEAD on asked for */
+static void write_token(const kv_write *w, int64_t t) {
+    int64_t row = w->row, plane = w->plane, kv_heads = w->kv_heads;
+    char *k_dst = w->cache + w->slot_mapping[t] * row, *v_dst = k_dst + kv_heads * plane;
+    if (t + WRITE_AHEAD < w->tokens) {
+        char *ahead = w->cache + w->slot_mapping[t + WRITE_AHEAD] * row;
+        for (int64_t h = 0; h < kv_heads; h++)
+            for (int64_t b = 0; b < row; b += 64) {
+                __builtin_prefetch(ahead + h * plane + b, 1, 3);
+                __builtin_prefetch(ahead + (kv_heads + h) * plane + b, 1, 3);
+            }
+    }
+    for (int64_t h = 0; h < kv_heads; h++) {
+        int64_t at = (t * w->row_stride + h * w->head_stride) * w->elem_bytes;
+        memcpy(k_dst + h * plane, w->key + at, row);
+        memcpy(v_dst + h * plane, w->value + at, row);
+    }
+}
+
 /* This step's keys and values into the cache [2, kv_heads, slots, head_dim]: token t's heads
  * go to slot slot_mapping[t] (block · block_size + offset). key and value are [tokens, kv_heads,
  * head_dim] views of one tensor (row stride `row_stride`, head stride `head_stride`, in
@@ -88,24 +118,10 @@ engine_status write_kv(const char *key, const char *value, int64_t row_stride, i
                        int64_t slots, int64_t elem_bytes, char *cache) {
     for (int64_t t = 0; t < tokens; t++)
         if (slot_mapping[t] < 0 || slot_mapping[t] >= slots) return 1;
-    int64_t row = head_dim * elem_bytes, plane = slots * row;
-#pragma omp parallel for schedule(static) if (tokens >= WRITE_PARALLEL_TOKENS)
-    for (int64_t t = 0; t < tokens; t++) {
-        char *k_dst = cache + slot_mapping[t] * row, *v_dst = k_dst + kv_heads * plane;
-        if (t + WRITE_AHEAD < tokens) {
-            char *ahead = cache + slot_mapping[t + WRITE_AHEAD] * row;
-            for (int64_t h = 0; h < kv_heads; h++)
-                for (int64_t b = 0; b < row; b += 64) {
-                    __builtin_prefetch(ahead + h * plane + b, 1, 3);
-                    __builtin_prefetch(ahead + (kv_heads + h) * plane + b, 1, 3);
-                }
-        }
-        for (int64_t h = 0; h < kv_heads; h++) {
-            int64_t at = (t * row_stride + h * head_stride) * elem_bytes;
-            memcpy(k_dst + h * plane, key + at, row);
-            memcpy(v_dst + h * plane, value + at, row);
-        }
-    }
+    int64_t row = head_dim * elem_bytes;
+    kv_write w = {key, value, row_stride, head_stride, elem_bytes, slot_mapping, tokens, kv_heads, row, slots * row,
+                  cache};
+    FOR_ROWS(tokens >= WRITE_PARALLEL_TOKENS, t, tokens, write_token(&w, t));
     return 0;
 }
 

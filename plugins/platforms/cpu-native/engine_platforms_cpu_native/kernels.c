@@ -14,6 +14,7 @@
 #include "engine_bf16.h"
 #include "engine_exp.h"
 #include "engine_lanes.h"
+#include "engine_split.h"
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>

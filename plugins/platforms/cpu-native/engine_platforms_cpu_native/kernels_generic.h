@@ -115,40 +115,43 @@ static int64_t TYPED(rotate_vector)(T *head, const float *x, int64_t dim, const 
 #endif
 
 /* Rows are independent: a batch of at least PARALLEL_VALUES values is split over the OpenMP
- * threads by rows, so a row's result does not depend on the batch it is in. */
+ * threads by rows (FOR_ROWS, engine_split.h: a smaller one runs without a parallel region), so a
+ * row's result does not depend on the batch it is in. */
 
-/* residual += x; x = residual / rms(residual) * weight, for rows of `hidden` values. */
-void TYPED(add_rms_norm)(T *x, T *residual, const T *weight, int64_t rows, int64_t hidden,
-                         float eps) {
-#pragma omp parallel for schedule(static) if (rows * hidden >= PARALLEL_VALUES)
-    for (int64_t r = 0; r < rows; r++) {
-        T *xr = x + r * hidden, *rr = residual + r * hidden;
-        float sum_sq;
-        int64_t i = TYPED(add_sum_sq_vector)(xr, rr, hidden, &sum_sq);
-        for (; i < hidden; i++) {
-            rr[i] = STORE(LOAD(xr[i]) + LOAD(rr[i]));
-            float s = LOAD(rr[i]);
-            sum_sq += s * s;
-        }
-        float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);
-        for (i = TYPED(scale_vector)(rr, inv, weight, hidden, xr); i < hidden; i++)
-            xr[i] = STORE(LOAD(rr[i]) * inv * LOAD(weight[i]));
+/* residual += x; x = residual / rms(residual) * weight, one row of `hidden` values. */
+static void TYPED(add_rms_norm_row)(T *xr, T *rr, const T *weight, int64_t hidden, float eps) {
+    float sum_sq;
+    int64_t i = TYPED(add_sum_sq_vector)(xr, rr, hidden, &sum_sq);
+    for (; i < hidden; i++) {
+        rr[i] = STORE(LOAD(xr[i]) + LOAD(rr[i]));
+        float s = LOAD(rr[i]);
+        sum_sq += s * s;
     }
+    float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);
+    for (i = TYPED(scale_vector)(rr, inv, weight, hidden, xr); i < hidden; i++)
+        xr[i] = STORE(LOAD(rr[i]) * inv * LOAD(weight[i]));
 }
 
-/* out = x / rms(x) * weight, x left as it is (a model's first norm: no residual yet). */
+void TYPED(add_rms_norm)(T *x, T *residual, const T *weight, int64_t rows, int64_t hidden,
+                         float eps) {
+    FOR_ROWS(rows * hidden >= PARALLEL_VALUES, r, rows,
+             TYPED(add_rms_norm_row)(x + r * hidden, residual + r * hidden, weight, hidden, eps));
+}
+
+/* out = x / rms(x) * weight, x left as it is (a model's first norm: no residual yet), one row. */
+static void TYPED(rms_norm_row)(const T *xr, const T *weight, int64_t hidden, float eps, T *out) {
+    float sum_sq;
+    int64_t i = TYPED(sum_sq_vector)(xr, hidden, &sum_sq);
+    for (; i < hidden; i++) sum_sq += LOAD(xr[i]) * LOAD(xr[i]);
+    float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);
+    for (i = TYPED(scale_vector)(xr, inv, weight, hidden, out); i < hidden; i++)
+        out[i] = STORE(LOAD(xr[i]) * inv * LOAD(weight[i]));
+}
+
 void TYPED(rms_norm)(const T *x, const T *weight, int64_t rows, int64_t hidden, float eps,
                      T *out) {
-#pragma omp parallel for schedule(static) if (rows * hidden >= PARALLEL_VALUES)
-    for (int64_t r = 0; r < rows; r++) {
-        const T *xr = x + r * hidden;
-        float sum_sq;
-        int64_t i = TYPED(sum_sq_vector)(xr, hidden, &sum_sq);
-        for (; i < hidden; i++) sum_sq += LOAD(xr[i]) * LOAD(xr[i]);
-        float inv = 1.f / sqrtf(sum_sq / (float)hidden + eps);
-        for (i = TYPED(scale_vector)(xr, inv, weight, hidden, out + r * hidden); i < hidden; i++)
-            out[r * hidden + i] = STORE(LOAD(xr[i]) * inv * LOAD(weight[i]));
-    }
+    FOR_ROWS(rows * hidden >= PARALLEL_VALUES, r, rows,
+             TYPED(rms_norm_row)(x + r * hidden, weight, hidden, eps, out + r * hidden));
 }
 
 /* Rotate-half RoPE of one head in place from its values x (float): out = x·cos +
@@ -161,43 +164,52 @@ static void TYPED(rotate_head)(T *head, const float *x, int64_t dim, const T *c,
     }
 }
 
+/* Rotate-half RoPE in place on the first `heads` heads of one row (cos, sin: its [dim]). Inlined
+ * by force, as qk_norm_rotary_row: GCC keeps a function with a 4 KiB frame out of line, which
+ * cost bf16's rotary 6 % a row at 32 rows (benchmarks/layer_kernels.py). */
+static inline __attribute__((always_inline)) void TYPED(rotary_row)(T *row, int64_t heads, int64_t dim, const T *cos, const T *sin) {
+    float x[MAX_DIM];
+    for (int64_t h = 0; h < heads; h++) {
+        T *head = row + h * dim;
+        for (int64_t i = TYPED(widen_vector)(head, dim, x); i < dim; i++) x[i] = LOAD(head[i]);
+        TYPED(rotate_head)(head, x, dim, cos, sin);
+    }
+}
+
 /* Rotate-half RoPE in place on the first `heads` heads of each row of `qkv` (row stride
  * `stride`); cos, sin: [tokens, dim] as [c, c] and [-s, s]. */
 void TYPED(rotary)(T *qkv, int64_t tokens, int64_t stride, int64_t heads, int64_t dim,
                    const T *cos, const T *sin) {
-#pragma omp parallel for schedule(static) if (tokens * heads * dim >= PARALLEL_VALUES)
-    for (int64_t t = 0; t < tokens; t++) {
-        float x[MAX_DIM];
-        for (int64_t h = 0; h < heads; h++) {
-            T *head = qkv + t * stride + h * dim;
-            for (int64_t i = TYPED(widen_vector)(head, dim, x); i < dim; i++) x[i] = LOAD(head[i]);
-            TYPED(rotate_head)(head, x, dim, cos + t * dim, sin + t * dim);
-        }
-    }
+    FOR_ROWS(tokens * heads * dim >= PARALLEL_VALUES, t, tokens,
+             TYPED(rotary_row)(qkv + t * stride, heads, dim, cos + t * dim, sin + t * dim));
 }
 
 /* Qwen3's q/k: each of the first q_heads heads of a row RMS-normed with q_weight (q_eps),
  * the next k_heads with k_weight (k_eps), the norm rounded to the storage type, then rotated
  * as rotary_ does; in place, rows of stride `stride`. */
+static inline __attribute__((always_inline)) void TYPED(qk_norm_rotary_row)(T *row, int64_t q_heads, int64_t k_heads, int64_t dim, const T *q_weight,
+                                      const T *k_weight, float q_eps, float k_eps, const T *cos, const T *sin) {
+    float x[MAX_DIM];
+    for (int64_t h = 0; h < q_heads + k_heads; h++) {
+        T *head = row + h * dim;
+        const T *weight = h < q_heads ? q_weight : k_weight;
+        float sum_sq = 0.f;
+        for (int64_t i = 0; i < dim; i++) {
+            x[i] = LOAD(head[i]);
+            sum_sq += x[i] * x[i];
+        }
+        float inv = 1.f / sqrtf(sum_sq / (float)dim + (h < q_heads ? q_eps : k_eps));
+        for (int64_t i = 0; i < dim; i++) x[i] = LOAD(STORE(x[i] * inv * LOAD(weight[i])));
+        TYPED(rotate_head)(head, x, dim, cos, sin);
+    }
+}
+
 void TYPED(qk_norm_rotary)(T *qkv, int64_t tokens, int64_t stride, int64_t q_heads,
                            int64_t k_heads, int64_t dim, const T *q_weight, const T *k_weight,
                            float q_eps, float k_eps, const T *cos, const T *sin) {
-#pragma omp parallel for schedule(static) if (tokens * (q_heads + k_heads) * dim >= PARALLEL_VALUES)
-    for (int64_t t = 0; t < tokens; t++) {
-        float x[MAX_DIM];
-        for (int64_t h = 0; h < q_heads + k_heads; h++) {
-            T *head = qkv + t * stride + h * dim;
-            const T *weight = h < q_heads ? q_weight : k_weight;
-            float sum_sq = 0.f;
-            for (int64_t i = 0; i < dim; i++) {
-                x[i] = LOAD(head[i]);
-                sum_sq += x[i] * x[i];
-            }
-            float inv = 1.f / sqrtf(sum_sq / (float)dim + (h < q_heads ? q_eps : k_eps));
-            for (int64_t i = 0; i < dim; i++) x[i] = LOAD(STORE(x[i] * inv * LOAD(weight[i])));
-            TYPED(rotate_head)(head, x, dim, cos + t * dim, sin + t * dim);
-        }
-    }
+    FOR_ROWS(tokens * (q_heads + k_heads) * dim >= PARALLEL_VALUES, t, tokens,
+             TYPED(qk_norm_rotary_row)(qkv + t * stride, q_heads, k_heads, dim, q_weight, k_weight, q_eps, k_eps,
+                                       cos + t * dim, sin + t * dim));
 }
 
 /* ---- W8A8 ------------------------------------------------------------------------------- */
@@ -315,32 +327,36 @@ static void TYPED(quantize_row)(const T *xr, int64_t cols, float s, const uint8_
     for (; k < cols; k++) qr[k] = outlier[k] ? 0 : (int8_t)nearbyintf(LOAD(xr[k]) / s);
 }
 
+/* one row: its scale (written to *scale) and its int8 values */
+static void TYPED(quantize_int8_row)(const T *xr, int64_t cols, const uint8_t *outlier, int8_t *qr, float *scale) {
+    float top = TYPED(row_absmax)(xr, cols, outlier);
+    *scale = (top > 1e-12f ? top : 1e-12f) / 127.f;
+    TYPED(quantize_row)(xr, cols, *scale, outlier, qr);
+}
+
 int64_t TYPED(quantize_rows_int8)(const T *x, int64_t rows, int64_t cols, float threshold,
                                   int8_t *xq, float *scale, uint8_t *outlier) {
     int64_t flagged = 0;
     TYPED(flag_outliers)(x, rows, cols, threshold, outlier);
     for (int64_t k = 0; k < cols; k++) flagged += outlier[k];
-#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_VALUES)
-    for (int64_t r = 0; r < rows; r++) {
-        float top = TYPED(row_absmax)(x + r * cols, cols, outlier);
-        float s = (top > 1e-12f ? top : 1e-12f) / 127.f;
-        scale[r] = s;
-        TYPED(quantize_row)(x + r * cols, cols, s, outlier, xq + r * cols);
-    }
+    FOR_ROWS(rows * cols >= PARALLEL_VALUES, r, rows,
+             TYPED(quantize_int8_row)(x + r * cols, cols, outlier, xq + r * cols, scale + r));
     return flagged;
+}
+
+/* out[n] = acc[n] · row_scale · col_scale[n] in the storage type, one row. */
+static void TYPED(rescale_int32_row)(const int32_t *acc, int64_t cols, float row_scale, const float *col_scale,
+                                     T *out) {
+    int64_t n = 0;
+    if (VECTOR_PASSES || AVX2_PASSES) n = TYPED(rescale_row_vector)(acc, cols, row_scale, col_scale, out);
+    for (; n < cols; n++) out[n] = STORE((float)acc[n] * row_scale * col_scale[n]);
 }
 
 /* out[m, n] = acc[m, n] · row_scale[m] · col_scale[n] in the storage type. */
 void TYPED(rescale_int32)(const int32_t *acc, int64_t rows, int64_t cols,
                           const float *row_scale, const float *col_scale, T *out) {
-#pragma omp parallel for schedule(static) if (rows * cols >= PARALLEL_VALUES)
-    for (int64_t m = 0; m < rows; m++) {
-        int64_t n = 0;
-        if (VECTOR_PASSES || AVX2_PASSES)
-            n = TYPED(rescale_row_vector)(acc + m * cols, cols, row_scale[m], col_scale, out + m * cols);
-        for (; n < cols; n++)
-            out[m * cols + n] = STORE((float)acc[m * cols + n] * row_scale[m] * col_scale[n]);
-    }
+    FOR_ROWS(rows * cols >= PARALLEL_VALUES, m, rows,
+             TYPED(rescale_int32_row)(acc + m * cols, cols, row_scale[m], col_scale, out + m * cols));
 }
 
 /* ---- SwiGLU ----------------------------------------------------------------------------- */
@@ -377,17 +393,17 @@ static int64_t TYPED(silu_and_mul_vector)(const T *g, const T *u, int64_t width,
 /* out[r, i] = silu(x[r, i]) · x[r, width + i] for rows of x (row stride `stride`), out [rows,
  * width] contiguous; silu is rounded to the storage type before the product, as torch's
  * F.silu(gate) * up rounds it. */
-void TYPED(silu_and_mul)(const T *x, int64_t rows, int64_t stride, int64_t width, T *out) {
-#pragma omp parallel for schedule(static) if (rows * width >= PARALLEL_VALUES)
-    for (int64_t r = 0; r < rows; r++) {
-        const T *gate = x + r * stride, *up = gate + width;
-        T *o = out + r * width;
-        int64_t i = VECTOR_PASSES || AVX2_PASSES ? TYPED(silu_and_mul_vector)(gate, up, width, o) : 0;
-        for (; i < width; i++) {
-            float g = LOAD(gate[i]);
-            o[i] = STORE(LOAD(STORE(g / (1.f + expf(-g)))) * LOAD(up[i]));
-        }
+static void TYPED(silu_and_mul_row)(const T *gate, int64_t width, T *o) {
+    const T *up = gate + width;
+    int64_t i = VECTOR_PASSES || AVX2_PASSES ? TYPED(silu_and_mul_vector)(gate, up, width, o) : 0;
+    for (; i < width; i++) {
+        float g = LOAD(gate[i]);
+        o[i] = STORE(LOAD(STORE(g / (1.f + expf(-g)))) * LOAD(up[i]));
     }
+}
+
+void TYPED(silu_and_mul)(const T *x, int64_t rows, int64_t stride, int64_t width, T *out) {
+    FOR_ROWS(rows * width >= PARALLEL_VALUES, r, rows, TYPED(silu_and_mul_row)(x + r * stride, width, out + r * width));
 }
 
 #undef SUFFIX
