@@ -3,7 +3,7 @@ ignored) on the default config, split into the native tape's kernels, the LM hea
 Python around them, per token.
 
     ENGINE_NUM_THREADS=1 python benchmarks/single_stream_split.py [--rounds 4] [--tokens 128] [--prompts 1]
-                                                                  [--model PATH]
+                                                                  [--model PATH] [--plain-only]
 
 Three passes over the same prompt, after a warm-up:
 - plain: the whole ``generate``, nothing wrapped;
@@ -11,6 +11,9 @@ Three passes over the same prompt, after a warm-up:
   figure holds the parts it calls);
 - kernels: the tape replayed one kernel call at a time (one C call each, ~1-1.5 us of ctypes
   on top of each kernel), summed by kernel and, for the matmuls, by shape (n × k).
+``--plain-only`` runs the first pass alone and prints each round's figure and their best and
+median: run it on two trees' processes in turn, several times, to compare them (the pairs'
+ratios; a process's figures move with the machine's memory from minute to minute).
 With ``--prompts N`` above 1, N prompts decode side by side and the figures are per decode step
 (each step makes N tokens).
 One thread: thread CPU time, which other processes on a shared machine move far less than wall
@@ -23,6 +26,7 @@ import argparse
 import collections
 import ctypes
 import importlib
+import statistics
 import time
 
 importlib.import_module("engine")  # before torch: the engine sets OpenMP's wait policy before libgomp loads
@@ -104,6 +108,13 @@ def per_step_ms(llm, prompts: list[str], params, clock, rounds: int) -> float:
     return (clock() - start) / (rounds * params.max_tokens) * 1e3
 
 
+def plain_rounds(llm, prompts: list[str], params, clock, rounds: int) -> None:
+    """Each round's ms a token (step), then their best and median."""
+    figures = [per_step_ms(llm, prompts, params, clock, 1) for _ in range(rounds)]
+    print("rounds: " + " ".join(f"{f:.3f}" for f in figures))
+    print(f"best {min(figures):.3f} median {statistics.median(figures):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -111,6 +122,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4, help="generate calls per pass")
     parser.add_argument("--tokens", type=int, default=128, help="tokens each prompt generates")
     parser.add_argument("--prompts", type=int, default=1, help="prompts decoded side by side")
+    parser.add_argument("--plain-only", action="store_true", help="the plain pass alone, round by round")
     parser.add_argument(
         "--model",
         default=None,
@@ -128,6 +140,9 @@ def main() -> None:
     tokens = args.rounds * args.tokens
     kind = "thread CPU" if threads == 1 else "wall"
     print(f"{threads} thread(s), {kind} ms per {'token' if args.prompts == 1 else 'step'}")
+    if args.plain_only:
+        plain_rounds(llm, prompts, params, clock, args.rounds)
+        return
     print(f"plain generate: {per_step_ms(llm, prompts, params, clock, args.rounds):.3f}")
 
     parts: dict[str, float] = collections.defaultdict(float)

@@ -4,7 +4,7 @@
  * Why not `#pragma omp parallel for if (big)`: where the condition is false libgomp still makes
  * and frees a one-thread team, 0.25-0.5 us a call, as long as a decode row's norm takes. A
  * single-stream token calls the small kernels ~9 times a layer, so they run their loop plainly
- * instead (benchmarks/RESULTS.md, "OpenMP's if clause"). */
+ * instead (benchmarks/RESULTS.md, the section titled with "OpenMP's if clause"). */
 #ifndef ENGINE_SPLIT_H
 #define ENGINE_SPLIT_H
 
