@@ -80,8 +80,8 @@
 int64_t max_head_dim(void) { return MAX_HEAD_DIM; }
 int64_t max_block_size(void) { return MAX_BLOCK_SIZE; }
 
-/* A step's K/V write (write_kv's arguments, and a slot's bytes in one head's plane: row, and a
- * plane's: plane) */
+/* write_kv's arguments as write_token reads them: `row` is one head's slot in bytes, `plane`
+ * one head's whole pool */
 typedef struct {
     const char *key, *value;
     int64_t row_stride, head_stride, elem_bytes;
