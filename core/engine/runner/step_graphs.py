@@ -283,7 +283,7 @@ class StepGraphRunner:
             return False  # start-up's to record, or given up
         if greedy and (
             size in self.score_eagerly
-            or not greedy_sizes(self.recorder, [size])
+            or not self._takes_greedy(size)
             or self.greedy_run[1] < GREEDY_AFTER_STEPS
         ):
             return False
@@ -296,6 +296,10 @@ class StepGraphRunner:
             self.pending.clear()
             return False
         return self._has(size, greedy)
+
+    def _takes_greedy(self, size: int) -> bool:
+        """Whether bucket ``size`` gets a greedy recording (:func:`greedy_sizes`)."""
+        return bool(greedy_sizes(self.recorder, [size]))
 
     def _has(self, size: int, greedy: bool) -> bool:
         """Whether bucket ``size`` has its forward's recording (``greedy``: its greedy one)."""
@@ -367,7 +371,7 @@ class StepGraphRunner:
         Each is checked (``check``; the scoring may take another path at another size): one
         whose tokens differ from the eager ones (a kernel of the head that no recording sees)
         is dropped, said in the log."""
-        if not greedy_sizes(self.recorder, [size]):
+        if not self._takes_greedy(size):
             return
         block_size, inputs = self.attention.spec.block_size, self.graphs[size].inputs
 
@@ -486,7 +490,7 @@ class StepGraphRunner:
         with ``steps`` above 1): only a greedy recording runs one, and only the buckets
         :func:`greedy_sizes` holds have one."""
         size = bucket_for(rows, self.sizes)
-        return size is not None and bool(greedy_sizes(self.recorder, [size]))
+        return size is not None and self._takes_greedy(size)
 
     def replay_greedy(self, batch, steps: int = 1) -> torch.Tensor | None:
         """The greedy tokens of ``batch`` (a ``StepInput`` whose rows all decode greedily)

@@ -167,7 +167,8 @@ static void TYPED(rotate_head)(T *head, const float *x, int64_t dim, const T *c,
 /* Rotate-half RoPE in place on the first `heads` heads of one row (cos, sin: its [dim]). Inlined
  * by force, as qk_norm_rotary_row: GCC keeps a function with a 4 KiB frame out of line, which
  * cost bf16's rotary 6 % a row at 32 rows (benchmarks/layer_kernels.py). */
-static inline __attribute__((always_inline)) void TYPED(rotary_row)(T *row, int64_t heads, int64_t dim, const T *cos, const T *sin) {
+static inline __attribute__((always_inline)) void TYPED(rotary_row)(T *row, int64_t heads, int64_t dim,
+                                                                   const T *cos, const T *sin) {
     float x[MAX_DIM];
     for (int64_t h = 0; h < heads; h++) {
         T *head = row + h * dim;
@@ -187,8 +188,10 @@ void TYPED(rotary)(T *qkv, int64_t tokens, int64_t stride, int64_t heads, int64_
 /* Qwen3's q/k: each of the first q_heads heads of a row RMS-normed with q_weight (q_eps),
  * the next k_heads with k_weight (k_eps), the norm rounded to the storage type, then rotated
  * as rotary_ does; in place, rows of stride `stride`. */
-static inline __attribute__((always_inline)) void TYPED(qk_norm_rotary_row)(T *row, int64_t q_heads, int64_t k_heads, int64_t dim, const T *q_weight,
-                                      const T *k_weight, float q_eps, float k_eps, const T *cos, const T *sin) {
+static inline __attribute__((always_inline)) void TYPED(qk_norm_rotary_row)(T *row, int64_t q_heads, int64_t k_heads,
+                                                                           int64_t dim, const T *q_weight,
+                                                                           const T *k_weight, float q_eps,
+                                                                           float k_eps, const T *cos, const T *sin) {
     float x[MAX_DIM];
     for (int64_t h = 0; h < q_heads + k_heads; h++) {
         T *head = row + h * dim;
@@ -403,7 +406,8 @@ static void TYPED(silu_and_mul_row)(const T *gate, int64_t width, T *o) {
 }
 
 void TYPED(silu_and_mul)(const T *x, int64_t rows, int64_t stride, int64_t width, T *out) {
-    FOR_ROWS(rows * width >= PARALLEL_VALUES, r, rows, TYPED(silu_and_mul_row)(x + r * stride, width, out + r * width));
+    FOR_ROWS(rows * width >= PARALLEL_VALUES, r, rows,
+             TYPED(silu_and_mul_row)(x + r * stride, width, out + r * width));
 }
 
 #undef SUFFIX

@@ -454,7 +454,8 @@ typedef void (*gemm_fn)(const int8_t *, const float *, const float *, int64_t, i
 static void quantize_rows(quantize_fn quantize, const char *x, int64_t ldx_bytes, int64_t m, int64_t k,
                           int8_t *xq, float *d, float *s) {
     int64_t groups = k / GROUP;
-    FOR_ROWS(m * k >= PARALLEL_WORK / 16, r, m, quantize(x + r * ldx_bytes, k, xq + r * k, d + r * groups, s + r * groups));
+    FOR_ROWS(m * k >= PARALLEL_WORK / 16, r, m,
+             quantize(x + r * ldx_bytes, k, xq + r * k, d + r * groups, s + r * groups));
 }
 
 static void run(quantize_fn quantize, gemm_fn gemm, const void *x, int64_t ldx_bytes, int64_t m, int64_t k,

@@ -112,13 +112,19 @@ void TYPED(affine_logits_top)(const T *x, int64_t ldx, int64_t m, int64_t k, con
                approx);
 }
 
+/* The int8 product of affine_matmul as float32 logits out [m, n], before any refinement */
+static void TYPED(one_pass_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
+                                   int64_t form, int64_t bits, int64_t n, float *out) {
+    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, 0, out);
+}
+
 /* A vocabulary's logits: x [m, k] -> float32 out [m, n], the int8 product of affine_matmul,
  * refined (affine_refine_logits): the int8 rounding's error reaches the logits with no
  * normalization after, and the distribution's mass sits in its top entries. On AMX the dense
  * copy's bf16 GEMM makes the product instead and affine.py refines it the same way. */
 void TYPED(affine_logits)(const T *x, int64_t ldx, int64_t m, int64_t k, const uint8_t *qw, const void *sz,
                           int64_t form, int64_t bits, int64_t n, int64_t top, float *out) {
-    run((quantize_fn)TYPED(quantize_row), GEMM, x, ldx * (int64_t)sizeof(T), m, k, qw, sz, form, bits, n, 0, out);
+    TYPED(one_pass_logits)(x, ldx, m, k, qw, sz, form, bits, n, out);
     TYPED(affine_refine_logits)(x, ldx, m, k, qw, sz, form, bits, n, top, out);
 }
 
@@ -147,8 +153,7 @@ void TYPED(affine_greedy_rows)(const T *x, int64_t ldx, int64_t m, int64_t k, co
     for (int64_t r = 0; r < m; r++) {
         if (tokens[r] >= 0) continue;
         if (row == NULL) row = malloc(sizeof(float) * (size_t)n);
-        run((quantize_fn)TYPED(quantize_row), GEMM, x + r * ldx, ldx * (int64_t)sizeof(T), 1, k, qw, sz, form, bits, n,
-            0, row);
+        TYPED(one_pass_logits)(x + r * ldx, ldx, 1, k, qw, sz, form, bits, n, row);
         TYPED(affine_settle)(x + r * ldx, ldx, 1, k, qw, sz, form, bits, n, top, row, tokens + r);
     }
     free(best);
