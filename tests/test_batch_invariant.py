@@ -124,6 +124,19 @@ def test_batch_invariant_turns_off_chunking_and_prefix_caching_over_other_attent
     assert config.scheduler.max_num_batched_tokens == config.model.max_model_len  # a whole prompt per step
 
 
+@pytest.mark.parametrize("declared", [True, False])
+def test_the_mode_runs_the_platforms_layer_ops_where_they_declare_it(tiny_llama, monkeypatch, declared):
+    """cpu-native's fused norms, rotary and SwiGLU compute each row alone (the kit checks the
+    declaration), so the mode keeps them; ops that do not declare it give way to the plain ones."""
+    from engine.layers import LayerOps, RMSNorm
+    from engine_platforms_cpu_native.ops import NativeLayerOps
+
+    monkeypatch.setattr(NativeLayerOps, "row_invariant", declared)
+    llm = LLM(tiny_llama[0], dtype="float32", num_blocks=64, batch_invariant=True)
+    norms = [m for m in llm.engine.model.modules() if isinstance(m, RMSNorm)]
+    assert norms and {type(n.ops) for n in norms} == {NativeLayerOps if declared else LayerOps}
+
+
 @pytest.mark.slow
 def test_default_model_is_batch_invariant(default_tokenizer):
     """The acceptance case: the embedded default model (GGUF kept quantized, bf16 activations)."""
@@ -139,3 +152,52 @@ def test_default_model_is_batch_invariant_in_bf16(default_tokenizer):
         lambda **o: LLM(quantization="unquantized", batch_invariant=True, **o), prompts, [3, 9, 15], 24
     )
     assert not _differing(runs)
+
+
+@pytest.mark.parametrize("tiles", [False, True], ids=["int8-kernel", "tiles-forced"])
+def test_a_gguf_model_keeps_its_tapes_and_the_heads_tokens_under_the_mode(tmp_path, monkeypatch, tiles):
+    """cpu-native's layer ops declare ``row_invariant`` and its packed weights their
+    ``invariant_rows`` (any number on the int8 kernel), so the mode runs them as the default
+    mode does: decode steps on native tapes, greedy ones on the LM head's tokens — the same
+    tokens for each request alone, among 24 and beside a request asking for log-probs (whose
+    steps score the logits). With AMX tiles (forced: their plain C) a weight keeps that up to 16
+    rows: the 24-row steps then run in 16-row calls, eagerly, on the logits."""
+    from gguf import GGMLQuantizationType
+
+    from engine.layers.decoder import DecoderForCausalLM
+    from engine.testing import reference
+    from engine.testing.quant import TINY_LLAMA
+    from engine_platforms_cpu_native import affine, logits
+    from engine_quant_gguf.writer import write_gguf
+
+    if tiles:
+        for module, name in ((affine, "amx_tiles"), (affine, "int8_tiles"), (logits, "int8_tiles")):
+            monkeypatch.setattr(module, name, lambda: True)
+    config = dict(TINY_LLAMA, vocab_size=1000)
+    path = str(tmp_path / "tiny.gguf")
+    model = reference.tiny_checkpoint(str(tmp_path / "hf"), "LlamaForCausalLM", config)
+    write_gguf(path, model, None, GGMLQuantizationType.Q4_0)
+    heads_tokens = []
+    compute_greedy = DecoderForCausalLM.compute_greedy
+
+    def counted(self, hidden):
+        tokens = compute_greedy(self, hidden)
+        heads_tokens.append((hidden.shape[0], tokens is not None))
+        return tokens
+
+    monkeypatch.setattr(DecoderForCausalLM, "compute_greedy", counted)
+    llm = LLM(
+        path, dtype="bfloat16", max_num_seqs=32, num_blocks=200, max_model_len=256, batch_invariant=True
+    )
+    prompts = reference.random_prompts(config["vocab_size"], [5 + 3 * i for i in range(24)], seed=4)
+    greedy = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    batched = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.graphs[1].graph is not None
+    assert (24 in graphs.graphs) != tiles
+    assert {taken for rows, taken in heads_tokens if rows == 24} == {not tiles}
+    alone = [llm.generate([p], greedy)[0].outputs[0].token_ids for p in prompts[::5]]
+    scored = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    beside = llm.generate([*prompts, prompts[0]], [greedy] * 24 + [scored])
+    assert alone == batched[::5]
+    assert [o.outputs[0].token_ids for o in beside[:24]] == batched

@@ -240,10 +240,11 @@ def build_model(
     model_impl: str = "auto",
     limit_mm_per_prompt: dict[str, int] | None = None,
 ) -> nn.Module:
-    """With ``batch_invariant`` the layer ops are the plain torch ones: a platform's fused
-    kernels may take small batches only and hand big ones to torch, and the two agree only up
-    to summation order. With ``tp`` of several ranks the model holds rank ``tp.rank``'s share,
-    read through the loader's slices (``iter_weight_slices``); ``weight_bytes_read`` on the
+    """With ``batch_invariant`` the layer ops are the platform's where they declare
+    ``row_invariant``, else the plain torch ones: fused kernels may take small batches only and
+    hand big ones to torch, and the two agree only up to summation order. With ``tp`` of
+    several ranks the model holds rank ``tp.rank``'s share, read through the loader's slices
+    (``iter_weight_slices``); ``weight_bytes_read`` on the
     model is what the loader counted (None where it does not count). The checkpoint's KV cache
     scales go to the attention layers (:mod:`engine.layers.kv_scales`), not to the model.
     ``model_impl``: vLLM's --model-impl (:func:`choose_model_class`); ``implementation`` on the
@@ -252,7 +253,9 @@ def build_model(
     logger.info("model: %s", implementation)
     checkpoint_config = loader.quant_config()
     method = select_quant_method(registry, quantization, checkpoint_config, dtype, platform, batch_invariant)
-    layer_ops = LayerOps() if batch_invariant else platform.layer_ops(dtype)
+    layer_ops = platform.layer_ops(dtype)
+    if batch_invariant and not layer_ops.row_invariant:
+        layer_ops = LayerOps()
     declared = (checkpoint_config or {}).get("quant_method")
     keep_quantized = declared is not None and (quantization or declared) == declared
     if tp.size > 1:

@@ -329,9 +329,9 @@ OPTIONS: dict[str, Option] = {
     ),
     "batch_invariant": Option(
         ("--batch-invariant",),
-        "make each request's output independent of the batch "
-        "it runs in (fixed-size matmul tiles, per-row attention, no chunked prefill "
-        "or prefix caching); slower",
+        "make each request's output independent of the batch it runs in, bit for bit "
+        "(matmuls and layer ops that compute each row alone, per-row attention; chunked "
+        "prefill and prefix caching stay on where attention is chunk-invariant)",
     ),
     "logits_processors": Option(
         ("--logits-processors",), "logits processor plugins, comma-separated", parse_names

@@ -91,6 +91,8 @@ class QuantMethod(ABC):
     shards_for_tensor_parallel: ClassVar[bool] = False  # parameters declare output_dim/input_dim (above)
     splits_experts: ClassVar[bool] = False  # (v6) experts split by intermediate slice under TP (above)
     experts_whole_because: ClassVar[str] = "the method declares no split of its stacked experts"
+    # apply_greedy may be called under --batch-invariant too (below)
+    greedy_batch_invariant: ClassVar[bool] = False
 
     def __init__(self, ctx: QuantContext):
         self.ctx = ctx
@@ -156,7 +158,9 @@ class QuantMethod(ABC):
         step whose rows all decode greedily: each row's first maximum of ``apply(layer, x,
         None)`` (int64 [T]; NaN counts as the maximum), the very token the logits give, found a
         faster way (e.g. without writing every logit). This default, None: there is none, and
-        the engine takes the argmax of the logits."""
+        the engine takes the argmax of the logits. Under ``--batch-invariant`` it is called
+        only for a method that sets ``greedy_batch_invariant``, and must then give the tokens of
+        ``apply_batch_invariant``'s logits (or None)."""
         return None
 
     @abstractmethod

@@ -64,9 +64,11 @@ class VocabEmbedding(Linear):
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """Each row's first maximum of ``logits(hidden)`` (int64 [N]), where the quant method
         finds it without the logits (``QuantMethod.apply_greedy``); None where it does not, and
-        under tensor parallelism, LoRA on this table or ``--batch-invariant`` (whose kernels
-        ``logits`` runs): the caller then takes the logits' argmax."""
-        if self.tp.size > 1 or "lora" in self._modules or getattr(self.method.ctx, "batch_invariant", False):
+        under tensor parallelism, LoRA on this table or ``--batch-invariant`` unless the method
+        declares ``greedy_batch_invariant``: the caller then takes the logits' argmax."""
+        if self.tp.size > 1 or "lora" in self._modules:
+            return None
+        if getattr(self.method.ctx, "batch_invariant", False) and not self.method.greedy_batch_invariant:
             return None
         return self.method.apply_greedy(self, hidden)
 

@@ -43,6 +43,11 @@ from engine.layers.module import Layer
 
 class LayerOps:
     name = "torch"
+    # Whether every op gives a row the same bits whatever other rows share its call (a row
+    # computed from that row alone, on a path the row count never changes). Ops that declare it
+    # run under ``--batch-invariant``; elsewhere that mode takes these plain torch ops, which
+    # compute row by row on every path. A subclass declares it for its own kernels.
+    row_invariant: bool = False
 
     def pack_dense(self, weight: torch.Tensor) -> Layer | None:
         """A plain weight [N, K] prepacked for this platform's matmul, or None (the caller keeps
@@ -73,7 +78,10 @@ class LayerOps:
         [M] or None: each row's first maximum of ``logits(x)`` (NaN counting as the maximum),
         the same token, found without the logits where it can (None: not here; the caller
         takes the logits' argmax). Quant methods call it for a step whose rows all decode
-        greedily (``QuantMethod.apply_greedy``)."""
+        greedily (``QuantMethod.apply_greedy``). And it may declare ``invariant_rows``: the
+        most rows a call of ``forward``, ``logits`` or ``greedy`` may take and still give each
+        row the bits it gets alone (None: any number), which ``--batch-invariant`` then relies
+        on (``engine.testing.layer_ops`` checks it)."""
         return None
 
     def pack_affine_blocks(self, parts: list[torch.Tensor], layout: str) -> Layer | None:

@@ -12,7 +12,10 @@ activations to int8 per 32 inputs allows, and ggml's blocks packed straight from
 block scales (``pack_fp4``, NVFP4's blocks of 16 and MXFP4's 32): the exact weight, and a
 matmul of the activations as they are, within float32 summation order; Mamba2's causal conv and
 selective scan over state slots (a fresh prefill chunk, a later one, decode rows) against a
-float64 recurrence. A platform without overrides passes trivially (the scan's reference is
+float64 recurrence. Where the ops declare ``row_invariant`` (``--batch-invariant`` then runs
+them), each op's rows in calls of 1 to 300 rows bit for bit those rows alone; where a packed
+weight declares ``invariant_rows``, the same of its ``forward``, ``logits`` and ``greedy`` up to
+that many rows. A platform without overrides passes trivially (the scan's reference is
 checked all the same).
 
 Inputs come as models hand them over, not only as fresh contiguous rows: views of a fused
@@ -37,6 +40,9 @@ from engine.plugins import load_plugins
 DTYPES = [torch.float32, torch.bfloat16]
 DTYPE_IDS = ["fp32", "bf16"]
 TOKENS = [1, 5, 800]  # 800: a prefill chunk, enough values that a kernel may split its rows over threads
+# call sizes whose rows are checked against each row alone: a decode batch's, past a 16-row tile,
+# and enough rows that a kernel splits them over threads
+ROW_INVARIANT_ROWS = [1, 2, 3, 7, 16, 17, 64, 300]
 HEAD_LAYOUTS = ["contiguous", "padded-rows", "scattered-heads"]  # see _head_view
 TOLERANCE = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.bfloat16: dict(rtol=1.6e-2, atol=1e-2)}
 # LoRA's delta rounds twice in the activation dtype (the rank-R intermediate, then the sum)
@@ -328,6 +334,66 @@ class LayerOpsContract:
         assert got.dtype == dtype and got.shape == (tokens, 70)
         exact = (x.double() @ weight.dequantize().double().t()).float()
         torch.testing.assert_close(got.float(), exact, **TOLERANCE[dtype])
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    def test_row_invariant_ops_give_each_row_its_bits_alone(self, platform, dtype):
+        """Ops that declare ``row_invariant`` (``--batch-invariant`` then runs them): each row
+        of a call, from one row to a batch big enough to split over threads, bit for bit that
+        row's result in a call of its own (a platform without the declaration passes)."""
+        ops = platform.layer_ops(dtype)
+        if not ops.row_invariant:
+            return
+        gen = torch.Generator().manual_seed(3)
+        heads, kv_heads, head_dim, rows = 4, 2, 64, ROW_INVARIANT_ROWS[-1]
+        norm, q_norm = self._norm(96, dtype, ops), self._norm(head_dim, dtype, ops)
+        x, residual = (torch.randn(rows, 96, generator=gen).to(dtype) for _ in range(2))
+        qkv = torch.randn(rows, (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+        cos, sin = _cos_sin(head_dim, rows, gen, dtype)
+        table = torch.randn(513, 80, generator=gen).to(dtype)
+        ids = torch.randint(0, 513, (rows,), generator=gen)
+        shape = (heads, kv_heads, head_dim)
+        ops_of_rows = {
+            "rms_norm": lambda r: (norm(x[r].clone()),),
+            "add_rms_norm": lambda r: norm(x[r].clone(), residual[r].clone()),
+            "rotary_qkv": lambda r: ops.rotary_qkv(qkv[r].clone(), *shape, (cos[r], sin[r])),
+            "qk_norm_rotary": lambda r: ops.qk_norm_rotary(
+                qkv[r].clone(), q_norm, q_norm, *shape, (cos[r], sin[r])
+            ),
+            "silu_and_mul": lambda r: (ops.silu_and_mul(qkv[r].clone()),),
+            "gather_rows": lambda r: (ops.gather_rows(table, ids[r]),),
+        }
+        for name, op in ops_of_rows.items():
+            alone = [op(slice(i, i + 1)) for i in range(rows)]
+            for count in ROW_INVARIANT_ROWS:
+                together = op(slice(0, count))
+                for i in range(count):
+                    for got, want in zip(together, alone[i]):
+                        assert torch.equal(got[i : i + 1], want), f"{name}: row {i} of {count}"
+
+    @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
+    @pytest.mark.parametrize("bits", [4, 8])
+    def test_pack_affine_invariant_rows(self, platform, dtype, bits):
+        """A packed weight that declares ``invariant_rows`` gives each row of a call of up to
+        that many rows (None: any number) the bits ``forward`` and ``logits`` give it alone, and
+        ``greedy`` that row's first maximum of its logits alone."""
+        gen = torch.Generator().manual_seed(bits)
+        packed = platform.layer_ops(dtype).pack_affine(_affine_weight(1000, 96, bits, 32, gen))
+        if packed is None or not hasattr(packed, "invariant_rows"):
+            return
+        limit = packed.invariant_rows
+        counts = [c for c in ROW_INVARIANT_ROWS if limit is None or c <= limit]
+        x = torch.randn(counts[-1], 96, generator=gen).to(dtype)
+        logits = getattr(packed, "logits", None)
+        for kernel in [packed, logits] if callable(logits) else [packed]:
+            alone = [kernel(x[i : i + 1]) for i in range(counts[-1])]
+            for count in counts:
+                together = kernel(x[:count])
+                assert all(torch.equal(together[i : i + 1], alone[i]) for i in range(count)), (kernel, count)
+            if kernel is not packed and callable(getattr(packed, "greedy", None)):
+                for count in counts:
+                    tokens = packed.greedy(x[:count])
+                    want = torch.cat([a.argmax(-1) for a in alone[:count]])
+                    assert tokens is None or torch.equal(tokens, want), f"greedy at {count} rows"
 
     def test_pack_affine_declines_what_it_cannot_hold(self, platform):
         """Groups of 16 (GGUF's Q6_K) are outside what any 32-group kernel holds: None, or

@@ -254,6 +254,14 @@ class PackedAffine(Layer):
         """Whether steps of more than ``TILE_ROWS`` rows multiply on AMX tiles."""
         return self._tiles is not None
 
+    @property
+    def invariant_rows(self) -> int | None:
+        """The most rows a call of ``forward``, ``logits`` or ``greedy`` may take and still give
+        each row the bits it gets alone (None: any number): the int8 kernel rounds and sums
+        each row on its own, and so do the tiles, but the two differ, so a weight on tiles
+        keeps that only up to ``TILE_ROWS``."""
+        return TILE_ROWS if self.on_tiles else None
+
     def _on_tiles(self, x: torch.Tensor) -> bool:
         return self.on_tiles and x.shape[0] > TILE_ROWS
 

@@ -52,6 +52,10 @@ def _simd(kernels, width: str) -> bool:
 
 class NativeLayerOps(LayerOps):
     name = "cpu-native"
+    # each kernel computes a row from that row alone, the same way whatever the row count (the
+    # threads split whole rows); which path an op takes depends on dtypes and layouts, never on
+    # how many rows there are (``_takes``)
+    row_invariant = True
 
     def __init__(self, library: Library, dtype: torch.dtype):
         self.dtype = dtype
@@ -122,7 +126,9 @@ class NativeLayerOps(LayerOps):
         return fp4.PackedFp4(weight, self.dtype)
 
     def _takes(self, x: torch.Tensor) -> bool:
-        return x.dtype == self.dtype and x.dim() == 2 and x.is_contiguous()
+        """Rows [T, K] back to back (``is_contiguous`` would also pass one row of a wider
+        buffer, and its neighbours would then meet torch's path)."""
+        return x.dtype == self.dtype and x.dim() == 2 and x.stride(1) == 1 and x.stride(0) == x.shape[1]
 
     def rms_norm(self, norm, x, residual=None):
         if not (self._takes(x) and (residual is None or self._takes(residual))):

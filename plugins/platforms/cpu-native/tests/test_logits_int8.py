@@ -289,3 +289,22 @@ def test_the_kernels_greedy_tokens_are_the_first_maximum_of_its_logits(portable,
     packed, x, _ = _greedy_case(n, 576, rows, gen, portable=portable, tiles=False)
     assert torch.equal(packed.greedy(x), first_max(packed.logits(x)))
     assert packed.greedy(x[:1]) is None
+
+
+@pytest.mark.parametrize("tiles", TILES)
+def test_a_weight_on_the_tiles_keeps_each_rows_bits_up_to_a_tile_of_rows(tiles):
+    """``invariant_rows`` on the tiles is ``TILE_ROWS``: calls of that many rows or fewer take the
+    int8 kernel, which gives each row the bits it gets alone (``forward``, ``logits`` and
+    ``greedy``'s first maximum; a flat row and a NaN row among them); the tiles above differ."""
+    from engine.native.rows import first_max
+
+    packed, x, _ = _tiles_case(300, 576, 40, torch.Generator().manual_seed(5), tiles)
+    assert packed.invariant_rows == affine.TILE_ROWS
+    few = affine.TILE_ROWS
+    for kernel in (packed, packed.logits):
+        alone = torch.cat([kernel(x[i : i + 1]) for i in range(few)])
+        for count in (2, 5, few):
+            torch.testing.assert_close(kernel(x[:count]), alone[:count], rtol=0, atol=0, equal_nan=True)
+    logits = torch.cat([packed.logits(x[i : i + 1]) for i in range(few)])
+    assert torch.equal(packed.greedy(x[:few]), first_max(logits))
+    assert not torch.equal(packed(x)[3:few], packed(x[:few])[3:])  # rows 1, 2: the flat and NaN ones

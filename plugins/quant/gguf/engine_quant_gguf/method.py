@@ -45,6 +45,7 @@ class GGUFLinearMethod(QuantMethod):
     quantizes_embeddings = True
     quantizes_experts = True
     shards_for_tensor_parallel = True  # the placeholder's dims: the loader's slices cut the blocks
+    greedy_batch_invariant = True  # apply_greedy checks the call is apply_batch_invariant's
 
     @classmethod
     def describe(cls, platform) -> str:
@@ -112,16 +113,25 @@ class GGUFLinearMethod(QuantMethod):
         return out if bias is None else out + bias
 
     def apply_greedy(self, layer, x):
+        """The kernel's greedy tokens; under ``--batch-invariant`` only in a call that
+        ``apply_batch_invariant`` makes as ``apply`` (``_as_one_call``), whose logits they are."""
         greedy = getattr(layer.kernel, "greedy", None)
-        return greedy(x) if greedy is not None else None
+        if greedy is None or (self.ctx.batch_invariant and not _as_one_call(layer.kernel, x.shape[0])):
+            return None
+        return greedy(x)
 
     def apply_batch_invariant(self, layer, x, bias):
-        """Calls padded to probed row buckets (:func:`engine.layers.batch_invariant.in_row_buckets`)
-        rather than 16-row tiles: the packed kernel rounds and sums each row on its own, so its
-        rows pass the probe at every bucket, and a prompt runs at the kernel's full rate (on AMX,
-        where cpu-native runs steps over 16 rows on tiles, another kernel, the 16-row bucket
-        alone passes)."""
+        """A kernel that declares how many rows a call may take with each row's bits those it
+        gets alone (``invariant_rows``, :meth:`engine.layers.ops.LayerOps.pack_affine`: the
+        packed kernel, at any count off AMX tiles) runs as ``apply``, in calls of at most that
+        many rows: a decode step is one call, which a native tape records. Others run in calls
+        padded to probed row buckets (:func:`engine.layers.batch_invariant.in_row_buckets`)."""
         kernel = layer.kernel
+        if _as_one_call(kernel, x.shape[0]):
+            return self.apply(layer, x, bias)
+        limit = getattr(kernel, "invariant_rows", 0)
+        if limit:
+            return torch.cat([self.apply(layer, part, bias) for part in x.split(limit)])
         key = ("gguf", type(kernel).__name__, layer.input_size, sum(layer.output_sizes), self.ctx.dtype)
         return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, (*key, bias is not None))
 
@@ -155,6 +165,13 @@ class GGUFLinearMethod(QuantMethod):
         return layer.kernel.rows(input_ids).to(self.ctx.dtype)
 
 
+def _as_one_call(kernel: nn.Module, rows: int) -> bool:
+    """Whether ``kernel`` gives each of ``rows`` rows the bits it gets alone in one call
+    (``invariant_rows``: None for any number, 0 or missing where it declares nothing)."""
+    limit = getattr(kernel, "invariant_rows", 0)
+    return limit is None or 0 < rows <= limit
+
+
 def _as_head(packed: nn.Module, vocab: bool) -> nn.Module:
     """``packed``, or for a vocabulary table (``vocab``) whose packing offers ``logits``
     (``LayerOps.pack_affine``: activations rounded finer, float32 out) the table whose matmul
@@ -181,6 +198,11 @@ class VocabLogits(Layer):
         logits (``greedy``, :meth:`engine.layers.ops.LayerOps.pack_affine`), else None."""
         greedy = getattr(self.packed, "greedy", None)
         return greedy(x) if greedy is not None else None
+
+    @property
+    def invariant_rows(self):
+        """The packing's (0 where it declares none)."""
+        return getattr(self.packed, "invariant_rows", 0)
 
     def dequantize(self):
         return self.packed.dequantize()
