@@ -406,6 +406,27 @@ def test_a_core_recording_while_idle_decodes_eagerly_until_each_bucket_is_record
     assert _generate(llm, prompts, lengths) == eager
 
 
+def test_a_bucket_is_recorded_over_padding_whatever_the_buffers_held(tiny_gguf):
+    """The buckets share their static buffers, and a greedy replay leaves them moved on past the
+    step: after a row's last position (``max_model_len - 1``) they hold one the rotary table
+    lacks, and a bucket recorded over that would look it up (a check's random positions, moved
+    on, can do the same). Each recording starts from padding."""
+    llm = LLM(tiny_gguf, dtype="float32", num_blocks=64, block_size=16, max_model_len=256, max_num_seqs=4)
+    engine, runner = llm.engine, llm.engine.runner
+    graph_plan = step_graphs.GraphPlan(tape.TapeGraphs(), (1, 2, 4), ())
+    runner.graphs = step_graphs.start(
+        engine.model, runner.attention, runner.kv_caches, graph_plan, 16, engine.platform,
+        engine.hf_config.vocab_size, engine.max_model_len, defer=True,
+    )  # fmt: skip
+    prompts, lengths = reference.random_prompts(1000, [5, 9], seed=3), [6, 6]
+    eager = _generate(llm, prompts, lengths)
+    while engine.has_idle_work():
+        runner.graphs.inputs.positions.fill_(engine.max_model_len)
+        engine.idle_work()
+    assert sorted(runner.graphs.graphs) == [1, 2, 4]
+    assert _generate(llm, prompts, lengths) == eager
+
+
 @NEEDS_NATIVE_AFFINE
 def test_a_recording_that_froze_its_metadata_is_caught_before_serving(tiny_gguf):
     """A backend whose graph metadata copies the lengths it saw at capture (as eager metadata

@@ -329,6 +329,9 @@ class StepGraphRunner:
             if (lora_rows := self._no_adapters(size)) is not None:
                 self.lora_rows[size] = lora_rows
         recorded = self.graphs[size]
+        # over padding, whatever a replay or a check left in the shared buffers: a greedy replay
+        # leaves them moved on past its step (after a row's last position, one the rotary table lacks)
+        recorded.inputs.copy_(DecodeInputs.empty(size, self.max_blocks, self.device))
 
         def run_forward():
             return self._forward(recorded.inputs, recorded.metadata, self.lora_rows.get(size))
