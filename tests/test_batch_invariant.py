@@ -86,6 +86,26 @@ def test_tiny_model_is_batch_invariant_in_bf16(tiny_llama, tiny_prompts):
     assert not _differing(runs)  # tokens and log-probs, bit for bit
 
 
+@pytest.mark.parametrize("device", ["cpu", "cpu-native"], ids=["int-mm", "packed"])
+def test_tiny_model_is_batch_invariant_in_w8a8(tiny_llama, tiny_prompts, device):
+    """W8A8 on torch's ``_int_mm`` (the plain cpu platform: 16-row tiles, each row's own outlier
+    channels) and on cpu-native's packed kernel (unpadded calls)."""
+    targets = [0, 13, 27, 39]
+
+    def factory(**options):
+        return LLM(
+            tiny_llama[0],
+            dtype="bfloat16",
+            num_blocks=512,
+            batch_invariant=True,
+            quantization="int8-w8a8",
+            device=device,
+            **options,
+        )
+
+    assert not _differing(_runs(factory, tiny_prompts, targets, 24))
+
+
 def test_the_check_sees_batch_effects_without_the_mode(tiny_llama, tiny_prompts):
     """Without the mode, over the torch attention backend (which batches decode rows and
     attends prompts with the flash kernel), the same comparison finds log-probs that differ:

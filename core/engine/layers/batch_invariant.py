@@ -20,6 +20,11 @@ choice between two close tokens. Two ways to make every row meet the same sums:
   needs it (with the sizes below it), on random rows; a size that fails is never used, and a
   batch no passing size holds goes in calls of the largest one that passed. Bigger calls run
   the GEMM at its full rate: this is what brings ``--batch-invariant`` near bf16 throughput.
+
+A kernel that gives each row the bits it gets alone by construction says so instead
+(``invariant_rows``, :meth:`engine.layers.ops.LayerOps.pack_affine`: the most rows a call may
+take, None for any number), and :func:`in_invariant_calls` runs it unpadded: a decode step is
+then one plain call, which a native tape records.
 """
 
 from __future__ import annotations
@@ -31,13 +36,32 @@ import torch
 
 from engine.interfaces.quant import ROWS, in_row_tiles
 
-__all__ = ["CANDIDATE_BUCKETS", "ROWS", "in_row_buckets", "in_row_tiles"]
+__all__ = ["CANDIDATE_BUCKETS", "ROWS", "in_invariant_calls", "in_row_buckets", "in_row_tiles", "takes_whole"]
 
 # padded row counts a call may run at, each used only once probed (up to 1024 rows: a step's
 # bigger matmuls are split into calls of the largest size that passed)
 CANDIDATE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
+
+
+def takes_whole(kernel, rows: int) -> bool:
+    """Whether ``kernel`` gives each of ``rows`` rows in one call the bits it gets alone (its
+    ``invariant_rows``: None for any number, missing or 0 where it declares nothing)."""
+    limit = getattr(kernel, "invariant_rows", 0)
+    return limit is None or 0 < rows <= limit
+
+
+def in_invariant_calls(kernel, matmul: Matmul, x: torch.Tensor) -> torch.Tensor | None:
+    """``matmul`` (``kernel``'s) applied to ``x`` [T, K] in calls of at most ``kernel``'s
+    ``invariant_rows`` (one call where it holds T), no row padded; None where the kernel
+    declares nothing (then probe: :func:`in_row_buckets`, or tile: :func:`in_row_tiles`)."""
+    limit = getattr(kernel, "invariant_rows", 0)
+    if limit == 0:
+        return None
+    if takes_whole(kernel, x.shape[0]):
+        return matmul(x)
+    return torch.cat([matmul(part) for part in x.split(limit)])
 
 
 def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable) -> torch.Tensor:

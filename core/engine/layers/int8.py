@@ -4,7 +4,8 @@
 dequantize-then-matmul elsewhere. ``forward_dynamic`` (W8A8) also rounds each activation row
 to int8 with its own scale and multiplies in integers (``torch._int_mm``, VNNI/AMX on x86),
 then rescales by the outer product of the two scale vectors; outlier input channels are
-kept out of the int8 product and multiplied in float.
+kept out of the int8 product and multiplied in float — the channels where any row of the call
+exceeds the threshold, or under ``--batch-invariant`` each row's own (``own_outliers``).
 """
 
 from __future__ import annotations
@@ -73,12 +74,15 @@ class Int8Rows(Layer):
             return torch._weight_int8pack_mm(x.contiguous(), self.q, self.scale)
         return F.linear(x, self.dequantize().to(x.dtype))
 
-    def forward_dynamic(self, x: torch.Tensor) -> torch.Tensor:
+    def forward_dynamic(self, x: torch.Tensor, own_outliers: bool = False) -> torch.Tensor:
+        """W8A8 of x [M, K]; ``own_outliers``: each row's outlier channels are its own, so its
+        result does not depend on the rows beside it (``--batch-invariant``)."""
+        dynamic = self._own_outliers if own_outliers else self._dynamic
         if x.shape[0] <= ROWS_PER_CHUNK:
-            return self._dynamic(x)
+            return dynamic(x)
         out = torch.empty(x.shape[0], self.q.shape[0], dtype=x.dtype, device=x.device)
         for start in range(0, x.shape[0], ROWS_PER_CHUNK):
-            out[start : start + ROWS_PER_CHUNK] = self._dynamic(x[start : start + ROWS_PER_CHUNK])
+            out[start : start + ROWS_PER_CHUNK] = dynamic(x[start : start + ROWS_PER_CHUNK])
         return out
 
     def _dynamic(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,6 +92,22 @@ class Int8Rows(Layer):
             return self.ops.rescale_int32(acc, x_scale, self.scale_f32, x.dtype)
         out = self.ops.rescale_int32(acc, x_scale, self.scale_f32, torch.float32)
         return out.addmm_(x.index_select(1, outliers).float(), self._columns(outliers).t()).to(x.dtype)
+
+    def _own_outliers(self, x: torch.Tensor) -> torch.Tensor:
+        """``_dynamic`` with a row's outlier channels those where that row exceeds the
+        threshold: they leave its int8 product and its scale, and come back in float one
+        channel at a time (ascending, a multiply-add per element: no reduction whose order the
+        batch could move), an exact zero for every row the channel is not an outlier of."""
+        outlier = x.abs() > OUTLIER_THRESHOLD
+        xq, x_scale, _ = self.ops.quantize_rows_int8(x.masked_fill(outlier, 0), float("inf"))
+        acc = torch._int_mm(xq, self.q_t) if self.fast else xq.float() @ self.q_t.float()
+        out = self.ops.rescale_int32(acc, x_scale, self.scale_f32, torch.float32)
+        channels = outlier.any(dim=0).nonzero().flatten()
+        if channels.numel():
+            values = x.float().masked_fill_(~outlier, 0).index_select(1, channels)
+            for column, value in zip(self._columns(channels).t(), values.t()):
+                out.addcmul_(value[:, None], column[None, :])
+        return out.to(x.dtype)
 
     def _columns(self, channels: torch.Tensor) -> torch.Tensor:
         """The dequantized weight columns [N, n] of these input channels. The last set is

@@ -30,14 +30,15 @@ def int8_rows(weight: AffineWeight, dtype: torch.dtype, ops) -> Int8Rows:
 
 
 class DynamicInt8(Layer):
-    """W8A8 with each activation row rounded to int8 by its own scale (``Int8Rows.forward_dynamic``)."""
+    """W8A8 with each activation row rounded to int8 by its own scale (``Int8Rows.forward_dynamic``;
+    ``own_outliers`` under ``--batch-invariant``)."""
 
-    def __init__(self, rows: Int8Rows):
+    def __init__(self, rows: Int8Rows, own_outliers: bool = False):
         super().__init__()
-        self.int8 = rows
+        self.int8, self.own_outliers = rows, own_outliers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.int8.forward_dynamic(x)
+        return self.int8.forward_dynamic(x, self.own_outliers)
 
     def dequantize(self) -> torch.Tensor:
         return self.int8.dequantize()

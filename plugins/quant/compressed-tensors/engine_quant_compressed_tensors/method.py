@@ -271,7 +271,9 @@ class CompressedTensorsLinearMethod(QuantMethod):
         rows = int8_rows(AffineWeight.cat(shards), ctx.dtype, ops)
         affine = rows.as_affine()
         packed = ops.pack_affine(affine) if affine is not None else None
-        return (packed, "w8a8-packed") if packed is not None else (DynamicInt8(rows), "w8a8-dynamic")
+        if packed is not None:
+            return packed, "w8a8-packed"
+        return DynamicInt8(rows, own_outliers=ctx.batch_invariant), "w8a8-dynamic"
 
     def apply(self, layer, x, bias):
         out = layer.kernel(x)

@@ -35,7 +35,7 @@ from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers import Layer, VocabEmbedding
-from engine.layers.batch_invariant import in_row_buckets
+from engine.layers.batch_invariant import in_invariant_calls, in_row_buckets, takes_whole
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
 from engine_quant_gguf.formats import GGUFBlocks
 
@@ -45,7 +45,7 @@ class GGUFLinearMethod(QuantMethod):
     quantizes_embeddings = True
     quantizes_experts = True
     shards_for_tensor_parallel = True  # the placeholder's dims: the loader's slices cut the blocks
-    greedy_batch_invariant = True  # apply_greedy checks the call is apply_batch_invariant's
+    greedy_batch_invariant = True  # apply_greedy checks that apply_batch_invariant takes the call whole
 
     @classmethod
     def describe(cls, platform) -> str:
@@ -113,27 +113,29 @@ class GGUFLinearMethod(QuantMethod):
         return out if bias is None else out + bias
 
     def apply_greedy(self, layer, x):
-        """The kernel's greedy tokens; under ``--batch-invariant`` only in a call that
-        ``apply_batch_invariant`` makes as ``apply`` (``_as_one_call``), whose logits they are."""
+        """The kernel's greedy tokens; under ``--batch-invariant`` only for a call that
+        ``apply_batch_invariant`` makes whole (:func:`~engine.layers.batch_invariant.takes_whole`),
+        whose logits they are."""
         greedy = getattr(layer.kernel, "greedy", None)
-        if greedy is None or (self.ctx.batch_invariant and not _as_one_call(layer.kernel, x.shape[0])):
+        if greedy is None or (self.ctx.batch_invariant and not takes_whole(layer.kernel, x.shape[0])):
             return None
         return greedy(x)
 
     def apply_batch_invariant(self, layer, x, bias):
-        """A kernel that declares how many rows a call may take with each row's bits those it
-        gets alone (``invariant_rows``, :meth:`engine.layers.ops.LayerOps.pack_affine`: the
-        packed kernel, at any count off AMX tiles) runs as ``apply``, in calls of at most that
-        many rows: a decode step is one call, which a native tape records. Others run in calls
-        padded to probed row buckets (:func:`engine.layers.batch_invariant.in_row_buckets`)."""
+        """A kernel that declares ``invariant_rows`` (:meth:`engine.layers.ops.LayerOps.pack_affine`:
+        the packed kernel, any number of rows off AMX tiles) runs as ``apply``, in calls of at
+        most that many rows (:func:`~engine.layers.batch_invariant.in_invariant_calls`); others
+        in calls padded to probed row buckets (:func:`~engine.layers.batch_invariant.in_row_buckets`)."""
         kernel = layer.kernel
-        if _as_one_call(kernel, x.shape[0]):
-            return self.apply(layer, x, bias)
-        limit = getattr(kernel, "invariant_rows", 0)
-        if limit:
-            return torch.cat([self.apply(layer, part, bias) for part in x.split(limit)])
+
+        def matmul(rows):
+            return self.apply(layer, rows, bias)
+
+        out = in_invariant_calls(kernel, matmul, x)
+        if out is not None:
+            return out
         key = ("gguf", type(kernel).__name__, layer.input_size, sum(layer.output_sizes), self.ctx.dtype)
-        return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, (*key, bias is not None))
+        return in_row_buckets(matmul, x, (*key, bias is not None))
 
     def create_moe_weights(
         self, layer: nn.Module, num_experts: int, input_size: int, output_sizes: list[int]
@@ -163,13 +165,6 @@ class GGUFLinearMethod(QuantMethod):
 
     def embed(self, layer, input_ids):
         return layer.kernel.rows(input_ids).to(self.ctx.dtype)
-
-
-def _as_one_call(kernel: nn.Module, rows: int) -> bool:
-    """Whether ``kernel`` gives each of ``rows`` rows the bits it gets alone in one call
-    (``invariant_rows``: None for any number, 0 or missing where it declares nothing)."""
-    limit = getattr(kernel, "invariant_rows", 0)
-    return limit is None or 0 < rows <= limit
 
 
 def _as_head(packed: nn.Module, vocab: bool) -> nn.Module:

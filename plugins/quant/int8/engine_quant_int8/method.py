@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.interfaces import QuantMethod
+from engine.layers.batch_invariant import in_invariant_calls
 from engine.layers.int8 import Int8Rows, row_abs_max
 
 
@@ -113,9 +114,20 @@ class Int8Dynamic(Int8WeightOnly):
         out = packed(x)
         return out if bias is None else out + bias
 
+    def apply_batch_invariant(self, layer, x, bias):
+        """A packed kernel that declares ``invariant_rows`` runs unpadded
+        (:func:`~engine.layers.batch_invariant.in_invariant_calls`); ``_int_mm`` in 16-row
+        tiles, each row's outlier channels its own (``_matmul``)."""
+        packed = layer._modules.get("packed")
+        if packed is not None:
+            out = in_invariant_calls(packed, lambda rows: self.apply(layer, rows, bias), x)
+            if out is not None:
+                return out
+        return super().apply_batch_invariant(layer, x, bias)
+
     def dequantize(self, layer) -> torch.Tensor:
         packed = layer._modules.get("packed")
         return super().dequantize(layer) if packed is None else packed.dequantize().to(self.ctx.dtype)
 
     def _matmul(self, weight: Int8Rows, x: torch.Tensor) -> torch.Tensor:
-        return weight.forward_dynamic(x)
+        return weight.forward_dynamic(x, own_outliers=self.ctx.batch_invariant)
