@@ -76,6 +76,29 @@ def in_row_tiles(matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
     return out[:count].reshape(*x.shape[:-1], out.shape[-1])
 
 
+def takes_whole(kernel: nn.Module | None, rows: int) -> bool:
+    """Whether ``kernel`` gives each of ``rows`` rows in one call the bits it gets alone: its
+    ``invariant_rows`` (:meth:`engine.layers.ops.LayerOps.pack_affine`) is None (any number) or
+    at least ``rows``; missing or 0 where it declares nothing."""
+    limit = getattr(kernel, "invariant_rows", 0)
+    return limit is None or 0 < rows <= limit
+
+
+def in_invariant_calls(
+    kernel: nn.Module | None, matmul: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor
+) -> torch.Tensor | None:
+    """``matmul`` (``kernel``'s) applied to ``x`` [T, K] in calls of at most ``kernel``'s
+    ``invariant_rows`` (one call where it holds T), no row padded; None where the kernel
+    declares nothing (then tile, :func:`in_row_tiles`, or probe:
+    :func:`engine.layers.batch_invariant.in_row_buckets`)."""
+    limit = getattr(kernel, "invariant_rows", 0)
+    if limit == 0:
+        return None
+    if takes_whole(kernel, x.shape[0]):
+        return matmul(x)
+    return torch.cat([matmul(part) for part in x.split(limit)])
+
+
 @attrs.frozen
 class QuantContext:
     quant_config: dict[str, Any] | None  # from the checkpoint; None for online quantization
@@ -142,16 +165,29 @@ class QuantMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x [T, in] -> [T, out]."""
 
+    def kernel_of(self, layer: nn.Module) -> nn.Module | None:
+        """The module whose call is ``apply``'s matmul for ``layer`` where there is one (e.g. a
+        platform's packed weight, :meth:`engine.layers.ops.LayerOps.pack_affine`), read for
+        its ``invariant_rows`` under ``--batch-invariant``; this default, None: none."""
+        return None
+
     def apply_batch_invariant(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """``apply`` under ``--batch-invariant``: each row's result must not depend on how many
-        rows share the call (nor on where in it the row sits). This default runs ``apply`` on
-        tiles of exactly :data:`ROWS` rows (:func:`in_row_tiles`), right for any kernel
-        whose rows do not interact; a method whose kernel gives a row the same bits at other
-        row counts overrides it to run fewer, bigger calls
-        (:func:`engine.layers.batch_invariant.in_row_buckets` finds such counts by probing)."""
-        return in_row_tiles(lambda rows: self.apply(layer, rows, bias), x)
+        rows share the call (nor on where in it the row sits). This default runs ``apply``
+        unpadded where ``kernel_of(layer)`` declares ``invariant_rows``
+        (:func:`in_invariant_calls`: one call a decode step), else on tiles of exactly
+        :data:`ROWS` rows (:func:`in_row_tiles`), right for any kernel whose rows do not
+        interact; a method whose kernel gives a row the same bits at other row counts may
+        override it to run fewer, bigger calls (:func:`engine.layers.batch_invariant.in_row_buckets`
+        finds such counts by probing)."""
+
+        def matmul(rows: torch.Tensor) -> torch.Tensor:
+            return self.apply(layer, rows, bias)
+
+        out = in_invariant_calls(self.kernel_of(layer), matmul, x)
+        return in_row_tiles(matmul, x) if out is None else out
 
     def apply_greedy(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         """For a vocabulary table's LM head (a method that sets ``quantizes_embeddings``), in a

@@ -34,7 +34,7 @@ from collections.abc import Callable, Hashable
 
 import torch
 
-from engine.interfaces.quant import ROWS, in_row_tiles
+from engine.interfaces.quant import ROWS, in_invariant_calls, in_row_tiles, takes_whole
 
 __all__ = ["CANDIDATE_BUCKETS", "ROWS", "in_invariant_calls", "in_row_buckets", "in_row_tiles", "takes_whole"]
 
@@ -43,25 +43,6 @@ __all__ = ["CANDIDATE_BUCKETS", "ROWS", "in_invariant_calls", "in_row_buckets", 
 CANDIDATE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
-
-
-def takes_whole(kernel, rows: int) -> bool:
-    """Whether ``kernel`` gives each of ``rows`` rows in one call the bits it gets alone (its
-    ``invariant_rows``: None for any number, missing or 0 where it declares nothing)."""
-    limit = getattr(kernel, "invariant_rows", 0)
-    return limit is None or 0 < rows <= limit
-
-
-def in_invariant_calls(kernel, matmul: Matmul, x: torch.Tensor) -> torch.Tensor | None:
-    """``matmul`` (``kernel``'s) applied to ``x`` [T, K] in calls of at most ``kernel``'s
-    ``invariant_rows`` (one call where it holds T), no row padded; None where the kernel
-    declares nothing (then probe: :func:`in_row_buckets`, or tile: :func:`in_row_tiles`)."""
-    limit = getattr(kernel, "invariant_rows", 0)
-    if limit == 0:
-        return None
-    if takes_whole(kernel, x.shape[0]):
-        return matmul(x)
-    return torch.cat([matmul(part) for part in x.split(limit)])
 
 
 def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable) -> torch.Tensor:

@@ -148,6 +148,9 @@ class PackedIntLinearMethod(QuantMethod):
             layer.kernel, layer.kernel_path = dense_kernel(dense, self.ctx.platform, self.ctx.dtype), "dense"
             layer.register_buffer("input_order", None)
 
+    def kernel_of(self, layer):
+        return layer.kernel
+
     def apply(self, layer, x, bias):
         if layer.input_order is not None:
             x = x.index_select(-1, layer.input_order)

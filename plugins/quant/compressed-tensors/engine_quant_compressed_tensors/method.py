@@ -275,6 +275,9 @@ class CompressedTensorsLinearMethod(QuantMethod):
             return packed, "w8a8-packed"
         return DynamicInt8(rows, own_outliers=ctx.batch_invariant), "w8a8-dynamic"
 
+    def kernel_of(self, layer):
+        return layer.kernel
+
     def apply(self, layer, x, bias):
         out = layer.kernel(x)
         return out if bias is None else out + bias

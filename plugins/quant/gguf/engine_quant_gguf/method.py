@@ -112,6 +112,9 @@ class GGUFLinearMethod(QuantMethod):
         out = layer.kernel(x)
         return out if bias is None else out + bias
 
+    def kernel_of(self, layer):
+        return layer.kernel
+
     def apply_greedy(self, layer, x):
         """The kernel's greedy tokens; under ``--batch-invariant`` only for a call that
         ``apply_batch_invariant`` makes whole (:func:`~engine.layers.batch_invariant.takes_whole`),

@@ -19,7 +19,6 @@ import torch
 from torch import nn
 
 from engine.interfaces import QuantMethod
-from engine.layers.batch_invariant import in_invariant_calls
 from engine.layers.int8 import Int8Rows, row_abs_max
 
 
@@ -114,16 +113,11 @@ class Int8Dynamic(Int8WeightOnly):
         out = packed(x)
         return out if bias is None else out + bias
 
-    def apply_batch_invariant(self, layer, x, bias):
-        """A packed kernel that declares ``invariant_rows`` runs unpadded
-        (:func:`~engine.layers.batch_invariant.in_invariant_calls`); ``_int_mm`` in 16-row
-        tiles, each row's outlier channels its own (``_matmul``)."""
-        packed = layer._modules.get("packed")
-        if packed is not None:
-            out = in_invariant_calls(packed, lambda rows: self.apply(layer, rows, bias), x)
-            if out is not None:
-                return out
-        return super().apply_batch_invariant(layer, x, bias)
+    def kernel_of(self, layer):
+        """The packed kernel (unpadded under ``--batch-invariant`` where it declares
+        ``invariant_rows``); ``_int_mm`` runs in 16-row tiles, each row's outlier channels its
+        own (``_matmul``)."""
+        return layer._modules.get("packed")
 
     def dequantize(self, layer) -> torch.Tensor:
         packed = layer._modules.get("packed")
