@@ -36,13 +36,29 @@ import torch
 
 from engine.interfaces.quant import ROWS, in_invariant_calls, in_row_tiles, takes_whole
 
-__all__ = ["CANDIDATE_BUCKETS", "ROWS", "in_invariant_calls", "in_row_buckets", "in_row_tiles", "takes_whole"]
+__all__ = [
+    "CANDIDATE_BUCKETS",
+    "ROWS",
+    "in_invariant_calls",
+    "in_row_buckets",
+    "in_row_tiles",
+    "invariant_packing",
+    "takes_whole",
+]
 
 # padded row counts a call may run at, each used only once probed (up to 1024 rows: a step's
 # bigger matmuls are split into calls of the largest size that passed)
 CANDIDATE_BUCKETS = (16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024)
 
 Matmul = Callable[[torch.Tensor], torch.Tensor]
+
+
+def invariant_packing(packed, batch_invariant: bool):
+    """A platform's packed weight (:meth:`engine.layers.ops.LayerOps.pack_affine`) as the mode
+    wants it: under ``batch_invariant``, its ``invariant_at_any_rows()`` where it offers one
+    (every row count on one path: unpadded, whole calls); otherwise, or None, as it is."""
+    invariant = getattr(packed, "invariant_at_any_rows", None)
+    return invariant() if batch_invariant and callable(invariant) else packed
 
 
 def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable) -> torch.Tensor:

@@ -81,7 +81,9 @@ class LayerOps:
         greedily (``QuantMethod.apply_greedy``). And it may declare ``invariant_rows``: the
         most rows a call of ``forward``, ``logits`` or ``greedy`` may take and still give each
         row the bits it gets alone (None: any number), which ``--batch-invariant`` then relies
-        on (``engine.testing.layer_ops`` checks it)."""
+        on (``engine.testing.layer_ops`` checks it), and ``invariant_at_any_rows()`` -> the
+        layer with every row count on one path (``invariant_rows`` None), which quant methods
+        call under that mode before anything else (``engine.layers.batch_invariant.invariant_packing``)."""
         return None
 
     def pack_affine_blocks(self, parts: list[torch.Tensor], layout: str) -> Layer | None:

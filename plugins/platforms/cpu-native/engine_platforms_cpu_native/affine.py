@@ -254,6 +254,14 @@ class PackedAffine(Layer):
         """Whether steps of more than ``TILE_ROWS`` rows multiply on AMX tiles."""
         return self._tiles is not None
 
+    def invariant_at_any_rows(self) -> PackedAffine:
+        """This weight with every step on the int8 kernel, so ``invariant_rows`` is None: under
+        ``--batch-invariant`` the tiles would take no step anyway (their rows' bits differ from
+        a row's alone, so a batched step ran in 16-row calls), and one call a step streams the
+        weight once and is taped. Call it before ``prepare_logits`` (then no int8 copy)."""
+        self._tiles = None
+        return self
+
     @property
     def invariant_rows(self) -> int | None:
         """The most rows a call of ``forward``, ``logits`` or ``greedy`` may take and still give

@@ -295,7 +295,8 @@ def test_the_kernels_greedy_tokens_are_the_first_maximum_of_its_logits(portable,
 def test_a_weight_on_the_tiles_keeps_each_rows_bits_up_to_a_tile_of_rows(tiles):
     """``invariant_rows`` on the tiles is ``TILE_ROWS``: calls of that many rows or fewer take the
     int8 kernel, which gives each row the bits it gets alone (``forward``, ``logits`` and
-    ``greedy``'s first maximum; a flat row and a NaN row among them); the tiles above differ."""
+    ``greedy``'s first maximum; a flat row and a NaN row among them); the tiles above differ.
+    ``invariant_at_any_rows`` keeps it off them: then any number."""
     from engine.native.rows import first_max
 
     packed, x, _ = _tiles_case(300, 576, 40, torch.Generator().manual_seed(5), tiles)
@@ -308,3 +309,7 @@ def test_a_weight_on_the_tiles_keeps_each_rows_bits_up_to_a_tile_of_rows(tiles):
     logits = torch.cat([packed.logits(x[i : i + 1]) for i in range(few)])
     assert torch.equal(packed.greedy(x[:few]), first_max(logits))
     assert not torch.equal(packed(x)[3:few], packed(x[:few])[3:])  # rows 1, 2: the flat and NaN ones
+    # kept off the tiles (as --batch-invariant asks), all 40 rows in one call are their own
+    assert packed.invariant_at_any_rows() is packed and packed.invariant_rows is None
+    alone = torch.cat([packed(x[i : i + 1]) for i in range(x.shape[0])])
+    torch.testing.assert_close(packed(x), alone, rtol=0, atol=0, equal_nan=True)

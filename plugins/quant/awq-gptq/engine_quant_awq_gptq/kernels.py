@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.layers import Layer
+from engine.layers.batch_invariant import invariant_packing
 from engine.layers.group_affine import INT4PACK_GROUPS, AffineWeight, Int4Planes, int4pack_unavailable
 
 KERNEL_GROUP = 32  # the packed kernel's group; other multiples of it are split into it
@@ -45,12 +46,15 @@ def float16_offsets(weight: AffineWeight) -> AffineWeight:
     return AffineWeight(weight.q, weight.scale, weight.offset.half().float(), weight.group, weight.bits)
 
 
-def packed_kernel(weight: AffineWeight, platform, dtype: torch.dtype) -> Layer | None:
+def packed_kernel(
+    weight: AffineWeight, platform, dtype: torch.dtype, batch_invariant: bool = False
+) -> Layer | None:
+    """The platform's packed kernel (as ``--batch-invariant`` wants it where ``batch_invariant``)."""
     ops = platform.layer_ops(dtype)
     packed = ops.pack_affine(float16_offsets(weight))
     if packed is None and weight.group % KERNEL_GROUP == 0 and weight.group != KERNEL_GROUP:
         packed = ops.pack_affine(float16_offsets(split_groups(weight, KERNEL_GROUP)))
-    return packed
+    return invariant_packing(packed, batch_invariant)
 
 
 def int4pack_kernel(weight: AffineWeight, device, dtype: torch.dtype) -> Layer | None:
@@ -59,9 +63,11 @@ def int4pack_kernel(weight: AffineWeight, device, dtype: torch.dtype) -> Layer |
     return None if int4pack_unavailable(weight, device) else Int4Planes(weight, dtype)
 
 
-def group_affine_kernel(weight: AffineWeight, platform, dtype: torch.dtype) -> tuple[Layer, str]:
+def group_affine_kernel(
+    weight: AffineWeight, platform, dtype: torch.dtype, batch_invariant: bool = False
+) -> tuple[Layer, str]:
     """-> (the module computing x · wᵀ, the path's name)."""
-    packed = packed_kernel(weight, platform, dtype)
+    packed = packed_kernel(weight, platform, dtype, batch_invariant)
     if packed is not None:
         return packed, "packed"
     planes = int4pack_kernel(weight, platform.device, dtype)

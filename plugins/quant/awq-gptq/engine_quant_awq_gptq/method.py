@@ -102,7 +102,7 @@ class PackedIntLinearMethod(QuantMethod):
         scale = torch.ones(rows, input_size // group)
         zero = torch.zeros(rows, input_size, dtype=torch.uint8)
         weight = AffineWeight(zero, scale, torch.zeros_like(scale), group, self.config.bits)
-        return group_affine_kernel(weight, self.ctx.platform, self.ctx.dtype)[0]
+        return group_affine_kernel(weight, self.ctx.platform, self.ctx.dtype, self.ctx.batch_invariant)[0]
 
     def process_weights_after_loading(self, layer):
         parts, group = layer.packed_int_shards, layer.packed_int_group
@@ -141,7 +141,9 @@ class PackedIntLinearMethod(QuantMethod):
         orders = [shard.input_order for shard in shards]
         if all(_same_order(order, orders[0]) for order in orders):
             weight = AffineWeight.cat([shard.weight for shard in shards])
-            layer.kernel, layer.kernel_path = group_affine_kernel(weight, self.ctx.platform, self.ctx.dtype)
+            layer.kernel, layer.kernel_path = group_affine_kernel(
+                weight, self.ctx.platform, self.ctx.dtype, self.ctx.batch_invariant
+            )
             layer.register_buffer("input_order", orders[0])
         else:
             dense = torch.cat([shard.dequantize_in_input_order() for shard in shards])

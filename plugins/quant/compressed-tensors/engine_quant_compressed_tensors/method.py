@@ -37,6 +37,7 @@ import logging
 import torch
 
 from engine.interfaces import QuantMethod
+from engine.layers.batch_invariant import invariant_packing
 from engine.layers.fp4 import Fp4Weight
 from engine.layers.group_affine import AffineWeight
 from engine_quant_awq_gptq.kernels import dense_kernel, group_affine_kernel, probe_path
@@ -261,7 +262,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
         if scheme.format == "nvfp4-pack-quantized" and scheme.activations is None:
             return fp4_kernel(Fp4Weight.cat(shards), ctx.platform, ctx.dtype)
         if scheme.activations is None:
-            return group_affine_kernel(AffineWeight.cat(shards), ctx.platform, ctx.dtype)
+            return group_affine_kernel(AffineWeight.cat(shards), ctx.platform, ctx.dtype, ctx.batch_invariant)
         if scheme.activations.scales == "nvfp4":
             scales = [_scalar(part["input_global_scale"]) for part in parts]
             return nvfp4_activations(list(zip(shards, scales)), ctx.platform, ctx.dtype), "nvfp4-w4a4"
@@ -272,7 +273,7 @@ class CompressedTensorsLinearMethod(QuantMethod):
         affine = rows.as_affine()
         packed = ops.pack_affine(affine) if affine is not None else None
         if packed is not None:
-            return packed, "w8a8-packed"
+            return invariant_packing(packed, ctx.batch_invariant), "w8a8-packed"
         return DynamicInt8(rows, own_outliers=ctx.batch_invariant), "w8a8-dynamic"
 
     def kernel_of(self, layer):

@@ -35,7 +35,7 @@ from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers import Layer, VocabEmbedding
-from engine.layers.batch_invariant import in_invariant_calls, in_row_buckets, takes_whole
+from engine.layers.batch_invariant import in_invariant_calls, in_row_buckets, invariant_packing, takes_whole
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
 from engine_quant_gguf.formats import GGUFBlocks
 
@@ -93,14 +93,14 @@ class GGUFLinearMethod(QuantMethod):
         dtype = self.ctx.dtype
         if kinds == {"float"}:
             return Dense(torch.cat([s.to(dtype) for s in shards]))
-        ops = self.ctx.platform.layer_ops(dtype)
+        ops, invariant = self.ctx.platform.layer_ops(dtype), self.ctx.batch_invariant
         packed = ops.pack_affine_blocks([s.raw for s in shards], f"ggml:{shards[0].qtype.name.lower()}")
         if packed is not None:  # packed from the file's bytes: no unpacked copy on the way
-            return _as_head(packed, vocab)
+            return _as_head(invariant_packing(packed, invariant), vocab)
         weight = AffineWeight.cat([s.affine() for s in shards])
         packed = ops.pack_affine(weight)
         if packed is not None:
-            return _as_head(packed, vocab)
+            return _as_head(invariant_packing(packed, invariant), vocab)
         fast = not int4pack_unavailable(weight, self.ctx.platform.device)
         if vocab and not (fast and packed_rows_readable()):
             return VocabTable(weight, dtype, self.ctx.platform.device)

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from engine.interfaces import QuantMethod
+from engine.layers.batch_invariant import invariant_packing
 from engine.layers.int8 import Int8Rows, row_abs_max
 
 
@@ -104,7 +105,7 @@ class Int8Dynamic(Int8WeightOnly):
         )
         if packed is not None:
             del layer.int8
-            layer.packed = packed
+            layer.packed = invariant_packing(packed, self.ctx.batch_invariant)
 
     def apply(self, layer, x, bias):
         packed = layer._modules.get("packed")  # not getattr: a miss would raise and catch per call
