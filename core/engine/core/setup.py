@@ -244,9 +244,9 @@ def build_model(
     ``row_invariant``, else the plain torch ones: fused kernels may take small batches only and
     hand big ones to torch, and the two agree only up to summation order. With ``tp`` of
     several ranks the model holds rank ``tp.rank``'s share, read through the loader's slices
-    (``iter_weight_slices``); ``weight_bytes_read`` on the
-    model is what the loader counted (None where it does not count). The checkpoint's KV cache
-    scales go to the attention layers (:mod:`engine.layers.kv_scales`), not to the model.
+    (``iter_weight_slices``); ``weight_bytes_read`` on the model is what the loader counted
+    (None where it does not count). The checkpoint's KV cache scales go to the attention layers
+    (:mod:`engine.layers.kv_scales`), not to the model.
     ``model_impl``: vLLM's --model-impl (:func:`choose_model_class`); ``implementation`` on the
     model says in words which one runs (the start-up log names it)."""
     cls, implementation = choose_model_class(registry, hf_config, model_impl)
