@@ -74,16 +74,28 @@ def tiny_prompts(default_tokenizer):
     return _prompts(default_tokenizer, 40)
 
 
-def test_tiny_model_is_batch_invariant_in_bf16(tiny_llama, tiny_prompts):
-    """With prefix caching and chunked prefill on (cpu-native attention is chunk-invariant)."""
+@pytest.mark.parametrize("widened", [False, True], ids=["platform-gemm", "widening-kernel"])
+def test_tiny_model_is_batch_invariant_in_bf16(tiny_llama, tiny_prompts, monkeypatch, widened):
+    """With prefix caching and chunked prefill on (cpu-native attention is chunk-invariant); on
+    the GEMM this CPU's platform picks (probed row buckets where it is oneDNN's), and on
+    cpu-native's widening kernel (what a CPU without native bfloat16 gets), which declares
+    ``invariant_rows``: then unpadded, and every decode bucket taped."""
+    from engine_platforms_cpu_native import dense
+    from engine_platforms_cpu_native.ops import NativeLayerOps
+
+    if widened:
+        monkeypatch.setattr(NativeLayerOps, "pack_dense", lambda self, w: dense.WidenedBf16(w, self.dtype))
     targets = [0, 13, 27, 39]
 
     def factory(**options):
         return LLM(tiny_llama[0], dtype="bfloat16", num_blocks=512, batch_invariant=True, **options)
 
     runs = _runs(factory, tiny_prompts, targets, 24)
-    assert factory().engine.config.cache.enable_prefix_caching
+    llm = factory()
+    assert llm.engine.config.cache.enable_prefix_caching
     assert not _differing(runs)  # tokens and log-probs, bit for bit
+    if widened:
+        assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.graphs[1].graph is not None
 
 
 @pytest.mark.parametrize("device", ["cpu", "cpu-native"], ids=["int-mm", "packed"])

@@ -54,9 +54,10 @@ class LayerOps:
         ``F.linear``): a :class:`engine.layers.Layer` with ``forward(x, bias=None)`` = x · wᵀ
         (+ bias) in x's dtype, and ``dequantize()`` -> w [N, K], exact. ``forward`` sums in float32
         at least, in an order of its own, and rounds once: ``F.linear``'s result within float32
-        summation order (platforms v3; ``engine.testing.layer_ops`` checks it). Here: oneDNN's
-        blocked layout for bfloat16 weights on a CPU that computes bfloat16
-        (:mod:`engine.layers.dense`), which gives ``F.linear``'s bits."""
+        summation order (platforms v3; ``engine.testing.layer_ops`` checks it). It may declare
+        ``invariant_rows`` as :meth:`pack_affine`'s layer may. Here: oneDNN's blocked layout for
+        bfloat16 weights on a CPU that computes bfloat16 (:mod:`engine.layers.dense`), which
+        gives ``F.linear``'s bits (and declares nothing: its blocking follows the row count)."""
         from engine.layers.dense import PackedDense, packable
 
         return PackedDense(weight) if packable(weight) else None

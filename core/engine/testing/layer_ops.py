@@ -395,6 +395,20 @@ class LayerOpsContract:
                     want = torch.cat([a.argmax(-1) for a in alone[:count]])
                     assert tokens is None or torch.equal(tokens, want), f"greedy at {count} rows"
 
+    def test_pack_dense_invariant_rows(self, platform):
+        """A prepacked bfloat16 weight that declares ``invariant_rows``: each row of a call of up
+        to that many rows bit for bit its result alone."""
+        gen = torch.Generator().manual_seed(7)
+        packed = platform.layer_ops(torch.bfloat16).pack_dense(torch.randn(70, 96, generator=gen).bfloat16())
+        if packed is None or not hasattr(packed, "invariant_rows"):
+            return
+        limit = packed.invariant_rows
+        counts = [c for c in ROW_INVARIANT_ROWS if limit is None or c <= limit]
+        x = torch.randn(counts[-1], 96, generator=gen).bfloat16()
+        alone = torch.cat([packed(x[i : i + 1]) for i in range(counts[-1])])
+        for count in counts:
+            assert torch.equal(packed(x[:count]), alone[:count]), count
+
     def test_pack_affine_declines_what_it_cannot_hold(self, platform):
         """Groups of 16 (GGUF's Q6_K) are outside what any 32-group kernel holds: None, or
         a kernel that computes them right."""

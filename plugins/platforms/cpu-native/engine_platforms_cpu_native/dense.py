@@ -61,6 +61,9 @@ class _HeldBf16(Layer):
     x [..., K] in ``self.dtype``; ``dequantize()`` = w, exact."""
 
     _matmul: NativeKernel
+    # each row summed in the same steps whatever rows share the call (the widening kernel's
+    # register tiles and the AMX tiles alike), which ``--batch-invariant`` then relies on
+    invariant_rows = None
 
     def __init__(self, weight: torch.Tensor, dtype: torch.dtype):
         super().__init__()

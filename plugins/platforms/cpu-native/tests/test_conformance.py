@@ -459,11 +459,13 @@ def test_widened_bf16_gives_a_row_the_same_bits_in_any_batch_on_either_path_and_
     blocks) against the first and last 3, 17 (the same blocks), 64, 67 and 300 rows of one batch
     (register tiles from ``dense_tiled_min_rows()``: 67 leaves a 3-row tile), bit for bit, and
     against float32 math. 101 outputs leave a 2-column tile and a short panel; 1103 inputs span
-    three passes and end short of a vector. The portable build (one path) is held to the same."""
+    three passes and end short of a vector. The portable build (one path) is held to the same:
+    what its ``invariant_rows`` (None, any number) declares to ``--batch-invariant``."""
     gen = torch.Generator().manual_seed(24)
     n, k = 101, 1103
     weight = (torch.randn(n, k, generator=gen) * 0.1).to(torch.bfloat16)
     layer = WidenedBf16(weight, dtype, portable=portable)
+    assert layer.invariant_rows is None
     tiled_from = dense.kernels(portable)["dense_tiled_min_rows"]()
     if portable or not dense.kernels()["dense_simd_width"]():
         assert tiled_from == 0
@@ -492,13 +494,13 @@ def test_tiled_bf16_is_x_times_w_summed_in_float_and_the_same_in_any_batch(n, k,
     math, with and without a bias: outputs past a 16-row tile and a 32-row panel (75, 33), inputs
     not a multiple of the tiles' 32 (163, 1: the zero-padded copy), 1 to 300 rows (past a tile,
     a block pair and a 256-row pass); a row's bits are the same alone, in any batch and as a
-    strided view."""
+    strided view (what its ``invariant_rows``, None, declares)."""
     if not portable and not dense.amx_tiles():
         pytest.skip("this CPU has no AMX tiles")
     gen = torch.Generator().manual_seed(n * k)
     weight = (torch.randn(n, k, generator=gen) * 0.1).to(torch.bfloat16)
     layer = TiledBf16(weight, portable=portable)
-    assert torch.equal(layer.dequantize(), weight)
+    assert torch.equal(layer.dequantize(), weight) and layer.invariant_rows is None
     bias = torch.randn(n, generator=gen).to(torch.bfloat16)
     x = torch.randn(300, k, generator=gen).to(torch.bfloat16)
     exact = x.double() @ weight.double().t()
