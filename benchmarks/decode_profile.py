@@ -2,12 +2,14 @@
 them, and the rest (Python: scheduling, dispatch, output handling).
 
     python benchmarks/decode_profile.py [--batches 1 16] [--steps 20] [--dtype auto]
-                                        [--kv-cache-dtype auto]
+                                        [--kv-cache-dtype auto] [--batch-invariant]
                                         [--model default|default-bf16|1b-q4_1|1b-bf16]
 
 Two engines on one model, one after the other (the default model's default config, ``LLM()``
 as ``engine serve`` picks it, or the 1B-class model of ``random_llama.py``: its GGUF Q4_1 file
-kept quantized, or its bf16 folder):
+kept quantized, or its bf16 folder), one decode step a scheduling pass as ``engine serve``
+runs them (``num_scheduler_steps=1``: ``LLM``'s default of 8 would time a burst of 8 steps);
+``--batch-invariant`` runs both under that mode:
 - as shipped (native tapes where the batch has one): the wall time of a decode step, and the
   process's minor page faults a step after a first run of the batch (whose prefill grows the
   heap once): memory the allocator maps afresh every step shows here;
@@ -89,6 +91,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--kv-cache-dtype", default="auto", help="the KV cache's (fp8: e4m3 pages)")
     parser.add_argument(
+        "--batch-invariant",
+        action="store_true",
+        help="both engines under --batch-invariant (the mode's kernels)",
+    )
+    parser.add_argument(
         "--model",
         choices=["default", "default-bf16", "1b-q4_1", "1b-bf16"],
         default="default",
@@ -103,7 +110,13 @@ def main() -> None:
 
     path = None if args.model.startswith("default") else random_llama.row_path(args.model)
     # the 1B-class model's own 8192 positions need not fit beside a batch of 256
-    options = dict(dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, max_model_len=2048 if path else None)
+    options = dict(
+        dtype=args.dtype,
+        kv_cache_dtype=args.kv_cache_dtype,
+        max_model_len=2048 if path else None,
+        batch_invariant=args.batch_invariant,
+        num_scheduler_steps=1,
+    )
     if args.model == "default-bf16":
         options["quantization"] = "unquantized"
     shipped = LLM(path, **options)
