@@ -61,10 +61,15 @@ def invariant_packing(packed, batch_invariant: bool):
     return invariant() if batch_invariant and callable(invariant) else packed
 
 
-def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable) -> torch.Tensor:
+def in_row_buckets(matmul: Matmul, x: torch.Tensor, key: Hashable, kernel=None) -> torch.Tensor:
     """``matmul`` applied to ``x`` [..., K] in calls padded to probed buckets, bit for bit what
     :func:`in_row_tiles` gives. ``key`` names the matmul's kernel and shape (e.g. the weight's
-    shape, dtype and whether it has a bias): calls sharing a key share the probes."""
+    shape, dtype and whether it has a bias): calls sharing a key share the probes. Where
+    ``kernel`` (``matmul``'s module) declares ``invariant_rows``, unpadded calls instead and no
+    probe (:func:`in_invariant_calls`)."""
+    declared = in_invariant_calls(kernel, matmul, x)
+    if declared is not None:
+        return declared
     rows = x.reshape(-1, x.shape[-1])
     count, start, pieces = rows.shape[0], 0, []
     if count == 0:

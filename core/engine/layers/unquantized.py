@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.interfaces import QuantMethod
-from engine.layers.batch_invariant import in_invariant_calls, in_row_buckets
+from engine.layers.batch_invariant import in_row_buckets
 from engine.layers.experts import grouped_matmul
 
 
@@ -50,18 +50,11 @@ class UnquantizedLinearMethod(QuantMethod):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None
     ) -> torch.Tensor:
         """A prepacked kernel that declares ``invariant_rows`` (cpu-native's widening and AMX
-        kernels) unpadded (:func:`~engine.layers.batch_invariant.in_invariant_calls`); else one
-        call padded to a row count at which this weight's GEMM was probed to give each row the
-        bits 16-row tiles give it (:func:`~engine.layers.batch_invariant.in_row_buckets`): the
-        probes are shared by the layers of one kernel and weight shape."""
-
-        def matmul(rows: torch.Tensor) -> torch.Tensor:
-            return self.apply(layer, rows, bias)
-
-        dense = self.kernel_of(layer)
-        out = in_invariant_calls(dense, matmul, x)
-        if out is not None:
-            return out
+        kernels) unpadded; else one call padded to a row count at which this weight's GEMM was
+        probed to give each row the bits 16-row tiles give it (both
+        :func:`~engine.layers.batch_invariant.in_row_buckets`): the probes are shared by the
+        layers of one kernel and weight shape."""
+        dense = self.kernel_of(layer)  # its type names the probes: NoneType for F.linear
         key = (
             type(dense).__name__,
             layer.input_size,
@@ -69,7 +62,7 @@ class UnquantizedLinearMethod(QuantMethod):
             self.ctx.dtype,
             bias is not None,
         )
-        return in_row_buckets(matmul, x, key)
+        return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, key, dense)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         dense = layer._modules.get("dense")

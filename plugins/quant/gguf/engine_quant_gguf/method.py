@@ -35,7 +35,7 @@ from torch import nn
 
 from engine.interfaces import QuantMethod
 from engine.layers import Layer, VocabEmbedding
-from engine.layers.batch_invariant import in_invariant_calls, in_row_buckets, invariant_packing, takes_whole
+from engine.layers.batch_invariant import in_row_buckets, invariant_packing, takes_whole
 from engine.layers.group_affine import AffineWeight, Int4Planes, int4pack_unavailable, packed_rows_readable
 from engine_quant_gguf.formats import GGUFBlocks
 
@@ -127,18 +127,11 @@ class GGUFLinearMethod(QuantMethod):
     def apply_batch_invariant(self, layer, x, bias):
         """A kernel that declares ``invariant_rows`` (:meth:`engine.layers.ops.LayerOps.pack_affine`:
         the packed kernel, any number of rows off AMX tiles) runs as ``apply``, in calls of at
-        most that many rows (:func:`~engine.layers.batch_invariant.in_invariant_calls`); others
-        in calls padded to probed row buckets (:func:`~engine.layers.batch_invariant.in_row_buckets`)."""
+        most that many rows; others in calls padded to probed row buckets (both
+        :func:`~engine.layers.batch_invariant.in_row_buckets`)."""
         kernel = layer.kernel
-
-        def matmul(rows):
-            return self.apply(layer, rows, bias)
-
-        out = in_invariant_calls(kernel, matmul, x)
-        if out is not None:
-            return out
         key = ("gguf", type(kernel).__name__, layer.input_size, sum(layer.output_sizes), self.ctx.dtype)
-        return in_row_buckets(matmul, x, (*key, bias is not None))
+        return in_row_buckets(lambda rows: self.apply(layer, rows, bias), x, (*key, bias is not None), kernel)
 
     def create_moe_weights(
         self, layer: nn.Module, num_experts: int, input_size: int, output_sizes: list[int]
