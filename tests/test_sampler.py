@@ -7,6 +7,7 @@ import torch
 
 from engine.messages.request import Request
 from engine.messages.sampling_params import SamplingParams
+from engine.native import load_source
 from engine.native import rows as rows_kernel
 from engine.runner import sampler
 
@@ -189,14 +190,23 @@ def test_sampling_returns_distributions_only_when_asked():
     assert int((probs[2] > 0).sum()) == 4 and probs[2, tokens[2]] > 0
 
 
+# the builds a CPU may run: its own, AVX2 with AVX-512 off (on an AVX-512 machine the native
+# build never runs that path) and the compiler's baseline (the scalar loop)
+ARGMAX_BUILDS = {"native": {}, "avx2": {"extra_flags": ("-mno-avx512f",)}, "portable": {"portable": True}}
+
+
 @pytest.mark.skipif(
     rows_kernel.argmax(torch.zeros(1, 1)) is None, reason="the row kernel cannot be built here"
 )
-@pytest.mark.parametrize("n", [1, 5, 15, 16, 17, 33, 49152])
-def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n):
+@pytest.mark.parametrize("build", ARGMAX_BUILDS)
+@pytest.mark.parametrize("n", [1, 5, 7, 8, 9, 15, 16, 17, 33, 49152])
+def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n, build):
     """Rows whose maxima, ties, NaNs and infinities fall in every vector lane and in the tail
     past the last whole vector, many rows (split over the threads) and rows of a wider matrix:
-    numpy's first-maximum index, NaN counting as the maximum."""
+    numpy's first-maximum index, NaN counting as the maximum, in every build."""
+    if build == "avx2" and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
+        pytest.skip("no AVX2 on this CPU")
+    kernel = load_source(rows_kernel.SOURCE, **ARGMAX_BUILDS[build])["argmax_rows_f32"]
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(300, n + 3, generator=gen)[:, :n]  # rows n + 3 apart
     values = torch.tensor([float("nan"), float("inf"), float("-inf"), 4.0])
@@ -207,7 +217,10 @@ def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n):
             ]
     x[0] = float("-inf")
     x[1] = 4.0
-    assert torch.equal(rows_kernel.argmax(x), torch.from_numpy(x.numpy().argmax(axis=-1)))
+    out = torch.empty(300, dtype=torch.int64)
+    kernel(x.data_ptr(), 300, n, x.stride(0), out.data_ptr())
+    assert torch.equal(out, torch.from_numpy(x.numpy().argmax(axis=-1)))
+    assert torch.equal(rows_kernel.argmax(x), out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
