@@ -3,9 +3,10 @@
  * group's int16 sums cannot overflow; the float combination is VNNI's, op for op. */
 
 /* PREFETCH_BYTES for this kernel: on Zen 3 (AVX2 only), two threads at one row, weights from
- * memory (benchmarks/affine_ab.c), 2048 bytes ran 1.00-1.16x 4096 on the default and 1B-class
- * models' shapes, and 8192 no better than 4096 (the tiles' own streams, before the pairs: 2048
- * and 4096 alike, 1024 and 8192 less). */
+ * memory (benchmarks/affine_ab.c), 2048 bytes ran 0.99-1.16x 4096 on the default and 1B-class
+ * models' shapes with a pair's tiles in chunks, 0.93-1.11x once one row took the pair in order,
+ * and 8192 no better than 4096 (the tiles' own streams, before the pairs: 2048 and 4096 alike,
+ * 1024 and 8192 less). */
 #define PREFETCH_AVX2_BYTES 2048
 
 /* 8 scales (or offsets) of one half-tile as float32 lanes */
