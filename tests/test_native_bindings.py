@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from engine import lifetime
-from engine.native import BuildError, HeaderError, load_source, tape
+from engine.native import BuildError, HeaderError, load_source, rows, tape
 from engine.native.prototypes import Prototype, read_header
 from engine.testing import native
 
@@ -136,8 +136,9 @@ def test_a_declared_function_must_be_defined_and_an_exported_one_declared(tmp_pa
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["native", "portable"])
-def test_the_tape_interpreter_builds_with_every_warning_an_error(portable):
-    native.build_with_warnings_as_errors(tape.SOURCE, portable)
+@pytest.mark.parametrize("source", [tape.SOURCE, rows.SOURCE], ids=["tape", "rows"])
+def test_the_cores_kernels_build_with_every_warning_an_error(source, portable):
+    native.build_with_warnings_as_errors(source, portable)
 
 
 @pytest.mark.usefixtures("private_cache")

@@ -21,6 +21,7 @@ static int64_t argmax_row_scalar(const float *x, int64_t from, int64_t n, int64_
     return best;
 }
 
+#if defined(__AVX512F__) || defined(__AVX2__)
 /* The row's first maximum from LANES lanes, lane l having kept the first maximum of positions l,
  * l + LANES, ... (a NaN replacing a number, never another NaN): the lowest index among the lanes
  * that hold the largest value, or hold a NaN where any does; then the tail from ``from`` on. */
@@ -35,6 +36,7 @@ static int64_t merge_lanes(const float *x, const float *values, const int32_t *i
     }
     return argmax_row_scalar(x, from, n, result);
 }
+#endif
 
 #if defined(__AVX512F__)
 static int64_t argmax_row(const float *x, int64_t n) {
