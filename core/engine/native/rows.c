@@ -60,7 +60,8 @@ static int64_t argmax_row(const float *x, int64_t n) {
     return merge_lanes(x, values, indices, 16, i, n);
 }
 #elif defined(__AVX2__)
-/* AVX-512's loop on 8 lanes: a single stream's 49k logits in ~8 us, not the scalar loop's ~140 */
+/* AVX-512's loop on 8 lanes: one row of 49 152 logits from cache in ~18 us, not the scalar
+ * loop's ~130 (Zen 3) */
 static int64_t argmax_row(const float *x, int64_t n) {
     if (n < 8 || n >= (int64_t)1 << 31) return argmax_row_scalar(x, 1, n, 0);
     const __m256i step = _mm256_set1_epi32(8);

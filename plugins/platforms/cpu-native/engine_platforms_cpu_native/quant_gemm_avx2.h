@@ -78,7 +78,7 @@ group_dots(const int R, const int NT, const int bits, const int8_t *xq, int64_t 
 static inline __attribute__((always_inline)) void
 tile_groups(const int R, const int NT, const int bits, const int8_t *xq, const float *d, const float *s, int64_t k,
             const uint8_t *qw, const void *sz, int64_t form, int64_t tile, int64_t g0, int64_t g1, int prefetch,
-            float acc_sums[2][4][TILE]) {
+            float acc_sums[][4][TILE]) {
     const int64_t groups = k / GROUP, per_group = group_bytes(bits);
     const int64_t rows = sz_rows(form), sz_bytes = form != SZ_F32 ? 2 : 4;
     const int64_t group_sz = rows * TILE * sz_bytes;
