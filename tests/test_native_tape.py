@@ -105,6 +105,9 @@ def test_a_kernel_refusing_its_input_on_replay_stops_it_with_its_name():
 
 
 def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
+    """Torch work between the kernels (a copy made at capture would be read by every replay, a
+    dtype conversion or a reshape that cannot view included), a kernel whose result steers Python,
+    a call with extra arguments, a forward of no kernel, and nested recordings."""
     norm, count = _kernel("add_rms_norm_f32"), _kernel("quantize_rows_int8_f32")
     x, residual, weight = torch.randn(2, 64), torch.randn(2, 64), torch.ones(64)
 
@@ -131,6 +134,18 @@ def test_what_a_tape_cannot_replay_is_refused_with_the_reason():
         )
     with pytest.raises(tape.CaptureError, match="called no native kernel"):
         tape.record(lambda: x.view(-1))
+
+    def normed_then(then):
+        return lambda: (norm(x.data_ptr(), residual.data_ptr(), weight.data_ptr(), 2, 64, 1e-5), then())[1]
+
+    with torch.inference_mode():  # where torch dispatches these as ops its schemas call views
+        for copies, op in (
+            (lambda: x.to(torch.float64), "aten.to.dtype"),
+            (lambda: x.t().reshape(-1), "aten.reshape"),
+        ):
+            with pytest.raises(tape.CaptureError, match=rf"torch ops a tape cannot replay \({op}"):
+                tape.record(normed_then(copies))
+        tape.record(normed_then(x.float))  # float32 already: a view of x
     with tape.recording(), pytest.raises(tape.CaptureError, match="already recording"):
         tape.record(lambda: x)
 
@@ -331,8 +346,8 @@ def test_a_greedy_tape_that_misses_a_kernel_is_dropped_before_serving(tiny_gguf,
         def __call__(self, *args):
             return self.function(*args)
 
-    unbound = Unbound(rows._argmax_kernel())
-    monkeypatch.setattr(rows, "_argmax_kernel", lambda: unbound)
+    unbound = Unbound(rows._argmax_kernel(torch.float32))
+    monkeypatch.setattr(rows, "_argmax_kernel", lambda dtype: unbound)
     options = dict(dtype="float32", num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=256)
     prompts, lengths = reference.random_prompts(1000, [5, 9], seed=3), [6, 9]
     eager = _generate(LLM(tiny_gguf, enforce_eager=True, **options), prompts, lengths)
@@ -515,12 +530,16 @@ def _widened_bf16_missing() -> str:
 @pytest.mark.skipif(bool(_widened_bf16_missing()), reason=_widened_bf16_missing())
 def test_an_unquantized_bf16_model_is_replayed_from_tapes(tiny_llama):
     """Without native bfloat16 (AVX2 only), an unquantized bf16 model's matmuls and embedding
-    lookups are cpu-native's C kernels: its decode steps are recorded, and give the eager tokens."""
+    lookups are cpu-native's C kernels: its decode steps are recorded, greedy tokens and all (the
+    argmax reads the head's bf16 logits: no float32 copy for a replay to miss), and give the
+    eager tokens."""
     options = dict(dtype="bfloat16", num_blocks=64, block_size=16, max_num_seqs=4, max_model_len=256)
     prompts = reference.random_prompts(1000, [3, 17, 5], seed=3)
     eager = _generate(LLM(tiny_llama[0], enforce_eager=True, **options), prompts, [6, 9, 12])
     llm = LLM(tiny_llama[0], **options)
-    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.recorder.name == "native tapes"
+    graphs = llm.engine.runner.graphs
+    assert graphs is not None and graphs.recorder.name == "native tapes"
+    assert all(recorded.greedy is not None for recorded in graphs.graphs.values())
     assert _generate(llm, prompts, [6, 9, 12]) == eager
 
 

@@ -198,15 +198,18 @@ ARGMAX_BUILDS = {"native": {}, "avx2": {"extra_flags": ("-mno-avx512f",)}, "port
 @pytest.mark.skipif(
     rows_kernel.argmax(torch.zeros(1, 1)) is None, reason="the row kernel cannot be built here"
 )
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["f32", "bf16"])
 @pytest.mark.parametrize("build", ARGMAX_BUILDS)
 @pytest.mark.parametrize("n", [1, 5, 7, 8, 9, 15, 16, 17, 33, 49152])
-def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n, build):
+def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n, build, dtype):
     """Rows whose maxima, ties, NaNs and infinities fall in every vector lane and in the tail
     past the last whole vector, many rows (split over the threads) and rows of a wider matrix:
-    numpy's first-maximum index, NaN counting as the maximum, in every build."""
+    numpy's first-maximum index of the float32 values, NaN counting as the maximum, in every
+    build, for float32 rows and for bfloat16 ones (whose rounding makes ties common)."""
     if build == "avx2" and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("no AVX2 on this CPU")
-    kernel = load_source(rows_kernel.SOURCE, **ARGMAX_BUILDS[build])["argmax_rows_f32"]
+    symbol = {torch.float32: "argmax_rows_f32", torch.bfloat16: "argmax_rows_bf16"}[dtype]
+    kernel = load_source(rows_kernel.SOURCE, **ARGMAX_BUILDS[build])[symbol]
     gen = torch.Generator().manual_seed(n)
     x = torch.randn(300, n + 3, generator=gen)[:, :n]  # rows n + 3 apart
     values = torch.tensor([float("nan"), float("inf"), float("-inf"), 4.0])
@@ -217,15 +220,16 @@ def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n, build):
             ]
     x[0] = float("-inf")
     x[1] = 4.0
+    x = x.to(dtype)
     out = torch.empty(300, dtype=torch.int64)
     kernel(x.data_ptr(), 300, n, x.stride(0), out.data_ptr())
-    assert torch.equal(out, torch.from_numpy(x.numpy().argmax(axis=-1)))
+    assert torch.equal(out, torch.from_numpy(x.float().numpy().argmax(axis=-1)))
     assert torch.equal(rows_kernel.argmax(x), out)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 def test_greedy_picks_the_first_maximum_with_nan_as_the_maximum(dtype):
-    """The CPU path (the core's C kernel for float32, numpy's argmax for float64) gives torch's
+    """The CPU path (the core's C kernel for float32 and bfloat16, numpy's argmax for float64) gives torch's
     ``max(dim=-1)`` index: ties go to the first, a NaN beats every number, the first NaN wins,
     and a row of -inf is index 0."""
     logits = torch.randn(5, 1000, generator=torch.Generator().manual_seed(0)).to(dtype)

@@ -23,6 +23,7 @@ from engine.distributed import current_tensor_parallel
 from engine.layers.checkpoint import materialize
 from engine.layers.linear import Linear
 from engine.layers.unquantized import UnquantizedLinearMethod
+from engine.native.rows import first_max
 
 
 class VocabEmbedding(Linear):
@@ -62,15 +63,20 @@ class VocabEmbedding(Linear):
         return self.tp.all_reduce(rows.masked_fill(outside.unsqueeze(-1), 0))
 
     def greedy(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """Each row's first maximum of ``logits(hidden)`` (int64 [N]), where the quant method
-        finds it without the logits (``QuantMethod.apply_greedy``); None where it does not, and
-        under tensor parallelism, LoRA on this table or ``--batch-invariant`` unless the method
-        declares ``greedy_batch_invariant``: the caller then takes the logits' argmax."""
+        """Each row's first maximum of ``logits(hidden)`` (int64 [N]): the quant method's own
+        where it finds it without the logits (``QuantMethod.apply_greedy``; under
+        ``--batch-invariant`` only a method that declares ``greedy_batch_invariant``), else the
+        argmax of the logits as the table's matmul gives them, in its dtype (a float32 copy
+        orders them the same: it would be torch work between the kernels, which a native tape
+        cannot record). None under tensor parallelism or LoRA on this table: the caller then
+        takes the argmax of the gathered logits."""
         if self.tp.size > 1 or "lora" in self._modules:
             return None
-        if getattr(self.method.ctx, "batch_invariant", False) and not self.method.greedy_batch_invariant:
-            return None
-        return self.method.apply_greedy(self, hidden)
+        if not getattr(self.method.ctx, "batch_invariant", False) or self.method.greedy_batch_invariant:
+            tokens = self.method.apply_greedy(self, hidden)
+            if tokens is not None:
+                return tokens
+        return first_max(self.matmul(hidden, None))
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         logits = self.matmul(hidden, None)

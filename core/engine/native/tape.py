@@ -232,10 +232,22 @@ class _Recording(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func in _ALLOCATIONS:
             self.allocated.append(out)
-        elif not func.is_view and str(func) not in self.computed:
+        elif not _only_aliases(func, out, (args, kwargs)) and str(func) not in self.computed:
             self.computed.append(str(func))
         self.keep.append(out)
         return out
+
+
+def _only_aliases(func, out, inputs) -> bool:
+    """Whether ``func`` did no work: a view op whose every result shares an input's storage. The
+    schema's alias annotation alone is not enough: ``aten.to`` (what ``Tensor.float()``
+    dispatches under inference mode) and ``reshape`` are annotated as views, yet copy when the
+    dtype changes or the strides allow no view, and a tape would replay the kernels after them
+    on the copy made at capture."""
+    if not func.is_view:
+        return False
+    sources = {_storage(t) for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)}
+    return all(_storage(t) in sources for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor))
 
 
 _recording: _Recording | None = None
