@@ -55,7 +55,7 @@ browser:
 	  echo "no Chromium installed: tests/test_web_console.py will skip"
 
 test: install lm-eval browser
-	LM_EVAL=$(abspath $(LMEVAL_VENV))/bin/lm_eval $(PY) -m pytest -q
+	LM_EVAL=$(abspath $(LMEVAL_VENV))/bin/lm_eval $(PY) -m pytest -q --durations=25
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -11,7 +11,8 @@ A kernel is recordable when it is bound with :func:`bind` (what the cpu-native p
 attention plugins do), with the types of its library's prototype header
 (:mod:`engine.native.prototypes`): the binding records a call whenever a :func:`recording` is
 active, and otherwise costs one attribute check. While recording, every torch op the forward dispatches is
-watched: an op that computes (anything but a view or an allocation) is work a replay would skip,
+watched: an op that computes (anything but an allocation or a view whose results share its input's
+memory — ``Tensor.float()`` of a bf16 tensor is a copy) is work a replay would skip,
 so the capture fails naming it (:class:`CaptureError`) and the engine keeps running eagerly; the
 tensors the forward allocates are kept alive with the tape, whose kernels hold their addresses,
 or, given an arena (:class:`TapeGraphs` gives its own), moved into it by liveness
