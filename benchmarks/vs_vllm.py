@@ -359,9 +359,14 @@ def _print_online(name: str, r: dict) -> None:
         f"  TPOT median {r['median_tpot_ms']:7.1f} ms  ({r['completed']} completed)",
         flush=True,
     )
-    failed = [error for error in r.get("errors", []) if error]
+    # the client's result keeps its errors only with --save-detailed: the count says how many
+    errors = [error for error in r.get("errors", []) if error]
+    failed = r.get("failed") or len(errors)
     if failed:
-        print(f"  {name:8s} {len(failed)} requests failed; the first: {failed[0][-500:]}", flush=True)
+        first = f"; the first: {errors[0][-500:]}" if errors else ""
+        print(
+            f"  {name:8s} {failed} requests FAILED: the figures count the completed ones{first}", flush=True
+        )
 
 
 def online(args) -> None:

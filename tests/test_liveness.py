@@ -1,5 +1,5 @@
 """A hung engine core is visible: the core's heartbeats (from a thread apart from its step loop)
-turn /health 503 while it has work and makes no progress, streams get SSE keep-alive comments
+turn /health 503 while it has work and makes no progress, streams get SSE keep-alives (blank line pairs)
 while no token comes, and --engine-step-timeout fails the requests and exits non-zero. The
 server tests stop the core with SIGSTOP (no thread runs: the heartbeats stop) and hang one
 step in a logits processor (the heartbeats go on and report the step growing old)."""
@@ -166,14 +166,19 @@ def plugin(tmp_path_factory):
     return environ_with(root / "site"), trigger
 
 
+KEEPALIVE = None  # what RawStream waits for to return at the first keep-alive
+
+
 class RawStream:
     """A streaming completion read line by line on a thread, each line with its arrival time,
-    so a test sees the SSE comments the ``openai`` client skips; returns once a line starting
-    with ``wait_for`` came (by default: a data frame, i.e. the stream is mid-generation)."""
+    so a test sees the keep-alives the ``openai`` client skips; returns once a line starting
+    with ``wait_for`` came (by default: a data frame, i.e. the stream is mid-generation), or a
+    keep-alive (``KEEPALIVE``)."""
 
-    def __init__(self, server, wait_for: str = "data: ", **body):
+    def __init__(self, server, wait_for: str | None = "data: ", **body):
         self.wait_for = wait_for
         self.lines: list[tuple[float, str]] = []
+        self.blanks: list[float] = []  # arrival times of the keep-alives' blank lines
         self.started = threading.Event()
         body = {"model": server.model(), "prompt": "Hello", "ignore_eos": True, "stream": True, **body}
         self._thread = threading.Thread(target=self._read, args=(server, body), daemon=True)
@@ -183,15 +188,26 @@ class RawStream:
     def _read(self, server, body) -> None:
         try:
             with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as response:
+                previous = None
                 for line in response.iter_lines():
-                    self.lines.append((time.monotonic(), line))
-                    if line.startswith(self.wait_for):
+                    now = time.monotonic()
+                    self.lines.append((now, line))
+                    if line == "" and previous in (None, ""):  # a blank line that ends no frame
+                        self.blanks.append(now)
+                    previous = line
+                    if self._waited_for(line):
                         self.started.set()
         finally:
             self.started.set()
 
+    def _waited_for(self, line: str) -> bool:
+        if self.wait_for is KEEPALIVE:
+            return self.keepalives_since(0) > 0
+        return line.startswith(self.wait_for)
+
     def keepalives_since(self, t: float) -> int:
-        return sum(1 for at, line in self.lines if at >= t and line == ": keep-alive")
+        """The keep-alives that came from ``t`` on: each is two blank lines that end no frame."""
+        return sum(1 for at in self.blanks if at >= t) // 2
 
     def frames(self, timeout: float = 30) -> list[str]:
         self._thread.join(timeout)
@@ -242,7 +258,7 @@ def test_a_stopped_core_turns_health_503_keeps_streams_alive_and_recovers(tiny_l
             assert "sent no heartbeat for" in error["message"], error
             assert "1 request is in flight" in error["message"], error
             assert stream.keepalives_since(since) >= 2
-            late = RawStream(server, wait_for=": keep-alive", max_tokens=20)  # headers, then keep-alives
+            late = RawStream(server, wait_for=KEEPALIVE, max_tokens=20)  # headers, then keep-alives
             assert not any(line.startswith("data: ") for _, line in late.lines)
         resumed = time.monotonic()
         wait_health(server, 200, timeout=3)

@@ -315,8 +315,9 @@ def add_liveness_arguments(add) -> None:
         type=_non_negative_float,
         default=15.0,
         metavar="SECONDS",
-        help="a stream that waits this long for its next token gets an SSE comment line (': keep-alive'), "
-        "which clients skip and which keeps proxies from closing the idle connection; a stream whose first "
+        help="a stream that waits this long for its next token gets a blank SSE line pair, which clients "
+        "skip (vLLM's benchmark client too) and which keeps proxies from closing the idle "
+        "connection; a stream whose first "
         "token takes this long starts without it (later errors come as error frames); 0: off; default: 15",
     )
 
