@@ -70,7 +70,7 @@ class ServerState:
     log_requests: bool = False  # --enable-log-requests
     max_log_len: int | None = None  # characters / token ids of a prompt logged with it
     heartbeat_timeout: float = 30.0  # --engine-heartbeat-timeout: /health's limit on a busy core's silence
-    keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: SSE comments while no token comes
+    keepalive_interval: float | None = 15.0  # --stream-keepalive-interval: blank SSE lines while no token
     web_ui: bool = True  # the console at /ui/ (--disable-web-ui: off)
     tracing: object | None = None  # Tracing, with --otlp-traces-endpoint
     request_timings: bool = False  # --enable-request-timings: "timings" in every response

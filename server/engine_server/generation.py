@@ -1,6 +1,6 @@
 """`/v1/completions` and `/v1/chat/completions`: read the body, validate and tokenize it off
 the event loop, fan out one engine request per prompt and sample, then stream SSE chunks (with
-keep-alive comments while no token comes) or collect one response. Every way out of a request
+blank-line keep-alives while no token comes) or collect one response. Every way out of a request
 (an error, a 500, a client that leaves while queued, in prefill or in decode) aborts its
 unfinished engine requests."""
 
