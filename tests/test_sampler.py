@@ -208,11 +208,10 @@ def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n, build, dtype)
     build, for float32 rows and for bfloat16 ones (whose rounding makes ties common)."""
     if build == "avx2" and torch.backends.cpu.get_cpu_capability() not in ("AVX2", "AVX512"):
         pytest.skip("no AVX2 on this CPU")
-    symbol = {torch.float32: "argmax_rows_f32", torch.bfloat16: "argmax_rows_bf16"}[dtype]
-    kernel = load_source(rows_kernel.SOURCE, **ARGMAX_BUILDS[build])[symbol]
+    kernel = load_source(rows_kernel.SOURCE, **ARGMAX_BUILDS[build])[rows_kernel.ARGMAX_SYMBOLS[dtype]]
     gen = torch.Generator().manual_seed(n)
-    x = torch.randn(300, n + 3, generator=gen)[:, :n]  # rows n + 3 apart
-    values = torch.tensor([float("nan"), float("inf"), float("-inf"), 4.0])
+    x = torch.randn(300, n + 3, generator=gen).to(dtype)[:, :n]  # rows n + 3 apart
+    values = torch.tensor([float("nan"), float("inf"), float("-inf"), 4.0], dtype=dtype)
     for row in range(300):
         for _ in range(row % 4):
             x[row, torch.randint(0, n, (1,), generator=gen)] = values[
@@ -220,7 +219,6 @@ def test_the_row_argmax_kernel_is_numpys_on_ties_nans_and_tails(n, build, dtype)
             ]
     x[0] = float("-inf")
     x[1] = 4.0
-    x = x.to(dtype)
     out = torch.empty(300, dtype=torch.int64)
     kernel(x.data_ptr(), 300, n, x.stride(0), out.data_ptr())
     assert torch.equal(out, torch.from_numpy(x.float().numpy().argmax(axis=-1)))

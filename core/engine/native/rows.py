@@ -21,18 +21,19 @@ from engine.native.tape import NativeKernel, bind_source
 SOURCE = Path(__file__).with_name("rows.c")
 
 
-_ARGMAX_SYMBOLS = {torch.float32: "argmax_rows_f32", torch.bfloat16: "argmax_rows_bf16"}
+# the row argmax kernel of each dtype it reads
+ARGMAX_SYMBOLS = {torch.float32: "argmax_rows_f32", torch.bfloat16: "argmax_rows_bf16"}
 
 
 @functools.cache
 def _argmax_kernel(dtype: torch.dtype) -> NativeKernel | None:
-    return bind_source(SOURCE, _ARGMAX_SYMBOLS[dtype], "row argmax runs on numpy")
+    return bind_source(SOURCE, ARGMAX_SYMBOLS[dtype], "row argmax runs on numpy")
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor | None:
     """Each row's first maximum (a NaN counting as the maximum) of a float32 or bfloat16 CPU
     matrix whose rows are contiguous, as int64; None where the kernel does not take it."""
-    if logits.dtype not in _ARGMAX_SYMBOLS or logits.device.type != "cpu":
+    if logits.dtype not in ARGMAX_SYMBOLS or logits.device.type != "cpu":
         return None
     kernel = _argmax_kernel(logits.dtype)
     if kernel is None:
