@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from safetensors import safe_open
@@ -167,6 +168,9 @@ def test_a_group_too_small_for_every_rank_is_refused(llm):
 
 
 def test_a_multi_rank_executor_without_sleep_mode_call_is_refused_sleep_mode(checkpoints):
+    """Refused after its workers started: the failed start shuts the executor down, so no
+    keep-alive thread (nor worker) is left running."""
+    before = set(threading.enumerate())
     with pytest.raises(
         ValueError, match="enable_sleep_mode: executor 'test-mp-v2' runs sleep-mode calls on rank 0 only"
     ):
@@ -178,6 +182,7 @@ def test_a_multi_rank_executor_without_sleep_mode_call_is_refused_sleep_mode(che
             kv_cache_memory=16 * MiB,
             enable_sleep_mode=True,
         )
+    assert not [t for t in threading.enumerate() if t.name == "engine-tp-keepalive" and t not in before]
 
 
 def test_the_ray_executor_sleeps_and_updates_every_rank(checkpoints, ray_cluster):

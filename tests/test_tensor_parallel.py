@@ -6,12 +6,14 @@ engine per executor and model serves the module (a worker's start costs seconds)
 
 from __future__ import annotations
 
+import gc
 import glob
 import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -474,6 +476,23 @@ def test_rank_zero_failing_mid_forward_is_fatal_and_stops_the_worker(engines):
         engines[1].generate([[4, 5, 6]], SamplingParams(max_tokens=2, temperature=0))
     workers = [handle.pid for handle in engine.executor.workers.handles]
     engine.shutdown()
+    assert _wait_gone(workers)
+
+
+def test_an_engine_nobody_shut_down_is_collected_with_its_keep_alive_and_workers(tiny_llama):
+    """The keep-alive thread holds its executor weakly: an engine dropped without shutdown is
+    collected, its keep-alive thread stops and its worker ends. (A keep-alive left sending to
+    the end would be inside a gloo collective when the interpreter exits, and a daemon thread
+    woken there after finalization began aborts the process.)"""
+    before = set(threading.enumerate())
+    llm = LLM(tiny_llama[0], tensor_parallel_size=2, **SQUEEZED)
+    llm.generate([[1, 2, 3]], SamplingParams(max_tokens=2, temperature=0))
+    workers = [handle.pid for handle in llm.engine.executor.workers.handles]
+    (keep_alive,) = [t for t in threading.enumerate() if t.name == "engine-tp-keepalive" and t not in before]
+    del llm
+    gc.collect()
+    keep_alive.join(10)
+    assert not keep_alive.is_alive()
     assert _wait_gone(workers)
 
 

@@ -63,17 +63,24 @@ class EngineCore:
         self.registry = registry
         loader, model_path, dtype = self._resolve_model(config)
         self.startup.lap("config")
-        self._load_weights(loader, dtype)
-        self.startup.lap("weights")
-        graph_plan, kv_caches = self._plan_kv_cache(dtype)
-        self.startup.lap("KV cache")
-        kv_worker = self._build_request_path(kv_caches)
-        self._build_runner(kv_caches, kv_worker, dtype, model_path, graph_plan, record_while_idle)
-        self.startup.lap("step graphs")
-        self.executor.start(self.runner, self.kv_groups)
-        if self.config.parallel.tensor_parallel_size > 1:
-            self.startup.lap("other ranks")
-        self._build_request_features(loader, dtype, kv_caches)
+        self.executor = setup.select_executor(
+            self.registry, self.config, self.platform, loader, self.hf_config
+        )
+        try:
+            self._load_weights(loader, dtype)
+            self.startup.lap("weights")
+            graph_plan, kv_caches = self._plan_kv_cache(dtype)
+            self.startup.lap("KV cache")
+            kv_worker = self._build_request_path(kv_caches)
+            self._build_runner(kv_caches, kv_worker, dtype, model_path, graph_plan, record_while_idle)
+            self.startup.lap("step graphs")
+            self.executor.start(self.runner, self.kv_groups)
+            if self.config.parallel.tensor_parallel_size > 1:
+                self.startup.lap("other ranks")
+            self._build_request_features(loader, dtype, kv_caches)
+        except BaseException:
+            self.executor.shutdown()  # a failed start leaves no worker rank running
+            raise
         self._describe_startup(runtime, graph_plan, dtype)
         self._log_ready(time.perf_counter() - started, model_path, dtype)
 
@@ -103,9 +110,9 @@ class EngineCore:
         return loader, model_path, dtype
 
     def _load_weights(self, loader, dtype: torch.dtype) -> None:
-        """The executor and the model with its weights, and whether it generates or pools."""
+        """The model with its weights (sharded for the executor's ranks), and whether it
+        generates or pools."""
         config = self.config
-        self.executor = setup.select_executor(self.registry, config, self.platform, loader, self.hf_config)
         self.model = setup.build_served_model(
             self.registry, config, loader, self.hf_config, dtype, self.platform, self.executor.tensor_parallel
         )

@@ -34,6 +34,7 @@ from engine.interfaces import Executor, ExecutorFailure
 REPORT_GRACE_S = 2.0  # after a failed collective, how long to wait for the worker's own report
 STOP_GRACE_S = 5.0
 POLL_S = 0.1
+KEEP_ALIVE_POLL_S = 1.0  # at most this long between the keep-alive thread's looks at the clock
 
 
 class WorkerHandle(ABC):
@@ -96,6 +97,30 @@ def _speculation_refusal(spec: dict) -> str | None:
     )
 
 
+def _keep_alive(executor_ref: weakref.ref[DriverExecutor], stopped: threading.Event, poll_s: float) -> None:
+    """The keep-alive thread. It holds its executor weakly, so an executor nobody shut down is
+    still collected (and its workers released)."""
+    while not stopped.wait(poll_s):
+        executor = executor_ref()
+        if executor is None or not executor.keep_alive():
+            return
+        del executor
+
+
+def _release(group: WorkerGroup, stopped: threading.Event, keep_alive: threading.Thread) -> None:
+    """The executor's finalizer (shutdown, collection or interpreter exit): stop the keep-alive
+    thread before the interpreter can end it inside a collective (a daemon thread woken there
+    after finalization began aborts the process), then end the workers, which fails a
+    collective that was stuck."""
+    stopped.set()
+    mine = keep_alive is threading.current_thread()
+    if keep_alive.is_alive() and not mine:
+        keep_alive.join(STOP_GRACE_S)
+    group.release()
+    if keep_alive.is_alive() and not mine:
+        keep_alive.join(STOP_GRACE_S)
+
+
 class DriverExecutor(Executor):
     """Rank 0 in this process, ranks 1..N-1 in workers a subclass launches (:meth:`launch`)."""
 
@@ -128,7 +153,14 @@ class DriverExecutor(Executor):
         self.address = address = GroupAddress(host, self._store.port, world, timeout)
         specs = [WorkerSpec(config, platform.name, rank, address, os.getpid()) for rank in range(1, world)]
         self.workers = group = self.launch(specs)
-        self._finalizer = weakref.finalize(self, group.release)
+        self._stopped = threading.Event()
+        self._keep_alive_thread = threading.Thread(
+            target=_keep_alive,
+            args=(weakref.ref(self), self._stopped, min(address.timeout_s / 4, KEEP_ALIVE_POLL_S)),
+            name="engine-tp-keepalive",
+            daemon=True,
+        )
+        self._finalizer = weakref.finalize(self, _release, group, self._stopped, self._keep_alive_thread)
         try:
             for handle in group.handles:
                 self._await(handle, "joining")
@@ -142,7 +174,7 @@ class DriverExecutor(Executor):
         )
         self._tp = TensorParallel(0, world, platform.communicator(self._store, 0, address))
         self._lock = threading.Lock()
-        self._stopped = threading.Event()
+        self._started = False
         self._failure: ExecutorFailure | None = None
         self._last_send = time.monotonic()
         self._bytes_read: list[int | None] = []
@@ -154,6 +186,7 @@ class DriverExecutor(Executor):
 
     def start(self, runner, kv_groups) -> None:
         self.runner = runner
+        self._started = True  # from here the workers step, so shutdown tells them to stop
         runner.forward_step = self._driver_forward
         for handle in self.workers.handles:
             handle.send_kv_groups(kv_groups)
@@ -164,7 +197,7 @@ class DriverExecutor(Executor):
         except BaseException:
             self._finalizer()
             raise
-        threading.Thread(target=self._keep_alive, name="engine-tp-keepalive", daemon=True).start()
+        self._keep_alive_thread.start()
 
     def _await(self, handle: WorkerHandle, expected: str):
         """The detail of worker ``handle``'s next report, which must be ``expected``."""
@@ -279,31 +312,32 @@ class DriverExecutor(Executor):
             self._failure = ExecutorFailure(dead)
             raise self._failure
 
-    def _keep_alive(self) -> None:
-        interval = self.address.timeout_s / 4
-        while not self._stopped.wait(min(interval, 1.0)):
-            with self._lock:
-                if self._stopped.is_set() or self._failure is not None:
-                    return
-                if time.monotonic() - self._last_send < interval:
-                    continue
-                try:
-                    self._channel.send(None)
-                    self._last_send = time.monotonic()
-                except ExecutorFailure as exc:
-                    self._failure = self._explain(exc)
-                    return
+    def keep_alive(self) -> bool:
+        """Broadcast a keep-alive if nothing was sent for a quarter of the timeout; False once
+        there is no point in another (stopped, or failed)."""
+        with self._lock:
+            if self._stopped.is_set() or self._failure is not None:
+                return False
+            if time.monotonic() - self._last_send < self.address.timeout_s / 4:
+                return True
+            try:
+                self._channel.send(None)
+                self._last_send = time.monotonic()
+            except ExecutorFailure as exc:
+                self._failure = self._explain(exc)
+                return False
+            return True
 
     def weight_bytes_read(self) -> list[int | None]:
         return list(self._bytes_read)
 
     def shutdown(self) -> None:
-        if self._stopped.is_set():
+        torch.set_num_threads(self._threads)
+        if not self._finalizer.alive:
             return
         self._stopped.set()
-        torch.set_num_threads(self._threads)
         with self._lock:
-            if self._failure is None and not self._dead_ranks():
+            if self._started and self._failure is None and not self._dead_ranks():
                 try:
                     self._channel.send(STOP)
                     deadline = time.monotonic() + STOP_GRACE_S

@@ -92,4 +92,5 @@ class Executor(ABC):
         return []
 
     def shutdown(self) -> None:
-        """Stop every rank this executor started (idempotent)."""
+        """Stop every rank this executor started (idempotent). The engine also calls it when
+        its start fails once the executor exists, which may be before :meth:`start`."""
