@@ -7,6 +7,8 @@ which implements no ``reset_cache``, is refused sleep mode in one line naming it
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from engine import LLM, SamplingParams
@@ -68,8 +70,12 @@ def test_a_weight_update_forgets_the_offloaded_blocks(llm, checkpoints):
 
 
 def test_a_pd_connector_is_refused_sleep_mode_naming_it(checkpoints):
+    """Refused after the connector's transport started: the failed start shuts it down (a
+    transfer thread left running would outlive the engine)."""
+    before = set(threading.enumerate())
     transfer = {"kv_connector": "p2p", "kv_role": "kv_producer", "kv_port": free_port()}
     with pytest.raises(
         ValueError, match="enable_sleep_mode: not with KV connector 'p2p': it implements no reset_cache"
     ):
         LLM(checkpoints[0]["a"], kv_transfer_config=transfer, enable_sleep_mode=True, **OPTIONS)
+    assert not [t for t in threading.enumerate() if t.name == "p2p-transport" and t not in before]

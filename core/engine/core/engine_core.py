@@ -24,7 +24,7 @@ from engine.core.sleep import SleepMode, named_tensors
 from engine.core.speculation import Speculator
 from engine.core.step_stats import StepTokenHistogram
 from engine.core.structured import StructuredOutputs
-from engine.interfaces import ExecutorFailure, GrammarContext, MultiModalProcessor
+from engine.interfaces import ExecutorFailure, GrammarContext, KVConnector, MultiModalProcessor
 from engine.interfaces.attention import kv_dtype_name
 from engine.lora.manager import LoRAManager
 from engine.messages import generation_config
@@ -66,6 +66,9 @@ class EngineCore:
         self.executor = setup.select_executor(
             self.registry, self.config, self.platform, loader, self.hf_config
         )
+        self.connector: KVConnector | None = None  # the KV connector's halves, once built
+        self._kv_worker: KVConnector | None = None
+        self._structured: StructuredOutputs | None = None  # built at the first structured request
         try:
             self._load_weights(loader, dtype)
             self.startup.lap("weights")
@@ -79,7 +82,7 @@ class EngineCore:
                 self.startup.lap("other ranks")
             self._build_request_features(loader, dtype, kv_caches)
         except BaseException:
-            self.executor.shutdown()  # a failed start leaves no worker rank running
+            self.shutdown()  # a failed start leaves no worker rank or transfer thread running
             raise
         self._describe_startup(runtime, graph_plan, dtype)
         self._log_ready(time.perf_counter() - started, model_path, dtype)
@@ -169,7 +172,7 @@ class EngineCore:
         the connector's worker half (the runner's)."""
         config = self.config
         self.kv_cache_manager = self._kv_cache_manager(config, self.kv_groups)
-        self.connector, kv_worker = kv_connectors.build_halves(
+        self.connector, self._kv_worker = kv_connectors.build_halves(
             self.registry, config, kv_caches, self.attention.block_dim
         )
         self._kv_counters = kv_connectors.TransferCounters()
@@ -178,7 +181,7 @@ class EngineCore:
         self.lifecycle = request_path(
             self.registry, config, self.kv_cache_manager, self.connector, config.model.max_model_len
         )
-        return kv_worker
+        return self._kv_worker
 
     def _build_runner(
         self, kv_caches, kv_worker, dtype, model_path: str, graph_plan, record_while_idle: bool
@@ -223,7 +226,6 @@ class EngineCore:
         if config.enable_sleep_mode:
             setup.check_sleep_mode(self.executor, self.platform, self.connector)
         self.speculator = self._build_speculator(config, loader, dtype, kv_caches, self.num_blocks)
-        self._structured: StructuredOutputs | None = None  # built at the first structured request
         self.grammar_backend = self._grammar_backend(config.structured_outputs_backend)
         if config.reasoning_parser is not None:  # a name no plugin registers stops the engine now
             self.registry.registration("reasoning_parsers", config.reasoning_parser)
@@ -840,6 +842,6 @@ class EngineCore:
         self.executor.shutdown()
         if self._structured is not None:
             self._structured.shutdown()
-        if self.connector is not None:
+        if self.connector is not None and self._kv_worker is not None:
             self.connector.shutdown()
-            self.runner.connector.shutdown()
+            self._kv_worker.shutdown()
